@@ -1,0 +1,3 @@
+from unsafe_doctor.cli import main
+
+main()

@@ -1,0 +1,156 @@
+"""Command line: parse options, call the core, render. No diagnosis logic lives here."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+from unsafe_doctor import __version__, inputs, report
+from unsafe_doctor.diagnosis import diagnose as run_diagnosis
+from unsafe_doctor.errors import UsageError
+
+PROGRESS_FROM = 50 << 20  # inputs smaller than this finish before a bar would be worth drawing
+
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Find, explain and fix the global tensor that MindIO recovery left unsafe.",
+)
+
+
+class OutputFormat(str, Enum):
+    text = "text"
+    json = "json"
+    sarif = "sarif"
+
+
+FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="text for people, json or sarif for tools.")]
+NoInputOption = Annotated[bool, typer.Option("--no-input", help="Never ask questions.")]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Accept every offer without asking.")]
+SourceRootOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--source-root",
+        help="Folder holding the training code or frameworks named in the log (repeatable).",
+        exists=True,
+        file_okay=False,
+        dir_okay=True,
+    ),
+]
+RulesOption = Annotated[
+    list[Path] | None,
+    typer.Option("--rules", help="Extra knowledge-base rule file or folder (repeatable).", exists=True),
+]
+
+
+@app.command()
+def diagnose(
+    logs: Annotated[
+        list[str] | None,
+        typer.Argument(help="Log files or folders (.gz too). None or '-': read standard input.", show_default=False),
+    ] = None,
+    output_format: FormatOption = OutputFormat.text,
+    no_input: NoInputOption = False,
+    yes: YesOption = False,
+    source_root: SourceRootOption = None,
+    rules: RulesOption = None,
+) -> None:
+    """Find the unsafe-data errors in a failure log, their ranks and the global tensor each one read."""
+    paths = logs or []
+    if not paths and sys.stdin.isatty():
+        raise UsageError("no input: name a log file or folder, or pipe a log in (see --help)")
+    started = time.perf_counter()
+    with _progress_bar(paths) as progress:
+        diagnosis = run_diagnosis(paths, source_roots=source_root or (), progress=progress)
+    elapsed = time.perf_counter() - started
+    if output_format is OutputFormat.json:
+        _print_json(report.to_json(diagnosis))
+    elif output_format is OutputFormat.sarif:
+        _print_json(report.to_sarif(diagnosis))
+    else:
+        Console(highlight=False).print(report.to_text(diagnosis, elapsed))
+    raise typer.Exit(1 if diagnosis.findings or diagnosis.hits else 0)
+
+
+def _print_json(document: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+
+
+class _progress_bar:
+    """A byte progress bar on stderr, only for large inputs and only when stderr is a terminal."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.bar: Progress | None = None
+        if not sys.stderr.isatty():
+            return
+        total = inputs.total_size(paths) if paths else _stdin_size()
+        if total is not None and total >= PROGRESS_FROM:
+            self.bar = Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self.task = self.bar.add_task("reading logs", total=total)
+
+    def __enter__(self):
+        if self.bar is None:
+            return None
+        self.bar.start()
+        return lambda count: self.bar.advance(self.task, count)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _stdin_size() -> int | None:
+    status = os.fstat(sys.stdin.fileno())
+    return status.st_size if status.st_size else None
+
+
+def _with_default_command(argv: list[str]) -> list[str]:
+    """`unsafe-doctor train.log` and `... | unsafe-doctor` mean `diagnose`."""
+    commands = {command.name or command.callback.__name__ for command in app.registered_commands}
+    if argv and (argv[0] in commands or argv[0] in ("--help", "-h", "--version")):
+        return argv
+    return ["diagnose", *argv]
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        print(f"unsafe-doctor {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _top(
+    version: Annotated[
+        bool, typer.Option("--version", help="Show the version and exit.", callback=_show_version, is_eager=True)
+    ] = False,
+) -> None:
+    """Find, explain and fix the global tensor that MindIO recovery left unsafe."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        app(args=_with_default_command(args), prog_name="unsafe-doctor")
+    except UsageError as error:
+        print(f"unsafe-doctor: {error}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)

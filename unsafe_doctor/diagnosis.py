@@ -1,0 +1,97 @@
+"""The diagnose pipeline: inputs -> logs -> tracebacks -> locate (+ recovery context) -> Diagnosis."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from unsafe_doctor import inputs, logs, recovery
+from unsafe_doctor.inputs import Excerpt, InputInfo, Progress
+from unsafe_doctor.locate import Finding, is_unsafe_error, locate
+from unsafe_doctor.logs import LogLine
+from unsafe_doctor.recovery import Phase, RecoveryContext
+from unsafe_doctor.tracebacks import Traceback, parse_tracebacks
+
+
+@dataclass(frozen=True)
+class DiagnosedFinding:
+    finding: Finding
+    phase: Phase
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    inputs: tuple[InputInfo, ...]
+    findings: tuple[DiagnosedFinding, ...]
+    recovery: RecoveryContext
+    ranks_seen: tuple[int, ...]  # ranks that printed lines in what was read, or named by file
+    first_failed_rank: int | None  # None when failures come from several inputs (no common clock)
+    hits: int  # unsafe-data messages in the log, with or without a traceback
+    hits_not_parsed: int  # past the excerpt budget: counted, not parsed
+    last_error: Traceback | None  # what the log ended with, when it has no unsafe-data error
+
+
+def diagnose(
+    paths: Sequence[str],
+    *,
+    source_roots: Sequence[Path] = (),
+    stdin: BinaryIO | None = None,
+    progress: Progress | None = None,
+) -> Diagnosis:
+    scan = inputs.scan(paths, recovery.MARKERS, stdin=stdin, progress=progress)
+    order = {info.name: index for index, info in enumerate(scan.inputs)}
+    window_lines = [_lines(excerpt) for excerpt in scan.windows]
+    context_lines = [line for excerpt in scan.context for line in _lines(excerpt)]
+    all_window_lines = [line for lines in window_lines for line in lines]
+    context = recovery.read_recovery(
+        sorted(context_lines + all_window_lines, key=lambda line: (order[line.source], line.offset))
+    )
+    tracebacks = _tracebacks(window_lines)
+    unsafe = [tb for tb in tracebacks if any(is_unsafe_error(link) for link in tb.chain())]
+    findings = locate(unsafe, source_roots)
+    diagnosed = tuple(
+        DiagnosedFinding(finding, recovery.phase_of(finding.traceback, context)) for finding in findings
+    )
+    tail_lines = [_lines(excerpt) for excerpt in scan.tails]
+    last_error = None
+    if not findings:
+        ended = _tracebacks(tail_lines)
+        if ended:
+            last_error = max(ended, key=lambda tb: (order[tb.source], tb.offset))
+    ranks = {info.rank_hint for info in scan.inputs}
+    ranks.update(line.rank for lines in window_lines + tail_lines for line in lines)
+    ranks.update(line.rank for line in context_lines)
+    ranks.discard(None)
+    return Diagnosis(
+        inputs=scan.inputs,
+        findings=diagnosed,
+        recovery=context,
+        ranks_seen=tuple(sorted(ranks)),
+        first_failed_rank=_first_failed_rank(unsafe),
+        hits=scan.hits,
+        hits_not_parsed=scan.hits_not_parsed,
+        last_error=last_error,
+    )
+
+
+def _lines(excerpt: Excerpt) -> list[LogLine]:
+    return logs.split_lines(excerpt.text, source=excerpt.source, base_offset=excerpt.start, rank_hint=excerpt.rank_hint)
+
+
+def _tracebacks(excerpts_lines: list[list[LogLine]]) -> list[Traceback]:
+    """Tracebacks of every rank in every excerpt, once each (windows of one input may overlap)."""
+    found: dict[tuple[str, int, int | None], Traceback] = {}
+    for lines in excerpts_lines:
+        for rank_lines in logs.by_rank(lines).values():
+            for traceback in parse_tracebacks(rank_lines):
+                found.setdefault((traceback.source, traceback.offset, traceback.rank), traceback)
+    return list(found.values())
+
+
+def _first_failed_rank(unsafe: list[Traceback]) -> int | None:
+    if not unsafe or len({tb.source for tb in unsafe}) > 1:
+        return None
+    first = min(unsafe, key=lambda tb: tb.offset)
+    return first.rank if first.rank is not None else first.npu_rank

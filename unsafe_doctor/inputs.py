@@ -1,0 +1,410 @@
+"""Stage 1: inputs (stdin, files, folders, gzip) -> the few excerpts worth parsing.
+
+A failure log can be gigabytes of iteration lines around one traceback. Parsing every line in
+Python would be far slower than `grep`, so this stage only searches bytes: it finds the unsafe-data
+marker with `find` (memchr speed), cuts a window of text around each hit, and looks for recovery
+markers in a bounded span before the first hit. Everything else is never decoded. Memory stays
+bounded whatever the input size: stdin and gzip are read in chunks with a rolling history.
+"""
+
+from __future__ import annotations
+
+import gzip
+import mmap
+import os
+import re
+import stat
+import sys
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from unsafe_doctor.errors import UsageError
+
+ERROR_MARKER = b"unsafe data in the input tensor"
+BEFORE = 1 << 20  # bytes kept before a hit: the traceback's frames come before its message
+AFTER = 256 << 10  # bytes kept after a hit: error-code lines, C++ stack, chained exceptions
+CONTEXT_SPAN = 32 << 20  # how far before the first hit recovery lines are looked for
+TAIL = 256 << 10  # end of an input kept when it has no hit, to tell what it ended with instead
+WINDOW_MAX = 16 << 20  # one window stops growing here, so a flood of hits cannot grow it forever
+EXCERPT_BUDGET = 64 << 20  # total window bytes kept; hits past it are counted, not parsed
+CHUNK = 8 << 20
+PROGRESS_STEP = 64 << 20
+LOG_SUFFIXES = (".log", ".txt", ".out")
+GZIP_MAGIC = b"\x1f\x8b"
+
+Progress = Callable[[int], None]  # called with the number of bytes just read
+
+
+@dataclass(frozen=True, slots=True)
+class InputInfo:
+    name: str
+    bytes: int  # bytes read (decompressed size for gzip)
+    rank_hint: int | None  # rank from the file name or torchrun folder, when it tells one
+
+
+@dataclass(frozen=True, slots=True)
+class Excerpt:
+    source: str  # input name
+    rank_hint: int | None
+    start: int  # byte offset of `text` in the (decompressed) input
+    text: str  # whole lines, decoded with replacement
+
+
+@dataclass(frozen=True)
+class Scan:
+    inputs: tuple[InputInfo, ...]
+    windows: tuple[Excerpt, ...]  # text around unsafe-data hits
+    context: tuple[Excerpt, ...]  # single lines holding a recovery marker, before the first hit
+    tails: tuple[Excerpt, ...]  # ends of inputs without hits (only when no input has a hit)
+    hits: int  # unsafe-data markers found
+    hits_not_parsed: int  # hits past EXCERPT_BUDGET
+
+
+@dataclass
+class _InputScan:
+    windows: list[Excerpt] = field(default_factory=list)
+    context: list[Excerpt] = field(default_factory=list)
+    tail: Excerpt | None = None
+    hits: int = 0
+    hits_not_parsed: int = 0
+    size: int = 0
+
+
+class _Budget:
+    """Total window bytes still allowed across all inputs."""
+
+    def __init__(self, total: int) -> None:
+        self.left = total
+
+
+def scan(
+    paths: Sequence[str],
+    context_markers: Sequence[bytes],
+    *,
+    stdin: BinaryIO | None = None,
+    progress: Progress | None = None,
+) -> Scan:
+    """Read every input once and keep only what later stages parse. No paths means stdin."""
+    sources = _expand(paths) if paths else [("<stdin>", None, None)]
+    budget = _Budget(EXCERPT_BUDGET)
+    infos: list[InputInfo] = []
+    results: list[_InputScan] = []
+    for name, path, rank_hint in sources:
+        result = _scan_one(name, path, rank_hint, stdin, context_markers, budget, progress)
+        infos.append(InputInfo(name, result.size, rank_hint))
+        results.append(result)
+    if sum(info.bytes for info in infos) == 0:
+        raise UsageError("no log text to read: " + ("stdin is empty" if not paths else "the inputs are empty"))
+    any_hit = any(r.hits for r in results)
+    return Scan(
+        inputs=tuple(infos),
+        windows=tuple(w for r in results for w in r.windows),
+        context=tuple(c for r in results for c in r.context),
+        tails=() if any_hit else tuple(r.tail for r in results if r.tail is not None),
+        hits=sum(r.hits for r in results),
+        hits_not_parsed=sum(r.hits_not_parsed for r in results),
+    )
+
+
+def total_size(paths: Sequence[str]) -> int | None:
+    """Bytes on disk of all inputs (for a progress bar), None for stdin."""
+    if not paths:
+        return None
+    return sum(os.path.getsize(path) for _, path, _ in _expand(paths) if path is not None)
+
+
+# --- discovering inputs -------------------------------------------------------------------------
+
+_RANK_IN_NAME = re.compile(r"(?:rank|worker|proc|process)[_\-.]?(\d+)", re.IGNORECASE)
+_TORCHRUN_DIR = re.compile(r"(?:^|/)attempt_\d+/(\d+)/(?:stdout|stderr)\.log(?:\.gz)?$")
+
+
+def rank_from_path(path: str) -> int | None:
+    """Rank told by a torchrun --log-dir folder (attempt_0/3/stderr.log) or a file name (rank_3.log)."""
+    posix = path.replace(os.sep, "/")
+    if match := _TORCHRUN_DIR.search(posix):
+        return int(match.group(1))
+    if match := _RANK_IN_NAME.search(posix.rsplit("/", 1)[-1]):
+        return int(match.group(1))
+    return None
+
+
+def _expand(paths: Sequence[str]) -> list[tuple[str, str | None, int | None]]:
+    """(display name, path, rank hint) for each file; folders are searched recursively."""
+    found: list[tuple[str, str | None, int | None]] = []
+    for arg in paths:
+        if arg == "-":
+            found.append(("<stdin>", None, None))
+            continue
+        try:
+            mode = os.stat(arg).st_mode
+        except FileNotFoundError:
+            raise UsageError(f"{arg}: no such file or directory") from None
+        except PermissionError:
+            raise UsageError(f"{arg}: permission denied") from None
+        if stat.S_ISDIR(mode):
+            logs = sorted(_logs_under(Path(arg)), key=_natural_key)
+            if not logs:
+                raise UsageError(f"{arg}: no log files in this folder (looked for *.log, *.txt, *.out, *.gz)")
+            found.extend((str(p), str(p), rank_from_path(str(p.relative_to(arg)))) for p in logs)
+        else:
+            found.append((arg, arg, rank_from_path(arg)))
+    return found
+
+
+def _logs_under(folder: Path) -> Iterator[Path]:
+    for path in folder.rglob("*"):
+        name = path.name.lower()
+        if name.endswith(".gz"):
+            name = name[:-3]
+        if name.endswith(LOG_SUFFIXES) and path.is_file():
+            yield path
+
+
+def _natural_key(path: Path) -> list[object]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+# --- scanning one input -------------------------------------------------------------------------
+
+
+def _scan_one(
+    name: str,
+    path: str | None,
+    rank_hint: int | None,
+    stdin: BinaryIO | None,
+    markers: Sequence[bytes],
+    budget: _Budget,
+    progress: Progress | None,
+) -> _InputScan:
+    if path is None:
+        stream = stdin if stdin is not None else sys.stdin.buffer
+        return _scan_stream(stream, name, rank_hint, markers, budget, progress)
+    try:
+        handle = open(path, "rb")
+    except PermissionError:
+        raise UsageError(f"{path}: permission denied") from None
+    except OSError as error:
+        raise UsageError(f"{path}: cannot open ({error.strerror})") from None
+    with handle:
+        magic = handle.read(2)
+        handle.seek(0)
+        if magic == GZIP_MAGIC:
+            try:
+                with gzip.GzipFile(fileobj=handle) as unzipped:
+                    return _scan_stream(unzipped, name, rank_hint, markers, budget, progress)
+            except (OSError, EOFError, zlib.error) as error:
+                raise UsageError(f"{path}: corrupt gzip file ({error})") from None
+        status = os.fstat(handle.fileno())
+        if not stat.S_ISREG(status.st_mode):  # a FIFO or device: no size, no mmap
+            return _scan_stream(handle, name, rank_hint, markers, budget, progress)
+        size = status.st_size
+        if size == 0:
+            return _InputScan()
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            _refuse_binary(mapped[:65536], path)
+            return _scan_mapped(mapped, name, rank_hint, markers, budget, progress)
+
+
+def _refuse_binary(head: bytes, name: str) -> None:
+    """A log may carry a few NULs or bad bytes; a file that is mostly control bytes is not a log."""
+    if not head:
+        return
+    control = sum(1 for b in head if b < 32 and b not in (9, 10, 13, 27))
+    if control > len(head) // 10:
+        raise UsageError(f"{name}: not a text log (binary data)")
+
+
+def _scan_mapped(
+    buf: mmap.mmap,
+    name: str,
+    rank_hint: int | None,
+    markers: Sequence[bytes],
+    budget: _Budget,
+    progress: Progress | None,
+) -> _InputScan:
+    result = _InputScan(size=len(buf))
+    hits = []
+    for step_start in range(0, len(buf), PROGRESS_STEP):  # in steps, so a progress bar can move
+        step_end = min(len(buf), step_start + PROGRESS_STEP)
+        reach = min(len(buf), step_end + len(ERROR_MARKER) - 1)
+        hits.extend(hit for hit in _find_all(buf, ERROR_MARKER, step_start, reach) if hit < step_end)
+        if progress:
+            progress(step_end - step_start)
+    result.hits = len(hits)
+    if not hits:
+        result.tail = _excerpt(buf, max(0, len(buf) - TAIL), len(buf), len(buf), name, rank_hint)
+        return result
+    windows, result.hits_not_parsed = _plan_windows(hits, len(buf), budget)
+    result.windows = [_excerpt(buf, start, end, len(buf), name, rank_hint) for start, end in windows]
+    context_end = result.windows[0].start
+    result.context = _marker_lines(buf, 0, max(0, context_end - CONTEXT_SPAN), context_end, markers, name, rank_hint)
+    return result
+
+
+def _scan_stream(
+    stream: BinaryIO,
+    name: str,
+    rank_hint: int | None,
+    markers: Sequence[bytes],
+    budget: _Budget,
+    progress: Progress | None,
+) -> _InputScan:
+    """Same result as `_scan_mapped`, reading chunks and keeping a bounded history of recent bytes."""
+    result = _InputScan()
+    history = _History(keep=CONTEXT_SPAN + BEFORE + WINDOW_MAX)
+    overlap = len(ERROR_MARKER) - 1
+    open_window: list[int] | None = None  # [start, end) of the window still collecting bytes
+    first_chunk = True
+    seen_hit = False
+    while chunk := stream.read(CHUNK):
+        if first_chunk:
+            _refuse_binary(chunk[:65536], name)
+            first_chunk = False
+        if progress:
+            progress(len(chunk))
+        chunk_start = history.end
+        history.append(chunk)
+        search_from = max(history.start, chunk_start - overlap)
+        region = history.slice(search_from, history.end)
+        for relative in _find_all(region, ERROR_MARKER, 0, len(region)):
+            hit = search_from + relative
+            result.hits += 1
+            if open_window and hit - BEFORE <= open_window[1] and hit + AFTER - open_window[0] <= WINDOW_MAX:
+                open_window[1] = hit + AFTER
+                continue
+            if open_window:
+                _close_window(open_window, history, result, name, rank_hint, at_end=False)
+                open_window = None
+            if budget.left <= 0:
+                result.hits_not_parsed += 1
+                continue
+            if not seen_hit:
+                seen_hit = True
+                context_end = max(history.start, hit - BEFORE)
+                region_start = max(history.start, context_end - CONTEXT_SPAN)
+                context_bytes = history.slice(region_start, context_end)
+                result.context = _marker_lines(context_bytes, region_start, 0, len(context_bytes), markers, name, rank_hint)
+            open_window = [max(history.start, hit - BEFORE), hit + AFTER]
+            budget.left -= BEFORE + AFTER
+        if open_window and open_window[1] <= history.end:
+            _close_window(open_window, history, result, name, rank_hint, at_end=False)
+            open_window = None
+        history.trim()
+    result.size = history.end
+    if open_window:
+        _close_window(open_window, history, result, name, rank_hint, at_end=True)
+    if not result.hits and history.end:
+        tail_start = max(history.start, history.end - TAIL)
+        tail = history.slice(tail_start, history.end)
+        result.tail = _excerpt(tail, 0, len(tail), len(tail), name, rank_hint, offset=tail_start, starts_input=tail_start == 0)
+    return result
+
+
+def _close_window(
+    window: list[int], history: _History, result: _InputScan, name: str, rank_hint: int | None, *, at_end: bool
+) -> None:
+    start, end = window[0], min(window[1], history.end)
+    data = history.slice(start, end)
+    whole_until = len(data) if at_end else len(data) + 1  # mid-stream, the last line may be cut
+    result.windows.append(_excerpt(data, 0, len(data), whole_until, name, rank_hint, offset=start, starts_input=start == 0))
+
+
+class _History:
+    """The most recent bytes of a stream, as a deque of chunks with absolute offsets."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.chunks: deque[bytes] = deque()
+        self.start = 0  # absolute offset of the first byte held
+        self.end = 0  # absolute offset just past the last byte held
+
+    def append(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.end += len(chunk)
+
+    def trim(self) -> None:
+        while self.chunks and self.end - self.start - len(self.chunks[0]) >= self.keep:
+            self.start += len(self.chunks.popleft())
+
+    def slice(self, start: int, end: int) -> bytes:
+        parts, offset = [], self.start
+        for chunk in self.chunks:
+            chunk_end = offset + len(chunk)
+            if chunk_end > start and offset < end:
+                parts.append(chunk[max(0, start - offset) : min(len(chunk), end - offset)])
+            offset = chunk_end
+        return b"".join(parts)
+
+
+# --- shared helpers ---------------------------------------------------------------------------
+
+
+def _find_all(buf: bytes | mmap.mmap, needle: bytes, start: int, end: int) -> Iterator[int]:
+    position = buf.find(needle, start, end)
+    while position != -1:
+        yield position
+        position = buf.find(needle, position + len(needle), end)
+
+
+def _plan_windows(hits: Iterable[int], size: int, budget: _Budget) -> tuple[list[tuple[int, int]], int]:
+    """Merge [hit - BEFORE, hit + AFTER) ranges; cap each window and the total budget."""
+    windows: list[list[int]] = []
+    skipped = 0
+    for hit in hits:
+        start, end = max(0, hit - BEFORE), min(size, hit + AFTER)
+        if windows and start <= windows[-1][1] and end - windows[-1][0] <= WINDOW_MAX:
+            windows[-1][1] = end
+        elif budget.left > 0:
+            windows.append([start, end])
+            budget.left -= end - start
+        else:
+            skipped += 1
+    return [(start, end) for start, end in windows], skipped
+
+
+def _excerpt(
+    buf: bytes | mmap.mmap,
+    start: int,
+    end: int,
+    size: int,
+    name: str,
+    rank_hint: int | None,
+    *,
+    offset: int = 0,
+    starts_input: bool | None = None,
+) -> Excerpt:
+    """Whole lines of buf[start:end]: a line cut by the window's edge is dropped, not half-parsed.
+
+    `offset` is the absolute position of buf[0] in the input; `size` is where the input ends within
+    buf (a line reaching it is whole).
+    """
+    if starts_input is None:
+        starts_input = offset + start == 0
+    if not starts_input:
+        newline = buf.find(b"\n", start, end)
+        start = end if newline == -1 else newline + 1
+    if end < size:
+        newline = buf.rfind(b"\n", start, end)
+        end = start if newline == -1 else newline + 1
+    return Excerpt(name, rank_hint, offset + start, bytes(buf[start:end]).decode("utf-8", "replace"))
+
+
+def _marker_lines(
+    buf: bytes | mmap.mmap, offset: int, start: int, end: int, markers: Sequence[bytes], name: str, rank_hint: int | None
+) -> list[Excerpt]:
+    """The whole line around every marker hit in buf[start:end], once each, in input order."""
+    line_starts: set[int] = set()
+    for marker in markers:
+        for hit in _find_all(buf, marker, start, end):
+            line_starts.add(buf.rfind(b"\n", 0, hit) + 1)
+    lines = []
+    for line_start in sorted(line_starts):
+        line_end = buf.find(b"\n", line_start)
+        line_end = len(buf) if line_end == -1 else line_end + 1
+        lines.append(Excerpt(name, rank_hint, offset + line_start, bytes(buf[line_start:line_end]).decode("utf-8", "replace")))
+    return lines

@@ -1,0 +1,155 @@
+"""Stage 2: raw log text -> clean, rank-attributed lines.
+
+Input excerpts come from `inputs.py` (already decoded with replacement). This module strips the
+noise a real multi-rank log carries (ANSI colour, CR, NUL, timestamps, logger prefixes, launcher and
+kubectl prefixes) and recognises which rank wrote each line, so later stages can reassemble each
+rank's traceback even when ranks interleave.
+
+Prefixes are peeled from the start of a line, in any order, as long as one is recognised. Each
+removal takes exactly the prefix and one following space, so the indentation of traceback lines
+survives (`[rank3]:   File "x.py"` -> `  File "x.py"`). When several rank prefixes stack, the most
+specific one names the rank:
+
+1. `[rank3]:`          PyTorch >= 2.3 excepthook: the global rank.
+2. `[default3]:`       torchrun `--tee` / `--redirects` (`[<role><n>]:`): usually the local rank.
+3. `3: `               a bare number at line start (srun `-l` / launcher labels); recognised only
+                       before any bracketed rank prefix, and never in `12:30:01` (no space).
+4. `[pod/name-3/c] `   kubectl `--prefix`: the pod's trailing ordinal. It is used only when nothing
+                       finer is on the line, because a pod ordinal is not always the rank (a
+                       PyTorchJob's `worker-0` is rank 1 when a master pod exists).
+
+Timestamps and logger headers (ISO dates, kubectl `--timestamps`, Python logging, MindIO's
+stdout, file and Python formats) are removed too; torch_npu's
+`[ERROR] 2024-09-26-19:58:19 (PID:…, Device:…, RankID:…) ERR00003 …` line is left verbatim, the
+traceback parser reads it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    rank: int | None  # from the line's own prefix, else the input's rank hint, else None
+    text: str  # the line without colour codes, CR, timestamps, logger/launcher/rank prefixes
+    source: str  # name of the input it came from
+    offset: int  # byte offset of the line in that input: orders lines of one input
+
+
+# CSI (`ESC [ … final`), OSC (`ESC ] … BEL|ST`) and two-byte escapes; a stray ESC goes too.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])?")
+
+_DATE_TIME = r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+_LEVEL = r"(?i:trace|debug|info|warn|warning|error|critical|fatal)"
+
+# Rank prefixes, with the specificity used when several stack on one line.
+_RANK_PREFIX = re.compile(r"\[rank(\d+)\]:")
+_ROLE_PREFIX = re.compile(r"\[[A-Za-z_][\w-]*?(\d+)\]:")
+_NUMERIC_PREFIX = re.compile(r"(\d{1,6}): (?=.)")
+_POD_PREFIX = re.compile(r"\[pod/([^/\]\s]+)/[^\]\s]+\]")
+_POD_ORDINAL = re.compile(r"-(\d+)$")
+_RANK_SPECIFICITY, _ROLE_SPECIFICITY, _NUMERIC_SPECIFICITY, _POD_SPECIFICITY = 4, 3, 2, 1
+
+# Logger headers. Bracketed: `[2024-12-24 11:56:59,095]`, optionally followed by MindIO's older
+# Python fields `[10][ERROR][ttp_mindx_api:56]`. Bare: an ISO or RFC 3339 timestamp, optionally
+# followed by MindIO stdout's `warn 3062106`, MindIO's spdlog file `3062106 info`, or Python
+# logging's ` - name - INFO -`.
+_LOG_HEADER = re.compile(
+    rf"\[{_DATE_TIME}\](?:\[\d+\])?(?:\[{_LEVEL}\])?(?:\[[\w.]+:\d+\])?"
+    rf"|{_DATE_TIME}(?: {_LEVEL} \d+| \d+ {_LEVEL}| - \S+ - {_LEVEL} -)?"
+)
+# MindIO source tags: C++ `[TTP controller.cpp:2510]`, Python-origin `[12345][PYH tft_rollback.py:88]`.
+_MINDIO_TAG = re.compile(r"\[TTP [^\]\s]+:\d+\]|\[\d+\]\[PYH [^\]\s]+:\d+\]")
+
+_PREFIX_START = frozenset("[0123456789")
+
+
+def _peel(text: str) -> tuple[int, int | None, str]:
+    """Strip leading prefixes; return (specificity of the best rank, that rank, rest)."""
+    specificity, rank = 0, None
+    pos = 0
+    numeric_allowed = True
+    while pos < len(text) and text[pos] in _PREFIX_START:
+        found: tuple[int, int | None] | None = None  # (specificity, rank) of a rank prefix
+        if text[pos] == "[":
+            if m := _RANK_PREFIX.match(text, pos):
+                found = (_RANK_SPECIFICITY, int(m[1]))
+            elif m := _ROLE_PREFIX.match(text, pos):
+                found = (_ROLE_SPECIFICITY, int(m[1]))
+            elif m := _POD_PREFIX.match(text, pos):
+                ordinal = _POD_ORDINAL.search(m[1])
+                found = (_POD_SPECIFICITY, int(ordinal[1]) if ordinal else None)
+            else:
+                m = _LOG_HEADER.match(text, pos) or _MINDIO_TAG.match(text, pos)
+        else:
+            m = _LOG_HEADER.match(text, pos)
+            if m is None and numeric_allowed and (m := _NUMERIC_PREFIX.match(text, pos)):
+                found = (_NUMERIC_SPECIFICITY, int(m[1]))
+        if m is None:
+            break
+        if found is not None:
+            if found[0] > _POD_SPECIFICITY:
+                numeric_allowed = False  # a bare number after a rank prefix is message text
+            if found[1] is not None and found[0] > specificity:
+                specificity, rank = found
+        pos = m.end()
+        if text.startswith(" ", pos):
+            pos += 1
+    return specificity, rank, text[pos:]
+
+
+def normalise(raw: str) -> tuple[int | None, str]:
+    """Return (rank from the line's prefix or None, cleaned text).
+
+    A lone CR (progress bars) keeps what a terminal shows last: the text after the last CR that
+    is not at the end of the line. Prefixes before that CR still name the rank, since launchers
+    prefix the start of each line only.
+    """
+    if "\x00" in raw:
+        raw = raw.replace("\x00", "")
+    if "\x1b" in raw:
+        raw = _ANSI.sub("", raw)
+    raw = raw.rstrip("\r\n")
+    if "\r" not in raw and raw[:1] not in _PREFIX_START:
+        return None, raw  # fast path: nothing to peel
+    specificity, rank, text = _peel(raw)
+    if "\r" in text:
+        inner_specificity, inner_rank, text = _peel(text[text.rfind("\r") + 1 :])
+        if inner_specificity > specificity:
+            rank = inner_rank
+    return rank, text
+
+
+def split_lines(text: str, *, source: str, base_offset: int, rank_hint: int | None) -> list[LogLine]:
+    """Split an excerpt of one input into normalised lines.
+
+    Lines end at LF only (CRs are handled by `normalise`). Offsets count the UTF-8 length of the
+    decoded text; where the input held invalid bytes (decoded to U+FFFD) they drift from the true
+    byte offsets, but stay monotonic, which is all they are used for: ordering the lines of one
+    input and interleaving ranks.
+    """
+    pieces = text.split("\n")
+    if pieces[-1] == "":
+        pieces.pop()  # the excerpt ended with a newline; there is no line after it
+    ascii_only = text.isascii()
+    lines = []
+    offset = base_offset
+    for piece in pieces:
+        rank, clean = normalise(piece)
+        lines.append(LogLine(rank if rank is not None else rank_hint, clean, source, offset))
+        if ascii_only or piece.isascii():
+            offset += len(piece) + 1
+        else:
+            offset += len(piece.encode("utf-8", "surrogatepass")) + 1
+    return lines
+
+
+def by_rank(lines: Iterable[LogLine]) -> dict[int | None, list[LogLine]]:
+    """Group lines per rank, keeping each rank's order."""
+    groups: dict[int | None, list[LogLine]] = {}
+    for line in lines:
+        groups.setdefault(line.rank, []).append(line)
+    return groups

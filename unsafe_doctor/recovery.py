@@ -1,0 +1,187 @@
+"""Recovery context: what MindIO and the recovery adaptor logged around the failure.
+
+Tells which rank had the hardware fault, at which step recovery ran, and whether the unsafe-data
+error came inside a recovery callback (repair / rollback) or in the first iteration after recovery.
+
+Line texts are those of MindIO TFT (`framework_ttp/ttp_decorator.py`, the C++ controller and
+processor) and of MindSpeed-LLM's high-availability adaptor; see the domain notes, §1 and §4.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from unsafe_doctor.logs import LogLine
+from unsafe_doctor.tracebacks import Frame, Traceback
+
+Phase = Literal["after-recovery", "rollback", "repair", "none"]
+
+# Byte strings that mark recovery lines; `inputs.py` searches for them near the error. Every line
+# `read_recovery` turns into an event contains one of them.
+MARKERS: tuple[bytes, ...] = (
+    b"UCE ERROR",  # torch_npu's fault text, and MindIO's "catch UCE ERROR exception"
+    b"MULTI BIT ECC",  # "HBM MULTI BIT ECC ERROR", MindIO's "HBM MULTI BIT ECC can repair"
+    b"device error type",  # torch_npu's device error code
+    b"uce memory result",  # adaptor clean: "rank 3 check uce memory result: 3"
+    b"device stop",  # controller "notify all device stop", processor "receive device stop message"
+    b"[stop] rank",  # decorator: "[stop] rank:3 stop consumed:…"
+    b"[clean] rank",  # adaptor: "[clean] rank:3, type:retry, …"
+    b"repair",  # repair callback, "[repair] rank 3, … step:1200", "repair failed", "do repair operation ok"
+    b"rollback",  # rollback callback, "… gather and rollback at iteration 1200", "rollback failed"
+    b"exception, error_code:",  # decorator: "rank:3 catch OTHER exception, error_code:， ex instance:…"
+)
+
+# Functions of the recovery adaptor's repair and rollback phases (MindSpeed-LLM
+# `mindspeed_llm/core/high_availability/`, formerly `mindio_ttp/adaptor/`; domain notes §1).
+REPAIR_FUNCTIONS = frozenset(
+    {
+        "repair_callback",
+        "recv_rank_repair",
+        "send_rank_repair",
+        "load_ckpt_repair",
+        "recv_ckpt_from_peer",
+        "save_and_send_ckpt",
+        "send_optim_param_state",
+        "recv_and_load_optim_param_state",
+    }
+)
+ROLLBACK_FUNCTIONS = frozenset(
+    {
+        "rollback_callback",
+        "feature_rollback",
+        "training_log_repair",
+        "gather_model_params_from_optimizer",
+        "rebuild_global_vars",
+    }
+)
+# `build_dataset` is a common name; it counts as rollback only in an adaptor file.
+ROLLBACK_DATASET_FUNCTION = "build_dataset"
+ADAPTOR_PATH_PARTS = ("high_availability", "mindio_ttp")
+
+EventKind = Literal[
+    "fault",
+    "caught",
+    "stop",
+    "clean",
+    "repair",
+    "rollback",
+    "repair-failed",
+    "rollback-failed",
+    "recovered",
+]
+# Kinds that prove MindIO's recovery flow started.
+RECOVERY_KINDS = frozenset({"stop", "clean", "repair", "rollback", "repair-failed", "rollback-failed", "recovered"})
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryEvent:
+    kind: EventKind  # see `EventKind`; "caught": MindIO caught the unsafe-data error itself
+    rank: int | None
+    step: int | None
+    source: str
+    offset: int
+    text: str
+
+
+@dataclass(frozen=True)
+class RecoveryContext:
+    seen: bool  # the recovery flow ran (any stop/clean/repair/rollback event, failed or not)
+    fault_ranks: tuple[int, ...]  # ranks with a hardware-fault event, sorted
+    step: int | None  # the last recovery step logged
+    events: tuple[RecoveryEvent, ...]  # in the order of the lines given
+
+
+# Substrings per kind, tried in this order (the first kind that matches wins). Failures and the
+# success marker come before the generic repair/rollback texts that they also contain.
+_KIND_TEXTS: tuple[tuple[EventKind, tuple[str, ...]], ...] = (
+    ("repair-failed", ("repair failed, ret:",)),
+    ("rollback-failed", ("rollback failed, ret:",)),
+    ("recovered", ("do repair operation ok",)),
+    ("fault", ("UCE ERROR", "MULTI BIT ECC", "device error type")),
+    ("rollback", ("start to rollback callback", "and rollback at iteration", "[rollback] rank", "start rollback",
+                  "reply rollback result")),
+    ("repair", ("start to repair callback", "[repair] rank", "receive repair message", "reply repair result")),
+    ("clean", ("[clean] rank", "device clean")),
+    ("stop", ("[stop] rank", "device stop", "stop device start")),
+)
+# check_uce_in_memory: 0 = no UCE on this device; 1, 2, 3 = a UCE hit it (3: persistent memory).
+_UCE_MEMORY_RESULT = re.compile(r"check uce memory result:\s*([1-9])")
+# MindIO decorator: "rank:%s catch %s exception, error_code:%s， ex instance:%s" (full-width comma).
+_CATCH = re.compile(r"catch .+ exception, error_code:.*?[，,] ?ex instance:")
+_UNSAFE = "unsafe data in the input tensor"
+# "rank:3", "rank 3", "[rank3]" left mid-line, torch_npu's "RankID:3" (-1 when RANK was unset).
+_RANK = re.compile(r"\brank(?:id)?[: ]?\s*(-?\d+)", re.IGNORECASE)
+# "[repair] rank 3, …, step:1200", "rank:3 successfully gather and rollback at iteration 1200".
+_STEP = re.compile(r"\bstep:\s*(\d+)|\bat iteration (\d+)")
+
+
+def _kind_of(text: str) -> EventKind | None:
+    if _CATCH.search(text) and _UNSAFE in text:
+        return "caught"
+    if _UCE_MEMORY_RESULT.search(text):
+        return "fault"
+    for kind, needles in _KIND_TEXTS:
+        if any(needle in text for needle in needles):
+            return kind
+    return None
+
+
+def _rank_of(line: LogLine) -> int | None:
+    """The rank a message names wins over the rank that wrote it (a controller logs for others)."""
+    m = _RANK.search(line.text)
+    if m is not None and int(m[1]) >= 0:
+        return int(m[1])
+    return line.rank
+
+
+def _step_of(text: str) -> int | None:
+    m = _STEP.search(text)
+    return int(m[1] or m[2]) if m else None
+
+
+def read_recovery(lines: Iterable[LogLine]) -> RecoveryContext:
+    """Turn normalised lines into recovery events; lines that are no event are ignored.
+
+    A line given twice (same source and offset, e.g. found by two markers) counts once.
+    """
+    events = []
+    done: set[tuple[str, int]] = set()
+    for line in lines:
+        kind = _kind_of(line.text)
+        if kind is None or (line.source, line.offset) in done:
+            continue
+        done.add((line.source, line.offset))
+        events.append(RecoveryEvent(kind, _rank_of(line), _step_of(line.text), line.source, line.offset, line.text))
+    steps = [event.step for event in events if event.step is not None]
+    return RecoveryContext(
+        seen=any(event.kind in RECOVERY_KINDS for event in events),
+        fault_ranks=tuple(sorted({e.rank for e in events if e.kind == "fault" and e.rank is not None})),
+        step=steps[-1] if steps else None,
+        events=tuple(events),
+    )
+
+
+def _frame_phase(frame: Frame) -> Phase | None:
+    if frame.function in REPAIR_FUNCTIONS:
+        return "repair"
+    if frame.function in ROLLBACK_FUNCTIONS:
+        return "rollback"
+    if frame.function == ROLLBACK_DATASET_FUNCTION and any(part in frame.file for part in ADAPTOR_PATH_PARTS):
+        return "rollback"
+    return None
+
+
+def phase_of(traceback: Traceback, context: RecoveryContext) -> Phase:
+    """Where the error was raised: inside a repair or rollback callback, after recovery, or unknown.
+
+    The innermost callback frame decides, looking at the raised exception first, then its causes.
+    """
+    for link in traceback.chain():
+        for frame in reversed(link.frames):
+            phase = _frame_phase(frame)
+            if phase is not None:
+                return phase
+    return "after-recovery" if context.seen else "none"

@@ -1,0 +1,239 @@
+"""Stage 6: a Diagnosis -> JSON (versioned contract), SARIF, or rich renderables for a terminal.
+
+Nothing here prints: the CLI decides where the output goes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.text import Text
+
+from unsafe_doctor import __version__
+from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
+from unsafe_doctor.tracebacks import Frame
+
+SCHEMA = "unsafe-doctor/diagnosis/v1"
+SHORT_STACK = 6  # frames shown in a panel, innermost last
+
+
+def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "inputs": [{"name": info.name, "bytes": info.bytes} for info in diagnosis.inputs],
+        "findings": [_finding_json(item, diagnosis) for item in diagnosis.findings],
+        "summary": {
+            "ranks_seen": list(diagnosis.ranks_seen),
+            "first_failed_rank": diagnosis.first_failed_rank,
+            "unsafe_messages": diagnosis.hits,
+            "unsafe_messages_not_parsed": diagnosis.hits_not_parsed,
+            "last_error": _last_error_json(diagnosis),
+        },
+    }
+
+
+def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any]:
+    finding, context = item.finding, diagnosis.recovery
+    tensor = finding.tensor
+    return {
+        "ranks": list(finding.ranks),
+        "message": finding.unsafe.message,
+        "error_code": finding.unsafe.error_code,
+        "recovery": {
+            "seen": context.seen,
+            "fault_ranks": list(context.fault_ranks),
+            "step": context.step,
+            "phase": item.phase,
+        },
+        "culprit": _frame_json(finding.culprit) if finding.culprit else None,
+        "frames": [_frame_json(frame) for frame in finding.unsafe.frames],
+        "tensor": None
+        if tensor is None
+        else {"expression": tensor.expression, "variable": tensor.variable, "module": tensor.module, "owner": tensor.owner},
+        "truncated": finding.unsafe.truncated,
+        "notes": list(finding.notes),
+        "scenario": None,
+        "rule": None,
+        "confidence": None,
+        "reason": None,
+        "fix": None,
+    }
+
+
+def _frame_json(frame: Frame) -> dict[str, Any]:
+    return {"file": frame.file, "line": frame.line, "function": frame.function, "source": frame.source}
+
+
+def _last_error_json(diagnosis: Diagnosis) -> dict[str, Any] | None:
+    error = diagnosis.last_error
+    if error is None:
+        return None
+    return {"rank": error.rank, "type": error.exception_type, "message": error.message, "input": error.source}
+
+
+def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
+    """SARIF 2.1.0: one result per finding, located at its culprit line."""
+    results = []
+    for item in diagnosis.findings:
+        finding = item.finding
+        tensor = finding.tensor
+        what = tensor.variable or tensor.expression if tensor else "a tensor"
+        result: dict[str, Any] = {
+            "ruleId": "unsafe-data-after-recovery",
+            "level": "error",
+            "message": {"text": f"{what} is read while still marked unsafe (ranks {_ranks(finding.ranks)})"},
+        }
+        if finding.culprit is not None:
+            region = {"startLine": finding.culprit.line} if finding.culprit.line else {}
+            result["locations"] = [
+                {"physicalLocation": {"artifactLocation": {"uri": finding.culprit.file}, "region": region}}
+            ]
+        results.append(result)
+    return {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "unsafe-doctor",
+                        "version": __version__,
+                        "rules": [
+                            {
+                                "id": "unsafe-data-after-recovery",
+                                "shortDescription": {"text": "Global tensor left unsafe by process-level online recovery"},
+                            }
+                        ],
+                    }
+                },
+                "results": results,
+            }
+        ],
+    }
+
+
+def to_text(diagnosis: Diagnosis, elapsed: float) -> RenderableType:
+    parts: list[RenderableType] = []
+    for number, item in enumerate(diagnosis.findings, 1):
+        parts.append(_panel(number, item, diagnosis))
+    if not diagnosis.findings:
+        parts.append(_no_finding(diagnosis))
+    parts.append(_summary(diagnosis, elapsed))
+    return Group(*parts)
+
+
+def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
+    finding = item.finding
+    body: list[RenderableType] = []
+    tensor = finding.tensor
+    if tensor is not None:
+        line = Text("Tensor  ", style="bold")
+        line.append(tensor.variable or tensor.expression, style="bold magenta")
+        where = ".".join(part for part in (tensor.module, tensor.owner) if part)
+        if where:
+            line.append(f"  in {where}", style="cyan")
+        if tensor.variable and tensor.expression != tensor.variable:
+            line.append(f"  (accessed as {tensor.expression})", style="dim")
+        body.append(line)
+    else:
+        body.append(Text("Tensor  could not be resolved from the traceback", style="yellow"))
+    error = Text("Error   ", style="bold")
+    error.append(f"{finding.unsafe.exception_type}: {finding.unsafe.message}", style="red")
+    if finding.unsafe.error_code:
+        error.append(f"  [{finding.unsafe.error_code}]", style="dim")
+    body.append(error)
+    body.append(Text("Phase   ", style="bold").append(_phase_text(item, diagnosis)))
+    if finding.culprit is not None:
+        body.append(Text("Culprit ", style="bold").append(_frame_text(finding.culprit)))
+        if finding.culprit.source:
+            start = finding.culprit.line or 1
+            body.append(Syntax(finding.culprit.source, "python", line_numbers=True, start_line=start, word_wrap=True))
+    frames = finding.unsafe.frames
+    if frames:
+        stack = Text("Stack   ", style="bold")
+        shown = frames[-SHORT_STACK:]
+        if len(frames) > len(shown):
+            stack.append(f"… {len(frames) - len(shown)} outer frames\n        ", style="dim")
+        stack.append("\n        ".join(_frame_text(frame).plain for frame in shown))
+        body.append(stack)
+    if finding.unsafe.truncated:
+        body.append(Text("The traceback is cut short in the log; what is shown is what it holds.", style="yellow"))
+    for note in finding.notes:
+        body.append(Text(f"Note    {note}", style="dim"))
+    title = f"Finding {number} · rank{'s' if len(finding.ranks) != 1 else ''} {_ranks(finding.ranks) or 'unknown'}"
+    return Panel(Group(*body), title=title, title_align="left", border_style="red")
+
+
+def _phase_text(item: DiagnosedFinding, diagnosis: Diagnosis) -> str:
+    context = diagnosis.recovery
+    detail = []
+    if context.fault_ranks:
+        detail.append(f"hardware fault on rank {_ranks(context.fault_ranks)}")
+    if context.step is not None:
+        detail.append(f"recovery at step {context.step}")
+    suffix = f" ({', '.join(detail)})" if detail else ""
+    return {
+        "after-recovery": "first iteration after recovery" + suffix,
+        "rollback": "inside the rollback callback" + suffix,
+        "repair": "inside the repair callback" + suffix,
+        "none": "no MindIO recovery in the log" + suffix,
+    }[item.phase]
+
+
+def _frame_text(frame: Frame) -> Text:
+    text = Text(frame.file, style="cyan")
+    if frame.line is not None:
+        text.append(f":{frame.line}", style="cyan")
+    text.append(f" in {frame.function}")
+    return text
+
+
+def _no_finding(diagnosis: Diagnosis) -> RenderableType:
+    if diagnosis.hits:
+        return Text(
+            f"The unsafe-data error appears {diagnosis.hits} time(s), but no traceback came with it "
+            "(the log may be cut or filtered): the tensor cannot be located.",
+            style="yellow",
+        )
+    text = Text("No 'There is unsafe data in the input tensor' error in the log.", style="green")
+    error = diagnosis.last_error
+    if error is not None:
+        rank = f" on rank {error.rank}" if error.rank is not None else ""
+        text.append(f"\nThe log ends with another error{rank}: ", style="default")
+        text.append(f"{error.exception_type}: {error.message.splitlines()[0] if error.message else ''}", style="red")
+    return text
+
+
+def _summary(diagnosis: Diagnosis, elapsed: float) -> Text:
+    ranks = {rank for item in diagnosis.findings for rank in item.finding.ranks}
+    size = sum(info.bytes for info in diagnosis.inputs)
+    pieces = [f"{len(diagnosis.findings)} finding{'s' if len(diagnosis.findings) != 1 else ''}"]
+    if ranks:
+        pieces[0] += f" on {len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
+    if diagnosis.ranks_seen:
+        pieces.append(f"{len(diagnosis.ranks_seen)} ranks seen")
+    if diagnosis.first_failed_rank is not None:
+        pieces.append(f"first failure: rank {diagnosis.first_failed_rank}")
+    if diagnosis.hits_not_parsed:
+        pieces.append(f"{diagnosis.hits_not_parsed} more unsafe-data messages counted, not parsed")
+    pieces.append(f"{len(diagnosis.inputs)} input{'s' if len(diagnosis.inputs) != 1 else ''}, {_size(size)}")
+    pieces.append(f"{elapsed:.2f} s")
+    return Text(" · ".join(pieces), style="bold")
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    return ", ".join(str(rank) for rank in ranks)
+
+
+def _size(count: int) -> str:
+    if count < 1024:
+        return f"{count} B"
+    for unit in ("KB", "MB", "GB"):
+        count /= 1024
+        if count < 1024 or unit == "GB":
+            break
+    return f"{count:.1f} {unit}"
+
