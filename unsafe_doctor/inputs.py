@@ -233,6 +233,7 @@ def _scan_mapped(
         step_end = min(len(buf), step_start + PROGRESS_STEP)
         reach = min(len(buf), step_end + len(ERROR_MARKER) - 1)
         hits.extend(hit for hit in _find_all(buf, ERROR_MARKER, step_start, reach) if hit < step_end)
+        buf.madvise(mmap.MADV_DONTNEED, step_start, step_end - step_start)  # mapped pages count as RSS
         if progress:
             progress(step_end - step_start)
     result.hits = len(hits)
@@ -256,7 +257,7 @@ def _scan_stream(
 ) -> _InputScan:
     """Same result as `_scan_mapped`, reading chunks and keeping a bounded history of recent bytes."""
     result = _InputScan()
-    history = _History(keep=CONTEXT_SPAN + BEFORE + WINDOW_MAX)
+    history = _History(keep=CONTEXT_SPAN + 2 * BEFORE + WINDOW_MAX)
     overlap = len(ERROR_MARKER) - 1
     open_window: list[int] | None = None  # [start, end) of the window still collecting bytes
     first_chunk = True
@@ -291,13 +292,13 @@ def _scan_stream(
                 result.context = _marker_lines(context_bytes, region_start, 0, len(context_bytes), markers, name, rank_hint)
             open_window = [max(history.start, hit - BEFORE), hit + AFTER]
             budget.left -= BEFORE + AFTER
-        if open_window and open_window[1] <= history.end:
+        if open_window and open_window[1] + BEFORE < history.end - overlap:  # no later hit can join it
             _close_window(open_window, history, result, name, rank_hint, at_end=False)
             open_window = None
         history.trim()
     result.size = history.end
     if open_window:
-        _close_window(open_window, history, result, name, rank_hint, at_end=True)
+        _close_window(open_window, history, result, name, rank_hint, at_end=open_window[1] >= history.end)
     if not result.hits and history.end:
         tail_start = max(history.start, history.end - TAIL)
         tail = history.slice(tail_start, history.end)
@@ -361,7 +362,7 @@ def _plan_windows(hits: Iterable[int], size: int, budget: _Budget) -> tuple[list
             windows[-1][1] = end
         elif budget.left > 0:
             windows.append([start, end])
-            budget.left -= end - start
+            budget.left -= BEFORE + AFTER  # charged per window, as the stream reader must
         else:
             skipped += 1
     return [(start, end) for start, end in windows], skipped

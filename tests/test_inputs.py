@@ -1,0 +1,193 @@
+"""The input stage: which bytes are found and kept, from files, folders, gzip and stdin."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from unsafe_doctor import inputs
+from unsafe_doctor.errors import UsageError
+
+ERROR_LINE = "RuntimeError: There is unsafe data in the input tensor.\n"
+MARKERS = (b"check uce memory result",)
+
+
+def noise(count: int, start: int = 0) -> str:
+    return "".join(f" iteration {i:>8d}/ 100000 | lm loss: 1.234E+00 |\n" for i in range(start, start + count))
+
+
+def write(path, text: str | bytes) -> str:
+    data = text.encode() if isinstance(text, str) else text
+    path.write_bytes(data)
+    return str(path)
+
+
+def test_window_holds_whole_lines_around_the_hit_and_nothing_far_away(tmp_path):
+    text = noise(100_000) + "Traceback (most recent call last):\n" + ERROR_LINE + noise(100_000, 100_000)
+    scan = inputs.scan([write(tmp_path / "train.log", text)], MARKERS)
+    assert scan.hits == 1
+    [window] = scan.windows
+    assert ERROR_LINE in window.text and "Traceback (most recent call last):\n" in window.text
+    assert len(window.text.encode()) <= inputs.BEFORE + inputs.AFTER
+    assert window.text.startswith(" iteration") and window.text.endswith("|\n")  # no cut lines
+    assert text.encode().index(window.text.encode()) == window.start
+
+
+def test_recovery_lines_before_the_error_are_kept_as_single_lines(tmp_path):
+    text = "rank 3 check uce memory result: 3\n" + noise(40_000) + ERROR_LINE
+    scan = inputs.scan([write(tmp_path / "train.log", text)], MARKERS)
+    assert [excerpt.text for excerpt in scan.context] == ["rank 3 check uce memory result: 3\n"]
+    assert scan.context[0].start == 0
+
+
+def test_input_without_the_error_keeps_only_its_tail(tmp_path):
+    text = noise(50_000) + "RuntimeError: HCCL timeout\n"
+    scan = inputs.scan([write(tmp_path / "train.log", text)], MARKERS)
+    assert scan.hits == 0 and not scan.windows
+    [tail] = scan.tails
+    assert tail.text.endswith("RuntimeError: HCCL timeout\n")
+    assert len(tail.text) <= inputs.TAIL
+
+
+def test_gzip_is_recognised_by_magic_bytes_not_name(tmp_path):
+    path = tmp_path / "rank_5.txt"
+    path.write_bytes(gzip.compress((noise(10) + ERROR_LINE).encode()))
+    scan = inputs.scan([str(path)], MARKERS)
+    assert scan.hits == 1 and ERROR_LINE in scan.windows[0].text
+    assert scan.inputs[0].rank_hint == 5
+    assert scan.inputs[0].bytes == len((noise(10) + ERROR_LINE).encode())
+
+
+def test_folder_is_searched_recursively_in_natural_order_with_torchrun_ranks(tmp_path):
+    for rank in (10, 2):
+        (tmp_path / "attempt_0" / str(rank)).mkdir(parents=True)
+        write(tmp_path / "attempt_0" / str(rank) / "stderr.log", ERROR_LINE)
+    write(tmp_path / "attempt_0" / "2" / "core.bin", b"\x00\x01")  # not a log name: ignored
+    scan = inputs.scan([str(tmp_path)], MARKERS)
+    assert [info.rank_hint for info in scan.inputs] == [2, 10]
+    assert [window.rank_hint for window in scan.windows] == [2, 10]
+
+
+@pytest.mark.parametrize(
+    ("path", "rank"),
+    [
+        ("logs/rank_3.log", 3),
+        ("worker-12.txt", 12),
+        ("out/attempt_1/7/stdout.log", 7),
+        ("out/attempt_0/7/stderr.log.gz", 7),
+        ("train.log", None),
+        ("run2024/train.log", None),
+    ],
+)
+def test_rank_from_path(path, rank):
+    assert inputs.rank_from_path(path) == rank
+
+
+def test_several_inputs_keep_their_names_and_sizes(tmp_path):
+    a = write(tmp_path / "a.log", noise(3))
+    b = write(tmp_path / "b.log", ERROR_LINE)
+    scan = inputs.scan([a, b], MARKERS)
+    assert [(info.name, info.bytes) for info in scan.inputs] == [(a, len(noise(3))), (b, len(ERROR_LINE))]
+    assert [window.source for window in scan.windows] == [b]
+
+
+def test_invalid_utf8_and_nul_bytes_are_replaced_not_fatal(tmp_path):
+    data = b"\xff\xfe garbage \x00 line\n" + ERROR_LINE.encode()
+    scan = inputs.scan([write(tmp_path / "x.log", data)], MARKERS)
+    assert "\ufffd" in scan.windows[0].text and ERROR_LINE in scan.windows[0].text
+
+
+def test_a_line_of_many_megabytes_without_newline_is_read_in_bounded_pieces(tmp_path):
+    data = b"x" * (40 << 20) + ERROR_LINE.encode()
+    scan = inputs.scan([], MARKERS, stdin=io.BytesIO(data))
+    assert scan.hits == 1
+    # the giant line is cut by the window edge, so only the error line itself survives
+    assert scan.windows[0].text == ""
+    assert scan.inputs[0].bytes == len(data)
+
+
+def test_hits_beyond_the_budget_are_counted_not_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(inputs, "EXCERPT_BUDGET", inputs.BEFORE + inputs.AFTER)
+    monkeypatch.setattr(inputs, "WINDOW_MAX", inputs.BEFORE + inputs.AFTER)
+    block = noise(60_000)
+    text = (ERROR_LINE + block) * 3
+    scan = inputs.scan([write(tmp_path / "x.log", text)], MARKERS)
+    assert scan.hits == 3
+    assert len(scan.windows) == 1 and scan.hits_not_parsed == 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["noise", "error", "uce", "long"]),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(min_value=7, max_value=4096),
+)
+def test_stdin_and_file_give_the_same_scan(tmp_path_factory, pieces, chunk):
+    """The streaming reader (stdin, gzip) and the mmap reader must keep exactly the same bytes."""
+    parts = {
+        "noise": noise(3),
+        "error": "Traceback (most recent call last):\n" + ERROR_LINE,
+        "uce": "rank 3 check uce memory result: 3\n",
+        "long": "y" * 5000 + "\n",
+    }
+    data = "".join(parts[p] for p in pieces).encode()
+    path = tmp_path_factory.mktemp("same") / "x.log"
+    path.write_bytes(data)
+    small = dict(BEFORE=300, AFTER=200, CONTEXT_SPAN=2000, TAIL=500, WINDOW_MAX=900, CHUNK=chunk)
+    saved = {name: getattr(inputs, name) for name in small}
+    try:
+        for name, value in small.items():
+            setattr(inputs, name, value)
+        from_file = inputs.scan([str(path)], MARKERS)
+        from_stdin = inputs.scan(["-"], MARKERS, stdin=io.BytesIO(data))
+    finally:
+        for name, value in saved.items():
+            setattr(inputs, name, value)
+    assert from_stdin.hits == from_file.hits == data.count(inputs.ERROR_MARKER)
+    assert [(w.start, w.text) for w in from_stdin.windows] == [(w.start, w.text) for w in from_file.windows]
+    assert [(c.start, c.text) for c in from_stdin.context] == [(c.start, c.text) for c in from_file.context]
+    assert [t.text for t in from_stdin.tails] == [t.text for t in from_file.tails]
+
+
+def test_missing_file_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="no such file"):
+        inputs.scan([str(tmp_path / "nope.log")], MARKERS)
+
+
+def test_folder_without_logs_is_a_usage_error(tmp_path):
+    write(tmp_path / "notes.md", "hello")
+    with pytest.raises(UsageError, match="no log files"):
+        inputs.scan([str(tmp_path)], MARKERS)
+
+
+def test_corrupt_gzip_is_a_usage_error(tmp_path):
+    data = gzip.compress(noise(1000).encode())
+    with pytest.raises(UsageError, match="corrupt gzip"):
+        inputs.scan([write(tmp_path / "x.log.gz", data[: len(data) // 2])], MARKERS)
+
+
+def test_binary_junk_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="not a text log"):
+        inputs.scan([write(tmp_path / "x.log", os.urandom(4096))], MARKERS)
+
+
+def test_empty_stdin_is_a_usage_error():
+    with pytest.raises(UsageError, match="stdin is empty"):
+        inputs.scan([], MARKERS, stdin=io.BytesIO(b""))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_file_is_a_usage_error(tmp_path):
+    path = tmp_path / "x.log"
+    write(path, ERROR_LINE)
+    path.chmod(0)
+    with pytest.raises(UsageError, match="permission denied"):
+        inputs.scan([str(path)], MARKERS)
