@@ -6,9 +6,10 @@ kubectl prefixes) and recognises which rank wrote each line, so later stages can
 rank's traceback even when ranks interleave.
 
 Prefixes are peeled from the start of a line, in any order, as long as one is recognised. Each
-removal takes exactly the prefix and one following space, so the indentation of traceback lines
-survives (`[rank3]:   File "x.py"` -> `  File "x.py"`). When several rank prefixes stack, the most
-specific one names the rank:
+removal takes exactly the prefix and the one space its writer adds after it, so the indentation of
+traceback lines survives (`[rank3]:   File "x.py"` -> `  File "x.py"`). torchrun's tee prefix is
+the exception: it writes `[default3]:` straight before the line (torch `tail_log.py`), so no space
+is taken after it. When several rank prefixes stack, the most specific one names the rank:
 
 1. `[rank3]:`          PyTorch >= 2.3 excepthook: the global rank.
 2. `[default3]:`       torchrun `--tee` / `--redirects` (`[<role><n>]:`): usually the local rank.
@@ -48,7 +49,7 @@ _LEVEL = r"(?i:trace|debug|info|warn|warning|error|critical|fatal)"
 # Rank prefixes, with the specificity used when several stack on one line.
 _RANK_PREFIX = re.compile(r"\[rank(\d+)\]:")
 _ROLE_PREFIX = re.compile(r"\[[A-Za-z_][\w-]*?(\d+)\]:")
-_NUMERIC_PREFIX = re.compile(r"(\d{1,6}): (?=.)")
+_NUMERIC_PREFIX = re.compile(r"(\d{1,6}):(?= .)")
 _POD_PREFIX = re.compile(r"\[pod/([^/\]\s]+)/[^\]\s]+\]")
 _POD_ORDINAL = re.compile(r"-(\d+)$")
 _RANK_SPECIFICITY, _ROLE_SPECIFICITY, _NUMERIC_SPECIFICITY, _POD_SPECIFICITY = 4, 3, 2, 1
@@ -96,7 +97,7 @@ def _peel(text: str) -> tuple[int, int | None, str]:
             if found[1] is not None and found[0] > specificity:
                 specificity, rank = found
         pos = m.end()
-        if text.startswith(" ", pos):
+        if m.re is not _ROLE_PREFIX and text.startswith(" ", pos):
             pos += 1
     return specificity, rank, text[pos:]
 

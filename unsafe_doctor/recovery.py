@@ -73,7 +73,9 @@ EventKind = Literal[
     "recovered",
 ]
 # Kinds that prove MindIO's recovery flow started.
-RECOVERY_KINDS = frozenset({"stop", "clean", "repair", "rollback", "repair-failed", "rollback-failed", "recovered"})
+RECOVERY_KINDS = frozenset(
+    {"stop", "clean", "repair", "rollback", "repair-failed", "rollback-failed", "recovered"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +103,20 @@ _KIND_TEXTS: tuple[tuple[EventKind, tuple[str, ...]], ...] = (
     ("rollback-failed", ("rollback failed, ret:",)),
     ("recovered", ("do repair operation ok",)),
     ("fault", ("UCE ERROR", "MULTI BIT ECC", "device error type")),
-    ("rollback", ("start to rollback callback", "and rollback at iteration", "[rollback] rank", "start rollback",
-                  "reply rollback result")),
-    ("repair", ("start to repair callback", "[repair] rank", "receive repair message", "reply repair result")),
-    ("clean", ("[clean] rank", "device clean")),
-    ("stop", ("[stop] rank", "device stop", "stop device start")),
+    (
+        "rollback",
+        ("start to rollback callback", "and rollback at iteration", "[rollback] rank", "start rollback",
+         "reply rollback result"),
+    ),
+    (
+        "repair",
+        ("start to repair callback", "[repair] rank", "receive repair message", "reply repair result"),
+    ),
+    ("clean", ("[clean] rank", "check uce memory result")),
+    ("stop", ("[stop] rank", "device stop")),
 )
-# check_uce_in_memory: 0 = no UCE on this device; 1, 2, 3 = a UCE hit it (3: persistent memory).
+# check_uce_in_memory: 0 = no UCE on this device (the line then only shows that clean ran);
+# 1, 2, 3 = a UCE hit it (3: in persistent memory, the case that leaves unsafe tensors).
 _UCE_MEMORY_RESULT = re.compile(r"check uce memory result:\s*([1-9])")
 # MindIO decorator: "rank:%s catch %s exception, error_code:%s， ex instance:%s" (full-width comma).
 _CATCH = re.compile(r"catch .+ exception, error_code:.*?[，,] ?ex instance:")
@@ -154,7 +163,9 @@ def read_recovery(lines: Iterable[LogLine]) -> RecoveryContext:
         if kind is None or (line.source, line.offset) in done:
             continue
         done.add((line.source, line.offset))
-        events.append(RecoveryEvent(kind, _rank_of(line), _step_of(line.text), line.source, line.offset, line.text))
+        events.append(
+            RecoveryEvent(kind, _rank_of(line), _step_of(line.text), line.source, line.offset, line.text)
+        )
     steps = [event.step for event in events if event.step is not None]
     return RecoveryContext(
         seen=any(event.kind in RECOVERY_KINDS for event in events),
@@ -169,7 +180,8 @@ def _frame_phase(frame: Frame) -> Phase | None:
         return "repair"
     if frame.function in ROLLBACK_FUNCTIONS:
         return "rollback"
-    if frame.function == ROLLBACK_DATASET_FUNCTION and any(part in frame.file for part in ADAPTOR_PATH_PARTS):
+    in_adaptor = any(part in frame.file for part in ADAPTOR_PATH_PARTS)
+    if frame.function == ROLLBACK_DATASET_FUNCTION and in_adaptor:
         return "rollback"
     return None
 
