@@ -1,11 +1,56 @@
-"""Stage 4: unsafe-data tracebacks -> findings (culprit frame, global tensor), folded across ranks."""
+"""Stage 4: unsafe-data tracebacks -> findings (culprit frame, global tensor), folded across ranks.
+
+The rules, in the order they apply:
+
+* **Unsafe link**: of a traceback's chain, the link whose message is the unsafe-data error; when
+  several are, the innermost cause (printed first), which holds the frames that touched the tensor.
+* **Culprit frame**: the innermost frame outside torch, torch_npu and the Python standard library
+  (`is_internal_file`) whose statement reads a tensor-ish operand. A frame whose source is unknown
+  counts as touching one. A frame that only forwards (`return func(*args, **kwargs)`) does not: the
+  callee name and `*args` / `**kwargs` are not operands. When no frame qualifies, the innermost
+  non-internal frame; when every frame is internal, no culprit.
+* **Statement**: the whole statement around the frame's line when the file is available locally
+  (so a multi-line call is read in full), else the printed line, made parseable (a `pass` body after
+  a trailing `:`, closing brackets for an unbalanced first line). A local file not at the printed
+  path may be another version: the printed line is looked up there (nearest match) and notes say so;
+  when the log printed no source line, the culprit gets the local one.
+* **Operands**: the reference chains the statement reads: names, attribute and subscript chains,
+  the receiver of a method call (`_X[name]` in `_X[name].zero_()`), call arguments, the target of an
+  augmented assignment and the container of a subscript assignment. Not operands: callees, names
+  only rebound (`x = ...`), builtins, bare `self` / modules / classes / functions, library modules
+  (torch, numpy, the standard library) and constant-valued module flags.
+* **Choice**: the operand most likely to be a global tensor, by tier: resolved to a global (module
+  global, module attribute, `from m import X`, `global X`, class attribute, singleton field, or a
+  local alias of one of those) > looks global without source (`_UPPER`, `mod._UPPER`,
+  `ClassName.attr`) > `self.attr` > unknown > parameter > plain local; ties go to the leftmost. A
+  parameter is followed into the caller frame's call when that frame is framework code.
+* **Expression**: the chain up to the name that identifies the global (the *anchor*: `_X`,
+  `mod._X`, `Cls.attr`, `Cls.instance.field`, `get_instance().field`, `self.attr`, or the local
+  alias' own name), plus at most one subscript right after it, as printed:
+  `parallel_state._X[name][i] += v` -> `parallel_state._X[name]`.
+* **Files** are found by path as printed, else by the longest path suffix under a `--source-root`
+  (an import root, like a PYTHONPATH entry) or a `sys.path` directory; they are read, never imported.
+  Module names come from the path after `site-packages/`, the directory the file was found under,
+  `__init__.py` files, or a well-known top-level package name in the path. A file found at its
+  printed path makes the folder above its top package an import root for resolving its imports.
+* **Folding**: identical (culprit file, line, function, tensor) on several ranks make one finding
+  with the sorted ranks (the log's rank, else torch_npu's RankID; -1 is no rank); findings keep the
+  input order of their first traceback, which is the one they carry.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import ast
+import builtins
+import io
+import re
+import sys
+import tokenize
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from unsafe_doctor.errors import UsageError
 from unsafe_doctor.tracebacks import Frame, Traceback
 
 UNSAFE_MESSAGE = "There is unsafe data in the input tensor."
@@ -36,4 +81,1018 @@ def is_unsafe_error(traceback: Traceback) -> bool:
 
 def locate(tracebacks: Sequence[Traceback], source_roots: Sequence[Path] = ()) -> list[Finding]:
     """Findings for every traceback whose chain holds the unsafe-data error, folded across ranks."""
-    raise NotImplementedError
+    for root in source_roots:
+        if not Path(root).is_dir():
+            raise UsageError(f"source root {root} is not a directory")
+    workspace = _Workspace(source_roots)
+    analyses: dict[tuple[Frame, ...], _Analysis] = {}
+    groups: dict[tuple, list[tuple[Traceback, Traceback, _Analysis]]] = {}
+    for traceback in tracebacks:
+        unsafe = _unsafe_link(traceback)
+        if unsafe is None:
+            continue
+        if unsafe.frames not in analyses:
+            analyses[unsafe.frames] = _analyse(unsafe.frames, workspace)
+        analysis = analyses[unsafe.frames]
+        groups.setdefault(analysis.key(), []).append((traceback, unsafe, analysis))
+    return [_fold(members) for members in groups.values()]
+
+
+# --- which frames are internal ---------------------------------------------------------------------
+
+_INTERNAL_PARTS = ("/torch/", "/torch_npu/", "site-packages/torch", "dist-packages/torch")
+_STDLIB_DIR = re.compile(r"/lib(?:64)?/python\d+(?:\.\d+)?/(?!(?:site|dist)-packages/)")
+_STDLIB_WRAPPERS = frozenset({"functools.py", "contextlib.py", "threading.py", "runpy.py"})
+
+
+def is_internal_file(path: str) -> bool:
+    """True for torch / torch_npu and Python standard-library files: never the culprit."""
+    normal = path.replace("\\", "/")
+    return (
+        normal.startswith("<")  # <frozen importlib._bootstrap>, <string>
+        or any(part in normal for part in _INTERNAL_PARTS)
+        or _STDLIB_DIR.search(normal) is not None
+        or normal.rsplit("/", 1)[-1] in _STDLIB_WRAPPERS
+    )
+
+
+# --- files and module names ------------------------------------------------------------------------
+
+_KNOWN_PACKAGES = frozenset({"megatron", "mindspeed", "mindspeed_llm", "modellink", "mindio_ttp"})
+
+
+def module_from_path(path: str, source_roots: Sequence[Path] = ()) -> str | None:
+    """Dotted module name of a file as printed in a log (see the module docstring for the rules)."""
+    return _Workspace(source_roots).find(path).module
+
+
+def _dotted(parts: Sequence[str]) -> str | None:
+    names = list(parts)
+    if not names:
+        return None
+    names[-1] = names[-1].removesuffix(".py")
+    if names[-1] == "__init__":
+        names.pop()
+    return ".".join(names) if names and all(name.isidentifier() for name in names) else None
+
+
+def _after_site_packages(normal: str) -> str | None:
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in normal:
+            return _dotted(normal.rsplit(marker, 1)[1].split("/"))
+    return None
+
+
+def _known_package_suffix(parts: Sequence[str]) -> str | None:
+    """`/home/u/ModelLink/megatron/core/x.py` -> `megatron.core.x`, without any local file."""
+    for index, part in enumerate(parts):
+        if part in _KNOWN_PACKAGES:
+            dotted = _dotted(parts[index:])
+            if dotted:
+                return dotted
+    return None
+
+
+@dataclass(frozen=True)
+class _Found:
+    local: Path | None  # the file read for this path, if any
+    module: str | None
+    shown: str  # how notes name it: the part of the path that matched, else the path as printed
+
+
+@dataclass(frozen=True)
+class _Imported:
+    target: str  # dotted: 'megatron.core.parallel_state' or 'pkg.state.BUF'
+
+
+@dataclass
+class _Source:
+    path: Path
+    text: str
+    tree: ast.Module
+    module: str | None
+    package: str | None  # for relative imports
+    bindings: dict[str, object]  # module-level name -> ClassDef | FunctionDef | Assign-like | _Imported
+    declared_globals: frozenset[str]  # names some function declares `global`
+    star_import: bool
+
+
+class _Workspace:
+    """File look-ups and parsed sources for one locate() call, cached; files are read, never imported."""
+
+    def __init__(self, source_roots: Sequence[Path]):
+        self.source_roots = tuple(Path(root) for root in source_roots)
+        self.env_roots = tuple(Path(entry) for entry in sys.path if entry and Path(entry).is_dir())
+        self.found_roots: list[Path] = []  # import roots of frame files found at their printed path
+        self._found: dict[str, _Found] = {}
+        self._sources: dict[Path, _Source | None] = {}
+        self._module_paths: dict[str, Path | None] = {}
+        self._views: dict[Frame, _FrameView] = {}
+
+    def find(self, printed: str) -> _Found:
+        if printed not in self._found:
+            self._found[printed] = self._find(printed)
+        return self._found[printed]
+
+    def _find(self, printed: str) -> _Found:
+        normal = printed.replace("\\", "/")
+        site_module = _after_site_packages(normal)
+        parts = [part for part in normal.split("/") if part]
+        as_printed = Path(printed)
+        if _is_file(as_printed):
+            module = site_module or self._module_of_local(as_printed)
+            self._add_import_root(as_printed, module)
+            return _Found(as_printed, module, printed)
+        # Source roots first (the user named them), any suffix; then the environment, two parts at least.
+        for roots, shortest in ((self.source_roots, 1), (self.env_roots, 2)):
+            for start in range(len(parts) - shortest + 1):
+                suffix = parts[start:]
+                for root in roots:
+                    candidate = root.joinpath(*suffix)
+                    if _is_file(candidate):
+                        return _Found(candidate, site_module or _dotted(suffix), "/".join(suffix))
+        return _Found(None, site_module or _known_package_suffix(parts), printed)
+
+    def _module_of_local(self, path: Path) -> str | None:
+        resolved = path.resolve()
+        for root in self.source_roots:
+            if resolved.is_relative_to(root.resolve()):
+                return _dotted(resolved.relative_to(root.resolve()).parts)
+        names = [] if path.name == "__init__.py" else [path.stem]
+        folder = resolved.parent
+        # Namespace packages of the well-known frameworks have no __init__.py (megatron in megatron-core).
+        while (folder / "__init__.py").is_file() or folder.name in _KNOWN_PACKAGES:
+            names.append(folder.name)
+            folder = folder.parent
+        return ".".join(reversed(names)) if all(name.isidentifier() for name in names) and names else None
+
+    def _add_import_root(self, path: Path, module: str | None) -> None:
+        """The folder above the file's top package: its sibling modules are importable from there."""
+        if module is None:
+            return
+        depth = len(module.split(".")) - (0 if path.name == "__init__.py" else 1)
+        parents = path.resolve().parents
+        if depth >= len(parents):
+            return
+        root = parents[depth]
+        if root not in (*self.source_roots, *self.env_roots, *self.found_roots):
+            self.found_roots.append(root)
+            self._module_paths.clear()  # earlier misses may be found under the new root
+
+    def module_path(self, dotted: str) -> Path | None:
+        """The file (or namespace folder) of a module, searched on disk under the roots."""
+        if dotted not in self._module_paths:
+            self._module_paths[dotted] = self._module_path(dotted)
+        return self._module_paths[dotted]
+
+    def _module_path(self, dotted: str) -> Path | None:
+        parts = dotted.split(".")
+        if not all(part.isidentifier() for part in parts):
+            return None
+        for root in (*self.source_roots, *self.found_roots, *self.env_roots):
+            folder = root.joinpath(*parts)
+            for candidate in (folder.with_name(parts[-1] + ".py"), folder / "__init__.py"):
+                if _is_file(candidate):
+                    return candidate
+            if folder.is_dir():
+                return folder
+        return None
+
+    def source(self, path: Path, module: str | None) -> _Source | None:
+        if path not in self._sources:
+            self._sources[path] = _read_source(path, module)
+        return self._sources[path]
+
+    def module_source(self, dotted: str) -> _Source | None:
+        path = self.module_path(dotted)
+        return self.source(path, dotted) if path is not None and path.is_file() else None
+
+    def view(self, frame: Frame) -> _FrameView:
+        if frame not in self._views:
+            self._views[frame] = _frame_view(frame, self)
+        return self._views[frame]
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a log's path may be too long, or hold a NUL byte
+        return False
+
+
+def _read_source(path: Path, module: str | None) -> _Source | None:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        tree = ast.parse(text)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    package = module if path.name == "__init__.py" else (module.rpartition(".")[0] if module else None)
+    bindings: dict[str, object] = {}
+    star = False
+
+    def collect(statements: Sequence[ast.stmt]) -> None:
+        nonlocal star
+        for statement in statements:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bindings[statement.name] = statement
+            elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+                star |= any(alias.name == "*" for alias in statement.names)
+                bindings.update(_import_bindings(statement, package))
+            elif isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+                for name in _names_bound(targets):
+                    bindings[name] = statement
+            else:
+                collect(_child_statements(statement))
+
+    collect(tree.body)
+    declared = frozenset(name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names)
+    return _Source(path, text, tree, module, package or None, bindings, declared, star)
+
+
+def _import_bindings(statement: ast.Import | ast.ImportFrom, package: str | None) -> dict[str, _Imported]:
+    if isinstance(statement, ast.Import):
+        # `import a.b` binds `a`; `import a.b as c` binds `c` to `a.b`.
+        bound = {}
+        for alias in statement.names:
+            top = alias.name.split(".")[0]
+            bound[alias.asname or top] = _Imported(alias.name if alias.asname else top)
+        return bound
+    base = statement.module or ""
+    if statement.level:
+        if not package:
+            return {}
+        kept = package.split(".")[: len(package.split(".")) - statement.level + 1]
+        base = ".".join([*kept, *([statement.module] if statement.module else [])])
+    return {
+        alias.asname or alias.name: _Imported(f"{base}.{alias.name}" if base else alias.name)
+        for alias in statement.names
+        if alias.name != "*"
+    }
+
+
+def _names_bound(targets: Sequence[ast.expr]) -> Iterator[str]:
+    for target in targets:
+        if isinstance(target, ast.Name):
+            yield target.id
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            yield from _names_bound(target.elts)
+        elif isinstance(target, ast.Starred):
+            yield from _names_bound([target.value])
+
+
+def _child_statements(statement: ast.stmt) -> list[ast.stmt]:
+    bodies = [getattr(statement, name, None) or [] for name in ("body", "orelse", "finalbody")]
+    bodies += [handler.body for handler in getattr(statement, "handlers", ())]
+    bodies += [case.body for case in getattr(statement, "cases", ())]
+    return [child for body in bodies for child in body if isinstance(child, ast.stmt)]
+
+
+# --- one frame: its source, statement and scope ----------------------------------------------------
+
+_Function = ast.FunctionDef | ast.AsyncFunctionDef
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+@dataclass(frozen=True)
+class _Scope:
+    module: str | None
+    source: _Source | None
+    functions: tuple[_Function, ...]  # enclosing functions, innermost last
+    class_name: str | None  # class of the method that binds `self`
+    line: int | None  # line in source.text, when the frame's line was found there
+
+
+@dataclass(frozen=True)
+class _FrameView:
+    frame: Frame
+    scope: _Scope
+    statement: ast.stmt | None  # None: the source is unknown or unparseable
+    text: str | None  # the text statement's offsets refer to
+    source_line: str | None  # the frame's line as read locally, when the log printed none
+    notes: tuple[str, ...]
+
+
+def _frame_view(frame: Frame, workspace: _Workspace) -> _FrameView:
+    found = workspace.find(frame.file)
+    notes: list[str] = []
+    source = workspace.source(found.local, found.module) if found.local else None
+    if found.local is None:
+        guess = f"module {found.module} guessed from the path" if found.module else "module unknown"
+        notes.append(f"{frame.file} not found locally (add --source-root): {guess}")
+    elif source is None:
+        notes.append(f"{found.local} could not be read or parsed")
+    elif found.local != Path(frame.file):
+        notes.append(f"read {found.shown} from {found.local}: the log's version may differ")
+    line = _matching_line(frame, source, notes) if source else None
+    statement = text = source_line = None
+    stack: tuple[ast.AST, ...] = ()
+    if source is not None and line is not None:
+        statement, stack = _statement_at(source.tree, line)
+        text = source.text
+        if _first_line(frame.source) is None:
+            source_line = source.text.splitlines()[line - 1].strip()
+            notes.append(f"source line read from {found.local}")
+    elif source is not None:
+        stack = _def_named(source.tree.body, frame.function, ()) or ()
+    if statement is None and _first_line(frame.source):
+        parsed = _parse_fragment(frame.source)
+        if parsed is not None:
+            statement, text = parsed
+    functions = tuple(node for node in stack if isinstance(node, _Function))
+    scope = _Scope(found.module, source, functions, _class_of_self(stack), line)
+    return _FrameView(frame, scope, statement, text, source_line, tuple(notes))
+
+
+def _first_line(source: str | None) -> str | None:
+    lines = [line.strip() for line in (source or "").splitlines() if line.strip()]
+    return lines[0] if lines else None
+
+
+def _matching_line(frame: Frame, source: _Source, notes: list[str]) -> int | None:
+    """The frame's line in the local file: as numbered when it holds the printed source, else the
+    nearest line that does; None when the printed source is nowhere in the file."""
+    lines = source.text.splitlines()
+    in_range = frame.line is not None and 1 <= frame.line <= len(lines)
+    printed = _first_line(frame.source)
+    if printed is None:
+        return frame.line if in_range else None
+    if in_range and lines[frame.line - 1].strip() == printed:
+        return frame.line
+    matches = [number for number, text in enumerate(lines, 1) if text.strip() == printed]
+    if not matches:
+        notes.append(f"the log's source line is not in {source.path}: only its imports and globals were used")
+        return None
+    nearest = min(matches, key=lambda number: abs(number - (frame.line or 0)))
+    if frame.line is None:
+        notes.append(f"the log gives no line number: its source line was found at line {nearest} of {source.path}")
+    else:
+        notes.append(f"line {frame.line} of {source.path} is not the log's source line; it was found at line {nearest}")
+    return nearest
+
+
+def _statement_at(tree: ast.Module, line: int) -> tuple[ast.stmt | None, tuple[ast.AST, ...]]:
+    """The innermost statement whose own text covers `line` (a compound statement's header only),
+    and the functions and classes around it, outermost first."""
+    stack: list[ast.AST] = []
+    body: list[ast.stmt] = tree.body
+    while True:
+        covering = [statement for statement in body if statement.lineno <= line <= (statement.end_lineno or 0)]
+        if not covering:
+            return None, tuple(stack)
+        statement = covering[0]
+        children = _child_statements(statement)
+        if not children or line == statement.lineno or line < children[0].lineno:
+            return statement, tuple(stack)
+        if isinstance(statement, _SCOPES):
+            stack.append(statement)
+        body = children
+
+
+def _def_named(body: Sequence[ast.stmt], name: str, stack: tuple[ast.AST, ...]) -> tuple[ast.AST, ...] | None:
+    """The stack down to the first function called `name` (used when the log's line is not in the file)."""
+    for statement in body:
+        if isinstance(statement, _Function) and statement.name == name:
+            return (*stack, statement)
+        inner = (*stack, statement) if isinstance(statement, _SCOPES) else stack
+        found = _def_named(_child_statements(statement), name, inner)
+        if found:
+            return found
+    return None
+
+
+def _class_of_self(stack: Sequence[ast.AST]) -> str | None:
+    owner = None
+    for outer, inner in zip(stack, stack[1:]):
+        if isinstance(outer, ast.ClassDef) and isinstance(inner, _Function):
+            owner = outer.name
+    return owner
+
+
+_OPENERS = {"(": ")", "[": "]", "{": "}"}
+
+
+def _parse_fragment(printed: str) -> tuple[ast.stmt, str] | None:
+    """The first statement of a printed source line, made parseable; with the text it was parsed from."""
+    text = "\n".join(line.strip() for line in printed.splitlines() if line.strip())
+    attempts = [text]
+    if text.endswith(":"):
+        attempts.append(re.sub(r"^elif\b", "if  ", text) + " pass")
+    closers, code = _missing_closers(text)
+    if closers:
+        attempts.append(code + closers)
+    attempts.append(f"_({text.rstrip(',')})")  # a continuation line printed alone: `key=self.x,`
+    for attempt in attempts:
+        try:
+            tree = ast.parse(attempt)
+        except (SyntaxError, ValueError):
+            continue
+        if tree.body:
+            return tree.body[0], attempt
+    return None
+
+
+def _missing_closers(text: str) -> tuple[str, str]:
+    """Brackets left open by the first line of a multi-line statement, and the text without a comment."""
+    stack: list[str] = []
+    code = text
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.OP and token.string in _OPENERS:
+                stack.append(_OPENERS[token.string])
+            elif token.type == tokenize.OP and token.string in _OPENERS.values() and stack:
+                stack.pop()
+            elif token.type == tokenize.COMMENT and token.start[0] == text.count("\n") + 1:
+                code = text[: len(text) - len(text.splitlines()[-1]) + token.start[1]].rstrip()
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return "".join(reversed(stack)), code
+
+
+# --- operands of a statement -----------------------------------------------------------------------
+
+def _flatten(node: ast.expr) -> list[ast.expr] | None:
+    """`a.b[c]()` -> [a, a.b, a.b[c], a.b[c]()]: each part wraps the one before; None unless rooted at a name."""
+    parts: list[ast.expr] = []
+    while True:
+        parts.append(node)
+        if isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Name):
+            return parts[::-1]
+        else:
+            return None
+
+
+def _reads(statement: ast.stmt) -> list[ast.AST]:
+    """The parts of a statement evaluated when its line runs (a compound statement's header only)."""
+    if isinstance(statement, ast.Assign):
+        return [*_container_reads(statement.targets), statement.value]
+    if isinstance(statement, ast.AugAssign):
+        return [statement.target, statement.value]
+    if isinstance(statement, ast.AnnAssign):
+        return [*_container_reads([statement.target]), *([statement.value] if statement.value else [])]
+    if isinstance(statement, (ast.For, ast.AsyncFor)):
+        return [statement.iter]
+    if isinstance(statement, (ast.If, ast.While)):
+        return [statement.test]
+    if isinstance(statement, (ast.With, ast.AsyncWith)):
+        return [item.context_expr for item in statement.items]
+    if isinstance(statement, ast.Match):
+        return [statement.subject]
+    if isinstance(statement, (ast.Return, ast.Expr, ast.Raise, ast.Assert)):
+        return [statement]
+    return []
+
+
+def _container_reads(targets: Sequence[ast.expr]) -> Iterator[ast.expr]:
+    """`buf[i] = v` reads `buf` (and `i`); `x = v` and `obj.x = v` read no tensor."""
+    for target in targets:
+        if isinstance(target, ast.Subscript):
+            yield target.value
+            yield target.slice
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            yield from _container_reads(target.elts)
+        elif isinstance(target, ast.Starred):
+            yield from _container_reads([target.value])
+
+
+def _operands(node: ast.AST) -> Iterator[list[ast.expr]]:
+    """Reference chains an expression reads, in source order (see the module docstring)."""
+    if isinstance(node, (ast.Starred, ast.Lambda)):
+        return  # `*args` forwarding; a lambda's body does not run here
+    if isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Attribute):
+            yield from _receiver(node.func.value)
+        elif not isinstance(node.func, ast.Name):
+            yield from _operands(node.func)
+        yield from _call_arguments(node)
+        return
+    if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):
+        parts = _flatten(node)
+        if parts is not None:
+            yield parts
+            for part in parts[1:]:
+                if isinstance(part, ast.Subscript):
+                    yield from _operands(part.slice)
+                elif isinstance(part, ast.Call):
+                    yield from _call_arguments(part)
+            return
+    for child in ast.iter_child_nodes(node):
+        yield from _operands(child)
+
+
+def _receiver(node: ast.expr) -> Iterator[list[ast.expr]]:
+    """The object a method is called on; a call there is a chain too: `get_tracker().clear()`."""
+    parts = _flatten(node) if isinstance(node, ast.Call) else None
+    if parts is None:
+        yield from _operands(node)
+        return
+    yield parts
+    for part in parts:
+        if isinstance(part, ast.Call):
+            yield from _call_arguments(part)
+        elif isinstance(part, ast.Subscript):
+            yield from _operands(part.slice)
+
+
+def _call_arguments(call: ast.Call) -> Iterator[list[ast.expr]]:
+    for argument in call.args:
+        yield from _operands(argument)
+    for keyword in call.keywords:
+        if keyword.arg is not None:  # `**kwargs` forwards
+            yield from _operands(keyword.value)
+
+
+# --- resolving a chain to a global -----------------------------------------------------------------
+
+# Tiers: how likely the operand is the global tensor.
+_GLOBAL, _GUESS, _SELF, _UNKNOWN, _PARAMETER, _LOCAL = 5, 4, 3, 2, 1, 0
+_MAX_DEPTH = 6
+_TENSOR_ATTRIBUTES = frozenset({"data", "grad", "T", "mT", "H", "mH", "real", "imag"})
+_LIBRARIES = frozenset({"torch", "torch_npu", "torchair", "numpy", "transformer_engine", "apex", "triton"})
+_LIBRARY_ALIASES = frozenset({"torch", "torch_npu", "np", "numpy", "math", "F", "nn", "dist", "te", "os", "sys"})
+_BUILTINS = frozenset(dir(builtins))
+_GLOBAL_NAME = re.compile(r"_*[A-Z][A-Z0-9_]*")
+_CLASS_NAME = re.compile(r"_*[A-Z]\w*[a-z]\w*")
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    tier: int
+    anchor: int  # index of the chain part that names the global
+    variable: str | None
+    module: str | None
+    owner: str | None
+    notes: tuple[str, ...] = ()
+    parameter: str | None = None  # the chain starts at this parameter of the frame's function
+
+
+def _unresolved(scope: _Scope, tier: int, parts: Sequence[ast.expr], parameter: str | None = None) -> _Resolved:
+    """No global found: the expression is the chain's field path (`mod.obj.field`, `tracker`)."""
+    end = 0
+    while _is_field(parts, end + 1):
+        end += 1
+    return _Resolved(tier, end, None, scope.module, None, parameter=parameter)
+
+
+def _is_attribute(parts: Sequence[ast.expr], index: int) -> bool:
+    return index < len(parts) and isinstance(parts[index], ast.Attribute)
+
+
+def _is_call(parts: Sequence[ast.expr], index: int) -> bool:
+    return index < len(parts) and isinstance(parts[index], ast.Call)
+
+
+def _is_field(parts: Sequence[ast.expr], index: int) -> bool:
+    """An attribute that names an object's field: not a tensor attribute, not a method being called."""
+    return (
+        _is_attribute(parts, index)
+        and parts[index].attr not in _TENSOR_ATTRIBUTES
+        and not _is_call(parts, index + 1)
+    )
+
+
+def _resolve_chain(parts: list[ast.expr], scope: _Scope, workspace: _Workspace, depth: int = 0) -> _Resolved | None:
+    """How the chain's root name is bound, per the frame's source; None when it is no tensor."""
+    root = parts[0].id
+    if depth > _MAX_DEPTH:
+        return _unresolved(scope, _UNKNOWN, parts)
+    if root in ("self", "cls"):
+        return _self_member(parts, scope)
+    if scope.source is None:
+        return _guess(parts, scope, workspace)
+    function = scope.functions[-1] if scope.functions else None
+    if function is not None:
+        if root in _declared_globals(function):
+            return _in_source(scope.source, scope.module, root, parts, 0, workspace, depth, cross_module=False)
+        if root in _parameters(function):
+            return _unresolved(scope, _PARAMETER, parts, parameter=root)
+        binding = _local_binding(function, root, scope)
+        if isinstance(binding, _Imported):
+            return _imported(binding.target, parts, 0, workspace, depth)
+        if binding is not None:
+            return _alias(root, binding, parts, scope, workspace, depth)
+        if any(root in _parameters(outer) or _local_binding(outer, root, scope) for outer in scope.functions[:-1]):
+            return _unresolved(scope, _LOCAL, parts)
+    if root in scope.source.bindings:
+        return _in_source(scope.source, scope.module, root, parts, 0, workspace, depth, cross_module=False)
+    if root in _BUILTINS:
+        return None
+    return _unresolved(scope, _UNKNOWN, parts)
+
+
+def _self_member(parts: list[ast.expr], scope: _Scope) -> _Resolved | None:
+    """`self.attr` -> attribute `attr` of the class whose method the frame runs."""
+    if not _is_attribute(parts, 1):
+        return None  # bare self
+    if _is_call(parts, 2):
+        return _unresolved(scope, _UNKNOWN, parts)  # self.method(...)
+    notes = () if scope.class_name or scope.source is None else ("the class of `self` was not found in the source",)
+    return _Resolved(_SELF, 1, parts[1].attr, scope.module, scope.class_name, notes)
+
+
+def _guess(parts: list[ast.expr], scope: _Scope, workspace: _Workspace) -> _Resolved | None:
+    """Without source, naming conventions decide: `_UPPER` globals, `mod._UPPER`, `ClassName.attr`."""
+    root = parts[0].id
+    if root in _BUILTINS or root in _LIBRARY_ALIASES:
+        return None
+    if _CLASS_NAME.fullmatch(root) and _is_attribute(parts, 1):
+        return _class_member(parts, 0, root, scope.module, _GUESS)
+    if _GLOBAL_NAME.fullmatch(root):
+        return _Resolved(_GUESS, 0, root, scope.module, None)
+    if _is_attribute(parts, 1) and _GLOBAL_NAME.fullmatch(parts[1].attr):
+        module, note = _guess_module(root, scope.module, workspace)
+        return _Resolved(_GUESS, 1, parts[1].attr, module, None, (note,))
+    return _unresolved(scope, _UNKNOWN, parts)
+
+
+def _guess_module(alias: str, frame_module: str | None, workspace: _Workspace) -> tuple[str, str]:
+    """`parallel_state` seen in megatron/core/transformer/moe/x.py: the nearest package holding it."""
+    packages = (frame_module or "").split(".")[:-1]
+    for size in range(len(packages), -1, -1):
+        candidate = ".".join([*packages[:size], alias])
+        path = workspace.module_path(candidate)
+        if path is not None:
+            return candidate, f"`{alias}` taken as {candidate}, found at {path}"
+    return alias, f"module `{alias}` was not found near {frame_module}: its full name is unknown"
+
+
+def _class_member(parts: list[ast.expr], index: int, owner: str, module: str | None, tier: int) -> _Resolved | None:
+    """`Cls.attr` (class attribute) or `Cls.instance.field` (singleton field)."""
+    if not _is_attribute(parts, index + 1):
+        return None  # the class itself
+    if _is_call(parts, index + 2):
+        return _Resolved(_UNKNOWN, index, None, module, None)  # Cls.method(...)
+    anchor = index + 2 if _is_field(parts, index + 2) else index + 1
+    return _Resolved(tier, anchor, parts[anchor].attr, module, owner)
+
+
+def _imported(target: str, parts: list[ast.expr], index: int, workspace: _Workspace, depth: int) -> _Resolved | None:
+    """A name bound by an import to `target`: a module (then its attribute is the global) or a member."""
+    if depth > _MAX_DEPTH:
+        return None
+    if target.split(".")[0] in _LIBRARIES or target.split(".")[0] in sys.stdlib_module_names:
+        return None
+    if workspace.module_path(target) is not None:
+        module, at = target, index + 1
+        while _is_attribute(parts, at) and workspace.module_path(f"{module}.{parts[at].attr}") is not None:
+            module, at = f"{module}.{parts[at].attr}", at + 1
+        if not _is_attribute(parts, at):
+            return None  # the module itself
+        return _in_module(module, parts[at].attr, parts, at, workspace, depth)
+    head, _, name = target.rpartition(".")
+    if head and workspace.module_path(head) is not None:
+        return _in_module(head, name, parts, index, workspace, depth)
+    if _is_attribute(parts, index + 1) and not _CLASS_NAME.fullmatch(name):
+        note = f"{target} was not found locally: taken as a module"
+        return _Resolved(_GLOBAL, index + 1, parts[index + 1].attr, target, None, (note,))
+    return _in_source(None, head or None, name, parts, index, workspace, depth, cross_module=True)
+
+
+def _in_module(
+    module: str, name: str, parts: list[ast.expr], index: int, workspace: _Workspace, depth: int
+) -> _Resolved | None:
+    return _in_source(workspace.module_source(module), module, name, parts, index, workspace, depth, cross_module=True)
+
+
+def _in_source(
+    source: _Source | None,
+    module: str | None,
+    name: str,
+    parts: list[ast.expr],
+    index: int,
+    workspace: _Workspace,
+    depth: int,
+    *,
+    cross_module: bool,
+) -> _Resolved | None:
+    """`name` (at parts[index]) as bound at module level in `source` (module `module`)."""
+    binding = source.bindings.get(name) if source else None
+    if isinstance(binding, ast.Assign) and isinstance(binding.value, ast.Name):
+        aliased = source.bindings.get(binding.value.id)
+        if isinstance(aliased, _Imported):
+            binding = aliased  # `mpu = parallel_state`
+    if isinstance(binding, _Imported):
+        return _imported(binding.target, parts, index, workspace, depth + 1)
+    looks_like_class = source is None and _CLASS_NAME.fullmatch(name) and _is_attribute(parts, index + 1)
+    if isinstance(binding, ast.ClassDef) or looks_like_class:
+        return _class_member(parts, index, name, module, _GLOBAL)
+    if isinstance(binding, _Function):
+        return _call_result(binding, source, parts, index, workspace, depth)
+    if _is_flag(binding, name, source):
+        return None
+    if binding is None and _is_call(parts, index + 1):
+        return _Resolved(_UNKNOWN, index + 1, None, module, None)  # a function whose source is not here
+    notes = ()
+    missing = source is not None and binding is None and name not in source.declared_globals and not source.star_import
+    if cross_module and missing:
+        notes = (f"{module} here ({source.path}) has no {name}: the log's version differs from the local one",)
+    return _Resolved(_GLOBAL, index, name, module, None, notes)
+
+
+def _is_flag(binding: object, name: str, source: _Source | None) -> bool:
+    """A module constant such as `HAVE_TE = True`: never a tensor."""
+    value = getattr(binding, "value", None)
+    return (
+        isinstance(binding, (ast.Assign, ast.AnnAssign))
+        and isinstance(value, ast.Constant)
+        and isinstance(value.value, (bool, int, float, str, bytes))
+        and source is not None
+        and name not in source.declared_globals
+    )
+
+
+def _call_result(
+    function: _Function, source: _Source | None, parts: list[ast.expr], index: int, workspace: _Workspace, depth: int
+) -> _Resolved | None:
+    """`get_x()` returning a module global, and `get_instance().field` (singleton field)."""
+    if not _is_call(parts, index + 1):
+        return None  # the function object
+    returned = _returned_global(function, source, workspace, depth)
+    if returned is None:
+        return _Resolved(_UNKNOWN, index + 1, None, source.module if source else None, None)
+    note = f"{function.name}() returns {returned.variable} of {returned.module}"
+    if _is_field(parts, index + 2):
+        holder = workspace.module_source(returned.module) if returned.module else None
+        owner = _instance_class(returned.variable, holder)
+        return _Resolved(_GLOBAL, index + 2, parts[index + 2].attr, returned.module, owner, (*returned.notes, note))
+    return replace(returned, anchor=index + 1, notes=(*returned.notes, note))
+
+
+def _returned_global(
+    function: _Function, source: _Source | None, workspace: _Workspace, depth: int
+) -> _Resolved | None:
+    if source is None:
+        return None
+    scope = _Scope(source.module, source, (function,), None, None)
+    for node in _walk_scope(function):
+        if isinstance(node, ast.Return) and node.value is not None:
+            parts = _flatten(node.value)
+            resolved = _resolve_chain(parts, scope, workspace, depth + 1) if parts else None
+            if resolved is not None and resolved.tier >= _GUESS and resolved.variable:
+                return resolved
+    return None
+
+
+def _instance_class(name: str | None, source: _Source | None) -> str | None:
+    """The class of the object a module global holds: `_INSTANCE = Foo(...)` anywhere in its module."""
+    if name is None or source is None:
+        return None
+    for node in ast.walk(source.tree):
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name)
+        ):
+            return node.value.func.id
+    return None
+
+
+def _alias(
+    name: str, value: ast.expr, parts: list[ast.expr], scope: _Scope, workspace: _Workspace, depth: int
+) -> _Resolved:
+    """A local assigned from a global (`tracker = get_tracker()`, `buf = mod._BUF`): that global,
+    while the expression keeps the local's own name."""
+    local = _unresolved(scope, _LOCAL, parts)
+    value_parts = _flatten(value)
+    if value_parts is None:
+        return local
+    earlier = replace(scope, line=value.lineno - 1)
+    resolved = _resolve_chain(value_parts, earlier, workspace, depth + 1)
+    if resolved is not None and resolved.parameter:
+        return _unresolved(scope, _PARAMETER, parts, parameter=resolved.parameter)
+    if resolved is None or resolved.tier < _SELF or resolved.variable is None:
+        return local
+    text = ast.get_source_segment(scope.source.text, value) if scope.source else None
+    note = f"{name} is a local alias of {resolved.variable}: `{name} = {_one_line(text or ast.unparse(value))}`"
+    return replace(resolved, anchor=0, notes=(*resolved.notes, note))
+
+
+def _walk_scope(function: _Function) -> Iterator[ast.AST]:
+    """The nodes of a function's own scope (not of nested functions, classes or lambdas)."""
+    pending: list[ast.AST] = list(function.body)
+    while pending:
+        node = pending.pop()
+        yield node
+        pending.extend(
+            child
+            for child in ast.iter_child_nodes(node)
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
+        )
+
+
+def _declared_globals(function: _Function) -> set[str]:
+    return {name for node in _walk_scope(function) if isinstance(node, ast.Global) for name in node.names}
+
+
+def _parameters(function: _Function) -> set[str]:
+    arguments = function.args
+    every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
+    return {argument.arg for argument in every if argument is not None}
+
+
+_OPAQUE = ast.Constant(value=None)  # bound locally by something not worth following (loop target, `with ... as`)
+
+
+def _local_binding(function: _Function, name: str, scope: _Scope) -> ast.expr | _Imported | None:
+    """The last binding of `name` in the function before the frame's line: the assigned value, an
+    import, `_OPAQUE`, or None when the function does not bind it."""
+    bindings: list[tuple[int, ast.expr | _Imported]] = []
+    for node in _walk_scope(function):
+        if isinstance(node, ast.Assign) and name in _names_bound(node.targets):
+            simple = any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
+            bindings.append((node.lineno, node.value if simple else _OPAQUE))
+        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and getattr(node.target, "id", None) == name:
+            if node.value is not None:
+                bindings.append((node.lineno, node.value))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            package = scope.source.package if scope.source else None
+            imported = _import_bindings(node, package).get(name)
+            if imported is not None:
+                bindings.append((node.lineno, imported))
+        elif isinstance(node, (ast.For, ast.AsyncFor)) and name in _names_bound([node.target]):
+            bindings.append((node.lineno, _OPAQUE))
+        elif isinstance(node, (ast.With, ast.AsyncWith)) and name in _names_bound(
+            [item.optional_vars for item in node.items if item.optional_vars is not None]
+        ):
+            bindings.append((node.lineno, _OPAQUE))
+        elif isinstance(node, ast.ExceptHandler) and node.name == name:
+            bindings.append((node.lineno, _OPAQUE))
+    if not bindings:
+        return None
+    before = [binding for binding in bindings if scope.line is None or binding[0] <= scope.line] or bindings
+    return max(before, key=lambda binding: binding[0])[1]
+
+
+# --- one traceback: culprit and tensor -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Analysis:
+    culprit: Frame | None
+    tensor: TensorRef | None
+    source_file: str | None
+    notes: tuple[str, ...]
+
+    def key(self) -> tuple:
+        where = (self.culprit.file, self.culprit.line, self.culprit.function) if self.culprit else None
+        return where, self.tensor
+
+
+def _unsafe_link(traceback: Traceback) -> Traceback | None:
+    """The innermost link of the chain that carries the unsafe-data error."""
+    links = [link for link in traceback.chain() if is_unsafe_error(link)]
+    return links[-1] if links else None
+
+
+_Candidate = tuple[list[ast.expr], _Resolved]
+
+
+def _candidates(view: _FrameView, workspace: _Workspace) -> list[_Candidate]:
+    """The statement's tensor-ish operands with their resolution, in source order."""
+    if view.statement is None:
+        return []
+    found = []
+    for node in _reads(view.statement):
+        for parts in _operands(node):
+            resolved = _resolve_chain(parts, view.scope, workspace)
+            if resolved is not None:
+                found.append((parts, resolved))
+    return found
+
+
+def _choose_culprit(frames: Sequence[Frame], workspace: _Workspace) -> tuple[int, _FrameView, list[_Candidate]] | None:
+    """Innermost non-internal frame whose statement touches a tensor-ish operand (or whose source is
+    unknown); else the innermost non-internal frame; None when every frame is internal."""
+    fallback = None
+    for index in range(len(frames) - 1, -1, -1):
+        if is_internal_file(frames[index].file):
+            continue
+        view = workspace.view(frames[index])
+        candidates = _candidates(view, workspace)
+        if view.statement is None or candidates:
+            return index, view, candidates
+        fallback = fallback or (index, view, candidates)
+    return fallback
+
+
+def _analyse(frames: tuple[Frame, ...], workspace: _Workspace) -> _Analysis:
+    chosen = _choose_culprit(frames, workspace)
+    if chosen is None:
+        reason = "every frame is inside torch or the Python standard library"
+        return _Analysis(None, None, None, (reason if frames else "the traceback has no frames",))
+    index, view, candidates = chosen
+    culprit = replace(view.frame, source=view.source_line) if view.source_line else view.frame
+    source_file = str(view.scope.source.path) if view.scope.source else None
+    notes = list(view.notes)
+    if not candidates:
+        if view.statement is None:
+            notes.append("no source for the culprit line: the tensor cannot be named")
+        return _Analysis(culprit, None, source_file, _unique(notes))
+    parts, resolved, caller = _choose_tensor(frames, index, view, candidates, workspace)
+    text = view.text
+    if caller is not None:
+        text = caller.text
+        notes.extend(caller.notes)
+        where = f"{caller.frame.file}:{caller.frame.line} ({caller.frame.function})"
+        notes.append(f"{view.frame.function}() got the tensor as a parameter: followed to {where}")
+    elif resolved.parameter:
+        where = f"{view.frame.function}()"
+        notes.append(f"{resolved.parameter} is a parameter of {where}: its caller could not be followed")
+    notes.extend(resolved.notes)
+    expression = _expression_text(parts, resolved.anchor, text)
+    tensor = TensorRef(expression, resolved.variable, resolved.module, resolved.owner)
+    return _Analysis(culprit, tensor, source_file, _unique(notes))
+
+
+def _choose_tensor(
+    frames: Sequence[Frame], index: int, view: _FrameView, candidates: list[_Candidate], workspace: _Workspace
+) -> tuple[list[ast.expr], _Resolved, _FrameView | None]:
+    """The best-tiered candidate, leftmost on ties; parameters count as what the caller passed."""
+    options: list[tuple[list[ast.expr], _Resolved, _FrameView | None]] = []
+    for parts, resolved in candidates:
+        followed = _follow_parameter(frames, index, view, resolved.parameter, workspace) if resolved.parameter else None
+        options.append(followed or (parts, resolved, None))
+    return max(options, key=lambda option: option[1].tier)
+
+
+def _follow_parameter(
+    frames: Sequence[Frame], index: int, view: _FrameView, name: str, workspace: _Workspace, depth: int = 0
+) -> tuple[list[ast.expr], _Resolved, _FrameView] | None:
+    """The argument the caller frame passed for parameter `name`, resolved in the caller (repeatedly
+    while it is again a parameter); None unless that names something (a global, `self.x`, ...)."""
+    if index == 0 or depth > _MAX_DEPTH or is_internal_file(frames[index - 1].file) or not view.scope.functions:
+        return None
+    caller = workspace.view(frames[index - 1])
+    argument = _argument_for(caller.statement, view.scope.functions[-1], name) if caller.statement else None
+    parts = _flatten(argument) if argument is not None else None
+    resolved = _resolve_chain(parts, caller.scope, workspace) if parts else None
+    if resolved is None:
+        return None
+    if resolved.parameter:
+        return _follow_parameter(frames, index - 1, caller, resolved.parameter, workspace, depth + 1)
+    return (parts, resolved, caller) if resolved.tier > _PARAMETER else None
+
+
+def _argument_for(statement: ast.stmt, function: _Function, name: str) -> ast.expr | None:
+    positional = [argument.arg for argument in (*function.args.posonlyargs, *function.args.args)]
+    for node in ast.walk(statement):
+        if not isinstance(node, ast.Call):
+            continue
+        callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if callee != function.name:
+            continue
+        for keyword in node.keywords:
+            if keyword.arg == name:
+                return keyword.value
+        if name in positional:
+            position = positional.index(name)
+            if isinstance(node.func, ast.Attribute) and positional[0] in ("self", "cls"):
+                position -= 1  # bound method: self is not in the call's arguments
+            before = node.args[: position + 1]
+            if 0 <= position < len(node.args) and not any(isinstance(argument, ast.Starred) for argument in before):
+                return node.args[position]
+    return None
+
+
+def _expression_text(parts: list[ast.expr], anchor: int, text: str | None) -> str:
+    """The chain up to the anchor, plus the subscript right after it, as written in the source."""
+    end = anchor + 1 if anchor + 1 < len(parts) and isinstance(parts[anchor + 1], ast.Subscript) else anchor
+    node = parts[end]
+    segment = ast.get_source_segment(text, node) if text else None
+    return _one_line(segment or ast.unparse(node))
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s*\n\s*", " ", text)
+
+
+def _unique(notes: Sequence[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(notes))
+
+
+# --- folding ---------------------------------------------------------------------------------------
+
+def _rank_of(traceback: Traceback, unsafe: Traceback) -> int | None:
+    """The log's rank prefix, else torch_npu's RankID (-1 means RANK was unset)."""
+    for rank in (traceback.rank, unsafe.rank, unsafe.npu_rank, traceback.npu_rank):
+        if rank is not None and rank >= 0:
+            return rank
+    return None
+
+
+def _fold(members: Sequence[tuple[Traceback, Traceback, _Analysis]]) -> Finding:
+    first, unsafe, analysis = members[0]
+    ranks = sorted({rank for rank in (_rank_of(tb, link) for tb, link, _ in members) if rank is not None})
+    return Finding(
+        ranks=tuple(ranks),
+        traceback=first,
+        unsafe=unsafe,
+        culprit=analysis.culprit,
+        tensor=analysis.tensor,
+        source_file=analysis.source_file,
+        notes=analysis.notes,
+    )

@@ -1,0 +1,539 @@
+"""locate(): culprit frame, tensor expression, resolution to a global, module names, folding."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.locate import TensorRef, is_internal_file, locate, module_from_path
+from unsafe_doctor.tracebacks import Frame, Traceback
+
+UNSAFE = "There is unsafe data in the input tensor."
+FIXTURES = Path(__file__).parent / "fixtures" / "locate"
+SRC = FIXTURES / "src"
+USER = SRC / "fw" / "user.py"
+STATE = SRC / "fw" / "state.py"
+
+def _megatron_core() -> Path:
+    """megatron-core (a test dependency) found on disk: importing it would import torch."""
+    for entry in sys.path:
+        if (Path(entry or ".") / "megatron" / "core" / "parallel_state.py").is_file():
+            return Path(entry or ".") / "megatron" / "core"
+    raise AssertionError("megatron-core is not installed: pip install -e '.[test]'")
+
+
+MOE = _megatron_core() / "transformer" / "moe"
+# Where a log from another machine prints megatron-core's files: not present here.
+REMOTE_SITE = "/usr/local/python3.10/lib/python3.10/site-packages/megatron/core/transformer/moe/"
+FAQ_FILE = "/home/ma-user/gitee_0925/ModelLink/megatron/core/transformer/moe/moe_utils.py"
+FAQ_LINE = "parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name][layer_number - 1] += loss.detach()"
+TORCH_FRAME = Frame("/usr/local/lib/python3.10/site-packages/torch/_tensor.py", 40, "wrapped", "return f(*args, **kwargs)")
+
+
+def line_of(path: Path, source: str) -> int:
+    """Line number of `source` (stripped) in a real file, so tests follow the installed version."""
+    for number, text in enumerate(path.read_text().splitlines(), 1):
+        if text.strip() == source:
+            return number
+    raise AssertionError(f"{source!r} not in {path}")
+
+
+def at(path: Path | str, function: str, source: str | None, line: int | None = None) -> Frame:
+    """A frame of a real file: its line found by its text unless given."""
+    if line is None:
+        line = line_of(Path(path), source) if Path(path).is_file() else 1
+    return Frame(str(path), line, function, source)
+
+
+def tb(
+    *frames: Frame,
+    rank: int | None = 3,
+    npu_rank: int | None = None,
+    message: str = UNSAFE,
+    offset: int = 0,
+    source: str = "train.log",
+    caused_by: Traceback | None = None,
+) -> Traceback:
+    return Traceback(
+        rank=rank,
+        source=source,
+        offset=offset,
+        frames=frames,
+        exception_type="RuntimeError",
+        message=message,
+        error_code="ERR00003",
+        npu_rank=npu_rank,
+        device=None,
+        truncated=False,
+        caused_by=caused_by,
+        chain_kind="cause" if caused_by else None,
+    )
+
+
+def only(tracebacks: list[Traceback], source_roots: tuple[Path, ...] = ()):
+    findings = locate(tracebacks, source_roots)
+    assert len(findings) == 1, findings
+    return findings[0]
+
+
+# --- internal frames and module names --------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/usr/local/lib/python3.10/site-packages/torch/nn/modules/module.py",
+        "/opt/conda/lib/python3.8/site-packages/torch_npu/utils/_error_code.py",
+        "/home/u/pytorch/torch/_tensor.py",
+        "<frozen importlib._bootstrap>",
+        "/usr/lib/python3.8/functools.py",
+        "/root/.pyenv/versions/3.11.7/lib/python3.11/contextlib.py",
+        "C:\\Python311\\Lib\\site-packages\\torch\\_ops.py",
+    ],
+)
+def test_torch_and_stdlib_files_are_internal(path):
+    assert is_internal_file(path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/usr/local/python3.10/lib/python3.10/site-packages/megatron/core/parallel_state.py",
+        "/usr/lib/python3/dist-packages/mindio_ttp/framework_ttp/ttp_decorator.py",
+        "/home/u/ModelLink/pretrain_gpt.py",
+    ],
+)
+def test_framework_and_user_files_are_not_internal(path):
+    assert not is_internal_file(path)
+
+
+@pytest.mark.parametrize(
+    ("path", "module"),
+    [
+        ("/usr/local/python3.8/lib/python3.8/site-packages/mindio_ttp/adaptor/utils.py", "mindio_ttp.adaptor.utils"),
+        ("/usr/lib/python3/dist-packages/fw/core/__init__.py", "fw.core"),
+        # Not on this machine, but megatron/core/parallel_state.py is in this environment's site-packages.
+        ("/home/u/ModelLink/megatron/core/parallel_state.py", "megatron.core.parallel_state"),
+        # Found nowhere: the suffix from a well-known top-level package.
+        ("/home/u/repo/mindspeed_llm/core/high_availability/utils.py", "mindspeed_llm.core.high_availability.utils"),
+        ("/home/u/train_tools/run.py", None),
+    ],
+)
+def test_module_from_printed_path(path, module):
+    assert module_from_path(path) == module
+
+
+def test_module_of_a_local_file_walks_up_init_files(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "mod.py").write_text("X = 1\n")
+    assert module_from_path(str(tmp_path / "pkg" / "sub" / "mod.py")) == "pkg.sub.mod"
+    assert module_from_path(str(tmp_path / "pkg" / "sub" / "__init__.py")) == "pkg.sub"
+
+
+def test_module_under_an_explicit_source_root_uses_the_longest_suffix():
+    assert module_from_path("/job/remote/fw/user.py", [SRC]) == "fw.user"
+    assert module_from_path("/job/remote/fw/user.py") is None
+
+
+def test_a_source_root_that_is_not_a_directory_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError):
+        locate([tb(at(USER, "add_to_buf", "BUF[name] += x"))], [tmp_path / "missing"])
+
+
+# --- culprit frame ---------------------------------------------------------------------------------
+
+def test_culprit_skips_torch_stdlib_and_forwarding_wrapper_frames():
+    frames = (
+        at("/usr/lib/python3.10/runpy.py", "_run_module_as_main", "return _run_code(code, main_globals, None,", 196),
+        at(USER, "train_step", "return torch.add(_SCALE, x)"),
+        at(USER, "wrapper", "return func(*args, **kwargs)"),
+        at("/usr/lib/python3.10/functools.py", "wrapper", "return func(*args, **kwargs)", 20),
+        TORCH_FRAME,
+    )
+    finding = only([tb(*frames)])
+    assert finding.culprit == frames[1]
+    assert finding.tensor == TensorRef("_SCALE", "_SCALE", "fw.user", None)
+    assert finding.source_file == str(USER)
+
+
+def test_culprit_without_any_tensor_operand_falls_back_to_the_innermost_framework_frame():
+    frames = (at(USER, "wrapper", "return func(*args, **kwargs)"), TORCH_FRAME)
+    finding = only([tb(*frames)])
+    assert finding.culprit == frames[0]
+    assert finding.tensor is None
+
+
+def test_frame_with_unknown_source_is_a_culprit_candidate():
+    inner = Frame("/job/remote/fw/kernels.py", 12, "fused_add", None)
+    finding = only([tb(at(USER, "train_step", "return torch.add(_SCALE, x)"), inner, TORCH_FRAME)])
+    assert finding.culprit == inner
+    assert finding.tensor is None
+    assert any("cannot be named" in note for note in finding.notes)
+
+
+def test_no_culprit_when_every_frame_is_internal_or_there_are_no_frames():
+    internal = only([tb(TORCH_FRAME)])
+    assert internal.culprit is None and internal.tensor is None
+    assert any("inside torch" in note for note in internal.notes)
+    empty = only([tb()])
+    assert empty.culprit is None and "the traceback has no frames" in empty.notes
+
+
+def test_unsafe_link_is_the_chain_link_with_the_error():
+    cause = tb(at(USER, "add_to_buf", "BUF[name] += x"), TORCH_FRAME)
+    outer = tb(
+        Frame("/usr/local/python3.8/lib/python3.8/site-packages/mindio_ttp/framework_ttp/ttp_decorator.py", 90,
+              "wrapper", "raise RuntimeError(f'rollback failed: {e}')"),
+        message="rollback failed",
+        caused_by=cause,
+    )
+    other = tb(at(USER, "add_to_buf", "BUF[name] += x"), message="CUDA out of memory")
+    finding = only([other, outer])
+    assert finding.traceback is outer
+    assert finding.unsafe is cause
+    assert finding.tensor == TensorRef("BUF[name]", "BUF", "fw.state", None)
+
+
+# --- resolution in the synthetic tree --------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("path", "function", "source", "tensor"),
+    [
+        # from fw.state import BUF
+        (USER, "add_to_buf", "BUF[name] += x", TensorRef("BUF[name]", "BUF", "fw.state", None)),
+        # `global _BUFFER` in the function
+        (STATE, "accumulate", "_BUFFER += x", TensorRef("_BUFFER", "_BUFFER", "fw.state", None)),
+        # module global beside a parameter
+        (STATE, "scaled", "return x * _BUFFER", TensorRef("_BUFFER", "_BUFFER", "fw.state", None)),
+        # attribute of an imported module
+        (USER, "add_to_module_attribute", "state._BUFFER.add_(x)", TensorRef("state._BUFFER", "_BUFFER", "fw.state", None)),
+        # class attribute of an imported class
+        (USER, "clear_table", "Holder.table[key].zero_()", TensorRef("Holder.table[key]", "table", "fw.state", "Holder")),
+        # singleton held by a class attribute
+        (
+            USER,
+            "clear_prefetch",
+            "SwapPrefetch.swap_prefetch.prefetch_list[i].zero_()",
+            TensorRef("SwapPrefetch.swap_prefetch.prefetch_list[i]", "prefetch_list", "fw.singletons", "SwapPrefetch"),
+        ),
+        # singleton returned by a getter
+        (
+            USER,
+            "clear_slots",
+            "get_instance().slots[0].zero_()",
+            TensorRef("get_instance().slots[0]", "slots", "fw.singletons", "Slots"),
+        ),
+        # local alias of a global returned by an imported function
+        (USER, "through_local", "return buffer + x", TensorRef("buffer", "_BUFFER", "fw.state", None)),
+        # self attribute: owner is the class of the method
+        (USER, "update", "self.bias += x", TensorRef("self.bias", "bias", "fw.user", "Router")),
+        # multi-line call whose first line names no tensor: the whole statement is read from the file
+        (USER, "multi_line", "result = combine(", TensorRef("_SCALE", "_SCALE", "fw.user", None)),
+    ],
+)
+def test_resolution_in_a_local_tree(path, function, source, tensor):
+    finding = only([tb(at(path, function, source), TORCH_FRAME)])
+    assert finding.tensor == tensor
+    assert finding.source_file == str(path)
+    assert not any("may differ" in note for note in finding.notes)  # read at the printed path
+
+
+def test_local_alias_and_getter_are_explained_in_notes():
+    finding = only([tb(at(USER, "through_local", "return buffer + x"))])
+    assert "buffer is a local alias of _BUFFER: `buffer = get_buffer()`" in finding.notes
+
+
+def test_constant_module_flags_are_not_tensors(tmp_path):
+    code = "HAVE_FUSED = True\n_TABLE = {}\n\n\ndef f(x):\n    if HAVE_FUSED and _TABLE[x].any():\n        pass\n"
+    (tmp_path / "flags.py").write_text(code)
+    finding = only([tb(at(tmp_path / "flags.py", "f", "if HAVE_FUSED and _TABLE[x].any():"))])
+    assert finding.tensor == TensorRef("_TABLE[x]", "_TABLE", "flags", None)
+
+
+def test_parameter_is_followed_to_the_caller_argument():
+    frames = (at(USER, "route", "return topk(logits, bias=self.bias)"), at(USER, "topk", "return logits + bias"))
+    finding = only([tb(*frames)])
+    assert finding.culprit == frames[1]
+    assert finding.tensor == TensorRef("self.bias", "bias", "fw.user", "Router")
+    assert any("got the tensor as a parameter: followed to" in note for note in finding.notes)
+
+
+def test_parameter_without_a_framework_caller_stays_unresolved():
+    finding = only([tb(TORCH_FRAME, at(USER, "topk", "return logits + bias"))])
+    assert finding.tensor == TensorRef("logits", None, "fw.user", None)
+    assert any("its caller could not be followed" in note for note in finding.notes)
+
+
+def test_explicit_source_root_finds_a_file_printed_with_a_remote_path():
+    remote = Frame("/job/remote/fw/user.py", line_of(USER, "BUF[name] += x"), "add_to_buf", "BUF[name] += x")
+    finding = only([tb(remote)], (SRC,))
+    assert finding.tensor == TensorRef("BUF[name]", "BUF", "fw.state", None)
+    assert finding.source_file == str(USER)
+    assert f"read fw/user.py from {USER}: the log's version may differ" in finding.notes
+
+
+def test_printed_source_found_at_another_line_uses_that_line():
+    moved = Frame(str(USER), 3, "update", "self.bias += x")
+    finding = only([tb(moved)])
+    assert finding.tensor == TensorRef("self.bias", "bias", "fw.user", "Router")
+    expected = f"line 3 of {USER} is not the log's source line; it was found at line {line_of(USER, 'self.bias += x')}"
+    assert expected in finding.notes
+
+
+def test_source_line_missing_from_the_log_is_read_from_the_file():
+    bare = Frame(str(USER), line_of(USER, "BUF[name] += x"), "add_to_buf", None)
+    finding = only([tb(bare)])
+    assert finding.culprit == Frame(bare.file, bare.line, "add_to_buf", "BUF[name] += x")
+    assert finding.tensor == TensorRef("BUF[name]", "BUF", "fw.state", None)
+    assert f"source line read from {USER}" in finding.notes
+
+
+# --- without the file ------------------------------------------------------------------------------
+
+REMOTE_TRAIN = "/job/remote/train.py"
+
+
+@pytest.mark.parametrize(
+    ("source", "tensor"),
+    [
+        ("_X[name].zero_()", TensorRef("_X[name]", "_X", None, None)),
+        ("return torch.add(_BUF, x)", TensorRef("_BUF", "_BUF", None, None)),
+        ("if _FLAGS.sum() > 0:", TensorRef("_FLAGS", "_FLAGS", None, None)),
+        ("elif _FLAGS.any():", TensorRef("_FLAGS", "_FLAGS", None, None)),
+        ("for value in _BUFFERS:", TensorRef("_BUFFERS", "_BUFFERS", None, None)),
+        ("with torch.no_grad(), guard(_LOCK):", TensorRef("_LOCK", "_LOCK", None, None)),
+        ("out = fuse(_BUF,  # first part", TensorRef("_BUF", "_BUF", None, None)),
+        ("bias=_EXPERT_BIAS,", TensorRef("_EXPERT_BIAS", "_EXPERT_BIAS", None, None)),
+        ("SwapPrefetch.swap_prefetch.swap_tensors[0].zero_()",
+         TensorRef("SwapPrefetch.swap_prefetch.swap_tensors[0]", "swap_tensors", None, "SwapPrefetch")),
+        ('tracker[name]["values"].zero_()', TensorRef("tracker[name]", None, None, None)),
+        ("mod.obj.field.add_(x)", TensorRef("mod.obj.field", None, None, None)),
+        (
+            "self.expert_bias.data = self.expert_bias.data.to(torch.float32)",
+            TensorRef("self.expert_bias", "expert_bias", None, None),
+        ),
+    ],
+)
+def test_expression_from_the_printed_line_alone(source, tensor):
+    finding = only([tb(Frame(REMOTE_TRAIN, 10, "step", source), TORCH_FRAME)])
+    assert finding.tensor == tensor
+    assert finding.source_file is None
+    assert any("not found locally" in note for note in finding.notes)
+
+
+def test_multi_line_first_line_without_tensor_defers_to_the_caller_when_the_file_is_missing():
+    outer = Frame(REMOTE_TRAIN, 5, "main", "out = multi_line(_INPUT)")
+    inner = Frame(REMOTE_TRAIN, 20, "multi_line", "result = combine(")
+    assert only([tb(outer, inner)]).culprit == outer
+    alone = only([tb(inner)])
+    assert alone.culprit == inner and alone.tensor is None
+
+
+REMOTE_FW_UTILS = "/remote/lib/python3.8/site-packages/fw/core/moe/utils.py"
+
+
+def test_missing_file_module_attribute_found_next_to_the_frame_under_a_source_root():
+    frame = Frame(REMOTE_FW_UTILS, 9, "save", "parallel_state._TRACKER[name] += loss")
+    finding = only([tb(frame)], (FIXTURES / "partial",))
+    assert finding.tensor == TensorRef("parallel_state._TRACKER[name]", "_TRACKER", "fw.core.parallel_state", None)
+    assert any("taken as fw.core.parallel_state" in note for note in finding.notes)
+
+
+def test_missing_file_module_attribute_not_found_anywhere_keeps_the_alias_as_module():
+    frame = Frame(REMOTE_FW_UTILS, 9, "save", "parallel_state._TRACKER[name] += loss")
+    finding = only([tb(frame)])
+    assert finding.tensor == TensorRef("parallel_state._TRACKER[name]", "_TRACKER", "parallel_state", None)
+    assert any("was not found near fw.core.moe.utils" in note for note in finding.notes)
+
+
+def test_file_missing_everywhere_is_best_effort():
+    frame = Frame("/job/remote/fw/user.py", 15, "add_to_buf", "BUF[name] += x")
+    finding = only([tb(frame)])
+    assert finding.culprit == frame
+    assert finding.tensor == TensorRef("BUF[name]", "BUF", None, None)
+    assert "/job/remote/fw/user.py not found locally (add --source-root): module unknown" in finding.notes
+
+
+def test_unparseable_printed_line_gives_a_culprit_without_tensor():
+    frame = Frame("/job/remote/fw/user.py", 15, "step", "x = = y")
+    finding = only([tb(frame)])
+    assert finding.culprit == frame and finding.tensor is None
+
+
+# --- megatron-core 0.16.1, read from this environment ----------------------------------------------
+
+TRACKER_LINE = 'tracker[name]["values"][layer_number - 1] += loss.detach()  # Aggregate the loss for the layer.'
+
+
+def test_megatron_tracker_alias_resolves_to_the_module_global():
+    line = line_of(MOE / "moe_utils.py", TRACKER_LINE)
+    frame = Frame(REMOTE_SITE + "moe_utils.py", line, "save_to_aux_losses_tracker", TRACKER_LINE)
+    finding = only([tb(frame, TORCH_FRAME)])
+    assert finding.tensor == TensorRef(
+        "tracker[name]", "_MOE_LAYER_WISE_LOGGING_TRACKER", "megatron.core.transformer.moe.moe_utils", None
+    )
+    assert finding.source_file == str(MOE / "moe_utils.py")
+    assert (
+        f"read megatron/core/transformer/moe/moe_utils.py from {MOE / 'moe_utils.py'}: the log's version may differ"
+        in finding.notes
+    )
+    assert any(note.startswith("tracker is a local alias of _MOE_LAYER_WISE_LOGGING_TRACKER") for note in finding.notes)
+
+
+def test_megatron_tracker_clear_without_source_leaves_the_variable_unknown():
+    frame = Frame("/job/ModelLink/megatron/core/transformer/moe/gone_utils.py", 907, "clear_aux_losses_tracker",
+                  'tracker[name]["values"].zero_()')
+    finding = only([tb(frame)])
+    assert finding.tensor == TensorRef("tracker[name]", None, "megatron.core.transformer.moe.gone_utils", None)
+
+
+def test_faq_line_on_an_old_tree_names_the_old_tracker_in_parallel_state():
+    frames = (
+        Frame("/home/ma-user/gitee_0925/ModelLink/modellink/core/transformer/moe/router.py", 93, "apply_z_loss",
+              'save_to_aux_losses_tracker("z_loss", z_loss / moe_z_loss_coeff, self.layer_number, self.config.num_layers)'),
+        Frame(FAQ_FILE, 172, "save_to_aux_losses_tracker", FAQ_LINE),
+        TORCH_FRAME,
+    )
+    finding = only([tb(*frames)])
+    assert finding.culprit == frames[1]
+    assert finding.tensor == TensorRef(
+        "parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]",
+        "_MOE_AUX_LOSSES_LOGGING_TRACKER",
+        "megatron.core.parallel_state",
+        None,
+    )
+    assert any(
+        note.startswith("megatron.core.parallel_state here") and "has no _MOE_AUX_LOSSES_LOGGING_TRACKER" in note
+        for note in finding.notes
+    )
+    assert any("the log's source line is not in" in note for note in finding.notes)
+
+
+def test_faq_line_with_no_local_file_finds_parallel_state_in_the_environment():
+    frame = Frame("/home/ma-user/ModelLink/megatron/core/transformer/moe/old_moe_utils.py", 172,
+                  "save_to_aux_losses_tracker", FAQ_LINE)
+    finding = only([tb(frame)])
+    assert finding.tensor == TensorRef(
+        "parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]",
+        "_MOE_AUX_LOSSES_LOGGING_TRACKER",
+        "megatron.core.parallel_state",
+        None,
+    )
+
+
+EXPERT_BIAS = TensorRef("self.expert_bias", "expert_bias", "megatron.core.transformer.moe.router", "TopKRouter")
+
+
+def test_megatron_router_expert_bias_is_an_attribute_of_topkrouter():
+    source = "self.expert_bias.data = self.expert_bias.data.to(torch.float32)"
+    frame = Frame(REMOTE_SITE + "router.py", line_of(MOE / "router.py", source), "_maintain_float32_expert_bias", source)
+    finding = only([tb(frame, TORCH_FRAME)])
+    assert finding.tensor == EXPERT_BIAS
+
+
+def test_megatron_expert_bias_parameter_is_followed_into_the_router():
+    call = "probs, routing_map = topk_routing_with_score_function("
+    frames = (
+        Frame(REMOTE_SITE + "router.py", line_of(MOE / "router.py", call), "routing", call),
+        Frame(REMOTE_SITE + "moe_utils.py", line_of(MOE / "moe_utils.py", "scores_for_routing = scores + expert_bias"),
+              "topk_routing_with_score_function", "scores_for_routing = scores + expert_bias"),
+        TORCH_FRAME,
+    )
+    finding = only([tb(*frames)])
+    assert finding.culprit == frames[1]
+    assert finding.tensor == EXPERT_BIAS
+
+
+def test_locating_megatron_cases_imports_neither_torch_nor_megatron():
+    tracker_line = line_of(MOE / "moe_utils.py", TRACKER_LINE)
+    bias_source = "self.expert_bias.data = self.expert_bias.data.to(torch.float32)"
+    bias_line = line_of(MOE / "router.py", bias_source)
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        from unsafe_doctor.locate import locate
+        from unsafe_doctor.tracebacks import Frame, Traceback
+        frames = [
+            Frame({REMOTE_SITE + "moe_utils.py"!r}, {tracker_line}, "save_to_aux_losses_tracker", {TRACKER_LINE!r}),
+            Frame({FAQ_FILE!r}, 172, "save_to_aux_losses_tracker", {FAQ_LINE!r}),
+            Frame({REMOTE_SITE + "router.py"!r}, {bias_line}, "_maintain_float32_expert_bias", {bias_source!r}),
+        ]
+        tracebacks = [Traceback(3, "log", i, (frame,), "RuntimeError", {UNSAFE!r}, None, None, None, False, None, None)
+                      for i, frame in enumerate(frames)]
+        findings = locate(tracebacks)
+        print(json.dumps({{"variables": [f.tensor.variable for f in findings],
+                          "imported": sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "megatron"))}}))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout)
+    assert result["variables"] == ["_MOE_LAYER_WISE_LOGGING_TRACKER", "_MOE_AUX_LOSSES_LOGGING_TRACKER", "expert_bias"]
+    assert result["imported"] == []
+
+
+def test_importing_locate_does_not_import_torch():
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, unsafe_doctor.locate; print('torch' in sys.modules)"],
+        capture_output=True, text=True, check=True,
+    )
+    assert done.stdout.strip() == "False"
+
+
+# --- folding ---------------------------------------------------------------------------------------
+
+def test_identical_findings_on_several_ranks_fold_into_one():
+    frame = at(USER, "add_to_buf", "BUF[name] += x")
+    first = tb(frame, rank=5, offset=100, source="rank_5.log")
+    tracebacks = [first, tb(frame, rank=1, source="rank_1.log"), tb(frame, rank=5, offset=900, source="rank_5.log")]
+    finding = only(tracebacks)
+    assert finding.ranks == (1, 5)
+    assert finding.traceback is first
+
+
+def test_rank_falls_back_to_torch_npu_rank_id_and_ignores_minus_one():
+    frame = at(USER, "add_to_buf", "BUF[name] += x")
+    finding = only([tb(frame, rank=None, npu_rank=7), tb(frame, rank=None, npu_rank=-1), tb(frame, rank=None)])
+    assert finding.ranks == (7,)
+
+
+def test_different_tensors_or_lines_stay_separate_in_first_occurrence_order():
+    buf = at(USER, "add_to_buf", "BUF[name] += x")
+    bias = at(USER, "update", "self.bias += x")
+    findings = locate([tb(bias, rank=2), tb(buf, rank=0), tb(bias, rank=1), tb(buf, rank=4)])
+    assert [finding.tensor.variable for finding in findings] == ["bias", "BUF"]
+    assert [finding.ranks for finding in findings] == [(1, 2), (0, 4)]
+
+
+def test_tracebacks_without_the_unsafe_error_give_no_finding():
+    assert locate([tb(at(USER, "add_to_buf", "BUF[name] += x"), message="CUDA out of memory")]) == []
+
+
+# --- robustness ------------------------------------------------------------------------------------
+
+frames_strategy = st.lists(
+    st.builds(
+        Frame,
+        file=st.one_of(st.sampled_from([str(USER), str(STATE), REMOTE_SITE + "moe_utils.py", FAQ_FILE]), st.text()),
+        line=st.one_of(st.none(), st.integers(min_value=-5, max_value=2000)),
+        function=st.text(max_size=20),
+        source=st.one_of(st.none(), st.text(max_size=80), st.sampled_from([FAQ_LINE, TRACKER_LINE, "if x:", "f(a,"])),
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(frames=frames_strategy)
+def test_locate_never_raises_on_arbitrary_frames(frames):
+    findings = locate([tb(*frames)])
+    assert len(findings) == 1
+    assert findings[0].culprit is None or findings[0].culprit.file in {frame.file for frame in frames}
