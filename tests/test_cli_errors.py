@@ -1,0 +1,94 @@
+"""Bad input, end to end: one line on stderr, exit 2, never a Python traceback."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *args],
+        input=stdin.decode("latin-1"),
+        capture_output=True,
+        text=True,
+        encoding="latin-1",
+        timeout=60,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], fragment: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("unsafe-doctor: ") and fragment in lines[0]
+
+
+def test_missing_file(tmp_path):
+    assert_one_line_error(run("diagnose", str(tmp_path / "missing.log")), "no such file or directory")
+
+
+def test_folder_without_logs(tmp_path):
+    (tmp_path / "readme.md").write_text("no logs here")
+    assert_one_line_error(run("diagnose", str(tmp_path)), "no log files in this folder")
+
+
+def test_corrupt_gzip(tmp_path):
+    data = gzip.compress(b"iteration 1 | lm loss: 2.0\n" * 1000)
+    (tmp_path / "rank_0.log.gz").write_bytes(data[:-20])
+    assert_one_line_error(run("diagnose", str(tmp_path / "rank_0.log.gz")), "corrupt gzip")
+
+
+def test_binary_junk(tmp_path):
+    (tmp_path / "core.log").write_bytes(bytes(range(256)) * 64)
+    assert_one_line_error(run("diagnose", str(tmp_path / "core.log")), "not a text log")
+
+
+def test_empty_stdin():
+    assert_one_line_error(run("diagnose"), "stdin is empty")
+
+
+def test_empty_stdin_without_command():
+    assert_one_line_error(run(), "stdin is empty")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_permission_denied(tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text("x\n")
+    path.chmod(0)
+    assert_one_line_error(run("diagnose", str(path)), "permission denied")
+
+
+def test_clean_log_exits_zero_and_says_so(tmp_path):
+    (tmp_path / "train.log").write_text(" iteration 10/ 100 | lm loss: 2.0 |\n")
+    result = run("diagnose", str(tmp_path / "train.log"))
+    assert result.returncode == 0
+    assert "No 'There is unsafe data in the input tensor' error" in result.stdout
+
+
+def test_diagnose_path_never_imports_torch(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(
+        "[rank3]: Traceback (most recent call last):\n"
+        '[rank3]:   File "/w/megatron/core/transformer/moe/moe_utils.py", line 172, in save_to_aux_losses_tracker\n'
+        "[rank3]:     parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name][layer_number - 1] += loss.detach()\n"
+        "[rank3]: RuntimeError: There is unsafe data in the input tensor.\n"
+    )
+    probe = (
+        "import sys\n"
+        "from unsafe_doctor.cli import main\n"
+        "try:\n"
+        f"    main(['diagnose', {str(log)!r}, '--format', 'json'])\n"
+        "except SystemExit as exit:\n"
+        "    code = exit.code\n"
+        "heavy = sorted(name for name in sys.modules if name.split('.')[0] in ('torch', 'torch_npu', 'megatron', 'numpy'))\n"
+        "print('IMPORTED', heavy, code, file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert "IMPORTED [] 1" in result.stderr, result.stderr
