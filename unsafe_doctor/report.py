@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.syntax import Syntax
+from rich.table import Table
 from rich.text import Text
 
 from unsafe_doctor import __version__
@@ -127,44 +128,44 @@ def to_text(diagnosis: Diagnosis, elapsed: float) -> RenderableType:
 
 def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
     finding = item.finding
-    body: list[RenderableType] = []
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
     tensor = finding.tensor
     if tensor is not None:
-        line = Text("Tensor  ", style="bold")
-        line.append(tensor.variable or tensor.expression, style="bold magenta")
+        line = Text(tensor.variable or tensor.expression, style="bold magenta")
         where = ".".join(part for part in (tensor.module, tensor.owner) if part)
         if where:
             line.append(f"  in {where}", style="cyan")
         if tensor.variable and tensor.expression != tensor.variable:
-            line.append(f"  (accessed as {tensor.expression})", style="dim")
-        body.append(line)
+            line.append(f"\naccessed as {tensor.expression}", style="dim")
+        grid.add_row("Tensor", line)
     else:
-        body.append(Text("Tensor  could not be resolved from the traceback", style="yellow"))
-    error = Text("Error   ", style="bold")
-    error.append(f"{finding.unsafe.exception_type}: {finding.unsafe.message}", style="red")
+        grid.add_row("Tensor", Text("could not be resolved from the traceback", style="yellow"))
+    error = Text(f"{finding.unsafe.exception_type}: {finding.unsafe.message}", style="red")
     if finding.unsafe.error_code:
         error.append(f"  [{finding.unsafe.error_code}]", style="dim")
-    body.append(error)
-    body.append(Text("Phase   ", style="bold").append(_phase_text(item, diagnosis)))
+    grid.add_row("Error", error)
+    grid.add_row("Phase", _phase_text(item, diagnosis))
     if finding.culprit is not None:
-        body.append(Text("Culprit ", style="bold").append(_frame_text(finding.culprit)))
+        grid.add_row("Culprit", _frame_text(finding.culprit))
         if finding.culprit.source:
             start = finding.culprit.line or 1
-            body.append(Syntax(finding.culprit.source, "python", line_numbers=True, start_line=start, word_wrap=True))
+            grid.add_row("", Syntax(finding.culprit.source, "python", line_numbers=True, start_line=start, word_wrap=True))
     frames = finding.unsafe.frames
     if frames:
-        stack = Text("Stack   ", style="bold")
         shown = frames[-SHORT_STACK:]
+        stack = Text()
         if len(frames) > len(shown):
-            stack.append(f"… {len(frames) - len(shown)} outer frames\n        ", style="dim")
-        stack.append("\n        ".join(_frame_text(frame).plain for frame in shown))
-        body.append(stack)
+            stack.append(f"… {len(frames) - len(shown)} outer frames\n", style="dim")
+        stack.append(Text("\n").join(_frame_text(frame) for frame in shown))
+        grid.add_row("Stack", stack)
     if finding.unsafe.truncated:
-        body.append(Text("The traceback is cut short in the log; what is shown is what it holds.", style="yellow"))
+        grid.add_row("", Text("The traceback is cut short in the log; what is shown is what it holds.", style="yellow"))
     for note in finding.notes:
-        body.append(Text(f"Note    {note}", style="dim"))
+        grid.add_row("Note", Text(note, style="dim"))
     title = f"Finding {number} · rank{'s' if len(finding.ranks) != 1 else ''} {_ranks(finding.ranks) or 'unknown'}"
-    return Panel(Group(*body), title=title, title_align="left", border_style="red")
+    return Panel(grid, title=title, title_align="left", border_style="red")
 
 
 def _phase_text(item: DiagnosedFinding, diagnosis: Diagnosis) -> str:
@@ -184,11 +185,21 @@ def _phase_text(item: DiagnosedFinding, diagnosis: Diagnosis) -> str:
 
 
 def _frame_text(frame: Frame) -> Text:
-    text = Text(frame.file, style="cyan")
+    text = Text(short_path(frame.file), style="cyan")
     if frame.line is not None:
         text.append(f":{frame.line}", style="cyan")
     text.append(f" in {frame.function}")
     return text
+
+
+def short_path(path: str) -> str:
+    """A frame path as people read it: from the package on for installed code, the tail otherwise."""
+    normal = path.replace("\\", "/")
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in normal:
+            return normal.split(marker, 1)[1]
+    parts = normal.split("/")
+    return normal if len(parts) <= 5 else "…/" + "/".join(parts[-4:])
 
 
 def _no_finding(diagnosis: Diagnosis) -> RenderableType:
