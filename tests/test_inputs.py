@@ -121,7 +121,7 @@ def test_hits_beyond_the_budget_are_counted_not_kept(tmp_path, monkeypatch):
     assert len(scan.windows) == 1 and scan.hits_not_parsed == 2
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(
         st.sampled_from(["noise", "error", "uce", "long"]),

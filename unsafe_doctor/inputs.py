@@ -242,7 +242,7 @@ def _scan_mapped(
         return result
     windows, result.hits_not_parsed = _plan_windows(hits, len(buf), budget)
     result.windows = [_excerpt(buf, start, end, len(buf), name, rank_hint) for start, end in windows]
-    context_end = result.windows[0].start
+    context_end = windows[0][0]
     result.context = _marker_lines(buf, 0, max(0, context_end - CONTEXT_SPAN), context_end, markers, name, rank_hint)
     return result
 
@@ -259,7 +259,7 @@ def _scan_stream(
     result = _InputScan()
     history = _History(keep=CONTEXT_SPAN + 2 * BEFORE + WINDOW_MAX)
     overlap = len(ERROR_MARKER) - 1
-    open_window: list[int] | None = None  # [start, end) of the window still collecting bytes
+    pending: list[list[int]] = []  # [start, end) of windows still collecting bytes; the last may grow
     first_chunk = True
     seen_hit = False
     while chunk := stream.read(CHUNK):
@@ -275,12 +275,9 @@ def _scan_stream(
         for relative in _find_all(region, ERROR_MARKER, 0, len(region)):
             hit = search_from + relative
             result.hits += 1
-            if open_window and hit - BEFORE <= open_window[1] and hit + AFTER - open_window[0] <= WINDOW_MAX:
-                open_window[1] = hit + AFTER
+            if pending and hit - BEFORE <= pending[-1][1] and hit + AFTER - pending[-1][0] <= WINDOW_MAX:
+                pending[-1][1] = hit + AFTER
                 continue
-            if open_window:
-                _close_window(open_window, history, result, name, rank_hint, at_end=False)
-                open_window = None
             if budget.left <= 0:
                 result.hits_not_parsed += 1
                 continue
@@ -290,15 +287,14 @@ def _scan_stream(
                 region_start = max(history.start, context_end - CONTEXT_SPAN)
                 context_bytes = history.slice(region_start, context_end)
                 result.context = _marker_lines(context_bytes, region_start, 0, len(context_bytes), markers, name, rank_hint)
-            open_window = [max(history.start, hit - BEFORE), hit + AFTER]
+            pending.append([max(history.start, hit - BEFORE), hit + AFTER])
             budget.left -= BEFORE + AFTER
-        if open_window and open_window[1] + BEFORE < history.end - overlap:  # no later hit can join it
-            _close_window(open_window, history, result, name, rank_hint, at_end=False)
-            open_window = None
+        while pending and pending[0][1] + BEFORE < history.end - overlap:  # whole, and no later hit joins it
+            _close_window(pending.pop(0), history, result, name, rank_hint, at_end=False)
         history.trim()
     result.size = history.end
-    if open_window:
-        _close_window(open_window, history, result, name, rank_hint, at_end=open_window[1] >= history.end)
+    for window in pending:
+        _close_window(window, history, result, name, rank_hint, at_end=window[1] >= history.end)
     if not result.hits and history.end:
         tail_start = max(history.start, history.end - TAIL)
         tail = history.slice(tail_start, history.end)
@@ -357,7 +353,7 @@ def _plan_windows(hits: Iterable[int], size: int, budget: _Budget) -> tuple[list
     windows: list[list[int]] = []
     skipped = 0
     for hit in hits:
-        start, end = max(0, hit - BEFORE), min(size, hit + AFTER)
+        start, end = max(0, hit - BEFORE), hit + AFTER  # clipped to size at the end, as a stream would
         if windows and start <= windows[-1][1] and end - windows[-1][0] <= WINDOW_MAX:
             windows[-1][1] = end
         elif budget.left > 0:
@@ -365,7 +361,7 @@ def _plan_windows(hits: Iterable[int], size: int, budget: _Budget) -> tuple[list
             budget.left -= BEFORE + AFTER  # charged per window, as the stream reader must
         else:
             skipped += 1
-    return [(start, end) for start, end in windows], skipped
+    return [(start, min(end, size)) for start, end in windows], skipped
 
 
 def _excerpt(
