@@ -1,0 +1,323 @@
+"""Resets in the adaptor's rollback function that miss the framework the user actually runs.
+
+A rollback that re-initialises `mpu._MOE_AUX_LOSSES_LOGGING_TRACKER` on a Megatron that renamed it
+only creates an unused attribute: the real tracker keeps its unsafe tensors. This module reads the
+adaptor (never imports it), finds the statements of the profile's rollback function that reset a
+module attribute, resolves the module through the adaptor's imports (module level and inside the
+function), finds that module's source on disk (source roots, then `sys.path`) and reports:
+
+* **missing**: the module exists but defines no such name at module level (assignment, annotated
+  assignment, function, class, import, or a `global` declaration in one of its functions). A module
+  with `from x import *` or a module `__getattr__` is given the benefit of the doubt. When the
+  framework's package has a module-level name that shares the symbol's first and last word
+  (`_MOE_..._TRACKER`), the closest one is named as the likely successor (a text scan of the
+  package's column-0 assignments, fast on a whole Megatron tree).
+* **rebinding**: `mod.X = []` (or `{}`, `set()`, ...) where another module of the same package did
+  `from mod import X` at module level: that importer keeps the old object, so the reset splits them;
+  the container must be emptied in place with `.clear()`.
+
+Reset statements: `mod.X = ...`, `mod.X[k] = ...`, `mod.X.attr = ...`, `setattr(mod, "X", ...)` and
+method calls on a module attribute (`mod.X.clear()`). Calls of module functions (`mpu.f()`) are not
+resets. Modules that cannot be found locally are skipped: nothing can be said about them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from difflib import SequenceMatcher
+from pathlib import Path
+from typing import Literal
+
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge import AdaptorProfile
+from unsafe_doctor.locate import _Imported, _import_bindings, _Source, _Workspace
+from unsafe_doctor.versions import FRAMEWORK_PACKAGES, Environment
+
+Kind = Literal["missing", "rebinding"]
+_Function = ast.FunctionDef | ast.AsyncFunctionDef
+_MAX_ALIAS_HOPS = 6
+_EMPTY_CONTAINERS = frozenset({"list", "dict", "set", "OrderedDict", "defaultdict", "deque"})
+_MODULE_LEVEL_NAME = re.compile(r"^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
+
+
+@dataclass(frozen=True, slots=True)
+class StaleReset:
+    file: Path
+    line: int
+    statement: str  # the statement as written, on one line
+    symbol: str  # '_MOE_AUX_LOSSES_LOGGING_TRACKER'
+    module: str  # 'megatron.core.parallel_state'
+    kind: Kind
+    why: str
+
+
+def stale_resets(adaptor: Path, profile: AdaptorProfile, environment: Environment) -> list[StaleReset]:
+    """Reset statements in the adaptor's rollback function that miss the detected framework."""
+    workspace = _Workspace(environment.source_roots)
+    adaptor = Path(adaptor)
+    source = workspace.source(adaptor.resolve(), workspace.find(str(adaptor.resolve())).module)
+    if source is None:
+        raise UsageError(f"adaptor {adaptor} cannot be read or is not valid Python")
+    rollback = source.bindings.get(profile.rollback)
+    if not isinstance(rollback, _Function):
+        return []
+    checker = _Checker(workspace, source, rollback, environment)
+    found: list[StaleReset] = []
+    for statement in _statements(rollback.body):
+        for target, rebinds in _reset_targets(statement):
+            stale = checker.check(statement, target, rebinds)
+            if stale is not None:
+                found.append(stale)
+    return found
+
+
+# --- which statements reset what ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Target:
+    root: str  # the name the chain starts at: 'mpu'
+    attributes: tuple[str | None, ...]  # attribute names after the root; None for a subscript
+    value: ast.expr | None  # the value assigned, when the statement assigns one
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The function's own statements, nested blocks included, nested functions and classes not."""
+    for statement in body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        yield statement
+        for field in ("body", "orelse", "finalbody"):
+            yield from _statements(getattr(statement, field, None) or [])
+        for handler in getattr(statement, "handlers", ()):
+            yield from _statements(handler.body)
+        for case in getattr(statement, "cases", ()):
+            yield from _statements(case.body)
+
+
+def _reset_targets(statement: ast.stmt) -> Iterator[tuple[_Target, bool]]:
+    """(chain, rebinds) for each module attribute the statement writes or mutates."""
+    if isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value is not None:
+        targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+        for target in targets:
+            chain = _chain(target, statement.value)
+            if chain is not None and chain.attributes:
+                yield chain, isinstance(target, ast.Attribute)
+    elif isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        call = statement.value
+        if getattr(call.func, "id", None) == "setattr" and len(call.args) == 3:
+            chain = _chain(call.args[0], call.args[2])
+            name = call.args[1]
+            if chain is not None and isinstance(name, ast.Constant) and isinstance(name.value, str):
+                yield _Target(chain.root, (*chain.attributes, name.value), call.args[2]), True
+        elif isinstance(call.func, ast.Attribute):
+            chain = _chain(call.func.value, None)
+            if chain is not None and chain.attributes:
+                yield chain, False  # a method of a module attribute: `mod.X.clear()`
+
+
+def _chain(node: ast.expr, value: ast.expr | None) -> _Target | None:
+    """`mod.X[k].y` -> root 'mod', attributes ('X', None, 'y'); None when not rooted at a name."""
+    attributes: list[str | None] = []
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        attributes.append(node.attr if isinstance(node, ast.Attribute) else None)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return _Target(node.id, tuple(reversed(attributes)), value)
+
+
+# --- resolving and checking ----------------------------------------------------------------------
+
+
+class _Checker:
+    def __init__(self, workspace: _Workspace, adaptor: _Source, rollback: _Function, environment: Environment):
+        self.workspace = workspace
+        self.adaptor = adaptor
+        self.rollback = rollback
+        self.environment = environment
+        self._names: dict[Path, list[tuple[str, str]]] = {}  # package folder -> (module, name) defined there
+
+    def check(self, statement: ast.stmt, target: _Target, rebinds: bool) -> StaleReset | None:
+        resolved = self._resolve(target, statement.lineno)
+        if resolved is None:
+            return None
+        module, symbol, rest = resolved
+        holder = self.workspace.module_source(module)
+        if holder is None:
+            return None  # a namespace folder, or unreadable: nothing to compare with
+        if holder.path.name == "__init__.py" and rest:
+            return None  # `pkg.sub.X`: `sub` may be a submodule this tree lacks, not a stale name
+        if not _defines(holder, symbol):
+            return self._stale(statement, symbol, module, "missing", self._missing_why(holder, module, symbol))
+        if rebinds and not rest and _is_empty_container(target.value):
+            importer = self._importer(holder, module, symbol)
+            if importer is not None:
+                why = (
+                    f"{importer} imports {symbol} from {module} by name: rebinding it leaves that module "
+                    f"with the old object; empty it in place with {_alias_of(target)}.clear()"
+                )
+                return self._stale(statement, symbol, module, "rebinding", why)
+        return None
+
+    def _resolve(self, target: _Target, line: int) -> tuple[str, str, tuple[str | None, ...]] | None:
+        """(module, symbol, what follows the symbol) for a chain rooted at an imported name."""
+        binding = self._binding(target.root, line)
+        if binding is None:
+            return None
+        module = self._module(binding)
+        attributes = list(target.attributes)
+        if module is None:
+            head, _, name = binding.rpartition(".")
+            module = self._module(head) if head else None
+            if module is None:
+                return None
+            attributes.insert(0, name)  # `from pkg.mod import X` then `X.field = ...`
+        while len(attributes) > 1 and attributes[0] is not None:
+            deeper = self._module(f"{module}.{attributes[0]}")
+            if deeper is None:
+                break
+            module = deeper
+            attributes.pop(0)
+        if not attributes or attributes[0] is None:
+            return None
+        return module, attributes[0], tuple(attributes[1:])
+
+    def _binding(self, name: str, line: int) -> str | None:
+        """What an import bound `name` to: the last import in the rollback function before the line,
+        else the adaptor's module-level import."""
+        local = None
+        for statement in _statements(self.rollback.body):
+            if isinstance(statement, (ast.Import, ast.ImportFrom)) and statement.lineno <= line:
+                imported = _import_bindings(statement, self.adaptor.package).get(name)
+                if imported is not None and (local is None or statement.lineno >= local[0]):
+                    local = (statement.lineno, imported.target)
+        if local is not None:
+            return local[1]
+        binding = self.adaptor.bindings.get(name)
+        return binding.target if isinstance(binding, _Imported) else None
+
+    def _module(self, dotted: str, hops: int = 0) -> str | None:
+        """The dotted name of the module `dotted` refers to on disk, following re-exports such as
+        `mpu = parallel_state` or `from . import parallel_state as mpu` in a package's __init__."""
+        if not dotted or hops > _MAX_ALIAS_HOPS:
+            return None
+        if self.workspace.module_path(dotted) is not None:
+            return dotted
+        head, _, name = dotted.rpartition(".")
+        parent = self._module(head, hops + 1) if head else None
+        source = self.workspace.module_source(parent) if parent else None
+        binding = source.bindings.get(name) if source else None
+        if isinstance(binding, ast.Assign) and isinstance(binding.value, ast.Name):
+            binding = source.bindings.get(binding.value.id)
+        if isinstance(binding, _Imported):
+            return self._module(binding.target, hops + 1)
+        return None
+
+    def _missing_why(self, holder: _Source, module: str, symbol: str) -> str:
+        distribution = next((name for name, top in FRAMEWORK_PACKAGES.items() if module.split(".")[0] == top), None)
+        version = self.environment.versions.get(distribution) if distribution else None
+        where = f"{distribution} {version}" if version is not None else f"{module} at {holder.path}"
+        why = f"{where} has no {symbol} in {module}"
+        successor = self._successor(holder, module, symbol)
+        if successor is not None and successor[1] == symbol:
+            why += f"; it is now in {successor[0]}"
+        elif successor is not None:
+            why += f"; its likely successor is {successor[1]} in {successor[0]}"
+        return why
+
+    def _successor(self, holder: _Source, module: str, symbol: str) -> tuple[str, str] | None:
+        """The module-level name of the same package most like `symbol`: same first and last word
+        (`_MOE_..._TRACKER`); the same name in another module beats any other."""
+        words = symbol.strip("_").split("_")
+        top = _package_folder(holder.path, module)
+        if top is None or not words[0]:
+            return None
+        candidates = [
+            (where, name)
+            for where, name in self._module_names(top, module)
+            if (where, name) != (module, symbol)
+            and name.strip("_").split("_")[0] == words[0]
+            and name.strip("_").split("_")[-1] == words[-1]
+        ]
+        if not candidates:
+            return None
+        return max(
+            candidates, key=lambda item: (item[1] == symbol, SequenceMatcher(None, item[1], symbol).ratio(), item)
+        )
+
+    def _module_names(self, top: Path, module: str) -> list[tuple[str, str]]:
+        """(module, name) for each column-0 assignment in the package: a text scan, fast on big trees."""
+        if top not in self._names:
+            root = top.parent
+            names = []
+            for path in sorted(top.rglob("*.py")):
+                try:
+                    text = path.read_text(encoding="utf-8", errors="replace")
+                except OSError:
+                    continue
+                dotted = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+                names.extend((dotted, name) for name in _MODULE_LEVEL_NAME.findall(text))
+            self._names[top] = names
+        return self._names[top]
+
+    def _importer(self, holder: _Source, module: str, symbol: str) -> str | None:
+        """A module of the same package that binds `symbol` from `module` at import time."""
+        top = _package_folder(holder.path, module)
+        if top is None:
+            return None
+        wanted = f"{module}.{symbol}"
+        for path in sorted(top.rglob("*.py")):
+            try:
+                if symbol not in path.read_text(encoding="utf-8", errors="replace"):
+                    continue
+            except OSError:
+                continue
+            dotted = ".".join(path.relative_to(top.parent).with_suffix("").parts).removesuffix(".__init__")
+            source = self.workspace.source(path, dotted)
+            if source is not None and any(
+                isinstance(binding, _Imported) and self._same_target(binding.target, wanted)
+                for binding in source.bindings.values()
+            ):
+                return dotted
+        return None
+
+    def _same_target(self, target: str, wanted: str) -> bool:
+        head, _, name = target.rpartition(".")
+        return target == wanted or (f"{self._module(head)}.{name}" == wanted if head else False)
+
+    def _stale(self, statement: ast.stmt, symbol: str, module: str, kind: Kind, why: str) -> StaleReset:
+        text = ast.get_source_segment(self.adaptor.text, statement) or ast.unparse(statement)
+        return StaleReset(self.adaptor.path, statement.lineno, " ".join(text.split()), symbol, module, kind, why)
+
+
+def _defines(source: _Source, symbol: str) -> bool:
+    return (
+        symbol in source.bindings
+        or symbol in source.declared_globals
+        or source.star_import
+        or "__getattr__" in source.bindings
+    )
+
+
+def _package_folder(path: Path, module: str) -> Path | None:
+    """The folder of the module's top-level package: `.../megatron` for megatron.core.parallel_state."""
+    depth = len(module.split(".")) - (0 if path.name == "__init__.py" else 1)
+    parents = path.resolve().parents
+    return parents[depth - 1] if 0 < depth <= len(parents) else None
+
+
+def _is_empty_container(value: ast.expr | None) -> bool:
+    if isinstance(value, (ast.List, ast.Dict, ast.Set)):
+        return not (value.keys if isinstance(value, ast.Dict) else value.elts)
+    if isinstance(value, ast.Call) and not value.args and not value.keywords:
+        name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", None)
+        return name in _EMPTY_CONTAINERS
+    return False
+
+
+def _alias_of(target: _Target) -> str:
+    return ".".join([target.root, *(name for name in target.attributes if name is not None)])

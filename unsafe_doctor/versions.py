@@ -1,0 +1,315 @@
+"""Which framework versions the user runs, and which adaptor profile their recovery code follows.
+
+Framework symbols move between versions (Megatron's MoE tracker has had three names in three
+modules), so rules say which versions they hold for and this module finds the version in the user's
+tree: `--source-root` folders, the frames' own paths when they exist here, installed package
+metadata. It reads files and metadata only; it never imports the frameworks (they import torch).
+
+Versions, first found wins:
+
+* under each source root, then under the import root of each local frame file: Megatron's
+  `megatron/core/package_info.py` (MAJOR, MINOR, PATCH, PRE_RELEASE), a `setup.py` whose literal
+  name is one of the frameworks (MindSpeed's is; MindSpeed-LLM's says `modellink 0.0.1`, a
+  placeholder, so it never counts), `*.dist-info` / `*.egg-info` metadata folders;
+* then the metadata installed for this Python ("installed").
+
+Adaptor profile: the profile whose function and parameter names best fit the adaptor file (given,
+or found by the profiles' `files` globs under the source roots, the frames' import roots and
+`sys.path`); ties go to the profile whose MindSpeed-LLM versions hold the detected version, then to
+`DEFAULT_PROFILE`. With no adaptor file, the detected MindSpeed-LLM version picks, else the default.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase
+from unsafe_doctor.locate import _Imported, _import_bindings, _Source, _Workspace, is_internal_file, module_from_path
+from unsafe_doctor.tracebacks import Frame
+
+DEFAULT_PROFILE = "mindspeed-llm-26"  # the current in-tree adaptor, used when nothing says otherwise
+ADAPTOR_FRAMEWORK = "mindspeed-llm"  # the distribution whose version the profiles' `versions` constrain
+# Distribution -> its top-level package. Only these versions are looked for.
+FRAMEWORK_PACKAGES = {"megatron-core": "megatron", "mindspeed": "mindspeed", "mindspeed-llm": "mindspeed_llm"}
+
+
+@dataclass(frozen=True)
+class Environment:
+    versions: dict[str, Version]  # distribution name ("megatron-core") -> version found
+    origins: dict[str, str]  # distribution name -> where the version was read (path or "installed")
+    source_roots: tuple[Path, ...]
+    profile: AdaptorProfile  # the adaptor generation fixes are written for
+    adaptor: Path | None  # the adaptor file, when given or found
+
+
+def detect_environment(
+    knowledge: KnowledgeBase,
+    source_roots: Sequence[Path] = (),
+    frames: Sequence[Frame] = (),
+    adaptor: Path | None = None,
+) -> Environment:
+    roots = tuple(Path(root) for root in source_roots)
+    for root in roots:
+        if not root.is_dir():
+            raise UsageError(f"source root {root} is not a directory")
+    if adaptor is not None and not Path(adaptor).is_file():
+        raise UsageError(f"adaptor {adaptor}: no such file")
+    frame_roots = _frame_roots(frames, roots)
+    found: dict[str, tuple[Version, str]] = {}
+    for root in (*roots, *frame_roots):
+        for distribution, value in _versions_under(root).items():
+            found.setdefault(distribution, value)
+    for distribution in FRAMEWORK_PACKAGES:
+        if distribution not in found:
+            installed = _installed_version(distribution)
+            if installed is not None:
+                found[distribution] = (installed, "installed")
+    versions = {name: version for name, (version, _) in found.items()}
+    origins = {name: origin for name, (_, origin) in found.items()}
+    chooser = _ProfileChooser(knowledge, roots, versions.get(ADAPTOR_FRAMEWORK))
+    if adaptor is not None:
+        profile = chooser.best_for(Path(adaptor))[0]
+    else:
+        search_roots = (*roots, *frame_roots, *(Path(entry) for entry in sys.path if entry and Path(entry).is_dir()))
+        adaptor, profile = chooser.search(search_roots)
+    return Environment(versions, origins, roots, profile, adaptor)
+
+
+# --- versions ------------------------------------------------------------------------------------
+
+
+def _frame_roots(frames: Sequence[Frame], source_roots: Sequence[Path]) -> list[Path]:
+    """Import roots (the folder above the top package) of the frame files that exist here."""
+    roots: list[Path] = []
+    for printed in dict.fromkeys(frame.file for frame in frames):
+        path = Path(printed)
+        if is_internal_file(printed) or not _is_file(path):
+            continue
+        module = module_from_path(printed, source_roots)
+        if module is None:
+            continue
+        depth = len(module.split(".")) - (0 if path.name == "__init__.py" else 1)
+        parents = path.resolve().parents
+        if depth < len(parents) and parents[depth] not in roots:
+            roots.append(parents[depth])
+    return roots
+
+
+def _versions_under(root: Path) -> dict[str, tuple[Version, str]]:
+    """Framework versions recorded under one import root: version files first, then metadata."""
+    found: dict[str, tuple[Version, str]] = {}
+    package_info = root / "megatron" / "core" / "package_info.py"
+    megatron = _megatron_version(package_info)
+    if megatron is not None:
+        found["megatron-core"] = (megatron, str(package_info))
+    setup = root / "setup.py"
+    declared = _setup_version(setup)
+    if declared is not None and (root / FRAMEWORK_PACKAGES[declared[0]]).is_dir():
+        found.setdefault(declared[0], (declared[1], str(setup)))
+    stems = tuple(name.replace("-", "_") for name in FRAMEWORK_PACKAGES)
+    for folder in sorted([*root.glob("*.dist-info"), *root.glob("*.egg-info")]):
+        if not folder.name.lower().replace("-", "_").startswith(stems):
+            continue  # site-packages holds hundreds of these
+        metadata = importlib.metadata.PathDistribution(folder).metadata
+        name = canonicalize_name(metadata.get("Name") or "")
+        version = _version(metadata.get("Version") or "")
+        if name in FRAMEWORK_PACKAGES and version is not None:
+            found.setdefault(name, (version, str(folder)))
+    return found
+
+
+def _megatron_version(path: Path) -> Version | None:
+    constants = _literals(path)
+    parts = [constants.get(name) for name in ("MAJOR", "MINOR", "PATCH")]
+    if any(part is None for part in parts):
+        return None
+    return _version(".".join(map(str, parts)) + str(constants.get("PRE_RELEASE") or ""))
+
+
+def _setup_version(path: Path) -> tuple[str, Version] | None:
+    """(distribution, version) from a setup.py's literal `setup(name=..., version=...)`, when the
+    distribution is one of the frameworks. Names in the call may refer to module constants."""
+    tree = _parse(path)
+    if tree is None:
+        return None
+    constants = _literals(path, tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "setup":
+            arguments = {keyword.arg: _literal(keyword.value, constants) for keyword in node.keywords}
+            name, version = arguments.get("name"), _version(str(arguments.get("version") or ""))
+            if isinstance(name, str) and canonicalize_name(name) in FRAMEWORK_PACKAGES and version is not None:
+                return canonicalize_name(name), version
+    return None
+
+
+def _literals(path: Path, tree: ast.Module | None = None) -> dict[str, object]:
+    """Module-level `NAME = <str or int literal>` assignments of a file, without running it."""
+    tree = tree or _parse(path)
+    constants: dict[str, object] = {}
+    for statement in tree.body if tree else ():
+        targets = statement.targets if isinstance(statement, ast.Assign) else [getattr(statement, "target", None)]
+        value = getattr(statement, "value", None)
+        if isinstance(statement, (ast.Assign, ast.AnnAssign)) and isinstance(value, ast.Constant):
+            constants.update((target.id, value.value) for target in targets if isinstance(target, ast.Name))
+    return constants
+
+
+def _literal(node: ast.expr, constants: dict[str, object]) -> object:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return constants.get(node.id)
+    return None
+
+
+def _installed_version(distribution: str) -> Version | None:
+    try:
+        return _version(importlib.metadata.version(distribution))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _version(text: str) -> Version | None:
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
+
+
+def _parse(path: Path) -> ast.Module | None:
+    try:
+        return ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a log's path may be too long or hold a NUL byte
+        return False
+
+
+# --- adaptor profile -------------------------------------------------------------------------------
+
+# Score weights: a function name says more than one parameter; the location, a little more.
+_NAME_WEIGHT = 3  # a rollback / send / recv function of the profile's name
+_PATH_WEIGHT = 2  # the file sits where the profile's `files` say
+
+
+class _ProfileChooser:
+    """Scores profiles against adaptor files; parsed files are cached for one detection."""
+
+    def __init__(self, knowledge: KnowledgeBase, source_roots: tuple[Path, ...], version: Version | None):
+        if not knowledge.profiles:
+            raise UsageError("the knowledge base has no adaptor profiles")
+        self.profiles = knowledge.profiles
+        self.source_roots = source_roots
+        self.version = version
+        self._workspace = _Workspace(source_roots)
+
+    def search(self, roots: Sequence[Path]) -> tuple[Path | None, AdaptorProfile]:
+        """The best-fitting adaptor file under the roots; without one, the version's or default profile."""
+        best: tuple[tuple, Path, AdaptorProfile] | None = None
+        for path in self._candidates(roots):
+            profile, key = self.best_for(path)
+            functions = self._functions(path)
+            own = (profile.rollback in functions, sum(name in functions for name in (profile.send, profile.recv)))
+            if best is None or (key, own) > best[0]:
+                best = ((key, own), path, profile)
+        if best is not None:
+            return best[1], best[2]
+        return None, self._fallback()
+
+    def best_for(self, adaptor: Path) -> tuple[AdaptorProfile, tuple]:
+        if self._source(adaptor) is None:
+            raise UsageError(f"adaptor {adaptor} cannot be read or is not valid Python")
+        scored = [(self._key(profile, adaptor, index), profile) for index, profile in enumerate(self.profiles)]
+        key, profile = max(scored, key=lambda item: item[0])
+        return profile, key
+
+    def _key(self, profile: AdaptorProfile, adaptor: Path, index: int) -> tuple:
+        return (self._fit(profile, adaptor), self._fits_version(profile), profile.id == DEFAULT_PROFILE, -index)
+
+    def _fit(self, profile: AdaptorProfile, adaptor: Path) -> int:
+        """How well the profile's names fit the adaptor, read together with the profile's other files
+        beside it: per rollback / send / recv function found, per expected parameter present (minus
+        those absent and those the profile does not know), for sitting where `files` says, and per
+        repair-group import made the profile's way."""
+        files = self._profile_files(profile, adaptor)
+        functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        imports: dict[str, str] = {}
+        for path in files or [adaptor]:
+            source = self._source(path)
+            if source is None:
+                continue
+            functions.update(self._functions(path))
+            imports.update(
+                (name, binding.target) for name, binding in source.bindings.items() if isinstance(binding, _Imported)
+            )
+        score = _PATH_WEIGHT if files else 0
+        score += _NAME_WEIGHT * sum(name in functions for name in (profile.rollback, profile.send, profile.recv))
+        known = set(profile.parameters.values())
+        receive_only = {profile.parameters["need_rebuild"]} if "need_rebuild" in profile.parameters else set()
+        for name, expected in ((profile.send, known - receive_only), (profile.recv, known)):
+            if name in functions:
+                present = _parameters(functions[name])
+                score += len(expected & present) - len(expected - present) - len(present - known)
+        for statement in profile.repair_group_imports:
+            wanted = _import_bindings(ast.parse(statement).body[0], None)
+            score += sum(imports.get(name) == binding.target for name, binding in wanted.items())
+        return score
+
+    def _profile_files(self, profile: AdaptorProfile, adaptor: Path) -> list[Path]:
+        """The profile's files beside the adaptor, when the adaptor is one of them."""
+        for pattern in profile.files:
+            if PurePath(adaptor.resolve()).match(pattern):
+                root = adaptor.resolve().parents[len(PurePath(pattern).parts) - 1]
+                return [path for glob in profile.files for path in sorted(root.glob(glob)) if _is_file(path)]
+        return []
+
+    def _candidates(self, roots: Sequence[Path]) -> Iterator[Path]:
+        seen: set[Path] = set()
+        for root in roots:
+            for profile in self.profiles:
+                for pattern in profile.files:
+                    for path in sorted(root.glob(pattern)):
+                        if path.resolve() not in seen and _is_file(path) and self._source(path) is not None:
+                            seen.add(path.resolve())
+                            yield path
+
+    def _fallback(self) -> AdaptorProfile:
+        candidates = [profile for profile in self.profiles if self._fits_version(profile)] or list(self.profiles)
+        return next((profile for profile in candidates if profile.id == DEFAULT_PROFILE), candidates[0])
+
+    def _fits_version(self, profile: AdaptorProfile) -> bool:
+        return (
+            self.version is not None
+            and profile.versions is not None
+            and profile.versions.contains(self.version, prereleases=True)
+        )
+
+    def _source(self, path: Path) -> _Source | None:
+        return self._workspace.source(path.resolve(), self._workspace.find(str(path.resolve())).module)
+
+    def _functions(self, path: Path) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+        source = self._source(path)
+        return {
+            name: binding
+            for name, binding in (source.bindings.items() if source else ())
+            if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
+
+
+def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    arguments = function.args
+    return {argument.arg for argument in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)}
