@@ -31,6 +31,7 @@ class Diagnosis:
     hits: int  # unsafe-data messages in the log, with or without a traceback
     hits_not_parsed: int  # past the excerpt budget: counted, not parsed
     last_error: Traceback | None  # what the log ended with, when it has no unsafe-data error
+    untraced_ranks: tuple[int, ...]  # ranks that reported the error (MindIO's catch line) with no traceback
 
 
 def diagnose(
@@ -57,10 +58,14 @@ def diagnose(
     tail_lines = [_lines(excerpt) for excerpt in scan.tails]
     last_error = None
     if not findings:
-        ended = _tracebacks(tail_lines)
+        # torchrun's own ChildFailedError only repeats that a worker failed: the worker's error tells why.
+        ended = [tb for tb in _tracebacks(tail_lines) if not tb.exception_type.endswith("ChildFailedError")]
         if ended:
             last_error = max(ended, key=lambda tb: (order[tb.source], tb.offset))
-    ranks = {info.rank_hint for info in scan.inputs}
+    located = {rank for finding in findings for rank in finding.ranks}
+    untraced = {event.rank for event in context.events if event.kind == "caught" and event.rank not in located}
+    untraced.discard(None)
+    ranks = {info.rank_hint for info in scan.inputs} | located | untraced
     ranks.update(line.rank for lines in window_lines + tail_lines for line in lines)
     ranks.update(line.rank for line in context_lines)
     ranks.discard(None)
@@ -73,6 +78,7 @@ def diagnose(
         hits=scan.hits,
         hits_not_parsed=scan.hits_not_parsed,
         last_error=last_error,
+        untraced_ranks=tuple(sorted(untraced)),
     )
 
 

@@ -32,6 +32,7 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
             "unsafe_messages": diagnosis.hits,
             "unsafe_messages_not_parsed": diagnosis.hits_not_parsed,
             "last_error": _last_error_json(diagnosis),
+            "untraced_ranks": list(diagnosis.untraced_ranks),
         },
     }
 
@@ -120,7 +121,9 @@ def to_text(diagnosis: Diagnosis, elapsed: float) -> RenderableType:
     parts: list[RenderableType] = []
     for number, item in enumerate(diagnosis.findings, 1):
         parts.append(_panel(number, item, diagnosis))
-    if not diagnosis.findings:
+    if diagnosis.untraced_ranks:
+        parts.append(_untraced(diagnosis))
+    if not diagnosis.findings and not diagnosis.untraced_ranks:
         parts.append(_no_finding(diagnosis))
     parts.append(_summary(diagnosis, elapsed))
     return Group(*parts)
@@ -200,6 +203,16 @@ def short_path(path: str) -> str:
             return normal.split(marker, 1)[1]
     parts = normal.split("/")
     return normal if len(parts) <= 5 else "…/" + "/".join(parts[-4:])
+
+
+def _untraced(diagnosis: Diagnosis) -> Text:
+    ranks = diagnosis.untraced_ranks
+    return Text(
+        f"Rank{'s' if len(ranks) != 1 else ''} {_ranks(ranks)} reported the unsafe-data error (MindIO caught it and "
+        "logged only its message), with no traceback in this log: the tensor cannot be located from it. "
+        "Look for the traceback in the rank's own stderr or per-rank log.",
+        style="yellow",
+    )
 
 
 def _no_finding(diagnosis: Diagnosis) -> RenderableType:
