@@ -41,7 +41,7 @@ def test_folder_without_logs(tmp_path):
 def test_corrupt_gzip(tmp_path):
     data = gzip.compress(b"iteration 1 | lm loss: 2.0\n" * 1000)
     (tmp_path / "rank_0.log.gz").write_bytes(data[:-20])
-    assert_one_line_error(run("diagnose", str(tmp_path / "rank_0.log.gz")), "corrupt gzip")
+    assert_one_line_error(run("diagnose", str(tmp_path / "rank_0.log.gz")), "corrupt gzip data")
 
 
 def test_binary_junk(tmp_path):

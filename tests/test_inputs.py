@@ -170,7 +170,7 @@ def test_folder_without_logs_is_a_usage_error(tmp_path):
 
 def test_corrupt_gzip_is_a_usage_error(tmp_path):
     data = gzip.compress(noise(1000).encode())
-    with pytest.raises(UsageError, match="corrupt gzip"):
+    with pytest.raises(UsageError, match="corrupt gzip data"):
         inputs.scan([write(tmp_path / "x.log.gz", data[: len(data) // 2])], MARKERS)
 
 

@@ -10,6 +10,7 @@ bounded whatever the input size: stdin and gzip are read in chunks with a rollin
 from __future__ import annotations
 
 import gzip
+import io
 import mmap
 import os
 import re
@@ -183,6 +184,10 @@ def _scan_one(
 ) -> _InputScan:
     if path is None:
         stream = stdin if stdin is not None else sys.stdin.buffer
+        if not hasattr(stream, "peek"):
+            stream = io.BufferedReader(stream)
+        if stream.peek(2)[:2] == GZIP_MAGIC:
+            return _scan_gzip(gzip.GzipFile(fileobj=stream), name, rank_hint, markers, budget, progress)
         return _scan_stream(stream, name, rank_hint, markers, budget, progress)
     try:
         handle = open(path, "rb")
@@ -194,11 +199,7 @@ def _scan_one(
         magic = handle.read(2)
         handle.seek(0)
         if magic == GZIP_MAGIC:
-            try:
-                with gzip.GzipFile(fileobj=handle) as unzipped:
-                    return _scan_stream(unzipped, name, rank_hint, markers, budget, progress)
-            except (OSError, EOFError, zlib.error) as error:
-                raise UsageError(f"{path}: corrupt gzip file ({error})") from None
+            return _scan_gzip(gzip.GzipFile(fileobj=handle), name, rank_hint, markers, budget, progress)
         status = os.fstat(handle.fileno())
         if not stat.S_ISREG(status.st_mode):  # a FIFO or device: no size, no mmap
             return _scan_stream(handle, name, rank_hint, markers, budget, progress)
@@ -208,6 +209,21 @@ def _scan_one(
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             _refuse_binary(mapped[:65536], path)
             return _scan_mapped(mapped, name, rank_hint, markers, budget, progress)
+
+
+def _scan_gzip(
+    unzipped: gzip.GzipFile,
+    name: str,
+    rank_hint: int | None,
+    markers: Sequence[bytes],
+    budget: _Budget,
+    progress: Progress | None,
+) -> _InputScan:
+    try:
+        with unzipped:
+            return _scan_stream(unzipped, name, rank_hint, markers, budget, progress)
+    except (OSError, EOFError, zlib.error) as error:
+        raise UsageError(f"{name}: corrupt gzip data ({error})") from None
 
 
 def _refuse_binary(head: bytes, name: str) -> None:

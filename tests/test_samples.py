@@ -1,0 +1,193 @@
+"""End to end on the bundled samples (real torchrun runs through megatron-core): what a user sees."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.report import to_json
+
+LOGS = Path(__file__).resolve().parent.parent / "samples" / "logs"
+FINDING_KEYS = {
+    "ranks", "message", "error_code", "recovery", "culprit", "frames", "tensor",
+    "scenario", "rule", "confidence", "reason", "fix", "truncated", "notes",
+}  # fmt: skip
+
+
+def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *args], input=stdin, capture_output=True, timeout=120
+    )
+
+
+def findings_of(*args: str, stdin: bytes | None = None) -> tuple[int, dict]:
+    result = run(*args, "--format", "json", stdin=stdin)
+    assert result.returncode in (0, 1), result.stderr.decode()
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_megatron_tracker_on_two_ranks_folds_into_one_finding():
+    code, report = findings_of("diagnose", str(LOGS / "megatron_moe_tracker.log"))
+    assert code == 1
+    [finding] = report["findings"]
+    assert set(finding) == FINDING_KEYS
+    assert finding["ranks"] == [1, 3]
+    assert finding["message"] == "There is unsafe data in the input tensor."
+    assert finding["error_code"] == "ERR00003"
+    assert finding["recovery"] == {"seen": True, "fault_ranks": [1, 3], "step": 120, "phase": "after-recovery"}
+    culprit = finding["culprit"]
+    assert culprit["file"].endswith("megatron/core/transformer/moe/moe_utils.py")
+    assert (culprit["line"], culprit["function"]) == (897, "save_to_aux_losses_tracker")
+    assert finding["tensor"]["variable"] == "_MOE_LAYER_WISE_LOGGING_TRACKER"
+    assert finding["tensor"]["module"] == "megatron.core.transformer.moe.moe_utils"
+    assert report["summary"]["ranks_seen"] == [0, 1, 2, 3]
+
+
+def test_torchrun_log_dir_with_a_gzipped_rank_log():
+    code, report = findings_of("diagnose", str(LOGS / "toytrain_ema"))
+    assert code == 1
+    [finding] = report["findings"]
+    assert finding["ranks"] == [1]
+    assert finding["tensor"] == {
+        "expression": "state._EMA_GRAD_NORM",
+        "variable": "_EMA_GRAD_NORM",
+        "module": "toytrain.state",
+        "owner": None,
+    }
+    assert finding["culprit"]["file"].endswith("toytrain/train.py")
+    assert (finding["culprit"]["line"], finding["culprit"]["function"]) == (62, "clip_gradients")
+    assert finding["recovery"]["fault_ranks"] == [1] and finding["recovery"]["step"] == 20
+    assert any(name["name"].endswith("stderr.log.gz") for name in report["inputs"])
+
+
+def test_error_inside_the_rollback_callback_is_said_so():
+    _, report = findings_of("diagnose", str(LOGS / "rollback_failed.log"))
+    [finding] = report["findings"]
+    assert finding["ranks"] == [2]
+    assert finding["recovery"]["phase"] == "rollback"
+    assert finding["tensor"]["variable"] == "_MOE_LAYER_WISE_LOGGING_TRACKER"
+
+
+def test_faq_log_without_rank_prefixes_takes_the_rank_from_torch_npu():
+    _, report = findings_of("diagnose", str(LOGS / "faq_modellink.log"))
+    [finding] = report["findings"]
+    assert finding["ranks"] == [3]
+    assert finding["tensor"]["expression"] == "parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]"
+    assert finding["tensor"]["variable"] == "_MOE_AUX_LOSSES_LOGGING_TRACKER"
+    assert finding["tensor"]["module"] == "megatron.core.parallel_state"
+    assert finding["recovery"]["phase"] == "none"
+
+
+def test_kubectl_pod_prefixes():
+    _, report = findings_of(str(LOGS / "kubectl_prefix.log"))
+    [finding] = report["findings"]
+    assert finding["ranks"] == [1, 3]
+    assert finding["tensor"]["variable"] == "_MOE_LAYER_WISE_LOGGING_TRACKER"
+
+
+def test_a_log_without_the_error_exits_zero_and_names_the_error_it_ended_with():
+    code, report = findings_of("diagnose", str(LOGS / "hccl_timeout.log"))
+    assert code == 0 and report["findings"] == []
+    assert report["summary"]["last_error"]["type"] == "torch.distributed.DistBackendError"
+    assert report["summary"]["last_error"]["rank"] == 2
+    text = run("diagnose", str(LOGS / "hccl_timeout.log")).stdout.decode()
+    assert "No 'There is unsafe data in the input tensor' error" in text
+    assert "on rank 2: torch.distributed.DistBackendError" in text
+
+
+def test_stdin_gives_what_the_file_gives():
+    path = LOGS / "megatron_moe_tracker.log"
+    _, from_file = findings_of("diagnose", str(path))
+    _, from_pipe = findings_of(stdin=path.read_bytes())
+    assert from_pipe["findings"] == from_file["findings"]
+    _, from_gzip_pipe = findings_of(stdin=gzip.compress(path.read_bytes()))
+    assert from_gzip_pipe["findings"] == from_file["findings"]
+
+
+def test_several_inputs_at_once():
+    _, report = findings_of("diagnose", str(LOGS / "faq_modellink.log"), str(LOGS / "toytrain_ema"))
+    variables = [finding["tensor"]["variable"] for finding in report["findings"]]
+    assert variables == ["_MOE_AUX_LOSSES_LOGGING_TRACKER", "_EMA_GRAD_NORM"]
+
+
+def test_text_report_shows_ranks_culprit_and_tensor():
+    result = run("diagnose", str(LOGS / "megatron_moe_tracker.log"))
+    text = result.stdout.decode()
+    assert result.returncode == 1
+    assert "Finding 1 · ranks 1, 3" in text
+    assert "_MOE_LAYER_WISE_LOGGING_TRACKER" in text
+    assert "moe_utils.py:897" in text
+    assert "first iteration after recovery" in text
+    assert "\x1b[" not in text  # not a terminal: no colour codes
+
+
+def test_sarif_locates_the_culprit():
+    result = run("diagnose", str(LOGS / "megatron_moe_tracker.log"), "--format", "sarif")
+    sarif = json.loads(result.stdout)
+    [result_] = sarif["runs"][0]["results"]
+    location = result_["locations"][0]["physicalLocation"]
+    assert location["artifactLocation"]["uri"].endswith("moe_utils.py")
+    assert location["region"]["startLine"] == 897
+
+
+# --- interleaving: ranks write concurrently, so any interleaving must give the same findings -----
+
+_PREFIX = re.compile(r"^\[rank(\d+)\]:")
+SAMPLE_LINES = (LOGS / "megatron_moe_tracker.log").read_text().splitlines(keepends=True)
+
+
+def _per_rank_streams() -> tuple[dict[int, list[str]], list[str]]:
+    streams: dict[int, list[str]] = {}
+    others = []
+    for line in SAMPLE_LINES:
+        match = _PREFIX.match(line)
+        if match:
+            streams.setdefault(int(match.group(1)), []).append(line)
+        else:
+            others.append(line)
+    return streams, others
+
+
+def _essentials(report: dict) -> list[tuple]:
+    return [
+        (tuple(f["ranks"]), f["culprit"]["file"], f["culprit"]["line"], f["tensor"]["variable"], f["tensor"]["module"])
+        for f in report["findings"]
+    ]
+
+
+EXPECTED = None
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), noise=st.lists(st.sampled_from([
+    " iteration      121/    1000 | lm loss: 2.1E+00 |\n",
+    "\x1b[32mINFO\x1b[0m saving checkpoint\r\n",
+    "[rank0]: [W1130 04:10:00.000 ProcessGroupGloo.cpp:100] Warning: something\n",
+    "garbage \xff\xfe line\n",
+    "\n",
+]), max_size=30))  # fmt: skip
+def test_any_interleaving_of_rank_output_gives_the_same_findings(seed, noise):
+    global EXPECTED
+    if EXPECTED is None:
+        EXPECTED = _essentials(to_json(diagnose([str(LOGS / "megatron_moe_tracker.log")])))
+    streams, others = _per_rank_streams()
+    rng = random.Random(seed)
+    queues = [list(lines) for lines in streams.values()] + [others + noise]
+    rng.shuffle(queues[-1])
+    merged = []
+    while any(queues):
+        queue = rng.choice([q for q in queues if q])
+        merged.append(queue.pop(0))
+    data = "".join(merged).encode("utf-8", "surrogateescape")
+    assert _essentials(to_json(diagnose([], stdin=io.BytesIO(data)))) == EXPECTED
