@@ -169,7 +169,7 @@ def _essentials(report: dict) -> list[tuple]:
 EXPECTED = None
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), noise=st.lists(st.sampled_from([
     " iteration      121/    1000 | lm loss: 2.1E+00 |\n",
     "\x1b[32mINFO\x1b[0m saving checkpoint\r\n",
@@ -183,8 +183,8 @@ def test_any_interleaving_of_rank_output_gives_the_same_findings(seed, noise):
         EXPECTED = _essentials(to_json(diagnose([str(LOGS / "megatron_moe_tracker.log")])))
     streams, others = _per_rank_streams()
     rng = random.Random(seed)
-    queues = [list(lines) for lines in streams.values()] + [others + noise]
-    rng.shuffle(queues[-1])
+    # Each writer keeps its own order (ranks, the launcher and MindIO's unprefixed lines, noise).
+    queues = [list(lines) for lines in streams.values()] + [others, list(noise)]
     merged = []
     while any(queues):
         queue = rng.choice([q for q in queues if q])

@@ -285,11 +285,13 @@ def _scan_stream(
         if progress:
             progress(len(chunk))
         chunk_start = history.end
+        seam_start = max(history.start, chunk_start - overlap)
+        seam = history.slice(seam_start, chunk_start) + chunk[:overlap]
         history.append(chunk)
-        search_from = max(history.start, chunk_start - overlap)
-        region = history.slice(search_from, history.end)
-        for relative in _find_all(region, ERROR_MARKER, 0, len(region)):
-            hit = search_from + relative
+        # Hits across the seam with the previous chunk, then inside the chunk: no chunk is copied.
+        hits = [seam_start + at for at in _find_all(seam, ERROR_MARKER, 0, len(seam))]
+        hits += [chunk_start + at for at in _find_all(chunk, ERROR_MARKER, 0, len(chunk))]
+        for hit in hits:
             result.hits += 1
             if pending and hit - BEFORE <= pending[-1][1] and hit + AFTER - pending[-1][0] <= WINDOW_MAX:
                 pending[-1][1] = hit + AFTER
