@@ -58,8 +58,17 @@ from pathlib import Path
 from typing import Literal
 
 from unsafe_doctor.locate import Finding, TensorRef
-# File look-up, import resolution and scope walking shared with locate (private there: see the report).
-from unsafe_doctor.locate import _child_statements, _import_bindings, _walk_scope, _Workspace
+from unsafe_doctor.sources import (
+    Function,
+    Workspace,
+    child_statements,
+    compound_header,
+    import_bindings,
+    is_file,
+    package_of,
+    parameter_names,
+    walk_scope,
+)
 
 MAX_FILES = 2000
 MAX_EVIDENCE = 8
@@ -208,23 +217,15 @@ def _calls_in(nodes: Sequence[ast.AST]) -> Iterator[ast.Call]:
 
 def _header(statement: ast.stmt) -> list[ast.AST]:
     """The expressions a statement evaluates itself (a compound statement's header only)."""
-    if isinstance(statement, (ast.For, ast.AsyncFor)):
-        return [statement.iter]
-    if isinstance(statement, (ast.If, ast.While)):
-        return [statement.test]
-    if isinstance(statement, (ast.With, ast.AsyncWith)):
-        return [item.context_expr for item in statement.items]
-    if isinstance(statement, ast.Match):
-        return [statement.subject]
+    header = compound_header(statement)
+    if header is not None:
+        return header
     if isinstance(statement, (ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return []
     return [child for child in ast.iter_child_nodes(statement) if isinstance(child, ast.expr)]
 
 
-_Function = ast.FunctionDef | ast.AsyncFunctionDef
-
-
-def _functions(body: Sequence[ast.stmt], class_name: str | None) -> Iterator[tuple[_Function, str | None]]:
+def _functions(body: Sequence[ast.stmt], class_name: str | None) -> Iterator[tuple[Function, str | None]]:
     """Every function and method, nested ones too, with the class whose `self` it sees."""
     for statement in body:
         if isinstance(statement, ast.ClassDef):
@@ -233,7 +234,7 @@ def _functions(body: Sequence[ast.stmt], class_name: str | None) -> Iterator[tup
             yield statement, class_name
             yield from _functions(statement.body, class_name)
         else:
-            yield from _functions(_child_statements(statement), class_name)
+            yield from _functions(child_statements(statement), class_name)
 
 
 def _is_reporting(name: str, calls: Sequence[ast.Call] = ()) -> bool:
@@ -285,7 +286,7 @@ class _Study:
         self.owner = tensor.owner
         self.attribute = tensor.owner is not None or tensor.expression.startswith(("self.", "cls."))
         self.roots = tuple(Path(root) for root in source_roots)
-        self.workspace = _Workspace(self.roots)
+        self.workspace = Workspace(self.roots)
         self.module = tensor.module
         self.events: dict[tuple[Kind, Path, int], _Event] = {}
         self.texts: dict[Path, str] = {}
@@ -303,10 +304,7 @@ class _Study:
 
     def _culprit_path(self) -> Path | None:
         printed = self.finding.source_file or (self.finding.culprit.file if self.finding.culprit else None)
-        try:
-            return Path(printed) if printed and Path(printed).is_file() else None
-        except (OSError, ValueError):  # a path from a log may be too long or hold a NUL byte
-            return None
+        return Path(printed) if printed and is_file(Path(printed)) else None
 
     def _package_dir(self, module: str | None) -> Path | None:
         if not module:
@@ -362,17 +360,17 @@ class _Study:
         if tree is None:
             return None
         module = self.workspace.find(str(path)).module
-        package = module if path.name == "__init__.py" else (module.rpartition(".")[0] if module else None)
+        package = package_of(path, module)
         imports: dict[str, str] = {}
         pending = list(tree.body)
         while pending:  # module-level imports, also under `if` / `try`
             statement = pending.pop(0)
             if isinstance(statement, (ast.Import, ast.ImportFrom)):
-                bound = _import_bindings(statement, package or None)
+                bound = import_bindings(statement, package)
                 imports.update({name: binding.target for name, binding in bound.items()})
             elif not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                pending.extend(_child_statements(statement))
-        return _Parsed(path, text.splitlines(), tree, package or None, imports)
+                pending.extend(child_statements(statement))
+        return _Parsed(path, text.splitlines(), tree, package, imports)
 
     def shown(self, path: Path) -> str:
         resolved = path.resolve()
@@ -410,7 +408,7 @@ class _Study:
         found = set()
         for statement in parsed.tree.body:
             if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for node in _walk_scope(statement):
+                for node in walk_scope(statement):
                     returned = node.value if isinstance(node, ast.Return) else None
                     if isinstance(returned, ast.Name) and returned.id == self.variable:
                         found.add(statement.name)
@@ -663,15 +661,15 @@ class _FileStudy:
 class _FunctionStudy:
     """One function's (or the module level's) statements, in order, following the tensor's aliases."""
 
-    def __init__(self, file: _FileStudy, function: _Function | None, class_name: str | None, name: str,
+    def __init__(self, file: _FileStudy, function: Function | None, class_name: str | None, name: str,
                  body: list[ast.stmt]):
         study = file.study
         self.file, self.function, self.class_name, self.name, self.body = file, function, class_name, name, body
-        self.nodes = list(_walk_scope(function)) if function is not None else []
+        self.nodes = list(walk_scope(function)) if function is not None else []
         self.modules = dict(file.imports)  # name -> dotted import target, with the function's own imports
         for node in self.nodes:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                local = _import_bindings(node, file.source.package)
+                local = import_bindings(node, file.source.package)
                 self.modules.update({name: bound.target for name, bound in local.items()})
         self.reporting = _is_reporting(name, [node for node in self.nodes if isinstance(node, ast.Call)])
         self.initialising = name == "__init__" or bool(_tokens(name) & _INIT_TOKENS)
@@ -696,9 +694,7 @@ class _FunctionStudy:
         """The function binds `name` locally (a parameter, or assigned without `global`)."""
         if self.function is None:
             return False
-        arguments = self.function.args
-        every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
-        if any(argument is not None and argument.arg == name for argument in every):
+        if name in parameter_names(self.function):
             return True
         nodes = self.nodes
         if any(isinstance(node, ast.Global) and name in node.names for node in nodes):

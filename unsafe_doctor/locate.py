@@ -28,11 +28,8 @@ The rules, in the order they apply:
   `mod._X`, `Cls.attr`, `Cls.instance.field`, `get_instance().field`, `self.attr`, or the local
   alias' own name), plus at most one subscript right after it, as printed:
   `parallel_state._X[name][i] += v` -> `parallel_state._X[name]`.
-* **Files** are found by path as printed, else by the longest path suffix under a `--source-root`
-  (an import root, like a PYTHONPATH entry) or a `sys.path` directory; they are read, never imported.
-  Module names come from the path after `site-packages/`, the directory the file was found under,
-  `__init__.py` files, or a well-known top-level package name in the path. A file found at its
-  printed path makes the folder above its top package an import root for resolving its imports.
+* **Files** are found, read (never imported) and named as `unsafe_doctor.sources` says: by path as
+  printed, else under a `--source-root` or a `sys.path` directory.
 * **Folding**: identical (culprit file, line, function, tensor) on several ranks make one finding
   with the sorted ranks (the log's rank, else torch_npu's RankID; -1 is no rank); findings keep the
   input order of their first traceback, which is the one they carry.
@@ -51,6 +48,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.sources import (
+    Function,
+    ImportedName,
+    SourceFile,
+    Workspace,
+    child_statements,
+    compound_header,
+    import_bindings,
+    is_internal_file,
+    names_bound,
+    parameter_names,
+    walk_scope,
+)
 from unsafe_doctor.tracebacks import Frame, Traceback
 
 UNSAFE_MESSAGE = "There is unsafe data in the input tensor."
@@ -84,7 +94,7 @@ def locate(tracebacks: Sequence[Traceback], source_roots: Sequence[Path] = ()) -
     for root in source_roots:
         if not Path(root).is_dir():
             raise UsageError(f"source root {root} is not a directory")
-    workspace = _Workspace(source_roots)
+    workspace = _FrameWorkspace(source_roots)
     analyses: dict[tuple[Frame, ...], _Analysis] = {}
     groups: dict[tuple, list[tuple[Traceback, Traceback, _Analysis]]] = {}
     for traceback in tracebacks:
@@ -98,174 +108,14 @@ def locate(tracebacks: Sequence[Traceback], source_roots: Sequence[Path] = ()) -
     return [_fold(members) for members in groups.values()]
 
 
-# --- which frames are internal ---------------------------------------------------------------------
+# --- one frame: its source, statement and scope ----------------------------------------------------
 
-_INTERNAL_PARTS = ("/torch/", "/torch_npu/", "site-packages/torch", "dist-packages/torch")
-_STDLIB_DIR = re.compile(r"/lib(?:64)?/python\d+(?:\.\d+)?/(?!(?:site|dist)-packages/)")
-_STDLIB_WRAPPERS = frozenset({"functools.py", "contextlib.py", "threading.py", "runpy.py"})
-
-
-def is_internal_file(path: str) -> bool:
-    """True for torch / torch_npu and Python standard-library files: never the culprit."""
-    normal = path.replace("\\", "/")
-    return (
-        normal.startswith("<")  # <frozen importlib._bootstrap>, <string>
-        or any(part in normal for part in _INTERNAL_PARTS)
-        or _STDLIB_DIR.search(normal) is not None
-        or normal.rsplit("/", 1)[-1] in _STDLIB_WRAPPERS
-    )
-
-
-# --- files and module names ------------------------------------------------------------------------
-
-_KNOWN_PACKAGES = frozenset({"megatron", "mindspeed", "mindspeed_llm", "modellink", "mindio_ttp"})
-
-
-def module_from_path(path: str, source_roots: Sequence[Path] = ()) -> str | None:
-    """Dotted module name of a file as printed in a log (see the module docstring for the rules)."""
-    return _Workspace(source_roots).find(path).module
-
-
-def _dotted(parts: Sequence[str]) -> str | None:
-    names = list(parts)
-    if not names:
-        return None
-    names[-1] = names[-1].removesuffix(".py")
-    if names[-1] == "__init__":
-        names.pop()
-    return ".".join(names) if names and all(name.isidentifier() for name in names) else None
-
-
-def _after_site_packages(normal: str) -> str | None:
-    for marker in ("/site-packages/", "/dist-packages/"):
-        if marker in normal:
-            return _dotted(normal.rsplit(marker, 1)[1].split("/"))
-    return None
-
-
-def _known_package_suffix(parts: Sequence[str]) -> str | None:
-    """`/home/u/ModelLink/megatron/core/x.py` -> `megatron.core.x`, without any local file."""
-    for index, part in enumerate(parts):
-        if part in _KNOWN_PACKAGES:
-            dotted = _dotted(parts[index:])
-            if dotted:
-                return dotted
-    return None
-
-
-@dataclass(frozen=True)
-class _Found:
-    local: Path | None  # the file read for this path, if any
-    module: str | None
-    shown: str  # how notes name it: the part of the path that matched, else the path as printed
-
-
-@dataclass(frozen=True)
-class _Imported:
-    target: str  # dotted: 'megatron.core.parallel_state' or 'pkg.state.BUF'
-
-
-@dataclass
-class _Source:
-    path: Path
-    text: str
-    tree: ast.Module
-    module: str | None
-    package: str | None  # for relative imports
-    bindings: dict[str, object]  # module-level name -> ClassDef | FunctionDef | Assign-like | _Imported
-    declared_globals: frozenset[str]  # names some function declares `global`
-    star_import: bool
-
-
-class _Workspace:
-    """File look-ups and parsed sources for one locate() call, cached; files are read, never imported."""
+class _FrameWorkspace(Workspace):
+    """A workspace that also keeps each frame's view: following a parameter views the caller again."""
 
     def __init__(self, source_roots: Sequence[Path]):
-        self.source_roots = tuple(Path(root) for root in source_roots)
-        self.env_roots = tuple(Path(entry) for entry in sys.path if entry and Path(entry).is_dir())
-        self.found_roots: list[Path] = []  # import roots of frame files found at their printed path
-        self._found: dict[str, _Found] = {}
-        self._sources: dict[Path, _Source | None] = {}
-        self._module_paths: dict[str, Path | None] = {}
+        super().__init__(source_roots)
         self._views: dict[Frame, _FrameView] = {}
-
-    def find(self, printed: str) -> _Found:
-        if printed not in self._found:
-            self._found[printed] = self._find(printed)
-        return self._found[printed]
-
-    def _find(self, printed: str) -> _Found:
-        normal = printed.replace("\\", "/")
-        site_module = _after_site_packages(normal)
-        parts = [part for part in normal.split("/") if part]
-        as_printed = Path(printed)
-        if _is_file(as_printed):
-            module = site_module or self._module_of_local(as_printed)
-            self._add_import_root(as_printed, module)
-            return _Found(as_printed, module, printed)
-        # Source roots first (the user named them), any suffix; then the environment, two parts at least.
-        for roots, shortest in ((self.source_roots, 1), (self.env_roots, 2)):
-            for start in range(len(parts) - shortest + 1):
-                suffix = parts[start:]
-                for root in roots:
-                    candidate = root.joinpath(*suffix)
-                    if _is_file(candidate):
-                        return _Found(candidate, site_module or _dotted(suffix), "/".join(suffix))
-        return _Found(None, site_module or _known_package_suffix(parts), printed)
-
-    def _module_of_local(self, path: Path) -> str | None:
-        resolved = path.resolve()
-        for root in self.source_roots:
-            if resolved.is_relative_to(root.resolve()):
-                return _dotted(resolved.relative_to(root.resolve()).parts)
-        names = [] if path.name == "__init__.py" else [path.stem]
-        folder = resolved.parent
-        # Namespace packages of the well-known frameworks have no __init__.py (megatron in megatron-core).
-        while (folder / "__init__.py").is_file() or folder.name in _KNOWN_PACKAGES:
-            names.append(folder.name)
-            folder = folder.parent
-        return ".".join(reversed(names)) if all(name.isidentifier() for name in names) and names else None
-
-    def _add_import_root(self, path: Path, module: str | None) -> None:
-        """The folder above the file's top package: its sibling modules are importable from there."""
-        if module is None:
-            return
-        depth = len(module.split(".")) - (0 if path.name == "__init__.py" else 1)
-        parents = path.resolve().parents
-        if depth >= len(parents):
-            return
-        root = parents[depth]
-        if root not in (*self.source_roots, *self.env_roots, *self.found_roots):
-            self.found_roots.append(root)
-            self._module_paths.clear()  # earlier misses may be found under the new root
-
-    def module_path(self, dotted: str) -> Path | None:
-        """The file (or namespace folder) of a module, searched on disk under the roots."""
-        if dotted not in self._module_paths:
-            self._module_paths[dotted] = self._module_path(dotted)
-        return self._module_paths[dotted]
-
-    def _module_path(self, dotted: str) -> Path | None:
-        parts = dotted.split(".")
-        if not all(part.isidentifier() for part in parts):
-            return None
-        for root in (*self.source_roots, *self.found_roots, *self.env_roots):
-            folder = root.joinpath(*parts)
-            for candidate in (folder.with_name(parts[-1] + ".py"), folder / "__init__.py"):
-                if _is_file(candidate):
-                    return candidate
-            if folder.is_dir():
-                return folder
-        return None
-
-    def source(self, path: Path, module: str | None) -> _Source | None:
-        if path not in self._sources:
-            self._sources[path] = _read_source(path, module)
-        return self._sources[path]
-
-    def module_source(self, dotted: str) -> _Source | None:
-        path = self.module_path(dotted)
-        return self.source(path, dotted) if path is not None and path.is_file() else None
 
     def view(self, frame: Frame) -> _FrameView:
         if frame not in self._views:
@@ -273,92 +123,14 @@ class _Workspace:
         return self._views[frame]
 
 
-def _is_file(path: Path) -> bool:
-    try:
-        return path.is_file()
-    except (OSError, ValueError):  # a log's path may be too long, or hold a NUL byte
-        return False
-
-
-def _read_source(path: Path, module: str | None) -> _Source | None:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        tree = ast.parse(text)
-    except (OSError, SyntaxError, ValueError):
-        return None
-    package = module if path.name == "__init__.py" else (module.rpartition(".")[0] if module else None)
-    bindings: dict[str, object] = {}
-    star = False
-
-    def collect(statements: Sequence[ast.stmt]) -> None:
-        nonlocal star
-        for statement in statements:
-            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                bindings[statement.name] = statement
-            elif isinstance(statement, (ast.Import, ast.ImportFrom)):
-                star |= any(alias.name == "*" for alias in statement.names)
-                bindings.update(_import_bindings(statement, package))
-            elif isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-                for name in _names_bound(targets):
-                    bindings[name] = statement
-            else:
-                collect(_child_statements(statement))
-
-    collect(tree.body)
-    declared = frozenset(name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names)
-    return _Source(path, text, tree, module, package or None, bindings, declared, star)
-
-
-def _import_bindings(statement: ast.Import | ast.ImportFrom, package: str | None) -> dict[str, _Imported]:
-    if isinstance(statement, ast.Import):
-        # `import a.b` binds `a`; `import a.b as c` binds `c` to `a.b`.
-        bound = {}
-        for alias in statement.names:
-            top = alias.name.split(".")[0]
-            bound[alias.asname or top] = _Imported(alias.name if alias.asname else top)
-        return bound
-    base = statement.module or ""
-    if statement.level:
-        if not package:
-            return {}
-        kept = package.split(".")[: len(package.split(".")) - statement.level + 1]
-        base = ".".join([*kept, *([statement.module] if statement.module else [])])
-    return {
-        alias.asname or alias.name: _Imported(f"{base}.{alias.name}" if base else alias.name)
-        for alias in statement.names
-        if alias.name != "*"
-    }
-
-
-def _names_bound(targets: Sequence[ast.expr]) -> Iterator[str]:
-    for target in targets:
-        if isinstance(target, ast.Name):
-            yield target.id
-        elif isinstance(target, (ast.Tuple, ast.List)):
-            yield from _names_bound(target.elts)
-        elif isinstance(target, ast.Starred):
-            yield from _names_bound([target.value])
-
-
-def _child_statements(statement: ast.stmt) -> list[ast.stmt]:
-    bodies = [getattr(statement, name, None) or [] for name in ("body", "orelse", "finalbody")]
-    bodies += [handler.body for handler in getattr(statement, "handlers", ())]
-    bodies += [case.body for case in getattr(statement, "cases", ())]
-    return [child for body in bodies for child in body if isinstance(child, ast.stmt)]
-
-
-# --- one frame: its source, statement and scope ----------------------------------------------------
-
-_Function = ast.FunctionDef | ast.AsyncFunctionDef
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 @dataclass(frozen=True)
 class _Scope:
     module: str | None
-    source: _Source | None
-    functions: tuple[_Function, ...]  # enclosing functions, innermost last
+    source: SourceFile | None
+    functions: tuple[Function, ...]  # enclosing functions, innermost last
     class_name: str | None  # class of the method that binds `self`
     line: int | None  # line in source.text, when the frame's line was found there
 
@@ -373,7 +145,7 @@ class _FrameView:
     notes: tuple[str, ...]
 
 
-def _frame_view(frame: Frame, workspace: _Workspace) -> _FrameView:
+def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     found = workspace.find(frame.file)
     notes: list[str] = []
     source = workspace.source(found.local, found.module) if found.local else None
@@ -399,7 +171,7 @@ def _frame_view(frame: Frame, workspace: _Workspace) -> _FrameView:
         parsed = _parse_fragment(frame.source)
         if parsed is not None:
             statement, text = parsed
-    functions = tuple(node for node in stack if isinstance(node, _Function))
+    functions = tuple(node for node in stack if isinstance(node, Function))
     scope = _Scope(found.module, source, functions, _class_of_self(stack), line)
     return _FrameView(frame, scope, statement, text, source_line, tuple(notes))
 
@@ -409,7 +181,7 @@ def _first_line(source: str | None) -> str | None:
     return lines[0] if lines else None
 
 
-def _matching_line(frame: Frame, source: _Source, notes: list[str]) -> int | None:
+def _matching_line(frame: Frame, source: SourceFile, notes: list[str]) -> int | None:
     """The frame's line in the local file: as numbered when it holds the printed source, else the
     nearest line that does; None when the printed source is nowhere in the file."""
     lines = source.text.splitlines()
@@ -441,7 +213,7 @@ def _statement_at(tree: ast.Module, line: int) -> tuple[ast.stmt | None, tuple[a
         if not covering:
             return None, tuple(stack)
         statement = covering[0]
-        children = _child_statements(statement)
+        children = child_statements(statement)
         if not children or line == statement.lineno or line < children[0].lineno:
             return statement, tuple(stack)
         if isinstance(statement, _SCOPES):
@@ -452,10 +224,10 @@ def _statement_at(tree: ast.Module, line: int) -> tuple[ast.stmt | None, tuple[a
 def _def_named(body: Sequence[ast.stmt], name: str, stack: tuple[ast.AST, ...]) -> tuple[ast.AST, ...] | None:
     """The stack down to the first function called `name` (used when the log's line is not in the file)."""
     for statement in body:
-        if isinstance(statement, _Function) and statement.name == name:
+        if isinstance(statement, Function) and statement.name == name:
             return (*stack, statement)
         inner = (*stack, statement) if isinstance(statement, _SCOPES) else stack
-        found = _def_named(_child_statements(statement), name, inner)
+        found = _def_named(child_statements(statement), name, inner)
         if found:
             return found
     return None
@@ -464,7 +236,7 @@ def _def_named(body: Sequence[ast.stmt], name: str, stack: tuple[ast.AST, ...]) 
 def _class_of_self(stack: Sequence[ast.AST]) -> str | None:
     owner = None
     for outer, inner in zip(stack, stack[1:]):
-        if isinstance(outer, ast.ClassDef) and isinstance(inner, _Function):
+        if isinstance(outer, ast.ClassDef) and isinstance(inner, Function):
             owner = outer.name
     return owner
 
@@ -534,14 +306,9 @@ def _reads(statement: ast.stmt) -> list[ast.AST]:
         return [statement.target, statement.value]
     if isinstance(statement, ast.AnnAssign):
         return [*_container_reads([statement.target]), *([statement.value] if statement.value else [])]
-    if isinstance(statement, (ast.For, ast.AsyncFor)):
-        return [statement.iter]
-    if isinstance(statement, (ast.If, ast.While)):
-        return [statement.test]
-    if isinstance(statement, (ast.With, ast.AsyncWith)):
-        return [item.context_expr for item in statement.items]
-    if isinstance(statement, ast.Match):
-        return [statement.subject]
+    header = compound_header(statement)
+    if header is not None:
+        return header
     if isinstance(statement, (ast.Return, ast.Expr, ast.Raise, ast.Assert)):
         return [statement]
     return []
@@ -655,7 +422,7 @@ def _is_field(parts: Sequence[ast.expr], index: int) -> bool:
     )
 
 
-def _resolve_chain(parts: list[ast.expr], scope: _Scope, workspace: _Workspace, depth: int = 0) -> _Resolved | None:
+def _resolve_chain(parts: list[ast.expr], scope: _Scope, workspace: Workspace, depth: int = 0) -> _Resolved | None:
     """How the chain's root name is bound, per the frame's source; None when it is no tensor."""
     root = parts[0].id
     if depth > _MAX_DEPTH:
@@ -668,14 +435,14 @@ def _resolve_chain(parts: list[ast.expr], scope: _Scope, workspace: _Workspace, 
     if function is not None:
         if root in _declared_globals(function):
             return _in_source(scope.source, scope.module, root, parts, 0, workspace, depth, cross_module=False)
-        if root in _parameters(function):
+        if root in parameter_names(function):
             return _unresolved(scope, _PARAMETER, parts, parameter=root)
         binding = _local_binding(function, root, scope)
-        if isinstance(binding, _Imported):
+        if isinstance(binding, ImportedName):
             return _imported(binding.target, parts, 0, workspace, depth)
         if binding is not None:
             return _alias(root, binding, parts, scope, workspace, depth)
-        if any(root in _parameters(outer) or _local_binding(outer, root, scope) for outer in scope.functions[:-1]):
+        if any(root in parameter_names(outer) or _local_binding(outer, root, scope) for outer in scope.functions[:-1]):
             return _unresolved(scope, _LOCAL, parts)
     if root in scope.source.bindings:
         return _in_source(scope.source, scope.module, root, parts, 0, workspace, depth, cross_module=False)
@@ -694,7 +461,7 @@ def _self_member(parts: list[ast.expr], scope: _Scope) -> _Resolved | None:
     return _Resolved(_SELF, 1, parts[1].attr, scope.module, scope.class_name, notes)
 
 
-def _guess(parts: list[ast.expr], scope: _Scope, workspace: _Workspace) -> _Resolved | None:
+def _guess(parts: list[ast.expr], scope: _Scope, workspace: Workspace) -> _Resolved | None:
     """Without source, naming conventions decide: `_UPPER` globals, `mod._UPPER`, `ClassName.attr`."""
     root = parts[0].id
     if root in _BUILTINS or root in _LIBRARY_ALIASES:
@@ -709,7 +476,7 @@ def _guess(parts: list[ast.expr], scope: _Scope, workspace: _Workspace) -> _Reso
     return _unresolved(scope, _UNKNOWN, parts)
 
 
-def _guess_module(alias: str, frame_module: str | None, workspace: _Workspace) -> tuple[str, str]:
+def _guess_module(alias: str, frame_module: str | None, workspace: Workspace) -> tuple[str, str]:
     """`parallel_state` seen in megatron/core/transformer/moe/x.py: the nearest package holding it."""
     packages = (frame_module or "").split(".")[:-1]
     for size in range(len(packages), -1, -1):
@@ -730,7 +497,7 @@ def _class_member(parts: list[ast.expr], index: int, owner: str, module: str | N
     return _Resolved(tier, anchor, parts[anchor].attr, module, owner)
 
 
-def _imported(target: str, parts: list[ast.expr], index: int, workspace: _Workspace, depth: int) -> _Resolved | None:
+def _imported(target: str, parts: list[ast.expr], index: int, workspace: Workspace, depth: int) -> _Resolved | None:
     """A name bound by an import to `target`: a module (then its attribute is the global) or a member."""
     if depth > _MAX_DEPTH:
         return None
@@ -753,34 +520,30 @@ def _imported(target: str, parts: list[ast.expr], index: int, workspace: _Worksp
 
 
 def _in_module(
-    module: str, name: str, parts: list[ast.expr], index: int, workspace: _Workspace, depth: int
+    module: str, name: str, parts: list[ast.expr], index: int, workspace: Workspace, depth: int
 ) -> _Resolved | None:
     return _in_source(workspace.module_source(module), module, name, parts, index, workspace, depth, cross_module=True)
 
 
 def _in_source(
-    source: _Source | None,
+    source: SourceFile | None,
     module: str | None,
     name: str,
     parts: list[ast.expr],
     index: int,
-    workspace: _Workspace,
+    workspace: Workspace,
     depth: int,
     *,
     cross_module: bool,
 ) -> _Resolved | None:
     """`name` (at parts[index]) as bound at module level in `source` (module `module`)."""
-    binding = source.bindings.get(name) if source else None
-    if isinstance(binding, ast.Assign) and isinstance(binding.value, ast.Name):
-        aliased = source.bindings.get(binding.value.id)
-        if isinstance(aliased, _Imported):
-            binding = aliased  # `mpu = parallel_state`
-    if isinstance(binding, _Imported):
+    binding = source.binding(name) if source else None
+    if isinstance(binding, ImportedName):
         return _imported(binding.target, parts, index, workspace, depth + 1)
     looks_like_class = source is None and _CLASS_NAME.fullmatch(name) and _is_attribute(parts, index + 1)
     if isinstance(binding, ast.ClassDef) or looks_like_class:
         return _class_member(parts, index, name, module, _GLOBAL)
-    if isinstance(binding, _Function):
+    if isinstance(binding, Function):
         return _call_result(binding, source, parts, index, workspace, depth)
     if _is_flag(binding, name, source):
         return None
@@ -793,7 +556,7 @@ def _in_source(
     return _Resolved(_GLOBAL, index, name, module, None, notes)
 
 
-def _is_flag(binding: object, name: str, source: _Source | None) -> bool:
+def _is_flag(binding: object, name: str, source: SourceFile | None) -> bool:
     """A module constant such as `HAVE_TE = True`: never a tensor."""
     value = getattr(binding, "value", None)
     return (
@@ -806,7 +569,7 @@ def _is_flag(binding: object, name: str, source: _Source | None) -> bool:
 
 
 def _call_result(
-    function: _Function, source: _Source | None, parts: list[ast.expr], index: int, workspace: _Workspace, depth: int
+    function: Function, source: SourceFile | None, parts: list[ast.expr], index: int, workspace: Workspace, depth: int
 ) -> _Resolved | None:
     """`get_x()` returning a module global, and `get_instance().field` (singleton field)."""
     if not _is_call(parts, index + 1):
@@ -823,12 +586,12 @@ def _call_result(
 
 
 def _returned_global(
-    function: _Function, source: _Source | None, workspace: _Workspace, depth: int
+    function: Function, source: SourceFile | None, workspace: Workspace, depth: int
 ) -> _Resolved | None:
     if source is None:
         return None
     scope = _Scope(source.module, source, (function,), None, None)
-    for node in _walk_scope(function):
+    for node in walk_scope(function):
         if isinstance(node, ast.Return) and node.value is not None:
             parts = _flatten(node.value)
             resolved = _resolve_chain(parts, scope, workspace, depth + 1) if parts else None
@@ -837,7 +600,7 @@ def _returned_global(
     return None
 
 
-def _instance_class(name: str | None, source: _Source | None) -> str | None:
+def _instance_class(name: str | None, source: SourceFile | None) -> str | None:
     """The class of the object a module global holds: `_INSTANCE = Foo(...)` anywhere in its module."""
     if name is None or source is None:
         return None
@@ -853,7 +616,7 @@ def _instance_class(name: str | None, source: _Source | None) -> str | None:
 
 
 def _alias(
-    name: str, value: ast.expr, parts: list[ast.expr], scope: _Scope, workspace: _Workspace, depth: int
+    name: str, value: ast.expr, parts: list[ast.expr], scope: _Scope, workspace: Workspace, depth: int
 ) -> _Resolved:
     """A local assigned from a global (`tracker = get_tracker()`, `buf = mod._BUF`): that global,
     while the expression keeps the local's own name."""
@@ -872,38 +635,19 @@ def _alias(
     return replace(resolved, anchor=0, notes=(*resolved.notes, note))
 
 
-def _walk_scope(function: _Function) -> Iterator[ast.AST]:
-    """The nodes of a function's own scope (not of nested functions, classes or lambdas)."""
-    pending: list[ast.AST] = list(function.body)
-    while pending:
-        node = pending.pop()
-        yield node
-        pending.extend(
-            child
-            for child in ast.iter_child_nodes(node)
-            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
-        )
-
-
-def _declared_globals(function: _Function) -> set[str]:
-    return {name for node in _walk_scope(function) if isinstance(node, ast.Global) for name in node.names}
-
-
-def _parameters(function: _Function) -> set[str]:
-    arguments = function.args
-    every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
-    return {argument.arg for argument in every if argument is not None}
+def _declared_globals(function: Function) -> set[str]:
+    return {name for node in walk_scope(function) if isinstance(node, ast.Global) for name in node.names}
 
 
 _OPAQUE = ast.Constant(value=None)  # bound locally by something not worth following (loop target, `with ... as`)
 
 
-def _local_binding(function: _Function, name: str, scope: _Scope) -> ast.expr | _Imported | None:
+def _local_binding(function: Function, name: str, scope: _Scope) -> ast.expr | ImportedName | None:
     """The last binding of `name` in the function before the frame's line: the assigned value, an
     import, `_OPAQUE`, or None when the function does not bind it."""
-    bindings: list[tuple[int, ast.expr | _Imported]] = []
-    for node in _walk_scope(function):
-        if isinstance(node, ast.Assign) and name in _names_bound(node.targets):
+    bindings: list[tuple[int, ast.expr | ImportedName]] = []
+    for node in walk_scope(function):
+        if isinstance(node, ast.Assign) and name in names_bound(node.targets):
             simple = any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
             bindings.append((node.lineno, node.value if simple else _OPAQUE))
         elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and getattr(node.target, "id", None) == name:
@@ -911,12 +655,12 @@ def _local_binding(function: _Function, name: str, scope: _Scope) -> ast.expr | 
                 bindings.append((node.lineno, node.value))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             package = scope.source.package if scope.source else None
-            imported = _import_bindings(node, package).get(name)
+            imported = import_bindings(node, package).get(name)
             if imported is not None:
                 bindings.append((node.lineno, imported))
-        elif isinstance(node, (ast.For, ast.AsyncFor)) and name in _names_bound([node.target]):
+        elif isinstance(node, (ast.For, ast.AsyncFor)) and name in names_bound([node.target]):
             bindings.append((node.lineno, _OPAQUE))
-        elif isinstance(node, (ast.With, ast.AsyncWith)) and name in _names_bound(
+        elif isinstance(node, (ast.With, ast.AsyncWith)) and name in names_bound(
             [item.optional_vars for item in node.items if item.optional_vars is not None]
         ):
             bindings.append((node.lineno, _OPAQUE))
@@ -951,7 +695,7 @@ def _unsafe_link(traceback: Traceback) -> Traceback | None:
 _Candidate = tuple[list[ast.expr], _Resolved]
 
 
-def _candidates(view: _FrameView, workspace: _Workspace) -> list[_Candidate]:
+def _candidates(view: _FrameView, workspace: Workspace) -> list[_Candidate]:
     """The statement's tensor-ish operands with their resolution, in source order."""
     if view.statement is None:
         return []
@@ -964,7 +708,9 @@ def _candidates(view: _FrameView, workspace: _Workspace) -> list[_Candidate]:
     return found
 
 
-def _choose_culprit(frames: Sequence[Frame], workspace: _Workspace) -> tuple[int, _FrameView, list[_Candidate]] | None:
+def _choose_culprit(
+    frames: Sequence[Frame], workspace: _FrameWorkspace
+) -> tuple[int, _FrameView, list[_Candidate]] | None:
     """Innermost non-internal frame whose statement touches a tensor-ish operand (or whose source is
     unknown); else the innermost non-internal frame; None when every frame is internal."""
     fallback = None
@@ -979,7 +725,7 @@ def _choose_culprit(frames: Sequence[Frame], workspace: _Workspace) -> tuple[int
     return fallback
 
 
-def _analyse(frames: tuple[Frame, ...], workspace: _Workspace) -> _Analysis:
+def _analyse(frames: tuple[Frame, ...], workspace: _FrameWorkspace) -> _Analysis:
     chosen = _choose_culprit(frames, workspace)
     if chosen is None:
         reason = "every frame is inside torch or the Python standard library"
@@ -1009,7 +755,7 @@ def _analyse(frames: tuple[Frame, ...], workspace: _Workspace) -> _Analysis:
 
 
 def _choose_tensor(
-    frames: Sequence[Frame], index: int, view: _FrameView, candidates: list[_Candidate], workspace: _Workspace
+    frames: Sequence[Frame], index: int, view: _FrameView, candidates: list[_Candidate], workspace: _FrameWorkspace
 ) -> tuple[list[ast.expr], _Resolved, _FrameView | None]:
     """The best-tiered candidate, leftmost on ties; parameters count as what the caller passed."""
     options: list[tuple[list[ast.expr], _Resolved, _FrameView | None]] = []
@@ -1020,7 +766,7 @@ def _choose_tensor(
 
 
 def _follow_parameter(
-    frames: Sequence[Frame], index: int, view: _FrameView, name: str, workspace: _Workspace, depth: int = 0
+    frames: Sequence[Frame], index: int, view: _FrameView, name: str, workspace: _FrameWorkspace, depth: int = 0
 ) -> tuple[list[ast.expr], _Resolved, _FrameView] | None:
     """The argument the caller frame passed for parameter `name`, resolved in the caller (repeatedly
     while it is again a parameter); None unless that names something (a global, `self.x`, ...)."""
@@ -1037,7 +783,7 @@ def _follow_parameter(
     return (parts, resolved, caller) if resolved.tier > _PARAMETER else None
 
 
-def _argument_for(statement: ast.stmt, function: _Function, name: str) -> ast.expr | None:
+def _argument_for(statement: ast.stmt, function: Function, name: str) -> ast.expr | None:
     positional = [argument.arg for argument in (*function.args.posonlyargs, *function.args.args)]
     for node in ast.walk(statement):
         if not isinstance(node, ast.Call):

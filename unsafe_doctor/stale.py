@@ -33,11 +33,10 @@ from typing import Literal
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import AdaptorProfile
-from unsafe_doctor.locate import _Imported, _import_bindings, _Source, _Workspace
+from unsafe_doctor.sources import Function, ImportedName, SourceFile, Workspace, child_statements, import_bindings
 from unsafe_doctor.versions import FRAMEWORK_PACKAGES, Environment
 
 Kind = Literal["missing", "rebinding"]
-_Function = ast.FunctionDef | ast.AsyncFunctionDef
 _MAX_ALIAS_HOPS = 6
 _EMPTY_CONTAINERS = frozenset({"list", "dict", "set", "OrderedDict", "defaultdict", "deque"})
 _MODULE_LEVEL_NAME = re.compile(r"^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
@@ -56,13 +55,13 @@ class StaleReset:
 
 def stale_resets(adaptor: Path, profile: AdaptorProfile, environment: Environment) -> list[StaleReset]:
     """Reset statements in the adaptor's rollback function that miss the detected framework."""
-    workspace = _Workspace(environment.source_roots)
+    workspace = Workspace(environment.source_roots)
     adaptor = Path(adaptor)
-    source = workspace.source(adaptor.resolve(), workspace.find(str(adaptor.resolve())).module)
+    source = workspace.local_source(adaptor)
     if source is None:
         raise UsageError(f"adaptor {adaptor} cannot be read or is not valid Python")
     rollback = source.bindings.get(profile.rollback)
-    if not isinstance(rollback, _Function):
+    if not isinstance(rollback, Function):
         return []
     checker = _Checker(workspace, source, rollback, environment)
     found: list[StaleReset] = []
@@ -90,12 +89,7 @@ def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
         yield statement
-        for field in ("body", "orelse", "finalbody"):
-            yield from _statements(getattr(statement, field, None) or [])
-        for handler in getattr(statement, "handlers", ()):
-            yield from _statements(handler.body)
-        for case in getattr(statement, "cases", ()):
-            yield from _statements(case.body)
+        yield from _statements(child_statements(statement))
 
 
 def _reset_targets(statement: ast.stmt) -> Iterator[tuple[_Target, bool]]:
@@ -134,7 +128,7 @@ def _chain(node: ast.expr, value: ast.expr | None) -> _Target | None:
 
 
 class _Checker:
-    def __init__(self, workspace: _Workspace, adaptor: _Source, rollback: _Function, environment: Environment):
+    def __init__(self, workspace: Workspace, adaptor: SourceFile, rollback: Function, environment: Environment):
         self.workspace = workspace
         self.adaptor = adaptor
         self.rollback = rollback
@@ -192,13 +186,13 @@ class _Checker:
         local = None
         for statement in _statements(self.rollback.body):
             if isinstance(statement, (ast.Import, ast.ImportFrom)) and statement.lineno <= line:
-                imported = _import_bindings(statement, self.adaptor.package).get(name)
+                imported = import_bindings(statement, self.adaptor.package).get(name)
                 if imported is not None and (local is None or statement.lineno >= local[0]):
                     local = (statement.lineno, imported.target)
         if local is not None:
             return local[1]
         binding = self.adaptor.bindings.get(name)
-        return binding.target if isinstance(binding, _Imported) else None
+        return binding.target if isinstance(binding, ImportedName) else None
 
     def _module(self, dotted: str, hops: int = 0) -> str | None:
         """The dotted name of the module `dotted` refers to on disk, following re-exports such as
@@ -210,14 +204,12 @@ class _Checker:
         head, _, name = dotted.rpartition(".")
         parent = self._module(head, hops + 1) if head else None
         source = self.workspace.module_source(parent) if parent else None
-        binding = source.bindings.get(name) if source else None
-        if isinstance(binding, ast.Assign) and isinstance(binding.value, ast.Name):
-            binding = source.bindings.get(binding.value.id)
-        if isinstance(binding, _Imported):
+        binding = source.binding(name) if source else None
+        if isinstance(binding, ImportedName):
             return self._module(binding.target, hops + 1)
         return None
 
-    def _missing_why(self, holder: _Source, module: str, symbol: str) -> str:
+    def _missing_why(self, holder: SourceFile, module: str, symbol: str) -> str:
         distribution = next((name for name, top in FRAMEWORK_PACKAGES.items() if module.split(".")[0] == top), None)
         version = self.environment.versions.get(distribution) if distribution else None
         where = f"{distribution} {version}" if version is not None else f"{module} at {holder.path}"
@@ -229,7 +221,7 @@ class _Checker:
             why += f"; its likely successor is {successor[1]} in {successor[0]}"
         return why
 
-    def _successor(self, holder: _Source, module: str, symbol: str) -> tuple[str, str] | None:
+    def _successor(self, holder: SourceFile, module: str, symbol: str) -> tuple[str, str] | None:
         """The module-level name of the same package most like `symbol`: same first and last word
         (`_MOE_..._TRACKER`); the same name in another module beats any other."""
         words = symbol.strip("_").split("_")
@@ -264,7 +256,7 @@ class _Checker:
             self._names[top] = names
         return self._names[top]
 
-    def _importer(self, holder: _Source, module: str, symbol: str) -> str | None:
+    def _importer(self, holder: SourceFile, module: str, symbol: str) -> str | None:
         """A module of the same package that binds `symbol` from `module` at import time."""
         top = _package_folder(holder.path, module)
         if top is None:
@@ -279,7 +271,7 @@ class _Checker:
             dotted = ".".join(path.relative_to(top.parent).with_suffix("").parts).removesuffix(".__init__")
             source = self.workspace.source(path, dotted)
             if source is not None and any(
-                isinstance(binding, _Imported) and self._same_target(binding.target, wanted)
+                isinstance(binding, ImportedName) and self._same_target(binding.target, wanted)
                 for binding in source.bindings.values()
             ):
                 return dotted
@@ -294,7 +286,7 @@ class _Checker:
         return StaleReset(self.adaptor.path, statement.lineno, " ".join(text.split()), symbol, module, kind, why)
 
 
-def _defines(source: _Source, symbol: str) -> bool:
+def _defines(source: SourceFile, symbol: str) -> bool:
     return (
         symbol in source.bindings
         or symbol in source.declared_globals

@@ -33,7 +33,17 @@ from packaging.version import InvalidVersion, Version
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase
-from unsafe_doctor.locate import _Imported, _import_bindings, _Source, _Workspace, is_internal_file, module_from_path
+from unsafe_doctor.sources import (
+    Function,
+    ImportedName,
+    SourceFile,
+    Workspace,
+    import_bindings,
+    import_root,
+    is_file,
+    is_internal_file,
+    module_from_path,
+)
 from unsafe_doctor.tracebacks import Frame
 
 DEFAULT_PROFILE = "mindspeed-llm-26"  # the current in-tree adaptor, used when nothing says otherwise
@@ -92,15 +102,14 @@ def _frame_roots(frames: Sequence[Frame], source_roots: Sequence[Path]) -> list[
     roots: list[Path] = []
     for printed in dict.fromkeys(frame.file for frame in frames):
         path = Path(printed)
-        if is_internal_file(printed) or not _is_file(path):
+        if is_internal_file(printed) or not is_file(path):
             continue
         module = module_from_path(printed, source_roots)
         if module is None:
             continue
-        depth = len(module.split(".")) - (0 if path.name == "__init__.py" else 1)
-        parents = path.resolve().parents
-        if depth < len(parents) and parents[depth] not in roots:
-            roots.append(parents[depth])
+        root = import_root(path, module)
+        if root is not None and root not in roots:
+            roots.append(root)
     return roots
 
 
@@ -192,13 +201,6 @@ def _parse(path: Path) -> ast.Module | None:
         return None
 
 
-def _is_file(path: Path) -> bool:
-    try:
-        return path.is_file()
-    except (OSError, ValueError):  # a log's path may be too long or hold a NUL byte
-        return False
-
-
 # --- adaptor profile -------------------------------------------------------------------------------
 
 # Score weights: a function name says more than one parameter; the location, a little more.
@@ -215,7 +217,7 @@ class _ProfileChooser:
         self.profiles = knowledge.profiles
         self.source_roots = source_roots
         self.version = version
-        self._workspace = _Workspace(source_roots)
+        self._workspace = Workspace(source_roots)
 
     def search(self, roots: Sequence[Path]) -> tuple[Path | None, AdaptorProfile]:
         """The best-fitting adaptor file under the roots; without one, the version's or default profile."""
@@ -246,7 +248,7 @@ class _ProfileChooser:
         those absent and those the profile does not know), for sitting where `files` says, and per
         repair-group import made the profile's way."""
         files = self._profile_files(profile, adaptor)
-        functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        functions: dict[str, Function] = {}
         imports: dict[str, str] = {}
         for path in files or [adaptor]:
             source = self._source(path)
@@ -254,7 +256,7 @@ class _ProfileChooser:
                 continue
             functions.update(self._functions(path))
             imports.update(
-                (name, binding.target) for name, binding in source.bindings.items() if isinstance(binding, _Imported)
+                (name, binding.target) for name, binding in source.bindings.items() if isinstance(binding, ImportedName)
             )
         score = _PATH_WEIGHT if files else 0
         score += _NAME_WEIGHT * sum(name in functions for name in (profile.rollback, profile.send, profile.recv))
@@ -265,7 +267,7 @@ class _ProfileChooser:
                 present = _parameters(functions[name])
                 score += len(expected & present) - len(expected - present) - len(present - known)
         for statement in profile.repair_group_imports:
-            wanted = _import_bindings(ast.parse(statement).body[0], None)
+            wanted = import_bindings(ast.parse(statement).body[0], None)
             score += sum(imports.get(name) == binding.target for name, binding in wanted.items())
         return score
 
@@ -274,7 +276,7 @@ class _ProfileChooser:
         for pattern in profile.files:
             if PurePath(adaptor.resolve()).match(pattern):
                 root = adaptor.resolve().parents[len(PurePath(pattern).parts) - 1]
-                return [path for glob in profile.files for path in sorted(root.glob(glob)) if _is_file(path)]
+                return [path for glob in profile.files for path in sorted(root.glob(glob)) if is_file(path)]
         return []
 
     def _candidates(self, roots: Sequence[Path]) -> Iterator[Path]:
@@ -283,7 +285,7 @@ class _ProfileChooser:
             for profile in self.profiles:
                 for pattern in profile.files:
                     for path in sorted(root.glob(pattern)):
-                        if path.resolve() not in seen and _is_file(path) and self._source(path) is not None:
+                        if path.resolve() not in seen and is_file(path) and self._source(path) is not None:
                             seen.add(path.resolve())
                             yield path
 
@@ -298,18 +300,18 @@ class _ProfileChooser:
             and profile.versions.contains(self.version, prereleases=True)
         )
 
-    def _source(self, path: Path) -> _Source | None:
-        return self._workspace.source(path.resolve(), self._workspace.find(str(path.resolve())).module)
+    def _source(self, path: Path) -> SourceFile | None:
+        return self._workspace.local_source(path)
 
-    def _functions(self, path: Path) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    def _functions(self, path: Path) -> dict[str, Function]:
         source = self._source(path)
         return {
             name: binding
             for name, binding in (source.bindings.items() if source else ())
-            if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(binding, Function)
         }
 
 
-def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+def _parameters(function: Function) -> set[str]:
     arguments = function.args
     return {argument.arg for argument in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)}
