@@ -21,7 +21,7 @@ from unsafe_doctor.report import to_json
 LOGS = Path(__file__).resolve().parent.parent / "samples" / "logs"
 FINDING_KEYS = {
     "ranks", "message", "error_code", "recovery", "culprit", "frames", "tensor",
-    "scenario", "rule", "confidence", "reason", "fix", "truncated", "notes",
+    "scenario", "rule", "confidence", "reason", "evidence", "fix", "truncated", "notes",
 }  # fmt: skip
 
 
@@ -52,6 +52,11 @@ def test_megatron_tracker_on_two_ranks_folds_into_one_finding():
     assert finding["tensor"]["variable"] == "_MOE_LAYER_WISE_LOGGING_TRACKER"
     assert finding["tensor"]["module"] == "megatron.core.transformer.moe.moe_utils"
     assert report["summary"]["ranks_seen"] == [0, 1, 2, 3]
+    assert (finding["scenario"], finding["rule"], finding["confidence"]) == (
+        1, "megatron.moe-layer-wise-tracker-moe-utils", "high"
+    )  # fmt: skip
+    assert finding["fix"]["phase"] == "rollback" and finding["fix"]["function"] == "feature_rollback"
+    assert "_MOE_LAYER_WISE_LOGGING_TRACKER" in finding["fix"]["code"] and ".zero_()" not in finding["fix"]["code"]
 
 
 def test_torchrun_log_dir_with_a_gzipped_rank_log():
@@ -71,6 +76,17 @@ def test_torchrun_log_dir_with_a_gzipped_rank_log():
     assert any(name["name"].endswith("stderr.log.gz") for name in report["inputs"])
 
 
+def test_unknown_user_global_is_classified_from_its_source():
+    _, report = findings_of("diagnose", str(LOGS / "toytrain_ema"), "--source-root", str(LOGS.parent / "framework"))
+    [finding] = report["findings"]
+    assert (finding["scenario"], finding["rule"], finding["confidence"]) == (2, None, "medium")
+    assert any("toytrain/train.py:66: updated from its own previous value" in line for line in finding["evidence"])
+    fix = finding["fix"]
+    assert (fix["phase"], fix["function"], fix["peer"]["function"]) == ("repair", "recv_rank_repair", "send_rank_repair")
+    assert "torch.distributed.recv(" in fix["code"] and ".copy_(" in fix["code"]
+    assert "torch.distributed.send(" in fix["peer"]["code"]
+
+
 def test_error_inside_the_rollback_callback_is_said_so():
     _, report = findings_of("diagnose", str(LOGS / "rollback_failed.log"))
     [finding] = report["findings"]
@@ -87,6 +103,8 @@ def test_faq_log_without_rank_prefixes_takes_the_rank_from_torch_npu():
     assert finding["tensor"]["variable"] == "_MOE_AUX_LOSSES_LOGGING_TRACKER"
     assert finding["tensor"]["module"] == "megatron.core.parallel_state"
     assert finding["recovery"]["phase"] == "none"
+    assert (finding["scenario"], finding["rule"]) == (1, "megatron.moe-aux-losses-tracker")
+    assert any("the log comes from another version" in note for note in finding["notes"])
 
 
 def test_kubectl_pod_prefixes():

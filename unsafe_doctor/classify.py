@@ -21,6 +21,7 @@ from unsafe_doctor.knowledge import (
     is_safe_dotted,
     rule_matches,
     specificity,
+    template_slots,
 )
 from unsafe_doctor.locate import Finding
 from unsafe_doctor.versions import Environment
@@ -101,17 +102,25 @@ def _choose_rule(finding: Finding, knowledge: KnowledgeBase, environment: Enviro
     return chosen
 
 
-def _slots(rule: Rule, finding: Finding, profile: AdaptorProfile) -> dict[str, str] | None:
-    """Slot values for a fix template, each checked as a Python name: a log is untrusted input."""
+def _slots(rule: Rule, finding: Finding, profile: AdaptorProfile) -> dict[str, str]:
+    """The slot values this finding can fill, each a plain Python name: a log is untrusted input.
+
+    A slot whose value is unknown or unsafe is left out; a template that needs it is not rendered.
+    """
     tensor = finding.tensor
     variable = rule.match.variable or (tensor.variable if tensor else None)
-    module = (tensor.module if tensor else None) or None
+    module = tensor.module if tensor else None
     owner = tensor.owner if tensor else None
-    if not is_safe_dotted(variable) or not is_safe_dotted(module) or (owner is not None and not is_safe_dotted(owner)):
-        return None
-    parent, _, alias = module.rpartition(".")
-    path = ".".join(part for part in (alias, owner, variable) if part)
-    slots = {"module": module, "variable": variable, "owner": owner or "", "alias": alias, "parent": parent, "tensor": path}
+    slots: dict[str, str] = {}
+    if is_safe_dotted(variable):
+        slots["variable"] = variable
+    if is_safe_dotted(owner):
+        slots["owner"] = owner
+    if is_safe_dotted(module):
+        parent, _, alias = module.rpartition(".")
+        slots.update(module=module, alias=alias, parent=parent)
+        if "variable" in slots and (owner is None or "owner" in slots):
+            slots["tensor"] = ".".join(part for part in (alias, owner, variable) if part)
     if rule.scenario == 2:
         slots.update(src="src_rank", dst="dest_rank", group=profile.repair_group)
     return slots
@@ -121,11 +130,13 @@ def _render(
     rule: Rule, finding: Finding, knowledge: KnowledgeBase, profile: AdaptorProfile, notes: list[str]
 ) -> FixPlan | None:
     slots = _slots(rule, finding, profile)
-    if slots is None:
-        notes.append("no fix rendered: the tensor's name or module is not a plain Python name")
+    templates = [*rule.fix.imports, *(part for part in (rule.fix.code, rule.fix.send, rule.fix.recv) if part)]
+    missing = set().union(*(template_slots(template) for template in templates)) - set(slots)
+    if missing:
+        notes.append(f"no fix rendered: the log does not give a plain Python name for {', '.join(sorted(missing))}")
         return None
     fill = string.Template
-    imports = [fill(line).substitute(slots) for line in rule.fix.imports]
+    imports = [_import_line(fill(line).substitute(slots)) for line in rule.fix.imports]
     guards = []
     for name in rule.conditions:
         condition = knowledge.conditions[name]
@@ -138,6 +149,11 @@ def _render(
     recv = _guarded(fill(rule.fix.recv).substitute(slots), guards)
     send = _guarded(fill(rule.fix.send).substitute(slots), guards)
     return FixPlan("repair", profile.recv, recv, tuple(dict.fromkeys(imports)), profile.send, send, profile.id)
+
+
+def _import_line(line: str) -> str:
+    """`from $parent import $alias` for a top-level module renders as `import alias`."""
+    return "import " + line.removeprefix("from  import ") if line.startswith("from  import ") else line
 
 
 def _guarded(code: str, guards: list[str]) -> str:

@@ -17,6 +17,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColu
 from unsafe_doctor import __version__, inputs, report
 from unsafe_doctor.diagnosis import diagnose as run_diagnosis
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge import load_knowledge, validate_files
 
 PROGRESS_FROM = 50 << 20  # inputs smaller than this finish before a bar would be worth drawing
 
@@ -51,6 +52,19 @@ RulesOption = Annotated[
     typer.Option("--rules", help="Extra knowledge-base rule file or folder (repeatable).", exists=True),
 ]
 
+AdaptorOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--adaptor",
+        help="The recovery adaptor file (feature_rollback, send/recv_rank_repair); found under --source-root if not given.",
+        exists=True,
+        dir_okay=False,
+    ),
+]
+
+rules_app = typer.Typer(help="List, show and validate knowledge-base rules.", no_args_is_help=True)
+app.add_typer(rules_app, name="rules")
+
 
 @app.command()
 def diagnose(
@@ -63,14 +77,17 @@ def diagnose(
     yes: YesOption = False,
     source_root: SourceRootOption = None,
     rules: RulesOption = None,
+    adaptor: AdaptorOption = None,
 ) -> None:
-    """Find the unsafe-data errors in a failure log, their ranks and the global tensor each one read."""
+    """Find the unsafe-data errors in a failure log, the global tensor each one read, and the fix."""
     paths = logs or []
     if not paths and sys.stdin.isatty():
         raise UsageError("no input: name a log file or folder, or pipe a log in (see --help)")
     started = time.perf_counter()
     with _progress_bar(paths) as progress:
-        diagnosis = run_diagnosis(paths, source_roots=source_root or (), progress=progress)
+        diagnosis = run_diagnosis(
+            paths, source_roots=source_root or (), rule_paths=rules or (), adaptor=adaptor, progress=progress
+        )
     elapsed = time.perf_counter() - started
     if output_format is OutputFormat.json:
         _print_json(report.to_json(diagnosis))
@@ -79,6 +96,49 @@ def diagnose(
     else:
         Console(highlight=False).print(report.to_text(diagnosis, elapsed))
     raise typer.Exit(1 if diagnosis.findings or diagnosis.hits else 0)
+
+
+@rules_app.command("list")
+def rules_list(
+    rules: RulesOption = None,
+    output_format: FormatOption = OutputFormat.text,
+) -> None:
+    """Every rule: id, scenario, framework versions, title."""
+    knowledge = load_knowledge(rules or ())
+    if output_format is not OutputFormat.text:
+        _print_json({"rules": [report.rule_json(rule) for rule in knowledge.rules]})
+        return
+    Console(highlight=False).print(report.rules_table(knowledge))
+
+
+@rules_app.command("show")
+def rules_show(
+    rule_id: Annotated[str, typer.Argument(help="The rule's id, as `rules list` shows it.")],
+    rules: RulesOption = None,
+    output_format: FormatOption = OutputFormat.text,
+) -> None:
+    """One rule in full: what it matches, why, and the fix it writes."""
+    knowledge = load_knowledge(rules or ())
+    rule = knowledge.rule(rule_id)
+    if rule is None:
+        raise UsageError(f"no rule '{rule_id}' (see `unsafe-doctor rules list`)")
+    if output_format is not OutputFormat.text:
+        _print_json(report.rule_json(rule))
+        return
+    Console(highlight=False).print(report.rule_panel(rule, knowledge))
+
+
+@rules_app.command("validate")
+def rules_validate(
+    files: Annotated[list[Path], typer.Argument(help="Rule files or folders to check.", exists=True)],
+) -> None:
+    """Check rule files against the schema; every problem as file:line: what is wrong."""
+    problems = validate_files(files)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        raise typer.Exit(2)
+    print(f"{len(files)} path{'s' if len(files) != 1 else ''}: valid")
 
 
 def _print_json(document: dict[str, Any]) -> None:
@@ -123,6 +183,7 @@ def _stdin_size() -> int | None:
 def _with_default_command(argv: list[str]) -> list[str]:
     """`unsafe-doctor train.log` and `... | unsafe-doctor` mean `diagnose`."""
     commands = {command.name or command.callback.__name__ for command in app.registered_commands}
+    commands |= {group.name for group in app.registered_groups}
     if argv and (argv[0] in commands or argv[0] in ("--help", "-h", "--version")):
         return argv
     return ["diagnose", *argv]

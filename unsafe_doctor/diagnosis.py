@@ -1,4 +1,4 @@
-"""The diagnose pipeline: inputs -> logs -> tracebacks -> locate (+ recovery context) -> Diagnosis."""
+"""The diagnose pipeline: inputs -> logs -> tracebacks -> locate (+ recovery) -> classify -> Diagnosis."""
 
 from __future__ import annotations
 
@@ -8,17 +8,22 @@ from pathlib import Path
 from typing import BinaryIO
 
 from unsafe_doctor import inputs, logs, recovery
+from unsafe_doctor.classify import Classification, classify
 from unsafe_doctor.inputs import Excerpt, InputInfo, Progress
+from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.logs import LogLine
 from unsafe_doctor.recovery import Phase, RecoveryContext
+from unsafe_doctor.stale import StaleReset, stale_resets
 from unsafe_doctor.tracebacks import Traceback, parse_tracebacks
+from unsafe_doctor.versions import Environment, detect_environment
 
 
 @dataclass(frozen=True)
 class DiagnosedFinding:
     finding: Finding
     phase: Phase
+    classification: Classification
 
 
 @dataclass(frozen=True)
@@ -32,15 +37,20 @@ class Diagnosis:
     hits_not_parsed: int  # past the excerpt budget: counted, not parsed
     last_error: Traceback | None  # what the log ended with, when it has no unsafe-data error
     untraced_ranks: tuple[int, ...]  # ranks that reported the error (MindIO's catch line) with no traceback
+    environment: Environment  # framework versions and adaptor profile the classification used
+    stale: tuple[StaleReset, ...]  # resets in the adaptor's rollback naming symbols the framework lacks
 
 
 def diagnose(
     paths: Sequence[str],
     *,
     source_roots: Sequence[Path] = (),
+    rule_paths: Sequence[Path] = (),
+    adaptor: Path | None = None,
     stdin: BinaryIO | None = None,
     progress: Progress | None = None,
 ) -> Diagnosis:
+    knowledge = load_knowledge(rule_paths)  # first: a bad rule file fails before gigabytes are read
     scan = inputs.scan(paths, recovery.MARKERS, stdin=stdin, progress=progress)
     order = {info.name: index for index, info in enumerate(scan.inputs)}
     window_lines = [_lines(excerpt) for excerpt in scan.windows]
@@ -52,9 +62,13 @@ def diagnose(
     tracebacks = _tracebacks(window_lines)
     unsafe = [tb for tb in tracebacks if any(is_unsafe_error(link) for link in tb.chain())]
     findings = locate(unsafe, source_roots)
+    frames = [frame for finding in findings for frame in finding.unsafe.frames]
+    environment = detect_environment(knowledge, source_roots, frames, adaptor)
     diagnosed = tuple(
-        DiagnosedFinding(finding, recovery.phase_of(finding.traceback, context)) for finding in findings
+        DiagnosedFinding(finding, recovery.phase_of(finding.traceback, context), classify(finding, knowledge, environment))
+        for finding in findings
     )
+    stale = stale_resets(environment.adaptor, environment.profile, environment) if environment.adaptor else []
     tail_lines = [_lines(excerpt) for excerpt in scan.tails]
     last_error = None
     if not findings:
@@ -79,6 +93,8 @@ def diagnose(
         hits_not_parsed=scan.hits_not_parsed,
         last_error=last_error,
         untraced_ranks=tuple(sorted(untraced)),
+        environment=environment,
+        stale=tuple(stale),
     )
 
 

@@ -277,7 +277,7 @@ def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None
     for part in (*fix.imports, fix.code, fix.send, fix.recv):
         if part is None:
             continue
-        unknown = _template_slots(part) - allowed
+        unknown = template_slots(part) - allowed
         if unknown:
             problems.append(f"{origin}: rule {item['id']}: unknown template slot(s) {', '.join(sorted(unknown))}")
     if len(problems) > before:
@@ -323,7 +323,7 @@ def _profile(item: dict[str, Any], origin: str, problems: list[str]) -> AdaptorP
     )
 
 
-def _template_slots(template: str) -> set[str]:
+def template_slots(template: str) -> set[str]:
     return {
         named or braced
         for _, named, braced, _ in string.Template.pattern.findall(template)
@@ -373,6 +373,10 @@ def rule_matches(rule: Rule, variable: str | None, module: str | None, owner: st
     return True
 
 
+def _is_glob(pattern: str) -> bool:
+    return any(char in pattern for char in "*?[")
+
+
 def specificity(rule: Rule) -> int:
     """More named fields, more specific: the most specific matching rule wins."""
     match = rule.match
@@ -381,7 +385,8 @@ def specificity(rule: Rule) -> int:
         for weight, present in (
             (4, match.variable is not None),
             (2, match.variable_regex is not None),
-            (3, match.module is not None),
+            (3, match.module is not None and not _is_glob(match.module)),
+            (2, match.module is not None and _is_glob(match.module)),
             (2, match.owner is not None),
             (1, match.file is not None),
             (1, match.function is not None),

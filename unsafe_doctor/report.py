@@ -5,6 +5,7 @@ Nothing here prints: the CLI decides where the output goes.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -14,7 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from unsafe_doctor import __version__
+from unsafe_doctor.classify import Classification, FixPlan
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
+from unsafe_doctor.knowledge import KnowledgeBase, Rule
 from unsafe_doctor.tracebacks import Frame
 
 SCHEMA = "unsafe-doctor/diagnosis/v1"
@@ -33,12 +36,24 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
             "unsafe_messages_not_parsed": diagnosis.hits_not_parsed,
             "last_error": _last_error_json(diagnosis),
             "untraced_ranks": list(diagnosis.untraced_ranks),
+            "frameworks": {
+                name: {"version": str(version), "from": diagnosis.environment.origins[name]}
+                for name, version in diagnosis.environment.versions.items()
+            },
+            "adaptor": {
+                "file": str(diagnosis.environment.adaptor) if diagnosis.environment.adaptor else None,
+                "profile": diagnosis.environment.profile.id,
+            },
+            "stale_resets": [
+                {"file": str(item.file), "line": item.line, "statement": item.statement, "why": item.why}
+                for item in diagnosis.stale
+            ],
         },
     }
 
 
 def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any]:
-    finding, context = item.finding, diagnosis.recovery
+    finding, context, verdict = item.finding, diagnosis.recovery, item.classification
     tensor = finding.tensor
     return {
         "ranks": list(finding.ranks),
@@ -56,12 +71,27 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
         if tensor is None
         else {"expression": tensor.expression, "variable": tensor.variable, "module": tensor.module, "owner": tensor.owner},
         "truncated": finding.unsafe.truncated,
-        "notes": list(finding.notes),
-        "scenario": None,
-        "rule": None,
-        "confidence": None,
-        "reason": None,
-        "fix": None,
+        "notes": [*finding.notes, *verdict.notes],
+        "scenario": verdict.scenario,
+        "rule": verdict.rule,
+        "confidence": verdict.confidence,
+        "reason": verdict.reason,
+        "evidence": list(verdict.evidence),
+        "fix": _fix_json(verdict.fix),
+    }
+
+
+def _fix_json(fix: FixPlan | None) -> dict[str, Any] | None:
+    if fix is None:
+        return None
+    peer = {"function": fix.peer_function, "code": fix.peer_code} if fix.peer_function else None
+    return {
+        "phase": fix.phase,
+        "function": fix.function,
+        "code": fix.code,
+        "imports": list(fix.imports),
+        "peer": peer,
+        "profile": fix.profile,
     }
 
 
@@ -121,6 +151,8 @@ def to_text(diagnosis: Diagnosis, elapsed: float) -> RenderableType:
     parts: list[RenderableType] = []
     for number, item in enumerate(diagnosis.findings, 1):
         parts.append(_panel(number, item, diagnosis))
+    if diagnosis.stale:
+        parts.append(_stale(diagnosis))
     if diagnosis.untraced_ranks:
         parts.append(_untraced(diagnosis))
     if not diagnosis.findings and not diagnosis.untraced_ranks:
@@ -165,10 +197,34 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
         grid.add_row("Stack", stack)
     if finding.unsafe.truncated:
         grid.add_row("", Text("The traceback is cut short in the log; what is shown is what it holds.", style="yellow"))
-    for note in finding.notes:
+    _add_classification(grid, item.classification)
+    for note in (*finding.notes, *item.classification.notes):
         grid.add_row("Note", Text(note, style="dim"))
     title = f"Finding {number} · rank{'s' if len(finding.ranks) != 1 else ''} {_ranks(finding.ranks) or 'unknown'}"
     return Panel(grid, title=title, title_align="left", border_style="red")
+
+
+def _add_classification(grid: Table, verdict: Classification) -> None:
+    if verdict.scenario is None:
+        grid.add_row("Scenario", Text("unclassified: " + verdict.reason, style="yellow"))
+    else:
+        what = {1: "re-initialise it in the rollback phase", 2: "rebuild it in the repair phase from the replica rank"}
+        line = Text(f"{verdict.scenario} — {what[verdict.scenario]}", style="bold green")
+        source = f"rule {verdict.rule}" if verdict.rule else f"source heuristics, {verdict.confidence} confidence"
+        line.append(f"  ({source})", style="dim")
+        grid.add_row("Scenario", line)
+        grid.add_row("Why", verdict.reason)
+    for evidence in verdict.evidence:
+        grid.add_row("Evidence", Text(evidence, style="dim"))
+    fix = verdict.fix
+    if fix is None:
+        return
+    blocks = [(fix.function, fix.code)] + ([(fix.peer_function, fix.peer_code)] if fix.peer_function else [])
+    for function, code in blocks:
+        where = "on the faulty rank, " if fix.peer_function and function == fix.function else ""
+        where = "on the replica rank, " if fix.peer_function and function == fix.peer_function else where
+        grid.add_row("Fix", Text(f"{where}at the end of {function}() ({fix.profile} adaptor):", style="bold"))
+        grid.add_row("", Syntax("\n".join([*fix.imports, "", code.rstrip()]), "python", word_wrap=True))
 
 
 def _phase_text(item: DiagnosedFinding, diagnosis: Diagnosis) -> str:
@@ -203,6 +259,14 @@ def short_path(path: str) -> str:
             return normal.split(marker, 1)[1]
     parts = normal.split("/")
     return normal if len(parts) <= 5 else "…/" + "/".join(parts[-4:])
+
+
+def _stale(diagnosis: Diagnosis) -> Text:
+    text = Text("Stale resets in the adaptor's rollback:\n", style="bold yellow")
+    for item in diagnosis.stale:
+        text.append(f"  {item.file}:{item.line}  ", style="cyan")
+        text.append(f"{item.statement}\n    {item.why}\n")
+    return text
 
 
 def _untraced(diagnosis: Diagnosis) -> Text:
@@ -241,6 +305,8 @@ def _summary(diagnosis: Diagnosis, elapsed: float) -> Text:
         pieces.append(f"{len(diagnosis.ranks_seen)} ranks seen")
     if diagnosis.first_failed_rank is not None:
         pieces.append(f"first failure: rank {diagnosis.first_failed_rank}")
+    for name, version in diagnosis.environment.versions.items():
+        pieces.append(f"{name} {version}")
     if diagnosis.hits_not_parsed:
         pieces.append(f"{diagnosis.hits_not_parsed} more unsafe-data messages counted, not parsed")
     pieces.append(f"{len(diagnosis.inputs)} input{'s' if len(diagnosis.inputs) != 1 else ''}, {_size(size)}")
@@ -261,3 +327,52 @@ def _size(count: int) -> str:
             break
     return f"{count:.1f} {unit}"
 
+
+
+def rule_json(rule: Rule) -> dict[str, Any]:
+    match = {key: value for key, value in asdict(rule.match).items() if value is not None}
+    return {
+        "id": rule.id,
+        "title": rule.title,
+        "match": match,
+        "framework": {"package": rule.framework, "versions": str(rule.versions)} if rule.framework else None,
+        "scenario": rule.scenario,
+        "phase": rule.phase,
+        "conditions": list(rule.conditions),
+        "fix": {key: value for key, value in asdict(rule.fix).items() if value},
+        "reason": rule.reason,
+        "references": list(rule.references),
+        "origin": rule.origin,
+    }
+
+
+def rules_table(knowledge: KnowledgeBase) -> Table:
+    table = Table(box=None, header_style="bold")
+    table.add_column("id", no_wrap=True)
+    table.add_column("scenario", justify="center")
+    table.add_column("versions")
+    table.add_column("title", min_width=24)
+    for rule in sorted(knowledge.rules, key=lambda rule: rule.id):
+        versions = f"{rule.framework} {rule.versions}" if rule.framework else "any"
+        table.add_row(rule.id, str(rule.scenario), versions, rule.title)
+    return table
+
+
+def rule_panel(rule: Rule, knowledge: KnowledgeBase) -> Panel:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row("Title", rule.title)
+    grid.add_row("Matches", ", ".join(f"{key}={value}" for key, value in asdict(rule.match).items() if value))
+    grid.add_row("Versions", f"{rule.framework} {rule.versions}" if rule.framework else "any")
+    grid.add_row("Scenario", f"{rule.scenario}, fixed in the {rule.phase} phase")
+    if rule.conditions:
+        grid.add_row("Only when", "; ".join(knowledge.conditions[name].description for name in rule.conditions))
+    grid.add_row("Why", rule.reason)
+    for label, template in (("Fix", rule.fix.code), ("Receive", rule.fix.recv), ("Send", rule.fix.send)):
+        if template:
+            grid.add_row(label, Syntax("\n".join([*rule.fix.imports, "", template.rstrip()]), "python", word_wrap=True))
+    for reference in rule.references:
+        grid.add_row("See", reference)
+    grid.add_row("Defined", Text(rule.origin, style="dim"))
+    return Panel(grid, title=rule.id, title_align="left")

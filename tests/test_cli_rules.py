@@ -1,0 +1,105 @@
+"""`unsafe-doctor rules …` and `--rules` / `--adaptor` on diagnose, end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FAQ_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"
+LEGACY_ADAPTOR = ROOT / "tests" / "fixtures" / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_rules_list_names_every_shipped_rule_with_scenario_and_versions():
+    result = run("rules", "list", "--format", "json")
+    assert result.returncode == 0
+    rules = {rule["id"]: rule for rule in json.loads(result.stdout)["rules"]}
+    assert rules["megatron.moe-aux-losses-tracker"]["framework"] == {"package": "megatron-core", "versions": "<0.8,>=0.6"}
+    assert rules["megatron.router-expert-bias"]["scenario"] == 2
+    assert len(rules) >= 25
+
+
+def test_rules_show_prints_the_reason_and_fix():
+    result = run("rules", "show", "megatron.moe-aux-losses-tracker")
+    assert result.returncode == 0
+    assert "_MOE_AUX_LOSSES_LOGGING_TRACKER" in result.stdout and "rollback" in result.stdout
+
+
+def test_rules_show_unknown_id_is_a_one_line_error():
+    result = run("rules", "show", "no.such-rule")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "unsafe-doctor: no rule 'no.such-rule' (see `unsafe-doctor rules list`)"
+
+
+def test_rules_validate_accepts_the_shipped_knowledge_base():
+    result = run("rules", "validate", str(ROOT / "knowledge_base"))
+    assert result.returncode == 0, result.stderr
+
+
+def test_rules_validate_reports_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(textwrap.dedent("""\
+        rules:
+          - id: acme.scratch
+            title: scratch
+            match: {variable: _SCRATCH}
+            scenario: 1
+            phase: repair
+            fix: {code: "pass"}
+            reason: a scratch buffer
+        """))
+    result = run("rules", "validate", str(bad))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"{bad}:6: rules.0.phase: 'rollback' was expected"]
+
+
+def test_a_user_rule_file_classifies_a_global_no_shipped_rule_knows(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(textwrap.dedent("""\
+        [rank2]: Traceback (most recent call last):
+        [rank2]:   File "/opt/acme/trainer/step.py", line 40, in step
+        [rank2]:     acme_state._SCRATCH.add_(delta)
+        [rank2]: RuntimeError: There is unsafe data in the input tensor.
+        """))
+    rules = tmp_path / "acme.yaml"
+    rules.write_text(textwrap.dedent("""\
+        rules:
+          - id: acme.scratch
+            title: Acme scratch buffer
+            match: {variable: _SCRATCH}
+            scenario: 1
+            phase: rollback
+            fix:
+              imports: ["import torch"]
+              code: |
+                acme_state._SCRATCH = torch.zeros(acme_state._SCRATCH.shape, dtype=acme_state._SCRATCH.dtype, device=acme_state._SCRATCH.device)
+            reason: A scratch buffer rewritten before every use.
+        """))
+    result = run("diagnose", str(log), "--rules", str(rules), "--format", "json")
+    [finding] = json.loads(result.stdout)["findings"]
+    assert (finding["rule"], finding["scenario"], finding["confidence"]) == ("acme.scratch", 1, "high")
+    assert finding["reason"] == "A scratch buffer rewritten before every use."
+
+
+def test_a_bad_user_rule_file_stops_diagnose_before_reading_the_log(tmp_path):
+    rules = tmp_path / "broken.yaml"
+    rules.write_text("rules: [\n")
+    result = run("diagnose", str(FAQ_LOG), "--rules", str(rules))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"unsafe-doctor: {rules}:") and "invalid YAML" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_faq_adaptor_reset_is_reported_stale_on_a_newer_megatron():
+    result = run("diagnose", str(FAQ_LOG), "--adaptor", str(LEGACY_ADAPTOR), "--format", "json")
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["adaptor"]["profile"] == "mindio-ttp-legacy"
+    [stale] = [item for item in summary["stale_resets"] if "_MOE_AUX_LOSSES_LOGGING_TRACKER" in item["statement"]]
+    assert "has no _MOE_AUX_LOSSES_LOGGING_TRACKER in megatron.core.parallel_state" in stale["why"]
