@@ -347,14 +347,14 @@ def rule_json(rule: Rule) -> dict[str, Any]:
 
 
 def rules_table(knowledge: KnowledgeBase) -> Table:
+    """id, scenario and versions on one line, the title under the id: readable in 80 columns."""
     table = Table(box=None, header_style="bold")
-    table.add_column("id", no_wrap=True)
+    table.add_column("rule", ratio=1, overflow="fold")
     table.add_column("scenario", justify="center")
-    table.add_column("versions")
-    table.add_column("title", min_width=24)
+    table.add_column("versions", no_wrap=True)
     for rule in sorted(knowledge.rules, key=lambda rule: rule.id):
         versions = f"{rule.framework} {rule.versions}" if rule.framework else "any"
-        table.add_row(rule.id, str(rule.scenario), versions, rule.title)
+        table.add_row(Text(rule.id, style="bold").append(f"\n  {rule.title}", style="dim"), str(rule.scenario), versions)
     return table
 
 
