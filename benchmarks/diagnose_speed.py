@@ -5,7 +5,7 @@
 
 Generates a deterministic log (64 ranks of Megatron-style iteration lines, interleaved, one
 unsafe-data traceback near the end), then times, each best of --repeat runs:
-  grep -c -F "There is unsafe data"     the baseline
+  grep -c -F "There is unsafe data"     the baseline (also fed through the same pipe)
   unsafe-doctor diagnose FILE           target: within 2x grep
   cat FILE | unsafe-doctor              target: within 3x grep
 and prints the ratios and the peak RSS of unsafe-doctor (target: under 200 MB).
@@ -110,15 +110,18 @@ def main() -> None:
         subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
 
         grep_s, _, _ = best(args.repeat, ["grep", "-c", "-F", "There is unsafe data", str(log)])
+        grep_pipe_s, _, _ = best(args.repeat, ["grep", "-c", "-F", "There is unsafe data"], stdin_from=log)
         file_s, file_rc, file_rss = best(args.repeat, [doctor, "diagnose", str(log)])
         pipe_s, pipe_rc, pipe_rss = best(args.repeat, [doctor], stdin_from=log)
         found = json.loads(subprocess.run([doctor, "diagnose", str(log), "--format", "json"], capture_output=True, text=True).stdout)
         variables = [f["tensor"]["variable"] for f in found["findings"] if f["tensor"]]
         print(f"{'command':<34}{'seconds':>9}{'x grep':>8}{'GB/s':>7}{'peak RSS':>11}")
         print(f"{'grep -c -F':<34}{grep_s:>9.2f}{1:>8.2f}{size / grep_s / 1e9:>7.2f}{'':>11}")
+        print(f"{'cat FILE | grep -c -F':<34}{grep_pipe_s:>9.2f}{grep_pipe_s / grep_s:>8.2f}{size / grep_pipe_s / 1e9:>7.2f}{'':>11}")
         print(f"{'unsafe-doctor diagnose FILE':<34}{file_s:>9.2f}{file_s / grep_s:>8.2f}{size / file_s / 1e9:>7.2f}{file_rss / 1024:>8.0f} MB")
         print(f"{'cat FILE | unsafe-doctor':<34}{pipe_s:>9.2f}{pipe_s / grep_s:>8.2f}{size / pipe_s / 1e9:>7.2f}{pipe_rss / 1024:>8.0f} MB")
         print(f"findings: {variables} (exit codes {file_rc}, {pipe_rc})")
+        print(f"stdin against the same pipe into grep: {pipe_s / grep_pipe_s:.2f}x")
         print("targets: file <= 2x grep, stdin <= 3x grep, peak RSS < 200 MB")
         ok = file_s <= 2 * grep_s and pipe_s <= 3 * grep_s and max(file_rss, pipe_rss) < 200 * 1024 and variables
         print("result: " + ("within targets" if ok else "MISSED a target"))

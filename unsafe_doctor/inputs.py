@@ -9,6 +9,7 @@ bounded whatever the input size: stdin and gzip are read in chunks with a rollin
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import io
 import mmap
@@ -34,6 +35,7 @@ WINDOW_MAX = 16 << 20  # one window stops growing here, so a flood of hits canno
 EXCERPT_BUDGET = 64 << 20  # total window bytes kept; hits past it are counted, not parsed
 CHUNK = 8 << 20
 PROGRESS_STEP = 64 << 20
+PIPE_SIZE = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 LOG_SUFFIXES = (".log", ".txt", ".out")
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -184,6 +186,7 @@ def _scan_one(
 ) -> _InputScan:
     if path is None:
         stream = stdin if stdin is not None else sys.stdin.buffer
+        _widen_pipe(stream)
         if not hasattr(stream, "peek"):
             stream = io.BufferedReader(stream)
         if stream.peek(2)[:2] == GZIP_MAGIC:
@@ -209,6 +212,15 @@ def _scan_one(
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             _refuse_binary(mapped[:65536], path)
             return _scan_mapped(mapped, name, rank_hint, markers, budget, progress)
+
+
+def _widen_pipe(stream: BinaryIO) -> None:
+    """A 1 MB pipe buffer instead of 64 KB cuts the syscalls of `cat big.log | unsafe-doctor` by 16."""
+    try:
+        if stat.S_ISFIFO(os.fstat(stream.fileno()).st_mode):
+            fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass  # not a pipe, not Linux, or the system caps the size lower: the default still works
 
 
 def _scan_gzip(
