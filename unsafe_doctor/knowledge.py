@@ -31,6 +31,7 @@ Phase = Literal["rollback", "repair"]
 SLOTS_SCENARIO_1 = frozenset({"module", "variable", "owner", "alias", "parent", "tensor"})
 SLOTS_SCENARIO_2 = SLOTS_SCENARIO_1 | {"src", "dst", "group"}
 KNOWLEDGE_SUFFIXES = (".yaml", ".yml")
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it: 10x faster
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +181,7 @@ def _load_file(
         problems.append(f"{path}: cannot read ({error})")
         return None
     try:
-        loader = yaml.SafeLoader(text)
+        loader = SAFE_LOADER(text)
         try:
             node = loader.get_single_node()
             data = loader.construct_document(node) if node is not None else None

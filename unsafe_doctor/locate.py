@@ -59,6 +59,7 @@ from unsafe_doctor.sources import (
     is_internal_file,
     names_bound,
     parameter_names,
+    source_segment,
     walk_scope,
 )
 from unsafe_doctor.tracebacks import Frame, Traceback
@@ -630,7 +631,7 @@ def _alias(
         return _unresolved(scope, _PARAMETER, parts, parameter=resolved.parameter)
     if resolved is None or resolved.tier < _SELF or resolved.variable is None:
         return local
-    text = ast.get_source_segment(scope.source.text, value) if scope.source else None
+    text = source_segment(scope.source.text, value) if scope.source else None
     note = f"{name} is a local alias of {resolved.variable}: `{name} = {_one_line(text or ast.unparse(value))}`"
     return replace(resolved, anchor=0, notes=(*resolved.notes, note))
 
@@ -808,7 +809,7 @@ def _expression_text(parts: list[ast.expr], anchor: int, text: str | None) -> st
     """The chain up to the anchor, plus the subscript right after it, as written in the source."""
     end = anchor + 1 if anchor + 1 < len(parts) and isinstance(parts[anchor + 1], ast.Subscript) else anchor
     node = parts[end]
-    segment = ast.get_source_segment(text, node) if text else None
+    segment = source_segment(text, node) if text else None
     return _one_line(segment or ast.unparse(node))
 
 

@@ -18,6 +18,7 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef  # a `def` or `async def` node
@@ -327,3 +328,28 @@ def parameter_names(function: Function) -> set[str]:
     arguments = function.args
     every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
     return {argument.arg for argument in every if argument is not None}
+
+
+_LINE_ENDS = re.compile(r"(?<=\r\n)|(?<=\r)(?!\n)|(?<=\n)")
+
+
+@lru_cache(maxsize=16)
+def _lines(text: str) -> list[str]:
+    return _LINE_ENDS.split(text)
+
+
+def source_segment(text: str, node: ast.AST) -> str | None:
+    """`ast.get_source_segment` without re-splitting a large file on every call."""
+    try:
+        first, last = node.lineno - 1, node.end_lineno - 1
+        start, end = node.col_offset, node.end_col_offset
+    except AttributeError:
+        return None
+    lines = _lines(text)
+    if first < 0 or last is None or end is None or last >= len(lines):
+        return None
+    if first == last:
+        return lines[first].encode()[start:end].decode(errors="replace")
+    head = lines[first].encode()[start:].decode(errors="replace")
+    tail = lines[last].encode()[:end].decode(errors="replace")
+    return head + "".join(lines[first + 1 : last]) + tail

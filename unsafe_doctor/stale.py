@@ -33,7 +33,15 @@ from typing import Literal
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import AdaptorProfile
-from unsafe_doctor.sources import Function, ImportedName, SourceFile, Workspace, child_statements, import_bindings
+from unsafe_doctor.sources import (
+    Function,
+    ImportedName,
+    SourceFile,
+    Workspace,
+    child_statements,
+    import_bindings,
+    source_segment,
+)
 from unsafe_doctor.versions import FRAMEWORK_PACKAGES, Environment
 
 Kind = Literal["missing", "rebinding"]
@@ -282,7 +290,7 @@ class _Checker:
         return target == wanted or (f"{self._module(head)}.{name}" == wanted if head else False)
 
     def _stale(self, statement: ast.stmt, symbol: str, module: str, kind: Kind, why: str) -> StaleReset:
-        text = ast.get_source_segment(self.adaptor.text, statement) or ast.unparse(statement)
+        text = source_segment(self.adaptor.text, statement) or ast.unparse(statement)
         return StaleReset(self.adaptor.path, statement.lineno, " ".join(text.split()), symbol, module, kind, why)
 
 
