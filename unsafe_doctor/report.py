@@ -18,6 +18,7 @@ from unsafe_doctor import __version__
 from unsafe_doctor.classify import Classification, FixPlan
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge import KnowledgeBase, Rule
+from unsafe_doctor.sources import is_internal_file
 from unsafe_doctor.tracebacks import Frame
 
 SCHEMA = "unsafe-doctor/diagnosis/v1"
@@ -189,10 +190,11 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
             grid.add_row("", Syntax(finding.culprit.source, "python", line_numbers=True, start_line=start, word_wrap=True))
     frames = finding.unsafe.frames
     if frames:
-        shown = frames[-SHORT_STACK:]
+        own = [frame for frame in frames if not is_internal_file(frame.file)] or list(frames)
+        shown = own[-SHORT_STACK:]
         stack = Text()
         if len(frames) > len(shown):
-            stack.append(f"… {len(frames) - len(shown)} outer frames\n", style="dim")
+            stack.append(f"… {len(frames) - len(shown)} more frames (outer, or torch internals)\n", style="dim")
         stack.append(Text("\n").join(_frame_text(frame) for frame in shown))
         grid.add_row("Stack", stack)
     if finding.unsafe.truncated:
