@@ -84,6 +84,17 @@ class _Budget:
         self.left = total
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """What every reader of one input needs besides the bytes."""
+
+    name: str
+    rank_hint: int | None
+    markers: Sequence[bytes]
+    budget: _Budget
+    progress: Progress | None
+
+
 def scan(
     paths: Sequence[str],
     context_markers: Sequence[bytes],
@@ -97,7 +108,7 @@ def scan(
     infos: list[InputInfo] = []
     results: list[_InputScan] = []
     for name, path, rank_hint in sources:
-        result = _scan_one(name, path, rank_hint, stdin, context_markers, budget, progress)
+        result = _scan_one(path, stdin, _Reading(name, rank_hint, context_markers, budget, progress))
         infos.append(InputInfo(name, result.size, rank_hint))
         results.append(result)
     if sum(info.bytes for info in infos) == 0:
@@ -175,23 +186,15 @@ def _natural_key(path: Path) -> list[object]:
 # --- scanning one input -------------------------------------------------------------------------
 
 
-def _scan_one(
-    name: str,
-    path: str | None,
-    rank_hint: int | None,
-    stdin: BinaryIO | None,
-    markers: Sequence[bytes],
-    budget: _Budget,
-    progress: Progress | None,
-) -> _InputScan:
+def _scan_one(path: str | None, stdin: BinaryIO | None, reading: _Reading) -> _InputScan:
     if path is None:
         stream = stdin if stdin is not None else sys.stdin.buffer
         _widen_pipe(stream)
         if not hasattr(stream, "peek"):
             stream = io.BufferedReader(stream)
         if stream.peek(2)[:2] == GZIP_MAGIC:
-            return _scan_gzip(gzip.GzipFile(fileobj=stream), name, rank_hint, markers, budget, progress)
-        return _scan_stream(stream, name, rank_hint, markers, budget, progress)
+            return _scan_gzip(gzip.GzipFile(fileobj=stream), reading)
+        return _scan_stream(stream, reading)
     try:
         handle = open(path, "rb")
     except PermissionError:
@@ -202,16 +205,16 @@ def _scan_one(
         magic = handle.read(2)
         handle.seek(0)
         if magic == GZIP_MAGIC:
-            return _scan_gzip(gzip.GzipFile(fileobj=handle), name, rank_hint, markers, budget, progress)
+            return _scan_gzip(gzip.GzipFile(fileobj=handle), reading)
         status = os.fstat(handle.fileno())
         if not stat.S_ISREG(status.st_mode):  # a FIFO or device: no size, no mmap
-            return _scan_stream(handle, name, rank_hint, markers, budget, progress)
+            return _scan_stream(handle, reading)
         size = status.st_size
         if size == 0:
             return _InputScan()
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             _refuse_binary(mapped[:65536], path)
-            return _scan_mapped(mapped, name, rank_hint, markers, budget, progress)
+            return _scan_mapped(mapped, reading)
 
 
 def _widen_pipe(stream: BinaryIO) -> None:
@@ -225,17 +228,13 @@ def _widen_pipe(stream: BinaryIO) -> None:
 
 def _scan_gzip(
     unzipped: gzip.GzipFile,
-    name: str,
-    rank_hint: int | None,
-    markers: Sequence[bytes],
-    budget: _Budget,
-    progress: Progress | None,
+    reading: _Reading,
 ) -> _InputScan:
     try:
         with unzipped:
-            return _scan_stream(unzipped, name, rank_hint, markers, budget, progress)
+            return _scan_stream(unzipped, reading)
     except (OSError, EOFError, zlib.error) as error:
-        raise UsageError(f"{name}: corrupt gzip data ({error})") from None
+        raise UsageError(f"{reading.name}: corrupt gzip data ({error})") from None
 
 
 def _refuse_binary(head: bytes, name: str) -> None:
@@ -249,11 +248,7 @@ def _refuse_binary(head: bytes, name: str) -> None:
 
 def _scan_mapped(
     buf: mmap.mmap,
-    name: str,
-    rank_hint: int | None,
-    markers: Sequence[bytes],
-    budget: _Budget,
-    progress: Progress | None,
+    reading: _Reading,
 ) -> _InputScan:
     result = _InputScan(size=len(buf))
     hits = []
@@ -262,26 +257,22 @@ def _scan_mapped(
         reach = min(len(buf), step_end + len(ERROR_MARKER) - 1)
         hits.extend(hit for hit in _find_all(buf, ERROR_MARKER, step_start, reach) if hit < step_end)
         buf.madvise(mmap.MADV_DONTNEED, step_start, step_end - step_start)  # mapped pages count as RSS
-        if progress:
-            progress(step_end - step_start)
+        if reading.progress:
+            reading.progress(step_end - step_start)
     result.hits = len(hits)
     if not hits:
-        result.tail = _excerpt(buf, max(0, len(buf) - TAIL), len(buf), len(buf), name, rank_hint)
+        result.tail = _excerpt(buf, max(0, len(buf) - TAIL), len(buf), len(buf), reading)
         return result
-    windows, result.hits_not_parsed = _plan_windows(hits, len(buf), budget)
-    result.windows = [_excerpt(buf, start, end, len(buf), name, rank_hint) for start, end in windows]
+    windows, result.hits_not_parsed = _plan_windows(hits, len(buf), reading.budget)
+    result.windows = [_excerpt(buf, start, end, len(buf), reading) for start, end in windows]
     context_end = windows[0][0]
-    result.context = _marker_lines(buf, 0, max(0, context_end - CONTEXT_SPAN), context_end, markers, name, rank_hint)
+    result.context = _marker_lines(buf, 0, max(0, context_end - CONTEXT_SPAN), context_end, reading)
     return result
 
 
 def _scan_stream(
     stream: BinaryIO,
-    name: str,
-    rank_hint: int | None,
-    markers: Sequence[bytes],
-    budget: _Budget,
-    progress: Progress | None,
+    reading: _Reading,
 ) -> _InputScan:
     """Same result as `_scan_mapped`, reading chunks and keeping a bounded history of recent bytes."""
     result = _InputScan()
@@ -292,10 +283,10 @@ def _scan_stream(
     seen_hit = False
     while chunk := stream.read(CHUNK):
         if first_chunk:
-            _refuse_binary(chunk[:65536], name)
+            _refuse_binary(chunk[:65536], reading.name)
             first_chunk = False
-        if progress:
-            progress(len(chunk))
+        if reading.progress:
+            reading.progress(len(chunk))
         chunk_start = history.end
         seam_start = max(history.start, chunk_start - overlap)
         seam = history.slice(seam_start, chunk_start) + chunk[:overlap]
@@ -308,7 +299,7 @@ def _scan_stream(
             if pending and hit - BEFORE <= pending[-1][1] and hit + AFTER - pending[-1][0] <= WINDOW_MAX:
                 pending[-1][1] = hit + AFTER
                 continue
-            if budget.left <= 0:
+            if reading.budget.left <= 0:
                 result.hits_not_parsed += 1
                 continue
             if not seen_hit:
@@ -316,29 +307,29 @@ def _scan_stream(
                 context_end = max(history.start, hit - BEFORE)
                 region_start = max(history.start, context_end - CONTEXT_SPAN)
                 context_bytes = history.slice(region_start, context_end)
-                result.context = _marker_lines(context_bytes, region_start, 0, len(context_bytes), markers, name, rank_hint)
+                result.context = _marker_lines(context_bytes, region_start, 0, len(context_bytes), reading)
             pending.append([max(history.start, hit - BEFORE), hit + AFTER])
-            budget.left -= BEFORE + AFTER
+            reading.budget.left -= BEFORE + AFTER
         while pending and pending[0][1] + BEFORE < history.end - overlap:  # whole, and no later hit joins it
-            _close_window(pending.pop(0), history, result, name, rank_hint, at_end=False)
+            _close_window(pending.pop(0), history, result, reading, at_end=False)
         history.trim()
     result.size = history.end
     for window in pending:
-        _close_window(window, history, result, name, rank_hint, at_end=window[1] >= history.end)
+        _close_window(window, history, result, reading, at_end=window[1] >= history.end)
     if not result.hits and history.end:
         tail_start = max(history.start, history.end - TAIL)
         tail = history.slice(tail_start, history.end)
-        result.tail = _excerpt(tail, 0, len(tail), len(tail), name, rank_hint, offset=tail_start, starts_input=tail_start == 0)
+        result.tail = _excerpt(tail, 0, len(tail), len(tail), reading, offset=tail_start, starts_input=tail_start == 0)
     return result
 
 
 def _close_window(
-    window: list[int], history: _History, result: _InputScan, name: str, rank_hint: int | None, *, at_end: bool
+    window: list[int], history: _History, result: _InputScan, reading: _Reading, *, at_end: bool
 ) -> None:
     start, end = window[0], min(window[1], history.end)
     data = history.slice(start, end)
     whole_until = len(data) if at_end else len(data) + 1  # mid-stream, the last line may be cut
-    result.windows.append(_excerpt(data, 0, len(data), whole_until, name, rank_hint, offset=start, starts_input=start == 0))
+    result.windows.append(_excerpt(data, 0, len(data), whole_until, reading, offset=start, starts_input=start == 0))
 
 
 class _History:
@@ -399,8 +390,7 @@ def _excerpt(
     start: int,
     end: int,
     size: int,
-    name: str,
-    rank_hint: int | None,
+    reading: _Reading,
     *,
     offset: int = 0,
     starts_input: bool | None = None,
@@ -418,20 +408,21 @@ def _excerpt(
     if end < size:
         newline = buf.rfind(b"\n", start, end)
         end = start if newline == -1 else newline + 1
-    return Excerpt(name, rank_hint, offset + start, bytes(buf[start:end]).decode("utf-8", "replace"))
+    return Excerpt(reading.name, reading.rank_hint, offset + start, bytes(buf[start:end]).decode("utf-8", "replace"))
 
 
 def _marker_lines(
-    buf: bytes | mmap.mmap, offset: int, start: int, end: int, markers: Sequence[bytes], name: str, rank_hint: int | None
+    buf: bytes | mmap.mmap, offset: int, start: int, end: int, reading: _Reading
 ) -> list[Excerpt]:
     """The whole line around every marker hit in buf[start:end], once each, in input order."""
     line_starts: set[int] = set()
-    for marker in markers:
+    for marker in reading.markers:
         for hit in _find_all(buf, marker, start, end):
             line_starts.add(buf.rfind(b"\n", 0, hit) + 1)
     lines = []
     for line_start in sorted(line_starts):
         line_end = buf.find(b"\n", line_start)
         line_end = len(buf) if line_end == -1 else line_end + 1
-        lines.append(Excerpt(name, rank_hint, offset + line_start, bytes(buf[line_start:line_end]).decode("utf-8", "replace")))
+        text = bytes(buf[line_start:line_end]).decode("utf-8", "replace")
+        lines.append(Excerpt(reading.name, reading.rank_hint, offset + line_start, text))
     return lines
