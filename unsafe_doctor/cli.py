@@ -8,7 +8,7 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,6 +18,10 @@ from unsafe_doctor import __version__, inputs, report
 from unsafe_doctor.diagnosis import diagnose as run_diagnosis
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import load_knowledge, validate_files
+from unsafe_doctor.versions import detect_environment
+
+if TYPE_CHECKING:
+    from unsafe_doctor.fix import Plan, Written
 
 PROGRESS_FROM = 50 << 20  # inputs smaller than this finish before a bar would be worth drawing
 
@@ -96,6 +100,106 @@ def diagnose(
     else:
         Console(highlight=False).print(report.to_text(diagnosis, elapsed))
     raise typer.Exit(1 if diagnosis.findings or diagnosis.hits else 0)
+
+
+@app.command()
+def fix(
+    logs: Annotated[
+        list[str] | None,
+        typer.Argument(help="Log files or folders (.gz too). None or '-': read standard input.", show_default=False),
+    ] = None,
+    adaptor: AdaptorOption = None,
+    function: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--function",
+            help="The adaptor's function for a role when its name differs from the profile's: "
+            "rollback=NAME, send=NAME, recv=NAME (comma-separated or repeated).",
+        ),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the diff; write nothing.")] = False,
+    revert: Annotated[bool, typer.Option("--revert", help="Remove every block unsafe-doctor wrote into the adaptor.")] = False,
+    yes: YesOption = False,
+    no_input: NoInputOption = False,
+    source_root: SourceRootOption = None,
+    rules: RulesOption = None,
+    output_format: FormatOption = OutputFormat.text,
+) -> None:
+    """Write the fix for each finding into the recovery adaptor: diff first, then apply.
+
+    Exit 0: written, nothing to do, or --dry-run; 1: a fix left unwritten; 2: refused.
+    """
+    from unsafe_doctor import fix as fixes  # libcst takes a second to load: diagnose does without it
+
+    if output_format is OutputFormat.sarif:
+        raise UsageError("fix writes text or json (--format sarif is for diagnose)")
+    overrides = fixes.function_overrides(function or [])
+    knowledge = load_knowledge(rules or ())
+    if revert:
+        if logs:
+            raise UsageError("--revert takes no logs: it removes every unsafe-doctor block from the adaptor")
+        environment = detect_environment(knowledge, source_root or (), (), adaptor)
+        plan = fixes.plan_revert(environment)
+        findings = 0
+    else:
+        paths = logs or []
+        if not paths and sys.stdin.isatty():
+            raise UsageError("no input: name a log file or folder, or pipe a log in (see --help)")
+        diagnosis = run_diagnosis(paths, source_roots=source_root or (), rule_paths=rules or (), adaptor=adaptor)
+        plan = fixes.plan_fix(diagnosis.findings, diagnosis.environment, knowledge, overrides)
+        findings = len(diagnosis.findings)
+    interactive = output_format is OutputFormat.text and not no_input and sys.stdin.isatty() and sys.stdout.isatty()
+    if output_format is OutputFormat.text:
+        _show_plan(plan, findings, revert)
+    written: tuple[Written, ...] = ()
+    if plan.edits and not dry_run and (yes or (interactive and typer.confirm("Apply?", default=False))):
+        written = fixes.apply(plan)
+    if output_format is OutputFormat.json:
+        _print_json(_fix_json(plan, written, dry_run))
+    else:
+        _tell_outcome(plan, written, dry_run, interactive)
+    unapplied = bool(plan.edits) and not written
+    raise typer.Exit(0 if dry_run or not (unapplied or plan.skipped) else 1)
+
+
+def _show_plan(plan: Plan, findings: int, revert: bool) -> None:
+    """The diff on stdout (it can be saved as a patch), what was decided on stderr."""
+    if not revert and not findings:
+        _say("no unsafe-data finding in the log: nothing to fix")
+    sys.stdout.write(plan.diff())
+    sys.stdout.flush()
+    for line in (*(change for edit in plan.edits for change in edit.changes), *plan.present, *plan.skipped, *plan.notes):
+        _say(line)
+
+
+def _tell_outcome(plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool) -> None:
+    for item in written:
+        _say(f"wrote {item.path} (backup: {item.backup})")
+    if not plan.edits:
+        if plan.present and not plan.skipped:
+            _say("nothing to do: the adaptor already holds every fix")
+    elif dry_run:
+        _say("dry run: nothing written")
+    elif not written and interactive:
+        _say("not applied")
+    elif not written:
+        _say("not applied: nothing is asked without a terminal or with --no-input; run again with --yes to apply")
+
+
+def _fix_json(plan: Plan, written: tuple[Written, ...], dry_run: bool) -> dict[str, Any]:
+    return {
+        "schema": "unsafe-doctor/fix/v1",
+        "files": [{"path": str(edit.path), "changes": list(edit.changes), "diff": edit.diff()} for edit in plan.edits],
+        "present": list(plan.present),
+        "skipped": list(plan.skipped),
+        "notes": list(plan.notes),
+        "dry_run": dry_run,
+        "written": [{"path": str(item.path), "backup": str(item.backup)} for item in written],
+    }
+
+
+def _say(line: str) -> None:
+    print(f"unsafe-doctor: {line}", file=sys.stderr)
 
 
 @rules_app.command("list")

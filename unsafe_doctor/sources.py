@@ -224,7 +224,7 @@ class Workspace:
 
 def _read_source(path: Path, module: str | None) -> SourceFile | None:
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = path.read_text(encoding="utf-8-sig", errors="replace")  # -sig: a BOM is not source
         tree = ast.parse(text)
     except (OSError, SyntaxError, ValueError):
         return None

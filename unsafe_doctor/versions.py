@@ -247,7 +247,7 @@ class _ProfileChooser:
         beside it: per rollback / send / recv function found, per expected parameter present (minus
         those absent and those the profile does not know), for sitting where `files` says, and per
         repair-group import made the profile's way."""
-        files = self._profile_files(profile, adaptor)
+        files = profile_files(profile, adaptor)
         functions: dict[str, Function] = {}
         imports: dict[str, str] = {}
         for path in files or [adaptor]:
@@ -270,14 +270,6 @@ class _ProfileChooser:
             wanted = import_bindings(ast.parse(statement).body[0], None)
             score += sum(imports.get(name) == binding.target for name, binding in wanted.items())
         return score
-
-    def _profile_files(self, profile: AdaptorProfile, adaptor: Path) -> list[Path]:
-        """The profile's files beside the adaptor, when the adaptor is one of them."""
-        for pattern in profile.files:
-            if PurePath(adaptor.resolve()).match(pattern):
-                root = adaptor.resolve().parents[len(PurePath(pattern).parts) - 1]
-                return [path for glob in profile.files for path in sorted(root.glob(glob)) if is_file(path)]
-        return []
 
     def _candidates(self, roots: Sequence[Path]) -> Iterator[Path]:
         seen: set[Path] = set()
@@ -310,6 +302,16 @@ class _ProfileChooser:
             for name, binding in (source.bindings.items() if source else ())
             if isinstance(binding, Function)
         }
+
+
+def profile_files(profile: AdaptorProfile, adaptor: Path) -> list[Path]:
+    """The profile's files beside the adaptor, when the adaptor is one of them (MindSpeed-LLM 2.3
+    and later split rollback and repair over two files); empty when it is not."""
+    for pattern in profile.files:
+        if PurePath(adaptor.resolve()).match(pattern):
+            root = adaptor.resolve().parents[len(PurePath(pattern).parts) - 1]
+            return [path for glob in profile.files for path in sorted(root.glob(glob)) if is_file(path)]
+    return []
 
 
 def _parameters(function: Function) -> set[str]:

@@ -1,0 +1,800 @@
+"""`unsafe-doctor fix`: fixes written into real adaptor files, checked byte for byte.
+
+Golden cases take a sample adaptor (samples/adaptors/, toytrain's recovery.py) and a log, plan and
+apply the fix in a copy under tmp_path, and compare every changed file with
+tests/fixtures/fix/<case>/. Each case is also applied a second time (nothing changes) and reverted
+(the original bytes come back). The logs are the committed samples, or tracebacks produced here by
+running the real code under the emulated torch_npu check (tests/fixtures/rules/generate.py).
+
+The patched code is run, not only compiled: the scenario-1 block against megatron-core 0.16.1's
+real MoE tracker made unsafe, and the scenario-2 send and receive blocks between two gloo ranks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pty
+import select
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.fix import BACKUP_SUFFIX, Plan, apply, function_overrides, plan_fix, plan_revert
+from unsafe_doctor.knowledge import load_knowledge
+from unsafe_doctor.versions import detect_environment
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples"
+LOGS = SAMPLES / "logs"
+FRAMEWORK = SAMPLES / "framework"
+GOLDEN = Path(__file__).parent / "fixtures" / "fix"
+CUSTOM_FUNCTIONS = "rollback=reset_step_state,send=send_to_repaired_rank,recv=receive_from_replica"
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("fix_rules_generator", ROOT / "tests" / "fixtures" / "rules" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GENERATOR = _load_generator()
+
+
+# --- logs produced here from real code ------------------------------------------------------------
+
+
+def _route_with_stale_bias(mark) -> None:
+    """megatron-core 0.16.1's TopKRouter routes with an expert_bias the fault left unsafe."""
+    import torch
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.moe.router import TopKRouter
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=2, hidden_size=16, num_attention_heads=2, num_moe_experts=4, moe_router_topk=2,
+        moe_router_load_balancing_type="none", moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True, use_cpu_initialization=True,
+    )
+    router = TopKRouter(config, ProcessGroupCollection(tp=None, cp=None, tp_cp=None, tp_dp_cp=None))
+    mark(router.expert_bias)
+    router.routing(torch.randn(3, 2, 4))
+
+
+def _record_into_stale_loss_log(mark) -> None:
+    """toytrain adds the next step's loss into a LOSS_LOG entry the fault left unsafe."""
+    import torch
+
+    sys.path.insert(0, str(FRAMEWORK))
+    try:
+        from toytrain import state
+    finally:
+        sys.path.remove(str(FRAMEWORK))
+    state.init_state("cpu")
+    state.record_loss("loss", torch.ones(()))
+    mark(state.LOSS_LOG["loss"])
+    try:
+        state.record_loss("loss", torch.ones(()))
+    finally:
+        state.LOSS_LOG.clear()
+
+
+@pytest.fixture(scope="module")
+def produced_logs(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("logs")
+    logs = {}
+    for name, action in (("router_expert_bias", _route_with_stale_bias), ("toytrain_loss_log", _record_into_stale_loss_log)):
+        logs[name] = folder / f"{name}.log"
+        logs[name].write_text(GENERATOR.as_log(GENERATOR.capture(action), rank_prefix=True))
+    return logs
+
+
+def log_path(name: str, produced: dict[str, Path]) -> Path:
+    return produced[name] if name in produced else LOGS / name
+
+
+# --- planning, the way the CLI does it ------------------------------------------------------------
+
+
+def plan_for(logs, adaptor: Path, *, source_roots=(), functions: str | None = None, rules=()) -> Plan:
+    diagnosis = diagnose([str(log) for log in logs], source_roots=source_roots, rule_paths=rules, adaptor=adaptor)
+    overrides = function_overrides([functions] if functions else [])
+    return plan_fix(diagnosis.findings, diagnosis.environment, load_knowledge(rules), overrides)
+
+
+def revert_plan(adaptor: Path) -> Plan:
+    return plan_revert(detect_environment(load_knowledge(), (), (), adaptor))
+
+
+def tree_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    sample: Path  # a folder copied as a whole
+    adaptor: str  # the file given as --adaptor, inside the copy
+    logs: tuple[str, ...]
+    changed: tuple[str, ...]  # files the fix edits, inside the copy
+    source_roots: tuple[Path, ...] = ()
+    functions: str | None = None
+    keys: tuple[str, ...] = field(default=())  # marker keys expected, in order of the file
+
+
+ADAPTORS = SAMPLES / "adaptors"
+LEGACY_FILE = "mindio_ttp/adaptor/modellink_adaptor.py"
+IN_TREE = "mindspeed_llm/core/high_availability"
+
+CASES = [
+    Case("legacy-aux-losses-tracker", ADAPTORS / "legacy", LEGACY_FILE, ("faq_modellink.log",), (LEGACY_FILE,),
+         keys=("megatron.moe-aux-losses-tracker",)),
+    Case("legacy-router-expert-bias", ADAPTORS / "legacy", LEGACY_FILE, ("router_expert_bias",), (LEGACY_FILE,),
+         keys=("megatron.router-expert-bias", "megatron.router-expert-bias")),
+    Case("in-tree-layer-wise-tracker", ADAPTORS / "in_tree", f"{IN_TREE}/tft_rollback.py", ("megatron_moe_tracker.log",),
+         (f"{IN_TREE}/tft_rollback.py",), keys=("megatron.moe-layer-wise-tracker-moe-utils",)),
+    Case("in-tree-router-expert-bias", ADAPTORS / "in_tree", f"{IN_TREE}/tft_rollback.py", ("router_expert_bias",),
+         (f"{IN_TREE}/tft_optimizer_data_repair.py",), keys=("megatron.router-expert-bias", "megatron.router-expert-bias")),
+    Case("custom-ema-grad-norm", ADAPTORS / "custom", "my_recovery.py", ("toytrain_ema",), ("my_recovery.py",),
+         source_roots=(FRAMEWORK,), functions=CUSTOM_FUNCTIONS,
+         keys=("generic.replica-copy:toytrain.state._EMA_GRAD_NORM",) * 2),
+    Case("custom-loss-log", ADAPTORS / "custom", "my_recovery.py", ("toytrain_loss_log",), ("my_recovery.py",),
+         source_roots=(FRAMEWORK,), functions=CUSTOM_FUNCTIONS, keys=("generic.reinitialise:toytrain.state.LOSS_LOG",)),
+    Case("toytrain-ema-grad-norm", FRAMEWORK / "toytrain", "recovery.py", ("toytrain_ema",), ("recovery.py",),
+         source_roots=(FRAMEWORK,), keys=("generic.replica-copy:toytrain.state._EMA_GRAD_NORM",) * 2),
+]
+
+
+def copy_sample(case: Case, tmp_path: Path) -> Path:
+    copy = tmp_path / "adaptor"
+    shutil.copytree(case.sample, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def markers(data: bytes) -> list[str]:
+    return [line.strip().removeprefix("# unsafe-doctor: begin ") for line in data.decode().splitlines()
+            if line.strip().startswith("# unsafe-doctor: begin ")]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_golden_fix_then_idempotent_then_revert(case, tmp_path, produced_logs):
+    copy = copy_sample(case, tmp_path)
+    original = tree_bytes(copy)
+    adaptor = copy / case.adaptor
+    logs = [log_path(name, produced_logs) for name in case.logs]
+    plan = plan_for(logs, adaptor, source_roots=case.source_roots, functions=case.functions)
+    assert [edit.path.resolve() for edit in plan.edits] == [(copy / name).resolve() for name in case.changed]
+    written = apply(plan)
+
+    after = tree_bytes(copy)
+    for name in case.changed:
+        golden = GOLDEN / case.name / Path(name).name
+        assert after[name] == golden.read_bytes(), f"{copy / name} differs from {golden}"
+        compile(after[name], name, "exec")
+        assert markers(after[name]) == list(case.keys)
+        assert (copy / (name + BACKUP_SUFFIX)).read_bytes() == original[name]
+    untouched = {name for name in original if name not in case.changed}
+    assert {name: after[name] for name in untouched} == {name: original[name] for name in untouched}
+    assert len(written) == len(case.changed)
+
+    again = plan_for(logs, adaptor, source_roots=case.source_roots, functions=case.functions)
+    assert again.edits == () and again.diff() == ""
+    assert len(again.present) == len(case.keys)
+
+    apply(revert_plan(adaptor))
+    for name in case.changed:
+        assert (copy / name).read_bytes() == original[name]
+
+
+# --- where a block goes -------------------------------------------------------------------------
+
+
+def custom_adaptor(tmp_path: Path, source: str, name: str = "adaptor.py") -> Path:
+    path = tmp_path / name
+    path.write_bytes(textwrap.dedent(source).encode())
+    return path
+
+
+EMA = (LOGS / "toytrain_ema",)
+LOSS = ("toytrain_loss_log",)
+
+
+def test_docstring_only_decorated_function_gets_the_block_after_its_docstring(tmp_path, produced_logs):
+    adaptor = custom_adaptor(tmp_path, '''\
+        import functools
+
+
+        def traced(function):
+            @functools.wraps(function)
+            def wrapper(*args):
+                return function(*args)
+            return wrapper
+
+
+        @traced
+        @functools.lru_cache(maxsize=None)
+        def feature_rollback():
+            """Nothing to reset yet."""
+        ''')
+    plan = plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
+    lines = plan.edits[0].updated.decode().splitlines()
+    docstring = lines.index('    """Nothing to reset yet."""')
+    assert lines[docstring + 1] == "    # unsafe-doctor: begin generic.reinitialise:toytrain.state.LOSS_LOG"
+    assert lines[-1] == "    # unsafe-doctor: end generic.reinitialise:toytrain.state.LOSS_LOG"
+
+
+def test_block_goes_before_a_trailing_return_and_its_comment(tmp_path, produced_logs):
+    adaptor = custom_adaptor(tmp_path, '''\
+        def feature_rollback():
+            status = 0
+
+            # report success
+            return status
+
+
+        def after():
+            pass
+        ''')
+    plan = plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
+    text = plan.edits[0].updated.decode()
+    assert text.index("    status = 0\n    # unsafe-doctor: begin") >= 0
+    assert text.index("# unsafe-doctor: end generic.reinitialise:toytrain.state.LOSS_LOG\n\n    # report success\n    return status\n") > 0
+    assert plan.notes == ()
+
+
+def test_early_returns_are_reported(tmp_path, produced_logs):
+    adaptor = custom_adaptor(tmp_path, '''\
+        def feature_rollback(args=None):
+            if args is None:
+                return
+            for _ in range(2):
+                def inner():
+                    return 1  # not the rollback's own return
+            args.reset()
+        ''')
+    plan = plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
+    assert plan.notes == (f"{adaptor}: feature_rollback() returns before its end (line 3): the block runs only on paths that reach the end",)
+    assert plan.edits[0].updated.decode().rstrip("\n").endswith("# unsafe-doctor: end generic.reinitialise:toytrain.state.LOSS_LOG")
+
+
+def test_crlf_and_tab_indentation_are_kept(tmp_path):
+    source = (
+        "def send_rank_repair(src_ranks, dest_ranks, optim_idxs, rank_list, train_args):\r\n"
+        "\tgroup = dist.new_group(rank_list)\r\n"
+        "\tif group is None:\r\n"
+        "\t\traise RuntimeError('no group')\r\n"
+        "\r\n"
+        "def recv_rank_repair(src_ranks, dest_ranks, optim_idxs, rank_list, train_args):\r\n"
+        "\tgroup = dist.new_group(rank_list)\r\n"
+        "\treturn 0\r\n"
+    )
+    adaptor = tmp_path / "adaptor.py"
+    adaptor.write_bytes(source.encode())
+    plan = plan_for(EMA, adaptor, source_roots=(FRAMEWORK,))
+    (edit,) = plan.edits
+    assert b"\n" not in edit.updated.replace(b"\r\n", b"")  # every line ends in CRLF
+    original_lines = set(edit.original.split(b"\r\n"))
+    block = [line for line in edit.updated.split(b"\r\n") if line not in original_lines]
+    assert markers(edit.updated.replace(b"\r\n", b"\n")) == ["generic.replica-copy:toytrain.state._EMA_GRAD_NORM"] * 2
+    assert all(line.startswith(b"\t") and b"    " not in line[: len(line) - len(line.lstrip())] for line in block)
+    assert b"\r\n\t\t\tfor item in" in edit.updated  # helper, pair loop, then the template's own level
+    compile(edit.updated, "adaptor.py", "exec")
+    apply(plan)
+    apply(revert_plan(adaptor))
+    assert adaptor.read_bytes() == source.encode()
+
+
+@pytest.mark.parametrize(
+    "head, tail",
+    [
+        (b"# -*- coding: latin-1 -*-\n# Gr\xfc\xdfe aus K\xf6ln\n", b"\n"),
+        (b"\xef\xbb\xbf# caf\xc3\xa9, with a BOM\n", b"\n"),
+        (b"# no line ending at the very end\n", b""),
+    ],
+    ids=["latin-1", "utf-8-bom", "no-final-newline"],
+)
+def test_encodings_and_file_ends_round_trip(tmp_path, produced_logs, head, tail):
+    adaptor = tmp_path / "adaptor.py"
+    original = head + b'def feature_rollback():\n    """Reset."""\n    pass' + tail
+    adaptor.write_bytes(original)
+    plan = plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
+    (edit,) = plan.edits
+    assert edit.updated.startswith(head)
+    assert edit.updated.endswith(b"# unsafe-doctor: end generic.reinitialise:toytrain.state.LOSS_LOG" + tail)
+    compile(edit.updated, "adaptor.py", "exec")
+    apply(plan)
+    apply(revert_plan(adaptor))
+    assert adaptor.read_bytes() == original
+
+
+def test_two_space_indented_method(tmp_path, produced_logs):
+    adaptor = custom_adaptor(tmp_path, '''\
+        class Recovery:
+          def feature_rollback(self):
+            if True:
+              pass
+        ''')
+    plan = plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
+    lines = plan.edits[0].updated.decode().splitlines()
+    assert "    def _unsafe_doctor_fix():" in lines
+    assert "      import torch" in lines
+    assert "          if isinstance(value[key], torch.Tensor):" in lines
+
+
+# --- several findings ---------------------------------------------------------------------------
+
+
+def test_several_findings_make_one_diff_per_file_and_pair_in_order(tmp_path, produced_logs):
+    copy = tmp_path / "legacy"
+    shutil.copytree(ADAPTORS / "legacy", copy)
+    adaptor = copy / LEGACY_FILE
+    logs = [LOGS / "faq_modellink.log", produced_logs["router_expert_bias"], LOGS / "toytrain_ema"]
+    plan = plan_for(logs, adaptor, source_roots=(FRAMEWORK,))
+    (edit,) = plan.edits
+    assert edit.diff().count("\n--- ") + edit.diff().startswith("--- ") == 1
+    text = edit.updated.decode()
+    send = text[text.index("def send_rank_repair"): text.index("def recv_rank_repair")]
+    recv = text[text.index("def recv_rank_repair"):]
+    scenario_2 = ["megatron.router-expert-bias", "generic.replica-copy:toytrain.state._EMA_GRAD_NORM"]
+    assert markers(send.encode()) == scenario_2 and markers(recv.encode()) == scenario_2
+    assert markers(text[: text.index("def send_rank_repair")].encode()) == ["megatron.moe-aux-losses-tracker"]
+    assert len(edit.changes) == 5
+
+
+# --- profiles -------------------------------------------------------------------------------------
+
+
+def test_profile_with_scalar_ranks_passes_them_in(tmp_path, produced_logs):
+    rules = tmp_path / "profile.yaml"
+    rules.write_text(textwrap.dedent("""\
+        profiles:
+          - id: team-pairwise
+            title: A team adaptor called once per (source, destination) pair
+            files: [team/recovery.py]
+            rollback: rollback
+            send: send_state
+            recv: recv_state
+            parameters: {src_ranks: source, dest_ranks: target, train_args: job.train_args}
+            ranks_are_lists: false
+            repair_group: {expression: job.group}
+        """))
+    adaptor = custom_adaptor(tmp_path, '''\
+        def send_state(source, target, job):
+            pass
+
+
+        def recv_state(source, target, job):
+            pass
+        ''')
+    plan = plan_for([produced_logs["router_expert_bias"]], adaptor, rules=(rules,))
+    text = plan.edits[0].updated.decode()
+    assert "    def _unsafe_doctor_fix(src_rank, dest_rank, train_args):\n" in text
+    assert "    _unsafe_doctor_fix(source, target, job.train_args)\n" in text
+    assert "group=job.group" in text and "for src_rank, dest_rank in" not in text
+    compile(text, "adaptor.py", "exec")
+
+
+def test_list_ranks_visit_each_pair_once_in_first_seen_order(tmp_path, produced_logs):
+    adaptor = tmp_path / "adaptor"
+    shutil.copytree(ADAPTORS / "custom", adaptor)
+    plan = plan_for(EMA, adaptor / "my_recovery.py", source_roots=(FRAMEWORK,), functions=CUSTOM_FUNCTIONS)
+    namespace = {}
+    exec("def pairs(src_ranks, dest_ranks):\n    return list(dict.fromkeys(zip(src_ranks, dest_ranks)))", namespace)
+    assert "for src_rank, dest_rank in dict.fromkeys(zip(src_ranks, dest_ranks)):" in plan.edits[0].updated.decode()
+    assert namespace["pairs"]([4, 4, 5, 4], [1, 1, 2, 1]) == [(4, 1), (5, 2)]
+
+
+# --- refusals -------------------------------------------------------------------------------------
+
+
+def refused(fragment: str):
+    return pytest.raises(UsageError, match=fragment)
+
+
+def test_no_such_function_lists_what_is_there(tmp_path):
+    adaptor = custom_adaptor(tmp_path, "def rollback_all():\n    pass\n\n\ndef helper():\n    pass\n")
+    with refused(r"no recv function recv_rank_repair\(\) .* \(functions there: helper, rollback_all\); name it with --function recv=NAME"):
+        plan_for(EMA, adaptor, source_roots=(FRAMEWORK,))
+
+
+def test_several_functions_of_the_name_are_refused(tmp_path, produced_logs):
+    adaptor = custom_adaptor(tmp_path, '''\
+        def feature_rollback():
+            pass
+
+
+        class Legacy:
+            def feature_rollback(self):
+                pass
+        ''')
+    with refused(rf"several functions named feature_rollback\(\) \({adaptor}:1, {adaptor}:6\)"):
+        plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
+
+
+def test_function_without_the_profile_parameters_is_refused(tmp_path):
+    adaptor = custom_adaptor(tmp_path, '''\
+        def send_rank_repair(src_ranks, rank_list, train_args):
+            pass
+
+
+        def recv_rank_repair(src_ranks, dest_ranks, rank_list, train_args):
+            pass
+        ''')
+    with refused(r"send_rank_repair\(\) lacks parameter\(s\) dest_ranks .* it has rank_list, src_ranks, train_args"):
+        plan_for(EMA, adaptor, source_roots=(FRAMEWORK,))
+
+
+def test_one_line_function_is_refused(tmp_path, produced_logs):
+    adaptor = custom_adaptor(tmp_path, "def feature_rollback(): pass\n")
+    with refused(r"has its body on the `def` line"):
+        plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
+
+
+def test_result_that_does_not_compile_is_refused(tmp_path):
+    rules = tmp_path / "bad_rule.yaml"
+    rules.write_text(textwrap.dedent("""\
+        rules:
+          - id: team.ema
+            title: A rule whose code is not valid inside a function
+            match: {variable: _EMA_GRAD_NORM}
+            scenario: 1
+            phase: rollback
+            fix:
+              code: |
+                nonlocal never_bound
+            reason: Written to fail.
+        """))
+    adaptor = custom_adaptor(tmp_path, "def feature_rollback():\n    pass\n")
+    with refused(r"adaptor.py: the edited file would not compile \(no binding for nonlocal 'never_bound' found, line 6\): nothing written"):
+        plan_for(EMA, adaptor, source_roots=(FRAMEWORK,), rules=(rules,))
+    assert adaptor.read_bytes() == b"def feature_rollback():\n    pass\n"
+
+
+def test_bad_function_overrides_are_refused():
+    with refused(r"write role=name"):
+        function_overrides(["my_rollback"])
+    with refused(r"'import os' is not a Python function name"):
+        function_overrides(["rollback=import os"])
+    with refused(r"two functions for send"):
+        function_overrides(["send=a", "send=b"])
+    assert function_overrides(["rollback=a, send=b", "recv=c"]) == {"rollback": "a", "send": "b", "recv": "c"}
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+def toytrain_copy(tmp_path: Path) -> Path:
+    adaptor = tmp_path / "recovery.py"
+    shutil.copyfile(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    return adaptor
+
+
+def test_read_only_file_is_refused_and_untouched(tmp_path):
+    adaptor = toytrain_copy(tmp_path)
+    before = adaptor.read_bytes()
+    plan = plan_for(EMA, adaptor, source_roots=(FRAMEWORK,))
+    adaptor.chmod(0o444)
+    with refused(r"recovery.py is read-only: nothing written"):
+        apply(plan)
+    assert adaptor.read_bytes() == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["recovery.py"]
+
+
+def test_file_changed_between_plan_and_apply_is_refused(tmp_path):
+    adaptor = toytrain_copy(tmp_path)
+    plan = plan_for(EMA, adaptor, source_roots=(FRAMEWORK,))
+    edited = adaptor.read_bytes() + b"\n# edited while the diff was shown\n"
+    adaptor.write_bytes(edited)
+    with refused(r"recovery.py changed since it was read: nothing written"):
+        apply(plan)
+    assert adaptor.read_bytes() == edited
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["recovery.py"]
+
+
+def test_mode_is_kept_and_the_backup_holds_the_original(tmp_path):
+    adaptor = toytrain_copy(tmp_path)
+    adaptor.chmod(0o640)
+    before = adaptor.read_bytes()
+    (written,) = apply(plan_for(EMA, adaptor, source_roots=(FRAMEWORK,)))
+    assert stat.S_IMODE(adaptor.stat().st_mode) == 0o640
+    assert written.backup == adaptor.with_name("recovery.py" + BACKUP_SUFFIX)
+    assert written.backup.read_bytes() == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["recovery.py", "recovery.py" + BACKUP_SUFFIX]
+
+
+def test_revert_without_blocks_changes_nothing(tmp_path):
+    adaptor = toytrain_copy(tmp_path)
+    plan = revert_plan(adaptor)
+    assert plan.edits == () and plan.notes == (f"{adaptor}: no unsafe-doctor blocks",)
+
+
+def test_revert_refuses_a_block_without_its_end(tmp_path):
+    adaptor = custom_adaptor(tmp_path, "def f():\n    # unsafe-doctor: begin team.x\n    pass\n")
+    with refused(r"adaptor.py:2: block team.x has no end marker"):
+        revert_plan(adaptor)
+
+
+# --- untrusted logs -------------------------------------------------------------------------------
+
+INJECTED_SOURCE_LINE = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/srv/job/mindspeed_llm/training/utils.py", line 88, in get_batch
+[rank1]:     _MTP_BATCH_LIST[0] + __import__("os").system("touch PWNED"); exec("import shutil; shutil.rmtree('/')")
+[rank1]: RuntimeError: There is unsafe data in the input tensor.
+[rank1]: [ERROR] 2025-01-01-00:00:00 (PID:1, Device:1, RankID:1) ERR00003 PTA invalid value
+"""
+
+INJECTED_MODULE = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/srv/job/mindspeed_llm/__builtins__/training/utils.py", line 88, in get_batch
+[rank1]:     position_ids = _MTP_POSITION_ID[0]
+[rank1]: RuntimeError: There is unsafe data in the input tensor.
+[rank1]: [ERROR] 2025-01-01-00:00:00 (PID:1, Device:1, RankID:1) ERR00003 PTA invalid value
+"""
+
+
+def test_code_in_a_logged_source_line_never_reaches_the_file(tmp_path):
+    log = tmp_path / "crafted.log"
+    log.write_text(INJECTED_SOURCE_LINE)
+    adaptor = custom_adaptor(tmp_path, "def feature_rollback():\n    pass\n")
+    (edit,) = plan_for([log], adaptor).edits
+    inserted = edit.updated.decode()
+    assert "mindspeed_llm.training.utils._MTP_BATCH_LIST = None" in inserted
+    for payload in ("__import__", "system", "PWNED", "exec", "shutil", "rmtree"):
+        assert payload not in inserted
+
+
+def test_a_logged_name_that_is_not_a_plain_name_is_refused(tmp_path):
+    log = tmp_path / "crafted.log"
+    log.write_text(INJECTED_MODULE)
+    adaptor = custom_adaptor(tmp_path, "def feature_rollback():\n    pass\n")
+    with refused(r"the log gives module 'mindspeed_llm.__builtins__.training.utils' where a Python name belongs"):
+        plan_for([log], adaptor)
+
+
+# --- the patched code runs ------------------------------------------------------------------------
+
+
+class MegatronTrainingArguments:
+    """`megatron.training` is not in the megatron-core wheel: the rollback guard asks it for the
+    parsed arguments, so the test supplies a module with MoE on."""
+
+    num_experts = 4
+
+
+def test_patched_rollback_makes_the_real_megatron_tracker_safe_again(tmp_path, monkeypatch):
+    import types
+
+    from megatron.core.transformer.moe import moe_utils
+
+    copy = tmp_path / "legacy"
+    shutil.copytree(ADAPTORS / "legacy", copy)
+    adaptor = copy / LEGACY_FILE
+    apply(plan_for([LOGS / "megatron_moe_tracker.log"], adaptor))
+    training = types.ModuleType("megatron.training")
+    training.get_args = MegatronTrainingArguments
+    monkeypatch.setitem(sys.modules, "megatron.training", training)
+    monkeypatch.syspath_prepend(str(copy))
+    patched = import_file("patched_modellink_adaptor", adaptor)
+    original = import_file("original_modellink_adaptor", ADAPTORS / "legacy" / LEGACY_FILE)
+
+    def fault_then_rollback(adaptor_module) -> None:
+        moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER.clear()
+        with GENERATOR.emulated_npu() as mark:
+            moe_utils.save_to_aux_losses_tracker("load_balancing_loss", GENERATOR.aux_loss(), 1, 4)
+            mark(moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER["load_balancing_loss"]["values"])
+            adaptor_module.feature_rollback()
+            moe_utils.save_to_aux_losses_tracker("load_balancing_loss", GENERATOR.aux_loss(), 1, 4)
+
+    try:
+        with pytest.raises(RuntimeError, match="There is unsafe data in the input tensor"):
+            fault_then_rollback(original)
+        fault_then_rollback(patched)
+        values = moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER["load_balancing_loss"]["values"]
+        assert values.tolist() == [0.25, 0.0, 0.0, 0.0]  # the first step after recovery, counted once
+    finally:
+        moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER.clear()
+
+
+def import_file(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+REPAIR_WORKER = """\
+import os, sys
+import torch
+import torch.distributed as dist
+sys.path[:0] = [{workers!r}, {framework!r}]
+import emulated_npu
+from toytrain import state
+from toytrain.train import build_model
+import importlib.util
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+rank = int(os.environ["RANK"])
+mode = emulated_npu.activate()
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = build_model()
+train_args = (model, torch.optim.Adam(model.parameters()), None, None)
+# The replica's running norm is 0.75; the faulty rank's memory was hit.
+lists = ([0, 0], [1, 1], [0, 1], [0, 1])  # one pair, repeated for two optimizer indices
+
+def repair(adaptor):
+    state.init_state("cpu")
+    if rank == 0:
+        state._EMA_GRAD_NORM.copy_(torch.tensor(0.75))
+        adaptor.send_rank_repair(*lists, train_args)
+        return "replica"
+    mode.unsafe.add(state._EMA_GRAD_NORM.untyped_storage().data_ptr())
+    adaptor.recv_rank_repair(*lists, train_args)
+    try:
+        return str((state._EMA_GRAD_NORM * 2).item())
+    except RuntimeError as error:
+        return str(error).splitlines()[0]
+
+print(rank, repair(load("original", {original!r})), repair(load("patched", {patched!r})), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_patched_send_and_receive_repair_the_tensor_between_two_ranks(tmp_path):
+    adaptor = toytrain_copy(tmp_path)
+    apply(plan_for(EMA, adaptor, source_roots=(FRAMEWORK,)))
+    worker = tmp_path / "worker.py"
+    worker.write_text(REPAIR_WORKER.format(
+        workers=str(SAMPLES / "workers"), framework=str(FRAMEWORK),
+        original=str(FRAMEWORK / "toytrain" / "recovery.py"), patched=str(adaptor),
+    ))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
+    ranks = [
+        subprocess.Popen([sys.executable, str(worker)], env=dict(env, RANK=str(rank)), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)
+    ]
+    outputs = [rank.communicate(timeout=120) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    assert outputs[0][0].strip() == "0 replica replica"
+    assert outputs[1][0].strip() == "1 There is unsafe data in the input tensor. 1.5"
+
+
+# --- the command line -----------------------------------------------------------------------------
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "fix", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_cli_dry_run_yes_again_and_revert(tmp_path):
+    adaptor = toytrain_copy(tmp_path)
+    before = adaptor.read_bytes()
+    common = [str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
+
+    dry = run(*common, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.startswith(f"--- {adaptor}\n+++ {adaptor}\n")
+    assert "unsafe-doctor: dry run: nothing written" in dry.stderr
+    assert adaptor.read_bytes() == before
+
+    unasked = run(*common)
+    assert unasked.returncode == 1
+    assert unasked.stdout == dry.stdout
+    assert "not applied: nothing is asked without a terminal or with --no-input; run again with --yes to apply" in unasked.stderr
+    assert adaptor.read_bytes() == before
+
+    applied = run(*common, "--yes")
+    assert applied.returncode == 0, applied.stderr
+    assert f"wrote {adaptor} (backup: {adaptor}{BACKUP_SUFFIX})" in applied.stderr
+    assert markers(adaptor.read_bytes()) == ["generic.replica-copy:toytrain.state._EMA_GRAD_NORM"] * 2
+
+    again = run(*common, "--yes")
+    assert (again.returncode, again.stdout) == (0, "")
+    assert "nothing to do: the adaptor already holds every fix" in again.stderr
+
+    reverted = run("--revert", "--adaptor", str(adaptor), "--yes")
+    assert reverted.returncode == 0, reverted.stderr
+    assert reverted.stdout.count("\n-    # unsafe-doctor: begin ") == 2
+    assert adaptor.read_bytes() == before
+
+
+def test_cli_json(tmp_path):
+    adaptor = toytrain_copy(tmp_path)
+    result = run(str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--format", "json", "--yes")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["schema"] == "unsafe-doctor/fix/v1"
+    assert [item["path"] for item in document["files"]] == [str(adaptor)]
+    assert document["files"][0]["diff"].startswith(f"--- {adaptor}")
+    assert document["written"] == [{"path": str(adaptor), "backup": f"{adaptor}{BACKUP_SUFFIX}"}]
+
+
+def test_cli_refusals_are_one_line_and_exit_2(tmp_path):
+    adaptor = toytrain_copy(tmp_path)
+    for args, fragment in (
+        ((str(LOGS / "toytrain_ema"), "--adaptor", str(adaptor), "--function", "send"), "write role=name"),
+        (("--revert", str(LOGS / "toytrain_ema"), "--adaptor", str(adaptor)), "--revert takes no logs"),
+        ((str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor),
+          "--function", "recv=absent"), "no recv function absent()"),
+    ):
+        result = run(*args)
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+        assert result.stderr.count("\n") == 1 and fragment in result.stderr
+    assert adaptor.read_bytes() == (FRAMEWORK / "toytrain" / "recovery.py").read_bytes()
+
+
+def test_cli_no_fix_for_an_unclassified_finding_exits_1(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(textwrap.dedent("""\
+        [rank1]: Traceback (most recent call last):
+        [rank1]:   File "/srv/job/train.py", line 62, in clip_gradients
+        [rank1]:     max_norm = CLIP_FACTOR * state._EMA_GRAD_NORM
+        [rank1]: RuntimeError: There is unsafe data in the input tensor.
+        """))
+    adaptor = toytrain_copy(tmp_path)
+    result = run(str(log), "--adaptor", str(adaptor), "--no-input")  # no source to read: unclassified
+    assert (result.returncode, result.stdout) == (1, "")
+    assert "finding 1: unclassified: scenario 1 or 2 is not known, so there is no fix to write" in result.stderr
+
+
+def test_cli_asks_at_a_terminal(tmp_path):
+    """The prompt path for real: stdin and stdout are a pseudo-terminal."""
+    adaptor = toytrain_copy(tmp_path)
+    command = [sys.executable, "-m", "unsafe_doctor", "fix", str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK),
+               "--adaptor", str(adaptor)]
+    for answer, code, written in ((b"n\n", 1, False), (b"y\n", 0, True)):
+        controller, terminal = pty.openpty()
+        process = subprocess.Popen(command, stdin=terminal, stdout=terminal, stderr=terminal, cwd=ROOT)
+        os.close(terminal)
+        seen = read_until(controller, b"Apply? [y/N]: ")
+        os.write(controller, answer)
+        seen += read_until(controller, None)
+        assert process.wait(timeout=60) == code, seen
+        os.close(controller)
+        assert (BACKUP_SUFFIX.encode() in seen) is written
+        assert bool(markers(adaptor.read_bytes())) is written
+
+
+def read_until(fd: int, wanted: bytes | None, timeout: float = 60) -> bytes:
+    """What the terminal shows until `wanted` appears (or, for None, until the program closes it)."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (wanted is None or wanted not in seen):
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # the program closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    return seen
