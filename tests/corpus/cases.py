@@ -1,0 +1,697 @@
+"""What each corpus run trains: one case per log, each putting one global tensor in every step.
+
+`worker.py` builds a case's model and optimizer and runs its `train_step` every iteration; the
+case's code is what touches the global, the way the real framework does in training:
+
+- megatron-core cases run megatron-core's own modules and functions (0.16.1 from the project's
+  environment; 0.7.0 and 0.12.1 from the pip targets generate.py puts first on PYTHONPATH);
+- stand-in cases run the few-line modules under `standins/`, written at MindSpeed's and
+  MindSpeed-LLM's import paths (ours, not their code; see README.md);
+- replay cases embed a committed hand-written traceback of tests/fixtures/rules/ (MindSpeed and
+  Megatron-LM main cannot be installed here): the faulty rank fails for real on a global of this
+  module, and its excepthook prints the fixture's traceback in place of its own;
+- framework cases run a user framework under `frameworks/` through its own `train_step`;
+- negative cases fail without any unsafe data (an out-of-memory error), or not at all.
+
+A case can say what its adaptor already repairs besides parameters and optimizer state
+(`repaired`) and what its rollback already resets (`rollback`): the finding is then the next
+global the step reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import emulated_mindio as ttp
+import emulated_npu
+
+HERE = Path(__file__).resolve().parent
+RULE_FIXTURES = HERE.parent / "fixtures" / "rules"
+VOCAB_SIZE = 64
+HIDDEN_SIZE = 16
+NUM_HEADS = 2
+HEAD_DIM = HIDDEN_SIZE // NUM_HEADS
+_ITERATION = [0]  # the step being run, for fault points planned inside the forward
+
+
+def _iteration() -> int:
+    return _ITERATION[0]
+
+
+def allreduce_gradients(model: torch.nn.Module) -> None:
+    """One flat all-reduce of every gradient, averaged over the data-parallel ranks."""
+    grads = [param.grad for param in model.parameters() if param.grad is not None]
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding, the case's block on Megatron's [seq, batch, hidden] layout, output head."""
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(VOCAB_SIZE, HIDDEN_SIZE)
+        self.block = block
+        self.output_layer = torch.nn.Linear(HIDDEN_SIZE, VOCAB_SIZE)
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        hidden = self.embedding(tokens).transpose(0, 1).contiguous()
+        hidden = self.block(hidden)
+        logits = self.output_layer(hidden).transpose(0, 1)
+        return F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), labels.reshape(-1))
+
+
+class Case:
+    """A plain step: forward, backward, all-reduce, Adam. Subclasses put their global in it."""
+
+    checkpoint = "gpt_tiny"
+
+    def install_excepthook(self) -> None:
+        """Called before init_process_group, whose hook wraps this one with `[rankN]: `."""
+
+    def initialize(self) -> None:
+        """After init_process_group: framework state (model parallel groups, buffers)."""
+
+    def block(self) -> torch.nn.Module:
+        return torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def build_model(self) -> torch.nn.Module:
+        return TinyLM(self.block())
+
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.Adam(model.parameters(), lr=1.5e-4)
+
+    def train_step(self, model, optimizer, batch, iteration: int) -> torch.Tensor:
+        _ITERATION[0] = iteration
+        tokens, labels = batch
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(tokens, labels)
+        loss.backward()
+        allreduce_gradients(model)
+        optimizer.step()
+        return loss.detach()
+
+    def after_step(self, model: torch.nn.Module, iteration: int) -> None:
+        """End of the step, after the optimizer: logging helpers, per-step resets."""
+
+    def repaired(self, model: torch.nn.Module) -> list[torch.Tensor]:
+        """Tensors the adaptor already copies from the replica, besides parameters and optimizer state."""
+        return []
+
+    def rollback(self, step: int, logged_iteration: int) -> None:
+        """What the adaptor's rollback already resets."""
+
+    def loss_scale_value(self) -> float:
+        return 1.0
+
+
+# --- megatron-core ------------------------------------------------------------------------------------
+
+
+def _no_fuser(function):
+    """megatron-core's jit_fuser (torch.compile / TorchScript), off as MindSpeed sets it on the NPU."""
+    return function
+
+
+class MegatronCase(Case):
+    """Megatron's model-parallel state (TP = PP = 1) and its CPU shims, set up once."""
+
+    checkpoint = "gpt_moe_tiny"
+
+    def initialize(self) -> None:
+        from megatron.core import jit
+
+        jit.jit_fuser = _no_fuser  # before any module that decorates with it is imported
+        from megatron.core import parallel_state, tensor_parallel
+        from megatron.core.transformer.moe import moe_utils
+
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+        if dist.get_rank() == 0:
+            print("> initialized tensor model parallel with size 1", flush=True)
+            print("> initialized pipeline model parallel with size 1", flush=True)
+        # The CUDA RNG tracker's fork(): MindSpeed points it at the NPU's generator; here there is none.
+        tracker = tensor_parallel.random.CudaRNGStatesTracker
+        tracker.fork = lambda self, name="model-parallel-rng": contextlib.nullcontext()
+        if not hasattr(moe_utils, "te_general_gemm"):  # megatron-core 0.16.1 reads it without TE
+            moe_utils.te_general_gemm = None
+
+    def config(self, **overrides):
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        return TransformerConfig(
+            num_layers=2, hidden_size=HIDDEN_SIZE, num_attention_heads=NUM_HEADS, attention_dropout=0.0,
+            hidden_dropout=0.0, use_cpu_initialization=True, **overrides,
+        )
+
+
+class MtpLossTracker(MegatronCase):
+    """A multi-token-prediction head logs its loss in MTPLossLoggingHelper.tracker every step."""
+
+    def block(self):
+        return MtpBlock()
+
+    def after_step(self, model, iteration):
+        from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+        MTPLossLoggingHelper.track_mtp_metrics(loss_scale=1.0, iteration=iteration, writer=None, total_loss_dict={})
+
+
+class MtpBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+        self.mtp_head = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+        hidden = hidden + torch.tanh(self.mlp(hidden))
+        mtp_hidden = self.mtp_head(hidden[:-1])
+        mtp_loss = F.mse_loss(mtp_hidden, hidden[1:].detach())
+        MTPLossLoggingHelper.save_loss_to_tracker(mtp_loss, 0, 1)
+        return hidden + 0.0 * mtp_loss
+
+
+class GlobalMemoryBuffer(MegatronCase):
+    """Megatron's DotProductAttention takes its score buffer from the global memory buffer."""
+
+    def block(self):
+        return MegatronSelfAttention(self.config())
+
+
+class MegatronSelfAttention(torch.nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        from megatron.core.process_groups_config import ProcessGroupCollection
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+        from megatron.core.transformer.enums import AttnMaskType
+
+        self.qkv = torch.nn.Linear(HIDDEN_SIZE, 3 * HIDDEN_SIZE)
+        self.core_attention = DotProductAttention(config, 1, AttnMaskType.causal, "self",
+                                                  pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+        self.proj = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        seq, batch, _ = hidden.shape
+        query, key, value = self.qkv(hidden).view(seq, batch, NUM_HEADS, 3 * HEAD_DIM).split(HEAD_DIM, dim=-1)
+        context = self.core_attention(query.contiguous(), key.contiguous(), value.contiguous(), None)
+        return hidden + self.proj(context)
+
+
+class RotaryCache(MegatronCase):
+    """RoPE embeddings come from RotaryEmbedding.forward, an lru_cache on the device."""
+
+    def block(self):
+        return RotaryAttention(self.config())
+
+
+class RotaryInvFreq(RotaryCache):
+    """The adaptor already empties the rotary cache in rollback: the next step recomputes the
+    embedding from inv_freq, which the fault left unsafe."""
+
+    def rollback(self, step, logged_iteration):
+        from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+        RotaryEmbedding.forward.cache_clear()
+
+
+class RotaryAttention(torch.nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+        self.config = config
+        self.query = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+        self.rotary_pos_emb = RotaryEmbedding(kv_channels=HEAD_DIM, rotary_percent=1.0)
+        self.proj = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from megatron.core import parallel_state
+        from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+
+        seq, batch, _ = hidden.shape
+        query = self.query(hidden).view(seq, batch, NUM_HEADS, HEAD_DIM)
+        rotary_pos_emb = self.rotary_pos_emb(seq)
+        query = apply_rotary_pos_emb(query, rotary_pos_emb, config=self.config,
+                                     cp_group=parallel_state.get_context_parallel_group())
+        return hidden + self.proj(query.reshape(seq, batch, HIDDEN_SIZE))
+
+
+class RouterExpertBias(MegatronCase):
+    """Aux-loss-free load balancing: the routers' expert_bias steers routing and moves every step."""
+
+    def moe_config(self):
+        return self.config(num_moe_experts=4, moe_router_topk=2, moe_router_load_balancing_type="none",
+                           moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True)
+
+    def block(self):
+        return MoeLayer(self.moe_config())
+
+    def train_step(self, model, optimizer, batch, iteration):
+        from megatron.core.distributed.finalize_model_grads import (
+            _update_router_expert_bias,
+            reset_model_temporary_tensors,
+        )
+
+        tokens, labels = batch
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(tokens, labels)
+        loss.backward()
+        allreduce_gradients(model)
+        config = model.block.router.config
+        _update_router_expert_bias([model], config)  # what finalize_model_grads does after backward
+        reset_model_temporary_tensors(config, [model])
+        optimizer.step()
+        return loss.detach()
+
+
+class RouterLocalTokens(RouterExpertBias):
+    """The adaptor already copies expert_bias from the replica; the token counts were forgotten."""
+
+    def repaired(self, model):
+        return [model.block.router.expert_bias]
+
+
+class MoeLayer(torch.nn.Module):
+    """Megatron's TopKRouter in front of a few dense experts."""
+
+    def __init__(self, config, layer_number: int = 1) -> None:
+        super().__init__()
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        try:  # megatron-core >= 0.14 takes the process groups
+            from megatron.core.process_groups_config import ProcessGroupCollection
+
+            self.router = TopKRouter(config, ProcessGroupCollection.use_mpu_process_groups())
+        except ImportError:
+            self.router = TopKRouter(config)
+        self.router.set_layer_number(layer_number)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE) for _ in range(4))
+
+    def forward(self, hidden):
+        probs, routing = self.router(hidden)
+        if probs.shape[-1] != len(self.experts):  # megatron-core 0.7: top-k scores and expert indices
+            dense = torch.zeros(probs.shape[0], len(self.experts), dtype=probs.dtype, device=probs.device)
+            probs = dense.scatter(1, routing, probs)
+        tokens = hidden.reshape(-1, HIDDEN_SIZE)
+        output = sum(probs[:, e:e + 1] * expert(tokens) for e, expert in enumerate(self.experts))
+        return hidden + output.reshape(hidden.shape)
+
+
+class MegatronOptimizerCase(MegatronCase):
+    """Megatron's mixed-precision optimizer scales the loss and checks the gradients every step.
+
+    It is built as a stub (`is_stub_optimizer`: no model-parameter bookkeeping, which needs CUDA
+    parameters) around the Adam that trains the model; its loss scale, unit scale and inf flag are
+    Megatron's own device tensors.
+    """
+
+    fp16 = False
+
+    def build_optimizer(self, model):
+        from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+        from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params, MixedPrecisionOptimizer
+        from megatron.core.optimizer.optimizer_config import OptimizerConfig
+
+        adam = torch.optim.Adam(model.parameters(), lr=1.5e-4)
+        scaler = None
+        if self.fp16:
+            scaler = DynamicGradScaler(initial_scale=2.0**16, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5,
+                                       growth_interval=1000, hysteresis=2)
+        self.megatron_optimizer = Float16OptimizerWithFloat16Params.__new__(Float16OptimizerWithFloat16Params)
+        config = OptimizerConfig(bf16=not self.fp16, fp16=self.fp16)
+        MixedPrecisionOptimizer.__init__(self.megatron_optimizer, adam, config, scaler, None)
+        self.megatron_optimizer.is_stub_optimizer = True
+        return adam
+
+    def train_step(self, model, optimizer, batch, iteration):
+        tokens, labels = batch
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(tokens, labels)
+        self.megatron_optimizer.scale_loss(loss).backward()
+        allreduce_gradients(model)
+        found_inf = self.megatron_optimizer.prepare_grads()
+        if not found_inf:
+            scale = self.megatron_optimizer.get_loss_scale()
+            for param in model.parameters():
+                param.grad.div_(scale)
+            optimizer.step()
+        return loss.detach()
+
+    def loss_scale_value(self) -> float:
+        return self.megatron_optimizer.get_loss_scale().item()
+
+
+class OptimizerScaleOne(MegatronOptimizerCase):
+    """bf16: the loss is scaled by the optimizer's unit scale, `_scale_one`."""
+
+
+class GradScaler(MegatronOptimizerCase):
+    """fp16: the loss is scaled by the dynamic grad scaler's `_scale`, which the fault left unsafe."""
+
+    fp16 = True
+
+
+class OptimizerFoundInf(GradScaler):
+    """fp16, and the adaptor already copies the grad scaler from the replica: next comes found_inf."""
+
+    def repaired(self, model):
+        scaler = self.megatron_optimizer.grad_scaler
+        return [scaler._scale, scaler.min_scale, scaler.growth_factor, scaler.backoff_factor]
+
+
+class LegacyMoeTracker(MegatronCase):
+    """megatron-core 0.7 / 0.12: the router's z-loss is logged in parallel_state's MoE tracker."""
+
+    def initialize(self) -> None:
+        super().initialize()
+        histc = torch.histc  # megatron-core 0.7 counts expert indices (int64): CUDA and the NPU can, the CPU cannot
+        torch.histc = lambda input, *args, **kwargs: histc(input.float(), *args, **kwargs)
+
+    def block(self):
+        config = self.config(num_moe_experts=4, moe_router_topk=2, moe_router_load_balancing_type="none",
+                             moe_z_loss_coeff=1e-3, add_bias_linear=False)
+        return MoeLayer(config)
+
+    def after_step(self, model, iteration):
+        from megatron.core.transformer.moe import moe_utils
+
+        moe_utils.clear_aux_losses_tracker()
+
+
+class LegacyCausalMask(MegatronCase):
+    """megatron-core 0.12: the softmax masks scores with the lru-cached default causal mask."""
+
+    def block(self):
+        return CausalSoftmaxAttention()
+
+
+class CausalSoftmaxAttention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax
+        from megatron.core.transformer.enums import AttnMaskType
+        from megatron.core.transformer.utils import attention_mask_func
+
+        self.qkv = torch.nn.Linear(HIDDEN_SIZE, 3 * HIDDEN_SIZE)
+        self.scale_mask_softmax = FusedScaleMaskSoftmax(
+            input_in_fp16=False, input_in_bf16=False, attn_mask_type=AttnMaskType.causal,
+            scaled_masked_softmax_fusion=False, mask_func=attention_mask_func, softmax_in_fp32=True, scale=None)
+        self.proj = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        seq, batch, _ = hidden.shape
+        query, key, value = self.qkv(hidden).view(seq, batch, NUM_HEADS, 3 * HEAD_DIM).split(HEAD_DIM, dim=-1)
+        scores = torch.einsum("sbnh,tbnh->bnst", query, key) / HEAD_DIM**0.5
+        probs = self.scale_mask_softmax(scores, None)
+        context = torch.einsum("bnst,tbnh->sbnh", probs, value)
+        return hidden + self.proj(context.reshape(seq, batch, HIDDEN_SIZE))
+
+
+# --- replays of committed hand-written tracebacks ----------------------------------------------------------
+
+_REPLAY_GATE: torch.Tensor | None = None
+"""A device tensor every step reads: on the faulty rank the step fails on it after recovery."""
+
+
+class Replay(Case):
+    """The step fails for real on `_REPLAY_GATE`; the excepthook prints the fixture's traceback."""
+
+    def __init__(self, fixture: str) -> None:
+        self.fixture = RULE_FIXTURES / fixture
+
+    def initialize(self) -> None:
+        global _REPLAY_GATE
+        _REPLAY_GATE = torch.ones(HIDDEN_SIZE)
+
+    def block(self):
+        return GatedLinear()
+
+    def install_excepthook(self) -> None:
+        previous = sys.excepthook
+
+        def replay(exc_type, exc, tb):
+            if exc is not None and emulated_npu.UNSAFE_DATA in str(exc):
+                sys.stderr.write(replayed_traceback(self.fixture.read_text()))
+                sys.stderr.flush()
+                return
+            previous(exc_type, exc, tb)
+
+        sys.excepthook = replay
+
+
+class GatedLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        return hidden + self.linear(hidden) * _REPLAY_GATE
+
+
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+_ERROR_LINE = re.compile(r"^\[ERROR\] \S+ \(PID:\d+, Device:-?\d+, RankID:-?\d+\) (ERR\d{5}.*)$")
+
+
+def replayed_traceback(fixture_text: str) -> str:
+    """The fixture's traceback as this rank's excepthook prints it: its own `[ERROR]` line (time,
+    PID, device, rank) and no rank prefix (torch's hook adds this rank's)."""
+    lines = []
+    for line in fixture_text.splitlines():
+        line = _RANK_PREFIX.sub("", line)
+        error = _ERROR_LINE.match(line)
+        if error:
+            line = emulated_npu.pta_error(error.group(1)).lstrip("\n")
+        lines.append(line + "\n")
+    return "".join(lines)
+
+
+# --- stand-ins at MindSpeed's and MindSpeed-LLM's import paths ---------------------------------------------
+
+
+class StandinCase(Case):
+    """A block that runs a stand-in module (standins/) every step."""
+
+    checkpoint = "mindspeed_llm_tiny"
+
+    def __init__(self, block: Callable[[], torch.nn.Module]) -> None:
+        self.make_block = block
+
+    def block(self):
+        return self.make_block()
+
+
+class All2AllOverlap(torch.nn.Module):
+    """Forward-backward overlap: queue the all-to-all output, take it back later in the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dispatch = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+        self.norm = torch.nn.LayerNorm(HIDDEN_SIZE)
+        self.combine = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from mindspeed.core.transformer.moe.moe_feature.fb_overlap.modules import attention
+
+        attention.async_all2all_dispatch(self.dispatch(hidden))
+        ttp.strike(_iteration(), "mid-forward")  # a fault here leaves the queued entry behind
+        hidden = self.norm(hidden)
+        return hidden + self.combine(attention.combine_dispatched(hidden))
+
+
+class GemmOverlap(torch.nn.Module):
+    """MoE overlap: each forward runs the previous microbatch's expert backward on the tensors it
+    saved, and saves its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expert = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+        self.norm = torch.nn.LayerNorm(HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from mindspeed.core.transformer.moe import moe_utils
+
+        hidden = moe_utils.overlapped_expert_backward(hidden)
+        moe_utils.set_gemm_backward_need_tensors(self.expert(hidden).detach())
+        ttp.strike(_iteration(), "mid-forward")
+        return self.norm(hidden + self.expert(hidden))
+
+
+class FlashAttentionMask(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qk = torch.nn.Linear(HIDDEN_SIZE, 2 * HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from mindspeed.core.transformer.flash_attention.generate_mask import generate_mask
+
+        query, key = self.qk(hidden).chunk(2, dim=-1)
+        scores = torch.einsum("sbh,tbh->bst", query, key)
+        probs = generate_mask.masked_softmax(scores)
+        return hidden + torch.einsum("bst,tbh->sbh", probs, hidden)
+
+
+class AdaptiveContextParallel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from mindspeed.core.context_parallel import utils
+
+        seq = hidden.shape[0]
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=hidden.device).tril()
+        weights = utils.schedule_weights(causal).to(hidden.dtype)
+        return hidden + self.linear(torch.einsum("st,tbh->sbh", weights, hidden))
+
+
+class ContextParallelBatch(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from mindspeed.core.context_parallel import get_batch_utils
+
+        seq, batch, _ = hidden.shape
+        get_batch_utils.update_actual_seq_len(torch.full((batch,), seq, device=hidden.device))
+        lengths = get_batch_utils.get_actual_seq_len().to(hidden.dtype)
+        return hidden + self.linear(hidden) * (lengths / seq).view(1, batch, 1)
+
+
+class MtpPositions(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.position_embedding = torch.nn.Embedding(32, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from mindspeed_llm.training import utils
+
+        seq, batch, _ = hidden.shape
+        utils.update_mtp_position_ids(torch.arange(seq, device=hidden.device).expand(batch, seq))
+        shifted = utils.get_mtp_position_ids() + 1
+        return hidden + self.position_embedding(shifted).transpose(0, 1)
+
+
+class LogArgsRepair(Case):
+    """MindSpeed-LLM's adaptor keeps every step's reduced losses in LogArgs and replays the training
+    log of the repaired step in rollback; this adaptor forgot to copy LogArgs from the replica."""
+
+    checkpoint = "mindspeed_llm_tiny"
+
+    def after_step(self, model, iteration):
+        from mindspeed_llm.core.high_availability import tft_optimizer_data_repair
+
+        tft_optimizer_data_repair.tft_set_losses_reduced([{"lm loss": torch.full((1,), 0.25 + iteration % 7)}])
+
+    def rollback(self, step, logged_iteration):
+        from mindspeed_llm.core.high_availability import tft_rollback
+
+        tft_rollback.training_log_repair(step, logged_iteration)
+
+
+# --- user frameworks ------------------------------------------------------------------------------------
+
+
+class FrameworkCase(Case):
+    """A user framework under frameworks/<name>/ trains through its own `train.train_step`."""
+
+    checkpoint = "user_model"
+
+    def __init__(self, package: str) -> None:
+        self.package = package
+
+    def build_model(self):
+        return importlib.import_module(f"{self.package}.train").build_model(VOCAB_SIZE, HIDDEN_SIZE)
+
+    def train_step(self, model, optimizer, batch, iteration):
+        return importlib.import_module(f"{self.package}.train").train_step(model, optimizer, batch, iteration)
+
+
+# --- negatives -----------------------------------------------------------------------------------------
+
+
+class OutOfMemory(Case):
+    """The first step after recovery asks for more device memory than there is (no unsafe data)."""
+
+    grow = False
+
+    def rollback(self, step, logged_iteration):
+        self.grow = True
+
+    def train_step(self, model, optimizer, batch, iteration):
+        if self.grow and dist.get_rank() == 2:
+            allocate_activation_cache()
+        return super().train_step(model, optimizer, batch, iteration)
+
+
+def allocate_activation_cache() -> torch.Tensor:
+    """A real allocation failure, reported in torch_npu's words for an NPU with 64 GiB."""
+    tried = 72 * 2**30  # over this machine's memory and swap: the allocation fails for real
+    try:
+        return torch.empty(tried, dtype=torch.uint8)
+    except RuntimeError:
+        raise torch.OutOfMemoryError(
+            f"NPU out of memory. Tried to allocate {tried / 2**30:.2f} GiB (NPU {os.environ['LOCAL_RANK']}; "
+            "60.97 GiB total capacity; 57.12 GiB already allocated; 57.12 GiB current active; 1.18 GiB free; "
+            "58.40 GiB reserved in total by PyTorch) If reserved memory is >> allocated memory try setting "
+            "max_split_size_mb to avoid fragmentation." + emulated_npu.pta_error("ERR00006 PTA memory error")
+        ) from None
+
+
+CASES: dict[str, Callable[[], Case]] = {
+    # megatron-core 0.16.1
+    "mtp-loss-tracker": MtpLossTracker,
+    "global-memory-buffer": GlobalMemoryBuffer,
+    "rotary-emb-cache": RotaryCache,
+    "rotary-inv-freq": RotaryInvFreq,
+    "router-expert-bias": RouterExpertBias,
+    "router-local-tokens": RouterLocalTokens,
+    "optimizer-scale-one": OptimizerScaleOne,
+    "optimizer-found-inf": OptimizerFoundInf,
+    "grad-scaler": GradScaler,
+    # megatron-core 0.7.0 / 0.12.1 (generate.py puts the release first on PYTHONPATH)
+    "legacy-moe-tracker": LegacyMoeTracker,
+    "legacy-causal-mask": LegacyCausalMask,
+    # replays of hand-written tracebacks
+    "replay-moe-metrics-tracker": lambda: Replay("hand-megatron-lm-main-moe-metrics-tracker.log"),
+    "replay-ag-shared-experts-inputs": lambda: Replay("hand-mindspeed-ag-shared-experts-inputs.log"),
+    "replay-ag-shared-experts-moe-common": lambda: Replay("hand-mindspeed-ag-shared-experts-inputs-moe-common.log"),
+    "replay-kvallgather": lambda: Replay("hand-mindspeed-llm-kvallgather.log"),
+    "replay-swap-prefetch": lambda: Replay("hand-mindspeed-swap-prefetch.log"),
+    # stand-ins
+    "standin-async-all2all": lambda: StandinCase(All2AllOverlap),
+    "standin-moe-overlap-saved": lambda: StandinCase(GemmOverlap),
+    "standin-flash-attention-mask": lambda: StandinCase(FlashAttentionMask),
+    "standin-adaptive-cp-masks": lambda: StandinCase(AdaptiveContextParallel),
+    "standin-cp-actual-seq-len": lambda: StandinCase(ContextParallelBatch),
+    "standin-mtp-position-ids": lambda: StandinCase(MtpPositions),
+    "standin-log-args": LogArgsRepair,
+    # user frameworks
+    "lossbook": lambda: FrameworkCase("lossbook"),
+    "packer": lambda: FrameworkCase("packer"),
+    "maskcache": lambda: FrameworkCase("maskcache"),
+    "tokencount": lambda: FrameworkCase("tokencount"),
+    "emashadow": lambda: FrameworkCase("emashadow"),
+    "warmupstep": lambda: FrameworkCase("warmupstep"),
+    "amaxscale": lambda: FrameworkCase("amaxscale"),
+    "postable": lambda: FrameworkCase("postable"),
+    # negatives
+    "out-of-memory": OutOfMemory,
+    "clean-recovery": Case,
+}

@@ -1,0 +1,1 @@
+"""amaxscale: simulated fp8 activations with delayed scaling from a running maximum."""

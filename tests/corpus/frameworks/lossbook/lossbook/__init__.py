@@ -1,0 +1,1 @@
+"""lossbook: a trainer that sums each loss term between log lines."""

@@ -1,0 +1,1 @@
+"""postable: a model with a fixed sinusoidal position table, built once on the device."""

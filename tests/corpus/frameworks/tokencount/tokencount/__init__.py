@@ -1,0 +1,1 @@
+"""tokencount: a trainer that reports tokens per second from a device-side token counter."""

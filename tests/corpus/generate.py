@@ -1,0 +1,184 @@
+"""Regenerate the corpus logs under tests/corpus/logs/ by running real multi-rank torchrun jobs.
+
+Usage, from the repository root::
+
+    .venv/bin/python tests/corpus/generate.py                 # every run (about 13 minutes on 2 cores)
+    .venv/bin/python tests/corpus/generate.py mtp-loss-tracker lossbook
+
+Each run is a torchrun job on gloo/CPU (4 to 8 ranks) of `worker.py` with one case of `cases.py`,
+under the emulated torch_npu and MindIO of samples/workers/. The log is torchrun's combined stdout
+and stderr as it arrived, in one of three launcher styles: `plain` (as samples/make_logs.py runs:
+the last rank's iteration lines, the `[rankN]: ` traceback), `tee` (`--tee 3` with
+`TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'`: every line of every rank prefixed) and
+`tee-default` (`--tee 3`: torchrun's own `[default<local rank>]:` prefix).
+
+megatron-core 0.7.0 and 0.12.1 runs need those releases in pip targets, put first on PYTHONPATH
+(megatron-core has no compiled parts; 0.7.0 imports pkg_resources)::
+
+    .venv/bin/pip install --no-deps --target /tmp/corpus-mc07 megatron-core==0.7.0 'setuptools<81'
+    .venv/bin/pip install --no-deps --target /tmp/corpus-mc012 megatron-core==0.12.1
+
+Paths of this checkout and of the environment are rewritten to a cluster's (site-packages under
+/usr/local/lib/python3.11, the job under /home/ma-user/work), so the logs read the same wherever
+the checkout is; the labels pass `--source-root` to the folders here. Nothing else is edited.
+Timestamps, PIDs and thread ids change on every run; the labels in labels.yaml do not.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+LOGS = HERE / "logs"
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+MEGATRON_TARGETS = {"0.7.0": Path("/tmp/corpus-mc07"), "0.12.1": Path("/tmp/corpus-mc012")}
+CLUSTER_SITE_PACKAGES = "/usr/local/lib/python3.11/site-packages"
+CLUSTER_HOME = "/home/ma-user/work"
+MAX_BYTES = 250_000
+TIMEOUT = 300
+UNSAFE = "RuntimeError: There is unsafe data in the input tensor."
+
+
+@dataclass(frozen=True)
+class Run:
+    case: str  # a key of cases.CASES
+    fault: str  # SAMPLE_FAULT: <iteration>:<rank>,<rank>:<uce|hbm>:<point>
+    ranks: int = 4
+    style: str = "plain"  # plain | tee | tee-default
+    megatron: str | None = None  # a release of MEGATRON_TARGETS, else the environment's 0.16.1
+    framework: str | None = None  # a folder of frameworks/ put on PYTHONPATH
+    expect: tuple[str, ...] = (UNSAFE,)  # what the output must contain
+
+
+RUNS: dict[str, Run] = {
+    # megatron-core 0.16.1
+    "megatron-mtp-loss-tracker": Run("mtp-loss-tracker", "121:1:uce:forward", style="tee"),
+    "megatron-global-memory-buffer": Run("global-memory-buffer", "121:3:hbm:forward"),
+    "megatron-rotary-emb-cache": Run("rotary-emb-cache", "121:2:uce:forward", ranks=6, style="tee-default"),
+    "megatron-rotary-inv-freq": Run("rotary-inv-freq", "121:0:uce:forward", style="tee"),
+    "megatron-router-expert-bias": Run("router-expert-bias", "121:1,3:uce:forward"),
+    "megatron-router-local-tokens": Run("router-local-tokens", "121:5:uce:forward", ranks=8, style="tee"),
+    "megatron-optimizer-scale-one": Run("optimizer-scale-one", "121:2:hbm:forward"),
+    "megatron-optimizer-found-inf": Run("optimizer-found-inf", "121:1:uce:forward", style="tee"),
+    "megatron-grad-scaler": Run("grad-scaler", "121:3:uce:forward", style="tee-default"),
+    # megatron-core 0.7.0 and 0.12.1
+    "megatron-0.7-aux-losses-tracker": Run("legacy-moe-tracker", "121:3:uce:forward", megatron="0.7.0"),
+    "megatron-0.12-layer-wise-tracker": Run("legacy-moe-tracker", "121:1:uce:forward", style="tee", megatron="0.12.1"),
+    "megatron-0.12-causal-mask": Run("legacy-causal-mask", "121:2:hbm:forward", megatron="0.12.1"),
+    # hand-written tracebacks of tests/fixtures/rules/, replayed by the rank they name
+    "replay-megatron-main-moe-metrics": Run("replay-moe-metrics-tracker", "121:5:uce:forward", ranks=8, style="tee"),
+    "replay-mindspeed-ag-shared-experts": Run("replay-ag-shared-experts-inputs", "121:2:uce:forward"),
+    "replay-mindspeed-ag-shared-experts-moe-common": Run(
+        "replay-ag-shared-experts-moe-common", "121:6:hbm:forward", ranks=8, style="tee-default"),
+    "replay-mindspeed-llm-kvallgather": Run("replay-kvallgather", "121:1:uce:forward", style="tee"),
+    "replay-mindspeed-swap-prefetch": Run("replay-swap-prefetch", "121:0:uce:forward"),
+    # stand-ins at MindSpeed's / MindSpeed-LLM's import paths
+    "standin-mindspeed-async-all2all": Run("standin-async-all2all", "121:1:uce:mid-forward", style="tee"),
+    "standin-mindspeed-moe-overlap-saved": Run("standin-moe-overlap-saved", "121:3:uce:mid-forward"),
+    "standin-mindspeed-flash-attention-mask": Run("standin-flash-attention-mask", "121:2:uce:forward", ranks=6),
+    "standin-mindspeed-adaptive-cp-masks": Run("standin-adaptive-cp-masks", "121:1:hbm:forward", style="tee-default"),
+    "standin-mindspeed-cp-actual-seq-len": Run("standin-cp-actual-seq-len", "121:0:uce:forward", style="tee"),
+    "standin-mindspeed-llm-mtp-position-ids": Run("standin-mtp-position-ids", "121:3:uce:forward"),
+    "standin-mindspeed-llm-log-args": Run(
+        "standin-log-args", "121:3:uce:after-optimizer",
+        expect=("An error occurred: There is unsafe data in the input tensor.", "rollback failed, ret: 1")),
+    # user frameworks
+    "user-lossbook-meters": Run("lossbook", "123:1:uce:forward", framework="lossbook"),
+    "user-packer-buffer": Run("packer", "121:2:hbm:forward", style="tee", framework="packer"),
+    "user-maskcache-lru-mask": Run("maskcache", "121:1:uce:forward", ranks=8, style="tee", framework="maskcache"),
+    "user-tokencount-counter": Run("tokencount", "121:3:hbm:forward", ranks=6, style="tee-default",
+                                   framework="tokencount"),
+    "user-emashadow-weights": Run("emashadow", "121:3:uce:forward", framework="emashadow"),
+    "user-warmupstep-counter": Run("warmupstep", "121:1:uce:forward", style="tee-default", framework="warmupstep"),
+    "user-amaxscale-running-max": Run("amaxscale", "121:0:hbm:forward", style="tee", framework="amaxscale"),
+    "user-postable-table": Run("postable", "121:2:uce:forward", framework="postable"),
+    "user-warmupstep-counter-8ranks": Run("warmupstep", "124:6:uce:forward", ranks=8, style="tee",
+                                          framework="warmupstep"),
+    # negatives
+    "negative-out-of-memory": Run("out-of-memory", "121:1:uce:forward",
+                                  expect=("torch.OutOfMemoryError: NPU out of memory",)),
+    "negative-clean-recovery": Run("clean-recovery", "121:2:hbm:forward", style="tee",
+                                   expect=("start notify all rank normal...", "[after training is done]")),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def environment(run: Run) -> dict[str, str]:
+    paths = [str(REPO / "samples" / "workers"), str(HERE / "standins")]
+    if run.framework:
+        paths.append(str(HERE / "frameworks" / run.framework))
+    if run.megatron:
+        target = MEGATRON_TARGETS[run.megatron]
+        if not (target / "megatron").is_dir():
+            raise SystemExit(f"megatron-core {run.megatron} is not in {target}: see this script's docstring")
+        paths.insert(0, str(target))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(paths), SAMPLE_FAULT=run.fault)
+    if run.style == "tee":
+        env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank${rank}]:"
+    return env
+
+
+def launch(run: Run) -> str:
+    """Run the job; return torchrun's console output."""
+    launcher = ["--nproc-per-node", str(run.ranks), "--master-port", str(free_port())]
+    if run.style != "plain":
+        launcher += ["--tee", "3"]
+    job = subprocess.run([TORCHRUN, *launcher, "tests/corpus/worker.py", "--case", run.case], cwd=REPO,
+                         env=environment(run), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=TIMEOUT)
+    return job.stdout
+
+
+def cluster_paths(text: str) -> str:
+    """This checkout's and this environment's paths, as a cluster job's would read."""
+    replacements = [
+        (sysconfig.get_paths()["purelib"], CLUSTER_SITE_PACKAGES),
+        *((str(target), CLUSTER_SITE_PACKAGES) for target in MEGATRON_TARGETS.values()),
+        (str(HERE / "standins" / "mindspeed_llm"), f"{CLUSTER_HOME}/MindSpeed-LLM/mindspeed_llm"),
+        (str(HERE / "standins" / "mindspeed"), f"{CLUSTER_HOME}/MindSpeed/mindspeed"),
+        (str(HERE / "frameworks"), CLUSTER_HOME),
+        (str(Path(sys.executable).parent), "/usr/local/bin"),
+        (str(REPO), f"{CLUSTER_HOME}/job"),
+    ]
+    for local, cluster in replacements:
+        text = text.replace(local + "/", cluster + "/")
+    return text
+
+
+def generate(name: str, run: Run) -> None:
+    text = cluster_paths(launch(run))
+    path = LOGS / f"{name}.log"
+    missing = [needle for needle in run.expect if needle not in text]
+    if missing:
+        kept = Path("/tmp") / f"{name}.log.failed"
+        kept.write_text(text)
+        raise SystemExit(f"{name}: the run did not produce {missing!r}; its output is in {kept}")
+    if len(text.encode()) > MAX_BYTES:
+        raise SystemExit(f"{name}: {len(text.encode())} bytes, over the {MAX_BYTES} limit")
+    path.write_text(text)
+    print(f"wrote {path.relative_to(REPO)} ({len(text.encode())} bytes)", flush=True)
+
+
+def main(names: list[str]) -> None:
+    unknown = sorted(set(names) - set(RUNS))
+    if unknown:
+        raise SystemExit(f"unknown run(s) {unknown}; choose from {sorted(RUNS)}")
+    LOGS.mkdir(exist_ok=True)
+    for name in names or RUNS:
+        generate(name, RUNS[name])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

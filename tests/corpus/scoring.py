@@ -1,0 +1,161 @@
+"""The corpus labels (labels.yaml) and how a diagnosis is scored against them.
+
+Shared by tests/test_corpus.py (every label must hold) and benchmarks/classification_accuracy.py
+(the confusion table). A finding is compared on the fields its label gives: `variable` (the global
+the finding names: the resolved tensor's variable, else the one its rule names from the culprit
+frame), `ranks`, `scenario` (1, 2 or null), `rule` (null for a heuristic verdict or none) and,
+when given, `confidence`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from unsafe_doctor.diagnosis import Diagnosis, DiagnosedFinding, diagnose
+from unsafe_doctor.knowledge import KnowledgeBase, load_knowledge
+
+HERE = Path(__file__).resolve().parent
+LABELS = HERE / "labels.yaml"
+ENTRY_KEYS = {"log", "origin", "source_roots", "rules", "findings", "last_error", "known_failure"}
+FINDING_KEYS = {"variable", "ranks", "scenario", "rule", "confidence"}
+REQUIRED_FINDING_KEYS = {"variable", "ranks", "scenario", "rule"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    log: str  # relative to this folder
+    origin: str
+    source_roots: tuple[str, ...]
+    rules: tuple[str, ...]
+    findings: tuple[dict, ...]
+    last_error: str | None  # exception type the log ends with, when it has no finding
+    known_failure: str | None  # why the tool, not the label, is wrong
+
+    def path(self, relative: str) -> Path:
+        return (HERE / relative).resolve()
+
+
+def load_entries() -> list[Entry]:
+    data = yaml.safe_load(LABELS.read_text())
+    entries = []
+    for item in data["logs"]:
+        if set(item) - ENTRY_KEYS:
+            raise ValueError(f"{item.get('log')}: unknown keys {sorted(set(item) - ENTRY_KEYS)}")
+        for finding in item.get("findings", []):
+            if set(finding) - FINDING_KEYS or REQUIRED_FINDING_KEYS - set(finding):
+                raise ValueError(f"{item['log']}: a finding needs {sorted(REQUIRED_FINDING_KEYS)}, may add confidence")
+        entries.append(Entry(
+            log=item["log"], origin=item["origin"], source_roots=tuple(item.get("source_roots", [])),
+            rules=tuple(item.get("rules", [])), findings=tuple(item.get("findings", [])),
+            last_error=item.get("last_error"), known_failure=item.get("known_failure"),
+        ))
+    return entries
+
+
+@dataclass(frozen=True)
+class Outcome:
+    entry: Entry
+    findings: tuple[dict, ...]  # every reported finding, with every field
+    last_error: str | None
+    seconds: float
+
+    def expected(self) -> list[dict]:
+        return sorted(self.entry.findings, key=_order)
+
+    def got(self) -> list[dict]:
+        """The reported findings, each on the fields of the label with its variable (all when none)."""
+        fields = {label["variable"]: set(label) for label in self.entry.findings}
+        kept = [fields.get(finding["variable"], FINDING_KEYS) for finding in self.findings]
+        return sorted(({key: value for key, value in finding.items() if key in keys}
+                       for finding, keys in zip(self.findings, kept)), key=_order)
+
+    def holds(self) -> bool:
+        return self.got() == self.expected() and self.last_error == self.entry.last_error
+
+
+def _order(finding: dict) -> tuple:
+    return (str(finding["variable"]), finding["ranks"])
+
+
+def run(entry: Entry) -> Outcome:
+    """Diagnose the entry's log as the CLI would, timed."""
+    rule_paths = [entry.path(path) for path in entry.rules]
+    started = time.perf_counter()
+    diagnosis = diagnose([str(entry.path(entry.log))], source_roots=[entry.path(root) for root in entry.source_roots],
+                         rule_paths=rule_paths)
+    seconds = time.perf_counter() - started
+    knowledge = load_knowledge(rule_paths)
+    findings = tuple(_fields(finding, knowledge) for finding in diagnosis.findings)
+    return Outcome(entry, findings, _last_error(diagnosis), seconds)
+
+
+def _fields(diagnosed: DiagnosedFinding, knowledge: KnowledgeBase) -> dict:
+    classification, tensor = diagnosed.classification, diagnosed.finding.tensor
+    variable = tensor.variable if tensor else None
+    if variable is None and classification.rule is not None:
+        variable = knowledge.rule(classification.rule).match.variable
+    return {"variable": variable, "ranks": list(diagnosed.finding.ranks), "scenario": classification.scenario,
+            "rule": classification.rule, "confidence": classification.confidence}
+
+
+def _last_error(diagnosis: Diagnosis) -> str | None:
+    return diagnosis.last_error.exception_type if diagnosis.last_error else None
+
+
+# --- the confusion table ------------------------------------------------------------------------------
+
+EXPECTED_CLASSES = ("1", "2", "none")
+PREDICTED_CLASSES = ("1", "2", "unclassified", "no finding")
+
+
+def pairs(outcome: Outcome) -> list[tuple[str, str, dict | None, dict | None]]:
+    """(expected class, predicted class, label, finding) for every label and every reported finding.
+
+    Labels and findings pair on the variable, then the rest in order; an unpaired finding is
+    expected "none"; a log with no label and no finding counts once as ("none", "no finding").
+    """
+    labels, findings = list(outcome.entry.findings), list(outcome.findings)
+    paired = []
+    for label in list(labels):
+        match = next((finding for finding in findings if finding["variable"] == label["variable"]), None)
+        if match is not None:
+            labels.remove(label)
+            findings.remove(match)
+            paired.append((label, match))
+    paired.extend(zip(labels, findings))
+    paired.extend((label, None) for label in labels[len(findings):])
+    paired.extend((None, finding) for finding in findings[len(labels):])
+    if not paired:
+        return [("none", "no finding", None, None)]
+    return [("none" if label is None else _class(label["scenario"]), _predicted(finding), label, finding)
+            for label, finding in paired]
+
+
+def _class(scenario: int | None) -> str:
+    return "none" if scenario is None else str(scenario)
+
+
+def _predicted(finding: dict | None) -> str:
+    if finding is None:
+        return "no finding"
+    return "unclassified" if finding["scenario"] is None else str(finding["scenario"])
+
+
+def confusion(outcomes: list[Outcome]) -> Counter:
+    return Counter((expected, predicted) for outcome in outcomes for expected, predicted, _, _ in pairs(outcome))
+
+
+def rule_accuracy(outcomes: list[Outcome]) -> tuple[int, int]:
+    """(labels whose finding names the labelled rule, or none when the label says none; labels)."""
+    right = total = 0
+    for outcome in outcomes:
+        for _, _, label, finding in pairs(outcome):
+            if label is not None:
+                total += 1
+                right += finding is not None and finding["rule"] == label["rule"]
+    return right, total

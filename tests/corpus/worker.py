@@ -1,0 +1,262 @@
+"""The torchrun worker behind the corpus logs: `python tests/corpus/generate.py` launches it.
+
+A small data-parallel language model trains on gloo/CPU under the emulated torch_npu and MindIO of
+samples/workers/ (`emulated_npu.py`, `emulated_mindio.py`). The hardware fault planned in
+`SAMPLE_FAULT` strikes, MindIO runs stop -> clean -> repair -> rollback through the recovery
+adaptor below, which restores the parameters and the optimizer state (and whatever the case says
+its adaptor already repairs), and the next step runs the case's code (cases.py) on memory the
+fault left unsafe. The output is what torchrun prints: the `[rankN]: ` traceback, MindIO's lines,
+each rank's iteration lines and the launcher's ChildFailedError box.
+
+    torchrun --nproc-per-node 4 tests/corpus/worker.py --case mtp-loss-tracker
+
+What torch_npu and MindSpeed change on an NPU is shimmed: `torch.cuda.current_device()` and
+`device="cuda"` land on the emulated device (transfer_to_npu sends them to the NPU); for
+megatron-core cases, its JIT fuser is off and the CUDA RNG tracker's fork() does nothing (cases.py).
+Collectives in a training step are guarded (`emulated_mindio.collective_guard`) so that a rank
+dying mid-step does not leave the others blocked in gloo, as MindIO's stop would unblock them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+import cases
+import emulated_mindio as ttp
+import emulated_npu
+
+logger = logging.getLogger("tft_adaptor")
+
+START_ITERATION = 116
+EXIT_ITERATION = 130
+SEQ_LENGTH = 8
+MICRO_BATCH_SIZE = 2
+UCE_HIGH_LEVEL = 3  # check_uce_in_memory: persistent memory was hit
+RT_SEND = 0  # mindio_ttp RepairType: this rank sends to the faulty ranks
+
+
+_FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "arange", "randn", "rand")
+
+
+def cuda_on_cpu() -> None:
+    """`device="cuda"` allocations land on the emulated device, as transfer_to_npu's wrappers send
+    them to the NPU. `torch.tensor(...)` copies Python data (host memory for the emulation): with
+    `device="cuda"` the copy is moved to device memory."""
+    torch.cuda.current_device = lambda: "cpu"
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+
+    def on_device(factory):
+        @functools.wraps(factory)
+        def allocate(*args, **kwargs):
+            if not str(kwargs.get("device", "")).startswith("cuda"):
+                return factory(*args, **kwargs)
+            kwargs["device"] = "cpu"
+            allocated = factory(*args, **kwargs)
+            return allocated.clone() if factory.__name__ == "tensor" else allocated
+
+        return allocate
+
+    for name in _FACTORIES:
+        setattr(torch, name, on_device(getattr(torch, name)))
+
+
+@dataclass
+class TrainState:
+    iteration: int  # steps completed
+    exit_iteration: int
+    consumed_samples: int
+    global_batch_size: int
+
+
+class DataIterator:
+    """This rank's share of every global batch of a fixed token corpus; restarts at any step."""
+
+    def __init__(self, corpus: torch.Tensor, state: TrainState) -> None:
+        self.corpus = corpus
+        self.rebuild(state.consumed_samples)
+
+    def rebuild(self, consumed_samples: int) -> None:
+        self.position = consumed_samples + dist.get_rank() * MICRO_BATCH_SIZE
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.arange(self.position, self.position + MICRO_BATCH_SIZE) % len(self.corpus)
+        self.position += MICRO_BATCH_SIZE * dist.get_world_size()
+        sample = self.corpus[rows]
+        return sample[:, :-1], sample[:, 1:]
+
+
+# --- guarded collectives ----------------------------------------------------------------------------
+
+_STEPPING = [False]  # inside a training step: collectives wait for every rank first
+_all_reduce = dist.all_reduce
+
+
+def _guarded_all_reduce(tensor, *args, **kwargs):
+    if _STEPPING[0]:
+        ttp.collective_guard()
+    return _all_reduce(tensor, *args, **kwargs)
+
+
+dist.all_reduce = _guarded_all_reduce
+
+
+# --- training ----------------------------------------------------------------------------------------
+
+_LAST_LOG = [time.time()]
+
+
+def print_rank_0(message: str) -> None:
+    if dist.get_rank() == 0:
+        print(message, flush=True)
+
+
+def training_log(case: cases.Case, state: TrainState, loss: torch.Tensor, learning_rate: float) -> None:
+    """Megatron's iteration line on the last rank, and every rank's own step line through logging."""
+    now = time.time()
+    elapsed, _LAST_LOG[0] = now - _LAST_LOG[0], now
+    loss_value = loss.item()
+    logging.getLogger("train").info(
+        f"[rank {dist.get_rank()}] iteration {state.iteration}: local lm loss {loss_value:.4f}, "
+        f"step time {elapsed:.3f}s, tokens {MICRO_BATCH_SIZE * SEQ_LENGTH}")
+    if dist.get_rank() == dist.get_world_size() - 1:
+        print(f" [{datetime.datetime.now():%Y-%m-%d %H:%M:%S}] iteration {state.iteration:8d}/{1000:8d} |"
+              f" consumed samples: {state.consumed_samples:12d} |"
+              f" elapsed time per iteration (ms): {elapsed * 1000:.1f} |"
+              f" learning rate: {learning_rate:.6E} | global batch size: {state.global_batch_size:5d} |"
+              f" lm loss: {loss_value:.6E} | loss scale: {case.loss_scale_value():.1f} |"
+              f" number of skipped iterations:   0 | number of nan iterations:   0 |", flush=True)
+
+
+def train(model, optimizer, data_iterator: DataIterator, state: TrainState, case: cases.Case) -> int:
+    """Megatron's loop; MindIO calls it again after a recovery, with the same arguments."""
+    while state.iteration < state.exit_iteration:
+        iteration = state.iteration + 1
+        _STEPPING[0] = True
+        try:
+            loss = case.train_step(model, optimizer, next(data_iterator), iteration)
+            ttp.tft_end_updating_os(iteration)
+            ttp.strike(iteration, "after-optimizer")
+            case.after_step(model, iteration)
+            state.iteration = iteration
+            state.consumed_samples += state.global_batch_size
+            training_log(case, state, loss, optimizer.param_groups[0]["lr"])
+        finally:
+            _STEPPING[0] = False
+    return state.iteration
+
+
+# --- the recovery adaptor ---------------------------------------------------------------------------
+
+MODEL_INDEX, OPTIM_INDEX, DATA_INDEX, STATE_INDEX, CASE_INDEX = 0, 1, 2, 3, 4
+
+
+def replicated_tensors(train_args) -> list[torch.Tensor]:
+    """What the adaptor restores, in the same order on every rank."""
+    model, optimizer, case = train_args[MODEL_INDEX], train_args[OPTIM_INDEX], train_args[CASE_INDEX]
+    tensors = []
+    for param in model.parameters():
+        tensors.append(param.data)
+        param_state = optimizer.state[param]
+        tensors.extend(param_state[key] for key in sorted(param_state))  # Adam's step count too
+    return tensors + case.repaired(model)
+
+
+def stop_callback(train_args, ctx):
+    import torch_npu
+    torch_npu.npu.stop_device(torch_npu.npu.current_device())
+
+
+def clean_callback(is_uce_error: bool, train_args, ctx) -> int:
+    import torch_npu
+    from torch_npu.npu._recovery import update_npu_tensor_to_safe
+    started, device, rank = time.time(), torch_npu.npu.current_device(), dist.get_rank()
+    if is_uce_error:
+        result = torch_npu.npu.check_uce_in_memory(device)
+        logger.info(f"rank {rank} check uce memory result: {result}")
+        if result == UCE_HIGH_LEVEL:
+            for tensor in replicated_tensors(train_args):
+                update_npu_tensor_to_safe(tensor)
+    torch_npu.npu.restart_device(device)
+    logger.info(f"[clean] rank:{rank}, type:retry, cost:{time.time() - started:.3f}s, ret:0")
+    return 0
+
+
+def repair_callback(step: int, need_rebuild: bool, error_ranks: list, repair_info: dict, train_args, ctx):
+    started, rank = time.time(), dist.get_rank()
+    src_ranks, dest_ranks, rank_list = repair_info["src"], repair_info["dst"], repair_info["rank_list"]
+    logger.info(f"[repair] rank {rank}, repair type:{repair_info['repair_type']}, src ranks:{src_ranks}, "
+                f"dst ranks:{dest_ranks}, rank list:{rank_list}, optim idxs:{repair_info['type']}, step:{step}")
+    if repair_info["repair_type"] == RT_SEND:
+        for dest_rank in dest_ranks:
+            for tensor in replicated_tensors(train_args):
+                dist.send(tensor, dst=dest_rank)
+    else:
+        for src_rank in src_ranks:
+            for tensor in replicated_tensors(train_args):
+                received = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+                dist.recv(received, src=src_rank)
+                tensor.copy_(received)
+        logger.info(f"rank:{rank} successfully load checkpoint to memory")
+    logger.info(f"[repair] rank {rank} repair total time consumed:{time.time() - started:.3f}s")
+
+
+def rollback_callback(step: int, train_args, ctx):
+    started, rank = time.time(), dist.get_rank()
+    state, case = train_args[STATE_INDEX], train_args[CASE_INDEX]
+    state.consumed_samples = step * state.global_batch_size
+    train_args[DATA_INDEX].rebuild(state.consumed_samples)
+    logger.info(f"rank:{rank} successfully gather and rollback at iteration {step}")
+    case.rollback(step, state.iteration)
+    state.iteration = step
+    logger.info(f"[rollback] rank {rank} rollback total time consumed:{time.time() - started:.3f}s")
+
+
+# --- main --------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case", choices=sorted(cases.CASES), required=True)
+    case = cases.CASES[parser.parse_args().case]()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(name)s - %(levelname)s - %(message)s")
+    corpus = torch.randint(0, cases.VOCAB_SIZE, (512, SEQ_LENGTH + 1), generator=torch.Generator().manual_seed(1234))
+    emulated_npu.activate()  # after the corpus (host memory), before init_process_group (excepthook)
+    cuda_on_cpu()
+    case.install_excepthook()
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    print_rank_0("> initializing torch distributed ...")
+    case.initialize()
+    emulated_npu.warn_internal_format()
+
+    torch.manual_seed(1234)
+    model = case.build_model()
+    optimizer = case.build_optimizer(model)
+    state = TrainState(START_ITERATION, EXIT_ITERATION, START_ITERATION * MICRO_BATCH_SIZE * world_size,
+                       MICRO_BATCH_SIZE * world_size)
+    print_rank_0(f"  successfully loaded checkpoint from /ckpt/{case.checkpoint} at iteration {START_ITERATION}")
+
+    ttp.tft_init_processor(rank, world_size)
+    ttp.tft_register_stop_handler(stop_callback)
+    ttp.tft_register_clean_handler(clean_callback)
+    ttp.tft_register_repair_handler(repair_callback)
+    ttp.tft_register_rollback_handler(rollback_callback)
+    model.register_forward_pre_hook(lambda *_: ttp.strike(state.iteration + 1, "forward"))
+    data_iterator = DataIterator(corpus, state)
+    print_rank_0(f"[before the start of training step] datetime: {datetime.datetime.now():%Y-%m-%d %H:%M:%S}")
+    run = ttp.tft_exception_handler(train)
+    run(model, optimizer, data_iterator, state, case)
+    print_rank_0(f"[after training is done] datetime: {datetime.datetime.now():%Y-%m-%d %H:%M:%S}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""The labelled corpus (tests/corpus/labels.yaml): every label holds, exactly.
+
+Each log is a real multi-rank torchrun run (tests/corpus/generate.py, or samples/make_logs.py for
+the samples it reuses). A label whose log the tool gets wrong, not the label, carries
+`known_failure` and is expected to fail (strict: it must fail, so a fix shows up here).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from unsafe_doctor.knowledge import load_knowledge
+
+
+def _load_scoring():
+    path = Path(__file__).parent / "corpus" / "scoring.py"
+    spec = importlib.util.spec_from_file_location("corpus_scoring", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+scoring = _load_scoring()
+ENTRIES = scoring.load_entries()
+GENERIC_RULES = {"generic.reinitialise", "generic.replica-copy"}
+
+
+def _param(entry):
+    marks = [pytest.mark.xfail(strict=True, reason=entry.known_failure)] if entry.known_failure else []
+    return pytest.param(entry, id=" ".join([entry.log, *entry.rules]), marks=marks)
+
+
+@pytest.mark.parametrize("entry", [_param(entry) for entry in ENTRIES])
+def test_log_gives_exactly_its_labelled_findings(entry):
+    outcome = scoring.run(entry)
+    assert (outcome.got(), outcome.last_error) == (outcome.expected(), entry.last_error)
+
+
+def test_corpus_covers_every_shipped_rule_both_scenarios_and_negatives():
+    labels = [finding for entry in ENTRIES for finding in entry.findings]
+    shipped = {rule.id for rule in load_knowledge().rules} - GENERIC_RULES
+    assert len(ENTRIES) >= 25
+    assert shipped <= {finding["rule"] for finding in labels}
+    heuristic = [finding["scenario"] for finding in labels if finding["rule"] is None]
+    assert heuristic.count(1) >= 3 and heuristic.count(2) >= 3
+    assert sum(not entry.findings for entry in ENTRIES) >= 2
+    assert any(finding["scenario"] is None for finding in labels)
+
+
+def test_every_log_in_the_folder_is_labelled():
+    logs = {path.name for path in (scoring.HERE / "logs").iterdir()}
+    labelled = {Path(entry.log).name for entry in ENTRIES if entry.log.startswith("logs/")}
+    assert logs == labelled
