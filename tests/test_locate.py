@@ -538,3 +538,15 @@ def test_locate_never_raises_on_arbitrary_frames(frames):
     findings = locate([tb(*frames)])
     assert len(findings) == 1
     assert findings[0].culprit is None or findings[0].culprit.file in {frame.file for frame in frames}
+
+
+def test_the_source_of_a_copy_is_the_tensor_read_not_its_destination():
+    """torch_npu checks only copy_'s source; the destination is written and marked safe."""
+    frame = Frame("/opt/acme/swap.py", 12, "swap_out", "self.tensor_cpu.storage().copy_(self.tensor.storage(), non_blocking=True)")
+    traceback = Traceback(
+        rank=0, source="x.log", offset=0, frames=(frame,), exception_type="RuntimeError",
+        message="There is unsafe data in the input tensor.", error_code=None, npu_rank=None, device=None,
+        truncated=False, caused_by=None, chain_kind=None,
+    )  # fmt: skip
+    [finding] = locate([traceback])
+    assert finding.tensor.variable == "tensor"

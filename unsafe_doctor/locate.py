@@ -327,13 +327,18 @@ def _container_reads(targets: Sequence[ast.expr]) -> Iterator[ast.expr]:
             yield from _container_reads([target.value])
 
 
+# torch_npu checks only the source of a copy: its destination is written, never read.
+_WRITES_ONLY_ITS_RECEIVER = frozenset({"copy_"})
+
+
 def _operands(node: ast.AST) -> Iterator[list[ast.expr]]:
     """Reference chains an expression reads, in source order (see the module docstring)."""
     if isinstance(node, (ast.Starred, ast.Lambda)):
         return  # `*args` forwarding; a lambda's body does not run here
     if isinstance(node, ast.Call):
         if isinstance(node.func, ast.Attribute):
-            yield from _receiver(node.func.value)
+            if node.func.attr not in _WRITES_ONLY_ITS_RECEIVER:
+                yield from _receiver(node.func.value)
         elif not isinstance(node.func, ast.Name):
             yield from _operands(node.func)
         yield from _call_arguments(node)
