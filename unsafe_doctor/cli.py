@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from unsafe_doctor import __version__, inputs, report
+from unsafe_doctor.diagnosis import Diagnosis
 from unsafe_doctor.diagnosis import diagnose as run_diagnosis
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import load_knowledge, validate_files
@@ -99,7 +102,59 @@ def diagnose(
         _print_json(report.to_sarif(diagnosis))
     else:
         Console(highlight=False).print(report.to_text(diagnosis, elapsed))
+        _offer_fixes(diagnosis, paths, source_root or (), rules or (), yes=yes, no_input=no_input)
     raise typer.Exit(1 if diagnosis.findings or diagnosis.hits else 0)
+
+
+def _offer_fixes(
+    diagnosis: Diagnosis,
+    paths: list[str],
+    source_roots: Sequence[Path],
+    rules: Sequence[Path],
+    *,
+    yes: bool,
+    no_input: bool,
+) -> None:
+    """After the report: each finding's fix as a diff, applied on --yes or when the person says so.
+
+    Questions go to the controlling terminal, so they work while the log arrives on stdin.
+    """
+    adaptor = diagnosis.environment.adaptor
+    fixable = [item for item in diagnosis.findings if item.classification.fix is not None]
+    if not fixable or adaptor is None:
+        return
+    from unsafe_doctor import fix as fixes  # libcst is loaded only when a fix is offered
+
+    terminal = None if yes or no_input or not sys.stdout.isatty() else _controlling_terminal()
+    knowledge = load_knowledge(rules)
+    for item in fixable:
+        plan = fixes.plan_fix([item], diagnosis.environment, knowledge)
+        if not plan.edits:
+            continue
+        sys.stdout.write(plan.diff())
+        fix = item.classification.fix
+        question = f"Apply scenario-{item.classification.scenario} fix to {adaptor}::{fix.function}?"
+        if yes or (terminal is not None and _ask(terminal, question)):
+            for written in fixes.apply(plan):
+                _say(f"wrote {written.path} (backup: {written.backup})")
+        elif terminal is None:
+            options = [*paths, *(f"--source-root {root}" for root in source_roots), *(f"--rules {path}" for path in rules)]
+            _say(f"not applied; to apply: unsafe-doctor fix {' '.join(options)} --adaptor {adaptor} --yes")
+    if terminal is not None:
+        terminal.close()
+
+
+def _controlling_terminal() -> TextIO | None:
+    """The terminal itself, for reading answers: a tty is not seekable, so no buffered r+ mode."""
+    try:
+        return io.TextIOWrapper(open("/dev/tty", "r+b", buffering=0), encoding="utf-8", write_through=True)
+    except OSError:
+        return None
+
+
+def _ask(terminal: TextIO, question: str) -> bool:
+    terminal.write(f"{question} [y/N] ")
+    return terminal.readline().strip().lower() in ("y", "yes")
 
 
 @app.command()

@@ -1,0 +1,85 @@
+"""diagnose offers each fix at a real terminal (a pseudo-terminal), even when the log comes on stdin."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG = ROOT / "samples" / "logs" / "toytrain_ema"
+FRAMEWORK = ROOT / "samples" / "framework"
+
+
+def converse(args: list[str], stdin_file: Path | None, answer: bytes) -> tuple[int, str]:
+    """Run the CLI with a pty as terminal (stdout and /dev/tty); answer the first question asked."""
+    pid, fd = pty.fork()
+    if pid == 0:  # child: the pty is its controlling terminal; stdin may be a file instead
+        if stdin_file is not None:
+            log = os.open(stdin_file, os.O_RDONLY)
+            os.dup2(log, 0)
+        os.environ["COLUMNS"] = "200"
+        os.execv(sys.executable, [sys.executable, "-m", "unsafe_doctor", *args])
+    output, answered = b"", False
+    while True:
+        ready, _, _ = select.select([fd], [], [], 60)
+        if not ready:
+            os.kill(pid, 9)
+            break
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+        if not answered and b"[y/N]" in output:
+            os.write(fd, answer)
+            answered = True
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
+
+
+def test_yes_at_the_terminal_applies_the_fix_while_the_log_comes_on_stdin(tmp_path):
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    gz = LOG / "none_sample" / "attempt_0" / "1" / "stderr.log.gz"
+    code, screen = converse(["--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], gz, b"y\n")
+    assert "Apply scenario-2 fix to" in screen and "recv_rank_repair" in screen
+    assert code == 1  # findings
+    assert "unsafe-doctor: begin generic.replica-copy:toytrain.state._EMA_GRAD_NORM" in adaptor.read_text()
+    assert Path(str(adaptor) + ".unsafe-doctor.bak").read_bytes() == (FRAMEWORK / "toytrain" / "recovery.py").read_bytes()
+
+
+def test_no_at_the_terminal_leaves_the_adaptor_untouched(tmp_path):
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    before = adaptor.read_bytes()
+    code, screen = converse(["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], None, b"n\n")
+    assert "[y/N]" in screen
+    assert adaptor.read_bytes() == before
+
+
+def test_without_a_terminal_the_diff_is_shown_with_how_to_apply(tmp_path):
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    before = adaptor.read_bytes()
+    args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
+    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120)
+    assert "+    # unsafe-doctor: begin generic.replica-copy" in result.stdout
+    assert f"to apply: unsafe-doctor fix {LOG} --source-root {FRAMEWORK} --adaptor {adaptor} --yes" in result.stderr
+    assert adaptor.read_bytes() == before
+
+
+def test_yes_flag_applies_without_asking(tmp_path):
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--yes"]
+    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120)
+    assert "wrote" in result.stderr
+    assert "unsafe-doctor: begin generic.replica-copy" in adaptor.read_text()
+    compile(adaptor.read_text(), str(adaptor), "exec")
