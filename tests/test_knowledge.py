@@ -127,3 +127,10 @@ def test_a_frame_rule_supplies_the_variable_a_line_does_not_name(tmp_path):
 )
 def test_only_plain_dotted_names_reach_generated_code(name, safe):
     assert is_safe_dotted(name) is safe
+
+
+def test_every_shipped_knowledge_file_meets_the_schema():
+    """load_knowledge skips the schema for shipped files, so this test is what holds them to it."""
+    from unsafe_doctor.knowledge import shipped_knowledge_dir
+
+    assert validate_files([shipped_knowledge_dir()]) == []

@@ -20,7 +20,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import jsonschema
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
@@ -119,8 +118,10 @@ def load_knowledge(extra: Sequence[Path] = ()) -> KnowledgeBase:
     rules: dict[str, Rule] = {}
     profiles: dict[str, AdaptorProfile] = {}
     conditions: dict[str, Condition] = {}
-    for path in [*_knowledge_files([shipped_knowledge_dir()]), *_knowledge_files(extra)]:
-        loaded = _load_file(path, problems)
+    shipped = _knowledge_files([shipped_knowledge_dir()])
+    for path in [*shipped, *_knowledge_files(extra)]:
+        # The test suite holds the shipped files to the schema; checking them again costs every run.
+        loaded = _load_file(path, problems, check_schema=path not in shipped)
         if loaded is None:
             continue
         file_rules, file_profiles, file_conditions = loaded
@@ -172,7 +173,7 @@ def _schema() -> dict[str, Any]:
 
 
 def _load_file(
-    path: Path, problems: list[str]
+    path: Path, problems: list[str], *, check_schema: bool = True
 ) -> tuple[list[Rule], list[AdaptorProfile], dict[str, Condition]] | None:
     """Parse, schema-check and build one file; every problem goes to `problems` with its line."""
     try:
@@ -196,10 +197,8 @@ def _load_file(
         problems.append(f"{path}:1: empty knowledge file")
         return None
     before = len(problems)
-    validator = jsonschema.Draft202012Validator(_schema())
-    for error in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
-        where = ".".join(str(part) for part in error.absolute_path) or "top level"
-        problems.append(f"{path}:{_line_of(node, error.absolute_path)}: {where}: {_best_message(error)}")
+    if check_schema:
+        problems.extend(_schema_problems(path, node, data))
     if len(problems) > before:
         return None
     rules = [_rule(item, f"{path}:{_line_of(node, ['rules', i])}", problems) for i, item in enumerate(data.get("rules", []))]
@@ -225,7 +224,18 @@ def _load_file(
     return [r for r in rules if r], [p for p in profiles if p], conditions
 
 
-def _best_message(error: jsonschema.ValidationError) -> str:
+def _schema_problems(path: Path, node: yaml.Node, data: Any) -> list[str]:
+    import jsonschema  # imported here: loading only the shipped, already-checked files needs none
+
+    validator = jsonschema.Draft202012Validator(_schema())
+    return [
+        f"{path}:{_line_of(node, error.absolute_path)}: "
+        f"{'.'.join(str(part) for part in error.absolute_path) or 'top level'}: {_best_message(error)}"
+        for error in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+    ]
+
+
+def _best_message(error: Any) -> str:
     """jsonschema's message for anyOf/oneOf is the whole instance; the deepest cause says more."""
     if error.context:
         deepest = max(error.context, key=lambda e: len(e.absolute_path))
