@@ -15,8 +15,8 @@ LOG = ROOT / "samples" / "logs" / "toytrain_ema"
 FRAMEWORK = ROOT / "samples" / "framework"
 
 
-def converse(args: list[str], stdin_file: Path | None, answer: bytes) -> tuple[int, str]:
-    """Run the CLI with a pty as terminal (stdout and /dev/tty); answer the first question asked."""
+def converse(args: list[str], stdin_file: Path | None, answers: list[tuple[bytes, bytes]]) -> tuple[int, str]:
+    """Run the CLI with a pty as terminal (stdout and /dev/tty); answer each prompt as it appears."""
     pid, fd = pty.fork()
     if pid == 0:  # child: the pty is its controlling terminal; stdin may be a file instead
         if stdin_file is not None:
@@ -24,7 +24,7 @@ def converse(args: list[str], stdin_file: Path | None, answer: bytes) -> tuple[i
             os.dup2(log, 0)
         os.environ["COLUMNS"] = "200"
         os.execv(sys.executable, [sys.executable, "-m", "unsafe_doctor", *args])
-    output, answered = b"", False
+    output, pending = b"", list(answers)
     while True:
         ready, _, _ = select.select([fd], [], [], 60)
         if not ready:
@@ -37,9 +37,8 @@ def converse(args: list[str], stdin_file: Path | None, answer: bytes) -> tuple[i
         if not chunk:
             break
         output += chunk
-        if not answered and b"[y/N]" in output:
-            os.write(fd, answer)
-            answered = True
+        if pending and pending[0][0] in output:
+            os.write(fd, pending.pop(0)[1])
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
 
@@ -48,7 +47,7 @@ def test_yes_at_the_terminal_applies_the_fix_while_the_log_comes_on_stdin(tmp_pa
     adaptor = tmp_path / "recovery.py"
     shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
     gz = LOG / "none_sample" / "attempt_0" / "1" / "stderr.log.gz"
-    code, screen = converse(["--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], gz, b"y\n")
+    code, screen = converse(["--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], gz, [(b"[y/N]", b"y\n")])
     assert "Apply scenario-2 fix to" in screen and "recv_rank_repair" in screen
     assert code == 1  # findings
     assert "unsafe-doctor: begin generic.replica-copy:toytrain.state._EMA_GRAD_NORM" in adaptor.read_text()
@@ -59,7 +58,7 @@ def test_no_at_the_terminal_leaves_the_adaptor_untouched(tmp_path):
     adaptor = tmp_path / "recovery.py"
     shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
     before = adaptor.read_bytes()
-    code, screen = converse(["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], None, b"n\n")
+    code, screen = converse(["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], None, [(b"[y/N]", b"n\n")])
     assert "[y/N]" in screen
     assert adaptor.read_bytes() == before
 
@@ -83,3 +82,20 @@ def test_yes_flag_applies_without_asking(tmp_path):
     assert "wrote" in result.stderr
     assert "unsafe-doctor: begin generic.replica-copy" in adaptor.read_text()
     compile(adaptor.read_text(), str(adaptor), "exec")
+
+
+CORPUS = ROOT / "tests" / "corpus"
+
+
+def test_an_unclassified_finding_asks_for_the_scenario_then_offers_its_fix(tmp_path):
+    """POSITION_TABLE's source shows neither a reset nor carried state: the person decides."""
+    adaptor = tmp_path / "modellink_adaptor.py"
+    shutil.copy(ROOT / "samples" / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py", adaptor)
+    args = [
+        "diagnose", str(CORPUS / "logs" / "user-postable-table.log"),
+        "--source-root", str(CORPUS / "frameworks" / "postable"), "--adaptor", str(adaptor),
+    ]  # fmt: skip
+    _, text = converse(args, None, [(b"Scenario [1/2/skip]:", b"1\n"), (b"[y/N]", b"y\n")])
+    assert "POSITION_TABLE is unclassified" in text
+    assert "Apply scenario-1 fix to" in text and "feature_rollback" in text
+    assert "unsafe-doctor: begin generic.reinitialise:" in adaptor.read_text()

@@ -66,6 +66,16 @@ def classify(finding: Finding, knowledge: KnowledgeBase, environment: Environmen
     return Classification(verdict.scenario, None, verdict.confidence, verdict.reason, verdict.evidence, fix, tuple(notes))
 
 
+def classify_as(
+    finding: Finding, scenario: Scenario, knowledge: KnowledgeBase, environment: Environment, evidence: tuple[str, ...]
+) -> Classification:
+    """The user's answer for a finding nothing could classify: the generic fix for that scenario."""
+    notes: list[str] = []
+    generic = knowledge.rule(GENERIC_RULES[scenario])
+    fix = _render(generic, finding, knowledge, environment.profile, notes) if generic else None
+    return Classification(scenario, None, None, "scenario given by the user", evidence, fix, tuple(notes))
+
+
 def _choose_rule(finding: Finding, knowledge: KnowledgeBase, environment: Environment, notes: list[str]) -> Rule | None:
     tensor, culprit = finding.tensor, finding.culprit
     candidates = [

@@ -10,6 +10,7 @@ import time
 from enum import Enum
 from pathlib import Path
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
@@ -17,10 +18,11 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from unsafe_doctor import __version__, inputs, report
-from unsafe_doctor.diagnosis import Diagnosis
+from unsafe_doctor.classify import classify_as
+from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.diagnosis import diagnose as run_diagnosis
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import load_knowledge, validate_files
+from unsafe_doctor.knowledge import KnowledgeBase, load_knowledge, validate_files
 from unsafe_doctor.versions import detect_environment
 
 if TYPE_CHECKING:
@@ -120,13 +122,18 @@ def _offer_fixes(
     Questions go to the controlling terminal, so they work while the log arrives on stdin.
     """
     adaptor = diagnosis.environment.adaptor
-    fixable = [item for item in diagnosis.findings if item.classification.fix is not None]
-    if not fixable or adaptor is None:
+    if adaptor is None or not diagnosis.findings:
         return
-    from unsafe_doctor import fix as fixes  # libcst is loaded only when a fix is offered
-
     terminal = None if yes or no_input or not sys.stdout.isatty() else _controlling_terminal()
     knowledge = load_knowledge(rules)
+    fixable = []
+    for item in diagnosis.findings:
+        if item.classification.scenario is None and terminal is not None:
+            item = _ask_scenario(terminal, item, diagnosis, knowledge)
+        if item.classification.fix is not None:
+            fixable.append(item)
+    from unsafe_doctor import fix as fixes  # libcst is loaded only when a fix is offered
+
     for item in fixable:
         plan = fixes.plan_fix([item], diagnosis.environment, knowledge)
         if not plan.edits:
@@ -142,6 +149,26 @@ def _offer_fixes(
             _say(f"not applied; to apply: unsafe-doctor fix {' '.join(options)} --adaptor {adaptor} --yes")
     if terminal is not None:
         terminal.close()
+
+
+def _ask_scenario(terminal: TextIO, item: DiagnosedFinding, diagnosis: Diagnosis, knowledge: KnowledgeBase) -> DiagnosedFinding:
+    """Nothing classified this tensor: the person decides, with the evidence in front of them."""
+    tensor = item.finding.tensor
+    name = (tensor.variable or tensor.expression) if tensor else "the tensor"
+    terminal.write(f"\n{name} is unclassified: {item.classification.reason}\n")
+    for line in item.classification.evidence:
+        terminal.write(f"  {line}\n")
+    terminal.write(
+        f"Does {name} depend on training iterations?\n"
+        "  1 = no: re-initialise it in rollback; 2 = yes: copy it from the replica in repair; Enter = skip\n"
+        "Scenario [1/2/skip]: "
+    )
+    answer = terminal.readline().strip()
+    if answer not in ("1", "2"):
+        return item
+    scenario = int(answer)
+    verdict = classify_as(item.finding, scenario, knowledge, diagnosis.environment, item.classification.evidence)
+    return replace(item, classification=verdict)
 
 
 def _controlling_terminal() -> TextIO | None:
