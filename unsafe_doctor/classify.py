@@ -12,7 +12,6 @@ import textwrap
 from dataclasses import dataclass
 from typing import Literal
 
-from unsafe_doctor.heuristics import judge
 from unsafe_doctor.knowledge import (
     AdaptorProfile,
     KnowledgeBase,
@@ -58,6 +57,8 @@ def classify(finding: Finding, knowledge: KnowledgeBase, environment: Environmen
     if rule is not None:
         fix = _render(rule, finding, knowledge, environment.profile, notes)
         return Classification(rule.scenario, rule.id, "high", rule.reason, (), fix, tuple(notes))
+    from unsafe_doctor.heuristics import judge  # only when no rule matched: it costs start-up time
+
     verdict = judge(finding, environment.source_roots)
     if verdict.scenario is None:
         return Classification(None, None, None, verdict.reason, verdict.evidence, None, tuple(notes))

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from unsafe_doctor import __version__, inputs, report
 from unsafe_doctor.classify import classify_as
@@ -335,11 +334,13 @@ class _progress_bar:
     """A byte progress bar on stderr, only for large inputs and only when stderr is a terminal."""
 
     def __init__(self, paths: list[str]) -> None:
-        self.bar: Progress | None = None
+        self.bar: Any = None  # a rich Progress, imported only when a bar is drawn
         if not sys.stderr.isatty():
             return
         total = inputs.total_size(paths) if paths else _stdin_size()
         if total is not None and total >= PROGRESS_FROM:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
             self.bar = Progress(
                 "[progress.description]{task.description}",
                 BarColumn(),
