@@ -298,6 +298,170 @@ def test_source_line_missing_from_the_log_is_read_from_the_file():
     assert f"source line read from {USER}" in finding.notes
 
 
+# --- a statement's own bindings, calls of global callables, lru caches ----------------------------
+
+def write_package(root: Path, files: dict[str, str]) -> None:
+    """A package `pkg` under `root` from dedented sources."""
+    (root / "pkg").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    for name, code in files.items():
+        (root / "pkg" / name).write_text(textwrap.dedent(code))
+
+
+def test_a_statement_reads_the_binding_made_before_it_not_its_own(tmp_path):
+    """`buf = buf + x`: the `buf` read is the one bound earlier (a global's alias), not this line's result."""
+    write_package(tmp_path, {"step.py": """\
+        _BUF = None
+
+
+        def accumulate(x):
+            buf = _BUF
+            buf = buf + x
+            return buf
+        """})
+    path = tmp_path / "pkg" / "step.py"
+    finding = only([tb(at(path, "accumulate", "buf = buf + x"))], (tmp_path,))
+    assert finding.tensor == TensorRef("buf", "_BUF", "pkg.step", None)
+
+
+def test_calling_a_callable_a_global_holds_is_not_that_global(tmp_path):
+    """`return _fused_op(t)` under `global _fused_op` returns the op's result, not `_fused_op`."""
+    write_package(tmp_path, {"step.py": """\
+        _fused_op = None
+        _SCALE = torch.ones(1)
+
+
+        def apply(t):
+            global _fused_op
+            return _fused_op(t)
+
+
+        def step(x):
+            out = apply(x)
+            return out * _SCALE
+        """})
+    path = tmp_path / "pkg" / "step.py"
+    finding = only([tb(at(path, "step", "return out * _SCALE"))], (tmp_path,))
+    assert finding.tensor == TensorRef("_SCALE", "_SCALE", "pkg.step", None)
+
+
+MASKCACHE = Path(__file__).parent / "corpus" / "frameworks" / "maskcache"
+MASKED_FILL = 'scores = scores.masked_fill(causal_mask(scores.shape[-1], scores.device), float("-inf"))'
+
+
+def test_an_lru_cached_call_passed_inline_is_chosen_over_a_fresh_local():
+    """maskcache: `scores` is computed two lines above; the mask comes from an lru_cache."""
+    frame = at(MASKCACHE / "maskcache" / "train.py", "forward", MASKED_FILL)
+    finding = only([tb(frame, TORCH_FRAME)], (MASKCACHE,))
+    assert finding.tensor == TensorRef(
+        "causal_mask(scores.shape[-1], scores.device)", "causal_mask", "maskcache.masks", None
+    )
+    assert "causal_mask() is an lru_cache: it returns what earlier steps built" in finding.notes
+
+
+@pytest.mark.parametrize(
+    ("imports", "decorator", "tensor"),
+    [
+        ("import functools", "@functools.lru_cache(maxsize=None)", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None)),
+        ("from functools import lru_cache", "@lru_cache", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None)),
+        ("import functools", "@functools.cache", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None)),
+        # not cached: a fresh value, not an operand; the tensor is the parameter
+        ("import functools", "", TensorRef("x", None, "pkg.mask", None)),
+    ],
+)
+def test_a_call_result_counts_only_when_the_function_is_an_lru_cache(tmp_path, imports, decorator, tensor):
+    write_package(tmp_path, {"mask.py": f"""\
+        {imports}
+        import torch
+
+
+        {decorator}
+        def make_mask(n):
+            return torch.ones(n, n, dtype=torch.bool).triu(1)
+
+
+        def masked(x, n):
+            return x.masked_fill(make_mask(n), 0.0)
+        """})
+    path = tmp_path / "pkg" / "mask.py"
+    finding = only([tb(at(path, "masked", "return x.masked_fill(make_mask(n), 0.0)"))], (tmp_path,))
+    assert finding.tensor == tensor
+
+
+ROPE = """\
+    from functools import lru_cache
+
+    import torch
+
+
+    class Rope(torch.nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.inv_freq = torch.ones(dim // 2)
+
+        @lru_cache(maxsize=32)
+        def forward(self, seq):
+            return torch.outer(torch.arange(seq), self.inv_freq)
+    """
+APPLY = """\
+    import torch
+
+
+    def apply_rope(t, freqs, scale=1.0):
+        return _rotate(t, freqs, scale=scale)
+
+
+    def _rotate(t, freqs, scale):
+        cos = (torch.cos(freqs) * scale).to(t.dtype)
+        return t * cos
+    """
+
+
+@pytest.mark.parametrize(
+    ("module_import", "init", "apply", "expression"),
+    [
+        # the class imported inside __init__, the embedding held in a local first
+        ("", ["from pkg.rope import Rope", "self.rope = Rope(8)"],
+         ["freqs = self.rope(hidden.shape[0])", "query = apply_rope(query, freqs)"], "freqs"),
+        # the class named through its module
+        ("from pkg import rope", ["self.rope = rope.Rope(8)"],
+         ["freqs = self.rope(hidden.shape[0])", "query = apply_rope(query, freqs)"], "freqs"),
+        # the embedding passed inline
+        ("", ["from pkg.rope import Rope", "self.rope = Rope(8)"],
+         ["query = apply_rope(query, self.rope(hidden.shape[0]))"], "self.rope(hidden.shape[0])"),
+    ],
+)
+def test_parameter_followed_to_a_submodule_whose_forward_is_an_lru_cache(tmp_path, module_import, init, apply, expression):
+    """As Megatron's attention applies RotaryEmbedding's cached output: the caret's `freqs`, not `t`,
+    is followed by position into the callers, to `self.rope(...)`, a Rope whose forward is cached."""
+    body = "\n".join(f"        {line}" for line in init)
+    step = "\n".join(f"        {line}" for line in apply)
+    attention = (
+        f"import torch\n{module_import}\nfrom pkg.apply import apply_rope\n\n\n"
+        "class Attention(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.query = torch.nn.Linear(8, 8)\n"
+        f"{body}\n\n"
+        "    def forward(self, hidden):\n"
+        "        query = self.query(hidden)\n"
+        f"{step}\n"
+        "        return query\n"
+    )
+    write_package(tmp_path, {"rope.py": ROPE, "apply.py": APPLY, "attention.py": attention})
+    pkg = tmp_path / "pkg"
+    frames = (
+        at(pkg / "attention.py", "forward", apply[-1]),
+        at(pkg / "apply.py", "apply_rope", "return _rotate(t, freqs, scale=scale)"),
+        at(pkg / "apply.py", "_rotate", "cos = (torch.cos(freqs) * scale).to(t.dtype)"),
+        TORCH_FRAME,
+    )
+    finding = only([tb(*frames)], (tmp_path,))
+    assert finding.culprit == frames[2]
+    assert finding.tensor == TensorRef(expression, "forward", "pkg.rope", "Rope")
+    assert "self.rope is a Rope, whose forward() is an lru_cache: it returns what earlier steps built" in finding.notes
+
+
 # --- without the file ------------------------------------------------------------------------------
 
 REMOTE_TRAIN = "/job/remote/train.py"

@@ -16,17 +16,24 @@ The rules, in the order they apply:
   when the log printed no source line, the culprit gets the local one.
 * **Operands**: the reference chains the statement reads: names, attribute and subscript chains,
   the receiver of a method call (`_X[name]` in `_X[name].zero_()`), call arguments, the target of an
-  augmented assignment and the container of a subscript assignment. Not operands: callees, names
-  only rebound (`x = ...`), builtins, bare `self` / modules / classes / functions, library modules
-  (torch, numpy, the standard library) and constant-valued module flags.
+  augmented assignment and the container of a subscript assignment; a call's result (`mask(n)`,
+  `self.rope(n)`) only when it is what an lru cache keeps. Not operands: callees, names only rebound
+  (`x = ...`), builtins, bare `self` / modules / classes / functions, library modules (torch, numpy,
+  the standard library) and constant-valued module flags.
+* **Bindings**: a local is what the function bound before the frame's statement (`x = f(x)` reads
+  the earlier `x`). Calling what a global holds (`_fused_op(t)` under `global _fused_op`) gives the
+  call's result, not that global.
 * **Choice**: the operand most likely to be a global tensor, by tier: resolved to a global (module
-  global, module attribute, `from m import X`, `global X`, class attribute, singleton field, or a
-  local alias of one of those) > looks global without source (`_UPPER`, `mod._UPPER`,
-  `ClassName.attr`) > `self.attr` > unknown > parameter > plain local; ties go to the leftmost. A
-  parameter is followed into the caller frame's call when that frame is framework code.
+  global, module attribute, `from m import X`, `global X`, class attribute, singleton field, the
+  result of an lru-cached call: a `functools.lru_cache` / `cache` function, or `self.attr(...)` where
+  the class set `self.attr = Cls(...)` and `Cls.forward` / `Cls.__call__` is cached, or a local alias
+  of one of those) > looks global without source (`_UPPER`, `mod._UPPER`, `ClassName.attr`) >
+  `self.attr` > unknown > parameter > plain local; ties go to the leftmost. A parameter is followed
+  into the caller frame's call, to the argument at its position or keyword, when that frame is
+  framework code.
 * **Expression**: the chain up to the name that identifies the global (the *anchor*: `_X`,
-  `mod._X`, `Cls.attr`, `Cls.instance.field`, `get_instance().field`, `self.attr`, or the local
-  alias' own name), plus at most one subscript right after it, as printed:
+  `mod._X`, `Cls.attr`, `Cls.instance.field`, `get_instance().field`, `self.attr`, the cached call
+  `mask(n)`, or the local alias' own name), plus at most one subscript right after it, as printed:
   `parallel_state._X[name][i] += v` -> `parallel_state._X[name]`.
 * **Files** are found, read (never imported) and named as `unsafe_doctor.sources` says: by path as
   printed, else under a `--source-root` or a `sys.path` directory.
@@ -132,8 +139,8 @@ class _Scope:
     module: str | None
     source: SourceFile | None
     functions: tuple[Function, ...]  # enclosing functions, innermost last
-    class_name: str | None  # class of the method that binds `self`
-    line: int | None  # line in source.text, when the frame's line was found there
+    cls: ast.ClassDef | None  # class of the method that binds `self`
+    line: int | None  # local bindings up to this line are visible: the line before the frame's statement
 
 
 @dataclass(frozen=True)
@@ -160,9 +167,12 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     line = _matching_line(frame, source, notes) if source else None
     statement = text = source_line = None
     stack: tuple[ast.AST, ...] = ()
+    visible = line
     if source is not None and line is not None:
         statement, stack = _statement_at(source.tree, line)
         text = source.text
+        if statement is not None:
+            visible = statement.lineno - 1  # `x = f(x)` reads the x bound before it
         if _first_line(frame.source) is None:
             source_line = source.text.splitlines()[line - 1].strip()
             notes.append(f"source line read from {found.local}")
@@ -173,7 +183,7 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
         if parsed is not None:
             statement, text = parsed
     functions = tuple(node for node in stack if isinstance(node, Function))
-    scope = _Scope(found.module, source, functions, _class_of_self(stack), line)
+    scope = _Scope(found.module, source, functions, _class_of_self(stack), visible)
     return _FrameView(frame, scope, statement, text, source_line, tuple(notes))
 
 
@@ -234,11 +244,11 @@ def _def_named(body: Sequence[ast.stmt], name: str, stack: tuple[ast.AST, ...]) 
     return None
 
 
-def _class_of_self(stack: Sequence[ast.AST]) -> str | None:
+def _class_of_self(stack: Sequence[ast.AST]) -> ast.ClassDef | None:
     owner = None
     for outer, inner in zip(stack, stack[1:]):
         if isinstance(outer, ast.ClassDef) and isinstance(inner, Function):
-            owner = outer.name
+            owner = outer
     return owner
 
 
@@ -331,11 +341,19 @@ def _container_reads(targets: Sequence[ast.expr]) -> Iterator[ast.expr]:
 _WRITES_ONLY_ITS_RECEIVER = frozenset({"copy_"})
 
 
-def _operands(node: ast.AST) -> Iterator[list[ast.expr]]:
+# An operand: a reference chain, and whether it is a call's result (`f(n)`, `self.rope(n)`), which
+# counts only when the call hands back what a cache keeps.
+_Operand = tuple[list[ast.expr], bool]
+
+
+def _operands(node: ast.AST) -> Iterator[_Operand]:
     """Reference chains an expression reads, in source order (see the module docstring)."""
     if isinstance(node, (ast.Starred, ast.Lambda)):
         return  # `*args` forwarding; a lambda's body does not run here
     if isinstance(node, ast.Call):
+        result = _flatten(node)
+        if result is not None:
+            yield result, True
         if isinstance(node.func, ast.Attribute):
             if node.func.attr not in _WRITES_ONLY_ITS_RECEIVER:
                 yield from _receiver(node.func.value)
@@ -346,7 +364,7 @@ def _operands(node: ast.AST) -> Iterator[list[ast.expr]]:
     if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):
         parts = _flatten(node)
         if parts is not None:
-            yield parts
+            yield parts, False
             for part in parts[1:]:
                 if isinstance(part, ast.Subscript):
                     yield from _operands(part.slice)
@@ -357,13 +375,13 @@ def _operands(node: ast.AST) -> Iterator[list[ast.expr]]:
         yield from _operands(child)
 
 
-def _receiver(node: ast.expr) -> Iterator[list[ast.expr]]:
+def _receiver(node: ast.expr) -> Iterator[_Operand]:
     """The object a method is called on; a call there is a chain too: `get_tracker().clear()`."""
     parts = _flatten(node) if isinstance(node, ast.Call) else None
     if parts is None:
         yield from _operands(node)
         return
-    yield parts
+    yield parts, False
     for part in parts:
         if isinstance(part, ast.Call):
             yield from _call_arguments(part)
@@ -371,7 +389,7 @@ def _receiver(node: ast.expr) -> Iterator[list[ast.expr]]:
             yield from _operands(part.slice)
 
 
-def _call_arguments(call: ast.Call) -> Iterator[list[ast.expr]]:
+def _call_arguments(call: ast.Call) -> Iterator[_Operand]:
     for argument in call.args:
         yield from _operands(argument)
     for keyword in call.keywords:
@@ -401,6 +419,7 @@ class _Resolved:
     owner: str | None
     notes: tuple[str, ...] = ()
     parameter: str | None = None  # the chain starts at this parameter of the frame's function
+    cached: bool = False  # the chain's call hands back what an lru_cache keeps across steps
 
 
 def _unresolved(scope: _Scope, tier: int, parts: Sequence[ast.expr], parameter: str | None = None) -> _Resolved:
@@ -434,7 +453,7 @@ def _resolve_chain(parts: list[ast.expr], scope: _Scope, workspace: Workspace, d
     if depth > _MAX_DEPTH:
         return _unresolved(scope, _UNKNOWN, parts)
     if root in ("self", "cls"):
-        return _self_member(parts, scope)
+        return _self_member(parts, scope, workspace)
     if scope.source is None:
         return _guess(parts, scope, workspace)
     function = scope.functions[-1] if scope.functions else None
@@ -457,14 +476,93 @@ def _resolve_chain(parts: list[ast.expr], scope: _Scope, workspace: Workspace, d
     return _unresolved(scope, _UNKNOWN, parts)
 
 
-def _self_member(parts: list[ast.expr], scope: _Scope) -> _Resolved | None:
+def _self_member(parts: list[ast.expr], scope: _Scope, workspace: Workspace) -> _Resolved | None:
     """`self.attr` -> attribute `attr` of the class whose method the frame runs."""
     if not _is_attribute(parts, 1):
         return None  # bare self
     if _is_call(parts, 2):
-        return _unresolved(scope, _UNKNOWN, parts)  # self.method(...)
-    notes = () if scope.class_name or scope.source is None else ("the class of `self` was not found in the source",)
-    return _Resolved(_SELF, 1, parts[1].attr, scope.module, scope.class_name, notes)
+        return _cached_submodule_call(parts[1].attr, scope, workspace) or _unresolved(scope, _UNKNOWN, parts)
+    owner = scope.cls.name if scope.cls else None
+    notes = () if owner or scope.source is None else ("the class of `self` was not found in the source",)
+    return _Resolved(_SELF, 1, parts[1].attr, scope.module, owner, notes)
+
+
+# Calling an object runs these: `__call__`, or `forward` for a torch.nn.Module.
+_CALL_METHODS = ("forward", "__call__")
+
+
+def _cached_submodule_call(attribute: str, scope: _Scope, workspace: Workspace) -> _Resolved | None:
+    """`self.rope(n)` where a method of the class set `self.rope = Rope(...)` and Rope's forward (or
+    __call__) is an lru_cache: the result is the cache's, kept across steps by the class."""
+    if scope.cls is None or scope.source is None:
+        return None
+    for method in scope.cls.body:
+        if not isinstance(method, Function):
+            continue
+        for node in walk_scope(method):
+            if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+                continue
+            if not any(_is_self_attribute(target, attribute) for target in node.targets):
+                continue
+            defined = _class_definition(node.value.func, replace(scope, functions=(method,), line=None), workspace)
+            if defined is None:
+                continue
+            cls, module = defined
+            called = next((f for f in cls.body if _is_cached(f) and f.name in _CALL_METHODS), None)
+            if called is not None:
+                note = (f"self.{attribute} is a {cls.name}, whose {called.name}() is an lru_cache: "
+                        "it returns what earlier steps built")
+                return _Resolved(_GLOBAL, 2, called.name, module, cls.name, (note,), cached=True)
+    return None
+
+
+def _is_self_attribute(target: ast.expr, attribute: str) -> bool:
+    return (
+        isinstance(target, ast.Attribute)
+        and target.attr == attribute
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "self"
+    )
+
+
+def _class_definition(callee: ast.expr, scope: _Scope, workspace: Workspace) -> tuple[ast.ClassDef, str | None] | None:
+    """The class a constructor call's callee (`Rope`, `mod.Rope`) names, with its module: followed
+    through imports (a function's own included) and re-exports, read from source."""
+    parts = _flatten(callee)
+    if parts is None or scope.source is None or not all(isinstance(part, (ast.Name, ast.Attribute)) for part in parts):
+        return None
+    root = parts[0].id
+    binding = _local_binding(scope.functions[-1], root, scope) if scope.functions else None
+    binding = binding if binding is not None else scope.source.binding(root)
+    module, attributes = scope.module, [part.attr for part in parts[1:]]
+    for _ in range(_MAX_DEPTH):
+        if isinstance(binding, ast.ClassDef) and not attributes:
+            return binding, module
+        if not isinstance(binding, ImportedName):
+            return None
+        module, _, name = ".".join([binding.target, *attributes]).rpartition(".")
+        if _is_library(module):
+            return None
+        source = workspace.module_source(module) if module else None
+        if source is None:
+            return None
+        binding, attributes = source.binding(name), []
+    return None
+
+
+_CACHE_DECORATORS = frozenset({"lru_cache", "cache"})
+
+
+def _is_cached(node: ast.AST) -> bool:
+    """A function decorated with functools' `lru_cache` / `cache`."""
+    if not isinstance(node, Function):
+        return False
+    for decorator in node.decorator_list:
+        callee = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", None)
+        if name in _CACHE_DECORATORS:
+            return True
+    return False
 
 
 def _guess(parts: list[ast.expr], scope: _Scope, workspace: Workspace) -> _Resolved | None:
@@ -505,9 +603,7 @@ def _class_member(parts: list[ast.expr], index: int, owner: str, module: str | N
 
 def _imported(target: str, parts: list[ast.expr], index: int, workspace: Workspace, depth: int) -> _Resolved | None:
     """A name bound by an import to `target`: a module (then its attribute is the global) or a member."""
-    if depth > _MAX_DEPTH:
-        return None
-    if target.split(".")[0] in _LIBRARIES or target.split(".")[0] in sys.stdlib_module_names:
+    if depth > _MAX_DEPTH or _is_library(target):
         return None
     if workspace.module_path(target) is not None:
         module, at = target, index + 1
@@ -523,6 +619,11 @@ def _imported(target: str, parts: list[ast.expr], index: int, workspace: Workspa
         note = f"{target} was not found locally: taken as a module"
         return _Resolved(_GLOBAL, index + 1, parts[index + 1].attr, target, None, (note,))
     return _in_source(None, head or None, name, parts, index, workspace, depth, cross_module=True)
+
+
+def _is_library(dotted: str) -> bool:
+    top = dotted.split(".")[0]
+    return top in _LIBRARIES or top in sys.stdlib_module_names
 
 
 def _in_module(
@@ -553,8 +654,10 @@ def _in_source(
         return _call_result(binding, source, parts, index, workspace, depth)
     if _is_flag(binding, name, source):
         return None
-    if binding is None and _is_call(parts, index + 1):
-        return _Resolved(_UNKNOWN, index + 1, None, module, None)  # a function whose source is not here
+    if _is_call(parts, index + 1):
+        # A function whose source is not here, or a callable a global holds (`_fused_op = None`,
+        # set at import): what the call returns is not that global.
+        return _Resolved(_UNKNOWN, index + 1, None, module, None)
     notes = ()
     missing = source is not None and binding is None and name not in source.declared_globals and not source.star_import
     if cross_module and missing:
@@ -580,9 +683,13 @@ def _call_result(
     """`get_x()` returning a module global, and `get_instance().field` (singleton field)."""
     if not _is_call(parts, index + 1):
         return None  # the function object
+    module = source.module if source else None
+    if _is_cached(function):
+        note = f"{function.name}() is an lru_cache: it returns what earlier steps built"
+        return _Resolved(_GLOBAL, index + 1, function.name, module, None, (note,), cached=True)
     returned = _returned_global(function, source, workspace, depth)
     if returned is None:
-        return _Resolved(_UNKNOWN, index + 1, None, source.module if source else None, None)
+        return _Resolved(_UNKNOWN, index + 1, None, module, None)
     note = f"{function.name}() returns {returned.variable} of {returned.module}"
     if _is_field(parts, index + 2):
         holder = workspace.module_source(returned.module) if returned.module else None
@@ -637,7 +744,8 @@ def _alias(
     if resolved is None or resolved.tier < _SELF or resolved.variable is None:
         return local
     text = source_segment(scope.source.text, value) if scope.source else None
-    note = f"{name} is a local alias of {resolved.variable}: `{name} = {_one_line(text or ast.unparse(value))}`"
+    kind = "the cached result" if resolved.cached else f"a local alias of {resolved.variable}"
+    note = f"{name} is {kind}: `{name} = {_one_line(text or ast.unparse(value))}`"
     return replace(resolved, anchor=0, notes=(*resolved.notes, note))
 
 
@@ -707,9 +815,9 @@ def _candidates(view: _FrameView, workspace: Workspace) -> list[_Candidate]:
         return []
     found = []
     for node in _reads(view.statement):
-        for parts in _operands(node):
+        for parts, call_result in _operands(node):
             resolved = _resolve_chain(parts, view.scope, workspace)
-            if resolved is not None:
+            if resolved is not None and (resolved.cached or not call_result):
                 found.append((parts, resolved))
     return found
 
