@@ -15,6 +15,11 @@ from unsafe_doctor.errors import UsageError
 
 ERROR_LINE = "RuntimeError: There is unsafe data in the input tensor.\n"
 MARKERS = (b"check uce memory result",)
+FACT_MARKERS = (b"| loss scale: ", b"fp16 ........")
+
+
+def iteration(step: int, scale: str) -> str:
+    return f" iteration {step:>8d}/ 100000 | lm loss: 1.234E+00 | loss scale: {scale} |\n"
 
 
 def noise(count: int, start: int = 0) -> str:
@@ -43,6 +48,44 @@ def test_recovery_lines_before_the_error_are_kept_as_single_lines(tmp_path):
     scan = inputs.scan([write(tmp_path / "train.log", text)], MARKERS)
     assert [excerpt.text for excerpt in scan.context] == ["rank 3 check uce memory result: 3\n"]
     assert scan.context[0].start == 0
+
+
+def test_only_the_last_fact_line_before_the_first_error_is_kept(tmp_path):
+    fp16 = "  fp16 ............................................ True\n"
+    text = (
+        fp16 + iteration(1, "65536.0") + noise(20_000) + iteration(2, "32768.0") + noise(100)
+        + ERROR_LINE + iteration(3, "16384.0") + ERROR_LINE
+    )
+    scan = inputs.scan([write(tmp_path / "train.log", text)], MARKERS, fact_markers=FACT_MARKERS)
+    assert [fact.text for fact in scan.facts] == [fp16, iteration(2, "32768.0")]
+    assert [text.encode().index(fact.text.encode()) for fact in scan.facts] == [fact.start for fact in scan.facts]
+
+
+def test_an_input_without_the_error_gives_the_fact_lines_at_its_end(tmp_path):
+    """torchrun --log-dir: the last rank prints the iteration lines, another rank the traceback."""
+    printer = write(tmp_path / "rank_7.log", iteration(1, "1.0") + noise(40_000) + iteration(2, "65536.0") + noise(10))
+    failed = write(tmp_path / "rank_3.log", noise(10) + ERROR_LINE)
+    scan = inputs.scan([failed, printer], MARKERS, fact_markers=FACT_MARKERS)
+    [fact] = scan.facts
+    assert (fact.source, fact.rank_hint, fact.text) == (printer, 7, iteration(2, "65536.0"))
+
+
+def test_a_fact_line_cut_by_the_searched_span_is_dropped(tmp_path, monkeypatch):
+    monkeypatch.setattr(inputs, "CONTEXT_SPAN", 1000)
+    monkeypatch.setattr(inputs, "BEFORE", 1000)
+    long_line = "x" * 2500 + " | loss scale: 65536.0 |\n"  # begins before the 2000 bytes searched
+    text = noise(100) + iteration(1, "1.0") + long_line + ERROR_LINE
+    scan = inputs.scan([write(tmp_path / "x.log", text)], MARKERS, fact_markers=FACT_MARKERS)
+    assert scan.hits == 1 and scan.facts == ()
+
+
+def test_an_input_past_the_budget_is_counted_without_facts(tmp_path, monkeypatch):
+    monkeypatch.setattr(inputs, "EXCERPT_BUDGET", inputs.BEFORE + inputs.AFTER)
+    text = "rank 3 check uce memory result: 3\n" + iteration(1, "65536.0") + ERROR_LINE
+    paths = [write(tmp_path / f"rank_{rank}.log", text) for rank in (0, 1)]
+    scan = inputs.scan(paths, MARKERS, fact_markers=FACT_MARKERS)
+    assert (scan.hits, scan.hits_not_parsed, len(scan.windows)) == (2, 1, 1)
+    assert [fact.source for fact in scan.facts] == [paths[0]]
 
 
 def test_input_without_the_error_keeps_only_its_tail(tmp_path):
@@ -124,7 +167,7 @@ def test_hits_beyond_the_budget_are_counted_not_kept(tmp_path, monkeypatch):
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
-        st.sampled_from(["noise", "error", "uce", "long"]),
+        st.sampled_from(["noise", "error", "uce", "long", "scale", "fp16"]),
         min_size=1,
         max_size=40,
     ),
@@ -137,6 +180,8 @@ def test_stdin_and_file_give_the_same_scan(tmp_path_factory, pieces, chunk):
         "error": "Traceback (most recent call last):\n" + ERROR_LINE,
         "uce": "rank 3 check uce memory result: 3\n",
         "long": "y" * 5000 + "\n",
+        "scale": iteration(7, "65536.0"),
+        "fp16": "  fp16 ............................................ True\n",
     }
     data = "".join(parts[p] for p in pieces).encode()
     path = tmp_path_factory.mktemp("same") / "x.log"
@@ -146,8 +191,8 @@ def test_stdin_and_file_give_the_same_scan(tmp_path_factory, pieces, chunk):
     try:
         for name, value in small.items():
             setattr(inputs, name, value)
-        from_file = inputs.scan([str(path)], MARKERS)
-        from_stdin = inputs.scan(["-"], MARKERS, stdin=io.BytesIO(data))
+        from_file = inputs.scan([str(path)], MARKERS, fact_markers=FACT_MARKERS)
+        from_stdin = inputs.scan(["-"], MARKERS, fact_markers=FACT_MARKERS, stdin=io.BytesIO(data))
     finally:
         for name, value in saved.items():
             setattr(inputs, name, value)
@@ -155,6 +200,7 @@ def test_stdin_and_file_give_the_same_scan(tmp_path_factory, pieces, chunk):
     assert [(w.start, w.text) for w in from_stdin.windows] == [(w.start, w.text) for w in from_file.windows]
     assert [(c.start, c.text) for c in from_stdin.context] == [(c.start, c.text) for c in from_file.context]
     assert [t.text for t in from_stdin.tails] == [t.text for t in from_file.tails]
+    assert [(f.start, f.text) for f in from_stdin.facts] == [(f.start, f.text) for f in from_file.facts]
 
 
 def test_missing_file_is_a_usage_error(tmp_path):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import is_safe_dotted, load_knowledge, rule_matches, validate_files
 
@@ -108,6 +109,97 @@ def test_a_frame_rule_supplies_the_variable_a_line_does_not_name(tmp_path):
     [rule] = load_knowledge([write(tmp_path, text)]).rules[-1:]
     assert rule_matches(rule, None, None, None, "/opt/acme/log.py", "record")
     assert not rule_matches(rule, None, None, None, "/opt/acme/log.py", "other")
+
+
+LOSS_LOG_BLOCKS = """\
+      - variable: _LOSS_LOG
+        file: '*/acme/log.py'
+        function: record
+        loss_scaling: grad-scaler
+      - variable_regex: '_LOSS_.*'
+        module: acme.state
+"""
+
+
+def test_a_match_list_matches_by_any_block_and_its_first_names_the_variable(tmp_path):
+    text = GOOD_RULE.replace("      variable: _LOSS_LOG\n      module: acme.state\n", LOSS_LOG_BLOCKS)
+    [rule] = load_knowledge([write(tmp_path, text)]).rules[-1:]
+    assert rule.match.variable == "_LOSS_LOG" and len(rule.matches) == 2
+    assert rule_matches(rule, "_LOSS_SUM", "acme.state", None, "/x/acme/train.py", "step", "none")  # second block
+    assert not rule_matches(rule, "_LOSS_SUM", "other.state", None, "/x/acme/train.py", "step")
+
+
+@pytest.mark.parametrize(("loss_scaling", "matches"), [("grad-scaler", True), (None, True), ("none", False)])
+def test_a_block_with_a_loss_scaling_fits_that_run_or_one_that_does_not_tell(tmp_path, loss_scaling, matches):
+    text = GOOD_RULE.replace("      variable: _LOSS_LOG\n      module: acme.state\n", LOSS_LOG_BLOCKS)
+    [rule] = load_knowledge([write(tmp_path, text)]).rules[-1:]
+    assert rule_matches(rule, None, None, None, "/opt/acme/log.py", "record", loss_scaling) is matches
+
+
+@pytest.mark.parametrize(
+    ("replacement", "where"),
+    [
+        ("      variable: _LOSS_LOG\n      loss_scaling: fp8\n", "rules.0.match.loss_scaling: 'fp8' is not one of"),
+        ("      []\n", "rules.0.match: [] should be non-empty"),
+        ("      - {module: acme.state}\n", "rules.0.match.0:"),
+    ],
+)
+def test_a_bad_loss_scaling_or_match_list_is_reported(tmp_path, replacement, where):
+    text = GOOD_RULE.replace("      variable: _LOSS_LOG\n      module: acme.state\n", replacement)
+    problems = validate_files([write(tmp_path, text)])
+    assert any(where in problem for problem in problems), problems
+
+
+# The culprit of a real fp16 run (tests/corpus/logs/megatron-grad-scaler.log): the loss scale is
+# read first in scale_loss(), through get_loss_scale(), whose result the line does not name.
+SCALE_LOSS_ERROR = """\
+[rank3]: Traceback (most recent call last):
+[rank3]:   File "/job/tests/corpus/cases.py", line 346, in train_step
+[rank3]:     self.megatron_optimizer.scale_loss(loss).backward()
+[rank3]:   File "/usr/local/lib/python3.11/site-packages/megatron/core/optimizer/optimizer.py", line 248, in scale_loss
+[rank3]:     return self.get_loss_scale() * loss
+[rank3]: RuntimeError: There is unsafe data in the input tensor.
+"""
+ITERATION = (
+    "[rank3]: [2026-11-30 05:10:42] iteration      120/    1000 | lm loss: 4.028615E+00 | loss scale: {} | "
+    "number of skipped iterations:   0 |\n"
+)
+FP16_ARGUMENT = "  fp16 ............................................ {}\n"
+
+
+@pytest.mark.parametrize(
+    ("before", "loss_scaling", "rule", "other"),
+    [
+        (ITERATION.format("1.0"), "none", "megatron.optimizer-scale-one", "megatron.grad-scaler"),
+        (ITERATION.format("65536.0"), "grad-scaler", "megatron.grad-scaler", "megatron.optimizer-scale-one"),
+        (FP16_ARGUMENT.format(True), "grad-scaler", "megatron.grad-scaler", "megatron.optimizer-scale-one"),
+        (FP16_ARGUMENT.format(False), "none", "megatron.optimizer-scale-one", "megatron.grad-scaler"),
+        ("", None, "megatron.optimizer-scale-one", "megatron.grad-scaler"),  # unknown: read as bf16
+    ],
+)
+def test_the_loss_scaling_the_log_shows_chooses_the_rule_for_scale_loss(tmp_path, before, loss_scaling, rule, other):
+    log = tmp_path / "train.log"
+    log.write_text(before + SCALE_LOSS_ERROR)
+    diagnosis = diagnose([str(log)])
+    [item] = diagnosis.findings
+    result = item.classification
+    expected = load_knowledge().rule(rule)
+    assert diagnosis.loss_scaling == loss_scaling
+    assert (result.rule, result.scenario, result.confidence) == (rule, expected.scenario, "high")
+    assert result.fix is not None and result.fix.phase == expected.phase
+    [note] = [note for note in result.notes if other in note]
+    assert ("neither a loss scale nor the fp16 argument" in note) is (loss_scaling is None)
+
+
+def test_only_scale_loss_stands_for_the_grad_scaler_among_the_optimizers_frames():
+    rule = load_knowledge().rule("megatron.grad-scaler")
+    optimizer_py = "/site/megatron/core/optimizer/optimizer.py"
+    module = "megatron.core.optimizer.optimizer"
+    assert rule_matches(rule, None, module, None, optimizer_py, "scale_loss", "grad-scaler")
+    assert not rule_matches(rule, None, module, None, optimizer_py, "step_with_ready_grads", "grad-scaler")
+    # the scaler's own tensors match whatever the log shows
+    grad_scaler_py = "/site/megatron/core/optimizer/grad_scaler.py"
+    assert rule_matches(rule, "backoff_factor", "megatron.core.optimizer.grad_scaler", "DynamicGradScaler", grad_scaler_py, "update", "none")
 
 
 @pytest.mark.parametrize(

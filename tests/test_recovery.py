@@ -8,7 +8,14 @@ from __future__ import annotations
 import pytest
 
 from unsafe_doctor.logs import LogLine, split_lines
-from unsafe_doctor.recovery import MARKERS, RecoveryContext, phase_of, read_recovery
+from unsafe_doctor.recovery import (
+    LOSS_SCALING_MARKERS,
+    MARKERS,
+    RecoveryContext,
+    phase_of,
+    read_loss_scaling,
+    read_recovery,
+)
 from unsafe_doctor.tracebacks import Frame, Traceback
 
 CAUGHT_UNSAFE = "rank:3 catch OTHER exception, error_code:， ex instance:There is unsafe data in the input tensor."
@@ -220,3 +227,59 @@ def test_error_in_training_after_recovery():
 def test_no_recovery_seen_and_no_callback_frame_is_none():
     tb = _traceback("train", "train_step", "save_to_aux_losses_tracker")
     assert phase_of(tb, NOT_SEEN) == "none"
+
+
+# --- read_loss_scaling ----------------------------------------------------------------------------
+
+# Megatron's training_log line (printed by the last rank) and _print_args line, as torchrun --tee
+# and the PyTorch excepthook prefix them.
+ITERATION = (
+    "[default3]: [2026-11-30 05:10:42] iteration      120/    1000 | consumed samples:          960 | "
+    "elapsed time per iteration (ms): 70.3 | learning rate: 1.500000E-04 | global batch size:     8 | "
+    "lm loss: 4.028615E+00 | loss scale: {} | number of skipped iterations:   0 | number of nan iterations:   0 |"
+)
+ARGUMENT = "[rank0]:   {} {} {}"  # name, 48 - len(name) dots, value
+
+
+def argument(name: str, value: object) -> str:
+    return ARGUMENT.format(name, "." * (48 - len(name)), value)
+
+
+def loss_scaling_of(*raw: str):
+    return read_loss_scaling(split_lines("\n".join(raw), source="train.log", base_offset=0, rank_hint=None))
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ([ITERATION.format("1.0")], "none"),
+        ([ITERATION.format("65536.0")], "grad-scaler"),
+        ([ITERATION.format("4096.0"), ITERATION.format("2048.0")], "grad-scaler"),  # backed off
+        ([argument("fp16", True)], "grad-scaler"),
+        ([argument("bf16", True), argument("fp16", False)], "none"),
+        # a dynamic scale that collapsed to its minimum, 1.0: the argument still tells fp16
+        ([argument("fp16", True), ITERATION.format("1.0")], "grad-scaler"),
+    ],
+)
+def test_loss_scaling_from_iteration_lines_and_the_argument_dump(raw, expected):
+    assert loss_scaling_of(*raw) == expected
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [],
+        ["iteration     1200/  5000 | lm loss: 1.5 | grad norm: 0.9 |"],  # a log that prints no scale
+        [argument("fp16_lm_cross_entropy", True), argument("bf16", True)],  # other arguments
+        ["casting the model to fp16 ........ done"],
+        [ITERATION.format("n/a")],
+        [ITERATION.format("1.0"), ITERATION.format("65536.0").replace("[default3]", "[default7]")],  # disagree
+    ],
+)
+def test_loss_scaling_is_unknown_when_the_lines_do_not_tell(raw):
+    assert loss_scaling_of(*raw) is None
+
+
+@pytest.mark.parametrize("raw", [ITERATION.format("65536.0"), argument("fp16", True)])
+def test_every_loss_scaling_line_contains_a_marker(raw):
+    assert any(marker in raw.encode() for marker in LOSS_SCALING_MARKERS)

@@ -1,7 +1,8 @@
 """Stage 5b: a finding -> scenario, rule or heuristic evidence, and the fix rendered for the adaptor.
 
-A matching rule decides (confidence high). Among several, the framework version detected in the
-user's tree filters them, then the most specific wins. With no rule, source heuristics decide when
+A matching rule decides (confidence high). The run's loss scaling, when the log shows it, excludes
+the rules written for the other one; among several, the framework version detected in the user's
+tree filters them, then the most specific wins. With no rule, source heuristics decide when
 they find evidence (medium or low). Otherwise the finding stays unclassified and says what to check.
 """
 
@@ -10,23 +11,29 @@ from __future__ import annotations
 import string
 import textwrap
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from unsafe_doctor.knowledge import (
     AdaptorProfile,
     KnowledgeBase,
     Rule,
+    RuleMatch,
     Scenario,
     is_safe_dotted,
-    rule_matches,
+    matching_block,
     specificity,
     template_slots,
 )
 from unsafe_doctor.locate import Finding
+from unsafe_doctor.recovery import LossScaling
 from unsafe_doctor.versions import Environment
 
 Confidence = Literal["high", "medium", "low"]
 GENERIC_RULES = {1: "generic.reinitialise", 2: "generic.replica-copy"}  # templates for heuristic verdicts
+# A log that shows neither a loss scale nor the fp16 argument is read as bf16, the usual precision of
+# LLM training; the classification then says which rule an fp16 run would get instead.
+ASSUMED_LOSS_SCALING: LossScaling = "none"
+LOSS_SCALING_WORDS: dict[LossScaling, str] = {"none": "no grad scaler (bf16)", "grad-scaler": "an fp16 grad scaler"}
 
 
 @dataclass(frozen=True)
@@ -51,11 +58,15 @@ class Classification:
     notes: tuple[str, ...]
 
 
-def classify(finding: Finding, knowledge: KnowledgeBase, environment: Environment) -> Classification:
+def classify(
+    finding: Finding, knowledge: KnowledgeBase, environment: Environment, loss_scaling: LossScaling | None = None
+) -> Classification:
+    """`loss_scaling`: what the log shows of the run's loss scaling (`recovery.read_loss_scaling`)."""
     notes: list[str] = []
-    rule = _choose_rule(finding, knowledge, environment, notes)
-    if rule is not None:
-        fix = _render(rule, finding, knowledge, environment.profile, notes)
+    chosen = _choose_rule(finding, knowledge, environment, loss_scaling, notes)
+    if chosen is not None:
+        rule, block = chosen
+        fix = _render(rule, finding, knowledge, environment.profile, notes, block)
         return Classification(rule.scenario, rule.id, "high", rule.reason, (), fix, tuple(notes))
     from unsafe_doctor.heuristics import judge  # only when no rule matched: it costs start-up time
 
@@ -77,49 +88,86 @@ def classify_as(
     return Classification(scenario, None, None, "scenario given by the user", evidence, fix, tuple(notes))
 
 
-def _choose_rule(finding: Finding, knowledge: KnowledgeBase, environment: Environment, notes: list[str]) -> Rule | None:
+def _choose_rule(
+    finding: Finding,
+    knowledge: KnowledgeBase,
+    environment: Environment,
+    loss_scaling: LossScaling | None,
+    notes: list[str],
+) -> tuple[Rule, RuleMatch] | None:
+    """The rule for the run's loss scaling (the assumed one when the log does not show it).
+
+    When another loss scaling would choose another rule, a note says which, and why this one.
+    """
+    read_as = loss_scaling or ASSUMED_LOSS_SCALING
+    chosen = _best_rule(finding, knowledge, environment, read_as, notes)
+    for other in get_args(LossScaling):
+        alternative = None if other == read_as else _best_rule(finding, knowledge, environment, other, [])
+        if alternative is None or (chosen is not None and alternative[0].id == chosen[0].id):
+            continue
+        rule, block = alternative
+        instead = f"rule {rule.id} would apply instead (scenario {rule.scenario}"
+        instead += f", tensor {block.variable})" if block.variable else ")"
+        if loss_scaling is None:
+            notes.append(
+                f"the log shows neither a loss scale nor the fp16 argument: read as {LOSS_SCALING_WORDS[read_as]}; "
+                f"with {LOSS_SCALING_WORDS[other]} {instead}"
+            )
+        else:
+            notes.append(f"the log shows {LOSS_SCALING_WORDS[read_as]}; with {LOSS_SCALING_WORDS[other]} {instead}")
+    return chosen
+
+
+def _best_rule(
+    finding: Finding, knowledge: KnowledgeBase, environment: Environment, loss_scaling: LossScaling, notes: list[str]
+) -> tuple[Rule, RuleMatch] | None:
     tensor, culprit = finding.tensor, finding.culprit
-    candidates = [
-        rule
-        for rule in knowledge.rules
-        if rule.id not in GENERIC_RULES.values()
-        and rule_matches(
+    candidates = []
+    for rule in knowledge.rules:
+        if rule.id in GENERIC_RULES.values():
+            continue
+        block = matching_block(
             rule,
             tensor.variable if tensor else None,
             tensor.module if tensor else None,
             tensor.owner if tensor else None,
             culprit.file if culprit else None,
             culprit.function if culprit else None,
+            loss_scaling,
         )
-    ]
+        if block is not None:
+            candidates.append((rule, block))
     if not candidates:
         return None
     fitting = []
-    for rule in candidates:
+    for rule, block in candidates:
         version = environment.versions.get(rule.framework) if rule.framework else None
         if rule.versions is None or version is None or rule.versions.contains(version, prereleases=True):
-            fitting.append(rule)
+            fitting.append((rule, block))
     if not fitting:
-        chosen = max(candidates, key=specificity)
-        version = environment.versions[chosen.framework]
+        chosen = max(candidates, key=lambda pair: specificity(*pair))
+        rule = chosen[0]
+        version = environment.versions[rule.framework]
         notes.append(
-            f"the log's symbol belongs to {chosen.framework} {chosen.versions}, but {environment.origins[chosen.framework]} "
-            f"has {chosen.framework} {version}: the log comes from another version than the one found here"
+            f"the log's symbol belongs to {rule.framework} {rule.versions}, but {environment.origins[rule.framework]} "
+            f"has {rule.framework} {version}: the log comes from another version than the one found here"
         )
         return chosen
-    chosen = max(fitting, key=specificity)
-    if chosen.framework and chosen.framework not in environment.versions:
-        notes.append(f"{chosen.framework} version unknown here; rule chosen by the symbol in the log")
+    chosen = max(fitting, key=lambda pair: specificity(*pair))
+    rule = chosen[0]
+    if rule.framework and rule.framework not in environment.versions:
+        notes.append(f"{rule.framework} version unknown here; rule chosen by the symbol in the log")
     return chosen
 
 
-def _slots(rule: Rule, finding: Finding, profile: AdaptorProfile) -> dict[str, str]:
+def _slots(rule: Rule, finding: Finding, profile: AdaptorProfile, block: RuleMatch) -> dict[str, str]:
     """The slot values this finding can fill, each a plain Python name: a log is untrusted input.
 
     A slot whose value is unknown or unsafe is left out; a template that needs it is not rendered.
+    `block` is the rule's match block that matched: it may name the variable the log does not.
     """
     tensor = finding.tensor
-    variable = rule.match.variable or (tensor.variable if tensor else None)
+    variable = block.variable or (tensor.variable if tensor else None)
     module = tensor.module if tensor else None
     owner = tensor.owner if tensor else None
     slots: dict[str, str] = {}
@@ -138,9 +186,14 @@ def _slots(rule: Rule, finding: Finding, profile: AdaptorProfile) -> dict[str, s
 
 
 def _render(
-    rule: Rule, finding: Finding, knowledge: KnowledgeBase, profile: AdaptorProfile, notes: list[str]
+    rule: Rule,
+    finding: Finding,
+    knowledge: KnowledgeBase,
+    profile: AdaptorProfile,
+    notes: list[str],
+    block: RuleMatch | None = None,
 ) -> FixPlan | None:
-    slots = _slots(rule, finding, profile)
+    slots = _slots(rule, finding, profile, block or rule.match)
     templates = [*rule.fix.imports, *(part for part in (rule.fix.code, rule.fix.send, rule.fix.recv) if part)]
     missing = set().union(*(template_slots(template) for template in templates)) - set(slots)
     if missing:

@@ -13,7 +13,7 @@ from unsafe_doctor.inputs import Excerpt, InputInfo, Progress
 from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.logs import LogLine
-from unsafe_doctor.recovery import Phase, RecoveryContext
+from unsafe_doctor.recovery import LossScaling, Phase, RecoveryContext
 from unsafe_doctor.stale import StaleReset, stale_resets
 from unsafe_doctor.tracebacks import Traceback, parse_tracebacks
 from unsafe_doctor.versions import Environment, detect_environment
@@ -39,6 +39,7 @@ class Diagnosis:
     untraced_ranks: tuple[int, ...]  # ranks that reported the error (MindIO's catch line) with no traceback
     environment: Environment  # framework versions and adaptor profile the classification used
     stale: tuple[StaleReset, ...]  # resets in the adaptor's rollback naming symbols the framework lacks
+    loss_scaling: LossScaling | None = None  # what the log shows of the run's loss scaling; it chose rules
 
 
 def diagnose(
@@ -51,7 +52,9 @@ def diagnose(
     progress: Progress | None = None,
 ) -> Diagnosis:
     knowledge = load_knowledge(rule_paths)  # first: a bad rule file fails before gigabytes are read
-    scan = inputs.scan(paths, recovery.MARKERS, stdin=stdin, progress=progress)
+    scan = inputs.scan(
+        paths, recovery.MARKERS, fact_markers=recovery.LOSS_SCALING_MARKERS, stdin=stdin, progress=progress
+    )
     order = {info.name: index for index, info in enumerate(scan.inputs)}
     window_lines = [_lines(excerpt) for excerpt in scan.windows]
     context_lines = [line for excerpt in scan.context for line in _lines(excerpt)]
@@ -59,13 +62,16 @@ def diagnose(
     context = recovery.read_recovery(
         sorted(context_lines + all_window_lines, key=lambda line: (order[line.source], line.offset))
     )
+    loss_scaling = recovery.read_loss_scaling(line for excerpt in scan.facts for line in _lines(excerpt))
     tracebacks = _tracebacks(window_lines)
     unsafe = [tb for tb in tracebacks if any(is_unsafe_error(link) for link in tb.chain())]
     findings = locate(unsafe, source_roots)
     frames = [frame for finding in findings for frame in finding.unsafe.frames]
     environment = detect_environment(knowledge, source_roots, frames, adaptor)
     diagnosed = tuple(
-        DiagnosedFinding(finding, recovery.phase_of(finding.traceback, context), classify(finding, knowledge, environment))
+        DiagnosedFinding(
+            finding, recovery.phase_of(finding.traceback, context), classify(finding, knowledge, environment, loss_scaling)
+        )
         for finding in findings
     )
     stale = stale_resets(environment.adaptor, environment.profile, environment) if environment.adaptor else []
@@ -95,6 +101,7 @@ def diagnose(
         untraced_ranks=tuple(sorted(untraced)),
         environment=environment,
         stale=tuple(stale),
+        loss_scaling=loss_scaling,
     )
 
 

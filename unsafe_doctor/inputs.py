@@ -3,8 +3,10 @@
 A failure log can be gigabytes of iteration lines around one traceback. Parsing every line in
 Python would be far slower than `grep`, so this stage only searches bytes: it finds the unsafe-data
 marker with `find` (memchr speed), cuts a window of text around each hit, and looks for recovery
-markers in a bounded span before the first hit. Everything else is never decoded. Memory stays
-bounded whatever the input size: stdin and gzip are read in chunks with a rolling history.
+markers in a bounded span before the first hit. Lines that state a setting of the run are searched
+backwards (`rfind`) in the same span, or at the end of an input without a hit: only the last of
+each counts. Everything else is never decoded. Memory stays bounded whatever the input size: stdin
+and gzip are read in chunks with a rolling history.
 """
 
 from __future__ import annotations
@@ -65,12 +67,16 @@ class Scan:
     tails: tuple[Excerpt, ...]  # ends of inputs without hits (only when no input has a hit)
     hits: int  # unsafe-data markers found
     hits_not_parsed: int  # hits past EXCERPT_BUDGET
+    # Per input and fact marker, the last whole line holding it: before the first hit, in the span
+    # searched for context; in an input without a hit, in its last BEFORE bytes.
+    facts: tuple[Excerpt, ...] = ()
 
 
 @dataclass
 class _InputScan:
     windows: list[Excerpt] = field(default_factory=list)
     context: list[Excerpt] = field(default_factory=list)
+    facts: list[Excerpt] = field(default_factory=list)
     tail: Excerpt | None = None
     hits: int = 0
     hits_not_parsed: int = 0
@@ -91,6 +97,7 @@ class _Reading:
     name: str
     rank_hint: int | None
     markers: Sequence[bytes]
+    fact_markers: Sequence[bytes]
     budget: _Budget
     progress: Progress | None
 
@@ -99,16 +106,22 @@ def scan(
     paths: Sequence[str],
     context_markers: Sequence[bytes],
     *,
+    fact_markers: Sequence[bytes] = (),
     stdin: BinaryIO | None = None,
     progress: Progress | None = None,
 ) -> Scan:
-    """Read every input once and keep only what later stages parse. No paths means stdin."""
+    """Read every input once and keep only what later stages parse. No paths means stdin.
+
+    `fact_markers` mark a setting the run logs at start-up or every step: only the latest line of
+    each is worth keeping.
+    """
     sources = _expand(paths) if paths else [("<stdin>", None, None)]
     budget = _Budget(EXCERPT_BUDGET)
     infos: list[InputInfo] = []
     results: list[_InputScan] = []
     for name, path, rank_hint in sources:
-        result = _scan_one(path, stdin, _Reading(name, rank_hint, context_markers, budget, progress))
+        reading = _Reading(name, rank_hint, context_markers, fact_markers, budget, progress)
+        result = _scan_one(path, stdin, reading)
         infos.append(InputInfo(name, result.size, rank_hint))
         results.append(result)
     if sum(info.bytes for info in infos) == 0:
@@ -121,6 +134,7 @@ def scan(
         tails=() if any_hit else tuple(r.tail for r in results if r.tail is not None),
         hits=sum(r.hits for r in results),
         hits_not_parsed=sum(r.hits_not_parsed for r in results),
+        facts=tuple(f for r in results for f in r.facts),
     )
 
 
@@ -262,11 +276,15 @@ def _scan_mapped(
     result.hits = len(hits)
     if not hits:
         result.tail = _excerpt(buf, max(0, len(buf) - TAIL), len(buf), len(buf), reading)
+        result.facts = _fact_lines(buf, 0, max(0, len(buf) - BEFORE), len(buf), reading, at_input_end=True)
         return result
     windows, result.hits_not_parsed = _plan_windows(hits, len(buf), reading.budget)
     result.windows = [_excerpt(buf, start, end, len(buf), reading) for start, end in windows]
-    context_end = windows[0][0]
-    result.context = _marker_lines(buf, 0, max(0, context_end - CONTEXT_SPAN), context_end, reading)
+    if windows:  # none when earlier inputs spent the budget
+        context_end = windows[0][0]
+        context_start = max(0, context_end - CONTEXT_SPAN)
+        result.context = _marker_lines(buf, 0, context_start, context_end, reading)
+        result.facts = _fact_lines(buf, 0, context_start, hits[0], reading, at_input_end=False)
     return result
 
 
@@ -306,8 +324,9 @@ def _scan_stream(
                 seen_hit = True
                 context_end = max(history.start, hit - BEFORE)
                 region_start = max(history.start, context_end - CONTEXT_SPAN)
-                context_bytes = history.slice(region_start, context_end)
-                result.context = _marker_lines(context_bytes, region_start, 0, len(context_bytes), reading)
+                before_hit = history.slice(region_start, hit)
+                result.context = _marker_lines(before_hit, region_start, 0, context_end - region_start, reading)
+                result.facts = _fact_lines(before_hit, region_start, 0, len(before_hit), reading, at_input_end=False)
             pending.append([max(history.start, hit - BEFORE), hit + AFTER])
             reading.budget.left -= BEFORE + AFTER
         while pending and pending[0][1] + BEFORE < history.end - overlap:  # whole, and no later hit joins it
@@ -320,6 +339,9 @@ def _scan_stream(
         tail_start = max(history.start, history.end - TAIL)
         tail = history.slice(tail_start, history.end)
         result.tail = _excerpt(tail, 0, len(tail), len(tail), reading, offset=tail_start, starts_input=tail_start == 0)
+        last_start = max(history.start, history.end - BEFORE)
+        last = history.slice(last_start, history.end)
+        result.facts = _fact_lines(last, last_start, 0, len(last), reading, at_input_end=True)
     return result
 
 
@@ -426,3 +448,29 @@ def _marker_lines(
         text = bytes(buf[line_start:line_end]).decode("utf-8", "replace")
         lines.append(Excerpt(reading.name, reading.rank_hint, offset + line_start, text))
     return lines
+
+
+def _fact_lines(
+    buf: bytes | mmap.mmap, offset: int, start: int, end: int, reading: _Reading, *, at_input_end: bool
+) -> list[Excerpt]:
+    """For each fact marker, the whole line around its last hit in buf[start:end], in input order.
+
+    `offset` is the absolute position of buf[0]. A line must lie inside the span (or begin the
+    input, or end it when the span reaches the input's end), so the stream and mmap readers, whose
+    buffers end at the span's edges, keep the same lines.
+    """
+    lines = []
+    for marker in reading.fact_markers:
+        hit = buf.rfind(marker, start, end)
+        if hit == -1:
+            continue
+        line_start = buf.rfind(b"\n", start, hit) + 1
+        if line_start == 0 and offset + start > 0:
+            continue  # the line began before the span
+        line_end = buf.find(b"\n", hit, end)
+        if line_end == -1 and not at_input_end:
+            continue  # the line runs on past the span
+        line_end = end if line_end == -1 else line_end + 1
+        text = bytes(buf[line_start:line_end]).decode("utf-8", "replace")
+        lines.append(Excerpt(reading.name, reading.rank_hint, offset + line_start, text))
+    return sorted(lines, key=lambda line: line.start)

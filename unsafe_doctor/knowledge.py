@@ -1,9 +1,11 @@
 """Stage 5: the knowledge base. Rules and adaptor profiles are data (YAML), validated on load.
 
-A rule says, for one global tensor (matched by name, module, owner class or culprit frame), in which
-framework versions it holds, which scenario it is, in which recovery phase it is fixed, and the code
-that fixes it as a template over validated slots. Adaptor profiles describe each generation of the
-recovery adaptor: where it lives, its rollback / send / receive functions and their parameters.
+A rule says, for one global tensor (matched by name, module, owner class or culprit frame, and by
+the run's loss scaling where a frame alone is ambiguous; a rule may list several such match
+blocks), in which framework versions it holds, which scenario it is, in which recovery phase it is
+fixed, and the code that fixes it as a template over validated slots. Adaptor profiles describe
+each generation of the recovery adaptor: where it lives, its rollback / send / receive functions
+and their parameters.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.recovery import LossScaling
 
 Scenario = Literal[1, 2]
 Phase = Literal["rollback", "repair"]
@@ -41,6 +44,7 @@ class RuleMatch:
     owner: str | None = None
     file: str | None = None  # glob over the culprit frame's path
     function: str | None = None  # glob over the culprit frame's function
+    loss_scaling: LossScaling | None = None  # holds only for runs with this loss scaling
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +59,7 @@ class FixTemplate:
 class Rule:
     id: str
     title: str
-    match: RuleMatch
+    match: RuleMatch  # the first match block: it names the variable of a finding that names none
     framework: str | None  # distribution whose version `versions` constrains, e.g. "megatron-core"
     versions: SpecifierSet | None
     scenario: Scenario
@@ -65,6 +69,11 @@ class Rule:
     reason: str
     references: tuple[str, ...]
     origin: str  # "file:line" of the rule
+    also_match: tuple[RuleMatch, ...] = ()  # further blocks of a `match:` list; any one block suffices
+
+    @property
+    def matches(self) -> tuple[RuleMatch, ...]:
+        return (self.match, *self.also_match)
 
 
 @dataclass(frozen=True)
@@ -270,12 +279,14 @@ def _specifier(text: str | None, origin: str, problems: list[str]) -> SpecifierS
 
 def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None:
     before = len(problems)
-    match = RuleMatch(**item["match"])
-    if match.variable_regex is not None:
-        try:
-            re.compile(match.variable_regex)
-        except re.error as error:
-            problems.append(f"{origin}: rule {item['id']}: variable_regex: {error}")
+    blocks = item["match"] if isinstance(item["match"], list) else [item["match"]]
+    matches = [RuleMatch(**block) for block in blocks]
+    for match in matches:
+        if match.variable_regex is not None:
+            try:
+                re.compile(match.variable_regex)
+            except re.error as error:
+                problems.append(f"{origin}: rule {item['id']}: variable_regex: {error}")
     framework = item.get("framework") or {}
     versions = _specifier(framework.get("versions"), origin, problems)
     fix = FixTemplate(
@@ -296,7 +307,7 @@ def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None
     return Rule(
         id=item["id"],
         title=item["title"],
-        match=match,
+        match=matches[0],
         framework=framework.get("package"),
         versions=versions,
         scenario=item["scenario"],
@@ -306,6 +317,7 @@ def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None
         reason=" ".join(item["reason"].split()),
         references=tuple(item.get("references", ())),
         origin=origin,
+        also_match=tuple(matches[1:]),
     )
 
 
@@ -362,9 +374,50 @@ def is_safe_dotted(name: str | None) -> bool:
     )
 
 
-def rule_matches(rule: Rule, variable: str | None, module: str | None, owner: str | None, file: str | None, function: str | None) -> bool:
-    """Every field the rule names must match; a rule that names the culprit frame may supply the variable."""
-    match = rule.match
+def rule_matches(
+    rule: Rule,
+    variable: str | None,
+    module: str | None,
+    owner: str | None,
+    file: str | None,
+    function: str | None,
+    loss_scaling: LossScaling | None = None,
+) -> bool:
+    """Whether one of the rule's match blocks fits the finding (see `matching_block`)."""
+    return matching_block(rule, variable, module, owner, file, function, loss_scaling) is not None
+
+
+def matching_block(
+    rule: Rule,
+    variable: str | None,
+    module: str | None,
+    owner: str | None,
+    file: str | None,
+    function: str | None,
+    loss_scaling: LossScaling | None = None,
+) -> RuleMatch | None:
+    """The rule's first match block whose every field fits; None when no block does.
+
+    A block that names the culprit frame may supply the variable. A block that names a loss scaling
+    fits a run with that loss scaling, or one whose loss scaling is unknown (None).
+    """
+    return next(
+        (block for block in rule.matches if _block_fits(block, variable, module, owner, file, function, loss_scaling)),
+        None,
+    )
+
+
+def _block_fits(
+    match: RuleMatch,
+    variable: str | None,
+    module: str | None,
+    owner: str | None,
+    file: str | None,
+    function: str | None,
+    loss_scaling: LossScaling | None,
+) -> bool:
+    if match.loss_scaling is not None and loss_scaling is not None and match.loss_scaling != loss_scaling:
+        return False
     frame_named = match.file is not None and match.function is not None
     frame_ok = (match.file is None or (file is not None and fnmatchcase(file.replace("\\", "/"), match.file))) and (
         match.function is None or (function is not None and fnmatchcase(function, match.function))
@@ -388,9 +441,12 @@ def _is_glob(pattern: str) -> bool:
     return any(char in pattern for char in "*?[")
 
 
-def specificity(rule: Rule) -> int:
-    """More named fields, more specific: the most specific matching rule wins."""
-    match = rule.match
+def specificity(rule: Rule, match: RuleMatch | None = None) -> int:
+    """More named fields, more specific: the most specific matching rule wins.
+
+    `match` is the block that matched (the rule's first by default).
+    """
+    match = match or rule.match
     return sum(
         weight
         for weight, present in (
@@ -401,6 +457,7 @@ def specificity(rule: Rule) -> int:
             (2, match.owner is not None),
             (1, match.file is not None),
             (1, match.function is not None),
+            (1, match.loss_scaling is not None),
         )
         if present
     )

@@ -5,6 +5,9 @@ error came inside a recovery callback (repair / rollback) or in the first iterat
 
 Line texts are those of MindIO TFT (`framework_ttp/ttp_decorator.py`, the C++ controller and
 processor) and of MindSpeed-LLM's high-availability adaptor; see the domain notes, §1 and §4.
+
+The log also tells one setting of the run that decides between rules: whether an fp16 grad scaler
+scales the loss (`read_loss_scaling`), from what Megatron prints every step and at start-up.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from unsafe_doctor.logs import LogLine
 from unsafe_doctor.tracebacks import Frame, Traceback
 
 Phase = Literal["after-recovery", "rollback", "repair", "none"]
+# "none": the loss is not scaled (bf16, fp32); "grad-scaler": an fp16 grad scaler scales it, and
+# the optimizer's loss scale is that scaler's tensor (Megatron's MixedPrecisionOptimizer.get_loss_scale).
+LossScaling = Literal["none", "grad-scaler"]
 
 # Byte strings that mark recovery lines; `inputs.py` searches for them near the error. Every line
 # `read_recovery` turns into an event contains one of them.
@@ -33,6 +39,12 @@ MARKERS: tuple[bytes, ...] = (
     b"rollback",  # rollback callback, "… gather and rollback at iteration 1200", "rollback failed"
     b"exception, error_code:",  # decorator: "rank:3 catch OTHER exception, error_code:， ex instance:…"
 )
+
+# Byte strings of the lines that tell the run's loss scaling; `inputs.py` keeps the last line
+# holding each before the first error. Megatron (and MindSpeed-LLM) print `| loss scale: 65536.0 |`
+# in every iteration line (1.0 without a grad scaler), and the argument dump at start-up lists
+# `  fp16 ........ True` (`_print_args`: name, 48 - len(name) dots, value).
+LOSS_SCALING_MARKERS: tuple[bytes, ...] = (b"| loss scale: ", b"fp16 ........")
 
 # Functions of the recovery adaptor's repair and rollback phases (MindSpeed-LLM
 # `mindspeed_llm/core/high_availability/`, formerly `mindio_ttp/adaptor/`; domain notes §1).
@@ -200,3 +212,25 @@ def phase_of(traceback: Traceback, context: RecoveryContext) -> Phase:
             if phase is not None:
                 return phase
     return "after-recovery" if context.seen else "none"
+
+
+_LOSS_SCALE = re.compile(r"\| loss scale: (\d+(?:\.\d*)?(?:[eE][+-]?\d+)?) \|")
+_FP16_ARGUMENT = re.compile(r"(?:^|\s)fp16 \.{8,} (True|False)\s*$")
+
+
+def read_loss_scaling(lines: Iterable[LogLine]) -> LossScaling | None:
+    """Whether an fp16 grad scaler scales the loss, or None when the lines do not tell.
+
+    The argument dump's `fp16` line decides when present; otherwise the iteration lines' loss
+    scale: 1.0 is the constant of an unscaled (bf16) run, any other value a grad scaler's. Lines
+    that disagree (inputs of different runs) tell nothing.
+    """
+    arguments: set[LossScaling] = set()
+    scales: set[LossScaling] = set()
+    for line in lines:
+        if m := _FP16_ARGUMENT.search(line.text):
+            arguments.add("grad-scaler" if m[1] == "True" else "none")
+        elif m := _LOSS_SCALE.search(line.text):
+            scales.add("none" if float(m[1]) == 1.0 else "grad-scaler")
+    found = arguments or scales
+    return found.pop() if len(found) == 1 else None
