@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -458,13 +457,12 @@ def test_megatron_faq_tracker_name_is_absent_from_this_version():
 
 
 @pytest.mark.parametrize("make", [tracker_finding, expert_bias_finding], ids=["tracker", "expert_bias"])
-def test_judging_a_megatron_finding_takes_well_under_a_second(make):
+def test_judging_a_megatron_finding_gives_the_same_evidence_in_the_same_order_every_time(make):
+    """Speed is measured by benchmarks/, not asserted here."""
     finding = make()
-    started = time.process_time()  # CPU time: the test machine may be busy with other work
     first = judge(finding, ())
-    elapsed = time.process_time() - started
-    assert elapsed < 0.5, f"{elapsed:.2f} s"
-    assert judge(finding, ()) == first  # and the same answer, in the same order, every time
+    assert first.evidence
+    assert judge(finding, ()) == first
 
 
 def test_judging_imports_neither_torch_nor_megatron():
