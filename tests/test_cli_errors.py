@@ -92,3 +92,15 @@ def test_diagnose_path_never_imports_torch(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert "IMPORTED [] 1" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("diagnose", "x.log", "--format", "bogus"), "Invalid value for '--format'"),
+        (("fix", "x.log", "--no-such-option"), "No such option '--no-such-option'"),
+        (("rules", "show"), "Missing argument 'RULE_ID'"),
+    ],
+)
+def test_a_bad_option_is_one_line_not_a_usage_box(args, fragment):
+    assert_one_line_error(run(*args), fragment)

@@ -47,11 +47,26 @@ def test_yes_at_the_terminal_applies_the_fix_while_the_log_comes_on_stdin(tmp_pa
     adaptor = tmp_path / "recovery.py"
     shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
     gz = LOG / "none_sample" / "attempt_0" / "1" / "stderr.log.gz"
-    code, screen = converse(["--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], gz, [(b"[y/N]", b"y\n")])
+    answers = [(b"[y/N]", b"y\n"), (VERIFY_QUESTION, b"n\n")]
+    code, screen = converse(["--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], gz, answers)
     assert "Apply scenario-2 fix to" in screen and "recv_rank_repair" in screen
     assert code == 1  # findings
     assert "unsafe-doctor: begin generic.replica-copy:toytrain.state._EMA_GRAD_NORM" in adaptor.read_text()
     assert Path(str(adaptor) + ".unsafe-doctor.bak").read_bytes() == (FRAMEWORK / "toytrain" / "recovery.py").read_bytes()
+
+
+VERIFY_QUESTION = b"unpatched then patched)? [y/N]"
+
+
+def test_after_a_fix_the_terminal_is_offered_verify_and_it_proves_the_fix(tmp_path):
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
+    code, screen = converse(args, None, [(b"[y/N]", b"y\n"), (VERIFY_QUESTION, b"y\n")])
+    assert VERIFY_QUESTION.decode() in screen
+    assert "PROVEN" in screen and "bit-identical to replica rank 3" in screen
+    assert "backend: emulated (CPU, gloo)" in screen
+    assert code == 1  # diagnose's own exit: the log has findings
 
 
 def test_no_at_the_terminal_leaves_the_adaptor_untouched(tmp_path):
@@ -80,6 +95,7 @@ def test_yes_flag_applies_without_asking(tmp_path):
     args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--yes"]
     result = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120)
     assert "wrote" in result.stderr
+    assert f"to prove it: unsafe-doctor verify {LOG} --source-root {FRAMEWORK} --adaptor {adaptor}" in result.stderr
     assert "unsafe-doctor: begin generic.replica-copy" in adaptor.read_text()
     compile(adaptor.read_text(), str(adaptor), "exec")
 
@@ -95,7 +111,7 @@ def test_an_unclassified_finding_asks_for_the_scenario_then_offers_its_fix(tmp_p
         "diagnose", str(CORPUS / "logs" / "user-postable-table.log"),
         "--source-root", str(CORPUS / "frameworks" / "postable"), "--adaptor", str(adaptor),
     ]  # fmt: skip
-    _, text = converse(args, None, [(b"Scenario [1/2/skip]:", b"1\n"), (b"[y/N]", b"y\n")])
+    _, text = converse(args, None, [(b"Scenario [1/2/skip]:", b"1\n"), (b"[y/N]", b"y\n"), (VERIFY_QUESTION, b"n\n")])
     assert "POSITION_TABLE is unclassified" in text
     assert "Apply scenario-1 fix to" in text and "feature_rollback" in text
     assert "unsafe-doctor: begin generic.reinitialise:" in adaptor.read_text()

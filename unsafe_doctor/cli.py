@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
+import click
 import typer
 from rich.console import Console
 
@@ -42,6 +43,11 @@ class OutputFormat(str, Enum):
     sarif = "sarif"
 
 
+class ReplayMode(str, Enum):
+    block = "block"
+    adaptor = "adaptor"
+
+
 FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="text for people, json or sarif for tools.")]
 NoInputOption = Annotated[bool, typer.Option("--no-input", help="Never ask questions.")]
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Accept every offer without asking.")]
@@ -67,6 +73,15 @@ AdaptorOption = Annotated[
         help="The recovery adaptor file (feature_rollback, send/recv_rank_repair); found under --source-root if not given.",
         exists=True,
         dir_okay=False,
+    ),
+]
+
+FunctionOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--function",
+        help="The adaptor's function for a role when its name differs from the profile's: "
+        "rollback=NAME, send=NAME, recv=NAME (comma-separated or repeated).",
     ),
 ]
 
@@ -133,6 +148,8 @@ def _offer_fixes(
             fixable.append(item)
     from unsafe_doctor import fix as fixes  # libcst is loaded only when a fix is offered
 
+    options = [*paths, *(f"--source-root {root}" for root in source_roots), *(f"--rules {path}" for path in rules)]
+    applied = []
     for item in fixable:
         plan = fixes.plan_fix([item], diagnosis.environment, knowledge)
         if not plan.edits:
@@ -143,11 +160,26 @@ def _offer_fixes(
         if yes or (terminal is not None and _ask(terminal, question)):
             for written in fixes.apply(plan):
                 _say(f"wrote {written.path} (backup: {written.backup})")
+            applied.append(item)
         elif terminal is None:
-            options = [*paths, *(f"--source-root {root}" for root in source_roots), *(f"--rules {path}" for path in rules)]
             _say(f"not applied; to apply: unsafe-doctor fix {' '.join(options)} --adaptor {adaptor} --yes")
+    if applied:
+        question = "Verify the fix now (replay the fault and the recovery on 4 ranks, unpatched then patched)?"
+        if terminal is not None and _ask(terminal, question):
+            _verify_now(replace(diagnosis, findings=tuple(applied)), knowledge)
+        else:
+            _say(f"to prove it: unsafe-doctor verify {' '.join(options)} --adaptor {adaptor}")
     if terminal is not None:
         terminal.close()
+
+
+def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase) -> None:
+    from unsafe_doctor import verify as verification
+
+    plan, skipped = verification.plan_replay(diagnosis, knowledge)
+    outcome = verification.verify(plan, skipped)
+    if outcome is not None:
+        Console(highlight=False).print(report.verification_text(outcome))
 
 
 def _ask_scenario(terminal: TextIO, item: DiagnosedFinding, diagnosis: Diagnosis, knowledge: KnowledgeBase) -> DiagnosedFinding:
@@ -190,14 +222,7 @@ def fix(
         typer.Argument(help="Log files or folders (.gz too). None or '-': read standard input.", show_default=False),
     ] = None,
     adaptor: AdaptorOption = None,
-    function: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--function",
-            help="The adaptor's function for a role when its name differs from the profile's: "
-            "rollback=NAME, send=NAME, recv=NAME (comma-separated or repeated).",
-        ),
-    ] = None,
+    function: FunctionOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the diff; write nothing.")] = False,
     revert: Annotated[bool, typer.Option("--revert", help="Remove every block unsafe-doctor wrote into the adaptor.")] = False,
     yes: YesOption = False,
@@ -277,6 +302,64 @@ def _fix_json(plan: Plan, written: tuple[Written, ...], dry_run: bool) -> dict[s
         "dry_run": dry_run,
         "written": [{"path": str(item.path), "backup": str(item.backup)} for item in written],
     }
+
+
+@app.command()
+def verify(
+    logs: Annotated[
+        list[str] | None,
+        typer.Argument(help="Log files or folders (.gz too). None or '-': read standard input.", show_default=False),
+    ] = None,
+    adaptor: AdaptorOption = None,
+    source_root: SourceRootOption = None,
+    rules: RulesOption = None,
+    function: FunctionOption = None,
+    ranks: Annotated[int | None, typer.Option("--ranks", help="Ranks to replay on (2-16; default 4, or torchrun's).")] = None,
+    mode: Annotated[
+        ReplayMode,
+        typer.Option("--mode", help="block: run the marked fix blocks; adaptor: import the adaptor and call its functions."),
+    ] = ReplayMode.block,
+    probe: Annotated[
+        str | None,
+        typer.Option("--probe", help="MODULE:FUNCTION of yours that creates and touches the global (called every step)."),
+    ] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a stuck replay is stopped.")] = 60.0,
+    output_format: FormatOption = OutputFormat.text,
+) -> None:
+    """Replay the fault and the recovery on a real process group: unpatched must fail, patched must not.
+
+    Exit 0: every fix proven; 1: a check failed (including no fix present); 2: cannot replay.
+    """
+    import importlib.util
+
+    from unsafe_doctor import fix as fixes
+    from unsafe_doctor import verify as verification
+    from unsafe_doctor.replay.launch import under_torchrun
+
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("verify replays on torch, which is not installed: pip install 'unsafe-doctor[replay]' "
+                         "(or torch==2.13.0 for the CPU build)")
+    if output_format is OutputFormat.sarif:
+        raise UsageError("verify writes text or json (--format sarif is for diagnose)")
+    paths = logs or []
+    if not paths and sys.stdin.isatty():
+        raise UsageError("no input: name a log file or folder, or pipe a log in (see --help)")
+    if under_torchrun():
+        ranks = int(os.environ["WORLD_SIZE"])
+    knowledge = load_knowledge(rules or ())
+    diagnosis = run_diagnosis(paths, source_roots=source_root or (), rule_paths=rules or (), adaptor=adaptor)
+    plan, skipped = verification.plan_replay(
+        diagnosis, knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout,
+        functions=fixes.function_overrides(function or []),
+    )
+    outcome = verification.verify(plan, skipped)
+    if outcome is None:  # a torchrun rank other than 0: rank 0 reports
+        raise typer.Exit(0)
+    if output_format is OutputFormat.json:
+        _print_json(report.verification_json(outcome))
+    else:
+        Console(highlight=False).print(report.verification_text(outcome))
+    raise typer.Exit(outcome.exit_code)
 
 
 def _say(line: str) -> None:
@@ -394,11 +477,17 @@ def _top(
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app(args=_with_default_command(args), prog_name="unsafe-doctor")
+        code = app(args=_with_default_command(args), prog_name="unsafe-doctor", standalone_mode=False)
     except UsageError as error:
         print(f"unsafe-doctor: {error}", file=sys.stderr)
         sys.exit(2)
+    except click.ClickException as error:  # a bad option or argument: one line, not a box
+        print(f"unsafe-doctor: {error.format_message()} (see --help)", file=sys.stderr)
+        sys.exit(error.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
     except KeyboardInterrupt:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
+    sys.exit(code or 0)

@@ -194,7 +194,7 @@ def _requests(
 ) -> list[_Request]:
     """One request per function the finding's fix goes into: rollback, or receive and send."""
     fix = diagnosed.classification.fix
-    key = _marker_key(diagnosed, knowledge)
+    key = marker_key(diagnosed, knowledge)
     what = _tensor_name(diagnosed.finding) or key
     if fix.phase == "rollback":
         return [
@@ -209,7 +209,7 @@ def _requests(
     ]
 
 
-def _marker_key(diagnosed: DiagnosedFinding, knowledge: KnowledgeBase) -> str:
+def marker_key(diagnosed: DiagnosedFinding, knowledge: KnowledgeBase) -> str:
     classification = diagnosed.classification
     rule_id = classification.rule or GENERIC_RULES[classification.scenario]
     rule = knowledge.rule(rule_id)
@@ -621,6 +621,67 @@ def _without_blocks(source: _Source) -> tuple[bytes, tuple[str, ...]] | None:
     if not changes:
         return None
     return b"".join(lines), tuple(changes)
+
+
+# --- reading blocks back (for verify) --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarkedBlock:
+    key: str
+    path: Path
+    line: int  # 1-based line of the begin marker
+    function: str  # the adaptor function that holds it
+    parameters: frozenset[str]  # that function's parameters
+    own_group: str | None  # the local that function binds to a group it builds itself
+    code: str  # the block's lines, markers included, dedented to column 0
+
+
+@dataclass(frozen=True)
+class AdaptorFile:
+    path: Path
+    text: str  # as on disk
+    unpatched: str  # with every unsafe-doctor block taken out
+    blocks: tuple[MarkedBlock, ...]
+    functions: frozenset[str]
+
+
+def read_adaptor(environment: Environment) -> tuple[AdaptorFile, ...]:
+    """The adaptor's files as written, with their marked blocks, and as they were before any fix."""
+    files = []
+    for path in _adaptor_files(environment):
+        source = _read_source(path)
+        removed = _without_blocks(source)
+        unpatched = removed[0] if removed is not None else source.data
+        files.append(
+            AdaptorFile(
+                path,
+                source.data.decode(source.encoding),
+                unpatched.decode(source.encoding),
+                tuple(_marked_blocks(source)),
+                frozenset(function.name for function in source.functions),
+            )
+        )
+    return tuple(files)
+
+
+def _marked_blocks(source: _Source) -> Iterable[MarkedBlock]:
+    texts = [line.decode(source.encoding).rstrip("\r\n") for line in source.lines]
+    for index, text in enumerate(texts):
+        stripped = text.strip()
+        if not stripped.startswith(MARKER_BEGIN):
+            continue
+        key = stripped[len(MARKER_BEGIN):]
+        end = next((later for later in range(index + 1, len(texts)) if texts[later].strip() == MARKER_END + key), None)
+        if end is None:
+            raise UsageError(f"{source.shown}:{index + 1}: block {key} has no end marker ({MARKER_END}{key})")
+        holders = [function for function in source.functions if function.first_line <= index + 1 <= function.last_line]
+        if not holders:
+            raise UsageError(f"{source.shown}:{index + 1}: block {key} is outside any function")
+        function = max(holders, key=lambda function: function.first_line)  # the innermost
+        indent = text[: len(text) - len(text.lstrip())]
+        lines = [line[len(indent):] if line.startswith(indent) else line.lstrip() for line in texts[index : end + 1]]
+        yield MarkedBlock(key, source.path, index + 1, function.name, function.parameters, function.own_group, "\n".join(lines) + "\n")
 
 
 # --- writing --------------------------------------------------------------------------------------

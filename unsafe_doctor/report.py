@@ -6,7 +6,7 @@ Nothing here prints: the CLI decides where the output goes.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.panel import Panel
@@ -20,6 +20,9 @@ from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge import KnowledgeBase, Rule
 from unsafe_doctor.sources import is_internal_file
 from unsafe_doctor.tracebacks import Frame
+
+if TYPE_CHECKING:
+    from unsafe_doctor.verify import Verification  # verify loads libcst: diagnose's output does without it
 
 SCHEMA = "unsafe-doctor/diagnosis/v1"
 SHORT_STACK = 6  # frames shown in a panel, innermost last
@@ -329,6 +332,66 @@ def _size(count: int) -> str:
             break
     return f"{count:.1f} {unit}"
 
+
+
+VERIFY_SCHEMA = "unsafe-doctor/verification/v1"
+_OUTCOME_STYLE = {"proven": "green", "failed": "red", "no-fix": "red", "not-modelled": "yellow"}
+
+
+def verification_json(verification: Verification) -> dict[str, Any]:
+    return {
+        "schema": VERIFY_SCHEMA,
+        "backend": verification.backend,
+        "transport": verification.transport,
+        "mode": verification.mode,
+        "ranks": verification.world_size,
+        "faulty_rank": verification.faulty,
+        "replica_rank": verification.replica,
+        "seconds": round(verification.seconds, 3),
+        "phase_seconds": {phase: round(value, 4) for phase, value in verification.phase_seconds.items()},
+        "exit_code": verification.exit_code,
+        "verdicts": [
+            {
+                "global": verdict.target.label,
+                "scenario": verdict.target.scenario,
+                "rule": verdict.target.rule,
+                "fix_key": verdict.target.key,
+                "outcome": verdict.outcome,
+                "unpatched": verdict.unpatched,
+                "patched": verdict.patched,
+                "problems": list(verdict.problems),
+            }
+            for verdict in verification.verdicts
+        ],
+        "skipped": list(verification.skipped),
+        "notes": list(verification.notes),
+    }
+
+
+def verification_text(verification: Verification) -> RenderableType:
+    device = "CPU" if verification.backend == "emulated" else "NPU"
+    footer = (
+        f"backend: {verification.backend} ({device}, {verification.transport}) · {verification.mode} mode · "
+        f"{verification.world_size} ranks (fault on rank {verification.faulty}, replica rank {verification.replica}) · "
+        f"{verification.seconds:.1f} s"
+    )
+    parts: list[RenderableType] = []
+    for verdict in verification.verdicts:
+        style = _OUTCOME_STYLE[verdict.outcome]
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column()
+        grid.add_row("unpatched", verdict.unpatched)
+        if verdict.patched is not None:
+            grid.add_row("patched", Text(verdict.patched, style=style))
+        for problem in verdict.problems[1:]:
+            grid.add_row("", Text(problem, style=style))
+        title = f"{verdict.outcome.upper()} · {verdict.target.label} · scenario {verdict.target.scenario}"
+        parts.append(Panel(grid, title=title, title_align="left", border_style=style))
+    for line in (*verification.skipped, *verification.notes):
+        parts.append(Text(f"note: {line}", style="dim"))
+    parts.append(Text(footer, style="dim"))
+    return Group(*parts)
 
 
 def rule_json(rule: Rule) -> dict[str, Any]:

@@ -1,0 +1,344 @@
+"""`unsafe-doctor verify`: the fault and the recovery replayed on real gloo process groups (forked ranks).
+
+Each test copies a sample adaptor into tmp_path, writes the fix with the real fixer (or leaves it
+out, or breaks it the way people do), and replays: the unpatched run must reproduce the unsafe-data
+error, the patched run must leave nothing unsafe and, in scenario 2, the replica's exact bytes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.fix import apply, plan_fix
+from unsafe_doctor.knowledge import load_knowledge
+from unsafe_doctor.verify import plan_replay, verify
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples"
+EMA_LOG = SAMPLES / "logs" / "toytrain_ema"
+TRACKER_LOG = SAMPLES / "logs" / "megatron_moe_tracker.log"
+PROBES = Path(__file__).parent / "fixtures" / "replay"
+EMA_KEY = "generic.replica-copy:toytrain.state._EMA_GRAD_NORM"
+BLOCK = re.compile(r"    # unsafe-doctor: begin (?P<key>\S+)\n.*?    # unsafe-doctor: end (?P=key)\n", re.S)
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("verify_rules_generator", ROOT / "tests" / "fixtures" / "rules" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def loss_log(tmp_path_factory) -> Path:
+    """A real traceback: toytrain's record_loss adds into a LOSS_LOG entry the fault left unsafe."""
+    generator = _load_generator()
+
+    def record_into_stale_loss_log(mark):
+        import torch
+
+        sys.path.insert(0, str(SAMPLES / "framework"))
+        try:
+            from toytrain import state
+        finally:
+            sys.path.remove(str(SAMPLES / "framework"))
+        state.init_state("cpu")
+        state.record_loss("loss", torch.ones(()))
+        mark(state.LOSS_LOG["loss"])
+        try:
+            state.record_loss("loss", torch.ones(()))
+        finally:
+            for name in [name for name in sys.modules if name == "toytrain" or name.startswith("toytrain.")]:
+                del sys.modules[name]  # each replay imports toytrain from its own copy
+
+    path = tmp_path_factory.mktemp("logs") / "loss_log.log"
+    path.write_text(generator.as_log(generator.capture(record_into_stale_loss_log), rank_prefix=True))
+    return path
+
+
+@pytest.fixture
+def toytrain(tmp_path) -> Path:
+    """A copy of the toytrain framework, whose recovery.py is the adaptor under test."""
+    shutil.copytree(SAMPLES / "framework" / "toytrain", tmp_path / "toytrain")
+    return tmp_path
+
+
+def write_fix(log: Path, adaptor: Path, roots: list[Path]) -> str:
+    diagnosis = diagnose([str(log)], source_roots=roots, adaptor=adaptor)
+    apply(plan_fix(diagnosis.findings, diagnosis.environment, load_knowledge()))
+    return adaptor.read_text()
+
+
+def replay(log: Path, adaptor: Path, roots: list[Path], **options):
+    diagnosis = diagnose([str(log)], source_roots=roots, adaptor=adaptor)
+    plan, skipped = plan_replay(diagnosis, load_knowledge(), **options)
+    return verify(plan, skipped)
+
+
+def blocks(text: str) -> list[str]:
+    return [match.group(0) for match in BLOCK.finditer(text)]
+
+
+# --- red, then green --------------------------------------------------------------------------------
+
+
+def test_before_any_fix_the_replay_reproduces_the_error_and_says_no_fix_is_present(toytrain):
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    result = replay(EMA_LOG, adaptor, [toytrain])
+    [verdict] = result.verdicts
+    assert verdict.outcome == "no-fix"
+    assert verdict.unpatched.startswith("reproduced `There is unsafe data in the input tensor.` on rank 1")
+    assert verdict.patched == "reproduced, no fix present"
+    assert result.exit_code == 1
+    assert (result.backend, result.transport, result.mode, result.world_size) == ("emulated", "gloo", "block", 4)
+
+
+def test_scenario_2_fix_is_proven_bit_identical_to_the_replica(toytrain):
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    write_fix(EMA_LOG, adaptor, [toytrain])
+    result = replay(EMA_LOG, adaptor, [toytrain])
+    [verdict] = result.verdicts
+    assert verdict.outcome == "proven", verdict.problems
+    assert verdict.patched == "recovery clean, tensor bit-identical to replica rank 3"
+    assert result.exit_code == 0
+
+
+def test_scenario_1_fix_is_proven_with_nothing_unsafe_left(toytrain, loss_log):
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    write_fix(loss_log, adaptor, [toytrain])
+    result = replay(loss_log, adaptor, [toytrain])
+    [verdict] = result.verdicts
+    assert (verdict.target.label, verdict.target.scenario) == ("toytrain.state.LOSS_LOG", 1)
+    assert verdict.outcome == "proven", verdict.problems
+    assert "no unsafe tensor left in toytrain.state.LOSS_LOG" in verdict.patched
+
+
+def test_megatron_tracker_fix_is_proven_against_real_megatron_core(tmp_path):
+    """The rule's probe fills the tracker with megatron-core's own save_to_aux_losses_tracker()."""
+    shutil.copytree(SAMPLES / "adaptors" / "in_tree", tmp_path / "in_tree")
+    root = tmp_path / "in_tree"
+    adaptor = root / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
+    red = replay(TRACKER_LOG, adaptor, [root])
+    assert red.verdicts[0].outcome == "no-fix"
+    assert re.search(r"at \S+/megatron/core/transformer/moe/moe_utils\.py:\d+$", red.verdicts[0].unpatched)
+    write_fix(TRACKER_LOG, adaptor, [root])
+    green = replay(TRACKER_LOG, adaptor, [root])
+    [verdict] = green.verdicts
+    assert verdict.target.rule == "megatron.moe-layer-wise-tracker-moe-utils"
+    assert verdict.outcome == "proven", verdict.problems
+    assert "get_args() stood in, with num_experts on" in " ".join(green.notes)
+
+
+def test_eight_ranks_and_a_log_rank_beyond_them(toytrain, loss_log):
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    write_fix(EMA_LOG, adaptor, [toytrain])
+    eight = replay(EMA_LOG, adaptor, [toytrain], ranks=8)
+    assert (eight.world_size, eight.faulty, eight.replica, eight.exit_code) == (8, 1, 5, 0)
+    two = replay(loss_log, adaptor, [toytrain], ranks=2)  # that log's failure is on rank 3
+    assert (two.faulty, two.replica) == (1, 0)
+    assert "the log's faulty rank 3 is replayed as rank 1 of 2" in two.notes
+
+
+# --- wrong fixes are caught -------------------------------------------------------------------------
+
+
+def test_swapped_send_and_receive_blocks_fail(toytrain):
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    send, recv = blocks(write_fix(EMA_LOG, adaptor, [toytrain]))
+    adaptor.write_text(adaptor.read_text().replace(send, "@@").replace(recv, send).replace("@@", recv))
+    [verdict] = replay(EMA_LOG, adaptor, [toytrain], timeout=10).verdicts
+    assert verdict.outcome == "failed"
+    assert "send and receive are swapped" in " ".join(verdict.problems)
+
+
+def test_a_receive_without_a_copy_into_the_global_fails(toytrain):
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    text = write_fix(EMA_LOG, adaptor, [toytrain])
+    adaptor.write_text(text.replace("item.copy_(fresh)", "pass"))
+    [verdict] = replay(EMA_LOG, adaptor, [toytrain]).verdicts
+    assert verdict.outcome == "failed"
+    assert "1 tensor(s) reachable from toytrain.state._EMA_GRAD_NORM still unsafe on rank 1" in verdict.problems
+    assert "rank 1: the first step after recovery still fails reading toytrain.state._EMA_GRAD_NORM" in verdict.problems
+
+
+def test_a_reset_with_zero_fails_because_zero_reads_the_unsafe_tensor(toytrain, loss_log):
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    [block] = blocks(write_fix(loss_log, adaptor, [toytrain]))
+    helper_body = re.search(r"(        value = state\.LOSS_LOG\n.*?)(    _unsafe_doctor_fix\(\))", block, re.S).group(1)
+    zeroing = "        for value in state.LOSS_LOG.values():\n            value.zero_()\n"
+    adaptor.write_text(adaptor.read_text().replace(helper_body, zeroing))
+    [verdict] = replay(loss_log, adaptor, [toytrain]).verdicts
+    assert verdict.outcome == "failed"
+    assert re.search(r"rank 3: feature_rollback\(\) raised RuntimeError: There is unsafe data in the input tensor\. at \S+recovery\.py:\d+",
+                     verdict.problems[0])
+
+
+def test_a_scenario_2_global_reset_in_rollback_fails_as_the_wrong_phase(toytrain):
+    """Fresh memory is safe, but the step's state is gone: the bytes differ from the replica's."""
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    text = (toytrain / "toytrain" / "recovery.py").read_text()
+    docstring = '    """Re-initialise framework state that does not depend on past steps (none registered yet)."""\n'
+    rebuilt = (
+        f"    # unsafe-doctor: begin {EMA_KEY}\n"
+        "    def _unsafe_doctor_fix():\n"
+        "        import torch\n"
+        "        from toytrain import state\n"
+        "        stale = state._EMA_GRAD_NORM\n"
+        "        state._EMA_GRAD_NORM = torch.ones(stale.shape, dtype=stale.dtype, device=stale.device)\n"
+        "    _unsafe_doctor_fix()\n"
+        f"    # unsafe-doctor: end {EMA_KEY}\n"
+    )
+    adaptor.write_text(text.replace(docstring, docstring + rebuilt))
+    [verdict] = replay(EMA_LOG, adaptor, [toytrain]).verdicts
+    assert verdict.outcome == "failed"
+    assert verdict.problems == ("toytrain.state._EMA_GRAD_NORM on rank 1 differs from what replica rank 3 held at the fault",)
+
+
+def test_a_scenario_1_reset_in_the_send_function_fails_as_the_wrong_phase(toytrain, loss_log):
+    """The replica runs send_rank_repair, the faulty rank never does: its LOSS_LOG stays unsafe."""
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    [block] = blocks(write_fix(loss_log, adaptor, [toytrain]))
+    text = adaptor.read_text().replace(block, "")
+    send_loop = "            dist.send(tensor, dst=dest_rank, group=repair_group)\n"
+    adaptor.write_text(text.replace(send_loop, send_loop + block))
+    [verdict] = replay(loss_log, adaptor, [toytrain]).verdicts
+    assert verdict.outcome == "failed"
+    assert "still unsafe on rank 3" in " ".join(verdict.problems)
+
+
+def test_a_receive_with_no_matching_send_ends_at_the_timeout_naming_the_waiting_side(toytrain):
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    send, _ = blocks(write_fix(EMA_LOG, adaptor, [toytrain]))
+    adaptor.write_text(adaptor.read_text().replace(send, ""))
+    result = replay(EMA_LOG, adaptor, [toytrain], timeout=3)
+    [verdict] = result.verdicts
+    assert verdict.outcome == "failed" and result.exit_code == 1
+    assert verdict.patched.startswith("a repair transfer waited 3 s in vain: recv_rank_repair() on rank 1 waits for "
+                                      "a tensor that send_rank_repair() on rank 3 never sends")
+    assert result.seconds < 20
+
+
+def test_a_fix_that_never_returns_is_stopped_and_every_rank_killed(toytrain, loss_log):
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    [block] = blocks(write_fix(loss_log, adaptor, [toytrain]))
+    adaptor.write_text(adaptor.read_text().replace("    _unsafe_doctor_fix()\n", "    import time\n    time.sleep(3600)\n"))
+    result = replay(loss_log, adaptor, [toytrain], timeout=2)
+    [verdict] = result.verdicts
+    assert verdict.outcome == "failed"
+    assert verdict.patched.startswith("the replay stopped at the 2 s timeout (rank 0: patched rollback feature_rollback()")
+    assert result.seconds < 30
+    assert not any(_is_descendant(pid) for pid in _processes())
+
+
+def _processes() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _is_descendant(pid: int) -> bool:
+    try:
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return False
+    return parent == os.getpid()
+
+
+# --- adaptor mode ------------------------------------------------------------------------------------
+
+
+def test_adaptor_mode_calls_the_real_functions_and_finds_the_next_missing_global(toytrain, loss_log):
+    """With the user's probe, a real toytrain step runs; the adaptor's own repair restores the model.
+    Fixing _EMA_GRAD_NORM alone is not enough: the next step dies on LOSS_LOG, as in production."""
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    write_fix(EMA_LOG, adaptor, [toytrain])
+    options = dict(mode="adaptor", probe="toytrain_probe:train_one_step")
+    half = replay(EMA_LOG, adaptor, [toytrain, PROBES], **options)
+    [verdict] = half.verdicts
+    assert re.search(r"on rank 1 at \S+/toytrain/train\.py:62$", verdict.unpatched)  # the log's own line
+    assert verdict.outcome == "failed"
+    assert re.search(r"still fails at \S+/toytrain/state\.py:28$", verdict.problems[0])
+    write_fix(loss_log, adaptor, [toytrain])
+    whole = replay(EMA_LOG, adaptor, [toytrain, PROBES], **options)
+    assert whole.verdicts[0].outcome == "proven", whole.verdicts[0].problems
+    assert whole.mode == "adaptor"
+
+
+def test_adaptor_mode_without_the_adaptors_imports_cannot_replay(tmp_path):
+    shutil.copytree(SAMPLES / "adaptors" / "in_tree", tmp_path / "in_tree")
+    root = tmp_path / "in_tree"
+    adaptor = root / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
+    result = replay(TRACKER_LOG, adaptor, [root], mode="adaptor")
+    [verdict] = result.verdicts
+    assert verdict.outcome == "not-modelled" and result.exit_code == 2
+    assert "adaptor mode cannot import the adaptor here (ModuleNotFoundError: No module named 'megatron.training')" in verdict.unpatched
+
+
+# --- the command -------------------------------------------------------------------------------------
+
+
+def run_cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "verify", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_verify_command_exit_codes_red_then_green_with_json(toytrain):
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    common = [str(EMA_LOG), "--source-root", str(toytrain), "--adaptor", str(adaptor)]
+    red = run_cli(*common)
+    assert red.returncode == 1
+    assert "NO-FIX · toytrain.state._EMA_GRAD_NORM" in red.stdout and "backend: emulated (CPU, gloo)" in red.stdout
+    write_fix(EMA_LOG, adaptor, [toytrain])
+    green = run_cli(*common, "--format", "json")
+    assert green.returncode == 0, green.stderr
+    document = json.loads(green.stdout)
+    assert document["schema"] == "unsafe-doctor/verification/v1"
+    assert document["backend"] == "emulated" and document["exit_code"] == 0
+    assert document["verdicts"][0]["outcome"] == "proven"
+    assert set(document["phase_seconds"]) >= {"unpatched repair", "patched rollback", "patched resume"}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--ranks", "1"], "--ranks must be between 2 and 16"),
+        (["--ranks", "17"], "--ranks must be between 2 and 16"),
+        (["--mode", "magic"], "Invalid value for '--mode'"),
+        (["--probe", "no colon"], "--probe 'no colon' is not MODULE:FUNCTION"),
+        (["--format", "sarif"], "verify writes text or json"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(toytrain, options, message):
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    result = run_cli(str(EMA_LOG), "--source-root", str(toytrain), "--adaptor", str(adaptor), *options)
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_a_log_without_a_finding_cannot_be_verified(toytrain):
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    with pytest.raises(UsageError, match="nothing to verify"):
+        replay(SAMPLES / "logs" / "hccl_timeout.log", adaptor, [toytrain])
+
+
+def test_torchrun_runs_the_same_replay_one_rank_per_process(toytrain):
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    write_fix(EMA_LOG, adaptor, [toytrain])
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun), "--nproc-per-node", "2", "-m", "unsafe_doctor.replay", str(EMA_LOG),
+               "--source-root", str(toytrain), "--adaptor", str(adaptor)]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT, env=environment)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("PROVEN") == 1  # rank 0 reports for all
+    assert "2 ranks (fault on rank 1, replica rank 0)" in " ".join(result.stdout.split())

@@ -1,0 +1,385 @@
+"""One rank of a replay: build the global state, train, fault, recover with the adaptor's code, resume.
+
+Every rank runs the plan twice in one process group: ``unpatched`` (the adaptor with our blocks
+taken out) and ``patched`` (as written). Each run, in MindIO's order:
+
+1. build: each target's probe creates its global's tensors; ``steps`` training steps touch them;
+2. fault, on the faulty rank: the global's bytes are scrambled (what a UCE leaves), every tensor
+   is marked unsafe and the check switched on (``restart_device``); the model and optimizer in
+   ``train_args`` are made safe again, as the adaptor's own repair of them does;
+3. repair: the replica runs the send function, the faulty rank the receive function;
+4. rollback: every rank runs the rollback function;
+5. check: unsafe tensors still reachable from each global on the faulty rank, and for scenario 2
+   the global's bytes against the replica's;
+6. resume: each probe's step runs again under the check, as the first step after recovery does.
+
+*block* mode runs exactly the marked blocks of each function (read back from the file), with the
+function's parameters bound here; *adaptor* mode imports the adaptor's files and calls its real
+functions. Nothing here prints: results are plain data for ``verify`` to judge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib
+import importlib.util
+import inspect
+import sys
+import time
+import traceback
+import types
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from unsafe_doctor.replay.backend import UNSAFE_DATA, UnsafeBackend, reachable_tensors, select_backend
+from unsafe_doctor.replay.plan import RUNS, ReplayPlan
+from unsafe_doctor.replay.probes import Probe, ProbeError, make_probe
+
+_HERE = str(Path(__file__).resolve().parents[1])  # unsafe_doctor/: frames from here are the harness's own
+_TORCH = str(Path(torch.__file__).resolve().parent)
+_GETTER_STANDIN = "megatron.training"
+
+
+class Progress:
+    """Where this rank is, one line per phase, so a launcher can say where a stuck rank waits."""
+
+    def __init__(self, path: str | None) -> None:
+        self._stream = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 (lives as long as the rank)
+
+    def __call__(self, line: str) -> None:
+        if self._stream:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+
+
+def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: Progress) -> dict:
+    """Both runs on this rank of an initialised process group; the results as plain data.
+    ``device_index`` is this rank's NPU (its local rank), or the ``Device:`` the emulated error names."""
+    for root in plan.source_roots:
+        if root not in sys.path:
+            sys.path.insert(0, root)
+    notes = _install_standins(plan)
+    runs = {}
+    backend_name = None
+    for run in RUNS:
+        backend = select_backend(device_index=device_index)
+        backend_name = backend.name
+        runs[run] = _Run(plan, run, rank, backend, progress).execute()
+        dist.barrier()
+    return {"rank": rank, "backend": backend_name, "runs": runs, "notes": notes}
+
+
+class _Run:
+    def __init__(self, plan: ReplayPlan, run: str, rank: int, backend: UnsafeBackend, progress: Progress) -> None:
+        self.plan, self.run, self.rank, self.backend, self.progress = plan, run, rank, backend, progress
+        self.result: dict = {"built": {}, "not_modelled": {}, "fix_errors": [], "resume": {}, "unsafe_left": {},
+                             "equal": {}, "seconds": {}, "adaptor_unavailable": None}
+        self.probes: dict[str, Probe] = {}
+        self.group: dist.ProcessGroup | None = None  # the repair group, on the faulty and the replica rank
+        self.at_fault: dict[str, list[bytes]] | None = None  # on the replica: each global's bytes at the fault
+        self._modules: dict[str, types.ModuleType] | None = None  # adaptor mode: function name -> its module
+
+    def execute(self) -> dict:
+        with self.backend.activate():
+            self._phase("build", self._build)
+            self._phase("fault", self._fault)
+            self._phase("repair", self._repair)
+            self._phase("rollback", lambda: self._call("rollback"))
+            self._phase("check", self._check)
+            self._phase("resume", self._resume)
+        return self.result
+
+    def _phase(self, name: str, action) -> None:
+        self.progress(f"{self.run} {name}" + (f" {self.plan.functions.get(self._role(name), '')}()" if self._role(name) else ""))
+        start = time.perf_counter()
+        action()
+        self.result["seconds"][name] = time.perf_counter() - start
+
+    def _role(self, phase: str) -> str | None:
+        if phase == "repair" and self.rank in (self.plan.faulty, self.plan.replica):
+            return "send" if self.rank == self.plan.replica else "recv"
+        return "rollback" if phase == "rollback" else None
+
+    # --- phases ----------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        for target in self.plan.targets:
+            try:
+                probe = make_probe(target, self.backend.device, self.plan.probe)
+                probe.build()
+            except ProbeError as error:
+                self.result["not_modelled"][target.key] = str(error)
+                continue
+            self.probes[target.key] = probe
+            self.result["built"][target.key] = probe.how
+        for _ in range(self.plan.steps):
+            for probe in self.probes.values():
+                probe.step()
+        for key, probe in self.probes.items():
+            _advance(probe.tensors(), key)
+
+    def _fault(self) -> None:
+        if self.rank == self.plan.replica:  # what recovery must give back to the faulty rank
+            self.at_fault = {key: [_bytes(tensor) for tensor in probe.tensors()] for key, probe in self.probes.items()}
+        if self.rank == self.plan.faulty:
+            self.backend.set_check(False)
+            for probe in self.probes.values():
+                _scramble(probe.tensors())
+            self.backend.mark_host(*_host_resident(self._train_args()))
+            self.backend.mark_all_unsafe()
+            if self.plan.mode == "block":  # the adaptor's own repair of them is not run; the globals stay unsafe
+                globals_memory = {_address(tensor) for probe in self.probes.values() for tensor in probe.tensors()}
+                for tensor in reachable_tensors(*(item for item in self._train_args() if item is not None)):
+                    if _address(tensor) not in globals_memory:
+                        self.backend.mark_safe(tensor)
+            self.backend.set_check(True)
+        dist.barrier()
+
+    def _repair(self) -> None:
+        pair = sorted({self.plan.faulty, self.plan.replica})
+        if self.rank not in pair:
+            return
+        self.group = dist.new_group(pair, timeout=datetime.timedelta(seconds=self.plan.timeout), use_local_synchronization=True)
+        self._call("send" if self.rank == self.plan.replica else "recv")
+
+    def _check(self) -> None:
+        """On the faulty rank: what is still unsafe, and (scenario 2) whether each global holds the
+        bytes the replica had at the fault, the state training had reached on every healthy rank."""
+        was_on = self.backend.check_enabled()
+        self.backend.set_check(False)  # the harness's own reads must not trip, nor refresh anything
+        try:
+            mine = {}
+            if self.rank == self.plan.faulty:
+                for key, probe in self.probes.items():
+                    tensors = probe.tensors()
+                    self.result["unsafe_left"][key] = sum(not self.backend.is_safe(tensor) for tensor in tensors)
+                    mine[key] = [_bytes(tensor) for tensor in tensors]
+            gathered: list = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, self.at_fault)
+            if self.rank == self.plan.faulty:
+                reference = gathered[self.plan.replica] or {}
+                for target in self.plan.targets:
+                    if target.scenario == 2 and target.key in mine:
+                        self.result["equal"][target.key] = mine[target.key] == reference.get(target.key)
+        finally:
+            self.backend.set_check(was_on)
+
+    def _resume(self) -> None:
+        for key, probe in self.probes.items():
+            try:
+                probe.step()
+            except RuntimeError as error:
+                if UNSAFE_DATA not in str(error):
+                    raise
+                self.result["resume"][key] = {"error": str(error).splitlines()[0], "where": _where(error)}
+            else:
+                self.result["resume"][key] = {"error": None, "where": None}
+
+    # --- running the adaptor's code --------------------------------------------------------------
+
+    def _call(self, role: str) -> None:
+        function = self.plan.functions.get(role)
+        if function is None:
+            return
+        values = self._values()
+        if self.plan.mode == "adaptor":
+            try:
+                self._adaptor_modules()
+            except ImportError as error:
+                self.result["adaptor_unavailable"] = f"{type(error).__name__}: {_first_line(error)}"
+                return
+        try:
+            if self.plan.mode == "adaptor":
+                self._call_function(role, function, values)
+            else:
+                self._run_blocks(role, values)
+        except Exception as error:  # the adaptor's code may fail in any way: that is a finding
+            self.progress(f"{self.run} {role} {function}() raised {type(error).__name__}: {_first_line(error)}")
+            self.result["fix_errors"].append(
+                {"role": role, "function": function, "error": f"{type(error).__name__}: {_first_line(error)}",
+                 "where": _where(error), "unsafe": UNSAFE_DATA in str(error)}
+            )
+
+    def _values(self) -> dict[str, object]:
+        """What MindIO passes, by role: this replay's single (replica -> faulty) repair."""
+        train_args = self._train_args()
+        by_role = {
+            "src_ranks": [self.plan.replica],
+            "dest_ranks": [self.plan.faulty],
+            "optim_idxs": [0],
+            "rank_list": sorted({self.plan.faulty, self.plan.replica}),
+            "train_args": train_args,
+            "need_rebuild": True,
+        }
+        values: dict[str, object] = {"step": self.plan.steps}
+        for role, name in self.plan.parameters.items():
+            if role in by_role:
+                values[name] = by_role[role]
+        return values
+
+    def _run_blocks(self, role: str, values: dict[str, object]) -> None:
+        if self.run != "patched":
+            return
+        for block in self.plan.blocks_for(role):
+            namespace: dict[str, object] = {"__name__": f"unsafe_doctor_block_{block.function}"}
+            namespace.update({name: values.get(name) for name in block.parameters})
+            if block.own_group:
+                namespace[block.own_group] = self.group
+            code = compile("\n" * (block.line - 1) + block.code, block.path, "exec")
+            with self._group_getters(role):
+                exec(code, namespace)  # noqa: S102 (the user's own fix, read back from their adaptor)
+
+    @contextlib.contextmanager
+    def _group_getters(self, role: str) -> Iterator[None]:
+        """Block mode: the profile's repair-group getter gives this replay's group."""
+        if role == "rollback":
+            yield
+            return
+        saved = {}
+        group = self.group
+        for line in self.plan.repair_group_imports:
+            module_name, names = _from_import(line)
+            if module_name is None:
+                continue
+            standin = types.ModuleType(module_name)
+            for name in names:
+                setattr(standin, name, lambda *args, **kwargs: group)
+            saved[module_name] = sys.modules.get(module_name)
+            sys.modules[module_name] = standin
+        try:
+            yield
+        finally:
+            for module_name, module in saved.items():
+                if module is None:
+                    sys.modules.pop(module_name, None)
+                else:
+                    sys.modules[module_name] = module
+
+    def _call_function(self, role: str, name: str, values: dict[str, object]) -> None:
+        module = self._adaptor_modules().get(name)
+        if module is None:
+            raise LookupError(f"no function {name}() in the adaptor's files")
+        function = getattr(module, name)
+        arguments = {}
+        for parameter in inspect.signature(function).parameters.values():
+            if parameter.name in values:
+                arguments[parameter.name] = values[parameter.name]
+            elif parameter.default is inspect.Parameter.empty:
+                arguments[parameter.name] = None
+        function(**arguments)
+
+    def _adaptor_modules(self) -> dict[str, types.ModuleType]:
+        """Each adaptor file executed as its module (this run's text), by the functions it defines."""
+        if self._modules is None:
+            modules: dict[str, types.ModuleType] = {}
+            for code in self.plan.files:
+                module = types.ModuleType(code.module)
+                module.__file__ = code.path
+                module.__package__ = code.module.rpartition(".")[0]
+                sys.modules[code.module] = module
+                text = code.patched if self.run == "patched" else code.unpatched
+                exec(compile(text, code.path, "exec"), module.__dict__)  # noqa: S102 (the user's adaptor)
+                for function in code.functions:
+                    modules.setdefault(function, module)
+            self._modules = modules
+        return self._modules
+
+    def _train_args(self) -> tuple:
+        return next(iter(self.probes.values())).train_args() if self.probes else (None, [], None, None)
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def _install_standins(plan: ReplayPlan) -> list[str]:
+    """Block mode on a machine without Megatron's training package: the fixes' guards read
+    ``get_args()``, which here answers with the switches the targets' rules need, all on."""
+    switches = sorted({name for target in plan.targets for name in target.switches})
+    if plan.mode != "block" or not switches or _importable(_GETTER_STANDIN):
+        return []
+    arguments = types.SimpleNamespace(**{name: True for name in switches})
+    standin = types.ModuleType(_GETTER_STANDIN)
+    standin.get_args = lambda: arguments
+    sys.modules[_GETTER_STANDIN] = standin
+    return [f"{_GETTER_STANDIN} is not installed: get_args() stood in, with {', '.join(switches)} on"]
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _from_import(line: str) -> tuple[str | None, list[str]]:
+    import ast
+
+    statement = ast.parse(line).body[0]
+    if isinstance(statement, ast.ImportFrom) and statement.level == 0 and statement.module:
+        return statement.module, [alias.asname or alias.name for alias in statement.names]
+    return None, []
+
+
+def _host_resident(train_args: tuple) -> list[torch.Tensor]:
+    """Optimizer step counters: torch keeps them in host memory (unless capturable), out of a fault's reach.
+    The optimizer is an item of train_args, or what a wrapper of one holds in ``.optimizer`` (Megatron)."""
+    optimizers = [getattr(item, "optimizer", item) for item in train_args]
+    found = []
+    for optimizer in optimizers:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            continue
+        for state in optimizer.state.values():
+            step = state.get("step")
+            if isinstance(step, torch.Tensor) and step.device.type == "cpu":
+                found.append(step)
+    return found
+
+
+def _advance(tensors: list[torch.Tensor], key: str) -> None:
+    """Training has moved the state: values no reset can reproduce, the same on every rank."""
+    generator = torch.Generator().manual_seed(zlib.crc32(key.encode()))
+    for tensor in tensors:
+        if tensor.dtype == torch.bool:
+            value = torch.rand(tensor.shape, generator=generator) > 0.5
+        elif tensor.is_floating_point() or tensor.is_complex():
+            value = torch.rand(tensor.shape, generator=generator) + 0.5
+        else:
+            value = torch.randint(1, 100, tensor.shape, generator=generator)
+        tensor.copy_(value.to(dtype=tensor.dtype, device=tensor.device))
+
+
+def _address(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def _scramble(tensors: list[torch.Tensor]) -> None:
+    """What an uncorrectable error leaves in memory: other bits (every byte changed)."""
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        raw = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
+        raw.bitwise_not_()
+
+
+def _bytes(tensor: torch.Tensor) -> bytes:
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).splitlines() or [""])[0]
+
+
+def _where(error: BaseException) -> str | None:
+    """The innermost frame of the user's code (not torch's, not the harness's): file:line."""
+    frames = traceback.extract_tb(error.__traceback__)
+    for frame in reversed(frames):
+        path = str(Path(frame.filename).resolve()) if not frame.filename.startswith("<") else frame.filename
+        if path.startswith((_TORCH, _HERE)) or frame.filename.startswith("<"):
+            continue
+        return f"{frame.filename}:{frame.lineno}"
+    return None

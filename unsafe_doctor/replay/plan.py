@@ -1,0 +1,89 @@
+"""What one replay runs, as plain data: `verify` makes it, every rank reads it (as JSON under torchrun).
+
+No torch here, so the plan is made and checked before any rank starts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+Mode = Literal["block", "adaptor"]
+MODES: tuple[Mode, ...] = ("block", "adaptor")
+RUNS = ("unpatched", "patched")
+MAX_RANKS = 16
+
+
+@dataclass(frozen=True)
+class Target:
+    """One finding's global, and how its fix is recognised in the adaptor."""
+
+    key: str  # marker key of its fix block
+    label: str  # module.variable as reports show it
+    scenario: int
+    rule: str | None
+    module: str
+    variable: str
+    owner: str | None
+    switches: tuple[str, ...] = ()  # framework arguments the fix's guards read: switched on in the replay
+
+
+@dataclass(frozen=True)
+class Block:
+    """A marked fix block as written in the adaptor."""
+
+    key: str
+    role: str  # rollback | send | recv | other
+    function: str
+    path: str
+    line: int
+    code: str
+    parameters: tuple[str, ...]
+    own_group: str | None
+
+
+@dataclass(frozen=True)
+class AdaptorCode:
+    """One adaptor file, as written (patched) and with our blocks taken out (unpatched)."""
+
+    path: str
+    module: str  # the name it is imported under (its dotted path under a source root, else its stem)
+    unpatched: str
+    patched: str
+    functions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    targets: tuple[Target, ...]
+    blocks: tuple[Block, ...]
+    files: tuple[AdaptorCode, ...]
+    functions: dict[str, str]  # role -> adaptor function name
+    parameters: dict[str, str]  # role -> the parameter name the adaptor's generation uses
+    repair_group_imports: tuple[str, ...]  # where the profile's blocks get their repair group from
+    mode: Mode
+    world_size: int
+    faulty: int
+    replica: int
+    source_roots: tuple[str, ...]
+    probe: str | None = None  # the user's MODULE:FUNCTION that builds and touches the state
+    steps: int = 2  # training steps before the fault
+    timeout: float = 60.0
+    notes: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ReplayPlan:
+        data = json.loads(text)
+        data["targets"] = tuple(Target(**{**item, "switches": tuple(item["switches"])}) for item in data["targets"])
+        data["blocks"] = tuple(Block(**{**item, "parameters": tuple(item["parameters"])}) for item in data["blocks"])
+        data["files"] = tuple(AdaptorCode(**{**item, "functions": tuple(item["functions"])}) for item in data["files"])
+        for name in ("source_roots", "repair_group_imports", "notes"):
+            data[name] = tuple(data[name])
+        return cls(**data)
+
+    def blocks_for(self, role: str) -> tuple[Block, ...]:
+        return tuple(block for block in self.blocks if block.role == role)

@@ -1,0 +1,265 @@
+"""Probes: build a global's tensors the way training does, and touch them the way a step does.
+
+A shipped rule may have a probe that calls the framework's own functions (the real megatron-core
+tracker code); every other global gets the generic probe, which imports the global's module from
+the user's tree, calls the functions of that module that write the global (with arguments it can
+make: a device, a small tensor, a name, a number), and touches every tensor reachable from it. A
+user who knows better names a function of theirs with ``--probe MODULE:FUNCTION``.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from unsafe_doctor.replay.backend import reachable_tensors
+from unsafe_doctor.replay.plan import Target
+
+
+class ProbeError(Exception):
+    """The state of a global cannot be built here: the replay does not model it."""
+
+
+class Probe:
+    """Builds one global's state, runs a step's access to it, and lists its tensors."""
+
+    how: str  # one line for the report: how the state was built
+
+    def build(self) -> None:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def tensors(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def train_args(self) -> tuple:
+        """What the adaptor's repair functions receive: Megatron's train() arguments
+        ``(forward_step_func, model chunks, optimizer, scheduler)``, with no model here."""
+        return (None, [], None, None)
+
+
+def _holder(target: Target) -> object:
+    module = importlib.import_module(target.module)
+    owner = getattr(module, target.owner) if target.owner else module
+    try:
+        return getattr(owner, target.variable)
+    except AttributeError:
+        raise ProbeError(f"{target.label} does not exist after importing {target.module}") from None
+
+
+def _touch(tensors: list[torch.Tensor]) -> None:
+    """Read every tensor with a kernel, as a step's first use would."""
+    for tensor in tensors:
+        torch.ops.aten.clone.default(tensor)
+
+
+class GenericProbe(Probe):
+    """Any module-level global: the module's own writers build it, a read of each tensor touches it."""
+
+    def __init__(self, target: Target, device: torch.device) -> None:
+        self.target, self.device = target, device
+
+    def build(self) -> None:
+        module = importlib.import_module(self.target.module)
+        if getattr(module, "__unsafe_doctor_built__", False):
+            module = importlib.reload(module)  # the module's globals as a fresh process has them
+        called = []
+        if self.target.owner is None:
+            for name in _writers(module, self.target.variable):
+                function = getattr(module, name, None)
+                arguments = _arguments(function, self.device) if callable(function) else None
+                if arguments is not None:
+                    function(*arguments)
+                    called.append(f"{name}({', '.join(_shown(value) for value in arguments)})")
+        module.__unsafe_doctor_built__ = True
+        if not self.tensors():
+            raise ProbeError(
+                f"no function of {self.target.module} creates a tensor in {self.target.variable} with arguments the "
+                "replay can make; name one that does with --probe MODULE:FUNCTION"
+            )
+        where = f"{self.target.module}." + " then ".join(called) if called else f"importing {self.target.module}"
+        self.how = f"built by {where}; touched by reading every tensor reachable from {self.target.label}"
+
+    def step(self) -> None:
+        _touch(self.tensors())
+
+    def tensors(self) -> list[torch.Tensor]:
+        return reachable_tensors(_holder(self.target))
+
+
+def _writers(module: object, variable: str) -> list[str]:
+    """Top-level functions of the module's source that assign the global, or store into it."""
+    path = getattr(module, "__file__", None)
+    if not path or not path.endswith(".py"):
+        return []
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    found = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _writes(node, variable):
+            found.append(node.name)
+    return found
+
+
+_MUTATORS = {"append", "extend", "insert", "update", "setdefault", "clear", "add", "copy_", "fill_", "zero_"}
+
+
+def _writes(function: ast.FunctionDef | ast.AsyncFunctionDef, variable: str) -> bool:
+    declared = any(isinstance(node, ast.Global) and variable in node.names for node in ast.walk(function))
+    for node in ast.walk(function):
+        if isinstance(node, ast.Name) and node.id == variable and isinstance(node.ctx, ast.Store) and declared:
+            return True
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and _base_name(node.value) == variable:
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
+            if _base_name(node.func.value) == variable:
+                return True
+    return False
+
+
+def _base_name(node: ast.expr) -> str | None:
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _arguments(function: Callable, device: torch.device) -> list | None:
+    """Values for the function's required parameters, by annotation or name; None when one has none."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    values = []
+    for parameter in signature.parameters.values():
+        if parameter.default is not inspect.Parameter.empty or parameter.kind in (
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        ):
+            continue
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+            return None
+        value = _value_for(parameter, device)
+        if value is None:
+            return None
+        values.append(value)
+    return values
+
+
+def _value_for(parameter: inspect.Parameter, device: torch.device) -> object:
+    annotation = parameter.annotation
+    hint = (annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))).lower()
+    name = parameter.name.lower()
+    if "device" in hint or name == "device":
+        return device
+    if "tensor" in hint or name in ("tensor", "loss", "value", "values", "grad", "x"):
+        return torch.ones((), device=device)
+    if hint == "str" or name in ("name", "key", "tag"):
+        return "probe"
+    if hint == "bool":
+        return True
+    if hint == "int" or name in ("layer_number", "num_layers", "step", "iteration", "index"):
+        return 1
+    if hint == "float":
+        return 1.0
+    return None
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if isinstance(value, torch.device):
+        return "device"
+    return repr(value)
+
+
+class UserProbe(Probe):
+    """The user's own function builds (first call) and touches (every later call) the state."""
+
+    def __init__(self, target: Target, spec: str, device: torch.device) -> None:
+        self.target, self.device = target, device
+        module_name, _, function_name = spec.partition(":")
+        try:
+            self.function = getattr(importlib.import_module(module_name), function_name)
+        except (ImportError, AttributeError) as error:
+            raise ProbeError(f"--probe {spec}: {error}") from None
+        self.takes_device = bool(inspect.signature(self.function).parameters)
+        self.how = f"built and touched by {spec}()"
+        self._train_args: tuple | None = None
+
+    def build(self) -> None:
+        module = importlib.import_module(self.target.module)
+        if getattr(module, "__unsafe_doctor_built__", False):
+            importlib.reload(module)
+        module.__unsafe_doctor_built__ = True
+        self.step()
+
+    def step(self) -> None:
+        returned = self.function(self.device) if self.takes_device else self.function()
+        if isinstance(returned, tuple):
+            self._train_args = returned
+
+    def tensors(self) -> list[torch.Tensor]:
+        return reachable_tensors(_holder(self.target))
+
+    def train_args(self) -> tuple:
+        """What the probe returned, when it returns a tuple: the arguments of the user's train()."""
+        return self._train_args if self._train_args is not None else super().train_args()
+
+
+class MegatronLayerWiseTrackerProbe(Probe):
+    """megatron-core's MoE layer-wise loss tracker, filled and cleared by megatron-core's functions."""
+
+    LOSS = "load_balancing_loss"
+    LAYERS = 2
+
+    def __init__(self, target: Target, device: torch.device) -> None:
+        self.target, self.device = target, device
+        self.how = (
+            "built by megatron-core's save_to_aux_losses_tracker() for 2 MoE layers; touched by a step's "
+            "save_to_aux_losses_tracker() and clear_aux_losses_tracker()"
+        )
+
+    def _tracker_module(self):
+        return importlib.import_module(self.target.module)
+
+    def build(self) -> None:
+        self._tracker_module()._MOE_LAYER_WISE_LOGGING_TRACKER.clear()  # a fresh process's tracker
+        self._save()
+
+    def _save(self) -> None:
+        from megatron.core.transformer.moe.moe_utils import save_to_aux_losses_tracker
+
+        for layer in range(1, self.LAYERS + 1):
+            save_to_aux_losses_tracker(self.LOSS, torch.full((), 0.5, device=self.device), layer, self.LAYERS)
+
+    def step(self) -> None:
+        from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
+
+        self._save()
+        clear_aux_losses_tracker()
+
+    def tensors(self) -> list[torch.Tensor]:
+        return reachable_tensors(self._tracker_module()._MOE_LAYER_WISE_LOGGING_TRACKER)
+
+
+RULE_PROBES: dict[str, type[Probe]] = {
+    "megatron.moe-layer-wise-tracker-moe-utils": MegatronLayerWiseTrackerProbe,
+}
+
+
+def make_probe(target: Target, device: torch.device, user_probe: str | None) -> Probe:
+    if user_probe:
+        return UserProbe(target, user_probe, device)
+    if target.rule in RULE_PROBES:
+        return RULE_PROBES[target.rule](target, device)
+    try:
+        importlib.import_module(target.module)
+    except Exception as error:  # the user's module may fail in any way on import
+        raise ProbeError(f"cannot import {target.module}: {type(error).__name__}: {error}") from None
+    return GenericProbe(target, device)

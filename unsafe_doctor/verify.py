@@ -1,0 +1,261 @@
+"""Stage 8: prove a fix by replaying the fault and the recovery, unpatched (red) then patched (green).
+
+``plan_replay`` turns a diagnosis and the adaptor's files into a ReplayPlan (no torch needed);
+``verify`` runs it (forked ranks on this machine, or this rank under torchrun) and ``judge`` reads
+every rank's results into one verdict per finding. Nothing here prints or exits.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from unsafe_doctor.diagnosis import Diagnosis
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.fix import ROLES, AdaptorFile, marker_key, read_adaptor
+from unsafe_doctor.knowledge import KnowledgeBase
+from unsafe_doctor.replay.plan import MAX_RANKS, MODES, AdaptorCode, Block, ReplayPlan, Target
+from unsafe_doctor.sources import module_from_path
+
+Outcome = Literal["proven", "failed", "no-fix", "not-modelled"]
+_GUARD_SWITCH = re.compile(r"getattr\(get_args\(\),\s*[\"'](\w+)[\"']")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    target: Target
+    outcome: Outcome
+    unpatched: str  # what the unpatched run showed
+    patched: str | None  # what the patched run showed; None when it was not judged
+    problems: tuple[str, ...]  # why it failed
+
+
+@dataclass(frozen=True)
+class Verification:
+    verdicts: tuple[Verdict, ...]
+    skipped: tuple[str, ...]  # findings not replayed, and why
+    backend: str  # "emulated" | "npu": the one that ran
+    transport: str  # "gloo" | "hccl"
+    mode: str
+    world_size: int
+    faulty: int
+    replica: int
+    seconds: float
+    phase_seconds: dict[str, float]  # "unpatched build" -> slowest rank's time
+    notes: tuple[str, ...]
+
+    @property
+    def exit_code(self) -> int:
+        outcomes = {verdict.outcome for verdict in self.verdicts}
+        if not outcomes or "not-modelled" in outcomes:
+            return 2
+        return 0 if outcomes == {"proven"} else 1
+
+
+def plan_replay(
+    diagnosis: Diagnosis,
+    knowledge: KnowledgeBase,
+    *,
+    ranks: int = 4,
+    mode: str = "block",
+    probe: str | None = None,
+    timeout: float = 60.0,
+    functions: dict[str, str] | None = None,
+) -> tuple[ReplayPlan, tuple[str, ...]]:
+    """The replay of every classified finding, and the findings left out with why."""
+    if not 2 <= ranks <= MAX_RANKS:
+        raise UsageError(f"--ranks must be between 2 and {MAX_RANKS} on this machine, not {ranks}")
+    if mode not in MODES:
+        raise UsageError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}")
+    if probe is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", probe):
+        raise UsageError(f"--probe {probe!r} is not MODULE:FUNCTION")
+    if timeout <= 0:
+        raise UsageError("--timeout must be a positive number of seconds")
+    targets, skipped = [], []
+    for number, item in enumerate(diagnosis.findings, 1):
+        tensor, classification = item.finding.tensor, item.classification
+        if classification.scenario is None:
+            skipped.append(f"finding {number}: unclassified, so no fix to prove")
+        elif tensor is None or tensor.module is None or tensor.variable is None:
+            skipped.append(f"finding {number}: the global it read is not resolved to a module and a name")
+        else:
+            rule = knowledge.rule(classification.rule) if classification.rule else None
+            guards = [knowledge.conditions[name].guard for name in (rule.conditions if rule else ()) if name in knowledge.conditions]
+            label = ".".join(part for part in (tensor.module, tensor.owner, tensor.variable) if part)
+            targets.append(Target(marker_key(item, knowledge), label, classification.scenario, classification.rule,
+                                  tensor.module, tensor.variable, tensor.owner,
+                                  tuple(name for guard in guards for name in _GUARD_SWITCH.findall(guard))))
+    if not targets:
+        raise UsageError("nothing to verify: " + ("; ".join(skipped) if skipped else "the log has no unsafe-data finding"))
+    environment = diagnosis.environment
+    files = read_adaptor(environment)
+    profile = environment.profile
+    functions = {role: (functions or {}).get(role, getattr(profile, role)) for role in ROLES}
+    faulty, notes = _faulty_rank(diagnosis, ranks)
+    replica = (faulty + ranks // 2) % ranks
+    roots = tuple(str(Path(root).resolve()) for root in environment.source_roots)
+    plan = ReplayPlan(
+        targets=tuple(targets),
+        blocks=tuple(_blocks(files, functions)),
+        files=tuple(_code(file, roots) for file in files),
+        functions=functions,
+        parameters=dict(profile.parameters),
+        repair_group_imports=profile.repair_group_imports,
+        mode=mode,
+        world_size=ranks,
+        faulty=faulty,
+        replica=replica,
+        source_roots=roots,
+        probe=probe,
+        timeout=timeout,
+        notes=tuple(notes),
+    )
+    return plan, tuple(skipped)
+
+
+def _faulty_rank(diagnosis: Diagnosis, ranks: int) -> tuple[int, list[str]]:
+    logged = diagnosis.first_failed_rank
+    if logged is None:
+        logged = min((rank for item in diagnosis.findings for rank in item.finding.ranks), default=0)
+    if logged < ranks:
+        return logged, []
+    return logged % ranks, [f"the log's faulty rank {logged} is replayed as rank {logged % ranks} of {ranks}"]
+
+
+def _blocks(files: tuple[AdaptorFile, ...], functions: dict[str, str]) -> list[Block]:
+    role_of = {name: role for role, name in functions.items()}
+    return [
+        Block(block.key, role_of.get(block.function, "other"), block.function, str(block.path.resolve()), block.line,
+              block.code, tuple(sorted(block.parameters)), block.own_group)
+        for file in files
+        for block in file.blocks
+    ]
+
+
+def _code(file: AdaptorFile, roots: tuple[str, ...]) -> AdaptorCode:
+    path = str(file.path.resolve())
+    module = module_from_path(path, [Path(root) for root in roots]) or file.path.stem
+    return AdaptorCode(path, module, file.unpatched, file.text, tuple(sorted(file.functions)))
+
+
+def verify(plan: ReplayPlan, skipped: tuple[str, ...] = ()) -> Verification | None:
+    """Run the plan and judge it; under torchrun, None on every rank but 0."""
+    from unsafe_doctor.replay.backend import npu_unavailable_reason
+    from unsafe_doctor.replay.launch import ReplayStopped, fork_ranks, join_torchrun, under_torchrun
+
+    start = time.perf_counter()
+    backend = "emulated" if npu_unavailable_reason() else "npu"  # what the ranks pick, for a report with no results
+    transport = "gloo"
+    try:
+        if under_torchrun():
+            results = join_torchrun(plan)
+            if results is None:
+                return None
+            transport = "hccl" if results[0]["backend"] == "npu" else "gloo"
+        else:
+            results = fork_ranks(plan)
+    except ReplayStopped as stopped:
+        return _stopped(plan, skipped, stopped, backend, time.perf_counter() - start)
+    return judge(plan, skipped, results, transport, time.perf_counter() - start)
+
+
+def judge(plan: ReplayPlan, skipped: tuple[str, ...], results: list[dict], transport: str, seconds: float) -> Verification:
+    faulty = results[plan.faulty]
+    verdicts = tuple(_verdict(plan, target, results) for target in plan.targets)
+    phase_seconds = {}
+    for run in ("unpatched", "patched"):
+        for phase in faulty["runs"][run]["seconds"]:
+            phase_seconds[f"{run} {phase}"] = max(result["runs"][run]["seconds"].get(phase, 0.0) for result in results)
+    return Verification(verdicts, skipped, faulty["backend"], transport, plan.mode, plan.world_size, plan.faulty,
+                        plan.replica, seconds, phase_seconds, (*plan.notes, *faulty["notes"]))
+
+
+def _verdict(plan: ReplayPlan, target: Target, results: list[dict]) -> Verdict:
+    faulty = results[plan.faulty]["runs"]
+    red, green = faulty["unpatched"], faulty["patched"]
+    if target.key in red["not_modelled"]:
+        return Verdict(target, "not-modelled", red["not_modelled"][target.key], None, ())
+    unavailable = red["adaptor_unavailable"] or green["adaptor_unavailable"]
+    if unavailable:
+        return Verdict(target, "not-modelled", f"adaptor mode cannot import the adaptor here ({unavailable}): "
+                       "use --mode block", None, ())
+    built = red["built"][target.key]
+    reproduced = red["resume"].get(target.key, {})
+    red_errors = [error for error in red["fix_errors"] if error["unsafe"]]
+    if not reproduced.get("error"):
+        return Verdict(target, "not-modelled",
+                       f"{built}; without the fix the first step after recovery ran clean on rank {plan.faulty}: "
+                       "the replay does not model this failure", None, ())
+    where = f" at {reproduced['where']}" if reproduced.get("where") else f" reading {target.label}"
+    unpatched = f"reproduced `{reproduced['error']}` on rank {plan.faulty}{where}"
+    if red_errors:
+        unpatched += f" (the adaptor's own code also failed: {red_errors[0]['error']})"
+    has_fix = any(block.key == target.key for block in plan.blocks)
+    if not has_fix:
+        return Verdict(target, "no-fix", unpatched, "reproduced, no fix present", ("no fix present",))
+    problems = []
+    waited = {error["role"] for result in results for error in result["runs"]["patched"]["fix_errors"] if _timed_out(error["error"])}
+    if waited:
+        problems.append(f"a repair transfer waited {plan.timeout:g} s in vain: {_likely_mismatch(plan, 'recv' in waited, 'send' in waited)}")
+    for result in results:
+        for error in result["runs"]["patched"]["fix_errors"]:
+            at = f" at {error['where']}" if error["where"] else ""
+            problems.append(f"rank {result['rank']}: {error['function']}() raised {error['error']}{at}")
+    if any(error["role"] == "recv" and "destination rank" in error["error"] for error in green["fix_errors"]):
+        problems.append(f"the receive function {plan.functions['recv']}() sends: send and receive are swapped")
+    for result in results:
+        outcome = result["runs"]["patched"]["resume"].get(target.key, {})
+        if outcome.get("error"):
+            at = f" at {outcome['where']}" if outcome.get("where") else f" reading {target.label}"
+            problems.append(f"rank {result['rank']}: the first step after recovery still fails{at}")
+    left = green["unsafe_left"].get(target.key, 0)
+    if left:
+        problems.append(f"{left} tensor(s) reachable from {target.label} still unsafe on rank {plan.faulty}")
+    equal = green["equal"].get(target.key)
+    if target.scenario == 2 and equal is False:
+        problems.append(f"{target.label} on rank {plan.faulty} differs from what replica rank {plan.replica} held at the fault")
+    if problems:
+        return Verdict(target, "failed", unpatched, problems[0], tuple(problems))
+    same = f", tensor bit-identical to replica rank {plan.replica}" if target.scenario == 2 else f", no unsafe tensor left in {target.label}"
+    return Verdict(target, "proven", unpatched, f"recovery clean{same}", ())
+
+
+def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped, backend: str, seconds: float) -> Verification:
+    places = "; ".join(f"rank {rank}: {place}" for rank, place in sorted(stopped.places.items()))
+    if stopped.reason == "timeout":
+        receiver = _waited_in_repair(stopped.histories.get(plan.faulty, ()), plan.functions["recv"])
+        sender = _waited_in_repair(stopped.histories.get(plan.replica, ()), plan.functions["send"])
+        problem = (f"the replay stopped at the {plan.timeout:g} s timeout ({places}); "
+                   f"likely cause: {_likely_mismatch(plan, receiver, sender)}")
+    else:
+        tail = stopped.output.strip().splitlines()[-1:] or ["no output"]
+        problem = f"a rank crashed ({places}): {tail[0]}"
+    verdicts = tuple(Verdict(target, "failed", "not judged: the replay stopped", problem, (problem,)) for target in plan.targets)
+    return Verification(verdicts, skipped, backend, "gloo", plan.mode, plan.world_size, plan.faulty, plan.replica,
+                        seconds, {}, plan.notes)
+
+
+def _timed_out(message: str) -> bool:
+    return "timed out" in message.lower()
+
+
+def _likely_mismatch(plan: ReplayPlan, receiver_waited: bool, sender_waited: bool) -> str:
+    """Which side of the repair waited: the one with more transfers than its peer."""
+    send, recv = plan.functions["send"], plan.functions["recv"]
+    if receiver_waited and not sender_waited:
+        return (f"{recv}() on rank {plan.faulty} waits for a tensor that {send}() on rank {plan.replica} never sends "
+                "(a receive without its send, or send and receive swapped)")
+    if sender_waited and not receiver_waited:
+        return (f"{send}() on rank {plan.replica} sends a tensor that {recv}() on rank {plan.faulty} never receives "
+                "(a send without its receive, or send and receive swapped)")
+    if sender_waited and receiver_waited:
+        return f"{send}() and {recv}() wait for each other: their transfers differ in order, number or shape"
+    return "a collective that not every rank reaches"
+
+
+def _waited_in_repair(history: tuple[str, ...], function: str) -> bool:
+    stuck = bool(history) and " repair " in f"{history[-1]} "
+    return stuck or any(f"{function}() raised" in line and _timed_out(line) for line in history)
