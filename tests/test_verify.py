@@ -20,7 +20,7 @@ import pytest
 
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.fix import apply, plan_fix
+from unsafe_doctor.fix import apply, function_overrides, plan_fix
 from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.verify import plan_replay, verify
 
@@ -148,6 +148,31 @@ def test_eight_ranks_and_a_log_rank_beyond_them(toytrain, loss_log):
     two = replay(loss_log, adaptor, [toytrain], ranks=2)  # that log's failure is on rank 3
     assert (two.faulty, two.replica) == (1, 0)
     assert "the log's faulty rank 3 is replayed as rank 1 of 2" in two.notes
+
+
+SAMPLE_ADAPTORS = {
+    "legacy": ("legacy", "mindio_ttp/adaptor/modellink_adaptor.py", None),
+    "in_tree": ("in_tree", "mindspeed_llm/core/high_availability/tft_optimizer_data_repair.py", None),
+    "custom": ("custom", "my_recovery.py", "rollback=reset_step_state,send=send_to_repaired_rank,recv=receive_from_replica"),
+}
+
+
+@pytest.mark.parametrize("scenario", [1, 2])
+@pytest.mark.parametrize("sample", sorted(SAMPLE_ADAPTORS))
+def test_every_sample_adaptor_goes_from_red_to_green_in_both_scenarios(tmp_path, toytrain, loss_log, sample, scenario):
+    """toytrain's globals, fixed in each profile's sample adaptor (block mode: the blocks as written there)."""
+    folder, relative, functions = SAMPLE_ADAPTORS[sample]
+    shutil.copytree(SAMPLES / "adaptors" / folder, tmp_path / folder)
+    adaptor = tmp_path / folder / relative
+    log = EMA_LOG if scenario == 2 else loss_log
+    overrides = function_overrides([functions] if functions else [])
+    roots = [toytrain, tmp_path / folder]
+    red = replay(log, adaptor, roots, functions=overrides)
+    assert red.verdicts[0].outcome == "no-fix"
+    diagnosis = diagnose([str(log)], source_roots=roots, adaptor=adaptor)
+    assert apply(plan_fix(diagnosis.findings, diagnosis.environment, load_knowledge(), overrides))
+    [verdict] = replay(log, adaptor, roots, functions=overrides).verdicts
+    assert (verdict.target.scenario, verdict.outcome) == (scenario, "proven"), verdict.problems
 
 
 # --- wrong fixes are caught -------------------------------------------------------------------------
