@@ -103,3 +103,20 @@ def test_the_faq_adaptor_reset_is_reported_stale_on_a_newer_megatron():
     assert summary["adaptor"]["profile"] == "mindio-ttp-legacy"
     [stale] = [item for item in summary["stale_resets"] if "_MOE_AUX_LOSSES_LOGGING_TRACKER" in item["statement"]]
     assert "has no _MOE_AUX_LOSSES_LOGGING_TRACKER in megatron.core.parallel_state" in stale["why"]
+
+
+def test_rules_show_gives_every_match_block_of_a_rule():
+    document = json.loads(run("rules", "show", "megatron.grad-scaler", "--format", "json").stdout)
+    assert document["match"]["function"] == "scale_loss" and document["match"]["loss_scaling"] == "grad-scaler"
+    assert document["also_match"] == [
+        {"variable_regex": "_scale|min_scale|growth_factor|backoff_factor", "module": "megatron.core.optimizer.grad_scaler"}
+    ]
+    text = run("rules", "show", "megatron.grad-scaler").stdout
+    assert "or variable_regex=_scale|min_scale|growth_factor|backoff_factor" in text
+
+
+def test_the_json_summary_says_what_loss_scaling_the_log_shows():
+    logs = Path(__file__).parent / "corpus" / "logs"
+    scaled = json.loads(run("diagnose", str(logs / "megatron-grad-scaler.log"), "--format", "json").stdout)
+    plain = json.loads(run("diagnose", str(logs / "megatron-optimizer-scale-one.log"), "--format", "json").stdout)
+    assert (scaled["summary"]["loss_scaling"], plain["summary"]["loss_scaling"]) == ("grad-scaler", "none")

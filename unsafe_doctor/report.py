@@ -40,6 +40,7 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
             "unsafe_messages_not_parsed": diagnosis.hits_not_parsed,
             "last_error": _last_error_json(diagnosis),
             "untraced_ranks": list(diagnosis.untraced_ranks),
+            "loss_scaling": diagnosis.loss_scaling,  # "none", "grad-scaler", or null when the log does not say
             "frameworks": {
                 name: {"version": str(version), "from": diagnosis.environment.origins[name]}
                 for name, version in diagnosis.environment.versions.items()
@@ -395,11 +396,12 @@ def verification_text(verification: Verification) -> RenderableType:
 
 
 def rule_json(rule: Rule) -> dict[str, Any]:
-    match = {key: value for key, value in asdict(rule.match).items() if value is not None}
+    blocks = [{key: value for key, value in asdict(match).items() if value is not None} for match in rule.matches]
     return {
         "id": rule.id,
         "title": rule.title,
-        "match": match,
+        "match": blocks[0],
+        "also_match": blocks[1:],  # further match blocks, any one of which suffices
         "framework": {"package": rule.framework, "versions": str(rule.versions)} if rule.framework else None,
         "scenario": rule.scenario,
         "phase": rule.phase,
@@ -428,7 +430,8 @@ def rule_panel(rule: Rule, knowledge: KnowledgeBase) -> Panel:
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
     grid.add_row("Title", rule.title)
-    grid.add_row("Matches", ", ".join(f"{key}={value}" for key, value in asdict(rule.match).items() if value))
+    blocks = [", ".join(f"{key}={value}" for key, value in asdict(match).items() if value) for match in rule.matches]
+    grid.add_row("Matches", "\nor ".join(blocks))
     grid.add_row("Versions", f"{rule.framework} {rule.versions}" if rule.framework else "any")
     grid.add_row("Scenario", f"{rule.scenario}, fixed in the {rule.phase} phase")
     if rule.conditions:
