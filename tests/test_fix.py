@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import load_rules_generator
 
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
@@ -43,14 +44,7 @@ GOLDEN = Path(__file__).parent / "fixtures" / "fix"
 CUSTOM_FUNCTIONS = "rollback=reset_step_state,send=send_to_repaired_rank,recv=receive_from_replica"
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location("fix_rules_generator", ROOT / "tests" / "fixtures" / "rules" / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GENERATOR = _load_generator()
+GENERATOR = load_rules_generator()
 
 
 # --- logs produced here from real code ------------------------------------------------------------
@@ -73,32 +67,11 @@ def _route_with_stale_bias(mark) -> None:
     router.routing(torch.randn(3, 2, 4))
 
 
-def _record_into_stale_loss_log(mark) -> None:
-    """toytrain adds the next step's loss into a LOSS_LOG entry the fault left unsafe."""
-    import torch
-
-    sys.path.insert(0, str(FRAMEWORK))
-    try:
-        from toytrain import state
-    finally:
-        sys.path.remove(str(FRAMEWORK))
-    state.init_state("cpu")
-    state.record_loss("loss", torch.ones(()))
-    mark(state.LOSS_LOG["loss"])
-    try:
-        state.record_loss("loss", torch.ones(()))
-    finally:
-        state.LOSS_LOG.clear()
-
-
 @pytest.fixture(scope="module")
-def produced_logs(tmp_path_factory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("logs")
-    logs = {}
-    for name, action in (("router_expert_bias", _route_with_stale_bias), ("toytrain_loss_log", _record_into_stale_loss_log)):
-        logs[name] = folder / f"{name}.log"
-        logs[name].write_text(GENERATOR.as_log(GENERATOR.capture(action), rank_prefix=True))
-    return logs
+def produced_logs(tmp_path_factory, toytrain_loss_log) -> dict[str, Path]:
+    router = tmp_path_factory.mktemp("logs") / "router_expert_bias.log"
+    router.write_text(GENERATOR.as_log(GENERATOR.capture(_route_with_stale_bias), rank_prefix=True))
+    return {"router_expert_bias": router, "toytrain_loss_log": toytrain_loss_log}
 
 
 def log_path(name: str, produced: dict[str, Path]) -> Path:

@@ -7,7 +7,6 @@ error, the patched run must leave nothing unsafe and, in scenario 2, the replica
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -33,38 +32,9 @@ EMA_KEY = "generic.replica-copy:toytrain.state._EMA_GRAD_NORM"
 BLOCK = re.compile(r"    # unsafe-doctor: begin (?P<key>\S+)\n.*?    # unsafe-doctor: end (?P=key)\n", re.S)
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location("verify_rules_generator", ROOT / "tests" / "fixtures" / "rules" / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def loss_log(tmp_path_factory) -> Path:
-    """A real traceback: toytrain's record_loss adds into a LOSS_LOG entry the fault left unsafe."""
-    generator = _load_generator()
-
-    def record_into_stale_loss_log(mark):
-        import torch
-
-        sys.path.insert(0, str(SAMPLES / "framework"))
-        try:
-            from toytrain import state
-        finally:
-            sys.path.remove(str(SAMPLES / "framework"))
-        state.init_state("cpu")
-        state.record_loss("loss", torch.ones(()))
-        mark(state.LOSS_LOG["loss"])
-        try:
-            state.record_loss("loss", torch.ones(()))
-        finally:
-            for name in [name for name in sys.modules if name == "toytrain" or name.startswith("toytrain.")]:
-                del sys.modules[name]  # each replay imports toytrain from its own copy
-
-    path = tmp_path_factory.mktemp("logs") / "loss_log.log"
-    path.write_text(generator.as_log(generator.capture(record_into_stale_loss_log), rank_prefix=True))
-    return path
+@pytest.fixture
+def loss_log(toytrain_loss_log) -> Path:
+    return toytrain_loss_log
 
 
 @pytest.fixture
