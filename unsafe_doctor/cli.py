@@ -304,6 +304,71 @@ def _fix_json(plan: Plan, written: tuple[Written, ...], dry_run: bool) -> dict[s
     }
 
 
+if TYPE_CHECKING:
+    from unsafe_doctor.audit import Audit, AuditedHolder
+
+
+@app.command()
+def audit(
+    paths: Annotated[list[Path], typer.Argument(help="Framework source folders or files to scan.", show_default=False)],
+    adaptor: Annotated[
+        str,
+        typer.Option(
+            "--adaptor",
+            help="The recovery adaptor file, or auto: found under the paths by its profile's file names, "
+            "else the audited module that defines the profile's rollback and repair functions.",
+        ),
+    ] = "auto",
+    output_format: FormatOption = OutputFormat.text,
+    rules: RulesOption = None,
+    fix: Annotated[bool, typer.Option("--fix", help="Write the fix of every uncovered global that has one (one diff).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --fix: show the diff, write nothing.")] = False,
+    yes: YesOption = False,
+) -> None:
+    """Find the globals of a framework that hold device tensors, and check that recovery covers each.
+
+    Exit 0: every global covered (with --fix: once the fixes are written); 1: a global left
+    uncovered or reset unsafely; 2: bad input.
+    """
+    from unsafe_doctor import audit as audits
+
+    if dry_run and not fix:
+        raise UsageError("--dry-run goes with --fix")
+    if fix and output_format is not OutputFormat.text:
+        raise UsageError("--fix prints a diff: use it with --format text")
+    started = time.perf_counter()
+    result = audits.audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or ())
+    elapsed = time.perf_counter() - started
+    plan = audits.plan_fixes(result, load_knowledge(rules or ())) if fix else None  # refused before any output
+    if output_format is OutputFormat.json:
+        _print_json(report.audit_to_json(result))
+    elif output_format is OutputFormat.sarif:
+        _print_json(report.audit_to_sarif(result, audits.plan_fixes_per_holder(result, load_knowledge(rules or ()))))
+    else:
+        Console(highlight=False).print(report.audit_to_text(result, elapsed))
+    left = len(result.uncovered)
+    if plan is not None:
+        left -= len(_audit_fix(result, plan, dry_run=dry_run, yes=yes))
+    raise typer.Exit(1 if left else 0)
+
+
+def _audit_fix(result: Audit, plan: Plan, *, dry_run: bool, yes: bool) -> tuple[AuditedHolder, ...]:
+    """The audit's fixes as one diff, applied like `fix` does; the holders whose fix was written."""
+    from unsafe_doctor import fix as fixes
+
+    fixable = result.fixable
+    if not fixable:
+        _say("no uncovered global has a fix to write")
+        return ()
+    _show_plan(plan, len(fixable), revert=False)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    written: tuple[Written, ...] = ()
+    if plan.edits and not dry_run and (yes or (interactive and typer.confirm("Apply?", default=False))):
+        written = fixes.apply(plan)
+    _tell_outcome(plan, written, dry_run, interactive)
+    return fixable if written else ()
+
+
 @app.command()
 def verify(
     logs: Annotated[

@@ -5,7 +5,9 @@ Nothing here prints: the CLI decides where the output goes.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
@@ -129,26 +131,20 @@ def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
                 {"physicalLocation": {"artifactLocation": {"uri": finding.culprit.file}, "region": region}}
             ]
         results.append(result)
+    return _sarif_log({"unsafe-data-after-recovery": "Global tensor left unsafe by process-level online recovery"}, results)
+
+
+def _sarif_log(rules: dict[str, str], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """A SARIF 2.1.0 log of one run of unsafe-doctor: its rules (id -> description) and results."""
+    driver = {
+        "name": "unsafe-doctor",
+        "version": __version__,
+        "rules": [{"id": rule_id, "shortDescription": {"text": text}} for rule_id, text in rules.items()],
+    }
     return {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
-        "runs": [
-            {
-                "tool": {
-                    "driver": {
-                        "name": "unsafe-doctor",
-                        "version": __version__,
-                        "rules": [
-                            {
-                                "id": "unsafe-data-after-recovery",
-                                "shortDescription": {"text": "Global tensor left unsafe by process-level online recovery"},
-                            }
-                        ],
-                    }
-                },
-                "results": results,
-            }
-        ],
+        "runs": [{"tool": {"driver": driver}, "results": results}],
     }
 
 
@@ -444,3 +440,248 @@ def rule_panel(rule: Rule, knowledge: KnowledgeBase) -> Panel:
         grid.add_row("See", reference)
     grid.add_row("Defined", Text(rule.origin, style="dim"))
     return Panel(grid, title=rule.id, title_align="left")
+
+
+# --- audit ---------------------------------------------------------------------------------------
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from unsafe_doctor.audit import Audit, AuditedHolder, Site
+    from unsafe_doctor.fix import FileEdit, Plan
+
+AUDIT_SCHEMA = "unsafe-doctor/audit/v1"
+AUDIT_SARIF_RULES = {
+    "uncovered-global-tensor": "Global that holds device tensors and that no recovery step resets, rebuilds or repairs",
+    "unsafe-reset": "Recovery code that touches a global tensor in a way that fails on unsafe memory",
+    "stale-reset": "Reset in the adaptor's rollback of a name the framework no longer has",
+}
+_STATUS_STYLE = {"uncovered": "bold red", "unsafe": "bold yellow", "covered": "green"}
+SARIF_RELATED = 10  # writers listed with each result
+_PLACEMENT_TEXT = {"device": "on the device", "unknown": "device unknown"}
+
+
+def audit_to_json(audit: Audit) -> dict[str, Any]:
+    environment = audit.environment
+    return {
+        "schema": AUDIT_SCHEMA,
+        "paths": [str(path) for path in audit.paths],
+        "files": audit.files,
+        "unreadable": list(audit.unreadable),
+        "adaptor": {"file": str(environment.adaptor) if environment.adaptor else None, "profile": environment.profile.id},
+        "frameworks": {
+            name: {"version": str(version), "from": environment.origins[name]} for name, version in environment.versions.items()
+        },
+        "holders": [_holder_json(item) for item in audit.holders],
+        "stale_resets": [
+            {"file": str(item.file), "line": item.line, "statement": item.statement, "kind": item.kind, "why": item.why}
+            for item in audit.stale
+        ],
+        "notes": list(audit.notes),
+        "summary": _audit_counts(audit),
+    }
+
+
+def _audit_counts(audit: Audit) -> dict[str, int]:
+    statuses = [item.coverage.status for item in audit.holders]
+    return {
+        "holders": len(statuses),
+        "uncovered": statuses.count("uncovered"),
+        "unsafe": statuses.count("unsafe"),
+        "covered": statuses.count("covered"),
+        "fixable": len(audit.fixable),
+    }
+
+
+def _site_json(site: Site) -> dict[str, Any]:
+    return {"file": site.file, "line": site.line, "function": site.function, "code": site.code}
+
+
+def _holder_json(item: AuditedHolder) -> dict[str, Any]:
+    holder, coverage, verdict = item.holder, item.coverage, item.classification
+    return {
+        "name": holder.name,
+        "kind": holder.kind,
+        "module": holder.module,
+        "owner": holder.owner,
+        "variable": holder.variable,
+        "placement": holder.placement,
+        "definition": _site_json(holder.definition),
+        "tensors": [_site_json(site) for site in holder.evidence],
+        "writers": [_site_json(site) for site in holder.writers],
+        "readers": [_site_json(site) for site in holder.readers],
+        "imported_by": [_site_json(site) for site in holder.importers],
+        "coverage": {
+            "status": coverage.status,
+            "how": coverage.how,
+            "function": coverage.function,
+            "via": list(coverage.via),
+            "sites": [_site_json(site) for site in coverage.sites],
+            "why": coverage.why,
+        },
+        "scenario": verdict.scenario if verdict else None,
+        "rule": verdict.rule if verdict else None,
+        "confidence": verdict.confidence if verdict else None,
+        "reason": verdict.reason if verdict else None,
+        "evidence": list(verdict.evidence) if verdict else [],
+        "notes": list(verdict.notes) if verdict else [],
+        "fix": _fix_json(verdict.fix) if verdict else None,
+    }
+
+
+def audit_to_sarif(audit: Audit, fixes: Mapping[str, Plan]) -> dict[str, Any]:
+    """SARIF 2.1.0: each holder not covered is a result at its definition, with its fix (one
+    insertion per adaptor function) where one exists; each stale reset a result in the adaptor."""
+    results = []
+    for item in audit.uncovered:
+        holder, coverage, verdict = item.holder, item.coverage, item.classification
+        scenario = f"; scenario {verdict.scenario} ({verdict.rule or 'heuristics'})" if verdict and verdict.scenario else ""
+        if coverage.status == "unsafe":
+            text = f"{holder.name} ({holder.kind}, {_PLACEMENT_TEXT[holder.placement]}): {coverage.why}"
+        else:
+            text = f"{holder.name} ({holder.kind}, {_PLACEMENT_TEXT[holder.placement]}) is not reset, rebuilt or repaired by recovery{scenario}"
+        result: dict[str, Any] = {
+            "ruleId": "unsafe-reset" if coverage.status == "unsafe" else "uncovered-global-tensor",
+            "level": "error",
+            "message": {"text": text},
+            "locations": [_sarif_location(holder.definition)],
+            "relatedLocations": [
+                {**_sarif_location(site), "message": {"text": f"written in {site.function or 'module body'}"}}
+                for site in holder.writers[:SARIF_RELATED]
+            ],
+            "properties": {
+                "kind": holder.kind,
+                "placement": holder.placement,
+                "scenario": verdict.scenario if verdict else None,
+                "rule": verdict.rule if verdict else None,
+                "confidence": verdict.confidence if verdict else None,
+            },
+        }
+        plan = fixes.get(holder.name)
+        if plan is not None and plan.edits:
+            result["fixes"] = [
+                {
+                    "description": {"text": f"unsafe-doctor fix for {holder.name} ({verdict.rule or 'generic'})"},
+                    "artifactChanges": [_sarif_change(edit) for edit in plan.edits],
+                }
+            ]
+        results.append(result)
+    for stale in audit.stale:
+        results.append(
+            {
+                "ruleId": "stale-reset",
+                "level": "warning",
+                "message": {"text": f"{stale.statement}: {stale.why}"},
+                "locations": [_sarif_location_of(str(stale.file), stale.line)],
+            }
+        )
+    return _sarif_log(AUDIT_SARIF_RULES, results)
+
+
+def _sarif_uri(file: str) -> str:
+    path = Path(file)
+    return path.as_uri() if path.is_absolute() else path.as_posix()
+
+
+def _sarif_location_of(file: str, line: int) -> dict[str, Any]:
+    return {"physicalLocation": {"artifactLocation": {"uri": _sarif_uri(file)}, "region": {"startLine": line}}}
+
+
+def _sarif_location(site: Site) -> dict[str, Any]:
+    return _sarif_location_of(site.file, site.line)
+
+
+def _sarif_change(edit: FileEdit) -> dict[str, Any]:
+    """The edit as SARIF replacements: each inserted run of lines at its place in the original."""
+    before = edit.original.decode(edit.encoding, errors="replace").splitlines(keepends=True)
+    after = edit.updated.decode(edit.encoding, errors="replace").splitlines(keepends=True)
+    offsets = [0]
+    for line in before:
+        offsets.append(offsets[-1] + len(line))
+    replacements = []
+    for tag, first, last, new_first, new_last in difflib.SequenceMatcher(None, before, after, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        region: dict[str, Any] = {"charOffset": offsets[first], "charLength": offsets[last] - offsets[first]}
+        if tag == "insert" and first < len(before):
+            region.update(startLine=first + 1, startColumn=1, endLine=first + 1, endColumn=1)
+        replacements.append({"deletedRegion": region, "insertedContent": {"text": "".join(after[new_first:new_last])}})
+    return {"artifactLocation": {"uri": _sarif_uri(str(edit.path))}, "replacements": replacements}
+
+
+def audit_to_text(audit: Audit, elapsed: float) -> RenderableType:
+    parts: list[RenderableType] = []
+    if audit.holders:
+        table = Table(header_style="bold", show_lines=True)
+        table.add_column("global", overflow="fold", ratio=4)
+        table.add_column("written · read", overflow="fold", ratio=2)
+        table.add_column("recovery", overflow="fold", ratio=3)
+        table.add_column("scenario", overflow="fold", ratio=3)
+        for item in audit.holders:
+            table.add_row(*_holder_cells(item))
+        parts.append(table)
+    else:
+        parts.append(Text("No global that holds device tensors was found.", style="green"))
+    if audit.stale:
+        text = Text("Stale resets in the adaptor's rollback:\n", style="bold yellow")
+        for item in audit.stale:
+            text.append(f"  {item.file}:{item.line}  ", style="cyan")
+            text.append(f"{item.statement}\n    {item.why}\n")
+        parts.append(text)
+    for note in audit.notes:
+        parts.append(Text(f"note: {note}", style="yellow"))
+    parts.append(_audit_summary(audit, elapsed))
+    return Group(*parts)
+
+
+def _holder_cells(item: AuditedHolder) -> tuple[Text, Text, Text, Text]:
+    holder, coverage, verdict = item.holder, item.coverage, item.classification
+    name = Text(holder.name, style="bold magenta")
+    name.append(f"\n{holder.kind}, {_PLACEMENT_TEXT[holder.placement]}", style="dim")
+    name.append(f"\ndefined {_site_text(holder.definition)}", style="cyan")
+    uses = Text()
+    for label, sites in (("w", holder.writers), ("r", holder.readers)):
+        shown = [site for site in sites if site != holder.definition]
+        if shown:
+            more = f" +{len(shown) - 1}" if len(shown) > 1 else ""
+            uses.append(f"{label} {_site_text(shown[0])}{more}\n", style="cyan")
+    if holder.importers:
+        uses.append(f"imported by name: {_site_text(holder.importers[0])}", style="dim")
+    status = Text(coverage.status, style=_STATUS_STYLE[coverage.status])
+    if coverage.status != "uncovered":
+        status.append(f"\n{coverage.why}")
+    scenario = Text()
+    if verdict is None:
+        scenario.append("—", style="dim")
+    elif verdict.scenario is None:
+        scenario.append("unclassified", style="yellow")
+    else:
+        scenario.append(str(verdict.scenario), style="bold green")
+        scenario.append(f" {verdict.rule}" if verdict.rule else f" heuristics, {verdict.confidence}", style="dim")
+        if coverage.status == "uncovered" and verdict.fix is not None:
+            peer = f" + {verdict.fix.peer_function}()" if verdict.fix.peer_function else ""
+            scenario.append(f"\nfix: {verdict.fix.function}(){peer}")
+    return name, uses, status, scenario
+
+
+def _site_text(site: Site) -> str:
+    """The file's name and line: the global's dotted name already says which package."""
+    return f"{site.file.replace(chr(92), '/').rpartition('/')[2]}:{site.line}"
+
+
+def _audit_summary(audit: Audit, elapsed: float) -> Text:
+    counts = _audit_counts(audit)
+    environment = audit.environment
+    pieces = [
+        f"{counts['holders']} global{'s' if counts['holders'] != 1 else ''}: {counts['uncovered']} uncovered, "
+        f"{counts['unsafe']} unsafe, {counts['covered']} covered"
+    ]
+    if counts["fixable"]:
+        pieces.append(f"{counts['fixable']} with a fix (--fix)")
+    pieces.append(f"{audit.files} file{'s' if audit.files != 1 else ''}")
+    if environment.adaptor is not None:
+        pieces.append(f"adaptor {environment.adaptor} ({environment.profile.id})")
+    for name, version in environment.versions.items():
+        pieces.append(f"{name} {version}")
+    pieces.append(f"{elapsed:.2f} s")
+    return Text(" · ".join(pieces), style="bold")

@@ -248,7 +248,7 @@ def _read_source(path: Path, module: str | None) -> SourceFile | None:
                 collect(child_statements(statement))
 
     collect(tree.body)
-    declared = frozenset(name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names)
+    declared = frozenset(name for node in _statements(tree.body) if isinstance(node, ast.Global) for name in node.names)
     return SourceFile(path, text, tree, module, package, bindings, declared, star)
 
 
@@ -286,6 +286,14 @@ def names_bound(targets: Sequence[ast.expr]) -> Iterator[str]:
             yield from names_bound(target.elts)
         elif isinstance(target, ast.Starred):
             yield from names_bound([target.value])
+
+
+def _statements(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement in a block, nested blocks and function and class bodies included: `global`
+    is a statement, so this finds them all without walking every expression."""
+    for statement in body:
+        yield statement
+        yield from _statements(child_statements(statement))
 
 
 def child_statements(statement: ast.stmt) -> list[ast.stmt]:

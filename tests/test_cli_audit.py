@@ -1,0 +1,204 @@
+"""`unsafe-doctor audit`, end to end in a subprocess: exit codes, text, JSON and SARIF, --fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOYTRAIN = ROOT / "samples" / "framework" / "toytrain"
+LEGACY_ADAPTOR = ROOT / "samples" / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
+MARKER = "# unsafe-doctor: begin "
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "audit", *args],
+        capture_output=True, text=True, cwd=cwd, timeout=120, env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"},
+    )
+
+
+@pytest.fixture
+def framework(tmp_path) -> Path:
+    """A copy of toytrain: --fix writes into its recovery.py."""
+    shutil.copytree(TOYTRAIN.parent, tmp_path / "framework")
+    return tmp_path / "framework"
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], fragment: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("unsafe-doctor: ") and fragment in lines[0], result.stderr
+
+
+def test_uncovered_globals_exit_1_with_a_table():
+    result = run(str(TOYTRAIN), "--adaptor", str(TOYTRAIN / "recovery.py"))
+    assert result.returncode == 1, result.stderr
+    for text in ("toytrain.state.LOSS_LOG", "toytrain.state._EMA_GRAD_NORM", "uncovered", "state.py:11",
+                 "2 globals: 2 uncovered, 0 unsafe, 0 covered", "fix: feature_rollback()"):
+        assert text in result.stdout
+
+
+def test_json_shape():
+    result = run(str(TOYTRAIN), "--format", "json")
+    assert result.returncode == 1
+    document = json.loads(result.stdout)
+    assert document["schema"] == "unsafe-doctor/audit/v1"
+    assert document["adaptor"] == {"file": str(TOYTRAIN / "recovery.py"), "profile": "mindspeed-llm-26"}
+    assert document["summary"] == {"holders": 2, "uncovered": 2, "unsafe": 0, "covered": 0, "fixable": 2}
+    loss_log = next(holder for holder in document["holders"] if holder["variable"] == "LOSS_LOG")
+    assert {key: loss_log[key] for key in ("name", "kind", "module", "owner", "placement", "scenario", "rule", "confidence")} == {
+        "name": "toytrain.state.LOSS_LOG", "kind": "module-global", "module": "toytrain.state", "owner": None,
+        "placement": "unknown", "scenario": 1, "rule": None, "confidence": "medium",
+    }
+    assert loss_log["definition"] == {
+        "file": str(TOYTRAIN / "state.py"), "line": 11, "function": None, "code": "LOSS_LOG: dict[str, torch.Tensor] = {}",
+    }
+    assert {(Path(site["file"]).name, site["line"]) for site in loss_log["tensors"]} == {("state.py", 27), ("state.py", 28)}
+    assert loss_log["coverage"]["status"] == "uncovered"
+    assert loss_log["fix"]["function"] == "feature_rollback"
+    assert all(set(site) == {"file", "line", "function", "code"} for site in loss_log["writers"] + loss_log["readers"])
+
+
+def test_sarif_results_locations_fixes_and_stale_resets():
+    result = run(str(TOYTRAIN), "--adaptor", str(LEGACY_ADAPTOR), "--format", "sarif")
+    assert result.returncode == 1, result.stderr
+    sarif = json.loads(result.stdout)
+    assert sarif["version"] == "2.1.0" and sarif["$schema"].endswith("sarif-2.1.0.json")
+    [run_] = sarif["runs"]
+    rules = {rule["id"] for rule in run_["tool"]["driver"]["rules"]}
+    results = run_["results"]
+    assert {result_["ruleId"] for result_ in results} <= rules
+    uncovered = [result_ for result_ in results if result_["ruleId"] == "uncovered-global-tensor"]
+    assert len(uncovered) == 2
+    for result_ in uncovered:
+        [location] = result_["locations"]
+        assert location["physicalLocation"]["artifactLocation"]["uri"] == (TOYTRAIN / "state.py").as_uri()
+        assert location["physicalLocation"]["region"]["startLine"] in (11, 14)
+        [fix] = result_["fixes"]
+        changes = fix["artifactChanges"]
+        assert {change["artifactLocation"]["uri"] for change in changes} == {LEGACY_ADAPTOR.as_uri()}
+        inserted = [r["insertedContent"]["text"] for change in changes for r in change["replacements"]]
+        assert all(text.lstrip().startswith(MARKER) for text in inserted)
+        assert all(r["deletedRegion"]["charLength"] == 0 for change in changes for r in change["replacements"])
+    scenario_2 = next(r for r in uncovered if "_EMA_GRAD_NORM" in r["message"]["text"])
+    assert len(scenario_2["fixes"][0]["artifactChanges"][0]["replacements"]) == 2  # send and receive
+    [stale] = [result_ for result_ in results if result_["ruleId"] == "stale-reset"]
+    assert "_MOE_AUX_LOSSES_LOGGING_TRACKER" in stale["message"]["text"]
+    assert stale["locations"][0]["physicalLocation"]["region"]["startLine"] == 23
+
+
+def test_sarif_fixes_applied_give_what_fix_writes(framework):
+    adaptor = framework / "toytrain" / "recovery.py"
+    text = adaptor.read_text()
+    sarif = json.loads(run(str(framework / "toytrain"), "--format", "sarif").stdout)
+    replacements = [
+        replacement
+        for result_ in sarif["runs"][0]["results"]
+        for change in result_["fixes"][0]["artifactChanges"]
+        for replacement in change["replacements"]
+    ]
+    assert len(replacements) == 3
+    for replacement in sorted(replacements, key=lambda r: r["deletedRegion"]["charOffset"], reverse=True):
+        offset = replacement["deletedRegion"]["charOffset"]
+        text = text[:offset] + replacement["insertedContent"]["text"] + text[offset:]
+    assert run(str(framework / "toytrain"), "--fix", "--yes").returncode == 0
+    assert adaptor.read_text() == text
+
+
+def test_fix_dry_run_prints_one_diff_and_writes_nothing(framework):
+    adaptor = framework / "toytrain" / "recovery.py"
+    before = adaptor.read_bytes()
+    result = run("toytrain", "--adaptor", "toytrain/recovery.py", "--fix", "--dry-run", cwd=framework)
+    assert result.returncode == 1, result.stderr
+    diff = result.stdout[result.stdout.index("--- toytrain/recovery.py"):]
+    assert diff.count("--- ") == 1 and diff.count(f"+    {MARKER}") == 3
+    assert "dry run: nothing written" in result.stderr
+    assert adaptor.read_bytes() == before
+    assert sorted(path.name for path in adaptor.parent.iterdir()) == sorted(path.name for path in TOYTRAIN.iterdir())
+
+
+def test_fix_yes_writes_and_the_second_audit_is_clean(framework):
+    result = run("toytrain", "--fix", "--yes", cwd=framework)
+    assert result.returncode == 0, result.stderr
+    assert "wrote toytrain/recovery.py (backup: toytrain/recovery.py.unsafe-doctor.bak)" in result.stderr
+    again = run("toytrain", "--format", "json", cwd=framework)
+    assert again.returncode == 0, again.stdout
+    document = json.loads(again.stdout)
+    assert document["summary"] == {"holders": 2, "uncovered": 0, "unsafe": 0, "covered": 2, "fixable": 0}
+    assert {holder["variable"]: holder["coverage"]["how"] for holder in document["holders"]} == {
+        "LOSS_LOG": "rebuilt", "_EMA_GRAD_NORM": "repaired",
+    }
+
+
+def test_clean_tree_exits_0(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("import torch\n\nTABLE = torch.arange(4)\nLIMIT = 3\n")
+    result = run(str(tmp_path / "pkg"))
+    assert result.returncode == 0, result.stdout
+    assert "No global that holds device tensors was found." in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["missing-folder"], "missing-folder: no such file or folder"),
+        ([str(TOYTRAIN), "--adaptor", "no_such_adaptor.py"], "adaptor no_such_adaptor.py: no such file"),
+        ([str(TOYTRAIN), "--dry-run"], "--dry-run goes with --fix"),
+        ([str(TOYTRAIN), "--fix", "--format", "json"], "--fix prints a diff"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args, fragment):
+    assert_one_line_error(run(*args), fragment)
+
+
+def test_fix_without_an_adaptor_exits_2(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("import torch\n\nBUF = torch.ones(2).cuda()\n")
+    assert_one_line_error(run(str(tmp_path / "pkg"), "--fix", "--yes"), "--fix needs the recovery adaptor")
+
+
+def _readme_audit_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("\n## Audit")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def _table_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line and line[0] in "┏┃┡│├└"]
+
+
+def test_readme_audit_sample_commands_are_true(tmp_path):
+    """The README's commands on the sample framework, run in a copy of samples/: the tables it shows
+    (timings aside), the diff lines it shows, and the exit codes it names (1, then 0, then 0)."""
+    section = _readme_audit_section()
+    blocks = section.split("```")[1::2]  # fenced blocks, in order: their first line is the language
+    commands = [
+        line
+        for block in blocks
+        if block.startswith("bash")
+        for line in block.splitlines()[1:]
+        if line.startswith(("unsafe-doctor audit samples/", "cp samples/"))
+    ]
+    tables = [_table_lines(block) for block in blocks if block.startswith("\n┏")]
+    [diff] = [block for block in blocks if block.startswith("diff")]
+    shutil.copytree(ROOT / "samples", tmp_path / "samples")
+    environment = {"COLUMNS": "100", "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    outputs = []
+    for command in commands:
+        result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120)
+        outputs.append(result)
+    assert [result.returncode for result in outputs] == [1, 0, 0, 0], [result.stderr for result in outputs]
+    audits = [result for command, result in zip(commands, outputs) if "--fix" not in command and command.startswith("unsafe")]
+    assert len(audits) == len(tables) == 2
+    for result, table in zip(audits, tables):
+        assert _table_lines(result.stdout) == table
+    fixed = outputs[2].stdout
+    assert all(line[1:] in fixed for line in diff.splitlines()[1:] if line.startswith("+"))
+    assert "wrote audited_recovery.py (backup: audited_recovery.py.unsafe-doctor.bak)" in outputs[2].stderr
