@@ -226,3 +226,23 @@ def test_every_shipped_knowledge_file_meets_the_schema():
     from unsafe_doctor.knowledge import shipped_knowledge_dir
 
     assert validate_files([shipped_knowledge_dir()]) == []
+
+
+CORPUS = Path(__file__).parent / "corpus"
+
+
+def test_a_log_from_another_release_than_the_installed_one_lowers_a_version_bound_rule_to_medium():
+    """A megatron-core 0.12.1 run read on a machine with 0.16.1 installed: the culprit's line is
+    elsewhere in the installed file, so the version read from the installation may not be the job's."""
+    log = str(CORPUS / "logs" / "megatron-0.12-layer-wise-tracker.log")
+    [guessed] = diagnose([log]).findings
+    assert guessed.finding.source_differs
+    assert guessed.classification.confidence == "medium"
+    assert any("give --source-root with the job's tree to be sure" in note for note in guessed.classification.notes)
+    [told] = diagnose([log], source_roots=[CORPUS / "trees" / "megatron-core-0.12.1"]).findings
+    assert (told.classification.rule, told.classification.confidence) == ("megatron.moe-layer-wise-tracker", "high")
+
+
+def test_a_log_from_the_installed_release_keeps_high_confidence():
+    [item] = diagnose([str(Path(__file__).parents[1] / "samples" / "logs" / "megatron_moe_tracker.log")]).findings
+    assert not item.finding.source_differs and item.classification.confidence == "high"

@@ -67,7 +67,8 @@ def classify(
     if chosen is not None:
         rule, block = chosen
         fix = _render(rule, finding, knowledge, environment.profile, notes, block)
-        return Classification(rule.scenario, rule.id, "high", rule.reason, (), fix, tuple(notes))
+        return Classification(rule.scenario, rule.id, _rule_confidence(rule, finding, environment, notes), rule.reason,
+                              (), fix, tuple(notes))
     from unsafe_doctor.heuristics import judge  # only when no rule matched: it costs start-up time
 
     verdict = judge(finding, environment.source_roots)
@@ -76,6 +77,20 @@ def classify(
     generic = knowledge.rule(GENERIC_RULES[verdict.scenario])
     fix = _render(generic, finding, knowledge, environment.profile, notes) if generic else None
     return Classification(verdict.scenario, None, verdict.confidence, verdict.reason, verdict.evidence, fix, tuple(notes))
+
+
+def _rule_confidence(rule: Rule, finding: Finding, environment: Environment, notes: list[str]) -> Confidence:
+    """High, unless the rule depends on a version read from this machine's installed framework and
+    the log's culprit file is not the installed one (the job ran another release)."""
+    framework = rule.framework
+    if rule.versions is None or not finding.source_differs or environment.origins.get(framework) != "installed":
+        return "high"
+    notes.append(
+        f"the log's {finding.culprit.file.rsplit('/', 1)[-1]} is not the installed {framework} "
+        f"{environment.versions[framework]}'s (line {finding.culprit.line} differs), so the job may have run another "
+        f"release: the rule is the one for {environment.versions[framework]}; give --source-root with the job's tree to be sure"
+    )
+    return "medium"
 
 
 def classify_as(

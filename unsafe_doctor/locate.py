@@ -91,6 +91,7 @@ class Finding:
     tensor: TensorRef | None
     source_file: str | None  # the local file read for context, if any
     notes: tuple[str, ...]  # e.g. "read megatron/core/... from site-packages; version may differ"
+    source_differs: bool = False  # the culprit's local file is not the one that ran: its lines differ from the log's
 
 
 def is_unsafe_error(traceback: Traceback) -> bool:
@@ -151,6 +152,7 @@ class _FrameView:
     text: str | None  # the text statement's offsets refer to
     source_line: str | None  # the frame's line as read locally, when the log printed none
     notes: tuple[str, ...]
+    differs: bool = False  # the local file read is not the one that ran (the log's line is elsewhere in it)
 
 
 def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
@@ -184,7 +186,8 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
             statement, text = parsed
     functions = tuple(node for node in stack if isinstance(node, Function))
     scope = _Scope(found.module, source, functions, _class_of_self(stack), visible)
-    return _FrameView(frame, scope, statement, text, source_line, tuple(notes))
+    differs = source is not None and frame.line is not None and _first_line(frame.source) is not None and line != frame.line
+    return _FrameView(frame, scope, statement, text, source_line, tuple(notes), differs)
 
 
 def _first_line(source: str | None) -> str | None:
@@ -794,6 +797,7 @@ class _Analysis:
     tensor: TensorRef | None
     source_file: str | None
     notes: tuple[str, ...]
+    source_differs: bool = False
 
     def key(self) -> tuple:
         where = (self.culprit.file, self.culprit.line, self.culprit.function) if self.culprit else None
@@ -851,7 +855,7 @@ def _analyse(frames: tuple[Frame, ...], workspace: _FrameWorkspace) -> _Analysis
     if not candidates:
         if view.statement is None:
             notes.append("no source for the culprit line: the tensor cannot be named")
-        return _Analysis(culprit, None, source_file, _unique(notes))
+        return _Analysis(culprit, None, source_file, _unique(notes), view.differs)
     parts, resolved, caller = _choose_tensor(frames, index, view, candidates, workspace)
     text = view.text
     if caller is not None:
@@ -865,7 +869,7 @@ def _analyse(frames: tuple[Frame, ...], workspace: _FrameWorkspace) -> _Analysis
     notes.extend(resolved.notes)
     expression = _expression_text(parts, resolved.anchor, text)
     tensor = TensorRef(expression, resolved.variable, resolved.module, resolved.owner)
-    return _Analysis(culprit, tensor, source_file, _unique(notes))
+    return _Analysis(culprit, tensor, source_file, _unique(notes), view.differs)
 
 
 def _choose_tensor(
@@ -955,4 +959,5 @@ def _fold(members: Sequence[tuple[Traceback, Traceback, _Analysis]]) -> Finding:
         tensor=analysis.tensor,
         source_file=analysis.source_file,
         notes=analysis.notes,
+        source_differs=analysis.source_differs,
     )
