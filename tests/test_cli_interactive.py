@@ -53,6 +53,7 @@ def test_yes_at_the_terminal_applies_the_fix_while_the_log_comes_on_stdin(tmp_pa
     assert code == 1  # findings
     assert "unsafe-doctor: begin generic.replica-copy:toytrain.state._EMA_GRAD_NORM" in adaptor.read_text()
     assert Path(str(adaptor) + ".unsafe-doctor.bak").read_bytes() == (FRAMEWORK / "toytrain" / "recovery.py").read_bytes()
+    assert f"to prove it: unsafe-doctor verify --source-root {FRAMEWORK} --adaptor {adaptor}" in screen  # verify declined
 
 
 VERIFY_QUESTION = b"unpatched then patched)? [y/N]"
@@ -89,14 +90,14 @@ def test_without_a_terminal_the_diff_is_shown_with_how_to_apply(tmp_path):
     assert adaptor.read_bytes() == before
 
 
-def test_yes_flag_applies_without_asking(tmp_path):
+def test_yes_flag_applies_and_verifies_without_asking(tmp_path):
     adaptor = tmp_path / "recovery.py"
     shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
     args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--yes"]
     result = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120)
     assert "wrote" in result.stderr
-    assert f"to prove it: unsafe-doctor verify {LOG} --source-root {FRAMEWORK} --adaptor {adaptor}" in result.stderr
     assert "unsafe-doctor: begin generic.replica-copy" in adaptor.read_text()
+    assert "PROVEN · toytrain.state._EMA_GRAD_NORM" in result.stdout  # --yes accepts the verify offer too
     compile(adaptor.read_text(), str(adaptor), "exec")
 
 

@@ -165,7 +165,7 @@ def _offer_fixes(
             _say(f"not applied; to apply: unsafe-doctor fix {' '.join(options)} --adaptor {adaptor} --yes")
     if applied:
         question = "Verify the fix now (replay the fault and the recovery on 4 ranks, unpatched then patched)?"
-        if terminal is not None and _ask(terminal, question):
+        if yes or (terminal is not None and _ask(terminal, question)):
             _verify_now(replace(diagnosis, findings=tuple(applied)), knowledge)
         else:
             _say(f"to prove it: unsafe-doctor verify {' '.join(options)} --adaptor {adaptor}")
@@ -174,8 +174,13 @@ def _offer_fixes(
 
 
 def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase) -> None:
+    import importlib.util
+
     from unsafe_doctor import verify as verification
 
+    if importlib.util.find_spec("torch") is None:
+        _say("not verified: verify replays on torch, which is not installed (pip install 'unsafe-doctor[replay]')")
+        return
     plan, skipped = verification.plan_replay(diagnosis, knowledge)
     outcome = verification.verify(plan, skipped)
     if outcome is not None:
