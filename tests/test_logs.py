@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from hypothesis import given
@@ -175,7 +174,8 @@ def test_split_lines_offsets_stay_monotonic_over_replaced_bytes():
     assert [line.text for line in lines][-1] == "end"
 
 
-def test_split_lines_handles_megabytes_quickly():
+def test_split_lines_handles_megabytes():
+    """How fast is measured by benchmarks/diagnose_speed.py; here, that 4 MB split line for line."""
     block = (
         "[default3]:[rank3]: iteration 10/100 | loss 1.5 | lr 1e-4\n"
         "plain line without any prefix at all, just text\n"
@@ -183,11 +183,9 @@ def test_split_lines_handles_megabytes_quickly():
         '[rank3]:   File "x.py", line 3, in f\n'
     )
     text = block * (4_000_000 // len(block))
-    start = time.perf_counter()
     lines = split_lines(text, source="big.log", base_offset=0, rank_hint=None)
-    elapsed = time.perf_counter() - start
     assert len(lines) == 4 * (4_000_000 // len(block))
-    assert elapsed < 5.0, f"{elapsed:.2f}s for 4 MB"
+    assert {line.rank for line in lines[:4]} == {3, None}
 
 
 def test_by_rank_groups_in_order():
