@@ -419,8 +419,9 @@ def test_cached_functions_returning_tensors(tmp_path):
     }
     mask = held(result, "pkg.masks.causal_mask")
     assert mask.holder.kind == "lru-cache"
-    assert (mask.classification.scenario, mask.classification.confidence, mask.classification.fix) == (1, "medium", None)
-    assert "causal_mask.cache_clear()" in mask.classification.notes[-1]
+    assert (mask.classification.scenario, mask.classification.confidence) == (1, "medium")
+    assert (mask.classification.fix.function, mask.classification.fix.code) == ("feature_rollback", "masks.causal_mask.cache_clear()\n")
+    assert mask.classification.fix.imports == ("from pkg import masks",)
 
 
 def test_buffers_updated_in_place_and_not_those_only_read(tmp_path):

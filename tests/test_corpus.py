@@ -27,7 +27,7 @@ def _load_scoring():
 
 scoring = _load_scoring()
 ENTRIES = scoring.load_entries()
-GENERIC_RULES = {"generic.reinitialise", "generic.replica-copy"}
+GENERIC_RULES = {"generic.reinitialise", "generic.replica-copy", "generic.cache-clear"}
 
 
 def _param(entry):

@@ -354,7 +354,7 @@ def test_an_lru_cached_call_passed_inline_is_chosen_over_a_fresh_local():
     frame = at(MASKCACHE / "maskcache" / "train.py", "forward", MASKED_FILL)
     finding = only([tb(frame, TORCH_FRAME)], (MASKCACHE,))
     assert finding.tensor == TensorRef(
-        "causal_mask(scores.shape[-1], scores.device)", "causal_mask", "maskcache.masks", None
+        "causal_mask(scores.shape[-1], scores.device)", "causal_mask", "maskcache.masks", None, cached=True
     )
     assert "causal_mask() is an lru_cache: it returns what earlier steps built" in finding.notes
 
@@ -362,9 +362,9 @@ def test_an_lru_cached_call_passed_inline_is_chosen_over_a_fresh_local():
 @pytest.mark.parametrize(
     ("imports", "decorator", "tensor"),
     [
-        ("import functools", "@functools.lru_cache(maxsize=None)", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None)),
-        ("from functools import lru_cache", "@lru_cache", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None)),
-        ("import functools", "@functools.cache", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None)),
+        ("import functools", "@functools.lru_cache(maxsize=None)", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None, cached=True)),
+        ("from functools import lru_cache", "@lru_cache", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None, cached=True)),
+        ("import functools", "@functools.cache", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None, cached=True)),
         # not cached: a fresh value, not an operand; the tensor is the parameter
         ("import functools", "", TensorRef("x", None, "pkg.mask", None)),
     ],
@@ -458,7 +458,7 @@ def test_parameter_followed_to_a_submodule_whose_forward_is_an_lru_cache(tmp_pat
     )
     finding = only([tb(*frames)], (tmp_path,))
     assert finding.culprit == frames[2]
-    assert finding.tensor == TensorRef(expression, "forward", "pkg.rope", "Rope")
+    assert finding.tensor == TensorRef(expression, "forward", "pkg.rope", "Rope", cached=True)
     assert "self.rope is a Rope, whose forward() is an lru_cache: it returns what earlier steps built" in finding.notes
 
 

@@ -595,7 +595,7 @@ CASES = {
     ),
 }
 
-GENERIC_RULES = {"generic.reinitialise", "generic.replica-copy"}
+GENERIC_RULES = {"generic.reinitialise", "generic.replica-copy", "generic.cache-clear"}
 
 
 def test_every_shipped_rule_has_a_case():

@@ -337,3 +337,16 @@ def test_torchrun_runs_the_same_replay_one_rank_per_process(toytrain):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("PROVEN") == 1  # rank 0 reports for all
     assert "2 ranks (fault on rank 1, replica rank 0)" in " ".join(result.stdout.split())
+
+
+def test_an_lru_cache_fix_empties_the_cache_and_is_proven(tmp_path):
+    """maskcache's causal_mask() hands every step the mask it built first: the generic template
+    empties the cache (rebuilding the returned tensor would leave the cache's own copy unsafe)."""
+    corpus = Path(__file__).parent / "corpus"
+    shutil.copytree(SAMPLES / "adaptors" / "legacy", tmp_path / "legacy")
+    adaptor = tmp_path / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
+    log, roots = corpus / "logs" / "user-maskcache-lru-mask.log", [corpus / "frameworks" / "maskcache"]
+    assert "masks.causal_mask.cache_clear()" in write_fix(log, adaptor, roots)
+    [verdict] = replay(log, adaptor, roots).verdicts
+    assert verdict.outcome == "proven", verdict.problems
+    assert verdict.unpatched.startswith("reproduced `There is unsafe data in the input tensor.` on rank 1")

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from unsafe_doctor.classify import GENERIC_RULES, Classification, classify
+from unsafe_doctor.classify import GENERIC_RULE_IDS, Classification, classify, classify_as
 from unsafe_doctor.diagnosis import DiagnosedFinding
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import KnowledgeBase, Rule, load_knowledge, rule_matches
@@ -1689,18 +1689,18 @@ def _finding(holder: Holder) -> Finding:
     )
 
 
-def _cache_classification(holder: Holder) -> Classification:
+def _cache_classification(holder: Holder, finding: Finding, knowledge: KnowledgeBase, environment: Environment) -> Classification:
     """A cache holds values computed from its arguments and computes them again when missing: scenario
-    1 by its nature. (The source heuristics would read every file naming the function, and names
-    such as `forward` are everywhere.)"""
+    1 by its nature, fixed by emptying it. (The source heuristics would read every file naming the
+    function, and names such as `forward` are everywhere.)"""
     cached = f"{holder.owner}.{holder.variable}" if holder.owner else holder.variable
     reason = (
         f"{cached} is a cache: what it returns is computed from its arguments and computed again once "
         "emptied, so it carries nothing into the next step; empty it with cache_clear() in the rollback"
     )
-    note = f"no fix written: add `{cached}.cache_clear()` to the rollback function, or a rule (--rules)"
     evidence = (f"{holder.definition.file}:{holder.definition.line}: decorated with a cache: `{holder.definition.code}`",)
-    return Classification(1, None, "medium", reason, evidence, None, (note,))
+    cache = replace(finding, tensor=replace(finding.tensor, cached=True))
+    return replace(classify_as(cache, 1, knowledge, environment, evidence), confidence="medium", reason=reason)
 
 
 def _rule_frame(rule: Rule, holder: Holder) -> Frame | None:
@@ -1750,7 +1750,7 @@ def _classification(
 ) -> tuple[Finding, Classification | None]:
     """Rules first, at the first site a rule names; heuristics only for an uncovered holder."""
     finding = _finding(holder)
-    specific = [rule for rule in knowledge.rules if rule.id not in GENERIC_RULES.values()]
+    specific = [rule for rule in knowledge.rules if rule.id not in GENERIC_RULE_IDS]
     candidates = [_frame(site) for site in (holder.definition, *holder.writers, *holder.readers)]
     candidates += [frame for frame in (_rule_frame(rule, holder) for rule in specific) if frame is not None]
     frame = next(
@@ -1767,13 +1767,13 @@ def _classification(
     if frame is None and coverage.status != "uncovered":
         return finding, None
     if frame is None and holder.kind == "lru-cache":
-        return finding, _cache_classification(holder)
+        return finding, _cache_classification(holder, finding, knowledge, environment)
     if frame is not None and frame != finding.culprit:
         finding = replace(finding, culprit=frame)
     verdict = classify(finding, knowledge, environment)
-    if verdict.rule is None and verdict.fix is not None and holder.kind in ("singleton", "lru-cache", "buffer"):
+    if verdict.rule is None and verdict.fix is not None and holder.kind in ("singleton", "buffer"):
         note = (
-            f"no fix written: the generic fixes handle a tensor, dict or list, not a {holder.kind}; "
+            f"no fix written: the generic fixes handle a tensor, dict, list or lru cache, not a {holder.kind}; "
             "reset it by hand or add a rule (--rules)"
         )
         verdict = replace(verdict, fix=None, notes=(*verdict.notes, note))

@@ -30,6 +30,8 @@ from unsafe_doctor.versions import Environment
 
 Confidence = Literal["high", "medium", "low"]
 GENERIC_RULES = {1: "generic.reinitialise", 2: "generic.replica-copy"}  # templates for heuristic verdicts
+GENERIC_CACHE_RULE = "generic.cache-clear"  # scenario 1 for what an lru cache returned: empty the cache
+GENERIC_RULE_IDS = frozenset({*GENERIC_RULES.values(), GENERIC_CACHE_RULE})
 # A log that shows neither a loss scale nor the fp16 argument is read as bf16, the usual precision of
 # LLM training; the classification then says which rule an fp16 run would get instead.
 ASSUMED_LOSS_SCALING: LossScaling = "none"
@@ -74,7 +76,7 @@ def classify(
     verdict = judge(finding, environment.source_roots)
     if verdict.scenario is None:
         return Classification(None, None, None, verdict.reason, verdict.evidence, None, tuple(notes))
-    generic = knowledge.rule(GENERIC_RULES[verdict.scenario])
+    generic = knowledge.rule(generic_rule_id(verdict.scenario, finding))
     fix = _render(generic, finding, knowledge, environment.profile, notes) if generic else None
     return Classification(verdict.scenario, None, verdict.confidence, verdict.reason, verdict.evidence, fix, tuple(notes))
 
@@ -98,9 +100,16 @@ def classify_as(
 ) -> Classification:
     """The user's answer for a finding nothing could classify: the generic fix for that scenario."""
     notes: list[str] = []
-    generic = knowledge.rule(GENERIC_RULES[scenario])
+    generic = knowledge.rule(generic_rule_id(scenario, finding))
     fix = _render(generic, finding, knowledge, environment.profile, notes) if generic else None
     return Classification(scenario, None, None, "scenario given by the user", evidence, fix, tuple(notes))
+
+
+def generic_rule_id(scenario: Scenario, finding: Finding) -> str:
+    """The template a verdict without a rule gets: an lru cache is emptied, not its result rebuilt."""
+    if scenario == 1 and finding.tensor is not None and finding.tensor.cached:
+        return GENERIC_CACHE_RULE
+    return GENERIC_RULES[scenario]
 
 
 def _choose_rule(
@@ -139,7 +148,7 @@ def _best_rule(
     tensor, culprit = finding.tensor, finding.culprit
     candidates = []
     for rule in knowledge.rules:
-        if rule.id in GENERIC_RULES.values():
+        if rule.id in GENERIC_RULE_IDS:
             continue
         block = matching_block(
             rule,

@@ -43,7 +43,7 @@ from typing import Literal
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from unsafe_doctor.classify import GENERIC_RULES
+from unsafe_doctor.classify import generic_rule_id
 from unsafe_doctor.diagnosis import DiagnosedFinding
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase, is_safe_dotted
@@ -211,7 +211,7 @@ def _requests(
 
 def marker_key(diagnosed: DiagnosedFinding, knowledge: KnowledgeBase) -> str:
     classification = diagnosed.classification
-    rule_id = classification.rule or GENERIC_RULES[classification.scenario]
+    rule_id = classification.rule or generic_rule_id(classification.scenario, diagnosed.finding)
     rule = knowledge.rule(rule_id)
     if rule is not None and rule.match.variable is not None:
         return rule_id

@@ -80,6 +80,7 @@ class TensorRef:
     variable: str | None  # '_MOE_AUX_LOSSES_LOGGING_TRACKER'; None when the line does not name it
     module: str | None  # 'megatron.core.parallel_state'; None when unknown
     owner: str | None  # class name when the tensor is an attribute of an object
+    cached: bool = False  # `variable` is an lru-cached function (or `owner`'s method) and the tensor its result
 
 
 @dataclass(frozen=True)
@@ -868,7 +869,7 @@ def _analyse(frames: tuple[Frame, ...], workspace: _FrameWorkspace) -> _Analysis
         notes.append(f"{resolved.parameter} is a parameter of {where}: its caller could not be followed")
     notes.extend(resolved.notes)
     expression = _expression_text(parts, resolved.anchor, text)
-    tensor = TensorRef(expression, resolved.variable, resolved.module, resolved.owner)
+    tensor = TensorRef(expression, resolved.variable, resolved.module, resolved.owner, resolved.cached)
     return _Analysis(culprit, tensor, source_file, _unique(notes), view.differs)
 
 

@@ -65,11 +65,17 @@ class GenericProbe(Probe):
 
     def __init__(self, target: Target, device: torch.device) -> None:
         self.target, self.device = target, device
+        self.cache_arguments: list | None = None  # set when the global is an lru-cached function
 
     def build(self) -> None:
         module = importlib.import_module(self.target.module)
         if getattr(module, "__unsafe_doctor_built__", False):
             module = importlib.reload(module)  # the module's globals as a fresh process has them
+        module.__unsafe_doctor_built__ = True
+        holder = _holder(self.target)
+        if callable(getattr(holder, "cache_clear", None)):
+            self._build_cache(holder)
+            return
         called = []
         if self.target.owner is None:
             for name in _writers(module, self.target.variable):
@@ -78,7 +84,6 @@ class GenericProbe(Probe):
                 if arguments is not None:
                     function(*arguments)
                     called.append(f"{name}({', '.join(_shown(value) for value in arguments)})")
-        module.__unsafe_doctor_built__ = True
         if not self.tensors():
             raise ProbeError(
                 f"no function of {self.target.module} creates a tensor in {self.target.variable} with arguments the "
@@ -87,11 +92,25 @@ class GenericProbe(Probe):
         where = f"{self.target.module}." + " then ".join(called) if called else f"importing {self.target.module}"
         self.how = f"built by {where}; touched by reading every tensor reachable from {self.target.label}"
 
+    def _build_cache(self, cached: Callable) -> None:
+        """An lru cache: one call fills it; asking again gives the cached tensor (or, once the cache
+        was cleared, a fresh one), which is what the next step reads."""
+        arguments = _arguments(getattr(cached, "__wrapped__", cached), self.device)
+        if arguments is None:
+            raise ProbeError(f"cannot make the arguments of {self.target.label}(); name a function that calls it with --probe MODULE:FUNCTION")
+        self.cache_arguments = arguments
+        cached(*arguments)
+        shown = ", ".join(_shown(value) for value in arguments)
+        self.how = f"built by calling the lru-cached {self.target.label}({shown}); touched by reading what it returns"
+
     def step(self) -> None:
         _touch(self.tensors())
 
     def tensors(self) -> list[torch.Tensor]:
-        return reachable_tensors(_holder(self.target))
+        holder = _holder(self.target)
+        if self.cache_arguments is not None:
+            return reachable_tensors(holder(*self.cache_arguments))
+        return reachable_tensors(holder)
 
 
 def _writers(module: object, variable: str) -> list[str]:
@@ -107,17 +126,18 @@ def _writers(module: object, variable: str) -> list[str]:
     return found
 
 
-_MUTATORS = {"append", "extend", "insert", "update", "setdefault", "clear", "add", "copy_", "fill_", "zero_"}
+_FILLERS = {"append", "extend", "insert", "update", "setdefault", "add"}  # calls that put things in; not clear(), zero_()
 
 
 def _writes(function: ast.FunctionDef | ast.AsyncFunctionDef, variable: str) -> bool:
+    """Whether the function creates or fills the global (a reset that empties it does not count)."""
     declared = any(isinstance(node, ast.Global) and variable in node.names for node in ast.walk(function))
     for node in ast.walk(function):
         if isinstance(node, ast.Name) and node.id == variable and isinstance(node.ctx, ast.Store) and declared:
             return True
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and _base_name(node.value) == variable:
             return True
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _FILLERS:
             if _base_name(node.func.value) == variable:
                 return True
     return False
@@ -157,6 +177,8 @@ def _value_for(parameter: inspect.Parameter, device: torch.device) -> object:
     name = parameter.name.lower()
     if "device" in hint or name == "device":
         return device
+    if "module" in hint or name == "model":
+        return torch.nn.Linear(4, 4, device=device)
     if "tensor" in hint or name in ("tensor", "loss", "value", "values", "grad", "x"):
         return torch.ones((), device=device)
     if hint == "str" or name in ("name", "key", "tag"):
