@@ -45,3 +45,29 @@ def toytrain_loss_log(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("logs") / "toytrain_loss_log.log"
     path.write_text(generator.as_log(generator.capture(_record_into_stale_loss_log), rank_prefix=True))
     return path
+
+
+def _route_with_stale_bias(mark) -> None:
+    """megatron-core 0.16.1's TopKRouter routes with an expert_bias the fault left unsafe."""
+    import torch
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.moe.router import TopKRouter
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=2, hidden_size=16, num_attention_heads=2, num_moe_experts=4, moe_router_topk=2,
+        moe_router_load_balancing_type="none", moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True, use_cpu_initialization=True,
+    )
+    router = TopKRouter(config, ProcessGroupCollection(tp=None, cp=None, tp_cp=None, tp_dp_cp=None))
+    mark(router.expert_bias)
+    router.routing(torch.randn(3, 2, 4))
+
+
+@pytest.fixture(scope="session")
+def router_expert_bias_log(tmp_path_factory) -> Path:
+    """rank 3's traceback: megatron-core's TopKRouter.routing reads expert_bias (scenario 2)."""
+    generator = load_rules_generator()
+    path = tmp_path_factory.mktemp("logs") / "router_expert_bias.log"
+    path.write_text(generator.as_log(generator.capture(_route_with_stale_bias), rank_prefix=True))
+    return path

@@ -50,28 +50,9 @@ GENERATOR = load_rules_generator()
 # --- logs produced here from real code ------------------------------------------------------------
 
 
-def _route_with_stale_bias(mark) -> None:
-    """megatron-core 0.16.1's TopKRouter routes with an expert_bias the fault left unsafe."""
-    import torch
-    from megatron.core.process_groups_config import ProcessGroupCollection
-    from megatron.core.transformer.moe.router import TopKRouter
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    config = TransformerConfig(
-        num_layers=2, hidden_size=16, num_attention_heads=2, num_moe_experts=4, moe_router_topk=2,
-        moe_router_load_balancing_type="none", moe_router_score_function="sigmoid",
-        moe_router_enable_expert_bias=True, use_cpu_initialization=True,
-    )
-    router = TopKRouter(config, ProcessGroupCollection(tp=None, cp=None, tp_cp=None, tp_dp_cp=None))
-    mark(router.expert_bias)
-    router.routing(torch.randn(3, 2, 4))
-
-
 @pytest.fixture(scope="module")
-def produced_logs(tmp_path_factory, toytrain_loss_log) -> dict[str, Path]:
-    router = tmp_path_factory.mktemp("logs") / "router_expert_bias.log"
-    router.write_text(GENERATOR.as_log(GENERATOR.capture(_route_with_stale_bias), rank_prefix=True))
-    return {"router_expert_bias": router, "toytrain_loss_log": toytrain_loss_log}
+def produced_logs(router_expert_bias_log, toytrain_loss_log) -> dict[str, Path]:
+    return {"router_expert_bias": router_expert_bias_log, "toytrain_loss_log": toytrain_loss_log}
 
 
 def log_path(name: str, produced: dict[str, Path]) -> Path:

@@ -350,3 +350,19 @@ def test_an_lru_cache_fix_empties_the_cache_and_is_proven(tmp_path):
     [verdict] = replay(log, adaptor, roots).verdicts
     assert verdict.outcome == "proven", verdict.problems
     assert verdict.unpatched.startswith("reproduced `There is unsafe data in the input tensor.` on rank 1")
+
+
+def test_router_expert_bias_fix_is_proven_against_real_megatron_core(tmp_path, router_expert_bias_log):
+    """Scenario 2 with megatron-core's own TopKRouter: routing reads expert_bias; the rule's fix walks
+    train_args[1]'s modules on both ranks and copies the replica's buffer in place."""
+    shutil.copytree(SAMPLES / "adaptors" / "in_tree", tmp_path / "in_tree")
+    root = tmp_path / "in_tree"
+    adaptor = root / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
+    red = replay(router_expert_bias_log, adaptor, [root])
+    assert red.verdicts[0].outcome == "no-fix"
+    assert re.search(r"on rank 3 at \S+/megatron/core/transformer/moe/\w+\.py:\d+$", red.verdicts[0].unpatched)
+    write_fix(router_expert_bias_log, adaptor, [root])
+    [verdict] = replay(router_expert_bias_log, adaptor, [root]).verdicts
+    assert (verdict.target.rule, verdict.target.scenario) == ("megatron.router-expert-bias", 2)
+    assert verdict.outcome == "proven", verdict.problems
+    assert verdict.patched == "recovery clean, tensor bit-identical to replica rank 1"

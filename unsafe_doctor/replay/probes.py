@@ -10,9 +10,10 @@ user who knows better names a function of theirs with ``--probe MODULE:FUNCTION`
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -270,8 +271,61 @@ class MegatronLayerWiseTrackerProbe(Probe):
         return reachable_tensors(self._tracker_module()._MOE_LAYER_WISE_LOGGING_TRACKER)
 
 
+class MegatronRouterExpertBiasProbe(Probe):
+    """megatron-core's TopKRouter with aux-loss-free balancing: its routing reads expert_bias.
+
+    The step routes without gradients, as evaluation does, so that it reads expert_bias and not
+    local_tokens_per_expert (another global, with its own rule)."""
+
+    def __init__(self, target: Target, device: torch.device) -> None:
+        self.target, self.device = target, device
+        self.how = "built as megatron-core's TopKRouter (4 experts, expert bias on); touched by its routing()"
+
+    def build(self) -> None:
+        from megatron.core.process_groups_config import ProcessGroupCollection
+        from megatron.core.transformer.moe.router import TopKRouter
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        config = TransformerConfig(
+            num_layers=2, hidden_size=16, num_attention_heads=2, num_moe_experts=4, moe_router_topk=2,
+            moe_router_load_balancing_type="none", moe_router_score_function="sigmoid",
+            moe_router_enable_expert_bias=True, use_cpu_initialization=True,
+        )
+        groups = ProcessGroupCollection(tp=None, cp=None, tp_cp=None, tp_dp_cp=None)
+        with _cuda_means(self.device):
+            self.router = TopKRouter(config, groups)
+        self.chunk = torch.nn.ModuleList([self.router])
+
+    def step(self) -> None:
+        logits = torch.randn(3, 2, 4, generator=torch.Generator().manual_seed(1)).to(self.device)
+        with torch.no_grad():
+            self.router.routing(logits)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.router.expert_bias]
+
+    def train_args(self) -> tuple:
+        return (None, [self.chunk], None, None)
+
+
+@contextlib.contextmanager
+def _cuda_means(device: torch.device) -> Iterator[None]:
+    """megatron-core allocates its buffers on ``torch.cuda.current_device()``; on Ascend, torch_npu's
+    ``transfer_to_npu`` makes that the NPU. Without CUDA here, it means the backend's device."""
+    if torch.cuda.is_available():
+        yield
+        return
+    saved = torch.cuda.current_device
+    torch.cuda.current_device = lambda: device
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = saved
+
+
 RULE_PROBES: dict[str, type[Probe]] = {
     "megatron.moe-layer-wise-tracker-moe-utils": MegatronLayerWiseTrackerProbe,
+    "megatron.router-expert-bias": MegatronRouterExpertBiasProbe,
 }
 
 
