@@ -147,10 +147,11 @@ def verify(plan: ReplayPlan, skipped: tuple[str, ...] = ()) -> Verification | No
     from unsafe_doctor.replay.launch import ReplayStopped, fork_ranks, join_torchrun, under_torchrun
 
     start = time.perf_counter()
-    backend = "emulated" if npu_unavailable_reason() else "npu"  # what the ranks pick, for a report with no results
+    backend = "emulated"  # forked ranks; under torchrun, what the ranks pick (for a report with no results)
     transport = "gloo"
     try:
         if under_torchrun():
+            backend = "emulated" if npu_unavailable_reason() else "npu"
             results = join_torchrun(plan)
             if results is None:
                 return None

@@ -57,9 +57,10 @@ class Progress:
             self._stream.flush()
 
 
-def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: Progress) -> dict:
+def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: Progress, backend: str | None = None) -> dict:
     """Both runs on this rank of an initialised process group; the results as plain data.
-    ``device_index`` is this rank's NPU (its local rank), or the ``Device:`` the emulated error names."""
+    ``device_index`` is this rank's NPU (its local rank), or the ``Device:`` the emulated error names;
+    ``backend`` forces one (``select_backend``'s ``prefer``)."""
     for root in plan.source_roots:
         if root not in sys.path:
             sys.path.insert(0, root)
@@ -67,9 +68,9 @@ def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: Progress)
     runs = {}
     backend_name = None
     for run in RUNS:
-        backend = select_backend(device_index=device_index)
-        backend_name = backend.name
-        runs[run] = _Run(plan, run, rank, backend, progress).execute()
+        unsafe = select_backend(backend, device_index)
+        backend_name = unsafe.name
+        runs[run] = _Run(plan, run, rank, unsafe, progress).execute()
         dist.barrier()
     return {"rank": rank, "backend": backend_name, "runs": runs, "notes": notes}
 

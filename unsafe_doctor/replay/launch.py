@@ -1,7 +1,8 @@
 """Start the ranks of a replay and collect what each found.
 
 On one machine, ``fork_ranks`` forks N processes that meet in a gloo group on 127.0.0.1 (forking
-after torch is imported saves each rank seconds of start-up). Under torchrun, ``join_torchrun``
+after torch is imported saves each rank seconds of start-up); they always run the emulated backend,
+since an NPU runtime does not survive a fork. Under torchrun, ``join_torchrun``
 runs this process's rank in the group torchrun describes (hccl on an NPU) and gathers every rank's
 results. A rank that is still running at the timeout is killed, and the error says where each rank
 was, so a send without its receive ends as a message, never a stuck job.
@@ -112,7 +113,7 @@ def _child(plan: ReplayPlan, rank: int, port: int, work: Path) -> None:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=plan.world_size, timeout=datetime.timedelta(seconds=harness_timeout(plan)))
-        outcome = run_rank(plan, rank, rank, Progress(str(work / f"rank{rank}.progress")))
+        outcome = run_rank(plan, rank, rank, Progress(str(work / f"rank{rank}.progress")), backend="emulated")
         (work / f"rank{rank}.json").write_text(json.dumps(outcome), encoding="utf-8")
         dist.destroy_process_group()
         code = 0
