@@ -38,6 +38,13 @@ def loss_log(toytrain_loss_log) -> Path:
 
 
 @pytest.fixture
+def in_tree(tmp_path) -> Path:
+    """A copy of the in-tree MindSpeed-LLM sample adaptor's source root."""
+    shutil.copytree(SAMPLES / "adaptors" / "in_tree", tmp_path / "in_tree")
+    return tmp_path / "in_tree"
+
+
+@pytest.fixture
 def toytrain(tmp_path) -> Path:
     """A copy of the toytrain framework, whose recovery.py is the adaptor under test."""
     shutil.copytree(SAMPLES / "framework" / "toytrain", tmp_path / "toytrain")
@@ -94,16 +101,14 @@ def test_scenario_1_fix_is_proven_with_nothing_unsafe_left(toytrain, loss_log):
     assert "no unsafe tensor left in toytrain.state.LOSS_LOG" in verdict.patched
 
 
-def test_megatron_tracker_fix_is_proven_against_real_megatron_core(tmp_path):
+def test_megatron_tracker_fix_is_proven_against_real_megatron_core(in_tree):
     """The rule's probe fills the tracker with megatron-core's own save_to_aux_losses_tracker()."""
-    shutil.copytree(SAMPLES / "adaptors" / "in_tree", tmp_path / "in_tree")
-    root = tmp_path / "in_tree"
-    adaptor = root / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
-    red = replay(TRACKER_LOG, adaptor, [root])
+    adaptor = in_tree / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
+    red = replay(TRACKER_LOG, adaptor, [in_tree])
     assert red.verdicts[0].outcome == "no-fix"
     assert re.search(r"at \S+/megatron/core/transformer/moe/moe_utils\.py:\d+$", red.verdicts[0].unpatched)
-    write_fix(TRACKER_LOG, adaptor, [root])
-    green = replay(TRACKER_LOG, adaptor, [root])
+    write_fix(TRACKER_LOG, adaptor, [in_tree])
+    green = replay(TRACKER_LOG, adaptor, [in_tree])
     [verdict] = green.verdicts
     assert verdict.target.rule == "megatron.moe-layer-wise-tracker-moe-utils"
     assert verdict.outcome == "proven", verdict.problems
@@ -268,11 +273,9 @@ def test_adaptor_mode_calls_the_real_functions_and_finds_the_next_missing_global
     assert whole.mode == "adaptor"
 
 
-def test_adaptor_mode_without_the_adaptors_imports_cannot_replay(tmp_path):
-    shutil.copytree(SAMPLES / "adaptors" / "in_tree", tmp_path / "in_tree")
-    root = tmp_path / "in_tree"
-    adaptor = root / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
-    result = replay(TRACKER_LOG, adaptor, [root], mode="adaptor")
+def test_adaptor_mode_without_the_adaptors_imports_cannot_replay(in_tree):
+    adaptor = in_tree / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
+    result = replay(TRACKER_LOG, adaptor, [in_tree], mode="adaptor")
     [verdict] = result.verdicts
     assert verdict.outcome == "not-modelled" and result.exit_code == 2
     assert "adaptor mode cannot import the adaptor here (ModuleNotFoundError: No module named 'megatron.training')" in verdict.unpatched
@@ -352,17 +355,15 @@ def test_an_lru_cache_fix_empties_the_cache_and_is_proven(tmp_path):
     assert verdict.unpatched.startswith("reproduced `There is unsafe data in the input tensor.` on rank 1")
 
 
-def test_router_expert_bias_fix_is_proven_against_real_megatron_core(tmp_path, router_expert_bias_log):
+def test_router_expert_bias_fix_is_proven_against_real_megatron_core(in_tree, router_expert_bias_log):
     """Scenario 2 with megatron-core's own TopKRouter: routing reads expert_bias; the rule's fix walks
     train_args[1]'s modules on both ranks and copies the replica's buffer in place."""
-    shutil.copytree(SAMPLES / "adaptors" / "in_tree", tmp_path / "in_tree")
-    root = tmp_path / "in_tree"
-    adaptor = root / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
-    red = replay(router_expert_bias_log, adaptor, [root])
+    adaptor = in_tree / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
+    red = replay(router_expert_bias_log, adaptor, [in_tree])
     assert red.verdicts[0].outcome == "no-fix"
     assert re.search(r"on rank 3 at \S+/megatron/core/transformer/moe/\w+\.py:\d+$", red.verdicts[0].unpatched)
-    write_fix(router_expert_bias_log, adaptor, [root])
-    [verdict] = replay(router_expert_bias_log, adaptor, [root]).verdicts
+    write_fix(router_expert_bias_log, adaptor, [in_tree])
+    [verdict] = replay(router_expert_bias_log, adaptor, [in_tree]).verdicts
     assert (verdict.target.rule, verdict.target.scenario) == ("megatron.router-expert-bias", 2)
     assert verdict.outcome == "proven", verdict.problems
     assert verdict.patched == "recovery clean, tensor bit-identical to replica rank 1"

@@ -11,7 +11,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from unsafe_doctor.diagnosis import Diagnosis
 from unsafe_doctor.errors import UsageError
@@ -19,6 +19,9 @@ from unsafe_doctor.fix import ROLES, AdaptorFile, marker_key, read_adaptor
 from unsafe_doctor.knowledge import KnowledgeBase
 from unsafe_doctor.replay.plan import MAX_RANKS, MODES, AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.sources import module_from_path
+
+if TYPE_CHECKING:
+    from unsafe_doctor.replay.launch import ReplayStopped  # imports torch's side of the replay only when it runs
 
 Outcome = Literal["proven", "failed", "no-fix", "not-modelled"]
 _GUARD_SWITCH = re.compile(r"getattr\(get_args\(\),\s*[\"'](\w+)[\"']")
@@ -224,7 +227,7 @@ def _verdict(plan: ReplayPlan, target: Target, results: list[dict]) -> Verdict:
     return Verdict(target, "proven", unpatched, f"recovery clean{same}", ())
 
 
-def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped, backend: str, seconds: float) -> Verification:
+def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped: ReplayStopped, backend: str, seconds: float) -> Verification:
     places = "; ".join(f"rank {rank}: {place}" for rank, place in sorted(stopped.places.items()))
     if stopped.reason == "timeout":
         receiver = _waited_in_repair(stopped.histories.get(plan.faulty, ()), plan.functions["recv"])

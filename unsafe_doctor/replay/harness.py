@@ -20,6 +20,7 @@ functions. Nothing here prints: results are plain data for ``verify`` to judge.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import datetime
 import importlib
@@ -38,7 +39,7 @@ import torch.distributed as dist
 
 from unsafe_doctor.replay.backend import UNSAFE_DATA, UnsafeBackend, reachable_tensors, select_backend
 from unsafe_doctor.replay.plan import RUNS, ReplayPlan
-from unsafe_doctor.replay.probes import Probe, ProbeError, make_probe
+from unsafe_doctor.replay.probes import NO_TRAIN_ARGS, Probe, ProbeError, make_probe
 
 _HERE = str(Path(__file__).resolve().parents[1])  # unsafe_doctor/: frames from here are the harness's own
 _TORCH = str(Path(torch.__file__).resolve().parent)
@@ -291,7 +292,7 @@ class _Run:
         return self._modules
 
     def _train_args(self) -> tuple:
-        return next(iter(self.probes.values())).train_args() if self.probes else (None, [], None, None)
+        return next(iter(self.probes.values())).train_args() if self.probes else NO_TRAIN_ARGS
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -318,8 +319,6 @@ def _importable(name: str) -> bool:
 
 
 def _from_import(line: str) -> tuple[str | None, list[str]]:
-    import ast
-
     statement = ast.parse(line).body[0]
     if isinstance(statement, ast.ImportFrom) and statement.level == 0 and statement.module:
         return statement.module, [alias.asname or alias.name for alias in statement.names]

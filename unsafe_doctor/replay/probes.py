@@ -22,6 +22,9 @@ from unsafe_doctor.replay.backend import reachable_tensors
 from unsafe_doctor.replay.plan import Target
 
 
+NO_TRAIN_ARGS = (None, [], None, None)  # Megatron's train() arguments without a model or an optimizer
+
+
 class ProbeError(Exception):
     """The state of a global cannot be built here: the replay does not model it."""
 
@@ -43,7 +46,7 @@ class Probe:
     def train_args(self) -> tuple:
         """What the adaptor's repair functions receive: Megatron's train() arguments
         ``(forward_step_func, model chunks, optimizer, scheduler)``, with no model here."""
-        return (None, [], None, None)
+        return NO_TRAIN_ARGS
 
 
 def _holder(target: Target) -> object:
