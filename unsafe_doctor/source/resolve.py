@@ -23,6 +23,21 @@ Entry points:
   the names the module's and the function's imports bind, and `imports.dotted(node)`, the dotted
   path an expression names through them (`mpu._X`).
 
+From an index of modules rather than a log frame, resolve every name a function reads:
+
+    workspace = Workspace(roots)
+    source = workspace.module_source("toytrain.train")  # or workspace.source(path, module)
+    function = source.bindings["clip_gradients"]
+    scope = Scope.of(source, function)  # a method: Scope.of(source, method, class_node)
+    for node in ast.walk(function):
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            found = resolve(node, scope, workspace)
+            # state._EMA_GRAD_NORM -> Resolved(Tier.GLOBAL, variable='_EMA_GRAD_NORM',
+            #                                  module='toytrain.state', owner=None, ...)
+
+Resolving may read further modules through the workspace (imports, re-exports, a function's
+`return`), at most `MAX_DEPTH` deep; it never imports them.
+
 The rules, in order (see also `unsafe_doctor.locate`): `self.x` / `cls.x` is attribute `x` of the
 method's class (`self.rope(n)` is an lru-cached call's result when `Rope.forward` is cached); a
 name the function declares `global` is the module's; a parameter stays a parameter; a local is
