@@ -203,8 +203,9 @@ def test_block_goes_before_a_trailing_return_and_its_comment(tmp_path, produced_
         ''')
     plan = plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
     text = plan.edits[0].updated.decode()
-    assert text.index("    status = 0\n    # unsafe-doctor: begin") >= 0
-    assert text.index("# unsafe-doctor: end generic.reinitialise:toytrain.state.LOSS_LOG\n\n    # report success\n    return status\n") > 0
+    assert "    status = 0\n    # unsafe-doctor: begin" in text
+    block_end = "# unsafe-doctor: end generic.reinitialise:toytrain.state.LOSS_LOG\n"
+    assert block_end + "\n    # report success\n    return status\n" in text
     assert plan.notes == ()
 
 

@@ -6,6 +6,8 @@ import gzip
 import io
 import os
 import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -234,10 +236,47 @@ def test_empty_stdin_is_a_usage_error():
         inputs.scan([], MARKERS, stdin=io.BytesIO(b""))
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
-def test_unreadable_file_is_a_usage_error(tmp_path):
-    path = tmp_path / "x.log"
+NOBODY = 65534
+
+
+def unprivileged(action: Callable[[], object]) -> str:
+    """What `action` raised (`Type: message`, '' for nothing) in a forked child that, under root,
+    first becomes an ordinary user: root reads files whatever their mode."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports through the pipe and leaves without running pytest's cleanup
+        report = ""
+        try:
+            os.close(read_end)
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+            action()
+        except BaseException as error:  # everything the child raised is the report
+            report = f"{type(error).__name__}: {error}"
+        finally:
+            os.write(write_end, report.encode())
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        report = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return report
+
+
+@pytest.fixture
+def open_folder() -> Iterator[Path]:
+    """A folder anyone may enter (tmp_path is its owner's alone), so only a file's own mode stops a reader."""
+    with tempfile.TemporaryDirectory() as folder:
+        os.chmod(folder, 0o755)
+        yield Path(folder)
+
+
+def test_unreadable_file_is_a_usage_error(open_folder):
+    path = open_folder / "x.log"
     write(path, ERROR_LINE)
+    path.chmod(0o644)
+    assert unprivileged(lambda: inputs.scan([str(path)], MARKERS)) == ""
     path.chmod(0)
-    with pytest.raises(UsageError, match="permission denied"):
-        inputs.scan([str(path)], MARKERS)
+    assert unprivileged(lambda: inputs.scan([str(path)], MARKERS)) == f"UsageError: {path}: permission denied"

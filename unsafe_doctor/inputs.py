@@ -265,7 +265,7 @@ def _scan_mapped(
     reading: _Reading,
 ) -> _InputScan:
     result = _InputScan(size=len(buf))
-    hits = []
+    hits: list[int] = []
     for step_start in range(0, len(buf), PROGRESS_STEP):  # in steps, so a progress bar can move
         step_end = min(len(buf), step_start + PROGRESS_STEP)
         reach = min(len(buf), step_end + len(ERROR_MARKER) - 1)
@@ -289,7 +289,7 @@ def _scan_mapped(
 
 
 def _scan_stream(
-    stream: BinaryIO,
+    stream: BinaryIO | gzip.GzipFile,
     reading: _Reading,
 ) -> _InputScan:
     """Same result as `_scan_mapped`, reading chunks and keeping a bounded history of recent bytes."""

@@ -71,7 +71,8 @@ class Traceback:
 
     def chain(self) -> list[Traceback]:
         """This exception, then the ones printed above it, innermost cause last."""
-        chain, current = [], self
+        chain: list[Traceback] = []
+        current: Traceback | None = self
         while current is not None:
             chain.append(current)
             current = current.caused_by
@@ -257,6 +258,12 @@ def _split_npu_error(text: str) -> tuple[str, re.Match[str] | None]:
     return text[: npu_error.start()].rstrip(), npu_error
 
 
+def _carried(match: re.Match[str] | None) -> re.Match[str]:
+    """The match `_classify` returns with every FRAME, EXCEPTION and NPU_ERROR line."""
+    assert match is not None, "a frame or exception line is classified with its match"
+    return match
+
+
 def _known_id(text: str | None) -> int | None:
     """torch_npu prints -1 (or nothing) when RANK or the device is unset."""
     return int(text) if text and not text.startswith("-") else None
@@ -282,7 +289,7 @@ class _Assembler:
 
     def finish(self) -> list[Traceback]:
         if self.block is not None:
-            self._close_block(keep_held=True)
+            self._close_block(self.block, keep_held=True)
         self._emit_previous()
         return self.tracebacks
 
@@ -297,16 +304,16 @@ class _Assembler:
         if kind is _Kind.NPU_ERROR:
             block.end_message(match)
             return True
-        self._close_block(keep_held=True)
+        self._close_block(block, keep_held=True)
         return kind is _Kind.BLANK
 
     def _frames_line(self, block: _Block, line: LogLine, kind: _Kind, match: re.Match[str] | None) -> bool:
         if kind is _Kind.FRAME:
-            block.add_frame(match)
+            block.add_frame(_carried(match))
         elif kind is _Kind.EXCEPTION:
-            block.set_exception(match)
+            block.set_exception(_carried(match))
         elif kind in (_Kind.HEADER, _Kind.SEPARATOR):
-            self._close_block(keep_held=True)
+            self._close_block(block, keep_held=True)
             return False
         elif kind is _Kind.SKIPPED:
             block.source_open = False
@@ -318,28 +325,28 @@ class _Assembler:
             block.foreign += 1
             block.source_open = False
             if block.foreign > _FOREIGN_LINES_TOLERATED:
-                self._close_block(keep_held=True)
+                self._close_block(block, keep_held=True)
                 return False
         return True
 
     def _message_line(self, block: _Block, line: LogLine, kind: _Kind, match: re.Match[str] | None) -> bool:
         if kind is _Kind.BLANK:
-            self._close_block(keep_held=True)
+            self._close_block(block, keep_held=True)
             return True
         if kind is _Kind.SEPARATOR:
-            self._close_block(keep_held=True)
+            self._close_block(block, keep_held=True)
             return False
         if kind is _Kind.HEADER:
-            self._close_block(keep_held=False)
+            self._close_block(block, keep_held=False)
             return False
         if kind is _Kind.FRAME:
             if block.foreign + 1 + len(block.held) > _FOREIGN_LINES_TOLERATED:
-                self._close_block(keep_held=False)
+                self._close_block(block, keep_held=False)
                 return False
             block.retract_exception()
             if not block.frames and not block.has_header:
                 block.first = line
-            block.add_frame(match)
+            block.add_frame(_carried(match))
         elif kind is _Kind.NPU_ERROR:
             block.end_message(match)
         elif kind is _Kind.CPP_STACK:
@@ -371,13 +378,13 @@ class _Assembler:
         block = _Block(line, kind is _Kind.HEADER, self.previous, self.chain_kind)
         self.previous, self.chain_kind = None, None
         if kind is _Kind.FRAME:
-            block.add_frame(match)
+            block.add_frame(_carried(match))
         elif kind is _Kind.EXCEPTION:
-            block.set_exception(match)
+            block.set_exception(_carried(match))
         self.block = block
 
-    def _close_block(self, *, keep_held: bool) -> None:
-        block, self.block = self.block, None
+    def _close_block(self, block: _Block, *, keep_held: bool) -> None:
+        self.block = None
         if keep_held:
             block.message += block.held
         if block.exception_type is None and not block.has_header and block.chain_kind is None:

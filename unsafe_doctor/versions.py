@@ -120,11 +120,17 @@ def _versions_under(root: Path) -> dict[str, tuple[Version, str]]:
         if not folder.name.lower().replace("-", "_").startswith(stems):
             continue  # site-packages holds hundreds of these
         metadata = importlib.metadata.PathDistribution(folder).metadata
-        name = canonicalize_name(metadata.get("Name") or "")
-        version = _version(metadata.get("Version") or "")
+        name = canonicalize_name(_first_value(metadata, "Name"))
+        version = _version(_first_value(metadata, "Version"))
         if name in FRAMEWORK_DISTRIBUTIONS and version is not None:
             found.setdefault(name, (version, str(folder)))
     return found
+
+
+def _first_value(metadata: importlib.metadata.PackageMetadata, field: str) -> str:
+    """A metadata field's first value, '' when the folder's metadata lacks it."""
+    values = metadata.get_all(field)
+    return values[0] if values else ""
 
 
 def _megatron_version(path: Path) -> Version | None:
@@ -258,7 +264,10 @@ class _ProfileChooser:
                 present = _parameters(functions[name])
                 score += len(expected & present) - len(expected - present) - len(present - known)
         for statement in profile.repair_group_imports:
-            wanted = import_bindings(ast.parse(statement).body[0], None)
+            parsed = ast.parse(statement).body[0]
+            if not isinstance(parsed, (ast.Import, ast.ImportFrom)):
+                continue  # not an import statement: it binds no name
+            wanted = import_bindings(parsed, None)
             score += sum(imports.get(name) == binding.target for name, binding in wanted.items())
         return score
 
