@@ -65,8 +65,9 @@ from typing import TYPE_CHECKING, Literal
 from unsafe_doctor.classify import Classification, classify, classify_as
 from unsafe_doctor.diagnosis import DiagnosedFinding
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import KnowledgeBase, Rule, load_knowledge, rule_matches
+from unsafe_doctor.knowledge import KnowledgeBase, Rule, load_knowledge
 from unsafe_doctor.locate import Finding, TensorRef
+from unsafe_doctor.matching import rule_matches
 from unsafe_doctor.sources import (
     Function,
     ImportedName,

@@ -25,11 +25,10 @@ from unsafe_doctor.knowledge import (
     Scenario,
     Template,
     is_safe_dotted,
-    matching_block,
-    precedence,
     template_slots,
 )
 from unsafe_doctor.locate import Finding
+from unsafe_doctor.matching import matching_block, precedence
 from unsafe_doctor.recovery import LossScaling
 from unsafe_doctor.versions import Environment
 

@@ -12,18 +12,18 @@ by what the global is (a value, or an lru-cached function). A condition names th
 argument that switches a feature on; its guard is rendered from it. Adaptor profiles describe each
 generation of the recovery adaptor: where it lives, its rollback / send / receive functions and
 which parameter holds each role (`PARAMETER_ROLES`, the one list of them).
+
+`knowledge_yaml` reads a file (lines kept, schema checked); `matching` fits rules to a global.
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import keyword
 import re
 import string
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
@@ -32,6 +32,8 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge_yaml import line_of, parse, schema_problems
+from unsafe_doctor.matching import may_tie
 from unsafe_doctor.recovery import LossScaling
 
 Scenario = Literal[1, 2]
@@ -53,7 +55,6 @@ SWITCH_IMPORTS = ("from megatron.training import get_args",)
 SLOTS_SCENARIO_1 = frozenset({"module", "variable", "owner", "alias", "parent", "tensor"})
 SLOTS_SCENARIO_2 = SLOTS_SCENARIO_1 | {"src", "dst", "group"}
 KNOWLEDGE_SUFFIXES = (".yaml", ".yml")
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it: 10x faster
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +241,7 @@ class _FileKnowledge:
     def uncovered(self, where: str) -> list[str]:
         """Every scenario and kind of global needs a template: a verdict without a rule gets its fix."""
         return [
-            f"{where}: no template for a {kind} global in scenario {scenario} (the shipped templates.yaml has one)"
+            f"{where}: no template for {kind} globals in scenario {scenario} (the shipped templates.yaml has one)"
             for scenario in get_args(Scenario)
             for kind in get_args(GlobalKind)
             if not any(t.scenario == scenario and kind in t.applies_to for t in self.templates.values())
@@ -265,32 +266,23 @@ class _FileKnowledge:
                 f"{rule.origin}: rule {rule.id}: ties with rule {other.id} ({other.origin}): both can match one global with "
                 f"the same specificity and the same priority ({rule.priority}); give one a higher priority"
                 for other in rules[:index]
-                if _may_tie(other, rule)
+                if may_tie(other, rule)
             )
         return problems
 
 
-# --- loading and validating one file ------------------------------------------------------------
-
-_SCHEMA: dict[str, Any] | None = None
-
-
-def _schema() -> dict[str, Any]:
-    global _SCHEMA
-    if _SCHEMA is None:
-        _SCHEMA = json.loads((resources.files("unsafe_doctor") / "schemas" / "knowledge.schema.json").read_text())
-    return _SCHEMA
+# --- building one file's knowledge ----------------------------------------------------------------
 
 
 def _load_file(path: Path, problems: list[str], *, check_schema: bool = True) -> _FileKnowledge | None:
     """Parse, schema-check and build one file; every problem goes to `problems` with its line."""
-    parsed = _parse(path, problems)
+    parsed = parse(path, problems)
     if parsed is None:
         return None
     node, data = parsed
     before = len(problems)
     if check_schema:
-        problems.extend(_schema_problems(path, node, data))
+        problems.extend(schema_problems(path, node, data))
     if len(problems) > before:
         return None
     ids: set[str] = set()  # rules, templates and profiles share one id space per file
@@ -302,7 +294,7 @@ def _load_file(path: Path, problems: list[str], *, check_schema: bool = True) ->
     for name, value in data.get("conditions", {}).items():
         loaded.conditions[name] = _condition(value)
         if not _is_expression(loaded.conditions[name].guard):
-            line = _line_of(node, ["conditions", name, "guard"])
+            line = line_of(node, ["conditions", name, "guard"])
             problems.append(f"{path}:{line}: condition {name}: guard is not a Python expression")
     return None if len(problems) > before else loaded
 
@@ -321,7 +313,7 @@ def _section(
 ) -> dict[str, _Item]:
     built: dict[str, _Item] = {}
     for index, item in enumerate(data.get(section, [])):
-        origin = f"{path}:{_line_of(node, [section, index])}"
+        origin = f"{path}:{line_of(node, [section, index])}"
         one = build(item, origin, problems)
         if one is not None and one.id in ids:
             problems.append(f"{origin}: duplicate id '{one.id}' in this file")
@@ -329,64 +321,6 @@ def _section(
             ids.add(one.id)
             built[one.id] = one
     return built
-
-
-def _parse(path: Path, problems: list[str]) -> tuple[yaml.Node, Any] | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        problems.append(f"{path}: cannot read ({error})")
-        return None
-    try:
-        loader = SAFE_LOADER(text)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        problems.append(f"{path}{line}: invalid YAML: {getattr(error, 'problem', None) or error}")
-        return None
-    if node is None:
-        problems.append(f"{path}:1: empty knowledge file")
-        return None
-    return node, data
-
-
-def _schema_problems(path: Path, node: yaml.Node, data: Any) -> list[str]:
-    import jsonschema  # imported here: loading only the shipped, already-checked files needs none
-
-    validator = jsonschema.Draft202012Validator(_schema())
-    return [
-        f"{path}:{_line_of(node, error.absolute_path)}: "
-        f"{'.'.join(str(part) for part in error.absolute_path) or 'top level'}: {_best_message(error)}"
-        for error in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
-    ]
-
-
-def _best_message(error: Any) -> str:
-    """jsonschema's message for anyOf/oneOf is the whole instance; the deepest cause says more."""
-    if error.context:
-        deepest = max(error.context, key=lambda e: len(e.absolute_path))
-        return deepest.message
-    return error.message
-
-
-def _line_of(node: yaml.Node, path: Iterable[Any]) -> int:
-    """1-based line of the YAML node at a JSON path; the nearest existing parent when it is absent."""
-    for part in path:
-        if isinstance(node, yaml.MappingNode):
-            child = next((value for key, value in node.value if key.value == str(part)), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            child = node.value[part]
-        else:
-            child = None
-        if child is None:
-            break
-        node = child
-    return node.start_mark.line + 1
 
 
 def _specifier(text: str | None, origin: str, problems: list[str]) -> SpecifierSet | None:
@@ -532,9 +466,6 @@ def _is_expression(text: str) -> bool:
     return True
 
 
-# --- matching -----------------------------------------------------------------------------------
-
-
 def is_safe_dotted(name: str | None) -> bool:
     """A dotted Python name with no keywords and no dunder parts: safe to place in generated code."""
     if not name:
@@ -542,165 +473,3 @@ def is_safe_dotted(name: str | None) -> bool:
     return all(
         part.isidentifier() and not keyword.iskeyword(part) and not part.startswith("__") for part in name.split(".")
     )
-
-
-def rule_matches(
-    rule: Rule,
-    variable: str | None,
-    module: str | None,
-    owner: str | None,
-    file: str | None,
-    function: str | None,
-    loss_scaling: LossScaling | None = None,
-) -> bool:
-    """Whether one of the rule's match blocks fits the finding (see `matching_block`)."""
-    return matching_block(rule, variable, module, owner, file, function, loss_scaling) is not None
-
-
-def matching_block(
-    rule: Rule,
-    variable: str | None,
-    module: str | None,
-    owner: str | None,
-    file: str | None,
-    function: str | None,
-    loss_scaling: LossScaling | None = None,
-) -> RuleMatch | None:
-    """The rule's first match block whose every field fits; None when no block does.
-
-    A block that names the culprit frame may supply the variable. A block that names a loss scaling
-    fits a run with that loss scaling, or one whose loss scaling is unknown (None).
-    """
-    return next(
-        (block for block in rule.matches if _block_fits(block, variable, module, owner, file, function, loss_scaling)),
-        None,
-    )
-
-
-def _block_fits(
-    match: RuleMatch,
-    variable: str | None,
-    module: str | None,
-    owner: str | None,
-    file: str | None,
-    function: str | None,
-    loss_scaling: LossScaling | None,
-) -> bool:
-    if match.loss_scaling is not None and loss_scaling is not None and match.loss_scaling != loss_scaling:
-        return False
-    frame_named = match.file is not None and match.function is not None
-    frame_ok = (match.file is None or (file is not None and fnmatchcase(file.replace("\\", "/"), match.file))) and (
-        match.function is None or (function is not None and fnmatchcase(function, match.function))
-    )
-    if not frame_ok:
-        return False
-    if variable is None:
-        return frame_named
-    if match.variable is not None and variable != match.variable:
-        return False
-    if match.variable_regex is not None and not re.fullmatch(match.variable_regex, variable):
-        return False
-    if match.module is not None and (module is None or not fnmatchcase(module, match.module)):
-        return False
-    if match.owner is not None and owner != match.owner:
-        return False
-    return True
-
-
-def _is_glob(pattern: str) -> bool:
-    return any(char in pattern for char in "*?[")
-
-
-def specificity(rule: Rule, match: RuleMatch | None = None) -> int:
-    """More named fields, more specific: the most specific matching rule wins.
-
-    `match` is the block that matched (the rule's first by default).
-    """
-    match = match or rule.match
-    return sum(
-        weight
-        for weight, present in (
-            (4, match.variable is not None),
-            (2, match.variable_regex is not None),
-            (3, match.module is not None and not _is_glob(match.module)),
-            (2, match.module is not None and _is_glob(match.module)),
-            (2, match.owner is not None),
-            (1, match.file is not None),
-            (1, match.function is not None),
-            (1, match.loss_scaling is not None),
-        )
-        if present
-    )
-
-
-def precedence(rule: Rule, match: RuleMatch) -> tuple[int, int]:
-    """What decides between rules that match one global: specificity, then the declared priority."""
-    return specificity(rule, match), rule.priority
-
-
-def _may_tie(first: Rule, second: Rule) -> bool:
-    """Whether one global could match both rules with the same precedence (erring towards yes)."""
-    return first.priority == second.priority and any(
-        specificity(first, a) == specificity(second, b) and _may_overlap(a, b) for a in first.matches for b in second.matches
-    )
-
-
-def _may_overlap(a: RuleMatch, b: RuleMatch) -> bool:
-    """Whether some finding could fit both blocks; only what is sure to differ says no."""
-    if a.loss_scaling is not None and b.loss_scaling is not None and a.loss_scaling != b.loss_scaling:
-        return False
-    if not (_globs_may_meet(a.file, b.file) and _globs_may_meet(a.function, b.function)):
-        return False
-    frames_only = a.file is not None and a.function is not None and b.file is not None and b.function is not None
-    return frames_only or (  # a line naming no variable fits any two frame blocks whose frames meet
-        _names_may_meet(a, b)
-        and _globs_may_meet(a.module, b.module)
-        and (a.owner is None or b.owner is None or a.owner == b.owner)
-    )
-
-
-def _names_may_meet(a: RuleMatch, b: RuleMatch) -> bool:
-    if a.variable is not None and b.variable is not None:
-        return a.variable == b.variable
-    for named, other in ((a, b), (b, a)):
-        names = {named.variable} if named.variable is not None else _finite_names(named.variable_regex)
-        if names is not None and other.variable_regex is not None:
-            return any(re.fullmatch(other.variable_regex, name) for name in names)
-    return True
-
-
-def _finite_names(regex: str | None) -> set[str] | None:
-    """The names a regex of literal alternatives (`A|B_(C|D)`) matches; None for any other regex."""
-    if regex is None or not re.fullmatch(r"[\w|()]*", regex):
-        return None
-    names, rest = _alternatives(regex)
-    return None if rest else names
-
-
-def _alternatives(text: str) -> tuple[set[str], str]:
-    """The strings of `text` up to its first unopened `)`, and what follows."""
-    options: list[set[str]] = []
-    current = {""}
-    while text and text[0] != ")":
-        char, text = text[0], text[1:]
-        if char == "|":
-            options.append(current)
-            current = {""}
-        elif char == "(":
-            inner, text = _alternatives(text)
-            text = text[1:]
-            current = {start + end for start in current for end in inner}
-        else:
-            current = {start + char for start in current}
-    return set().union(current, *options), text
-
-
-def _globs_may_meet(a: str | None, b: str | None) -> bool:
-    """Whether one name could fit both globs: two globs must agree in their literal start and end."""
-    if a is None or b is None:
-        return True
-    if not (_is_glob(a) and _is_glob(b)):
-        return fnmatchcase(a, b) if _is_glob(b) else fnmatchcase(b, a)
-    a_start, a_end = re.split(r"[*?[]", a)[0], re.split(r"[*?\]]", a)[-1]
-    b_start, b_end = re.split(r"[*?[]", b)[0], re.split(r"[*?\]]", b)[-1]
-    return (a_start.startswith(b_start) or b_start.startswith(a_start)) and (a_end.endswith(b_end) or b_end.endswith(a_end))
