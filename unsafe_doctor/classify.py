@@ -2,7 +2,7 @@
 
 A matching rule decides (confidence high). The run's loss scaling, when the log shows it, excludes
 the rules written for the other one; among several, the framework version detected in the user's
-tree filters them, then the most specific wins (then the higher priority: `knowledge.precedence`).
+tree filters them, then the most specific wins (then the higher priority: `matching.precedence`).
 With no rule, source heuristics decide when they find evidence (medium or low), and the knowledge's
 template for that scenario and kind of global renders the fix. Otherwise the finding stays
 unclassified and says what to check.
