@@ -120,3 +120,19 @@ def test_the_json_summary_says_what_loss_scaling_the_log_shows():
     scaled = json.loads(run("diagnose", str(logs / "megatron-grad-scaler.log"), "--format", "json").stdout)
     plain = json.loads(run("diagnose", str(logs / "megatron-optimizer-scale-one.log"), "--format", "json").stdout)
     assert (scaled["summary"]["loss_scaling"], plain["summary"]["loss_scaling"]) == ("grad-scaler", "none")
+
+
+def test_rules_list_and_show_give_the_generic_templates_apart_from_the_rules():
+    document = json.loads(run("rules", "list", "--format", "json").stdout)
+    templates = {template["id"]: template for template in document["templates"]}
+    assert templates["generic.cache-clear"]["applies_to"] == ["lru-cache"]
+    assert not set(templates) & {rule["id"] for rule in document["rules"]}
+    shown = json.loads(run("rules", "show", "generic.replica-copy", "--format", "json").stdout)
+    assert (shown["scenario"], shown["phase"], shown["applies_to"]) == (2, "repair", ["value", "lru-cache"])
+    assert "generic.reinitialise" in run("rules", "list").stdout
+    assert "for a value that no rule knows" in run("rules", "show", "generic.reinitialise").stdout
+
+
+def test_rules_show_gives_a_rules_probe():
+    document = json.loads(run("rules", "show", "megatron.router-expert-bias", "--format", "json").stdout)
+    assert (document["probe"], document["priority"]) == ("megatron-router-expert-bias", 0)

@@ -9,7 +9,8 @@ import pytest
 
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import is_safe_dotted, load_knowledge, rule_matches, validate_files
+from unsafe_doctor.knowledge import is_safe_dotted, load_knowledge, validate_files
+from unsafe_doctor.matching import rule_matches
 
 GOOD_RULE = """\
 rules:
@@ -244,3 +245,148 @@ def test_a_log_from_another_release_than_the_installed_one_lowers_a_version_boun
 def test_a_log_from_the_installed_release_keeps_high_confidence():
     [item] = diagnose([str(Path(__file__).parents[1] / "samples" / "logs" / "megatron_moe_tracker.log")]).findings
     assert not item.finding.source_differs and item.classification.confidence == "high"
+
+
+# --- templates, probes, switches, roles and ties: knowledge as data --------------------------------
+
+TEMPLATE = """\
+templates:
+  - id: acme.reset
+    title: Acme reset
+    scenario: 1
+    phase: rollback
+    applies_to: [value]
+    fix:
+      code: |
+        $tensor.clear()
+    reason: Emptied after every step.
+"""
+
+PROFILE = """\
+profiles:
+  - id: acme-adaptor
+    title: Acme adaptor
+    files: [acme/recovery.py]
+    rollback: rollback
+    send: send
+    recv: recv
+    parameters: {src_ranks: sources, dest_ranks: destinations}
+    repair_group: {expression: get_group()}
+"""
+
+
+def test_templates_are_chosen_by_scenario_and_what_the_global_is():
+    knowledge = load_knowledge()
+    kinds = [(scenario, kind) for scenario in (1, 2) for kind in ("value", "lru-cache")]
+    chosen = {(scenario, kind): knowledge.template_for(scenario, kind).id for scenario, kind in kinds}
+    assert chosen == {
+        (1, "value"): "generic.reinitialise",
+        (1, "lru-cache"): "generic.cache-clear",
+        (2, "value"): "generic.replica-copy",
+        (2, "lru-cache"): "generic.replica-copy",
+    }
+    assert not {template.id for template in knowledge.templates} & {rule.id for rule in knowledge.rules}
+
+
+def test_two_templates_for_one_kind_of_global_are_refused(tmp_path):
+    second = TEMPLATE.split("templates:\n", 1)[1].replace("acme.reset", "acme.other-reset")
+    path = write(tmp_path, TEMPLATE + second)
+    [problem] = validate_files([path])
+    assert problem == (
+        f"{path}:{1 + TEMPLATE.count(chr(10))}: template acme.other-reset: scenario 1 for value is already "
+        f"template acme.reset's ({path}:2)"
+    )
+
+
+def test_a_user_template_replaces_a_shipped_one_by_id_and_must_leave_no_kind_without_one(tmp_path):
+    replaced = load_knowledge([write(tmp_path, TEMPLATE.replace("acme.reset", "generic.reinitialise"))])
+    assert replaced.template_for(1, "value").title == "Acme reset"
+    narrowed = TEMPLATE.replace("acme.reset", "generic.replica-copy")
+    narrowed = narrowed.replace("scenario: 1\n    phase: rollback", "scenario: 2\n    phase: repair")
+    narrowed = narrowed.replace("      code: |\n        $tensor.clear()\n", "      send: pass\n      recv: pass\n")
+    with pytest.raises(UsageError, match="no template for lru-cache globals in scenario 2"):
+        load_knowledge([write(tmp_path, narrowed, "narrowed.yaml")])
+
+
+def test_a_template_has_no_match_block(tmp_path):
+    path = write(tmp_path, TEMPLATE.replace("    applies_to: [value]\n", "    applies_to: [value]\n    match: {variable: x}\n"))
+    assert any("templates.0: Additional properties are not allowed ('match' was unexpected)" in p for p in validate_files([path]))
+
+
+def test_a_rule_names_its_probe_and_an_unknown_probe_is_reported_with_its_line(tmp_path):
+    assert load_knowledge().rule("megatron.router-expert-bias").probe == "megatron-router-expert-bias"
+    path = write(tmp_path, GOOD_RULE.replace("    phase: rollback\n", "    phase: rollback\n    probe: acme-loss-log\n"))
+    [problem] = validate_files([path])
+    assert problem.startswith(f"{path}:2: rule acme.loss-log: unknown probe 'acme-loss-log' (the replay has: ")
+
+
+def test_a_condition_carries_its_switch_and_renders_the_same_guard(tmp_path):
+    conditions = load_knowledge().conditions
+    assert (conditions["moe"].switch, conditions["moe"].guard) == ("num_experts", 'getattr(get_args(), "num_experts", None)')
+    assert conditions["moe_expert_bias"].guard == 'getattr(get_args(), "moe_router_enable_expert_bias", False)'
+    assert conditions["moe_expert_bias"].imports == ("from megatron.training import get_args",)
+    free = write(tmp_path, "conditions:\n  acme_on:\n    guard: acme.enabled()\n    imports: [import acme]\n    description: x\n")
+    condition = load_knowledge([free]).conditions["acme_on"]
+    assert (condition.guard, condition.imports, condition.switch) == ("acme.enabled()", ("import acme",), None)
+
+
+def test_a_condition_with_both_a_switch_and_a_guard_is_reported(tmp_path):
+    path = write(tmp_path, "conditions:\n  acme_on:\n    switch: acme\n    guard: acme.enabled()\n    description: Acme is on.\n")
+    assert validate_files([path]) == [
+        f"{path}:3: conditions.acme_on: "
+        "a condition gives either a switch (and its default) or a guard (and its imports), not both"
+    ]
+
+
+def test_the_shipped_guards_are_the_switches_the_replay_turns_on():
+    knowledge = load_knowledge()
+    assert knowledge.switches(knowledge.rule("megatron.router-expert-bias")) == ("moe_router_enable_expert_bias",)
+    assert knowledge.switches(knowledge.rule("megatron.rotary-inv-freq")) == ()
+
+
+def test_a_profile_names_only_known_parameter_roles(tmp_path):
+    assert validate_files([write(tmp_path, PROFILE)]) == []
+    path = write(tmp_path, PROFILE.replace("dest_ranks: destinations", "dest_ranks: destinations, step_count: step"))
+    [problem] = validate_files([path])
+    assert problem.startswith(f"{path}:2: profile acme-adaptor: unknown parameter role 'step_count' (roles: src_ranks, ")
+    path = write(tmp_path, PROFILE.replace("src_ranks: sources, ", ""), "missing.yaml")
+    assert validate_files([path]) == [f"{path}:2: profile acme-adaptor: parameters: no parameter for the role src_ranks"]
+
+
+def test_two_rules_that_tie_need_a_priority_and_the_higher_one_wins(tmp_path):
+    """Same match, same specificity: file order would decide, so the knowledge must say."""
+    body = GOOD_RULE.split("rules:\n", 1)[1].replace("      module: acme.state\n", "")
+    second = body.replace("acme.loss-log", "acme.loss-log-v2").replace("Acme loss log", "Acme loss log v2")
+    tied = write(tmp_path, "rules:\n" + body + second)
+    [problem] = validate_files([tied])
+    assert problem.startswith(f"{tied}:{2 + body.count(chr(10))}: rule acme.loss-log-v2: ties with rule acme.loss-log ({tied}:2)")
+    assert "same priority (0); give one a higher priority" in problem
+    with pytest.raises(UsageError, match="ties with rule acme.loss-log"):
+        load_knowledge([tied])
+    preferred = second.replace("    phase: rollback\n", "    phase: rollback\n    priority: 1\n")
+    ordered = write(tmp_path, "rules:\n" + body + preferred, "ordered.yaml")
+    assert validate_files([ordered]) == []
+    log = tmp_path / "train.log"
+    log.write_text(
+        '[rank0]: Traceback (most recent call last):\n[rank0]:   File "/opt/acme/train.py", line 3, in step\n'
+        "[rank0]:     state._LOSS_LOG.add_(loss)\n[rank0]: RuntimeError: There is unsafe data in the input tensor.\n"
+    )
+    [item] = diagnose([str(log)], rule_paths=[ordered]).findings
+    assert item.classification.rule == "acme.loss-log-v2"
+
+
+def test_rules_that_cannot_match_one_global_need_no_priority(tmp_path):
+    body = GOOD_RULE.split("rules:\n", 1)[1]
+    other_module = body.replace("acme.loss-log", "acme.other").replace("module: acme.state", "module: acme.other_state")
+    sums, logs = (
+        body.replace("acme.loss-log", f"acme.{name}").replace("variable: _LOSS_LOG", f"variable_regex: '_LOSS_({names})'")
+        for name, names in (("sums", "SUM|MAX"), ("logs", "MIN|LOG"))
+    )
+    assert validate_files([write(tmp_path, "rules:\n" + body + other_module + sums + logs)]) == []
+    frames = [
+        body.replace("acme.loss-log", f"acme.{name}").replace("module: acme.state\n", f"file: '*/{name}.py'\n      function: f\n")
+        for name in ("log", "tally")
+    ]
+    assert validate_files([write(tmp_path, "rules:\n" + "".join(frames), "frames.yaml")]) == []
+    same = write(tmp_path, "rules:\n" + frames[0] + frames[0].replace("acme.log", "acme.log-2"), "same.yaml")
+    assert "ties with rule acme.log" in validate_files([same])[0]

@@ -20,7 +20,8 @@ import pytest
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import apply, function_overrides, plan_fix
-from unsafe_doctor.knowledge import load_knowledge
+from unsafe_doctor.knowledge import PROBE_NAMES, load_knowledge
+from unsafe_doctor.replay.plan import ReplayPlan
 from unsafe_doctor.verify import plan_replay, verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,6 +114,23 @@ def test_megatron_tracker_fix_is_proven_against_real_megatron_core(in_tree):
     assert verdict.target.rule == "megatron.moe-layer-wise-tracker-moe-utils"
     assert verdict.outcome == "proven", verdict.problems
     assert "get_args() stood in, with num_experts on" in " ".join(green.notes)
+
+
+def test_the_plan_carries_the_rules_probe_and_the_switches_its_guards_test(in_tree):
+    """Read from the knowledge's fields, not from rule ids or the rendered guard code."""
+    adaptor = in_tree / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
+    plan, _ = plan_replay(diagnose([str(TRACKER_LOG)], source_roots=[in_tree], adaptor=adaptor), load_knowledge())
+    [target] = plan.targets
+    assert (target.rule, target.probe, target.switches) == (
+        "megatron.moe-layer-wise-tracker-moe-utils", "megatron-layer-wise-tracker", ("num_experts",)
+    )
+    assert ReplayPlan.from_json(plan.to_json()).targets == plan.targets
+
+
+def test_every_probe_a_rule_may_name_has_an_implementation():
+    from unsafe_doctor.replay.probes import PROBES
+
+    assert set(PROBES) == PROBE_NAMES
 
 
 def test_eight_ranks_and_a_log_rank_beyond_them(toytrain, loss_log):

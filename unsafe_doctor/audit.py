@@ -61,11 +61,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from unsafe_doctor.classify import GENERIC_RULE_IDS, Classification, classify, classify_as
+from unsafe_doctor.classify import Classification, classify, classify_as
 from unsafe_doctor.diagnosis import DiagnosedFinding
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import KnowledgeBase, Rule, load_knowledge, rule_matches
+from unsafe_doctor.knowledge import KnowledgeBase, Rule, load_knowledge
 from unsafe_doctor.locate import Finding, TensorRef
+from unsafe_doctor.matching import rule_matches
 from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, ImportRoots, import_root, python_files
 from unsafe_doctor.source.syntax import (
     Function,
@@ -1687,16 +1688,15 @@ def _classification(
 ) -> tuple[Finding, Classification | None]:
     """Rules first, at the first site a rule names; heuristics only for an uncovered holder."""
     finding = _finding(holder)
-    specific = [rule for rule in knowledge.rules if rule.id not in GENERIC_RULE_IDS]
     candidates = [_frame(site) for site in (holder.definition, *holder.writers, *holder.readers)]
-    candidates += [frame for frame in (_rule_frame(rule, holder) for rule in specific) if frame is not None]
+    candidates += [frame for frame in (_rule_frame(rule, holder) for rule in knowledge.rules) if frame is not None]
     frame = next(
         (
             candidate
             for candidate in candidates
             if any(
                 rule_matches(rule, holder.variable, holder.module, holder.owner, candidate.file, candidate.function)
-                for rule in specific
+                for rule in knowledge.rules
             )
         ),
         None,

@@ -2,8 +2,10 @@
 
 A matching rule decides (confidence high). The run's loss scaling, when the log shows it, excludes
 the rules written for the other one; among several, the framework version detected in the user's
-tree filters them, then the most specific wins. With no rule, source heuristics decide when
-they find evidence (medium or low). Otherwise the finding stays unclassified and says what to check.
+tree filters them, then the most specific wins (then the higher priority: `matching.precedence`).
+With no rule, source heuristics decide when they find evidence (medium or low), and the knowledge's
+template for that scenario and kind of global renders the fix. Otherwise the finding stays
+unclassified and says what to check.
 """
 
 from __future__ import annotations
@@ -14,24 +16,23 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from unsafe_doctor.knowledge import (
+    DEST_RANK,
+    SOURCE_RANK,
     AdaptorProfile,
     KnowledgeBase,
     Rule,
     RuleMatch,
     Scenario,
+    Template,
     is_safe_dotted,
-    matching_block,
-    specificity,
     template_slots,
 )
 from unsafe_doctor.locate import Finding
+from unsafe_doctor.matching import matching_block, precedence
 from unsafe_doctor.recovery import LossScaling
 from unsafe_doctor.versions import Environment
 
 Confidence = Literal["high", "medium", "low"]
-GENERIC_RULES = {1: "generic.reinitialise", 2: "generic.replica-copy"}  # templates for heuristic verdicts
-GENERIC_CACHE_RULE = "generic.cache-clear"  # scenario 1 for what an lru cache returned: empty the cache
-GENERIC_RULE_IDS = frozenset({*GENERIC_RULES.values(), GENERIC_CACHE_RULE})
 # A log that shows neither a loss scale nor the fp16 argument is read as bf16, the usual precision of
 # LLM training; the classification then says which rule an fp16 run would get instead.
 ASSUMED_LOSS_SCALING: LossScaling = "none"
@@ -76,8 +77,7 @@ def classify(
     verdict = judge(finding, environment.source_roots)
     if verdict.scenario is None:
         return Classification(None, None, None, verdict.reason, verdict.evidence, None, tuple(notes))
-    generic = knowledge.rule(generic_rule_id(verdict.scenario, finding))
-    fix = _render(generic, finding, knowledge, environment.profile, notes) if generic else None
+    fix = _render(generic_template(knowledge, verdict.scenario, finding), finding, knowledge, environment.profile, notes)
     return Classification(verdict.scenario, None, verdict.confidence, verdict.reason, verdict.evidence, fix, tuple(notes))
 
 
@@ -100,16 +100,14 @@ def classify_as(
 ) -> Classification:
     """The user's answer for a finding nothing could classify: the generic fix for that scenario."""
     notes: list[str] = []
-    generic = knowledge.rule(generic_rule_id(scenario, finding))
-    fix = _render(generic, finding, knowledge, environment.profile, notes) if generic else None
+    fix = _render(generic_template(knowledge, scenario, finding), finding, knowledge, environment.profile, notes)
     return Classification(scenario, None, None, "scenario given by the user", evidence, fix, tuple(notes))
 
 
-def generic_rule_id(scenario: Scenario, finding: Finding) -> str:
-    """The template a verdict without a rule gets: an lru cache is emptied, not its result rebuilt."""
-    if scenario == 1 and finding.tensor is not None and finding.tensor.cached:
-        return GENERIC_CACHE_RULE
-    return GENERIC_RULES[scenario]
+def generic_template(knowledge: KnowledgeBase, scenario: Scenario, finding: Finding) -> Template:
+    """The template a verdict without a rule gets, by what the global is: a value or an lru cache."""
+    cached = finding.tensor is not None and finding.tensor.cached
+    return knowledge.template_for(scenario, "lru-cache" if cached else "value")
 
 
 def _choose_rule(
@@ -148,8 +146,6 @@ def _best_rule(
     tensor, culprit = finding.tensor, finding.culprit
     candidates = []
     for rule in knowledge.rules:
-        if rule.id in GENERIC_RULE_IDS:
-            continue
         block = matching_block(
             rule,
             tensor.variable if tensor else None,
@@ -169,7 +165,7 @@ def _best_rule(
         if rule.versions is None or version is None or rule.versions.contains(version, prereleases=True):
             fitting.append((rule, block))
     if not fitting:
-        chosen = max(candidates, key=lambda pair: specificity(*pair))
+        chosen = max(candidates, key=lambda pair: precedence(*pair))
         rule = chosen[0]
         version = environment.versions[rule.framework]
         notes.append(
@@ -177,21 +173,21 @@ def _best_rule(
             f"has {rule.framework} {version}: the log comes from another version than the one found here"
         )
         return chosen
-    chosen = max(fitting, key=lambda pair: specificity(*pair))
+    chosen = max(fitting, key=lambda pair: precedence(*pair))
     rule = chosen[0]
     if rule.framework and rule.framework not in environment.versions:
         notes.append(f"{rule.framework} version unknown here; rule chosen by the symbol in the log")
     return chosen
 
 
-def _slots(rule: Rule, finding: Finding, profile: AdaptorProfile, block: RuleMatch) -> dict[str, str]:
+def _slots(rule: Rule | Template, finding: Finding, profile: AdaptorProfile, block: RuleMatch | None) -> dict[str, str]:
     """The slot values this finding can fill, each a plain Python name: a log is untrusted input.
 
     A slot whose value is unknown or unsafe is left out; a template that needs it is not rendered.
     `block` is the rule's match block that matched: it may name the variable the log does not.
     """
     tensor = finding.tensor
-    variable = block.variable or (tensor.variable if tensor else None)
+    variable = (block.variable if block else None) or (tensor.variable if tensor else None)
     module = tensor.module if tensor else None
     owner = tensor.owner if tensor else None
     slots: dict[str, str] = {}
@@ -205,19 +201,19 @@ def _slots(rule: Rule, finding: Finding, profile: AdaptorProfile, block: RuleMat
         if "variable" in slots and (owner is None or "owner" in slots):
             slots["tensor"] = ".".join(part for part in (alias, owner, variable) if part)
     if rule.scenario == 2:
-        slots.update(src="src_rank", dst="dest_rank", group=profile.repair_group)
+        slots.update(src=SOURCE_RANK, dst=DEST_RANK, group=profile.repair_group)
     return slots
 
 
 def _render(
-    rule: Rule,
+    rule: Rule | Template,
     finding: Finding,
     knowledge: KnowledgeBase,
     profile: AdaptorProfile,
     notes: list[str],
     block: RuleMatch | None = None,
 ) -> FixPlan | None:
-    slots = _slots(rule, finding, profile, block or rule.match)
+    slots = _slots(rule, finding, profile, block or (rule.match if isinstance(rule, Rule) else None))
     templates = [*rule.fix.imports, *(part for part in (rule.fix.code, rule.fix.send, rule.fix.recv) if part)]
     missing = set().union(*(template_slots(template) for template in templates)) - set(slots)
     if missing:
@@ -226,7 +222,7 @@ def _render(
     fill = string.Template
     imports = [_import_line(fill(line).substitute(slots)) for line in rule.fix.imports]
     guards = []
-    for name in rule.conditions:
+    for name in rule.conditions if isinstance(rule, Rule) else ():
         condition = knowledge.conditions[name]
         guards.append(condition.guard)
         imports.extend(condition.imports)

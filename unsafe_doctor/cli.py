@@ -22,7 +22,7 @@ from unsafe_doctor.classify import classify_as
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.diagnosis import diagnose as run_diagnosis
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import KnowledgeBase, load_knowledge, validate_files
+from unsafe_doctor.knowledge import KnowledgeBase, Rule, load_knowledge, validate_files
 from unsafe_doctor.versions import detect_environment
 
 if TYPE_CHECKING:
@@ -444,7 +444,10 @@ def rules_list(
     """Every rule: id, scenario, framework versions, title."""
     knowledge = load_knowledge(rules or ())
     if output_format is not OutputFormat.text:
-        _print_json({"rules": [report.rule_json(rule) for rule in knowledge.rules]})
+        _print_json({
+            "rules": [report.rule_json(rule) for rule in knowledge.rules],
+            "templates": [report.template_json(template) for template in knowledge.templates],
+        })
         return
     Console(highlight=False).print(report.rules_table(knowledge))
 
@@ -455,13 +458,13 @@ def rules_show(
     rules: RulesOption = None,
     output_format: FormatOption = OutputFormat.text,
 ) -> None:
-    """One rule in full: what it matches, why, and the fix it writes."""
+    """One rule or template in full: what it matches, why, and the fix it writes."""
     knowledge = load_knowledge(rules or ())
-    rule = knowledge.rule(rule_id)
+    rule = knowledge.rule(rule_id) or knowledge.template(rule_id)
     if rule is None:
         raise UsageError(f"no rule '{rule_id}' (see `unsafe-doctor rules list`)")
     if output_format is not OutputFormat.text:
-        _print_json(report.rule_json(rule))
+        _print_json(report.rule_json(rule) if isinstance(rule, Rule) else report.template_json(rule))
         return
     Console(highlight=False).print(report.rule_panel(rule, knowledge))
 

@@ -15,8 +15,9 @@ function for scenario 1; for scenario 2 the send function (replica side) and the
 The helper function keeps the block's imports and names to itself: an `import torch` in the body of
 the adaptor function would make `torch` local to the whole function, and its earlier uses would
 fail. `<key>` is the rule id, or `<rule id>:<module>.<variable>` when the rule is not about one
-named variable (the generic rules that heuristic verdicts use). A function that already holds a
-block with the same key is left alone; a revert removes exactly the marked lines.
+named variable, or `<template id>:<module>.<variable>` for the templates that heuristic verdicts use.
+A function that already holds a block with the same key is left alone; a revert removes exactly the
+marked lines.
 
 Edits are spliced into the original bytes at line boundaries, so every other byte stays as it was
 (line endings, tabs, encoding); the result is parsed again and compiled before it may be written,
@@ -43,10 +44,18 @@ from typing import Literal
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from unsafe_doctor.classify import generic_rule_id
+from unsafe_doctor.classify import generic_template
 from unsafe_doctor.diagnosis import DiagnosedFinding
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase, is_safe_dotted
+from unsafe_doctor.knowledge import (
+    DEST_RANK,
+    PARAMETER_ROLES,
+    SOURCE_RANK,
+    AdaptorProfile,
+    KnowledgeBase,
+    ParameterRole,
+    is_safe_dotted,
+)
 from unsafe_doctor.locate import Finding
 from unsafe_doctor.versions import Environment, profile_files
 
@@ -57,8 +66,6 @@ MARKER_END = "# unsafe-doctor: end "
 HELPER = "_unsafe_doctor_fix"
 GROUP_NAME = "repair_group"  # the helper's name for a repair group the adaptor function built itself
 BACKUP_SUFFIX = ".unsafe-doctor.bak"
-# Profile roles a rule's code may read by name (`train_args[1]`): passed in from the adaptor's parameters.
-TEMPLATE_ROLES = ("src_ranks", "dest_ranks", "optim_idxs", "rank_list", "train_args", "need_rebuild")
 INDENT = "    "  # the indentation unit of the rule templates
 
 
@@ -211,12 +218,16 @@ def _requests(
 
 def marker_key(diagnosed: DiagnosedFinding, knowledge: KnowledgeBase) -> str:
     classification = diagnosed.classification
-    rule_id = classification.rule or generic_rule_id(classification.scenario, diagnosed.finding)
-    rule = knowledge.rule(rule_id)
-    if rule is not None and rule.match.variable is not None:
-        return rule_id
+    if classification.rule is not None:
+        rule = knowledge.rule(classification.rule)
+        if rule is not None and rule.match.variable is not None:
+            return rule.id
+        key = classification.rule
+    else:
+        assert classification.scenario is not None, "only a classified finding has a fix"
+        key = generic_template(knowledge, classification.scenario, diagnosed.finding).id
     name = _tensor_name(diagnosed.finding)
-    return f"{rule_id}:{name}" if name else rule_id
+    return f"{key}:{name}" if name else key
 
 
 def _tensor_name(finding: Finding) -> str | None:
@@ -452,7 +463,8 @@ def _block_lines(request: _Request, function: _Function, profile: AdaptorProfile
         body, rank_pairs = _rank_loop(body, profile)
         pairs = rank_pairs + pairs
     passed = dict(pairs)
-    pairs += [(role, _role_parameter(profile, role, request)) for role in TEMPLATE_ROLES if role in read and role not in passed]
+    # a rule's code may read a role by name (`train_args[1]`): the adaptor's parameter is passed in
+    pairs += [(role, _role_parameter(profile, role, request)) for role in PARAMETER_ROLES if role in read and role not in passed]
     _check_parameters(function, pairs, profile, request)
     helper = [f"def {HELPER}({', '.join(name for name, _ in pairs)}):"]
     helper += [INDENT + line for line in imports]
@@ -475,15 +487,15 @@ def _rank_loop(body: list[str], profile: AdaptorProfile) -> tuple[list[str], lis
     both sides, since both receive the same lists)."""
     source, destination = _role_parameter(profile, "src_ranks"), _role_parameter(profile, "dest_ranks")
     if not profile.ranks_are_lists:
-        return body, [("src_rank", source), ("dest_rank", destination)]
+        return body, [(SOURCE_RANK, source), (DEST_RANK, destination)]
     loop = [
         "# each (source, destination) pair once: the lists repeat it per optimizer index",
-        "for src_rank, dest_rank in dict.fromkeys(zip(src_ranks, dest_ranks)):",
+        f"for {SOURCE_RANK}, {DEST_RANK} in dict.fromkeys(zip(src_ranks, dest_ranks)):",
     ]
     return loop + [INDENT + line if line.strip() else "" for line in body], [("src_ranks", source), ("dest_ranks", destination)]
 
 
-def _role_parameter(profile: AdaptorProfile, role: str, request: _Request | None = None) -> str:
+def _role_parameter(profile: AdaptorProfile, role: ParameterRole, request: _Request | None = None) -> str:
     if role not in profile.parameters:
         needed_by = f" ({request.key} reads {role})" if request else ""
         raise UsageError(f"adaptor profile {profile.id} does not say which parameter holds {role}{needed_by}")

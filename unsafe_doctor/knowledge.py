@@ -1,39 +1,60 @@
-"""Stage 5: the knowledge base. Rules and adaptor profiles are data (YAML), validated on load.
+"""Stage 5: the knowledge base. Rules, templates, conditions and adaptor profiles are data (YAML),
+validated on load.
 
 A rule says, for one global tensor (matched by name, module, owner class or culprit frame, and by
 the run's loss scaling where a frame alone is ambiguous; a rule may list several such match
 blocks), in which framework versions it holds, which scenario it is, in which recovery phase it is
-fixed, and the code that fixes it as a template over validated slots. Adaptor profiles describe
-each generation of the recovery adaptor: where it lives, its rollback / send / receive functions
-and their parameters.
+fixed, the code that fixes it as a template over validated slots, and the replay probe that
+builds its state. When several rules match, the most specific wins, then the higher `priority`;
+two rules that could match one global with the same specificity and priority are refused, so file
+order never decides. A template is the fix for a global no rule knows, chosen by the scenario and
+by what the global is (a value, or an lru-cached function). A condition names the framework
+argument that switches a feature on; its guard is rendered from it. Adaptor profiles describe each
+generation of the recovery adaptor: where it lives, its rollback / send / receive functions and
+which parameter holds each role (`PARAMETER_ROLES`, the one list of them).
+
+`knowledge_yaml` reads a file (lines kept, schema checked); `matching` fits rules to a global.
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import keyword
 import re
 import string
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from fnmatch import fnmatchcase
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge_yaml import line_of, parse, schema_problems
+from unsafe_doctor.matching import may_tie
 from unsafe_doctor.recovery import LossScaling
 
 Scenario = Literal[1, 2]
 Phase = Literal["rollback", "repair"]
+# What a global is, for choosing a template: a value (tensor, dict or list of them) or an lru-cached function.
+GlobalKind = Literal["value", "lru-cache"]
+# What MindIO passes the adaptor's repair functions; a profile names the parameter that holds each.
+ParameterRole = Literal["src_ranks", "dest_ranks", "optim_idxs", "rank_list", "train_args", "need_rebuild"]
+PARAMETER_ROLES: tuple[ParameterRole, ...] = get_args(ParameterRole)
+REQUIRED_ROLES: tuple[ParameterRole, ...] = ("src_ranks", "dest_ranks")
+# The names a scenario-2 template's $src and $dst render to; the fix binds them from the rank roles.
+SOURCE_RANK = "src_rank"
+DEST_RANK = "dest_rank"
+# Probes the replay implements (replay/probes.py registers one class per name; a test holds the two equal).
+PROBE_NAMES = frozenset({"megatron-layer-wise-tracker", "megatron-router-expert-bias"})
+# A condition's switch is one of Megatron's parsed arguments, read with getattr so that an argument
+# a framework does not define reads as off.
+SWITCH_IMPORTS = ("from megatron.training import get_args",)
 SLOTS_SCENARIO_1 = frozenset({"module", "variable", "owner", "alias", "parent", "tensor"})
 SLOTS_SCENARIO_2 = SLOTS_SCENARIO_1 | {"src", "dst", "group"}
 KNOWLEDGE_SUFFIXES = (".yaml", ".yml")
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it: 10x faster
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +91,27 @@ class Rule:
     references: tuple[str, ...]
     origin: str  # "file:line" of the rule
     also_match: tuple[RuleMatch, ...] = ()  # further blocks of a `match:` list; any one block suffices
+    probe: str | None = None  # the replay probe that builds this global's state (one of PROBE_NAMES)
+    priority: int = 0  # between rules equally specific for one global, the higher wins
 
     @property
     def matches(self) -> tuple[RuleMatch, ...]:
         return (self.match, *self.also_match)
+
+
+@dataclass(frozen=True)
+class Template:
+    """The fix of a global that no rule knows, once heuristics or the user gave its scenario."""
+
+    id: str
+    title: str
+    scenario: Scenario
+    phase: Phase
+    applies_to: tuple[GlobalKind, ...]
+    fix: FixTemplate
+    reason: str
+    references: tuple[str, ...]
+    origin: str
 
 
 @dataclass(frozen=True)
@@ -86,7 +124,7 @@ class AdaptorProfile:
     rollback: str
     send: str
     recv: str
-    parameters: dict[str, str]  # role (src_ranks, dest_ranks, …) -> parameter name
+    parameters: dict[ParameterRole, str]  # role -> the name of the parameter that holds it
     ranks_are_lists: bool
     repair_group: str  # expression that yields the repair process group
     repair_group_imports: tuple[str, ...]
@@ -98,6 +136,7 @@ class Condition:
     guard: str  # Python expression; the fix runs only when it is true
     imports: tuple[str, ...]
     description: str
+    switch: str | None = None  # the framework argument the guard tests (rendered from it); None for a free guard
 
 
 @dataclass(frozen=True)
@@ -105,9 +144,21 @@ class KnowledgeBase:
     rules: tuple[Rule, ...]
     profiles: tuple[AdaptorProfile, ...]
     conditions: dict[str, Condition]
+    templates: tuple[Template, ...] = ()
 
     def rule(self, rule_id: str) -> Rule | None:
         return next((rule for rule in self.rules if rule.id == rule_id), None)
+
+    def template(self, template_id: str) -> Template | None:
+        return next((template for template in self.templates if template.id == template_id), None)
+
+    def template_for(self, scenario: Scenario, kind: GlobalKind) -> Template:
+        """The template for a global of this kind in this scenario (exactly one: checked on load)."""
+        return next(t for t in self.templates if t.scenario == scenario and kind in t.applies_to)
+
+    def switches(self, rule: Rule) -> tuple[str, ...]:
+        """The framework arguments the rule's conditions test: what must be on for its fix to run."""
+        return tuple(switch for name in rule.conditions if (switch := self.conditions[name].switch) is not None)
 
     def profile(self, profile_id: str) -> AdaptorProfile | None:
         return next((profile for profile in self.profiles if profile.id == profile_id), None)
@@ -122,28 +173,28 @@ def shipped_knowledge_dir() -> Path:
 
 
 def load_knowledge(extra: Sequence[Path] = ()) -> KnowledgeBase:
-    """Shipped knowledge, then the user's files; a user rule or profile replaces a shipped one by id."""
+    """Shipped knowledge, then the user's files; a user's rule, template or profile replaces a shipped one by id."""
     problems: list[str] = []
-    rules: dict[str, Rule] = {}
-    profiles: dict[str, AdaptorProfile] = {}
-    conditions: dict[str, Condition] = {}
     shipped = _knowledge_files([shipped_knowledge_dir()])
+    merged = _FileKnowledge()
     for path in [*shipped, *_knowledge_files(extra)]:
         # The test suite holds the shipped files to the schema; checking them again costs every run.
         loaded = _load_file(path, problems, check_schema=path not in shipped)
-        if loaded is None:
-            continue
-        file_rules, file_profiles, file_conditions = loaded
-        rules.update((rule.id, rule) for rule in file_rules)
-        profiles.update((profile.id, profile) for profile in file_profiles)
-        conditions.update(file_conditions)
-    for rule in rules.values():
+        if loaded is not None:
+            merged.add(loaded)
+    for rule in merged.rules.values():
         problems.extend(
-            f"{rule.origin}: rule {rule.id}: unknown condition '{name}'" for name in rule.conditions if name not in conditions
+            f"{rule.origin}: rule {rule.id}: unknown condition '{name}'"
+            for name in rule.conditions
+            if name not in merged.conditions
         )
+    problems.extend(merged.conflicts())
+    problems.extend(merged.uncovered(", ".join(map(str, extra)) or str(shipped_knowledge_dir())))
     if problems:
         raise UsageError(problems[0] + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""))
-    return KnowledgeBase(tuple(rules.values()), tuple(profiles.values()), conditions)
+    return KnowledgeBase(
+        tuple(merged.rules.values()), tuple(merged.profiles.values()), merged.conditions, tuple(merged.templates.values())
+    )
 
 
 def validate_files(paths: Sequence[Path]) -> list[str]:
@@ -152,9 +203,12 @@ def validate_files(paths: Sequence[Path]) -> list[str]:
     files = _knowledge_files(paths)
     if not files:
         return [f"{', '.join(map(str, paths))}: no .yaml knowledge files"]
+    merged = _FileKnowledge()
     for path in files:
-        _load_file(path, problems)
-    return problems
+        loaded = _load_file(path, problems)
+        if loaded is not None:
+            merged.add(loaded)
+    return problems + merged.conflicts()
 
 
 def _knowledge_files(paths: Iterable[Path]) -> list[Path]:
@@ -169,102 +223,104 @@ def _knowledge_files(paths: Iterable[Path]) -> list[Path]:
     return files
 
 
-# --- loading and validating one file ------------------------------------------------------------
+@dataclass
+class _FileKnowledge:
+    """What one file holds, or several merged in order (a later item replaces an earlier one by id)."""
 
-_SCHEMA: dict[str, Any] | None = None
+    rules: dict[str, Rule] = field(default_factory=dict)
+    templates: dict[str, Template] = field(default_factory=dict)
+    profiles: dict[str, AdaptorProfile] = field(default_factory=dict)
+    conditions: dict[str, Condition] = field(default_factory=dict)
+
+    def add(self, other: _FileKnowledge) -> None:
+        self.rules.update(other.rules)
+        self.templates.update(other.templates)
+        self.profiles.update(other.profiles)
+        self.conditions.update(other.conditions)
+
+    def uncovered(self, where: str) -> list[str]:
+        """Every scenario and kind of global needs a template: a verdict without a rule gets its fix."""
+        return [
+            f"{where}: no template for {kind} globals in scenario {scenario} (the shipped templates.yaml has one)"
+            for scenario in get_args(Scenario)
+            for kind in get_args(GlobalKind)
+            if not any(t.scenario == scenario and kind in t.applies_to for t in self.templates.values())
+        ]
+
+    def conflicts(self) -> list[str]:
+        """Choices the knowledge would leave to file order: two templates for one kind of global,
+        two rules that could match one global with the same specificity and priority."""
+        problems = []
+        claimed: dict[tuple[Scenario, GlobalKind], Template] = {}
+        for template in self.templates.values():
+            for kind in template.applies_to:
+                other = claimed.setdefault((template.scenario, kind), template)
+                if other is not template:
+                    problems.append(
+                        f"{template.origin}: template {template.id}: scenario {template.scenario} for {kind} is "
+                        f"already template {other.id}'s ({other.origin})"
+                    )
+        rules = list(self.rules.values())
+        for index, rule in enumerate(rules):
+            problems.extend(
+                f"{rule.origin}: rule {rule.id}: ties with rule {other.id} ({other.origin}): both can match one global with "
+                f"the same specificity and the same priority ({rule.priority}); give one a higher priority"
+                for other in rules[:index]
+                if may_tie(other, rule)
+            )
+        return problems
 
 
-def _schema() -> dict[str, Any]:
-    global _SCHEMA
-    if _SCHEMA is None:
-        _SCHEMA = json.loads((resources.files("unsafe_doctor") / "schemas" / "knowledge.schema.json").read_text())
-    return _SCHEMA
+# --- building one file's knowledge ----------------------------------------------------------------
 
 
-def _load_file(
-    path: Path, problems: list[str], *, check_schema: bool = True
-) -> tuple[list[Rule], list[AdaptorProfile], dict[str, Condition]] | None:
+def _load_file(path: Path, problems: list[str], *, check_schema: bool = True) -> _FileKnowledge | None:
     """Parse, schema-check and build one file; every problem goes to `problems` with its line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        problems.append(f"{path}: cannot read ({error})")
+    parsed = parse(path, problems)
+    if parsed is None:
         return None
-    try:
-        loader = SAFE_LOADER(text)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        problems.append(f"{path}{line}: invalid YAML: {getattr(error, 'problem', None) or error}")
-        return None
-    if node is None:
-        problems.append(f"{path}:1: empty knowledge file")
-        return None
+    node, data = parsed
     before = len(problems)
     if check_schema:
-        problems.extend(_schema_problems(path, node, data))
+        problems.extend(schema_problems(path, node, data))
     if len(problems) > before:
         return None
-    rules = [_rule(item, f"{path}:{_line_of(node, ['rules', i])}", problems) for i, item in enumerate(data.get("rules", []))]
-    profiles = [
-        _profile(item, f"{path}:{_line_of(node, ['profiles', i])}", problems)
-        for i, item in enumerate(data.get("profiles", []))
-    ]
-    seen: set[str] = set()
-    for item in [*rules, *profiles]:
-        if item is not None and item.id in seen:
-            problems.append(f"{item.origin}: duplicate id '{item.id}' in this file")
-        if item is not None:
-            seen.add(item.id)
-    conditions = {
-        name: Condition(value["guard"], tuple(value.get("imports", ())), value["description"])
-        for name, value in data.get("conditions", {}).items()
-    }
-    for name, condition in conditions.items():
-        if not _is_expression(condition.guard):
-            problems.append(f"{path}:{_line_of(node, ['conditions', name, 'guard'])}: condition {name}: guard is not a Python expression")
-    if len(problems) > before:
-        return None
-    return [r for r in rules if r], [p for p in profiles if p], conditions
+    ids: set[str] = set()  # rules, templates and profiles share one id space per file
+    loaded = _FileKnowledge(
+        rules=_section(path, node, data, "rules", _rule, ids, problems),
+        templates=_section(path, node, data, "templates", _template, ids, problems),
+        profiles=_section(path, node, data, "profiles", _profile, ids, problems),
+    )
+    for name, value in data.get("conditions", {}).items():
+        loaded.conditions[name] = _condition(value)
+        if not _is_expression(loaded.conditions[name].guard):
+            line = line_of(node, ["conditions", name, "guard"])
+            problems.append(f"{path}:{line}: condition {name}: guard is not a Python expression")
+    return None if len(problems) > before else loaded
 
 
-def _schema_problems(path: Path, node: yaml.Node, data: Any) -> list[str]:
-    import jsonschema  # imported here: loading only the shipped, already-checked files needs none
-
-    validator = jsonschema.Draft202012Validator(_schema())
-    return [
-        f"{path}:{_line_of(node, error.absolute_path)}: "
-        f"{'.'.join(str(part) for part in error.absolute_path) or 'top level'}: {_best_message(error)}"
-        for error in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
-    ]
+_Item = TypeVar("_Item", Rule, Template, AdaptorProfile)
 
 
-def _best_message(error: Any) -> str:
-    """jsonschema's message for anyOf/oneOf is the whole instance; the deepest cause says more."""
-    if error.context:
-        deepest = max(error.context, key=lambda e: len(e.absolute_path))
-        return deepest.message
-    return error.message
-
-
-def _line_of(node: yaml.Node, path: Iterable[Any]) -> int:
-    """1-based line of the YAML node at a JSON path; the nearest existing parent when it is absent."""
-    for part in path:
-        if isinstance(node, yaml.MappingNode):
-            child = next((value for key, value in node.value if key.value == str(part)), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            child = node.value[part]
-        else:
-            child = None
-        if child is None:
-            break
-        node = child
-    return node.start_mark.line + 1
+def _section(
+    path: Path,
+    node: yaml.Node,
+    data: dict[str, Any],
+    section: str,
+    build: Callable[[dict[str, Any], str, list[str]], _Item | None],
+    ids: set[str],
+    problems: list[str],
+) -> dict[str, _Item]:
+    built: dict[str, _Item] = {}
+    for index, item in enumerate(data.get(section, [])):
+        origin = f"{path}:{line_of(node, [section, index])}"
+        one = build(item, origin, problems)
+        if one is not None and one.id in ids:
+            problems.append(f"{origin}: duplicate id '{one.id}' in this file")
+        if one is not None:
+            ids.add(one.id)
+            built[one.id] = one
+    return built
 
 
 def _specifier(text: str | None, origin: str, problems: list[str]) -> SpecifierSet | None:
@@ -275,6 +331,22 @@ def _specifier(text: str | None, origin: str, problems: list[str]) -> SpecifierS
     except InvalidSpecifier:
         problems.append(f"{origin}: versions '{text}' is not a PEP 440 specifier set (e.g. '>=0.8,<0.13')")
         return None
+
+
+def _fix(item: dict[str, Any], what: str, problems: list[str]) -> FixTemplate:
+    """The fix of a rule or template; `what` names it in problems ('file:line: rule x')."""
+    fix = FixTemplate(
+        imports=tuple(item["fix"].get("imports", ())),
+        code=item["fix"].get("code"),
+        send=item["fix"].get("send"),
+        recv=item["fix"].get("recv"),
+    )
+    allowed = SLOTS_SCENARIO_2 if item["scenario"] == 2 else SLOTS_SCENARIO_1
+    for part in (*fix.imports, fix.code, fix.send, fix.recv):
+        unknown = template_slots(part) - allowed if part is not None else set()
+        if unknown:
+            problems.append(f"{what}: unknown template slot(s) {', '.join(sorted(unknown))}")
+    return fix
 
 
 def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None:
@@ -289,19 +361,11 @@ def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None
                 problems.append(f"{origin}: rule {item['id']}: variable_regex: {error}")
     framework = item.get("framework") or {}
     versions = _specifier(framework.get("versions"), origin, problems)
-    fix = FixTemplate(
-        imports=tuple(item["fix"].get("imports", ())),
-        code=item["fix"].get("code"),
-        send=item["fix"].get("send"),
-        recv=item["fix"].get("recv"),
-    )
-    allowed = SLOTS_SCENARIO_2 if item["scenario"] == 2 else SLOTS_SCENARIO_1
-    for part in (*fix.imports, fix.code, fix.send, fix.recv):
-        if part is None:
-            continue
-        unknown = template_slots(part) - allowed
-        if unknown:
-            problems.append(f"{origin}: rule {item['id']}: unknown template slot(s) {', '.join(sorted(unknown))}")
+    fix = _fix(item, f"{origin}: rule {item['id']}", problems)
+    probe = item.get("probe")
+    if probe is not None and probe not in PROBE_NAMES:
+        known = ", ".join(sorted(PROBE_NAMES))
+        problems.append(f"{origin}: rule {item['id']}: unknown probe '{probe}' (the replay has: {known})")
     if len(problems) > before:
         return None
     return Rule(
@@ -318,6 +382,26 @@ def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None
         references=tuple(item.get("references", ())),
         origin=origin,
         also_match=tuple(matches[1:]),
+        probe=probe,
+        priority=item.get("priority", 0),
+    )
+
+
+def _template(item: dict[str, Any], origin: str, problems: list[str]) -> Template | None:
+    before = len(problems)
+    fix = _fix(item, f"{origin}: template {item['id']}", problems)
+    if len(problems) > before:
+        return None
+    return Template(
+        id=item["id"],
+        title=item["title"],
+        scenario=item["scenario"],
+        phase=item["phase"],
+        applies_to=tuple(item["applies_to"]),
+        fix=fix,
+        reason=" ".join(item["reason"].split()),
+        references=tuple(item.get("references", ())),
+        origin=origin,
     )
 
 
@@ -327,6 +411,17 @@ def _profile(item: dict[str, Any], origin: str, problems: list[str]) -> AdaptorP
     versions = _specifier(framework.get("versions"), origin, problems)
     if not _is_expression(item["repair_group"]["expression"]):
         problems.append(f"{origin}: profile {item['id']}: repair_group.expression is not a Python expression")
+    parameters = item["parameters"]
+    problems.extend(
+        f"{origin}: profile {item['id']}: unknown parameter role '{role}' (roles: {', '.join(PARAMETER_ROLES)})"
+        for role in parameters
+        if role not in PARAMETER_ROLES
+    )
+    problems.extend(
+        f"{origin}: profile {item['id']}: parameters: no parameter for the role {role}"
+        for role in REQUIRED_ROLES
+        if role not in parameters
+    )
     if len(problems) > before:
         return None
     return AdaptorProfile(
@@ -338,12 +433,21 @@ def _profile(item: dict[str, Any], origin: str, problems: list[str]) -> AdaptorP
         rollback=item["rollback"],
         send=item["send"],
         recv=item["recv"],
-        parameters=dict(item["parameters"]),
+        parameters=dict(parameters),
         ranks_are_lists=item.get("ranks_are_lists", True),
         repair_group=item["repair_group"]["expression"],
         repair_group_imports=tuple(item["repair_group"].get("imports", ())),
         origin=origin,
     )
+
+
+def _condition(item: dict[str, Any]) -> Condition:
+    """A switch renders as `getattr(get_args(), "<switch>", <default>)`; a free guard stays as written."""
+    switch = item.get("switch")
+    if switch is None:
+        return Condition(item["guard"], tuple(item.get("imports", ())), item["description"])
+    guard = f'getattr(get_args(), "{switch}", {item.get("default", False)!r})'
+    return Condition(guard, SWITCH_IMPORTS, item["description"], switch)
 
 
 def template_slots(template: str) -> set[str]:
@@ -362,102 +466,10 @@ def _is_expression(text: str) -> bool:
     return True
 
 
-# --- matching -----------------------------------------------------------------------------------
-
-
 def is_safe_dotted(name: str | None) -> bool:
     """A dotted Python name with no keywords and no dunder parts: safe to place in generated code."""
     if not name:
         return False
     return all(
         part.isidentifier() and not keyword.iskeyword(part) and not part.startswith("__") for part in name.split(".")
-    )
-
-
-def rule_matches(
-    rule: Rule,
-    variable: str | None,
-    module: str | None,
-    owner: str | None,
-    file: str | None,
-    function: str | None,
-    loss_scaling: LossScaling | None = None,
-) -> bool:
-    """Whether one of the rule's match blocks fits the finding (see `matching_block`)."""
-    return matching_block(rule, variable, module, owner, file, function, loss_scaling) is not None
-
-
-def matching_block(
-    rule: Rule,
-    variable: str | None,
-    module: str | None,
-    owner: str | None,
-    file: str | None,
-    function: str | None,
-    loss_scaling: LossScaling | None = None,
-) -> RuleMatch | None:
-    """The rule's first match block whose every field fits; None when no block does.
-
-    A block that names the culprit frame may supply the variable. A block that names a loss scaling
-    fits a run with that loss scaling, or one whose loss scaling is unknown (None).
-    """
-    return next(
-        (block for block in rule.matches if _block_fits(block, variable, module, owner, file, function, loss_scaling)),
-        None,
-    )
-
-
-def _block_fits(
-    match: RuleMatch,
-    variable: str | None,
-    module: str | None,
-    owner: str | None,
-    file: str | None,
-    function: str | None,
-    loss_scaling: LossScaling | None,
-) -> bool:
-    if match.loss_scaling is not None and loss_scaling is not None and match.loss_scaling != loss_scaling:
-        return False
-    frame_named = match.file is not None and match.function is not None
-    frame_ok = (match.file is None or (file is not None and fnmatchcase(file.replace("\\", "/"), match.file))) and (
-        match.function is None or (function is not None and fnmatchcase(function, match.function))
-    )
-    if not frame_ok:
-        return False
-    if variable is None:
-        return frame_named
-    if match.variable is not None and variable != match.variable:
-        return False
-    if match.variable_regex is not None and not re.fullmatch(match.variable_regex, variable):
-        return False
-    if match.module is not None and (module is None or not fnmatchcase(module, match.module)):
-        return False
-    if match.owner is not None and owner != match.owner:
-        return False
-    return True
-
-
-def _is_glob(pattern: str) -> bool:
-    return any(char in pattern for char in "*?[")
-
-
-def specificity(rule: Rule, match: RuleMatch | None = None) -> int:
-    """More named fields, more specific: the most specific matching rule wins.
-
-    `match` is the block that matched (the rule's first by default).
-    """
-    match = match or rule.match
-    return sum(
-        weight
-        for weight, present in (
-            (4, match.variable is not None),
-            (2, match.variable_regex is not None),
-            (3, match.module is not None and not _is_glob(match.module)),
-            (2, match.module is not None and _is_glob(match.module)),
-            (2, match.owner is not None),
-            (1, match.file is not None),
-            (1, match.function is not None),
-            (1, match.loss_scaling is not None),
-        )
-        if present
     )

@@ -19,7 +19,7 @@ from rich.text import Text
 from unsafe_doctor import __version__
 from unsafe_doctor.classify import Classification, FixPlan
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
-from unsafe_doctor.knowledge import KnowledgeBase, Rule
+from unsafe_doctor.knowledge import KnowledgeBase, Rule, Template
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.tracebacks import Frame
 
@@ -406,6 +406,22 @@ def rule_json(rule: Rule) -> dict[str, Any]:
         "reason": rule.reason,
         "references": list(rule.references),
         "origin": rule.origin,
+        "probe": rule.probe,
+        "priority": rule.priority,
+    }
+
+
+def template_json(template: Template) -> dict[str, Any]:
+    return {
+        "id": template.id,
+        "title": template.title,
+        "scenario": template.scenario,
+        "phase": template.phase,
+        "applies_to": list(template.applies_to),
+        "fix": {key: value for key, value in asdict(template.fix).items() if value},
+        "reason": template.reason,
+        "references": list(template.references),
+        "origin": template.origin,
     }
 
 
@@ -415,22 +431,26 @@ def rules_table(knowledge: KnowledgeBase) -> Table:
     table.add_column("rule", ratio=1, overflow="fold")
     table.add_column("scenario", justify="center")
     table.add_column("versions", no_wrap=True)
-    for rule in sorted(knowledge.rules, key=lambda rule: rule.id):
-        versions = f"{rule.framework} {rule.versions}" if rule.framework else "any"
+    for rule in sorted([*knowledge.rules, *knowledge.templates], key=lambda rule: rule.id):
+        versions = f"{rule.framework} {rule.versions}" if isinstance(rule, Rule) and rule.framework else "any"
         table.add_row(Text(rule.id, style="bold").append(f"\n  {rule.title}", style="dim"), str(rule.scenario), versions)
     return table
 
 
-def rule_panel(rule: Rule, knowledge: KnowledgeBase) -> Panel:
+def rule_panel(rule: Rule | Template, knowledge: KnowledgeBase) -> Panel:
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
     grid.add_row("Title", rule.title)
-    blocks = [", ".join(f"{key}={value}" for key, value in asdict(match).items() if value) for match in rule.matches]
-    grid.add_row("Matches", "\nor ".join(blocks))
-    grid.add_row("Versions", f"{rule.framework} {rule.versions}" if rule.framework else "any")
+    if isinstance(rule, Rule):
+        blocks = [", ".join(f"{key}={value}" for key, value in asdict(match).items() if value) for match in rule.matches]
+        grid.add_row("Matches", "\nor ".join(blocks))
+        grid.add_row("Versions", f"{rule.framework} {rule.versions}" if rule.framework else "any")
+    else:
+        kinds = " or ".join("an lru-cached function" if kind == "lru-cache" else "a value" for kind in rule.applies_to)
+        grid.add_row("Template", f"for {kinds} that no rule knows, in the scenario heuristics or the user give")
     grid.add_row("Scenario", f"{rule.scenario}, fixed in the {rule.phase} phase")
-    if rule.conditions:
+    if isinstance(rule, Rule) and rule.conditions:
         grid.add_row("Only when", "; ".join(knowledge.conditions[name].description for name in rule.conditions))
     grid.add_row("Why", rule.reason)
     for label, template in (("Fix", rule.fix.code), ("Receive", rule.fix.recv), ("Send", rule.fix.send)):

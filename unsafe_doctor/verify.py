@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from unsafe_doctor.replay.launch import ReplayStopped  # imports torch's side of the replay only when it runs
 
 Outcome = Literal["proven", "failed", "no-fix", "not-modelled"]
-_GUARD_SWITCH = re.compile(r"getattr\(get_args\(\),\s*[\"'](\w+)[\"']")
 
 
 @dataclass(frozen=True)
@@ -86,11 +85,10 @@ def plan_replay(
             skipped.append(f"finding {number}: the global it read is not resolved to a module and a name")
         else:
             rule = knowledge.rule(classification.rule) if classification.rule else None
-            guards = [knowledge.conditions[name].guard for name in (rule.conditions if rule else ()) if name in knowledge.conditions]
             label = ".".join(part for part in (tensor.module, tensor.owner, tensor.variable) if part)
             targets.append(Target(marker_key(item, knowledge), label, classification.scenario, classification.rule,
                                   tensor.module, tensor.variable, tensor.owner,
-                                  tuple(name for guard in guards for name in _GUARD_SWITCH.findall(guard))))
+                                  knowledge.switches(rule) if rule else (), rule.probe if rule else None))
     if not targets:
         raise UsageError("nothing to verify: " + ("; ".join(skipped) if skipped else "the log has no unsafe-data finding"))
     environment = diagnosis.environment

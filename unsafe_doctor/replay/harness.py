@@ -33,6 +33,7 @@ import types
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,9 @@ import torch.distributed as dist
 from unsafe_doctor.replay.backend import UNSAFE_DATA, UnsafeBackend, reachable_tensors, select_backend
 from unsafe_doctor.replay.plan import RUNS, ReplayPlan
 from unsafe_doctor.replay.probes import NO_TRAIN_ARGS, Probe, ProbeError, make_probe
+
+if TYPE_CHECKING:
+    from unsafe_doctor.knowledge import ParameterRole
 
 _HERE = str(Path(__file__).resolve().parents[1])  # unsafe_doctor/: frames from here are the harness's own
 _TORCH = str(Path(torch.__file__).resolve().parent)
@@ -210,7 +214,7 @@ class _Run:
     def _values(self) -> dict[str, object]:
         """What MindIO passes, by role: this replay's single (replica -> faulty) repair."""
         train_args = self._train_args()
-        by_role = {
+        by_role: dict[ParameterRole, object] = {
             "src_ranks": [self.plan.replica],
             "dest_ranks": [self.plan.faulty],
             "optim_idxs": [0],

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from unsafe_doctor.knowledge import ParameterRole
 
 Mode = Literal["block", "adaptor"]
 MODES: tuple[Mode, ...] = ("block", "adaptor")
@@ -27,6 +30,7 @@ class Target:
     variable: str
     owner: str | None
     switches: tuple[str, ...] = ()  # framework arguments the fix's guards read: switched on in the replay
+    probe: str | None = None  # the rule's probe, by name (replay/probes.py); None: the generic probe
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class ReplayPlan:
     blocks: tuple[Block, ...]
     files: tuple[AdaptorCode, ...]
     functions: dict[str, str]  # role -> adaptor function name
-    parameters: dict[str, str]  # role -> the parameter name the adaptor's generation uses
+    parameters: dict[ParameterRole, str]  # role -> the parameter name the adaptor's generation uses
     repair_group_imports: tuple[str, ...]  # where the profile's blocks get their repair group from
     mode: Mode
     world_size: int

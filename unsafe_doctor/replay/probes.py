@@ -1,10 +1,11 @@
 """Probes: build a global's tensors the way training does, and touch them the way a step does.
 
-A shipped rule may have a probe that calls the framework's own functions (the real megatron-core
-tracker code); every other global gets the generic probe, which imports the global's module from
-the user's tree, calls the functions of that module that write the global (with arguments it can
-make: a device, a small tensor, a name, a number), and touches every tensor reachable from it. A
-user who knows better names a function of theirs with ``--probe MODULE:FUNCTION``.
+A rule may name a probe that calls the framework's own functions (the real megatron-core tracker
+code): ``PROBES`` holds them by the name the knowledge files use. Every other global gets the
+generic probe, which imports the global's module from the user's tree, calls the functions of that
+module that write the global (with arguments it can make: a device, a small tensor, a name, a
+number), and touches every tensor reachable from it. A user who knows better names a function of
+theirs with ``--probe MODULE:FUNCTION``.
 """
 
 from __future__ import annotations
@@ -326,17 +327,18 @@ def _cuda_means(device: torch.device) -> Iterator[None]:
         torch.cuda.current_device = saved
 
 
-RULE_PROBES: dict[str, type[Probe]] = {
-    "megatron.moe-layer-wise-tracker-moe-utils": MegatronLayerWiseTrackerProbe,
-    "megatron.router-expert-bias": MegatronRouterExpertBiasProbe,
+# By the name a rule's `probe:` gives; knowledge.PROBE_NAMES lists the same names for validation.
+PROBES: dict[str, type[Probe]] = {
+    "megatron-layer-wise-tracker": MegatronLayerWiseTrackerProbe,
+    "megatron-router-expert-bias": MegatronRouterExpertBiasProbe,
 }
 
 
 def make_probe(target: Target, device: torch.device, user_probe: str | None) -> Probe:
     if user_probe:
         return UserProbe(target, user_probe, device)
-    if target.rule in RULE_PROBES:
-        return RULE_PROBES[target.rule](target, device)
+    if target.probe is not None:
+        return PROBES[target.probe](target, device)
     try:
         importlib.import_module(target.module)
     except Exception as error:  # the user's module may fail in any way on import
