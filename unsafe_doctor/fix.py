@@ -569,6 +569,7 @@ def _insert(source: _Source, items: list[tuple[_Function, list[str], str]]) -> F
         encoded = [source.encode(line) + newline for line in block]
         text = "".join(line + source.newline for line in block)
         at = function.insert_at
+        assert at is not None  # _Adaptor.function refuses a function without a line to insert before
         if at == len(lines) and lines and not lines[-1].endswith((b"\n", b"\r")):
             lines[-1] += newline  # the file ended without a line ending after the function:
             encoded[-1] = encoded[-1][: -len(newline)]  # it still does, after the block

@@ -64,9 +64,9 @@ def command(
         ranks = int(os.environ["WORLD_SIZE"])
     knowledge = load_knowledge(rules or ())
     diagnosis = diagnose(paths, source_roots=source_root or (), rule_paths=rules or (), adaptor=adaptor)
+    functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
     plan, skipped = verification.plan_replay(
-        diagnosis, knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout,
-        functions=fixes.function_overrides(function or []),
+        diagnosis, knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout, functions=functions
     )
     outcome = verification.verify(plan, skipped)
     if outcome is None:  # a torchrun rank other than 0: rank 0 reports

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, TextIO
 
 import typer
 
-from unsafe_doctor.classify import classify_as
+from unsafe_doctor.classify import FixPlan, classify_as
 from unsafe_doctor.cli.streams import print_rich, say
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
-from unsafe_doctor.knowledge import KnowledgeBase, load_knowledge
+from unsafe_doctor.knowledge import KnowledgeBase, Scenario, load_knowledge
 from unsafe_doctor.report.fix import written_lines
 
 if TYPE_CHECKING:
@@ -45,12 +45,7 @@ def offer_fixes(
         return
     terminal = None if yes or no_input or not sys.stdout.isatty() else _controlling_terminal()
     knowledge = load_knowledge(rules)
-    fixable = []
-    for item in diagnosis.findings:
-        if item.classification.scenario is None and terminal is not None:
-            item = _ask_scenario(terminal, item, diagnosis, knowledge)
-        if item.classification.fix is not None:
-            fixable.append((item, item.classification.fix))
+    fixable = _fixable(diagnosis, knowledge, terminal)
     from unsafe_doctor import fix as fixes  # libcst is loaded only when a fix is offered
 
     options = [*paths, *(f"--source-root {root}" for root in source_roots), *(f"--rules {path}" for path in rules)]
@@ -74,6 +69,17 @@ def offer_fixes(
             say(f"to prove it: unsafe-doctor verify {' '.join(options)} --adaptor {adaptor}")
     if terminal is not None:
         terminal.close()
+
+
+def _fixable(diagnosis: Diagnosis, knowledge: KnowledgeBase, terminal: TextIO | None) -> list[tuple[DiagnosedFinding, FixPlan]]:
+    """The findings with a fix, each with its fix; at a terminal, the person classifies those nothing classified."""
+    fixable = []
+    for item in diagnosis.findings:
+        if item.classification.scenario is None and terminal is not None:
+            item = _ask_scenario(terminal, item, diagnosis, knowledge)
+        if item.classification.fix is not None:
+            fixable.append((item, item.classification.fix))
+    return fixable
 
 
 def write_if_accepted(plan: Plan, *, dry_run: bool, yes: bool, interactive: bool) -> tuple[Written, ...]:
@@ -115,7 +121,7 @@ def _ask_scenario(terminal: TextIO, item: DiagnosedFinding, diagnosis: Diagnosis
     answer = terminal.readline().strip()
     if answer not in ("1", "2"):
         return item
-    scenario = int(answer)
+    scenario: Scenario = 1 if answer == "1" else 2
     verdict = classify_as(item.finding, scenario, knowledge, diagnosis.environment, item.classification.evidence)
     return replace(item, classification=verdict)
 

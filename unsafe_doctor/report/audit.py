@@ -96,40 +96,7 @@ def _holder_json(item: AuditedHolder) -> dict[str, Any]:
 def to_sarif(audit: Audit, fixes: Mapping[str, Plan]) -> dict[str, Any]:
     """SARIF 2.1.0: each holder not covered is a result at its definition, with its fix (one
     insertion per adaptor function) where one exists; each stale reset a result in the adaptor."""
-    results = []
-    for item in audit.uncovered:
-        holder, coverage, verdict = item.holder, item.coverage, item.classification
-        scenario = f"; scenario {verdict.scenario} ({verdict.rule or 'heuristics'})" if verdict and verdict.scenario else ""
-        if coverage.status == "unsafe":
-            text = f"{holder.name} ({holder.kind}, {_PLACEMENT_TEXT[holder.placement]}): {coverage.why}"
-        else:
-            text = f"{holder.name} ({holder.kind}, {_PLACEMENT_TEXT[holder.placement]}) is not reset, rebuilt or repaired by recovery{scenario}"
-        result: dict[str, Any] = {
-            "ruleId": "unsafe-reset" if coverage.status == "unsafe" else "uncovered-global-tensor",
-            "level": "error",
-            "message": {"text": text},
-            "locations": [_site_location(holder.definition)],
-            "relatedLocations": [
-                {**_site_location(site), "message": {"text": f"written in {site.function or 'module body'}"}}
-                for site in holder.writers[:SARIF_RELATED]
-            ],
-            "properties": {
-                "kind": holder.kind,
-                "placement": holder.placement,
-                "scenario": verdict.scenario if verdict else None,
-                "rule": verdict.rule if verdict else None,
-                "confidence": verdict.confidence if verdict else None,
-            },
-        }
-        plan = fixes.get(holder.name)
-        if plan is not None and plan.edits:
-            result["fixes"] = [
-                {
-                    "description": {"text": f"unsafe-doctor fix for {holder.name} ({verdict.rule or 'generic'})"},
-                    "artifactChanges": [artifact_change(edit) for edit in plan.edits],
-                }
-            ]
-        results.append(result)
+    results = [_holder_result(item, fixes.get(item.holder.name)) for item in audit.uncovered]
     for stale in audit.stale:
         results.append(
             {
@@ -140,6 +107,42 @@ def to_sarif(audit: Audit, fixes: Mapping[str, Plan]) -> dict[str, Any]:
             }
         )
     return sarif_log(SARIF_RULES, results)
+
+
+def _holder_result(item: AuditedHolder, plan: Plan | None) -> dict[str, Any]:
+    holder, coverage, verdict = item.holder, item.coverage, item.classification
+    what = f"{holder.name} ({holder.kind}, {_PLACEMENT_TEXT[holder.placement]})"
+    rule = verdict.rule if verdict else None
+    if coverage.status == "unsafe":
+        text = f"{what}: {coverage.why}"
+    else:
+        scenario = f"; scenario {verdict.scenario} ({rule or 'heuristics'})" if verdict and verdict.scenario else ""
+        text = f"{what} is not reset, rebuilt or repaired by recovery{scenario}"
+    result: dict[str, Any] = {
+        "ruleId": "unsafe-reset" if coverage.status == "unsafe" else "uncovered-global-tensor",
+        "level": "error",
+        "message": {"text": text},
+        "locations": [_site_location(holder.definition)],
+        "relatedLocations": [
+            {**_site_location(site), "message": {"text": f"written in {site.function or 'module body'}"}}
+            for site in holder.writers[:SARIF_RELATED]
+        ],
+        "properties": {
+            "kind": holder.kind,
+            "placement": holder.placement,
+            "scenario": verdict.scenario if verdict else None,
+            "rule": rule,
+            "confidence": verdict.confidence if verdict else None,
+        },
+    }
+    if plan is not None and plan.edits:
+        result["fixes"] = [
+            {
+                "description": {"text": f"unsafe-doctor fix for {holder.name} ({rule or 'generic'})"},
+                "artifactChanges": [artifact_change(edit) for edit in plan.edits],
+            }
+        ]
+    return result
 
 
 def _site_location(site: Site) -> dict[str, Any]:

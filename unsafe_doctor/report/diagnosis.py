@@ -175,10 +175,11 @@ def _add_classification(grid: Table, verdict: Classification) -> None:
     fix = verdict.fix
     if fix is None:
         return
-    blocks = [(fix.function, fix.code)] + ([(fix.peer_function, fix.peer_code)] if fix.peer_function else [])
-    for function, code in blocks:
-        where = "on the faulty rank, " if fix.peer_function and function == fix.function else ""
-        where = "on the replica rank, " if fix.peer_function and function == fix.peer_function else where
+    if fix.peer_function is None or fix.peer_code is None:
+        blocks = [("", fix.function, fix.code)]
+    else:
+        blocks = [("on the faulty rank, ", fix.function, fix.code), ("on the replica rank, ", fix.peer_function, fix.peer_code)]
+    for where, function, code in blocks:
         grid.add_row("Fix", Text(f"{where}at the end of {function}() ({fix.profile} adaptor):", style="bold"))
         grid.add_row("", Syntax("\n".join([*fix.imports, "", code.rstrip()]), "python", word_wrap=True))
 
