@@ -116,3 +116,17 @@ def test_diagnose_path_never_imports_torch(tmp_path):
 )
 def test_a_bad_option_is_one_line_not_a_usage_box(args, fragment):
     assert_one_line_error(run(*args), fragment)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("fix", "x.log", "--format", "sarif"),
+        ("verify", "x.log", "--format", "sarif"),
+        ("rules", "list", "--format", "sarif"),
+        ("rules", "show", "megatron.grad-scaler", "--format", "sarif"),
+    ],
+)
+def test_a_format_the_command_does_not_write_is_refused_by_the_parser(args):
+    """Each command offers only its own formats: sarif is for diagnose and audit."""
+    assert_one_line_error(run(*args), "Invalid value for '--format' / '-f': 'sarif' is not one of 'text', 'json'")

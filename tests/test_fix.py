@@ -32,7 +32,7 @@ from conftest import load_rules_generator
 
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.fix import BACKUP_SUFFIX, Plan, apply, function_overrides, plan_fix, plan_revert
+from unsafe_doctor.fix import BACKUP_SUFFIX, FileEdit, Plan, apply, function_overrides, plan_fix, plan_revert
 from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.versions import detect_environment
 
@@ -120,6 +120,14 @@ def copy_sample(case: Case, tmp_path: Path) -> Path:
 def markers(data: bytes) -> list[str]:
     return [line.strip().removeprefix("# unsafe-doctor: begin ") for line in data.decode().splitlines()
             if line.strip().startswith("# unsafe-doctor: begin ")]
+
+
+def spliced(edit: FileEdit) -> str:
+    """The original with each recorded insertion put before its line: what a SARIF consumer rebuilds."""
+    lines = [line.decode(edit.encoding) for line in edit.original.splitlines(keepends=True)]
+    for insertion in reversed(edit.insertions):
+        lines.insert(insertion.line, insertion.text)
+    return "".join(lines)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
@@ -245,6 +253,8 @@ def test_crlf_and_tab_indentation_are_kept(tmp_path):
     assert markers(edit.updated.replace(b"\r\n", b"\n")) == ["generic.replica-copy:toytrain.state._EMA_GRAD_NORM"] * 2
     assert all(line.startswith(b"\t") and b"    " not in line[: len(line) - len(line.lstrip())] for line in block)
     assert b"\r\n\t\t\tfor item in" in edit.updated  # helper, pair loop, then the template's own level
+    assert [insertion.line for insertion in edit.insertions] == [4, 7]  # before the blank line; before `return 0`
+    assert spliced(edit) == edit.updated.decode()
     compile(edit.updated, "adaptor.py", "exec")
     apply(plan)
     apply(revert_plan(adaptor))
@@ -268,6 +278,7 @@ def test_encodings_and_file_ends_round_trip(tmp_path, produced_logs, head, tail)
     (edit,) = plan.edits
     assert edit.updated.startswith(head)
     assert edit.updated.endswith(b"# unsafe-doctor: end generic.reinitialise:toytrain.state.LOSS_LOG" + tail)
+    assert spliced(edit) == edit.updated.decode(edit.encoding)
     compile(edit.updated, "adaptor.py", "exec")
     apply(plan)
     apply(revert_plan(adaptor))
@@ -306,6 +317,7 @@ def test_several_findings_make_one_diff_per_file_and_pair_in_order(tmp_path, pro
     assert markers(send.encode()) == scenario_2 and markers(recv.encode()) == scenario_2
     assert markers(text[: text.index("def send_rank_repair")].encode()) == ["megatron.moe-aux-losses-tracker"]
     assert len(edit.changes) == 5
+    assert len(edit.insertions) == 5 and spliced(edit) == text
 
 
 # --- profiles -------------------------------------------------------------------------------------

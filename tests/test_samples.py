@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unsafe_doctor.diagnosis import diagnose
-from unsafe_doctor.report import to_json
+from unsafe_doctor.report.diagnosis import to_json
 
 LOGS = Path(__file__).resolve().parent.parent / "samples" / "logs"
 FINDING_KEYS = {

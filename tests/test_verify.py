@@ -328,7 +328,7 @@ def test_verify_command_exit_codes_red_then_green_with_json(toytrain):
         (["--ranks", "17"], "--ranks must be between 2 and 16"),
         (["--mode", "magic"], "Invalid value for '--mode'"),
         (["--probe", "no colon"], "--probe 'no colon' is not MODULE:FUNCTION"),
-        (["--format", "sarif"], "verify writes text or json"),
+        (["--format", "sarif"], "Invalid value for '--format' / '-f': 'sarif' is not one of 'text', 'json'"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(toytrain, options, message):

@@ -70,6 +70,14 @@ INDENT = "    "  # the indentation unit of the rule templates
 
 
 @dataclass(frozen=True)
+class Insertion:
+    """Where a block went into the original file, so that SARIF can place it without a diff."""
+
+    line: int  # 0-based index of the original line the text goes before; the line count: at the end of the file
+    text: str  # what was spliced in there, line endings included
+
+
+@dataclass(frozen=True)
 class FileEdit:
     path: Path  # as shown to the user
     original: bytes
@@ -77,6 +85,7 @@ class FileEdit:
     encoding: str
     digest: str  # sha256 of `original`: the file must still hold it when the edit is written
     changes: tuple[str, ...]  # one line per block inserted or removed
+    insertions: tuple[Insertion, ...] = ()  # the blocks a fix inserts, top to bottom; none for a revert
 
     def diff(self) -> str:
         """Unified diff of this file, lines ending as in the file."""
@@ -566,20 +575,26 @@ def _insert(source: _Source, items: list[tuple[_Function, list[str], str]]) -> F
     lines = list(source.lines)
     newline = source.encode(source.newline)
     changes = []
+    insertions = []
     # Bottom to top, so earlier positions stay valid; at one position, the last planned block first.
     for _, (function, block, key) in sorted(enumerate(items), key=lambda item: (item[1][0].insert_at, item[0]), reverse=True):
         encoded = [source.encode(line) + newline for line in block]
+        text = "".join(line + source.newline for line in block)
         at = function.insert_at
+        assert at is not None  # _Adaptor.function refuses a function without a line to insert before
         if at == len(lines) and lines and not lines[-1].endswith((b"\n", b"\r")):
             lines[-1] += newline  # the file ended without a line ending after the function:
             encoded[-1] = encoded[-1][: -len(newline)]  # it still does, after the block
+            text = source.newline + text[: -len(source.newline)]
         lines[at:at] = encoded
         changes.append(f"{source.shown}:{at + 1}: insert {key} at the end of {function.name}()")
+        insertions.append(Insertion(at, text))
     changes.reverse()
-    return _checked_edit(source, b"".join(lines), tuple(changes))
+    insertions.reverse()
+    return _checked_edit(source, b"".join(lines), tuple(changes), tuple(insertions))
 
 
-def _checked_edit(source: _Source, updated: bytes, changes: tuple[str, ...]) -> FileEdit:
+def _checked_edit(source: _Source, updated: bytes, changes: tuple[str, ...], insertions: tuple[Insertion, ...] = ()) -> FileEdit:
     """The edit, once the new content parses and compiles."""
     try:
         cst.parse_module(updated.decode(source.encoding))
@@ -588,7 +603,7 @@ def _checked_edit(source: _Source, updated: bytes, changes: tuple[str, ...]) -> 
         reason = f"{error.msg}, line {error.lineno}" if isinstance(error, SyntaxError) else str(error).splitlines()[0]
         raise UsageError(f"{source.shown}: the edited file would not compile ({reason}): nothing written") from None
     digest = hashlib.sha256(source.data).hexdigest()
-    return FileEdit(source.path, source.data, updated, source.encoding, digest, changes)
+    return FileEdit(source.path, source.data, updated, source.encoding, digest, changes, insertions)
 
 
 # --- revert ---------------------------------------------------------------------------------------

@@ -1,0 +1,87 @@
+"""`unsafe-doctor audit`: a framework's globals that hold device tensors, and whether recovery covers each."""
+
+from __future__ import annotations
+
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from unsafe_doctor.cli.fix import show_plan, tell_outcome
+from unsafe_doctor.cli.options import RulesOption, YesOption
+from unsafe_doctor.cli.streams import print_json, print_rich, say
+from unsafe_doctor.cli.workflow import write_if_accepted
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge import load_knowledge
+from unsafe_doctor.report import audit as report
+
+if TYPE_CHECKING:
+    from unsafe_doctor.audit import Audit, AuditedHolder
+    from unsafe_doctor.fix import Plan
+
+
+class AuditFormat(str, Enum):
+    text = "text"
+    json = "json"
+    sarif = "sarif"
+
+
+def command(
+    paths: Annotated[list[Path], typer.Argument(help="Framework source folders or files to scan.", show_default=False)],
+    adaptor: Annotated[
+        str,
+        typer.Option(
+            "--adaptor",
+            help="The recovery adaptor file, or auto: found under the paths by its profile's file names, "
+            "else the audited module that defines the profile's rollback and repair functions.",
+        ),
+    ] = "auto",
+    output_format: Annotated[
+        AuditFormat, typer.Option("--format", "-f", help="text for people, json or sarif for tools.")
+    ] = AuditFormat.text,
+    rules: RulesOption = None,
+    fix: Annotated[bool, typer.Option("--fix", help="Write the fix of every uncovered global that has one (one diff).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --fix: show the diff, write nothing.")] = False,
+    yes: YesOption = False,
+) -> int:
+    """Find the globals of a framework that hold device tensors, and check that recovery covers each.
+
+    Exit 0: every global covered (with --fix: once the fixes are written); 1: a global left
+    uncovered or reset unsafely; 2: bad input.
+    """
+    from unsafe_doctor import audit as audits
+
+    if dry_run and not fix:
+        raise UsageError("--dry-run goes with --fix")
+    if fix and output_format is not AuditFormat.text:
+        raise UsageError("--fix prints a diff: use it with --format text")
+    started = time.perf_counter()
+    result = audits.audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or ())
+    elapsed = time.perf_counter() - started
+    plan = audits.plan_fixes(result, load_knowledge(rules or ())) if fix else None  # refused before any output
+    if output_format is AuditFormat.json:
+        print_json(report.to_json(result))
+    elif output_format is AuditFormat.sarif:
+        print_json(report.to_sarif(result, audits.plan_fixes_per_holder(result, load_knowledge(rules or ()))))
+    else:
+        print_rich(report.to_text(result, elapsed))
+    left = len(result.uncovered)
+    if plan is not None:
+        left -= len(_write_fixes(result, plan, dry_run=dry_run, yes=yes))
+    return 1 if left else 0
+
+
+def _write_fixes(result: Audit, plan: Plan, *, dry_run: bool, yes: bool) -> tuple[AuditedHolder, ...]:
+    """The audit's fixes as one diff, applied like `fix` does; the holders whose fix was written."""
+    fixable = result.fixable
+    if not fixable:
+        say("no uncovered global has a fix to write")
+        return ()
+    show_plan(plan, len(fixable), revert=False)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
+    tell_outcome(plan, written, dry_run, interactive)
+    return fixable if written else ()

@@ -1,0 +1,48 @@
+"""`unsafe-doctor diagnose` (also the command when none is named): the log's findings, then the fixes offered."""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+from unsafe_doctor.cli.options import AdaptorOption, LogsArgument, NoInputOption, RulesOption, SourceRootOption, YesOption
+from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, progress_bar
+from unsafe_doctor.cli.workflow import offer_fixes
+from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.report import diagnosis as report
+
+
+class DiagnoseFormat(str, Enum):
+    text = "text"
+    json = "json"
+    sarif = "sarif"
+
+
+def command(
+    logs: LogsArgument = None,
+    output_format: Annotated[
+        DiagnoseFormat, typer.Option("--format", "-f", help="text for people, json or sarif for tools.")
+    ] = DiagnoseFormat.text,
+    no_input: NoInputOption = False,
+    yes: YesOption = False,
+    source_root: SourceRootOption = None,
+    rules: RulesOption = None,
+    adaptor: AdaptorOption = None,
+) -> int:
+    """Find the unsafe-data errors in a failure log, the global tensor each one read, and the fix."""
+    paths = log_paths(logs)
+    started = time.perf_counter()
+    with progress_bar(paths) as progress:
+        diagnosis = diagnose(paths, source_roots=source_root or (), rule_paths=rules or (), adaptor=adaptor, progress=progress)
+    elapsed = time.perf_counter() - started
+    if output_format is DiagnoseFormat.json:
+        print_json(report.to_json(diagnosis))
+    elif output_format is DiagnoseFormat.sarif:
+        print_json(report.to_sarif(diagnosis))
+    else:
+        print_rich(report.to_text(diagnosis, elapsed))
+        offer_fixes(diagnosis, paths, source_root or (), rules or (), yes=yes, no_input=no_input)
+    return 1 if diagnosis.findings or diagnosis.hits else 0

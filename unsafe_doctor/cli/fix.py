@@ -1,0 +1,90 @@
+"""`unsafe-doctor fix`: each finding's fix written into the recovery adaptor, diff first; or every block taken out."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from unsafe_doctor.cli.options import (
+    AdaptorOption,
+    FunctionOption,
+    LogsArgument,
+    NoInputOption,
+    RulesOption,
+    SourceRootOption,
+    YesOption,
+)
+from unsafe_doctor.cli.streams import log_paths, print_json, say
+from unsafe_doctor.cli.workflow import write_if_accepted
+from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge import load_knowledge
+from unsafe_doctor.report import fix as report
+from unsafe_doctor.versions import detect_environment
+
+if TYPE_CHECKING:
+    from unsafe_doctor.fix import Plan, Written
+
+
+class FixFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+def command(
+    logs: LogsArgument = None,
+    adaptor: AdaptorOption = None,
+    function: FunctionOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the diff; write nothing.")] = False,
+    revert: Annotated[bool, typer.Option("--revert", help="Remove every block unsafe-doctor wrote into the adaptor.")] = False,
+    yes: YesOption = False,
+    no_input: NoInputOption = False,
+    source_root: SourceRootOption = None,
+    rules: RulesOption = None,
+    output_format: Annotated[FixFormat, typer.Option("--format", "-f", help="text for people, json for tools.")] = FixFormat.text,
+) -> int:
+    """Write the fix for each finding into the recovery adaptor: diff first, then apply.
+
+    Exit 0: written, nothing to do, or --dry-run; 1: a fix left unwritten; 2: refused.
+    """
+    from unsafe_doctor import fix as fixes  # libcst takes a second to load: diagnose does without it
+
+    overrides = fixes.function_overrides(function or [])
+    knowledge = load_knowledge(rules or ())
+    if revert:
+        if logs:
+            raise UsageError("--revert takes no logs: it removes every unsafe-doctor block from the adaptor")
+        plan = fixes.plan_revert(detect_environment(knowledge, source_root or (), (), adaptor))
+        findings = 0
+    else:
+        paths = log_paths(logs)
+        diagnosis = diagnose(paths, source_roots=source_root or (), rule_paths=rules or (), adaptor=adaptor)
+        plan = fixes.plan_fix(diagnosis.findings, diagnosis.environment, knowledge, overrides)
+        findings = len(diagnosis.findings)
+    text = output_format is FixFormat.text
+    interactive = text and not no_input and sys.stdin.isatty() and sys.stdout.isatty()
+    if text:
+        show_plan(plan, findings, revert)
+    written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
+    if text:
+        tell_outcome(plan, written, dry_run, interactive)
+    else:
+        print_json(report.to_json(plan, written, dry_run))
+    unapplied = bool(plan.edits) and not written
+    return 0 if dry_run or not (unapplied or plan.skipped) else 1
+
+
+def show_plan(plan: Plan, findings: int, revert: bool) -> None:
+    """The diff on stdout (it can be saved as a patch), what was decided on stderr."""
+    sys.stdout.write(plan.diff())
+    sys.stdout.flush()
+    for line in report.decisions(plan, findings, revert):
+        say(line)
+
+
+def tell_outcome(plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool) -> None:
+    for line in report.outcome(plan, written, dry_run, interactive):
+        say(line)

@@ -1,0 +1,46 @@
+"""Options that several commands take, declared once so that their help reads the same everywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+LogsArgument = Annotated[
+    list[str] | None,
+    typer.Argument(help="Log files or folders (.gz too). None or '-': read standard input.", show_default=False),
+]
+NoInputOption = Annotated[bool, typer.Option("--no-input", help="Never ask questions.")]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Accept every offer without asking.")]
+SourceRootOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--source-root",
+        help="Folder holding the training code or frameworks named in the log (repeatable).",
+        exists=True,
+        file_okay=False,
+        dir_okay=True,
+    ),
+]
+RulesOption = Annotated[
+    list[Path] | None,
+    typer.Option("--rules", help="Extra knowledge-base rule file or folder (repeatable).", exists=True),
+]
+AdaptorOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--adaptor",
+        help="The recovery adaptor file (feature_rollback, send/recv_rank_repair); found under --source-root if not given.",
+        exists=True,
+        dir_okay=False,
+    ),
+]
+FunctionOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--function",
+        help="The adaptor's function for a role when its name differs from the profile's: "
+        "rollback=NAME, send=NAME, recv=NAME (comma-separated or repeated).",
+    ),
+]

@@ -1,0 +1,76 @@
+"""Where input comes from and output goes: logs or stdin, JSON and rich output on stdout, notes on
+stderr, and a progress bar on stderr for large inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console, RenderableType
+
+from unsafe_doctor import inputs
+from unsafe_doctor.errors import UsageError
+
+PROGRESS_FROM = 50 << 20  # inputs smaller than this finish before a bar would be worth drawing
+
+
+def log_paths(logs: list[str] | None) -> list[str]:
+    """The logs named; none means stdin, which must then be piped in, not a terminal."""
+    paths = logs or []
+    if not paths and sys.stdin.isatty():
+        raise UsageError("no input: name a log file or folder, or pipe a log in (see --help)")
+    return paths
+
+
+def say(line: str) -> None:
+    """A note for the person (what was decided or done) on stderr, apart from the output proper."""
+    print(f"unsafe-doctor: {line}", file=sys.stderr)
+
+
+def print_json(document: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+
+
+def print_rich(renderable: RenderableType) -> None:
+    """Colour only on a terminal, and never under NO_COLOR (rich reads both itself)."""
+    Console(highlight=False).print(renderable)
+
+
+class progress_bar:
+    """A byte progress bar on stderr, only for large inputs and only when stderr is a terminal."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.bar: Any = None  # a rich Progress, imported only when a bar is drawn
+        if not sys.stderr.isatty():
+            return
+        total = inputs.total_size(paths) if paths else _stdin_size()
+        if total is not None and total >= PROGRESS_FROM:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+            self.bar = Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self.task = self.bar.add_task("reading logs", total=total)
+
+    def __enter__(self) -> Callable[[int], None] | None:
+        if self.bar is None:
+            return None
+        self.bar.start()
+        return lambda count: self.bar.advance(self.task, count)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _stdin_size() -> int | None:
+    status = os.fstat(sys.stdin.fileno())
+    return status.st_size if status.st_size else None

@@ -1,0 +1,223 @@
+"""An Audit (the globals that hold device tensors, and how recovery covers each) as JSON, SARIF or a table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from unsafe_doctor.report.common import adaptor_json, fix_plan_json, frameworks_json, stale_text
+from unsafe_doctor.report.sarif import artifact_change, file_uri, location, sarif_log
+
+if TYPE_CHECKING:
+    from unsafe_doctor.audit import Audit, AuditedHolder, Site
+    from unsafe_doctor.fix import Plan
+
+SCHEMA = "unsafe-doctor/audit/v1"
+SARIF_RULES = {
+    "uncovered-global-tensor": "Global that holds device tensors and that no recovery step resets, rebuilds or repairs",
+    "unsafe-reset": "Recovery code that touches a global tensor in a way that fails on unsafe memory",
+    "stale-reset": "Reset in the adaptor's rollback of a name the framework no longer has",
+}
+_STATUS_STYLE = {"uncovered": "bold red", "unsafe": "bold yellow", "covered": "green"}
+SARIF_RELATED = 10  # writers listed with each result
+_PLACEMENT_TEXT = {"device": "on the device", "unknown": "device unknown"}
+
+
+def to_json(audit: Audit) -> dict[str, Any]:
+    environment = audit.environment
+    return {
+        "schema": SCHEMA,
+        "paths": [str(path) for path in audit.paths],
+        "files": audit.files,
+        "unreadable": list(audit.unreadable),
+        "adaptor": adaptor_json(environment),
+        "frameworks": frameworks_json(environment),
+        "holders": [_holder_json(item) for item in audit.holders],
+        "stale_resets": [
+            {"file": str(item.file), "line": item.line, "statement": item.statement, "kind": item.kind, "why": item.why}
+            for item in audit.stale
+        ],
+        "notes": list(audit.notes),
+        "summary": _counts(audit),
+    }
+
+
+def _counts(audit: Audit) -> dict[str, int]:
+    statuses = [item.coverage.status for item in audit.holders]
+    return {
+        "holders": len(statuses),
+        "uncovered": statuses.count("uncovered"),
+        "unsafe": statuses.count("unsafe"),
+        "covered": statuses.count("covered"),
+        "fixable": len(audit.fixable),
+    }
+
+
+def _site_json(site: Site) -> dict[str, Any]:
+    return {"file": site.file, "line": site.line, "function": site.function, "code": site.code}
+
+
+def _holder_json(item: AuditedHolder) -> dict[str, Any]:
+    holder, coverage, verdict = item.holder, item.coverage, item.classification
+    return {
+        "name": holder.name,
+        "kind": holder.kind,
+        "module": holder.module,
+        "owner": holder.owner,
+        "variable": holder.variable,
+        "placement": holder.placement,
+        "definition": _site_json(holder.definition),
+        "tensors": [_site_json(site) for site in holder.evidence],
+        "writers": [_site_json(site) for site in holder.writers],
+        "readers": [_site_json(site) for site in holder.readers],
+        "imported_by": [_site_json(site) for site in holder.importers],
+        "coverage": {
+            "status": coverage.status,
+            "how": coverage.how,
+            "function": coverage.function,
+            "via": list(coverage.via),
+            "sites": [_site_json(site) for site in coverage.sites],
+            "why": coverage.why,
+        },
+        "scenario": verdict.scenario if verdict else None,
+        "rule": verdict.rule if verdict else None,
+        "confidence": verdict.confidence if verdict else None,
+        "reason": verdict.reason if verdict else None,
+        "evidence": list(verdict.evidence) if verdict else [],
+        "notes": list(verdict.notes) if verdict else [],
+        "fix": fix_plan_json(verdict.fix) if verdict else None,
+    }
+
+
+def to_sarif(audit: Audit, fixes: Mapping[str, Plan]) -> dict[str, Any]:
+    """SARIF 2.1.0: each holder not covered is a result at its definition, with its fix (one
+    insertion per adaptor function) where one exists; each stale reset a result in the adaptor."""
+    results = [_holder_result(item, fixes.get(item.holder.name)) for item in audit.uncovered]
+    for stale in audit.stale:
+        results.append(
+            {
+                "ruleId": "stale-reset",
+                "level": "warning",
+                "message": {"text": f"{stale.statement}: {stale.why}"},
+                "locations": [location(file_uri(str(stale.file)), stale.line)],
+            }
+        )
+    return sarif_log(SARIF_RULES, results)
+
+
+def _holder_result(item: AuditedHolder, plan: Plan | None) -> dict[str, Any]:
+    holder, coverage, verdict = item.holder, item.coverage, item.classification
+    what = f"{holder.name} ({holder.kind}, {_PLACEMENT_TEXT[holder.placement]})"
+    rule = verdict.rule if verdict else None
+    if coverage.status == "unsafe":
+        text = f"{what}: {coverage.why}"
+    else:
+        scenario = f"; scenario {verdict.scenario} ({rule or 'heuristics'})" if verdict and verdict.scenario else ""
+        text = f"{what} is not reset, rebuilt or repaired by recovery{scenario}"
+    result: dict[str, Any] = {
+        "ruleId": "unsafe-reset" if coverage.status == "unsafe" else "uncovered-global-tensor",
+        "level": "error",
+        "message": {"text": text},
+        "locations": [_site_location(holder.definition)],
+        "relatedLocations": [
+            {**_site_location(site), "message": {"text": f"written in {site.function or 'module body'}"}}
+            for site in holder.writers[:SARIF_RELATED]
+        ],
+        "properties": {
+            "kind": holder.kind,
+            "placement": holder.placement,
+            "scenario": verdict.scenario if verdict else None,
+            "rule": rule,
+            "confidence": verdict.confidence if verdict else None,
+        },
+    }
+    if plan is not None and plan.edits:
+        result["fixes"] = [
+            {
+                "description": {"text": f"unsafe-doctor fix for {holder.name} ({rule or 'generic'})"},
+                "artifactChanges": [artifact_change(edit) for edit in plan.edits],
+            }
+        ]
+    return result
+
+
+def _site_location(site: Site) -> dict[str, Any]:
+    return location(file_uri(site.file), site.line)
+
+
+def to_text(audit: Audit, elapsed: float) -> RenderableType:
+    parts: list[RenderableType] = []
+    if audit.holders:
+        table = Table(header_style="bold", show_lines=True)
+        table.add_column("global", overflow="fold", ratio=4)
+        table.add_column("written · read", overflow="fold", ratio=2)
+        table.add_column("recovery", overflow="fold", ratio=3)
+        table.add_column("scenario", overflow="fold", ratio=3)
+        for item in audit.holders:
+            table.add_row(*_holder_cells(item))
+        parts.append(table)
+    else:
+        parts.append(Text("No global that holds device tensors was found.", style="green"))
+    if audit.stale:
+        parts.append(stale_text(audit.stale))
+    for note in audit.notes:
+        parts.append(Text(f"note: {note}", style="yellow"))
+    parts.append(_summary(audit, elapsed))
+    return Group(*parts)
+
+
+def _holder_cells(item: AuditedHolder) -> tuple[Text, Text, Text, Text]:
+    holder, coverage, verdict = item.holder, item.coverage, item.classification
+    name = Text(holder.name, style="bold magenta")
+    name.append(f"\n{holder.kind}, {_PLACEMENT_TEXT[holder.placement]}", style="dim")
+    name.append(f"\ndefined {_site_text(holder.definition)}", style="cyan")
+    uses = Text()
+    for label, sites in (("w", holder.writers), ("r", holder.readers)):
+        shown = [site for site in sites if site != holder.definition]
+        if shown:
+            more = f" +{len(shown) - 1}" if len(shown) > 1 else ""
+            uses.append(f"{label} {_site_text(shown[0])}{more}\n", style="cyan")
+    if holder.importers:
+        uses.append(f"imported by name: {_site_text(holder.importers[0])}", style="dim")
+    status = Text(coverage.status, style=_STATUS_STYLE[coverage.status])
+    if coverage.status != "uncovered":
+        status.append(f"\n{coverage.why}")
+    scenario = Text()
+    if verdict is None:
+        scenario.append("—", style="dim")
+    elif verdict.scenario is None:
+        scenario.append("unclassified", style="yellow")
+    else:
+        scenario.append(str(verdict.scenario), style="bold green")
+        scenario.append(f" {verdict.rule}" if verdict.rule else f" heuristics, {verdict.confidence}", style="dim")
+        if coverage.status == "uncovered" and verdict.fix is not None:
+            peer = f" + {verdict.fix.peer_function}()" if verdict.fix.peer_function else ""
+            scenario.append(f"\nfix: {verdict.fix.function}(){peer}")
+    return name, uses, status, scenario
+
+
+def _site_text(site: Site) -> str:
+    """The file's name and line: the global's dotted name already says which package."""
+    return f"{site.file.replace(chr(92), '/').rpartition('/')[2]}:{site.line}"
+
+
+def _summary(audit: Audit, elapsed: float) -> Text:
+    counts = _counts(audit)
+    environment = audit.environment
+    pieces = [
+        f"{counts['holders']} global{'s' if counts['holders'] != 1 else ''}: {counts['uncovered']} uncovered, "
+        f"{counts['unsafe']} unsafe, {counts['covered']} covered"
+    ]
+    if counts["fixable"]:
+        pieces.append(f"{counts['fixable']} with a fix (--fix)")
+    pieces.append(f"{audit.files} file{'s' if audit.files != 1 else ''}")
+    if environment.adaptor is not None:
+        pieces.append(f"adaptor {environment.adaptor} ({environment.profile.id})")
+    for name, version in environment.versions.items():
+        pieces.append(f"{name} {version}")
+    pieces.append(f"{elapsed:.2f} s")
+    return Text(" · ".join(pieces), style="bold")

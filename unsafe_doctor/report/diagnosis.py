@@ -1,0 +1,278 @@
+"""A Diagnosis as JSON (the versioned contract), SARIF, or a rich renderable for a terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from unsafe_doctor.classify import Classification
+from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
+from unsafe_doctor.report.common import adaptor_json, fix_plan_json, frameworks_json, stale_text
+from unsafe_doctor.report.sarif import location, sarif_log
+from unsafe_doctor.source.files import is_internal_file
+from unsafe_doctor.tracebacks import Frame
+
+SCHEMA = "unsafe-doctor/diagnosis/v1"
+SHORT_STACK = 6  # frames shown in a panel, innermost last
+
+
+def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "inputs": [{"name": info.name, "bytes": info.bytes} for info in diagnosis.inputs],
+        "findings": [_finding_json(item, diagnosis) for item in diagnosis.findings],
+        "summary": {
+            "ranks_seen": list(diagnosis.ranks_seen),
+            "first_failed_rank": diagnosis.first_failed_rank,
+            "unsafe_messages": diagnosis.hits,
+            "unsafe_messages_not_parsed": diagnosis.hits_not_parsed,
+            "last_error": _last_error_json(diagnosis),
+            "untraced_ranks": list(diagnosis.untraced_ranks),
+            "loss_scaling": diagnosis.loss_scaling,  # "none", "grad-scaler", or null when the log does not say
+            "frameworks": frameworks_json(diagnosis.environment),
+            "adaptor": adaptor_json(diagnosis.environment),
+            "stale_resets": [
+                {"file": str(item.file), "line": item.line, "statement": item.statement, "why": item.why}
+                for item in diagnosis.stale
+            ],
+        },
+    }
+
+
+def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any]:
+    finding, context, verdict = item.finding, diagnosis.recovery, item.classification
+    tensor = finding.tensor
+    return {
+        "ranks": list(finding.ranks),
+        "message": finding.unsafe.message,
+        "error_code": finding.unsafe.error_code,
+        "recovery": {
+            "seen": context.seen,
+            "fault_ranks": list(context.fault_ranks),
+            "step": context.step,
+            "phase": item.phase,
+        },
+        "culprit": _frame_json(finding.culprit) if finding.culprit else None,
+        "frames": [_frame_json(frame) for frame in finding.unsafe.frames],
+        "tensor": None
+        if tensor is None
+        else {"expression": tensor.expression, "variable": tensor.variable, "module": tensor.module, "owner": tensor.owner},
+        "truncated": finding.unsafe.truncated,
+        "notes": [*finding.notes, *verdict.notes],
+        "scenario": verdict.scenario,
+        "rule": verdict.rule,
+        "confidence": verdict.confidence,
+        "reason": verdict.reason,
+        "evidence": list(verdict.evidence),
+        "fix": fix_plan_json(verdict.fix),
+    }
+
+
+def _frame_json(frame: Frame) -> dict[str, Any]:
+    return {"file": frame.file, "line": frame.line, "function": frame.function, "source": frame.source}
+
+
+def _last_error_json(diagnosis: Diagnosis) -> dict[str, Any] | None:
+    error = diagnosis.last_error
+    if error is None:
+        return None
+    return {"rank": error.rank, "type": error.exception_type, "message": error.message, "input": error.source}
+
+
+def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
+    """SARIF 2.1.0: one result per finding, located at its culprit line (the path as the log gives it)."""
+    results = []
+    for item in diagnosis.findings:
+        finding = item.finding
+        tensor = finding.tensor
+        what = tensor.variable or tensor.expression if tensor else "a tensor"
+        result: dict[str, Any] = {
+            "ruleId": "unsafe-data-after-recovery",
+            "level": "error",
+            "message": {"text": f"{what} is read while still marked unsafe (ranks {_ranks(finding.ranks)})"},
+        }
+        if finding.culprit is not None:
+            result["locations"] = [location(finding.culprit.file, finding.culprit.line)]
+        results.append(result)
+    return sarif_log({"unsafe-data-after-recovery": "Global tensor left unsafe by process-level online recovery"}, results)
+
+
+def to_text(diagnosis: Diagnosis, elapsed: float) -> RenderableType:
+    parts: list[RenderableType] = []
+    for number, item in enumerate(diagnosis.findings, 1):
+        parts.append(_panel(number, item, diagnosis))
+    if diagnosis.stale:
+        parts.append(stale_text(diagnosis.stale))
+    if diagnosis.untraced_ranks:
+        parts.append(_untraced(diagnosis))
+    if not diagnosis.findings and not diagnosis.untraced_ranks:
+        parts.append(_no_finding(diagnosis))
+    parts.append(_summary(diagnosis, elapsed))
+    return Group(*parts)
+
+
+def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
+    finding = item.finding
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    tensor = finding.tensor
+    if tensor is not None:
+        line = Text(tensor.variable or tensor.expression, style="bold magenta")
+        where = ".".join(part for part in (tensor.module, tensor.owner) if part)
+        if where:
+            line.append(f"  in {where}", style="cyan")
+        if tensor.variable and tensor.expression != tensor.variable:
+            line.append(f"\naccessed as {tensor.expression}", style="dim")
+        grid.add_row("Tensor", line)
+    else:
+        grid.add_row("Tensor", Text("could not be resolved from the traceback", style="yellow"))
+    error = Text(f"{finding.unsafe.exception_type}: {finding.unsafe.message}", style="red")
+    if finding.unsafe.error_code:
+        error.append(f"  [{finding.unsafe.error_code}]", style="dim")
+    grid.add_row("Error", error)
+    grid.add_row("Phase", _phase_text(item, diagnosis))
+    if finding.culprit is not None:
+        grid.add_row("Culprit", _frame_text(finding.culprit))
+        if finding.culprit.source:
+            start = finding.culprit.line or 1
+            grid.add_row("", Syntax(finding.culprit.source, "python", line_numbers=True, start_line=start, word_wrap=True))
+    frames = finding.unsafe.frames
+    if frames:
+        own = [frame for frame in frames if not is_internal_file(frame.file)] or list(frames)
+        shown = own[-SHORT_STACK:]
+        stack = Text()
+        if len(frames) > len(shown):
+            stack.append(f"… {len(frames) - len(shown)} more frames (outer, or torch internals)\n", style="dim")
+        stack.append(Text("\n").join(_frame_text(frame) for frame in shown))
+        grid.add_row("Stack", stack)
+    if finding.unsafe.truncated:
+        grid.add_row("", Text("The traceback is cut short in the log; what is shown is what it holds.", style="yellow"))
+    _add_classification(grid, item.classification)
+    for note in (*finding.notes, *item.classification.notes):
+        grid.add_row("Note", Text(note, style="dim"))
+    title = f"Finding {number} · rank{'s' if len(finding.ranks) != 1 else ''} {_ranks(finding.ranks) or 'unknown'}"
+    return Panel(grid, title=title, title_align="left", border_style="red")
+
+
+def _add_classification(grid: Table, verdict: Classification) -> None:
+    if verdict.scenario is None:
+        grid.add_row("Scenario", Text("unclassified: " + verdict.reason, style="yellow"))
+    else:
+        what = {1: "re-initialise it in the rollback phase", 2: "rebuild it in the repair phase from the replica rank"}
+        line = Text(f"{verdict.scenario} — {what[verdict.scenario]}", style="bold green")
+        source = f"rule {verdict.rule}" if verdict.rule else f"source heuristics, {verdict.confidence} confidence"
+        line.append(f"  ({source})", style="dim")
+        grid.add_row("Scenario", line)
+        grid.add_row("Why", verdict.reason)
+    for evidence in verdict.evidence:
+        grid.add_row("Evidence", Text(evidence, style="dim"))
+    fix = verdict.fix
+    if fix is None:
+        return
+    if fix.peer_function is None or fix.peer_code is None:
+        blocks = [("", fix.function, fix.code)]
+    else:
+        blocks = [("on the faulty rank, ", fix.function, fix.code), ("on the replica rank, ", fix.peer_function, fix.peer_code)]
+    for where, function, code in blocks:
+        grid.add_row("Fix", Text(f"{where}at the end of {function}() ({fix.profile} adaptor):", style="bold"))
+        grid.add_row("", Syntax("\n".join([*fix.imports, "", code.rstrip()]), "python", word_wrap=True))
+
+
+def _phase_text(item: DiagnosedFinding, diagnosis: Diagnosis) -> str:
+    context = diagnosis.recovery
+    detail = []
+    if context.fault_ranks:
+        detail.append(f"hardware fault on rank {_ranks(context.fault_ranks)}")
+    if context.step is not None:
+        detail.append(f"recovery at step {context.step}")
+    suffix = f" ({', '.join(detail)})" if detail else ""
+    return {
+        "after-recovery": "first iteration after recovery" + suffix,
+        "rollback": "inside the rollback callback" + suffix,
+        "repair": "inside the repair callback" + suffix,
+        "none": "no MindIO recovery in the log" + suffix,
+    }[item.phase]
+
+
+def _frame_text(frame: Frame) -> Text:
+    text = Text(short_path(frame.file), style="cyan")
+    if frame.line is not None:
+        text.append(f":{frame.line}", style="cyan")
+    text.append(f" in {frame.function}")
+    return text
+
+
+def short_path(path: str) -> str:
+    """A frame path as people read it: from the package on for installed code, the tail otherwise."""
+    normal = path.replace("\\", "/")
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in normal:
+            return normal.split(marker, 1)[1]
+    parts = normal.split("/")
+    return normal if len(parts) <= 5 else "…/" + "/".join(parts[-4:])
+
+
+def _untraced(diagnosis: Diagnosis) -> Text:
+    ranks = diagnosis.untraced_ranks
+    return Text(
+        f"Rank{'s' if len(ranks) != 1 else ''} {_ranks(ranks)} reported the unsafe-data error (MindIO caught it and "
+        "logged only its message), with no traceback in this log: the tensor cannot be located from it. "
+        "Look for the traceback in the rank's own stderr or per-rank log.",
+        style="yellow",
+    )
+
+
+def _no_finding(diagnosis: Diagnosis) -> RenderableType:
+    if diagnosis.hits:
+        return Text(
+            f"The unsafe-data error appears {diagnosis.hits} time(s), but no traceback came with it "
+            "(the log may be cut or filtered): the tensor cannot be located.",
+            style="yellow",
+        )
+    text = Text("No 'There is unsafe data in the input tensor' error in the log.", style="green")
+    error = diagnosis.last_error
+    if error is not None:
+        rank = f" on rank {error.rank}" if error.rank is not None else ""
+        text.append(f"\nThe log ends with another error{rank}: ", style="default")
+        text.append(f"{error.exception_type}: {error.message.splitlines()[0] if error.message else ''}", style="red")
+    return text
+
+
+def _summary(diagnosis: Diagnosis, elapsed: float) -> Text:
+    ranks = {rank for item in diagnosis.findings for rank in item.finding.ranks}
+    size = sum(info.bytes for info in diagnosis.inputs)
+    pieces = [f"{len(diagnosis.findings)} finding{'s' if len(diagnosis.findings) != 1 else ''}"]
+    if ranks:
+        pieces[0] += f" on {len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
+    if diagnosis.ranks_seen:
+        pieces.append(f"{len(diagnosis.ranks_seen)} ranks seen")
+    if diagnosis.first_failed_rank is not None:
+        pieces.append(f"first failure: rank {diagnosis.first_failed_rank}")
+    for name, version in diagnosis.environment.versions.items():
+        pieces.append(f"{name} {version}")
+    if diagnosis.hits_not_parsed:
+        pieces.append(f"{diagnosis.hits_not_parsed} more unsafe-data messages counted, not parsed")
+    pieces.append(f"{len(diagnosis.inputs)} input{'s' if len(diagnosis.inputs) != 1 else ''}, {_size(size)}")
+    pieces.append(f"{elapsed:.2f} s")
+    return Text(" · ".join(pieces), style="bold")
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    return ", ".join(str(rank) for rank in ranks)
+
+
+def _size(count: int) -> str:
+    if count < 1024:
+        return f"{count} B"
+    scaled = float(count)
+    for unit in ("KB", "MB", "GB"):
+        scaled /= 1024
+        if scaled < 1024 or unit == "GB":
+            break
+    return f"{scaled:.1f} {unit}"

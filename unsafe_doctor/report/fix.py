@@ -1,0 +1,49 @@
+"""A fix plan and what was written: the JSON document, and the lines that say what was decided and done."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from unsafe_doctor.fix import Plan, Written  # fix loads libcst: diagnose's output does without it
+
+SCHEMA = "unsafe-doctor/fix/v1"
+
+
+def to_json(plan: Plan, written: tuple[Written, ...], dry_run: bool) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "files": [{"path": str(edit.path), "changes": list(edit.changes), "diff": edit.diff()} for edit in plan.edits],
+        "present": list(plan.present),
+        "skipped": list(plan.skipped),
+        "notes": list(plan.notes),
+        "dry_run": dry_run,
+        "written": [{"path": str(item.path), "backup": str(item.backup)} for item in written],
+    }
+
+
+def decisions(plan: Plan, findings: int, revert: bool) -> list[str]:
+    """What the plan decided, a line each: the blocks it changes, those already there, the findings it skips."""
+    lines = [] if revert or findings else ["no unsafe-data finding in the log: nothing to fix"]
+    lines.extend(change for edit in plan.edits for change in edit.changes)
+    lines.extend((*plan.present, *plan.skipped, *plan.notes))
+    return lines
+
+
+def outcome(plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool) -> list[str]:
+    """What became of the plan: the files written, or why nothing was."""
+    lines = written_lines(written)
+    if not plan.edits:
+        if plan.present and not plan.skipped:
+            lines.append("nothing to do: the adaptor already holds every fix")
+    elif dry_run:
+        lines.append("dry run: nothing written")
+    elif not written and interactive:
+        lines.append("not applied")
+    elif not written:
+        lines.append("not applied: nothing is asked without a terminal or with --no-input; run again with --yes to apply")
+    return lines
+
+
+def written_lines(written: tuple[Written, ...]) -> list[str]:
+    return [f"wrote {item.path} (backup: {item.backup})" for item in written]

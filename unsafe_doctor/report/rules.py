@@ -1,0 +1,84 @@
+"""Knowledge-base rules as JSON, a table, or one rule in full."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from unsafe_doctor.knowledge import KnowledgeBase, Rule, Template
+
+
+def rule_json(rule: Rule) -> dict[str, Any]:
+    blocks = [{key: value for key, value in asdict(match).items() if value is not None} for match in rule.matches]
+    return {
+        "id": rule.id,
+        "title": rule.title,
+        "match": blocks[0],
+        "also_match": blocks[1:],  # further match blocks, any one of which suffices
+        "framework": {"package": rule.framework, "versions": str(rule.versions)} if rule.framework else None,
+        "scenario": rule.scenario,
+        "phase": rule.phase,
+        "conditions": list(rule.conditions),
+        "fix": {key: value for key, value in asdict(rule.fix).items() if value},
+        "reason": rule.reason,
+        "references": list(rule.references),
+        "origin": rule.origin,
+        "probe": rule.probe,
+        "priority": rule.priority,
+    }
+
+
+def template_json(template: Template) -> dict[str, Any]:
+    return {
+        "id": template.id,
+        "title": template.title,
+        "scenario": template.scenario,
+        "phase": template.phase,
+        "applies_to": list(template.applies_to),
+        "fix": {key: value for key, value in asdict(template.fix).items() if value},
+        "reason": template.reason,
+        "references": list(template.references),
+        "origin": template.origin,
+    }
+
+
+def rules_table(knowledge: KnowledgeBase) -> Table:
+    """id, scenario and versions on one line, the title under the id: readable in 80 columns."""
+    table = Table(box=None, header_style="bold")
+    table.add_column("rule", ratio=1, overflow="fold")
+    table.add_column("scenario", justify="center")
+    table.add_column("versions", no_wrap=True)
+    for rule in sorted([*knowledge.rules, *knowledge.templates], key=lambda rule: rule.id):
+        versions = f"{rule.framework} {rule.versions}" if isinstance(rule, Rule) and rule.framework else "any"
+        table.add_row(Text(rule.id, style="bold").append(f"\n  {rule.title}", style="dim"), str(rule.scenario), versions)
+    return table
+
+
+def rule_panel(rule: Rule | Template, knowledge: KnowledgeBase) -> Panel:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row("Title", rule.title)
+    if isinstance(rule, Rule):
+        blocks = [", ".join(f"{key}={value}" for key, value in asdict(match).items() if value) for match in rule.matches]
+        grid.add_row("Matches", "\nor ".join(blocks))
+        grid.add_row("Versions", f"{rule.framework} {rule.versions}" if rule.framework else "any")
+    else:
+        kinds = " or ".join("an lru-cached function" if kind == "lru-cache" else "a value" for kind in rule.applies_to)
+        grid.add_row("Template", f"for {kinds} that no rule knows, in the scenario heuristics or the user give")
+    grid.add_row("Scenario", f"{rule.scenario}, fixed in the {rule.phase} phase")
+    if isinstance(rule, Rule) and rule.conditions:
+        grid.add_row("Only when", "; ".join(knowledge.conditions[name].description for name in rule.conditions))
+    grid.add_row("Why", rule.reason)
+    for label, template in (("Fix", rule.fix.code), ("Receive", rule.fix.recv), ("Send", rule.fix.send)):
+        if template:
+            grid.add_row(label, Syntax("\n".join([*rule.fix.imports, "", template.rstrip()]), "python", word_wrap=True))
+    for reference in rule.references:
+        grid.add_row("See", reference)
+    grid.add_row("Defined", Text(rule.origin, style="dim"))
+    return Panel(grid, title=rule.id, title_align="left")

@@ -1,0 +1,72 @@
+"""A Verification (the replay's verdicts) as JSON or a rich renderable."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from unsafe_doctor.verify import Verification  # verify loads libcst: diagnose's output does without it
+
+SCHEMA = "unsafe-doctor/verification/v1"
+_OUTCOME_STYLE = {"proven": "green", "failed": "red", "no-fix": "red", "not-modelled": "yellow"}
+
+
+def to_json(verification: Verification) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "backend": verification.backend,
+        "transport": verification.transport,
+        "mode": verification.mode,
+        "ranks": verification.world_size,
+        "faulty_rank": verification.faulty,
+        "replica_rank": verification.replica,
+        "seconds": round(verification.seconds, 3),
+        "phase_seconds": {phase: round(value, 4) for phase, value in verification.phase_seconds.items()},
+        "exit_code": verification.exit_code,
+        "verdicts": [
+            {
+                "global": verdict.target.label,
+                "scenario": verdict.target.scenario,
+                "rule": verdict.target.rule,
+                "fix_key": verdict.target.key,
+                "outcome": verdict.outcome,
+                "unpatched": verdict.unpatched,
+                "patched": verdict.patched,
+                "problems": list(verdict.problems),
+            }
+            for verdict in verification.verdicts
+        ],
+        "skipped": list(verification.skipped),
+        "notes": list(verification.notes),
+    }
+
+
+def to_text(verification: Verification) -> RenderableType:
+    device = "CPU" if verification.backend == "emulated" else "NPU"
+    footer = (
+        f"backend: {verification.backend} ({device}, {verification.transport}) · {verification.mode} mode · "
+        f"{verification.world_size} ranks (fault on rank {verification.faulty}, replica rank {verification.replica}) · "
+        f"{verification.seconds:.1f} s"
+    )
+    parts: list[RenderableType] = []
+    for verdict in verification.verdicts:
+        style = _OUTCOME_STYLE[verdict.outcome]
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column()
+        grid.add_row("unpatched", verdict.unpatched)
+        if verdict.patched is not None:
+            grid.add_row("patched", Text(verdict.patched, style=style))
+        for problem in verdict.problems[1:]:
+            grid.add_row("", Text(problem, style=style))
+        title = f"{verdict.outcome.upper()} · {verdict.target.label} · scenario {verdict.target.scenario}"
+        parts.append(Panel(grid, title=title, title_align="left", border_style=style))
+    for line in (*verification.skipped, *verification.notes):
+        parts.append(Text(f"note: {line}", style="dim"))
+    parts.append(Text(footer, style="dim"))
+    return Group(*parts)
