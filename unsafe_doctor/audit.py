@@ -66,7 +66,7 @@ from unsafe_doctor.classify import GENERIC_RULE_IDS, Classification, classify, c
 from unsafe_doctor.diagnosis import DiagnosedFinding
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import KnowledgeBase, Rule, load_knowledge, rule_matches
-from unsafe_doctor.locate import Finding, TensorRef
+from unsafe_doctor.locate import Finding
 from unsafe_doctor.sources import (
     Function,
     ImportedName,
@@ -80,6 +80,7 @@ from unsafe_doctor.sources import (
     source_segment,
 )
 from unsafe_doctor.stale import StaleReset, stale_resets
+from unsafe_doctor.subject import TensorRef
 from unsafe_doctor.tracebacks import Frame, Traceback
 from unsafe_doctor.versions import FRAMEWORK_PACKAGES, Environment, detect_environment, profile_files
 
@@ -1700,7 +1701,7 @@ def _cache_classification(holder: Holder, finding: Finding, knowledge: Knowledge
     )
     evidence = (f"{holder.definition.file}:{holder.definition.line}: decorated with a cache: `{holder.definition.code}`",)
     cache = replace(finding, tensor=replace(finding.tensor, cached=True))
-    return replace(classify_as(cache, 1, knowledge, environment, evidence), confidence="medium", reason=reason)
+    return replace(classify_as(cache.subject, 1, knowledge, environment, evidence), confidence="medium", reason=reason)
 
 
 def _rule_frame(rule: Rule, holder: Holder) -> Frame | None:
@@ -1770,7 +1771,7 @@ def _classification(
         return finding, _cache_classification(holder, finding, knowledge, environment)
     if frame is not None and frame != finding.culprit:
         finding = replace(finding, culprit=frame)
-    verdict = classify(finding, knowledge, environment)
+    verdict = classify(finding.subject, knowledge, environment)
     if verdict.rule is None and verdict.fix is not None and holder.kind in ("singleton", "buffer"):
         note = (
             f"no fix written: the generic fixes handle a tensor, dict, list or lru cache, not a {holder.kind}; "
