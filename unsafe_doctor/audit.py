@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import ast
 import gc
-import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -67,22 +66,25 @@ from unsafe_doctor.diagnosis import DiagnosedFinding
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import KnowledgeBase, Rule, load_knowledge, rule_matches
 from unsafe_doctor.locate import Finding
-from unsafe_doctor.sources import (
+from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, ImportRoots, import_root, python_files
+from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
-    SourceFile,
-    Workspace,
     child_statements,
+    decorator_name,
     import_bindings,
-    import_root,
+    is_cache_decorator,
+    is_empty_value,
     names_bound,
     parameter_names,
+    scope_statements,
     source_segment,
 )
+from unsafe_doctor.source.workspace import SourceFile, Workspace
 from unsafe_doctor.stale import StaleReset, stale_resets
 from unsafe_doctor.subject import TensorRef
 from unsafe_doctor.tracebacks import Frame, Traceback
-from unsafe_doctor.versions import FRAMEWORK_PACKAGES, Environment, detect_environment, profile_files
+from unsafe_doctor.versions import Environment, detect_environment, profile_files
 
 if TYPE_CHECKING:
     from unsafe_doctor.fix import Plan
@@ -96,8 +98,6 @@ Role = Literal["rollback", "send", "recv"]
 MAX_CALL_DEPTH = 4  # helper calls followed from an adaptor function
 ACCESSOR_SIZE = 8  # statements at most in a function read as a possible accessor (`return X`)
 MAX_CODE = 100  # characters of a statement kept in a site
-_SKIP_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages", "node_modules", "tests", "test", "build", "dist"})
-_NAMESPACE_PACKAGES = frozenset(FRAMEWORK_PACKAGES.values())  # folders without __init__.py that are packages
 
 # --- tensors and their placement -------------------------------------------------------------------
 
@@ -236,7 +236,7 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
         if not path.exists():
             raise UsageError(f"{path}: no such file or folder")
     files = _python_files(given)
-    import_roots = _ImportRoots()
+    import_roots = ImportRoots()
     roots = list(dict.fromkeys([*(import_roots.of(path) for path in files), *(import_roots.of(path) for path in given)]))
     index = _Index(given, roots)
     with _keeping_trees() as scanned:
@@ -323,43 +323,9 @@ def plan_fixes_per_holder(result: Audit, knowledge: KnowledgeBase) -> dict[str, 
 # --- files and modules -------------------------------------------------------------------------------
 
 
-class _ImportRoots:
-    """The folder above the top package holding a file or folder (the folder itself when it is no
-    package): where Python would import it from, so modules are named as the code imports them.
-
-    A folder is part of a package when it has an `__init__.py`, when it sits in a folder that has
-    one (a namespace subpackage, as megatron-core has), or when it is a framework's namespace
-    package (`megatron` in megatron-core has no `__init__.py`)."""
-
-    def __init__(self) -> None:
-        self._roots: dict[Path, Path] = {}
-
-    def of(self, path: Path) -> Path:
-        folder = (path if path.is_dir() else path.parent).resolve()
-        if folder not in self._roots:
-            package = (
-                (folder / "__init__.py").is_file()
-                or (folder.parent / "__init__.py").is_file()
-                or folder.name in _NAMESPACE_PACKAGES
-            )
-            self._roots[folder] = self.of(folder.parent) if package and folder.parent != folder else folder
-        return self._roots[folder]
-
-
 def _python_files(paths: Sequence[Path]) -> list[Path]:
-    """`*.py` under the paths, sorted, once each; hidden folders, caches, tests and installed
-    environments below a given folder are skipped."""
-    found: dict[Path, None] = {}
-    for path in paths:
-        if path.is_file():
-            found.setdefault(path.resolve())
-            continue
-        for folder, subfolders, names in os.walk(path):
-            subfolders[:] = sorted(name for name in subfolders if not name.startswith(".") and name not in _SKIP_DIRS)
-            for name in sorted(names):
-                if name.endswith(".py"):
-                    found.setdefault(Path(folder, name).resolve())
-    return list(found)
+    """`*.py` under the paths (as `python_files` skips), resolved, once each."""
+    return list(dict.fromkeys(found.resolve() for path in paths for found in python_files(path)))
 
 
 def _dotted(relative: Path) -> str | None:
@@ -393,15 +359,6 @@ class _Module:
     cached: set[str]  # lru-cached module functions
 
 
-def _decorator_name(decorator: ast.expr) -> str | None:
-    target = decorator.func if isinstance(decorator, ast.Call) else decorator
-    return target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
-
-
-def _is_cache_decorator(decorator: ast.expr) -> bool:
-    return _decorator_name(decorator) in ("lru_cache", "cache")
-
-
 def _register_buffer_name(call: ast.Call) -> str | None:
     argument = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "name"), None)
     return argument.value if isinstance(argument, ast.Constant) and isinstance(argument.value, str) else None
@@ -417,7 +374,7 @@ def _describe_module(name: str, path: Path, shown: str, source: SourceFile, scan
     for key, binding in source.bindings.items():
         if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions[key] = binding
-            if any(_is_cache_decorator(decorator) for decorator in binding.decorator_list):
+            if any(is_cache_decorator(decorator) for decorator in binding.decorator_list):
                 cached.add(key)
         elif isinstance(binding, ast.ClassDef):
             classes[key] = _describe_class(name, binding, "register_buffer" in source.text)
@@ -428,7 +385,7 @@ def _describe_class(module: str, node: ast.ClassDef, has_buffers: bool) -> _Clas
     attributes: dict[str, ast.stmt] = {}
     methods: dict[str, Function] = {}
     # A dataclass's annotated names are fields of each instance, not attributes of the class.
-    dataclass = any(_decorator_name(decorator) == "dataclass" for decorator in node.decorator_list)
+    dataclass = any(decorator_name(decorator) == "dataclass" for decorator in node.decorator_list)
     pending = list(node.body)
     while pending:
         statement = pending.pop(0)
@@ -442,7 +399,7 @@ def _describe_class(module: str, node: ast.ClassDef, has_buffers: bool) -> _Clas
                 attributes.setdefault(target, statement)
         elif not isinstance(statement, ast.ClassDef):
             pending.extend(child_statements(statement))
-    cached = {name for name, method in methods.items() if any(_is_cache_decorator(d) for d in method.decorator_list)}
+    cached = {name for name, method in methods.items() if any(is_cache_decorator(d) for d in method.decorator_list)}
     buffers: dict[str, ast.Call] = {}
     for method in methods.values() if has_buffers else ():
         for inner in ast.walk(method):
@@ -469,7 +426,7 @@ class _Index:
         self._cwd = Path.cwd().resolve()
         # Top-level packages whose modules are read when a name leads there: the audited ones, the
         # adaptor's, and the frameworks adaptors call into. Libraries (torch) are never read.
-        self.tops: set[str] = {*FRAMEWORK_PACKAGES.values(), "modellink", "mindio_ttp"}
+        self.tops: set[str] = set(FRAMEWORK_PACKAGES)
 
     # naming
 
@@ -609,7 +566,7 @@ class _Index:
         info = self.module(function.module)
         key = None
         small = function.owner is None and len(node.body) <= ACCESSOR_SIZE
-        statements = list(_statements(node.body)) if small else []
+        statements = list(scope_statements(node.body)) if small else []
         if info is not None and small and len(statements) <= ACCESSOR_SIZE:
             scope = _Scope.of_function(info, node, None)
             walker = _Walker(self, scope, _NullSink())
@@ -740,7 +697,7 @@ class _Scope:
         nested: dict[str, Function] = {}
         # Statements only: names bound inside expressions (comprehensions, `:=`) become local when
         # the walker meets them. Walking every expression here would double the audit's time.
-        for inner in _statements(node.body):
+        for inner in scope_statements(node.body):
             if isinstance(inner, ast.Global):
                 globals_.update(inner.names)
             elif isinstance(inner, (ast.Import, ast.ImportFrom)):
@@ -782,15 +739,6 @@ class _Scope:
                 if isinstance(node, (ast.Name, ast.Attribute))
             }
         return self.mentions
-
-
-def _statements(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
-    """A block's statements and those nested in its compound statements; nested functions and
-    classes are yielded, not entered."""
-    for statement in body:
-        yield statement
-        if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            yield from _statements(child_statements(statement))
 
 
 def _walk_module(index: _Index, info: _Module, sink) -> None:
@@ -1334,7 +1282,7 @@ class _Walker:
         if kind in ("rebind", "store") and value is not None:
             if self.follow:  # judging recovery code: what it stores must not come from unsafe data
                 details.setdefault("value_reads_holder", self.reads_holder(value))
-            details["empty"] = _is_empty(value)
+            details["empty"] = is_empty_value(value)
             if isinstance(value, ast.Call):
                 callee = self.resolve(value.func)
                 if isinstance(callee, _ClassRef):
@@ -1367,17 +1315,6 @@ def _combine(places: Sequence[_Place | None]) -> _Place | None:
     return "unknown" if "unknown" in known else "cpu"
 
 
-def _is_empty(value: ast.expr) -> bool:
-    if isinstance(value, ast.Constant):
-        return value.value is None
-    if isinstance(value, (ast.List, ast.Tuple, ast.Set)):
-        return not value.elts
-    if isinstance(value, ast.Dict):
-        return not value.keys
-    if isinstance(value, ast.Call) and not value.args and not value.keywords:
-        name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", None)
-        return name in ("list", "dict", "set", "OrderedDict", "defaultdict", "deque")
-    return False
 
 
 # --- scanning: uses -> holders ---------------------------------------------------------------------

@@ -35,7 +35,7 @@ The rules, in the order they apply:
   `mod._X`, `Cls.attr`, `Cls.instance.field`, `get_instance().field`, `self.attr`, the cached call
   `mask(n)`, or the local alias' own name), plus at most one subscript right after it, as printed:
   `parallel_state._X[name][i] += v` -> `parallel_state._X[name]`.
-* **Files** are found, read (never imported) and named as `unsafe_doctor.sources` says: by path as
+* **Files** are found, read (never imported) and named as `unsafe_doctor.source.workspace` says: by path as
   printed, else under a `--source-root` or a `sys.path` directory.
 * **Folding**: identical (culprit file, line, function, tensor) on several ranks make one finding
   with the sorted ranks (the log's rank, else torch_npu's RankID; -1 is no rank); findings keep the
@@ -55,20 +55,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.sources import (
+from unsafe_doctor.source.files import is_internal_file
+from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
-    SourceFile,
-    Workspace,
     child_statements,
     compound_header,
     import_bindings,
-    is_internal_file,
+    is_cached,
     names_bound,
     parameter_names,
     source_segment,
     walk_scope,
 )
+from unsafe_doctor.source.workspace import SourceFile, Workspace
 from unsafe_doctor.subject import Subject, TensorRef
 from unsafe_doctor.tracebacks import Frame, Traceback
 
@@ -509,7 +509,7 @@ def _cached_submodule_call(attribute: str, scope: _Scope, workspace: Workspace) 
             if defined is None:
                 continue
             cls, module = defined
-            called = next((f for f in cls.body if _is_cached(f) and f.name in _CALL_METHODS), None)
+            called = next((f for f in cls.body if is_cached(f) and f.name in _CALL_METHODS), None)
             if called is not None:
                 note = (f"self.{attribute} is a {cls.name}, whose {called.name}() is an lru_cache: "
                         "it returns what earlier steps built")
@@ -549,21 +549,6 @@ def _class_definition(callee: ast.expr, scope: _Scope, workspace: Workspace) -> 
             return None
         binding, attributes = source.binding(name), []
     return None
-
-
-_CACHE_DECORATORS = frozenset({"lru_cache", "cache"})
-
-
-def _is_cached(node: ast.AST) -> bool:
-    """A function decorated with functools' `lru_cache` / `cache`."""
-    if not isinstance(node, Function):
-        return False
-    for decorator in node.decorator_list:
-        callee = decorator.func if isinstance(decorator, ast.Call) else decorator
-        name = callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", None)
-        if name in _CACHE_DECORATORS:
-            return True
-    return False
 
 
 def _guess(parts: list[ast.expr], scope: _Scope, workspace: Workspace) -> _Resolved | None:
@@ -685,7 +670,7 @@ def _call_result(
     if not _is_call(parts, index + 1):
         return None  # the function object
     module = source.module if source else None
-    if _is_cached(function):
+    if is_cached(function):
         note = f"{function.name}() is an lru_cache: it returns what earlier steps built"
         return _Resolved(_GLOBAL, index + 1, function.name, module, None, (note,), cached=True)
     returned = _returned_global(function, source, workspace, depth)

@@ -33,20 +33,20 @@ from typing import Literal
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import AdaptorProfile
-from unsafe_doctor.sources import (
+from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, package_folder, python_files
+from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
-    SourceFile,
-    Workspace,
-    child_statements,
     import_bindings,
+    is_empty_container,
+    scope_statements,
     source_segment,
 )
-from unsafe_doctor.versions import FRAMEWORK_PACKAGES, Environment
+from unsafe_doctor.source.workspace import SourceFile, Workspace
+from unsafe_doctor.versions import Environment
 
 Kind = Literal["missing", "rebinding"]
 _MAX_ALIAS_HOPS = 6
-_EMPTY_CONTAINERS = frozenset({"list", "dict", "set", "OrderedDict", "defaultdict", "deque"})
 _MODULE_LEVEL_NAME = re.compile(r"^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
 
 
@@ -73,7 +73,7 @@ def stale_resets(adaptor: Path, profile: AdaptorProfile, environment: Environmen
         return []
     checker = _Checker(workspace, source, rollback, environment)
     found: list[StaleReset] = []
-    for statement in _statements(rollback.body):
+    for statement in scope_statements(rollback.body):
         for target, rebinds in _reset_targets(statement):
             stale = checker.check(statement, target, rebinds)
             if stale is not None:
@@ -89,15 +89,6 @@ class _Target:
     root: str  # the name the chain starts at: 'mpu'
     attributes: tuple[str | None, ...]  # attribute names after the root; None for a subscript
     value: ast.expr | None  # the value assigned, when the statement assigns one
-
-
-def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """The function's own statements, nested blocks included, nested functions and classes not."""
-    for statement in body:
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        yield statement
-        yield from _statements(child_statements(statement))
 
 
 def _reset_targets(statement: ast.stmt) -> Iterator[tuple[_Target, bool]]:
@@ -155,7 +146,7 @@ class _Checker:
             return None  # `pkg.sub.X`: `sub` may be a submodule this tree lacks, not a stale name
         if not _defines(holder, symbol):
             return self._stale(statement, symbol, module, "missing", self._missing_why(holder, module, symbol))
-        if rebinds and not rest and _is_empty_container(target.value):
+        if rebinds and not rest and is_empty_container(target.value):
             importer = self._importer(holder, module, symbol)
             if importer is not None:
                 why = (
@@ -192,7 +183,7 @@ class _Checker:
         """What an import bound `name` to: the last import in the rollback function before the line,
         else the adaptor's module-level import."""
         local = None
-        for statement in _statements(self.rollback.body):
+        for statement in scope_statements(self.rollback.body):
             if isinstance(statement, (ast.Import, ast.ImportFrom)) and statement.lineno <= line:
                 imported = import_bindings(statement, self.adaptor.package).get(name)
                 if imported is not None and (local is None or statement.lineno >= local[0]):
@@ -218,7 +209,7 @@ class _Checker:
         return None
 
     def _missing_why(self, holder: SourceFile, module: str, symbol: str) -> str:
-        distribution = next((name for name, top in FRAMEWORK_PACKAGES.items() if module.split(".")[0] == top), None)
+        distribution = next((name for name, top in FRAMEWORK_DISTRIBUTIONS.items() if module.split(".")[0] == top), None)
         version = self.environment.versions.get(distribution) if distribution else None
         where = f"{distribution} {version}" if version is not None else f"{module} at {holder.path}"
         why = f"{where} has no {symbol} in {module}"
@@ -233,7 +224,7 @@ class _Checker:
         """The module-level name of the same package most like `symbol`: same first and last word
         (`_MOE_..._TRACKER`); the same name in another module beats any other."""
         words = symbol.strip("_").split("_")
-        top = _package_folder(holder.path, module)
+        top = package_folder(holder.path, module)
         if top is None or not words[0]:
             return None
         candidates = [
@@ -254,7 +245,7 @@ class _Checker:
         if top not in self._names:
             root = top.parent
             names = []
-            for path in sorted(top.rglob("*.py")):
+            for path in sorted(python_files(top)):
                 try:
                     text = path.read_text(encoding="utf-8", errors="replace")
                 except OSError:
@@ -266,11 +257,11 @@ class _Checker:
 
     def _importer(self, holder: SourceFile, module: str, symbol: str) -> str | None:
         """A module of the same package that binds `symbol` from `module` at import time."""
-        top = _package_folder(holder.path, module)
+        top = package_folder(holder.path, module)
         if top is None:
             return None
         wanted = f"{module}.{symbol}"
-        for path in sorted(top.rglob("*.py")):
+        for path in sorted(python_files(top)):
             try:
                 if symbol not in path.read_text(encoding="utf-8", errors="replace"):
                     continue
@@ -301,22 +292,6 @@ def _defines(source: SourceFile, symbol: str) -> bool:
         or source.star_import
         or "__getattr__" in source.bindings
     )
-
-
-def _package_folder(path: Path, module: str) -> Path | None:
-    """The folder of the module's top-level package: `.../megatron` for megatron.core.parallel_state."""
-    depth = len(module.split(".")) - (0 if path.name == "__init__.py" else 1)
-    parents = path.resolve().parents
-    return parents[depth - 1] if 0 < depth <= len(parents) else None
-
-
-def _is_empty_container(value: ast.expr | None) -> bool:
-    if isinstance(value, (ast.List, ast.Dict, ast.Set)):
-        return not (value.keys if isinstance(value, ast.Dict) else value.elts)
-    if isinstance(value, ast.Call) and not value.args and not value.keywords:
-        name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", None)
-        return name in _EMPTY_CONTAINERS
-    return False
 
 
 def _alias_of(target: _Target) -> str:
