@@ -57,11 +57,11 @@ from pathlib import Path
 from typing import Literal
 
 from unsafe_doctor.source.files import is_file, python_files
+from unsafe_doctor.source.resolve import Imports
 from unsafe_doctor.source.syntax import (
     Function,
     child_statements,
     compound_header,
-    import_bindings,
     is_cache_decorator,
     is_empty_value,
     parameter_names,
@@ -581,7 +581,6 @@ class _FileStudy:
         self.study = study
         self.source = source
         self.defining = study.defining is not None and source.path == study.defining.path
-        self.imports = {name: imported.target for name, imported in source.imports.items()}
         self.lines = source.lines
 
     def run(self) -> None:
@@ -609,11 +608,7 @@ class _FunctionStudy:
         study = file.study
         self.file, self.function, self.class_name, self.name, self.body = file, function, class_name, name, body
         self.nodes = list(walk_scope(function)) if function is not None else []
-        self.modules = dict(file.imports)  # name -> dotted import target, with the function's own imports
-        for node in self.nodes:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                local = import_bindings(node, file.source.package)
-                self.modules.update({name: bound.target for name, bound in local.items()})
+        self.imports = Imports.of(file.source, function)  # the module's imports, with the function's own
         self.reporting = _is_reporting(name, [node for node in self.nodes if isinstance(node, ast.Call)])
         self.initialising = name == "__init__" or bool(_tokens(name) & _INIT_TOKENS)
         self.x_names: set[str] = set()  # names that are the global itself
@@ -622,8 +617,8 @@ class _FunctionStudy:
         self.derived: dict[str, Relation] = {}  # locals computed from it
         if study.attribute:
             return
-        for local, target in self.modules.items():
-            head, _, tail = target.rpartition(".")
+        for local, imported in self.imports.names.items():
+            head, _, tail = imported.target.rpartition(".")
             if head == study.module and tail == study.variable:
                 self.x_names.add(local)
             elif head == study.module and tail in study.accessors:
@@ -645,14 +640,6 @@ class _FunctionStudy:
         return any(isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store) for node in nodes)
 
     # what an expression is
-
-    def _dotted(self, node: ast.expr) -> str | None:
-        if isinstance(node, ast.Name):
-            return self.modules.get(node.id)
-        if isinstance(node, ast.Attribute):
-            head = self._dotted(node.value)
-            return f"{head}.{node.attr}" if head else None
-        return None
 
     def _receiver_ok(self, receiver: ast.expr) -> bool:
         """For an attribute: `self.x` in the owner's class (or a class of its module); any other object."""
@@ -678,7 +665,7 @@ class _FunctionStudy:
                 return False
             if study.attribute:
                 return self._receiver_ok(node.value)
-            return self._dotted(node.value) == study.module
+            return self.imports.dotted(node.value) == study.module
         if isinstance(node, ast.Call):
             func = node.func
             if study.attribute:
@@ -690,7 +677,7 @@ class _FunctionStudy:
                 return func.id in self.accessors
             return (
                 isinstance(func, ast.Attribute) and func.attr in study.accessors
-                and self._dotted(func.value) == study.module
+                and self.imports.dotted(func.value) == study.module
             )
         return False
 

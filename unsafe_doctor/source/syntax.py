@@ -192,3 +192,8 @@ def source_segment(text: str, node: ast.AST) -> str | None:
     head = lines[first].encode()[start:].decode(errors="replace")
     tail = lines[last].encode()[:end].decode(errors="replace")
     return head + "".join(lines[first + 1 : last]) + tail
+
+
+def one_line(text: str) -> str:
+    """A multi-line expression's text on one line."""
+    return re.sub(r"\s*\n\s*", " ", text)
