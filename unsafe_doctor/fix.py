@@ -43,7 +43,8 @@ from typing import Literal
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from unsafe_doctor.classify import Classified, generic_rule_id
+from unsafe_doctor.classify import Classified, ClassifiedSubject, FixPlan, NoFix, Unclassified, generic_rule_id
+from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase, is_safe_dotted
 from unsafe_doctor.subject import Subject
@@ -79,11 +80,40 @@ class FileEdit:
 
 
 @dataclass(frozen=True)
+class Planned:
+    """A finding whose fix is in the plan's edits, or already in the adaptor."""
+
+    finding: int  # 1-based, in the order the findings were given
+    key: str  # the marker key of its blocks
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A finding with no fix to write."""
+
+    finding: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"finding {self.finding}: {self.reason}"
+
+
+# A fix that must not be written (a log's name that is no Python name, an adaptor function missing or
+# ambiguous, an edit that would not compile) is refused with UsageError: it stops the whole command
+# before anything is shown or written.
+Outcome = Planned | Skipped
+
+
+@dataclass(frozen=True)
 class Plan:
     edits: tuple[FileEdit, ...]  # files that change, each with every change for it
     present: tuple[str, ...]  # blocks the adaptor already holds
-    skipped: tuple[str, ...]  # findings with no fix to write, and why
+    outcomes: tuple[Outcome, ...]  # one per finding given
     notes: tuple[str, ...]
+
+    @property
+    def skipped(self) -> tuple[Skipped, ...]:
+        return tuple(outcome for outcome in self.outcomes if isinstance(outcome, Skipped))
 
     def diff(self) -> str:
         return "".join(edit.diff() for edit in self.edits)
@@ -99,10 +129,7 @@ class Written:
 
 
 def plan_fix(
-    findings: Sequence[Classified],
-    environment: Environment,
-    knowledge: KnowledgeBase,
-    functions: Mapping[Role, str] | None = None,
+    findings: Sequence[ClassifiedSubject], context: RunContext, functions: Mapping[Role, str] | None = None
 ) -> Plan:
     """The edits that write the fix of each finding into the adaptor; reads files, writes nothing.
 
@@ -110,17 +137,23 @@ def plan_fix(
     """
     for item in findings:
         _check_log_names(item.subject)
+    environment = context.environment
     requests: list[_Request] = []
-    skipped: list[str] = []
+    outcomes: list[Outcome] = []
     notes: list[str] = []
     for number, item in enumerate(findings, 1):
-        if item.classification.fix is None:
-            skipped.append(f"finding {number}: {_why_no_fix(item)}")
+        classification = item.classification
+        if isinstance(classification, Unclassified):
+            outcomes.append(Skipped(number, "unclassified: scenario 1 or 2 is not known, so there is no fix to write"))
+        elif isinstance(classification.fix, NoFix):
+            outcomes.append(Skipped(number, classification.fix.reason))
         else:
-            requests.extend(_requests(item, knowledge, environment.profile, dict(functions or {})))
-            notes.extend(f"finding {number}: {note}" for note in item.classification.notes)
+            key = marker_key(item.subject, classification, context.knowledge)
+            outcomes.append(Planned(number, key))
+            requests.extend(_requests(item.subject, key, classification.fix, dict(functions or {})))
+            notes.extend(f"finding {number}: {note}" for note in classification.notes)
     if not requests:
-        return Plan((), (), tuple(skipped), ())
+        return Plan((), (), tuple(outcomes), ())
     adaptor = _Adaptor(_adaptor_files(environment))
     insertions: dict[Path, list[tuple[_Function, list[str], str]]] = {}
     present: list[str] = []
@@ -139,7 +172,7 @@ def plan_fix(
         insertions.setdefault(function.path, []).append((function, lines, request.key))
         notes.extend(_early_return_notes(source, function))
     edits = tuple(_insert(adaptor.source(path), items) for path, items in insertions.items())
-    return Plan(edits, tuple(present), tuple(skipped), tuple(dict.fromkeys(notes)))
+    return Plan(edits, tuple(present), tuple(outcomes), tuple(dict.fromkeys(notes)))
 
 
 def function_overrides(specs: Iterable[str]) -> dict[Role, str]:
@@ -180,22 +213,10 @@ def _check_log_names(subject: Subject) -> None:
             raise UsageError(f"the log gives {label} {shown!r} where a Python name belongs: refusing to write it into code")
 
 
-def _why_no_fix(item: Classified) -> str:
-    classification = item.classification
-    if classification.scenario is None:
-        return "unclassified: scenario 1 or 2 is not known, so there is no fix to write"
-    reasons = [note for note in classification.notes if note.startswith("no fix rendered")]
-    return reasons[0] if reasons else "its rule has no fix for this adaptor"
-
-
-def _requests(
-    item: Classified, knowledge: KnowledgeBase, profile: AdaptorProfile, functions: dict[Role, str]
-) -> list[_Request]:
+def _requests(subject: Subject, key: str, fix: FixPlan, functions: dict[Role, str]) -> list[_Request]:
     """One request per function the finding's fix goes into: rollback, or receive and send."""
-    fix = item.classification.fix
-    key = marker_key(item, knowledge)
-    what = _tensor_name(item.subject) or key
-    if fix.phase == "rollback":
+    what = _tensor_name(subject) or key
+    if fix.phase == "rollback" or fix.peer_function is None or fix.peer_code is None:
         return [
             _Request(key, "rollback", functions.get("rollback", fix.function),
                      f"scenario 1: re-initialise {what} after the rollback", fix.imports, fix.code, 1)
@@ -208,13 +229,13 @@ def _requests(
     ]
 
 
-def marker_key(item: Classified, knowledge: KnowledgeBase) -> str:
-    classification = item.classification
-    rule_id = classification.rule or generic_rule_id(classification.scenario, item.subject)
+def marker_key(subject: Subject, classification: Classified, knowledge: KnowledgeBase) -> str:
+    """The rule id, with the tensor's dotted name when the rule is not about one named variable."""
+    rule_id = classification.rule or generic_rule_id(classification.scenario, subject)
     rule = knowledge.rule(rule_id)
     if rule is not None and rule.match.variable is not None:
         return rule_id
-    name = _tensor_name(item.subject)
+    name = _tensor_name(subject)
     return f"{rule_id}:{name}" if name else rule_id
 
 
@@ -268,6 +289,10 @@ class _Source:
 
     def text_line(self, index: int) -> str:
         return self.lines[index].decode(self.encoding)
+
+    def decoded(self, line: bytes) -> str:
+        """A line of this file (or of an edit of it) as text, stripped."""
+        return line.decode(self.encoding).strip()
 
     def encode(self, text: str) -> bytes:
         """Text for the middle of the file: a BOM belongs only at its start."""
@@ -371,14 +396,14 @@ def _describe(node: cst.FunctionDef, positions: Mapping[cst.CSTNode, CodeRange],
     def_indent = text_lines[start.line - 1][: start.column]
     unit = indent[len(def_indent):] if indent.startswith(def_indent) and len(indent) > len(def_indent) else INDENT
     last = body[-1]
-    trailing_return = _is_return(last)
-    if trailing_return:
-        insert_at = positions[last].start.line - 1 - len(last.leading_lines)
+    trailing_return = _as_return(last)
+    if trailing_return is not None:
+        insert_at = positions[last].start.line - 1 - len(trailing_return.leading_lines)
     else:
         insert_at = positions[last].end.line
     returns = _ReturnCollector()
     node.body.visit(returns)
-    trailing = set(last.body) if trailing_return else set()
+    trailing = set(trailing_return.body) if trailing_return is not None else set()
     early = tuple(positions[ret].start.line for ret in returns.found if ret not in trailing)
     return _Function(node.name.value, path, start.line, end.line, parameters, indent, unit, insert_at, early, _own_group(body))
 
@@ -391,8 +416,11 @@ def _parameter_names(params: cst.Parameters) -> Iterable[str]:
             yield star.name.value
 
 
-def _is_return(statement: cst.BaseStatement) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and any(isinstance(small, cst.Return) for small in statement.body)
+def _as_return(statement: cst.BaseStatement) -> cst.SimpleStatementLine | None:
+    """The statement when it is a line that returns."""
+    if isinstance(statement, cst.SimpleStatementLine) and any(isinstance(small, cst.Return) for small in statement.body):
+        return statement
+    return None
 
 
 def _own_group(body: Sequence[cst.BaseStatement]) -> str | None:
@@ -554,6 +582,7 @@ def _insert(source: _Source, items: list[tuple[_Function, list[str], str]]) -> F
     for _, (function, block, key) in sorted(enumerate(items), key=lambda item: (item[1][0].insert_at, item[0]), reverse=True):
         encoded = [source.encode(line) + newline for line in block]
         at = function.insert_at
+        assert at is not None, "_Adaptor.function refuses a function whose body is on its `def` line"
         if at == len(lines) and lines and not lines[-1].endswith((b"\n", b"\r")):
             lines[-1] += newline  # the file ended without a line ending after the function:
             encoded[-1] = encoded[-1][: -len(newline)]  # it still does, after the block
@@ -599,13 +628,12 @@ def _without_blocks(source: _Source) -> tuple[bytes, tuple[str, ...]] | None:
     index = 0
     removed = 0  # lines removed above `index`, to report the original line numbers
     while index < len(lines):
-        text = lines[index].decode(source.encoding).strip()
+        text = source.decoded(lines[index])
         if not text.startswith(MARKER_BEGIN):
             index += 1
             continue
         key = text[len(MARKER_BEGIN):]
-        ends = (later for later in range(index + 1, len(lines)) if lines[later].decode(source.encoding).strip() == MARKER_END + key)
-        end = next(ends, None)
+        end = next((later for later in range(index + 1, len(lines)) if source.decoded(lines[later]) == MARKER_END + key), None)
         first = index + 1 + removed
         if end is None:
             raise UsageError(f"{source.shown}:{first}: block {key} has no end marker ({MARKER_END}{key}): remove it by hand")
@@ -677,7 +705,8 @@ def _marked_blocks(source: _Source) -> Iterable[MarkedBlock]:
         function = max(holders, key=lambda function: function.first_line)  # the innermost
         indent = text[: len(text) - len(text.lstrip())]
         lines = [line[len(indent):] if line.startswith(indent) else line.lstrip() for line in texts[index : end + 1]]
-        yield MarkedBlock(key, source.path, index + 1, function.name, function.parameters, function.own_group, "\n".join(lines) + "\n")
+        code = "\n".join(lines) + "\n"
+        yield MarkedBlock(key, source.path, index + 1, function.name, function.parameters, function.own_group, code)
 
 
 # --- writing --------------------------------------------------------------------------------------
