@@ -11,8 +11,9 @@ from __future__ import annotations
 import string
 import textwrap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, get_args
+from typing import ClassVar, Literal, Protocol, get_args
 
+from unsafe_doctor.context import RunContext
 from unsafe_doctor.knowledge import (
     AdaptorProfile,
     KnowledgeBase,
@@ -27,9 +28,6 @@ from unsafe_doctor.knowledge import (
 from unsafe_doctor.recovery import LossScaling
 from unsafe_doctor.subject import Evidence, Subject
 from unsafe_doctor.versions import Environment
-
-if TYPE_CHECKING:
-    from unsafe_doctor.context import RunContext
 
 Confidence = Literal["high", "medium", "low"]
 GENERIC_RULES = {1: "generic.reinitialise", 2: "generic.replica-copy"}  # templates for heuristic verdicts

@@ -168,9 +168,9 @@ def plan_fix(
         if _has_block(source, function, request.key):
             present.append(f"{source.shown}: {request.key} already in {function.name}()")
             continue
-        lines = _block_lines(request, function, environment.profile, notes)
+        lines, adapted = _block_lines(request, function, environment.profile)
         insertions.setdefault(function.path, []).append((function, lines, request.key))
-        notes.extend(_early_return_notes(source, function))
+        notes.extend((*adapted, *_early_return_notes(source, function)))
     edits = tuple(_insert(adaptor.source(path), items) for path, items in insertions.items())
     return Plan(edits, tuple(present), tuple(outcomes), tuple(dict.fromkeys(notes)))
 
@@ -451,9 +451,10 @@ def _callee_name(callee: cst.BaseExpression) -> str | None:
 # --- rendering a block ----------------------------------------------------------------------------
 
 
-def _block_lines(request: _Request, function: _Function, profile: AdaptorProfile, notes: list[str]) -> list[str]:
-    """The block's lines, without line endings, indented for the function's body."""
+def _block_lines(request: _Request, function: _Function, profile: AdaptorProfile) -> tuple[list[str], tuple[str, ...]]:
+    """The block's lines, without line endings, indented for the function's body; notes on how it was adapted."""
     code, imports = request.code, request.imports
+    notes: tuple[str, ...] = ()
     try:
         read = _names_read("\n".join([*imports, code]))
     except SyntaxError as error:
@@ -467,9 +468,9 @@ def _block_lines(request: _Request, function: _Function, profile: AdaptorProfile
             code = renamed
             imports = tuple(line for line in imports if line not in profile.repair_group_imports)
             pairs.append((GROUP_NAME, function.own_group))
-            notes.append(
+            notes = (
                 f"{function.name}() builds its own repair group ({function.own_group}): the block uses it, "
-                f"not {profile.repair_group}"
+                f"not {profile.repair_group}",
             )
     body = code.rstrip("\n").split("\n")
     if request.scenario == 2:
@@ -488,7 +489,7 @@ def _block_lines(request: _Request, function: _Function, profile: AdaptorProfile
         f"{HELPER}({', '.join(value for _, value in pairs)})",
         MARKER_END + request.key,
     ]
-    return [_reindent(line, function) for line in lines]
+    return [_reindent(line, function) for line in lines], notes
 
 
 def _rank_loop(body: list[str], profile: AdaptorProfile) -> tuple[list[str], list[tuple[str, str]]]:
