@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from unsafe_doctor.adaptor import ROLES, AdaptorFile, read_adaptor
 from unsafe_doctor.classify import Unclassified
 from unsafe_doctor.diagnosis import Diagnosis
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.fix import ROLES, AdaptorFile, marker_key, read_adaptor
+from unsafe_doctor.fix import marker_key
 from unsafe_doctor.knowledge import KnowledgeBase
 from unsafe_doctor.replay.plan import MAX_RANKS, MODES, AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.source.workspace import module_from_path
