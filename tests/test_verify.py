@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import apply, function_overrides, plan_fix
-from unsafe_doctor.knowledge import PROBE_NAMES, load_knowledge
+from unsafe_doctor.knowledge import PROBE_NAMES
 from unsafe_doctor.replay.plan import ReplayPlan
 from unsafe_doctor.verify import plan_replay, verify
 
@@ -53,14 +54,14 @@ def toytrain(tmp_path) -> Path:
 
 
 def write_fix(log: Path, adaptor: Path, roots: list[Path]) -> str:
-    diagnosis = diagnose([str(log)], source_roots=roots, adaptor=adaptor)
-    apply(plan_fix(diagnosis.findings, diagnosis.environment, load_knowledge()))
+    diagnosis = diagnose([str(log)], groundwork(source_roots=roots), adaptor=adaptor)
+    apply(plan_fix(diagnosis.findings, diagnosis.context))
     return adaptor.read_text()
 
 
 def replay(log: Path, adaptor: Path, roots: list[Path], **options):
-    diagnosis = diagnose([str(log)], source_roots=roots, adaptor=adaptor)
-    plan, skipped = plan_replay(diagnosis, load_knowledge(), **options)
+    diagnosis = diagnose([str(log)], groundwork(source_roots=roots), adaptor=adaptor)
+    plan, skipped = plan_replay(diagnosis, diagnosis.context.knowledge, **options)
     return verify(plan, skipped)
 
 
@@ -119,7 +120,8 @@ def test_megatron_tracker_fix_is_proven_against_real_megatron_core(in_tree):
 def test_the_plan_carries_the_rules_probe_and_the_switches_its_guards_test(in_tree):
     """Read from the knowledge's fields, not from rule ids or the rendered guard code."""
     adaptor = in_tree / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
-    plan, _ = plan_replay(diagnose([str(TRACKER_LOG)], source_roots=[in_tree], adaptor=adaptor), load_knowledge())
+    diagnosis = diagnose([str(TRACKER_LOG)], groundwork(source_roots=[in_tree]), adaptor=adaptor)
+    plan, _ = plan_replay(diagnosis, diagnosis.context.knowledge)
     [target] = plan.targets
     assert (target.rule, target.probe, target.switches) == (
         "megatron.moe-layer-wise-tracker-moe-utils", "megatron-layer-wise-tracker", ("num_experts",)
@@ -162,8 +164,8 @@ def test_every_sample_adaptor_goes_from_red_to_green_in_both_scenarios(tmp_path,
     roots = [toytrain, tmp_path / folder]
     red = replay(log, adaptor, roots, functions=overrides)
     assert red.verdicts[0].outcome == "no-fix"
-    diagnosis = diagnose([str(log)], source_roots=roots, adaptor=adaptor)
-    assert apply(plan_fix(diagnosis.findings, diagnosis.environment, load_knowledge(), overrides))
+    diagnosis = diagnose([str(log)], groundwork(source_roots=roots), adaptor=adaptor)
+    assert apply(plan_fix(diagnosis.findings, diagnosis.context, overrides))
     [verdict] = replay(log, adaptor, roots, functions=overrides).verdicts
     assert (verdict.target.scenario, verdict.outcome) == (scenario, "proven"), verdict.problems
 

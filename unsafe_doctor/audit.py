@@ -61,11 +61,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from unsafe_doctor.classify import Classification, classify, classify_as
+from unsafe_doctor.classify import Classification, Classified, FixPlan, NoFix, classify, classify_as
+from unsafe_doctor.context import RunContext
 from unsafe_doctor.diagnosis import DiagnosedFinding
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import KnowledgeBase, Rule, load_knowledge
-from unsafe_doctor.locate import Finding, TensorRef
+from unsafe_doctor.locate import Finding
 from unsafe_doctor.matching import rule_matches
 from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, ImportRoots, import_root, python_files
 from unsafe_doctor.source.syntax import (
@@ -83,6 +84,7 @@ from unsafe_doctor.source.syntax import (
 )
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 from unsafe_doctor.stale import StaleReset, stale_resets
+from unsafe_doctor.subject import Evidence, TensorRef
 from unsafe_doctor.tracebacks import Frame, Traceback
 from unsafe_doctor.versions import Environment, detect_environment, profile_files
 
@@ -200,7 +202,7 @@ class Audit:
     files: int  # Python files read
     unreadable: tuple[str, ...]  # files that could not be parsed
     holders: tuple[AuditedHolder, ...]  # uncovered first, then unsafe, then covered; by name within
-    environment: Environment
+    context: RunContext  # the knowledge, the scan's workspace and the environment the holders were judged with
     stale: tuple[StaleReset, ...]
     notes: tuple[str, ...]
 
@@ -215,7 +217,8 @@ class Audit:
         return tuple(
             item
             for item in self.holders
-            if item.coverage.status == "uncovered" and item.classification is not None and item.classification.fix
+            if item.coverage.status == "uncovered" and isinstance(item.classification, Classified)
+            and isinstance(item.classification.fix, FixPlan)
         )
 
 
@@ -248,7 +251,8 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
         scanned()
         if adaptor is None:
             adaptor = _adaptor_in_tree(index, knowledge)
-        environment = detect_environment(knowledge, roots, adaptor=adaptor)
+        context = RunContext(knowledge, index.workspace, detect_environment(knowledge, index.workspace, adaptor=adaptor))
+        environment = context.environment
         notes: list[str] = []
         coverage = _Coverage(index, environment, notes) if environment.adaptor else None
         if coverage is None:
@@ -262,12 +266,12 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
                     readers=tuple(site for site in holder.readers if site.file not in coverage.shown),
                 )
             verdict = coverage.judge(holder) if coverage else Coverage("uncovered", None, None, (), (), "no adaptor was found")
-            finding, classification = _classification(holder, verdict, knowledge, environment)
+            finding, classification = _classification(holder, verdict, context)
             audited.append(AuditedHolder(holder, verdict, classification, finding))
     order = {"uncovered": 0, "unsafe": 1, "covered": 2}
     audited.sort(key=lambda item: (order[item.coverage.status], item.holder.name))
-    stale = stale_resets(environment.adaptor, environment.profile, environment) if environment.adaptor else []
-    return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), environment, tuple(stale), tuple(notes))
+    stale = stale_resets(environment.adaptor, environment.profile, environment, index.workspace) if environment.adaptor else []
+    return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), context, tuple(stale), tuple(notes))
 
 
 @contextmanager
@@ -301,23 +305,23 @@ def _diagnosed(item: AuditedHolder) -> DiagnosedFinding:
     return DiagnosedFinding(item.finding, "none", item.classification)
 
 
-def plan_fixes(result: Audit, knowledge: KnowledgeBase) -> Plan:
+def plan_fixes(result: Audit) -> Plan:
     """One plan (one diff) with the fix of every uncovered holder that has one; refused without an
     adaptor to write into."""
     from unsafe_doctor.fix import plan_fix  # libcst loads only when a fix is planned
 
-    if result.environment.adaptor is None:
+    if result.context.environment.adaptor is None:
         raise UsageError("--fix needs the recovery adaptor: none was found under the paths; give --adaptor FILE")
-    return plan_fix([_diagnosed(item) for item in result.fixable], result.environment, knowledge)
+    return plan_fix([_diagnosed(item) for item in result.fixable], result.context)
 
 
-def plan_fixes_per_holder(result: Audit, knowledge: KnowledgeBase) -> dict[str, Plan]:
+def plan_fixes_per_holder(result: Audit) -> dict[str, Plan]:
     """Each fixable holder's own plan (SARIF attaches a fix to each result)."""
     from unsafe_doctor.fix import plan_fix
 
-    if result.environment.adaptor is None:
+    if result.context.environment.adaptor is None:
         return {}
-    return {item.holder.name: plan_fix([_diagnosed(item)], result.environment, knowledge) for item in result.fixable}
+    return {item.holder.name: plan_fix([_diagnosed(item)], result.context) for item in result.fixable}
 
 
 # --- files and modules -------------------------------------------------------------------------------
@@ -1627,7 +1631,7 @@ def _finding(holder: Holder) -> Finding:
     )
 
 
-def _cache_classification(holder: Holder, finding: Finding, knowledge: KnowledgeBase, environment: Environment) -> Classification:
+def _cache_classification(holder: Holder, finding: Finding, context: RunContext) -> Classification:
     """A cache holds values computed from its arguments and computes them again when missing: scenario
     1 by its nature, fixed by emptying it. (The source heuristics would read every file naming the
     function, and names such as `forward` are everywhere.)"""
@@ -1636,9 +1640,9 @@ def _cache_classification(holder: Holder, finding: Finding, knowledge: Knowledge
         f"{cached} is a cache: what it returns is computed from its arguments and computed again once "
         "emptied, so it carries nothing into the next step; empty it with cache_clear() in the rollback"
     )
-    evidence = (f"{holder.definition.file}:{holder.definition.line}: decorated with a cache: `{holder.definition.code}`",)
+    evidence = (Evidence(holder.definition.file, holder.definition.line, f"decorated with a cache: `{holder.definition.code}`"),)
     cache = replace(finding, tensor=replace(finding.tensor, cached=True))
-    return replace(classify_as(cache, 1, knowledge, environment, evidence), confidence="medium", reason=reason)
+    return replace(classify_as(cache.subject, 1, context, evidence), confidence="medium", reason=reason)
 
 
 def _rule_frame(rule: Rule, holder: Holder) -> Frame | None:
@@ -1684,10 +1688,11 @@ def _frame(site: Site) -> Frame:
 
 
 def _classification(
-    holder: Holder, coverage: Coverage, knowledge: KnowledgeBase, environment: Environment
+    holder: Holder, coverage: Coverage, context: RunContext
 ) -> tuple[Finding, Classification | None]:
     """Rules first, at the first site a rule names; heuristics only for an uncovered holder."""
     finding = _finding(holder)
+    knowledge = context.knowledge
     candidates = [_frame(site) for site in (holder.definition, *holder.writers, *holder.readers)]
     candidates += [frame for frame in (_rule_frame(rule, holder) for rule in knowledge.rules) if frame is not None]
     frame = next(
@@ -1704,14 +1709,15 @@ def _classification(
     if frame is None and coverage.status != "uncovered":
         return finding, None
     if frame is None and holder.kind == "lru-cache":
-        return finding, _cache_classification(holder, finding, knowledge, environment)
+        return finding, _cache_classification(holder, finding, context)
     if frame is not None and frame != finding.culprit:
         finding = replace(finding, culprit=frame)
-    verdict = classify(finding, knowledge, environment)
-    if verdict.rule is None and verdict.fix is not None and holder.kind in ("singleton", "buffer"):
+    verdict = classify(finding.subject, context)
+    generic = isinstance(verdict, Classified) and verdict.rule is None and isinstance(verdict.fix, FixPlan)
+    if generic and holder.kind in ("singleton", "buffer"):
         note = (
             f"no fix written: the generic fixes handle a tensor, dict, list or lru cache, not a {holder.kind}; "
             "reset it by hand or add a rule (--rules)"
         )
-        verdict = replace(verdict, fix=None, notes=(*verdict.notes, note))
+        verdict = replace(verdict, fix=NoFix(note), notes=(*verdict.notes, note))
     return finding, verdict

@@ -67,18 +67,10 @@ from unsafe_doctor.source.syntax import (
     source_segment,
 )
 from unsafe_doctor.source.workspace import SourceFile, Workspace
+from unsafe_doctor.subject import Subject, TensorRef
 from unsafe_doctor.tracebacks import Frame, Traceback
 
 UNSAFE_MESSAGE = "There is unsafe data in the input tensor."
-
-
-@dataclass(frozen=True, slots=True)
-class TensorRef:
-    expression: str  # 'parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]'
-    variable: str | None  # '_MOE_AUX_LOSSES_LOGGING_TRACKER'; None when the line does not name it
-    module: str | None  # 'megatron.core.parallel_state'; None when unknown
-    owner: str | None  # class name when the tensor is an attribute of an object
-    cached: bool = False  # `variable` is an lru-cached function (or `owner`'s method) and the tensor its result
 
 
 @dataclass(frozen=True)
@@ -92,17 +84,24 @@ class Finding:
     notes: tuple[str, ...]  # e.g. "read megatron/core/... from site-packages; version may differ"
     source_differs: bool = False  # the culprit's local file is not the one that ran: its lines differ from the log's
 
+    @property
+    def subject(self) -> Subject:
+        """What classify, the heuristics and the fixer read of this finding."""
+        return Subject(self.tensor, self.culprit, self.source_file, self.source_differs)
+
 
 def is_unsafe_error(traceback: Traceback) -> bool:
     return UNSAFE_MESSAGE.rstrip(".") in traceback.message
 
 
-def locate(tracebacks: Sequence[Traceback], source_roots: Sequence[Path] = ()) -> list[Finding]:
-    """Findings for every traceback whose chain holds the unsafe-data error, folded across ranks."""
-    for root in source_roots:
-        if not Path(root).is_dir():
+def locate(tracebacks: Sequence[Traceback], workspace: Workspace) -> list[Finding]:
+    """Findings for every traceback whose chain holds the unsafe-data error, folded across ranks.
+
+    `workspace`: the command's, over the source roots (`context.Groundwork`)."""
+    for root in workspace.source_roots:
+        if not root.is_dir():
             raise UsageError(f"source root {root} is not a directory")
-    workspace = _FrameWorkspace(source_roots)
+    views = _FrameViews(workspace)
     analyses: dict[tuple[Frame, ...], _Analysis] = {}
     groups: dict[tuple, list[tuple[Traceback, Traceback, _Analysis]]] = {}
     for traceback in tracebacks:
@@ -110,7 +109,7 @@ def locate(tracebacks: Sequence[Traceback], source_roots: Sequence[Path] = ()) -
         if unsafe is None:
             continue
         if unsafe.frames not in analyses:
-            analyses[unsafe.frames] = _analyse(unsafe.frames, workspace)
+            analyses[unsafe.frames] = _analyse(unsafe.frames, views)
         analysis = analyses[unsafe.frames]
         groups.setdefault(analysis.key(), []).append((traceback, unsafe, analysis))
     return [_fold(members) for members in groups.values()]
@@ -118,16 +117,16 @@ def locate(tracebacks: Sequence[Traceback], source_roots: Sequence[Path] = ()) -
 
 # --- one frame: its source, statement and scope ----------------------------------------------------
 
-class _FrameWorkspace(Workspace):
-    """A workspace that also keeps each frame's view: following a parameter views the caller again."""
+class _FrameViews:
+    """Each frame's view, made once: following a parameter views the caller again."""
 
-    def __init__(self, source_roots: Sequence[Path]):
-        super().__init__(source_roots)
+    def __init__(self, workspace: Workspace):
+        self.workspace = workspace
         self._views: dict[Frame, _FrameView] = {}
 
     def view(self, frame: Frame) -> _FrameView:
         if frame not in self._views:
-            self._views[frame] = _frame_view(frame, self)
+            self._views[frame] = _frame_view(frame, self.workspace)
         return self._views[frame]
 
 
@@ -416,7 +415,7 @@ def _candidates(view: _FrameView, workspace: Workspace) -> list[_Candidate]:
 
 
 def _choose_culprit(
-    frames: Sequence[Frame], workspace: _FrameWorkspace
+    frames: Sequence[Frame], views: _FrameViews
 ) -> tuple[int, _FrameView, list[_Candidate]] | None:
     """Innermost non-internal frame whose statement touches a tensor-ish operand (or whose source is
     unknown); else the innermost non-internal frame; None when every frame is internal."""
@@ -424,16 +423,16 @@ def _choose_culprit(
     for index in range(len(frames) - 1, -1, -1):
         if is_internal_file(frames[index].file):
             continue
-        view = workspace.view(frames[index])
-        candidates = _candidates(view, workspace)
+        view = views.view(frames[index])
+        candidates = _candidates(view, views.workspace)
         if view.statement is None or candidates:
             return index, view, candidates
         fallback = fallback or (index, view, candidates)
     return fallback
 
 
-def _analyse(frames: tuple[Frame, ...], workspace: _FrameWorkspace) -> _Analysis:
-    chosen = _choose_culprit(frames, workspace)
+def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
+    chosen = _choose_culprit(frames, views)
     if chosen is None:
         reason = "every frame is inside torch or the Python standard library"
         return _Analysis(None, None, None, (reason if frames else "the traceback has no frames",))
@@ -445,7 +444,7 @@ def _analyse(frames: tuple[Frame, ...], workspace: _FrameWorkspace) -> _Analysis
         if view.statement is None:
             notes.append("no source for the culprit line: the tensor cannot be named")
         return _Analysis(culprit, None, source_file, _unique(notes), view.differs)
-    parts, resolved, caller = _choose_tensor(frames, index, view, candidates, workspace)
+    parts, resolved, caller = _choose_tensor(frames, index, view, candidates, views)
     text = view.text
     if caller is not None:
         text = caller.text
@@ -462,33 +461,33 @@ def _analyse(frames: tuple[Frame, ...], workspace: _FrameWorkspace) -> _Analysis
 
 
 def _choose_tensor(
-    frames: Sequence[Frame], index: int, view: _FrameView, candidates: list[_Candidate], workspace: _FrameWorkspace
+    frames: Sequence[Frame], index: int, view: _FrameView, candidates: list[_Candidate], views: _FrameViews
 ) -> tuple[list[ast.expr], Resolved, _FrameView | None]:
     """The best-tiered candidate, leftmost on ties; parameters count as what the caller passed."""
     options: list[tuple[list[ast.expr], Resolved, _FrameView | None]] = []
     for parts, resolved in candidates:
-        followed = _follow_parameter(frames, index, view, resolved.parameter, workspace) if resolved.parameter else None
+        followed = _follow_parameter(frames, index, view, resolved.parameter, views) if resolved.parameter else None
         options.append(followed or (parts, resolved, None))
     return max(options, key=lambda option: option[1].tier)
 
 
 def _follow_parameter(
-    frames: Sequence[Frame], index: int, view: _FrameView, name: str, workspace: _FrameWorkspace, depth: int = 0
+    frames: Sequence[Frame], index: int, view: _FrameView, name: str, views: _FrameViews, depth: int = 0
 ) -> tuple[list[ast.expr], Resolved, _FrameView] | None:
     """The argument the caller frame passed for parameter `name`, resolved in the caller (repeatedly
     while it is again a parameter); None unless that names something (a global, `self.x`, ...)."""
     if index == 0 or depth > MAX_DEPTH or is_internal_file(frames[index - 1].file) or not view.scope.functions:
         return None
-    caller = workspace.view(frames[index - 1])
+    caller = views.view(frames[index - 1])
     argument = _argument_for(caller.statement, view.scope.functions[-1], name) if caller.statement else None
     parts = flatten(argument) if argument is not None else None
     if parts is None:
         return None
-    resolved = resolve_chain(parts, caller.scope, workspace)
+    resolved = resolve_chain(parts, caller.scope, views.workspace)
     if resolved is None:
         return None
     if resolved.parameter:
-        return _follow_parameter(frames, index - 1, caller, resolved.parameter, workspace, depth + 1)
+        return _follow_parameter(frames, index - 1, caller, resolved.parameter, views, depth + 1)
     return (parts, resolved, caller) if resolved.tier > Tier.PARAMETER else None
 
 

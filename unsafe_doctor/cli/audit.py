@@ -15,7 +15,6 @@ from unsafe_doctor.cli.options import RulesOption, YesOption
 from unsafe_doctor.cli.streams import print_json, print_rich, say
 from unsafe_doctor.cli.workflow import write_if_accepted
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.report import audit as report
 
 if TYPE_CHECKING:
@@ -61,11 +60,11 @@ def command(
     started = time.perf_counter()
     result = audits.audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or ())
     elapsed = time.perf_counter() - started
-    plan = audits.plan_fixes(result, load_knowledge(rules or ())) if fix else None  # refused before any output
+    plan = audits.plan_fixes(result) if fix else None  # refused before any output
     if output_format is AuditFormat.json:
         print_json(report.to_json(result))
     elif output_format is AuditFormat.sarif:
-        print_json(report.to_sarif(result, audits.plan_fixes_per_holder(result, load_knowledge(rules or ()))))
+        print_json(report.to_sarif(result, audits.plan_fixes_per_holder(result)))
     else:
         print_rich(report.to_text(result, elapsed))
     left = len(result.uncovered)

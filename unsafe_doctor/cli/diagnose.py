@@ -11,6 +11,7 @@ import typer
 from unsafe_doctor.cli.options import AdaptorOption, LogsArgument, NoInputOption, RulesOption, SourceRootOption, YesOption
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, progress_bar
 from unsafe_doctor.cli.workflow import offer_fixes
+from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.report import diagnosis as report
 
@@ -35,8 +36,9 @@ def command(
     """Find the unsafe-data errors in a failure log, the global tensor each one read, and the fix."""
     paths = log_paths(logs)
     started = time.perf_counter()
+    setup = groundwork(rules or (), source_root or ())
     with progress_bar(paths) as progress:
-        diagnosis = diagnose(paths, source_roots=source_root or (), rule_paths=rules or (), adaptor=adaptor, progress=progress)
+        diagnosis = diagnose(paths, setup, adaptor=adaptor, progress=progress)
     elapsed = time.perf_counter() - started
     if output_format is DiagnoseFormat.json:
         print_json(report.to_json(diagnosis))

@@ -19,11 +19,10 @@ from unsafe_doctor.cli.options import (
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, say
 from unsafe_doctor.cli.workflow import write_if_accepted
+from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.report import fix as report
-from unsafe_doctor.versions import detect_environment
 
 if TYPE_CHECKING:
     from unsafe_doctor.fix import Plan, Written
@@ -53,16 +52,16 @@ def command(
     from unsafe_doctor import fix as fixes  # libcst takes a second to load: diagnose does without it
 
     overrides = fixes.function_overrides(function or [])
-    knowledge = load_knowledge(rules or ())
+    setup = groundwork(rules or (), source_root or ())
     if revert:
         if logs:
             raise UsageError("--revert takes no logs: it removes every unsafe-doctor block from the adaptor")
-        plan = fixes.plan_revert(detect_environment(knowledge, source_root or (), (), adaptor))
+        plan = fixes.plan_revert(setup.detect(adaptor=adaptor).environment)
         findings = 0
     else:
         paths = log_paths(logs)
-        diagnosis = diagnose(paths, source_roots=source_root or (), rule_paths=rules or (), adaptor=adaptor)
-        plan = fixes.plan_fix(diagnosis.findings, diagnosis.environment, knowledge, overrides)
+        diagnosis = diagnose(paths, setup, adaptor=adaptor)
+        plan = fixes.plan_fix(diagnosis.findings, diagnosis.context, overrides)
         findings = len(diagnosis.findings)
     text = output_format is FixFormat.text
     interactive = text and not no_input and sys.stdin.isatty() and sys.stdout.isatty()

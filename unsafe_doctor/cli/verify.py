@@ -10,9 +10,9 @@ import typer
 
 from unsafe_doctor.cli.options import AdaptorOption, FunctionOption, LogsArgument, RulesOption, SourceRootOption
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich
+from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import load_knowledge
 
 
 class ReplayMode(str, Enum):
@@ -62,11 +62,11 @@ def command(
     paths = log_paths(logs)
     if under_torchrun():
         ranks = int(os.environ["WORLD_SIZE"])
-    knowledge = load_knowledge(rules or ())
-    diagnosis = diagnose(paths, source_roots=source_root or (), rule_paths=rules or (), adaptor=adaptor)
+    diagnosis = diagnose(paths, groundwork(rules or (), source_root or ()), adaptor=adaptor)
     functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
     plan, skipped = verification.plan_replay(
-        diagnosis, knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout, functions=functions
+        diagnosis, diagnosis.context.knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout,
+        functions=functions,
     )
     outcome = verification.verify(plan, skipped)
     if outcome is None:  # a torchrun rank other than 0: rank 0 reports

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, TextIO
 
 import typer
 
-from unsafe_doctor.classify import FixPlan, classify_as
+from unsafe_doctor.classify import Classified, FixPlan, Unclassified, classify_as
 from unsafe_doctor.cli.streams import print_rich, say
+from unsafe_doctor.context import RunContext
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
-from unsafe_doctor.knowledge import KnowledgeBase, Scenario, load_knowledge
+from unsafe_doctor.knowledge import KnowledgeBase, Scenario
 from unsafe_doctor.report.fix import written_lines
 
 if TYPE_CHECKING:
@@ -40,18 +41,18 @@ def offer_fixes(
 ) -> None:
     """After the report: each finding's fix as a diff, applied on --yes or when the person says so;
     then, for the fixes written, a replay that proves them."""
-    adaptor = diagnosis.environment.adaptor
+    adaptor = diagnosis.context.environment.adaptor
     if adaptor is None or not diagnosis.findings:
         return
     terminal = None if yes or no_input or not sys.stdout.isatty() else _controlling_terminal()
-    knowledge = load_knowledge(rules)
-    fixable = _fixable(diagnosis, knowledge, terminal)
+    knowledge = diagnosis.context.knowledge
+    fixable = _fixable(diagnosis, terminal)
     from unsafe_doctor import fix as fixes  # libcst is loaded only when a fix is offered
 
     options = [*paths, *(f"--source-root {root}" for root in source_roots), *(f"--rules {path}" for path in rules)]
     applied = []
     for item, fix in fixable:
-        plan = fixes.plan_fix([item], diagnosis.environment, knowledge)
+        plan = fixes.plan_fix([item], diagnosis.context)
         if not plan.edits:
             continue
         sys.stdout.write(plan.diff())
@@ -71,13 +72,13 @@ def offer_fixes(
         terminal.close()
 
 
-def _fixable(diagnosis: Diagnosis, knowledge: KnowledgeBase, terminal: TextIO | None) -> list[tuple[DiagnosedFinding, FixPlan]]:
+def _fixable(diagnosis: Diagnosis, terminal: TextIO | None) -> list[tuple[DiagnosedFinding, FixPlan]]:
     """The findings with a fix, each with its fix; at a terminal, the person classifies those nothing classified."""
     fixable = []
     for item in diagnosis.findings:
-        if item.classification.scenario is None and terminal is not None:
-            item = _ask_scenario(terminal, item, diagnosis, knowledge)
-        if item.classification.fix is not None:
+        if isinstance(item.classification, Unclassified) and terminal is not None:
+            item = _ask_scenario(terminal, item, diagnosis.context)
+        if isinstance(item.classification, Classified) and isinstance(item.classification.fix, FixPlan):
             fixable.append((item, item.classification.fix))
     return fixable
 
@@ -106,7 +107,7 @@ def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase) -> None:
         print_rich(to_text(outcome))
 
 
-def _ask_scenario(terminal: TextIO, item: DiagnosedFinding, diagnosis: Diagnosis, knowledge: KnowledgeBase) -> DiagnosedFinding:
+def _ask_scenario(terminal: TextIO, item: DiagnosedFinding, context: RunContext) -> DiagnosedFinding:
     """Nothing classified this tensor: the person decides, with the evidence in front of them."""
     tensor = item.finding.tensor
     name = (tensor.variable or tensor.expression) if tensor else "the tensor"
@@ -122,7 +123,7 @@ def _ask_scenario(terminal: TextIO, item: DiagnosedFinding, diagnosis: Diagnosis
     if answer not in ("1", "2"):
         return item
     scenario: Scenario = 1 if answer == "1" else 2
-    verdict = classify_as(item.finding, scenario, knowledge, diagnosis.environment, item.classification.evidence)
+    verdict = classify_as(item.subject, scenario, context, item.classification.evidence)
     return replace(item, classification=verdict)
 
 

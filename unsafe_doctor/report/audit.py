@@ -9,6 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from unsafe_doctor.classify import FixPlan
 from unsafe_doctor.report.common import adaptor_json, fix_plan_json, frameworks_json, stale_text
 from unsafe_doctor.report.sarif import artifact_change, file_uri, location, sarif_log
 
@@ -28,7 +29,7 @@ _PLACEMENT_TEXT = {"device": "on the device", "unknown": "device unknown"}
 
 
 def to_json(audit: Audit) -> dict[str, Any]:
-    environment = audit.environment
+    environment = audit.context.environment
     return {
         "schema": SCHEMA,
         "paths": [str(path) for path in audit.paths],
@@ -87,7 +88,7 @@ def _holder_json(item: AuditedHolder) -> dict[str, Any]:
         "rule": verdict.rule if verdict else None,
         "confidence": verdict.confidence if verdict else None,
         "reason": verdict.reason if verdict else None,
-        "evidence": list(verdict.evidence) if verdict else [],
+        "evidence": [str(evidence) for evidence in verdict.evidence] if verdict else [],
         "notes": list(verdict.notes) if verdict else [],
         "fix": fix_plan_json(verdict.fix) if verdict else None,
     }
@@ -194,7 +195,7 @@ def _holder_cells(item: AuditedHolder) -> tuple[Text, Text, Text, Text]:
     else:
         scenario.append(str(verdict.scenario), style="bold green")
         scenario.append(f" {verdict.rule}" if verdict.rule else f" heuristics, {verdict.confidence}", style="dim")
-        if coverage.status == "uncovered" and verdict.fix is not None:
+        if coverage.status == "uncovered" and isinstance(verdict.fix, FixPlan):
             peer = f" + {verdict.fix.peer_function}()" if verdict.fix.peer_function else ""
             scenario.append(f"\nfix: {verdict.fix.function}(){peer}")
     return name, uses, status, scenario
@@ -207,7 +208,7 @@ def _site_text(site: Site) -> str:
 
 def _summary(audit: Audit, elapsed: float) -> Text:
     counts = _counts(audit)
-    environment = audit.environment
+    environment = audit.context.environment
     pieces = [
         f"{counts['holders']} global{'s' if counts['holders'] != 1 else ''}: {counts['uncovered']} uncovered, "
         f"{counts['unsafe']} unsafe, {counts['covered']} covered"

@@ -7,13 +7,13 @@ from typing import Any
 
 from rich.text import Text
 
-from unsafe_doctor.classify import FixPlan
+from unsafe_doctor.classify import FixPlan, NoFix
 from unsafe_doctor.stale import StaleReset
 from unsafe_doctor.versions import Environment
 
 
-def fix_plan_json(fix: FixPlan | None) -> dict[str, Any] | None:
-    if fix is None:
+def fix_plan_json(fix: FixPlan | NoFix | None) -> dict[str, Any] | None:
+    if not isinstance(fix, FixPlan):
         return None
     peer = {"function": fix.peer_function, "code": fix.peer_code} if fix.peer_function else None
     return {

@@ -10,7 +10,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from unsafe_doctor.classify import Classification
+from unsafe_doctor.classify import Classification, FixPlan
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.report.common import adaptor_json, fix_plan_json, frameworks_json, stale_text
 from unsafe_doctor.report.sarif import location, sarif_log
@@ -34,8 +34,8 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
             "last_error": _last_error_json(diagnosis),
             "untraced_ranks": list(diagnosis.untraced_ranks),
             "loss_scaling": diagnosis.loss_scaling,  # "none", "grad-scaler", or null when the log does not say
-            "frameworks": frameworks_json(diagnosis.environment),
-            "adaptor": adaptor_json(diagnosis.environment),
+            "frameworks": frameworks_json(diagnosis.context.environment),
+            "adaptor": adaptor_json(diagnosis.context.environment),
             "stale_resets": [
                 {"file": str(item.file), "line": item.line, "statement": item.statement, "why": item.why}
                 for item in diagnosis.stale
@@ -68,7 +68,7 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
         "rule": verdict.rule,
         "confidence": verdict.confidence,
         "reason": verdict.reason,
-        "evidence": list(verdict.evidence),
+        "evidence": [str(evidence) for evidence in verdict.evidence],
         "fix": fix_plan_json(verdict.fix),
     }
 
@@ -171,9 +171,9 @@ def _add_classification(grid: Table, verdict: Classification) -> None:
         grid.add_row("Scenario", line)
         grid.add_row("Why", verdict.reason)
     for evidence in verdict.evidence:
-        grid.add_row("Evidence", Text(evidence, style="dim"))
+        grid.add_row("Evidence", Text(str(evidence), style="dim"))
     fix = verdict.fix
-    if fix is None:
+    if not isinstance(fix, FixPlan):
         return
     if fix.peer_function is None or fix.peer_code is None:
         blocks = [("", fix.function, fix.code)]
@@ -254,7 +254,7 @@ def _summary(diagnosis: Diagnosis, elapsed: float) -> Text:
         pieces.append(f"{len(diagnosis.ranks_seen)} ranks seen")
     if diagnosis.first_failed_rank is not None:
         pieces.append(f"first failure: rank {diagnosis.first_failed_rank}")
-    for name, version in diagnosis.environment.versions.items():
+    for name, version in diagnosis.context.environment.versions.items():
         pieces.append(f"{name} {version}")
     if diagnosis.hits_not_parsed:
         pieces.append(f"{diagnosis.hits_not_parsed} more unsafe-data messages counted, not parsed")

@@ -15,7 +15,7 @@ def to_json(plan: Plan, written: tuple[Written, ...], dry_run: bool) -> dict[str
         "schema": SCHEMA,
         "files": [{"path": str(edit.path), "changes": list(edit.changes), "diff": edit.diff()} for edit in plan.edits],
         "present": list(plan.present),
-        "skipped": list(plan.skipped),
+        "skipped": [str(item) for item in plan.skipped],
         "notes": list(plan.notes),
         "dry_run": dry_run,
         "written": [{"path": str(item.path), "backup": str(item.backup)} for item in written],
@@ -26,7 +26,7 @@ def decisions(plan: Plan, findings: int, revert: bool) -> list[str]:
     """What the plan decided, a line each: the blocks it changes, those already there, the findings it skips."""
     lines = [] if revert or findings else ["no unsafe-data finding in the log: nothing to fix"]
     lines.extend(change for edit in plan.edits for change in edit.changes)
-    lines.extend((*plan.present, *plan.skipped, *plan.notes))
+    lines.extend((*plan.present, *map(str, plan.skipped), *plan.notes))
     return lines
 
 

@@ -53,7 +53,8 @@ def rules_table(knowledge: KnowledgeBase) -> Table:
     table.add_column("rule", ratio=1, overflow="fold")
     table.add_column("scenario", justify="center")
     table.add_column("versions", no_wrap=True)
-    for rule in sorted([*knowledge.rules, *knowledge.templates], key=lambda rule: rule.id):
+    entries: list[Rule | Template] = [*knowledge.rules, *knowledge.templates]
+    for rule in sorted(entries, key=lambda entry: entry.id):
         versions = f"{rule.framework} {rule.versions}" if isinstance(rule, Rule) and rule.framework else "any"
         table.add_row(Text(rule.id, style="bold").append(f"\n  {rule.title}", style="dim"), str(rule.scenario), versions)
     return table
