@@ -24,9 +24,9 @@ import torch.multiprocessing
 from torch.distributed import _functional_collectives as funcol
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.npu_errors import UNSAFE_DATA
 from unsafe_doctor.replay.backend import (
     BACKEND_NAMES,
-    UNSAFE_DATA,
     EmulatedBackend,
     npu_unavailable_reason,
     reachable_tensors,

@@ -55,6 +55,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.npu_errors import UNSAFE_DATA
 from unsafe_doctor.sources import (
     Function,
     ImportedName,
@@ -70,8 +71,6 @@ from unsafe_doctor.sources import (
     walk_scope,
 )
 from unsafe_doctor.tracebacks import Frame, Traceback
-
-UNSAFE_MESSAGE = "There is unsafe data in the input tensor."
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +95,7 @@ class Finding:
 
 
 def is_unsafe_error(traceback: Traceback) -> bool:
-    return UNSAFE_MESSAGE.rstrip(".") in traceback.message
+    return UNSAFE_DATA.rstrip(".") in traceback.message
 
 
 def locate(tracebacks: Sequence[Traceback], source_roots: Sequence[Path] = ()) -> list[Finding]:

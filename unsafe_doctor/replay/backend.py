@@ -42,6 +42,7 @@ What torch_npu does, and what the emulation copies (sources: PTA ``NPURecovery.c
   ``There is unsafe data in the input tensor.`` then a newline and
   ``[ERROR] %Y-%m-%d-%H:%M:%S (PID:p, Device:d, RankID:r) ERR00003 PTA invalid value``. ``d`` is
   the current device. ``r`` is env ``RANK`` read like ``strtol``, or -1 when it is unset.
+  ``unsafe_doctor.npu_errors`` holds the text, which locate looks for in logs.
 
 What only the emulation has to decide:
 
@@ -63,25 +64,23 @@ What only the emulation has to decide:
 from __future__ import annotations
 
 import contextlib
-import datetime
 import gc
 import importlib
 import itertools
-import os
-import re
 import weakref
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
 from types import MappingProxyType, ModuleType
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.npu_errors import unsafe_data_message
 
-UNSAFE_DATA = "There is unsafe data in the input tensor."
 BACKEND_NAMES = ("npu", "emulated")
 
 
@@ -124,20 +123,7 @@ class UnsafeBackend(ABC):
 
 def unsafe_data_error(device_index: int) -> RuntimeError:
     """The error torch_npu raises when an op reads an unsafe block, text for text."""
-    now = datetime.datetime.now().strftime("%Y-%m-%d-%H:%M:%S")
-    return RuntimeError(
-        f"{UNSAFE_DATA}\n[ERROR] {now} (PID:{os.getpid()}, Device:{device_index}, "
-        f"RankID:{_rank_id()}) ERR00003 PTA invalid value"
-    )
-
-
-def _rank_id() -> int:
-    """torch_npu reads RANK with ``strtol``: leading digits, 0 when there are none, -1 unset."""
-    value = os.environ.get("RANK")
-    if value is None:
-        return -1
-    digits = re.match(r"\s*[+-]?\d+", value)
-    return int(digits.group()) if digits else 0
+    return RuntimeError(unsafe_data_message(device_index))
 
 
 # --- the npu backend -------------------------------------------------------------------------
@@ -187,13 +173,17 @@ class _StorageSet:
     """
 
     def __init__(self) -> None:
-        self._refs: dict[int, weakref.ref] = {}
+        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
 
     def add(self, storage: torch.UntypedStorage) -> None:
         key = storage._cdata
         if key not in self._refs:
             refs = self._refs
-            self._refs[key] = weakref.ref(storage, lambda _dead, key=key: refs.pop(key, None))
+
+            def forget(_dead: weakref.ref[torch.UntypedStorage]) -> None:
+                refs.pop(key, None)
+
+            self._refs[key] = weakref.ref(storage, forget)
 
     def discard(self, storage: torch.UntypedStorage) -> None:
         self._refs.pop(storage._cdata, None)
@@ -259,11 +249,12 @@ class EmulatedBackend(UnsafeBackend):
 
     def mark_all_unsafe(self) -> None:
         for tensor in _live_tensors():
-            self._mark_unsafe(tensor)
+            self.mark_unsafe(tensor)
             if tensor.is_leaf and tensor.grad is not None:
-                self._mark_unsafe(tensor.grad)
+                self.mark_unsafe(tensor.grad)
 
-    def _mark_unsafe(self, tensor: torch.Tensor) -> None:
+    def mark_unsafe(self, tensor: torch.Tensor) -> None:
+        """What a fault does to one tensor's block (the emulation alone can aim a fault)."""
         storage = _storage(tensor)
         if storage is not None and storage not in self._host:
             self._unsafe.add(storage)
@@ -392,7 +383,7 @@ def npu_unavailable_reason() -> str | None:
     except ImportError:
         version = getattr(torch_npu, "__version__", "?")
         return f"torch_npu {version} has no {_NPU_RECOVERY} (added in 6.0.rc3)"
-    if not torch.npu.is_available() or torch.npu.device_count() == 0:
+    if not torch_npu.npu.is_available() or torch_npu.npu.device_count() == 0:
         return "torch_npu imports but sees no NPU"
     return None
 
@@ -409,10 +400,12 @@ def select_backend(prefer: str | None = None, device_index: int | None = None) -
     if prefer != "emulated":
         reason = npu_unavailable_reason()
         if reason is None:
+            import torch_npu
+
             if device_index is None:
-                device_index = torch.npu.current_device()
+                device_index = torch_npu.npu.current_device()
             else:
-                torch.npu.set_device(device_index)
+                torch_npu.npu.set_device(device_index)
             return NpuBackend(importlib.import_module(_NPU_RECOVERY), device_index)
         if prefer == "npu":
             raise UsageError(f"cannot use the npu backend: {reason}")
@@ -428,7 +421,7 @@ _CODE = (
     type(object().__str__),  # method-wrapper
     type(str.join),  # method descriptor
     type(int.__add__),  # wrapper descriptor
-    type(ModuleType.__dict__["__dict__"]),  # getset descriptor
+    type(vars(ModuleType)["__dict__"]),  # getset descriptor
     property,
     classmethod,
     staticmethod,
@@ -447,7 +440,7 @@ def reachable_tensors(*roots: object) -> list[torch.Tensor]:
     found: dict[int, torch.Tensor] = {}
     seen: set[int] = set()
     root_ids = {id(root) for root in roots}
-    pending = list(reversed(roots))
+    pending: list[Any] = list(reversed(roots))  # Any: each object's kind is checked below, by type()
     while pending:
         obj = pending.pop()
         kind = type(obj)  # not isinstance, which asks objects for __class__ (proxies, deprecations)
@@ -467,7 +460,7 @@ def reachable_tensors(*roots: object) -> list[torch.Tensor]:
         elif issubclass(kind, (list, tuple, set, frozenset, deque)):
             pending.extend(reversed(list(obj)))
         attributes = getattr(obj, "__dict__", None)
-        if issubclass(type(attributes), (dict, MappingProxyType)):
+        if isinstance(attributes, (dict, MappingProxyType)):  # an object's own __dict__: isinstance is safe
             pending.extend(reversed(list(attributes.values())))
         pending.extend(reversed(_slot_values(obj)))
     return list(found.values())
