@@ -85,7 +85,8 @@ def test_an_error_text_alone_is_not_a_timeout():
 
 def test_a_stopped_replay_says_where_each_rank_was_and_which_side_waited():
     histories = {
-        0: (Milestone("patched", "build"), Milestone("patched", "repair", "send_rank_repair"), Milestone("patched", "rollback", "feature_rollback")),
+        0: (Milestone("patched", "build"), Milestone("patched", "repair", "send_rank_repair"),
+            Milestone("patched", "rollback", "feature_rollback")),
         1: (Milestone("patched", "build"), Milestone("patched", "repair", "recv_rank_repair")),
     }
     stopped = ReplayStopped("timeout", 9.0, histories, "")
