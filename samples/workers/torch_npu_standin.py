@@ -167,7 +167,8 @@ def _install_module(backend: emulation.EmulatedBackend) -> None:
 
 
 def _step_counters() -> list[torch.Tensor]:
-    optimizers = [item for item in gc.get_objects() if isinstance(item, torch.optim.Optimizer)]
+    # type(), not isinstance(), which asks every object for __class__ (deprecated aliases warn)
+    optimizers = [item for item in gc.get_objects() if issubclass(type(item), torch.optim.Optimizer)]
     steps = [state.get("step") for optimizer in optimizers for state in optimizer.state.values()]
     return [step for step in steps if isinstance(step, torch.Tensor)]
 
