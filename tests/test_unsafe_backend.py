@@ -29,9 +29,9 @@ from unsafe_doctor.replay.backend import (
     BACKEND_NAMES,
     EmulatedBackend,
     npu_unavailable_reason,
-    reachable_tensors,
     select_backend,
 )
+from unsafe_doctor.replay.reachable import reachable_tensors
 
 ERROR_LINE = re.compile(
     r"\[ERROR\] \d{4}-\d{2}-\d{2}-\d{2}:\d{2}:\d{2} \(PID:(\d+), Device:(-?\d+), RankID:(-?\d+)\) "

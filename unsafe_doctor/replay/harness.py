@@ -38,9 +38,10 @@ import torch
 import torch.distributed as dist
 
 from unsafe_doctor.npu_errors import UNSAFE_DATA
-from unsafe_doctor.replay.backend import UnsafeBackend, reachable_tensors, select_backend
+from unsafe_doctor.replay.backend import UnsafeBackend, select_backend
 from unsafe_doctor.replay.plan import RUNS, ReplayPlan
 from unsafe_doctor.replay.probes import NO_TRAIN_ARGS, Probe, ProbeError, make_probe
+from unsafe_doctor.replay.reachable import reachable_tensors
 from unsafe_doctor.replay.results import FailureKind, FixFailure, Milestone, RankResult, RunResult, StepOutcome
 
 _HERE = str(Path(__file__).resolve().parents[1])  # unsafe_doctor/: frames from here are the harness's own

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from unsafe_doctor.replay.backend import reachable_tensors
 from unsafe_doctor.replay.plan import Target
+from unsafe_doctor.replay.reachable import reachable_tensors
 
 # Megatron's train() arguments without a model or an optimizer
 NO_TRAIN_ARGS: tuple[None, list[object], None, None] = (None, [], None, None)
