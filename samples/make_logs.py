@@ -6,8 +6,11 @@ Usage, from the repository root::
     .venv/bin/python samples/make_logs.py rollback_failed hccl_timeout
 
 Each sample is a torchrun job on gloo/CPU (4 ranks) running a worker from samples/workers/ with
-emulated torch_npu and MindIO (see those modules' docstrings). Output is torchrun's combined
-stdout and stderr, captured as it arrives. ``faq_modellink.log`` is hand-written and left alone.
+emulated torch_npu and MindIO (see those modules' docstrings; the unsafe-data rules are the replay's,
+``unsafe_doctor/replay/backend.py``). Output is torchrun's combined stdout and stderr, captured as it
+arrives. Only paths are rewritten (``cluster_paths``): the environment's to a cluster's site-packages
+and the job's code to ``/home/user/job``, so no log names the machine it was made on.
+``faq_modellink.log`` is hand-written and left alone.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 from pathlib import Path
@@ -29,6 +33,22 @@ MEGATRON_WORKER = "samples/workers/pretrain_moe.py"
 TOYTRAIN_WORKER = "samples/workers/train_toy.py"
 MAX_BYTES = 200_000
 TIMEOUT = 300
+CLUSTER_SITE_PACKAGES = "/usr/local/lib/python3.11/site-packages"
+CLUSTER_BIN = "/usr/local/bin"
+JOB = "/home/user/job"
+
+
+def cluster_paths(text: str, folders: list[tuple[Path, str]]) -> str:
+    """``text`` with this environment's paths and ``folders`` (local, cluster) as a cluster job prints them.
+    ``folders`` come first, so a folder inside another is named before it."""
+    replacements = [
+        *((str(local), cluster) for local, cluster in folders),
+        (sysconfig.get_paths()["purelib"], CLUSTER_SITE_PACKAGES),
+        (str(Path(sys.executable).parent), CLUSTER_BIN),
+    ]
+    for local, cluster in replacements:
+        text = text.replace(local + "/", cluster + "/")
+    return text
 
 
 def free_port() -> int:
@@ -39,7 +59,7 @@ def free_port() -> int:
 
 def worker_env(fault: str | None) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(["samples/workers", "samples/framework"]))
+               PYTHONPATH=os.pathsep.join(["samples/workers", "samples/framework", str(ROOT)]))
     env.pop("SAMPLE_FAULT", None)
     if fault:
         env["SAMPLE_FAULT"] = fault
@@ -58,7 +78,12 @@ def single_node(worker: list[str], fault: str | None = None, extra: list[str] = 
     return output
 
 
+def job_paths(text: str) -> str:
+    return cluster_paths(text, [(ROOT / "samples" / "workers", JOB), (ROOT / "samples" / "framework", JOB)])
+
+
 def write(path: Path, text: str, must_contain: list[str]) -> None:
+    text = job_paths(text)
     missing = [needle for needle in must_contain if needle not in text]
     if missing:
         kept = Path(tempfile.gettempdir()) / f"{path.name}.failed"
@@ -110,6 +135,8 @@ def toytrain_ema() -> None:
         shutil.rmtree(target, ignore_errors=True)
         stable_run_dir = target / f"{run_dir.name.split('_')[0]}_sample"
         shutil.copytree(run_dir, stable_run_dir)
+    for rank_log in stable_run_dir.rglob("*.log"):
+        rank_log.write_text(job_paths(rank_log.read_text()))
     faulty_stderr = stable_run_dir / "attempt_0" / str(faulty_rank) / "stderr.log"
     with gzip.GzipFile(faulty_stderr.with_suffix(".log.gz"), "wb", mtime=0) as archive:
         archive.write(faulty_stderr.read_bytes())

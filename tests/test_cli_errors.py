@@ -57,14 +57,13 @@ def test_empty_stdin_without_command():
     assert_one_line_error(run(), "stdin is empty")
 
 
-def run_unprivileged(*args: str) -> subprocess.CompletedProcess[str]:
+def run_unprivileged(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`python -m unsafe_doctor ARGS` bound by file modes. Root reads any file through two
     capabilities; util-linux's setpriv starts the command without them. (Becoming another user
     instead would also need that user to read the interpreter and every `sys.path` entry.)"""
-    if os.geteuid() != 0:
-        return run(*args)
-    command = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", sys.executable, "-m", "unsafe_doctor", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+    command = [*prefix, sys.executable, "-m", "unsafe_doctor", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_permission_denied(tmp_path):
@@ -75,6 +74,22 @@ def test_permission_denied(tmp_path):
     assert readable.returncode == 0, readable.stderr
     path.chmod(0)
     assert_one_line_error(run_unprivileged("diagnose", str(path)), "permission denied")
+
+
+def test_a_sys_path_folder_this_user_cannot_enter_is_passed_over(tmp_path):
+    """A PYTHONPATH entry under a folder without search permission: Path.is_dir raises there."""
+    locked = tmp_path / "locked"
+    (locked / "lib").mkdir(parents=True)
+    log = tmp_path / "train.log"
+    log.write_text(" iteration 10/ 100 | lm loss: 2.0 |\n")
+    locked.chmod(0)
+    try:
+        environment = {**os.environ, "PYTHONPATH": f"{os.environ.get('PYTHONPATH', '')}:{locked / 'lib'}"}
+        result = run_unprivileged("diagnose", str(log), env=environment)
+    finally:
+        locked.chmod(0o755)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_clean_log_exits_zero_and_says_so(tmp_path):

@@ -585,8 +585,8 @@ REPAIR_WORKER = """\
 import os, sys
 import torch
 import torch.distributed as dist
-sys.path[:0] = [{workers!r}, {framework!r}]
-import emulated_npu
+sys.path[:0] = [{workers!r}, {framework!r}, {repository!r}]
+import torch_npu_standin
 from toytrain import state
 from toytrain.train import build_model
 import importlib.util
@@ -598,7 +598,7 @@ def load(name, path):
     return module
 
 rank = int(os.environ["RANK"])
-mode = emulated_npu.activate()
+npu = torch_npu_standin.activate()
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = build_model()
@@ -612,7 +612,8 @@ def repair(adaptor):
         state._EMA_GRAD_NORM.copy_(torch.tensor(0.75))
         adaptor.send_rank_repair(*lists, train_args)
         return "replica"
-    mode.unsafe.add(state._EMA_GRAD_NORM.untyped_storage().data_ptr())
+    npu.mark_unsafe(state._EMA_GRAD_NORM)
+    npu.set_check(True)
     adaptor.recv_rank_repair(*lists, train_args)
     try:
         return str((state._EMA_GRAD_NORM * 2).item())
@@ -635,7 +636,7 @@ def test_patched_send_and_receive_repair_the_tensor_between_two_ranks(tmp_path):
     apply(plan_for(EMA, adaptor, source_roots=(FRAMEWORK,)))
     worker = tmp_path / "worker.py"
     worker.write_text(REPAIR_WORKER.format(
-        workers=str(SAMPLES / "workers"), framework=str(FRAMEWORK),
+        workers=str(SAMPLES / "workers"), framework=str(FRAMEWORK), repository=str(ROOT),
         original=str(FRAMEWORK / "toytrain" / "recovery.py"), patched=str(adaptor),
     ))
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")

@@ -20,6 +20,7 @@ from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.report.diagnosis import to_json
 
 LOGS = Path(__file__).resolve().parent.parent / "samples" / "logs"
+FRAMEWORK = LOGS.parent / "framework"
 FINDING_KEYS = {
     "ranks", "message", "error_code", "recovery", "culprit", "frames", "tensor",
     "scenario", "rule", "confidence", "reason", "evidence", "fix", "truncated", "notes",
@@ -61,7 +62,8 @@ def test_megatron_tracker_on_two_ranks_folds_into_one_finding():
 
 
 def test_torchrun_log_dir_with_a_gzipped_rank_log():
-    code, report = findings_of("diagnose", str(LOGS / "toytrain_ema"))
+    """The log names the job's folder (/home/user/job/toytrain/...): --source-root finds toytrain by suffix."""
+    code, report = findings_of("diagnose", str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK))
     assert code == 1
     [finding] = report["findings"]
     assert finding["ranks"] == [1]
@@ -78,7 +80,7 @@ def test_torchrun_log_dir_with_a_gzipped_rank_log():
 
 
 def test_unknown_user_global_is_classified_from_its_source():
-    _, report = findings_of("diagnose", str(LOGS / "toytrain_ema"), "--source-root", str(LOGS.parent / "framework"))
+    _, report = findings_of("diagnose", str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK))
     [finding] = report["findings"]
     assert (finding["scenario"], finding["rule"], finding["confidence"]) == (2, None, "medium")
     assert any("toytrain/train.py:66: updated from its own previous value" in line for line in finding["evidence"])
@@ -135,7 +137,7 @@ def test_stdin_gives_what_the_file_gives():
 
 
 def test_several_inputs_at_once():
-    _, report = findings_of("diagnose", str(LOGS / "faq_modellink.log"), str(LOGS / "toytrain_ema"))
+    _, report = findings_of("diagnose", str(LOGS / "faq_modellink.log"), str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK))
     variables = [finding["tensor"]["variable"] for finding in report["findings"]]
     assert variables == ["_MOE_AUX_LOSSES_LOGGING_TRACKER", "_EMA_GRAD_NORM"]
 

@@ -24,14 +24,14 @@ import torch.multiprocessing
 from torch.distributed import _functional_collectives as funcol
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.npu_errors import UNSAFE_DATA
 from unsafe_doctor.replay.backend import (
     BACKEND_NAMES,
-    UNSAFE_DATA,
     EmulatedBackend,
     npu_unavailable_reason,
-    reachable_tensors,
     select_backend,
 )
+from unsafe_doctor.replay.reachable import reachable_tensors
 
 ERROR_LINE = re.compile(
     r"\[ERROR\] \d{4}-\d{2}-\d{2}-\d{2}:\d{2}:\d{2} \(PID:(\d+), Device:(-?\d+), RankID:(-?\d+)\) "

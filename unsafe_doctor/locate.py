@@ -55,6 +55,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.npu_errors import UNSAFE_DATA
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.resolve import MAX_DEPTH, Resolved, Scope, Tier, resolve_chain
 from unsafe_doctor.source.syntax import (
@@ -69,8 +70,6 @@ from unsafe_doctor.source.syntax import (
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 from unsafe_doctor.subject import Subject, TensorRef
 from unsafe_doctor.tracebacks import Frame, Traceback
-
-UNSAFE_MESSAGE = "There is unsafe data in the input tensor."
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ class Finding:
 
 
 def is_unsafe_error(traceback: Traceback) -> bool:
-    return UNSAFE_MESSAGE.rstrip(".") in traceback.message
+    return UNSAFE_DATA.rstrip(".") in traceback.message
 
 
 def locate(tracebacks: Sequence[Traceback], workspace: Workspace) -> list[Finding]:

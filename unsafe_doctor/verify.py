@@ -19,7 +19,8 @@ from unsafe_doctor.diagnosis import Diagnosis
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import marker_key
 from unsafe_doctor.knowledge import KnowledgeBase
-from unsafe_doctor.replay.plan import MAX_RANKS, MODES, AdaptorCode, Block, ReplayPlan, Target
+from unsafe_doctor.replay.plan import MAX_RANKS, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
+from unsafe_doctor.replay.results import Milestone, RankResult
 from unsafe_doctor.source.workspace import module_from_path
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ def verify(plan: ReplayPlan, skipped: tuple[str, ...] = ()) -> Verification | No
             results = join_torchrun(plan)
             if results is None:
                 return None
-            transport = "hccl" if results[0]["backend"] == "npu" else "gloo"
+            transport = "hccl" if results[0].backend == "npu" else "gloo"
         else:
             results = fork_ranks(plan)
     except ReplayStopped as stopped:
@@ -167,69 +168,76 @@ def verify(plan: ReplayPlan, skipped: tuple[str, ...] = ()) -> Verification | No
     return judge(plan, skipped, results, transport, time.perf_counter() - start)
 
 
-def judge(plan: ReplayPlan, skipped: tuple[str, ...], results: list[dict], transport: str, seconds: float) -> Verification:
+def judge(plan: ReplayPlan, skipped: tuple[str, ...], results: list[RankResult], transport: str, seconds: float) -> Verification:
     faulty = results[plan.faulty]
     verdicts = tuple(_verdict(plan, target, results) for target in plan.targets)
     phase_seconds = {}
-    for run in ("unpatched", "patched"):
-        for phase in faulty["runs"][run]["seconds"]:
-            phase_seconds[f"{run} {phase}"] = max(result["runs"][run]["seconds"].get(phase, 0.0) for result in results)
-    return Verification(verdicts, skipped, faulty["backend"], transport, plan.mode, plan.world_size, plan.faulty,
-                        plan.replica, seconds, phase_seconds, (*plan.notes, *faulty["notes"]))
+    for run in RUNS:
+        for phase in faulty.run(run).seconds:
+            phase_seconds[f"{run} {phase}"] = max(result.run(run).seconds.get(phase, 0.0) for result in results)
+    return Verification(verdicts, skipped, faulty.backend, transport, plan.mode, plan.world_size, plan.faulty,
+                        plan.replica, seconds, phase_seconds, (*plan.notes, *faulty.notes))
 
 
-def _verdict(plan: ReplayPlan, target: Target, results: list[dict]) -> Verdict:
-    faulty = results[plan.faulty]["runs"]
-    red, green = faulty["unpatched"], faulty["patched"]
-    if target.key in red["not_modelled"]:
-        return Verdict(target, "not-modelled", red["not_modelled"][target.key], None, ())
-    unavailable = red["adaptor_unavailable"] or green["adaptor_unavailable"]
+def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Verdict:
+    red, green = results[plan.faulty].unpatched, results[plan.faulty].patched
+    if target.key in red.not_modelled:
+        return Verdict(target, "not-modelled", red.not_modelled[target.key], None, ())
+    unavailable = red.adaptor_unavailable or green.adaptor_unavailable
     if unavailable:
         return Verdict(target, "not-modelled", f"adaptor mode cannot import the adaptor here ({unavailable}): "
                        "use --mode block", None, ())
-    built = red["built"][target.key]
-    reproduced = red["resume"].get(target.key, {})
-    red_errors = [error for error in red["fix_errors"] if error["unsafe"]]
-    if not reproduced.get("error"):
+    reproduced = red.resume.get(target.key)
+    if reproduced is None or reproduced.error is None:
         return Verdict(target, "not-modelled",
-                       f"{built}; without the fix the first step after recovery ran clean on rank {plan.faulty}: "
+                       f"{red.built[target.key]}; without the fix the first step after recovery ran clean on rank {plan.faulty}: "
                        "the replay does not model this failure", None, ())
-    where = f" at {reproduced['where']}" if reproduced.get("where") else f" reading {target.label}"
-    unpatched = f"reproduced `{reproduced['error']}` on rank {plan.faulty}{where}"
+    where = f" at {reproduced.where}" if reproduced.where else f" reading {target.label}"
+    unpatched = f"reproduced `{reproduced.error}` on rank {plan.faulty}{where}"
+    red_errors = [failure for failure in red.fix_failures if failure.kind == "unsafe-data"]
     if red_errors:
-        unpatched += f" (the adaptor's own code also failed: {red_errors[0]['error']})"
+        unpatched += f" (the adaptor's own code also failed: {red_errors[0].error})"
     has_fix = any(block.key == target.key for block in plan.blocks)
     if not has_fix:
         return Verdict(target, "no-fix", unpatched, "reproduced, no fix present", ("no fix present",))
-    problems = []
-    waited = {error["role"] for result in results for error in result["runs"]["patched"]["fix_errors"] if _timed_out(error["error"])}
-    if waited:
-        problems.append(f"a repair transfer waited {plan.timeout:g} s in vain: {_likely_mismatch(plan, 'recv' in waited, 'send' in waited)}")
-    for result in results:
-        for error in result["runs"]["patched"]["fix_errors"]:
-            at = f" at {error['where']}" if error["where"] else ""
-            problems.append(f"rank {result['rank']}: {error['function']}() raised {error['error']}{at}")
-    if any(error["role"] == "recv" and "destination rank" in error["error"] for error in green["fix_errors"]):
-        problems.append(f"the receive function {plan.functions['recv']}() sends: send and receive are swapped")
-    for result in results:
-        outcome = result["runs"]["patched"]["resume"].get(target.key, {})
-        if outcome.get("error"):
-            at = f" at {outcome['where']}" if outcome.get("where") else f" reading {target.label}"
-            problems.append(f"rank {result['rank']}: the first step after recovery still fails{at}")
-    left = green["unsafe_left"].get(target.key, 0)
-    if left:
-        problems.append(f"{left} tensor(s) reachable from {target.label} still unsafe on rank {plan.faulty}")
-    equal = green["equal"].get(target.key)
-    if target.scenario == 2 and equal is False:
-        problems.append(f"{target.label} on rank {plan.faulty} differs from what replica rank {plan.replica} held at the fault")
+    problems = _patched_problems(plan, target, results)
     if problems:
         return Verdict(target, "failed", unpatched, problems[0], tuple(problems))
-    same = f", tensor bit-identical to replica rank {plan.replica}" if target.scenario == 2 else f", no unsafe tensor left in {target.label}"
-    return Verdict(target, "proven", unpatched, f"recovery clean{same}", ())
+    if target.scenario == 2:
+        return Verdict(target, "proven", unpatched, f"recovery clean, tensor bit-identical to replica rank {plan.replica}", ())
+    return Verdict(target, "proven", unpatched, f"recovery clean, no unsafe tensor left in {target.label}", ())
+
+
+def _patched_problems(plan: ReplayPlan, target: Target, results: list[RankResult]) -> list[str]:
+    """What is still wrong after the patched recovery, most telling first."""
+    green = results[plan.faulty].patched
+    problems = []
+    waited = {failure.role for result in results for failure in result.patched.fix_failures if failure.kind == "timeout"}
+    if waited:
+        mismatch = _likely_mismatch(plan, "recv" in waited, "send" in waited)
+        problems.append(f"a repair transfer waited {plan.timeout:g} s in vain: {mismatch}")
+    for result in results:
+        for failure in result.patched.fix_failures:
+            at = f" at {failure.where}" if failure.where else ""
+            problems.append(f"rank {result.rank}: {failure.function}() raised {failure.error}{at}")
+    if any(failure.role == "recv" and failure.kind == "send-to-self" for failure in green.fix_failures):
+        problems.append(f"the receive function {plan.functions['recv']}() sends: send and receive are swapped")
+    for result in results:
+        outcome = result.patched.resume.get(target.key)
+        if outcome is not None and outcome.error:
+            at = f" at {outcome.where}" if outcome.where else f" reading {target.label}"
+            problems.append(f"rank {result.rank}: the first step after recovery still fails{at}")
+    left = green.unsafe_left.get(target.key, 0)
+    if left:
+        problems.append(f"{left} tensor(s) reachable from {target.label} still unsafe on rank {plan.faulty}")
+    equal = green.equal.get(target.key)
+    if target.scenario == 2 and equal is False:
+        problems.append(f"{target.label} on rank {plan.faulty} differs from what replica rank {plan.replica} held at the fault")
+    return problems
 
 
 def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped: ReplayStopped, backend: str, seconds: float) -> Verification:
-    places = "; ".join(f"rank {rank}: {place}" for rank, place in sorted(stopped.places.items()))
+    places = "; ".join(f"rank {rank}: {stopped.place(rank)}" for rank in sorted(stopped.histories))
     if stopped.reason == "timeout":
         receiver = _waited_in_repair(stopped.histories.get(plan.faulty, ()), plan.functions["recv"])
         sender = _waited_in_repair(stopped.histories.get(plan.replica, ()), plan.functions["send"])
@@ -241,10 +249,6 @@ def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped: ReplayStopped,
     verdicts = tuple(Verdict(target, "failed", "not judged: the replay stopped", problem, (problem,)) for target in plan.targets)
     return Verification(verdicts, skipped, backend, "gloo", plan.mode, plan.world_size, plan.faulty, plan.replica,
                         seconds, {}, plan.notes)
-
-
-def _timed_out(message: str) -> bool:
-    return "timed out" in message.lower()
 
 
 def _likely_mismatch(plan: ReplayPlan, receiver_waited: bool, sender_waited: bool) -> str:
@@ -261,6 +265,8 @@ def _likely_mismatch(plan: ReplayPlan, receiver_waited: bool, sender_waited: boo
     return "a collective that not every rank reaches"
 
 
-def _waited_in_repair(history: tuple[str, ...], function: str) -> bool:
-    stuck = bool(history) and " repair " in f"{history[-1]} "
-    return stuck or any(f"{function}() raised" in line and _timed_out(line) for line in history)
+def _waited_in_repair(history: tuple[Milestone, ...], function: str) -> bool:
+    """The rank stopped inside the repair phase, or its transfer in ``function`` timed out."""
+    stuck = bool(history) and history[-1].phase == "repair" and history[-1].failure is None
+    return stuck or any(m.failure is not None and m.failure.function == function and m.failure.kind == "timeout"
+                        for m in history)

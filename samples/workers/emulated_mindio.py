@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-import emulated_npu
+import torch_npu_standin
 
 RT_SEND, RT_UCE_HIGHLEVEL = 0, 1  # mindio_ttp RepairType values
 RET_OK, RET_ERROR = 0, 1
@@ -70,8 +70,8 @@ class FaultPlan:
         """Inject the device error on a faulty rank, once, before any recovery happened."""
         if (_P.epoch == 0 and iteration == self.iteration and point == self.point
                 and _P.rank in self.ranks):
-            text = emulated_npu.uce_error() if self.kind == "uce" else emulated_npu.hbm_ecc_error()
-            emulated_npu.inject_device_error(text)
+            text = torch_npu_standin.uce_error() if self.kind == "uce" else torch_npu_standin.hbm_ecc_error()
+            torch_npu_standin.inject_device_error(text)
 
     def repair_info(self, rank: int) -> dict | None:
         """The repair message a rank receives: faulty ranks receive from their replica partner."""
@@ -120,7 +120,7 @@ def _py(level: str, where: str, message: str) -> None:
 
 def _py_exception(where: str, message: str, error: BaseException) -> None:
     """mindio's LOGGER.exception: the message, a newline, then the formatted traceback."""
-    emulated_npu.hide_emulator_frames(error)
+    torch_npu_standin.hide_emulator_frames(error)
     tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     _py("error", where, message + "\n" + tb)
 
@@ -232,7 +232,7 @@ def collective_guard() -> None:
             _cpp("info", "processor.cpp:754", f"rank:{_P.rank} receive device stop message")
             _P.stop_started = time.time()
             _execute("stop", _P.train_args, None)
-            raise RuntimeError(emulated_npu.force_stop_error())
+            raise RuntimeError(torch_npu_standin.force_stop_error())
         time.sleep(0.002)
 
 

@@ -15,9 +15,9 @@ import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 
 import emulated_mindio as ttp
-import emulated_npu
 import megatron_adaptor
 import megatron_training
+import torch_npu_standin
 from megatron_training import print_rank_0
 
 START_ITERATION = 116
@@ -49,20 +49,21 @@ def forward_step(data_iterator, model):
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(name)s - %(levelname)s - %(message)s")
     corpus = torch.randint(0, 64, (512, SEQ_LENGTH + 1), generator=torch.Generator().manual_seed(1234))
-    emulated_npu.activate()  # after the corpus (host memory), before init_process_group (excepthook)
+    npu = torch_npu_standin.activate(host=(corpus,))  # before init_process_group (excepthook)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     print_rank_0("> initializing torch distributed ...")
     mpu.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     print_rank_0("> initialized tensor model parallel with size 1")
     print_rank_0("> initialized pipeline model parallel with size 1")
-    emulated_npu.warn_internal_format()
+    torch_npu_standin.warn_internal_format()
 
     import tiny_moe
     torch.manual_seed(1234)
     config = tiny_moe.transformer_config()
     model = [tiny_moe.TinyMoEModel(config)]
     optimizer = megatron_training.Optimizer(model[0].parameters(), lr=1.5e-4)
+    npu.mark_host(optimizer.get_loss_scale())  # torch.tensor([1.0]) with no device: host memory on an NPU
     global_batch_size = MICRO_BATCH_SIZE * world_size
     scheduler = megatron_training.OptimizerParamScheduler(optimizer, 1.5e-4, START_ITERATION * global_batch_size)
     args = SimpleNamespace(rank=rank, iteration=START_ITERATION, train_iters=1000, exit_iteration=130,

@@ -19,10 +19,11 @@ import time
 import torch
 import torch.distributed as dist
 
-import emulated_npu
 import toytrain.train
+import torch_npu_standin
 from toytrain import recovery, state
 from toytrain.train import DataIterator, TrainConfig
+from unsafe_doctor.npu_errors import ERR_HCCL, pta_error
 
 HANG_STEP = 37
 TIMEOUT_RANK = 2
@@ -72,7 +73,7 @@ def with_hccl_timeout(model, optimizer, data_iterator, config) -> None:
                 f"WorkHCCL(SeqNum={HANG_STEP}, OpType=ALLREDUCE, NumelIn={grads.numel()}, "
                 f"NumelOut={grads.numel()}, Timeout(ms)={int(COLLECTIVE_TIMEOUT.total_seconds() * 1000)}) "
                 f"ran for {elapsed_ms} milliseconds before timing out."
-                + emulated_npu.pta_error(emulated_npu.ERR_HCCL)) from error
+                + pta_error(ERR_HCCL, torch_npu_standin.device_index())) from error
 
     toytrain.train.allreduce_gradients = hccl_allreduce_gradients
     toytrain.train.train(model, optimizer, data_iterator, config)
@@ -86,7 +87,7 @@ def main() -> None:
     generator = torch.Generator().manual_seed(7)
     features = torch.randn(256, 8, generator=generator)
     labels = torch.randint(0, 4, (256,), generator=generator)
-    emulated_npu.activate(cpp_stacktrace=case == "ema")
+    torch_npu_standin.activate(cpp_stacktrace=case == "ema", host=(features, labels))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 
     torch.manual_seed(0)

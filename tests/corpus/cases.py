@@ -33,7 +33,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import emulated_mindio as ttp
-import emulated_npu
+import torch_npu_standin
+from unsafe_doctor.npu_errors import ERR_MEMORY, UNSAFE_DATA, pta_error
 
 HERE = Path(__file__).resolve().parent
 RULE_FIXTURES = HERE.parent / "fixtures" / "rules"
@@ -446,7 +447,7 @@ class Replay(Case):
         previous = sys.excepthook
 
         def replay(exc_type, exc, tb):
-            if exc is not None and emulated_npu.UNSAFE_DATA in str(exc):
+            if exc is not None and UNSAFE_DATA in str(exc):
                 sys.stderr.write(replayed_traceback(self.fixture.read_text()))
                 sys.stderr.flush()
                 return
@@ -465,18 +466,19 @@ class GatedLinear(torch.nn.Module):
 
 
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+_FIXTURE_HOME, _JOB_HOME = "/home/ma-user/work/", "/home/user/"  # generate.py's CLUSTER_HOME
 _ERROR_LINE = re.compile(r"^\[ERROR\] \S+ \(PID:\d+, Device:-?\d+, RankID:-?\d+\) (ERR\d{5}.*)$")
 
 
 def replayed_traceback(fixture_text: str) -> str:
     """The fixture's traceback as this rank's excepthook prints it: its own `[ERROR]` line (time,
-    PID, device, rank) and no rank prefix (torch's hook adds this rank's)."""
+    PID, device, rank), no rank prefix (torch's hook adds this rank's) and this job's home folder."""
     lines = []
     for line in fixture_text.splitlines():
-        line = _RANK_PREFIX.sub("", line)
+        line = _RANK_PREFIX.sub("", line).replace(_FIXTURE_HOME, _JOB_HOME)
         error = _ERROR_LINE.match(line)
         if error:
-            line = emulated_npu.pta_error(error.group(1)).lstrip("\n")
+            line = pta_error(error.group(1), torch_npu_standin.device_index()).lstrip("\n")
         lines.append(line + "\n")
     return "".join(lines)
 
@@ -650,7 +652,7 @@ def allocate_activation_cache() -> torch.Tensor:
             f"NPU out of memory. Tried to allocate {tried / 2**30:.2f} GiB (NPU {os.environ['LOCAL_RANK']}; "
             "60.97 GiB total capacity; 57.12 GiB already allocated; 57.12 GiB current active; 1.18 GiB free; "
             "58.40 GiB reserved in total by PyTorch) If reserved memory is >> allocated memory try setting "
-            "max_split_size_mb to avoid fragmentation." + emulated_npu.pta_error("ERR00006 PTA memory error")
+            "max_split_size_mb to avoid fragmentation." + pta_error(ERR_MEMORY, torch_npu_standin.device_index())
         ) from None
 
 

@@ -6,7 +6,8 @@ Usage, from the repository root::
     .venv/bin/python tests/corpus/generate.py mtp-loss-tracker lossbook
 
 Each run is a torchrun job on gloo/CPU (4 to 8 ranks) of `worker.py` with one case of `cases.py`,
-under the emulated torch_npu and MindIO of samples/workers/. The log is torchrun's combined stdout
+under the emulated torch_npu and MindIO of samples/workers/ (the unsafe-data rules are the replay's,
+unsafe_doctor/replay/backend.py). The log is torchrun's combined stdout
 and stderr as it arrived, in one of three launcher styles: `plain` (as samples/make_logs.py runs:
 the last rank's iteration lines, the `[rankN]: ` traceback), `tee` (`--tee 3` with
 `TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'`: every line of every rank prefixed) and
@@ -19,8 +20,9 @@ megatron-core 0.7.0 and 0.12.1 runs need those releases in pip targets, put firs
     .venv/bin/pip install --no-deps --target /tmp/corpus-mc012 megatron-core==0.12.1
 
 Paths of this checkout and of the environment are rewritten to a cluster's (site-packages under
-/usr/local/lib/python3.11, the job under /home/ma-user/work), so the logs read the same wherever
-the checkout is; the labels pass `--source-root` to the folders here. Nothing else is edited.
+/usr/local/lib/python3.11, the job's code under /home/user/job, frameworks and stand-ins under
+/home/user), so the logs read the same wherever the checkout is and never name it; the labels pass
+`--source-root` to the folders here. Nothing else is edited.
 Timestamps, PIDs and thread ids change on every run; the labels in labels.yaml do not.
 """
 
@@ -30,17 +32,19 @@ import os
 import socket
 import subprocess
 import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "samples"))
+
+from make_logs import CLUSTER_SITE_PACKAGES, JOB, cluster_paths  # noqa: E402
+
 LOGS = HERE / "logs"
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 MEGATRON_TARGETS = {"0.7.0": Path("/tmp/corpus-mc07"), "0.12.1": Path("/tmp/corpus-mc012")}
-CLUSTER_SITE_PACKAGES = "/usr/local/lib/python3.11/site-packages"
-CLUSTER_HOME = "/home/ma-user/work"
+CLUSTER_HOME = "/home/user"
 MAX_BYTES = 250_000
 TIMEOUT = 300
 UNSAFE = "RuntimeError: There is unsafe data in the input tensor."
@@ -116,7 +120,7 @@ def free_port() -> int:
 
 
 def environment(run: Run) -> dict[str, str]:
-    paths = [str(REPO / "samples" / "workers"), str(HERE / "standins")]
+    paths = [str(REPO / "samples" / "workers"), str(HERE / "standins"), str(REPO)]
     if run.framework:
         paths.append(str(HERE / "frameworks" / run.framework))
     if run.megatron:
@@ -141,24 +145,19 @@ def launch(run: Run) -> str:
     return job.stdout
 
 
-def cluster_paths(text: str) -> str:
-    """This checkout's and this environment's paths, as a cluster job's would read."""
-    replacements = [
-        (sysconfig.get_paths()["purelib"], CLUSTER_SITE_PACKAGES),
-        *((str(target), CLUSTER_SITE_PACKAGES) for target in MEGATRON_TARGETS.values()),
-        (str(HERE / "standins" / "mindspeed_llm"), f"{CLUSTER_HOME}/MindSpeed-LLM/mindspeed_llm"),
-        (str(HERE / "standins" / "mindspeed"), f"{CLUSTER_HOME}/MindSpeed/mindspeed"),
-        (str(HERE / "frameworks"), CLUSTER_HOME),
-        (str(Path(sys.executable).parent), "/usr/local/bin"),
-        (str(REPO), f"{CLUSTER_HOME}/job"),
-    ]
-    for local, cluster in replacements:
-        text = text.replace(local + "/", cluster + "/")
-    return text
+FOLDERS = [
+    *((target, CLUSTER_SITE_PACKAGES) for target in MEGATRON_TARGETS.values()),
+    (HERE / "standins" / "mindspeed_llm", f"{CLUSTER_HOME}/MindSpeed-LLM/mindspeed_llm"),
+    (HERE / "standins" / "mindspeed", f"{CLUSTER_HOME}/MindSpeed/mindspeed"),
+    (HERE / "frameworks", CLUSTER_HOME),
+    (HERE, JOB),
+    (REPO / "samples" / "workers", JOB),
+    (REPO, JOB),
+]
 
 
 def generate(name: str, run: Run) -> None:
-    text = cluster_paths(launch(run))
+    text = cluster_paths(launch(run), FOLDERS)
     path = LOGS / f"{name}.log"
     missing = [needle for needle in run.expect if needle not in text]
     if missing:

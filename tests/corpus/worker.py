@@ -1,7 +1,7 @@
 """The torchrun worker behind the corpus logs: `python tests/corpus/generate.py` launches it.
 
 A small data-parallel language model trains on gloo/CPU under the emulated torch_npu and MindIO of
-samples/workers/ (`emulated_npu.py`, `emulated_mindio.py`). The hardware fault planned in
+samples/workers/ (`torch_npu_standin.py` on unsafe_doctor/replay/backend.py, `emulated_mindio.py`). The hardware fault planned in
 `SAMPLE_FAULT` strikes, MindIO runs stop -> clean -> repair -> rollback through the recovery
 adaptor below, which restores the parameters and the optimizer state (and whatever the case says
 its adaptor already repairs), and the next step runs the case's code (cases.py) on memory the
@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 import cases
 import emulated_mindio as ttp
-import emulated_npu
+import torch_npu_standin
 
 logger = logging.getLogger("tft_adaptor")
 
@@ -48,8 +48,7 @@ _FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "arange", "randn", "ra
 
 def cuda_on_cpu() -> None:
     """`device="cuda"` allocations land on the emulated device, as transfer_to_npu's wrappers send
-    them to the NPU. `torch.tensor(...)` copies Python data (host memory for the emulation): with
-    `device="cuda"` the copy is moved to device memory."""
+    them to the NPU."""
     torch.cuda.current_device = lambda: "cpu"
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
 
@@ -59,8 +58,7 @@ def cuda_on_cpu() -> None:
             if not str(kwargs.get("device", "")).startswith("cuda"):
                 return factory(*args, **kwargs)
             kwargs["device"] = "cpu"
-            allocated = factory(*args, **kwargs)
-            return allocated.clone() if factory.__name__ == "tensor" else allocated
+            return factory(*args, **kwargs)
 
         return allocate
 
@@ -228,14 +226,14 @@ def main() -> None:
     case = cases.CASES[parser.parse_args().case]()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(name)s - %(levelname)s - %(message)s")
     corpus = torch.randint(0, cases.VOCAB_SIZE, (512, SEQ_LENGTH + 1), generator=torch.Generator().manual_seed(1234))
-    emulated_npu.activate()  # after the corpus (host memory), before init_process_group (excepthook)
+    torch_npu_standin.activate(host=(corpus,))  # before init_process_group (excepthook)
     cuda_on_cpu()
     case.install_excepthook()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     print_rank_0("> initializing torch distributed ...")
     case.initialize()
-    emulated_npu.warn_internal_format()
+    torch_npu_standin.warn_internal_format()
 
     torch.manual_seed(1234)
     model = case.build_model()

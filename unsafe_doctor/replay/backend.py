@@ -42,6 +42,7 @@ What torch_npu does, and what the emulation copies (sources: PTA ``NPURecovery.c
   ``There is unsafe data in the input tensor.`` then a newline and
   ``[ERROR] %Y-%m-%d-%H:%M:%S (PID:p, Device:d, RankID:r) ERR00003 PTA invalid value``. ``d`` is
   the current device. ``r`` is env ``RANK`` read like ``strtol``, or -1 when it is unset.
+  ``unsafe_doctor.npu_errors`` holds the text, which locate looks for in logs.
 
 What only the emulation has to decide:
 
@@ -63,25 +64,21 @@ What only the emulation has to decide:
 from __future__ import annotations
 
 import contextlib
-import datetime
 import gc
 import importlib
 import itertools
-import os
-import re
 import weakref
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Iterator
-from types import MappingProxyType, ModuleType
+from types import ModuleType
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.npu_errors import unsafe_data_message
 
-UNSAFE_DATA = "There is unsafe data in the input tensor."
 BACKEND_NAMES = ("npu", "emulated")
 
 
@@ -124,20 +121,7 @@ class UnsafeBackend(ABC):
 
 def unsafe_data_error(device_index: int) -> RuntimeError:
     """The error torch_npu raises when an op reads an unsafe block, text for text."""
-    now = datetime.datetime.now().strftime("%Y-%m-%d-%H:%M:%S")
-    return RuntimeError(
-        f"{UNSAFE_DATA}\n[ERROR] {now} (PID:{os.getpid()}, Device:{device_index}, "
-        f"RankID:{_rank_id()}) ERR00003 PTA invalid value"
-    )
-
-
-def _rank_id() -> int:
-    """torch_npu reads RANK with ``strtol``: leading digits, 0 when there are none, -1 unset."""
-    value = os.environ.get("RANK")
-    if value is None:
-        return -1
-    digits = re.match(r"\s*[+-]?\d+", value)
-    return int(digits.group()) if digits else 0
+    return RuntimeError(unsafe_data_message(device_index))
 
 
 # --- the npu backend -------------------------------------------------------------------------
@@ -187,13 +171,17 @@ class _StorageSet:
     """
 
     def __init__(self) -> None:
-        self._refs: dict[int, weakref.ref] = {}
+        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
 
     def add(self, storage: torch.UntypedStorage) -> None:
         key = storage._cdata
         if key not in self._refs:
             refs = self._refs
-            self._refs[key] = weakref.ref(storage, lambda _dead, key=key: refs.pop(key, None))
+
+            def forget(_dead: weakref.ref[torch.UntypedStorage]) -> None:
+                refs.pop(key, None)
+
+            self._refs[key] = weakref.ref(storage, forget)
 
     def discard(self, storage: torch.UntypedStorage) -> None:
         self._refs.pop(storage._cdata, None)
@@ -259,11 +247,12 @@ class EmulatedBackend(UnsafeBackend):
 
     def mark_all_unsafe(self) -> None:
         for tensor in _live_tensors():
-            self._mark_unsafe(tensor)
+            self.mark_unsafe(tensor)
             if tensor.is_leaf and tensor.grad is not None:
-                self._mark_unsafe(tensor.grad)
+                self.mark_unsafe(tensor.grad)
 
-    def _mark_unsafe(self, tensor: torch.Tensor) -> None:
+    def mark_unsafe(self, tensor: torch.Tensor) -> None:
+        """What a fault does to one tensor's block (the emulation alone can aim a fault)."""
         storage = _storage(tensor)
         if storage is not None and storage not in self._host:
             self._unsafe.add(storage)
@@ -392,7 +381,7 @@ def npu_unavailable_reason() -> str | None:
     except ImportError:
         version = getattr(torch_npu, "__version__", "?")
         return f"torch_npu {version} has no {_NPU_RECOVERY} (added in 6.0.rc3)"
-    if not torch.npu.is_available() or torch.npu.device_count() == 0:
+    if not torch_npu.npu.is_available() or torch_npu.npu.device_count() == 0:
         return "torch_npu imports but sees no NPU"
     return None
 
@@ -409,77 +398,13 @@ def select_backend(prefer: str | None = None, device_index: int | None = None) -
     if prefer != "emulated":
         reason = npu_unavailable_reason()
         if reason is None:
+            import torch_npu
+
             if device_index is None:
-                device_index = torch.npu.current_device()
+                device_index = torch_npu.npu.current_device()
             else:
-                torch.npu.set_device(device_index)
+                torch_npu.npu.set_device(device_index)
             return NpuBackend(importlib.import_module(_NPU_RECOVERY), device_index)
         if prefer == "npu":
             raise UsageError(f"cannot use the npu backend: {reason}")
     return EmulatedBackend(0 if device_index is None else device_index)
-
-
-# --- what is reachable from a global ---------------------------------------------------------
-
-_LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), range, memoryview, weakref.ref)
-_CODE = (
-    type(len),  # builtin functions and methods
-    type(lambda: None),
-    type(object().__str__),  # method-wrapper
-    type(str.join),  # method descriptor
-    type(int.__add__),  # wrapper descriptor
-    type(ModuleType.__dict__["__dict__"]),  # getset descriptor
-    property,
-    classmethod,
-    staticmethod,
-)
-
-
-def reachable_tensors(*roots: object) -> list[torch.Tensor]:
-    """Every tensor reachable from ``roots``, each once, in the order found.
-
-    Follows containers (dict, list, tuple, set, deque, mapping proxies), attributes in ``__dict__``
-    and ``__slots__`` (so ``nn.Module`` parameters, buffers and submodules, and optimizer
-    ``state`` and ``param_groups``), class attributes, and each leaf tensor's ``.grad``. A module
-    passed as a root is walked through its globals. A module met on the way is not, or one global
-    would pull in the whole program. Properties are not evaluated.
-    """
-    found: dict[int, torch.Tensor] = {}
-    seen: set[int] = set()
-    root_ids = {id(root) for root in roots}
-    pending = list(reversed(roots))
-    while pending:
-        obj = pending.pop()
-        kind = type(obj)  # not isinstance, which asks objects for __class__ (proxies, deprecations)
-        if id(obj) in seen or issubclass(kind, _LEAVES) or issubclass(kind, _CODE):
-            continue
-        seen.add(id(obj))
-        if issubclass(kind, torch.Tensor):
-            found[id(obj)] = obj
-            if obj.is_leaf and obj.grad is not None:
-                pending.append(obj.grad)
-        if issubclass(kind, ModuleType):
-            if id(obj) in root_ids:
-                pending.extend(reversed(list(vars(obj).values())))
-            continue
-        if issubclass(kind, (dict, MappingProxyType)):
-            pending.extend(reversed([*obj.keys(), *obj.values()]))
-        elif issubclass(kind, (list, tuple, set, frozenset, deque)):
-            pending.extend(reversed(list(obj)))
-        attributes = getattr(obj, "__dict__", None)
-        if issubclass(type(attributes), (dict, MappingProxyType)):
-            pending.extend(reversed(list(attributes.values())))
-        pending.extend(reversed(_slot_values(obj)))
-    return list(found.values())
-
-
-def _slot_values(obj: object) -> list[object]:
-    if issubclass(type(obj), type):
-        return []
-    values = []
-    for cls in type(obj).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
-                values.append(getattr(obj, name))
-    return values

@@ -15,7 +15,7 @@ taken out) and ``patched`` (as written). Each run, in MindIO's order:
 
 *block* mode runs exactly the marked blocks of each function (read back from the file), with the
 function's parameters bound here; *adaptor* mode imports the adaptor's files and calls its real
-functions. Nothing here prints: results are plain data for ``verify`` to judge.
+functions. Nothing here prints: results are ``replay.results`` for ``verify`` to judge.
 """
 
 from __future__ import annotations
@@ -31,16 +31,19 @@ import time
 import traceback
 import types
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from unsafe_doctor.replay.backend import UNSAFE_DATA, UnsafeBackend, reachable_tensors, select_backend
+from unsafe_doctor.npu_errors import UNSAFE_DATA
+from unsafe_doctor.replay.backend import UnsafeBackend, select_backend
 from unsafe_doctor.replay.plan import RUNS, ReplayPlan
 from unsafe_doctor.replay.probes import NO_TRAIN_ARGS, Probe, ProbeError, make_probe
+from unsafe_doctor.replay.reachable import reachable_tensors
+from unsafe_doctor.replay.results import FailureKind, FixFailure, Milestone, RankResult, RunResult, StepOutcome
 
 if TYPE_CHECKING:
     from unsafe_doctor.knowledge import ParameterRole
@@ -51,19 +54,19 @@ _GETTER_STANDIN = "megatron.training"
 
 
 class Progress:
-    """Where this rank is, one line per phase, so a launcher can say where a stuck rank waits."""
+    """Where this rank is, one milestone per line (JSON), so a launcher can say where a stuck rank waits."""
 
     def __init__(self, path: str | None) -> None:
         self._stream = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 (lives as long as the rank)
 
-    def __call__(self, line: str) -> None:
+    def __call__(self, milestone: Milestone) -> None:
         if self._stream:
-            self._stream.write(line + "\n")
+            self._stream.write(milestone.to_json() + "\n")
             self._stream.flush()
 
 
-def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: Progress, backend: str | None = None) -> dict:
-    """Both runs on this rank of an initialised process group; the results as plain data.
+def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: Progress, backend: str | None = None) -> RankResult:
+    """Both runs on this rank of an initialised process group.
     ``device_index`` is this rank's NPU (its local rank), or the ``Device:`` the emulated error names;
     ``backend`` forces one (``select_backend``'s ``prefer``)."""
     for root in plan.source_roots:
@@ -71,26 +74,32 @@ def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: Progress,
             sys.path.insert(0, root)
     notes = _install_standins(plan)
     runs = {}
-    backend_name = None
+    backend_name = ""
     for run in RUNS:
         unsafe = select_backend(backend, device_index)
         backend_name = unsafe.name
         runs[run] = _Run(plan, run, rank, unsafe, progress).execute()
         dist.barrier()
-    return {"rank": rank, "backend": backend_name, "runs": runs, "notes": notes}
+    return RankResult(rank, backend_name, runs["unpatched"], runs["patched"], tuple(notes))
 
 
 class _Run:
     def __init__(self, plan: ReplayPlan, run: str, rank: int, backend: UnsafeBackend, progress: Progress) -> None:
         self.plan, self.run, self.rank, self.backend, self.progress = plan, run, rank, backend, progress
-        self.result: dict = {"built": {}, "not_modelled": {}, "fix_errors": [], "resume": {}, "unsafe_left": {},
-                             "equal": {}, "seconds": {}, "adaptor_unavailable": None}
+        self.built: dict[str, str] = {}
+        self.not_modelled: dict[str, str] = {}
+        self.fix_failures: list[FixFailure] = []
+        self.resume: dict[str, StepOutcome] = {}
+        self.unsafe_left: dict[str, int] = {}
+        self.equal: dict[str, bool] = {}
+        self.seconds: dict[str, float] = {}
+        self.adaptor_unavailable: str | None = None
         self.probes: dict[str, Probe] = {}
         self.group: dist.ProcessGroup | None = None  # the repair group, on the faulty and the replica rank
         self.at_fault: dict[str, list[bytes]] | None = None  # on the replica: each global's bytes at the fault
         self._modules: dict[str, types.ModuleType] | None = None  # adaptor mode: function name -> its module
 
-    def execute(self) -> dict:
+    def execute(self) -> RunResult:
         with self.backend.activate():
             self._phase("build", self._build)
             self._phase("fault", self._fault)
@@ -98,13 +107,15 @@ class _Run:
             self._phase("rollback", lambda: self._call("rollback"))
             self._phase("check", self._check)
             self._phase("resume", self._resume)
-        return self.result
+        return RunResult(self.built, self.not_modelled, tuple(self.fix_failures), self.resume, self.unsafe_left,
+                         self.equal, self.seconds, self.adaptor_unavailable)
 
-    def _phase(self, name: str, action) -> None:
-        self.progress(f"{self.run} {name}" + (f" {self.plan.functions.get(self._role(name), '')}()" if self._role(name) else ""))
+    def _phase(self, name: str, action: Callable[[], None]) -> None:
+        role = self._role(name)
+        self.progress(Milestone(self.run, name, self.plan.functions.get(role, "") if role else None))
         start = time.perf_counter()
         action()
-        self.result["seconds"][name] = time.perf_counter() - start
+        self.seconds[name] = time.perf_counter() - start
 
     def _role(self, phase: str) -> str | None:
         if phase == "repair" and self.rank in (self.plan.faulty, self.plan.replica):
@@ -119,10 +130,10 @@ class _Run:
                 probe = make_probe(target, self.backend.device, self.plan.probe)
                 probe.build()
             except ProbeError as error:
-                self.result["not_modelled"][target.key] = str(error)
+                self.not_modelled[target.key] = str(error)
                 continue
             self.probes[target.key] = probe
-            self.result["built"][target.key] = probe.how
+            self.built[target.key] = probe.how
         for _ in range(self.plan.steps):
             for probe in self.probes.values():
                 probe.step()
@@ -163,7 +174,7 @@ class _Run:
             if self.rank == self.plan.faulty:
                 for key, probe in self.probes.items():
                     tensors = probe.tensors()
-                    self.result["unsafe_left"][key] = sum(not self.backend.is_safe(tensor) for tensor in tensors)
+                    self.unsafe_left[key] = sum(not self.backend.is_safe(tensor) for tensor in tensors)
                     mine[key] = [_bytes(tensor) for tensor in tensors]
             gathered: list = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, self.at_fault)
@@ -171,7 +182,7 @@ class _Run:
                 reference = gathered[self.plan.replica] or {}
                 for target in self.plan.targets:
                     if target.scenario == 2 and target.key in mine:
-                        self.result["equal"][target.key] = mine[target.key] == reference.get(target.key)
+                        self.equal[target.key] = mine[target.key] == reference.get(target.key)
         finally:
             self.backend.set_check(was_on)
 
@@ -182,9 +193,9 @@ class _Run:
             except RuntimeError as error:
                 if UNSAFE_DATA not in str(error):
                     raise
-                self.result["resume"][key] = {"error": str(error).splitlines()[0], "where": _where(error)}
+                self.resume[key] = StepOutcome(str(error).splitlines()[0], _where(error))
             else:
-                self.result["resume"][key] = {"error": None, "where": None}
+                self.resume[key] = StepOutcome()
 
     # --- running the adaptor's code --------------------------------------------------------------
 
@@ -197,7 +208,7 @@ class _Run:
             try:
                 self._adaptor_modules()
             except ImportError as error:
-                self.result["adaptor_unavailable"] = f"{type(error).__name__}: {_first_line(error)}"
+                self.adaptor_unavailable = f"{type(error).__name__}: {_first_line(error)}"
                 return
         try:
             if self.plan.mode == "adaptor":
@@ -205,11 +216,10 @@ class _Run:
             else:
                 self._run_blocks(role, values)
         except Exception as error:  # the adaptor's code may fail in any way: that is a finding
-            self.progress(f"{self.run} {role} {function}() raised {type(error).__name__}: {_first_line(error)}")
-            self.result["fix_errors"].append(
-                {"role": role, "function": function, "error": f"{type(error).__name__}: {_first_line(error)}",
-                 "where": _where(error), "unsafe": UNSAFE_DATA in str(error)}
-            )
+            failure = FixFailure(role, function, f"{type(error).__name__}: {_first_line(error)}", _where(error),
+                                 _failure_kind(error))
+            self.progress(Milestone(self.run, "rollback" if role == "rollback" else "repair", function, failure))
+            self.fix_failures.append(failure)
 
     def _values(self) -> dict[str, object]:
         """What MindIO passes, by role: this replay's single (replica -> faulty) repair."""
@@ -310,7 +320,7 @@ def _install_standins(plan: ReplayPlan) -> list[str]:
         return []
     arguments = types.SimpleNamespace(**{name: True for name in switches})
     standin = types.ModuleType(_GETTER_STANDIN)
-    standin.get_args = lambda: arguments
+    vars(standin)["get_args"] = lambda: arguments
     sys.modules[_GETTER_STANDIN] = standin
     return [f"{_GETTER_STANDIN} is not installed: get_args() stood in, with {', '.join(switches)} on"]
 
@@ -372,6 +382,18 @@ def _scramble(tensors: list[torch.Tensor]) -> None:
 def _bytes(tensor: torch.Tensor) -> bytes:
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def _failure_kind(error: BaseException) -> FailureKind:
+    """Read once, here, from the exception itself: torch_npu's text, gloo's timeout, a send to oneself."""
+    text = str(error)
+    if UNSAFE_DATA in text:
+        return "unsafe-data"
+    if "timed out" in text.lower():
+        return "timeout"
+    if "destination rank" in text:
+        return "send-to-self"
+    return "other"
 
 
 def _first_line(error: BaseException) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib
-import json
 import os
 import signal
 import socket
@@ -23,22 +22,28 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from unsafe_doctor.replay.plan import ReplayPlan
+from unsafe_doctor.replay.results import Milestone, RankResult
 
 
 @dataclass(frozen=True)
 class ReplayStopped(Exception):
     """Some ranks did not finish: a hang past the timeout, or a crash."""
 
-    reason: str  # "timeout" | "crash"
+    reason: Literal["timeout", "crash"]
     seconds: float
-    places: dict[int, str]  # rank -> its last progress line ("patched repair")
-    histories: dict[int, tuple[str, ...]]  # rank -> all its progress lines
+    histories: dict[int, tuple[Milestone, ...]]  # rank -> its progress, in order (empty: not started)
     output: str  # the tail of the ranks' own output
 
+    def place(self, rank: int) -> str:
+        """Where the rank was last: "patched repair recv_rank_repair()"."""
+        history = self.histories.get(rank, ())
+        return str(history[-1]) if history else "not started"
 
-def fork_ranks(plan: ReplayPlan) -> list[dict]:
+
+def fork_ranks(plan: ReplayPlan) -> list[RankResult]:
     """Every rank's results, in rank order."""
     import torch  # noqa: F401  (imported once here, before the fork, for every rank)
 
@@ -59,13 +64,12 @@ def fork_ranks(plan: ReplayPlan) -> list[dict]:
         for rank in range(plan.world_size):
             path = work / f"rank{rank}.json"
             if path.exists():
-                results[rank] = json.loads(path.read_text(encoding="utf-8"))
+                results[rank] = RankResult.from_json(path.read_text(encoding="utf-8"))
         if failed or len(results) < plan.world_size:
-            histories = {rank: _lines(work / f"rank{rank}.progress") for rank in range(plan.world_size)}
-            places = {rank: (lines[-1] if lines else "not started") for rank, lines in histories.items()}
+            histories = {rank: _milestones(work / f"rank{rank}.progress") for rank in range(plan.world_size)}
             output = "".join(_tail(work / f"rank{rank}.out") for rank in range(plan.world_size))
             timed_out = failed == "timeout" or "Timed out" in output or "timed out" in output
-            raise ReplayStopped("timeout" if timed_out else "crash", seconds, places, histories, output)
+            raise ReplayStopped("timeout" if timed_out else "crash", seconds, histories, output)
         return [results[rank] for rank in range(plan.world_size)]
 
 
@@ -114,7 +118,7 @@ def _child(plan: ReplayPlan, rank: int, port: int, work: Path) -> None:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=plan.world_size, timeout=datetime.timedelta(seconds=harness_timeout(plan)))
         outcome = run_rank(plan, rank, rank, Progress(str(work / f"rank{rank}.progress")), backend="emulated")
-        (work / f"rank{rank}.json").write_text(json.dumps(outcome), encoding="utf-8")
+        (work / f"rank{rank}.json").write_text(outcome.to_json(), encoding="utf-8")
         dist.destroy_process_group()
         code = 0
     except BaseException:  # noqa: BLE001 (anything: the parent reports the rank's output)
@@ -151,7 +155,7 @@ def _wait(children: dict[int, int], deadline: float, grace: float = 3.0) -> str 
     return problem
 
 
-def join_torchrun(plan: ReplayPlan) -> list[dict] | None:
+def join_torchrun(plan: ReplayPlan) -> list[RankResult] | None:
     """This rank under torchrun; every rank's results on rank 0, None on the others."""
     import torch.distributed as dist
 
@@ -186,11 +190,12 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _lines(path: Path) -> tuple[str, ...]:
+def _milestones(path: Path) -> tuple[Milestone, ...]:
     try:
-        return tuple(path.read_text(encoding="utf-8").splitlines())
+        lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
         return ()
+    return tuple(Milestone.from_json(line) for line in lines if line.endswith("}"))  # not a line cut by a kill
 
 
 def _tail(path: Path, limit: int = 2000) -> str:

@@ -16,14 +16,18 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from unsafe_doctor.replay.backend import reachable_tensors
 from unsafe_doctor.replay.plan import Target
+from unsafe_doctor.replay.reachable import reachable_tensors
+
+# Megatron's train() arguments without a model or an optimizer
+NO_TRAIN_ARGS: tuple[None, list[object], None, None] = (None, [], None, None)
 
 
-NO_TRAIN_ARGS = (None, [], None, None)  # Megatron's train() arguments without a model or an optimizer
+_BUILT = "__unsafe_doctor_built__"  # set on a module once a probe built its globals: the next build reloads it
 
 
 class ProbeError(Exception):
@@ -50,7 +54,7 @@ class Probe:
         return NO_TRAIN_ARGS
 
 
-def _holder(target: Target) -> object:
+def _holder(target: Target) -> Any:
     module = importlib.import_module(target.module)
     owner = getattr(module, target.owner) if target.owner else module
     try:
@@ -74,9 +78,9 @@ class GenericProbe(Probe):
 
     def build(self) -> None:
         module = importlib.import_module(self.target.module)
-        if getattr(module, "__unsafe_doctor_built__", False):
+        if getattr(module, _BUILT, False):
             module = importlib.reload(module)  # the module's globals as a fresh process has them
-        module.__unsafe_doctor_built__ = True
+        setattr(module, _BUILT, True)
         holder = _holder(self.target)
         if callable(getattr(holder, "cache_clear", None)):
             self._build_cache(holder)
@@ -84,7 +88,7 @@ class GenericProbe(Probe):
         called = []
         if self.target.owner is None:
             for name in _writers(module, self.target.variable):
-                function = getattr(module, name, None)
+                function: Any = getattr(module, name, None)
                 arguments = _arguments(function, self.device) if callable(function) else None
                 if arguments is not None:
                     function(*arguments)
@@ -102,7 +106,8 @@ class GenericProbe(Probe):
         was cleared, a fresh one), which is what the next step reads."""
         arguments = _arguments(getattr(cached, "__wrapped__", cached), self.device)
         if arguments is None:
-            raise ProbeError(f"cannot make the arguments of {self.target.label}(); name a function that calls it with --probe MODULE:FUNCTION")
+            raise ProbeError(f"cannot make the arguments of {self.target.label}(); "
+                             "name a function that calls it with --probe MODULE:FUNCTION")
         self.cache_arguments = arguments
         cached(*arguments)
         shown = ", ".join(_shown(value) for value in arguments)
@@ -221,9 +226,9 @@ class UserProbe(Probe):
 
     def build(self) -> None:
         module = importlib.import_module(self.target.module)
-        if getattr(module, "__unsafe_doctor_built__", False):
+        if getattr(module, _BUILT, False):
             importlib.reload(module)
-        module.__unsafe_doctor_built__ = True
+        setattr(module, _BUILT, True)
         self.step()
 
     def step(self) -> None:
@@ -320,7 +325,7 @@ def _cuda_means(device: torch.device) -> Iterator[None]:
         yield
         return
     saved = torch.cuda.current_device
-    torch.cuda.current_device = lambda: device
+    torch.cuda.current_device = lambda: device  # type: ignore[assignment,return-value]  # as transfer_to_npu does
     try:
         yield
     finally:
@@ -328,7 +333,7 @@ def _cuda_means(device: torch.device) -> Iterator[None]:
 
 
 # By the name a rule's `probe:` gives; knowledge.PROBE_NAMES lists the same names for validation.
-PROBES: dict[str, type[Probe]] = {
+PROBES: dict[str, Callable[[Target, torch.device], Probe]] = {
     "megatron-layer-wise-tracker": MegatronLayerWiseTrackerProbe,
     "megatron-router-expert-bias": MegatronRouterExpertBiasProbe,
 }

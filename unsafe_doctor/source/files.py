@@ -40,6 +40,13 @@ def is_file(path: Path) -> bool:
         return False
 
 
+def is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):  # a `sys.path` entry under a folder this user may not enter
+        return False
+
+
 # --- which Python files a folder holds -------------------------------------------------------------
 
 _SKIP_FOLDERS = frozenset(

@@ -24,6 +24,7 @@ from unsafe_doctor.source.files import (
     dotted,
     framework_suffix,
     import_root,
+    is_dir,
     is_file,
     package_of,
 )
@@ -93,7 +94,7 @@ class Workspace:
     @cached_property
     def env_roots(self) -> tuple[Path, ...]:
         """The `sys.path` directories, read once."""
-        return tuple(Path(entry) for entry in sys.path if entry and Path(entry).is_dir())
+        return tuple(Path(entry) for entry in sys.path if entry and is_dir(Path(entry)))
 
     # files printed in a log
 
@@ -157,7 +158,7 @@ class Workspace:
             for candidate in (folder.with_name(parts[-1] + ".py"), folder / "__init__.py"):
                 if is_file(candidate):
                     return candidate
-            if folder.is_dir():
+            if is_dir(folder):
                 return folder
         return None
 

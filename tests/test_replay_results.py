@@ -1,0 +1,99 @@
+"""Replay results cross process boundaries as JSON, and `verify` judges from their typed fields.
+
+No process group here: the results are written by hand the way ranks write them, so each verdict
+rule is checked alone. tests/test_verify.py replays the same situations on real ranks.
+"""
+
+from __future__ import annotations
+
+from unsafe_doctor.replay.launch import ReplayStopped
+from unsafe_doctor.replay.plan import Block, ReplayPlan, Target
+from unsafe_doctor.replay.results import FixFailure, Milestone, RankResult, RunResult, StepOutcome
+from unsafe_doctor.verify import _stopped, judge
+
+TARGET = Target("generic.replica-copy:toytrain.state._EMA", "toytrain.state._EMA", 2, "generic.replica-copy",
+                "toytrain.state", "_EMA", None)
+FUNCTIONS = {"rollback": "feature_rollback", "send": "send_rank_repair", "recv": "recv_rank_repair"}
+UNSAFE = "There is unsafe data in the input tensor."
+TIMEOUT = FixFailure("recv", "recv_rank_repair", "RuntimeError: [/gloo/pair.cc:534] Timed out waiting 3000ms",
+                     "/job/recovery.py:40", "timeout")
+
+
+def plan(ranks: int = 2) -> ReplayPlan:
+    block = Block(TARGET.key, "recv", "recv_rank_repair", "/job/recovery.py", 40, "pass\n", (), None)
+    return ReplayPlan((TARGET,), (block,), (), FUNCTIONS, {}, (), "block", ranks, 1, 0, (), timeout=3.0)
+
+
+def run(**fields) -> RunResult:
+    defaults = dict(built={TARGET.key: "built"}, resume={TARGET.key: StepOutcome()}, equal={TARGET.key: True},
+                    seconds={"build": 0.5, "repair": 0.25})
+    return RunResult(**{**defaults, **fields})
+
+
+def red() -> RunResult:
+    return run(resume={TARGET.key: StepOutcome(UNSAFE, "/job/train.py:62")})
+
+
+def test_a_rank_result_survives_json_with_every_field_typed():
+    failure = FixFailure("rollback", "feature_rollback", f"RuntimeError: {UNSAFE}", None, "unsafe-data")
+    result = RankResult(1, "emulated", red(), run(fix_failures=(failure,), unsafe_left={TARGET.key: 2}), ("a note",))
+    again = RankResult.from_json(result.to_json())
+    assert again == result
+    assert isinstance(again.patched.fix_failures[0], FixFailure)
+    assert isinstance(again.unpatched.resume[TARGET.key], StepOutcome)
+
+
+def test_milestones_survive_json_and_read_as_the_progress_lines_reports_quote():
+    entered = Milestone("patched", "repair", "recv_rank_repair")
+    failed = Milestone("patched", "repair", "recv_rank_repair", TIMEOUT)
+    assert [Milestone.from_json(m.to_json()) for m in (entered, failed)] == [entered, failed]
+    assert str(entered) == "patched repair recv_rank_repair()"
+    assert str(Milestone("unpatched", "build")) == "unpatched build"
+    assert str(failed) == "patched recv recv_rank_repair() raised RuntimeError: [/gloo/pair.cc:534] Timed out waiting 3000ms"
+
+
+def test_a_clean_patched_run_is_proven_and_phase_times_are_the_slowest_ranks():
+    results = [RankResult(0, "emulated", run(), run(seconds={"build": 2.0})), RankResult(1, "emulated", red(), run())]
+    verification = judge(plan(), (), results, "gloo", 1.0)
+    [verdict] = verification.verdicts
+    assert (verdict.outcome, verdict.patched) == ("proven", "recovery clean, tensor bit-identical to replica rank 0")
+    assert verdict.unpatched == f"reproduced `{UNSAFE}` on rank 1 at /job/train.py:62"
+    assert verification.phase_seconds["patched build"] == 2.0
+
+
+def test_a_timed_out_transfer_names_the_side_that_waited():
+    results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(), run(fix_failures=(TIMEOUT,)))]
+    [verdict] = judge(plan(), (), results, "gloo", 1.0).verdicts
+    assert verdict.outcome == "failed"
+    assert verdict.patched.startswith("a repair transfer waited 3 s in vain: recv_rank_repair() on rank 1 waits for a tensor")
+
+
+def test_a_receive_function_that_sends_to_itself_is_reported_as_swapped():
+    swapped = FixFailure("recv", "recv_rank_repair", "ValueError: Invalid destination rank", None, "send-to-self")
+    results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(), run(fix_failures=(swapped,)))]
+    [verdict] = judge(plan(), (), results, "gloo", 1.0).verdicts
+    assert "the receive function recv_rank_repair() sends: send and receive are swapped" in verdict.problems
+
+
+def test_an_error_text_alone_is_not_a_timeout():
+    """The kind decides, not words in the message: a failure of kind "other" that mentions a timeout."""
+    other = FixFailure("recv", "recv_rank_repair", "RuntimeError: the user timed out", None, "other")
+    results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(), run(fix_failures=(other,)))]
+    [verdict] = judge(plan(), (), results, "gloo", 1.0).verdicts
+    assert not any("waited" in problem for problem in verdict.problems)
+
+
+def test_a_stopped_replay_says_where_each_rank_was_and_which_side_waited():
+    histories = {
+        0: (Milestone("patched", "build"), Milestone("patched", "repair", "send_rank_repair"),
+            Milestone("patched", "rollback", "feature_rollback")),
+        1: (Milestone("patched", "build"), Milestone("patched", "repair", "recv_rank_repair")),
+    }
+    stopped = ReplayStopped("timeout", 9.0, histories, "")
+    [verdict] = _stopped(plan(), (), stopped, "emulated", 9.0).verdicts
+    assert verdict.patched == (
+        "the replay stopped at the 3 s timeout (rank 0: patched rollback feature_rollback(); "
+        "rank 1: patched repair recv_rank_repair()); likely cause: recv_rank_repair() on rank 1 waits for a tensor "
+        "that send_rank_repair() on rank 0 never sends (a receive without its send, or send and receive swapped)"
+    )
+    assert stopped.place(5) == "not started"
