@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Site
+from unsafe_doctor.audit.model import Audit, Coverage, Holder, Site
 from unsafe_doctor.classify import GENERIC_RULE_IDS, Classification, classify, classify_as
 from unsafe_doctor.diagnosis import DiagnosedFinding
 from unsafe_doctor.errors import UsageError

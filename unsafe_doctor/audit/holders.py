@@ -17,7 +17,7 @@ from unsafe_doctor.audit.refs import ClassKey, HolderKey
 from unsafe_doctor.audit.resolve import Accessors
 from unsafe_doctor.audit.scope import Place, Scope, functions_of
 from unsafe_doctor.audit.uses import Use, shortened, sites
-from unsafe_doctor.audit.vocabulary import CONTAINER_ADD, CONTAINER_REMOVE, COMMUNICATION_INTO, updates_data_in_place
+from unsafe_doctor.audit.vocabulary import COMMUNICATION_INTO, CONTAINER_ADD, CONTAINER_REMOVE, updates_data_in_place
 from unsafe_doctor.audit.walk import Walker
 from unsafe_doctor.sources import ImportedName, source_segment
 

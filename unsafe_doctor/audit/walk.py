@@ -8,7 +8,6 @@ readings: `holders.FrameworkScanner` (what framework code stores where) and
 from __future__ import annotations
 
 import ast
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,7 +32,7 @@ def _headers(statement: ast.stmt) -> list[ast.expr]:
 _BEFORE_ANY = ast.Pass(lineno=0, col_offset=0)  # the current statement before the walk starts: no use comes from it
 
 
-class Walker(ABC):
+class Walker:
     """One scope's statements, in order; every use of a holder goes to `record`. The hooks below
     do nothing here: each reading overrides the ones it needs."""
 
@@ -50,9 +49,9 @@ class Walker(ABC):
 
     # --- hooks
 
-    @abstractmethod
     def record(self, key: HolderKey, use: Use) -> None:
         """A use of the holder `key`."""
+        raise NotImplementedError
 
     def stored_in_self(self, value: ast.expr | None) -> None:
         """A method stores `value` into its instance (`self.x = v`, `self.xs.append(v)`)."""
@@ -186,8 +185,8 @@ class Walker(ABC):
     def _store_name(self, name: str, value: ast.expr | None) -> None:
         scope = self.scope
         if scope.function is None or name in scope.globals:
-            ref = HolderRef(HolderKey(scope.module.name, None, name), False)
-            self.emit("rebind", ref, place=self.places.of(value), value=value)
+            global_ = HolderRef(HolderKey(scope.module.name, None, name), False)
+            self.emit("rebind", global_, place=self.places.of(value), value=value)
             return
         scope.forget(name)
         if value is None:
