@@ -50,7 +50,6 @@ else `low`.
 from __future__ import annotations
 
 import ast
-import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -58,27 +57,24 @@ from pathlib import Path
 from typing import Literal
 
 from unsafe_doctor.locate import Finding, TensorRef
-from unsafe_doctor.sources import (
+from unsafe_doctor.source.files import is_file, python_files
+from unsafe_doctor.source.resolve import Imports
+from unsafe_doctor.source.syntax import (
     Function,
-    Workspace,
     child_statements,
     compound_header,
-    import_bindings,
-    is_file,
-    package_of,
+    is_cache_decorator,
+    is_empty_value,
     parameter_names,
     walk_scope,
 )
+from unsafe_doctor.source.workspace import SourceFile, Workspace
 
 MAX_FILES = 2000
 MAX_EVIDENCE = 8
 MAX_PER_KIND = 3
 MAX_FILE_BYTES = 2_000_000
 MAX_CALLER_DEPTH = 3
-
-_SKIP_DIRS = frozenset(
-    {"__pycache__", "site-packages", "dist-packages", "node_modules", "tests", "test", "build", "dist"}
-)
 
 _TRAIN_TOKENS = frozenset(
     {"loss", "losses", "grad", "grads", "gradient", "gradients", "param", "params", "parameter", "parameters",
@@ -110,12 +106,11 @@ _COPY_CALLS = frozenset(
 )
 _FRESH_CALLS = frozenset(
     {"zeros", "empty", "zeros_like", "empty_like", "dict", "list", "set", "deque", "OrderedDict", "defaultdict"}
-)
+)  # called with any arguments: `torch.zeros(n)`, `defaultdict(float)`
 _METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout"})
 _METADATA_METHODS = frozenset({"size", "numel", "dim", "element_size", "keys", "nelement", "data_ptr"})
 _ELEMENT_METHODS = frozenset({"items", "values", "get", "setdefault"})
 _SHAPE_TOKENS = frozenset({"shape", "size", "dtype", "device", "len", "numel", "seq", "seqlen"})
-_LRU_DECORATORS = frozenset({"lru_cache", "cache"})
 _HANDLE_TOKENS = frozenset({"group", "pg", "stream", "communicator", "comm"})  # keyword arguments that carry no data
 
 Kind = Literal[
@@ -196,11 +191,7 @@ def _is_logging_call(call: ast.Call) -> bool:
 
 def _is_fresh(value: ast.expr) -> bool:
     """A value a reset rebinds to: None, an empty literal, a new zeroed tensor or empty container."""
-    if isinstance(value, ast.Constant):
-        return value.value is None
-    if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.Tuple)):
-        return not (value.keys if isinstance(value, ast.Dict) else value.elts)
-    return isinstance(value, ast.Call) and _callee(value.func) in _FRESH_CALLS
+    return is_empty_value(value) or (isinstance(value, ast.Call) and _callee(value.func) in _FRESH_CALLS)
 
 
 def _calls_in(nodes: Sequence[ast.AST]) -> Iterator[ast.Call]:
@@ -268,15 +259,6 @@ class _CallSite:
     in_loop: bool
 
 
-@dataclass(frozen=True)
-class _Parsed:
-    path: Path
-    lines: list[str]
-    tree: ast.Module
-    package: str | None  # for relative imports
-    imports: dict[str, str]  # module-level name -> dotted target of its import
-
-
 class _Study:
     """Evidence about one tensor, gathered over the files in scope."""
 
@@ -289,12 +271,11 @@ class _Study:
         self.workspace = Workspace(self.roots)
         self.module = tensor.module
         self.events: dict[tuple[Kind, Path, int], _Event] = {}
-        self.texts: dict[Path, str] = {}
+        self.texts: dict[Path, str] = {}  # the files in scope ("" when unreadable or too large)
         self.truncated = False
         self.referencing: list[Path] = []
         self.sites: dict[Path, list[_CallSite]] = {}
-        self.parsed: dict[Path, _Parsed | None] = {}
-        self.defining: _Parsed | None = None
+        self.defining: SourceFile | None = None
         self.accessors: set[str] = set()
         self.classes_here: set[str] = set()
         self.queue_filled = False  # entries are appended to it somewhere
@@ -327,7 +308,7 @@ class _Study:
         files = list(first)
         seen = {path.resolve() for path in first}
         for folder in dict.fromkeys(folder.resolve() for folder in folders if folder is not None):
-            for path in _python_files(folder):  # under a resolved folder: compared as they are
+            for path in python_files(folder):  # under a resolved folder: compared as they are
                 if len(files) >= MAX_FILES:
                     self.truncated = True
                     return files
@@ -340,37 +321,16 @@ class _Study:
         if path not in self.texts:
             try:
                 small = path.stat().st_size <= MAX_FILE_BYTES
-                text = path.read_text(encoding="utf-8", errors="replace") if small else ""
             except OSError:
-                text = ""
-            self.texts[path] = text
+                small = False
+            self.texts[path] = (self.workspace.text(path) if small else None) or ""
         return self.texts[path] or None
 
-    def parse(self, path: Path) -> _Parsed | None:
-        if path not in self.parsed:
-            self.parsed[path] = self._parse(path)
-        return self.parsed[path]
-
-    def _parse(self, path: Path) -> _Parsed | None:
-        text = self._read(path)
-        try:
-            tree = ast.parse(text) if text else None
-        except (SyntaxError, ValueError, RecursionError):
-            tree = None
-        if tree is None:
+    def parse(self, path: Path) -> SourceFile | None:
+        """A file in scope, parsed once by the workspace; None when unreadable, too large or invalid."""
+        if self._read(path) is None:
             return None
-        module = self.workspace.find(str(path)).module
-        package = package_of(path, module)
-        imports: dict[str, str] = {}
-        pending = list(tree.body)
-        while pending:  # module-level imports, also under `if` / `try`
-            statement = pending.pop(0)
-            if isinstance(statement, (ast.Import, ast.ImportFrom)):
-                bound = import_bindings(statement, package)
-                imports.update({name: binding.target for name, binding in bound.items()})
-            elif not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                pending.extend(child_statements(statement))
-        return _Parsed(path, text.splitlines(), tree, package, imports)
+        return self.workspace.source(path, self.workspace.find(str(path)).module)
 
     def shown(self, path: Path) -> str:
         resolved = path.resolve()
@@ -403,7 +363,7 @@ class _Study:
                 _FileStudy(self, parsed).run()
         self._queues()
 
-    def _accessors(self, parsed: _Parsed) -> set[str]:
+    def _accessors(self, parsed: SourceFile) -> set[str]:
         """Module functions that return the global itself (`get_x()` is then the global)."""
         found = set()
         for statement in parsed.tree.body:
@@ -414,12 +374,11 @@ class _Study:
                         found.add(statement.name)
         return found
 
-    def _lru_cache(self, parsed: _Parsed) -> None:
+    def _lru_cache(self, parsed: SourceFile) -> None:
         for statement in parsed.tree.body:
             if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name == self.variable:
                 for decorator in statement.decorator_list:
-                    func = decorator.func if isinstance(decorator, ast.Call) else decorator
-                    if _callee(func) in _LRU_DECORATORS:
+                    if is_cache_decorator(decorator):
                         code = parsed.lines[decorator.lineno - 1].strip()
                         what = f"{self.variable}() is an lru_cache, rebuilt deterministically: `{code}`"
                         self.add("cache", parsed.path, decorator.lineno, what)
@@ -582,22 +541,6 @@ def _per_step(function: str, in_loop: bool) -> bool:
     return in_loop and (function == "<module>" or bool(tokens & _TRAIN_LOOP_TOKENS))
 
 
-def _python_files(folder: Path) -> Iterator[Path]:
-    """Python files under a folder in a stable order, skipping environments, tests and hidden folders."""
-    if folder.is_file():
-        if folder.suffix == ".py":
-            yield folder
-        return
-    for directory, subdirectories, names in os.walk(folder):
-        subdirectories[:] = sorted(
-            name for name in subdirectories
-            if not name.startswith(".") and name not in _SKIP_DIRS and not name.endswith(("venv", ".egg-info"))
-        )
-        for name in sorted(names):
-            if name.endswith(".py"):
-                yield Path(directory, name)
-
-
 def _call_sites(tree: ast.Module, path: Path) -> list[_CallSite]:
     sites: list[_CallSite] = []
 
@@ -634,11 +577,10 @@ class _Context:
 
 
 class _FileStudy:
-    def __init__(self, study: _Study, source: _Parsed):
+    def __init__(self, study: _Study, source: SourceFile):
         self.study = study
         self.source = source
         self.defining = study.defining is not None and source.path == study.defining.path
-        self.imports = source.imports
         self.lines = source.lines
 
     def run(self) -> None:
@@ -666,11 +608,7 @@ class _FunctionStudy:
         study = file.study
         self.file, self.function, self.class_name, self.name, self.body = file, function, class_name, name, body
         self.nodes = list(walk_scope(function)) if function is not None else []
-        self.modules = dict(file.imports)  # name -> dotted import target, with the function's own imports
-        for node in self.nodes:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                local = import_bindings(node, file.source.package)
-                self.modules.update({name: bound.target for name, bound in local.items()})
+        self.imports = Imports.of(file.source, function)  # the module's imports, with the function's own
         self.reporting = _is_reporting(name, [node for node in self.nodes if isinstance(node, ast.Call)])
         self.initialising = name == "__init__" or bool(_tokens(name) & _INIT_TOKENS)
         self.x_names: set[str] = set()  # names that are the global itself
@@ -679,8 +617,8 @@ class _FunctionStudy:
         self.derived: dict[str, Relation] = {}  # locals computed from it
         if study.attribute:
             return
-        for local, target in self.modules.items():
-            head, _, tail = target.rpartition(".")
+        for local, imported in self.imports.names.items():
+            head, _, tail = imported.target.rpartition(".")
             if head == study.module and tail == study.variable:
                 self.x_names.add(local)
             elif head == study.module and tail in study.accessors:
@@ -702,14 +640,6 @@ class _FunctionStudy:
         return any(isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store) for node in nodes)
 
     # what an expression is
-
-    def _dotted(self, node: ast.expr) -> str | None:
-        if isinstance(node, ast.Name):
-            return self.modules.get(node.id)
-        if isinstance(node, ast.Attribute):
-            head = self._dotted(node.value)
-            return f"{head}.{node.attr}" if head else None
-        return None
 
     def _receiver_ok(self, receiver: ast.expr) -> bool:
         """For an attribute: `self.x` in the owner's class (or a class of its module); any other object."""
@@ -735,7 +665,7 @@ class _FunctionStudy:
                 return False
             if study.attribute:
                 return self._receiver_ok(node.value)
-            return self._dotted(node.value) == study.module
+            return self.imports.dotted(node.value) == study.module
         if isinstance(node, ast.Call):
             func = node.func
             if study.attribute:
@@ -747,7 +677,7 @@ class _FunctionStudy:
                 return func.id in self.accessors
             return (
                 isinstance(func, ast.Attribute) and func.attr in study.accessors
-                and self._dotted(func.value) == study.module
+                and self.imports.dotted(func.value) == study.module
             )
         return False
 

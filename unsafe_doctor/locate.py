@@ -35,7 +35,7 @@ The rules, in the order they apply:
   `mod._X`, `Cls.attr`, `Cls.instance.field`, `get_instance().field`, `self.attr`, the cached call
   `mask(n)`, or the local alias' own name), plus at most one subscript right after it, as printed:
   `parallel_state._X[name][i] += v` -> `parallel_state._X[name]`.
-* **Files** are found, read (never imported) and named as `unsafe_doctor.sources` says: by path as
+* **Files** are found, read (never imported) and named as `unsafe_doctor.source.workspace` says: by path as
   printed, else under a `--source-root` or a `sys.path` directory.
 * **Folding**: identical (culprit file, line, function, tensor) on several ranks make one finding
   with the sorted ranks (the log's rank, else torch_npu's RankID; -1 is no rank); findings keep the
@@ -45,30 +45,25 @@ The rules, in the order they apply:
 from __future__ import annotations
 
 import ast
-import builtins
 import io
 import re
-import sys
 import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.sources import (
+from unsafe_doctor.source.files import is_internal_file
+from unsafe_doctor.source.resolve import MAX_DEPTH, Resolved, Scope, Tier, flatten, resolve_chain
+from unsafe_doctor.source.syntax import (
+    SCOPES,
     Function,
-    ImportedName,
-    SourceFile,
-    Workspace,
     child_statements,
     compound_header,
-    import_bindings,
-    is_internal_file,
-    names_bound,
-    parameter_names,
+    one_line,
     source_segment,
-    walk_scope,
 )
+from unsafe_doctor.source.workspace import SourceFile, Workspace
 from unsafe_doctor.tracebacks import Frame, Traceback
 
 UNSAFE_MESSAGE = "There is unsafe data in the input tensor."
@@ -133,22 +128,11 @@ class _FrameWorkspace(Workspace):
         return self._views[frame]
 
 
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-
-
-@dataclass(frozen=True)
-class _Scope:
-    module: str | None
-    source: SourceFile | None
-    functions: tuple[Function, ...]  # enclosing functions, innermost last
-    cls: ast.ClassDef | None  # class of the method that binds `self`
-    line: int | None  # local bindings up to this line are visible: the line before the frame's statement
-
 
 @dataclass(frozen=True)
 class _FrameView:
     frame: Frame
-    scope: _Scope
+    scope: Scope
     statement: ast.stmt | None  # None: the source is unknown or unparseable
     text: str | None  # the text statement's offsets refer to
     source_line: str | None  # the frame's line as read locally, when the log printed none
@@ -186,7 +170,7 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
         if parsed is not None:
             statement, text = parsed
     functions = tuple(node for node in stack if isinstance(node, Function))
-    scope = _Scope(found.module, source, functions, _class_of_self(stack), visible)
+    scope = Scope(found.module, source, functions, _class_of_self(stack), visible)
     differs = source is not None and frame.line is not None and _first_line(frame.source) is not None and line != frame.line
     return _FrameView(frame, scope, statement, text, source_line, tuple(notes), differs)
 
@@ -231,7 +215,7 @@ def _statement_at(tree: ast.Module, line: int) -> tuple[ast.stmt | None, tuple[a
         children = child_statements(statement)
         if not children or line == statement.lineno or line < children[0].lineno:
             return statement, tuple(stack)
-        if isinstance(statement, _SCOPES):
+        if isinstance(statement, SCOPES):
             stack.append(statement)
         body = children
 
@@ -241,7 +225,7 @@ def _def_named(body: Sequence[ast.stmt], name: str, stack: tuple[ast.AST, ...]) 
     for statement in body:
         if isinstance(statement, Function) and statement.name == name:
             return (*stack, statement)
-        inner = (*stack, statement) if isinstance(statement, _SCOPES) else stack
+        inner = (*stack, statement) if isinstance(statement, SCOPES) else stack
         found = _def_named(child_statements(statement), name, inner)
         if found:
             return found
@@ -298,21 +282,6 @@ def _missing_closers(text: str) -> tuple[str, str]:
 
 # --- operands of a statement -----------------------------------------------------------------------
 
-def _flatten(node: ast.expr) -> list[ast.expr] | None:
-    """`a.b[c]()` -> [a, a.b, a.b[c], a.b[c]()]: each part wraps the one before; None unless rooted at a name."""
-    parts: list[ast.expr] = []
-    while True:
-        parts.append(node)
-        if isinstance(node, (ast.Attribute, ast.Subscript)):
-            node = node.value
-        elif isinstance(node, ast.Call):
-            node = node.func
-        elif isinstance(node, ast.Name):
-            return parts[::-1]
-        else:
-            return None
-
-
 def _reads(statement: ast.stmt) -> list[ast.AST]:
     """The parts of a statement evaluated when its line runs (a compound statement's header only)."""
     if isinstance(statement, ast.Assign):
@@ -355,7 +324,7 @@ def _operands(node: ast.AST) -> Iterator[_Operand]:
     if isinstance(node, (ast.Starred, ast.Lambda)):
         return  # `*args` forwarding; a lambda's body does not run here
     if isinstance(node, ast.Call):
-        result = _flatten(node)
+        result = flatten(node)
         if result is not None:
             yield result, True
         if isinstance(node.func, ast.Attribute):
@@ -366,7 +335,7 @@ def _operands(node: ast.AST) -> Iterator[_Operand]:
         yield from _call_arguments(node)
         return
     if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):
-        parts = _flatten(node)
+        parts = flatten(node)
         if parts is not None:
             yield parts, False
             for part in parts[1:]:
@@ -381,7 +350,7 @@ def _operands(node: ast.AST) -> Iterator[_Operand]:
 
 def _receiver(node: ast.expr) -> Iterator[_Operand]:
     """The object a method is called on; a call there is a chain too: `get_tracker().clear()`."""
-    parts = _flatten(node) if isinstance(node, ast.Call) else None
+    parts = flatten(node) if isinstance(node, ast.Call) else None
     if parts is None:
         yield from _operands(node)
         return
@@ -399,395 +368,6 @@ def _call_arguments(call: ast.Call) -> Iterator[_Operand]:
     for keyword in call.keywords:
         if keyword.arg is not None:  # `**kwargs` forwards
             yield from _operands(keyword.value)
-
-
-# --- resolving a chain to a global -----------------------------------------------------------------
-
-# Tiers: how likely the operand is the global tensor.
-_GLOBAL, _GUESS, _SELF, _UNKNOWN, _PARAMETER, _LOCAL = 5, 4, 3, 2, 1, 0
-_MAX_DEPTH = 6
-_TENSOR_ATTRIBUTES = frozenset({"data", "grad", "T", "mT", "H", "mH", "real", "imag"})
-_LIBRARIES = frozenset({"torch", "torch_npu", "torchair", "numpy", "transformer_engine", "apex", "triton"})
-_LIBRARY_ALIASES = frozenset({"torch", "torch_npu", "np", "numpy", "math", "F", "nn", "dist", "te", "os", "sys"})
-_BUILTINS = frozenset(dir(builtins))
-_GLOBAL_NAME = re.compile(r"_*[A-Z][A-Z0-9_]*")
-_CLASS_NAME = re.compile(r"_*[A-Z]\w*[a-z]\w*")
-
-
-@dataclass(frozen=True)
-class _Resolved:
-    tier: int
-    anchor: int  # index of the chain part that names the global
-    variable: str | None
-    module: str | None
-    owner: str | None
-    notes: tuple[str, ...] = ()
-    parameter: str | None = None  # the chain starts at this parameter of the frame's function
-    cached: bool = False  # the chain's call hands back what an lru_cache keeps across steps
-
-
-def _unresolved(scope: _Scope, tier: int, parts: Sequence[ast.expr], parameter: str | None = None) -> _Resolved:
-    """No global found: the expression is the chain's field path (`mod.obj.field`, `tracker`)."""
-    end = 0
-    while _is_field(parts, end + 1):
-        end += 1
-    return _Resolved(tier, end, None, scope.module, None, parameter=parameter)
-
-
-def _is_attribute(parts: Sequence[ast.expr], index: int) -> bool:
-    return index < len(parts) and isinstance(parts[index], ast.Attribute)
-
-
-def _is_call(parts: Sequence[ast.expr], index: int) -> bool:
-    return index < len(parts) and isinstance(parts[index], ast.Call)
-
-
-def _is_field(parts: Sequence[ast.expr], index: int) -> bool:
-    """An attribute that names an object's field: not a tensor attribute, not a method being called."""
-    return (
-        _is_attribute(parts, index)
-        and parts[index].attr not in _TENSOR_ATTRIBUTES
-        and not _is_call(parts, index + 1)
-    )
-
-
-def _resolve_chain(parts: list[ast.expr], scope: _Scope, workspace: Workspace, depth: int = 0) -> _Resolved | None:
-    """How the chain's root name is bound, per the frame's source; None when it is no tensor."""
-    root = parts[0].id
-    if depth > _MAX_DEPTH:
-        return _unresolved(scope, _UNKNOWN, parts)
-    if root in ("self", "cls"):
-        return _self_member(parts, scope, workspace)
-    if scope.source is None:
-        return _guess(parts, scope, workspace)
-    function = scope.functions[-1] if scope.functions else None
-    if function is not None:
-        if root in _declared_globals(function):
-            return _in_source(scope.source, scope.module, root, parts, 0, workspace, depth, cross_module=False)
-        if root in parameter_names(function):
-            return _unresolved(scope, _PARAMETER, parts, parameter=root)
-        binding = _local_binding(function, root, scope)
-        if isinstance(binding, ImportedName):
-            return _imported(binding.target, parts, 0, workspace, depth)
-        if binding is not None:
-            return _alias(root, binding, parts, scope, workspace, depth)
-        if any(root in parameter_names(outer) or _local_binding(outer, root, scope) for outer in scope.functions[:-1]):
-            return _unresolved(scope, _LOCAL, parts)
-    if root in scope.source.bindings:
-        return _in_source(scope.source, scope.module, root, parts, 0, workspace, depth, cross_module=False)
-    if root in _BUILTINS:
-        return None
-    return _unresolved(scope, _UNKNOWN, parts)
-
-
-def _self_member(parts: list[ast.expr], scope: _Scope, workspace: Workspace) -> _Resolved | None:
-    """`self.attr` -> attribute `attr` of the class whose method the frame runs."""
-    if not _is_attribute(parts, 1):
-        return None  # bare self
-    if _is_call(parts, 2):
-        return _cached_submodule_call(parts[1].attr, scope, workspace) or _unresolved(scope, _UNKNOWN, parts)
-    owner = scope.cls.name if scope.cls else None
-    notes = () if owner or scope.source is None else ("the class of `self` was not found in the source",)
-    return _Resolved(_SELF, 1, parts[1].attr, scope.module, owner, notes)
-
-
-# Calling an object runs these: `__call__`, or `forward` for a torch.nn.Module.
-_CALL_METHODS = ("forward", "__call__")
-
-
-def _cached_submodule_call(attribute: str, scope: _Scope, workspace: Workspace) -> _Resolved | None:
-    """`self.rope(n)` where a method of the class set `self.rope = Rope(...)` and Rope's forward (or
-    __call__) is an lru_cache: the result is the cache's, kept across steps by the class."""
-    if scope.cls is None or scope.source is None:
-        return None
-    for method in scope.cls.body:
-        if not isinstance(method, Function):
-            continue
-        for node in walk_scope(method):
-            if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
-                continue
-            if not any(_is_self_attribute(target, attribute) for target in node.targets):
-                continue
-            defined = _class_definition(node.value.func, replace(scope, functions=(method,), line=None), workspace)
-            if defined is None:
-                continue
-            cls, module = defined
-            called = next((f for f in cls.body if _is_cached(f) and f.name in _CALL_METHODS), None)
-            if called is not None:
-                note = (f"self.{attribute} is a {cls.name}, whose {called.name}() is an lru_cache: "
-                        "it returns what earlier steps built")
-                return _Resolved(_GLOBAL, 2, called.name, module, cls.name, (note,), cached=True)
-    return None
-
-
-def _is_self_attribute(target: ast.expr, attribute: str) -> bool:
-    return (
-        isinstance(target, ast.Attribute)
-        and target.attr == attribute
-        and isinstance(target.value, ast.Name)
-        and target.value.id == "self"
-    )
-
-
-def _class_definition(callee: ast.expr, scope: _Scope, workspace: Workspace) -> tuple[ast.ClassDef, str | None] | None:
-    """The class a constructor call's callee (`Rope`, `mod.Rope`) names, with its module: followed
-    through imports (a function's own included) and re-exports, read from source."""
-    parts = _flatten(callee)
-    if parts is None or scope.source is None or not all(isinstance(part, (ast.Name, ast.Attribute)) for part in parts):
-        return None
-    root = parts[0].id
-    binding = _local_binding(scope.functions[-1], root, scope) if scope.functions else None
-    binding = binding if binding is not None else scope.source.binding(root)
-    module, attributes = scope.module, [part.attr for part in parts[1:]]
-    for _ in range(_MAX_DEPTH):
-        if isinstance(binding, ast.ClassDef) and not attributes:
-            return binding, module
-        if not isinstance(binding, ImportedName):
-            return None
-        module, _, name = ".".join([binding.target, *attributes]).rpartition(".")
-        if _is_library(module):
-            return None
-        source = workspace.module_source(module) if module else None
-        if source is None:
-            return None
-        binding, attributes = source.binding(name), []
-    return None
-
-
-_CACHE_DECORATORS = frozenset({"lru_cache", "cache"})
-
-
-def _is_cached(node: ast.AST) -> bool:
-    """A function decorated with functools' `lru_cache` / `cache`."""
-    if not isinstance(node, Function):
-        return False
-    for decorator in node.decorator_list:
-        callee = decorator.func if isinstance(decorator, ast.Call) else decorator
-        name = callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", None)
-        if name in _CACHE_DECORATORS:
-            return True
-    return False
-
-
-def _guess(parts: list[ast.expr], scope: _Scope, workspace: Workspace) -> _Resolved | None:
-    """Without source, naming conventions decide: `_UPPER` globals, `mod._UPPER`, `ClassName.attr`."""
-    root = parts[0].id
-    if root in _BUILTINS or root in _LIBRARY_ALIASES:
-        return None
-    if _CLASS_NAME.fullmatch(root) and _is_attribute(parts, 1):
-        return _class_member(parts, 0, root, scope.module, _GUESS)
-    if _GLOBAL_NAME.fullmatch(root):
-        return _Resolved(_GUESS, 0, root, scope.module, None)
-    if _is_attribute(parts, 1) and _GLOBAL_NAME.fullmatch(parts[1].attr):
-        module, note = _guess_module(root, scope.module, workspace)
-        return _Resolved(_GUESS, 1, parts[1].attr, module, None, (note,))
-    return _unresolved(scope, _UNKNOWN, parts)
-
-
-def _guess_module(alias: str, frame_module: str | None, workspace: Workspace) -> tuple[str, str]:
-    """`parallel_state` seen in megatron/core/transformer/moe/x.py: the nearest package holding it."""
-    packages = (frame_module or "").split(".")[:-1]
-    for size in range(len(packages), -1, -1):
-        candidate = ".".join([*packages[:size], alias])
-        path = workspace.module_path(candidate)
-        if path is not None:
-            return candidate, f"`{alias}` taken as {candidate}, found at {path}"
-    return alias, f"module `{alias}` was not found near {frame_module}: its full name is unknown"
-
-
-def _class_member(parts: list[ast.expr], index: int, owner: str, module: str | None, tier: int) -> _Resolved | None:
-    """`Cls.attr` (class attribute) or `Cls.instance.field` (singleton field)."""
-    if not _is_attribute(parts, index + 1):
-        return None  # the class itself
-    if _is_call(parts, index + 2):
-        return _Resolved(_UNKNOWN, index, None, module, None)  # Cls.method(...)
-    anchor = index + 2 if _is_field(parts, index + 2) else index + 1
-    return _Resolved(tier, anchor, parts[anchor].attr, module, owner)
-
-
-def _imported(target: str, parts: list[ast.expr], index: int, workspace: Workspace, depth: int) -> _Resolved | None:
-    """A name bound by an import to `target`: a module (then its attribute is the global) or a member."""
-    if depth > _MAX_DEPTH or _is_library(target):
-        return None
-    if workspace.module_path(target) is not None:
-        module, at = target, index + 1
-        while _is_attribute(parts, at) and workspace.module_path(f"{module}.{parts[at].attr}") is not None:
-            module, at = f"{module}.{parts[at].attr}", at + 1
-        if not _is_attribute(parts, at):
-            return None  # the module itself
-        return _in_module(module, parts[at].attr, parts, at, workspace, depth)
-    head, _, name = target.rpartition(".")
-    if head and workspace.module_path(head) is not None:
-        return _in_module(head, name, parts, index, workspace, depth)
-    if _is_attribute(parts, index + 1) and not _CLASS_NAME.fullmatch(name):
-        note = f"{target} was not found locally: taken as a module"
-        return _Resolved(_GLOBAL, index + 1, parts[index + 1].attr, target, None, (note,))
-    return _in_source(None, head or None, name, parts, index, workspace, depth, cross_module=True)
-
-
-def _is_library(dotted: str) -> bool:
-    top = dotted.split(".")[0]
-    return top in _LIBRARIES or top in sys.stdlib_module_names
-
-
-def _in_module(
-    module: str, name: str, parts: list[ast.expr], index: int, workspace: Workspace, depth: int
-) -> _Resolved | None:
-    return _in_source(workspace.module_source(module), module, name, parts, index, workspace, depth, cross_module=True)
-
-
-def _in_source(
-    source: SourceFile | None,
-    module: str | None,
-    name: str,
-    parts: list[ast.expr],
-    index: int,
-    workspace: Workspace,
-    depth: int,
-    *,
-    cross_module: bool,
-) -> _Resolved | None:
-    """`name` (at parts[index]) as bound at module level in `source` (module `module`)."""
-    binding = source.binding(name) if source else None
-    if isinstance(binding, ImportedName):
-        return _imported(binding.target, parts, index, workspace, depth + 1)
-    looks_like_class = source is None and _CLASS_NAME.fullmatch(name) and _is_attribute(parts, index + 1)
-    if isinstance(binding, ast.ClassDef) or looks_like_class:
-        return _class_member(parts, index, name, module, _GLOBAL)
-    if isinstance(binding, Function):
-        return _call_result(binding, source, parts, index, workspace, depth)
-    if _is_flag(binding, name, source):
-        return None
-    if _is_call(parts, index + 1):
-        # A function whose source is not here, or a callable a global holds (`_fused_op = None`,
-        # set at import): what the call returns is not that global.
-        return _Resolved(_UNKNOWN, index + 1, None, module, None)
-    notes = ()
-    missing = source is not None and binding is None and name not in source.declared_globals and not source.star_import
-    if cross_module and missing:
-        notes = (f"{module} here ({source.path}) has no {name}: the log's version differs from the local one",)
-    return _Resolved(_GLOBAL, index, name, module, None, notes)
-
-
-def _is_flag(binding: object, name: str, source: SourceFile | None) -> bool:
-    """A module constant such as `HAVE_TE = True`: never a tensor."""
-    value = getattr(binding, "value", None)
-    return (
-        isinstance(binding, (ast.Assign, ast.AnnAssign))
-        and isinstance(value, ast.Constant)
-        and isinstance(value.value, (bool, int, float, str, bytes))
-        and source is not None
-        and name not in source.declared_globals
-    )
-
-
-def _call_result(
-    function: Function, source: SourceFile | None, parts: list[ast.expr], index: int, workspace: Workspace, depth: int
-) -> _Resolved | None:
-    """`get_x()` returning a module global, and `get_instance().field` (singleton field)."""
-    if not _is_call(parts, index + 1):
-        return None  # the function object
-    module = source.module if source else None
-    if _is_cached(function):
-        note = f"{function.name}() is an lru_cache: it returns what earlier steps built"
-        return _Resolved(_GLOBAL, index + 1, function.name, module, None, (note,), cached=True)
-    returned = _returned_global(function, source, workspace, depth)
-    if returned is None:
-        return _Resolved(_UNKNOWN, index + 1, None, module, None)
-    note = f"{function.name}() returns {returned.variable} of {returned.module}"
-    if _is_field(parts, index + 2):
-        holder = workspace.module_source(returned.module) if returned.module else None
-        owner = _instance_class(returned.variable, holder)
-        return _Resolved(_GLOBAL, index + 2, parts[index + 2].attr, returned.module, owner, (*returned.notes, note))
-    return replace(returned, anchor=index + 1, notes=(*returned.notes, note))
-
-
-def _returned_global(
-    function: Function, source: SourceFile | None, workspace: Workspace, depth: int
-) -> _Resolved | None:
-    if source is None:
-        return None
-    scope = _Scope(source.module, source, (function,), None, None)
-    for node in walk_scope(function):
-        if isinstance(node, ast.Return) and node.value is not None:
-            parts = _flatten(node.value)
-            resolved = _resolve_chain(parts, scope, workspace, depth + 1) if parts else None
-            if resolved is not None and resolved.tier >= _GUESS and resolved.variable:
-                return resolved
-    return None
-
-
-def _instance_class(name: str | None, source: SourceFile | None) -> str | None:
-    """The class of the object a module global holds: `_INSTANCE = Foo(...)` anywhere in its module."""
-    if name is None or source is None:
-        return None
-    for node in ast.walk(source.tree):
-        if (
-            isinstance(node, ast.Assign)
-            and any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
-            and isinstance(node.value, ast.Call)
-            and isinstance(node.value.func, ast.Name)
-        ):
-            return node.value.func.id
-    return None
-
-
-def _alias(
-    name: str, value: ast.expr, parts: list[ast.expr], scope: _Scope, workspace: Workspace, depth: int
-) -> _Resolved:
-    """A local assigned from a global (`tracker = get_tracker()`, `buf = mod._BUF`): that global,
-    while the expression keeps the local's own name."""
-    local = _unresolved(scope, _LOCAL, parts)
-    value_parts = _flatten(value)
-    if value_parts is None:
-        return local
-    earlier = replace(scope, line=value.lineno - 1)
-    resolved = _resolve_chain(value_parts, earlier, workspace, depth + 1)
-    if resolved is not None and resolved.parameter:
-        return _unresolved(scope, _PARAMETER, parts, parameter=resolved.parameter)
-    if resolved is None or resolved.tier < _SELF or resolved.variable is None:
-        return local
-    text = source_segment(scope.source.text, value) if scope.source else None
-    kind = "the cached result" if resolved.cached else f"a local alias of {resolved.variable}"
-    note = f"{name} is {kind}: `{name} = {_one_line(text or ast.unparse(value))}`"
-    return replace(resolved, anchor=0, notes=(*resolved.notes, note))
-
-
-def _declared_globals(function: Function) -> set[str]:
-    return {name for node in walk_scope(function) if isinstance(node, ast.Global) for name in node.names}
-
-
-_OPAQUE = ast.Constant(value=None)  # bound locally by something not worth following (loop target, `with ... as`)
-
-
-def _local_binding(function: Function, name: str, scope: _Scope) -> ast.expr | ImportedName | None:
-    """The last binding of `name` in the function before the frame's line: the assigned value, an
-    import, `_OPAQUE`, or None when the function does not bind it."""
-    bindings: list[tuple[int, ast.expr | ImportedName]] = []
-    for node in walk_scope(function):
-        if isinstance(node, ast.Assign) and name in names_bound(node.targets):
-            simple = any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
-            bindings.append((node.lineno, node.value if simple else _OPAQUE))
-        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and getattr(node.target, "id", None) == name:
-            if node.value is not None:
-                bindings.append((node.lineno, node.value))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            package = scope.source.package if scope.source else None
-            imported = import_bindings(node, package).get(name)
-            if imported is not None:
-                bindings.append((node.lineno, imported))
-        elif isinstance(node, (ast.For, ast.AsyncFor)) and name in names_bound([node.target]):
-            bindings.append((node.lineno, _OPAQUE))
-        elif isinstance(node, (ast.With, ast.AsyncWith)) and name in names_bound(
-            [item.optional_vars for item in node.items if item.optional_vars is not None]
-        ):
-            bindings.append((node.lineno, _OPAQUE))
-        elif isinstance(node, ast.ExceptHandler) and node.name == name:
-            bindings.append((node.lineno, _OPAQUE))
-    if not bindings:
-        return None
-    before = [binding for binding in bindings if scope.line is None or binding[0] <= scope.line] or bindings
-    return max(before, key=lambda binding: binding[0])[1]
 
 
 # --- one traceback: culprit and tensor -------------------------------------------------------------
@@ -811,7 +391,7 @@ def _unsafe_link(traceback: Traceback) -> Traceback | None:
     return links[-1] if links else None
 
 
-_Candidate = tuple[list[ast.expr], _Resolved]
+_Candidate = tuple[list[ast.expr], Resolved]
 
 
 def _candidates(view: _FrameView, workspace: Workspace) -> list[_Candidate]:
@@ -821,7 +401,7 @@ def _candidates(view: _FrameView, workspace: Workspace) -> list[_Candidate]:
     found = []
     for node in _reads(view.statement):
         for parts, call_result in _operands(node):
-            resolved = _resolve_chain(parts, view.scope, workspace)
+            resolved = resolve_chain(parts, view.scope, workspace)
             if resolved is not None and (resolved.cached or not call_result):
                 found.append((parts, resolved))
     return found
@@ -875,9 +455,9 @@ def _analyse(frames: tuple[Frame, ...], workspace: _FrameWorkspace) -> _Analysis
 
 def _choose_tensor(
     frames: Sequence[Frame], index: int, view: _FrameView, candidates: list[_Candidate], workspace: _FrameWorkspace
-) -> tuple[list[ast.expr], _Resolved, _FrameView | None]:
+) -> tuple[list[ast.expr], Resolved, _FrameView | None]:
     """The best-tiered candidate, leftmost on ties; parameters count as what the caller passed."""
-    options: list[tuple[list[ast.expr], _Resolved, _FrameView | None]] = []
+    options: list[tuple[list[ast.expr], Resolved, _FrameView | None]] = []
     for parts, resolved in candidates:
         followed = _follow_parameter(frames, index, view, resolved.parameter, workspace) if resolved.parameter else None
         options.append(followed or (parts, resolved, None))
@@ -886,20 +466,20 @@ def _choose_tensor(
 
 def _follow_parameter(
     frames: Sequence[Frame], index: int, view: _FrameView, name: str, workspace: _FrameWorkspace, depth: int = 0
-) -> tuple[list[ast.expr], _Resolved, _FrameView] | None:
+) -> tuple[list[ast.expr], Resolved, _FrameView] | None:
     """The argument the caller frame passed for parameter `name`, resolved in the caller (repeatedly
     while it is again a parameter); None unless that names something (a global, `self.x`, ...)."""
-    if index == 0 or depth > _MAX_DEPTH or is_internal_file(frames[index - 1].file) or not view.scope.functions:
+    if index == 0 or depth > MAX_DEPTH or is_internal_file(frames[index - 1].file) or not view.scope.functions:
         return None
     caller = workspace.view(frames[index - 1])
     argument = _argument_for(caller.statement, view.scope.functions[-1], name) if caller.statement else None
-    parts = _flatten(argument) if argument is not None else None
-    resolved = _resolve_chain(parts, caller.scope, workspace) if parts else None
+    parts = flatten(argument) if argument is not None else None
+    resolved = resolve_chain(parts, caller.scope, workspace) if parts else None
     if resolved is None:
         return None
     if resolved.parameter:
         return _follow_parameter(frames, index - 1, caller, resolved.parameter, workspace, depth + 1)
-    return (parts, resolved, caller) if resolved.tier > _PARAMETER else None
+    return (parts, resolved, caller) if resolved.tier > Tier.PARAMETER else None
 
 
 def _argument_for(statement: ast.stmt, function: Function, name: str) -> ast.expr | None:
@@ -928,11 +508,7 @@ def _expression_text(parts: list[ast.expr], anchor: int, text: str | None) -> st
     end = anchor + 1 if anchor + 1 < len(parts) and isinstance(parts[anchor + 1], ast.Subscript) else anchor
     node = parts[end]
     segment = source_segment(text, node) if text else None
-    return _one_line(segment or ast.unparse(node))
-
-
-def _one_line(text: str) -> str:
-    return re.sub(r"\s*\n\s*", " ", text)
+    return one_line(segment or ast.unparse(node))
 
 
 def _unique(notes: Sequence[str]) -> tuple[str, ...]:

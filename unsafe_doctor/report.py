@@ -20,7 +20,7 @@ from unsafe_doctor import __version__
 from unsafe_doctor.classify import Classification, FixPlan
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge import KnowledgeBase, Rule
-from unsafe_doctor.sources import is_internal_file
+from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.tracebacks import Frame
 
 if TYPE_CHECKING:

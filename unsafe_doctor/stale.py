@@ -4,7 +4,8 @@ A rollback that re-initialises `mpu._MOE_AUX_LOSSES_LOGGING_TRACKER` on a Megatr
 only creates an unused attribute: the real tracker keeps its unsafe tensors. This module reads the
 adaptor (never imports it), finds the statements of the profile's rollback function that reset a
 module attribute, resolves the module through the adaptor's imports (module level and inside the
-function), finds that module's source on disk (source roots, then `sys.path`) and reports:
+function) with `unsafe_doctor.source.resolve`, finds that module's source on disk (source roots,
+then `sys.path`) and reports:
 
 * **missing**: the module exists but defines no such name at module level (assignment, annotated
   assignment, function, class, import, or a `global` declaration in one of its functions). A module
@@ -33,20 +34,19 @@ from typing import Literal
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import AdaptorProfile
-from unsafe_doctor.sources import (
+from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, package_folder, python_files
+from unsafe_doctor.source.resolve import Imports, ModuleMember, module_member, module_named
+from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
-    SourceFile,
-    Workspace,
-    child_statements,
-    import_bindings,
+    is_empty_container,
+    scope_statements,
     source_segment,
 )
-from unsafe_doctor.versions import FRAMEWORK_PACKAGES, Environment
+from unsafe_doctor.source.workspace import SourceFile, Workspace
+from unsafe_doctor.versions import Environment
 
 Kind = Literal["missing", "rebinding"]
-_MAX_ALIAS_HOPS = 6
-_EMPTY_CONTAINERS = frozenset({"list", "dict", "set", "OrderedDict", "defaultdict", "deque"})
 _MODULE_LEVEL_NAME = re.compile(r"^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
 
 
@@ -73,7 +73,7 @@ def stale_resets(adaptor: Path, profile: AdaptorProfile, environment: Environmen
         return []
     checker = _Checker(workspace, source, rollback, environment)
     found: list[StaleReset] = []
-    for statement in _statements(rollback.body):
+    for statement in scope_statements(rollback.body):
         for target, rebinds in _reset_targets(statement):
             stale = checker.check(statement, target, rebinds)
             if stale is not None:
@@ -89,15 +89,6 @@ class _Target:
     root: str  # the name the chain starts at: 'mpu'
     attributes: tuple[str | None, ...]  # attribute names after the root; None for a subscript
     value: ast.expr | None  # the value assigned, when the statement assigns one
-
-
-def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """The function's own statements, nested blocks included, nested functions and classes not."""
-    for statement in body:
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        yield statement
-        yield from _statements(child_statements(statement))
 
 
 def _reset_targets(statement: ast.stmt) -> Iterator[tuple[_Target, bool]]:
@@ -144,10 +135,10 @@ class _Checker:
         self._names: dict[Path, list[tuple[str, str]]] = {}  # package folder -> (module, name) defined there
 
     def check(self, statement: ast.stmt, target: _Target, rebinds: bool) -> StaleReset | None:
-        resolved = self._resolve(target, statement.lineno)
-        if resolved is None:
+        member = self._resolve(target, statement.lineno)
+        if member is None:
             return None
-        module, symbol, rest = resolved
+        module, symbol, rest = member.module, member.name, member.rest
         holder = self.workspace.module_source(module)
         if holder is None:
             return None  # a namespace folder, or unreadable: nothing to compare with
@@ -155,7 +146,7 @@ class _Checker:
             return None  # `pkg.sub.X`: `sub` may be a submodule this tree lacks, not a stale name
         if not _defines(holder, symbol):
             return self._stale(statement, symbol, module, "missing", self._missing_why(holder, module, symbol))
-        if rebinds and not rest and _is_empty_container(target.value):
+        if rebinds and not rest and is_empty_container(target.value):
             importer = self._importer(holder, module, symbol)
             if importer is not None:
                 why = (
@@ -165,60 +156,14 @@ class _Checker:
                 return self._stale(statement, symbol, module, "rebinding", why)
         return None
 
-    def _resolve(self, target: _Target, line: int) -> tuple[str, str, tuple[str | None, ...]] | None:
-        """(module, symbol, what follows the symbol) for a chain rooted at an imported name."""
-        binding = self._binding(target.root, line)
-        if binding is None:
-            return None
-        module = self._module(binding)
-        attributes = list(target.attributes)
-        if module is None:
-            head, _, name = binding.rpartition(".")
-            module = self._module(head) if head else None
-            if module is None:
-                return None
-            attributes.insert(0, name)  # `from pkg.mod import X` then `X.field = ...`
-        while len(attributes) > 1 and attributes[0] is not None:
-            deeper = self._module(f"{module}.{attributes[0]}")
-            if deeper is None:
-                break
-            module = deeper
-            attributes.pop(0)
-        if not attributes or attributes[0] is None:
-            return None
-        return module, attributes[0], tuple(attributes[1:])
-
-    def _binding(self, name: str, line: int) -> str | None:
-        """What an import bound `name` to: the last import in the rollback function before the line,
-        else the adaptor's module-level import."""
-        local = None
-        for statement in _statements(self.rollback.body):
-            if isinstance(statement, (ast.Import, ast.ImportFrom)) and statement.lineno <= line:
-                imported = import_bindings(statement, self.adaptor.package).get(name)
-                if imported is not None and (local is None or statement.lineno >= local[0]):
-                    local = (statement.lineno, imported.target)
-        if local is not None:
-            return local[1]
-        binding = self.adaptor.bindings.get(name)
-        return binding.target if isinstance(binding, ImportedName) else None
-
-    def _module(self, dotted: str, hops: int = 0) -> str | None:
-        """The dotted name of the module `dotted` refers to on disk, following re-exports such as
-        `mpu = parallel_state` or `from . import parallel_state as mpu` in a package's __init__."""
-        if not dotted or hops > _MAX_ALIAS_HOPS:
-            return None
-        if self.workspace.module_path(dotted) is not None:
-            return dotted
-        head, _, name = dotted.rpartition(".")
-        parent = self._module(head, hops + 1) if head else None
-        source = self.workspace.module_source(parent) if parent else None
-        binding = source.binding(name) if source else None
-        if isinstance(binding, ImportedName):
-            return self._module(binding.target, hops + 1)
-        return None
+    def _resolve(self, target: _Target, line: int) -> ModuleMember | None:
+        """The module member a chain rooted at an imported name writes (an import in the rollback
+        function before the line, else the adaptor's module-level import)."""
+        imported = Imports.of(self.adaptor, self.rollback, line).target(target.root)
+        return module_member(imported, target.attributes, self.workspace) if imported is not None else None
 
     def _missing_why(self, holder: SourceFile, module: str, symbol: str) -> str:
-        distribution = next((name for name, top in FRAMEWORK_PACKAGES.items() if module.split(".")[0] == top), None)
+        distribution = next((name for name, top in FRAMEWORK_DISTRIBUTIONS.items() if module.split(".")[0] == top), None)
         version = self.environment.versions.get(distribution) if distribution else None
         where = f"{distribution} {version}" if version is not None else f"{module} at {holder.path}"
         why = f"{where} has no {symbol} in {module}"
@@ -233,7 +178,7 @@ class _Checker:
         """The module-level name of the same package most like `symbol`: same first and last word
         (`_MOE_..._TRACKER`); the same name in another module beats any other."""
         words = symbol.strip("_").split("_")
-        top = _package_folder(holder.path, module)
+        top = package_folder(holder.path, module)
         if top is None or not words[0]:
             return None
         candidates = [
@@ -254,7 +199,7 @@ class _Checker:
         if top not in self._names:
             root = top.parent
             names = []
-            for path in sorted(top.rglob("*.py")):
+            for path in sorted(python_files(top)):
                 try:
                     text = path.read_text(encoding="utf-8", errors="replace")
                 except OSError:
@@ -266,11 +211,11 @@ class _Checker:
 
     def _importer(self, holder: SourceFile, module: str, symbol: str) -> str | None:
         """A module of the same package that binds `symbol` from `module` at import time."""
-        top = _package_folder(holder.path, module)
+        top = package_folder(holder.path, module)
         if top is None:
             return None
         wanted = f"{module}.{symbol}"
-        for path in sorted(top.rglob("*.py")):
+        for path in sorted(python_files(top)):
             try:
                 if symbol not in path.read_text(encoding="utf-8", errors="replace"):
                     continue
@@ -287,7 +232,7 @@ class _Checker:
 
     def _same_target(self, target: str, wanted: str) -> bool:
         head, _, name = target.rpartition(".")
-        return target == wanted or (f"{self._module(head)}.{name}" == wanted if head else False)
+        return target == wanted or (f"{module_named(head, self.workspace)}.{name}" == wanted if head else False)
 
     def _stale(self, statement: ast.stmt, symbol: str, module: str, kind: Kind, why: str) -> StaleReset:
         text = source_segment(self.adaptor.text, statement) or ast.unparse(statement)
@@ -301,22 +246,6 @@ def _defines(source: SourceFile, symbol: str) -> bool:
         or source.star_import
         or "__getattr__" in source.bindings
     )
-
-
-def _package_folder(path: Path, module: str) -> Path | None:
-    """The folder of the module's top-level package: `.../megatron` for megatron.core.parallel_state."""
-    depth = len(module.split(".")) - (0 if path.name == "__init__.py" else 1)
-    parents = path.resolve().parents
-    return parents[depth - 1] if 0 < depth <= len(parents) else None
-
-
-def _is_empty_container(value: ast.expr | None) -> bool:
-    if isinstance(value, (ast.List, ast.Dict, ast.Set)):
-        return not (value.keys if isinstance(value, ast.Dict) else value.elts)
-    if isinstance(value, ast.Call) and not value.args and not value.keywords:
-        name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", None)
-        return name in _EMPTY_CONTAINERS
-    return False
 
 
 def _alias_of(target: _Target) -> str:

@@ -18,7 +18,7 @@ from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import ROLES, AdaptorFile, marker_key, read_adaptor
 from unsafe_doctor.knowledge import KnowledgeBase
 from unsafe_doctor.replay.plan import MAX_RANKS, MODES, AdaptorCode, Block, ReplayPlan, Target
-from unsafe_doctor.sources import module_from_path
+from unsafe_doctor.source.workspace import module_from_path
 
 if TYPE_CHECKING:
     from unsafe_doctor.replay.launch import ReplayStopped  # imports torch's side of the replay only when it runs

@@ -33,23 +33,13 @@ from packaging.version import InvalidVersion, Version
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase
-from unsafe_doctor.sources import (
-    Function,
-    ImportedName,
-    SourceFile,
-    Workspace,
-    import_bindings,
-    import_root,
-    is_file,
-    is_internal_file,
-    module_from_path,
-)
+from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, import_root, is_file, is_internal_file
+from unsafe_doctor.source.syntax import Function, ImportedName, import_bindings
+from unsafe_doctor.source.workspace import SourceFile, Workspace
 from unsafe_doctor.tracebacks import Frame
 
 DEFAULT_PROFILE = "mindspeed-llm-26"  # the current in-tree adaptor, used when nothing says otherwise
 ADAPTOR_FRAMEWORK = "mindspeed-llm"  # the distribution whose version the profiles' `versions` constrain
-# Distribution -> its top-level package. Only these versions are looked for.
-FRAMEWORK_PACKAGES = {"megatron-core": "megatron", "mindspeed": "mindspeed", "mindspeed-llm": "mindspeed_llm"}
 
 
 @dataclass(frozen=True)
@@ -78,7 +68,7 @@ def detect_environment(
     for root in (*roots, *frame_roots):
         for distribution, value in _versions_under(root).items():
             found.setdefault(distribution, value)
-    for distribution in FRAMEWORK_PACKAGES:
+    for distribution in FRAMEWORK_DISTRIBUTIONS:
         if distribution not in found:
             installed = _installed_version(distribution)
             if installed is not None:
@@ -100,11 +90,12 @@ def detect_environment(
 def _frame_roots(frames: Sequence[Frame], source_roots: Sequence[Path]) -> list[Path]:
     """Import roots (the folder above the top package) of the frame files that exist here."""
     roots: list[Path] = []
+    workspace = Workspace(source_roots)
     for printed in dict.fromkeys(frame.file for frame in frames):
         path = Path(printed)
         if is_internal_file(printed) or not is_file(path):
             continue
-        module = module_from_path(printed, source_roots)
+        module = workspace.find(printed).module
         if module is None:
             continue
         root = import_root(path, module)
@@ -122,16 +113,16 @@ def _versions_under(root: Path) -> dict[str, tuple[Version, str]]:
         found["megatron-core"] = (megatron, str(package_info))
     setup = root / "setup.py"
     declared = _setup_version(setup)
-    if declared is not None and (root / FRAMEWORK_PACKAGES[declared[0]]).is_dir():
+    if declared is not None and (root / FRAMEWORK_DISTRIBUTIONS[declared[0]]).is_dir():
         found.setdefault(declared[0], (declared[1], str(setup)))
-    stems = tuple(name.replace("-", "_") for name in FRAMEWORK_PACKAGES)
+    stems = tuple(name.replace("-", "_") for name in FRAMEWORK_DISTRIBUTIONS)
     for folder in sorted([*root.glob("*.dist-info"), *root.glob("*.egg-info")]):
         if not folder.name.lower().replace("-", "_").startswith(stems):
             continue  # site-packages holds hundreds of these
         metadata = importlib.metadata.PathDistribution(folder).metadata
         name = canonicalize_name(metadata.get("Name") or "")
         version = _version(metadata.get("Version") or "")
-        if name in FRAMEWORK_PACKAGES and version is not None:
+        if name in FRAMEWORK_DISTRIBUTIONS and version is not None:
             found.setdefault(name, (version, str(folder)))
     return found
 
@@ -155,7 +146,7 @@ def _setup_version(path: Path) -> tuple[str, Version] | None:
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "setup":
             arguments = {keyword.arg: _literal(keyword.value, constants) for keyword in node.keywords}
             name, version = arguments.get("name"), _version(str(arguments.get("version") or ""))
-            if isinstance(name, str) and canonicalize_name(name) in FRAMEWORK_PACKAGES and version is not None:
+            if isinstance(name, str) and canonicalize_name(name) in FRAMEWORK_DISTRIBUTIONS and version is not None:
                 return canonicalize_name(name), version
     return None
 

@@ -20,7 +20,7 @@ from unsafe_doctor.diagnosis import DiagnosedFinding
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import KnowledgeBase, Rule, rule_matches
 from unsafe_doctor.locate import Finding, TensorRef
-from unsafe_doctor.sources import import_root
+from unsafe_doctor.source.files import import_root
 from unsafe_doctor.tracebacks import Frame, Traceback
 from unsafe_doctor.versions import Environment
 

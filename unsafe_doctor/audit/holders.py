@@ -19,7 +19,7 @@ from unsafe_doctor.audit.scope import Place, Scope, functions_of
 from unsafe_doctor.audit.uses import Use, shortened, sites
 from unsafe_doctor.audit.vocabulary import COMMUNICATION_INTO, CONTAINER_ADD, CONTAINER_REMOVE, updates_data_in_place
 from unsafe_doctor.audit.walk import Walker
-from unsafe_doctor.sources import ImportedName, source_segment
+from unsafe_doctor.source.syntax import ImportedName, source_segment
 
 Evidence = tuple[Place, Use]  # a tensor's placement, and the statement that puts it there
 

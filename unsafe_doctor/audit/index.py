@@ -7,65 +7,22 @@ Modules are named from the import root above each audited folder (the first fold
 from __future__ import annotations
 
 import ast
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, ModuleRef, Ref, SelfRef
-from unsafe_doctor.audit.vocabulary import CACHE_DECORATORS, METADATA
-from unsafe_doctor.sources import Function, ImportedName, SourceFile, Workspace, child_statements, names_bound
-from unsafe_doctor.versions import FRAMEWORK_PACKAGES
+from unsafe_doctor.audit.vocabulary import METADATA
+from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, dotted, python_files
+from unsafe_doctor.source.syntax import Function, ImportedName, child_statements, decorator_name, is_cached, names_bound
+from unsafe_doctor.source.workspace import SourceFile, Workspace
 
-_SKIP_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages", "node_modules", "tests", "test", "build", "dist"})
-_NAMESPACE_PACKAGES = frozenset(FRAMEWORK_PACKAGES.values())  # folders without __init__.py that are packages
 _MAX_HOPS = 6  # re-exports followed from one dotted name
 
 
-class ImportRoots:
-    """The folder above the top package holding a file or folder (the folder itself when it is no
-    package): where Python would import it from, so modules are named as the code imports them.
-
-    A folder is part of a package when it has an `__init__.py`, when it sits in a folder that has
-    one (a namespace subpackage, as megatron-core has), or when it is a framework's namespace
-    package (`megatron` in megatron-core has no `__init__.py`)."""
-
-    def __init__(self) -> None:
-        self._roots: dict[Path, Path] = {}
-
-    def of(self, path: Path) -> Path:
-        folder = (path if path.is_dir() else path.parent).resolve()
-        if folder not in self._roots:
-            package = (
-                (folder / "__init__.py").is_file()
-                or (folder.parent / "__init__.py").is_file()
-                or folder.name in _NAMESPACE_PACKAGES
-            )
-            self._roots[folder] = self.of(folder.parent) if package and folder.parent != folder else folder
-        return self._roots[folder]
-
-
-def python_files(paths: Sequence[Path]) -> list[Path]:
-    """`*.py` under the paths, sorted, once each; hidden folders, caches, tests and installed
-    environments below a given folder are skipped."""
-    found: dict[Path, None] = {}
-    for path in paths:
-        if path.is_file():
-            found.setdefault(path.resolve())
-            continue
-        for folder, subfolders, names in os.walk(path):
-            subfolders[:] = sorted(name for name in subfolders if not name.startswith(".") and name not in _SKIP_DIRS)
-            for name in sorted(names):
-                if name.endswith(".py"):
-                    found.setdefault(Path(folder, name).resolve())
-    return list(found)
-
-
-def _dotted(relative: Path) -> str | None:
-    parts = list(relative.with_suffix("").parts)
-    if parts and parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts) if parts and all(part.isidentifier() for part in parts) else None
+def audited_files(paths: Sequence[Path]) -> list[Path]:
+    """`*.py` under the paths (as `python_files` skips), resolved, once each."""
+    return list(dict.fromkeys(found.resolve() for path in paths for found in python_files(path)))
 
 
 # --- what a module defines ---------------------------------------------------------------------------
@@ -101,15 +58,6 @@ class ModuleInfo:
         return owner in self.classes and variable in self.classes[owner].cached
 
 
-def decorator_name(decorator: ast.expr) -> str | None:
-    target = decorator.func if isinstance(decorator, ast.Call) else decorator
-    return target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
-
-
-def _is_cached(function: Function) -> bool:
-    return any(decorator_name(decorator) in CACHE_DECORATORS for decorator in function.decorator_list)
-
-
 def register_buffer_name(call: ast.Call) -> str | None:
     argument = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "name"), None)
     return argument.value if isinstance(argument, ast.Constant) and isinstance(argument.value, str) else None
@@ -125,7 +73,7 @@ def _describe_module(name: str, path: Path, shown: str, source: SourceFile, scan
     for key, binding in source.bindings.items():
         if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions[key] = binding
-            if _is_cached(binding):
+            if is_cached(binding):
                 cached.add(key)
         elif isinstance(binding, ast.ClassDef):
             classes[key] = _describe_class(name, binding, "register_buffer" in source.text)
@@ -150,7 +98,7 @@ def _describe_class(module: str, node: ast.ClassDef, has_buffers: bool) -> Class
                 attributes.setdefault(target, statement)
         elif not isinstance(statement, ast.ClassDef):
             pending.extend(child_statements(statement))
-    cached = {name for name, method in methods.items() if _is_cached(method)}
+    cached = {name for name, method in methods.items() if is_cached(method)}
     buffers = _buffers(methods.values()) if has_buffers else {}
     return ClassInfo(module, node.name, node, attributes, methods, cached, buffers)
 
@@ -184,7 +132,7 @@ class Index:
         self._cwd = Path.cwd().resolve()
         # Top-level packages whose modules are read when a name leads there: the audited ones, the
         # adaptor's, and the frameworks adaptors call into. Libraries (torch) are never read.
-        self.tops: set[str] = {*FRAMEWORK_PACKAGES.values(), "modellink", "mindio_ttp"}
+        self.tops: set[str] = set(FRAMEWORK_PACKAGES)
 
     # naming
 
@@ -202,7 +150,7 @@ class Index:
 
     def add(self, path: Path, root: Path) -> ModuleInfo | None:
         """Read one audited file, whose import root is `root`; None when it cannot be parsed."""
-        name = _dotted(path.relative_to(root)) or path.stem
+        name = dotted(path.relative_to(root).parts) or path.stem
         source = self.workspace.source(path, name)
         if source is None:
             return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from unsafe_doctor.sources import Function
+from unsafe_doctor.source.syntax import Function
 
 
 class HolderKey(NamedTuple):

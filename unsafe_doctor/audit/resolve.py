@@ -7,9 +7,9 @@ import ast
 
 from unsafe_doctor.audit.index import Index
 from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, Ref, SelfRef
-from unsafe_doctor.audit.scope import Scope, statements
+from unsafe_doctor.audit.scope import Scope
 from unsafe_doctor.audit.vocabulary import METADATA, NOT_DATA_CALLS
-from unsafe_doctor.sources import ImportedName
+from unsafe_doctor.source.syntax import ImportedName, scope_statements
 
 ACCESSOR_SIZE = 8  # statements at most in a function read as a possible accessor (`return X`)
 
@@ -29,7 +29,7 @@ class Accessors:
         info = self.index.module(function.module)
         key = None
         small = function.owner is None and len(node.body) <= ACCESSOR_SIZE
-        body = list(statements(node.body)) if small else []
+        body = list(scope_statements(node.body)) if small else []
         if info is not None and small and len(body) <= ACCESSOR_SIZE:
             names = Names(self.index, self, Scope.of_function(info, node, None))
             for inner in body:

@@ -13,11 +13,12 @@ from pathlib import Path
 from unsafe_doctor.audit.bridge import classification
 from unsafe_doctor.audit.coverage import CoverageJudge, adaptor_in_tree
 from unsafe_doctor.audit.holders import ScanFindings, holders, scan_module
-from unsafe_doctor.audit.index import ImportRoots, Index, python_files
+from unsafe_doctor.audit.index import Index, audited_files
 from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder
 from unsafe_doctor.audit.resolve import Accessors
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import load_knowledge
+from unsafe_doctor.source.files import ImportRoots
 from unsafe_doctor.stale import stale_resets
 from unsafe_doctor.versions import detect_environment
 
@@ -36,7 +37,7 @@ def audit(paths: Sequence[Path], *, adaptor: Path | None = None, rule_paths: Seq
 def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Path]) -> Audit:
     knowledge = load_knowledge(rule_paths)
     given = _given(paths)
-    files = python_files(given)
+    files = audited_files(given)
     import_roots = ImportRoots()
     roots = list(dict.fromkeys([*(import_roots.of(path) for path in files), *(import_roots.of(path) for path in given)]))
     index = Index(given, roots)

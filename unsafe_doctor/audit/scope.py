@@ -10,7 +10,15 @@ from typing import Literal
 
 from unsafe_doctor.audit.index import ModuleInfo
 from unsafe_doctor.audit.refs import HolderRef
-from unsafe_doctor.sources import Function, ImportedName, child_statements, import_bindings, names_bound, parameter_names
+from unsafe_doctor.source.syntax import (
+    Function,
+    ImportedName,
+    child_statements,
+    import_bindings,
+    names_bound,
+    parameter_names,
+    scope_statements,
+)
 
 Place = Literal["device", "cpu", "unknown"]  # where a tensor lives, as far as the code says
 
@@ -41,7 +49,7 @@ class Scope:
         nested: dict[str, Function] = {}
         # Statements only: names bound inside expressions (comprehensions, `:=`) become local when
         # the walker meets them. Walking every expression here would double the audit's time.
-        for inner in statements(node.body):
+        for inner in scope_statements(node.body):
             if isinstance(inner, ast.Global):
                 globals_.update(inner.names)
             elif isinstance(inner, (ast.Import, ast.ImportFrom)):
@@ -99,15 +107,6 @@ def _self_parameter(node: Function) -> tuple[str | None, bool]:
     if positional and "staticmethod" not in decorators:
         return positional[0].arg, "classmethod" in decorators
     return None, False
-
-
-def statements(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
-    """A block's statements and those nested in its compound statements; nested functions and
-    classes are yielded, not entered."""
-    for statement in body:
-        yield statement
-        if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            yield from statements(child_statements(statement))
 
 
 def functions_of(body: Sequence[ast.stmt], owner: str | None, prefix: str | None) -> Iterator[tuple[Function, str | None, str]]:

@@ -12,8 +12,7 @@ from unsafe_doctor.audit.index import ModuleInfo
 from unsafe_doctor.audit.model import Site
 from unsafe_doctor.audit.refs import ClassKey
 from unsafe_doctor.audit.scope import Place
-from unsafe_doctor.audit.vocabulary import EMPTY_CONTAINERS
-from unsafe_doctor.sources import source_segment
+from unsafe_doctor.source.syntax import source_segment
 
 MAX_CODE = 100  # characters of a statement kept in a site
 
@@ -59,17 +58,3 @@ def sites(uses: Sequence[Use]) -> tuple[Site, ...]:
         site = use.site()
         seen.setdefault((site.file, site.line), site)
     return tuple(seen.values())
-
-
-def is_empty(value: ast.expr) -> bool:
-    """`None`, `[]`, `{}`, `dict()`: a rebinding that drops what the holder kept."""
-    if isinstance(value, ast.Constant):
-        return value.value is None
-    if isinstance(value, (ast.List, ast.Tuple, ast.Set)):
-        return not value.elts
-    if isinstance(value, ast.Dict):
-        return not value.keys
-    if isinstance(value, ast.Call) and not value.args and not value.keywords:
-        name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", None)
-        return name in EMPTY_CONTAINERS
-    return False

@@ -44,10 +44,8 @@ DATA_METHODS = frozenset(
      "double", "to", "cuda", "npu", "add", "sub", "mul", "div", "pow", "abs", "any", "all", "eq", "ne", "backward"}
 )
 NOT_DATA_CALLS = frozenset({"isinstance", "len", "type", "id", "hasattr", "getattr", "callable", "list", "dict", "tuple"})
-EMPTY_CONTAINERS = frozenset({"list", "dict", "set", "OrderedDict", "defaultdict", "deque"})
 COMMUNICATION_INTO = ("recv", "irecv", "broadcast", "all_reduce", "reduce", "all_gather_into_tensor", "scatter")
 COMMUNICATION_FROM = ("send", "isend", "broadcast")
-CACHE_DECORATORS = ("lru_cache", "cache")
 
 
 def updates_data_in_place(method: str) -> bool:

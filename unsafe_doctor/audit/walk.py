@@ -16,9 +16,9 @@ from unsafe_doctor.audit.places import Places
 from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, SelfRef
 from unsafe_doctor.audit.resolve import Accessors, Names
 from unsafe_doctor.audit.scope import Scope
-from unsafe_doctor.audit.uses import Use, UseKind, is_empty
+from unsafe_doctor.audit.uses import Use, UseKind
 from unsafe_doctor.audit.vocabulary import CONTAINER_ADD, DATA_METHODS, NOT_DATA_CALLS, updates_data_in_place
-from unsafe_doctor.sources import child_statements, import_bindings, names_bound
+from unsafe_doctor.source.syntax import child_statements, import_bindings, is_empty_value, names_bound
 
 
 def _headers(statement: ast.stmt) -> list[ast.expr]:
@@ -356,7 +356,7 @@ class Walker:
     def emit(self, kind: UseKind, ref: HolderRef, *, value: ast.expr | None = None, **details: Any) -> None:
         if kind in ("rebind", "store") and value is not None:
             details.setdefault("value_reads_holder", self.stored_from_holder(value))
-            details["empty"] = is_empty(value)
+            details["empty"] = is_empty_value(value)
             if isinstance(value, ast.Call):
                 callee = self.resolve(value.func)
                 if isinstance(callee, ClassRef):

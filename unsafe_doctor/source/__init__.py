@@ -1,0 +1,12 @@
+"""How unsafe-doctor reads Python source: on disk, parsed with `ast`, never imported.
+
+Importing the user's or a framework's code would import torch and run module-level code, so every
+stage reads source through this package:
+
+* `files`: which files are internal (torch, the standard library), which Python files a folder
+  holds (one skip policy), the framework packages, import roots and dotted module names.
+* `syntax`: small helpers over `ast` nodes: statements of a block, bindings, decorators, values.
+* `workspace`: a printed path -> the local file and its module; a module -> its file; each file
+  read and parsed once, with its module-level bindings typed.
+* `resolve`: the one place that answers "which global does this expression mean".
+"""

@@ -1,0 +1,144 @@
+"""Files and module names: which files are internal, which Python files a folder holds, the
+framework packages, import roots and dotted names. Nothing here parses a file."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+# Distribution -> its top-level package: the frameworks whose versions are detected.
+FRAMEWORK_DISTRIBUTIONS = {"megatron-core": "megatron", "mindspeed": "mindspeed", "mindspeed-llm": "mindspeed_llm"}
+# Top-level packages of the frameworks adaptors call into: read when a name leads there, recognised
+# in a printed path without a local file, and packages even without an `__init__.py` (megatron in
+# megatron-core is a namespace package).
+FRAMEWORK_PACKAGES = frozenset({*FRAMEWORK_DISTRIBUTIONS.values(), "modellink", "mindio_ttp"})
+
+# --- which files are internal ----------------------------------------------------------------------
+
+_INTERNAL_PARTS = ("/torch/", "/torch_npu/", "site-packages/torch", "dist-packages/torch")
+_STDLIB_DIR = re.compile(r"/lib(?:64)?/python\d+(?:\.\d+)?/(?!(?:site|dist)-packages/)")
+_STDLIB_WRAPPERS = frozenset({"functools.py", "contextlib.py", "threading.py", "runpy.py"})
+
+
+def is_internal_file(path: str) -> bool:
+    """True for torch / torch_npu and Python standard-library files: code the user does not change."""
+    normal = path.replace("\\", "/")
+    return (
+        normal.startswith("<")  # <frozen importlib._bootstrap>, <string>
+        or any(part in normal for part in _INTERNAL_PARTS)
+        or _STDLIB_DIR.search(normal) is not None
+        or normal.rsplit("/", 1)[-1] in _STDLIB_WRAPPERS
+    )
+
+
+def is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a log's path may be too long, or hold a NUL byte
+        return False
+
+
+# --- which Python files a folder holds -------------------------------------------------------------
+
+_SKIP_FOLDERS = frozenset(
+    {"__pycache__", "site-packages", "dist-packages", "node_modules", "tests", "test", "build", "dist"}
+)
+
+
+def _skipped(folder: str) -> bool:
+    """Hidden folders, caches, tests, build output and installed environments (`venv`, `.venv`,
+    `myvenv`, `*.egg-info`): code the user's job does not run, or another copy of what it runs."""
+    return folder.startswith(".") or folder in _SKIP_FOLDERS or folder.endswith(("venv", ".egg-info"))
+
+
+def python_files(path: Path) -> Iterator[Path]:
+    """`*.py` under a folder in a stable order (a folder's files before its subfolders, both sorted),
+    skipping what `_skipped` says; a file given itself is its only file, whatever its name."""
+    if path.is_file():
+        yield path
+        return
+    for folder, subfolders, names in os.walk(path):
+        subfolders[:] = sorted(name for name in subfolders if not _skipped(name))
+        for name in sorted(names):
+            if name.endswith(".py"):
+                yield Path(folder, name)
+
+
+# --- import roots and module names -----------------------------------------------------------------
+
+
+def import_root(path: Path, module: str) -> Path | None:
+    """The folder above the module's top package: its sibling modules are importable from there."""
+    depth = len(module.split(".")) - (0 if path.name == "__init__.py" else 1)
+    parents = path.resolve().parents
+    return parents[depth] if depth < len(parents) else None
+
+
+def package_folder(path: Path, module: str) -> Path | None:
+    """The folder of the module's top-level package: `.../megatron` for megatron.core.parallel_state;
+    None for a top-level module file, which is in no package."""
+    root = import_root(path, module)
+    if root is None or (path.name != "__init__.py" and "." not in module):
+        return None
+    return root / module.split(".")[0]
+
+
+def package_of(path: Path, module: str | None) -> str | None:
+    """The package the file's relative imports start from (the module itself for an `__init__.py`)."""
+    package = module if path.name == "__init__.py" else (module.rpartition(".")[0] if module else None)
+    return package or None
+
+
+def dotted(parts: Sequence[str]) -> str | None:
+    """`("pkg", "sub", "mod.py")` -> `pkg.sub.mod` (an `__init__.py` names its package); None unless
+    every part is an identifier."""
+    names = list(parts)
+    if not names:
+        return None
+    names[-1] = names[-1].removesuffix(".py")
+    if names[-1] == "__init__":
+        names.pop()
+    return ".".join(names) if names and all(name.isidentifier() for name in names) else None
+
+
+def after_site_packages(normal: str) -> str | None:
+    """The module of an installed file: the path after `site-packages/` (or `dist-packages/`)."""
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in normal:
+            return dotted(normal.rsplit(marker, 1)[1].split("/"))
+    return None
+
+
+def framework_suffix(parts: Sequence[str]) -> str | None:
+    """`/home/u/ModelLink/megatron/core/x.py` -> `megatron.core.x`, without any local file."""
+    for index, part in enumerate(parts):
+        if part in FRAMEWORK_PACKAGES:
+            name = dotted(parts[index:])
+            if name:
+                return name
+    return None
+
+
+class ImportRoots:
+    """The folder above the top package holding a file or folder (the folder itself when it is no
+    package): where Python would import it from, so modules are named as the code imports them.
+
+    A folder is part of a package when it has an `__init__.py`, when it sits in a folder that has
+    one (a namespace subpackage, as megatron-core has), or when it is a framework's namespace
+    package (`megatron` in megatron-core has no `__init__.py`)."""
+
+    def __init__(self) -> None:
+        self._roots: dict[Path, Path] = {}
+
+    def of(self, path: Path) -> Path:
+        folder = (path if path.is_dir() else path.parent).resolve()
+        if folder not in self._roots:
+            package = (
+                (folder / "__init__.py").is_file()
+                or (folder.parent / "__init__.py").is_file()
+                or folder.name in FRAMEWORK_PACKAGES
+            )
+            self._roots[folder] = self.of(folder.parent) if package and folder.parent != folder else folder
+        return self._roots[folder]

@@ -1,0 +1,565 @@
+"""Which global an expression means: the one resolver.
+
+Every stage that asks "which module global, class attribute or singleton field does this code
+name" asks here; nothing else walks imports to resolve a name. Files are read through a
+`Workspace`, never imported.
+
+Entry points:
+
+* `resolve(expression, scope, workspace)` (or `resolve_chain(flatten(expression), ...)`): how the
+  chain's root name is bound, as a `Resolved`: the global's `variable`, its `module` and `owner`
+  class, the `anchor` (which part of the chain names it), a `Tier` (how sure), notes, the
+  `parameter` it starts at, and whether it is an lru-cached call's result. None: no tensor
+  (a builtin, a library module, a constant flag, a function object).
+* `Scope` says where the expression is: `Scope.of(source)` for module-level code,
+  `Scope.of(source, function, cls)` for a function or method of a parsed `SourceFile` (for
+  instance one of an index of modules: `workspace.module_source(name)` or `workspace.source(path,
+  module)`), with `line` set to see only the local bindings made up to it (a log frame's line).
+* `module_named(dotted, workspace)`: the module on disk a dotted import target names, through
+  re-exports (`from . import parallel_state as mpu`); `module_member(target, attributes,
+  workspace)`: which module and member an imported name and the attributes after it mean
+  (`mpu._X.y` -> `megatron.core.parallel_state`, `_X`, `('y',)`).
+* `Imports.of(source, function)`: the names the module's and the function's imports bind, and
+  `imports.dotted(node)`: the dotted path an expression names through them (`mpu._X`).
+
+The rules, in order (see also `unsafe_doctor.locate`): `self.x` / `cls.x` is attribute `x` of the
+method's class (`self.rope(n)` is an lru-cached call's result when `Rope.forward` is cached); a
+name the function declares `global` is the module's; a parameter stays a parameter; a local is
+what it was last bound to before the line (an import, or an alias of a global:
+`buf = mod._BUF`, `tracker = get_tracker()`); then the module-level binding: an import
+(followed into the module it names, through re-exports), a class (`Cls.attr`,
+`Cls.instance.field`), a function (the global it returns, or its lru-cached result), an
+assignment (the module global itself, unless a constant flag). Without source, naming conventions
+decide (`_UPPER`, `mod._UPPER`, `ClassName.attr`): tier `GUESS`.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import IntEnum
+
+from unsafe_doctor.source.syntax import (
+    Function,
+    ImportedName,
+    import_bindings,
+    is_cached,
+    names_bound,
+    one_line,
+    parameter_names,
+    scope_statements,
+    source_segment,
+    walk_scope,
+)
+from unsafe_doctor.source.workspace import SourceFile, Workspace
+
+
+class Tier(IntEnum):
+    """How likely a chain names the global tensor: higher wins."""
+
+    LOCAL = 0  # a plain local
+    PARAMETER = 1  # a parameter of the function: its caller knows more
+    UNKNOWN = 2  # a name whose binding is not known
+    SELF = 3  # `self.attr`
+    GUESS = 4  # looks global, without source (`_UPPER`, `mod._UPPER`, `ClassName.attr`)
+    GLOBAL = 5  # resolved to a global from the source
+
+
+MAX_DEPTH = 6  # calls, imports and aliases followed at most
+_TENSOR_ATTRIBUTES = frozenset({"data", "grad", "T", "mT", "H", "mH", "real", "imag"})
+_LIBRARIES = frozenset({"torch", "torch_npu", "torchair", "numpy", "transformer_engine", "apex", "triton"})
+_LIBRARY_ALIASES = frozenset({"torch", "torch_npu", "np", "numpy", "math", "F", "nn", "dist", "te", "os", "sys"})
+_BUILTINS = frozenset(dir(builtins))
+_GLOBAL_NAME = re.compile(r"_*[A-Z][A-Z0-9_]*")
+_CLASS_NAME = re.compile(r"_*[A-Z]\w*[a-z]\w*")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where an expression is: its module and source, the functions around it, the class of `self`."""
+
+    module: str | None
+    source: SourceFile | None
+    functions: tuple[Function, ...]  # enclosing functions, innermost last
+    cls: ast.ClassDef | None  # class of the method that binds `self`
+    line: int | None  # local bindings up to this line are visible (None: all of them)
+
+    @classmethod
+    def of(cls, source: SourceFile, function: Function | None = None, owner: ast.ClassDef | None = None) -> Scope:
+        """Module-level code of `source` (no function), or a function or method of it."""
+        return cls(source.module, source, (function,) if function is not None else (), owner, None)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The global a chain names, or what the chain is when it names none (tier below GUESS)."""
+
+    tier: Tier
+    anchor: int  # index of the chain part that names the global
+    variable: str | None
+    module: str | None
+    owner: str | None  # the class, for a class attribute, singleton field or `self.attr`
+    notes: tuple[str, ...] = ()
+    parameter: str | None = None  # the chain starts at this parameter of the scope's function
+    cached: bool = False  # the chain's call hands back what an lru_cache keeps across steps
+
+
+def resolve(expression: ast.expr, scope: Scope, workspace: Workspace) -> Resolved | None:
+    """The global `expression` names (see the module docstring); None for no tensor or no chain."""
+    parts = flatten(expression)
+    return resolve_chain(parts, scope, workspace) if parts is not None else None
+
+
+def flatten(node: ast.expr) -> list[ast.expr] | None:
+    """`a.b[c]()` -> [a, a.b, a.b[c], a.b[c]()]: each part wraps the one before; None unless rooted at a name."""
+    parts: list[ast.expr] = []
+    while True:
+        parts.append(node)
+        if isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Name):
+            return parts[::-1]
+        else:
+            return None
+
+
+def _unresolved(scope: Scope, tier: Tier, parts: Sequence[ast.expr], parameter: str | None = None) -> Resolved:
+    """No global found: the expression is the chain's field path (`mod.obj.field`, `tracker`)."""
+    end = 0
+    while _is_field(parts, end + 1):
+        end += 1
+    return Resolved(tier, end, None, scope.module, None, parameter=parameter)
+
+
+def _is_attribute(parts: Sequence[ast.expr], index: int) -> bool:
+    return index < len(parts) and isinstance(parts[index], ast.Attribute)
+
+
+def _is_call(parts: Sequence[ast.expr], index: int) -> bool:
+    return index < len(parts) and isinstance(parts[index], ast.Call)
+
+
+def _is_field(parts: Sequence[ast.expr], index: int) -> bool:
+    """An attribute that names an object's field: not a tensor attribute, not a method being called."""
+    return (
+        _is_attribute(parts, index)
+        and parts[index].attr not in _TENSOR_ATTRIBUTES
+        and not _is_call(parts, index + 1)
+    )
+
+
+def resolve_chain(parts: list[ast.expr], scope: Scope, workspace: Workspace, depth: int = 0) -> Resolved | None:
+    """How the chain's root name is bound, per the frame's source; None when it is no tensor."""
+    root = parts[0].id
+    if depth > MAX_DEPTH:
+        return _unresolved(scope, Tier.UNKNOWN, parts)
+    if root in ("self", "cls"):
+        return _self_member(parts, scope, workspace)
+    if scope.source is None:
+        return _guess(parts, scope, workspace)
+    function = scope.functions[-1] if scope.functions else None
+    if function is not None:
+        if root in _declared_globals(function):
+            return _in_source(scope.source, scope.module, root, parts, 0, workspace, depth, cross_module=False)
+        if root in parameter_names(function):
+            return _unresolved(scope, Tier.PARAMETER, parts, parameter=root)
+        binding = _local_binding(function, root, scope)
+        if isinstance(binding, ImportedName):
+            return _imported(binding.target, parts, 0, workspace, depth)
+        if binding is not None:
+            return _alias(root, binding, parts, scope, workspace, depth)
+        if any(root in parameter_names(outer) or _local_binding(outer, root, scope) for outer in scope.functions[:-1]):
+            return _unresolved(scope, Tier.LOCAL, parts)
+    if root in scope.source.bindings:
+        return _in_source(scope.source, scope.module, root, parts, 0, workspace, depth, cross_module=False)
+    if root in _BUILTINS:
+        return None
+    return _unresolved(scope, Tier.UNKNOWN, parts)
+
+
+def _self_member(parts: list[ast.expr], scope: Scope, workspace: Workspace) -> Resolved | None:
+    """`self.attr` -> attribute `attr` of the class whose method the frame runs."""
+    if not _is_attribute(parts, 1):
+        return None  # bare self
+    if _is_call(parts, 2):
+        return _cached_submodule_call(parts[1].attr, scope, workspace) or _unresolved(scope, Tier.UNKNOWN, parts)
+    owner = scope.cls.name if scope.cls else None
+    notes = () if owner or scope.source is None else ("the class of `self` was not found in the source",)
+    return Resolved(Tier.SELF, 1, parts[1].attr, scope.module, owner, notes)
+
+
+# Calling an object runs these: `__call__`, or `forward` for a torch.nn.Module.
+_CALL_METHODS = ("forward", "__call__")
+
+
+def _cached_submodule_call(attribute: str, scope: Scope, workspace: Workspace) -> Resolved | None:
+    """`self.rope(n)` where a method of the class set `self.rope = Rope(...)` and Rope's forward (or
+    __call__) is an lru_cache: the result is the cache's, kept across steps by the class."""
+    if scope.cls is None or scope.source is None:
+        return None
+    for method in scope.cls.body:
+        if not isinstance(method, Function):
+            continue
+        for node in walk_scope(method):
+            if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+                continue
+            if not any(_is_self_attribute(target, attribute) for target in node.targets):
+                continue
+            defined = _class_definition(node.value.func, replace(scope, functions=(method,), line=None), workspace)
+            if defined is None:
+                continue
+            cls, module = defined
+            called = next((f for f in cls.body if is_cached(f) and f.name in _CALL_METHODS), None)
+            if called is not None:
+                note = (f"self.{attribute} is a {cls.name}, whose {called.name}() is an lru_cache: "
+                        "it returns what earlier steps built")
+                return Resolved(Tier.GLOBAL, 2, called.name, module, cls.name, (note,), cached=True)
+    return None
+
+
+def _is_self_attribute(target: ast.expr, attribute: str) -> bool:
+    return (
+        isinstance(target, ast.Attribute)
+        and target.attr == attribute
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "self"
+    )
+
+
+def _class_definition(callee: ast.expr, scope: Scope, workspace: Workspace) -> tuple[ast.ClassDef, str | None] | None:
+    """The class a constructor call's callee (`Rope`, `mod.Rope`) names, with its module: followed
+    through imports (a function's own included) and re-exports, read from source."""
+    parts = flatten(callee)
+    if parts is None or scope.source is None or not all(isinstance(part, (ast.Name, ast.Attribute)) for part in parts):
+        return None
+    root = parts[0].id
+    binding = _local_binding(scope.functions[-1], root, scope) if scope.functions else None
+    binding = binding if binding is not None else scope.source.binding(root)
+    module, attributes = scope.module, [part.attr for part in parts[1:]]
+    for _ in range(MAX_DEPTH):
+        if isinstance(binding, ast.ClassDef) and not attributes:
+            return binding, module
+        if not isinstance(binding, ImportedName):
+            return None
+        module, _, name = ".".join([binding.target, *attributes]).rpartition(".")
+        if _is_library(module):
+            return None
+        source = workspace.module_source(module) if module else None
+        if source is None:
+            return None
+        binding, attributes = source.binding(name), []
+    return None
+
+
+def _guess(parts: list[ast.expr], scope: Scope, workspace: Workspace) -> Resolved | None:
+    """Without source, naming conventions decide: `_UPPER` globals, `mod._UPPER`, `ClassName.attr`."""
+    root = parts[0].id
+    if root in _BUILTINS or root in _LIBRARY_ALIASES:
+        return None
+    if _CLASS_NAME.fullmatch(root) and _is_attribute(parts, 1):
+        return _class_member(parts, 0, root, scope.module, Tier.GUESS)
+    if _GLOBAL_NAME.fullmatch(root):
+        return Resolved(Tier.GUESS, 0, root, scope.module, None)
+    if _is_attribute(parts, 1) and _GLOBAL_NAME.fullmatch(parts[1].attr):
+        module, note = _guess_module(root, scope.module, workspace)
+        return Resolved(Tier.GUESS, 1, parts[1].attr, module, None, (note,))
+    return _unresolved(scope, Tier.UNKNOWN, parts)
+
+
+def _guess_module(alias: str, frame_module: str | None, workspace: Workspace) -> tuple[str, str]:
+    """`parallel_state` seen in megatron/core/transformer/moe/x.py: the nearest package holding it."""
+    packages = (frame_module or "").split(".")[:-1]
+    for size in range(len(packages), -1, -1):
+        candidate = ".".join([*packages[:size], alias])
+        path = workspace.module_path(candidate)
+        if path is not None:
+            return candidate, f"`{alias}` taken as {candidate}, found at {path}"
+    return alias, f"module `{alias}` was not found near {frame_module}: its full name is unknown"
+
+
+def _class_member(parts: list[ast.expr], index: int, owner: str, module: str | None, tier: Tier) -> Resolved | None:
+    """`Cls.attr` (class attribute) or `Cls.instance.field` (singleton field)."""
+    if not _is_attribute(parts, index + 1):
+        return None  # the class itself
+    if _is_call(parts, index + 2):
+        return Resolved(Tier.UNKNOWN, index, None, module, None)  # Cls.method(...)
+    anchor = index + 2 if _is_field(parts, index + 2) else index + 1
+    return Resolved(tier, anchor, parts[anchor].attr, module, owner)
+
+
+def _imported(target: str, parts: list[ast.expr], index: int, workspace: Workspace, depth: int) -> Resolved | None:
+    """A name bound by an import to `target`: a module (then its attribute is the global) or a member."""
+    if depth > MAX_DEPTH or _is_library(target):
+        return None
+    if workspace.module_path(target) is not None:
+        module, at = target, index + 1
+        while _is_attribute(parts, at) and workspace.module_path(f"{module}.{parts[at].attr}") is not None:
+            module, at = f"{module}.{parts[at].attr}", at + 1
+        if not _is_attribute(parts, at):
+            return None  # the module itself
+        return _in_module(module, parts[at].attr, parts, at, workspace, depth)
+    head, _, name = target.rpartition(".")
+    if head and workspace.module_path(head) is not None:
+        return _in_module(head, name, parts, index, workspace, depth)
+    if _is_attribute(parts, index + 1) and not _CLASS_NAME.fullmatch(name):
+        note = f"{target} was not found locally: taken as a module"
+        return Resolved(Tier.GLOBAL, index + 1, parts[index + 1].attr, target, None, (note,))
+    return _in_source(None, head or None, name, parts, index, workspace, depth, cross_module=True)
+
+
+def _is_library(dotted: str) -> bool:
+    top = dotted.split(".")[0]
+    return top in _LIBRARIES or top in sys.stdlib_module_names
+
+
+def _in_module(
+    module: str, name: str, parts: list[ast.expr], index: int, workspace: Workspace, depth: int
+) -> Resolved | None:
+    return _in_source(workspace.module_source(module), module, name, parts, index, workspace, depth, cross_module=True)
+
+
+def _in_source(
+    source: SourceFile | None,
+    module: str | None,
+    name: str,
+    parts: list[ast.expr],
+    index: int,
+    workspace: Workspace,
+    depth: int,
+    *,
+    cross_module: bool,
+) -> Resolved | None:
+    """`name` (at parts[index]) as bound at module level in `source` (module `module`)."""
+    binding = source.binding(name) if source else None
+    if isinstance(binding, ImportedName):
+        return _imported(binding.target, parts, index, workspace, depth + 1)
+    looks_like_class = source is None and _CLASS_NAME.fullmatch(name) and _is_attribute(parts, index + 1)
+    if isinstance(binding, ast.ClassDef) or looks_like_class:
+        return _class_member(parts, index, name, module, Tier.GLOBAL)
+    if isinstance(binding, Function):
+        return _call_result(binding, source, parts, index, workspace, depth)
+    if _is_flag(binding, name, source):
+        return None
+    if _is_call(parts, index + 1):
+        # A function whose source is not here, or a callable a global holds (`_fused_op = None`,
+        # set at import): what the call returns is not that global.
+        return Resolved(Tier.UNKNOWN, index + 1, None, module, None)
+    notes = ()
+    missing = source is not None and binding is None and name not in source.declared_globals and not source.star_import
+    if cross_module and missing:
+        notes = (f"{module} here ({source.path}) has no {name}: the log's version differs from the local one",)
+    return Resolved(Tier.GLOBAL, index, name, module, None, notes)
+
+
+def _is_flag(binding: object, name: str, source: SourceFile | None) -> bool:
+    """A module constant such as `HAVE_TE = True`: never a tensor."""
+    value = getattr(binding, "value", None)
+    return (
+        isinstance(binding, (ast.Assign, ast.AnnAssign))
+        and isinstance(value, ast.Constant)
+        and isinstance(value.value, (bool, int, float, str, bytes))
+        and source is not None
+        and name not in source.declared_globals
+    )
+
+
+def _call_result(
+    function: Function, source: SourceFile | None, parts: list[ast.expr], index: int, workspace: Workspace, depth: int
+) -> Resolved | None:
+    """`get_x()` returning a module global, and `get_instance().field` (singleton field)."""
+    if not _is_call(parts, index + 1):
+        return None  # the function object
+    module = source.module if source else None
+    if is_cached(function):
+        note = f"{function.name}() is an lru_cache: it returns what earlier steps built"
+        return Resolved(Tier.GLOBAL, index + 1, function.name, module, None, (note,), cached=True)
+    returned = _returned_global(function, source, workspace, depth)
+    if returned is None:
+        return Resolved(Tier.UNKNOWN, index + 1, None, module, None)
+    note = f"{function.name}() returns {returned.variable} of {returned.module}"
+    if _is_field(parts, index + 2):
+        holder = workspace.module_source(returned.module) if returned.module else None
+        owner = _instance_class(returned.variable, holder)
+        return Resolved(Tier.GLOBAL, index + 2, parts[index + 2].attr, returned.module, owner, (*returned.notes, note))
+    return replace(returned, anchor=index + 1, notes=(*returned.notes, note))
+
+
+def _returned_global(
+    function: Function, source: SourceFile | None, workspace: Workspace, depth: int
+) -> Resolved | None:
+    if source is None:
+        return None
+    scope = Scope(source.module, source, (function,), None, None)
+    for node in walk_scope(function):
+        if isinstance(node, ast.Return) and node.value is not None:
+            parts = flatten(node.value)
+            resolved = resolve_chain(parts, scope, workspace, depth + 1) if parts else None
+            if resolved is not None and resolved.tier >= Tier.GUESS and resolved.variable:
+                return resolved
+    return None
+
+
+def _instance_class(name: str | None, source: SourceFile | None) -> str | None:
+    """The class of the object a module global holds: `_INSTANCE = Foo(...)` anywhere in its module."""
+    if name is None or source is None:
+        return None
+    for node in ast.walk(source.tree):
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name)
+        ):
+            return node.value.func.id
+    return None
+
+
+def _alias(
+    name: str, value: ast.expr, parts: list[ast.expr], scope: Scope, workspace: Workspace, depth: int
+) -> Resolved:
+    """A local assigned from a global (`tracker = get_tracker()`, `buf = mod._BUF`): that global,
+    while the expression keeps the local's own name."""
+    local = _unresolved(scope, Tier.LOCAL, parts)
+    value_parts = flatten(value)
+    if value_parts is None:
+        return local
+    earlier = replace(scope, line=value.lineno - 1)
+    resolved = resolve_chain(value_parts, earlier, workspace, depth + 1)
+    if resolved is not None and resolved.parameter:
+        return _unresolved(scope, Tier.PARAMETER, parts, parameter=resolved.parameter)
+    if resolved is None or resolved.tier < Tier.SELF or resolved.variable is None:
+        return local
+    text = source_segment(scope.source.text, value) if scope.source else None
+    kind = "the cached result" if resolved.cached else f"a local alias of {resolved.variable}"
+    note = f"{name} is {kind}: `{name} = {one_line(text or ast.unparse(value))}`"
+    return replace(resolved, anchor=0, notes=(*resolved.notes, note))
+
+
+def _declared_globals(function: Function) -> set[str]:
+    return {name for node in walk_scope(function) if isinstance(node, ast.Global) for name in node.names}
+
+
+_OPAQUE = ast.Constant(value=None)  # bound locally by something not worth following (loop target, `with ... as`)
+
+
+def _local_binding(function: Function, name: str, scope: Scope) -> ast.expr | ImportedName | None:
+    """The last binding of `name` in the function before the frame's line: the assigned value, an
+    import, `_OPAQUE`, or None when the function does not bind it."""
+    bindings: list[tuple[int, ast.expr | ImportedName]] = []
+    for node in walk_scope(function):
+        if isinstance(node, ast.Assign) and name in names_bound(node.targets):
+            simple = any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
+            bindings.append((node.lineno, node.value if simple else _OPAQUE))
+        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and getattr(node.target, "id", None) == name:
+            if node.value is not None:
+                bindings.append((node.lineno, node.value))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            package = scope.source.package if scope.source else None
+            imported = import_bindings(node, package).get(name)
+            if imported is not None:
+                bindings.append((node.lineno, imported))
+        elif isinstance(node, (ast.For, ast.AsyncFor)) and name in names_bound([node.target]):
+            bindings.append((node.lineno, _OPAQUE))
+        elif isinstance(node, (ast.With, ast.AsyncWith)) and name in names_bound(
+            [item.optional_vars for item in node.items if item.optional_vars is not None]
+        ):
+            bindings.append((node.lineno, _OPAQUE))
+        elif isinstance(node, ast.ExceptHandler) and node.name == name:
+            bindings.append((node.lineno, _OPAQUE))
+    if not bindings:
+        return None
+    before = [binding for binding in bindings if scope.line is None or binding[0] <= scope.line] or bindings
+    return max(before, key=lambda binding: binding[0])[1]
+
+
+
+# --- imports: what a name or dotted target means on disk -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Imports:
+    """The names imports bind in a scope: the module's (also under `if` / `try`), then those of the
+    function's own imports up to `line`, the last one of a name winning."""
+
+    names: dict[str, ImportedName]
+
+    @classmethod
+    def of(cls, source: SourceFile, function: Function | None = None, line: int | None = None) -> Imports:
+        names = dict(source.imports)
+        if function is not None:
+            local = [
+                statement
+                for statement in scope_statements(function.body)
+                if isinstance(statement, (ast.Import, ast.ImportFrom)) and (line is None or statement.lineno <= line)
+            ]
+            for statement in sorted(local, key=lambda statement: statement.lineno):
+                names.update(import_bindings(statement, source.package))
+        return cls(names)
+
+    def target(self, name: str) -> str | None:
+        imported = self.names.get(name)
+        return imported.target if imported is not None else None
+
+    def dotted(self, node: ast.expr) -> str | None:
+        """The dotted path a name or attribute chain names through the imports: `mpu._X` ->
+        `megatron.core.parallel_state._X`; None when its root is not imported."""
+        if isinstance(node, ast.Name):
+            return self.target(node.id)
+        if isinstance(node, ast.Attribute):
+            head = self.dotted(node.value)
+            return f"{head}.{node.attr}" if head else None
+        return None
+
+
+def module_named(dotted: str, workspace: Workspace, hops: int = 0) -> str | None:
+    """The dotted name of the module on disk that `dotted` refers to, following re-exports such as
+    `mpu = parallel_state` or `from . import parallel_state as mpu` in a package's `__init__`."""
+    if not dotted or hops > MAX_DEPTH:
+        return None
+    if workspace.module_path(dotted) is not None:
+        return dotted
+    head, _, name = dotted.rpartition(".")
+    parent = module_named(head, workspace, hops + 1) if head else None
+    source = workspace.module_source(parent) if parent else None
+    binding = source.binding(name) if source else None
+    if isinstance(binding, ImportedName):
+        return module_named(binding.target, workspace, hops + 1)
+    return None
+
+
+@dataclass(frozen=True)
+class ModuleMember:
+    """A module-level name of a module on disk, and the attributes or subscripts (None) after it."""
+
+    module: str
+    name: str
+    rest: tuple[str | None, ...]
+
+
+def module_member(target: str, attributes: Sequence[str | None], workspace: Workspace) -> ModuleMember | None:
+    """Which module member an imported name (bound to `target`) followed by `attributes` means:
+    `mpu` -> `megatron.core.parallel_state` with `("_X", "y")` is `_X` of that module, `("y",)` after
+    it; submodules are descended into while a name follows them. None when the module is not on
+    disk or the chain names a module itself."""
+    module = module_named(target, workspace)
+    names = list(attributes)
+    if module is None:
+        head, _, name = target.rpartition(".")
+        module = module_named(head, workspace) if head else None
+        if module is None:
+            return None
+        names.insert(0, name)  # `from pkg.mod import X` then `X.field = ...`
+    while len(names) > 1 and names[0] is not None:
+        deeper = module_named(f"{module}.{names[0]}", workspace)
+        if deeper is None:
+            break
+        module = deeper
+        names.pop(0)
+    first = names[0] if names else None
+    return ModuleMember(module, first, tuple(names[1:])) if first is not None else None

@@ -1,0 +1,199 @@
+"""Small helpers over `ast` nodes, one copy each: the statements of a block, the names statements
+bind, imports, decorators, empty values and a node's source text."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+Function = ast.FunctionDef | ast.AsyncFunctionDef  # a `def` or `async def` node
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)  # statements that open a scope
+
+
+@dataclass(frozen=True)
+class ImportedName:
+    """What an import binds a name to."""
+
+    target: str  # dotted: 'megatron.core.parallel_state' or 'pkg.state.BUF'
+
+
+# --- statements ------------------------------------------------------------------------------------
+
+
+def child_statements(statement: ast.stmt) -> list[ast.stmt]:
+    """The statements of a compound statement's blocks, in source order."""
+    bodies = [getattr(statement, name, None) or [] for name in ("body", "orelse", "finalbody")]
+    bodies += [handler.body for handler in getattr(statement, "handlers", ())]
+    bodies += [case.body for case in getattr(statement, "cases", ())]
+    return [child for body in bodies for child in body if isinstance(child, ast.stmt)]
+
+
+def scope_statements(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
+    """A scope's own statements, nested blocks included; nested functions and classes are yielded
+    (they bind a name here) but not entered."""
+    for statement in body:
+        yield statement
+        if not isinstance(statement, SCOPES):
+            yield from scope_statements(child_statements(statement))
+
+
+def every_statement(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement in a block, function and class bodies included: `global` is a statement, so
+    this finds them all without walking every expression."""
+    for statement in body:
+        yield statement
+        yield from every_statement(child_statements(statement))
+
+
+def compound_header(statement: ast.stmt) -> list[ast.expr] | None:
+    """What a loop, `if`, `while`, `with` or `match` evaluates on its own line, before its blocks;
+    None for other statements."""
+    if isinstance(statement, (ast.For, ast.AsyncFor)):
+        return [statement.iter]
+    if isinstance(statement, (ast.If, ast.While)):
+        return [statement.test]
+    if isinstance(statement, (ast.With, ast.AsyncWith)):
+        return [item.context_expr for item in statement.items]
+    if isinstance(statement, ast.Match):
+        return [statement.subject]
+    return None
+
+
+def walk_scope(function: Function) -> Iterator[ast.AST]:
+    """The nodes of a function's own scope (not of nested functions, classes or lambdas)."""
+    pending: list[ast.AST] = list(function.body)
+    while pending:
+        node = pending.pop()
+        yield node
+        pending.extend(
+            child
+            for child in ast.iter_child_nodes(node)
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
+        )
+
+
+# --- bindings --------------------------------------------------------------------------------------
+
+
+def import_bindings(statement: ast.Import | ast.ImportFrom, package: str | None) -> dict[str, ImportedName]:
+    """The names an import statement binds; relative imports resolve against `package`."""
+    if isinstance(statement, ast.Import):
+        # `import a.b` binds `a`; `import a.b as c` binds `c` to `a.b`.
+        bound = {}
+        for alias in statement.names:
+            top = alias.name.split(".")[0]
+            bound[alias.asname or top] = ImportedName(alias.name if alias.asname else top)
+        return bound
+    base = statement.module or ""
+    if statement.level:
+        if not package:
+            return {}
+        kept = package.split(".")[: len(package.split(".")) - statement.level + 1]
+        base = ".".join([*kept, *([statement.module] if statement.module else [])])
+    return {
+        alias.asname or alias.name: ImportedName(f"{base}.{alias.name}" if base else alias.name)
+        for alias in statement.names
+        if alias.name != "*"
+    }
+
+
+def names_bound(targets: Sequence[ast.expr]) -> Iterator[str]:
+    """The plain names assignment targets bind (`a, (b, *c) = ...`); not attributes or subscripts."""
+    for target in targets:
+        if isinstance(target, ast.Name):
+            yield target.id
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            yield from names_bound(target.elts)
+        elif isinstance(target, ast.Starred):
+            yield from names_bound([target.value])
+
+
+def parameter_names(function: Function) -> set[str]:
+    """Every name the function's parameters bind, `*args` and `**kwargs` included."""
+    arguments = function.args
+    every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
+    return {argument.arg for argument in every if argument is not None}
+
+
+# --- calls, decorators, values ---------------------------------------------------------------------
+
+
+def callee_name(func: ast.expr) -> str | None:
+    """The name a call or decorator uses: `f` for `f(...)`, `g` for `mod.g(...)`."""
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else None
+
+
+def decorator_name(decorator: ast.expr) -> str | None:
+    """`lru_cache` for `@lru_cache`, `@functools.lru_cache(maxsize=8)` and `@cache`-like forms."""
+    return callee_name(decorator.func if isinstance(decorator, ast.Call) else decorator)
+
+
+_CACHE_DECORATORS = frozenset({"lru_cache", "cache"})
+
+
+def is_cache_decorator(decorator: ast.expr) -> bool:
+    """functools' `lru_cache` / `cache`, called or not, by any module path."""
+    return decorator_name(decorator) in _CACHE_DECORATORS
+
+
+def is_cached(node: ast.AST) -> bool:
+    """A function decorated with functools' `lru_cache` / `cache`: its results are kept across calls."""
+    return isinstance(node, Function) and any(is_cache_decorator(decorator) for decorator in node.decorator_list)
+
+
+_CONTAINER_TYPES = frozenset({"list", "dict", "set", "OrderedDict", "defaultdict", "deque"})
+
+
+def is_empty_container(value: ast.expr | None) -> bool:
+    """A new empty mutable container: `[]`, `{}`, `set()`, `deque()`, ... (one `.clear()` empties in place)."""
+    if isinstance(value, (ast.List, ast.Set)):
+        return not value.elts
+    if isinstance(value, ast.Dict):
+        return not value.keys
+    if isinstance(value, ast.Call) and not value.args and not value.keywords:
+        return callee_name(value.func) in _CONTAINER_TYPES
+    return False
+
+
+def is_empty_value(value: ast.expr | None) -> bool:
+    """`None`, `()` or a new empty container: a value that holds no tensor."""
+    if isinstance(value, ast.Constant):
+        return value.value is None
+    if isinstance(value, ast.Tuple):
+        return not value.elts
+    return is_empty_container(value)
+
+
+# --- source text -----------------------------------------------------------------------------------
+
+_LINE_ENDS = re.compile(r"(?<=\r\n)|(?<=\r)(?!\n)|(?<=\n)")
+
+
+@lru_cache(maxsize=16)
+def _lines(text: str) -> list[str]:
+    return _LINE_ENDS.split(text)
+
+
+def source_segment(text: str, node: ast.AST) -> str | None:
+    """`ast.get_source_segment` without re-splitting a large file on every call."""
+    first, last = getattr(node, "lineno", 0) - 1, getattr(node, "end_lineno", None)
+    start, end = getattr(node, "col_offset", 0), getattr(node, "end_col_offset", None)
+    lines = _lines(text)
+    if first < 0 or last is None or end is None or last - 1 >= len(lines):
+        return None
+    last -= 1
+    if first == last:
+        return lines[first].encode()[start:end].decode(errors="replace")
+    head = lines[first].encode()[start:].decode(errors="replace")
+    tail = lines[last].encode()[:end].decode(errors="replace")
+    return head + "".join(lines[first + 1 : last]) + tail
+
+
+def one_line(text: str) -> str:
+    """A multi-line expression's text on one line."""
+    return re.sub(r"\s*\n\s*", " ", text)

@@ -1,0 +1,221 @@
+"""Finding and reading source files: a path printed in a log -> the local file and its module; a
+dotted module -> its file; each file read and parsed once, with its module-level bindings.
+
+* **Files** are found by path as printed, else by the longest path suffix under a source root (an
+  import root, like a PYTHONPATH entry) or a `sys.path` directory.
+* **Module names** come from the path after `site-packages/`, the directory the file was found
+  under, `__init__.py` files, or a framework package name in the path. A file found at its printed
+  path makes the folder above its top package an import root for resolving its imports.
+* `sys.path` is read once per workspace, when a file is first looked for there.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from unsafe_doctor.source.files import (
+    FRAMEWORK_PACKAGES,
+    after_site_packages,
+    dotted,
+    framework_suffix,
+    import_root,
+    is_file,
+    package_of,
+)
+from unsafe_doctor.source.syntax import (
+    Function,
+    ImportedName,
+    child_statements,
+    every_statement,
+    import_bindings,
+    names_bound,
+)
+
+# What a module-level name is bound to: a class, a function, an assignment, or an import.
+Assignment = ast.Assign | ast.AnnAssign | ast.AugAssign
+Binding = ast.ClassDef | Function | Assignment | ImportedName
+
+
+@dataclass(frozen=True)
+class FoundFile:
+    local: Path | None  # the file read for this path, if any
+    module: str | None
+    shown: str  # how notes name it: the part of the path that matched, else the path as printed
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: Path
+    text: str
+    tree: ast.Module
+    module: str | None
+    package: str | None  # for relative imports
+    bindings: dict[str, Binding]  # module-level names, also those bound under `if` / `try`
+    imports: dict[str, ImportedName]  # module-level names bound by an import (a later assignment aside)
+    declared_globals: frozenset[str]  # names some function declares `global`
+    star_import: bool
+
+    def binding(self, name: str) -> Binding | None:
+        """The module-level binding of `name`, seen through a rename of an import (`mpu = parallel_state`)."""
+        binding = self.bindings.get(name)
+        if isinstance(binding, ast.Assign) and isinstance(binding.value, ast.Name):
+            aliased = self.bindings.get(binding.value.id)
+            if isinstance(aliased, ImportedName):
+                return aliased
+        return binding
+
+    @cached_property
+    def lines(self) -> list[str]:
+        return self.text.splitlines()
+
+
+def module_from_path(path: str, source_roots: Sequence[Path] = ()) -> str | None:
+    """Dotted module name of one file as printed in a log; a stage naming many uses one `Workspace`."""
+    return Workspace(source_roots).find(path).module
+
+
+class Workspace:
+    """File look-ups and parsed sources for one run of a stage, cached; files are read, never imported."""
+
+    def __init__(self, source_roots: Sequence[Path]):
+        self.source_roots = tuple(Path(root) for root in source_roots)
+        self.found_roots: list[Path] = []  # import roots of files found at their printed path
+        self._found: dict[str, FoundFile] = {}
+        self._texts: dict[Path, str | None] = {}
+        self._sources: dict[Path, SourceFile | None] = {}
+        self._module_paths: dict[str, Path | None] = {}
+
+    @cached_property
+    def env_roots(self) -> tuple[Path, ...]:
+        """The `sys.path` directories, read once."""
+        return tuple(Path(entry) for entry in sys.path if entry and Path(entry).is_dir())
+
+    # files printed in a log
+
+    def find(self, printed: str) -> FoundFile:
+        if printed not in self._found:
+            self._found[printed] = self._find(printed)
+        return self._found[printed]
+
+    def _find(self, printed: str) -> FoundFile:
+        normal = printed.replace("\\", "/")
+        site_module = after_site_packages(normal)
+        parts = [part for part in normal.split("/") if part]
+        as_printed = Path(printed)
+        if is_file(as_printed):
+            module = site_module or self._module_of_local(as_printed)
+            self._add_import_root(as_printed, module)
+            return FoundFile(as_printed, module, printed)
+        # Source roots first (the user named them), any suffix; then the environment, two parts at least.
+        for roots, shortest in ((self.source_roots, 1), (self.env_roots, 2)):
+            for start in range(len(parts) - shortest + 1):
+                suffix = parts[start:]
+                for root in roots:
+                    candidate = root.joinpath(*suffix)
+                    if is_file(candidate):
+                        return FoundFile(candidate, site_module or dotted(suffix), "/".join(suffix))
+        return FoundFile(None, site_module or framework_suffix(parts), printed)
+
+    def _module_of_local(self, path: Path) -> str | None:
+        resolved = path.resolve()
+        for root in self.source_roots:
+            if resolved.is_relative_to(root.resolve()):
+                return dotted(resolved.relative_to(root.resolve()).parts)
+        names = [] if path.name == "__init__.py" else [path.stem]
+        folder = resolved.parent
+        # Namespace packages of the frameworks have no __init__.py (megatron in megatron-core).
+        while (folder / "__init__.py").is_file() or folder.name in FRAMEWORK_PACKAGES:
+            names.append(folder.name)
+            folder = folder.parent
+        return ".".join(reversed(names)) if all(name.isidentifier() for name in names) and names else None
+
+    def _add_import_root(self, path: Path, module: str | None) -> None:
+        root = import_root(path, module) if module is not None else None
+        if root is not None and root not in (*self.source_roots, *self.found_roots, *self.env_roots):
+            self.found_roots.append(root)
+            self._module_paths.clear()  # earlier misses may be found under the new root
+
+    # modules
+
+    def module_path(self, dotted_name: str) -> Path | None:
+        """The file (or namespace folder) of a module, searched on disk under the roots."""
+        if dotted_name not in self._module_paths:
+            self._module_paths[dotted_name] = self._module_path(dotted_name)
+        return self._module_paths[dotted_name]
+
+    def _module_path(self, dotted_name: str) -> Path | None:
+        parts = dotted_name.split(".")
+        if not all(part.isidentifier() for part in parts):
+            return None
+        for root in (*self.source_roots, *self.found_roots, *self.env_roots):
+            folder = root.joinpath(*parts)
+            for candidate in (folder.with_name(parts[-1] + ".py"), folder / "__init__.py"):
+                if is_file(candidate):
+                    return candidate
+            if folder.is_dir():
+                return folder
+        return None
+
+    # reading
+
+    def text(self, path: Path) -> str | None:
+        """The file's text, read once; None when it cannot be read."""
+        if path not in self._texts:
+            try:
+                self._texts[path] = path.read_text(encoding="utf-8-sig", errors="replace")  # -sig: a BOM is not source
+            except (OSError, ValueError):
+                self._texts[path] = None
+        return self._texts[path]
+
+    def source(self, path: Path, module: str | None) -> SourceFile | None:
+        """The file parsed, once; None when it cannot be read or parsed."""
+        if path not in self._sources:
+            text = self.text(path)
+            self._sources[path] = _parse(path, text, module) if text is not None else None
+        return self._sources[path]
+
+    def module_source(self, dotted_name: str) -> SourceFile | None:
+        path = self.module_path(dotted_name)
+        return self.source(path, dotted_name) if path is not None and path.is_file() else None
+
+    def local_source(self, path: Path) -> SourceFile | None:
+        """A file given on the command line (an adaptor), named as if a log had printed it."""
+        resolved = path.resolve()
+        return self.source(resolved, self.find(str(resolved)).module)
+
+
+def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    package = package_of(path, module)
+    bindings: dict[str, Binding] = {}
+    imports: dict[str, ImportedName] = {}
+    star = False
+
+    def collect(statements: Sequence[ast.stmt]) -> None:
+        nonlocal star
+        for statement in statements:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bindings[statement.name] = statement
+            elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+                star |= any(alias.name == "*" for alias in statement.names)
+                imported = import_bindings(statement, package)
+                bindings.update(imported)
+                imports.update(imported)
+            elif isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+                for name in names_bound(targets):
+                    bindings[name] = statement
+            else:
+                collect(child_statements(statement))
+
+    collect(tree.body)
+    declared = frozenset(name for node in every_statement(tree.body) if isinstance(node, ast.Global) for name in node.names)
+    return SourceFile(path, text, tree, module, package, bindings, imports, declared, star)
