@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unsafe_doctor.heuristics import MAX_FILES, Verdict, judge
-from unsafe_doctor.locate import Finding, TensorRef, locate
+from unsafe_doctor.locate import locate
+from unsafe_doctor.subject import Subject, TensorRef
 from unsafe_doctor.tracebacks import Frame, Traceback
 
 FIXTURES = Path(__file__).parent / "fixtures" / "heuristics"
@@ -50,11 +51,11 @@ def unsafe(*frames: Frame) -> Traceback:
     )
 
 
-def located(path: Path, function: str, source: str, roots: tuple[Path, ...] = ()) -> Finding:
-    """The finding locate() makes for a traceback whose innermost frame is `source` in `path`."""
+def located(path: Path, function: str, source: str, roots: tuple[Path, ...] = ()) -> Subject:
+    """The subject locate() finds for a traceback whose innermost frame is `source` in `path`."""
     frame = Frame(str(path), line_of(path, source), function, source)
     [finding] = locate([unsafe(frame)], roots)
-    return finding
+    return finding.subject
 
 
 def evidence_at(verdict: Verdict) -> list[tuple[Path, int, str]]:
@@ -81,9 +82,9 @@ LOG_LINE = 'writer.add_scalar("loss", state._LOSS_SUM[0].item(), iteration)'
 
 def test_accumulator_zeroed_every_step_is_scenario_1():
     state, train = ACCUMULATOR / "accfw" / "state.py", ACCUMULATOR / "accfw" / "train.py"
-    finding = located(state, "add_loss", "_LOSS_SUM[index] += loss.detach()", (ACCUMULATOR,))
-    assert finding.tensor == TensorRef("_LOSS_SUM[index]", "_LOSS_SUM", "accfw.state", None)
-    verdict = judge(finding, (ACCUMULATOR,))
+    subject = located(state, "add_loss", "_LOSS_SUM[index] += loss.detach()", (ACCUMULATOR,))
+    assert subject.tensor == TensorRef("_LOSS_SUM[index]", "_LOSS_SUM", "accfw.state", None)
+    verdict = judge(subject, (ACCUMULATOR,))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
     assert verdict.evidence == (
         f"accfw/state.py:{line_of(state, '_LOSS_SUM.zero_()')}: reset in reset_loss_sum(): `_LOSS_SUM.zero_()`",
@@ -129,9 +130,9 @@ def test_moving_average_updated_from_itself_and_scaling_the_loss_is_scenario_2()
 
 def test_persistent_buffer_updated_in_place_is_scenario_2():
     norm = BUFFER / "buffw" / "norm.py"
-    finding = located(norm, "forward", "return x - self.running_mean", (BUFFER,))
-    assert finding.tensor == TensorRef("self.running_mean", "running_mean", "buffw.norm", "RunningNorm")
-    verdict = judge(finding, (BUFFER,))
+    subject = located(norm, "forward", "return x - self.running_mean", (BUFFER,))
+    assert subject.tensor == TensorRef("self.running_mean", "running_mean", "buffw.norm", "RunningNorm")
+    verdict = judge(subject, (BUFFER,))
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     update = "self.running_mean.mul_(1 - self.momentum).add_(self.momentum * x.mean(0))"
     register = 'self.register_buffer("running_mean", torch.zeros(dim))'
@@ -143,8 +144,8 @@ def test_persistent_buffer_updated_in_place_is_scenario_2():
 
 def test_mixed_evidence_is_low_confidence_and_shows_both_sides():
     balance = MIXED / "mixfw" / "balance.py"
-    finding = located(balance, "balance_loss", "share = _EXPERT_COUNTS / _EXPERT_COUNTS.sum()", (MIXED,))
-    verdict = judge(finding, (MIXED,))
+    subject = located(balance, "balance_loss", "share = _EXPERT_COUNTS / _EXPERT_COUNTS.sum()", (MIXED,))
+    verdict = judge(subject, (MIXED,))
     # Zeroed at the start of every step, so recomputed each step, but also turned into a loss.
     assert (verdict.scenario, verdict.confidence) == (1, "low")
     assert verdict.reason.endswith("; but it is read to compute training values: check by hand.")
@@ -168,7 +169,7 @@ def test_missing_source_asks_for_a_source_root(roots):
     frame = Frame("/job/ghostfw/state.py", 12, "step", "_GHOST_BUFFER.zero_()")
     [finding] = locate([unsafe(frame)], roots)
     assert finding.tensor.variable == "_GHOST_BUFFER"
-    verdict = judge(finding, roots)
+    verdict = judge(finding.subject, roots)
     assert verdict == Verdict(
         None, None, "Could not read the source of _GHOST_BUFFER: pass --source-root pointing at the training code.", ()
     )
@@ -179,7 +180,7 @@ def test_a_tensor_the_log_does_not_name_gets_no_verdict():
                   'tracker[name]["values"].zero_()')
     [finding] = locate([unsafe(frame)])
     assert finding.tensor.variable is None
-    verdict = judge(finding, ())
+    verdict = judge(finding.subject, ())
     assert verdict.scenario is None and verdict.evidence == ()
     assert verdict.reason.startswith("The log does not name the global behind tracker[name]")
 
@@ -196,8 +197,8 @@ NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True)
 )
 def test_judge_never_raises_on_arbitrary_names(tmp_path, variable, module, owner, culprit):
     frame = Frame(culprit, 1, "f", None) if culprit is not None else None
-    finding = Finding((0,), unsafe(), unsafe(), frame, TensorRef(variable, variable, module, owner), None, ())
-    verdict = judge(finding, (tmp_path,))
+    subject = Subject(TensorRef(variable, variable, module, owner), frame, None)
+    verdict = judge(subject, (tmp_path,))
     assert verdict.scenario in (None, 1, 2) and verdict.reason
 
 
@@ -304,8 +305,8 @@ def test_single_rule(tmp_path, code, scenario, expected):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "mod.py").write_text("import functools\nimport torch\n" + textwrap.dedent(code))
-    finding = Finding((0,), unsafe(), unsafe(), None, TensorRef("_X", "_X", "pkg.mod", None), None, ())
-    verdict = judge(finding, (tmp_path,))
+    subject = Subject(TensorRef("_X", "_X", "pkg.mod", None), None, None)
+    verdict = judge(subject, (tmp_path,))
     assert verdict.scenario == scenario
     whats = [what for _, _, what in evidence_at(verdict)]
     assert [what.split(":")[0] for what in whats] == expected
@@ -319,7 +320,7 @@ def _tree(root: Path, files: dict[str, str]) -> None:
         (root / relative).write_text(textwrap.dedent(text))
 
 
-SCRATCH = Finding((0,), unsafe(), unsafe(), None, TensorRef("_SCRATCH", "_SCRATCH", "scopefw.state", None), None, ())
+SCRATCH = Subject(TensorRef("_SCRATCH", "_SCRATCH", "scopefw.state", None), None, None)
 RESET_IN_TRAIN_STEP = """
     from scopefw import state
     def train_step():
@@ -387,19 +388,19 @@ def test_toytrain_gradient_norm_average_is_scenario_2():
 TRACKER_LINE = 'tracker[name]["values"][layer_number - 1] += loss.detach()  # Aggregate the loss for the layer.'
 
 
-def tracker_finding() -> Finding:
+def tracker_subject() -> Subject:
     return located(MOE / "moe_utils.py", "save_to_aux_losses_tracker", TRACKER_LINE)
 
 
-def expert_bias_finding() -> Finding:
+def expert_bias_subject() -> Subject:
     source = "self.expert_bias.data = self.expert_bias.data.to(torch.float32)"
     return located(MOE / "router.py", "_maintain_float32_expert_bias", source)
 
 
 def test_megatron_moe_logging_tracker_is_scenario_1_cleared_by_clear_aux_losses_tracker():
-    finding = tracker_finding()
-    assert finding.tensor.variable == "_MOE_LAYER_WISE_LOGGING_TRACKER"
-    verdict = judge(finding, ())
+    subject = tracker_subject()
+    assert subject.tensor.variable == "_MOE_LAYER_WISE_LOGGING_TRACKER"
+    verdict = judge(subject, ())
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
     moe_utils = (MOE / "moe_utils.py").resolve()
     zero = line_of(moe_utils, 'tracker[name]["values"].zero_()')
@@ -417,9 +418,9 @@ def test_megatron_moe_logging_tracker_is_scenario_1_cleared_by_clear_aux_losses_
 
 
 def test_megatron_router_expert_bias_is_scenario_2_updated_by_update_router_expert_bias():
-    finding = expert_bias_finding()
-    assert finding.tensor.owner == "TopKRouter"
-    verdict = judge(finding, ())
+    subject = expert_bias_subject()
+    assert subject.tensor.owner == "TopKRouter"
+    verdict = judge(subject, ())
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     router = (MOE / "router.py").resolve()
     register = line_of(router, "'expert_bias',") - 1  # self.register_buffer(\n 'expert_bias', ...
@@ -448,7 +449,7 @@ def test_megatron_router_token_counts_are_scenario_1_zeroed_every_step():
 def test_megatron_faq_tracker_name_is_absent_from_this_version():
     tensor = TensorRef("parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]", "_MOE_AUX_LOSSES_LOGGING_TRACKER",
                        "megatron.core.parallel_state", None)
-    verdict = judge(Finding((0,), unsafe(), unsafe(), None, tensor, None, ()), ())
+    verdict = judge(Subject(tensor, None, None), ())
     assert verdict.scenario is None
     assert verdict.reason == (
         f"Found no reset and no carried state for _MOE_AUX_LOSSES_LOGGING_TRACKER in {CORE / 'parallel_state.py'}: "
@@ -456,13 +457,13 @@ def test_megatron_faq_tracker_name_is_absent_from_this_version():
     )
 
 
-@pytest.mark.parametrize("make", [tracker_finding, expert_bias_finding], ids=["tracker", "expert_bias"])
+@pytest.mark.parametrize("make", [tracker_subject, expert_bias_subject], ids=["tracker", "expert_bias"])
 def test_judging_a_megatron_finding_gives_the_same_evidence_in_the_same_order_every_time(make):
     """Speed is measured by benchmarks/, not asserted here."""
-    finding = make()
-    first = judge(finding, ())
+    subject = make()
+    first = judge(subject, ())
     assert first.evidence
-    assert judge(finding, ()) == first
+    assert judge(subject, ()) == first
 
 
 def test_judging_imports_neither_torch_nor_megatron():
@@ -470,14 +471,14 @@ def test_judging_imports_neither_torch_nor_megatron():
         import sys
         from pathlib import Path
         from unsafe_doctor.heuristics import judge
-        from unsafe_doctor.locate import Finding, TensorRef
+        from unsafe_doctor.subject import Subject, TensorRef
         for variable, module, owner in [
             ("_MOE_LAYER_WISE_LOGGING_TRACKER", "megatron.core.transformer.moe.moe_utils", None),
             ("expert_bias", "megatron.core.transformer.moe.router", "TopKRouter"),
             ("_EMA_GRAD_NORM", "toytrain.state", None),
         ]:
             tensor = TensorRef(variable, variable, module, owner)
-            verdict = judge(Finding((0,), None, None, None, tensor, None, ()), (Path({str(TOYTRAIN)!r}),))
+            verdict = judge(Subject(tensor, None, None), (Path({str(TOYTRAIN)!r}),))
             assert verdict.scenario in (1, 2), verdict
         loaded = [name for name in sys.modules if name.split(".")[0] in ("torch", "megatron", "toytrain")]
         assert not loaded, loaded

@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.locate import TensorRef, locate
+from unsafe_doctor.locate import locate
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import module_from_path
+from unsafe_doctor.subject import TensorRef
 from unsafe_doctor.tracebacks import Frame, Traceback
 
 UNSAFE = "There is unsafe data in the input tensor."

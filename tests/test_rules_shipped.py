@@ -70,7 +70,7 @@ def diagnose(text: str, versions: dict[str, str], source_roots: tuple[Path, ...]
     tracebacks = [traceback for group in by_rank(lines).values() for traceback in parse_tracebacks(group)]
     findings = locate(tracebacks, source_roots)
     assert len(findings) == 1, findings
-    return findings[0], classify(findings[0], KNOWLEDGE, environment(versions))
+    return findings[0], classify(findings[0].subject, KNOWLEDGE, environment(versions))
 
 
 def assert_compiles(plan: FixPlan) -> None:

@@ -1,4 +1,4 @@
-"""Stage 5b: a finding -> scenario, rule or heuristic evidence, and the fix rendered for the adaptor.
+"""Stage 5b: a subject -> scenario, rule or heuristic evidence, and the fix rendered for the adaptor.
 
 A matching rule decides (confidence high). The run's loss scaling, when the log shows it, excludes
 the rules written for the other one; among several, the framework version detected in the user's
@@ -11,7 +11,7 @@ from __future__ import annotations
 import string
 import textwrap
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, Protocol, get_args
 
 from unsafe_doctor.knowledge import (
     AdaptorProfile,
@@ -24,8 +24,8 @@ from unsafe_doctor.knowledge import (
     specificity,
     template_slots,
 )
-from unsafe_doctor.locate import Finding
 from unsafe_doctor.recovery import LossScaling
+from unsafe_doctor.subject import Subject
 from unsafe_doctor.versions import Environment
 
 Confidence = Literal["high", "medium", "low"]
@@ -60,60 +60,70 @@ class Classification:
     notes: tuple[str, ...]
 
 
+class Classified(Protocol):
+    """A subject with its classification: what the fixer and verify take (a diagnosed finding, an audited holder)."""
+
+    @property
+    def subject(self) -> Subject: ...
+
+    @property
+    def classification(self) -> Classification: ...
+
+
 def classify(
-    finding: Finding, knowledge: KnowledgeBase, environment: Environment, loss_scaling: LossScaling | None = None
+    subject: Subject, knowledge: KnowledgeBase, environment: Environment, loss_scaling: LossScaling | None = None
 ) -> Classification:
     """`loss_scaling`: what the log shows of the run's loss scaling (`recovery.read_loss_scaling`)."""
     notes: list[str] = []
-    chosen = _choose_rule(finding, knowledge, environment, loss_scaling, notes)
+    chosen = _choose_rule(subject, knowledge, environment, loss_scaling, notes)
     if chosen is not None:
         rule, block = chosen
-        fix = _render(rule, finding, knowledge, environment.profile, notes, block)
-        return Classification(rule.scenario, rule.id, _rule_confidence(rule, finding, environment, notes), rule.reason,
+        fix = _render(rule, subject, knowledge, environment.profile, notes, block)
+        return Classification(rule.scenario, rule.id, _rule_confidence(rule, subject, environment, notes), rule.reason,
                               (), fix, tuple(notes))
     from unsafe_doctor.heuristics import judge  # only when no rule matched: it costs start-up time
 
-    verdict = judge(finding, environment.source_roots)
+    verdict = judge(subject, environment.source_roots)
     if verdict.scenario is None:
         return Classification(None, None, None, verdict.reason, verdict.evidence, None, tuple(notes))
-    generic = knowledge.rule(generic_rule_id(verdict.scenario, finding))
-    fix = _render(generic, finding, knowledge, environment.profile, notes) if generic else None
+    generic = knowledge.rule(generic_rule_id(verdict.scenario, subject))
+    fix = _render(generic, subject, knowledge, environment.profile, notes) if generic else None
     return Classification(verdict.scenario, None, verdict.confidence, verdict.reason, verdict.evidence, fix, tuple(notes))
 
 
-def _rule_confidence(rule: Rule, finding: Finding, environment: Environment, notes: list[str]) -> Confidence:
+def _rule_confidence(rule: Rule, subject: Subject, environment: Environment, notes: list[str]) -> Confidence:
     """High, unless the rule depends on a version read from this machine's installed framework and
     the log's culprit file is not the installed one (the job ran another release)."""
     framework = rule.framework
-    if rule.versions is None or not finding.source_differs or environment.origins.get(framework) != "installed":
+    if rule.versions is None or not subject.source_differs or environment.origins.get(framework) != "installed":
         return "high"
     notes.append(
-        f"the log's {finding.culprit.file.rsplit('/', 1)[-1]} is not the installed {framework} "
-        f"{environment.versions[framework]}'s (line {finding.culprit.line} differs), so the job may have run another "
+        f"the log's {subject.frame.file.rsplit('/', 1)[-1]} is not the installed {framework} "
+        f"{environment.versions[framework]}'s (line {subject.frame.line} differs), so the job may have run another "
         f"release: the rule is the one for {environment.versions[framework]}; give --source-root with the job's tree to be sure"
     )
     return "medium"
 
 
 def classify_as(
-    finding: Finding, scenario: Scenario, knowledge: KnowledgeBase, environment: Environment, evidence: tuple[str, ...]
+    subject: Subject, scenario: Scenario, knowledge: KnowledgeBase, environment: Environment, evidence: tuple[str, ...]
 ) -> Classification:
     """The user's answer for a finding nothing could classify: the generic fix for that scenario."""
     notes: list[str] = []
-    generic = knowledge.rule(generic_rule_id(scenario, finding))
-    fix = _render(generic, finding, knowledge, environment.profile, notes) if generic else None
+    generic = knowledge.rule(generic_rule_id(scenario, subject))
+    fix = _render(generic, subject, knowledge, environment.profile, notes) if generic else None
     return Classification(scenario, None, None, "scenario given by the user", evidence, fix, tuple(notes))
 
 
-def generic_rule_id(scenario: Scenario, finding: Finding) -> str:
+def generic_rule_id(scenario: Scenario, subject: Subject) -> str:
     """The template a verdict without a rule gets: an lru cache is emptied, not its result rebuilt."""
-    if scenario == 1 and finding.tensor is not None and finding.tensor.cached:
+    if scenario == 1 and subject.tensor is not None and subject.tensor.cached:
         return GENERIC_CACHE_RULE
     return GENERIC_RULES[scenario]
 
 
 def _choose_rule(
-    finding: Finding,
+    subject: Subject,
     knowledge: KnowledgeBase,
     environment: Environment,
     loss_scaling: LossScaling | None,
@@ -124,9 +134,9 @@ def _choose_rule(
     When another loss scaling would choose another rule, a note says which, and why this one.
     """
     read_as = loss_scaling or ASSUMED_LOSS_SCALING
-    chosen = _best_rule(finding, knowledge, environment, read_as, notes)
+    chosen = _best_rule(subject, knowledge, environment, read_as, notes)
     for other in get_args(LossScaling):
-        alternative = None if other == read_as else _best_rule(finding, knowledge, environment, other, [])
+        alternative = None if other == read_as else _best_rule(subject, knowledge, environment, other, [])
         if alternative is None or (chosen is not None and alternative[0].id == chosen[0].id):
             continue
         rule, block = alternative
@@ -143,9 +153,9 @@ def _choose_rule(
 
 
 def _best_rule(
-    finding: Finding, knowledge: KnowledgeBase, environment: Environment, loss_scaling: LossScaling, notes: list[str]
+    subject: Subject, knowledge: KnowledgeBase, environment: Environment, loss_scaling: LossScaling, notes: list[str]
 ) -> tuple[Rule, RuleMatch] | None:
-    tensor, culprit = finding.tensor, finding.culprit
+    tensor, culprit = subject.tensor, subject.frame
     candidates = []
     for rule in knowledge.rules:
         if rule.id in GENERIC_RULE_IDS:
@@ -184,13 +194,13 @@ def _best_rule(
     return chosen
 
 
-def _slots(rule: Rule, finding: Finding, profile: AdaptorProfile, block: RuleMatch) -> dict[str, str]:
+def _slots(rule: Rule, subject: Subject, profile: AdaptorProfile, block: RuleMatch) -> dict[str, str]:
     """The slot values this finding can fill, each a plain Python name: a log is untrusted input.
 
     A slot whose value is unknown or unsafe is left out; a template that needs it is not rendered.
     `block` is the rule's match block that matched: it may name the variable the log does not.
     """
-    tensor = finding.tensor
+    tensor = subject.tensor
     variable = block.variable or (tensor.variable if tensor else None)
     module = tensor.module if tensor else None
     owner = tensor.owner if tensor else None
@@ -211,13 +221,13 @@ def _slots(rule: Rule, finding: Finding, profile: AdaptorProfile, block: RuleMat
 
 def _render(
     rule: Rule,
-    finding: Finding,
+    subject: Subject,
     knowledge: KnowledgeBase,
     profile: AdaptorProfile,
     notes: list[str],
     block: RuleMatch | None = None,
 ) -> FixPlan | None:
-    slots = _slots(rule, finding, profile, block or rule.match)
+    slots = _slots(rule, subject, profile, block or rule.match)
     templates = [*rule.fix.imports, *(part for part in (rule.fix.code, rule.fix.send, rule.fix.recv) if part)]
     missing = set().union(*(template_slots(template) for template in templates)) - set(slots)
     if missing:

@@ -203,7 +203,7 @@ def _ask_scenario(terminal: TextIO, item: DiagnosedFinding, diagnosis: Diagnosis
     if answer not in ("1", "2"):
         return item
     scenario = int(answer)
-    verdict = classify_as(item.finding, scenario, knowledge, diagnosis.environment, item.classification.evidence)
+    verdict = classify_as(item.subject, scenario, knowledge, diagnosis.environment, item.classification.evidence)
     return replace(item, classification=verdict)
 
 

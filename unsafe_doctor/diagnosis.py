@@ -15,6 +15,7 @@ from unsafe_doctor.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.logs import LogLine
 from unsafe_doctor.recovery import LossScaling, Phase, RecoveryContext
 from unsafe_doctor.stale import StaleReset, stale_resets
+from unsafe_doctor.subject import Subject
 from unsafe_doctor.tracebacks import Traceback, parse_tracebacks
 from unsafe_doctor.versions import Environment, detect_environment
 
@@ -24,6 +25,10 @@ class DiagnosedFinding:
     finding: Finding
     phase: Phase
     classification: Classification
+
+    @property
+    def subject(self) -> Subject:
+        return self.finding.subject
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,9 @@ def diagnose(
     environment = detect_environment(knowledge, source_roots, frames, adaptor)
     diagnosed = tuple(
         DiagnosedFinding(
-            finding, recovery.phase_of(finding.traceback, context), classify(finding, knowledge, environment, loss_scaling)
+            finding,
+            recovery.phase_of(finding.traceback, context),
+            classify(finding.subject, knowledge, environment, loss_scaling),
         )
         for finding in findings
     )

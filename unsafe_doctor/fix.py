@@ -43,11 +43,10 @@ from typing import Literal
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from unsafe_doctor.classify import generic_rule_id
-from unsafe_doctor.diagnosis import DiagnosedFinding
+from unsafe_doctor.classify import Classified, generic_rule_id
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase, is_safe_dotted
-from unsafe_doctor.locate import Finding
+from unsafe_doctor.subject import Subject
 from unsafe_doctor.versions import Environment, profile_files
 
 Role = Literal["rollback", "send", "recv"]
@@ -100,7 +99,7 @@ class Written:
 
 
 def plan_fix(
-    findings: Sequence[DiagnosedFinding],
+    findings: Sequence[Classified],
     environment: Environment,
     knowledge: KnowledgeBase,
     functions: Mapping[Role, str] | None = None,
@@ -109,17 +108,17 @@ def plan_fix(
 
     `functions` names the adaptor functions per role where they differ from the profile's names.
     """
-    for diagnosed in findings:
-        _check_log_names(diagnosed.finding)
+    for item in findings:
+        _check_log_names(item.subject)
     requests: list[_Request] = []
     skipped: list[str] = []
     notes: list[str] = []
-    for number, diagnosed in enumerate(findings, 1):
-        if diagnosed.classification.fix is None:
-            skipped.append(f"finding {number}: {_why_no_fix(diagnosed)}")
+    for number, item in enumerate(findings, 1):
+        if item.classification.fix is None:
+            skipped.append(f"finding {number}: {_why_no_fix(item)}")
         else:
-            requests.extend(_requests(diagnosed, knowledge, environment.profile, dict(functions or {})))
-            notes.extend(f"finding {number}: {note}" for note in diagnosed.classification.notes)
+            requests.extend(_requests(item, knowledge, environment.profile, dict(functions or {})))
+            notes.extend(f"finding {number}: {note}" for note in item.classification.notes)
     if not requests:
         return Plan((), (), tuple(skipped), ())
     adaptor = _Adaptor(_adaptor_files(environment))
@@ -170,9 +169,9 @@ class _Request:
     scenario: int
 
 
-def _check_log_names(finding: Finding) -> None:
+def _check_log_names(subject: Subject) -> None:
     """Names from a log reach generated code and markers: each must be a plain dotted Python name."""
-    tensor = finding.tensor
+    tensor = subject.tensor
     if tensor is None:
         return
     for label, name in (("variable", tensor.variable), ("module", tensor.module), ("owner", tensor.owner)):
@@ -181,8 +180,8 @@ def _check_log_names(finding: Finding) -> None:
             raise UsageError(f"the log gives {label} {shown!r} where a Python name belongs: refusing to write it into code")
 
 
-def _why_no_fix(diagnosed: DiagnosedFinding) -> str:
-    classification = diagnosed.classification
+def _why_no_fix(item: Classified) -> str:
+    classification = item.classification
     if classification.scenario is None:
         return "unclassified: scenario 1 or 2 is not known, so there is no fix to write"
     reasons = [note for note in classification.notes if note.startswith("no fix rendered")]
@@ -190,12 +189,12 @@ def _why_no_fix(diagnosed: DiagnosedFinding) -> str:
 
 
 def _requests(
-    diagnosed: DiagnosedFinding, knowledge: KnowledgeBase, profile: AdaptorProfile, functions: dict[Role, str]
+    item: Classified, knowledge: KnowledgeBase, profile: AdaptorProfile, functions: dict[Role, str]
 ) -> list[_Request]:
     """One request per function the finding's fix goes into: rollback, or receive and send."""
-    fix = diagnosed.classification.fix
-    key = marker_key(diagnosed, knowledge)
-    what = _tensor_name(diagnosed.finding) or key
+    fix = item.classification.fix
+    key = marker_key(item, knowledge)
+    what = _tensor_name(item.subject) or key
     if fix.phase == "rollback":
         return [
             _Request(key, "rollback", functions.get("rollback", fix.function),
@@ -209,21 +208,18 @@ def _requests(
     ]
 
 
-def marker_key(diagnosed: DiagnosedFinding, knowledge: KnowledgeBase) -> str:
-    classification = diagnosed.classification
-    rule_id = classification.rule or generic_rule_id(classification.scenario, diagnosed.finding)
+def marker_key(item: Classified, knowledge: KnowledgeBase) -> str:
+    classification = item.classification
+    rule_id = classification.rule or generic_rule_id(classification.scenario, item.subject)
     rule = knowledge.rule(rule_id)
     if rule is not None and rule.match.variable is not None:
         return rule_id
-    name = _tensor_name(diagnosed.finding)
+    name = _tensor_name(item.subject)
     return f"{rule_id}:{name}" if name else rule_id
 
 
-def _tensor_name(finding: Finding) -> str | None:
-    tensor = finding.tensor
-    if tensor is None:
-        return None
-    return ".".join(part for part in (tensor.module, tensor.owner, tensor.variable) if part) or None
+def _tensor_name(subject: Subject) -> str | None:
+    return subject.tensor.dotted if subject.tensor else None
 
 
 # --- the adaptor's files and functions ------------------------------------------------------------

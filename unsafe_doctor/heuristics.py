@@ -56,7 +56,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from unsafe_doctor.locate import Finding, TensorRef
 from unsafe_doctor.source.files import is_file, python_files
 from unsafe_doctor.source.resolve import Imports
 from unsafe_doctor.source.syntax import (
@@ -69,6 +68,7 @@ from unsafe_doctor.source.syntax import (
     walk_scope,
 )
 from unsafe_doctor.source.workspace import SourceFile, Workspace
+from unsafe_doctor.subject import Subject, TensorRef
 
 MAX_FILES = 2000
 MAX_EVIDENCE = 8
@@ -130,9 +130,9 @@ class Verdict:
     evidence: tuple[str, ...]  # "path:line: what was seen"
 
 
-def judge(finding: Finding, source_roots: Sequence[Path]) -> Verdict:
+def judge(subject: Subject, source_roots: Sequence[Path]) -> Verdict:
     """Scenario 1 or 2 from the evidence in the source, with how sure; None with what to check."""
-    tensor = finding.tensor
+    tensor = subject.tensor
     if tensor is None or not tensor.variable or not tensor.variable.isidentifier():
         shown = tensor.expression if tensor else "the tensor"
         return Verdict(
@@ -141,7 +141,7 @@ def judge(finding: Finding, source_roots: Sequence[Path]) -> Verdict:
             "depends on training iterations.",
             (),
         )
-    return _Study(finding, tensor, source_roots).verdict()
+    return _Study(subject, tensor, source_roots).verdict()
 
 
 # --- names ------------------------------------------------------------------------------------------
@@ -262,8 +262,8 @@ class _CallSite:
 class _Study:
     """Evidence about one tensor, gathered over the files in scope."""
 
-    def __init__(self, finding: Finding, tensor: TensorRef, source_roots: Sequence[Path]):
-        self.finding = finding
+    def __init__(self, subject: Subject, tensor: TensorRef, source_roots: Sequence[Path]):
+        self.subject = subject
         self.variable: str = tensor.variable or ""
         self.owner = tensor.owner
         self.attribute = tensor.owner is not None or tensor.expression.startswith(("self.", "cls."))
@@ -284,7 +284,7 @@ class _Study:
     # files
 
     def _culprit_path(self) -> Path | None:
-        printed = self.finding.source_file or (self.finding.culprit.file if self.finding.culprit else None)
+        printed = self.subject.source_file or (self.subject.frame.file if self.subject.frame else None)
         return Path(printed) if printed and is_file(Path(printed)) else None
 
     def _package_dir(self, module: str | None) -> Path | None:

@@ -64,18 +64,10 @@ from unsafe_doctor.source.syntax import (
     source_segment,
 )
 from unsafe_doctor.source.workspace import SourceFile, Workspace
+from unsafe_doctor.subject import Subject, TensorRef
 from unsafe_doctor.tracebacks import Frame, Traceback
 
 UNSAFE_MESSAGE = "There is unsafe data in the input tensor."
-
-
-@dataclass(frozen=True, slots=True)
-class TensorRef:
-    expression: str  # 'parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]'
-    variable: str | None  # '_MOE_AUX_LOSSES_LOGGING_TRACKER'; None when the line does not name it
-    module: str | None  # 'megatron.core.parallel_state'; None when unknown
-    owner: str | None  # class name when the tensor is an attribute of an object
-    cached: bool = False  # `variable` is an lru-cached function (or `owner`'s method) and the tensor its result
 
 
 @dataclass(frozen=True)
@@ -88,6 +80,11 @@ class Finding:
     source_file: str | None  # the local file read for context, if any
     notes: tuple[str, ...]  # e.g. "read megatron/core/... from site-packages; version may differ"
     source_differs: bool = False  # the culprit's local file is not the one that ran: its lines differ from the log's
+
+    @property
+    def subject(self) -> Subject:
+        """What classify, the heuristics and the fixer read of this finding."""
+        return Subject(self.tensor, self.culprit, self.source_file, self.source_differs)
 
 
 def is_unsafe_error(traceback: Traceback) -> bool:

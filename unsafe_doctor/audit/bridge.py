@@ -1,7 +1,7 @@
 """The bridge from holders to the diagnosis stages: classification (rules, then heuristics) and the
 fixes, for a holder found by reading source rather than by a fault in a log.
 
-A holder classifies through `classify()` with a finding built for it, at the first of its sites
+A holder classifies through `classify()` with a subject built for it, at the first of its sites
 that a rule names (a rule may name the frame a log shows reading the tensor: the audit takes that
 frame as given when the rule names the holder itself), else at its definition. Heuristics run only
 for uncovered holders that no rule knows; a cache is scenario 1 by its nature. The generic fixes
@@ -10,18 +10,17 @@ generic fix."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unsafe_doctor.audit.model import Audit, Coverage, Holder, Site
 from unsafe_doctor.classify import GENERIC_RULE_IDS, Classification, classify, classify_as
-from unsafe_doctor.diagnosis import DiagnosedFinding
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import KnowledgeBase, Rule, rule_matches
-from unsafe_doctor.locate import Finding, TensorRef
+from unsafe_doctor.knowledge import KnowledgeBase, Rule, names_global, rule_matches
 from unsafe_doctor.source.files import import_root
-from unsafe_doctor.tracebacks import Frame, Traceback
+from unsafe_doctor.subject import Subject
+from unsafe_doctor.tracebacks import Frame
 from unsafe_doctor.versions import Environment
 
 if TYPE_CHECKING:
@@ -30,24 +29,24 @@ if TYPE_CHECKING:
 
 def classification(
     holder: Holder, coverage: Coverage, knowledge: KnowledgeBase, environment: Environment
-) -> tuple[Finding, Classification | None]:
+) -> tuple[Subject, Classification | None]:
     """Rules first, at the first site a rule names; heuristics only for an uncovered holder."""
-    finding = _finding(holder)
+    subject = _subject(holder)
     frame = _named_frame(holder, [rule for rule in knowledge.rules if rule.id not in GENERIC_RULE_IDS])
     if frame is None and coverage.status != "uncovered":
-        return finding, None
+        return subject, None
     if frame is None and holder.kind == "lru-cache":
-        return finding, _cache_classification(holder, finding, knowledge, environment)
-    if frame is not None and frame != finding.culprit:
-        finding = replace(finding, culprit=frame)
-    verdict = classify(finding, knowledge, environment)
+        return subject, _cache_classification(holder, subject, knowledge, environment)
+    if frame is not None and frame != subject.frame:
+        subject = replace(subject, frame=frame)
+    verdict = classify(subject, knowledge, environment)
     if verdict.rule is None and verdict.fix is not None and holder.kind in ("singleton", "buffer"):
         note = (
             f"no fix written: the generic fixes handle a tensor, dict, list or lru cache, not a {holder.kind}; "
             "reset it by hand or add a rule (--rules)"
         )
         verdict = replace(verdict, fix=None, notes=(*verdict.notes, note))
-    return finding, verdict
+    return subject, verdict
 
 
 def _named_frame(holder: Holder, specific: list[Rule]) -> Frame | None:
@@ -67,22 +66,16 @@ def _named_frame(holder: Holder, specific: list[Rule]) -> Frame | None:
     )
 
 
-def _finding(holder: Holder) -> Finding:
-    """The holder as a finding located at its definition, for classify() and the fixer."""
-    expression = f"{holder.owner}.{holder.variable}" if holder.owner else holder.variable
+def _subject(holder: Holder, cached: bool = False) -> Subject:
+    """The holder read at its definition."""
     frame = _frame(holder.definition)
-    traceback = Traceback(
-        rank=None, source="audit", offset=0, frames=(frame,), exception_type="", message="", error_code=None,
-        npu_rank=None, device=None, truncated=False, caused_by=None, chain_kind=None,
-    )
-    path = str(Path(holder.definition.file).resolve())
-    return Finding(
-        ranks=(), traceback=traceback, unsafe=traceback, culprit=frame,
-        tensor=TensorRef(expression, holder.variable, holder.module, holder.owner), source_file=path, notes=(),
+    return Subject.of_global(
+        holder.module, holder.variable, holder.owner, frame.file, frame.line,
+        function=frame.function, code=frame.source, cached=cached,
     )
 
 
-def _cache_classification(holder: Holder, finding: Finding, knowledge: KnowledgeBase, environment: Environment) -> Classification:
+def _cache_classification(holder: Holder, subject: Subject, knowledge: KnowledgeBase, environment: Environment) -> Classification:
     """A cache holds values computed from its arguments and computes them again when missing: scenario
     1 by its nature, fixed by emptying it. (The source heuristics would read every file naming the
     function, and names such as `forward` are everywhere.)"""
@@ -92,8 +85,7 @@ def _cache_classification(holder: Holder, finding: Finding, knowledge: Knowledge
         "emptied, so it carries nothing into the next step; empty it with cache_clear() in the rollback"
     )
     evidence = (f"{holder.definition.file}:{holder.definition.line}: decorated with a cache: `{holder.definition.code}`",)
-    tensor = finding.tensor
-    cache = finding if tensor is None else replace(finding, tensor=replace(tensor, cached=True))
+    cache = _subject(holder, cached=True)
     return replace(classify_as(cache, 1, knowledge, environment, evidence), confidence="medium", reason=reason)
 
 
@@ -109,10 +101,7 @@ def _rule_frame(rule: Rule, holder: Holder) -> Frame | None:
             for block in rule.matches
             if block.variable == holder.variable
             and (block.file is not None or block.function is not None)
-            and rule_matches(
-                replace(rule, match=replace(block, file=None, function=None), also_match=()),
-                holder.variable, holder.module, holder.owner, None, None,
-            )
+            and names_global(block, holder.variable, holder.module, holder.owner)
         ),
         None,
     )
@@ -142,10 +131,18 @@ def _frame(site: Site) -> Frame:
 # --- fixes -------------------------------------------------------------------------------------------------
 
 
-def _diagnosed(result: Audit) -> dict[str, DiagnosedFinding]:
-    """The fixable holders, by name, as the fixer takes findings."""
+@dataclass(frozen=True)
+class _Fixable:
+    """An uncovered holder with the classification whose fix it gets: what the fixer takes."""
+
+    subject: Subject
+    classification: Classification
+
+
+def _fixable(result: Audit) -> dict[str, _Fixable]:
+    """The fixable holders, by name."""
     return {
-        item.holder.name: DiagnosedFinding(item.finding, "none", item.classification)
+        item.holder.name: _Fixable(item.subject, item.classification)
         for item in result.fixable
         if item.classification is not None
     }
@@ -158,7 +155,7 @@ def plan_fixes(result: Audit, knowledge: KnowledgeBase) -> Plan:
 
     if result.environment.adaptor is None:
         raise UsageError("--fix needs the recovery adaptor: none was found under the paths; give --adaptor FILE")
-    return plan_fix(list(_diagnosed(result).values()), result.environment, knowledge)
+    return plan_fix(list(_fixable(result).values()), result.environment, knowledge)
 
 
 def plan_fixes_per_holder(result: Audit, knowledge: KnowledgeBase) -> dict[str, Plan]:
@@ -167,4 +164,4 @@ def plan_fixes_per_holder(result: Audit, knowledge: KnowledgeBase) -> dict[str, 
 
     if result.environment.adaptor is None:
         return {}
-    return {name: plan_fix([diagnosed], result.environment, knowledge) for name, diagnosed in _diagnosed(result).items()}
+    return {name: plan_fix([fixable], result.environment, knowledge) for name, fixable in _fixable(result).items()}

@@ -8,8 +8,8 @@ from typing import Literal
 
 from unsafe_doctor.audit.refs import HolderKey
 from unsafe_doctor.classify import Classification
-from unsafe_doctor.locate import Finding
 from unsafe_doctor.stale import StaleReset
+from unsafe_doctor.subject import Subject
 from unsafe_doctor.versions import Environment
 
 HolderKind = Literal["module-global", "class-attribute", "singleton", "lru-cache", "buffer"]
@@ -64,7 +64,7 @@ class AuditedHolder:
     holder: Holder
     coverage: Coverage
     classification: Classification | None  # None: covered and no rule names it
-    finding: Finding  # the holder as diagnose would have located it: what classify and fix read
+    subject: Subject  # the holder at the site classification read it: what classify and fix take
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,8 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
             if judge is not None:
                 holder = _without_adaptor_uses(holder, judge.shown)
             verdict = judge.judge(holder) if judge is not None else _NO_ADAPTOR
-            finding, verdict_class = classification(holder, verdict, knowledge, environment)
-            audited.append(AuditedHolder(holder, verdict, verdict_class, finding))
+            subject, classified = classification(holder, verdict, knowledge, environment)
+            audited.append(AuditedHolder(holder, verdict, classified, subject))
     audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
     stale = stale_resets(environment.adaptor, environment.profile, environment) if environment.adaptor else []
     return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), environment, tuple(stale), tuple(notes))

@@ -1,0 +1,52 @@
+"""What classify, the source heuristics and the fixer are about: one global tensor and the code that read it.
+
+A log gives it through `locate` (the culprit frame of a traceback); an audit knows it from the
+source (a module global, a class attribute, a cache) and builds it with `Subject.of_global`. Neither
+needs the other's objects: no traceback, rank or log message is part of a subject.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from unsafe_doctor.tracebacks import Frame
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRef:
+    expression: str  # 'parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]'
+    variable: str | None  # '_MOE_AUX_LOSSES_LOGGING_TRACKER'; None when the line does not name it
+    module: str | None  # 'megatron.core.parallel_state'; None when unknown
+    owner: str | None  # class name when the tensor is an attribute of an object
+    cached: bool = False  # `variable` is an lru-cached function (or `owner`'s method) and the tensor its result
+
+    @property
+    def dotted(self) -> str | None:
+        """module.owner.variable, as far as known: how fixes and verdicts name the global."""
+        return ".".join(part for part in (self.module, self.owner, self.variable) if part) or None
+
+
+@dataclass(frozen=True)
+class Subject:
+    tensor: TensorRef | None  # None when the frame's statement names no tensor that could be resolved
+    frame: Frame | None  # the frame that read it: a log's culprit, or a site in the audited source
+    source_file: str | None  # the local file read for that frame, if any
+    source_differs: bool = False  # that file is not the one that ran: its lines differ from the log's
+
+    @classmethod
+    def of_global(
+        cls,
+        module: str,
+        variable: str,
+        owner: str | None,
+        file: str,
+        line: int | None,
+        *,
+        function: str = "<module>",
+        code: str | None = None,
+        cached: bool = False,
+    ) -> Subject:
+        """A global known from the source, read at file:line (the source file is that file)."""
+        expression = f"{owner}.{variable}" if owner else variable
+        tensor = TensorRef(expression, variable, module, owner, cached)
+        return cls(tensor, Frame(file, line, function, code), file)
