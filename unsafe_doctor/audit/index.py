@@ -14,10 +14,9 @@ from pathlib import Path
 from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, ModuleRef, Ref, SelfRef
 from unsafe_doctor.audit.vocabulary import METADATA
 from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, dotted, python_files
+from unsafe_doctor.source.resolve import defined_member, module_named
 from unsafe_doctor.source.syntax import Function, ImportedName, child_statements, decorator_name, is_cached, names_bound
 from unsafe_doctor.source.workspace import SourceFile, Workspace
-
-_MAX_HOPS = 6  # re-exports followed from one dotted name
 
 
 def audited_files(paths: Sequence[Path]) -> list[Path]:
@@ -133,6 +132,7 @@ class Index:
         # Top-level packages whose modules are read when a name leads there: the audited ones, the
         # adaptor's, and the frameworks adaptors call into. Libraries (torch) are never read.
         self.tops: set[str] = set(FRAMEWORK_PACKAGES)
+        self._targets: dict[str, Ref | None] = {}  # import target -> what it refers to
 
     # naming
 
@@ -158,7 +158,7 @@ class Index:
         self.scanned.append(info)
         self.by_path[path] = info
         self.by_name.setdefault(name, info)
-        self.tops.add(name.split(".")[0])
+        self._read_package(name)
         for owner in info.classes.values():
             for buffer in owner.buffers:
                 self.buffers.setdefault(buffer, []).append(ClassKey(name, owner.name))
@@ -185,9 +185,7 @@ class Index:
         return info
 
     def is_module(self, dotted: str) -> bool:
-        if self.module(dotted) is not None:
-            return True
-        return dotted.split(".")[0] in self.tops and self.workspace.module_path(dotted) is not None
+        return self.readable(dotted) and self.workspace.module_path(dotted) is not None
 
     def module_of_file(self, path: Path) -> ModuleInfo | None:
         """An adaptor file (audited or not)."""
@@ -202,8 +200,15 @@ class Index:
         self.by_path[resolved] = info
         self.by_name.setdefault(name, info)
         if found.module:
-            self.tops.add(found.module.split(".")[0])
+            self._read_package(found.module)
         return info
+
+    def _read_package(self, module: str) -> None:
+        """Read the modules of this module's top-level package when a name leads there."""
+        top = module.split(".")[0]
+        if top not in self.tops:
+            self.tops.add(top)
+            self._targets.clear()  # names into it resolved to nothing so far
 
     def class_(self, key: ClassKey) -> ClassInfo | None:
         info = self.module(key.module)
@@ -211,23 +216,31 @@ class Index:
 
     # names
 
-    def resolve_dotted(self, dotted: str, hops: int = 0) -> Ref | None:
-        """What a dotted name refers to: a module, class, function or holder."""
-        if hops > _MAX_HOPS or not dotted or dotted.split(".")[0] not in self.tops:
-            return None  # torch and other libraries are never read
-        if self.by_name.get(dotted) is not None:
-            return ModuleRef(dotted)
-        head, _, name = dotted.rpartition(".")
-        parent = self.resolve_dotted(head, hops + 1) if head else None
-        found = self.member(parent, name, hops + 1) if parent is not None else None
-        if found is None and self.is_module(dotted):  # a module its package does not import
-            return ModuleRef(dotted)
-        return found
+    def readable(self, dotted: str) -> bool:
+        """Whether modules of this dotted name's top-level package are read (torch and other
+        libraries never are)."""
+        return dotted.split(".")[0] in self.tops
 
-    def member(self, base: Ref, name: str, hops: int = 0) -> Ref | None:
+    def resolve_dotted(self, dotted: str) -> Ref | None:
+        """What an import target refers to: a module, or a class, function or holder of one."""
+        if dotted in self._targets:
+            return self._targets[dotted]
+        ref: Ref | None = None
+        if dotted and self.readable(dotted):
+            member = defined_member(dotted, self.workspace, self.readable)
+            if member is None:
+                module = module_named(dotted, self.workspace)
+                ref = ModuleRef(module) if module is not None else None
+            else:
+                info = self.module(member.module)
+                ref = self.member_of(info, member.name) if info is not None else None
+        self._targets[dotted] = ref
+        return ref
+
+    def member(self, base: Ref, name: str) -> Ref | None:
         """What `base.name` refers to."""
         if isinstance(base, ModuleRef):
-            return self._module_member(base.name, name, hops)
+            return self.resolve_dotted(f"{base.name}.{name}")
         if isinstance(base, (ClassRef, SelfRef)):
             return self._class_member(base, name)
         if isinstance(base, HolderRef):
@@ -245,18 +258,12 @@ class Index:
             return FunctionRef(base.module, base.name, owner.methods[name])
         return None
 
-    def _module_member(self, module: str, name: str, hops: int) -> Ref | None:
-        info = self.module(module)
-        if info is None:
-            return ModuleRef(f"{module}.{name}") if self.is_module(f"{module}.{name}") else None
-        return self.member_of(info, name, hops)
-
-    def member_of(self, info: ModuleInfo, name: str, hops: int = 0) -> Ref | None:
+    def member_of(self, info: ModuleInfo, name: str) -> Ref | None:
         """What a module-level name of a module refers to."""
         module = info.name
         binding = info.source.binding(name)
         if isinstance(binding, ImportedName):
-            return self.resolve_dotted(binding.target, hops + 1)
+            return self.resolve_dotted(binding.target)
         if isinstance(binding, ast.ClassDef):
             return ClassRef(module, name)
         if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -18,7 +18,8 @@ Entry points:
 * `module_named(dotted, workspace)`: the module on disk a dotted import target names, through
   re-exports (`from . import parallel_state as mpu`); `module_member(target, attributes,
   workspace)`: which module and member an imported name and the attributes after it mean
-  (`mpu._X.y` -> `megatron.core.parallel_state`, `_X`, `('y',)`).
+  (`mpu._X.y` -> `megatron.core.parallel_state`, `_X`, `('y',)`); `defined_member(target, ...)`:
+  the same for an import target, followed through names re-exported to where they are defined.
 * `Imports.of(source, function)`: the names the module's and the function's imports bind, and
   `imports.dotted(node)`: the dotted path an expression names through them (`mpu._X`).
 
@@ -39,7 +40,7 @@ import ast
 import builtins
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
 
@@ -563,3 +564,20 @@ def module_member(target: str, attributes: Sequence[str | None], workspace: Work
         names.pop(0)
     first = names[0] if names else None
     return ModuleMember(module, first, tuple(names[1:])) if first is not None else None
+
+
+def defined_member(target: str, workspace: Workspace, readable: Callable[[str], bool]) -> ModuleMember | None:
+    """The module member an import target names where it is defined, through the names modules
+    re-export (`from .state import BUF` in a package's `__init__`); None for a module itself, or for
+    a target whose top-level package `readable` refuses (libraries are not read)."""
+    for _ in range(MAX_DEPTH + 1):
+        if not readable(target):
+            return None
+        member = module_member(target, (), workspace)
+        source = workspace.module_source(member.module) if member is not None else None
+        binding = source.binding(member.name) if source is not None and member is not None else None
+        if not isinstance(binding, ImportedName):
+            return member
+        target = binding.target
+    return None
+
