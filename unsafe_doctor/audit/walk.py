@@ -18,16 +18,7 @@ from unsafe_doctor.audit.resolve import Accessors, Names
 from unsafe_doctor.audit.scope import Scope
 from unsafe_doctor.audit.uses import Use, UseKind
 from unsafe_doctor.audit.vocabulary import CONTAINER_ADD, DATA_METHODS, NOT_DATA_CALLS, updates_data_in_place
-from unsafe_doctor.source.syntax import child_statements, import_bindings, is_empty_value, names_bound
-
-
-def _headers(statement: ast.stmt) -> list[ast.expr]:
-    if isinstance(statement, (ast.If, ast.While)):
-        return [statement.test]
-    if isinstance(statement, ast.Match):
-        return [statement.subject]
-    return []
-
+from unsafe_doctor.source.syntax import child_statements, compound_header, import_bindings, is_empty_value, names_bound
 
 _BEFORE_ANY = ast.Pass(lineno=0, col_offset=0)  # the current statement before the walk starts: no use comes from it
 
@@ -158,7 +149,7 @@ class Walker:
 
     def _block(self, statement: ast.stmt) -> None:
         """`if`, `while`, `try`, `match`: the header, then the blocks in order."""
-        for expression in _headers(statement):
+        for expression in compound_header(statement) or ():
             self.statement = statement
             self.visit(expression)
         for child in child_statements(statement):
