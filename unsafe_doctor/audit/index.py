@@ -168,14 +168,15 @@ class Index:
         if dotted in self.by_name:
             return self.by_name[dotted]
         info = None
-        if dotted.split(".")[0] in self.tops:
+        if self.readable(dotted):
             path = self.workspace.module_path(dotted)
             if path is not None and path.is_file():
-                info = self._read(path.resolve(), dotted)
+                info = self._described(path.resolve(), dotted)
         self.by_name[dotted] = info  # None for a namespace folder, a library or a module not found
         return info
 
-    def _read(self, resolved: Path, dotted: str) -> ModuleInfo | None:
+    def _described(self, resolved: Path, dotted: str) -> ModuleInfo | None:
+        """A module read on demand (or already read under another name)."""
         info = self.by_path.get(resolved)
         if info is None:
             source = self.workspace.source(resolved, dotted)
