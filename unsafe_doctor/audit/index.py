@@ -224,19 +224,21 @@ class Index:
 
     def resolve_dotted(self, dotted: str) -> Ref | None:
         """What an import target refers to: a module, or a class, function or holder of one."""
-        if dotted in self._targets:
-            return self._targets[dotted]
-        ref: Ref | None = None
-        if dotted and self.readable(dotted):
-            member = defined_member(dotted, self.workspace, self.readable)
-            if member is None:
-                module = module_named(dotted, self.workspace)
-                ref = ModuleRef(module) if module is not None else None
-            else:
-                info = self.module(member.module)
-                ref = self.member_of(info, member.name) if info is not None else None
-        self._targets[dotted] = ref
-        return ref
+        if dotted not in self._targets:
+            self._targets[dotted] = self._target(dotted) if dotted and self.readable(dotted) else None
+        return self._targets[dotted]
+
+    def _target(self, dotted: str) -> Ref | None:
+        head, _, name = dotted.rpartition(".")
+        info = self.module(head) if head else None
+        if info is not None and _defines(info, name):
+            return self.member_of(info, name)  # defined where the target says: no import to follow
+        member = defined_member(dotted, self.workspace, self.readable)
+        if member is None:
+            module = module_named(dotted, self.workspace)
+            return ModuleRef(module) if module is not None else None
+        described = self.module(member.module)
+        return self.member_of(described, member.name) if described is not None else None
 
     def member(self, base: Ref, name: str) -> Ref | None:
         """What `base.name` refers to."""
@@ -277,3 +279,10 @@ class Index:
             return None  # a plain module has no submodules
         submodule = f"{module}.{name}"
         return ModuleRef(submodule) if self.is_module(submodule) else None
+
+
+def _defines(info: ModuleInfo, name: str) -> bool:
+    """Whether the module binds `name` itself (not by an import)."""
+    binding = info.source.binding(name)
+    return binding is not None and not isinstance(binding, ImportedName)
+
