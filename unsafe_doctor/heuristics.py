@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Literal
 
 from unsafe_doctor.source.files import is_file, python_files
-from unsafe_doctor.source.resolve import Imports
+from unsafe_doctor.source.imports import Imports
 from unsafe_doctor.source.syntax import (
     Function,
     child_statements,
@@ -206,7 +206,7 @@ def _calls_in(nodes: Sequence[ast.AST]) -> Iterator[ast.Call]:
         pending.extend(ast.iter_child_nodes(node))
 
 
-def _header(statement: ast.stmt) -> list[ast.AST]:
+def _header(statement: ast.stmt) -> Sequence[ast.AST]:
     """The expressions a statement evaluates itself (a compound statement's header only)."""
     header = compound_header(statement)
     if header is not None:
@@ -353,7 +353,8 @@ class _Study:
                 self.accessors = self._accessors(self.defining)
                 self._lru_cache(self.defining)
         names = (self.variable, *sorted(self.accessors))
-        as_words = re.compile(r"\b(?:%s)\b" % "|".join(map(re.escape, names)))
+        alternatives = "|".join(map(re.escape, names))
+        as_words = re.compile(rf"\b(?:{alternatives})\b")
         for path in files:
             text = self.texts[path]
             named = any(name in text for name in names) and as_words.search(text)  # substring first: fast
@@ -396,7 +397,7 @@ class _Study:
     # who calls a reset
 
     def call_sites(self, callee: str) -> list[_CallSite]:
-        found = []
+        found: list[_CallSite] = []
         for path, text in self.texts.items():
             if text and callee in text:
                 if path not in self.sites:
@@ -435,6 +436,7 @@ class _Study:
                                        f"check whether it depends on training iterations{suffix}.", ())
         strong_one = any(_STRONG.get(event.kind) == 1 for event in one)
         strong_two = any(_STRONG.get(event.kind) == 2 for event in two)
+        scenario: Literal[1, 2]
         if strong_one and strong_two:
             resets = [event for event in one if event.kind == "reset"]
             carried = any(event.kind == "self-update" for event in two)
@@ -448,7 +450,7 @@ class _Study:
                       f"depends on training iterations{suffix}.")
             return Verdict(None, None, reason, self._lines(one, two))
         chosen, other = (one, two) if scenario == 1 else (two, one)
-        confidence = "medium" if len(_kinds(chosen)) >= 2 and not other else "low"
+        confidence: Literal["medium", "low"] = "medium" if len(_kinds(chosen)) >= 2 and not other else "low"
         if scenario == 1:
             reason = f"{variable} looks independent of the training iterations: {_summary(chosen, 1)}"
         else:
@@ -461,7 +463,8 @@ class _Study:
         events = list(self.events.values())
         kinds = {event.kind for event in events}
         reset = "reset" in kinds
-        one, two = [], []
+        one: list[_Event] = []
+        two: list[_Event] = []
         for event in events:
             if event.kind == "accumulate":
                 (one if event.detached or reset else two).append(event)
@@ -593,7 +596,7 @@ class _FileStudy:
             if any(name in text for name in names):
                 _FunctionStudy(self, function, class_name, function.name, function.body).run()
 
-    def code(self, node: ast.AST) -> str:
+    def code(self, node: ast.stmt) -> str:
         """The statement's lines on one line, shortened for an evidence line."""
         lines = self.lines[node.lineno - 1 : node.end_lineno or node.lineno]
         code = " ".join(line.strip() for line in lines)
@@ -736,13 +739,13 @@ class _FunctionStudy:
 
     # events
 
-    def add(self, kind: Kind, node: ast.AST, what: str, **flags) -> _Event:
+    def add(self, kind: Kind, node: ast.stmt, what: str, **flags) -> _Event:
         code = self.file.code(node)
         where = "at module level" if self.function is None else f"in {self.name}()"
         return self.file.study.add(kind, self.file.source.path, node.lineno, f"{what} {where}: `{code}`",
                                    function=self.name, **flags)
 
-    def reset(self, node: ast.AST, context: _Context) -> None:
+    def reset(self, node: ast.stmt, context: _Context) -> None:
         study = self.file.study
         if self.initialising:
             return  # setting up, not resetting
@@ -774,37 +777,46 @@ class _FunctionStudy:
             if self.function is None and not context.in_loop and isinstance(statement, (ast.Assign, ast.AnnAssign)):
                 continue  # the global's own definition and module constants
             self.calls(statement, context)
-            if isinstance(statement, ast.Assign):
-                self.assign(statement.targets, statement.value, statement, context)
-            elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
-                self.assign([statement.target], statement.value, statement, context)
-            elif isinstance(statement, ast.AugAssign):
-                self.augmented(statement, context)
-            elif isinstance(statement, ast.Delete):
-                if any(self.is_ref(target) for target in statement.targets):
-                    self.reset(statement, context)
-            elif isinstance(statement, ast.Return):
-                self.returned(statement)
-            elif isinstance(statement, (ast.For, ast.AsyncFor, ast.While)):
-                if not isinstance(statement, ast.While):
-                    self.bind_loop(statement.target, statement.iter)
-                self.walk(statement.body, replace(context, in_loop=True))
-                self.walk(statement.orelse, context)
-            elif isinstance(statement, (ast.With, ast.AsyncWith)):
-                quiet = any(isinstance(item.context_expr, ast.Call) and _callee(item.context_expr.func) in _NO_GRAD
-                            for item in statement.items)
-                self.walk(statement.body, replace(context, no_grad=True) if quiet else context)
-            elif isinstance(statement, ast.If):
-                lazy = self.is_missing_test(statement.test)
-                self.walk(statement.body, replace(context, lazy=True) if lazy else context)
-                self.walk(statement.orelse, context)
-            elif isinstance(statement, _TRY):
-                for block in (statement.body, *(handler.body for handler in statement.handlers),
-                              statement.orelse, statement.finalbody):
-                    self.walk(block, context)
-            elif isinstance(statement, ast.Match):
-                for case in statement.cases:
-                    self.walk(case.body, context)
+            if child_statements(statement):
+                self.compound(statement, context)
+            else:
+                self.simple(statement, context)
+
+    def simple(self, statement: ast.stmt, context: _Context) -> None:
+        if isinstance(statement, ast.Assign):
+            self.assign(statement.targets, statement.value, statement, context)
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            self.assign([statement.target], statement.value, statement, context)
+        elif isinstance(statement, ast.AugAssign):
+            self.augmented(statement, context)
+        elif isinstance(statement, ast.Delete):
+            if any(self.is_ref(target) for target in statement.targets):
+                self.reset(statement, context)
+        elif isinstance(statement, ast.Return):
+            self.returned(statement)
+
+    def compound(self, statement: ast.stmt, context: _Context) -> None:
+        """A statement's blocks, each with what its header says about them."""
+        if isinstance(statement, (ast.For, ast.AsyncFor, ast.While)):
+            if not isinstance(statement, ast.While):
+                self.bind_loop(statement.target, statement.iter)
+            self.walk(statement.body, replace(context, in_loop=True))
+            self.walk(statement.orelse, context)
+        elif isinstance(statement, (ast.With, ast.AsyncWith)):
+            quiet = any(isinstance(item.context_expr, ast.Call) and _callee(item.context_expr.func) in _NO_GRAD
+                        for item in statement.items)
+            self.walk(statement.body, replace(context, no_grad=True) if quiet else context)
+        elif isinstance(statement, ast.If):
+            lazy = self.is_missing_test(statement.test)
+            self.walk(statement.body, replace(context, lazy=True) if lazy else context)
+            self.walk(statement.orelse, context)
+        elif isinstance(statement, _TRY):
+            for block in (statement.body, *(handler.body for handler in statement.handlers),
+                          statement.orelse, statement.finalbody):
+                self.walk(block, context)
+        elif isinstance(statement, ast.Match):
+            for case in statement.cases:
+                self.walk(case.body, context)
 
     def is_missing_test(self, test: ast.expr) -> bool:
         """`X is None`, `not X`, `k not in X`: the branch builds what is missing (lazy initialisation)."""
@@ -822,31 +834,35 @@ class _FunctionStudy:
     def calls(self, statement: ast.stmt, context: _Context) -> None:
         study = self.file.study
         for call in _calls_in(_header(statement)):
-            func = call.func
-            method = func.attr if isinstance(func, ast.Attribute) else None
-            if method is not None and self.is_ref(func.value):
-                self.method_on_tensor(call, method, statement, context)
-            elif method in _QUEUE_ADD and isinstance(func.value, ast.Name) and call.args:
-                self.bind(func.value, self.relation(call.args[0]), merge=True)  # lst.append(X)
+            receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
+            method = call.func.attr if isinstance(call.func, ast.Attribute) else None
+            if method is not None and receiver is not None and self.is_ref(receiver):
+                self.method_on_tensor(call, method, receiver, statement, context)
+            elif method in _QUEUE_ADD and isinstance(receiver, ast.Name) and call.args:
+                self.bind(receiver, self.relation(call.args[0]), merge=True)  # lst.append(X)
             if method == "register_buffer" and study.attribute and call.args:
                 self.buffer(call, statement)
             values = [*call.args, *(keyword.value for keyword in call.keywords)]
             if _is_logging_call(call) and any(self.relation(value) for value in values):
                 self.add("log-read", statement, "read for logging")
-            if self.reporting:
-                continue
-            if method == "backward" and self.relation(func.value):
-                self.add("training-read", statement, "read to compute a value that is back-propagated")
-            elif method and method.endswith("_") and _tokens(_target_name(func.value) or "") & _TRAIN_TOKENS:
-                if any(self.relation(argument) for argument in call.args) and not self.is_ref(func.value):
-                    self.add("training-read", statement, f"read to update {_target_name(func.value)}")
-            for keyword in call.keywords:
-                if keyword.arg and _tokens(keyword.arg) & _TRAIN_TOKENS and self.relation(keyword.value):
-                    self.add("training-read", statement, f"read to compute {keyword.arg}=")
+            if not self.reporting:
+                self.training_call(call, method, receiver, statement)
 
-    def method_on_tensor(self, call: ast.Call, method: str, statement: ast.stmt, context: _Context) -> None:
+    def training_call(self, call: ast.Call, method: str | None, receiver: ast.expr | None, statement: ast.stmt) -> None:
+        """A call that back-propagates, updates a training value or computes one from the tensor."""
+        if method == "backward" and receiver is not None and self.relation(receiver):
+            self.add("training-read", statement, "read to compute a value that is back-propagated")
+        elif method and receiver is not None and method.endswith("_") and _tokens(_target_name(receiver) or "") & _TRAIN_TOKENS:
+            if any(self.relation(argument) for argument in call.args) and not self.is_ref(receiver):
+                self.add("training-read", statement, f"read to update {_target_name(receiver)}")
+        for keyword in call.keywords:
+            if keyword.arg and _tokens(keyword.arg) & _TRAIN_TOKENS and self.relation(keyword.value):
+                self.add("training-read", statement, f"read to compute {keyword.arg}=")
+
+    def method_on_tensor(
+        self, call: ast.Call, method: str, receiver: ast.expr, statement: ast.stmt, context: _Context
+    ) -> None:
         argument = call.args[0] if call.args else None
-        receiver = call.func.value
         if method in _RESET_METHODS or (method == "fill_" and isinstance(argument, ast.Constant)):
             self.reset(statement, context)
         elif method == "copy_" and argument is not None and _is_fresh(argument):
@@ -905,7 +921,7 @@ class _FunctionStudy:
             return
         whole = not isinstance(target, ast.Subscript)
         added = isinstance(value, ast.BinOp) and isinstance(value.op, (ast.Add, ast.Sub))
-        if added and (self.is_ref(value.left) or self.is_ref(value.right)):
+        if added and isinstance(value, ast.BinOp) and (self.is_ref(value.left) or self.is_ref(value.right)):
             self.accumulate(statement, value, context)  # X = X + v, X[k] = X.get(k, 0) + v
         elif relation == "computed":
             self.add("self-update", statement, "updated from its own previous value")
@@ -915,7 +931,9 @@ class _FunctionStudy:
             self.reset(statement, context)
         elif whole:
             self.add("overwrite", statement, "rebound to a new value")
-        elif not isinstance(target.slice, ast.Slice) and _tokens(_dotless(target.slice)) & _SHAPE_TOKENS:
+        elif isinstance(target, ast.Subscript) and not isinstance(target.slice, ast.Slice) and (
+            _tokens(_dotless(target.slice)) & _SHAPE_TOKENS
+        ):
             self.add("cache", statement, "cache keyed by shape")
 
     def augmented(self, statement: ast.AugAssign, context: _Context) -> None:
@@ -948,9 +966,9 @@ class _FunctionStudy:
 
     def bind_loop(self, target: ast.expr, iterable: ast.expr) -> None:
         pairing = _callee(iterable.func) if isinstance(iterable, ast.Call) else None
-        if pairing in ("zip", "enumerate") and isinstance(target, ast.Tuple):
-            arguments = iterable.args if pairing == "zip" else [None, *iterable.args[:1]]
-            for element, argument in zip(target.elts, arguments):
+        if isinstance(iterable, ast.Call) and pairing in ("zip", "enumerate") and isinstance(target, ast.Tuple):
+            arguments: list[ast.expr | None] = [*iterable.args] if pairing == "zip" else [None, *iterable.args[:1]]
+            for element, argument in zip(target.elts, arguments, strict=False):
                 self.bind(element, self.relation(argument) if argument is not None else None, merge=False)
             return
         self.bind(target, self.relation(iterable), merge=False)

@@ -36,7 +36,8 @@ The rules, in the order they apply:
   `mask(n)`, or the local alias' own name), plus at most one subscript right after it, as printed:
   `parallel_state._X[name][i] += v` -> `parallel_state._X[name]`.
 * **Files** are found, read (never imported) and named as `unsafe_doctor.source.workspace` says: by path as
-  printed, else under a `--source-root` or a `sys.path` directory.
+  printed, else under a `--source-root` or a `sys.path` directory. Bindings and tiers are resolved by
+  `unsafe_doctor.source.resolve`, the one resolver; this module picks frames, operands and the winner.
 * **Folding**: identical (culprit file, line, function, tensor) on several ranks make one finding
   with the sorted ranks (the log's rank, else torch_npu's RankID; -1 is no rank); findings keep the
   input order of their first traceback, which is the one they carry.
@@ -50,16 +51,18 @@ import re
 import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from pathlib import Path
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.source.files import is_internal_file
-from unsafe_doctor.source.resolve import MAX_DEPTH, Resolved, Scope, Tier, flatten, resolve_chain
+from unsafe_doctor.source.resolve import MAX_DEPTH, Resolved, Scope, Tier, resolve_chain
 from unsafe_doctor.source.syntax import (
     SCOPES,
     Function,
     child_statements,
     compound_header,
+    flatten,
     one_line,
     source_segment,
 )
@@ -125,7 +128,6 @@ class _FrameWorkspace(Workspace):
         return self._views[frame]
 
 
-
 @dataclass(frozen=True)
 class _FrameView:
     frame: Frame
@@ -162,7 +164,7 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
             notes.append(f"source line read from {found.local}")
     elif source is not None:
         stack = _def_named(source.tree.body, frame.function, ()) or ()
-    if statement is None and _first_line(frame.source):
+    if statement is None and frame.source and _first_line(frame.source):
         parsed = _parse_fragment(frame.source)
         if parsed is not None:
             statement, text = parsed
@@ -185,7 +187,7 @@ def _matching_line(frame: Frame, source: SourceFile, notes: list[str]) -> int | 
     printed = _first_line(frame.source)
     if printed is None:
         return frame.line if in_range else None
-    if in_range and lines[frame.line - 1].strip() == printed:
+    if in_range and frame.line is not None and lines[frame.line - 1].strip() == printed:
         return frame.line
     matches = [number for number, text in enumerate(lines, 1) if text.strip() == printed]
     if not matches:
@@ -231,7 +233,7 @@ def _def_named(body: Sequence[ast.stmt], name: str, stack: tuple[ast.AST, ...]) 
 
 def _class_of_self(stack: Sequence[ast.AST]) -> ast.ClassDef | None:
     owner = None
-    for outer, inner in zip(stack, stack[1:]):
+    for outer, inner in pairwise(stack):
         if isinstance(outer, ast.ClassDef) and isinstance(inner, Function):
             owner = outer
     return owner
@@ -279,7 +281,7 @@ def _missing_closers(text: str) -> tuple[str, str]:
 
 # --- operands of a statement -----------------------------------------------------------------------
 
-def _reads(statement: ast.stmt) -> list[ast.AST]:
+def _reads(statement: ast.stmt) -> Sequence[ast.AST]:
     """The parts of a statement evaluated when its line runs (a compound statement's header only)."""
     if isinstance(statement, ast.Assign):
         return [*_container_reads(statement.targets), statement.value]
@@ -321,15 +323,7 @@ def _operands(node: ast.AST) -> Iterator[_Operand]:
     if isinstance(node, (ast.Starred, ast.Lambda)):
         return  # `*args` forwarding; a lambda's body does not run here
     if isinstance(node, ast.Call):
-        result = flatten(node)
-        if result is not None:
-            yield result, True
-        if isinstance(node.func, ast.Attribute):
-            if node.func.attr not in _WRITES_ONLY_ITS_RECEIVER:
-                yield from _receiver(node.func.value)
-        elif not isinstance(node.func, ast.Name):
-            yield from _operands(node.func)
-        yield from _call_arguments(node)
+        yield from _call_operands(node)
         return
     if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):
         parts = flatten(node)
@@ -343,6 +337,20 @@ def _operands(node: ast.AST) -> Iterator[_Operand]:
             return
     for child in ast.iter_child_nodes(node):
         yield from _operands(child)
+
+
+def _call_operands(call: ast.Call) -> Iterator[_Operand]:
+    """A call's result, the object a method is called on (unless the method only writes it), the
+    callee when it is computed, and the arguments."""
+    result = flatten(call)
+    if result is not None:
+        yield result, True
+    if isinstance(call.func, ast.Attribute):
+        if call.func.attr not in _WRITES_ONLY_ITS_RECEIVER:
+            yield from _receiver(call.func.value)
+    elif not isinstance(call.func, ast.Name):
+        yield from _operands(call.func)
+    yield from _call_arguments(call)
 
 
 def _receiver(node: ast.expr) -> Iterator[_Operand]:
@@ -471,7 +479,9 @@ def _follow_parameter(
     caller = workspace.view(frames[index - 1])
     argument = _argument_for(caller.statement, view.scope.functions[-1], name) if caller.statement else None
     parts = flatten(argument) if argument is not None else None
-    resolved = resolve_chain(parts, caller.scope, workspace) if parts else None
+    if parts is None:
+        return None
+    resolved = resolve_chain(parts, caller.scope, workspace)
     if resolved is None:
         return None
     if resolved.parameter:

@@ -4,7 +4,7 @@ A rollback that re-initialises `mpu._MOE_AUX_LOSSES_LOGGING_TRACKER` on a Megatr
 only creates an unused attribute: the real tracker keeps its unsafe tensors. This module reads the
 adaptor (never imports it), finds the statements of the profile's rollback function that reset a
 module attribute, resolves the module through the adaptor's imports (module level and inside the
-function) with `unsafe_doctor.source.resolve`, finds that module's source on disk (source roots,
+function) with `unsafe_doctor.source.imports`, finds that module's source on disk (source roots,
 then `sys.path`) and reports:
 
 * **missing**: the module exists but defines no such name at module level (assignment, annotated
@@ -35,7 +35,7 @@ from typing import Literal
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import AdaptorProfile
 from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, package_folder, python_files
-from unsafe_doctor.source.resolve import Imports, ModuleMember, module_member, module_named
+from unsafe_doctor.source.imports import Imports, ModuleMember, module_member, module_named
 from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
@@ -198,7 +198,7 @@ class _Checker:
         """(module, name) for each column-0 assignment in the package: a text scan, fast on big trees."""
         if top not in self._names:
             root = top.parent
-            names = []
+            names: list[tuple[str, str]] = []
             for path in sorted(python_files(top)):
                 try:
                     text = path.read_text(encoding="utf-8", errors="replace")

@@ -14,7 +14,7 @@ from pathlib import Path
 from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, ModuleRef, Ref, SelfRef
 from unsafe_doctor.audit.vocabulary import METADATA
 from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, dotted, python_files
-from unsafe_doctor.source.resolve import defined_member, module_named
+from unsafe_doctor.source.imports import defined_member, module_named
 from unsafe_doctor.source.syntax import Function, ImportedName, child_statements, decorator_name, is_cached, names_bound
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 
@@ -285,4 +285,3 @@ def _defines(info: ModuleInfo, name: str) -> bool:
     """Whether the module binds `name` itself (not by an import)."""
     binding = info.source.binding(name)
     return binding is not None and not isinstance(binding, ImportedName)
-

@@ -15,13 +15,28 @@ Entry points:
   `Scope.of(source, function, cls)` for a function or method of a parsed `SourceFile` (for
   instance one of an index of modules: `workspace.module_source(name)` or `workspace.source(path,
   module)`), with `line` set to see only the local bindings made up to it (a log frame's line).
-* `module_named(dotted, workspace)`: the module on disk a dotted import target names, through
+* In `unsafe_doctor.source.imports`, for callers that know the module they look for:
+  `module_named(dotted, workspace)`, the module on disk a dotted import target names, through
   re-exports (`from . import parallel_state as mpu`); `module_member(target, attributes,
-  workspace)`: which module and member an imported name and the attributes after it mean
-  (`mpu._X.y` -> `megatron.core.parallel_state`, `_X`, `('y',)`); `defined_member(target, ...)`:
-  the same for an import target, followed through names re-exported to where they are defined.
-* `Imports.of(source, function)`: the names the module's and the function's imports bind, and
-  `imports.dotted(node)`: the dotted path an expression names through them (`mpu._X`).
+  workspace)`, which module and member an imported name and the attributes after it mean
+  (`mpu._X.y` -> `megatron.core.parallel_state`, `_X`, `('y',)`); `Imports.of(source, function)`,
+  the names the module's and the function's imports bind, and `imports.dotted(node)`, the dotted
+  path an expression names through them (`mpu._X`).
+
+From an index of modules rather than a log frame, resolve every name a function reads:
+
+    workspace = Workspace(roots)
+    source = workspace.module_source("toytrain.train")  # or workspace.source(path, module)
+    function = source.bindings["clip_gradients"]
+    scope = Scope.of(source, function)  # a method: Scope.of(source, method, class_node)
+    for node in ast.walk(function):
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            found = resolve(node, scope, workspace)
+            # state._EMA_GRAD_NORM -> Resolved(Tier.GLOBAL, variable='_EMA_GRAD_NORM',
+            #                                  module='toytrain.state', owner=None, ...)
+
+Resolving may read further modules through the workspace (imports, re-exports, a function's
+`return`), at most `MAX_DEPTH` deep; it never imports them.
 
 The rules, in order (see also `unsafe_doctor.locate`): `self.x` / `cls.x` is attribute `x` of the
 method's class (`self.rope(n)` is an lru-cached call's result when `Rope.forward` is cached); a
@@ -40,23 +55,23 @@ import ast
 import builtins
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
 
 from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
-    import_bindings,
+    declared_globals,
+    flatten,
     is_cached,
-    names_bound,
+    local_binding,
     one_line,
     parameter_names,
-    scope_statements,
     source_segment,
     walk_scope,
 )
-from unsafe_doctor.source.workspace import SourceFile, Workspace
+from unsafe_doctor.source.workspace import Binding, SourceFile, Workspace
 
 
 class Tier(IntEnum):
@@ -94,6 +109,10 @@ class Scope:
         """Module-level code of `source` (no function), or a function or method of it."""
         return cls(source.module, source, (function,) if function is not None else (), owner, None)
 
+    def local_binding(self, function: Function, name: str) -> ast.expr | ImportedName | None:
+        """What `function` last bound `name` to, up to the scope's line (see `syntax.local_binding`)."""
+        return local_binding(function, name, self.line, self.source.package if self.source else None)
+
 
 @dataclass(frozen=True)
 class Resolved:
@@ -115,21 +134,6 @@ def resolve(expression: ast.expr, scope: Scope, workspace: Workspace) -> Resolve
     return resolve_chain(parts, scope, workspace) if parts is not None else None
 
 
-def flatten(node: ast.expr) -> list[ast.expr] | None:
-    """`a.b[c]()` -> [a, a.b, a.b[c], a.b[c]()]: each part wraps the one before; None unless rooted at a name."""
-    parts: list[ast.expr] = []
-    while True:
-        parts.append(node)
-        if isinstance(node, (ast.Attribute, ast.Subscript)):
-            node = node.value
-        elif isinstance(node, ast.Call):
-            node = node.func
-        elif isinstance(node, ast.Name):
-            return parts[::-1]
-        else:
-            return None
-
-
 def _unresolved(scope: Scope, tier: Tier, parts: Sequence[ast.expr], parameter: str | None = None) -> Resolved:
     """No global found: the expression is the chain's field path (`mod.obj.field`, `tracker`)."""
     end = 0
@@ -138,8 +142,20 @@ def _unresolved(scope: Scope, tier: Tier, parts: Sequence[ast.expr], parameter: 
     return Resolved(tier, end, None, scope.module, None, parameter=parameter)
 
 
+def _root(parts: Sequence[ast.expr]) -> str:
+    """The name a chain starts at (`flatten` makes only chains rooted at a name)."""
+    first = parts[0]
+    return first.id if isinstance(first, ast.Name) else ""
+
+
+def _attribute(parts: Sequence[ast.expr], index: int) -> str | None:
+    """The attribute name at `parts[index]`; None when that part is no attribute (or past the end)."""
+    part = parts[index] if index < len(parts) else None
+    return part.attr if isinstance(part, ast.Attribute) else None
+
+
 def _is_attribute(parts: Sequence[ast.expr], index: int) -> bool:
-    return index < len(parts) and isinstance(parts[index], ast.Attribute)
+    return _attribute(parts, index) is not None
 
 
 def _is_call(parts: Sequence[ast.expr], index: int) -> bool:
@@ -150,14 +166,14 @@ def _is_field(parts: Sequence[ast.expr], index: int) -> bool:
     """An attribute that names an object's field: not a tensor attribute, not a method being called."""
     return (
         _is_attribute(parts, index)
-        and parts[index].attr not in _TENSOR_ATTRIBUTES
+        and _attribute(parts, index) not in _TENSOR_ATTRIBUTES
         and not _is_call(parts, index + 1)
     )
 
 
 def resolve_chain(parts: list[ast.expr], scope: Scope, workspace: Workspace, depth: int = 0) -> Resolved | None:
     """How the chain's root name is bound, per the frame's source; None when it is no tensor."""
-    root = parts[0].id
+    root = _root(parts)
     if depth > MAX_DEPTH:
         return _unresolved(scope, Tier.UNKNOWN, parts)
     if root in ("self", "cls"):
@@ -166,16 +182,16 @@ def resolve_chain(parts: list[ast.expr], scope: Scope, workspace: Workspace, dep
         return _guess(parts, scope, workspace)
     function = scope.functions[-1] if scope.functions else None
     if function is not None:
-        if root in _declared_globals(function):
+        if root in declared_globals(function):
             return _in_source(scope.source, scope.module, root, parts, 0, workspace, depth, cross_module=False)
         if root in parameter_names(function):
             return _unresolved(scope, Tier.PARAMETER, parts, parameter=root)
-        binding = _local_binding(function, root, scope)
+        binding = scope.local_binding(function, root)
         if isinstance(binding, ImportedName):
             return _imported(binding.target, parts, 0, workspace, depth)
         if binding is not None:
             return _alias(root, binding, parts, scope, workspace, depth)
-        if any(root in parameter_names(outer) or _local_binding(outer, root, scope) for outer in scope.functions[:-1]):
+        if any(root in parameter_names(outer) or scope.local_binding(outer, root) for outer in scope.functions[:-1]):
             return _unresolved(scope, Tier.LOCAL, parts)
     if root in scope.source.bindings:
         return _in_source(scope.source, scope.module, root, parts, 0, workspace, depth, cross_module=False)
@@ -186,13 +202,14 @@ def resolve_chain(parts: list[ast.expr], scope: Scope, workspace: Workspace, dep
 
 def _self_member(parts: list[ast.expr], scope: Scope, workspace: Workspace) -> Resolved | None:
     """`self.attr` -> attribute `attr` of the class whose method the frame runs."""
-    if not _is_attribute(parts, 1):
+    attribute = _attribute(parts, 1)
+    if attribute is None:
         return None  # bare self
     if _is_call(parts, 2):
-        return _cached_submodule_call(parts[1].attr, scope, workspace) or _unresolved(scope, Tier.UNKNOWN, parts)
+        return _cached_submodule_call(attribute, scope, workspace) or _unresolved(scope, Tier.UNKNOWN, parts)
     owner = scope.cls.name if scope.cls else None
-    notes = () if owner or scope.source is None else ("the class of `self` was not found in the source",)
-    return Resolved(Tier.SELF, 1, parts[1].attr, scope.module, owner, notes)
+    notes: tuple[str, ...] = () if owner or scope.source is None else ("the class of `self` was not found in the source",)
+    return Resolved(Tier.SELF, 1, attribute, scope.module, owner, notes)
 
 
 # Calling an object runs these: `__call__`, or `forward` for a torch.nn.Module.
@@ -239,10 +256,10 @@ def _class_definition(callee: ast.expr, scope: Scope, workspace: Workspace) -> t
     parts = flatten(callee)
     if parts is None or scope.source is None or not all(isinstance(part, (ast.Name, ast.Attribute)) for part in parts):
         return None
-    root = parts[0].id
-    binding = _local_binding(scope.functions[-1], root, scope) if scope.functions else None
+    root = _root(parts)
+    binding: ast.expr | Binding | None = scope.local_binding(scope.functions[-1], root) if scope.functions else None
     binding = binding if binding is not None else scope.source.binding(root)
-    module, attributes = scope.module, [part.attr for part in parts[1:]]
+    module, attributes = scope.module, [part.attr for part in parts[1:] if isinstance(part, ast.Attribute)]
     for _ in range(MAX_DEPTH):
         if isinstance(binding, ast.ClassDef) and not attributes:
             return binding, module
@@ -260,16 +277,17 @@ def _class_definition(callee: ast.expr, scope: Scope, workspace: Workspace) -> t
 
 def _guess(parts: list[ast.expr], scope: Scope, workspace: Workspace) -> Resolved | None:
     """Without source, naming conventions decide: `_UPPER` globals, `mod._UPPER`, `ClassName.attr`."""
-    root = parts[0].id
+    root = _root(parts)
     if root in _BUILTINS or root in _LIBRARY_ALIASES:
         return None
     if _CLASS_NAME.fullmatch(root) and _is_attribute(parts, 1):
         return _class_member(parts, 0, root, scope.module, Tier.GUESS)
     if _GLOBAL_NAME.fullmatch(root):
         return Resolved(Tier.GUESS, 0, root, scope.module, None)
-    if _is_attribute(parts, 1) and _GLOBAL_NAME.fullmatch(parts[1].attr):
+    attribute = _attribute(parts, 1)
+    if attribute is not None and _GLOBAL_NAME.fullmatch(attribute):
         module, note = _guess_module(root, scope.module, workspace)
-        return Resolved(Tier.GUESS, 1, parts[1].attr, module, None, (note,))
+        return Resolved(Tier.GUESS, 1, attribute, module, None, (note,))
     return _unresolved(scope, Tier.UNKNOWN, parts)
 
 
@@ -291,7 +309,7 @@ def _class_member(parts: list[ast.expr], index: int, owner: str, module: str | N
     if _is_call(parts, index + 2):
         return Resolved(Tier.UNKNOWN, index, None, module, None)  # Cls.method(...)
     anchor = index + 2 if _is_field(parts, index + 2) else index + 1
-    return Resolved(tier, anchor, parts[anchor].attr, module, owner)
+    return Resolved(tier, anchor, _attribute(parts, anchor), module, owner)
 
 
 def _imported(target: str, parts: list[ast.expr], index: int, workspace: Workspace, depth: int) -> Resolved | None:
@@ -300,17 +318,20 @@ def _imported(target: str, parts: list[ast.expr], index: int, workspace: Workspa
         return None
     if workspace.module_path(target) is not None:
         module, at = target, index + 1
-        while _is_attribute(parts, at) and workspace.module_path(f"{module}.{parts[at].attr}") is not None:
-            module, at = f"{module}.{parts[at].attr}", at + 1
-        if not _is_attribute(parts, at):
+        attribute = _attribute(parts, at)
+        while attribute is not None and workspace.module_path(f"{module}.{attribute}") is not None:
+            module, at = f"{module}.{attribute}", at + 1
+            attribute = _attribute(parts, at)
+        if attribute is None:
             return None  # the module itself
-        return _in_module(module, parts[at].attr, parts, at, workspace, depth)
+        return _in_module(module, attribute, parts, at, workspace, depth)
     head, _, name = target.rpartition(".")
     if head and workspace.module_path(head) is not None:
         return _in_module(head, name, parts, index, workspace, depth)
-    if _is_attribute(parts, index + 1) and not _CLASS_NAME.fullmatch(name):
+    attribute = _attribute(parts, index + 1)
+    if attribute is not None and not _CLASS_NAME.fullmatch(name):
         note = f"{target} was not found locally: taken as a module"
-        return Resolved(Tier.GLOBAL, index + 1, parts[index + 1].attr, target, None, (note,))
+        return Resolved(Tier.GLOBAL, index + 1, attribute, target, None, (note,))
     return _in_source(None, head or None, name, parts, index, workspace, depth, cross_module=True)
 
 
@@ -351,11 +372,15 @@ def _in_source(
         # A function whose source is not here, or a callable a global holds (`_fused_op = None`,
         # set at import): what the call returns is not that global.
         return Resolved(Tier.UNKNOWN, index + 1, None, module, None)
-    notes = ()
-    missing = source is not None and binding is None and name not in source.declared_globals and not source.star_import
-    if cross_module and missing:
-        notes = (f"{module} here ({source.path}) has no {name}: the log's version differs from the local one",)
-    return Resolved(Tier.GLOBAL, index, name, module, None, notes)
+    if cross_module and source is not None and _lacks(source, binding, name):
+        note = f"{module} here ({source.path}) has no {name}: the log's version differs from the local one"
+        return Resolved(Tier.GLOBAL, index, name, module, None, (note,))
+    return Resolved(Tier.GLOBAL, index, name, module, None)
+
+
+def _lacks(source: SourceFile, binding: Binding | None, name: str) -> bool:
+    """The module does not define `name` (no binding, no `global` declaration, no `import *`)."""
+    return binding is None and name not in source.declared_globals and not source.star_import
 
 
 def _is_flag(binding: object, name: str, source: SourceFile | None) -> bool:
@@ -387,7 +412,8 @@ def _call_result(
     if _is_field(parts, index + 2):
         holder = workspace.module_source(returned.module) if returned.module else None
         owner = _instance_class(returned.variable, holder)
-        return Resolved(Tier.GLOBAL, index + 2, parts[index + 2].attr, returned.module, owner, (*returned.notes, note))
+        field = _attribute(parts, index + 2)
+        return Resolved(Tier.GLOBAL, index + 2, field, returned.module, owner, (*returned.notes, note))
     return replace(returned, anchor=index + 1, notes=(*returned.notes, note))
 
 
@@ -440,144 +466,4 @@ def _alias(
     kind = "the cached result" if resolved.cached else f"a local alias of {resolved.variable}"
     note = f"{name} is {kind}: `{name} = {one_line(text or ast.unparse(value))}`"
     return replace(resolved, anchor=0, notes=(*resolved.notes, note))
-
-
-def _declared_globals(function: Function) -> set[str]:
-    return {name for node in walk_scope(function) if isinstance(node, ast.Global) for name in node.names}
-
-
-_OPAQUE = ast.Constant(value=None)  # bound locally by something not worth following (loop target, `with ... as`)
-
-
-def _local_binding(function: Function, name: str, scope: Scope) -> ast.expr | ImportedName | None:
-    """The last binding of `name` in the function before the frame's line: the assigned value, an
-    import, `_OPAQUE`, or None when the function does not bind it."""
-    bindings: list[tuple[int, ast.expr | ImportedName]] = []
-    for node in walk_scope(function):
-        if isinstance(node, ast.Assign) and name in names_bound(node.targets):
-            simple = any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
-            bindings.append((node.lineno, node.value if simple else _OPAQUE))
-        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and getattr(node.target, "id", None) == name:
-            if node.value is not None:
-                bindings.append((node.lineno, node.value))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            package = scope.source.package if scope.source else None
-            imported = import_bindings(node, package).get(name)
-            if imported is not None:
-                bindings.append((node.lineno, imported))
-        elif isinstance(node, (ast.For, ast.AsyncFor)) and name in names_bound([node.target]):
-            bindings.append((node.lineno, _OPAQUE))
-        elif isinstance(node, (ast.With, ast.AsyncWith)) and name in names_bound(
-            [item.optional_vars for item in node.items if item.optional_vars is not None]
-        ):
-            bindings.append((node.lineno, _OPAQUE))
-        elif isinstance(node, ast.ExceptHandler) and node.name == name:
-            bindings.append((node.lineno, _OPAQUE))
-    if not bindings:
-        return None
-    before = [binding for binding in bindings if scope.line is None or binding[0] <= scope.line] or bindings
-    return max(before, key=lambda binding: binding[0])[1]
-
-
-
-# --- imports: what a name or dotted target means on disk -------------------------------------------
-
-
-@dataclass(frozen=True)
-class Imports:
-    """The names imports bind in a scope: the module's (also under `if` / `try`), then those of the
-    function's own imports up to `line`, the last one of a name winning."""
-
-    names: dict[str, ImportedName]
-
-    @classmethod
-    def of(cls, source: SourceFile, function: Function | None = None, line: int | None = None) -> Imports:
-        names = dict(source.imports)
-        if function is not None:
-            local = [
-                statement
-                for statement in scope_statements(function.body)
-                if isinstance(statement, (ast.Import, ast.ImportFrom)) and (line is None or statement.lineno <= line)
-            ]
-            for statement in sorted(local, key=lambda statement: statement.lineno):
-                names.update(import_bindings(statement, source.package))
-        return cls(names)
-
-    def target(self, name: str) -> str | None:
-        imported = self.names.get(name)
-        return imported.target if imported is not None else None
-
-    def dotted(self, node: ast.expr) -> str | None:
-        """The dotted path a name or attribute chain names through the imports: `mpu._X` ->
-        `megatron.core.parallel_state._X`; None when its root is not imported."""
-        if isinstance(node, ast.Name):
-            return self.target(node.id)
-        if isinstance(node, ast.Attribute):
-            head = self.dotted(node.value)
-            return f"{head}.{node.attr}" if head else None
-        return None
-
-
-def module_named(dotted: str, workspace: Workspace, hops: int = 0) -> str | None:
-    """The dotted name of the module on disk that `dotted` refers to, following re-exports such as
-    `mpu = parallel_state` or `from . import parallel_state as mpu` in a package's `__init__`."""
-    if not dotted or hops > MAX_DEPTH:
-        return None
-    if workspace.module_path(dotted) is not None:
-        return dotted
-    head, _, name = dotted.rpartition(".")
-    parent = module_named(head, workspace, hops + 1) if head else None
-    source = workspace.module_source(parent) if parent else None
-    binding = source.binding(name) if source else None
-    if isinstance(binding, ImportedName):
-        return module_named(binding.target, workspace, hops + 1)
-    return None
-
-
-@dataclass(frozen=True)
-class ModuleMember:
-    """A module-level name of a module on disk, and the attributes or subscripts (None) after it."""
-
-    module: str
-    name: str
-    rest: tuple[str | None, ...]
-
-
-def module_member(target: str, attributes: Sequence[str | None], workspace: Workspace) -> ModuleMember | None:
-    """Which module member an imported name (bound to `target`) followed by `attributes` means:
-    `mpu` -> `megatron.core.parallel_state` with `("_X", "y")` is `_X` of that module, `("y",)` after
-    it; submodules are descended into while a name follows them. None when the module is not on
-    disk or the chain names a module itself."""
-    module = module_named(target, workspace)
-    names = list(attributes)
-    if module is None:
-        head, _, name = target.rpartition(".")
-        module = module_named(head, workspace) if head else None
-        if module is None:
-            return None
-        names.insert(0, name)  # `from pkg.mod import X` then `X.field = ...`
-    while len(names) > 1 and names[0] is not None:
-        deeper = module_named(f"{module}.{names[0]}", workspace)
-        if deeper is None:
-            break
-        module = deeper
-        names.pop(0)
-    first = names[0] if names else None
-    return ModuleMember(module, first, tuple(names[1:])) if first is not None else None
-
-
-def defined_member(target: str, workspace: Workspace, readable: Callable[[str], bool]) -> ModuleMember | None:
-    """The module member an import target names where it is defined, through the names modules
-    re-export (`from .state import BUF` in a package's `__init__`); None for a module itself, or for
-    a target whose top-level package `readable` refuses (libraries are not read)."""
-    for _ in range(MAX_DEPTH + 1):
-        if not readable(target):
-            return None
-        member = module_member(target, (), workspace)
-        source = workspace.module_source(member.module) if member is not None else None
-        binding = source.binding(member.name) if source is not None and member is not None else None
-        if not isinstance(binding, ImportedName):
-            return member
-        target = binding.target
-    return None
 

@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TypeGuard
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef  # a `def` or `async def` node
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)  # statements that open a scope
@@ -118,6 +119,58 @@ def parameter_names(function: Function) -> set[str]:
     return {argument.arg for argument in every if argument is not None}
 
 
+def flatten(node: ast.expr) -> list[ast.expr] | None:
+    """`a.b[c]()` -> [a, a.b, a.b[c], a.b[c]()]: each part wraps the one before; None unless rooted at a name."""
+    parts: list[ast.expr] = []
+    while True:
+        parts.append(node)
+        if isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Name):
+            return parts[::-1]
+        else:
+            return None
+
+
+def declared_globals(function: Function) -> set[str]:
+    return {name for node in walk_scope(function) if isinstance(node, ast.Global) for name in node.names}
+
+
+OPAQUE = ast.Constant(value=None)  # bound locally by something not worth following (loop target, `with ... as`)
+
+
+def local_binding(function: Function, name: str, line: int | None, package: str | None) -> ast.expr | ImportedName | None:
+    """The last binding of `name` in the function up to `line` (any line when None, or when all are
+    after it): the assigned value, an import (relative to `package`), `OPAQUE`, or None when the
+    function does not bind it."""
+    bindings: list[tuple[int, ast.expr | ImportedName]] = []
+    for node in walk_scope(function):
+        if isinstance(node, ast.Assign) and name in names_bound(node.targets):
+            simple = any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
+            bindings.append((node.lineno, node.value if simple else OPAQUE))
+        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and getattr(node.target, "id", None) == name:
+            if node.value is not None:
+                bindings.append((node.lineno, node.value))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported = import_bindings(node, package).get(name)
+            if imported is not None:
+                bindings.append((node.lineno, imported))
+        elif isinstance(node, (ast.For, ast.AsyncFor)) and name in names_bound([node.target]):
+            bindings.append((node.lineno, OPAQUE))
+        elif isinstance(node, (ast.With, ast.AsyncWith)) and name in names_bound(
+            [item.optional_vars for item in node.items if item.optional_vars is not None]
+        ):
+            bindings.append((node.lineno, OPAQUE))
+        elif isinstance(node, ast.ExceptHandler) and node.name == name:
+            bindings.append((node.lineno, OPAQUE))
+    if not bindings:
+        return None
+    before = [binding for binding in bindings if line is None or binding[0] <= line] or bindings
+    return max(before, key=lambda binding: binding[0])[1]
+
+
 # --- calls, decorators, values ---------------------------------------------------------------------
 
 
@@ -141,7 +194,7 @@ def is_cache_decorator(decorator: ast.expr) -> bool:
     return decorator_name(decorator) in _CACHE_DECORATORS
 
 
-def is_cached(node: ast.AST) -> bool:
+def is_cached(node: ast.AST) -> TypeGuard[Function]:
     """A function decorated with functools' `lru_cache` / `cache`: its results are kept across calls."""
     return isinstance(node, Function) and any(is_cache_decorator(decorator) for decorator in node.decorator_list)
 

@@ -1,0 +1,132 @@
+"""The source model on its own: file discovery, the workspace, and the resolver called from an index
+of modules (no log frame)."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+from unsafe_doctor.source.files import package_folder, python_files
+from unsafe_doctor.source.imports import Imports, module_member, module_named
+from unsafe_doctor.source.resolve import Scope, Tier, resolve
+from unsafe_doctor.source.syntax import Function, is_empty_container, is_empty_value
+from unsafe_doctor.source.workspace import Workspace
+
+ROOT = Path(__file__).resolve().parent.parent
+FRAMEWORK = ROOT / "samples" / "framework"
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def function_named(source, name: str) -> Function:
+    function = source.bindings[name]
+    assert isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+    return function
+
+
+def test_python_files_skip_environments_caches_tests_and_hidden_folders(tmp_path):
+    for kept in ("pkg/__init__.py", "pkg/a.py", "pkg/sub/b.py"):
+        write(tmp_path / kept, "")
+    for skipped in (".venv/x.py", "venv/x.py", "myvenv/x.py", "pkg/__pycache__/x.py", "pkg/tests/x.py",
+                    "site-packages/x.py", "pkg.egg-info/x.py", ".git/x.py", "build/x.py"):
+        write(tmp_path / skipped, "")
+    write(tmp_path / "pkg" / "notes.txt", "")
+    found = [path.relative_to(tmp_path).as_posix() for path in python_files(tmp_path)]
+    assert found == ["pkg/__init__.py", "pkg/a.py", "pkg/sub/b.py"]
+
+
+def test_a_file_given_itself_is_its_only_file(tmp_path):
+    script = write(tmp_path / "job.txt", "")
+    assert list(python_files(script)) == [script]
+
+
+def test_package_folder_is_the_top_package_and_none_for_a_top_level_module(tmp_path):
+    module = write(tmp_path / "pkg" / "sub" / "mod.py", "")
+    assert package_folder(module, "pkg.sub.mod") == (tmp_path / "pkg").resolve()
+    assert package_folder(write(tmp_path / "alone.py", ""), "alone") is None
+
+
+def test_empty_values_and_empty_containers():
+    def value(code: str) -> ast.expr:
+        return ast.parse(code, mode="eval").body
+
+    assert all(is_empty_value(value(code)) for code in ("None", "()", "[]", "{}", "set()", "deque()"))
+    assert not any(is_empty_container(value(code)) for code in ("None", "()", "[0]", "dict(a=1)"))
+    assert not is_empty_value(value("torch.zeros(3)"))
+
+
+def test_a_workspace_parses_a_file_once_and_types_its_bindings(tmp_path):
+    path = write(tmp_path / "pkg" / "mod.py", """
+        import os
+        from . import state as st
+        try:
+            from pkg.other import HELPER
+        except ImportError:
+            HELPER = None
+        X: int = 1
+        def f():
+            global Y
+        class C:
+            pass
+    """)
+    write(tmp_path / "pkg" / "__init__.py", "")
+    workspace = Workspace([tmp_path])
+    source = workspace.module_source("pkg.mod")
+    assert source is not None and workspace.source(path, "pkg.mod") is source
+    assert source.imports["st"].target == "pkg.state" and source.imports["HELPER"].target == "pkg.other.HELPER"
+    assert isinstance(source.bindings["HELPER"], ast.Assign)  # the later assignment is the binding
+    assert isinstance(source.bindings["X"], ast.AnnAssign) and isinstance(source.bindings["C"], ast.ClassDef)
+    assert source.declared_globals == {"Y"}
+
+
+def test_resolver_called_from_an_index_of_modules_names_the_global_a_function_reads():
+    workspace = Workspace([FRAMEWORK])
+    source = workspace.module_source("toytrain.train")
+    assert source is not None
+    function = function_named(source, "clip_gradients")
+    scope = Scope.of(source, function)
+    found = {
+        ast.unparse(node): resolve(node, scope, workspace)
+        for node in ast.walk(function)
+        if isinstance(node, ast.Attribute)
+    }
+    ema = found["state._EMA_GRAD_NORM"]
+    assert ema is not None
+    assert (ema.tier, ema.module, ema.owner, ema.variable) == (Tier.GLOBAL, "toytrain.state", None, "_EMA_GRAD_NORM")
+
+
+def test_module_member_follows_a_package_re_export_and_descends_into_submodules(tmp_path):
+    write(tmp_path / "fw" / "__init__.py", "from . import parallel_state as mpu\n")
+    write(tmp_path / "fw" / "parallel_state.py", "_X = None\n")
+    write(tmp_path / "fw" / "sub" / "__init__.py", "")
+    write(tmp_path / "fw" / "sub" / "inner.py", "Y = []\n")
+    workspace = Workspace([tmp_path])
+    assert module_named("fw.mpu", workspace) == "fw.parallel_state"
+    member = module_member("fw.mpu", ("_X", None, "field"), workspace)
+    assert member is not None and (member.module, member.name, member.rest) == ("fw.parallel_state", "_X", (None, "field"))
+    deeper = module_member("fw", ("sub", "inner", "Y"), workspace)
+    assert deeper is not None and (deeper.module, deeper.name, deeper.rest) == ("fw.sub.inner", "Y", ())
+    assert module_member("missing.module", ("X",), workspace) is None
+
+
+def test_imports_of_a_function_take_its_last_import_before_the_line(tmp_path):
+    path = write(tmp_path / "adaptor.py", """
+        import fw.parallel_state as mpu
+        def rollback():
+            mpu._X = None
+            from fw import other_state as mpu
+            mpu._X = None
+    """)
+    source = Workspace([tmp_path]).source(path, "adaptor")
+    assert source is not None
+    function = function_named(source, "rollback")
+    first, second = (statement.lineno for statement in function.body if isinstance(statement, ast.Assign))
+    assert Imports.of(source, function, first).target("mpu") == "fw.parallel_state"
+    imports = Imports.of(source, function, second)
+    assert imports.target("mpu") == "fw.other_state"
+    assert imports.dotted(ast.parse("mpu._X.y", mode="eval").body) == "fw.other_state._X.y"
