@@ -20,14 +20,12 @@ import pytest
 from unsafe_doctor.audit import Audit, AuditedHolder, audit, plan_fixes
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import apply
-from unsafe_doctor.knowledge import load_knowledge
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 TOYTRAIN = SAMPLES / "framework" / "toytrain"
 LEGACY_ADAPTOR = SAMPLES / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
 IN_TREE = SAMPLES / "adaptors" / "in_tree"
-KNOWLEDGE = load_knowledge()
 FAQ_TRACKER = "_MOE_AUX_LOSSES_LOGGING_TRACKER"
 GMB = "megatron.core.parallel_state._GLOBAL_MEMORY_BUFFER"
 MTP = "megatron.core.transformer.multi_token_prediction.MTPLossLoggingHelper.tracker"
@@ -210,7 +208,7 @@ def test_fix_then_audit_covers_every_fixed_megatron_global(audited, megatron_cor
     before = audit([megatron_core("0.12.1")], adaptor=adaptor)
     fixed = {item.holder.name for item in before.fixable}
     assert {GMB, MTP, f"{ROUTER}.expert_bias", f"{ROUTER}.local_tokens_per_expert"} <= fixed
-    apply(plan_fixes(before, KNOWLEDGE))
+    apply(plan_fixes(before))
     after = audit([megatron_core("0.12.1")], adaptor=adaptor)
     assert {item.holder.name: item.coverage.status for item in after.holders if item.holder.name in fixed} == dict.fromkeys(
         fixed, "covered"
@@ -623,20 +621,20 @@ def test_toytrain_globals_classified_by_heuristics():
 
 def test_adaptor_found_as_the_module_that_defines_the_profile_functions():
     result = audit([TOYTRAIN])
-    assert result.environment.adaptor is not None and result.environment.adaptor.name == "recovery.py"
+    assert result.context.environment.adaptor is not None and result.context.environment.adaptor.name == "recovery.py"
     assert not result.notes
 
 
 def test_adaptor_found_by_its_profile_path(tmp_path):
     tree = package(tmp_path, {"state.py": STATE})
     result = audit([tree, IN_TREE / "mindspeed_llm"])
-    assert result.environment.adaptor.name in ("tft_rollback.py", "tft_optimizer_data_repair.py")
-    assert result.environment.profile.id == "mindspeed-llm-26"
+    assert result.context.environment.adaptor.name in ("tft_rollback.py", "tft_optimizer_data_repair.py")
+    assert result.context.environment.profile.id == "mindspeed-llm-26"
 
 
 def test_no_adaptor_is_said(tmp_path):
     result = audit([package(tmp_path, {"state.py": STATE})])
-    assert result.environment.adaptor is None
+    assert result.context.environment.adaptor is None
     assert "no recovery adaptor found" in result.notes[0]
 
 
@@ -645,7 +643,7 @@ def test_fix_every_uncovered_global_at_once_then_audit_clean(tmp_path):
     shutil.copytree(TOYTRAIN.parent, framework)
     adaptor = framework / "toytrain" / "recovery.py"
     before = audit([framework / "toytrain"], adaptor=adaptor)
-    plan = plan_fixes(before, KNOWLEDGE)
+    plan = plan_fixes(before)
     assert [edit.path.name for edit in plan.edits] == ["recovery.py"]
     diff = plan.diff()
     assert diff.count("# unsafe-doctor: begin ") == 3  # LOSS_LOG in rollback, _EMA_GRAD_NORM in send and recv
@@ -687,7 +685,7 @@ def test_a_user_rule_fixes_a_cache_and_the_next_audit_sees_it_cleared(tmp_path):
     before = audit([tree], adaptor=adaptor, rule_paths=[rules])
     mask = held(before, "pkg.masks.causal_mask")
     assert (mask.classification.rule, mask.coverage.status) == ("team.causal-mask", "uncovered")
-    apply(plan_fixes(before, load_knowledge([rules])))
+    apply(plan_fixes(before))
     after = audit([tree], adaptor=adaptor, rule_paths=[rules])
     assert held(after, "pkg.masks.causal_mask").coverage.how == "reset"
 

@@ -30,11 +30,10 @@ from pathlib import Path
 import pytest
 from conftest import load_rules_generator
 
+from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import BACKUP_SUFFIX, Plan, apply, function_overrides, plan_fix, plan_revert
-from unsafe_doctor.knowledge import load_knowledge
-from unsafe_doctor.versions import detect_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
@@ -63,13 +62,13 @@ def log_path(name: str, produced: dict[str, Path]) -> Path:
 
 
 def plan_for(logs, adaptor: Path, *, source_roots=(), functions: str | None = None, rules=()) -> Plan:
-    diagnosis = diagnose([str(log) for log in logs], source_roots=source_roots, rule_paths=rules, adaptor=adaptor)
+    diagnosis = diagnose([str(log) for log in logs], groundwork(rules, source_roots), adaptor=adaptor)
     overrides = function_overrides([functions] if functions else [])
-    return plan_fix(diagnosis.findings, diagnosis.environment, load_knowledge(rules), overrides)
+    return plan_fix(diagnosis.findings, diagnosis.context, overrides)
 
 
 def revert_plan(adaptor: Path) -> Plan:
-    return plan_revert(detect_environment(load_knowledge(), (), (), adaptor))
+    return plan_revert(groundwork().detect(adaptor=adaptor).environment)
 
 
 def tree_bytes(folder: Path) -> dict[str, bytes]:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from unsafe_doctor.heuristics import MAX_FILES, Verdict, judge
 from unsafe_doctor.locate import locate
+from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.subject import Subject, TensorRef
 from unsafe_doctor.tracebacks import Frame, Traceback
 
@@ -54,17 +55,18 @@ def unsafe(*frames: Frame) -> Traceback:
 def located(path: Path, function: str, source: str, roots: tuple[Path, ...] = ()) -> Subject:
     """The subject locate() finds for a traceback whose innermost frame is `source` in `path`."""
     frame = Frame(str(path), line_of(path, source), function, source)
-    [finding] = locate([unsafe(frame)], roots)
+    [finding] = locate([unsafe(frame)], Workspace(roots))
     return finding.subject
 
 
 def evidence_at(verdict: Verdict) -> list[tuple[Path, int, str]]:
-    """Evidence lines as (resolved file, line, what): paths outside a source root are printed as found."""
-    parsed = []
-    for line in verdict.evidence:
-        path, number, what = line.split(":", 2)
-        parsed.append((Path(path).resolve(), int(number), what.strip()))
-    return parsed
+    """Evidence as (resolved file, line, what): paths outside a source root are shown as found."""
+    return [(Path(evidence.file).resolve(), evidence.line, evidence.text) for evidence in verdict.evidence]
+
+
+def shown(verdict: Verdict) -> tuple[str, ...]:
+    """Evidence as the report prints it: "file:line: what"."""
+    return tuple(map(str, verdict.evidence))
 
 
 # --- fixture trees: one small package per pattern ---------------------------------------------------
@@ -84,9 +86,9 @@ def test_accumulator_zeroed_every_step_is_scenario_1():
     state, train = ACCUMULATOR / "accfw" / "state.py", ACCUMULATOR / "accfw" / "train.py"
     subject = located(state, "add_loss", "_LOSS_SUM[index] += loss.detach()", (ACCUMULATOR,))
     assert subject.tensor == TensorRef("_LOSS_SUM[index]", "_LOSS_SUM", "accfw.state", None)
-    verdict = judge(subject, (ACCUMULATOR,))
+    verdict = judge(subject, Workspace((ACCUMULATOR,)))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
-    assert verdict.evidence == (
+    assert shown(verdict) == (
         f"accfw/state.py:{line_of(state, '_LOSS_SUM.zero_()')}: reset in reset_loss_sum(): `_LOSS_SUM.zero_()`",
         f"accfw/train.py:{line_of(train, 'reset_loss_sum()')}: train() calls reset_loss_sum() every iteration",
         f"accfw/state.py:{line_of(state, '_LOSS_SUM[index] += loss.detach()')}: accumulated from detached values "
@@ -102,9 +104,9 @@ def test_accumulator_zeroed_every_step_is_scenario_1():
 def test_logging_dict_cleared_by_the_logging_step_is_scenario_1():
     metrics = LOGDICT / "logfw" / "metrics.py"
     culprit = "_STEP_METRICS[name] = _STEP_METRICS.get(name, 0) + value.detach()"
-    verdict = judge(located(metrics, "save_metric", culprit, (LOGDICT,)), (LOGDICT,))
+    verdict = judge(located(metrics, "save_metric", culprit, (LOGDICT,)), Workspace((LOGDICT,)))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
-    assert verdict.evidence == (
+    assert shown(verdict) == (
         f"logfw/metrics.py:{line_of(metrics, '_STEP_METRICS.clear()')}: reset every logging step in log_metrics(): "
         "`_STEP_METRICS.clear()`",
         f"logfw/metrics.py:{line_of(metrics, culprit)}: accumulated from detached values in save_metric(): `{culprit}`",
@@ -116,10 +118,10 @@ def test_logging_dict_cleared_by_the_logging_step_is_scenario_1():
 def test_moving_average_updated_from_itself_and_scaling_the_loss_is_scenario_2():
     scaling = EMA / "emafw" / "scaling.py"
     culprit = "return loss / _GRAD_NORM_EMA.clamp(min=1e-6)"
-    verdict = judge(located(scaling, "scaled_loss", culprit, (EMA,)), (EMA,))
+    verdict = judge(located(scaling, "scaled_loss", culprit, (EMA,)), Workspace((EMA,)))
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     update = "_GRAD_NORM_EMA = _GRAD_NORM_EMA * decay + (1 - decay) * grad_norm.detach()"
-    assert verdict.evidence == (
+    assert shown(verdict) == (
         f"emafw/scaling.py:{line_of(scaling, update)}: updated from its own previous value in update_grad_norm_ema(): "
         f"`{update}`",
         f"emafw/scaling.py:{line_of(scaling, culprit)}: read to compute the return value in scaled_loss(): `{culprit}`",
@@ -132,11 +134,11 @@ def test_persistent_buffer_updated_in_place_is_scenario_2():
     norm = BUFFER / "buffw" / "norm.py"
     subject = located(norm, "forward", "return x - self.running_mean", (BUFFER,))
     assert subject.tensor == TensorRef("self.running_mean", "running_mean", "buffw.norm", "RunningNorm")
-    verdict = judge(subject, (BUFFER,))
+    verdict = judge(subject, Workspace((BUFFER,)))
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     update = "self.running_mean.mul_(1 - self.momentum).add_(self.momentum * x.mean(0))"
     register = 'self.register_buffer("running_mean", torch.zeros(dim))'
-    assert verdict.evidence == (
+    assert shown(verdict) == (
         f"buffw/norm.py:{line_of(norm, update)}: updated from its own previous value in forward(): `{update}`",
         f"buffw/norm.py:{line_of(norm, register)}: registered as a persistent buffer in __init__(): `{register}`",
     )
@@ -145,7 +147,7 @@ def test_persistent_buffer_updated_in_place_is_scenario_2():
 def test_mixed_evidence_is_low_confidence_and_shows_both_sides():
     balance = MIXED / "mixfw" / "balance.py"
     subject = located(balance, "balance_loss", "share = _EXPERT_COUNTS / _EXPERT_COUNTS.sum()", (MIXED,))
-    verdict = judge(subject, (MIXED,))
+    verdict = judge(subject, Workspace((MIXED,)))
     # Zeroed at the start of every step, so recomputed each step, but also turned into a loss.
     assert (verdict.scenario, verdict.confidence) == (1, "low")
     assert verdict.reason.endswith("; but it is read to compute training values: check by hand.")
@@ -155,7 +157,7 @@ def test_mixed_evidence_is_low_confidence_and_shows_both_sides():
 
 def test_nothing_found_says_what_to_check():
     table = NOTHING / "nothfw" / "table.py"
-    verdict = judge(located(table, "positions", "return _POSITION_TABLE[:length]", (NOTHING,)), (NOTHING,))
+    verdict = judge(located(table, "positions", "return _POSITION_TABLE[:length]", (NOTHING,)), Workspace((NOTHING,)))
     assert verdict == Verdict(
         None, None,
         "Found no reset and no carried state for _POSITION_TABLE in nothfw/table.py: check whether it depends on "
@@ -167,9 +169,9 @@ def test_nothing_found_says_what_to_check():
 @pytest.mark.parametrize("roots", [(), (NOTHING,)], ids=["no-source-root", "unrelated-source-root"])
 def test_missing_source_asks_for_a_source_root(roots):
     frame = Frame("/job/ghostfw/state.py", 12, "step", "_GHOST_BUFFER.zero_()")
-    [finding] = locate([unsafe(frame)], roots)
+    [finding] = locate([unsafe(frame)], Workspace(roots))
     assert finding.tensor.variable == "_GHOST_BUFFER"
-    verdict = judge(finding.subject, roots)
+    verdict = judge(finding.subject, Workspace(roots))
     assert verdict == Verdict(
         None, None, "Could not read the source of _GHOST_BUFFER: pass --source-root pointing at the training code.", ()
     )
@@ -178,10 +180,10 @@ def test_missing_source_asks_for_a_source_root(roots):
 def test_a_tensor_the_log_does_not_name_gets_no_verdict():
     frame = Frame("/job/ModelLink/megatron/core/transformer/moe/gone_utils.py", 907, "clear_aux_losses_tracker",
                   'tracker[name]["values"].zero_()')
-    [finding] = locate([unsafe(frame)])
+    [finding] = locate([unsafe(frame)], Workspace(()))
     assert finding.tensor.variable is None
-    verdict = judge(finding.subject, ())
-    assert verdict.scenario is None and verdict.evidence == ()
+    verdict = judge(finding.subject, Workspace(()))
+    assert verdict.scenario is None and shown(verdict) == ()
     assert verdict.reason.startswith("The log does not name the global behind tracker[name]")
 
 
@@ -198,7 +200,7 @@ NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True)
 def test_judge_never_raises_on_arbitrary_names(tmp_path, variable, module, owner, culprit):
     frame = Frame(culprit, 1, "f", None) if culprit is not None else None
     subject = Subject(TensorRef(variable, variable, module, owner), frame, None)
-    verdict = judge(subject, (tmp_path,))
+    verdict = judge(subject, Workspace((tmp_path,)))
     assert verdict.scenario in (None, 1, 2) and verdict.reason
 
 
@@ -306,7 +308,7 @@ def test_single_rule(tmp_path, code, scenario, expected):
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "mod.py").write_text("import functools\nimport torch\n" + textwrap.dedent(code))
     subject = Subject(TensorRef("_X", "_X", "pkg.mod", None), None, None)
-    verdict = judge(subject, (tmp_path,))
+    verdict = judge(subject, Workspace((tmp_path,)))
     assert verdict.scenario == scenario
     whats = [what for _, _, what in evidence_at(verdict)]
     assert [what.split(":")[0] for what in whats] == expected
@@ -338,12 +340,12 @@ def test_only_the_package_and_source_roots_are_searched_skipping_tests_and_envir
         "venv/train.py": RESET_IN_TRAIN_STEP,
     })
     _tree(elsewhere, {"train.py": RESET_IN_TRAIN_STEP})
-    verdict = judge(SCRATCH, (root,))
+    verdict = judge(SCRATCH, Workspace((root,)))
     assert verdict.scenario is None
     assert verdict.reason.startswith("Found no reset and no carried state for _SCRATCH in scopefw/state.py")
-    verdict = judge(SCRATCH, (root, elsewhere))
+    verdict = judge(SCRATCH, Workspace((root, elsewhere)))
     assert verdict.scenario == 1
-    assert verdict.evidence == ("train.py:4: reset every iteration in train_step(): `state._SCRATCH.zero_()`",)
+    assert shown(verdict) == ("train.py:4: reset every iteration in train_step(): `state._SCRATCH.zero_()`",)
 
 
 def test_search_stops_after_max_files_and_says_so(tmp_path):
@@ -351,7 +353,7 @@ def test_search_stops_after_max_files_and_says_so(tmp_path):
                      "zzz/train.py": RESET_IN_TRAIN_STEP})
     for index in range(MAX_FILES):
         (tmp_path / "aaa" / f"m{index:04}.py").write_text("")
-    verdict = judge(SCRATCH, (tmp_path,))
+    verdict = judge(SCRATCH, Workspace((tmp_path,)))
     assert verdict.scenario is None
     assert verdict.reason.endswith(f"(searched the first {MAX_FILES:,} files only).")
 
@@ -360,9 +362,9 @@ def test_search_stops_after_max_files_and_says_so(tmp_path):
 
 def test_toytrain_loss_log_is_scenario_1():
     state, train = TOYTRAIN / "toytrain" / "state.py", TOYTRAIN / "toytrain" / "train.py"
-    verdict = judge(located(state, "record_loss", "LOSS_LOG[name] += loss.detach()", (TOYTRAIN,)), (TOYTRAIN,))
+    verdict = judge(located(state, "record_loss", "LOSS_LOG[name] += loss.detach()", (TOYTRAIN,)), Workspace((TOYTRAIN,)))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
-    assert verdict.evidence[:2] == (
+    assert shown(verdict)[:2] == (
         f"toytrain/state.py:{line_of(state, 'value.zero_()')}: reset in reset_loss_log(): `value.zero_()`",
         f"toytrain/train.py:{line_of(train, 'state.reset_loss_log()')}: "
         "log() calls reset_loss_log() every logging step",
@@ -372,15 +374,15 @@ def test_toytrain_loss_log_is_scenario_1():
 def test_toytrain_gradient_norm_average_is_scenario_2():
     train = TOYTRAIN / "toytrain" / "train.py"
     culprit = "max_norm = CLIP_FACTOR * state._EMA_GRAD_NORM"
-    verdict = judge(located(train, "clip_gradients", culprit, (TOYTRAIN,)), (TOYTRAIN,))
+    verdict = judge(located(train, "clip_gradients", culprit, (TOYTRAIN,)), Workspace((TOYTRAIN,)))
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     update = "state._EMA_GRAD_NORM.mul_(EMA_DECAY).add_(grad_norm, alpha=1 - EMA_DECAY)"
-    assert verdict.evidence[0] == (
+    assert shown(verdict)[0] == (
         f"toytrain/train.py:{line_of(train, update)}: "
         f"updated from its own previous value in clip_gradients(): `{update}`"
     )
     assert any(line.startswith(f"toytrain/train.py:{line_of(train, 'grad.mul_(scale)')}: read to update grad")
-               for line in verdict.evidence)
+               for line in shown(verdict))
 
 
 # --- megatron-core 0.16.1, as installed --------------------------------------------------------------
@@ -400,7 +402,7 @@ def expert_bias_subject() -> Subject:
 def test_megatron_moe_logging_tracker_is_scenario_1_cleared_by_clear_aux_losses_tracker():
     subject = tracker_subject()
     assert subject.tensor.variable == "_MOE_LAYER_WISE_LOGGING_TRACKER"
-    verdict = judge(subject, ())
+    verdict = judge(subject, Workspace(()))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
     moe_utils = (MOE / "moe_utils.py").resolve()
     zero = line_of(moe_utils, 'tracker[name]["values"].zero_()')
@@ -420,7 +422,7 @@ def test_megatron_moe_logging_tracker_is_scenario_1_cleared_by_clear_aux_losses_
 def test_megatron_router_expert_bias_is_scenario_2_updated_by_update_router_expert_bias():
     subject = expert_bias_subject()
     assert subject.tensor.owner == "TopKRouter"
-    verdict = judge(subject, ())
+    verdict = judge(subject, Workspace(()))
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     router = (MOE / "router.py").resolve()
     register = line_of(router, "'expert_bias',") - 1  # self.register_buffer(\n 'expert_bias', ...
@@ -436,7 +438,7 @@ def test_megatron_router_expert_bias_is_scenario_2_updated_by_update_router_expe
 
 def test_megatron_router_token_counts_are_scenario_1_zeroed_every_step():
     source = "self.local_tokens_per_expert += routing_map.sum(dim=0)"
-    verdict = judge(located(MOE / "router.py", "_apply_expert_bias", source), ())
+    verdict = judge(located(MOE / "router.py", "_apply_expert_bias", source), Workspace(()))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
     assert evidence_at(verdict)[:2] == [
         (FINALIZE.resolve(), line_of(FINALIZE, "module.local_tokens_per_expert.zero_()"),
@@ -449,7 +451,7 @@ def test_megatron_router_token_counts_are_scenario_1_zeroed_every_step():
 def test_megatron_faq_tracker_name_is_absent_from_this_version():
     tensor = TensorRef("parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]", "_MOE_AUX_LOSSES_LOGGING_TRACKER",
                        "megatron.core.parallel_state", None)
-    verdict = judge(Subject(tensor, None, None), ())
+    verdict = judge(Subject(tensor, None, None), Workspace(()))
     assert verdict.scenario is None
     assert verdict.reason == (
         f"Found no reset and no carried state for _MOE_AUX_LOSSES_LOGGING_TRACKER in {CORE / 'parallel_state.py'}: "
@@ -461,9 +463,9 @@ def test_megatron_faq_tracker_name_is_absent_from_this_version():
 def test_judging_a_megatron_finding_gives_the_same_evidence_in_the_same_order_every_time(make):
     """Speed is measured by benchmarks/, not asserted here."""
     subject = make()
-    first = judge(subject, ())
+    first = judge(subject, Workspace(()))
     assert first.evidence
-    assert judge(subject, ()) == first
+    assert judge(subject, Workspace(())) == first
 
 
 def test_judging_imports_neither_torch_nor_megatron():
@@ -471,6 +473,7 @@ def test_judging_imports_neither_torch_nor_megatron():
         import sys
         from pathlib import Path
         from unsafe_doctor.heuristics import judge
+        from unsafe_doctor.source.workspace import Workspace
         from unsafe_doctor.subject import Subject, TensorRef
         for variable, module, owner in [
             ("_MOE_LAYER_WISE_LOGGING_TRACKER", "megatron.core.transformer.moe.moe_utils", None),
@@ -478,7 +481,7 @@ def test_judging_imports_neither_torch_nor_megatron():
             ("_EMA_GRAD_NORM", "toytrain.state", None),
         ]:
             tensor = TensorRef(variable, variable, module, owner)
-            verdict = judge(Subject(tensor, None, None), (Path({str(TOYTRAIN)!r}),))
+            verdict = judge(Subject(tensor, None, None), Workspace((Path({str(TOYTRAIN)!r}),)))
             assert verdict.scenario in (1, 2), verdict
         loaded = [name for name in sys.modules if name.split(".")[0] in ("torch", "megatron", "toytrain")]
         assert not loaded, loaded

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from unsafe_doctor.classify import FixPlan
+from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import is_safe_dotted, load_knowledge, rule_matches, validate_files
@@ -180,13 +182,13 @@ FP16_ARGUMENT = "  fp16 ............................................ {}\n"
 def test_the_loss_scaling_the_log_shows_chooses_the_rule_for_scale_loss(tmp_path, before, loss_scaling, rule, other):
     log = tmp_path / "train.log"
     log.write_text(before + SCALE_LOSS_ERROR)
-    diagnosis = diagnose([str(log)])
+    diagnosis = diagnose([str(log)], groundwork())
     [item] = diagnosis.findings
     result = item.classification
     expected = load_knowledge().rule(rule)
     assert diagnosis.loss_scaling == loss_scaling
     assert (result.rule, result.scenario, result.confidence) == (rule, expected.scenario, "high")
-    assert result.fix is not None and result.fix.phase == expected.phase
+    assert isinstance(result.fix, FixPlan) and result.fix.phase == expected.phase
     [note] = [note for note in result.notes if other in note]
     assert ("neither a loss scale nor the fp16 argument" in note) is (loss_scaling is None)
 
@@ -235,14 +237,14 @@ def test_a_log_from_another_release_than_the_installed_one_lowers_a_version_boun
     """A megatron-core 0.12.1 run read on a machine with 0.16.1 installed: the culprit's line is
     elsewhere in the installed file, so the version read from the installation may not be the job's."""
     log = str(CORPUS / "logs" / "megatron-0.12-layer-wise-tracker.log")
-    [guessed] = diagnose([log]).findings
+    [guessed] = diagnose([log], groundwork()).findings
     assert guessed.finding.source_differs
     assert guessed.classification.confidence == "medium"
     assert any("give --source-root with the job's tree to be sure" in note for note in guessed.classification.notes)
-    [told] = diagnose([log], source_roots=[CORPUS / "trees" / "megatron-core-0.12.1"]).findings
+    [told] = diagnose([log], groundwork(source_roots=[CORPUS / "trees" / "megatron-core-0.12.1"])).findings
     assert (told.classification.rule, told.classification.confidence) == ("megatron.moe-layer-wise-tracker", "high")
 
 
 def test_a_log_from_the_installed_release_keeps_high_confidence():
-    [item] = diagnose([str(Path(__file__).parents[1] / "samples" / "logs" / "megatron_moe_tracker.log")]).findings
+    [item] = diagnose([str(Path(__file__).parents[1] / "samples" / "logs" / "megatron_moe_tracker.log")], groundwork()).findings
     assert not item.finding.source_differs and item.classification.confidence == "high"

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.locate import locate
 from unsafe_doctor.source.files import is_internal_file
-from unsafe_doctor.source.workspace import module_from_path
+from unsafe_doctor.source.workspace import Workspace, module_from_path
 from unsafe_doctor.subject import TensorRef
 from unsafe_doctor.tracebacks import Frame, Traceback
 
@@ -82,7 +82,7 @@ def tb(
 
 
 def only(tracebacks: list[Traceback], source_roots: tuple[Path, ...] = ()):
-    findings = locate(tracebacks, source_roots)
+    findings = locate(tracebacks, Workspace(source_roots))
     assert len(findings) == 1, findings
     return findings[0]
 
@@ -149,7 +149,7 @@ def test_module_under_an_explicit_source_root_uses_the_longest_suffix():
 
 def test_a_source_root_that_is_not_a_directory_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError):
-        locate([tb(at(USER, "add_to_buf", "BUF[name] += x"))], [tmp_path / "missing"])
+        locate([tb(at(USER, "add_to_buf", "BUF[name] += x"))], Workspace([tmp_path / "missing"]))
 
 
 # --- culprit frame ---------------------------------------------------------------------------------
@@ -628,6 +628,7 @@ def test_locating_megatron_cases_imports_neither_torch_nor_megatron():
         f"""
         import json, sys
         from unsafe_doctor.locate import locate
+        from unsafe_doctor.source.workspace import Workspace
         from unsafe_doctor.tracebacks import Frame, Traceback
         frames = [
             Frame({REMOTE_SITE + "moe_utils.py"!r}, {tracker_line}, "save_to_aux_losses_tracker", {TRACKER_LINE!r}),
@@ -636,7 +637,7 @@ def test_locating_megatron_cases_imports_neither_torch_nor_megatron():
         ]
         tracebacks = [Traceback(3, "log", i, (frame,), "RuntimeError", {UNSAFE!r}, None, None, None, False, None, None)
                       for i, frame in enumerate(frames)]
-        findings = locate(tracebacks)
+        findings = locate(tracebacks, Workspace(()))
         print(json.dumps({{"variables": [f.tensor.variable for f in findings],
                           "imported": sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "megatron"))}}))
         """
@@ -675,13 +676,13 @@ def test_rank_falls_back_to_torch_npu_rank_id_and_ignores_minus_one():
 def test_different_tensors_or_lines_stay_separate_in_first_occurrence_order():
     buf = at(USER, "add_to_buf", "BUF[name] += x")
     bias = at(USER, "update", "self.bias += x")
-    findings = locate([tb(bias, rank=2), tb(buf, rank=0), tb(bias, rank=1), tb(buf, rank=4)])
+    findings = locate([tb(bias, rank=2), tb(buf, rank=0), tb(bias, rank=1), tb(buf, rank=4)], Workspace(()))
     assert [finding.tensor.variable for finding in findings] == ["bias", "BUF"]
     assert [finding.ranks for finding in findings] == [(1, 2), (0, 4)]
 
 
 def test_tracebacks_without_the_unsafe_error_give_no_finding():
-    assert locate([tb(at(USER, "add_to_buf", "BUF[name] += x"), message="CUDA out of memory")]) == []
+    assert locate([tb(at(USER, "add_to_buf", "BUF[name] += x"), message="CUDA out of memory")], Workspace(())) == []
 
 
 # --- robustness ------------------------------------------------------------------------------------
@@ -701,7 +702,7 @@ frames_strategy = st.lists(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(frames=frames_strategy)
 def test_locate_never_raises_on_arbitrary_frames(frames):
-    findings = locate([tb(*frames)])
+    findings = locate([tb(*frames)], Workspace(()))
     assert len(findings) == 1
     assert findings[0].culprit is None or findings[0].culprit.file in {frame.file for frame in frames}
 
@@ -714,5 +715,5 @@ def test_the_source_of_a_copy_is_the_tensor_read_not_its_destination():
         message="There is unsafe data in the input tensor.", error_code=None, npu_rank=None, device=None,
         truncated=False, caused_by=None, chain_kind=None,
     )  # fmt: skip
-    [finding] = locate([traceback])
+    [finding] = locate([traceback], Workspace(()))
     assert finding.tensor.variable == "tensor"

@@ -30,9 +30,11 @@ import pytest
 from packaging.version import Version
 
 from unsafe_doctor.classify import Classification, FixPlan, classify
+from unsafe_doctor.context import RunContext
 from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.locate import Finding, locate
 from unsafe_doctor.logs import by_rank, split_lines
+from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.tracebacks import parse_tracebacks
 from unsafe_doctor.versions import Environment
 
@@ -68,9 +70,10 @@ def environment(versions: dict[str, str]) -> Environment:
 def diagnose(text: str, versions: dict[str, str], source_roots: tuple[Path, ...] = ()) -> tuple[Finding, Classification]:
     lines = split_lines(text, source="train.log", base_offset=0, rank_hint=None)
     tracebacks = [traceback for group in by_rank(lines).values() for traceback in parse_tracebacks(group)]
-    findings = locate(tracebacks, source_roots)
+    workspace = Workspace(source_roots)
+    findings = locate(tracebacks, workspace)
     assert len(findings) == 1, findings
-    return findings[0], classify(findings[0].subject, KNOWLEDGE, environment(versions))
+    return findings[0], classify(findings[0].subject, RunContext(KNOWLEDGE, workspace, environment(versions)))
 
 
 def assert_compiles(plan: FixPlan) -> None:
@@ -610,7 +613,7 @@ def test_rule_classifies_its_traceback(name, tmp_path):
     finding, result = diagnose(case.log(tmp_path), case.versions, (tmp_path,) if case.standin else ())
 
     assert (result.rule, result.scenario, result.confidence) == (case.rule, rule.scenario, "high")
-    assert result.fix is not None, result.notes
+    assert isinstance(result.fix, FixPlan), result.notes
     assert result.fix.phase == rule.phase
     assert result.fix.function == (PROFILE.rollback if rule.scenario == 1 else PROFILE.recv)
     assert (result.fix.peer_function is not None) == (rule.scenario == 2)
@@ -793,7 +796,7 @@ def unknown_global(tmp_path: Path) -> tuple[Finding, object]:
     finally:
         sys.path.remove(str(tmp_path))
     lines = split_lines(text, source="train.log", base_offset=0, rank_hint=None)
-    (finding,) = locate(parse_tracebacks(lines), [tmp_path])
+    (finding,) = locate(parse_tracebacks(lines), Workspace([tmp_path]))
     return finding, stats
 
 

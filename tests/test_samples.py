@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.report import to_json
 
@@ -198,7 +199,7 @@ EXPECTED = None
 def test_any_interleaving_of_rank_output_gives_the_same_findings(seed, noise):
     global EXPECTED
     if EXPECTED is None:
-        EXPECTED = _essentials(to_json(diagnose([str(LOGS / "megatron_moe_tracker.log")])))
+        EXPECTED = _essentials(to_json(diagnose([str(LOGS / "megatron_moe_tracker.log")], groundwork())))
     streams, others = _per_rank_streams()
     rng = random.Random(seed)
     # Each writer keeps its own order (ranks, the launcher and MindIO's unprefixed lines, noise).
@@ -208,4 +209,4 @@ def test_any_interleaving_of_rank_output_gives_the_same_findings(seed, noise):
         queue = rng.choice([q for q in queues if q])
         merged.append(queue.pop(0))
     data = "".join(merged).encode("utf-8", "surrogateescape")
-    assert _essentials(to_json(diagnose([], stdin=io.BytesIO(data)))) == EXPECTED
+    assert _essentials(to_json(diagnose([], groundwork(), stdin=io.BytesIO(data)))) == EXPECTED

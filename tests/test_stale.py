@@ -9,6 +9,7 @@ import pytest
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import load_knowledge
+from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.stale import StaleReset, stale_resets
 from unsafe_doctor.versions import detect_environment
 
@@ -31,8 +32,9 @@ def line_of(path: Path, text: str) -> int:
 
 
 def resets(adaptor: Path, *source_roots: Path) -> list[StaleReset]:
-    environment = detect_environment(KNOWLEDGE, list(source_roots), adaptor=adaptor)
-    return stale_resets(adaptor, environment.profile, environment)
+    workspace = Workspace(source_roots)
+    environment = detect_environment(KNOWLEDGE, workspace, adaptor=adaptor)
+    return stale_resets(adaptor, environment.profile, environment, workspace)
 
 
 def rollback(tmp_path: Path, body: str, imports: str = "") -> Path:
@@ -215,12 +217,12 @@ def test_function_local_import_shadows_the_module_level_one(tmp_path):
 
 def test_adaptor_without_the_rollback_function_has_nothing_to_report(tmp_path):
     adaptor = write(tmp_path / "adaptor.py", "def something_else():\n    pass\n")
-    environment = detect_environment(KNOWLEDGE)
-    assert stale_resets(adaptor, environment.profile, environment) == []
+    environment = detect_environment(KNOWLEDGE, Workspace(()))
+    assert stale_resets(adaptor, environment.profile, environment, Workspace(environment.source_roots)) == []
 
 
 def test_unparseable_adaptor_is_a_usage_error(tmp_path):
     adaptor = write(tmp_path / "adaptor.py", "def feature_rollback(:\n")
-    environment = detect_environment(KNOWLEDGE)
+    environment = detect_environment(KNOWLEDGE, Workspace(()))
     with pytest.raises(UsageError, match="not valid Python"):
-        stale_resets(adaptor, environment.profile, environment)
+        stale_resets(adaptor, environment.profile, environment, Workspace(environment.source_roots))

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import apply, function_overrides, plan_fix
-from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.verify import plan_replay, verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,14 +52,14 @@ def toytrain(tmp_path) -> Path:
 
 
 def write_fix(log: Path, adaptor: Path, roots: list[Path]) -> str:
-    diagnosis = diagnose([str(log)], source_roots=roots, adaptor=adaptor)
-    apply(plan_fix(diagnosis.findings, diagnosis.environment, load_knowledge()))
+    diagnosis = diagnose([str(log)], groundwork(source_roots=roots), adaptor=adaptor)
+    apply(plan_fix(diagnosis.findings, diagnosis.context))
     return adaptor.read_text()
 
 
 def replay(log: Path, adaptor: Path, roots: list[Path], **options):
-    diagnosis = diagnose([str(log)], source_roots=roots, adaptor=adaptor)
-    plan, skipped = plan_replay(diagnosis, load_knowledge(), **options)
+    diagnosis = diagnose([str(log)], groundwork(source_roots=roots), adaptor=adaptor)
+    plan, skipped = plan_replay(diagnosis, diagnosis.context.knowledge, **options)
     return verify(plan, skipped)
 
 
@@ -144,8 +144,8 @@ def test_every_sample_adaptor_goes_from_red_to_green_in_both_scenarios(tmp_path,
     roots = [toytrain, tmp_path / folder]
     red = replay(log, adaptor, roots, functions=overrides)
     assert red.verdicts[0].outcome == "no-fix"
-    diagnosis = diagnose([str(log)], source_roots=roots, adaptor=adaptor)
-    assert apply(plan_fix(diagnosis.findings, diagnosis.environment, load_knowledge(), overrides))
+    diagnosis = diagnose([str(log)], groundwork(source_roots=roots), adaptor=adaptor)
+    assert apply(plan_fix(diagnosis.findings, diagnosis.context, overrides))
     [verdict] = replay(log, adaptor, roots, functions=overrides).verdicts
     assert (verdict.target.scenario, verdict.outcome) == (scenario, "proven"), verdict.problems
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import string
 import textwrap
 from dataclasses import dataclass
-from typing import Literal, Protocol, get_args
+from typing import ClassVar, Literal, Protocol, get_args
 
+from unsafe_doctor.context import RunContext
 from unsafe_doctor.knowledge import (
     AdaptorProfile,
     KnowledgeBase,
@@ -25,7 +26,7 @@ from unsafe_doctor.knowledge import (
     template_slots,
 )
 from unsafe_doctor.recovery import LossScaling
-from unsafe_doctor.subject import Subject
+from unsafe_doctor.subject import Evidence, Subject
 from unsafe_doctor.versions import Environment
 
 Confidence = Literal["high", "medium", "low"]
@@ -50,17 +51,42 @@ class FixPlan:
 
 
 @dataclass(frozen=True)
-class Classification:
-    scenario: Scenario | None
-    rule: str | None  # None when heuristics decided or nothing did
+class NoFix:
+    """The scenario is known but no fix can be written for it."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Classified:
+    """A scenario decided by a rule (`rule` set), the source heuristics, or the user (`confidence` None)."""
+
+    scenario: Scenario
+    rule: str | None  # None when heuristics or the user decided
     confidence: Confidence | None
     reason: str
-    evidence: tuple[str, ...]  # "file:line: what was seen", for heuristic verdicts
-    fix: FixPlan | None
+    evidence: tuple[Evidence, ...]  # for heuristic verdicts
+    fix: FixPlan | NoFix
     notes: tuple[str, ...]
 
 
-class Classified(Protocol):
+@dataclass(frozen=True)
+class Unclassified:
+    """Neither a rule nor the heuristics decided: `reason` says what the user should check."""
+
+    reason: str
+    evidence: tuple[Evidence, ...]
+    notes: tuple[str, ...]
+    scenario: ClassVar[None] = None
+    rule: ClassVar[None] = None
+    confidence: ClassVar[None] = None
+    fix: ClassVar[None] = None
+
+
+Classification = Classified | Unclassified
+
+
+class ClassifiedSubject(Protocol):
     """A subject with its classification: what the fixer and verify take (a diagnosed finding, an audited holder)."""
 
     @property
@@ -70,49 +96,50 @@ class Classified(Protocol):
     def classification(self) -> Classification: ...
 
 
-def classify(
-    subject: Subject, knowledge: KnowledgeBase, environment: Environment, loss_scaling: LossScaling | None = None
-) -> Classification:
+def classify(subject: Subject, context: RunContext, loss_scaling: LossScaling | None = None) -> Classification:
     """`loss_scaling`: what the log shows of the run's loss scaling (`recovery.read_loss_scaling`)."""
-    notes: list[str] = []
-    chosen = _choose_rule(subject, knowledge, environment, loss_scaling, notes)
+    knowledge, environment = context.knowledge, context.environment
+    chosen, notes = _choose_rule(subject, knowledge, environment, loss_scaling)
     if chosen is not None:
         rule, block = chosen
-        fix = _render(rule, subject, knowledge, environment.profile, notes, block)
-        return Classification(rule.scenario, rule.id, _rule_confidence(rule, subject, environment, notes), rule.reason,
-                              (), fix, tuple(notes))
+        fix = _render(rule, subject, knowledge, environment.profile, block)
+        confidence, doubt = _rule_confidence(rule, subject, environment)
+        return Classified(rule.scenario, rule.id, confidence, rule.reason, (), fix, (*notes, *_why_not(fix), *doubt))
     from unsafe_doctor.heuristics import judge  # only when no rule matched: it costs start-up time
 
-    verdict = judge(subject, environment.source_roots)
+    verdict = judge(subject, context.workspace)
     if verdict.scenario is None:
-        return Classification(None, None, None, verdict.reason, verdict.evidence, None, tuple(notes))
-    generic = knowledge.rule(generic_rule_id(verdict.scenario, subject))
-    fix = _render(generic, subject, knowledge, environment.profile, notes) if generic else None
-    return Classification(verdict.scenario, None, verdict.confidence, verdict.reason, verdict.evidence, fix, tuple(notes))
+        return Unclassified(verdict.reason, verdict.evidence, notes)
+    fix = _generic_fix(verdict.scenario, subject, knowledge, environment.profile)
+    return Classified(verdict.scenario, None, verdict.confidence, verdict.reason, verdict.evidence, fix, (*notes, *_why_not(fix)))
 
 
-def _rule_confidence(rule: Rule, subject: Subject, environment: Environment, notes: list[str]) -> Confidence:
+def _rule_confidence(rule: Rule, subject: Subject, environment: Environment) -> tuple[Confidence, tuple[str, ...]]:
     """High, unless the rule depends on a version read from this machine's installed framework and
-    the log's culprit file is not the installed one (the job ran another release)."""
+    the log's culprit file is not the installed one (the job ran another release); then a note says so."""
     framework = rule.framework
-    if rule.versions is None or not subject.source_differs or environment.origins.get(framework) != "installed":
-        return "high"
-    notes.append(
-        f"the log's {subject.frame.file.rsplit('/', 1)[-1]} is not the installed {framework} "
-        f"{environment.versions[framework]}'s (line {subject.frame.line} differs), so the job may have run another "
-        f"release: the rule is the one for {environment.versions[framework]}; give --source-root with the job's tree to be sure"
+    frame = subject.frame
+    if (
+        rule.versions is None
+        or framework is None
+        or frame is None
+        or not subject.source_differs
+        or environment.origins.get(framework) != "installed"
+    ):
+        return "high", ()
+    version = environment.versions[framework]
+    note = (
+        f"the log's {frame.file.rsplit('/', 1)[-1]} is not the installed {framework} "
+        f"{version}'s (line {frame.line} differs), so the job may have run another "
+        f"release: the rule is the one for {version}; give --source-root with the job's tree to be sure"
     )
-    return "medium"
+    return "medium", (note,)
 
 
-def classify_as(
-    subject: Subject, scenario: Scenario, knowledge: KnowledgeBase, environment: Environment, evidence: tuple[str, ...]
-) -> Classification:
+def classify_as(subject: Subject, scenario: Scenario, context: RunContext, evidence: tuple[Evidence, ...]) -> Classified:
     """The user's answer for a finding nothing could classify: the generic fix for that scenario."""
-    notes: list[str] = []
-    generic = knowledge.rule(generic_rule_id(scenario, subject))
-    fix = _render(generic, subject, knowledge, environment.profile, notes) if generic else None
-    return Classification(scenario, None, None, "scenario given by the user", evidence, fix, tuple(notes))
+    fix = _generic_fix(scenario, subject, context.knowledge, context.environment.profile)
+    return Classified(scenario, None, None, "scenario given by the user", evidence, fix, _why_not(fix))
 
 
 def generic_rule_id(scenario: Scenario, subject: Subject) -> str:
@@ -122,21 +149,30 @@ def generic_rule_id(scenario: Scenario, subject: Subject) -> str:
     return GENERIC_RULES[scenario]
 
 
+def _generic_fix(scenario: Scenario, subject: Subject, knowledge: KnowledgeBase, profile: AdaptorProfile) -> FixPlan | NoFix:
+    generic = knowledge.rule(generic_rule_id(scenario, subject))
+    if generic is None:
+        return NoFix(f"no fix rendered: the knowledge base has no {generic_rule_id(scenario, subject)} template")
+    return _render(generic, subject, knowledge, profile)
+
+
+def _why_not(fix: FixPlan | NoFix) -> tuple[str, ...]:
+    """Why no fix could be written is a note of the classification too."""
+    return (fix.reason,) if isinstance(fix, NoFix) else ()
+
+
 def _choose_rule(
-    subject: Subject,
-    knowledge: KnowledgeBase,
-    environment: Environment,
-    loss_scaling: LossScaling | None,
-    notes: list[str],
-) -> tuple[Rule, RuleMatch] | None:
-    """The rule for the run's loss scaling (the assumed one when the log does not show it).
+    subject: Subject, knowledge: KnowledgeBase, environment: Environment, loss_scaling: LossScaling | None
+) -> tuple[tuple[Rule, RuleMatch] | None, tuple[str, ...]]:
+    """The rule for the run's loss scaling (the assumed one when the log does not show it), with notes.
 
     When another loss scaling would choose another rule, a note says which, and why this one.
     """
     read_as = loss_scaling or ASSUMED_LOSS_SCALING
-    chosen = _best_rule(subject, knowledge, environment, read_as, notes)
+    chosen, found = _best_rule(subject, knowledge, environment, read_as)
+    notes = list(found)
     for other in get_args(LossScaling):
-        alternative = None if other == read_as else _best_rule(subject, knowledge, environment, other, [])
+        alternative = None if other == read_as else _best_rule(subject, knowledge, environment, other)[0]
         if alternative is None or (chosen is not None and alternative[0].id == chosen[0].id):
             continue
         rule, block = alternative
@@ -149,13 +185,13 @@ def _choose_rule(
             )
         else:
             notes.append(f"the log shows {LOSS_SCALING_WORDS[read_as]}; with {LOSS_SCALING_WORDS[other]} {instead}")
-    return chosen
+    return chosen, tuple(notes)
 
 
 def _best_rule(
-    subject: Subject, knowledge: KnowledgeBase, environment: Environment, loss_scaling: LossScaling, notes: list[str]
-) -> tuple[Rule, RuleMatch] | None:
-    tensor, culprit = subject.tensor, subject.frame
+    subject: Subject, knowledge: KnowledgeBase, environment: Environment, loss_scaling: LossScaling
+) -> tuple[tuple[Rule, RuleMatch] | None, tuple[str, ...]]:
+    tensor, frame = subject.tensor, subject.frame
     candidates = []
     for rule in knowledge.rules:
         if rule.id in GENERIC_RULE_IDS:
@@ -165,33 +201,31 @@ def _best_rule(
             tensor.variable if tensor else None,
             tensor.module if tensor else None,
             tensor.owner if tensor else None,
-            culprit.file if culprit else None,
-            culprit.function if culprit else None,
+            frame.file if frame else None,
+            frame.function if frame else None,
             loss_scaling,
         )
         if block is not None:
             candidates.append((rule, block))
     if not candidates:
-        return None
-    fitting = []
-    for rule, block in candidates:
-        version = environment.versions.get(rule.framework) if rule.framework else None
-        if rule.versions is None or version is None or rule.versions.contains(version, prereleases=True):
-            fitting.append((rule, block))
-    if not fitting:
-        chosen = max(candidates, key=lambda pair: specificity(*pair))
-        rule = chosen[0]
-        version = environment.versions[rule.framework]
-        notes.append(
-            f"the log's symbol belongs to {rule.framework} {rule.versions}, but {environment.origins[rule.framework]} "
-            f"has {rule.framework} {version}: the log comes from another version than the one found here"
-        )
-        return chosen
-    chosen = max(fitting, key=lambda pair: specificity(*pair))
+        return None, ()
+    fitting = [(rule, block) for rule, block in candidates if _fits_version(rule, environment)]
+    chosen = max(fitting or candidates, key=lambda pair: specificity(*pair))
     rule = chosen[0]
+    if not fitting and rule.framework is not None:
+        return chosen, (
+            f"the log's symbol belongs to {rule.framework} {rule.versions}, but {environment.origins[rule.framework]} "
+            f"has {rule.framework} {environment.versions[rule.framework]}: the log comes from another version than the one "
+            "found here",
+        )
     if rule.framework and rule.framework not in environment.versions:
-        notes.append(f"{rule.framework} version unknown here; rule chosen by the symbol in the log")
-    return chosen
+        return chosen, (f"{rule.framework} version unknown here; rule chosen by the symbol in the log",)
+    return chosen, ()
+
+
+def _fits_version(rule: Rule, environment: Environment) -> bool:
+    version = environment.versions.get(rule.framework) if rule.framework else None
+    return rule.versions is None or version is None or rule.versions.contains(version, prereleases=True)
 
 
 def _slots(rule: Rule, subject: Subject, profile: AdaptorProfile, block: RuleMatch) -> dict[str, str]:
@@ -205,11 +239,11 @@ def _slots(rule: Rule, subject: Subject, profile: AdaptorProfile, block: RuleMat
     module = tensor.module if tensor else None
     owner = tensor.owner if tensor else None
     slots: dict[str, str] = {}
-    if is_safe_dotted(variable):
+    if variable is not None and is_safe_dotted(variable):
         slots["variable"] = variable
-    if is_safe_dotted(owner):
+    if owner is not None and is_safe_dotted(owner):
         slots["owner"] = owner
-    if is_safe_dotted(module):
+    if module is not None and is_safe_dotted(module):
         parent, _, alias = module.rpartition(".")
         slots.update(module=module, alias=alias, parent=parent)
         if "variable" in slots and (owner is None or "owner" in slots):
@@ -224,16 +258,16 @@ def _render(
     subject: Subject,
     knowledge: KnowledgeBase,
     profile: AdaptorProfile,
-    notes: list[str],
     block: RuleMatch | None = None,
-) -> FixPlan | None:
+) -> FixPlan | NoFix:
     slots = _slots(rule, subject, profile, block or rule.match)
     templates = [*rule.fix.imports, *(part for part in (rule.fix.code, rule.fix.send, rule.fix.recv) if part)]
     missing = set().union(*(template_slots(template) for template in templates)) - set(slots)
     if missing:
-        notes.append(f"no fix rendered: the log does not give a plain Python name for {', '.join(sorted(missing))}")
-        return None
-    fill = string.Template
+        return NoFix(f"no fix rendered: the log does not give a plain Python name for {', '.join(sorted(missing))}")
+    def fill(template: str | None) -> string.Template:  # the schema requires the templates of the rule's scenario
+        return string.Template(template or "")
+
     imports = [_import_line(fill(line).substitute(slots)) for line in rule.fix.imports]
     guards = []
     for name in rule.conditions:

@@ -18,12 +18,12 @@ import typer
 from rich.console import Console
 
 from unsafe_doctor import __version__, inputs, report
-from unsafe_doctor.classify import classify_as
+from unsafe_doctor.classify import Classified, FixPlan, Unclassified, classify_as
+from unsafe_doctor.context import RunContext, groundwork
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.diagnosis import diagnose as run_diagnosis
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import KnowledgeBase, load_knowledge, validate_files
-from unsafe_doctor.versions import detect_environment
 
 if TYPE_CHECKING:
     from unsafe_doctor.fix import Plan, Written
@@ -107,10 +107,9 @@ def diagnose(
     if not paths and sys.stdin.isatty():
         raise UsageError("no input: name a log file or folder, or pipe a log in (see --help)")
     started = time.perf_counter()
+    setup = groundwork(rules or (), source_root or ())
     with _progress_bar(paths) as progress:
-        diagnosis = run_diagnosis(
-            paths, source_roots=source_root or (), rule_paths=rules or (), adaptor=adaptor, progress=progress
-        )
+        diagnosis = run_diagnosis(paths, setup, adaptor=adaptor, progress=progress)
     elapsed = time.perf_counter() - started
     if output_format is OutputFormat.json:
         _print_json(report.to_json(diagnosis))
@@ -135,27 +134,25 @@ def _offer_fixes(
 
     Questions go to the controlling terminal, so they work while the log arrives on stdin.
     """
-    adaptor = diagnosis.environment.adaptor
+    adaptor = diagnosis.context.environment.adaptor
     if adaptor is None or not diagnosis.findings:
         return
     terminal = None if yes or no_input or not sys.stdout.isatty() else _controlling_terminal()
-    knowledge = load_knowledge(rules)
     fixable = []
     for item in diagnosis.findings:
-        if item.classification.scenario is None and terminal is not None:
-            item = _ask_scenario(terminal, item, diagnosis, knowledge)
-        if item.classification.fix is not None:
-            fixable.append(item)
+        if isinstance(item.classification, Unclassified) and terminal is not None:
+            item = _ask_scenario(terminal, item, diagnosis.context)
+        if isinstance(item.classification, Classified) and isinstance(item.classification.fix, FixPlan):
+            fixable.append((item, item.classification.fix))
     from unsafe_doctor import fix as fixes  # libcst is loaded only when a fix is offered
 
     options = [*paths, *(f"--source-root {root}" for root in source_roots), *(f"--rules {path}" for path in rules)]
     applied = []
-    for item in fixable:
-        plan = fixes.plan_fix([item], diagnosis.environment, knowledge)
+    for item, fix in fixable:
+        plan = fixes.plan_fix([item], diagnosis.context)
         if not plan.edits:
             continue
         sys.stdout.write(plan.diff())
-        fix = item.classification.fix
         question = f"Apply scenario-{item.classification.scenario} fix to {adaptor}::{fix.function}?"
         if yes or (terminal is not None and _ask(terminal, question)):
             for written in fixes.apply(plan):
@@ -166,7 +163,7 @@ def _offer_fixes(
     if applied:
         question = "Verify the fix now (replay the fault and the recovery on 4 ranks, unpatched then patched)?"
         if yes or (terminal is not None and _ask(terminal, question)):
-            _verify_now(replace(diagnosis, findings=tuple(applied)), knowledge)
+            _verify_now(replace(diagnosis, findings=tuple(applied)), diagnosis.context.knowledge)
         else:
             _say(f"to prove it: unsafe-doctor verify {' '.join(options)} --adaptor {adaptor}")
     if terminal is not None:
@@ -187,7 +184,7 @@ def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase) -> None:
         Console(highlight=False).print(report.verification_text(outcome))
 
 
-def _ask_scenario(terminal: TextIO, item: DiagnosedFinding, diagnosis: Diagnosis, knowledge: KnowledgeBase) -> DiagnosedFinding:
+def _ask_scenario(terminal: TextIO, item: DiagnosedFinding, context: RunContext) -> DiagnosedFinding:
     """Nothing classified this tensor: the person decides, with the evidence in front of them."""
     tensor = item.finding.tensor
     name = (tensor.variable or tensor.expression) if tensor else "the tensor"
@@ -203,7 +200,7 @@ def _ask_scenario(terminal: TextIO, item: DiagnosedFinding, diagnosis: Diagnosis
     if answer not in ("1", "2"):
         return item
     scenario = int(answer)
-    verdict = classify_as(item.subject, scenario, knowledge, diagnosis.environment, item.classification.evidence)
+    verdict = classify_as(item.subject, scenario, context, item.classification.evidence)
     return replace(item, classification=verdict)
 
 
@@ -245,19 +242,18 @@ def fix(
     if output_format is OutputFormat.sarif:
         raise UsageError("fix writes text or json (--format sarif is for diagnose)")
     overrides = fixes.function_overrides(function or [])
-    knowledge = load_knowledge(rules or ())
+    setup = groundwork(rules or (), source_root or ())
     if revert:
         if logs:
             raise UsageError("--revert takes no logs: it removes every unsafe-doctor block from the adaptor")
-        environment = detect_environment(knowledge, source_root or (), (), adaptor)
-        plan = fixes.plan_revert(environment)
+        plan = fixes.plan_revert(setup.detect(adaptor=adaptor).environment)
         findings = 0
     else:
         paths = logs or []
         if not paths and sys.stdin.isatty():
             raise UsageError("no input: name a log file or folder, or pipe a log in (see --help)")
-        diagnosis = run_diagnosis(paths, source_roots=source_root or (), rule_paths=rules or (), adaptor=adaptor)
-        plan = fixes.plan_fix(diagnosis.findings, diagnosis.environment, knowledge, overrides)
+        diagnosis = run_diagnosis(paths, setup, adaptor=adaptor)
+        plan = fixes.plan_fix(diagnosis.findings, diagnosis.context, overrides)
         findings = len(diagnosis.findings)
     interactive = output_format is OutputFormat.text and not no_input and sys.stdin.isatty() and sys.stdout.isatty()
     if output_format is OutputFormat.text:
@@ -302,7 +298,7 @@ def _fix_json(plan: Plan, written: tuple[Written, ...], dry_run: bool) -> dict[s
         "schema": "unsafe-doctor/fix/v1",
         "files": [{"path": str(edit.path), "changes": list(edit.changes), "diff": edit.diff()} for edit in plan.edits],
         "present": list(plan.present),
-        "skipped": list(plan.skipped),
+        "skipped": [str(item) for item in plan.skipped],
         "notes": list(plan.notes),
         "dry_run": dry_run,
         "written": [{"path": str(item.path), "backup": str(item.backup)} for item in written],
@@ -344,11 +340,11 @@ def audit(
     started = time.perf_counter()
     result = audits.audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or ())
     elapsed = time.perf_counter() - started
-    plan = audits.plan_fixes(result, load_knowledge(rules or ())) if fix else None  # refused before any output
+    plan = audits.plan_fixes(result) if fix else None  # refused before any output
     if output_format is OutputFormat.json:
         _print_json(report.audit_to_json(result))
     elif output_format is OutputFormat.sarif:
-        _print_json(report.audit_to_sarif(result, audits.plan_fixes_per_holder(result, load_knowledge(rules or ()))))
+        _print_json(report.audit_to_sarif(result, audits.plan_fixes_per_holder(result)))
     else:
         Console(highlight=False).print(report.audit_to_text(result, elapsed))
     left = len(result.uncovered)
@@ -416,10 +412,9 @@ def verify(
         raise UsageError("no input: name a log file or folder, or pipe a log in (see --help)")
     if under_torchrun():
         ranks = int(os.environ["WORLD_SIZE"])
-    knowledge = load_knowledge(rules or ())
-    diagnosis = run_diagnosis(paths, source_roots=source_root or (), rule_paths=rules or (), adaptor=adaptor)
+    diagnosis = run_diagnosis(paths, groundwork(rules or (), source_root or ()), adaptor=adaptor)
     plan, skipped = verification.plan_replay(
-        diagnosis, knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout,
+        diagnosis, diagnosis.context.knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout,
         functions=fixes.function_overrides(function or []),
     )
     outcome = verification.verify(plan, skipped)

@@ -9,15 +9,14 @@ from typing import BinaryIO
 
 from unsafe_doctor import inputs, logs, recovery
 from unsafe_doctor.classify import Classification, classify
+from unsafe_doctor.context import Groundwork, RunContext
 from unsafe_doctor.inputs import Excerpt, InputInfo, Progress
-from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.logs import LogLine
 from unsafe_doctor.recovery import LossScaling, Phase, RecoveryContext
 from unsafe_doctor.stale import StaleReset, stale_resets
 from unsafe_doctor.subject import Subject
 from unsafe_doctor.tracebacks import Traceback, parse_tracebacks
-from unsafe_doctor.versions import Environment, detect_environment
 
 
 @dataclass(frozen=True)
@@ -42,21 +41,20 @@ class Diagnosis:
     hits_not_parsed: int  # past the excerpt budget: counted, not parsed
     last_error: Traceback | None  # what the log ended with, when it has no unsafe-data error
     untraced_ranks: tuple[int, ...]  # ranks that reported the error (MindIO's catch line) with no traceback
-    environment: Environment  # framework versions and adaptor profile the classification used
+    context: RunContext  # the knowledge, workspace and environment (versions, adaptor profile) the classification used
     stale: tuple[StaleReset, ...]  # resets in the adaptor's rollback naming symbols the framework lacks
     loss_scaling: LossScaling | None = None  # what the log shows of the run's loss scaling; it chose rules
 
 
 def diagnose(
     paths: Sequence[str],
+    groundwork: Groundwork,
     *,
-    source_roots: Sequence[Path] = (),
-    rule_paths: Sequence[Path] = (),
     adaptor: Path | None = None,
     stdin: BinaryIO | None = None,
     progress: Progress | None = None,
 ) -> Diagnosis:
-    knowledge = load_knowledge(rule_paths)  # first: a bad rule file fails before gigabytes are read
+    """`groundwork`: the command's knowledge and workspace; the environment is detected here, from the log's frames."""
     scan = inputs.scan(
         paths, recovery.MARKERS, fact_markers=recovery.LOSS_SCALING_MARKERS, stdin=stdin, progress=progress
     )
@@ -70,18 +68,14 @@ def diagnose(
     loss_scaling = recovery.read_loss_scaling(line for excerpt in scan.facts for line in _lines(excerpt))
     tracebacks = _tracebacks(window_lines)
     unsafe = [tb for tb in tracebacks if any(is_unsafe_error(link) for link in tb.chain())]
-    findings = locate(unsafe, source_roots)
-    frames = [frame for finding in findings for frame in finding.unsafe.frames]
-    environment = detect_environment(knowledge, source_roots, frames, adaptor)
+    findings = locate(unsafe, groundwork.workspace)
+    run = groundwork.detect([frame for finding in findings for frame in finding.unsafe.frames], adaptor)
     diagnosed = tuple(
-        DiagnosedFinding(
-            finding,
-            recovery.phase_of(finding.traceback, context),
-            classify(finding.subject, knowledge, environment, loss_scaling),
-        )
+        DiagnosedFinding(finding, recovery.phase_of(finding.traceback, context), classify(finding.subject, run, loss_scaling))
         for finding in findings
     )
-    stale = stale_resets(environment.adaptor, environment.profile, environment) if environment.adaptor else []
+    environment = run.environment
+    stale = stale_resets(environment.adaptor, environment.profile, environment, run.workspace) if environment.adaptor else []
     tail_lines = [_lines(excerpt) for excerpt in scan.tails]
     last_error = None
     if not findings:
@@ -90,12 +84,13 @@ def diagnose(
         if ended:
             last_error = max(ended, key=lambda tb: (order[tb.source], tb.offset))
     located = {rank for finding in findings for rank in finding.ranks}
-    untraced = {event.rank for event in context.events if event.kind == "caught" and event.rank not in located}
-    untraced.discard(None)
-    ranks = {info.rank_hint for info in scan.inputs} | located | untraced
-    ranks.update(line.rank for lines in window_lines + tail_lines for line in lines)
-    ranks.update(line.rank for line in context_lines)
-    ranks.discard(None)
+    untraced = {
+        event.rank for event in context.events if event.kind == "caught" and event.rank is not None and event.rank not in located
+    }
+    seen = [info.rank_hint for info in scan.inputs]
+    seen += [line.rank for lines in window_lines + tail_lines for line in lines]
+    seen += [line.rank for line in context_lines]
+    ranks = located | untraced | {rank for rank in seen if rank is not None}
     return Diagnosis(
         inputs=scan.inputs,
         findings=diagnosed,
@@ -106,7 +101,7 @@ def diagnose(
         hits_not_parsed=scan.hits_not_parsed,
         last_error=last_error,
         untraced_ranks=tuple(sorted(untraced)),
-        environment=environment,
+        context=run,
         stale=tuple(stale),
         loss_scaling=loss_scaling,
     )

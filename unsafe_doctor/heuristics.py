@@ -3,7 +3,7 @@
 Scenario 1: the tensor is reset every iteration (zeroed, cleared or rebound by a function the
 training step calls). Scenario 2: it carries state into the next iteration (updated from its own
 previous value, read to compute parameters, losses or the next step's inputs, a registered buffer
-that nothing resets). Each piece of evidence is reported as "file:line: what".
+that nothing resets). Each piece of evidence is reported as (file, line, what was seen).
 
 Where the evidence comes from: the module defining the global, the culprit's file, and the Python
 files under the module's top-level package and the source roots (at most `MAX_FILES`, skipping
@@ -68,7 +68,7 @@ from unsafe_doctor.source.syntax import (
     walk_scope,
 )
 from unsafe_doctor.source.workspace import SourceFile, Workspace
-from unsafe_doctor.subject import Subject, TensorRef
+from unsafe_doctor.subject import Evidence, Subject, TensorRef
 
 MAX_FILES = 2000
 MAX_EVIDENCE = 8
@@ -127,11 +127,13 @@ class Verdict:
     scenario: Literal[1, 2] | None
     confidence: Literal["medium", "low"] | None
     reason: str  # one or two sentences; with no verdict, what the user should check
-    evidence: tuple[str, ...]  # "path:line: what was seen"
+    evidence: tuple[Evidence, ...]
 
 
-def judge(subject: Subject, source_roots: Sequence[Path]) -> Verdict:
-    """Scenario 1 or 2 from the evidence in the source, with how sure; None with what to check."""
+def judge(subject: Subject, workspace: Workspace) -> Verdict:
+    """Scenario 1 or 2 from the evidence in the source, with how sure; None with what to check.
+
+    `workspace`: the command's, over the source roots (`context.Groundwork`)."""
     tensor = subject.tensor
     if tensor is None or not tensor.variable or not tensor.variable.isidentifier():
         shown = tensor.expression if tensor else "the tensor"
@@ -141,7 +143,7 @@ def judge(subject: Subject, source_roots: Sequence[Path]) -> Verdict:
             "depends on training iterations.",
             (),
         )
-    return _Study(subject, tensor, source_roots).verdict()
+    return _Study(subject, tensor, workspace).verdict()
 
 
 # --- names ------------------------------------------------------------------------------------------
@@ -262,13 +264,13 @@ class _CallSite:
 class _Study:
     """Evidence about one tensor, gathered over the files in scope."""
 
-    def __init__(self, subject: Subject, tensor: TensorRef, source_roots: Sequence[Path]):
+    def __init__(self, subject: Subject, tensor: TensorRef, workspace: Workspace):
         self.subject = subject
         self.variable: str = tensor.variable or ""
         self.owner = tensor.owner
         self.attribute = tensor.owner is not None or tensor.expression.startswith(("self.", "cls."))
-        self.roots = tuple(Path(root) for root in source_roots)
-        self.workspace = Workspace(self.roots)
+        self.roots = workspace.source_roots
+        self.workspace = workspace
         self.module = tensor.module
         self.events: dict[tuple[Kind, Path, int], _Event] = {}
         self.texts: dict[Path, str] = {}  # the files in scope ("" when unreadable or too large)
@@ -483,15 +485,15 @@ class _Study:
                 one.append(event)
         return one, two
 
-    def _lines(self, chosen: list[_Event], other: list[_Event]) -> tuple[str, ...]:
+    def _lines(self, chosen: list[_Event], other: list[_Event]) -> tuple[Evidence, ...]:
         """The chosen side's evidence first, strongest kinds first, at most a few lines of each kind."""
-        lines: list[str] = []
+        lines: list[Evidence] = []
         for side in (chosen, other):
             shown: dict[Kind, int] = {}
             for event in sorted(side, key=lambda event: (_ORDER.index(event.kind), str(event.path), event.line)):
                 shown[event.kind] = shown.get(event.kind, 0) + 1
                 if shown[event.kind] <= MAX_PER_KIND:
-                    lines.append(f"{self.shown(event.path)}:{event.line}: {event.what}")
+                    lines.append(Evidence(self.shown(event.path), event.line, event.what))
         return tuple(lines[:MAX_EVIDENCE])
 
     def _files(self, paths: list[Path]) -> str:

@@ -94,12 +94,14 @@ def is_unsafe_error(traceback: Traceback) -> bool:
     return UNSAFE_MESSAGE.rstrip(".") in traceback.message
 
 
-def locate(tracebacks: Sequence[Traceback], source_roots: Sequence[Path] = ()) -> list[Finding]:
-    """Findings for every traceback whose chain holds the unsafe-data error, folded across ranks."""
-    for root in source_roots:
-        if not Path(root).is_dir():
+def locate(tracebacks: Sequence[Traceback], workspace: Workspace) -> list[Finding]:
+    """Findings for every traceback whose chain holds the unsafe-data error, folded across ranks.
+
+    `workspace`: the command's, over the source roots (`context.Groundwork`)."""
+    for root in workspace.source_roots:
+        if not root.is_dir():
             raise UsageError(f"source root {root} is not a directory")
-    workspace = _FrameWorkspace(source_roots)
+    views = _FrameViews(workspace)
     analyses: dict[tuple[Frame, ...], _Analysis] = {}
     groups: dict[tuple, list[tuple[Traceback, Traceback, _Analysis]]] = {}
     for traceback in tracebacks:
@@ -107,7 +109,7 @@ def locate(tracebacks: Sequence[Traceback], source_roots: Sequence[Path] = ()) -
         if unsafe is None:
             continue
         if unsafe.frames not in analyses:
-            analyses[unsafe.frames] = _analyse(unsafe.frames, workspace)
+            analyses[unsafe.frames] = _analyse(unsafe.frames, views)
         analysis = analyses[unsafe.frames]
         groups.setdefault(analysis.key(), []).append((traceback, unsafe, analysis))
     return [_fold(members) for members in groups.values()]
@@ -115,16 +117,16 @@ def locate(tracebacks: Sequence[Traceback], source_roots: Sequence[Path] = ()) -
 
 # --- one frame: its source, statement and scope ----------------------------------------------------
 
-class _FrameWorkspace(Workspace):
-    """A workspace that also keeps each frame's view: following a parameter views the caller again."""
+class _FrameViews:
+    """Each frame's view, made once: following a parameter views the caller again."""
 
-    def __init__(self, source_roots: Sequence[Path]):
-        super().__init__(source_roots)
+    def __init__(self, workspace: Workspace):
+        self.workspace = workspace
         self._views: dict[Frame, _FrameView] = {}
 
     def view(self, frame: Frame) -> _FrameView:
         if frame not in self._views:
-            self._views[frame] = _frame_view(frame, self)
+            self._views[frame] = _frame_view(frame, self.workspace)
         return self._views[frame]
 
 
@@ -413,7 +415,7 @@ def _candidates(view: _FrameView, workspace: Workspace) -> list[_Candidate]:
 
 
 def _choose_culprit(
-    frames: Sequence[Frame], workspace: _FrameWorkspace
+    frames: Sequence[Frame], views: _FrameViews
 ) -> tuple[int, _FrameView, list[_Candidate]] | None:
     """Innermost non-internal frame whose statement touches a tensor-ish operand (or whose source is
     unknown); else the innermost non-internal frame; None when every frame is internal."""
@@ -421,16 +423,16 @@ def _choose_culprit(
     for index in range(len(frames) - 1, -1, -1):
         if is_internal_file(frames[index].file):
             continue
-        view = workspace.view(frames[index])
-        candidates = _candidates(view, workspace)
+        view = views.view(frames[index])
+        candidates = _candidates(view, views.workspace)
         if view.statement is None or candidates:
             return index, view, candidates
         fallback = fallback or (index, view, candidates)
     return fallback
 
 
-def _analyse(frames: tuple[Frame, ...], workspace: _FrameWorkspace) -> _Analysis:
-    chosen = _choose_culprit(frames, workspace)
+def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
+    chosen = _choose_culprit(frames, views)
     if chosen is None:
         reason = "every frame is inside torch or the Python standard library"
         return _Analysis(None, None, None, (reason if frames else "the traceback has no frames",))
@@ -442,7 +444,7 @@ def _analyse(frames: tuple[Frame, ...], workspace: _FrameWorkspace) -> _Analysis
         if view.statement is None:
             notes.append("no source for the culprit line: the tensor cannot be named")
         return _Analysis(culprit, None, source_file, _unique(notes), view.differs)
-    parts, resolved, caller = _choose_tensor(frames, index, view, candidates, workspace)
+    parts, resolved, caller = _choose_tensor(frames, index, view, candidates, views)
     text = view.text
     if caller is not None:
         text = caller.text
@@ -459,33 +461,33 @@ def _analyse(frames: tuple[Frame, ...], workspace: _FrameWorkspace) -> _Analysis
 
 
 def _choose_tensor(
-    frames: Sequence[Frame], index: int, view: _FrameView, candidates: list[_Candidate], workspace: _FrameWorkspace
+    frames: Sequence[Frame], index: int, view: _FrameView, candidates: list[_Candidate], views: _FrameViews
 ) -> tuple[list[ast.expr], Resolved, _FrameView | None]:
     """The best-tiered candidate, leftmost on ties; parameters count as what the caller passed."""
     options: list[tuple[list[ast.expr], Resolved, _FrameView | None]] = []
     for parts, resolved in candidates:
-        followed = _follow_parameter(frames, index, view, resolved.parameter, workspace) if resolved.parameter else None
+        followed = _follow_parameter(frames, index, view, resolved.parameter, views) if resolved.parameter else None
         options.append(followed or (parts, resolved, None))
     return max(options, key=lambda option: option[1].tier)
 
 
 def _follow_parameter(
-    frames: Sequence[Frame], index: int, view: _FrameView, name: str, workspace: _FrameWorkspace, depth: int = 0
+    frames: Sequence[Frame], index: int, view: _FrameView, name: str, views: _FrameViews, depth: int = 0
 ) -> tuple[list[ast.expr], Resolved, _FrameView] | None:
     """The argument the caller frame passed for parameter `name`, resolved in the caller (repeatedly
     while it is again a parameter); None unless that names something (a global, `self.x`, ...)."""
     if index == 0 or depth > MAX_DEPTH or is_internal_file(frames[index - 1].file) or not view.scope.functions:
         return None
-    caller = workspace.view(frames[index - 1])
+    caller = views.view(frames[index - 1])
     argument = _argument_for(caller.statement, view.scope.functions[-1], name) if caller.statement else None
     parts = flatten(argument) if argument is not None else None
     if parts is None:
         return None
-    resolved = resolve_chain(parts, caller.scope, workspace)
+    resolved = resolve_chain(parts, caller.scope, views.workspace)
     if resolved is None:
         return None
     if resolved.parameter:
-        return _follow_parameter(frames, index - 1, caller, resolved.parameter, workspace, depth + 1)
+        return _follow_parameter(frames, index - 1, caller, resolved.parameter, views, depth + 1)
     return (parts, resolved, caller) if resolved.tier > Tier.PARAMETER else None
 
 

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from unsafe_doctor import __version__
-from unsafe_doctor.classify import Classification, FixPlan
+from unsafe_doctor.classify import Classification, FixPlan, NoFix
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge import KnowledgeBase, Rule
 from unsafe_doctor.source.files import is_internal_file
@@ -44,12 +44,12 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
             "untraced_ranks": list(diagnosis.untraced_ranks),
             "loss_scaling": diagnosis.loss_scaling,  # "none", "grad-scaler", or null when the log does not say
             "frameworks": {
-                name: {"version": str(version), "from": diagnosis.environment.origins[name]}
-                for name, version in diagnosis.environment.versions.items()
+                name: {"version": str(version), "from": diagnosis.context.environment.origins[name]}
+                for name, version in diagnosis.context.environment.versions.items()
             },
             "adaptor": {
-                "file": str(diagnosis.environment.adaptor) if diagnosis.environment.adaptor else None,
-                "profile": diagnosis.environment.profile.id,
+                "file": str(diagnosis.context.environment.adaptor) if diagnosis.context.environment.adaptor else None,
+                "profile": diagnosis.context.environment.profile.id,
             },
             "stale_resets": [
                 {"file": str(item.file), "line": item.line, "statement": item.statement, "why": item.why}
@@ -83,13 +83,13 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
         "rule": verdict.rule,
         "confidence": verdict.confidence,
         "reason": verdict.reason,
-        "evidence": list(verdict.evidence),
+        "evidence": [str(evidence) for evidence in verdict.evidence],
         "fix": _fix_json(verdict.fix),
     }
 
 
-def _fix_json(fix: FixPlan | None) -> dict[str, Any] | None:
-    if fix is None:
+def _fix_json(fix: FixPlan | NoFix | None) -> dict[str, Any] | None:
+    if not isinstance(fix, FixPlan):
         return None
     peer = {"function": fix.peer_function, "code": fix.peer_code} if fix.peer_function else None
     return {
@@ -217,9 +217,9 @@ def _add_classification(grid: Table, verdict: Classification) -> None:
         grid.add_row("Scenario", line)
         grid.add_row("Why", verdict.reason)
     for evidence in verdict.evidence:
-        grid.add_row("Evidence", Text(evidence, style="dim"))
+        grid.add_row("Evidence", Text(str(evidence), style="dim"))
     fix = verdict.fix
-    if fix is None:
+    if not isinstance(fix, FixPlan):
         return
     blocks = [(fix.function, fix.code)] + ([(fix.peer_function, fix.peer_code)] if fix.peer_function else [])
     for function, code in blocks:
@@ -307,7 +307,7 @@ def _summary(diagnosis: Diagnosis, elapsed: float) -> Text:
         pieces.append(f"{len(diagnosis.ranks_seen)} ranks seen")
     if diagnosis.first_failed_rank is not None:
         pieces.append(f"first failure: rank {diagnosis.first_failed_rank}")
-    for name, version in diagnosis.environment.versions.items():
+    for name, version in diagnosis.context.environment.versions.items():
         pieces.append(f"{name} {version}")
     if diagnosis.hits_not_parsed:
         pieces.append(f"{diagnosis.hits_not_parsed} more unsafe-data messages counted, not parsed")
@@ -462,7 +462,7 @@ _PLACEMENT_TEXT = {"device": "on the device", "unknown": "device unknown"}
 
 
 def audit_to_json(audit: Audit) -> dict[str, Any]:
-    environment = audit.environment
+    environment = audit.context.environment
     return {
         "schema": AUDIT_SCHEMA,
         "paths": [str(path) for path in audit.paths],
@@ -523,7 +523,7 @@ def _holder_json(item: AuditedHolder) -> dict[str, Any]:
         "rule": verdict.rule if verdict else None,
         "confidence": verdict.confidence if verdict else None,
         "reason": verdict.reason if verdict else None,
-        "evidence": list(verdict.evidence) if verdict else [],
+        "evidence": [str(evidence) for evidence in verdict.evidence] if verdict else [],
         "notes": list(verdict.notes) if verdict else [],
         "fix": _fix_json(verdict.fix) if verdict else None,
     }
@@ -658,7 +658,7 @@ def _holder_cells(item: AuditedHolder) -> tuple[Text, Text, Text, Text]:
     else:
         scenario.append(str(verdict.scenario), style="bold green")
         scenario.append(f" {verdict.rule}" if verdict.rule else f" heuristics, {verdict.confidence}", style="dim")
-        if coverage.status == "uncovered" and verdict.fix is not None:
+        if coverage.status == "uncovered" and isinstance(verdict.fix, FixPlan):
             peer = f" + {verdict.fix.peer_function}()" if verdict.fix.peer_function else ""
             scenario.append(f"\nfix: {verdict.fix.function}(){peer}")
     return name, uses, status, scenario
@@ -671,7 +671,7 @@ def _site_text(site: Site) -> str:
 
 def _audit_summary(audit: Audit, elapsed: float) -> Text:
     counts = _audit_counts(audit)
-    environment = audit.environment
+    environment = audit.context.environment
     pieces = [
         f"{counts['holders']} global{'s' if counts['holders'] != 1 else ''}: {counts['uncovered']} uncovered, "
         f"{counts['unsafe']} unsafe, {counts['covered']} covered"

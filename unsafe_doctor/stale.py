@@ -61,9 +61,10 @@ class StaleReset:
     why: str
 
 
-def stale_resets(adaptor: Path, profile: AdaptorProfile, environment: Environment) -> list[StaleReset]:
-    """Reset statements in the adaptor's rollback function that miss the detected framework."""
-    workspace = Workspace(environment.source_roots)
+def stale_resets(adaptor: Path, profile: AdaptorProfile, environment: Environment, workspace: Workspace) -> list[StaleReset]:
+    """Reset statements in the adaptor's rollback function that miss the detected framework.
+
+    `workspace`: the command's (`context.Groundwork`), over the environment's source roots."""
     adaptor = Path(adaptor)
     source = workspace.local_source(adaptor)
     if source is None:

@@ -50,3 +50,15 @@ class Subject:
         expression = f"{owner}.{variable}" if owner else variable
         tensor = TensorRef(expression, variable, module, owner, cached)
         return cls(tensor, Frame(file, line, function, code), file)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A place in the source that says something about a subject: a reset, an update, a cache decorator."""
+
+    file: str  # as shown to the user: relative to a source root when under one
+    line: int
+    text: str  # what was seen there
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.text}"

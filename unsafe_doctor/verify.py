@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from unsafe_doctor.adaptor import ROLES, AdaptorFile, read_adaptor
+from unsafe_doctor.classify import Unclassified
 from unsafe_doctor.diagnosis import Diagnosis
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.fix import ROLES, AdaptorFile, marker_key, read_adaptor
+from unsafe_doctor.fix import marker_key
 from unsafe_doctor.knowledge import KnowledgeBase
 from unsafe_doctor.replay.plan import MAX_RANKS, MODES, AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.source.workspace import module_from_path
@@ -80,7 +82,7 @@ def plan_replay(
     targets, skipped = [], []
     for number, item in enumerate(diagnosis.findings, 1):
         tensor, classification = item.finding.tensor, item.classification
-        if classification.scenario is None:
+        if isinstance(classification, Unclassified):
             skipped.append(f"finding {number}: unclassified, so no fix to prove")
         elif tensor is None or tensor.module is None or tensor.variable is None:
             skipped.append(f"finding {number}: the global it read is not resolved to a module and a name")
@@ -88,12 +90,13 @@ def plan_replay(
             rule = knowledge.rule(classification.rule) if classification.rule else None
             guards = [knowledge.conditions[name].guard for name in (rule.conditions if rule else ()) if name in knowledge.conditions]
             label = ".".join(part for part in (tensor.module, tensor.owner, tensor.variable) if part)
-            targets.append(Target(marker_key(item, knowledge), label, classification.scenario, classification.rule,
+            key = marker_key(item.subject, classification, knowledge)
+            targets.append(Target(key, label, classification.scenario, classification.rule,
                                   tensor.module, tensor.variable, tensor.owner,
                                   tuple(name for guard in guards for name in _GUARD_SWITCH.findall(guard))))
     if not targets:
         raise UsageError("nothing to verify: " + ("; ".join(skipped) if skipped else "the log has no unsafe-data finding"))
-    environment = diagnosis.environment
+    environment = diagnosis.context.environment
     files = read_adaptor(environment)
     profile = environment.profile
     functions = {role: (functions or {}).get(role, getattr(profile, role)) for role in ROLES}

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -53,17 +52,18 @@ class Environment:
 
 def detect_environment(
     knowledge: KnowledgeBase,
-    source_roots: Sequence[Path] = (),
+    workspace: Workspace,
     frames: Sequence[Frame] = (),
     adaptor: Path | None = None,
 ) -> Environment:
-    roots = tuple(Path(root) for root in source_roots)
+    """`workspace`: the command's, over the source roots (`context.Groundwork`)."""
+    roots = workspace.source_roots
     for root in roots:
         if not root.is_dir():
             raise UsageError(f"source root {root} is not a directory")
     if adaptor is not None and not Path(adaptor).is_file():
         raise UsageError(f"adaptor {adaptor}: no such file")
-    frame_roots = _frame_roots(frames, roots)
+    frame_roots = _frame_roots(frames, workspace)
     found: dict[str, tuple[Version, str]] = {}
     for root in (*roots, *frame_roots):
         for distribution, value in _versions_under(root).items():
@@ -75,11 +75,11 @@ def detect_environment(
                 found[distribution] = (installed, "installed")
     versions = {name: version for name, (version, _) in found.items()}
     origins = {name: origin for name, (_, origin) in found.items()}
-    chooser = _ProfileChooser(knowledge, roots, versions.get(ADAPTOR_FRAMEWORK))
+    chooser = _ProfileChooser(knowledge, workspace, versions.get(ADAPTOR_FRAMEWORK))
     if adaptor is not None:
         profile = chooser.best_for(Path(adaptor))[0]
     else:
-        search_roots = (*roots, *frame_roots, *(Path(entry) for entry in sys.path if entry and Path(entry).is_dir()))
+        search_roots = (*roots, *frame_roots, *workspace.env_roots)
         adaptor, profile = chooser.search(search_roots)
     return Environment(versions, origins, roots, profile, adaptor)
 
@@ -87,10 +87,9 @@ def detect_environment(
 # --- versions ------------------------------------------------------------------------------------
 
 
-def _frame_roots(frames: Sequence[Frame], source_roots: Sequence[Path]) -> list[Path]:
+def _frame_roots(frames: Sequence[Frame], workspace: Workspace) -> list[Path]:
     """Import roots (the folder above the top package) of the frame files that exist here."""
     roots: list[Path] = []
-    workspace = Workspace(source_roots)
     for printed in dict.fromkeys(frame.file for frame in frames):
         path = Path(printed)
         if is_internal_file(printed) or not is_file(path):
@@ -202,13 +201,13 @@ _PATH_WEIGHT = 2  # the file sits where the profile's `files` say
 class _ProfileChooser:
     """Scores profiles against adaptor files; parsed files are cached for one detection."""
 
-    def __init__(self, knowledge: KnowledgeBase, source_roots: tuple[Path, ...], version: Version | None):
+    def __init__(self, knowledge: KnowledgeBase, workspace: Workspace, version: Version | None):
         if not knowledge.profiles:
             raise UsageError("the knowledge base has no adaptor profiles")
         self.profiles = knowledge.profiles
-        self.source_roots = source_roots
+        self.source_roots = workspace.source_roots
         self.version = version
-        self._workspace = Workspace(source_roots)
+        self._workspace = workspace
 
     def search(self, roots: Sequence[Path]) -> tuple[Path | None, AdaptorProfile]:
         """The best-fitting adaptor file under the roots; without one, the version's or default profile."""

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import yaml
 
+from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import Diagnosis, DiagnosedFinding, diagnose
-from unsafe_doctor.knowledge import KnowledgeBase, load_knowledge
+from unsafe_doctor.knowledge import KnowledgeBase
 
 HERE = Path(__file__).resolve().parent
 LABELS = HERE / "labels.yaml"
@@ -86,11 +87,10 @@ def run(entry: Entry) -> Outcome:
     """Diagnose the entry's log as the CLI would, timed."""
     rule_paths = [entry.path(path) for path in entry.rules]
     started = time.perf_counter()
-    diagnosis = diagnose([str(entry.path(entry.log))], source_roots=[entry.path(root) for root in entry.source_roots],
-                         rule_paths=rule_paths)
+    setup = groundwork(rule_paths, [entry.path(root) for root in entry.source_roots])
+    diagnosis = diagnose([str(entry.path(entry.log))], setup)
     seconds = time.perf_counter() - started
-    knowledge = load_knowledge(rule_paths)
-    findings = tuple(_fields(finding, knowledge) for finding in diagnosis.findings)
+    findings = tuple(_fields(finding, setup.knowledge) for finding in diagnosis.findings)
     return Outcome(entry, findings, _last_error(diagnosis), seconds)
 
 

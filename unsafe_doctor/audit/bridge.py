@@ -15,38 +15,43 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unsafe_doctor.audit.model import Audit, Coverage, Holder, Site
-from unsafe_doctor.classify import GENERIC_RULE_IDS, Classification, classify, classify_as
+from unsafe_doctor.classify import GENERIC_RULE_IDS, Classification, Classified, FixPlan, NoFix, classify, classify_as
+from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import KnowledgeBase, Rule, names_global, rule_matches
+from unsafe_doctor.knowledge import Rule, names_global, rule_matches
 from unsafe_doctor.source.files import import_root
-from unsafe_doctor.subject import Subject
+from unsafe_doctor.subject import Evidence, Subject
 from unsafe_doctor.tracebacks import Frame
-from unsafe_doctor.versions import Environment
 
 if TYPE_CHECKING:
     from unsafe_doctor.fix import Plan
 
 
-def classification(
-    holder: Holder, coverage: Coverage, knowledge: KnowledgeBase, environment: Environment
-) -> tuple[Subject, Classification | None]:
+def classification(holder: Holder, coverage: Coverage, context: RunContext) -> tuple[Subject, Classification | None]:
     """Rules first, at the first site a rule names; heuristics only for an uncovered holder."""
     subject = _subject(holder)
-    frame = _named_frame(holder, [rule for rule in knowledge.rules if rule.id not in GENERIC_RULE_IDS])
+    frame = _named_frame(holder, [rule for rule in context.knowledge.rules if rule.id not in GENERIC_RULE_IDS])
     if frame is None and coverage.status != "uncovered":
         return subject, None
     if frame is None and holder.kind == "lru-cache":
-        return subject, _cache_classification(holder, subject, knowledge, environment)
+        return subject, _cache_classification(holder, context)
     if frame is not None and frame != subject.frame:
         subject = replace(subject, frame=frame)
-    verdict = classify(subject, knowledge, environment)
-    if verdict.rule is None and verdict.fix is not None and holder.kind in ("singleton", "buffer"):
-        note = (
-            f"no fix written: the generic fixes handle a tensor, dict, list or lru cache, not a {holder.kind}; "
-            "reset it by hand or add a rule (--rules)"
-        )
-        verdict = replace(verdict, fix=None, notes=(*verdict.notes, note))
-    return subject, verdict
+    return subject, _generic_fix_checked(classify(subject, context), holder)
+
+
+def _generic_fix_checked(verdict: Classification, holder: Holder) -> Classification:
+    """The generic fixes handle a tensor, dict, list or lru cache: a singleton or buffer that no rule
+    knows gets no fix."""
+    if not isinstance(verdict, Classified) or verdict.rule is not None or not isinstance(verdict.fix, FixPlan):
+        return verdict
+    if holder.kind not in ("singleton", "buffer"):
+        return verdict
+    note = (
+        f"no fix written: the generic fixes handle a tensor, dict, list or lru cache, not a {holder.kind}; "
+        "reset it by hand or add a rule (--rules)"
+    )
+    return replace(verdict, fix=NoFix(note), notes=(*verdict.notes, note))
 
 
 def _named_frame(holder: Holder, specific: list[Rule]) -> Frame | None:
@@ -75,7 +80,7 @@ def _subject(holder: Holder, cached: bool = False) -> Subject:
     )
 
 
-def _cache_classification(holder: Holder, subject: Subject, knowledge: KnowledgeBase, environment: Environment) -> Classification:
+def _cache_classification(holder: Holder, context: RunContext) -> Classified:
     """A cache holds values computed from its arguments and computes them again when missing: scenario
     1 by its nature, fixed by emptying it. (The source heuristics would read every file naming the
     function, and names such as `forward` are everywhere.)"""
@@ -84,9 +89,8 @@ def _cache_classification(holder: Holder, subject: Subject, knowledge: Knowledge
         f"{cached} is a cache: what it returns is computed from its arguments and computed again once "
         "emptied, so it carries nothing into the next step; empty it with cache_clear() in the rollback"
     )
-    evidence = (f"{holder.definition.file}:{holder.definition.line}: decorated with a cache: `{holder.definition.code}`",)
-    cache = _subject(holder, cached=True)
-    return replace(classify_as(cache, 1, knowledge, environment, evidence), confidence="medium", reason=reason)
+    evidence = (Evidence(holder.definition.file, holder.definition.line, f"decorated with a cache: `{holder.definition.code}`"),)
+    return replace(classify_as(_subject(holder, cached=True), 1, context, evidence), confidence="medium", reason=reason)
 
 
 def _rule_frame(rule: Rule, holder: Holder) -> Frame | None:
@@ -136,7 +140,7 @@ class _Fixable:
     """An uncovered holder with the classification whose fix it gets: what the fixer takes."""
 
     subject: Subject
-    classification: Classification
+    classification: Classified
 
 
 def _fixable(result: Audit) -> dict[str, _Fixable]:
@@ -144,24 +148,24 @@ def _fixable(result: Audit) -> dict[str, _Fixable]:
     return {
         item.holder.name: _Fixable(item.subject, item.classification)
         for item in result.fixable
-        if item.classification is not None
+        if isinstance(item.classification, Classified)
     }
 
 
-def plan_fixes(result: Audit, knowledge: KnowledgeBase) -> Plan:
+def plan_fixes(result: Audit) -> Plan:
     """One plan (one diff) with the fix of every uncovered holder that has one; refused without an
     adaptor to write into."""
     from unsafe_doctor.fix import plan_fix  # libcst loads only when a fix is planned
 
-    if result.environment.adaptor is None:
+    if result.context.environment.adaptor is None:
         raise UsageError("--fix needs the recovery adaptor: none was found under the paths; give --adaptor FILE")
-    return plan_fix(list(_fixable(result).values()), result.environment, knowledge)
+    return plan_fix(list(_fixable(result).values()), result.context)
 
 
-def plan_fixes_per_holder(result: Audit, knowledge: KnowledgeBase) -> dict[str, Plan]:
+def plan_fixes_per_holder(result: Audit) -> dict[str, Plan]:
     """Each fixable holder's own plan (SARIF attaches a fix to each result)."""
     from unsafe_doctor.fix import plan_fix
 
-    if result.environment.adaptor is None:
+    if result.context.environment.adaptor is None:
         return {}
-    return {name: plan_fix([fixable], result.environment, knowledge) for name, fixable in _fixable(result).items()}
+    return {name: plan_fix([fixable], result.context) for name, fixable in _fixable(result).items()}

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Literal
 
 from unsafe_doctor.audit.refs import HolderKey
-from unsafe_doctor.classify import Classification
+from unsafe_doctor.classify import Classification, Classified, FixPlan
+from unsafe_doctor.context import RunContext
 from unsafe_doctor.stale import StaleReset
 from unsafe_doctor.subject import Subject
-from unsafe_doctor.versions import Environment
 
 HolderKind = Literal["module-global", "class-attribute", "singleton", "lru-cache", "buffer"]
 Placement = Literal["device", "unknown"]
@@ -73,7 +73,7 @@ class Audit:
     files: int  # Python files read
     unreadable: tuple[str, ...]  # files that could not be parsed
     holders: tuple[AuditedHolder, ...]  # uncovered first, then unsafe, then covered; by name within
-    environment: Environment
+    context: RunContext  # the knowledge, the scan's workspace and the environment the holders were judged with
     stale: tuple[StaleReset, ...]
     notes: tuple[str, ...]
 
@@ -88,5 +88,7 @@ class Audit:
         return tuple(
             item
             for item in self.holders
-            if item.coverage.status == "uncovered" and item.classification is not None and item.classification.fix
+            if item.coverage.status == "uncovered"
+            and isinstance(item.classification, Classified)
+            and isinstance(item.classification.fix, FixPlan)
         )

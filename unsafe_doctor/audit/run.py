@@ -16,6 +16,7 @@ from unsafe_doctor.audit.holders import ScanFindings, holders, scan_module
 from unsafe_doctor.audit.index import Index, audited_files
 from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder
 from unsafe_doctor.audit.resolve import Accessors
+from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.source.files import ImportRoots
@@ -51,7 +52,8 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
         scanned()
         if adaptor is None:
             adaptor = adaptor_in_tree(index, knowledge)
-        environment = detect_environment(knowledge, roots, adaptor=adaptor)
+        context = RunContext(knowledge, index.workspace, detect_environment(knowledge, index.workspace, adaptor=adaptor))
+        environment = context.environment
         notes: list[str] = []
         judge = None
         if environment.adaptor is not None:
@@ -63,11 +65,11 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
             if judge is not None:
                 holder = _without_adaptor_uses(holder, judge.shown)
             verdict = judge.judge(holder) if judge is not None else _NO_ADAPTOR
-            subject, classified = classification(holder, verdict, knowledge, environment)
+            subject, classified = classification(holder, verdict, context)
             audited.append(AuditedHolder(holder, verdict, classified, subject))
     audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
-    stale = stale_resets(environment.adaptor, environment.profile, environment) if environment.adaptor else []
-    return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), environment, tuple(stale), tuple(notes))
+    stale = stale_resets(environment.adaptor, environment.profile, environment, index.workspace) if environment.adaptor else []
+    return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), context, tuple(stale), tuple(notes))
 
 
 def _given(paths: Sequence[Path]) -> list[Path]:

@@ -1,0 +1,322 @@
+"""The user's recovery adaptor as code: its files, their functions, the blocks unsafe-doctor wrote.
+
+The adaptor is the file given (or found by the adaptor profile) and the profile's sibling files
+beside it. Each is read once as bytes and parsed with libcst, so that an edit can be spliced in at
+a line boundary: for every function, the line a block goes before (a trailing `return`, else the
+end of the body), its indentation, parameters, early returns and the process group it builds
+itself. Blocks are read back between their `# unsafe-doctor: begin/end <key>` markers.
+"""
+
+from __future__ import annotations
+
+import io
+import tokenize
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import libcst as cst
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.versions import Environment, profile_files
+
+Role = Literal["rollback", "send", "recv"]
+ROLES: tuple[Role, ...] = ("rollback", "send", "recv")
+MARKER_BEGIN = "# unsafe-doctor: begin "
+MARKER_END = "# unsafe-doctor: end "
+INDENT = "    "  # one indentation level where a function shows none; the unit of the rule templates
+
+
+def adaptor_files(environment: Environment) -> list[Path]:
+    adaptor = environment.adaptor
+    if adaptor is None:
+        globs = ", ".join(environment.profile.files)
+        raise UsageError(f"no adaptor file found ({globs} under the source roots): give --adaptor FILE or --source-root DIR")
+    siblings = [path for path in profile_files(environment.profile, adaptor) if path != adaptor.resolve()]
+    return [adaptor, *(shown_path(path) for path in siblings)]
+
+
+def shown_path(path: Path) -> Path:
+    """Relative to the working folder when inside it, as the user typed the adaptor's path."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+@dataclass(frozen=True)
+class AdaptorFunction:
+    name: str
+    path: Path
+    first_line: int  # 1-based, the `def` line
+    last_line: int
+    parameters: frozenset[str]
+    indent: str  # the body's indentation
+    unit: str  # one indentation level of this function
+    insert_at: int | None  # 0-based index of the line a block goes before; None for a one-line body
+    early_returns: tuple[int, ...]  # lines of returns other than a trailing one
+    own_group: str | None  # local name of a process group the function builds with new_group()
+
+
+@dataclass(frozen=True)
+class AdaptorSource:
+    path: Path
+    shown: str
+    data: bytes
+    encoding: str  # as Python reads the file: PEP 263 coding line, BOM (utf-8-sig), else utf-8
+    newline: str
+    lines: tuple[bytes, ...]  # with their line endings
+    functions: tuple[AdaptorFunction, ...]
+
+    def text_line(self, index: int) -> str:
+        return self.lines[index].decode(self.encoding)
+
+    def decoded(self, line: bytes) -> str:
+        """A line of this file (or of an edit of it) as text, stripped."""
+        return line.decode(self.encoding).strip()
+
+    def encode(self, text: str) -> bytes:
+        """Text for the middle of the file: a BOM belongs only at its start."""
+        return text.encode("utf-8" if self.encoding == "utf-8-sig" else self.encoding)
+
+
+class Adaptor:
+    """The adaptor's files, each read and parsed once."""
+
+    def __init__(self, paths: list[Path]):
+        self.paths = paths
+        self._sources: dict[Path, AdaptorSource] = {}
+
+    def source(self, path: Path) -> AdaptorSource:
+        if path not in self._sources:
+            self._sources[path] = read_source(path)
+        return self._sources[path]
+
+    def function(self, name: str, role: Role) -> AdaptorFunction:
+        """The one function of that name in the adaptor's files; refuses zero or several."""
+        found = [function for path in self.paths for function in self.source(path).functions if function.name == name]
+        if not found:
+            present = sorted({function.name for path in self.paths for function in self.source(path).functions})
+            listed = ", ".join(present[:12]) + (", ..." if len(present) > 12 else "") if present else "none"
+            raise UsageError(
+                f"no {role} function {name}() in {', '.join(map(str, self.paths))} (functions there: {listed}); "
+                f"name it with --function {role}=NAME"
+            )
+        if len(found) > 1:
+            places = ", ".join(f"{function.path}:{function.first_line}" for function in found)
+            raise UsageError(f"several functions named {name}() ({places}): cannot tell which is the {role} function")
+        function = found[0]
+        if function.insert_at is None:
+            raise UsageError(
+                f"{function.path}:{function.first_line}: {name}() has its body on the `def` line; put it on lines of its own"
+            )
+        return function
+
+
+def read_source(path: Path) -> AdaptorSource:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise UsageError(f"cannot read adaptor {path}: {error.strerror or error}") from None
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        text = data.decode(encoding)
+        wrapper = MetadataWrapper(cst.parse_module(text))
+    except (SyntaxError, UnicodeDecodeError, LookupError, cst.ParserSyntaxError) as error:
+        raise UsageError(f"adaptor {path} is not valid Python: {str(error).splitlines()[0]}") from None
+    lines = tuple(data.splitlines(keepends=True))
+    positions = wrapper.resolve(PositionProvider)
+    collector = _FunctionCollector()
+    wrapper.module.visit(collector)
+    text_lines = [line.decode(encoding) for line in lines]
+    functions = tuple(_describe(node, positions, text_lines, path) for node in collector.found)
+    return AdaptorSource(path, str(path), data, encoding, _newline(lines), lines, functions)
+
+
+def _newline(lines: Sequence[bytes]) -> str:
+    for line in lines:
+        for ending in ("\r\n", "\n", "\r"):
+            if line.endswith(ending.encode()):
+                return ending
+    return "\n"
+
+
+class _FunctionCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found: list[cst.FunctionDef] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.found.append(node)
+
+
+class _ReturnCollector(cst.CSTVisitor):
+    """Returns of one function, not those of the functions and classes it defines."""
+
+    def __init__(self) -> None:
+        self.found: list[cst.Return] = []
+
+    def visit_Return(self, node: cst.Return) -> None:
+        self.found.append(node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+
+def _describe(
+    node: cst.FunctionDef, positions: Mapping[cst.CSTNode, CodeRange], text_lines: list[str], path: Path
+) -> AdaptorFunction:
+    """Where a block goes in this function, how it is indented, what the function takes."""
+    start, end = positions[node].start, positions[node].end
+    parameters = frozenset(_parameter_names(node.params))
+    if not isinstance(node.body, cst.IndentedBlock):
+        return AdaptorFunction(node.name.value, path, start.line, end.line, parameters, "", INDENT, None, (), None)
+    body = node.body.body
+    first = positions[body[0]].start
+    indent = text_lines[first.line - 1][: first.column]
+    def_indent = text_lines[start.line - 1][: start.column]
+    unit = indent[len(def_indent):] if indent.startswith(def_indent) and len(indent) > len(def_indent) else INDENT
+    last = body[-1]
+    trailing_return = _as_return(last)
+    if trailing_return is not None:
+        insert_at = positions[last].start.line - 1 - len(trailing_return.leading_lines)
+    else:
+        insert_at = positions[last].end.line
+    returns = _ReturnCollector()
+    node.body.visit(returns)
+    trailing = set(trailing_return.body) if trailing_return is not None else set()
+    early = tuple(positions[ret].start.line for ret in returns.found if ret not in trailing)
+    group = _own_group(body)
+    return AdaptorFunction(node.name.value, path, start.line, end.line, parameters, indent, unit, insert_at, early, group)
+
+
+def _parameter_names(params: cst.Parameters) -> Iterable[str]:
+    for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+        yield param.name.value
+    for star in (params.star_arg, params.star_kwarg):
+        if isinstance(star, cst.Param):
+            yield star.name.value
+
+
+def _as_return(statement: cst.BaseStatement) -> cst.SimpleStatementLine | None:
+    """The statement when it is a line that returns."""
+    if isinstance(statement, cst.SimpleStatementLine) and any(isinstance(small, cst.Return) for small in statement.body):
+        return statement
+    return None
+
+
+def _own_group(body: Sequence[cst.BaseStatement]) -> str | None:
+    """The local a function binds to a process group it builds itself (`g = dist.new_group(...)`):
+    the repair traffic of that adaptor goes over it, whatever the profile's group getter says."""
+    names = []
+    for statement in body:
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            continue
+        assign = statement.body[0]
+        if (
+            isinstance(assign, cst.Assign)
+            and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Name)
+            and isinstance(assign.value, cst.Call)
+            and _callee_name(assign.value.func) == "new_group"
+        ):
+            names.append(assign.targets[0].target.value)
+    return names[-1] if names else None
+
+
+def _callee_name(callee: cst.BaseExpression) -> str | None:
+    if isinstance(callee, cst.Name):
+        return callee.value
+    return callee.attr.value if isinstance(callee, cst.Attribute) else None
+
+
+def without_blocks(source: AdaptorSource) -> tuple[bytes, tuple[str, ...]] | None:
+    lines = list(source.lines)
+    newline = source.encode(source.newline)
+    changes = []
+    index = 0
+    removed = 0  # lines removed above `index`, to report the original line numbers
+    while index < len(lines):
+        text = source.decoded(lines[index])
+        if not text.startswith(MARKER_BEGIN):
+            index += 1
+            continue
+        key = text[len(MARKER_BEGIN):]
+        end = next((later for later in range(index + 1, len(lines)) if source.decoded(lines[later]) == MARKER_END + key), None)
+        first = index + 1 + removed
+        if end is None:
+            raise UsageError(f"{source.shown}:{first}: block {key} has no end marker ({MARKER_END}{key}): remove it by hand")
+        changes.append(f"{source.shown}:{first}: remove {key} (lines {first}-{end + 1 + removed})")
+        if end == len(lines) - 1 and not lines[end].endswith((b"\n", b"\r")) and index > 0:
+            lines[index - 1] = lines[index - 1][: -len(newline)]  # the file ended without a line ending
+        del lines[index : end + 1]
+        removed += end + 1 - index
+    if not changes:
+        return None
+    return b"".join(lines), tuple(changes)
+
+
+# --- reading blocks back (for verify) --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarkedBlock:
+    key: str
+    path: Path
+    line: int  # 1-based line of the begin marker
+    function: str  # the adaptor function that holds it
+    parameters: frozenset[str]  # that function's parameters
+    own_group: str | None  # the local that function binds to a group it builds itself
+    code: str  # the block's lines, markers included, dedented to column 0
+
+
+@dataclass(frozen=True)
+class AdaptorFile:
+    path: Path
+    text: str  # as on disk
+    unpatched: str  # with every unsafe-doctor block taken out
+    blocks: tuple[MarkedBlock, ...]
+    functions: frozenset[str]
+
+
+def read_adaptor(environment: Environment) -> tuple[AdaptorFile, ...]:
+    """The adaptor's files as written, with their marked blocks, and as they were before any fix."""
+    files = []
+    for path in adaptor_files(environment):
+        source = read_source(path)
+        removed = without_blocks(source)
+        unpatched = removed[0] if removed is not None else source.data
+        files.append(
+            AdaptorFile(
+                path,
+                source.data.decode(source.encoding),
+                unpatched.decode(source.encoding),
+                tuple(_marked_blocks(source)),
+                frozenset(function.name for function in source.functions),
+            )
+        )
+    return tuple(files)
+
+
+def _marked_blocks(source: AdaptorSource) -> Iterable[MarkedBlock]:
+    texts = [line.decode(source.encoding).rstrip("\r\n") for line in source.lines]
+    for index, text in enumerate(texts):
+        stripped = text.strip()
+        if not stripped.startswith(MARKER_BEGIN):
+            continue
+        key = stripped[len(MARKER_BEGIN):]
+        end = next((later for later in range(index + 1, len(texts)) if texts[later].strip() == MARKER_END + key), None)
+        if end is None:
+            raise UsageError(f"{source.shown}:{index + 1}: block {key} has no end marker ({MARKER_END}{key})")
+        holders = [function for function in source.functions if function.first_line <= index + 1 <= function.last_line]
+        if not holders:
+            raise UsageError(f"{source.shown}:{index + 1}: block {key} is outside any function")
+        function = max(holders, key=lambda function: function.first_line)  # the innermost
+        indent = text[: len(text) - len(text.lstrip())]
+        lines = [line[len(indent):] if line.startswith(indent) else line.lstrip() for line in texts[index : end + 1]]
+        code = "\n".join(lines) + "\n"
+        yield MarkedBlock(key, source.path, index + 1, function.name, function.parameters, function.own_group, code)

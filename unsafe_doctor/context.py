@@ -1,0 +1,41 @@
+"""What the stages of one command share: the knowledge base, one workspace, the environment.
+
+A command sets them up once and hands them down; no stage loads the knowledge, builds a workspace
+or detects the environment itself. Two steps, because a diagnosis learns where the user's trees are
+from the log: `Groundwork` (knowledge and workspace) comes first, so that a bad rule file fails
+before gigabytes of log are read; `RunContext` adds the environment once the log's frames are known
+(an audit or a revert has no frames and takes both steps at once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from unsafe_doctor.knowledge import KnowledgeBase, load_knowledge
+from unsafe_doctor.source.workspace import Workspace
+from unsafe_doctor.tracebacks import Frame
+from unsafe_doctor.versions import Environment, detect_environment
+
+
+@dataclass(frozen=True)
+class Groundwork:
+    knowledge: KnowledgeBase  # the shipped rules and profiles, and the user's --rules
+    workspace: Workspace  # files found, read and parsed once, over the --source-root folders
+
+    def detect(self, frames: Sequence[Frame] = (), adaptor: Path | None = None) -> RunContext:
+        """The run context, with the environment read from the source roots, the frames' trees and the adaptor."""
+        return RunContext(self.knowledge, self.workspace, detect_environment(self.knowledge, self.workspace, frames, adaptor))
+
+
+@dataclass(frozen=True)
+class RunContext:
+    knowledge: KnowledgeBase
+    workspace: Workspace
+    environment: Environment  # framework versions, adaptor profile and file
+
+
+def groundwork(rule_paths: Sequence[Path] = (), source_roots: Sequence[Path] = ()) -> Groundwork:
+    """The knowledge (first: a bad rule file fails before anything else is read) and the workspace."""
+    return Groundwork(load_knowledge(rule_paths), Workspace(source_roots))
