@@ -71,6 +71,11 @@ def _block_fits(
         return False
     if variable is None:
         return frame_named
+    return names_global(match, variable, module, owner)
+
+
+def names_global(match: RuleMatch, variable: str, module: str | None, owner: str | None) -> bool:
+    """Whether a match block's variable, module and owner fields fit a global (its frame fields aside)."""
     if match.variable is not None and variable != match.variable:
         return False
     if match.variable_regex is not None and not re.fullmatch(match.variable_regex, variable):

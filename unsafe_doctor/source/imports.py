@@ -1,11 +1,11 @@
 """What imports bind, and which module on disk a dotted target means (through re-exports): the
 import half of `unsafe_doctor.source.resolve`, for callers that know the module they look for
-(stale's resets, heuristics' uses of one global)."""
+(stale's resets, heuristics' uses of one global, the audit's index of modules)."""
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from unsafe_doctor.source.syntax import Function, ImportedName, import_bindings, scope_statements
@@ -96,3 +96,19 @@ def module_member(target: str, attributes: Sequence[str | None], workspace: Work
         names.pop(0)
     first = names[0] if names else None
     return ModuleMember(module, first, tuple(names[1:])) if first is not None else None
+
+
+def defined_member(target: str, workspace: Workspace, readable: Callable[[str], bool]) -> ModuleMember | None:
+    """The module member an import target names where it is defined, through the names modules
+    re-export (`from .state import BUF` in a package's `__init__`); None for a module itself, or for
+    a target whose top-level package `readable` refuses (libraries are not read)."""
+    for _ in range(MAX_HOPS + 1):
+        if not readable(target):
+            return None
+        member = module_member(target, (), workspace)
+        source = workspace.module_source(member.module) if member is not None else None
+        binding = source.binding(member.name) if source is not None and member is not None else None
+        if not isinstance(binding, ImportedName):
+            return member
+        target = binding.target
+    return None

@@ -1,0 +1,29 @@
+"""The audit: every global of a framework that can hold device tensors across training steps, and
+whether the recovery adaptor resets, rebuilds or repairs it; found by reading source, before a
+fault finds it. Sources are parsed with `ast` (never imported).
+
+**Holders**, the places a tensor can outlive a step:
+
+* *module-global*: a module-level name, or one a function declares `global`;
+* *class-attribute*: a name bound in a class body (reached as `Cls.x`, `cls.x`, `self.x`);
+* *singleton*: a module global assigned an instance of a class whose methods keep tensors in `self`;
+* *lru-cache*: a function or method decorated with `lru_cache` / `cache` that returns a tensor;
+* *buffer*: a `register_buffer` of a module class that a method other than `__init__` updates in
+  place (`+=`, an in-place method, `.data = ...`, `[k] = ...`).
+
+The pipeline, one module each:
+
+* `index`: the files and modules read, what each defines, what a dotted name refers to;
+* `scope`, `resolve`, `places`: one scope's names, what an expression refers to, where a tensor lives;
+* `uses`, `walk`: the uses a scope's statements make of holders;
+* `holders`: framework code scanned for holders, with their writers and readers;
+* `coverage`: the adaptor's rollback, send and receive functions judged for each holder;
+* `bridge`: classification and fixes, through classify, heuristics and fix;
+* `run`: one audit, start to end; `model`: what it reports.
+"""
+
+from unsafe_doctor.audit.bridge import plan_fixes, plan_fixes_per_holder
+from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Site
+from unsafe_doctor.audit.run import audit
+
+__all__ = ["Audit", "AuditedHolder", "Coverage", "Holder", "Site", "audit", "plan_fixes", "plan_fixes_per_holder"]

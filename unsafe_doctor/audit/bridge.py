@@ -1,0 +1,172 @@
+"""The bridge from holders to the diagnosis stages: classification (rules, then heuristics) and the
+fixes, for a holder found by reading source rather than by a fault in a log.
+
+A holder classifies through `classify()` with a subject built for it, at the first of its sites
+that a rule names (a rule may name the frame a log shows reading the tensor: the audit takes that
+frame as given when the rule names the holder itself), else at its definition. Heuristics run only
+for uncovered holders that no rule knows; a cache is scenario 1 by its nature. The generic fixes
+behind heuristic verdicts handle a tensor, dict or list: singletons, caches and buffers get no
+generic fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from unsafe_doctor.audit.model import Audit, Coverage, Holder, Site
+from unsafe_doctor.classify import Classification, Classified, FixPlan, NoFix, classify, classify_as
+from unsafe_doctor.context import RunContext
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge import Rule
+from unsafe_doctor.matching import names_global, rule_matches
+from unsafe_doctor.source.files import import_root
+from unsafe_doctor.subject import Evidence, Subject
+from unsafe_doctor.tracebacks import Frame
+
+if TYPE_CHECKING:
+    from unsafe_doctor.fix import Plan
+
+
+def classification(holder: Holder, coverage: Coverage, context: RunContext) -> tuple[Subject, Classification | None]:
+    """Rules first, at the first site a rule names; heuristics only for an uncovered holder."""
+    subject = _subject(holder)
+    frame = _named_frame(holder, list(context.knowledge.rules))
+    if frame is None and coverage.status != "uncovered":
+        return subject, None
+    if frame is None and holder.kind == "lru-cache":
+        return subject, _cache_classification(holder, context)
+    if frame is not None and frame != subject.frame:
+        subject = replace(subject, frame=frame)
+    return subject, _generic_fix_checked(classify(subject, context), holder)
+
+
+def _generic_fix_checked(verdict: Classification, holder: Holder) -> Classification:
+    """The generic fixes handle a tensor, dict, list or lru cache: a singleton or buffer that no rule
+    knows gets no fix."""
+    if not isinstance(verdict, Classified) or verdict.rule is not None or not isinstance(verdict.fix, FixPlan):
+        return verdict
+    if holder.kind not in ("singleton", "buffer"):
+        return verdict
+    note = (
+        f"no fix written: the generic fixes handle a tensor, dict, list or lru cache, not a {holder.kind}; "
+        "reset it by hand or add a rule (--rules)"
+    )
+    return replace(verdict, fix=NoFix(note), notes=(*verdict.notes, note))
+
+
+def _named_frame(holder: Holder, specific: list[Rule]) -> Frame | None:
+    """The first of the holder's sites (or of the frames rules name for it) that a specific rule matches."""
+    candidates = [_frame(site) for site in (holder.definition, *holder.writers, *holder.readers)]
+    candidates += [frame for frame in (_rule_frame(rule, holder) for rule in specific) if frame is not None]
+    return next(
+        (
+            candidate
+            for candidate in candidates
+            if any(
+                rule_matches(rule, holder.variable, holder.module, holder.owner, candidate.file, candidate.function)
+                for rule in specific
+            )
+        ),
+        None,
+    )
+
+
+def _subject(holder: Holder, cached: bool = False) -> Subject:
+    """The holder read at its definition."""
+    frame = _frame(holder.definition)
+    return Subject.of_global(
+        holder.module, holder.variable, holder.owner, frame.file, frame.line,
+        function=frame.function, code=frame.source, cached=cached,
+    )
+
+
+def _cache_classification(holder: Holder, context: RunContext) -> Classified:
+    """A cache holds values computed from its arguments and computes them again when missing: scenario
+    1 by its nature, fixed by emptying it. (The source heuristics would read every file naming the
+    function, and names such as `forward` are everywhere.)"""
+    cached = f"{holder.owner}.{holder.variable}" if holder.owner else holder.variable
+    reason = (
+        f"{cached} is a cache: what it returns is computed from its arguments and computed again once "
+        "emptied, so it carries nothing into the next step; empty it with cache_clear() in the rollback"
+    )
+    evidence = (Evidence(holder.definition.file, holder.definition.line, f"decorated with a cache: `{holder.definition.code}`"),)
+    return replace(classify_as(_subject(holder, cached=True), 1, context, evidence), confidence="medium", reason=reason)
+
+
+def _rule_frame(rule: Rule, holder: Holder) -> Frame | None:
+    """The frame a rule names, for a holder whose name, owner and module the rule names exactly.
+
+    Some rules recognise a tensor by the frame a log shows reading it (`attention_mask_func` reads
+    the cached causal mask): the audit knows the holder itself, so the frame is taken as given,
+    placed under the holder's import root."""
+    match = next(
+        (
+            block
+            for block in rule.matches
+            if block.variable == holder.variable
+            and (block.file is not None or block.function is not None)
+            and names_global(block, holder.variable, holder.module, holder.owner)
+        ),
+        None,
+    )
+    if match is None:
+        return None
+    definition = Path(holder.definition.file).resolve()
+    file = str(definition)
+    if match.file is not None:
+        tail = match.file.removeprefix("*/")
+        root = import_root(definition, holder.module)
+        if _is_glob(tail) or root is None:
+            return None
+        file = str(root / tail)
+    function = match.function if match.function and not _is_glob(match.function) else "<module>"
+    return Frame(file, None, function, None)
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(char in pattern for char in "*?[")
+
+
+def _frame(site: Site) -> Frame:
+    function = site.function.rpartition(".")[2] if site.function else "<module>"
+    return Frame(str(Path(site.file).resolve()), site.line, function, site.code or None)
+
+
+# --- fixes -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Fixable:
+    """An uncovered holder with the classification whose fix it gets: what the fixer takes."""
+
+    subject: Subject
+    classification: Classified
+
+
+def _fixable(result: Audit) -> dict[str, _Fixable]:
+    """The fixable holders, by name."""
+    return {
+        item.holder.name: _Fixable(item.subject, item.classification)
+        for item in result.fixable
+        if isinstance(item.classification, Classified)
+    }
+
+
+def plan_fixes(result: Audit) -> Plan:
+    """One plan (one diff) with the fix of every uncovered holder that has one; refused without an
+    adaptor to write into."""
+    from unsafe_doctor.fix import plan_fix  # libcst loads only when a fix is planned
+
+    if result.context.environment.adaptor is None:
+        raise UsageError("--fix needs the recovery adaptor: none was found under the paths; give --adaptor FILE")
+    return plan_fix(list(_fixable(result).values()), result.context)
+
+
+def plan_fixes_per_holder(result: Audit) -> dict[str, Plan]:
+    """Each fixable holder's own plan (SARIF attaches a fix to each result)."""
+    from unsafe_doctor.fix import plan_fix
+
+    if result.context.environment.adaptor is None:
+        return {}
+    return {name: plan_fix([fixable], result.context) for name, fixable in _fixable(result).items()}

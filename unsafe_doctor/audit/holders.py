@@ -1,0 +1,198 @@
+"""Scanning framework code for holders: the globals, class attributes, singletons, caches and
+buffers where a tensor can outlive a training step, with where each is written and read.
+
+A module global or class attribute is a holder when a tensor lands in it: assigned one, or one
+stored into it (`X[k] = t`, `X[k]["v"] += t`, `X.append(t)`), wherever that happens. Holders whose
+tensors are all CPU tensors are left out: torch_npu checks only device memory. A buffer made on the
+CPU follows its module to the device: unknown."""
+
+from __future__ import annotations
+
+import ast
+
+from unsafe_doctor.audit.index import Index, ModuleInfo, register_buffer_name
+from unsafe_doctor.audit.model import Holder, HolderKind, Placement, Site
+from unsafe_doctor.audit.places import combine
+from unsafe_doctor.audit.refs import ClassKey, HolderKey
+from unsafe_doctor.audit.resolve import Accessors
+from unsafe_doctor.audit.scope import Place, Scope, functions_of
+from unsafe_doctor.audit.uses import Use, shortened, sites
+from unsafe_doctor.audit.vocabulary import COMMUNICATION_INTO, CONTAINER_ADD, CONTAINER_REMOVE, updates_data_in_place
+from unsafe_doctor.audit.walk import Walker
+from unsafe_doctor.source.syntax import ImportedName, source_segment
+
+Evidence = tuple[Place, Use]  # a tensor's placement, and the statement that puts it there
+
+
+class ScanFindings:
+    """What the scan of every audited module found, by holder."""
+
+    def __init__(self) -> None:
+        self.uses: dict[HolderKey, list[Use]] = {}
+        self.classes: dict[ClassKey, list[Evidence]] = {}  # tensors a class's methods keep in `self`
+        self.returns: dict[HolderKey, list[Evidence]] = {}  # tensors cached functions return
+        self.buffers: dict[HolderKey, tuple[Place | None, Use]] = {}  # register_buffer calls
+
+
+class FrameworkScanner(Walker):
+    """Reads one scope of framework code: every use of a holder, and the tensors that classes keep,
+    cached functions return and buffers are registered with."""
+
+    def __init__(self, index: Index, accessors: Accessors, scope: Scope, found: ScanFindings):
+        super().__init__(index, accessors, scope)
+        self.found = found
+
+    def record(self, key: HolderKey, use: Use) -> None:
+        self.found.uses.setdefault(key, []).append(use)
+
+    def stored_in_self(self, value: ast.expr | None) -> None:
+        place = self.places.of(value)
+        if place is not None and self.scope.owner is not None:
+            owner = ClassKey(self.scope.module.name, self.scope.owner)
+            self.found.classes.setdefault(owner, []).append((place, self.make("read")))
+
+    def returning(self, value: ast.expr) -> None:
+        """What a cached function returns: a tensor by its construction, or by the function's
+        `-> Tensor` annotation (placement unknown)."""
+        function = self.scope.function
+        if function is None or not self.scope.module.is_cached(self.scope.owner, function.name):
+            return
+        place = self.places.of(value)
+        if place is None and _annotated_tensor(function.returns):
+            place = "unknown"
+        if place is not None:
+            key = HolderKey(self.scope.module.name, self.scope.owner, function.name)
+            self.found.returns.setdefault(key, []).append((place, self.make("read")))
+
+    def registering_buffer(self, call: ast.Call) -> None:
+        name = register_buffer_name(call)
+        value = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "tensor"), None)
+        if name is None or self.scope.owner is None:
+            return
+        key = HolderKey(self.scope.module.name, self.scope.owner, name)
+        self.found.buffers.setdefault(key, (self.places.of(value) if value is not None else None, self.make("store")))
+
+
+def _annotated_tensor(annotation: ast.expr | None) -> bool:
+    """`-> Tensor`, `-> torch.Tensor`, `-> "torch.Tensor"`."""
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        return annotation.value.rpartition(".")[2] == "Tensor"
+    name = annotation.attr if isinstance(annotation, ast.Attribute) else getattr(annotation, "id", None)
+    return name == "Tensor"
+
+
+def scan_module(index: Index, accessors: Accessors, info: ModuleInfo, found: ScanFindings) -> None:
+    """Every scope of an audited module: its body, class bodies, functions and methods, nested ones."""
+    FrameworkScanner(index, accessors, Scope.of_module(info), found).run(info.source.tree.body)
+    for node, owner, qualname in functions_of(info.source.tree.body, None, None):
+        scope = Scope.of_function(info, node, owner, qualname)
+        try:
+            FrameworkScanner(index, accessors, scope, found).run(node.body)
+        except RecursionError:  # a generated expression thousands of terms deep
+            continue
+
+
+# --- findings -> holders ---------------------------------------------------------------------------------
+
+
+def holders(found: ScanFindings, index: Index) -> list[Holder]:
+    """The holders of the audited modules, by module, class and name."""
+    result = []
+    scanned: dict[str, ModuleInfo] = {}
+    for info in index.scanned:
+        scanned.setdefault(info.name, info)  # of two files named alike, the first (as the index keeps it)
+    for key in sorted({*found.uses, *found.returns, *found.buffers}, key=lambda k: (k.module, k.owner or "", k.variable)):
+        if key.module in scanned:
+            holder = _holder(found, scanned[key.module], key, found.uses.get(key, []))
+            if holder is not None:
+                result.append(holder)
+    return result
+
+
+def _holder(found: ScanFindings, info: ModuleInfo, key: HolderKey, uses: list[Use]) -> Holder | None:
+    definition: Use | None = None
+    if key in found.buffers:
+        place, registered = found.buffers[key]
+        if not any(not use.in_init and _updates_in_place(use) for use in uses):
+            return None  # no method but __init__ changes it: it carries nothing across steps
+        kind: HolderKind = "buffer"
+        evidence: list[Evidence] = [("device" if place == "device" else "unknown", registered)]  # a module moves its buffers
+        definition = registered
+    elif info.is_cached(key.owner, key.variable):
+        kind = "lru-cache"
+        evidence = found.returns.get(key, [])
+    else:
+        evidence, singleton = _stored_tensors(found, uses)
+        kind = "singleton" if singleton else "class-attribute" if key.owner else "module-global"
+    placement = combine([place for place, _ in evidence])
+    if placement not in ("device", "unknown"):
+        return None
+    writers = [use for use in uses if _writes(use)]
+    return Holder(
+        kind=kind,
+        module=key.module,
+        owner=key.owner,
+        variable=key.variable,
+        placement=_placement(placement),
+        definition=definition.site() if definition is not None else _definition(info, key, uses, evidence),
+        evidence=sites([use for place, use in evidence if place != "cpu"]),
+        writers=sites(writers),
+        readers=sites([use for use in uses if not _writes(use) and use.kind != "import"]),
+        importers=sites([use for use in uses if use.kind == "import" and use.module_level and use.module.name != key.module]),
+    )
+
+
+def _placement(place: Place | None) -> Placement:
+    return "device" if place == "device" else "unknown"
+
+
+def _stored_tensors(found: ScanFindings, uses: list[Use]) -> tuple[list[Evidence], bool]:
+    """The tensors stored into a global or class attribute, and whether it is a singleton (rebound to
+    an instance of a class whose methods keep tensors in `self`)."""
+    evidence: list[Evidence] = []
+    singleton = False
+    for use in uses:
+        if use.kind in ("rebind", "store", "augment", "method") and use.place is not None:
+            evidence.append((use.place, use))
+        if use.kind == "rebind" and use.instance_of is not None:
+            held = found.classes.get(use.instance_of, [])
+            place = combine([place for place, _ in held])
+            if place is not None:
+                evidence.append((place, use))
+                evidence.append(next(item for item in held if item[0] == place))  # where the class keeps it
+                singleton = singleton or not use.element
+    return evidence, singleton
+
+
+def _definition(info: ModuleInfo, key: HolderKey, uses: list[Use], evidence: list[Evidence]) -> Site:
+    """Where the holder is defined: its module-level or class-body binding, its function, else its
+    first write."""
+    node: object = None
+    if key.owner is None:
+        node = info.source.bindings.get(key.variable)
+        if node is None or isinstance(node, ImportedName):
+            node = info.functions.get(key.variable)
+    elif key.owner in info.classes:
+        holder_class = info.classes[key.owner]
+        node = holder_class.attributes.get(key.variable) or holder_class.methods.get(key.variable)
+    if isinstance(node, (ast.stmt, ast.expr)):
+        code = (source_segment(info.source.text, node) or "").strip().splitlines()
+        return Site(info.shown, node.lineno, key.owner, shortened(code[0]) if code else "")
+    first = next((use for use in uses if _writes(use)), None) or (evidence[0][1] if evidence else uses[0])
+    return first.site()
+
+
+def _updates_in_place(use: Use) -> bool:
+    if use.kind in ("augment", "store"):  # `buf += ...`, `buf.data = ...`, `buf[k] = ...`
+        return True
+    return use.kind == "method" and use.method is not None and updates_data_in_place(use.method)
+
+
+def _writes(use: Use) -> bool:
+    if use.kind in ("rebind", "store", "augment", "delete"):
+        return True
+    if use.kind == "method" and use.method is not None:
+        return use.method.endswith("_") or use.method in CONTAINER_ADD or use.method in CONTAINER_REMOVE
+    if use.kind == "argument":
+        return use.callee is not None and use.callee.rpartition(".")[2] in COMMUNICATION_INTO
+    return False

@@ -1,0 +1,287 @@
+"""The modules an audit reads: the audited files, and any other module a name leads to (read on
+demand, never imported), with what each defines; and what a dotted name refers to in them.
+
+Modules are named from the import root above each audited folder (the first folder up without an
+`__init__.py`; Megatron's and MindSpeed's namespace packages count as packages)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, ModuleRef, Ref, SelfRef
+from unsafe_doctor.audit.vocabulary import METADATA
+from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, dotted, python_files
+from unsafe_doctor.source.imports import defined_member, module_named
+from unsafe_doctor.source.syntax import Function, ImportedName, child_statements, decorator_name, is_cached, names_bound
+from unsafe_doctor.source.workspace import SourceFile, Workspace
+
+
+def audited_files(paths: Sequence[Path]) -> list[Path]:
+    """`*.py` under the paths (as `python_files` skips), resolved, once each."""
+    return list(dict.fromkeys(found.resolve() for path in paths for found in python_files(path)))
+
+
+# --- what a module defines ---------------------------------------------------------------------------
+
+
+@dataclass
+class ClassInfo:
+    module: str
+    name: str
+    node: ast.ClassDef
+    attributes: dict[str, ast.stmt]  # names bound in the class body
+    methods: dict[str, Function]
+    cached: set[str]  # lru-cached methods
+    buffers: dict[str, ast.Call]  # register_buffer calls by buffer name
+
+
+@dataclass
+class ModuleInfo:
+    name: str
+    path: Path  # resolved
+    shown: str  # the path as sites name it
+    source: SourceFile
+    scanned: bool
+    names: set[str]  # module-level names that can hold a value
+    classes: dict[str, ClassInfo]
+    functions: dict[str, Function]
+    cached: set[str]  # lru-cached module functions
+
+    def is_cached(self, owner: str | None, variable: str) -> bool:
+        """Whether `variable` (of class `owner`) is an lru-cached function or method."""
+        if owner is None:
+            return variable in self.cached
+        return owner in self.classes and variable in self.classes[owner].cached
+
+
+def register_buffer_name(call: ast.Call) -> str | None:
+    argument = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "name"), None)
+    return argument.value if isinstance(argument, ast.Constant) and isinstance(argument.value, str) else None
+
+
+def _describe_module(name: str, path: Path, shown: str, source: SourceFile, scanned: bool) -> ModuleInfo:
+    names = {
+        key for key, binding in source.bindings.items() if isinstance(binding, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+    } | set(source.declared_globals)
+    classes: dict[str, ClassInfo] = {}
+    functions: dict[str, Function] = {}
+    cached: set[str] = set()
+    for key, binding in source.bindings.items():
+        if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions[key] = binding
+            if is_cached(binding):
+                cached.add(key)
+        elif isinstance(binding, ast.ClassDef):
+            classes[key] = _describe_class(name, binding, "register_buffer" in source.text)
+    return ModuleInfo(name, path, shown, source, scanned, names, classes, functions, cached)
+
+
+def _describe_class(module: str, node: ast.ClassDef, has_buffers: bool) -> ClassInfo:
+    attributes: dict[str, ast.stmt] = {}
+    methods: dict[str, Function] = {}
+    # A dataclass's annotated names are fields of each instance, not attributes of the class.
+    dataclass = any(decorator_name(decorator) == "dataclass" for decorator in node.decorator_list)
+    pending = list(node.body)
+    while pending:
+        statement = pending.pop(0)
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            methods[statement.name] = statement
+        elif isinstance(statement, ast.Assign) or (
+            isinstance(statement, ast.AnnAssign) and statement.value is not None and not dataclass
+        ):
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            for target in names_bound(targets):
+                attributes.setdefault(target, statement)
+        elif not isinstance(statement, ast.ClassDef):
+            pending.extend(child_statements(statement))
+    cached = {name for name, method in methods.items() if is_cached(method)}
+    buffers = _buffers(methods.values()) if has_buffers else {}
+    return ClassInfo(module, node.name, node, attributes, methods, cached, buffers)
+
+
+def _buffers(methods: Iterable[Function]) -> dict[str, ast.Call]:
+    buffers: dict[str, ast.Call] = {}
+    for method in methods:
+        for inner in ast.walk(method):
+            if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and inner.func.attr == "register_buffer":
+                buffer = register_buffer_name(inner)
+                if buffer is not None:
+                    buffers.setdefault(buffer, inner)
+    return buffers
+
+
+# --- the index -----------------------------------------------------------------------------------------
+
+
+class Index:
+    """The audited modules, and any other module a name leads to (read on demand, never imported)."""
+
+    def __init__(self, given: Sequence[Path], roots: Sequence[Path]):
+        self.roots = tuple(roots)
+        self.workspace = Workspace(roots)
+        self.scanned: list[ModuleInfo] = []
+        self.by_path: dict[Path, ModuleInfo] = {}
+        self.by_name: dict[str, ModuleInfo | None] = {}
+        self.buffers: dict[str, list[ClassKey]] = {}  # buffer name -> the classes defining it
+        self._given = [(path.resolve(), path) for path in given if path.is_dir()]
+        self._given_files = {path.resolve(): path for path in given if path.is_file()}
+        self._cwd = Path.cwd().resolve()
+        # Top-level packages whose modules are read when a name leads there: the audited ones, the
+        # adaptor's, and the frameworks adaptors call into. Libraries (torch) are never read.
+        self.tops: set[str] = set(FRAMEWORK_PACKAGES)
+        self._targets: dict[str, Ref | None] = {}  # import target -> what it refers to
+
+    # naming
+
+    def display(self, path: Path) -> str:
+        """How a file is named in sites: under the path the user gave, else relative to the working
+        folder, else absolute."""
+        if path in self._given_files:
+            return str(self._given_files[path])
+        for resolved, given in self._given:
+            if path.is_relative_to(resolved):
+                return str(given / path.relative_to(resolved))
+        return str(path.relative_to(self._cwd)) if path.is_relative_to(self._cwd) else str(path)
+
+    # modules
+
+    def add(self, path: Path, root: Path) -> ModuleInfo | None:
+        """Read one audited file, whose import root is `root`; None when it cannot be parsed."""
+        name = dotted(path.relative_to(root).parts) or path.stem
+        source = self.workspace.source(path, name)
+        if source is None:
+            return None
+        info = _describe_module(name, path, self.display(path), source, scanned=True)
+        self.scanned.append(info)
+        self.by_path[path] = info
+        self.by_name.setdefault(name, info)
+        self._read_package(name)
+        for owner in info.classes.values():
+            for buffer in owner.buffers:
+                self.buffers.setdefault(buffer, []).append(ClassKey(name, owner.name))
+        return info
+
+    def module(self, dotted: str) -> ModuleInfo | None:
+        if dotted in self.by_name:
+            return self.by_name[dotted]
+        info = None
+        if self.readable(dotted):
+            path = self.workspace.module_path(dotted)
+            if path is not None and path.is_file():
+                info = self._described(path.resolve(), dotted)
+        self.by_name[dotted] = info  # None for a namespace folder, a library or a module not found
+        return info
+
+    def _described(self, resolved: Path, dotted: str) -> ModuleInfo | None:
+        """A module read on demand (or already read under another name)."""
+        info = self.by_path.get(resolved)
+        if info is None:
+            source = self.workspace.source(resolved, dotted)
+            info = _describe_module(dotted, resolved, self.display(resolved), source, scanned=False) if source else None
+            if info is not None:
+                self.by_path[resolved] = info
+        return info
+
+    def is_module(self, dotted: str) -> bool:
+        return self.readable(dotted) and self.workspace.module_path(dotted) is not None
+
+    def module_of_file(self, path: Path) -> ModuleInfo | None:
+        """An adaptor file (audited or not)."""
+        resolved = path.resolve()
+        if resolved in self.by_path:
+            return self.by_path[resolved]
+        found = self.workspace.local_source(resolved)
+        if found is None:
+            return None
+        name = found.module or resolved.stem
+        info = _describe_module(name, resolved, self.display(resolved), found, scanned=False)
+        self.by_path[resolved] = info
+        self.by_name.setdefault(name, info)
+        if found.module:
+            self._read_package(found.module)
+        return info
+
+    def _read_package(self, module: str) -> None:
+        """Read the modules of this module's top-level package when a name leads there."""
+        top = module.split(".")[0]
+        if top not in self.tops:
+            self.tops.add(top)
+            self._targets.clear()  # names into it resolved to nothing so far
+
+    def class_(self, key: ClassKey) -> ClassInfo | None:
+        info = self.module(key.module)
+        return info.classes.get(key.name) if info else None
+
+    # names
+
+    def readable(self, dotted: str) -> bool:
+        """Whether modules of this dotted name's top-level package are read (torch and other
+        libraries never are)."""
+        return dotted.split(".")[0] in self.tops
+
+    def resolve_dotted(self, dotted: str) -> Ref | None:
+        """What an import target refers to: a module, or a class, function or holder of one."""
+        if dotted not in self._targets:
+            self._targets[dotted] = self._target(dotted) if dotted and self.readable(dotted) else None
+        return self._targets[dotted]
+
+    def _target(self, dotted: str) -> Ref | None:
+        head, _, name = dotted.rpartition(".")
+        info = self.module(head) if head else None
+        if info is not None and _defines(info, name):
+            return self.member_of(info, name)  # defined where the target says: no import to follow
+        member = defined_member(dotted, self.workspace, self.readable)
+        if member is None:
+            module = module_named(dotted, self.workspace)
+            return ModuleRef(module) if module is not None else None
+        described = self.module(member.module)
+        return self.member_of(described, member.name) if described is not None else None
+
+    def member(self, base: Ref, name: str) -> Ref | None:
+        """What `base.name` refers to."""
+        if isinstance(base, ModuleRef):
+            return self.resolve_dotted(f"{base.name}.{name}")
+        if isinstance(base, (ClassRef, SelfRef)):
+            return self._class_member(base, name)
+        if isinstance(base, HolderRef):
+            return None if name in METADATA else HolderRef(base.key, True)
+        return None
+
+    def _class_member(self, base: ClassRef | SelfRef, name: str) -> Ref | None:
+        owner = self.class_(ClassKey(base.module, base.name))
+        if owner is None:
+            return None
+        buffer = isinstance(base, SelfRef) and name in owner.buffers  # buffers belong to instances
+        if buffer or name in owner.attributes or name in owner.cached:
+            return HolderRef(HolderKey(base.module, base.name, name), False)
+        if name in owner.methods:
+            return FunctionRef(base.module, base.name, owner.methods[name])
+        return None
+
+    def member_of(self, info: ModuleInfo, name: str) -> Ref | None:
+        """What a module-level name of a module refers to."""
+        module = info.name
+        binding = info.source.binding(name)
+        if isinstance(binding, ImportedName):
+            return self.resolve_dotted(binding.target)
+        if isinstance(binding, ast.ClassDef):
+            return ClassRef(module, name)
+        if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if name in info.cached:
+                return HolderRef(HolderKey(module, None, name), False)
+            return FunctionRef(module, None, binding)
+        if name in info.names:
+            return HolderRef(HolderKey(module, None, name), False)
+        if info.path.name != "__init__.py":
+            return None  # a plain module has no submodules
+        submodule = f"{module}.{name}"
+        return ModuleRef(submodule) if self.is_module(submodule) else None
+
+
+def _defines(info: ModuleInfo, name: str) -> bool:
+    """Whether the module binds `name` itself (not by an import)."""
+    binding = info.source.binding(name)
+    return binding is not None and not isinstance(binding, ImportedName)

@@ -1,0 +1,138 @@
+"""Where the tensor an expression makes lives, as far as the code says: *device* (`device=` a
+device string or index or `torch.cuda.current_device()`, `.cuda()`, `.npu()`, `.to("npu")`, an op
+on such a tensor), *cpu* (a factory without `device=`, `device="cpu"`, `.cpu()`), else *unknown*
+(`device=loss.device`, `loss.detach()`)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+
+from unsafe_doctor.audit.resolve import Names
+from unsafe_doctor.audit.scope import Place
+from unsafe_doctor.audit.vocabulary import (
+    CONTAINER_ADD,
+    DEVICE_WORDS,
+    DTYPES,
+    FACTORIES,
+    LIKE_FACTORIES,
+    NOT_TENSOR_OPS,
+    TENSOR_METHODS,
+    TENSOR_SUBMODULES,
+)
+
+
+def combine(places: Sequence[Place | None]) -> Place | None:
+    """The placement of a value made from several: device wins, then unknown."""
+    known = [place for place in places if place is not None]
+    if not known:
+        return None
+    if "device" in known:
+        return "device"
+    return "unknown" if "unknown" in known else "cpu"
+
+
+class Places:
+    """Placements in one scope, from the placements of its locals learnt so far."""
+
+    def __init__(self, names: Names):
+        self.names = names
+        self.scope = names.scope
+
+    def of(self, node: ast.AST | None) -> Place | None:
+        """Where the tensor an expression makes lives; None when it is not known to be a tensor."""
+        if isinstance(node, ast.Name):
+            return self.scope.places.get(node.id)
+        if isinstance(node, ast.Subscript):
+            return self.of(node.value)
+        if isinstance(node, ast.BinOp):
+            return combine([self.of(node.left), self.of(node.right)])
+        if isinstance(node, ast.IfExp):
+            return combine([self.of(node.body), self.of(node.orelse)])
+        if not isinstance(node, ast.Call):
+            return None
+        func = node.func
+        name = self.names.dotted(func)
+        if name is not None and name.startswith("torch."):
+            return self._torch_call(name, node)
+        if isinstance(func, ast.Attribute):
+            return self._method(func, node)
+        return None
+
+    def added(self, method: str, node: ast.Call) -> Place | None:
+        """The tensor `X.append(t)` and the like put into a container."""
+        if method in CONTAINER_ADD and node.args:
+            return self.of(node.args[-1])
+        return None
+
+    def _method(self, func: ast.Attribute, node: ast.Call) -> Place | None:
+        method = func.attr
+        if method in ("cuda", "npu"):
+            return "device"
+        if method == "cpu":
+            return "cpu"
+        receiver = self.of(func.value)
+        if method == "to":
+            return self._moved(node, receiver)
+        if method in TENSOR_METHODS:
+            return receiver or "unknown"
+        return None
+
+    def _torch_call(self, name: str, node: ast.Call) -> Place | None:
+        short = name.rpartition(".")[2]
+        keywords = {keyword.arg: keyword.value for keyword in node.keywords if keyword.arg}
+        if name.count(".") == 1 and short in FACTORIES:
+            return self.device_of(keywords["device"]) if "device" in keywords else "cpu"
+        if name.count(".") == 1 and short in LIKE_FACTORIES:
+            if "device" in keywords:
+                return self.device_of(keywords["device"])
+            return (self.of(node.args[0]) or "unknown") if node.args else "unknown"
+        if (name.count(".") == 1 and short not in NOT_TENSOR_OPS and short[:1].islower()) or name.startswith(TENSOR_SUBMODULES):
+            inputs = [self.of(argument) for argument in [*node.args, *keywords.values()]]
+            return combine(inputs) or "unknown"
+        return None
+
+    def _moved(self, node: ast.Call, receiver: Place | None) -> Place:
+        target = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "device"), None)
+        if target is None:
+            return receiver or "unknown"
+        dotted = self.names.dotted(target)
+        if dotted is not None and dotted.startswith("torch.") and dotted.rpartition(".")[2] in DTYPES:
+            return receiver or "unknown"  # .to(torch.float32)
+        return self.device_of(target)
+
+    def device_of(self, node: ast.expr) -> Place:
+        """The placement a `device=` argument or `.to()` target names."""
+        value = self.device_value(node)
+        return value if value is not None else "unknown"
+
+    def device_value(self, node: ast.expr | None) -> Place | None:
+        """The placement a device expression names; None when the code does not say."""
+        if isinstance(node, ast.Constant):
+            return _constant_device(node.value)
+        if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            return self.device_value(node.values[0])
+        if isinstance(node, ast.Name):
+            return self.scope.devices.get(node.id)
+        if isinstance(node, ast.Attribute) and node.attr == "device":
+            return self.of(node.value)  # `x.device` of a local tensor whose placement is known
+        if isinstance(node, ast.Call):
+            func = node.func
+            attribute = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if attribute.startswith("current_device"):  # torch.cuda / torch.npu / get_accelerator()
+                return "device"
+            if self.names.dotted(func) == "torch.device" and node.args:
+                return self.device_value(node.args[0])
+        return None
+
+
+def _constant_device(value: object) -> Place | None:
+    if value is None:
+        return "cpu"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "device"
+    if isinstance(value, str):
+        text = value.lower()
+        # "meta" tensors have no memory to be unsafe: as good as the CPU here
+        return "device" if text.startswith(DEVICE_WORDS) else "cpu" if text.startswith(("cpu", "meta")) else None
+    return None

@@ -1,0 +1,57 @@
+"""What a name in framework code can refer to, as the audit tells them apart: a module, a class,
+an instance of a class seen from its own methods, a function, or a holder (or a part of one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from unsafe_doctor.source.syntax import Function
+
+
+class HolderKey(NamedTuple):
+    """A place a tensor can outlive a step: `module.variable`, or `module.owner.variable` in a class."""
+
+    module: str
+    owner: str | None  # the class, for class attributes, buffers and cached methods
+    variable: str
+
+
+class ClassKey(NamedTuple):
+    module: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleRef:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClassRef:
+    module: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class SelfRef:
+    """`self` inside a method: attributes are looked up on the class, buffers belong to the instance."""
+
+    module: str
+    name: str  # the class
+
+
+@dataclass(frozen=True)
+class FunctionRef:
+    module: str
+    owner: str | None
+    node: Function
+
+
+@dataclass(frozen=True, slots=True)
+class HolderRef:
+    key: HolderKey
+    element: bool  # an entry, field or value computed from it, not the holder itself
+
+
+Ref = ModuleRef | ClassRef | SelfRef | FunctionRef | HolderRef

@@ -1,0 +1,163 @@
+"""What an expression in one scope refers to: a holder (or part of one), a function, a class, a
+module; and the holders that small accessor functions return (`def get_x(): return X`)."""
+
+from __future__ import annotations
+
+import ast
+
+from unsafe_doctor.audit.index import Index
+from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, Ref, SelfRef
+from unsafe_doctor.audit.scope import Scope
+from unsafe_doctor.audit.vocabulary import METADATA, NOT_DATA_CALLS
+from unsafe_doctor.source.syntax import ImportedName, scope_statements
+
+ACCESSOR_SIZE = 8  # statements at most in a function read as a possible accessor (`return X`)
+
+
+class Accessors:
+    """The holder each module function returns, if it is an accessor; decided once per function."""
+
+    def __init__(self, index: Index):
+        self.index = index
+        self._returned: dict[int, HolderKey | None] = {}  # id(function node) -> holder key it returns
+
+    def returned_by(self, function: FunctionRef) -> HolderKey | None:
+        node = function.node
+        if id(node) in self._returned:
+            return self._returned[id(node)]
+        self._returned[id(node)] = None  # while deciding: a recursive accessor returns nothing
+        info = self.index.module(function.module)
+        key = None
+        small = function.owner is None and len(node.body) <= ACCESSOR_SIZE
+        body = list(scope_statements(node.body)) if small else []
+        if info is not None and small and len(body) <= ACCESSOR_SIZE:
+            names = Names(self.index, self, Scope.of_function(info, node, None))
+            for inner in body:
+                if isinstance(inner, ast.Return) and inner.value is not None:
+                    ref = names.resolve(inner.value)
+                    if isinstance(ref, HolderRef) and not ref.element:
+                        key = ref.key
+                        break
+        self._returned[id(node)] = key
+        return key
+
+
+class Names:
+    """Name resolution inside one scope, with what the walk of that scope has learnt so far."""
+
+    def __init__(self, index: Index, accessors: Accessors, scope: Scope):
+        self.index = index
+        self.accessors = accessors
+        self.scope = scope
+
+    def resolve(self, node: ast.AST) -> Ref | None:
+        if isinstance(node, ast.Name):
+            return self.resolve_name(node.id)
+        if isinstance(node, ast.Attribute):
+            base = self.resolve(node.value)
+            if base is not None:
+                return self.index.member(base, node.attr)
+            return self.buffer_by_name(node.attr)
+        if isinstance(node, ast.Subscript):
+            base = self.resolve(node.value)
+            return HolderRef(base.key, True) if isinstance(base, HolderRef) else None
+        if isinstance(node, ast.Call):
+            return self._called(node.func)
+        return None
+
+    def _called(self, func: ast.expr) -> Ref | None:
+        """What a call returns: the holder an accessor returns, or a part of a holder."""
+        if isinstance(func, ast.Attribute) and func.attr in METADATA:
+            return None
+        base = self.resolve(func)
+        if isinstance(base, FunctionRef):
+            key = self.accessors.returned_by(base)
+            return HolderRef(key, False) if key is not None else None
+        if isinstance(base, HolderRef):
+            return HolderRef(base.key, True)
+        return None
+
+    def resolve_name(self, name: str) -> Ref | None:
+        scope = self.scope
+        if name in scope.aliases:
+            return scope.aliases[name]
+        if name in scope.imports:
+            return self.index.resolve_dotted(scope.imports[name].target)
+        if name in scope.nested:
+            return FunctionRef(scope.module.name, None, scope.nested[name])
+        if name == scope.self_name and scope.owner is not None:
+            return ClassRef(scope.module.name, scope.owner) if scope.self_is_class else SelfRef(scope.module.name, scope.owner)
+        if name in scope.locals:
+            return None
+        return self.index.member_of(scope.module, name)
+
+    def buffer_by_name(self, attribute: str) -> HolderRef | None:
+        """`<anything>.expert_bias` where the function names the buffer's class."""
+        owners = self.index.buffers.get(attribute)
+        if not owners or self.scope.function is None:
+            return None
+        named = [owner for owner in owners if owner.name in self.scope.mentioned()]
+        if len(named) != 1:
+            return None
+        return HolderRef(HolderKey(named[0].module, named[0].name, attribute), False)
+
+    def holder_in(self, node: ast.AST) -> HolderRef | None:
+        """The first holder an expression refers to, anywhere in it."""
+        for inner in ast.walk(node):
+            if isinstance(inner, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)):
+                ref = self.resolve(inner)
+                if isinstance(ref, HolderRef):
+                    return ref
+        return None
+
+    def reads_holder(self, node: ast.AST | None) -> bool:
+        """Whether computing the expression reads a holder's data (metadata does not count)."""
+        if node is None:
+            return False
+        if isinstance(node, ast.Name) and node.id in self.scope.derived:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in METADATA:
+            return False
+        if isinstance(node, ast.Call) and _reads_no_data(node.func):
+            return False
+        if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(self.resolve(node), HolderRef):
+            return True
+        return any(self.reads_holder(child) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr))
+
+    def dotted(self, node: ast.expr) -> str | None:
+        """`torch.zeros`, `F.relu` -> 'torch.nn.functional.relu': the imported name a chain spells."""
+        parts: list[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return None
+        binding = self.scope.imports.get(node.id) or self.scope.module.source.bindings.get(node.id)
+        if not isinstance(binding, ImportedName) or (node.id in self.scope.locals and node.id not in self.scope.imports):
+            return None
+        return ".".join([binding.target, *reversed(parts)])
+
+    def instance_attribute(self, target: ast.expr) -> bool:
+        """`self.x` naming a class attribute (not a buffer)."""
+        if not isinstance(target, ast.Attribute):
+            return False
+        base = self.resolve(target.value)
+        if not isinstance(base, SelfRef):
+            return False
+        owner = self.index.class_(ClassKey(base.module, base.name))
+        return owner is not None and target.attr not in owner.buffers
+
+    def self_rooted(self, node: ast.expr) -> bool:
+        """`self.x`, `self.x[k].y` in a method (not a classmethod)."""
+        if self.scope.owner is None or self.scope.self_name is None or self.scope.self_is_class:
+            return False
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id == self.scope.self_name
+
+
+def _reads_no_data(func: ast.expr) -> bool:
+    """`x.shape()`-like metadata methods and `isinstance()`-like calls read no tensor data."""
+    if isinstance(func, ast.Attribute):
+        return func.attr in METADATA
+    return isinstance(func, ast.Name) and func.id in NOT_DATA_CALLS

@@ -1,0 +1,117 @@
+"""One audit, start to end: read the trees, scan them for holders, find the adaptor, judge each
+holder's coverage, classify it."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+from unsafe_doctor.audit.bridge import classification
+from unsafe_doctor.audit.coverage import CoverageJudge, adaptor_in_tree
+from unsafe_doctor.audit.holders import ScanFindings, holders, scan_module
+from unsafe_doctor.audit.index import Index, audited_files
+from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder
+from unsafe_doctor.audit.resolve import Accessors
+from unsafe_doctor.context import RunContext
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge import load_knowledge
+from unsafe_doctor.source.files import ImportRoots
+from unsafe_doctor.stale import stale_resets
+from unsafe_doctor.versions import detect_environment
+
+_STATUS_ORDER = {"uncovered": 0, "unsafe": 1, "covered": 2}
+_NO_ADAPTOR = Coverage("uncovered", None, None, (), (), "no adaptor was found")
+
+
+def audit(paths: Sequence[Path], *, adaptor: Path | None = None, rule_paths: Sequence[Path] = ()) -> Audit:
+    """Scan the source trees, find the adaptor (given, or under the paths), judge each holder."""
+    with warnings.catch_warnings():  # invalid escapes and the like in the framework are not ours to report
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.filterwarnings("ignore", "invalid escape sequence", DeprecationWarning)
+        return _audit(paths, adaptor, rule_paths)
+
+
+def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Path]) -> Audit:
+    knowledge = load_knowledge(rule_paths)
+    given = _given(paths)
+    files = audited_files(given)
+    import_roots = ImportRoots()
+    roots = list(dict.fromkeys([*(import_roots.of(path) for path in files), *(import_roots.of(path) for path in given)]))
+    index = Index(given, roots)
+    accessors = Accessors(index)
+    with _keeping_trees() as scanned:
+        unreadable = [index.display(path) for path in files if index.add(path, import_roots.of(path)) is None]
+        found = ScanFindings()
+        for info in index.scanned:
+            scan_module(index, accessors, info, found)
+        framework = holders(found, index)
+        scanned()
+        if adaptor is None:
+            adaptor = adaptor_in_tree(index, knowledge)
+        context = RunContext(knowledge, index.workspace, detect_environment(knowledge, index.workspace, adaptor=adaptor))
+        environment = context.environment
+        notes: list[str] = []
+        judge = None
+        if environment.adaptor is not None:
+            judge = CoverageJudge(index, accessors, environment.adaptor, environment.profile, notes)
+        else:
+            notes.append("no recovery adaptor found under the paths (give --adaptor FILE): nothing covers any global")
+        audited = []
+        for holder in framework:
+            if judge is not None:
+                holder = _without_adaptor_uses(holder, judge.shown)
+            verdict = judge.judge(holder) if judge is not None else _NO_ADAPTOR
+            subject, classified = classification(holder, verdict, context)
+            audited.append(AuditedHolder(holder, verdict, classified, subject))
+    audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
+    stale = stale_resets(environment.adaptor, environment.profile, environment, index.workspace) if environment.adaptor else []
+    return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), context, tuple(stale), tuple(notes))
+
+
+def _given(paths: Sequence[Path]) -> list[Path]:
+    given = [Path(path) for path in paths]
+    if not given:
+        raise UsageError("no path to audit: name one or more source folders or files")
+    for path in given:
+        if not path.exists():
+            raise UsageError(f"{path}: no such file or folder")
+    return given
+
+
+def _without_adaptor_uses(holder: Holder, adaptor_files: set[str]) -> Holder:
+    """The adaptor's own uses are its coverage, not the framework's writes and reads."""
+    return replace(
+        holder,
+        writers=tuple(site for site in holder.writers if site.file not in adaptor_files),
+        readers=tuple(site for site in holder.readers if site.file not in adaptor_files),
+    )
+
+
+@contextmanager
+def _keeping_trees() -> Iterator[Callable[[], None]]:
+    """Garbage collection while every file's syntax tree is kept: none while they are read (the
+    cyclic collector would walk them all again and again, half the time on a Megatron tree, and
+    they hold no cycles); once the scan calls the function it is given, the trees are frozen out of
+    the collector's sight and it runs again, for the heuristics, which do make cycles."""
+    collecting = gc.isenabled()
+    frozen = False
+
+    def scanned() -> None:
+        nonlocal frozen
+        gc.freeze()
+        frozen = True
+        if collecting:
+            gc.enable()
+
+    gc.disable()
+    try:
+        yield scanned
+    finally:
+        if frozen:
+            gc.unfreeze()
+        if collecting:
+            gc.enable()

@@ -1,0 +1,125 @@
+"""One scope of code as the audit walks it: what its names mean (locals, globals, imports, nested
+functions, `self`) and what the walk has learnt so far (aliases of holders, placements of locals)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from unsafe_doctor.audit.index import ModuleInfo
+from unsafe_doctor.audit.refs import HolderRef
+from unsafe_doctor.source.syntax import (
+    Function,
+    ImportedName,
+    child_statements,
+    import_bindings,
+    names_bound,
+    parameter_names,
+    scope_statements,
+)
+
+Place = Literal["device", "cpu", "unknown"]  # where a tensor lives, as far as the code says
+
+
+@dataclass
+class Scope:
+    module: ModuleInfo
+    function: Function | None  # None: the module body
+    owner: str | None  # the class of a method
+    qualname: str | None
+    self_name: str | None  # a method's first parameter: `self` (instance) or `cls` (classmethod)
+    self_is_class: bool
+    locals: set[str]
+    globals: set[str]
+    imports: dict[str, ImportedName]
+    nested: dict[str, Function]
+    aliases: dict[str, HolderRef] = field(default_factory=dict)
+    places: dict[str, Place] = field(default_factory=dict)  # local name -> placement of the tensor it holds
+    devices: dict[str, Place] = field(default_factory=dict)  # local name -> placement of the device it names
+    derived: set[str] = field(default_factory=set)  # locals computed from a holder's data
+    mentions: set[str] | None = None
+
+    @classmethod
+    def of_function(cls, module: ModuleInfo, node: Function, owner: str | None, qualname: str | None = None) -> Scope:
+        locals_: set[str] = set(parameter_names(node))
+        globals_: set[str] = set()
+        imports: dict[str, ImportedName] = {}
+        nested: dict[str, Function] = {}
+        # Statements only: names bound inside expressions (comprehensions, `:=`) become local when
+        # the walker meets them. Walking every expression here would double the audit's time.
+        for inner in scope_statements(node.body):
+            if isinstance(inner, ast.Global):
+                globals_.update(inner.names)
+            elif isinstance(inner, (ast.Import, ast.ImportFrom)):
+                imports.update(import_bindings(inner, module.source.package))
+            elif isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                nested.setdefault(inner.name, inner)  # the walker moves on to later ones of a name
+            else:
+                locals_.update(_bound_by(inner))
+        locals_.update(nested)
+        locals_ -= globals_
+        self_name, self_is_class = _self_parameter(node) if owner is not None else (None, False)
+        return cls(module, node, owner, qualname or node.name, self_name, self_is_class, locals_, globals_, imports, nested)
+
+    @classmethod
+    def of_module(cls, module: ModuleInfo) -> Scope:
+        return cls(module, None, None, None, None, False, set(), set(), {}, {})
+
+    def mentioned(self) -> set[str]:
+        """Every name and attribute the function spells."""
+        if self.mentions is None:
+            nodes = ast.walk(self.function) if self.function is not None else ()
+            self.mentions = {
+                node.id if isinstance(node, ast.Name) else node.attr
+                for node in nodes
+                if isinstance(node, (ast.Name, ast.Attribute))
+            }
+        return self.mentions
+
+    def forget(self, name: str) -> None:
+        """A local rebound: what was known about its old value no longer holds."""
+        self.aliases.pop(name, None)
+        self.places.pop(name, None)
+        self.devices.pop(name, None)
+        self.derived.discard(name)
+
+
+def _bound_by(statement: ast.stmt) -> Iterator[str]:
+    """The local names a statement binds (other than imports and functions)."""
+    if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        yield from names_bound(statement.targets if isinstance(statement, ast.Assign) else [statement.target])
+    elif isinstance(statement, (ast.For, ast.AsyncFor)):
+        yield from names_bound([statement.target])
+    elif isinstance(statement, (ast.With, ast.AsyncWith)):
+        yield from names_bound([item.optional_vars for item in statement.items if item.optional_vars])
+    elif isinstance(statement, ast.Try):
+        yield from (handler.name for handler in statement.handlers if handler.name)
+    elif isinstance(statement, ast.ClassDef):
+        yield statement.name
+
+
+def _self_parameter(node: Function) -> tuple[str | None, bool]:
+    """A method's first parameter, and whether it is the class (a classmethod's `cls`)."""
+    decorators = {getattr(d, "id", getattr(d, "attr", None)) for d in node.decorator_list}
+    positional = [*node.args.posonlyargs, *node.args.args]
+    if positional and "staticmethod" not in decorators:
+        return positional[0].arg, "classmethod" in decorators
+    return None, False
+
+
+def functions_of(body: Sequence[ast.stmt], owner: str | None, prefix: str | None) -> Iterator[tuple[Function, str | None, str]]:
+    """Every function and method in a block, with its class (methods of module-level classes only)
+    and qualified name."""
+    for statement in body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            qualname = f"{prefix}.{statement.name}" if prefix else statement.name
+            yield statement, owner, qualname
+            yield from functions_of(statement.body, None, qualname)  # nested functions: their own scope
+        elif isinstance(statement, ast.ClassDef):
+            # Methods of module-level classes know their class; deeper classes are walked as plain code.
+            inner_owner = statement.name if prefix is None else None
+            yield from functions_of(statement.body, inner_owner, f"{prefix}.{statement.name}" if prefix else statement.name)
+        else:
+            yield from functions_of(child_statements(statement), owner, prefix)
