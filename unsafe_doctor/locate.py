@@ -472,9 +472,9 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
         text = caller.text
         notes.extend(caller.notes)
         where = f"{caller.frame.file}:{caller.frame.line} ({caller.frame.function})"
-        notes.append(f"{view.frame.function}() got the tensor as a parameter: followed to {where}")
+        notes.append(f"{culprit.function}() got the tensor as a parameter: followed to {where}")
     elif resolved.parameter:
-        where = f"{view.frame.function}()"
+        where = f"{culprit.function}()"
         notes.append(f"{resolved.parameter} is a parameter of {where}: its caller could not be followed")
     notes.extend(resolved.notes)
     expression = _expression_text(parts, resolved.anchor, text)
