@@ -225,7 +225,7 @@ def resolve_written(
     if followed is None:
         return parts, _unresolved(scope, Tier.LOCAL, parts)
     iterable_parts, resolved = followed
-    note = f"{_root(parts)} is an element of {one_line(ast.unparse(iterable))}"
+    note = f"{_root(parts)} is an element of {ast.unparse(iterable)}"
     return iterable_parts, replace(resolved, notes=(*resolved.notes, note))
 
 

@@ -175,6 +175,7 @@ def local_binding(function: Function, name: str, line: int | None, package: str 
 # --- comprehensions --------------------------------------------------------------------------------
 
 Comprehension = ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
 # The frames a comprehension runs in, as a traceback names them (before Python 3.12 all four have
 # their own; from 3.12 only a generator expression does, the others run inline).
@@ -186,23 +187,23 @@ COMPREHENSION_FRAMES: dict[str, type[Comprehension]] = {
 }
 
 
+def _elements(comprehension: Comprehension) -> list[ast.expr]:
+    """What a comprehension makes of each element: `elt`, or a dict comprehension's key and value."""
+    if isinstance(comprehension, ast.DictComp):
+        return [comprehension.key, comprehension.value]
+    return [comprehension.elt]
+
+
 def comprehension_element(value: ast.expr) -> ast.expr:
     """What each element of a comprehension is (a dict comprehension's value); any other value itself."""
-    if isinstance(value, ast.DictComp):
-        return value.value
-    if isinstance(value, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
-        return value.elt
-    return value
+    return _elements(value)[-1] if isinstance(value, _COMPREHENSIONS) else value
 
 
 def comprehension_body(comprehension: Comprehension) -> list[ast.expr]:
     """What a comprehension evaluates in its own frame, in source order: its element, then each
     `for` target and condition, and the iterables after the first (the enclosing code evaluates the
     first and passes it in)."""
-    if isinstance(comprehension, ast.DictComp):
-        reads = [comprehension.key, comprehension.value]
-    else:
-        reads = [comprehension.elt]
+    reads = _elements(comprehension)
     for position, generator in enumerate(comprehension.generators):
         reads += [*([generator.iter] if position else []), generator.target, *generator.ifs]
     return reads
@@ -214,7 +215,7 @@ def loop_iterable(root: ast.AST, name: ast.Name) -> ast.expr | None:
     `X.items()`); None when `name` is not a comprehension's loop variable."""
     found = None
     for node in ast.walk(root):  # breadth first: a nested comprehension comes after its outer one
-        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        if isinstance(node, _COMPREHENSIONS):
             found = _drawn_from(node, name) or found
     return found
 
@@ -224,13 +225,12 @@ def _drawn_from(comprehension: Comprehension, name: ast.Name) -> ast.expr | None
     binder = None
     for generator in comprehension.generators:
         if _inside(generator.iter, name):
-            return binder  # evaluated before this `for` binds anything
+            return binder  # only the `for`s before this one have bound names
         if name.id in names_bound([generator.target]):
             binder = generator.iter
         if _inside(generator.target, name) or any(_inside(condition, name) for condition in generator.ifs):
             return binder
-    elements = [comprehension.key, comprehension.value] if isinstance(comprehension, ast.DictComp) else [comprehension.elt]
-    return binder if any(_inside(element, name) for element in elements) else None
+    return binder if any(_inside(element, name) for element in _elements(comprehension)) else None
 
 
 def _inside(node: ast.AST, name: ast.Name) -> bool:
