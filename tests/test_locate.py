@@ -347,6 +347,126 @@ def test_calling_a_callable_a_global_holds_is_not_that_global(tmp_path):
     assert finding.tensor == TensorRef("_SCALE", "_SCALE", "pkg.step", None)
 
 
+# --- comprehensions: a loop variable stands for an element of its iterable ------------------------
+
+def frames_in(path: Path, *calls: tuple[str, str]) -> tuple[Frame, ...]:
+    """Frames of `path`, outermost first, each a (function, printed source line)."""
+    return tuple(at(path, function, source) for function, source in calls)
+
+
+def test_a_genexpr_frame_reads_its_element_from_a_module_global(tmp_path):
+    """In the `<genexpr>` frame only the generator runs: `t[0]` is an element of `_LOSSES`, not
+    `_BIAS`, which the enclosing line reads before the generator starts."""
+    write_package(tmp_path, {"step.py": """\
+        _BIAS = None
+        _LOSSES = []
+
+
+        def total():
+            return _BIAS + sum(t[0] for t in _LOSSES)
+        """})
+    line = "return _BIAS + sum(t[0] for t in _LOSSES)"
+    frames = frames_in(tmp_path / "pkg" / "step.py", ("total", line), ("<genexpr>", line))
+    finding = only([tb(*frames)], (tmp_path,))
+    assert finding.culprit == frames[0]  # the function the generator runs in, as a rule names it
+    assert finding.tensor == TensorRef("_LOSSES", "_LOSSES", "pkg.step", None)
+    assert "t is an element of _LOSSES" in finding.notes
+
+
+def test_a_listcomp_over_a_parameter_is_followed_past_its_function_to_the_caller(tmp_path):
+    """`<listcomp>` is called by `scaled` at the same line: the parameter `losses` is followed to
+    the caller of `scaled`, not looked up in `scaled`'s own line."""
+    write_package(tmp_path, {"step.py": """\
+        _LOSSES = []
+
+
+        def scaled(losses):
+            return [t * 2 for t in losses]
+
+
+        def step():
+            return scaled(_LOSSES)
+        """})
+    comprehension = "return [t * 2 for t in losses]"
+    path = tmp_path / "pkg" / "step.py"
+    frames = frames_in(path, ("step", "return scaled(_LOSSES)"), ("scaled", comprehension), ("<listcomp>", comprehension))
+    finding = only([tb(*frames)], (tmp_path,))
+    assert finding.culprit == frames[1]
+    assert finding.tensor == TensorRef("_LOSSES", "_LOSSES", "pkg.step", None)
+    assert any(note.startswith("scaled() got the tensor as a parameter: followed to") and note.endswith(":9 (step)")
+               for note in finding.notes)
+
+
+def test_a_dictcomp_tuple_target_over_a_getters_items_is_the_global_the_getter_returns(tmp_path):
+    """`for k, v in get_stats().items()`: `v` is a value of the dict `get_stats()` returns, `_STATS`;
+    `_TOTAL`, read by the enclosing line, is not what the `<dictcomp>` frame reads."""
+    write_package(tmp_path, {"step.py": """\
+        _TOTAL = None
+        _STATS = {}
+
+
+        def get_stats():
+            return _STATS
+
+
+        def summary():
+            return _TOTAL, {k: v.item() for k, v in get_stats().items()}
+        """})
+    line = "return _TOTAL, {k: v.item() for k, v in get_stats().items()}"
+    frames = frames_in(tmp_path / "pkg" / "step.py", ("summary", line), ("<dictcomp>", line))
+    finding = only([tb(*frames)], (tmp_path,))
+    assert finding.tensor == TensorRef("get_stats()", "_STATS", "pkg.step", None)
+
+
+@pytest.mark.parametrize(
+    "comprehension_frame",
+    [
+        True,  # Python < 3.12 runs the comprehension in its own frame
+        False,  # from 3.12 a list comprehension runs inline, in the function's frame
+    ],
+)
+def test_a_loop_variable_that_shadows_a_global_is_the_iterables_element_not_the_global(tmp_path, comprehension_frame):
+    write_package(tmp_path, {"step.py": """\
+        grad = None
+        _GRADS = []
+
+
+        def norms(grads):
+            return [grad.norm() for grad in grads]
+
+
+        def step():
+            return norms(_GRADS)
+        """})
+    line = "return [grad.norm() for grad in grads]"
+    calls = [("step", "return norms(_GRADS)"), ("norms", line), *([("<listcomp>", line)] if comprehension_frame else [])]
+    finding = only([tb(*frames_in(tmp_path / "pkg" / "step.py", *calls))], (tmp_path,))
+    assert finding.tensor == TensorRef("_GRADS", "_GRADS", "pkg.step", None)
+
+
+def test_a_local_built_by_a_comprehension_is_followed_through_its_iterable(tmp_path):
+    """MindSpeed-LLM's log repair: `t` is an element of a local list of elements of a parameter."""
+    write_package(tmp_path, {"repair.py": """\
+        class LogArgs:
+            losses_reduced_ = None
+
+
+        def average(losses_reduced):
+            for key in losses_reduced[0]:
+                for_key = [x[key] for x in losses_reduced]
+                total = sum(t[0] for t in for_key)
+            return total
+
+
+        def repair():
+            return average(LogArgs.losses_reduced_)
+        """})
+    line = "total = sum(t[0] for t in for_key)"
+    calls = [("repair", "return average(LogArgs.losses_reduced_)"), ("average", line), ("<genexpr>", line)]
+    finding = only([tb(*frames_in(tmp_path / "pkg" / "repair.py", *calls))], (tmp_path,))
+    assert finding.tensor == TensorRef("LogArgs.losses_reduced_", "losses_reduced_", "pkg.repair", "LogArgs")
+
+
 MASKCACHE = Path(__file__).parent / "corpus" / "frameworks" / "maskcache"
 MASKED_FILL = 'scores = scores.masked_fill(causal_mask(scores.shape[-1], scores.device), float("-inf"))'
 

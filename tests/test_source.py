@@ -10,7 +10,7 @@ from pathlib import Path
 from unsafe_doctor.source.files import package_folder, python_files
 from unsafe_doctor.source.imports import Imports, module_member, module_named
 from unsafe_doctor.source.resolve import Scope, Tier, resolve
-from unsafe_doctor.source.syntax import Function, is_empty_container, is_empty_value
+from unsafe_doctor.source.syntax import Function, is_empty_container, is_empty_value, loop_iterable
 from unsafe_doctor.source.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +58,17 @@ def test_empty_values_and_empty_containers():
     assert all(is_empty_value(value(code)) for code in ("None", "()", "[]", "{}", "set()", "deque()"))
     assert not any(is_empty_container(value(code)) for code in ("None", "()", "[0]", "dict(a=1)"))
     assert not is_empty_value(value("torch.zeros(3)"))
+
+
+def test_a_loop_variable_is_drawn_from_the_innermost_comprehension_that_binds_it_where_it_is_written():
+    tree = ast.parse("r = [[x * y for y in x.rows] for x in X] + [x for x in [x for x in Z]] + [x]")
+    drawn = [(name.id, ast.unparse(iterable) if (iterable := loop_iterable(tree, name)) else None)
+             for name in ast.walk(tree) if isinstance(name, ast.Name) and name.id in ("x", "y")]
+    assert sorted(drawn, key=str) == sorted([
+        ("x", "X"), ("y", "x.rows"), ("x", "X"), ("y", "x.rows"), ("x", "X"),  # x.rows: x is the outer element
+        ("x", "[x for x in Z]"), ("x", "[x for x in Z]"), ("x", "Z"), ("x", "Z"),
+        ("x", None),  # outside every comprehension
+    ], key=str)
 
 
 def test_a_workspace_parses_a_file_once_and_types_its_bindings(tmp_path):

@@ -8,7 +8,9 @@ The rules, in the order they apply:
   (`is_internal_file`) whose statement reads a tensor-ish operand. A frame whose source is unknown
   counts as touching one. A frame that only forwards (`return func(*args, **kwargs)`) does not: the
   callee name and `*args` / `**kwargs` are not operands. When no frame qualifies, the innermost
-  non-internal frame; when every frame is internal, no culprit.
+  non-internal frame; when every frame is internal, no culprit. A comprehension's frame
+  (`<genexpr>`, `<listcomp>`, ...) is shown as the frame of the function it runs in (the one
+  before it, at the same file and line), as from Python 3.12 a list comprehension runs inline.
 * **Statement**: the whole statement around the frame's line when the file is available locally
   (so a multi-line call is read in full), else the printed line, made parseable (a `pass` body after
   a trailing `:`, closing brackets for an unbalanced first line). A local file not at the printed
@@ -21,8 +23,11 @@ The rules, in the order they apply:
   (`x = ...`), builtins, bare `self` / modules / classes / functions, library modules (torch, numpy,
   the standard library) and constant-valued module flags.
 * **Bindings**: a local is what the function bound before the frame's statement (`x = f(x)` reads
-  the earlier `x`). Calling what a global holds (`_fused_op(t)` under `global _fused_op`) gives the
-  call's result, not that global.
+  the earlier `x`). A comprehension's loop variable stands for an element of its iterable, which
+  is resolved instead (`t[0]` in `sum(t[0] for t in xs)` is `xs`); a comprehension's frame reads
+  only its comprehensions, and its function's parameters are followed to that function's caller.
+  Calling what a global holds (`_fused_op(t)` under `global _fused_op`) gives the call's result,
+  not that global.
 * **Choice**: the operand most likely to be a global tensor, by tier: resolved to a global (module
   global, module attribute, `from m import X`, `global X`, class attribute, singleton field, the
   result of an lru-cached call: a `functools.lru_cache` / `cache` function, or `self.attr(...)` where
@@ -57,12 +62,14 @@ from pathlib import Path
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.npu_errors import UNSAFE_DATA
 from unsafe_doctor.source.files import is_internal_file
-from unsafe_doctor.source.resolve import MAX_DEPTH, Resolved, Scope, Tier, resolve_chain
+from unsafe_doctor.source.resolve import MAX_DEPTH, Resolved, Scope, Tier, resolve_written
 from unsafe_doctor.source.syntax import (
+    COMPREHENSION_FRAMES,
     SCOPES,
     Function,
     child_statements,
     compound_header,
+    comprehension_body,
     flatten,
     one_line,
     source_segment,
@@ -298,6 +305,20 @@ def _reads(statement: ast.stmt) -> Sequence[ast.AST]:
     return []
 
 
+def _frame_reads(view: _FrameView) -> Sequence[ast.AST]:
+    """What the frame's line evaluates: a comprehension's frame runs only the comprehensions of its
+    kind on that line, not the rest of the statement around them."""
+    statement = view.statement
+    if statement is None:
+        return []
+    kind = COMPREHENSION_FRAMES.get(view.frame.function)
+    reads = _reads(statement)
+    if kind is None:
+        return reads
+    comprehensions = [node for read in reads for node in ast.walk(read) if isinstance(node, kind)]
+    return [part for comprehension in comprehensions for part in comprehension_body(comprehension)] or reads
+
+
 def _container_reads(targets: Sequence[ast.expr]) -> Iterator[ast.expr]:
     """`buf[i] = v` reads `buf` (and `i`); `x = v` and `obj.x = v` read no tensor."""
     for target in targets:
@@ -405,11 +426,11 @@ def _candidates(view: _FrameView, workspace: Workspace) -> list[_Candidate]:
     if view.statement is None:
         return []
     found = []
-    for node in _reads(view.statement):
+    for node in _frame_reads(view):
         for parts, call_result in _operands(node):
-            resolved = resolve_chain(parts, view.scope, workspace)
-            if resolved is not None and (resolved.cached or not call_result):
-                found.append((parts, resolved))
+            written = resolve_written(parts, view.statement, view.scope, workspace)
+            if written is not None and (written[1].cached or not call_result):
+                found.append(written)
     return found
 
 
@@ -436,7 +457,9 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
         reason = "every frame is inside torch or the Python standard library"
         return _Analysis(None, None, None, (reason if frames else "the traceback has no frames",))
     index, view, candidates = chosen
-    culprit = replace(view.frame, source=view.source_line) if view.source_line else view.frame
+    enclosing = _enclosing_index(frames, index)
+    shown = view if enclosing is None else views.view(frames[enclosing])  # the function a comprehension runs in
+    culprit = replace(shown.frame, source=shown.source_line) if shown.source_line else shown.frame
     source_file = str(view.scope.source.path) if view.scope.source else None
     notes = list(view.notes)
     if not candidates:
@@ -449,9 +472,9 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
         text = caller.text
         notes.extend(caller.notes)
         where = f"{caller.frame.file}:{caller.frame.line} ({caller.frame.function})"
-        notes.append(f"{view.frame.function}() got the tensor as a parameter: followed to {where}")
+        notes.append(f"{culprit.function}() got the tensor as a parameter: followed to {where}")
     elif resolved.parameter:
-        where = f"{view.frame.function}()"
+        where = f"{culprit.function}()"
         notes.append(f"{resolved.parameter} is a parameter of {where}: its caller could not be followed")
     notes.extend(resolved.notes)
     expression = _expression_text(parts, resolved.anchor, text)
@@ -475,19 +498,37 @@ def _follow_parameter(
 ) -> tuple[list[ast.expr], Resolved, _FrameView] | None:
     """The argument the caller frame passed for parameter `name`, resolved in the caller (repeatedly
     while it is again a parameter); None unless that names something (a global, `self.x`, ...)."""
-    if index == 0 or depth > MAX_DEPTH or is_internal_file(frames[index - 1].file) or not view.scope.functions:
+    calling = _caller_index(frames, index)
+    if calling is None or depth > MAX_DEPTH or is_internal_file(frames[calling].file) or not view.scope.functions:
         return None
-    caller = views.view(frames[index - 1])
+    caller = views.view(frames[calling])
     argument = _argument_for(caller.statement, view.scope.functions[-1], name) if caller.statement else None
     parts = flatten(argument) if argument is not None else None
-    if parts is None:
+    written = resolve_written(parts, caller.statement, caller.scope, views.workspace) if parts and caller.statement else None
+    if written is None:
         return None
-    resolved = resolve_chain(parts, caller.scope, views.workspace)
-    if resolved is None:
-        return None
+    parts, resolved = written
     if resolved.parameter:
-        return _follow_parameter(frames, index - 1, caller, resolved.parameter, views, depth + 1)
+        return _follow_parameter(frames, calling, caller, resolved.parameter, views, depth + 1)
     return (parts, resolved, caller) if resolved.tier > Tier.PARAMETER else None
+
+
+def _enclosing_index(frames: Sequence[Frame], index: int) -> int | None:
+    """For a comprehension's frame, the frame of the function it runs in: the one before it, at the
+    same file and line; None for any other frame (or a generator consumed elsewhere)."""
+    frame = frames[index]
+    if frame.function not in COMPREHENSION_FRAMES or index == 0:
+        return None
+    before = frames[index - 1]
+    return index - 1 if (before.file, before.line) == (frame.file, frame.line) else None
+
+
+def _caller_index(frames: Sequence[Frame], index: int) -> int | None:
+    """The frame that called the function of frames[index]: the one before it, or before the
+    function's own frame when frames[index] is a comprehension's."""
+    enclosing = _enclosing_index(frames, index)
+    calling = (index if enclosing is None else enclosing) - 1
+    return calling if calling >= 0 else None
 
 
 def _argument_for(statement: ast.stmt, function: Function, name: str) -> ast.expr | None:

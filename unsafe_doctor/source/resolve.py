@@ -11,6 +11,9 @@ Entry points:
   class, the `anchor` (which part of the chain names it), a `Tier` (how sure), notes, the
   `parameter` it starts at, and whether it is an lru-cached call's result. None: no tensor
   (a builtin, a library module, a constant flag, a function object).
+* `resolve_written(parts, statement, scope, workspace)`: the same for a chain written inside a
+  statement, where a comprehension's loop variable stands for an element of its iterable: the
+  iterable's chain is resolved, and returned with its `Resolved`.
 * `Scope` says where the expression is: `Scope.of(source)` for module-level code,
   `Scope.of(source, function, cls)` for a function or method of a parsed `SourceFile` (for
   instance one of an index of modules: `workspace.module_source(name)` or `workspace.source(path,
@@ -42,7 +45,8 @@ The rules, in order (see also `unsafe_doctor.locate`): `self.x` / `cls.x` is att
 method's class (`self.rope(n)` is an lru-cached call's result when `Rope.forward` is cached); a
 name the function declares `global` is the module's; a parameter stays a parameter; a local is
 what it was last bound to before the line (an import, or an alias of a global:
-`buf = mod._BUF`, `tracker = get_tracker()`); then the module-level binding: an import
+`buf = mod._BUF`, `tracker = get_tracker()`, or of the iterable of a comprehension:
+`xs = [t[0] for t in _X]`); then the module-level binding: an import
 (followed into the module it names, through re-exports), a class (`Cls.attr`,
 `Cls.instance.field`), a function (the global it returns, or its lru-cached result), an
 assignment (the module global itself, unless a constant flag). Without source, naming conventions
@@ -62,10 +66,12 @@ from enum import IntEnum
 from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
+    comprehension_element,
     declared_globals,
     flatten,
     is_cached,
     local_binding,
+    loop_iterable,
     one_line,
     parameter_names,
     source_segment,
@@ -198,6 +204,29 @@ def resolve_chain(parts: list[ast.expr], scope: Scope, workspace: Workspace, dep
     if root in _BUILTINS:
         return None
     return _unresolved(scope, Tier.UNKNOWN, parts)
+
+
+def resolve_written(
+    parts: list[ast.expr], written_in: ast.AST, scope: Scope, workspace: Workspace, depth: int = 0
+) -> tuple[list[ast.expr], Resolved] | None:
+    """How a chain written inside `written_in` (a statement, or a value) is bound, with the chain
+    that names it: a comprehension's loop variable stands for an element of its iterable, so the
+    iterable's chain is resolved instead (`t[0]` in `sum(t[0] for t in _LOSSES)` is `_LOSSES`).
+    A loop variable over something that names nothing (`range(n)`, `zip(a, b)`) is a plain local."""
+    root = parts[0]
+    iterable = loop_iterable(written_in, root) if isinstance(root, ast.Name) else None
+    if iterable is None:
+        resolved = resolve_chain(parts, scope, workspace, depth)
+        return (parts, resolved) if resolved is not None else None
+    iterable_parts = flatten(comprehension_element(iterable))
+    followed = None
+    if iterable_parts is not None and depth <= MAX_DEPTH:
+        followed = resolve_written(iterable_parts, written_in, scope, workspace, depth + 1)
+    if followed is None:
+        return parts, _unresolved(scope, Tier.LOCAL, parts)
+    iterable_parts, resolved = followed
+    note = f"{_root(parts)} is an element of {ast.unparse(iterable)}"
+    return iterable_parts, replace(resolved, notes=(*resolved.notes, note))
 
 
 def _self_member(parts: list[ast.expr], scope: Scope, workspace: Workspace) -> Resolved | None:
@@ -453,11 +482,12 @@ def _alias(
     """A local assigned from a global (`tracker = get_tracker()`, `buf = mod._BUF`): that global,
     while the expression keeps the local's own name."""
     local = _unresolved(scope, Tier.LOCAL, parts)
-    value_parts = flatten(value)
+    value_parts = flatten(comprehension_element(value))  # `x = [t[0] for t in _X]` holds elements of _X
     if value_parts is None:
         return local
     earlier = replace(scope, line=value.lineno - 1)
-    resolved = resolve_chain(value_parts, earlier, workspace, depth + 1)
+    written = resolve_written(value_parts, value, earlier, workspace, depth + 1)
+    resolved = written[1] if written else None
     if resolved is not None and resolved.parameter:
         return _unresolved(scope, Tier.PARAMETER, parts, parameter=resolved.parameter)
     if resolved is None or resolved.tier < Tier.SELF or resolved.variable is None:

@@ -1,5 +1,6 @@
 """Small helpers over `ast` nodes, one copy each: the statements of a block, the names statements
-bind, imports, decorators, empty values and a node's source text."""
+bind, imports, comprehensions and their loop variables, decorators, empty values and a node's
+source text."""
 
 from __future__ import annotations
 
@@ -169,6 +170,71 @@ def local_binding(function: Function, name: str, line: int | None, package: str 
         return None
     before = [binding for binding in bindings if line is None or binding[0] <= line] or bindings
     return max(before, key=lambda binding: binding[0])[1]
+
+
+# --- comprehensions --------------------------------------------------------------------------------
+
+Comprehension = ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+# The frames a comprehension runs in, as a traceback names them (before Python 3.12 all four have
+# their own; from 3.12 only a generator expression does, the others run inline).
+COMPREHENSION_FRAMES: dict[str, type[Comprehension]] = {
+    "<genexpr>": ast.GeneratorExp,
+    "<listcomp>": ast.ListComp,
+    "<setcomp>": ast.SetComp,
+    "<dictcomp>": ast.DictComp,
+}
+
+
+def _elements(comprehension: Comprehension) -> list[ast.expr]:
+    """What a comprehension makes of each element: `elt`, or a dict comprehension's key and value."""
+    if isinstance(comprehension, ast.DictComp):
+        return [comprehension.key, comprehension.value]
+    return [comprehension.elt]
+
+
+def comprehension_element(value: ast.expr) -> ast.expr:
+    """What each element of a comprehension is (a dict comprehension's value); any other value itself."""
+    return _elements(value)[-1] if isinstance(value, _COMPREHENSIONS) else value
+
+
+def comprehension_body(comprehension: Comprehension) -> list[ast.expr]:
+    """What a comprehension evaluates in its own frame, in source order: its element, then each
+    `for` target and condition, and the iterables after the first (the enclosing code evaluates the
+    first and passes it in)."""
+    reads = _elements(comprehension)
+    for position, generator in enumerate(comprehension.generators):
+        reads += [*([generator.iter] if position else []), generator.target, *generator.ifs]
+    return reads
+
+
+def loop_iterable(root: ast.AST, name: ast.Name) -> ast.expr | None:
+    """The iterable `name` (a node inside `root`) draws its elements from, when the innermost
+    comprehension around it binds it with a `for` target (`for k, v in X.items()`: both from
+    `X.items()`); None when `name` is not a comprehension's loop variable."""
+    found = None
+    for node in ast.walk(root):  # breadth first: a nested comprehension comes after its outer one
+        if isinstance(node, _COMPREHENSIONS):
+            found = _drawn_from(node, name) or found
+    return found
+
+
+def _drawn_from(comprehension: Comprehension, name: ast.Name) -> ast.expr | None:
+    """The iterable of the last `for` of `comprehension` that binds `name` where it is written."""
+    binder = None
+    for generator in comprehension.generators:
+        if _inside(generator.iter, name):
+            return binder  # only the `for`s before this one have bound names
+        if name.id in names_bound([generator.target]):
+            binder = generator.iter
+        if _inside(generator.target, name) or any(_inside(condition, name) for condition in generator.ifs):
+            return binder
+    return binder if any(_inside(element, name) for element in _elements(comprehension)) else None
+
+
+def _inside(node: ast.AST, name: ast.Name) -> bool:
+    return any(child is name for child in ast.walk(node))
 
 
 # --- calls, decorators, values ---------------------------------------------------------------------
