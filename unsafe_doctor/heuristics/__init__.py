@@ -45,6 +45,10 @@ side only decides; for both, 2 wins when the value is carried (self-update) or e
 logging, else 1 (a value reset every step is recomputed). Weak evidence alone decides by majority.
 Confidence is `medium` with two or more kinds of evidence for the chosen side and none against,
 else `low`.
+
+The weighing is here; the rest by stage: `gather` (the files in scope, the study's events, who calls
+a reset), `events` (one file, one function: statements read as events), `aliases` (what stands for
+the tensor in one scope) and `vocabulary` (the token sets and name tests).
 """
 
 from __future__ import annotations

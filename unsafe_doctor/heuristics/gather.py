@@ -107,6 +107,7 @@ class Study:
         return self.workspace.source(path, self.workspace.find(str(path)).module)
 
     def shown(self, path: Path) -> str:
+        """A path as evidence shows it: relative to its source root, else as found."""
         resolved = path.resolve()
         for root in self.roots:
             if resolved.is_relative_to(root.resolve()):
@@ -159,6 +160,7 @@ class Study:
                         self.add("cache", parsed.path, decorator.lineno, what)
 
     def add(self, kind: Kind, path: Path, line: int, what: str, **flags) -> Event:
+        """Record an event; the first of a kind at a line is kept (and returned)."""
         event = Event(kind, path, line, what, **flags)
         self.events.setdefault((kind, path, line), event)
         return self.events[(kind, path, line)]
@@ -170,7 +172,7 @@ class Study:
 
     # who calls a reset
 
-    def call_sites(self, callee: str) -> list[CallSite]:
+    def _call_sites(self, callee: str) -> list[CallSite]:
         found: list[CallSite] = []
         for path, text in self.texts.items():
             if text and callee in text:
@@ -182,7 +184,7 @@ class Study:
 
     def every_iteration(self, function: str, depth: int = 0) -> list[CallSite] | None:
         """The chain of call sites by which `function` runs every iteration, nearest first."""
-        sites = self.call_sites(function)
+        sites = self._call_sites(function)
         for site in sites:
             if runs_per_step(site.caller, site.in_loop):
                 return [site]
