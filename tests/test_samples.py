@@ -11,13 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
-from unsafe_doctor.report.diagnosis import to_json
+from unsafe_doctor.report.diagnosis import to_json, to_sarif
 
 LOGS = Path(__file__).resolve().parent.parent / "samples" / "logs"
 FRAMEWORK = LOGS.parent / "framework"
@@ -212,3 +211,18 @@ def test_any_interleaving_of_rank_output_gives_the_same_findings(seed, noise):
         merged.append(queue.pop(0))
     data = "".join(merged).encode("utf-8", "surrogateescape")
     assert _essentials(to_json(diagnose([], groundwork(), stdin=io.BytesIO(data)))) == EXPECTED
+
+
+def test_sarif_points_at_each_piece_of_heuristic_evidence():
+    """The heuristics' evidence is (file, line, text): SARIF gives each as a related location."""
+    diagnosis = diagnose([str(LOGS / "toytrain_ema")], groundwork(source_roots=[FRAMEWORK]))
+    [item] = diagnosis.findings
+    assert item.classification.evidence, "toytrain's _EMA_GRAD_NORM is classified by the heuristics"
+    [result] = to_sarif(diagnosis)["runs"][0]["results"]
+    related = [
+        (place["physicalLocation"]["artifactLocation"]["uri"], place["physicalLocation"]["region"]["startLine"],
+         place["message"]["text"])
+        for place in result["relatedLocations"]
+    ]
+    assert related == [(seen.file, seen.line, seen.text) for seen in item.classification.evidence]
+    assert ("toytrain/train.py", 66) in [(uri, line) for uri, line, _ in related]

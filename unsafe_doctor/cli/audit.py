@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import sys
 import time
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from unsafe_doctor.cli.fix import show_plan, tell_outcome
-from unsafe_doctor.cli.options import RulesOption, YesOption
+from unsafe_doctor.cli.options import LocatedFormat, LocatedFormatOption, RulesOption, YesOption
 from unsafe_doctor.cli.streams import print_json, print_rich, say
 from unsafe_doctor.cli.workflow import write_if_accepted
 from unsafe_doctor.errors import UsageError
@@ -20,12 +19,6 @@ from unsafe_doctor.report import audit as report
 if TYPE_CHECKING:
     from unsafe_doctor.audit import Audit, AuditedHolder
     from unsafe_doctor.fix import Plan
-
-
-class AuditFormat(str, Enum):
-    text = "text"
-    json = "json"
-    sarif = "sarif"
 
 
 def command(
@@ -38,9 +31,7 @@ def command(
             "else the audited module that defines the profile's rollback and repair functions.",
         ),
     ] = "auto",
-    output_format: Annotated[
-        AuditFormat, typer.Option("--format", "-f", help="text for people, json or sarif for tools.")
-    ] = AuditFormat.text,
+    output_format: LocatedFormatOption = LocatedFormat.text,
     rules: RulesOption = None,
     fix: Annotated[bool, typer.Option("--fix", help="Write the fix of every uncovered global that has one (one diff).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="With --fix: show the diff, write nothing.")] = False,
@@ -55,15 +46,15 @@ def command(
 
     if dry_run and not fix:
         raise UsageError("--dry-run goes with --fix")
-    if fix and output_format is not AuditFormat.text:
+    if fix and output_format is not LocatedFormat.text:
         raise UsageError("--fix prints a diff: use it with --format text")
     started = time.perf_counter()
     result = audits.audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or ())
     elapsed = time.perf_counter() - started
     plan = audits.plan_fixes(result) if fix else None  # refused before any output
-    if output_format is AuditFormat.json:
+    if output_format is LocatedFormat.json:
         print_json(report.to_json(result))
-    elif output_format is AuditFormat.sarif:
+    elif output_format is LocatedFormat.sarif:
         print_json(report.to_sarif(result, audits.plan_fixes_per_holder(result)))
     else:
         print_rich(report.to_text(result, elapsed))

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import time
-from enum import Enum
-from typing import Annotated
 
-import typer
-
-from unsafe_doctor.cli.options import AdaptorOption, LogsArgument, NoInputOption, RulesOption, SourceRootOption, YesOption
+from unsafe_doctor.cli.options import (
+    AdaptorOption,
+    LocatedFormat,
+    LocatedFormatOption,
+    LogsArgument,
+    NoInputOption,
+    RulesOption,
+    SourceRootOption,
+    YesOption,
+)
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, progress_bar
 from unsafe_doctor.cli.workflow import offer_fixes
 from unsafe_doctor.context import groundwork
@@ -16,17 +21,9 @@ from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.report import diagnosis as report
 
 
-class DiagnoseFormat(str, Enum):
-    text = "text"
-    json = "json"
-    sarif = "sarif"
-
-
 def command(
     logs: LogsArgument = None,
-    output_format: Annotated[
-        DiagnoseFormat, typer.Option("--format", "-f", help="text for people, json or sarif for tools.")
-    ] = DiagnoseFormat.text,
+    output_format: LocatedFormatOption = LocatedFormat.text,
     no_input: NoInputOption = False,
     yes: YesOption = False,
     source_root: SourceRootOption = None,
@@ -40,9 +37,9 @@ def command(
     with progress_bar(paths) as progress:
         diagnosis = diagnose(paths, setup, adaptor=adaptor, progress=progress)
     elapsed = time.perf_counter() - started
-    if output_format is DiagnoseFormat.json:
+    if output_format is LocatedFormat.json:
         print_json(report.to_json(diagnosis))
-    elif output_format is DiagnoseFormat.sarif:
+    elif output_format is LocatedFormat.sarif:
         print_json(report.to_sarif(diagnosis))
     else:
         print_rich(report.to_text(diagnosis, elapsed))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from unsafe_doctor.cli.options import (
     AdaptorOption,
+    Format,
+    FormatOption,
     FunctionOption,
     LogsArgument,
     NoInputOption,
@@ -28,11 +29,6 @@ if TYPE_CHECKING:
     from unsafe_doctor.fix import Plan, Written
 
 
-class FixFormat(str, Enum):
-    text = "text"
-    json = "json"
-
-
 def command(
     logs: LogsArgument = None,
     adaptor: AdaptorOption = None,
@@ -43,7 +39,7 @@ def command(
     no_input: NoInputOption = False,
     source_root: SourceRootOption = None,
     rules: RulesOption = None,
-    output_format: Annotated[FixFormat, typer.Option("--format", "-f", help="text for people, json for tools.")] = FixFormat.text,
+    output_format: FormatOption = Format.text,
 ) -> int:
     """Write the fix for each finding into the recovery adaptor: diff first, then apply.
 
@@ -63,7 +59,7 @@ def command(
         diagnosis = diagnose(paths, setup, adaptor=adaptor)
         plan = fixes.plan_fix(diagnosis.findings, diagnosis.context, overrides)
         findings = len(diagnosis.findings)
-    text = output_format is FixFormat.text
+    text = output_format is Format.text
     interactive = text and not no_input and sys.stdin.isatty() and sys.stdout.isatty()
     if text:
         show_plan(plan, findings, revert)

@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+
+class Format(str, Enum):
+    """fix, verify and rules: their output has no place in a source file, so no SARIF."""
+
+    text = "text"
+    json = "json"
+
+
+class LocatedFormat(str, Enum):
+    """diagnose and audit: each finding has a file and line, so SARIF too."""
+
+    text = "text"
+    json = "json"
+    sarif = "sarif"
+
+
+FormatOption = Annotated[Format, typer.Option("--format", "-f", help="text for people, json for tools.")]
+LocatedFormatOption = Annotated[
+    LocatedFormat, typer.Option("--format", "-f", help="text for people, json or sarif for tools.")
+]
 LogsArgument = Annotated[
     list[str] | None,
     typer.Argument(help="Log files or folders (.gz too). None or '-': read standard input.", show_default=False),

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from unsafe_doctor.cli.options import RulesOption
+from unsafe_doctor.cli.options import Format, FormatOption, RulesOption
 from unsafe_doctor.cli.streams import print_json, print_rich
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import Rule, load_knowledge, validate_files
@@ -18,19 +17,11 @@ from unsafe_doctor.report import rules as report
 app = typer.Typer(help="List, show and validate knowledge-base rules.", no_args_is_help=True)
 
 
-class RulesFormat(str, Enum):
-    text = "text"
-    json = "json"
-
-
-FormatOption = Annotated[RulesFormat, typer.Option("--format", "-f", help="text for people, json for tools.")]
-
-
 @app.command("list")
-def list_rules(rules: RulesOption = None, output_format: FormatOption = RulesFormat.text) -> int:
+def list_rules(rules: RulesOption = None, output_format: FormatOption = Format.text) -> int:
     """Every rule: id, scenario, framework versions, title."""
     knowledge = load_knowledge(rules or ())
-    if output_format is RulesFormat.json:
+    if output_format is Format.json:
         print_json({
             "rules": [report.rule_json(rule) for rule in knowledge.rules],
             "templates": [report.template_json(template) for template in knowledge.templates],
@@ -44,14 +35,14 @@ def list_rules(rules: RulesOption = None, output_format: FormatOption = RulesFor
 def show_rule(
     rule_id: Annotated[str, typer.Argument(help="The rule's id, as `rules list` shows it.")],
     rules: RulesOption = None,
-    output_format: FormatOption = RulesFormat.text,
+    output_format: FormatOption = Format.text,
 ) -> int:
     """One rule or template in full: what it matches, why, and the fix it writes."""
     knowledge = load_knowledge(rules or ())
     rule = knowledge.rule(rule_id) or knowledge.template(rule_id)
     if rule is None:
         raise UsageError(f"no rule '{rule_id}' (see `unsafe-doctor rules list`)")
-    if output_format is RulesFormat.json:
+    if output_format is Format.json:
         print_json(report.rule_json(rule) if isinstance(rule, Rule) else report.template_json(rule))
     else:
         print_rich(report.rule_panel(rule, knowledge))

@@ -8,7 +8,15 @@ from typing import Annotated
 
 import typer
 
-from unsafe_doctor.cli.options import AdaptorOption, FunctionOption, LogsArgument, RulesOption, SourceRootOption
+from unsafe_doctor.cli.options import (
+    AdaptorOption,
+    Format,
+    FormatOption,
+    FunctionOption,
+    LogsArgument,
+    RulesOption,
+    SourceRootOption,
+)
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
@@ -18,11 +26,6 @@ from unsafe_doctor.errors import UsageError
 class ReplayMode(str, Enum):
     block = "block"
     adaptor = "adaptor"
-
-
-class VerifyFormat(str, Enum):
-    text = "text"
-    json = "json"
 
 
 def command(
@@ -41,9 +44,7 @@ def command(
         typer.Option("--probe", help="MODULE:FUNCTION of yours that creates and touches the global (called every step)."),
     ] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a stuck replay is stopped.")] = 60.0,
-    output_format: Annotated[
-        VerifyFormat, typer.Option("--format", "-f", help="text for people, json for tools.")
-    ] = VerifyFormat.text,
+    output_format: FormatOption = Format.text,
 ) -> int:
     """Replay the fault and the recovery on a real process group: unpatched must fail, patched must not.
 
@@ -71,7 +72,7 @@ def command(
     outcome = verification.verify(plan, skipped)
     if outcome is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
-    if output_format is VerifyFormat.json:
+    if output_format is Format.json:
         print_json(report.to_json(outcome))
     else:
         print_rich(report.to_text(outcome))

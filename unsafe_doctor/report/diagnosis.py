@@ -98,6 +98,12 @@ def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
         }
         if finding.culprit is not None:
             result["locations"] = [location(finding.culprit.file, finding.culprit.line)]
+        evidence = item.classification.evidence
+        if evidence:  # what the heuristics saw, each where it stands
+            result["relatedLocations"] = [
+                {**location(seen.file, seen.line), "id": number, "message": {"text": seen.text}}
+                for number, seen in enumerate(evidence)
+            ]
         results.append(result)
     return sarif_log({"unsafe-data-after-recovery": "Global tensor left unsafe by process-level online recovery"}, results)
 
