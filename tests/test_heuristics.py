@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unsafe_doctor.heuristics import MAX_FILES, Verdict, judge
+from unsafe_doctor.heuristics import Verdict, judge
+from unsafe_doctor.heuristics.gather import MAX_FILES
 from unsafe_doctor.locate import locate
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.subject import Subject, TensorRef

@@ -1,0 +1,217 @@
+"""Gathering what to study about one tensor: the files in scope (the defining module, the culprit's
+file, then the module's package and the source roots, at most `MAX_FILES`), the accessors and the
+`lru_cache` of the defining module, the events the file studies record, and who calls a function
+(up to `MAX_CALLER_DEPTH` calls up) to tell whether a reset runs every iteration."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from unsafe_doctor.heuristics.events import Event, FileStudy, FunctionStudy, Kind
+from unsafe_doctor.heuristics.vocabulary import runs_per_step
+from unsafe_doctor.source.files import is_file, python_files
+from unsafe_doctor.source.syntax import callee_name, is_cache_decorator, walk_scope
+from unsafe_doctor.source.workspace import SourceFile, Workspace
+from unsafe_doctor.subject import Subject, TensorRef
+
+MAX_FILES = 2000
+MAX_FILE_BYTES = 2_000_000
+MAX_CALLER_DEPTH = 3
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """A call by name (`train_step()`, `obj.reset()`): where it is and the function it runs in."""
+
+    callee: str
+    caller: str  # enclosing function, '<module>' at module level
+    path: Path
+    line: int
+    in_loop: bool
+
+
+class Study:
+    """Evidence about one tensor, gathered over the files in scope."""
+
+    def __init__(self, subject: Subject, tensor: TensorRef, workspace: Workspace):
+        self.subject = subject
+        self.variable: str = tensor.variable or ""
+        self.owner = tensor.owner
+        self.attribute = tensor.owner is not None or tensor.expression.startswith(("self.", "cls."))
+        self.roots = workspace.source_roots
+        self.workspace = workspace
+        self.module = tensor.module
+        self.events: dict[tuple[Kind, Path, int], Event] = {}
+        self.texts: dict[Path, str] = {}  # the files in scope ("" when unreadable or too large)
+        self.truncated = False
+        self.referencing: list[Path] = []
+        self.sites: dict[Path, list[CallSite]] = {}
+        self.defining: SourceFile | None = None
+        self.accessors: set[str] = set()
+        self.classes_here: set[str] = set()
+        self.queue_filled = False  # entries are appended to it somewhere
+        self.queue_takes: list[tuple[FunctionStudy, ast.stmt]] = []
+
+    # files
+
+    def _culprit_path(self) -> Path | None:
+        printed = self.subject.source_file or (self.subject.frame.file if self.subject.frame else None)
+        return Path(printed) if printed and is_file(Path(printed)) else None
+
+    def _package_dir(self, module: str | None) -> Path | None:
+        if not module:
+            return None
+        found = self.workspace.module_path(module.split(".")[0])
+        if found is None:
+            return None
+        return found.parent if found.name == "__init__.py" else found
+
+    def _scope(self) -> list[Path]:
+        """Defining module, culprit file, then the module's package and the source roots, bounded."""
+        first = []
+        defining = self.workspace.module_path(self.module) if self.module else None
+        for path in (defining, self._culprit_path()):
+            if path is not None and path.is_file() and path not in first:
+                first.append(path)
+        culprit = self._culprit_path()
+        culprit_module = self.workspace.find(str(culprit)).module if culprit else None
+        folders = [self._package_dir(self.module), self._package_dir(culprit_module), *self.roots]
+        files = list(first)
+        seen = {path.resolve() for path in first}
+        for folder in dict.fromkeys(folder.resolve() for folder in folders if folder is not None):
+            for path in python_files(folder):  # under a resolved folder: compared as they are
+                if len(files) >= MAX_FILES:
+                    self.truncated = True
+                    return files
+                if path not in seen:
+                    seen.add(path)
+                    files.append(path)
+        return files
+
+    def _read(self, path: Path) -> str | None:
+        if path not in self.texts:
+            try:
+                small = path.stat().st_size <= MAX_FILE_BYTES
+            except OSError:
+                small = False
+            self.texts[path] = (self.workspace.text(path) if small else None) or ""
+        return self.texts[path] or None
+
+    def parse(self, path: Path) -> SourceFile | None:
+        """A file in scope, parsed once by the workspace; None when unreadable, too large or invalid."""
+        if self._read(path) is None:
+            return None
+        return self.workspace.source(path, self.workspace.find(str(path)).module)
+
+    def shown(self, path: Path) -> str:
+        """A path as evidence shows it: relative to its source root, else as found."""
+        resolved = path.resolve()
+        for root in self.roots:
+            if resolved.is_relative_to(root.resolve()):
+                return resolved.relative_to(root.resolve()).as_posix()
+        return str(path)
+
+    # gathering
+
+    def gather(self) -> None:
+        files = self._scope()
+        for path in files:
+            self._read(path)  # all read first: a reset's callers may be in any of them
+        defining = self.workspace.module_path(self.module) if self.module else None
+        self.defining = self.parse(defining) if defining is not None and defining.is_file() else None
+        if self.defining is not None:
+            self.classes_here = {node.name for node in ast.walk(self.defining.tree) if isinstance(node, ast.ClassDef)}
+            if not self.attribute:
+                self.accessors = self._accessors(self.defining)
+                self._lru_cache(self.defining)
+        names = (self.variable, *sorted(self.accessors))
+        alternatives = "|".join(map(re.escape, names))
+        as_words = re.compile(rf"\b(?:{alternatives})\b")
+        for path in files:
+            text = self.texts[path]
+            named = any(name in text for name in names) and as_words.search(text)  # substring first: fast
+            parsed = self.parse(path) if named else None
+            if parsed is not None:
+                self.referencing.append(path)
+                FileStudy(self, parsed).run()
+        self._queues()
+
+    def _accessors(self, parsed: SourceFile) -> set[str]:
+        """Module functions that return the global itself (`get_x()` is then the global)."""
+        found = set()
+        for statement in parsed.tree.body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in walk_scope(statement):
+                    returned = node.value if isinstance(node, ast.Return) else None
+                    if isinstance(returned, ast.Name) and returned.id == self.variable:
+                        found.add(statement.name)
+        return found
+
+    def _lru_cache(self, parsed: SourceFile) -> None:
+        for statement in parsed.tree.body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name == self.variable:
+                for decorator in statement.decorator_list:
+                    if is_cache_decorator(decorator):
+                        code = parsed.lines[decorator.lineno - 1].strip()
+                        what = f"{self.variable}() is an lru_cache, rebuilt deterministically: `{code}`"
+                        self.add("cache", parsed.path, decorator.lineno, what)
+
+    def add(self, kind: Kind, path: Path, line: int, what: str, **flags) -> Event:
+        """Record an event; the first of a kind at a line is kept (and returned)."""
+        event = Event(kind, path, line, what, **flags)
+        self.events.setdefault((kind, path, line), event)
+        return self.events[(kind, path, line)]
+
+    def _queues(self) -> None:
+        if self.queue_filled:
+            for function, statement in self.queue_takes:
+                function.add("queue", statement, "entries appended elsewhere are consumed")
+
+    # who calls a reset
+
+    def _call_sites(self, callee: str) -> list[CallSite]:
+        found: list[CallSite] = []
+        for path, text in self.texts.items():
+            if text and callee in text:
+                if path not in self.sites:
+                    parsed = self.parse(path)
+                    self.sites[path] = _call_sites_in(parsed.tree, path) if parsed else []
+                found.extend(site for site in self.sites[path] if site.callee == callee)
+        return sorted(found, key=lambda site: (str(site.path), site.line))
+
+    def every_iteration(self, function: str, depth: int = 0) -> list[CallSite] | None:
+        """The chain of call sites by which `function` runs every iteration, nearest first."""
+        sites = self._call_sites(function)
+        for site in sites:
+            if runs_per_step(site.caller, site.in_loop):
+                return [site]
+        if depth + 1 < MAX_CALLER_DEPTH:
+            for site in sites:
+                if site.caller not in ("<module>", function):
+                    chain = self.every_iteration(site.caller, depth + 1)
+                    if chain:
+                        return [site, *chain]
+        return None
+
+
+def _call_sites_in(tree: ast.Module, path: Path) -> list[CallSite]:
+    """Every named call in a file, with its enclosing function and whether it sits in a loop there."""
+    sites: list[CallSite] = []
+
+    def visit(node: ast.AST, function: str, in_loop: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, child.name, False)
+                continue
+            looping = in_loop or (isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and child in node.body)
+            if isinstance(child, ast.Call):
+                callee = callee_name(child.func)
+                if callee:
+                    sites.append(CallSite(callee, function, path, child.lineno, looping))
+            visit(child, function, looping)
+
+    visit(tree, "<module>", False)
+    return sites
