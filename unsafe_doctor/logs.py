@@ -19,16 +19,23 @@ is taken after it. When several rank prefixes stack, the most specific one names
                        finer is on the line, because a pod ordinal is not always the rank (a
                        PyTorchJob's `worker-0` is rank 1 when a master pod exists).
 
-Timestamps and logger headers (ISO dates, kubectl `--timestamps`, Python logging, MindIO's
-stdout, file and Python formats) are removed too; torch_npu's
+Timestamps and logger headers are removed too: ISO dates, kubectl `--timestamps`, Python logging
+(`2026-01-01 10:00:00,123 ERROR [launcher] `, `%(asctime)s - %(name)s - %(levelname)s - `),
+syslog stamps (`Jan  1 10:00:00 host proc[123]: `), MindIO's stdout, file and Python formats, and
+the container runtime's (CRI) `2026-01-01T10:00:00.123456789Z stderr F `. torch_npu's
 `[ERROR] 2024-09-26-19:58:19 (PID:…, Device:…, RankID:…) ERR00003 …` line is left verbatim, the
-traceback parser reads it.
+traceback parser reads it. ANSI colour codes go first, wherever they are.
+
+A CRI line marked `P` (partial) was cut by the runtime at its buffer size (16 KiB in containerd);
+the next line of the same stream continues it. `split_lines` joins the pieces before anything
+else reads them, per stream, since stdout and stderr interleave; the joined line keeps the first
+piece's offset and the prefixes before the first piece's CRI header.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 
@@ -57,15 +64,42 @@ _RANK_SPECIFICITY, _ROLE_SPECIFICITY, _NUMERIC_SPECIFICITY, _POD_SPECIFICITY = 4
 # Logger headers. Bracketed: `[2024-12-24 11:56:59,095]`, optionally followed by MindIO's older
 # Python fields `[10][ERROR][ttp_mindx_api:56]`. Bare: an ISO or RFC 3339 timestamp, optionally
 # followed by MindIO stdout's `warn 3062106`, MindIO's spdlog file `3062106 info`, or Python
-# logging's ` - name - INFO -`.
+# logging's ` - name - INFO -` or ` ERROR [name]`.
 _LOG_HEADER = re.compile(
     rf"\[{_DATE_TIME}\](?:\[\d+\])?(?:\[{_LEVEL}\])?(?:\[[\w.]+:\d+\])?"
-    rf"|{_DATE_TIME}(?: {_LEVEL} \d+| \d+ {_LEVEL}| - \S+ - {_LEVEL} -)?"
+    rf"|{_DATE_TIME}(?: {_LEVEL} \d+| \d+ {_LEVEL}| - \S+ - {_LEVEL} -| {_LEVEL}(?: \[[\w.-]+\])?(?= ))?"
+)
+# A container runtime's log line (CRI format, as containerd and CRI-O write it): time, stream, tag.
+_CRI_HEADER = re.compile(rf"({_DATE_TIME}) (stdout|stderr) ([FP]) ")
+# Syslog (RFC 3164, as rsyslog writes it): `Jan  1 10:00:00 host tag[pid]: `; the host may be missing.
+_SYSLOG_HEADER = re.compile(
+    r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]?\d \d\d:\d\d:\d\d(?: [\w.-]+)?? [\w./-]+(?:\[\d+\])?:"
 )
 # MindIO source tags: C++ `[TTP controller.cpp:2510]`, Python-origin `[12345][PYH tft_rollback.py:88]`.
 _MINDIO_TAG = re.compile(r"\[TTP [^\]\s]+:\d+\]|\[\d+\]\[PYH [^\]\s]+:\d+\]")
 
-_PREFIX_START = frozenset("[0123456789")
+_PREFIX_START = frozenset("[0123456789JFMASOND")  # a bracket, a digit, a month's initial
+
+
+def _match_prefix(text: str, pos: int, numeric_allowed: bool) -> tuple[re.Match[str] | None, int, int | None]:
+    """The prefix at `pos`, with the specificity and rank it tells (0 and None for a header)."""
+    first = text[pos]
+    if first == "[":
+        if m := _RANK_PREFIX.match(text, pos):
+            return m, _RANK_SPECIFICITY, int(m[1])
+        if m := _ROLE_PREFIX.match(text, pos):
+            return m, _ROLE_SPECIFICITY, int(m[1])
+        if m := _POD_PREFIX.match(text, pos):
+            ordinal = _POD_ORDINAL.search(m[1])
+            return m, _POD_SPECIFICITY, int(ordinal[1]) if ordinal else None
+        return _LOG_HEADER.match(text, pos) or _MINDIO_TAG.match(text, pos), 0, None
+    if not first.isdigit():
+        return _SYSLOG_HEADER.match(text, pos), 0, None
+    if m := _CRI_HEADER.match(text, pos) or _LOG_HEADER.match(text, pos):
+        return m, 0, None
+    if numeric_allowed and (m := _NUMERIC_PREFIX.match(text, pos)):
+        return m, _NUMERIC_SPECIFICITY, int(m[1])
+    return None, 0, None
 
 
 def _peel(text: str) -> tuple[int, int | None, str]:
@@ -74,31 +108,16 @@ def _peel(text: str) -> tuple[int, int | None, str]:
     pos = 0
     numeric_allowed = True
     while pos < len(text) and text[pos] in _PREFIX_START:
-        found: tuple[int, int | None] | None = None  # (specificity, rank) of a rank prefix
-        if text[pos] == "[":
-            if m := _RANK_PREFIX.match(text, pos):
-                found = (_RANK_SPECIFICITY, int(m[1]))
-            elif m := _ROLE_PREFIX.match(text, pos):
-                found = (_ROLE_SPECIFICITY, int(m[1]))
-            elif m := _POD_PREFIX.match(text, pos):
-                ordinal = _POD_ORDINAL.search(m[1])
-                found = (_POD_SPECIFICITY, int(ordinal[1]) if ordinal else None)
-            else:
-                m = _LOG_HEADER.match(text, pos) or _MINDIO_TAG.match(text, pos)
-        else:
-            m = _LOG_HEADER.match(text, pos)
-            if m is None and numeric_allowed and (m := _NUMERIC_PREFIX.match(text, pos)):
-                found = (_NUMERIC_SPECIFICITY, int(m[1]))
+        m, found_specificity, found_rank = _match_prefix(text, pos, numeric_allowed)
         if m is None:
             break
-        if found is not None:
-            if found[0] > _POD_SPECIFICITY:
-                numeric_allowed = False  # a bare number after a rank prefix is message text
-            if found[1] is not None and found[0] > specificity:
-                specificity, rank = found
+        if found_specificity > _POD_SPECIFICITY:
+            numeric_allowed = False  # a bare number after a rank prefix is message text
+        if found_rank is not None and found_specificity > specificity:
+            specificity, rank = found_specificity, found_rank
         pos = m.end()
-        if m.re is not _ROLE_PREFIX and text.startswith(" ", pos):
-            pos += 1
+        if m.re is not _ROLE_PREFIX and m.re is not _CRI_HEADER and text.startswith(" ", pos):
+            pos += 1  # the one space the prefix's writer adds (the CRI header holds its own)
     return specificity, rank, text[pos:]
 
 
@@ -125,7 +144,7 @@ def normalise(raw: str) -> tuple[int | None, str]:
 
 
 def split_lines(text: str, *, source: str, base_offset: int, rank_hint: int | None) -> list[LogLine]:
-    """Split an excerpt of one input into normalised lines.
+    """Split an excerpt of one input into normalised lines, CRI partial lines joined.
 
     Lines end at LF only (CRs are handled by `normalise`). Offsets count the UTF-8 length of the
     decoded text; where the input held invalid bytes (decoded to U+FFFD) they drift from the true
@@ -135,17 +154,60 @@ def split_lines(text: str, *, source: str, base_offset: int, rank_hint: int | No
     pieces = text.split("\n")
     if pieces[-1] == "":
         pieces.pop()  # the excerpt ended with a newline; there is no line after it
-    ascii_only = text.isascii()
+    located: Iterable[tuple[int, str]] = zip(_offsets(pieces, base_offset, text.isascii()), pieces, strict=True)
+    if " stdout P " in text or " stderr P " in text:
+        located = _join_partial_lines(located)
     lines = []
-    offset = base_offset
-    for piece in pieces:
+    for offset, piece in located:
         rank, clean = normalise(piece)
         lines.append(LogLine(rank if rank is not None else rank_hint, clean, source, offset))
+    return lines
+
+
+def _offsets(pieces: list[str], offset: int, ascii_only: bool) -> Iterator[int]:
+    for piece in pieces:
+        yield offset
         if ascii_only or piece.isascii():
             offset += len(piece) + 1
         else:
             offset += len(piece.encode("utf-8", "surrogatepass")) + 1
-    return lines
+
+
+_CRI_SEARCH_SPAN = 400  # how far into a line its CRI header may start, after prefixes added outside it
+
+
+def _join_partial_lines(raw_lines: Iterable[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Join each CRI `P` piece with the lines of its stream that continue it, up to the `F` one.
+
+    The joined line stands where its first piece stood. A run still open at the excerpt's end is
+    kept as far as it goes: the window cut it, the runtime did not finish it here.
+    """
+    joined: list[tuple[int, str]] = []
+    open_runs: dict[str, tuple[int, list[str]]] = {}  # stream -> (index in joined, pieces so far)
+    for line_offset, piece in raw_lines:
+        header = _CRI_HEADER.search(piece, 0, _CRI_SEARCH_SPAN)
+        if header is None:
+            joined.append((line_offset, piece))
+            continue
+        stream = header[2]
+        run = open_runs.pop(stream, None)
+        if run is None:
+            run = (len(joined), [piece])
+            joined.append((line_offset, piece))
+        else:
+            run[1].append(piece[header.end() :])
+        if header[3] == "P":
+            open_runs[stream] = run
+        else:
+            _close_run(joined, run)
+    for run in open_runs.values():
+        _close_run(joined, run)
+    return joined
+
+
+def _close_run(joined: list[tuple[int, str]], run: tuple[int, list[str]]) -> None:
+    index, parts = run
+    joined[index] = (joined[index][0], "".join(parts))
 
 
 def by_rank(lines: Iterable[LogLine]) -> dict[int | None, list[LogLine]]:
