@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unsafe_doctor.locate import locate
 from unsafe_doctor.logs import LogLine, by_rank, normalise, split_lines
+from unsafe_doctor.source.workspace import Workspace
+from unsafe_doctor.tracebacks import parse_tracebacks
 
 NPU_ERROR = "[ERROR] 2024-09-26-19:58:19 (PID:991527, Device:3, RankID:3) ERR00003 PTA invalid value"
 
@@ -240,3 +245,201 @@ def test_by_rank_recovers_each_ranks_lines_in_order(entries):
     encoded = text.encode()
     for line, raw in zip(lines, raw_lines):
         assert encoded[line.offset - 7 :].startswith(raw.encode())
+
+
+# --- prefixes of the tools between a job and its log file -----------------------------------------
+
+CRI_TIME = "2026-12-01T13:00:33.79284Z"
+
+
+@pytest.mark.parametrize(
+    "raw, rank, text",
+    [
+        # container runtime (CRI), as containerd and CRI-O write it
+        (f"{CRI_TIME} stderr F [rank3]:   File \"x.py\", line 3, in f", 3, '  File "x.py", line 3, in f'),
+        ("2026-12-01T13:00:33Z stdout F iteration 5", None, "iteration 5"),
+        ("2026-12-01T13:00:33.5+08:00 stdout F    indented", None, "   indented"),
+        # Python logging
+        ("2026-01-01 10:00:00,123 ERROR [launcher] [rank3]:     x += 1", 3, "    x += 1"),
+        ("2026-01-01 10:00:00,123 INFO iteration 5", None, "iteration 5"),
+        ("2026-01-01 10:00:00,123 - launcher - ERROR - [default2]:  Traceback", 2, "  Traceback"),
+        # syslog (RFC 3164, rsyslog), with and without a host, day space-padded or not
+        ("Dec  1 13:00:33 node1 torchrun[4242]: [rank5]:   File \"x.py\"", 5, '  File "x.py"'),
+        ("Dec 01 13:00:33 node1 kernel: iteration 5", None, "iteration 5"),
+        ("Jan  1 10:00:00 torchrun[77]: [default1]:x", 1, "x"),
+        # kubectl logs --prefix --timestamps
+        (f"[pod/train-worker-3/pytorch] {CRI_TIME} [rank9]:   File", 9, "  File"),
+    ],
+)
+def test_each_prefix_kind_is_peeled(raw, rank, text):
+    assert normalise(raw) == (rank, text)
+
+
+def test_words_like_a_month_or_a_stream_are_message_text():
+    assert normalise("Dec 1 was the day") == (None, "Dec 1 was the day")
+    assert normalise("Mar  3 12:00:00 is when") == (None, "Mar  3 12:00:00 is when")
+    assert normalise("During handling of the above exception") == (None, "During handling of the above exception")
+    assert normalise("2026-12-01 13:00:33 stdout F-score") == (None, "stdout F-score")  # a timestamp, then text
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # the runtime outermost, as a container's log file holds it
+        f"{CRI_TIME} stderr F 2026-01-01 10:00:00,123 ERROR [launcher] [default3]:[rank3]:   File \"x.py\"",
+        # a forwarder's syslog stamp outside the runtime's line
+        f"Dec  1 13:00:33 node1 containerd[1]: {CRI_TIME} stderr F [default3]:[rank3]:   File \"x.py\"",
+        # kubectl outside a logging formatter, syslog inside it
+        f"[pod/job-worker-0/c] {CRI_TIME} 2026-01-01 10:00:00,123 - root - ERROR - "
+        'Dec  1 13:00:33 h p[2]: [rank3]:   File "x.py"',
+        # colour around and inside every prefix
+        f"\x1b[2m{CRI_TIME}\x1b[0m stderr F 2026-01-01 10:00:00,123 \x1b[31mERROR\x1b[0m [launcher] "
+        '\x1b[36m[default3]:\x1b[0m[rank3]:   File "x.py"',
+        "Dec  1 13:00:33 node1 torchrun[4242]: \x1b[33m[pod/x-1/c]\x1b[0m [rank3]:   File \x1b[1m\"x.py\"\x1b[0m",
+    ],
+)
+def test_stacked_prefixes_peel_in_any_order(raw):
+    assert normalise(raw) == (3, '  File "x.py"')
+
+
+def test_cri_partial_lines_are_joined_per_stream():
+    text = (
+        f"{CRI_TIME} stderr P [rank3]:   File \"/usr/lib/pyth\n"
+        f"{CRI_TIME} stdout F [rank0]: iteration 10\n"
+        f"{CRI_TIME} stderr P on3.11/x.py\", line 3,\n"
+        f"{CRI_TIME} stdout P [rank0]: iter\n"
+        f"{CRI_TIME} stderr F  in f\n"
+        f"{CRI_TIME} stdout F ation 11\n"
+        f"{CRI_TIME} stderr F [rank3]:     x += 1\n"
+    )
+    lines = split_lines(text, source="c.log", base_offset=10, rank_hint=None)
+    line_starts = [10 + offset for offset in range(len(text)) if offset == 0 or text[offset - 1] == "\n"]
+    assert [(line.rank, line.text, line.offset) for line in lines] == [
+        (3, '  File "/usr/lib/python3.11/x.py", line 3, in f', line_starts[0]),
+        (0, "iteration 10", line_starts[1]),
+        (0, "iteration 11", line_starts[3]),
+        (3, "    x += 1", line_starts[6]),
+    ]
+
+
+def test_cri_pieces_behind_outer_prefixes_are_joined():
+    text = (
+        f"Dec  1 13:00:33 node1 containerd[1]: {CRI_TIME} stderr P [rank3]: Runtime\n"
+        f"Dec  1 13:00:33 node1 containerd[1]: {CRI_TIME} stderr F Error: boom\n"
+    )
+    assert [(line.rank, line.text) for line in split_lines(text, source="c", base_offset=0, rank_hint=None)] == [
+        (3, "RuntimeError: boom")
+    ]
+
+
+def test_colour_code_cut_by_the_runtime_is_removed_once_joined():
+    text = f"{CRI_TIME} stderr P [rank3]: \x1b[1;3\n{CRI_TIME} stderr F 1mRuntimeError\x1b[0m: boom\n"
+    assert [(line.rank, line.text) for line in split_lines(text, source="c", base_offset=0, rank_hint=None)] == [
+        (3, "RuntimeError: boom")
+    ]
+
+
+def test_a_partial_line_cut_by_the_excerpt_end_is_kept_as_far_as_it_goes():
+    text = f"{CRI_TIME} stderr P [rank3]:   File \"x.py\", li\n"
+    assert [(line.rank, line.text) for line in split_lines(text, source="c", base_offset=0, rank_hint=None)] == [
+        (3, '  File "x.py", li')
+    ]
+
+
+# --- property: any stack of prefixes over a traceback gives the same finding ----------------------
+
+_TRACEBACK = """Traceback (most recent call last):
+  File "/opt/lib/megatron/core/transformer/moe/router.py", line 272, in apply_z_loss
+    save_to_aux_losses_tracker(
+  File "/opt/lib/megatron/core/transformer/moe/moe_utils.py", line 172, in save_to_aux_losses_tracker
+    parallel_state._MOE_LAYER_WISE_LOGGING_TRACKER[name][layer_number - 1] += loss.detach()
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~^^^^^^^^^^^^^^^^^^^^^^
+RuntimeError: There is unsafe data in the input tensor.
+[ERROR] 2026-11-30-03:40:12 (PID:991527, Device:3, RankID:3) ERR00003 PTA invalid value
+""".splitlines()
+
+
+@dataclass(frozen=True)
+class _Line:
+    stream: str
+    text: str
+
+
+def _cri(limit: int) -> Callable[[list[_Line]], list[_Line]]:
+    """containerd's writer with a `limit`-byte buffer; the other stream's next line lands between pieces."""
+
+    def pieces(line: _Line) -> list[_Line]:
+        cuts = [line.text[at : at + limit] for at in range(0, len(line.text), limit)] or [""]
+        tags = ["P"] * (len(cuts) - 1) + ["F"]
+        return [_Line(line.stream, f"{CRI_TIME} {line.stream} {tag} {cut}") for tag, cut in zip(tags, cuts, strict=True)]
+
+    def layer(lines: list[_Line]) -> list[_Line]:
+        out, index = [], 0
+        while index < len(lines):
+            own = pieces(lines[index])
+            if len(own) > 1 and index + 1 < len(lines) and lines[index + 1].stream != lines[index].stream:
+                out += own[:1] + pieces(lines[index + 1]) + own[1:]
+                index += 2
+            else:
+                out += own
+                index += 1
+        return out
+
+    return layer
+
+
+def _prefixing(prefix: str) -> Callable[[list[_Line]], list[_Line]]:
+    return lambda lines: [_Line(line.stream, prefix + line.text) for line in lines]
+
+
+_OUTER_PREFIXES = {
+    "logging": "2026-01-01 10:00:00,123 ERROR [launcher] ",
+    "logging-default": "2026-01-01 10:00:00,123 - launcher - \x1b[31mERROR\x1b[0m - ",
+    "syslog": "Dec  1 13:00:33 node1 torchrun[4242]: ",
+    "kubectl": f"[pod/job-master/pytorch] {CRI_TIME} ",
+    "ansi": "\x1b[2m",
+}
+_STACK = st.tuples(
+    st.lists(st.sampled_from(sorted(_OUTER_PREFIXES)), unique=True).flatmap(st.permutations),
+    st.one_of(st.none(), st.integers(8, 160)),  # the CRI buffer, if a runtime writes the log
+    st.integers(0, 5),  # where the runtime sits among the other writers
+    st.booleans(),  # torchrun's --tee prefix before the excepthook's
+)
+
+
+def _findings(text: str) -> list[tuple[object, ...]]:
+    lines = split_lines(text, source="train.log", base_offset=0, rank_hint=None)
+    tracebacks = [traceback for group in by_rank(lines).values() for traceback in parse_tracebacks(group)]
+    return [
+        (f.ranks, f.culprit, f.tensor, f.traceback.frames, f.traceback.exception_type, f.traceback.message, f.traceback.npu_rank)
+        for f in locate(tracebacks, Workspace(()))
+    ]
+
+
+def _stacked(stack: tuple[list[str], int | None, int, bool]) -> str:
+    outer, cri_limit, cri_position, tee = stack
+    rank_prefix = ("[default3]:" if tee else "") + "[rank3]: "
+    lines = []
+    for index, text in enumerate(_TRACEBACK):
+        lines.append(_Line("stderr", rank_prefix + text))
+        lines.append(_Line("stdout", f"[default0]:iteration {index}"))  # another rank, interleaved
+    layers = [_prefixing(_OUTER_PREFIXES[name]) for name in outer]
+    if cri_limit is not None:
+        layers.insert(min(cri_position, len(layers)), _cri(cri_limit))
+    for layer in layers:
+        lines = layer(lines)
+    return "".join(line.text + "\n" for line in lines)
+
+
+_BARE_FINDINGS = _findings("".join("[rank3]: " + text + "\n" for text in _TRACEBACK))
+
+
+def test_the_bare_traceback_gives_one_finding():
+    assert len(_BARE_FINDINGS) == 1
+    assert _BARE_FINDINGS[0][0] == (3,)
+
+
+@settings(deadline=None, max_examples=60)
+@given(_STACK)
+def test_any_stack_of_prefixes_gives_the_same_finding(stack):
+    assert _findings(_stacked(stack)) == _BARE_FINDINGS

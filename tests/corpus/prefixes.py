@@ -52,6 +52,7 @@ TICK_NS = 1_500_000
 
 RED, BOLD_RED, YELLOW, RESET = "\x1b[31m", "\x1b[1;31m", "\x1b[33m", "\x1b[0m"
 
+
 @dataclass(frozen=True)
 class Line:
     """A line as it travels: the stream it came on, its time, its text so far."""
@@ -152,7 +153,9 @@ def _cri_pieces(line: Line) -> list[Line]:
         tag = "F" if index == len(cuts) - 1 else "P"
         created_ns = line.created_ns + index * 1000
         header = f"{rfc3339_nano(created_ns)} {line.stream} {tag} "
-        pieces.append(Line(line.stream, created_ns, header + cut.decode("utf-8", "surrogateescape")))  # cut bytes, as containerd does
+        pieces.append(
+            Line(line.stream, created_ns, header + cut.decode("utf-8", "surrogateescape"))
+        )  # cut bytes, as containerd does
     return pieces
 
 
@@ -174,7 +177,10 @@ def cri(lines: list[Line]) -> list[Line]:
 
 def kubectl(pod: str, container: str) -> Layer:
     def layer(lines: list[Line]) -> list[Line]:
-        return [Line(line.stream, line.created_ns, f"[pod/{pod}/{container}] {rfc3339_nano(line.created_ns)} {line.text}") for line in lines]
+        return [
+            Line(line.stream, line.created_ns, f"[pod/{pod}/{container}] {rfc3339_nano(line.created_ns)} {line.text}")
+            for line in lines
+        ]
 
     return layer
 
