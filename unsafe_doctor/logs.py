@@ -29,7 +29,9 @@ traceback parser reads it. ANSI colour codes go first, wherever they are.
 A CRI line marked `P` (partial) was cut by the runtime at its buffer size (16 KiB in containerd);
 the next line of the same stream continues it. `split_lines` joins the pieces before anything
 else reads them, per stream, since stdout and stderr interleave; the joined line keeps the first
-piece's offset and the prefixes before the first piece's CRI header.
+piece's offset and the prefixes before the first piece's CRI header. The byte search of
+`inputs.py` runs before any joining, so the error message itself must arrive in one piece; it does
+unless its line is longer than the runtime's buffer.
 """
 
 from __future__ import annotations
