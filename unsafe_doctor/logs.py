@@ -37,8 +37,9 @@ unless its line is longer than the runtime's buffer.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import accumulate
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +64,18 @@ _POD_PREFIX = re.compile(r"\[pod/([^/\]\s]+)/[^\]\s]+\]")
 _POD_ORDINAL = re.compile(r"-(\d+)$")
 _RANK_SPECIFICITY, _ROLE_SPECIFICITY, _NUMERIC_SPECIFICITY, _POD_SPECIFICITY = 4, 3, 2, 1
 
+# A container runtime's log line (CRI format, as containerd and CRI-O write it): time, stream, tag, one space.
+_CRI_FIELDS = r"(stdout|stderr) ([FP])(?= )"
+_CRI_HEADER = re.compile(rf"{_DATE_TIME} {_CRI_FIELDS} ")
+
 # Logger headers. Bracketed: `[2024-12-24 11:56:59,095]`, optionally followed by MindIO's older
 # Python fields `[10][ERROR][ttp_mindx_api:56]`. Bare: an ISO or RFC 3339 timestamp, optionally
-# followed by MindIO stdout's `warn 3062106`, MindIO's spdlog file `3062106 info`, or Python
-# logging's ` - name - INFO -` or ` ERROR [name]`.
+# followed by MindIO stdout's `warn 3062106`, MindIO's spdlog file `3062106 info`, Python
+# logging's ` - name - INFO -` or ` ERROR [name]`, or a CRI line's stream and tag.
 _LOG_HEADER = re.compile(
     rf"\[{_DATE_TIME}\](?:\[\d+\])?(?:\[{_LEVEL}\])?(?:\[[\w.]+:\d+\])?"
-    rf"|{_DATE_TIME}(?: {_LEVEL} \d+| \d+ {_LEVEL}| - \S+ - {_LEVEL} -| {_LEVEL}(?: \[[\w.-]+\])?(?= ))?"
+    rf"|{_DATE_TIME}(?: {_LEVEL} \d+| \d+ {_LEVEL}| - \S+ - {_LEVEL} -| {_LEVEL}(?: \[[\w.-]+\])?(?= )| {_CRI_FIELDS})?"
 )
-# A container runtime's log line (CRI format, as containerd and CRI-O write it): time, stream, tag.
-_CRI_HEADER = re.compile(rf"({_DATE_TIME}) (stdout|stderr) ([FP]) ")
 # Syslog (RFC 3164, as rsyslog writes it): `Jan  1 10:00:00 host tag[pid]: `; the host may be missing.
 _SYSLOG_HEADER = re.compile(
     r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]?\d \d\d:\d\d:\d\d(?: [\w.-]+)?? [\w./-]+(?:\[\d+\])?:"
@@ -97,7 +100,7 @@ def _match_prefix(text: str, pos: int, numeric_allowed: bool) -> tuple[re.Match[
         return _LOG_HEADER.match(text, pos) or _MINDIO_TAG.match(text, pos), 0, None
     if not first.isdigit():
         return _SYSLOG_HEADER.match(text, pos), 0, None
-    if m := _CRI_HEADER.match(text, pos) or _LOG_HEADER.match(text, pos):
+    if m := _LOG_HEADER.match(text, pos):
         return m, 0, None
     if numeric_allowed and (m := _NUMERIC_PREFIX.match(text, pos)):
         return m, _NUMERIC_SPECIFICITY, int(m[1])
@@ -118,8 +121,8 @@ def _peel(text: str) -> tuple[int, int | None, str]:
         if found_rank is not None and found_specificity > specificity:
             specificity, rank = found_specificity, found_rank
         pos = m.end()
-        if m.re is not _ROLE_PREFIX and m.re is not _CRI_HEADER and text.startswith(" ", pos):
-            pos += 1  # the one space the prefix's writer adds (the CRI header holds its own)
+        if m.re is not _ROLE_PREFIX and text.startswith(" ", pos):
+            pos += 1  # the one space the prefix's writer adds
     return specificity, rank, text[pos:]
 
 
@@ -156,60 +159,60 @@ def split_lines(text: str, *, source: str, base_offset: int, rank_hint: int | No
     pieces = text.split("\n")
     if pieces[-1] == "":
         pieces.pop()  # the excerpt ended with a newline; there is no line after it
-    located: Iterable[tuple[int, str]] = zip(_offsets(pieces, base_offset, text.isascii()), pieces, strict=True)
+    offsets = _offsets(pieces, base_offset, text.isascii())
     if " stdout P " in text or " stderr P " in text:
-        located = _join_partial_lines(located)
+        offsets, pieces = _join_partial_lines(offsets, pieces)
     lines = []
-    for offset, piece in located:
+    for offset, piece in zip(offsets, pieces, strict=True):
         rank, clean = normalise(piece)
         lines.append(LogLine(rank if rank is not None else rank_hint, clean, source, offset))
     return lines
 
 
-def _offsets(pieces: list[str], offset: int, ascii_only: bool) -> Iterator[int]:
+def _offsets(pieces: list[str], offset: int, ascii_only: bool) -> list[int]:
+    """Where each line starts: the offset, then each line's UTF-8 length and its LF added up."""
+    if ascii_only:
+        return list(accumulate(map((1).__add__, map(len, pieces[:-1])), initial=offset)) if pieces else []
+    offsets = []
     for piece in pieces:
-        yield offset
-        if ascii_only or piece.isascii():
-            offset += len(piece) + 1
-        else:
-            offset += len(piece.encode("utf-8", "surrogatepass")) + 1
+        offsets.append(offset)
+        offset += (len(piece) if piece.isascii() else len(piece.encode("utf-8", "surrogatepass"))) + 1
+    return offsets
 
 
 _CRI_SEARCH_SPAN = 400  # how far into a line its CRI header may start, after prefixes added outside it
 
 
-def _join_partial_lines(raw_lines: Iterable[tuple[int, str]]) -> list[tuple[int, str]]:
+def _join_partial_lines(offsets: list[int], pieces: list[str]) -> tuple[list[int], list[str]]:
     """Join each CRI `P` piece with the lines of its stream that continue it, up to the `F` one.
 
     The joined line stands where its first piece stood. A run still open at the excerpt's end is
     kept as far as it goes: the window cut it, the runtime did not finish it here.
     """
-    joined: list[tuple[int, str]] = []
+    joined_offsets: list[int] = []
+    joined: list[str] = []
     open_runs: dict[str, tuple[int, list[str]]] = {}  # stream -> (index in joined, pieces so far)
-    for line_offset, piece in raw_lines:
+    for offset, piece in zip(offsets, pieces, strict=True):
         header = _CRI_HEADER.search(piece, 0, _CRI_SEARCH_SPAN)
         if header is None:
-            joined.append((line_offset, piece))
+            joined_offsets.append(offset)
+            joined.append(piece)
             continue
-        stream = header[2]
+        stream = header[1]
         run = open_runs.pop(stream, None)
         if run is None:
             run = (len(joined), [piece])
-            joined.append((line_offset, piece))
+            joined_offsets.append(offset)
+            joined.append(piece)
         else:
             run[1].append(piece[header.end() :])
-        if header[3] == "P":
+        if header[2] == "P":
             open_runs[stream] = run
         else:
-            _close_run(joined, run)
-    for run in open_runs.values():
-        _close_run(joined, run)
-    return joined
-
-
-def _close_run(joined: list[tuple[int, str]], run: tuple[int, list[str]]) -> None:
-    index, parts = run
-    joined[index] = (joined[index][0], "".join(parts))
+            joined[run[0]] = "".join(run[1])
+    for index, parts in open_runs.values():
+        joined[index] = "".join(parts)
+    return joined_offsets, joined
 
 
 def by_rank(lines: Iterable[LogLine]) -> dict[int | None, list[LogLine]]:
