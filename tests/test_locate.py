@@ -749,9 +749,8 @@ def test_locating_megatron_cases_imports_neither_torch_nor_megatron():
         f"""
         import json, sys
         from unsafe_doctor.locate import locate
-from unsafe_doctor.logs import LogLine
         from unsafe_doctor.source.workspace import Workspace
-        from unsafe_doctor.tracebacks import Frame, Marker, Traceback, parse_tracebacks
+        from unsafe_doctor.tracebacks import Frame, Traceback
         frames = [
             Frame({REMOTE_SITE + "moe_utils.py"!r}, {tracker_line}, "save_to_aux_losses_tracker", {TRACKER_LINE!r}),
             Frame({FAQ_FILE!r}, 172, "save_to_aux_losses_tracker", {FAQ_LINE!r}),
