@@ -13,13 +13,13 @@ The rules, in the order they apply:
   before it, at the same file and line), as from Python 3.12 a list comprehension runs inline.
   A `<lambda>` frame reads the bodies of the lambdas on its line.
 * **Position markers** (Python 3.11+): when the frame's `~~~^~~~` / `^^^^` line fits the parsed
-  statement (`unsafe_doctor.source.positions`), only the operands that overlap the marked part
+  statement (`unsafe_doctor.source.printed`), only the operands that overlap the marked part
   are candidates, those under its `^` part first; a lambda's parameter or a comprehension's key
   outside it is not what raised. When no operand overlaps, or the markers fit no expression, or
   the log has none, every operand is a candidate.
 * **Statement**: the whole statement around the frame's line when the file is available locally
-  (so a multi-line call is read in full), else the printed line, made parseable (a `pass` body after
-  a trailing `:`, closing brackets for an unbalanced first line). A local file not at the printed
+  (so a multi-line call is read in full), else the printed line, made parseable
+  (`unsafe_doctor.source.printed`). A local file not at the printed
   path may be another version: the printed line is looked up there (nearest match) and notes say so;
   when the log printed no source line, the culprit gets the local one.
 * **Operands**: the reference chains the statement reads: names, attribute and subscript chains,
@@ -57,9 +57,6 @@ The rules, in the order they apply:
 from __future__ import annotations
 
 import ast
-import io
-import re
-import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -68,7 +65,7 @@ from pathlib import Path
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.npu_errors import UNSAFE_DATA
 from unsafe_doctor.source.files import is_internal_file
-from unsafe_doctor.source.positions import MarkedSpan
+from unsafe_doctor.source.printed import MarkedSpan, parse_printed_line
 from unsafe_doctor.source.resolve import MAX_DEPTH, Resolved, Scope, Tier, resolve_written
 from unsafe_doctor.source.syntax import (
     COMPREHENSION_FRAMES,
@@ -181,7 +178,7 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     elif source is not None:
         stack = _def_named(source.tree.body, frame.function, ()) or ()
     if statement is None and frame.source and _first_line(frame.source):
-        parsed = _parse_fragment(frame.source)
+        parsed = parse_printed_line(frame.source)
         if parsed is not None:
             statement, text = parsed
             marked_line = 1
@@ -268,46 +265,6 @@ def _class_of_self(stack: Sequence[ast.AST]) -> ast.ClassDef | None:
         if isinstance(outer, ast.ClassDef) and isinstance(inner, Function):
             owner = outer
     return owner
-
-
-_OPENERS = {"(": ")", "[": "]", "{": "}"}
-
-
-def _parse_fragment(printed: str) -> tuple[ast.stmt, str] | None:
-    """The first statement of a printed source line, made parseable; with the text it was parsed from."""
-    text = "\n".join(line.strip() for line in printed.splitlines() if line.strip())
-    attempts = [text]
-    if text.endswith(":"):
-        attempts.append(re.sub(r"^elif\b", "if  ", text) + " pass")
-    closers, code = _missing_closers(text)
-    if closers:
-        attempts.append(code + closers)
-    attempts.append(f"_({text.rstrip(',')})")  # a continuation line printed alone: `key=self.x,`
-    for attempt in attempts:
-        try:
-            tree = ast.parse(attempt)
-        except (SyntaxError, ValueError):
-            continue
-        if tree.body:
-            return tree.body[0], attempt
-    return None
-
-
-def _missing_closers(text: str) -> tuple[str, str]:
-    """Brackets left open by the first line of a multi-line statement, and the text without a comment."""
-    stack: list[str] = []
-    code = text
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(text).readline):
-            if token.type == tokenize.OP and token.string in _OPENERS:
-                stack.append(_OPENERS[token.string])
-            elif token.type == tokenize.OP and token.string in _OPENERS.values() and stack:
-                stack.pop()
-            elif token.type == tokenize.COMMENT and token.start[0] == text.count("\n") + 1:
-                code = text[: len(text) - len(text.splitlines()[-1]) + token.start[1]].rstrip()
-    except (tokenize.TokenError, SyntaxError):
-        pass
-    return "".join(reversed(stack)), code
 
 
 # --- operands of a statement -----------------------------------------------------------------------

@@ -1,8 +1,13 @@
-"""Python 3.11+ position markers placed on parsed source: which operands the raising part reads.
+"""A traceback's printed source line: parsed on its own, and its position markers placed on code.
 
-A traceback's `~~~^~~~` / `^^^^` line marks the sub-expression that raised, in characters of the
-printed line (`tracebacks.Marker`: its columns and its `^` part). Code is parsed either from the local file (the printed line is
-one of its lines, indented) or from the printed line itself (made parseable, maybe wrapped:
+`parse_printed_line`: the first statement of a printed line, made parseable (a `pass` body after a
+trailing `:`, closing brackets for an unbalanced first line of a statement over several lines, a
+call around a continuation line printed alone), for when the job's file is not here.
+
+`MarkedSpan`: Python 3.11+ position markers placed on parsed code. A traceback's `~~~^~~~` /
+`^^^^` line marks the sub-expression that raised, in characters of the printed line
+(`tracebacks.Marker`: its columns and its `^` part). Code is parsed either from the local file (the
+printed line is one of its lines, indented) or from the printed line itself (maybe wrapped:
 `_(key=self.x,)`); `MarkedSpan.place` moves the marker onto that text, in `ast`'s coordinates
 (line, UTF-8 byte columns). The marker is trusted only when it fits the parse: some expression
 starts where it starts and ends where it ends (or runs past the printed line, which Python's
@@ -13,6 +18,9 @@ raised; those overlapping the `^` part come first.
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -72,3 +80,43 @@ class MarkedSpan:
             return list(items)
         primary = [item for item in marked if self.overlaps(node_of(item), self.primary)]
         return primary + [item for item in marked if not self.overlaps(node_of(item), self.primary)]
+
+
+_OPENERS = {"(": ")", "[": "]", "{": "}"}
+
+
+def parse_printed_line(printed: str) -> tuple[ast.stmt, str] | None:
+    """The first statement of a printed source line, made parseable; with the text it was parsed from."""
+    text = "\n".join(line.strip() for line in printed.splitlines() if line.strip())
+    attempts = [text]
+    if text.endswith(":"):
+        attempts.append(re.sub(r"^elif\b", "if  ", text) + " pass")
+    closers, code = _missing_closers(text)
+    if closers:
+        attempts.append(code + closers)
+    attempts.append(f"_({text.rstrip(',')})")  # a continuation line printed alone: `key=self.x,`
+    for attempt in attempts:
+        try:
+            tree = ast.parse(attempt)
+        except (SyntaxError, ValueError):
+            continue
+        if tree.body:
+            return tree.body[0], attempt
+    return None
+
+
+def _missing_closers(text: str) -> tuple[str, str]:
+    """Brackets left open by the first line of a multi-line statement, and the text without a comment."""
+    stack: list[str] = []
+    code = text
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.OP and token.string in _OPENERS:
+                stack.append(_OPENERS[token.string])
+            elif token.type == tokenize.OP and token.string in _OPENERS.values() and stack:
+                stack.pop()
+            elif token.type == tokenize.COMMENT and token.start[0] == text.count("\n") + 1:
+                code = text[: len(text) - len(text.splitlines()[-1]) + token.start[1]].rstrip()
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return "".join(reversed(stack)), code
