@@ -29,10 +29,13 @@ def get_history() -> dict[str, torch.Tensor]:
 
 
 def scale_loss(loss: torch.Tensor) -> torch.Tensor:
-    """The loss under the dynamic scale, which then grows."""
-    scaled = _CONFIG["floor"] + loss * _LOSS_SCALE
+    """The loss under the dynamic scale."""
+    return _CONFIG["floor"] + loss * _LOSS_SCALE
+
+
+def grow_scale() -> None:
+    """After the step: the scale grows a little."""
     _LOSS_SCALE.mul_(_CONFIG["growth"])
-    return scaled
 
 
 def loss_excess(loss: torch.Tensor) -> torch.Tensor:

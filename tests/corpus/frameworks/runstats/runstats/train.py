@@ -46,7 +46,9 @@ def update(model, optimizer, loss: torch.Tensor) -> torch.Tensor:
 
 def step_scaled(model, optimizer, batch, iteration: int) -> torch.Tensor:
     lm_loss, z_loss = losses(model, optimizer, batch)
-    return update(model, optimizer, stats.scale_loss(lm_loss + 1e-4 * z_loss))
+    loss = update(model, optimizer, stats.scale_loss(lm_loss + 1e-4 * z_loss))
+    stats.grow_scale()
+    return loss
 
 
 def step_excess(model, optimizer, batch, iteration: int) -> torch.Tensor:
@@ -63,7 +65,10 @@ def step_windowed(model, optimizer, batch, iteration: int) -> torch.Tensor:
 def step_recorded(model, optimizer, batch, iteration: int) -> torch.Tensor:
     lm_loss, z_loss = losses(model, optimizer, batch)
     stats.record({"lm": lm_loss.detach(), "z": z_loss.detach()})
-    return update(model, optimizer, lm_loss + 1e-4 * z_loss)
+    loss = update(model, optimizer, lm_loss + 1e-4 * z_loss)
+    if iteration % REPORT_INTERVAL == 0:
+        stats.report_and_clear(REPORT_INTERVAL)
+    return loss
 
 
 def step_reported(model, optimizer, batch, iteration: int) -> torch.Tensor:
