@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.locate import locate
+from unsafe_doctor.logs import LogLine
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Workspace, module_from_path
 from unsafe_doctor.subject import TensorRef
-from unsafe_doctor.tracebacks import Frame, Traceback
+from unsafe_doctor.tracebacks import Frame, Marker, Traceback, parse_tracebacks
 
 UNSAFE = "There is unsafe data in the input tensor."
 FIXTURES = Path(__file__).parent / "fixtures" / "locate"
@@ -814,6 +815,8 @@ frames_strategy = st.lists(
         line=st.one_of(st.none(), st.integers(min_value=-5, max_value=2000)),
         function=st.text(max_size=20),
         source=st.one_of(st.none(), st.text(max_size=80), st.sampled_from([FAQ_LINE, TRACKER_LINE, "if x:", "f(a,"])),
+        marker=st.one_of(st.none(), st.builds(Marker, st.integers(-3, 90), st.integers(-3, 90),
+                                              st.tuples(st.integers(-3, 90), st.integers(-3, 90)))),
     ),
     max_size=4,
 )
@@ -837,3 +840,159 @@ def test_the_source_of_a_copy_is_the_tensor_read_not_its_destination():
     )  # fmt: skip
     [finding] = locate([traceback], Workspace(()))
     assert finding.tensor.variable == "tensor"
+
+
+# --- Python 3.11+ position markers: the operand the marked part reads ------------------------------
+
+needs_py311 = pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.11+ prints position markers")
+
+# A device tensor as torch_npu sees it: reading an unsafe one raises from C++, so the traceback
+# ends at the user's line (the hook cuts this module's frames, as the corpus' torch_npu stand-in does).
+NPU_MODULE = f'''\
+import sys
+
+
+class Tensor:
+    def __init__(self, unsafe=False):
+        self.unsafe = unsafe
+
+    def _read(self, *others):
+        if self.unsafe or any(getattr(other, "unsafe", False) for other in others):
+            raise RuntimeError("{UNSAFE}")
+        return Tensor()
+
+    def __add__(self, other):
+        return self._read(other)
+
+    __mul__ = __radd__ = __rmul__ = __add__
+
+    def sum(self):
+        return self._read()
+
+    def mul_(self, other):
+        return self._read(other)
+
+
+def _hook(kind, error, tb):
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    kept = [entry for entry in entries if entry.tb_frame.f_code.co_filename != __file__]
+    for entry, after in zip(kept, kept[1:] + [None]):
+        entry.tb_next = after
+    sys.__excepthook__(kind, error, kept[0] if kept else None)
+
+
+sys.excepthook = _hook
+'''
+
+MARKED_STEP = """\
+import sys
+
+from pkg.npu import Tensor
+
+_OFFSETS = Tensor()
+_EMA = Tensor(unsafe=True)
+_NAMES = {"loss": "lm loss"}
+_STATS = {"loss": Tensor(unsafe=True)}
+
+
+def get_stats():
+    return _STATS
+
+
+def binary(x):
+    return _OFFSETS + x * _EMA
+
+
+def calls(x):
+    return _OFFSETS.sum() + _EMA.sum() + x.sum()
+
+
+def with_lambda(x):
+    norm = lambda name: _NAMES[name] + _STATS[name].sum()  # noqa: E731
+    return norm("loss")
+
+
+def summary():
+    return {_NAMES[k]: v.sum() for k, v in get_stats().items()}
+
+
+def whole_line(x):
+    _EMA.mul_(x)
+
+
+if __name__ == "__main__":
+    case = getattr(sys.modules[__name__], sys.argv[1])
+    case(Tensor()) if sys.argv[1] != "summary" else case()
+"""
+
+
+def run_marked(root: Path, case: str) -> str:
+    """The traceback a real Python prints for one function of MARKED_STEP, as the log shows it."""
+    if not (root / "pkg").is_dir():
+        write_package(root, {"npu.py": NPU_MODULE, "step.py": MARKED_STEP})
+    done = subprocess.run([sys.executable, "-m", "pkg.step", case], cwd=root, capture_output=True, text=True, check=False)
+    assert UNSAFE in done.stderr, done.stderr
+    return done.stderr
+
+
+def parsed(text: str) -> list[Traceback]:
+    return parse_tracebacks([LogLine(0, line, "train.log", 0) for line in text.splitlines()])
+
+
+def located(text: str, source_roots: tuple[Path, ...] = ()):
+    return only(parsed(text), source_roots)
+
+
+@needs_py311
+@pytest.mark.parametrize(
+    ("case", "marked", "expression", "variable"),
+    [
+        # `_OFFSETS + x * _EMA`: the markers are under the right operand, not the global on the left
+        ("binary", ("x * _EMA", "*"), "_EMA", "_EMA"),
+        # `_OFFSETS.sum() + _EMA.sum() + x.sum()`: the second of three calls raised
+        ("calls", ("_EMA.sum()", "_EMA.sum()"), "_EMA", "_EMA"),
+        # in the `<lambda>` frame: not `_NAMES[name]`, nor the lambda's parameter `name`
+        ("with_lambda", ("_STATS[name].sum()", "_STATS[name].sum()"), "_STATS[name]", "_STATS"),
+        # in the `<dictcomp>` frame: `v` is a value of `get_stats().items()`; the key `_NAMES[k]` did not raise
+        ("summary", ("v.sum()", "v.sum()"), "get_stats()", "_STATS"),
+    ],
+)
+def test_position_markers_choose_the_operand_that_raised(tmp_path, case, marked, expression, variable):
+    text = run_marked(tmp_path, case)
+    [traceback] = parsed(text)
+    innermost = traceback.frames[-1]
+    start, end = innermost.marker.primary
+    assert (innermost.source[innermost.marker.start : innermost.marker.end], innermost.source[start:end]) == marked
+    finding = located(text, (tmp_path,))
+    assert (finding.tensor.expression, finding.tensor.variable, finding.tensor.module) == (expression, variable, "pkg.step")
+
+
+@needs_py311
+def test_position_markers_are_read_on_the_printed_line_when_the_file_is_not_here(tmp_path):
+    """The job's file is elsewhere: the markers are placed on the printed line, parsed alone."""
+    text = run_marked(tmp_path, "binary").replace(str(tmp_path / "pkg"), "/remote/job/pkg")
+    finding = located(text)
+    assert finding.culprit.file == "/remote/job/pkg/step.py"
+    assert (finding.tensor.expression, finding.tensor.variable) == ("_EMA", "_EMA")
+
+
+@needs_py311
+def test_a_line_without_markers_falls_back_to_every_operand(tmp_path):
+    """`_EMA.mul_(x)` is the whole line: Python prints no markers, and the best-tiered operand wins."""
+    text = run_marked(tmp_path, "whole_line")
+    assert "^" not in text.split("_EMA.mul_(x)")[1].splitlines()[1]
+    finding = located(text, (tmp_path,))
+    assert (finding.tensor.expression, finding.tensor.variable) == ("_EMA", "_EMA")
+
+
+@needs_py311
+def test_markers_that_fit_no_expression_are_ignored(tmp_path):
+    """Markers moved one column (a mangled log) mark no expression of the line: every operand counts."""
+    text = run_marked(tmp_path, "binary")
+    assert "\n                      ~~^~~~~~\n" in text
+    text = text.replace("\n                      ~~^~~~~~\n", "\n                     ~~^~~~~~\n")
+    finding = located(text, (tmp_path,))
+    assert finding.tensor.variable == "_OFFSETS"  # the leftmost global, as without markers

@@ -10,13 +10,14 @@ import re
 import subprocess
 import sys
 import traceback
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unsafe_doctor.logs import LogLine
-from unsafe_doctor.tracebacks import Frame, Traceback, parse_tracebacks
+from unsafe_doctor.tracebacks import Frame, Marker, Traceback, parse_tracebacks
 
 PY311 = sys.version_info >= (3, 11)  # caret lines and exception groups
 needs_py311 = pytest.mark.skipif(not PY311, reason="Python 3.11+ output")
@@ -64,6 +65,11 @@ def formatted(function, *args) -> tuple[str, BaseException]:
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt is one of the cases
         return "".join(traceback.format_exception(exc)).rstrip("\n"), exc
     raise AssertionError("no exception raised")
+
+
+def unmarked(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """Frames without their position markers (tested on their own below)."""
+    return tuple(replace(frame, marker=None) for frame in frames)
 
 
 def printed_frames(exc: BaseException) -> tuple[Frame, ...]:
@@ -145,7 +151,7 @@ def raise_syntax_error():
 def test_frames_type_and_message_match_what_python_printed():
     text, exc = formatted(call_twice, "boom")
     [tb] = parse(text)
-    assert tb.frames == printed_frames(exc)
+    assert unmarked(tb.frames) == printed_frames(exc)
     assert [f.function for f in tb.frames][-2:] == ["call_twice", "raise_runtime_error"]
     assert (tb.exception_type, tb.message) == ("RuntimeError", "boom")
     assert (tb.truncated, tb.caused_by, tb.chain_kind, tb.error_code) == (False, None, None, None)
@@ -163,7 +169,7 @@ def test_caret_lines_are_not_sources_or_frames():
     text, exc = formatted(index_missing_key)
     assert "^^^" in text  # Python >= 3.11 prints them
     [tb] = parse(text)
-    assert tb.frames == printed_frames(exc)
+    assert unmarked(tb.frames) == printed_frames(exc)
     assert tb.frames[-1].source == 'return table["a"][0] + table["b"]'
 
 
@@ -179,6 +185,129 @@ Traceback (most recent call last):
 RuntimeError: boom"""
     [tb] = parse(text)
     assert [(f.line, f.source) for f in tb.frames] == [(9, "total = tracker[name] + loss"), (3, "helper()")]
+
+
+# --- position markers (3.11+): which part of the printed line raised ------------------------
+
+MARKED_SCRIPT = """\
+import sys
+
+
+class Unsafe:
+    def __add__(self, other):
+        raise RuntimeError("unsafe")
+
+    __mul__ = __radd__ = __rmul__ = __getitem__ = __add__
+
+    def sum(self):
+        raise RuntimeError("unsafe")
+
+
+def helper(*args):
+    return Unsafe().sum()
+
+
+def step(x, table):
+    if sys.argv[1] == "binary":
+        y = _SCALE + x * 2
+    if sys.argv[1] == "subscript":
+        return 1 + table["é"][0]
+    if sys.argv[1] == "lambda":
+        return (lambda t: 1 + t.sum())(x)
+    if sys.argv[1] == "dictcomp":
+        return {_SCALE: v.sum() for k, v in table.items()}
+    if sys.argv[1] == "multi-line":
+        total = helper(
+            x,
+            table)
+    return helper(x) + helper(table)
+
+
+_SCALE = 1
+step(Unsafe(), {"é": Unsafe()})
+"""
+
+
+def run_marked(case: str, tmp_path) -> Traceback:
+    """The traceback a real Python prints for one case of MARKED_SCRIPT (with its own excepthook)."""
+    script = tmp_path / "marked.py"
+    script.write_text(MARKED_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), case], capture_output=True, text=True, check=False)
+    [tb] = parse(done.stderr.rstrip("\n"))
+    return tb
+
+
+def marked(frame: Frame) -> tuple[str, str] | None:
+    """The marked text of a frame's printed line, and its `^` part."""
+    if frame.marker is None or frame.source is None:
+        return None
+    start, end = frame.marker.primary
+    return frame.source[frame.marker.start : frame.marker.end], frame.source[start:end]
+
+
+@needs_py311
+@pytest.mark.parametrize(
+    ("case", "function", "expected"),
+    [
+        ("binary", "step", ("x * 2", "*")),  # `~~^~~`: the operands are `~`, the operator `^`
+        ("subscript", "step", ('table["é"][0]', "[0]")),  # columns count characters, not UTF-8 bytes
+        ("lambda", "<lambda>", ("t.sum()", "t.sum()")),
+        ("dictcomp", "<dictcomp>", ("v.sum()", "v.sum()")),
+        ("call", "step", ("helper(x)", "helper(x)")),  # the first of two calls on the line
+    ],
+)
+def test_position_markers_are_kept_on_their_frame(tmp_path, case, function, expected):
+    tb = run_marked(case, tmp_path)
+    frame = next(frame for frame in tb.frames if frame.function == function)
+    assert marked(frame) == expected
+
+
+@needs_py311
+def test_markers_of_a_statement_over_several_lines_run_to_the_end_of_its_printed_line(tmp_path):
+    tb = run_marked("multi-line", tmp_path)
+    frame = next(frame for frame in tb.frames if frame.function == "step")
+    assert frame.source == "total = helper("
+    assert marked(frame) == ("helper(", "helper(")
+
+
+@needs_py311
+def test_marker_columns_are_counted_from_the_source_lines_own_indentation(tmp_path):
+    """A prefix that shifts every line alike (here two more spaces) shifts the markers too."""
+    text = "\n".join(f"  {line}" if line.startswith(" ") else line for line in formatted(index_missing_key)[0].split("\n"))
+    [tb] = parse(text)
+    assert marked(tb.frames[-1]) == ('table["b"]', '["b"]')
+
+
+def test_lines_without_markers_or_with_markers_that_do_not_fit_leave_no_marker():
+    text = """\
+Traceback (most recent call last):
+  File "train.py", line 9, in step
+    total = tracker[name] + loss
+  File "train.py", line 12, in helper
+    out = x + y
+              ~~~~~~~~~~~^^^^^^^^^
+  File "train.py", line 15, in inner
+    out = x + y
+  iteration 5 | loss 2.0
+          ^^^^^
+  File "train.py", line 18, in last
+    out = x + y
+^^^^^
+RuntimeError: boom"""
+    [tb] = parse(text)
+    assert [frame.marker for frame in tb.frames] == [None, None, None, None]  # none, too long, foreign line, too far left
+    assert [frame.source for frame in tb.frames] == ["total = tracker[name] + loss", "out = x + y", "out = x + y", "out = x + y"]
+
+
+def test_a_log_cut_after_a_marker_line_keeps_the_marker():
+    text = """\
+Traceback (most recent call last):
+  File "train.py", line 9, in step
+    total = tracker[name] + loss
+            ~~~~~~~^^^^^^"""
+    [tb] = parse(text)
+    assert tb.truncated
+    assert tb.frames[0].marker == Marker(8, 21, (15, 21))
 
 
 def test_frames_without_source_lines():
@@ -213,7 +342,7 @@ def test_previous_line_repeated_note_is_skipped():
 def test_syntax_error_location_is_not_a_frame():
     text, exc = formatted(raise_syntax_error)
     [tb] = parse(text)
-    assert tb.frames == printed_frames(exc)
+    assert unmarked(tb.frames) == printed_frames(exc)
     assert "<string>" not in [f.file for f in tb.frames]
     assert (tb.exception_type, tb.message) == ("SyntaxError", "'(' was never closed")
 
@@ -336,7 +465,7 @@ def test_cpp_stack_is_neither_message_nor_frames():
     text, exc = formatted(call_twice, f"{UNSAFE}\n{NPU_ERROR}\n{CPP_STACK}")
     [tb] = parse(text + "\niteration 11 | loss 1.4")
     assert (tb.message, tb.error_code) == (UNSAFE, "ERR00003")
-    assert tb.frames == printed_frames(exc)
+    assert unmarked(tb.frames) == printed_frames(exc)
 
 
 def test_cpp_stack_without_error_code_ends_the_message():
@@ -433,7 +562,7 @@ def test_exception_group_gives_its_own_traceback_and_skips_sub_exceptions():
     assert [tb.exception_type for tb in tracebacks] == ["ExceptionGroup", "RuntimeError"]
     group = tracebacks[0]
     assert group.message == "step failed (2 sub-exceptions)"
-    assert group.frames == printed_frames(exc)
+    assert unmarked(group.frames) == printed_frames(exc)
     assert (group.caused_by.message, group.chain_kind) == (UNSAFE, "context")
     assert tracebacks[1].message == "after the group"
 

@@ -11,9 +11,15 @@ The rules, in the order they apply:
   non-internal frame; when every frame is internal, no culprit. A comprehension's frame
   (`<genexpr>`, `<listcomp>`, ...) is shown as the frame of the function it runs in (the one
   before it, at the same file and line), as from Python 3.12 a list comprehension runs inline.
+  A `<lambda>` frame reads the bodies of the lambdas on its line.
+* **Position markers** (Python 3.11+): when the frame's `~~~^~~~` / `^^^^` line fits the parsed
+  statement (`unsafe_doctor.source.printed`), only the operands that overlap the marked part
+  are candidates, those under its `^` part first; a lambda's parameter or a comprehension's key
+  outside it is not what raised. When no operand overlaps, or the markers fit no expression, or
+  the log has none, every operand is a candidate.
 * **Statement**: the whole statement around the frame's line when the file is available locally
-  (so a multi-line call is read in full), else the printed line, made parseable (a `pass` body after
-  a trailing `:`, closing brackets for an unbalanced first line). A local file not at the printed
+  (so a multi-line call is read in full), else the printed line, made parseable
+  (`unsafe_doctor.source.printed`). A local file not at the printed
   path may be another version: the printed line is looked up there (nearest match) and notes say so;
   when the log printed no source line, the culprit gets the local one.
 * **Operands**: the reference chains the statement reads: names, attribute and subscript chains,
@@ -51,9 +57,6 @@ The rules, in the order they apply:
 from __future__ import annotations
 
 import ast
-import io
-import re
-import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -62,6 +65,7 @@ from pathlib import Path
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.npu_errors import UNSAFE_DATA
 from unsafe_doctor.source.files import is_internal_file
+from unsafe_doctor.source.printed import MarkedSpan, parse_printed_line
 from unsafe_doctor.source.resolve import MAX_DEPTH, Resolved, Scope, Tier, resolve_written
 from unsafe_doctor.source.syntax import (
     COMPREHENSION_FRAMES,
@@ -145,6 +149,7 @@ class _FrameView:
     source_line: str | None  # the frame's line as read locally, when the log printed none
     notes: tuple[str, ...]
     differs: bool = False  # the local file read is not the one that ran (the log's line is elsewhere in it)
+    marked: MarkedSpan | None = None  # the frame's position markers, when they fit the statement
 
 
 def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
@@ -161,7 +166,7 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     line = _matching_line(frame, source, notes) if source else None
     statement = text = source_line = None
     stack: tuple[ast.AST, ...] = ()
-    visible = line
+    visible = marked_line = line
     if source is not None and line is not None:
         statement, stack = _statement_at(source.tree, line)
         text = source.text
@@ -173,13 +178,28 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     elif source is not None:
         stack = _def_named(source.tree.body, frame.function, ()) or ()
     if statement is None and frame.source and _first_line(frame.source):
-        parsed = _parse_fragment(frame.source)
+        parsed = parse_printed_line(frame.source)
         if parsed is not None:
             statement, text = parsed
+            marked_line = 1
     functions = tuple(node for node in stack if isinstance(node, Function))
     scope = Scope(found.module, source, functions, _class_of_self(stack), visible)
     differs = source is not None and frame.line is not None and _first_line(frame.source) is not None and line != frame.line
-    return _FrameView(frame, scope, statement, text, source_line, tuple(notes), differs)
+    marked = _marked_span(frame, statement, text, marked_line)
+    return _FrameView(frame, scope, statement, text, source_line, tuple(notes), differs, marked)
+
+
+def _marked_span(frame: Frame, statement: ast.stmt | None, text: str | None, line: int | None) -> MarkedSpan | None:
+    """The frame's position markers on its statement (parsed from `text`, the printed line being
+    its line `line`), when they fit it."""
+    marker, printed = frame.marker, _first_line(frame.source)
+    if marker is None or printed is None or statement is None or text is None or line is None:
+        return None
+    lines = text.splitlines()
+    if not 1 <= line <= len(lines):
+        return None
+    marked = MarkedSpan.place((marker.start, marker.end), marker.primary, printed, lines[line - 1], line)
+    return marked if marked is not None and marked.fits(statement) else None
 
 
 def _first_line(source: str | None) -> str | None:
@@ -247,46 +267,6 @@ def _class_of_self(stack: Sequence[ast.AST]) -> ast.ClassDef | None:
     return owner
 
 
-_OPENERS = {"(": ")", "[": "]", "{": "}"}
-
-
-def _parse_fragment(printed: str) -> tuple[ast.stmt, str] | None:
-    """The first statement of a printed source line, made parseable; with the text it was parsed from."""
-    text = "\n".join(line.strip() for line in printed.splitlines() if line.strip())
-    attempts = [text]
-    if text.endswith(":"):
-        attempts.append(re.sub(r"^elif\b", "if  ", text) + " pass")
-    closers, code = _missing_closers(text)
-    if closers:
-        attempts.append(code + closers)
-    attempts.append(f"_({text.rstrip(',')})")  # a continuation line printed alone: `key=self.x,`
-    for attempt in attempts:
-        try:
-            tree = ast.parse(attempt)
-        except (SyntaxError, ValueError):
-            continue
-        if tree.body:
-            return tree.body[0], attempt
-    return None
-
-
-def _missing_closers(text: str) -> tuple[str, str]:
-    """Brackets left open by the first line of a multi-line statement, and the text without a comment."""
-    stack: list[str] = []
-    code = text
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(text).readline):
-            if token.type == tokenize.OP and token.string in _OPENERS:
-                stack.append(_OPENERS[token.string])
-            elif token.type == tokenize.OP and token.string in _OPENERS.values() and stack:
-                stack.pop()
-            elif token.type == tokenize.COMMENT and token.start[0] == text.count("\n") + 1:
-                code = text[: len(text) - len(text.splitlines()[-1]) + token.start[1]].rstrip()
-    except (tokenize.TokenError, SyntaxError):
-        pass
-    return "".join(reversed(stack)), code
-
-
 # --- operands of a statement -----------------------------------------------------------------------
 
 def _reads(statement: ast.stmt) -> Sequence[ast.AST]:
@@ -307,12 +287,14 @@ def _reads(statement: ast.stmt) -> Sequence[ast.AST]:
 
 def _frame_reads(view: _FrameView) -> Sequence[ast.AST]:
     """What the frame's line evaluates: a comprehension's frame runs only the comprehensions of its
-    kind on that line, not the rest of the statement around them."""
+    kind on that line, a lambda's frame only the lambdas' bodies, not the rest of the statement."""
     statement = view.statement
     if statement is None:
         return []
-    kind = COMPREHENSION_FRAMES.get(view.frame.function)
     reads = _reads(statement)
+    if view.frame.function == "<lambda>":
+        return [node.body for node in ast.walk(statement) if isinstance(node, ast.Lambda)] or reads
+    kind = COMPREHENSION_FRAMES.get(view.frame.function)
     if kind is None:
         return reads
     comprehensions = [node for read in reads for node in ast.walk(read) if isinstance(node, kind)]
@@ -422,15 +404,18 @@ _Candidate = tuple[list[ast.expr], Resolved]
 
 
 def _candidates(view: _FrameView, workspace: Workspace) -> list[_Candidate]:
-    """The statement's tensor-ish operands with their resolution, in source order."""
+    """The statement's tensor-ish operands with their resolution, in source order; with position
+    markers, those the marked part reads (its `^` part first)."""
     if view.statement is None:
         return []
+    operands = [operand for node in _frame_reads(view) for operand in _operands(node)]
+    if view.marked is not None:
+        operands = view.marked.narrow(operands, lambda operand: operand[0][-1])
     found = []
-    for node in _frame_reads(view):
-        for parts, call_result in _operands(node):
-            written = resolve_written(parts, view.statement, view.scope, workspace)
-            if written is not None and (written[1].cached or not call_result):
-                found.append(written)
+    for parts, call_result in operands:
+        written = resolve_written(parts, view.statement, view.scope, workspace)
+        if written is not None and (written[1].cached or not call_result):
+            found.append(written)
     return found
 
 

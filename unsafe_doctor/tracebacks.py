@@ -1,9 +1,9 @@
 """Stage 3: one rank's clean lines -> Python traceback records.
 
 Parses the text Python prints (there is no stdlib parser for it), including chained exceptions,
-3.11+ caret lines, repeated-frame notes, frames without source, truncated tracebacks, and torch_npu's
-error-code suffix (`ERR00003 PTA invalid value`, `[ERROR] <time> (PID:…, Device:…, RankID:…)`)
-and its C++ `frame #N:` stack, which is skipped.
+3.11+ position markers (kept as each frame's `Marker`), repeated-frame notes, frames without
+source, truncated tracebacks, and torch_npu's error-code suffix (`ERR00003 PTA invalid value`,
+`[ERROR] <time> (PID:…, Device:…, RankID:…)`) and its C++ `frame #N:` stack, which is skipped.
 
 One pass: each line is classified by cheap prefix tests and anchored regexes, then an assembler
 builds one traceback block at a time. Rules for text that Python alone does not disambiguate:
@@ -28,6 +28,13 @@ builds one traceback block at a time. Rules for text that Python alone does not 
   are dropped. An exception line with no frames and no header (an "orphan", e.g. MindIO printing
   only the exception) is not a traceback, unless a chain separator joins it to one: Python prints
   a cause that was never raised exactly that way.
+- Position markers (3.11+): the `~` / `^` line right under a frame's source line says which part
+  of it raised. Python prints the source line without its indentation and the markers indented
+  the same way, so their columns are counted from the source line's own indentation in the log
+  (a rank prefix shifts both alike). A marker line that does not fit under its source line (a
+  mangled or cut log) is skipped. Python prints markers for the printed line only: for a
+  statement over several lines (3.11, 3.12) they stop at its end; 3.13 prints further lines with
+  their own markers, which are skipped like the lines themselves.
 - A chain separator with no link above it (the excerpt starts there) still sets `chain_kind`
   on the next link; its `caused_by` is then None.
 - Exception groups (3.11+): the group's own traceback (`  | `-prefixed, under
@@ -47,11 +54,25 @@ from unsafe_doctor.logs import LogLine
 
 
 @dataclass(frozen=True, slots=True)
+class Marker:
+    """Which part of a frame's printed source line raised: Python 3.11+'s `~~~^~~~` / `^^^^` line.
+
+    Columns count characters of `Frame.source` (the line as printed, without indentation); ends
+    are exclusive. `primary` is the `^` run: the operator of a binary operation, the index of a
+    subscript, the whole call; the `~` runs around it are the operands."""
+
+    start: int
+    end: int
+    primary: tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
 class Frame:
     file: str
     line: int | None
     function: str
     source: str | None  # the printed source line, stripped; None when the log has none
+    marker: Marker | None = None  # None when the log printed no position markers for it
 
 
 @dataclass(frozen=True)
@@ -98,6 +119,7 @@ _SEPARATORS: dict[str, Literal["cause", "context"]] = {
 _FRAME = re.compile(r'File "(?P<file>.*)", line (?P<line>\d+|None), in (?P<function>.*)')
 _SYNTAX_ERROR_LOCATION = re.compile(r'File ".*", line \d+')  # SyntaxError's own location, no frame
 _MARKER = re.compile(r"[~^][~^ ]*|\[Previous line repeated \d+ more times?\]")
+_PRIMARY = re.compile(r"\^[\^ ]*\^|\^")
 _EXCEPTION = re.compile(r"(?P<type>[^\W\d][\w.<>]*)(?:: (?P<message>.*)|:? *)")
 _NPU_ERROR = re.compile(
     r"\[ERROR\] [0-9\-\:]* \(PID:\d*, Device:(?P<device>-?\d*), RankID:(?P<rank>-?\d*)\) (?P<code>ERR\d{5})"
@@ -184,6 +206,7 @@ class _Block:
     phase: _Phase = _Phase.FRAMES
     frames: list[Frame] = field(default_factory=list)
     source_open: bool = False  # the last frame may still receive its source line
+    marker_indent: int | None = None  # the last line was the last frame's source line, indented this much
     foreign: int = 0  # foreign lines since the last frame
     exception_type: str | None = None
     message: list[str] = field(default_factory=list)
@@ -196,7 +219,29 @@ class _Block:
         line = None if match["line"] == "None" else int(match["line"])
         self.frames.append(Frame(match["file"], line, match["function"], None))
         self.source_open = True
+        self.marker_indent = None
         self.foreign = 0
+
+    def add_source(self, text: str) -> None:
+        source = text.strip()
+        self.frames[-1] = replace(self.frames[-1], source=source)
+        self.source_open = False
+        self.marker_indent = len(text) - len(text.lstrip())
+
+    def add_marker(self, text: str) -> None:
+        """Keep the marker line right under a source line, when it fits under that line."""
+        indent, self.marker_indent = self.marker_indent, None
+        source = self.frames[-1].source
+        stripped = text.strip()
+        if indent is None or source is None or not stripped.startswith(("~", "^")):
+            return
+        start = len(text) - len(text.lstrip()) - indent
+        end = start + len(stripped)
+        primary = _PRIMARY.search(stripped)
+        if start < 0 or end > len(source) or primary is None:
+            return
+        marker = Marker(start, end, (start + primary.start(), start + primary.end()))
+        self.frames[-1] = replace(self.frames[-1], marker=marker)
 
     def set_exception(self, match: re.Match[str]) -> None:
         self.exception_type = match["type"]
@@ -317,13 +362,16 @@ class _Assembler:
             return False
         elif kind is _Kind.SKIPPED:
             block.source_open = False
+            block.add_marker(line.text)
         elif kind is _Kind.INDENTED and block.foreign == 0:
             if block.source_open:
-                block.frames[-1] = replace(block.frames[-1], source=line.text.strip())
-                block.source_open = False
+                block.add_source(line.text)
+            else:
+                block.marker_indent = None
         else:
             block.foreign += 1
             block.source_open = False
+            block.marker_indent = None
             if block.foreign > _FOREIGN_LINES_TOLERATED:
                 self._close_block(block, keep_held=True)
                 return False

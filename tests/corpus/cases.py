@@ -611,18 +611,21 @@ class LogArgsRepair(Case):
 
 
 class FrameworkCase(Case):
-    """A user framework under frameworks/<name>/ trains through its own `train.train_step`."""
+    """A user framework under frameworks/<name>/ trains through its own `train.train_step` (or
+    the step function named)."""
 
     checkpoint = "user_model"
 
-    def __init__(self, package: str) -> None:
+    def __init__(self, package: str, step: str = "train_step") -> None:
         self.package = package
+        self.step = step
 
     def build_model(self):
         return importlib.import_module(f"{self.package}.train").build_model(VOCAB_SIZE, HIDDEN_SIZE)
 
     def train_step(self, model, optimizer, batch, iteration):
-        return importlib.import_module(f"{self.package}.train").train_step(model, optimizer, batch, iteration)
+        step = getattr(importlib.import_module(f"{self.package}.train"), self.step)
+        return step(model, optimizer, batch, iteration)
 
 
 # --- negatives -----------------------------------------------------------------------------------------
@@ -693,6 +696,12 @@ CASES: dict[str, Callable[[], Case]] = {
     "warmupstep": lambda: FrameworkCase("warmupstep"),
     "amaxscale": lambda: FrameworkCase("amaxscale"),
     "postable": lambda: FrameworkCase("postable"),
+    # one per shape of Python 3.11's position markers, each line naming another global next to the tensor
+    "runstats-binary-op": lambda: FrameworkCase("runstats", "step_scaled"),
+    "runstats-call": lambda: FrameworkCase("runstats", "step_excess"),
+    "runstats-subscript": lambda: FrameworkCase("runstats", "step_windowed"),
+    "runstats-lambda": lambda: FrameworkCase("runstats", "step_recorded"),
+    "runstats-dictcomp": lambda: FrameworkCase("runstats", "step_reported"),
     # negatives
     "out-of-memory": OutOfMemory,
     "clean-recovery": Case,

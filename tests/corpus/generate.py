@@ -103,6 +103,11 @@ RUNS: dict[str, Run] = {
     "user-warmupstep-counter": Run("warmupstep", "121:1:uce:forward", style="tee-default", framework="warmupstep"),
     "user-amaxscale-running-max": Run("amaxscale", "121:0:hbm:forward", style="tee", framework="amaxscale"),
     "user-postable-table": Run("postable", "121:2:uce:forward", framework="postable"),
+    "user-runstats-binary-op": Run("runstats-binary-op", "121:1:uce:forward", framework="runstats"),
+    "user-runstats-call": Run("runstats-call", "121:2:hbm:forward", style="tee", framework="runstats"),
+    "user-runstats-subscript": Run("runstats-subscript", "121:3:uce:forward", style="tee-default", framework="runstats"),
+    "user-runstats-lambda": Run("runstats-lambda", "121:0:uce:forward", framework="runstats"),
+    "user-runstats-dictcomp": Run("runstats-dictcomp", "121:1:hbm:forward", style="tee", framework="runstats"),
     "user-warmupstep-counter-8ranks": Run("warmupstep", "124:6:uce:forward", ranks=8, style="tee",
                                           framework="warmupstep"),
     # negatives

@@ -8,5 +8,7 @@ stage reads source through this package:
 * `syntax`: small helpers over `ast` nodes: statements of a block, bindings, decorators, values.
 * `workspace`: a printed path -> the local file and its module; a module -> its file; each file
   read and parsed once, with its module-level bindings typed.
+* `printed`: a traceback's printed source line parsed on its own, and its 3.11+ position markers
+  placed on parsed code: the operands that raised.
 * `resolve`: the one place that answers "which global does this expression mean".
 """

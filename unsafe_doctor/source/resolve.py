@@ -70,6 +70,7 @@ from unsafe_doctor.source.syntax import (
     declared_globals,
     flatten,
     is_cached,
+    is_lambda_parameter,
     local_binding,
     loop_iterable,
     one_line,
@@ -212,8 +213,11 @@ def resolve_written(
     """How a chain written inside `written_in` (a statement, or a value) is bound, with the chain
     that names it: a comprehension's loop variable stands for an element of its iterable, so the
     iterable's chain is resolved instead (`t[0]` in `sum(t[0] for t in _LOSSES)` is `_LOSSES`).
-    A loop variable over something that names nothing (`range(n)`, `zip(a, b)`) is a plain local."""
+    A loop variable over something that names nothing (`range(n)`, `zip(a, b)`), and a lambda's
+    parameter, are plain locals."""
     root = parts[0]
+    if isinstance(root, ast.Name) and is_lambda_parameter(written_in, root):
+        return parts, _unresolved(scope, Tier.LOCAL, parts)
     iterable = loop_iterable(written_in, root) if isinstance(root, ast.Name) else None
     if iterable is None:
         resolved = resolve_chain(parts, scope, workspace, depth)

@@ -1,6 +1,6 @@
 """Small helpers over `ast` nodes, one copy each: the statements of a block, the names statements
-bind, imports, comprehensions and their loop variables, decorators, empty values and a node's
-source text."""
+bind, imports, comprehensions and their loop variables, lambdas' parameters, decorators, empty
+values and a node's source text."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def names_bound(targets: Sequence[ast.expr]) -> Iterator[str]:
             yield from names_bound([target.value])
 
 
-def parameter_names(function: Function) -> set[str]:
+def parameter_names(function: Function | ast.Lambda) -> set[str]:
     """Every name the function's parameters bind, `*args` and `**kwargs` included."""
     arguments = function.args
     every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
@@ -231,6 +231,15 @@ def _drawn_from(comprehension: Comprehension, name: ast.Name) -> ast.expr | None
         if _inside(generator.target, name) or any(_inside(condition, name) for condition in generator.ifs):
             return binder
     return binder if any(_inside(element, name) for element in _elements(comprehension)) else None
+
+
+def is_lambda_parameter(root: ast.AST, name: ast.Name) -> bool:
+    """`name` (a node inside `root`) is a parameter of a lambda it is written in: what the lambda
+    is called with, which its line does not say."""
+    return any(
+        isinstance(node, ast.Lambda) and name.id in parameter_names(node) and _inside(node.body, name)
+        for node in ast.walk(root)
+    )
 
 
 def _inside(node: ast.AST, name: ast.Name) -> bool:
