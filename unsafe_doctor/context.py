@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import KnowledgeBase, load_knowledge
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.tracebacks import Frame
@@ -36,6 +37,12 @@ class RunContext:
     environment: Environment  # framework versions, adaptor profile and file
 
 
-def groundwork(rule_paths: Sequence[Path] = (), source_roots: Sequence[Path] = ()) -> Groundwork:
-    """The knowledge (first: a bad rule file fails before anything else is read) and the workspace."""
-    return Groundwork(load_knowledge(rule_paths), Workspace(source_roots))
+def groundwork(rule_paths: Sequence[Path] = (), source_roots: Sequence[Path] = (), *, log_only: bool = False) -> Groundwork:
+    """The knowledge (first: a bad rule file fails before anything else is read) and the workspace.
+
+    `log_only` (`--log-only`): the one switch that keeps the diagnosis off local files: the workspace
+    opens no file a log names and never searches `sys.path`, and the environment reads no installed
+    metadata (`versions.detect_environment` asks the workspace)."""
+    if log_only and source_roots:
+        raise UsageError("--log-only reads no local source: drop --source-root, or drop --log-only")
+    return Groundwork(load_knowledge(rule_paths), Workspace(source_roots, log_only=log_only))

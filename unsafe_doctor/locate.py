@@ -78,7 +78,7 @@ from unsafe_doctor.source.syntax import (
     one_line,
     source_segment,
 )
-from unsafe_doctor.source.workspace import SourceFile, Workspace
+from unsafe_doctor.source.workspace import Origin, SourceFile, Workspace
 from unsafe_doctor.subject import Subject, TensorRef
 from unsafe_doctor.tracebacks import Frame, Traceback
 
@@ -93,6 +93,7 @@ class Finding:
     source_file: str | None  # the local file read for context, if any
     notes: tuple[str, ...]  # e.g. "read megatron/core/... from site-packages; version may differ"
     source_differs: bool = False  # the culprit's local file is not the one that ran: its lines differ from the log's
+    origin: Origin = Origin.LOG  # where the source the tensor was read from came from; LOG: a guess from the printed line
 
     @property
     def subject(self) -> Subject:
@@ -150,6 +151,7 @@ class _FrameView:
     notes: tuple[str, ...]
     differs: bool = False  # the local file read is not the one that ran (the log's line is elsewhere in it)
     marked: MarkedSpan | None = None  # the frame's position markers, when they fit the statement
+    origin: Origin = Origin.LOG  # where `scope.source` came from (LOG: none read)
 
 
 def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
@@ -158,7 +160,8 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     source = workspace.source(found.local, found.module) if found.local else None
     if found.local is None:
         guess = f"module {found.module} guessed from the path" if found.module else "module unknown"
-        notes.append(f"{frame.file} not found locally (add --source-root): {guess}")
+        where = "not read (--log-only)" if workspace.log_only else "not found locally (add --source-root)"
+        notes.append(f"{frame.file} {where}: {guess}")
     elif source is None:
         notes.append(f"{found.local} could not be read or parsed")
     elif found.local != Path(frame.file):
@@ -186,7 +189,8 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     scope = Scope(found.module, source, functions, _class_of_self(stack), visible)
     differs = source is not None and frame.line is not None and _first_line(frame.source) is not None and line != frame.line
     marked = _marked_span(frame, statement, text, marked_line)
-    return _FrameView(frame, scope, statement, text, source_line, tuple(notes), differs, marked)
+    origin = found.origin if source is not None else Origin.LOG
+    return _FrameView(frame, scope, statement, text, source_line, tuple(notes), differs, marked, origin)
 
 
 def _marked_span(frame: Frame, statement: ast.stmt | None, text: str | None, line: int | None) -> MarkedSpan | None:
@@ -388,6 +392,7 @@ class _Analysis:
     source_file: str | None
     notes: tuple[str, ...]
     source_differs: bool = False
+    origin: Origin = Origin.LOG
 
     def key(self) -> tuple:
         where = (self.culprit.file, self.culprit.line, self.culprit.function) if self.culprit else None
@@ -411,11 +416,30 @@ def _candidates(view: _FrameView, workspace: Workspace) -> list[_Candidate]:
     operands = [operand for node in _frame_reads(view) for operand in _operands(node)]
     if view.marked is not None:
         operands = view.marked.narrow(operands, lambda operand: operand[0][-1])
+    arithmetic = _arithmetic_operands(view.statement)
     found = []
     for parts, call_result in operands:
         written = resolve_written(parts, view.statement, view.scope, workspace)
-        if written is not None and (written[1].cached or not call_result):
-            found.append(written)
+        if written is None or (call_result and not written[1].cached):
+            continue
+        if written[1].tier == Tier.GUESS and id(parts[-1]) in arithmetic:
+            continue  # `y * CLIP_FACTOR` without source: a constant far more often than a tensor
+        found.append(written)
+    return found
+
+
+def _arithmetic_operands(statement: ast.stmt) -> set[int]:
+    """Ids of the bare names and attributes (`SCALE`, `mod.SCALE`) that are direct operands of
+    arithmetic: without source such an ALL_CAPS name is taken for a constant, never guessed a tensor.
+    Subscripted, called or written names (`_TRACKER[name]`, `_BUF += x`) are not among them."""
+    found: set[int] = set()
+    for node in ast.walk(statement):
+        operands: tuple[ast.expr, ...] = ()
+        if isinstance(node, ast.BinOp):
+            operands = (node.left, node.right)
+        elif isinstance(node, ast.UnaryOp):
+            operands = (node.operand,)
+        found.update(id(operand) for operand in operands if isinstance(operand, (ast.Name, ast.Attribute)))
     return found
 
 
@@ -450,7 +474,7 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
     if not candidates:
         if view.statement is None:
             notes.append("no source for the culprit line: the tensor cannot be named")
-        return _Analysis(culprit, None, source_file, _unique(notes), view.differs)
+        return _Analysis(culprit, None, source_file, _unique(notes), view.differs, view.origin)
     parts, resolved, caller = _choose_tensor(frames, index, view, candidates, views)
     text = view.text
     if caller is not None:
@@ -464,7 +488,8 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
     notes.extend(resolved.notes)
     expression = _expression_text(parts, resolved.anchor, text)
     tensor = TensorRef(expression, resolved.variable, resolved.module, resolved.owner, resolved.cached)
-    return _Analysis(culprit, tensor, source_file, _unique(notes), view.differs)
+    origin = (caller or view).origin
+    return _Analysis(culprit, tensor, source_file, _unique(notes), view.differs, origin)
 
 
 def _choose_tensor(
@@ -571,4 +596,5 @@ def _fold(members: Sequence[tuple[Traceback, Traceback, _Analysis]]) -> Finding:
         source_file=analysis.source_file,
         notes=analysis.notes,
         source_differs=analysis.source_differs,
+        origin=analysis.origin,
     )

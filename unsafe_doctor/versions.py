@@ -13,6 +13,9 @@ Versions, first found wins:
   placeholder, so it never counts), `*.dist-info` / `*.egg-info` metadata folders;
 * then the metadata installed for this Python ("installed").
 
+A log-only workspace (`--log-only`) has no source roots and no frames read here: no file, no
+installed metadata, so no versions; an adaptor given on the command line is still read.
+
 Adaptor profile: the profile whose function and parameter names best fit the adaptor file (given,
 or found by the profiles' `files` globs under the source roots, the frames' import roots and
 `sys.path`); ties go to the profile whose MindSpeed-LLM versions hold the detected version, then to
@@ -63,12 +66,12 @@ def detect_environment(
             raise UsageError(f"source root {root} is not a directory")
     if adaptor is not None and not Path(adaptor).is_file():
         raise UsageError(f"adaptor {adaptor}: no such file")
-    frame_roots = _frame_roots(frames, workspace)
+    frame_roots = [] if workspace.log_only else _frame_roots(frames, workspace)
     found: dict[str, tuple[Version, str]] = {}
     for root in (*roots, *frame_roots):
         for distribution, value in _versions_under(root).items():
             found.setdefault(distribution, value)
-    for distribution in FRAMEWORK_DISTRIBUTIONS:
+    for distribution in () if workspace.log_only else FRAMEWORK_DISTRIBUTIONS:
         if distribution not in found:
             installed = _installed_version(distribution)
             if installed is not None:

@@ -8,6 +8,7 @@ from unsafe_doctor.cli.options import (
     AdaptorOption,
     LocatedFormat,
     LocatedFormatOption,
+    LogOnlyOption,
     LogsArgument,
     NoInputOption,
     RulesOption,
@@ -27,13 +28,14 @@ def command(
     no_input: NoInputOption = False,
     yes: YesOption = False,
     source_root: SourceRootOption = None,
+    log_only: LogOnlyOption = False,
     rules: RulesOption = None,
     adaptor: AdaptorOption = None,
 ) -> int:
     """Find the unsafe-data errors in a failure log, the global tensor each one read, and the fix."""
     paths = log_paths(logs)
     started = time.perf_counter()
-    setup = groundwork(rules or (), source_root or ())
+    setup = groundwork(rules or (), source_root or (), log_only=log_only)
     with progress_bar(paths) as progress:
         diagnosis = diagnose(paths, setup, adaptor=adaptor, progress=progress)
     elapsed = time.perf_counter() - started

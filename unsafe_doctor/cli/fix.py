@@ -12,6 +12,7 @@ from unsafe_doctor.cli.options import (
     Format,
     FormatOption,
     FunctionOption,
+    LogOnlyOption,
     LogsArgument,
     NoInputOption,
     RulesOption,
@@ -38,6 +39,7 @@ def command(
     yes: YesOption = False,
     no_input: NoInputOption = False,
     source_root: SourceRootOption = None,
+    log_only: LogOnlyOption = False,
     rules: RulesOption = None,
     output_format: FormatOption = Format.text,
 ) -> int:
@@ -48,7 +50,7 @@ def command(
     from unsafe_doctor import fix as fixes  # libcst takes a second to load: diagnose does without it
 
     overrides = fixes.function_overrides(function or [])
-    setup = groundwork(rules or (), source_root or ())
+    setup = groundwork(rules or (), source_root or (), log_only=log_only)
     if revert:
         if logs:
             raise UsageError("--revert takes no logs: it removes every unsafe-doctor block from the adaptor")

@@ -44,6 +44,14 @@ SourceRootOption = Annotated[
         dir_okay=True,
     ),
 ]
+LogOnlyOption = Annotated[
+    bool,
+    typer.Option(
+        "--log-only",
+        help="Diagnose from the log's text alone: read no source file the log names, no installed package "
+        "(the --adaptor file is still read). Findings are labelled as guesses. Not with --source-root.",
+    ),
+]
 RulesOption = Annotated[
     list[Path] | None,
     typer.Option("--rules", help="Extra knowledge-base rule file or folder (repeatable).", exists=True),

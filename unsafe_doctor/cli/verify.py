@@ -13,6 +13,7 @@ from unsafe_doctor.cli.options import (
     Format,
     FormatOption,
     FunctionOption,
+    LogOnlyOption,
     LogsArgument,
     RulesOption,
     SourceRootOption,
@@ -32,6 +33,7 @@ def command(
     logs: LogsArgument = None,
     adaptor: AdaptorOption = None,
     source_root: SourceRootOption = None,
+    log_only: LogOnlyOption = False,
     rules: RulesOption = None,
     function: FunctionOption = None,
     ranks: Annotated[int | None, typer.Option("--ranks", help="Ranks to replay on (2-16; default 4, or torchrun's).")] = None,
@@ -63,7 +65,7 @@ def command(
     paths = log_paths(logs)
     if under_torchrun():
         ranks = int(os.environ["WORLD_SIZE"])
-    diagnosis = diagnose(paths, groundwork(rules or (), source_root or ()), adaptor=adaptor)
+    diagnosis = diagnose(paths, groundwork(rules or (), source_root or (), log_only=log_only), adaptor=adaptor)
     functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
     plan, skipped = verification.plan_replay(
         diagnosis, diagnosis.context.knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout,

@@ -15,6 +15,7 @@ from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.report.common import adaptor_json, fix_plan_json, frameworks_json, stale_text
 from unsafe_doctor.report.sarif import location, sarif_log
 from unsafe_doctor.source.files import is_internal_file
+from unsafe_doctor.source.workspace import Origin
 from unsafe_doctor.tracebacks import Frame
 
 SCHEMA = "unsafe-doctor/diagnosis/v1"
@@ -62,6 +63,7 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
         "tensor": None
         if tensor is None
         else {"expression": tensor.expression, "variable": tensor.variable, "module": tensor.module, "owner": tensor.owner},
+        "source_from": finding.origin.value,
         "truncated": finding.unsafe.truncated,
         "notes": [*finding.notes, *verdict.notes],
         "scenario": verdict.scenario,
@@ -138,6 +140,7 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
         grid.add_row("Tensor", line)
     else:
         grid.add_row("Tensor", Text("could not be resolved from the traceback", style="yellow"))
+    grid.add_row("Source", _origin_text(finding.origin, finding.source_file))
     error = Text(f"{finding.unsafe.exception_type}: {finding.unsafe.message}", style="red")
     if finding.unsafe.error_code:
         error.append(f"  [{finding.unsafe.error_code}]", style="dim")
@@ -164,6 +167,15 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
         grid.add_row("Note", Text(note, style="dim"))
     title = f"Finding {number} · rank{'s' if len(finding.ranks) != 1 else ''} {_ranks(finding.ranks) or 'unknown'}"
     return Panel(grid, title=title, title_align="left", border_style="red")
+
+
+def _origin_text(origin: Origin, source_file: str | None) -> Text:
+    """One line on where the culprit's source came from: a `log` finding is a guess."""
+    if origin is Origin.JOB:
+        return Text(f"the job's source, {short_path(source_file or '')}")
+    if origin is Origin.INSTALLED:
+        return Text(f"a local installation, {short_path(source_file or '')}: it may be another release than the job's")
+    return Text("the log's text alone: the tensor is a guess from the printed line", style="yellow")
 
 
 def _add_classification(grid: Table, verdict: Classification) -> None:

@@ -7,6 +7,9 @@ dotted module -> its file; each file read and parsed once, with its module-level
   under, `__init__.py` files, or a framework package name in the path. A file found at its printed
   path makes the folder above its top package an import root for resolving its imports.
 * `sys.path` is read once per workspace, when a file is first looked for there.
+* **Log only** (`--log-only`): no file a log names is opened and `sys.path` is never searched, so
+  the diagnosis rests on the printed lines alone; files given on the command line (an adaptor) are
+  still read.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import ast
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from functools import cached_property
 from pathlib import Path
 
@@ -42,11 +46,20 @@ Assignment = ast.Assign | ast.AnnAssign | ast.AugAssign
 Binding = ast.ClassDef | Function | Assignment | ImportedName
 
 
+class Origin(str, Enum):
+    """Where the source read for a printed path came from; `log` findings are guesses from the printed line."""
+
+    JOB = "job"  # the path as printed, or under a --source-root: the job's own files
+    INSTALLED = "installed"  # under a `sys.path` directory: a local installation, maybe another release
+    LOG = "log"  # nothing read: the log's text alone
+
+
 @dataclass(frozen=True)
 class FoundFile:
     local: Path | None  # the file read for this path, if any
     module: str | None
     shown: str  # how notes name it: the part of the path that matched, else the path as printed
+    origin: Origin = Origin.LOG
 
 
 @dataclass(frozen=True)
@@ -83,8 +96,11 @@ def module_from_path(path: str, source_roots: Sequence[Path] = ()) -> str | None
 class Workspace:
     """File look-ups and parsed sources for one run of a stage, cached; files are read, never imported."""
 
-    def __init__(self, source_roots: Sequence[Path]):
+    def __init__(self, source_roots: Sequence[Path], *, log_only: bool = False):
+        if log_only and source_roots:
+            raise ValueError("a log-only workspace reads no source roots")
         self.source_roots = tuple(Path(root) for root in source_roots)
+        self.log_only = log_only  # never open a file a log names, never search sys.path
         self.found_roots: list[Path] = []  # import roots of files found at their printed path
         self._found: dict[str, FoundFile] = {}
         self._texts: dict[Path, str | None] = {}
@@ -93,7 +109,9 @@ class Workspace:
 
     @cached_property
     def env_roots(self) -> tuple[Path, ...]:
-        """The `sys.path` directories, read once."""
+        """The `sys.path` directories, read once; none when log only."""
+        if self.log_only:
+            return ()
         return tuple(Path(entry) for entry in sys.path if entry and is_dir(Path(entry)))
 
     # files printed in a log
@@ -108,18 +126,18 @@ class Workspace:
         site_module = after_site_packages(normal)
         parts = [part for part in normal.split("/") if part]
         as_printed = Path(printed)
-        if is_file(as_printed):
+        if not self.log_only and is_file(as_printed):
             module = site_module or self._module_of_local(as_printed)
             self._add_import_root(as_printed, module)
-            return FoundFile(as_printed, module, printed)
+            return FoundFile(as_printed, module, printed, Origin.JOB)
         # Source roots first (the user named them), any suffix; then the environment, two parts at least.
-        for roots, shortest in ((self.source_roots, 1), (self.env_roots, 2)):
+        for roots, shortest, origin in ((self.source_roots, 1, Origin.JOB), (self.env_roots, 2, Origin.INSTALLED)):
             for start in range(len(parts) - shortest + 1):
                 suffix = parts[start:]
                 for root in roots:
                     candidate = root.joinpath(*suffix)
                     if is_file(candidate):
-                        return FoundFile(candidate, site_module or dotted(suffix), "/".join(suffix))
+                        return FoundFile(candidate, site_module or dotted(suffix), "/".join(suffix), origin)
         return FoundFile(None, site_module or framework_suffix(parts), printed)
 
     def _module_of_local(self, path: Path) -> str | None:
@@ -185,9 +203,11 @@ class Workspace:
         return self.source(path, dotted_name) if path is not None and path.is_file() else None
 
     def local_source(self, path: Path) -> SourceFile | None:
-        """A file given on the command line (an adaptor), named as if a log had printed it."""
+        """A file given on the command line (an adaptor), named as if a log had printed it; read even
+        when log only (it is the user's own file, named to be read)."""
         resolved = path.resolve()
-        return self.source(resolved, self.find(str(resolved)).module)
+        module = self._module_of_local(resolved) if self.log_only else self.find(str(resolved)).module
+        return self.source(resolved, module)
 
 
 def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
