@@ -22,7 +22,7 @@ LOGS = Path(__file__).resolve().parent.parent / "samples" / "logs"
 FRAMEWORK = LOGS.parent / "framework"
 FINDING_KEYS = {
     "ranks", "message", "error_code", "recovery", "culprit", "frames", "tensor",
-    "scenario", "rule", "confidence", "reason", "evidence", "fix", "truncated", "notes",
+    "scenario", "rule", "confidence", "reason", "evidence", "fix", "truncated", "notes", "source_from",
 }  # fmt: skip
 
 

@@ -422,16 +422,23 @@ def _candidates(view: _FrameView, workspace: Workspace) -> list[_Candidate]:
         written = resolve_written(parts, view.statement, view.scope, workspace)
         if written is None or (call_result and not written[1].cached):
             continue
-        if written[1].tier == Tier.GUESS and id(parts[-1]) in arithmetic:
-            continue  # `y * CLIP_FACTOR` without source: a constant far more often than a tensor
+        if _guessed_constant(parts, written[1], arithmetic):
+            continue
         found.append(written)
     return found
 
 
+def _guessed_constant(parts: list[ast.expr], resolved: Resolved, arithmetic: set[int]) -> bool:
+    """Without source, `y * CLIP_FACTOR`: a public ALL_CAPS name that is a plain operand of arithmetic
+    is a constant by convention (PEP 8), never guessed a tensor. A module-private one (`x * _EMA`)
+    and any name subscripted, called or written (`_TRACKER[name]`, `BUF += x`) is still guessed. With
+    source, a name bound to a literal is never a tensor (`resolve`'s constant flags)."""
+    variable = resolved.variable or ""
+    return resolved.tier == Tier.GUESS and id(parts[-1]) in arithmetic and not variable.startswith("_")
+
+
 def _arithmetic_operands(statement: ast.stmt) -> set[int]:
-    """Ids of the bare names and attributes (`SCALE`, `mod.SCALE`) that are direct operands of
-    arithmetic: without source such an ALL_CAPS name is taken for a constant, never guessed a tensor.
-    Subscripted, called or written names (`_TRACKER[name]`, `_BUF += x`) are not among them."""
+    """Ids of the bare names and attributes (`SCALE`, `mod.SCALE`) that are direct operands of arithmetic."""
     found: set[int] = set()
     for node in ast.walk(statement):
         operands: tuple[ast.expr, ...] = ()

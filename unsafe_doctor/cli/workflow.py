@@ -50,6 +50,7 @@ def offer_fixes(
     from unsafe_doctor import fix as fixes  # libcst is loaded only when a fix is offered
 
     options = [*paths, *(f"--source-root {root}" for root in source_roots), *(f"--rules {path}" for path in rules)]
+    options += ["--log-only"] if diagnosis.context.workspace.log_only else []
     applied = []
     for item, fix in fixable:
         plan = fixes.plan_fix([item], diagnosis.context)

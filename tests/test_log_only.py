@@ -1,0 +1,151 @@
+"""--log-only: the diagnosis rests on the log's text alone, whatever is installed here, and says so."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from unsafe_doctor.context import groundwork
+from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.report.diagnosis import to_json
+
+ROOT = Path(__file__).parents[1]
+SAMPLES = ROOT / "samples" / "logs"
+CORPUS = ROOT / "tests" / "corpus" / "logs"
+LOGS = sorted(SAMPLES.glob("*.log")) + [
+    CORPUS / name
+    for name in (
+        "megatron-0.7-aux-losses-tracker.log",
+        "megatron-0.12-layer-wise-tracker.log",
+        "megatron-global-memory-buffer.log",
+        "megatron-router-expert-bias.log",
+        "prefix-cri-router-expert-bias.log",
+        "user-runstats-binary-op.log",
+    )
+]
+UNSAFE = "RuntimeError: There is unsafe data in the input tensor."
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120)
+
+
+def essentials(report: dict) -> list[tuple]:
+    """What a finding says, less the notes (their wording names the option)."""
+    return [
+        (item["culprit"], item["tensor"], item["source_from"], item["scenario"], item["rule"], item["confidence"])
+        for item in report["findings"]
+    ]
+
+
+def log_only(log: Path) -> dict:
+    return to_json(diagnose([str(log)], groundwork(log_only=True)))
+
+
+# A Python that sees this project and every installed package but megatron-core, isolated (-I -S):
+# site-packages is rebuilt as links, without megatron's folders and metadata.
+WITHOUT_MEGATRON = """
+import json, sys
+from pathlib import Path
+site, shadow, root = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+for entry in site.iterdir():
+    if not entry.name.lower().startswith("megatron"):
+        (shadow / entry.name).symlink_to(entry)
+sys.path[:0] = [root, str(shadow)]
+from unsafe_doctor.context import groundwork
+from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.report.diagnosis import to_json
+print(json.dumps([to_json(diagnose([log], groundwork())) for log in sys.argv[4:]]))
+"""
+
+
+def test_megatron_core_is_installed_here():
+    """The comparison below means something only when the installed megatron-core would be read."""
+    report = to_json(diagnose([str(SAMPLES / "megatron_moe_tracker.log")], groundwork()))
+    assert [item["source_from"] for item in report["findings"]] == ["installed"]
+
+
+def test_log_only_gives_what_a_python_without_megatron_gives(tmp_path):
+    shadow = tmp_path / "site-packages"
+    shadow.mkdir()
+    site = sysconfig.get_paths()["purelib"]
+    command = [sys.executable, "-I", "-S", "-c", WITHOUT_MEGATRON, site, str(shadow), str(ROOT), *map(str, LOGS)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    bare = json.loads(result.stdout)
+    for log, expected in zip(LOGS, bare, strict=True):
+        assert not any("megatron" in str(path) for path in expected["summary"]["frameworks"]), expected["summary"]["frameworks"]
+        assert essentials(log_only(log)) == essentials(expected), log.name
+        assert log_only(log)["summary"]["frameworks"] == expected["summary"]["frameworks"], log.name
+
+
+def test_a_log_only_finding_says_log_and_reads_no_installed_file():
+    report = log_only(SAMPLES / "megatron_moe_tracker.log")
+    [finding] = report["findings"]
+    assert finding["source_from"] == "log"
+    assert finding["tensor"]["expression"] == "tracker[name]"
+    unread = "moe_utils.py not read (--log-only): module megatron.core.transformer.moe.moe_utils guessed from the path"
+    assert any(note.endswith(unread) for note in finding["notes"])
+    assert report["summary"]["frameworks"] == {}
+
+
+def test_text_report_labels_a_log_only_tensor_as_a_guess():
+    result = run("diagnose", str(SAMPLES / "megatron_moe_tracker.log"), "--log-only")
+    assert result.returncode == 1, result.stderr
+    assert "the log's text alone: the tensor is a guess" in " ".join(result.stdout.split())
+
+
+@pytest.mark.parametrize("command", ["diagnose", "fix"])
+def test_log_only_with_a_source_root_is_refused(command):
+    result = run(command, str(SAMPLES / "faq_modellink.log"), "--log-only", "--source-root", str(ROOT / "samples" / "framework"))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("unsafe-doctor: ") and "--log-only" in line and "--source-root" in line
+
+
+CLIP_SOURCE = """\
+CLIP_FACTOR = 2.0
+
+
+def scale(y):
+    x = y * CLIP_FACTOR
+    return x
+"""
+
+
+def clip_log(tmp_path: Path) -> Path:
+    """A traceback through `x = y * CLIP_FACTOR` in /job/clipper/clip.py, as torchrun prints it."""
+    package = tmp_path / "clipper"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "clip.py").write_text(CLIP_SOURCE)
+    log = tmp_path / "train.log"
+    log.write_text(
+        textwrap.dedent(
+            f"""\
+            [rank0]: Traceback (most recent call last):
+            [rank0]:   File "/job/clipper/clip.py", line 5, in scale
+            [rank0]:     x = y * CLIP_FACTOR
+            [rank0]: {UNSAFE}
+            """
+        )
+    )
+    return log
+
+
+@pytest.mark.parametrize("with_source", [True, False], ids=["source-root", "log-only"])
+def test_a_constant_operand_is_never_named(tmp_path, with_source):
+    log = clip_log(tmp_path)
+    options = ["--source-root", str(tmp_path)] if with_source else ["--log-only"]
+    result = run("diagnose", str(log), "--format", "json", *options)
+    assert result.returncode == 1, result.stderr
+    [finding] = json.loads(result.stdout)["findings"]
+    assert "CLIP_FACTOR" not in json.dumps(finding["tensor"])
+    assert finding["source_from"] == ("job" if with_source else "log")
