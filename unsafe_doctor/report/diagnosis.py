@@ -140,7 +140,7 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
         grid.add_row("Tensor", line)
     else:
         grid.add_row("Tensor", Text("could not be resolved from the traceback", style="yellow"))
-    grid.add_row("Source", _origin_text(finding.origin, finding.source_file))
+    grid.add_row("Source", _origin_text(finding.origin, finding.source_file, guessed=tensor is not None))
     error = Text(f"{finding.unsafe.exception_type}: {finding.unsafe.message}", style="red")
     if finding.unsafe.error_code:
         error.append(f"  [{finding.unsafe.error_code}]", style="dim")
@@ -169,13 +169,15 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
     return Panel(grid, title=title, title_align="left", border_style="red")
 
 
-def _origin_text(origin: Origin, source_file: str | None) -> Text:
-    """One line on where the culprit's source came from: a `log` finding is a guess."""
+def _origin_text(origin: Origin, source_file: str | None, *, guessed: bool) -> Text:
+    """One line on where the culprit's source came from: a tensor named from the log alone is a guess."""
     if origin is Origin.JOB:
         return Text(f"the job's source, {short_path(source_file or '')}")
     if origin is Origin.INSTALLED:
         return Text(f"a local installation, {short_path(source_file or '')}: it may be another release than the job's")
-    return Text("the log's text alone: the tensor is a guess from the printed line", style="yellow")
+    if guessed:
+        return Text("the log's text alone: the tensor is a guess from the printed line", style="yellow")
+    return Text("the log's text alone", style="yellow")
 
 
 def _add_classification(grid: Table, verdict: Classification) -> None:
