@@ -97,12 +97,24 @@ def test_a_bad_user_rule_file_stops_diagnose_before_reading_the_log(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_the_faq_adaptor_reset_is_reported_stale_on_a_newer_megatron():
-    result = run("diagnose", str(FAQ_LOG), "--adaptor", str(LEGACY_ADAPTOR), "--format", "json")
+def test_the_faq_adaptor_reset_is_reported_stale_on_a_log_from_a_newer_megatron():
+    """The FAQ's reset names a global megatron-core 0.16 no longer has; the log's frames say 0.16 ran."""
+    log = Path(__file__).parents[1] / "samples" / "logs" / "megatron_moe_tracker.log"
+    result = run("diagnose", str(log), "--adaptor", str(LEGACY_ADAPTOR), "--format", "json")
     summary = json.loads(result.stdout)["summary"]
     assert summary["adaptor"]["profile"] == "mindio-ttp-legacy"
+    assert summary["frameworks"]["megatron-core"]["version"] == "0.16.1"
     [stale] = [item for item in summary["stale_resets"] if "_MOE_AUX_LOSSES_LOGGING_TRACKER" in item["statement"]]
     assert "has no _MOE_AUX_LOSSES_LOGGING_TRACKER in megatron.core.parallel_state" in stale["why"]
+
+
+def test_the_faq_adaptor_reset_is_not_stale_on_the_faqs_own_log():
+    """The FAQ's log fingerprints megatron-core 0.6, whose parallel_state has the tracker: whatever
+    release is installed here, the reset is not stale."""
+    result = run("diagnose", str(FAQ_LOG), "--adaptor", str(LEGACY_ADAPTOR), "--format", "json")
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["frameworks"]["megatron-core"]["version"] == "0.6.0"
+    assert not [item for item in summary["stale_resets"] if "_MOE_AUX_LOSSES_LOGGING_TRACKER" in item["statement"]]
 
 
 def test_rules_show_gives_every_match_block_of_a_rule():

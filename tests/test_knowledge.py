@@ -13,6 +13,8 @@ from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import is_safe_dotted, load_knowledge, validate_files
 from unsafe_doctor.matching import rule_matches
+from unsafe_doctor.source.index import FrameworkIndex
+from unsafe_doctor.source.workspace import Origin
 
 GOOD_RULE = """\
 rules:
@@ -232,16 +234,28 @@ def test_every_shipped_knowledge_file_meets_the_schema():
 CORPUS = Path(__file__).parent / "corpus"
 
 
-def test_a_log_from_another_release_than_the_installed_one_lowers_a_version_bound_rule_to_medium():
-    """A megatron-core 0.12.1 run read on a machine with 0.16.1 installed: the culprit's line is
-    elsewhere in the installed file, so the version read from the installation may not be the job's."""
+def test_a_log_from_another_release_than_the_installed_one_is_read_as_its_own_release():
+    """A megatron-core 0.12.1 run read on a machine with 0.16.1 installed: the frames fingerprint
+    0.12.1-0.12.3 in the index, whose rule is chosen at high confidence, as with the job's tree."""
     log = str(CORPUS / "logs" / "megatron-0.12-layer-wise-tracker.log")
-    [guessed] = diagnose([log], groundwork()).findings
-    assert guessed.finding.source_differs
-    assert guessed.classification.confidence == "medium"
-    assert any("give --source-root with the job's tree to be sure" in note for note in guessed.classification.notes)
+    [indexed] = diagnose([log], groundwork()).findings
+    assert indexed.finding.origin is Origin.INDEX
+    assert indexed.finding.release == "megatron-core 0.12.1–0.12.3, from 4 frames"
+    assert (indexed.classification.rule, indexed.classification.confidence) == ("megatron.moe-layer-wise-tracker", "high")
     [told] = diagnose([log], groundwork(source_roots=[CORPUS / "trees" / "megatron-core-0.12.1"])).findings
     assert (told.classification.rule, told.classification.confidence) == ("megatron.moe-layer-wise-tracker", "high")
+
+
+def test_an_installed_release_the_frames_disagree_with_is_not_read(tmp_path):
+    """With no index for the log's release (here: an empty index), a local installation stands in
+    only where its lines are the log's: 0.16.1's moe_utils.py is not 0.12.1's, so the finding rests
+    on the log's text and says so, rather than on a file that did not run."""
+    log = str(CORPUS / "logs" / "megatron-0.12-layer-wise-tracker.log")
+    setup = groundwork()
+    setup.workspace.index = FrameworkIndex(tmp_path)  # an empty index folder
+    [guessed] = diagnose([log], setup).findings
+    assert guessed.finding.source_differs and guessed.finding.origin is Origin.LOG and guessed.finding.source_file is None
+    assert guessed.finding.tensor is not None and guessed.finding.tensor.expression == "tracker[name]"
 
 
 def test_a_log_from_the_installed_release_keeps_high_confidence():

@@ -16,7 +16,7 @@ from unsafe_doctor.errors import UsageError
 from unsafe_doctor.locate import locate
 from unsafe_doctor.logs import LogLine
 from unsafe_doctor.source.files import is_internal_file
-from unsafe_doctor.source.workspace import Workspace, module_from_path
+from unsafe_doctor.source.workspace import Origin, Workspace, module_from_path
 from unsafe_doctor.subject import TensorRef
 from unsafe_doctor.tracebacks import Frame, Marker, Traceback, parse_tracebacks
 
@@ -282,15 +282,14 @@ def test_explicit_source_root_finds_a_file_printed_with_a_remote_path():
     finding = only([tb(remote)], (SRC,))
     assert finding.tensor == TensorRef("BUF[name]", "BUF", "fw.state", None)
     assert finding.source_file == str(USER)
-    assert f"read fw/user.py from {USER}: the log's version may differ" in finding.notes
+    assert finding.origin is Origin.JOB
 
 
 def test_printed_source_found_at_another_line_uses_that_line():
     moved = Frame(str(USER), 3, "update", "self.bias += x")
     finding = only([tb(moved)])
     assert finding.tensor == TensorRef("self.bias", "bias", "fw.user", "Router")
-    expected = f"line 3 of {USER} is not the log's source line; it was found at line {line_of(USER, 'self.bias += x')}"
-    assert expected in finding.notes
+    assert finding.source_differs and finding.origin is Origin.JOB
 
 
 def test_source_line_missing_from_the_log_is_read_from_the_file():
@@ -298,7 +297,7 @@ def test_source_line_missing_from_the_log_is_read_from_the_file():
     finding = only([tb(bare)])
     assert finding.culprit == Frame(bare.file, bare.line, "add_to_buf", "BUF[name] += x")
     assert finding.tensor == TensorRef("BUF[name]", "BUF", "fw.state", None)
-    assert f"source line read from {USER}" in finding.notes
+    assert finding.origin is Origin.JOB
 
 
 # --- a statement's own bindings, calls of global callables, lru caches ----------------------------
@@ -615,7 +614,7 @@ def test_expression_from_the_printed_line_alone(source, tensor):
     finding = only([tb(Frame(REMOTE_TRAIN, 10, "step", source), TORCH_FRAME)])
     assert finding.tensor == tensor
     assert finding.source_file is None
-    assert any("not found locally" in note for note in finding.notes)
+    assert finding.origin is Origin.LOG
 
 
 def test_multi_line_first_line_without_tensor_defers_to_the_caller_when_the_file_is_missing():
@@ -648,7 +647,7 @@ def test_file_missing_everywhere_is_best_effort():
     finding = only([tb(frame)])
     assert finding.culprit == frame
     assert finding.tensor == TensorRef("BUF[name]", "BUF", None, None)
-    assert "/job/remote/fw/user.py not found locally (add --source-root): module unknown" in finding.notes
+    assert finding.origin is Origin.LOG and finding.source_file is None
 
 
 def test_unparseable_printed_line_gives_a_culprit_without_tensor():
@@ -669,11 +668,9 @@ def test_megatron_tracker_alias_resolves_to_the_module_global():
     assert finding.tensor == TensorRef(
         "tracker[name]", "_MOE_LAYER_WISE_LOGGING_TRACKER", "megatron.core.transformer.moe.moe_utils", None
     )
-    assert finding.source_file == str(MOE / "moe_utils.py")
-    assert (
-        f"read megatron/core/transformer/moe/moe_utils.py from {MOE / 'moe_utils.py'}: the log's version may differ"
-        in finding.notes
-    )
+    assert finding.origin is Origin.INDEX  # the shipped index comes before a local installation
+    assert finding.source_file == "<megatron-core 0.16.1>/megatron/core/transformer/moe/moe_utils.py"
+    assert finding.release == "megatron-core 0.16.0–0.16.1, from 1 frame"
     assert any(note.startswith("tracker is a local alias of _MOE_LAYER_WISE_LOGGING_TRACKER") for note in finding.notes)
 
 
@@ -699,11 +696,8 @@ def test_faq_line_on_an_old_tree_names_the_old_tracker_in_parallel_state():
         "megatron.core.parallel_state",
         None,
     )
-    assert any(
-        note.startswith("megatron.core.parallel_state here") and "has no _MOE_AUX_LOSSES_LOGGING_TRACKER" in note
-        for note in finding.notes
-    )
-    assert any("the log's source line is not in" in note for note in finding.notes)
+    assert finding.origin is Origin.INDEX and finding.release is not None
+    assert finding.release.startswith("megatron-core 0.6.0")  # not the 0.16.1 installed here
 
 
 def test_faq_line_with_no_local_file_finds_parallel_state_in_the_environment():

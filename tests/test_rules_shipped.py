@@ -631,14 +631,18 @@ def test_faq_case_names_the_stale_tracker_and_its_version():
     assert result.fix.code.startswith('if getattr(get_args(), "num_experts", None):')
 
 
-def test_tracker_rule_follows_the_framework_version():
-    """The same log line is the moe_utils tracker on 0.16 and the parallel_state one on 0.12."""
+def test_tracker_rule_follows_the_release_the_frames_ran():
+    """The same tracker line is the parallel_state global on 0.12 and the moe_utils one on 0.16: the
+    index reads each log as the release its frames fit, whatever version is given otherwise."""
     text = (FIXTURES / "megatron-core-0.12.1-save-aux-loss.log").read_text()
-    assert diagnose(text, {"megatron-core": "0.12.1"})[1].rule == "megatron.moe-layer-wise-tracker"
-    assert diagnose(text, {"megatron-core": "0.16.1"})[1].rule == "megatron.moe-layer-wise-tracker-moe-utils"
-    unknown = diagnose(text, {})[1]
-    assert unknown.rule == "megatron.moe-layer-wise-tracker-moe-utils"  # the symbol the log resolved to
-    assert any("version unknown" in note for note in unknown.notes)
+    for versions in ({"megatron-core": "0.12.1"}, {"megatron-core": "0.16.1"}, {}):
+        finding, verdict = diagnose(text, versions)
+        assert finding.tensor is not None and finding.tensor.module == "megatron.core.parallel_state"
+        assert verdict.rule == "megatron.moe-layer-wise-tracker", versions
+    newer = (Path(__file__).parents[1] / "samples" / "logs" / "megatron_moe_tracker.log").read_text()
+    finding, verdict = diagnose(newer, {})
+    assert finding.tensor is not None and finding.tensor.module == "megatron.core.transformer.moe.moe_utils"
+    assert verdict.rule == "megatron.moe-layer-wise-tracker-moe-utils"
 
 
 # --- the fixes themselves, run on unsafe memory ----------------------------------------------------

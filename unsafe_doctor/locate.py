@@ -60,7 +60,6 @@ import ast
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
-from pathlib import Path
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.npu_errors import UNSAFE_DATA
@@ -94,6 +93,7 @@ class Finding:
     notes: tuple[str, ...]  # e.g. "read megatron/core/... from site-packages; version may differ"
     source_differs: bool = False  # the culprit's local file is not the one that ran: its lines differ from the log's
     origin: Origin = Origin.LOG  # where the source the tensor was read from came from; LOG: a guess from the printed line
+    release: str | None = None  # for INDEX: the releases the frames fit (`ReleaseMatch.describe`)
 
     @property
     def subject(self) -> Subject:
@@ -108,10 +108,13 @@ def is_unsafe_error(traceback: Traceback) -> bool:
 def locate(tracebacks: Sequence[Traceback], workspace: Workspace) -> list[Finding]:
     """Findings for every traceback whose chain holds the unsafe-data error, folded across ranks.
 
-    `workspace`: the command's, over the source roots (`context.Groundwork`)."""
+    `workspace`: the command's, over the source roots (`context.Groundwork`); the frames of the
+    unsafe links fingerprint its framework releases first (`Workspace.fingerprint`)."""
     for root in workspace.source_roots:
         if not root.is_dir():
             raise UsageError(f"source root {root} is not a directory")
+    unsafe = [link for link in map(_unsafe_link, tracebacks) if link is not None]
+    workspace.fingerprint([frame for link in unsafe for frame in link.frames])
     views = _FrameViews(workspace)
     analyses: dict[tuple[Frame, ...], _Analysis] = {}
     groups: dict[tuple, list[tuple[Traceback, Traceback, _Analysis]]] = {}
@@ -152,21 +155,23 @@ class _FrameView:
     differs: bool = False  # the local file read is not the one that ran (the log's line is elsewhere in it)
     marked: MarkedSpan | None = None  # the frame's position markers, when they fit the statement
     origin: Origin = Origin.LOG  # where `scope.source` came from (LOG: none read)
+    release: str | None = None  # for INDEX: the releases the frames fit
 
 
 def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     found = workspace.find(frame.file)
     notes: list[str] = []
     source = workspace.source(found.local, found.module) if found.local else None
-    if found.local is None:
-        guess = f"module {found.module} guessed from the path" if found.module else "module unknown"
-        where = "not read (--log-only)" if workspace.log_only else "not found locally (add --source-root)"
-        notes.append(f"{frame.file} {where}: {guess}")
-    elif source is None:
+    if found.origin is Origin.INDEX and not workspace.index_agrees(frame):
+        source = None  # a file of the framework, but not as the release the other frames fit: patched, or newer
+    if found.local is not None and source is None and found.origin is not Origin.INDEX:
         notes.append(f"{found.local} could not be read or parsed")
-    elif found.local != Path(frame.file):
-        notes.append(f"read {found.shown} from {found.local}: the log's version may differ")
-    line = _matching_line(frame, source, notes) if source else None
+    if source is not None and found.origin is Origin.INDEX:
+        return _indexed_view(frame, found.module, source, workspace.release_of(frame.file))
+    line = _matching_line(frame, source) if source else None
+    installed_differs = found.origin is Origin.INSTALLED and _first_line(frame.source) is not None and line != frame.line
+    if installed_differs:
+        source = line = None  # another release is installed here: its file is not what ran
     statement = text = source_line = None
     stack: tuple[ast.AST, ...] = ()
     visible = marked_line = line
@@ -177,7 +182,6 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
             visible = statement.lineno - 1  # `x = f(x)` reads the x bound before it
         if _first_line(frame.source) is None:
             source_line = source.text.splitlines()[line - 1].strip()
-            notes.append(f"source line read from {found.local}")
     elif source is not None:
         stack = _def_named(source.tree.body, frame.function, ()) or ()
     if statement is None and frame.source and _first_line(frame.source):
@@ -187,10 +191,29 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
             marked_line = 1
     functions = tuple(node for node in stack if isinstance(node, Function))
     scope = Scope(found.module, source, functions, _class_of_self(stack), visible)
-    differs = source is not None and frame.line is not None and _first_line(frame.source) is not None and line != frame.line
+    differs = installed_differs or (
+        source is not None and frame.line is not None and _first_line(frame.source) is not None and line != frame.line
+    )
     marked = _marked_span(frame, statement, text, marked_line)
     origin = found.origin if source is not None else Origin.LOG
     return _FrameView(frame, scope, statement, text, source_line, tuple(notes), differs, marked, origin)
+
+
+def _indexed_view(frame: Frame, module: str | None, skeleton: SourceFile, release: str | None) -> _FrameView:
+    """A frame of a release the index holds: the functions around its line and the bindings before
+    it come from the skeleton; the statement is the printed line, unless the skeleton kept a call
+    written over several lines there (its arguments, which the log does not print)."""
+    assert frame.line is not None  # the release agrees with the frame's line
+    statement, stack = _statement_at(skeleton.tree, frame.line)
+    functions = tuple(node for node in stack if isinstance(node, Function))
+    scope = Scope(module, skeleton, functions, _class_of_self(stack), frame.line - 1)
+    spread = statement is not None and statement.lineno == frame.line and (statement.end_lineno or 0) > frame.line
+    if statement is not None and spread:
+        return _FrameView(frame, scope, statement, skeleton.text, None, (), False, None, Origin.INDEX, release)
+    parsed = parse_printed_line(frame.source or "")
+    printed, text = parsed if parsed is not None else (None, None)
+    marked = _marked_span(frame, printed, text, 1)
+    return _FrameView(frame, scope, printed, text, None, (), False, marked, Origin.INDEX, release)
 
 
 def _marked_span(frame: Frame, statement: ast.stmt | None, text: str | None, line: int | None) -> MarkedSpan | None:
@@ -211,7 +234,7 @@ def _first_line(source: str | None) -> str | None:
     return lines[0] if lines else None
 
 
-def _matching_line(frame: Frame, source: SourceFile, notes: list[str]) -> int | None:
+def _matching_line(frame: Frame, source: SourceFile) -> int | None:
     """The frame's line in the local file: as numbered when it holds the printed source, else the
     nearest line that does; None when the printed source is nowhere in the file."""
     lines = source.text.splitlines()
@@ -223,14 +246,8 @@ def _matching_line(frame: Frame, source: SourceFile, notes: list[str]) -> int | 
         return frame.line
     matches = [number for number, text in enumerate(lines, 1) if text.strip() == printed]
     if not matches:
-        notes.append(f"the log's source line is not in {source.path}: only its imports and globals were used")
         return None
-    nearest = min(matches, key=lambda number: abs(number - (frame.line or 0)))
-    if frame.line is None:
-        notes.append(f"the log gives no line number: its source line was found at line {nearest} of {source.path}")
-    else:
-        notes.append(f"line {frame.line} of {source.path} is not the log's source line; it was found at line {nearest}")
-    return nearest
+    return min(matches, key=lambda number: abs(number - (frame.line or 0)))
 
 
 def _statement_at(tree: ast.Module, line: int) -> tuple[ast.stmt | None, tuple[ast.AST, ...]]:
@@ -393,6 +410,7 @@ class _Analysis:
     notes: tuple[str, ...]
     source_differs: bool = False
     origin: Origin = Origin.LOG
+    release: str | None = None
 
     def key(self) -> tuple:
         where = (self.culprit.file, self.culprit.line, self.culprit.function) if self.culprit else None
@@ -481,7 +499,7 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
     if not candidates:
         if view.statement is None:
             notes.append("no source for the culprit line: the tensor cannot be named")
-        return _Analysis(culprit, None, source_file, _unique(notes), view.differs, view.origin)
+        return _Analysis(culprit, None, source_file, _unique(notes), view.differs, view.origin, view.release)
     parts, resolved, caller = _choose_tensor(frames, index, view, candidates, views)
     text = view.text
     if caller is not None:
@@ -495,8 +513,8 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
     notes.extend(resolved.notes)
     expression = _expression_text(parts, resolved.anchor, text)
     tensor = TensorRef(expression, resolved.variable, resolved.module, resolved.owner, resolved.cached)
-    origin = (caller or view).origin
-    return _Analysis(culprit, tensor, source_file, _unique(notes), view.differs, origin)
+    read = caller or view
+    return _Analysis(culprit, tensor, source_file, _unique(notes), view.differs, read.origin, read.release)
 
 
 def _choose_tensor(
@@ -604,4 +622,5 @@ def _fold(members: Sequence[tuple[Traceback, Traceback, _Analysis]]) -> Finding:
         notes=analysis.notes,
         source_differs=analysis.source_differs,
         origin=analysis.origin,
+        release=analysis.release,
     )

@@ -5,13 +5,16 @@ modules), so rules say which versions they hold for and this module finds the ve
 tree: `--source-root` folders, the frames' own paths when they exist here, installed package
 metadata. It reads files and metadata only; it never imports the frameworks (they import torch).
 
-Versions, first found wins:
+Versions, first found wins (the resolution order of `source.workspace`):
 
 * under each source root, then under the import root of each local frame file: Megatron's
   `megatron/core/package_info.py` (MAJOR, MINOR, PATCH, PRE_RELEASE), a `setup.py` whose literal
   name is one of the frameworks (MindSpeed's is; MindSpeed-LLM's says `modellink 0.0.1`, a
   placeholder, so it never counts), `*.dist-info` / `*.egg-info` metadata folders;
-* then the metadata installed for this Python ("installed").
+* then the release the log's frames fingerprint (`Workspace.fingerprint`), origin "the log's
+  frames (megatron-core 0.12.0–0.12.1, from 7 frames)";
+* then the metadata installed for this Python ("installed"), unless the frames fingerprint
+  releases of that framework which the installed one is not: it did not run the job.
 
 A log-only workspace (`--log-only`) has no source roots and no frames read here: no file, no
 installed metadata, so no versions; an adaptor given on the command line is still read.
@@ -71,8 +74,12 @@ def detect_environment(
     for root in (*roots, *frame_roots):
         for distribution, value in _versions_under(root).items():
             found.setdefault(distribution, value)
+    for distribution, match in workspace.releases.items():
+        version = match.version
+        if version is not None:
+            found.setdefault(distribution, (version, f"the log's frames ({match.describe()})"))
     for distribution in () if workspace.log_only else FRAMEWORK_DISTRIBUTIONS:
-        if distribution not in found:
+        if distribution not in found and distribution not in workspace.releases:
             installed = _installed_version(distribution)
             if installed is not None:
                 found[distribution] = (installed, "installed")

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from unsafe_doctor.classify import Classification, FixPlan
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
+from unsafe_doctor.locate import Finding
 from unsafe_doctor.report.common import adaptor_json, fix_plan_json, frameworks_json, stale_text
 from unsafe_doctor.report.sarif import location, sarif_log
 from unsafe_doctor.source.files import is_internal_file
@@ -64,6 +65,8 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
         if tensor is None
         else {"expression": tensor.expression, "variable": tensor.variable, "module": tensor.module, "owner": tensor.owner},
         "source_from": finding.origin.value,
+        "source_release": finding.release,
+        "source_confidence": finding.origin.confidence,
         "truncated": finding.unsafe.truncated,
         "notes": [*finding.notes, *verdict.notes],
         "scenario": verdict.scenario,
@@ -140,7 +143,7 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
         grid.add_row("Tensor", line)
     else:
         grid.add_row("Tensor", Text("could not be resolved from the traceback", style="yellow"))
-    grid.add_row("Source", _origin_text(finding.origin, finding.source_file, guessed=tensor is not None))
+    grid.add_row("Source", _origin_text(finding, guessed=tensor is not None))
     error = Text(f"{finding.unsafe.exception_type}: {finding.unsafe.message}", style="red")
     if finding.unsafe.error_code:
         error.append(f"  [{finding.unsafe.error_code}]", style="dim")
@@ -169,12 +172,15 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
     return Panel(grid, title=title, title_align="left", border_style="red")
 
 
-def _origin_text(origin: Origin, source_file: str | None, *, guessed: bool) -> Text:
+def _origin_text(finding: Finding, *, guessed: bool) -> Text:
     """One line on where the culprit's source came from: a tensor named from the log alone is a guess."""
+    origin, source_file = finding.origin, finding.source_file
     if origin is Origin.JOB:
         return Text(f"the job's source, {short_path(source_file or '')}")
+    if origin is Origin.INDEX:
+        return Text(f"the shipped index of {finding.release}")
     if origin is Origin.INSTALLED:
-        return Text(f"a local installation, {short_path(source_file or '')}: it may be another release than the job's")
+        return Text(f"a local installation, {short_path(source_file or '')}, whose lines agree with the log's")
     if guessed:
         return Text("the log's text alone: the tensor is a guess from the printed line", style="yellow")
     return Text("the log's text alone", style="yellow")
@@ -274,8 +280,9 @@ def _summary(diagnosis: Diagnosis, elapsed: float) -> Text:
         pieces.append(f"{len(diagnosis.ranks_seen)} ranks seen")
     if diagnosis.first_failed_rank is not None:
         pieces.append(f"first failure: rank {diagnosis.first_failed_rank}")
+    releases = diagnosis.context.workspace.releases
     for name, version in diagnosis.context.environment.versions.items():
-        pieces.append(f"{name} {version}")
+        pieces.append(releases[name].describe() if name in releases else f"{name} {version}")
     if diagnosis.hits_not_parsed:
         pieces.append(f"{diagnosis.hits_not_parsed} more unsafe-data messages counted, not parsed")
     pieces.append(f"{len(diagnosis.inputs)} input{'s' if len(diagnosis.inputs) != 1 else ''}, {_size(size)}")

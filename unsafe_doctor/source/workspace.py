@@ -1,8 +1,11 @@
 """Finding and reading source files: a path printed in a log -> the local file and its module; a
 dotted module -> its file; each file read and parsed once, with its module-level bindings.
 
-* **Files** are found by path as printed, else by the longest path suffix under a source root (an
-  import root, like a PYTHONPATH entry) or a `sys.path` directory.
+* **Files** are found, first found wins: by path as printed; by the longest path suffix under a
+  source root (an import root, like a PYTHONPATH entry); in the framework index, as the release the
+  log's frames fingerprint (`fingerprint`, then `unsafe_doctor.source.fingerprint`); under a
+  `sys.path` directory (a local installation: `locate` uses its file only where its lines agree
+  with the log's). Modules named by imports are looked for in the same order.
 * **Module names** come from the path after `site-packages/`, the directory the file was found
   under, `__init__.py` files, or a framework package name in the path. A file found at its printed
   path makes the folder above its top package an import root for resolving its imports.
@@ -32,6 +35,8 @@ from unsafe_doctor.source.files import (
     is_file,
     package_of,
 )
+from unsafe_doctor.source.fingerprint import ReleaseMatch, agreeing_releases, fingerprint
+from unsafe_doctor.source.index import FrameworkIndex, IndexedFramework
 from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
@@ -40,6 +45,7 @@ from unsafe_doctor.source.syntax import (
     import_bindings,
     names_bound,
 )
+from unsafe_doctor.tracebacks import Frame
 
 # What a module-level name is bound to: a class, a function, an assignment, or an import.
 Assignment = ast.Assign | ast.AnnAssign | ast.AugAssign
@@ -50,8 +56,14 @@ class Origin(str, Enum):
     """Where the source read for a printed path came from; `log` findings are guesses from the printed line."""
 
     JOB = "job"  # the path as printed, or under a --source-root: the job's own files
+    INDEX = "index"  # the shipped index, as the release the log's frames fingerprint
     INSTALLED = "installed"  # under a `sys.path` directory: a local installation, maybe another release
     LOG = "log"  # nothing read: the log's text alone
+
+    @property
+    def confidence(self) -> str:
+        """How far a tensor named from this source can be trusted: a log-only one is a guess."""
+        return {"job": "high", "index": "high", "installed": "medium"}.get(self.value, "guess")
 
 
 @dataclass(frozen=True)
@@ -96,11 +108,15 @@ def module_from_path(path: str, source_roots: Sequence[Path] = ()) -> str | None
 class Workspace:
     """File look-ups and parsed sources for one run of a stage, cached; files are read, never imported."""
 
-    def __init__(self, source_roots: Sequence[Path], *, log_only: bool = False):
+    def __init__(self, source_roots: Sequence[Path], *, log_only: bool = False, index: FrameworkIndex | None = None):
         if log_only and source_roots:
             raise ValueError("a log-only workspace reads no source roots")
         self.source_roots = tuple(Path(root) for root in source_roots)
         self.log_only = log_only  # never open a file a log names, never search sys.path
+        self.index = index if index is not None else FrameworkIndex()  # shipped data, read in log-only mode too
+        self.releases: dict[str, ReleaseMatch] = {}  # framework -> the releases the log's frames fit (`fingerprint`)
+        self.fingerprinted = False  # once per workspace: its files are found as that release's
+        self._index_texts: dict[Path, str] = {}  # skeletons, under the paths `_index_path` makes
         self.found_roots: list[Path] = []  # import roots of files found at their printed path
         self._found: dict[str, FoundFile] = {}
         self._texts: dict[Path, str | None] = {}
@@ -113,6 +129,53 @@ class Workspace:
         if self.log_only:
             return ()
         return tuple(Path(entry) for entry in sys.path if entry and is_dir(Path(entry)))
+
+    # the framework index
+
+    def fingerprint(self, frames: Sequence[Frame]) -> dict[str, ReleaseMatch]:
+        """Match the log's frames against the index, once and before any file is looked for
+        (`locate` does, first); the matched releases then stand in for the frameworks' files
+        (`find`, `module_path`)."""
+        if self.fingerprinted:
+            return self.releases
+        if self._found or self._module_paths:
+            raise RuntimeError("fingerprint the log before looking for files")
+        self.releases = fingerprint(frames, self.index)
+        self.fingerprinted = True
+        return self.releases
+
+    def _indexed(self, path: str, match: ReleaseMatch) -> Path | None:
+        """The skeleton of `path` in the matched release, under a path naming the release."""
+        version = match.version_of(path)
+        if version is None:
+            return None
+        release = match.framework.releases[match.chosen].name
+        shown = Path(f"<{match.framework.name} {release}>", *path.split("/"))
+        self._index_texts[shown] = version.skeleton
+        return shown
+
+    def _find_indexed(self, normal: str, site_module: str | None) -> FoundFile | None:
+        located = self.index.framework_of(normal) if self.releases else None
+        if located is None or located[0].name not in self.releases:
+            return None
+        framework, path = located
+        shown = self._indexed(path, self.releases[framework.name])
+        if shown is None:
+            return None
+        return FoundFile(shown, site_module or dotted(path.split("/")), path, Origin.INDEX)
+
+    def _module_indexed(self, parts: Sequence[str]) -> Path | None:
+        for name, match in self.releases.items():
+            framework: IndexedFramework = match.framework
+            folder = "/".join(parts)
+            for candidate in (folder + ".py", folder + "/__init__.py"):
+                if candidate in framework.paths:
+                    shown = self._indexed(candidate, match)
+                    if shown is not None:
+                        return shown
+            if folder in framework.folders:
+                return Path(f"<{name}>", *parts)
+        return None
 
     # files printed in a log
 
@@ -130,15 +193,24 @@ class Workspace:
             module = site_module or self._module_of_local(as_printed)
             self._add_import_root(as_printed, module)
             return FoundFile(as_printed, module, printed, Origin.JOB)
-        # Source roots first (the user named them), any suffix; then the environment, two parts at least.
-        for roots, shortest, origin in ((self.source_roots, 1, Origin.JOB), (self.env_roots, 2, Origin.INSTALLED)):
-            for start in range(len(parts) - shortest + 1):
-                suffix = parts[start:]
-                for root in roots:
-                    candidate = root.joinpath(*suffix)
-                    if is_file(candidate):
-                        return FoundFile(candidate, site_module or dotted(suffix), "/".join(suffix), origin)
-        return FoundFile(None, site_module or framework_suffix(parts), printed)
+        # Source roots first (the user named them), any suffix; then the index; then the environment,
+        # two parts at least.
+        found = self._under(parts, self.source_roots, 1, Origin.JOB, site_module)
+        found = found or self._find_indexed(normal, site_module)
+        found = found or self._under(parts, self.env_roots, 2, Origin.INSTALLED, site_module)
+        return found or FoundFile(None, site_module or framework_suffix(parts), printed)
+
+    @staticmethod
+    def _under(
+        parts: Sequence[str], roots: Sequence[Path], shortest: int, origin: Origin, site_module: str | None
+    ) -> FoundFile | None:
+        for start in range(len(parts) - shortest + 1):
+            suffix = parts[start:]
+            for root in roots:
+                candidate = root.joinpath(*suffix)
+                if is_file(candidate):
+                    return FoundFile(candidate, site_module or dotted(suffix), "/".join(suffix), origin)
+        return None
 
     def _module_of_local(self, path: Path) -> str | None:
         resolved = path.resolve()
@@ -171,7 +243,13 @@ class Workspace:
         parts = dotted_name.split(".")
         if not all(part.isidentifier() for part in parts):
             return None
-        for root in (*self.source_roots, *self.found_roots, *self.env_roots):
+        return self._module_under(parts, (*self.source_roots, *self.found_roots)) or self._module_indexed(parts) or (
+            self._module_under(parts, self.env_roots)
+        )
+
+    @staticmethod
+    def _module_under(parts: Sequence[str], roots: Sequence[Path]) -> Path | None:
+        for root in roots:
             folder = root.joinpath(*parts)
             for candidate in (folder.with_name(parts[-1] + ".py"), folder / "__init__.py"):
                 if is_file(candidate):
@@ -184,6 +262,8 @@ class Workspace:
 
     def text(self, path: Path) -> str | None:
         """The file's text, read once; None when it cannot be read."""
+        if path in self._index_texts:
+            return self._index_texts[path]
         if path not in self._texts:
             try:
                 self._texts[path] = path.read_text(encoding="utf-8-sig", errors="replace")  # -sig: a BOM is not source
@@ -200,7 +280,25 @@ class Workspace:
 
     def module_source(self, dotted_name: str) -> SourceFile | None:
         path = self.module_path(dotted_name)
-        return self.source(path, dotted_name) if path is not None and path.is_file() else None
+        if path is None or not (path in self._index_texts or path.is_file()):
+            return None
+        return self.source(path, dotted_name)
+
+    def is_indexed(self, path: Path) -> bool:
+        """A skeleton from the index: its lines hold bindings only, at the release's line numbers."""
+        return path in self._index_texts
+
+    def release_of(self, printed: str) -> str | None:
+        """The releases the log's frames fit, for a file of an indexed framework (`ReleaseMatch.describe`)."""
+        located = self.index.framework_of(printed)
+        match = self.releases.get(located[0].name) if located else None
+        return match.describe() if match else None
+
+    def index_agrees(self, frame: Frame) -> bool:
+        """The matched release's file holds the frame's printed line at its line number."""
+        located = self.index.framework_of(frame.file)
+        match = self.releases.get(located[0].name) if located else None
+        return located is not None and match is not None and match.chosen in agreeing_releases(match.framework, located[1], frame)
 
     def local_source(self, path: Path) -> SourceFile | None:
         """A file given on the command line (an adaptor), named as if a log had printed it; read even
