@@ -1,29 +1,41 @@
-"""How well `unsafe-doctor diagnose` classifies the labelled corpus (tests/corpus/labels.yaml).
+"""How well `unsafe-doctor diagnose` classifies the labelled corpus (tests/corpus/labels.yaml), in two modes.
 
     python benchmarks/classification_accuracy.py
 
-Diagnoses every log with the options its label gives and prints, in a few seconds:
-  - each log: the expected and reported findings (variable, scenario, rule) and the wall time;
-  - the confusion table of expected scenario (1, 2, none) against the reported one (1, 2,
-    unclassified, or no finding at all);
-  - rule-id accuracy (the labelled rule, or none for a heuristic verdict) and the known failures.
+1. **With sources**: each log with the options its label gives (`--source-root`, `--rules`), in
+   this Python (where the test extra installed megatron-core).
+2. **Log only, no framework importable**: each log with `--log-only` (its `--rules` kept), in a
+   child Python that cannot see megatron-core (tests/corpus/hidden.py): what a bare `pip install .`
+   on a login node gives. Every label a shipped rule covers must hold; the misses that need the
+   job's own code are listed with the reason.
+
+For each mode: every log (expected -> reported, wall time), the confusion table of expected scenario
+(1, 2, none) against the reported one (1, 2, unclassified, no finding) and the rule-id accuracy.
+Exit status 1 when a label holds or fails against what labels.yaml and the log-only rule expect.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "corpus"
 
 
-def _load_scoring():
-    spec = importlib.util.spec_from_file_location("corpus_scoring", ROOT / "tests" / "corpus" / "scoring.py")
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"corpus_{name}", CORPUS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+scoring = _load("scoring")
+hidden = _load("hidden")
 
 
 def describe(finding: dict | None) -> str:
@@ -33,34 +45,67 @@ def describe(finding: dict | None) -> str:
     return f"{finding['variable']}: {scenario}, {finding['rule'] or 'no rule'}"
 
 
-def main() -> int:
-    scoring = _load_scoring()
-    outcomes = [scoring.run(entry) for entry in scoring.load_entries()]
+def table(title: str, outcomes: list) -> None:
+    print(f"\n=== {title} ===")
     width = max(len(outcome.entry.log) for outcome in outcomes)
-    print(f"{'log':<{width}}  {'ms':>5}  ok  expected -> reported")
+    print(f"{'log':<{width}}  {'ms':>5}  {'ok':2}  expected -> reported")
     for outcome in outcomes:
-        mark = "ok" if outcome.holds() else ("xf" if outcome.entry.known_failure else "NO")
+        mark = "ok" if outcome.holds() else "NO"
         for index, (_, _, label, finding) in enumerate(scoring.pairs(outcome)):
             name, ms = (outcome.entry.log, f"{outcome.seconds * 1000:5.0f}") if index == 0 else ("", "")
             print(f"{name:<{width}}  {ms:>5}  {mark if index == 0 else '':2}  {describe(label)} -> {describe(finding)}")
-
-    table = scoring.confusion(outcomes)
+    counts = scoring.confusion(outcomes)
     print("\nexpected \\ reported " + "".join(f"{column:>14}" for column in scoring.PREDICTED_CLASSES))
     for row in scoring.EXPECTED_CLASSES:
-        print(f"scenario {row:<11}" + "".join(f"{table[(row, column)]:>14}" for column in scoring.PREDICTED_CLASSES))
+        print(f"scenario {row:<11}" + "".join(f"{counts[(row, column)]:>14}" for column in scoring.PREDICTED_CLASSES))
     right, total = scoring.rule_accuracy(outcomes)
+    named = sum(1 for outcome in outcomes for label, finding, _ in scoring.log_only_pairs(outcome) if finding is not None)
+    labels = sum(len(outcome.entry.findings) for outcome in outcomes)
     held = sum(outcome.holds() for outcome in outcomes)
     seconds = sum(outcome.seconds for outcome in outcomes)
-    print(f"\nrule id: {right}/{total} labelled findings ({right / total:.0%})")
+    print(f"\ntensor named: {named}/{labels} labelled findings ({named / labels:.0%})")
+    print(f"rule id: {right}/{total} labelled findings ({right / total:.0%})")
     print(f"logs whose every label holds: {held}/{len(outcomes)}; diagnose wall time {seconds:.2f} s in all")
+
+
+def with_sources(entries: list) -> int:
+    outcomes = [scoring.run(entry) for entry in entries]
+    table("with sources (--source-root, --rules as labelled; megatron-core installed)", outcomes)
+    unexpected = [outcome for outcome in outcomes if outcome.holds() == bool(outcome.entry.known_failure)]
     for outcome in outcomes:
         if outcome.entry.known_failure:
             print(f"known failure  {outcome.entry.log}: {outcome.entry.known_failure}")
-    unexpected = [outcome for outcome in outcomes if outcome.holds() == bool(outcome.entry.known_failure)]
     for outcome in unexpected:
-        state = "holds although marked known_failure" if outcome.holds() else "fails"
-        print(f"UNEXPECTED     {outcome.entry.log}: {state}")
-    return 1 if unexpected else 0
+        print(f"UNEXPECTED     {outcome.entry.log}: {'holds although marked known_failure' if outcome.holds() else 'fails'}")
+    return len(unexpected)
+
+
+def log_only(entries: list) -> int:
+    with tempfile.TemporaryDirectory() as scratch:
+        result = hidden.run_without_megatron(CORPUS / "scoring.py", scratch=Path(scratch))
+    if result.returncode != 0:
+        print(result.stderr, file=sys.stderr)
+        return 1
+    by_log = {entry.log: entry for entry in entries}
+    outcomes = [scoring.outcome_from_json(by_log[data["log"]], data) for data in json.loads(result.stdout)]
+    table("log only (--log-only, no megatron-core importable)", outcomes)
+    shipped = {rule.id for rule in scoring.load_knowledge_base().rules}
+    failures = 0
+    print("\nlog-only misses:")
+    for outcome in outcomes:
+        for label, finding, holds in scoring.log_only_pairs(outcome):
+            if holds:
+                continue
+            reason = scoring.needs_source(outcome.entry, label, shipped)
+            failures += reason is None
+            print(f"  {'needs the job' + chr(39) + 's code' if reason else 'FAILS'}  {outcome.entry.log}: "
+                  f"{describe(label)} -> {describe(finding)}{f' ({reason})' if reason else ''}")
+    return failures
+
+
+def main() -> int:
+    entries = scoring.load_entries()
+    return 1 if with_sources(entries) + log_only(entries) else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ the samples it reuses). A label whose log the tool gets wrong, not the label, ca
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -27,6 +28,8 @@ def _load_scoring():
 
 scoring = _load_scoring()
 ENTRIES = scoring.load_entries()
+sys.path.insert(0, str(scoring.HERE))
+from hidden import run_without_megatron  # noqa: E402  (tests/corpus is no package)
 
 
 def _param(entry):
@@ -55,3 +58,41 @@ def test_every_log_in_the_folder_is_labelled():
     logs = {path.name for path in (scoring.HERE / "logs").iterdir()}
     labelled = {Path(entry.log).name for entry in ENTRIES if entry.log.startswith("logs/")}
     assert logs == labelled
+
+
+# --- log only, in a Python without megatron-core: what a bare install on a login node gives --------
+
+
+@pytest.fixture(scope="module")
+def log_only_outcomes(tmp_path_factory):
+    result = run_without_megatron(scoring.HERE / "scoring.py", scratch=tmp_path_factory.mktemp("bare"))
+    assert result.returncode == 0, result.stderr
+    by_log = {entry.log: entry for entry in ENTRIES}
+    return [scoring.outcome_from_json(by_log[data["log"]], data) for data in json.loads(result.stdout)]
+
+
+def test_the_bare_python_cannot_import_megatron(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import importlib.util\nprint(importlib.util.find_spec('megatron'))\n")
+    result = run_without_megatron(probe, scratch=tmp_path)
+    assert (result.returncode, result.stdout.strip()) == (0, "None"), result.stderr
+
+
+def test_every_label_a_shipped_rule_covers_holds_from_the_log_alone(log_only_outcomes):
+    shipped = {rule.id for rule in load_knowledge().rules}
+    failing = [
+        (outcome.entry.log, label, finding)
+        for outcome in log_only_outcomes
+        for label, finding, holds in scoring.log_only_pairs(outcome)
+        if not holds and scoring.needs_source(outcome.entry, label, shipped) is None
+    ]
+    assert failing == []
+    covered = [label for outcome in log_only_outcomes for label in outcome.entry.findings if label["rule"] in shipped]
+    assert len(covered) >= 25  # the exemption above leaves most of the corpus to check
+
+
+def test_log_only_labels_with_no_finding_stay_without_one(log_only_outcomes):
+    """A log with no finding (another error, no unsafe data) gives none from the log alone either."""
+    for outcome in log_only_outcomes:
+        if not outcome.entry.findings:
+            assert (outcome.findings, outcome.last_error) == ((), outcome.entry.last_error), outcome.entry.log

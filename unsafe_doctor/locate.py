@@ -204,7 +204,8 @@ def _indexed_view(frame: Frame, module: str | None, skeleton: SourceFile, releas
     it come from the skeleton; the statement is the printed line, unless the skeleton kept a call
     written over several lines there (its arguments, which the log does not print)."""
     assert frame.line is not None  # the release agrees with the frame's line
-    statement, stack = _statement_at(skeleton.tree, frame.line)
+    statement, _ = _statement_at(skeleton.tree, frame.line)
+    stack = _scopes_at(skeleton.tree.body, frame.line)
     functions = tuple(node for node in stack if isinstance(node, Function))
     scope = Scope(module, skeleton, functions, _class_of_self(stack), frame.line - 1)
     spread = statement is not None and statement.lineno == frame.line and (statement.end_lineno or 0) > frame.line
@@ -266,6 +267,17 @@ def _statement_at(tree: ast.Module, line: int) -> tuple[ast.stmt | None, tuple[a
         if isinstance(statement, SCOPES):
             stack.append(statement)
         body = children
+
+
+def _scopes_at(body: Sequence[ast.stmt], line: int) -> tuple[ast.AST, ...]:
+    """The functions and classes whose span covers `line`, outermost first (a skeleton keeps no
+    statement at most lines, so the spans alone say where a line is)."""
+    for statement in body:
+        if isinstance(statement, SCOPES) and statement.lineno <= line <= (statement.end_lineno or 0):
+            return (statement, *_scopes_at(statement.body, line))
+        if not isinstance(statement, SCOPES) and statement.lineno <= line <= (statement.end_lineno or 0):
+            return _scopes_at(child_statements(statement), line)
+    return ()
 
 
 def _def_named(body: Sequence[ast.stmt], name: str, stack: tuple[ast.AST, ...]) -> tuple[ast.AST, ...] | None:

@@ -18,7 +18,7 @@ import yaml
 
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import Diagnosis, DiagnosedFinding, diagnose
-from unsafe_doctor.knowledge import KnowledgeBase
+from unsafe_doctor.knowledge import KnowledgeBase, load_knowledge
 
 HERE = Path(__file__).resolve().parent
 LABELS = HERE / "labels.yaml"
@@ -83,11 +83,13 @@ def _order(finding: dict) -> tuple:
     return (str(finding["variable"]), finding["ranks"])
 
 
-def run(entry: Entry) -> Outcome:
-    """Diagnose the entry's log as the CLI would, timed."""
+def run(entry: Entry, *, log_only: bool = False) -> Outcome:
+    """Diagnose the entry's log as the CLI would, timed; `log_only`: as `--log-only` would, without
+    the entry's source roots (its `--rules` still apply: they are the user's knowledge, not source)."""
     rule_paths = [entry.path(path) for path in entry.rules]
     started = time.perf_counter()
-    setup = groundwork(rule_paths, [entry.path(root) for root in entry.source_roots])
+    roots = [] if log_only else [entry.path(root) for root in entry.source_roots]
+    setup = groundwork(rule_paths, roots, log_only=log_only)
     diagnosis = diagnose([str(entry.path(entry.log))], setup)
     seconds = time.perf_counter() - started
     findings = tuple(_fields(finding, setup.knowledge) for finding in diagnosis.findings)
@@ -159,3 +161,54 @@ def rule_accuracy(outcomes: list[Outcome]) -> tuple[int, int]:
                 total += 1
                 right += finding is not None and finding["rule"] == label["rule"]
     return right, total
+
+
+# --- log-only mode ------------------------------------------------------------------------------------
+
+
+def load_knowledge_base() -> KnowledgeBase:
+    """The shipped rules (no --rules): which labels a shipped rule covers."""
+    return load_knowledge([])
+
+
+def needs_source(entry: Entry, label: dict, shipped: set[str]) -> str | None:
+    """Why a label may be missed from the log alone (listed, not required), or None: every label a
+    shipped rule covers must hold. What needs the job's own code: a verdict of the source heuristics
+    (no rule), a user's rule about the user's module, and code that no release holds (the
+    stand-ins at MindSpeed's paths are not MindSpeed's lines, so the index cannot stand in)."""
+    if label["rule"] is None:
+        return "no rule: the source heuristics read the user's code"
+    if label["rule"] not in shipped:
+        return "a user's rule about the user's own module"
+    if any("standins" in root for root in entry.source_roots):
+        return "stand-in code at MindSpeed's paths, which no release holds"
+    return None
+
+
+def log_only_pairs(outcome: Outcome) -> list[tuple[dict, dict | None, bool]]:
+    """(label, the reported finding for it, whether it holds) for each label of a log-only outcome;
+    a finding holds on the label's fields but confidence (a log-only verdict may be less sure)."""
+    found = []
+    for label in outcome.entry.findings:
+        finding = next((item for item in outcome.findings if item["variable"] == label["variable"]), None)
+        fields = [key for key in label if key != "confidence"]
+        holds = finding is not None and all(finding[key] == label[key] for key in fields)
+        found.append((label, finding, holds))
+    return found
+
+
+def outcome_json(outcome: Outcome) -> dict:
+    return {"log": outcome.entry.log, "findings": list(outcome.findings), "last_error": outcome.last_error,
+            "seconds": outcome.seconds}
+
+
+def outcome_from_json(entry: Entry, data: dict) -> Outcome:
+    return Outcome(entry, tuple(data["findings"]), data["last_error"], data["seconds"])
+
+
+if __name__ == "__main__":  # the log-only scores as JSON: run in a Python without megatron-core (hidden.py)
+    import json
+    import sys
+
+    print(json.dumps([outcome_json(run(entry, log_only=True)) for entry in load_entries()]))
+    sys.exit(0)
