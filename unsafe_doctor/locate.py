@@ -113,8 +113,8 @@ def locate(tracebacks: Sequence[Traceback], workspace: Workspace) -> list[Findin
     for root in workspace.source_roots:
         if not root.is_dir():
             raise UsageError(f"source root {root} is not a directory")
-    unsafe = [link for link in map(_unsafe_link, tracebacks) if link is not None]
-    workspace.fingerprint([frame for link in unsafe for frame in link.frames])
+    links = [link for link in map(_unsafe_link, tracebacks) if link is not None]
+    workspace.fingerprint([frame for link in links for frame in link.frames])
     views = _FrameViews(workspace)
     analyses: dict[tuple[Frame, ...], _Analysis] = {}
     groups: dict[tuple, list[tuple[Traceback, Traceback, _Analysis]]] = {}

@@ -28,12 +28,12 @@ or found by the profiles' `files` globs under the source roots, the frames' impo
 from __future__ import annotations
 
 import ast
-import importlib.metadata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from unsafe_doctor.errors import UsageError
@@ -42,6 +42,9 @@ from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, import_root, is_
 from unsafe_doctor.source.syntax import Function, ImportedName, import_bindings
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 from unsafe_doctor.tracebacks import Frame
+
+if TYPE_CHECKING:
+    import importlib.metadata
 
 DEFAULT_PROFILE = "mindspeed-llm-26"  # the current in-tree adaptor, used when nothing says otherwise
 ADAPTOR_FRAMEWORK = "mindspeed-llm"  # the distribution whose version the profiles' `versions` constrain
@@ -128,12 +131,25 @@ def _versions_under(root: Path) -> dict[str, tuple[Version, str]]:
     for folder in sorted([*root.glob("*.dist-info"), *root.glob("*.egg-info")]):
         if not folder.name.lower().replace("-", "_").startswith(stems):
             continue  # site-packages holds hundreds of these
-        metadata = importlib.metadata.PathDistribution(folder).metadata
-        name = canonicalize_name(_first_value(metadata, "Name"))
+        metadata = _metadata().PathDistribution(folder).metadata
+        name = _canonical(_first_value(metadata, "Name"))
         version = _version(_first_value(metadata, "Version"))
         if name in FRAMEWORK_DISTRIBUTIONS and version is not None:
             found.setdefault(name, (version, str(folder)))
     return found
+
+
+def _metadata() -> ModuleType:
+    """importlib.metadata, imported when metadata is read: it costs a tenth of a small log's start-up."""
+    import importlib.metadata
+
+    return importlib.metadata
+
+
+def _canonical(name: str) -> str:
+    from packaging.utils import canonicalize_name  # packaging.utils imports packaging.tags: start-up time
+
+    return canonicalize_name(name)
 
 
 def _first_value(metadata: importlib.metadata.PackageMetadata, field: str) -> str:
@@ -161,8 +177,8 @@ def _setup_version(path: Path) -> tuple[str, Version] | None:
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "setup":
             arguments = {keyword.arg: _literal(keyword.value, constants) for keyword in node.keywords}
             name, version = arguments.get("name"), _version(str(arguments.get("version") or ""))
-            if isinstance(name, str) and canonicalize_name(name) in FRAMEWORK_DISTRIBUTIONS and version is not None:
-                return canonicalize_name(name), version
+            if isinstance(name, str) and _canonical(name) in FRAMEWORK_DISTRIBUTIONS and version is not None:
+                return _canonical(name), version
     return None
 
 
@@ -188,8 +204,8 @@ def _literal(node: ast.expr, constants: dict[str, object]) -> object:
 
 def _installed_version(distribution: str) -> Version | None:
     try:
-        return _version(importlib.metadata.version(distribution))
-    except importlib.metadata.PackageNotFoundError:
+        return _version(_metadata().version(distribution))
+    except _metadata().PackageNotFoundError:
         return None
 
 

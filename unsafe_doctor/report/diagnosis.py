@@ -6,14 +6,13 @@ from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.panel import Panel
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
 from unsafe_doctor.classify import Classification, FixPlan
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.locate import Finding
-from unsafe_doctor.report.common import adaptor_json, fix_plan_json, frameworks_json, stale_text
+from unsafe_doctor.report.common import PythonCode, adaptor_json, fix_plan_json, frameworks_json, stale_text
 from unsafe_doctor.report.sarif import location, sarif_log
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin
@@ -153,7 +152,7 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
         grid.add_row("Culprit", _frame_text(finding.culprit))
         if finding.culprit.source:
             start = finding.culprit.line or 1
-            grid.add_row("", Syntax(finding.culprit.source, "python", line_numbers=True, start_line=start, word_wrap=True))
+            grid.add_row("", PythonCode(finding.culprit.source, line_numbers=True, start_line=start, word_wrap=True))
     frames = finding.unsafe.frames
     if frames:
         own = [frame for frame in frames if not is_internal_file(frame.file)] or list(frames)
@@ -207,7 +206,7 @@ def _add_classification(grid: Table, verdict: Classification) -> None:
         blocks = [("on the faulty rank, ", fix.function, fix.code), ("on the replica rank, ", fix.peer_function, fix.peer_code)]
     for where, function, code in blocks:
         grid.add_row("Fix", Text(f"{where}at the end of {function}() ({fix.profile} adaptor):", style="bold"))
-        grid.add_row("", Syntax("\n".join([*fix.imports, "", code.rstrip()]), "python", word_wrap=True))
+        grid.add_row("", PythonCode("\n".join([*fix.imports, "", code.rstrip()]), word_wrap=True))
 
 
 def _phase_text(item: DiagnosedFinding, diagnosis: Diagnosis) -> str:

@@ -6,11 +6,11 @@ from dataclasses import asdict
 from typing import Any
 
 from rich.panel import Panel
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
 from unsafe_doctor.knowledge import KnowledgeBase, Rule, Template
+from unsafe_doctor.report.common import PythonCode
 
 
 def rule_json(rule: Rule) -> dict[str, Any]:
@@ -78,7 +78,7 @@ def rule_panel(rule: Rule | Template, knowledge: KnowledgeBase) -> Panel:
     grid.add_row("Why", rule.reason)
     for label, template in (("Fix", rule.fix.code), ("Receive", rule.fix.recv), ("Send", rule.fix.send)):
         if template:
-            grid.add_row(label, Syntax("\n".join([*rule.fix.imports, "", template.rstrip()]), "python", word_wrap=True))
+            grid.add_row(label, PythonCode("\n".join([*rule.fix.imports, "", template.rstrip()]), word_wrap=True))
     for reference in rule.references:
         grid.add_row("See", reference)
     grid.add_row("Defined", Text(rule.origin, style="dim"))

@@ -67,8 +67,12 @@ def write_index(out: Path, framework: str, releases: Sequence[Release], files: d
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
     with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+
+        def member(name: str, text: str) -> None:  # a fixed date: the same releases give the same bytes
+            archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), text, zipfile.ZIP_DEFLATED, 9)
+
         meta = {"format": FORMAT, "framework": framework, "releases": [vars(release) for release in releases]}
-        archive.writestr("releases.json", json.dumps(meta, indent=1))
+        member("releases.json", json.dumps(meta, indent=1))
         for path in sorted(files):
             rows = [
                 {
@@ -79,7 +83,7 @@ def write_index(out: Path, framework: str, releases: Sequence[Release], files: d
                 }
                 for version in files[path]
             ]
-            archive.writestr(f"files/{path}", json.dumps(rows, separators=(",", ":")))
+            member(f"files/{path}", json.dumps(rows, separators=(",", ":")))
     partial.replace(out)
 
 

@@ -208,11 +208,12 @@ def reduce_value(value: ast.expr) -> ast.expr:
     if isinstance(value, _COMPREHENSIONS):
         iterable = reduce_value(value.generators[0].iter)
         return ast.ListComp(ast.Name("__"), [ast.comprehension(ast.Name("__", ast.Store()), iterable, [], 0)])
-    if isinstance(value, (ast.List, ast.Tuple, ast.Set)):
-        kind = type(value)
-        return kind([ast.Constant(...)] if value.elts else [], ast.Load()) if kind is not ast.Set else (
-            ast.Set([ast.Constant(...)]) if value.elts else ast.Call(ast.Name("set"), [], [])
-        )
+    if isinstance(value, ast.Set):  # `{}` would be a dict: an empty set is only ever written set()
+        return ast.Set([ast.Constant(...)])
+    if isinstance(value, ast.List):
+        return ast.List([ast.Constant(...)] if value.elts else [], ast.Load())
+    if isinstance(value, ast.Tuple):
+        return ast.Tuple([ast.Constant(...)] if value.elts else [], ast.Load())
     if isinstance(value, ast.Dict):
         return ast.Dict([ast.Constant(...)], [ast.Constant(...)]) if value.keys else ast.Dict([], [])
     if isinstance(value, ast.UnaryOp) and isinstance(value.operand, ast.Constant):
