@@ -6,7 +6,7 @@
 Generates a deterministic log (64 ranks of Megatron-style iteration lines, interleaved, one
 unsafe-data traceback near the end), then times, each best of --repeat runs:
   grep -c -F "There is unsafe data"     the baseline (also fed through the same pipe)
-  unsafe-doctor diagnose FILE           target: within 2x grep
+  unsafe-doctor diagnose FILE           target: within 1.8x grep
   cat FILE | unsafe-doctor              target: within 3x grep
 and prints the ratios and the peak RSS of unsafe-doctor (target: under 200 MB).
 """
@@ -122,8 +122,8 @@ def main() -> None:
         print(f"{'cat FILE | unsafe-doctor':<34}{pipe_s:>9.2f}{pipe_s / grep_s:>8.2f}{size / pipe_s / 1e9:>7.2f}{pipe_rss / 1024:>8.0f} MB")
         print(f"findings: {variables} (exit codes {file_rc}, {pipe_rc})")
         print(f"stdin against the same pipe into grep: {pipe_s / grep_pipe_s:.2f}x")
-        print("targets: file <= 2x grep, stdin <= 3x grep, peak RSS < 200 MB")
-        ok = file_s <= 2 * grep_s and pipe_s <= 3 * grep_s and max(file_rss, pipe_rss) < 200 * 1024 and variables
+        print("targets: file <= 1.8x grep, stdin <= 3x grep, peak RSS < 200 MB")
+        ok = file_s <= 1.8 * grep_s and pipe_s <= 3 * grep_s and max(file_rss, pipe_rss) < 200 * 1024 and variables
         print("result: " + ("within targets" if ok else "MISSED a target"))
     finally:
         shutil.rmtree(workdir)
