@@ -92,8 +92,10 @@ LEGACY_FILE = "mindio_ttp/adaptor/modellink_adaptor.py"
 IN_TREE = "mindspeed_llm/core/high_availability"
 
 CASES = [
-    Case("legacy-aux-losses-tracker", ADAPTORS / "legacy", LEGACY_FILE, ("faq_modellink.log",), (LEGACY_FILE,),
-         keys=("megatron.moe-aux-losses-tracker",)),
+    # The legacy adaptor resets the FAQ's tracker already (tests/test_fix_existing_reset.py); the
+    # layer-wise tracker of a megatron-core 0.16 log is what it misses.
+    Case("legacy-layer-wise-tracker", ADAPTORS / "legacy", LEGACY_FILE, ("megatron_moe_tracker.log",), (LEGACY_FILE,),
+         keys=("megatron.moe-layer-wise-tracker-moe-utils",)),
     Case("legacy-router-expert-bias", ADAPTORS / "legacy", LEGACY_FILE, ("router_expert_bias",), (LEGACY_FILE,),
          keys=("megatron.router-expert-bias", "megatron.router-expert-bias")),
     Case("in-tree-layer-wise-tracker", ADAPTORS / "in_tree", f"{IN_TREE}/tft_rollback.py", ("megatron_moe_tracker.log",),
@@ -305,7 +307,7 @@ def test_several_findings_make_one_diff_per_file_and_pair_in_order(tmp_path, pro
     copy = tmp_path / "legacy"
     shutil.copytree(ADAPTORS / "legacy", copy)
     adaptor = copy / LEGACY_FILE
-    logs = [LOGS / "faq_modellink.log", produced_logs["router_expert_bias"], LOGS / "toytrain_ema"]
+    logs = [LOGS / "megatron_moe_tracker.log", produced_logs["router_expert_bias"], LOGS / "toytrain_ema"]
     plan = plan_for(logs, adaptor, source_roots=(FRAMEWORK,))
     (edit,) = plan.edits
     assert edit.diff().count("\n--- ") + edit.diff().startswith("--- ") == 1
@@ -314,7 +316,7 @@ def test_several_findings_make_one_diff_per_file_and_pair_in_order(tmp_path, pro
     recv = text[text.index("def recv_rank_repair"):]
     scenario_2 = ["megatron.router-expert-bias", "generic.replica-copy:toytrain.state._EMA_GRAD_NORM"]
     assert markers(send.encode()) == scenario_2 and markers(recv.encode()) == scenario_2
-    assert markers(text[: text.index("def send_rank_repair")].encode()) == ["megatron.moe-aux-losses-tracker"]
+    assert markers(text[: text.index("def send_rank_repair")].encode()) == ["megatron.moe-layer-wise-tracker-moe-utils"]
     assert len(edit.changes) == 5
     assert len(edit.insertions) == 5 and spliced(edit) == text
 

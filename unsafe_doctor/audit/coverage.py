@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from unsafe_doctor.audit.index import Index
-from unsafe_doctor.audit.model import Coverage, Holder, How, Role
+from unsafe_doctor.audit.model import Coverage, Holder, How, Role, Site
 from unsafe_doctor.audit.refs import FunctionRef, HolderKey
 from unsafe_doctor.audit.resolve import Accessors
 from unsafe_doctor.audit.scope import Scope
@@ -29,6 +29,8 @@ from unsafe_doctor.audit.uses import Use, sites
 from unsafe_doctor.audit.vocabulary import COMMUNICATION_FROM, COMMUNICATION_INTO, RESETS
 from unsafe_doctor.audit.walk import Walker
 from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase
+from unsafe_doctor.source.files import ImportRoots
+from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.versions import profile_files
 
 MAX_CALL_DEPTH = 4  # helper calls followed from an adaptor function
@@ -236,3 +238,19 @@ def _passed(use: Use, name: str, where: str) -> Effect | None:
     if use.reads_data:
         return None, f"{where} passes {name} to {use.callee}(), which reads the unsafe tensor"
     return None
+
+
+def adaptor_coverage(key: HolderKey, adaptor: Path, profile: AdaptorProfile, workspace: Workspace) -> Coverage:
+    """How the adaptor's recovery functions handle one global, judged as `audit` judges it; for
+    `fix`, which must not write a second reset of a global the adaptor already resets.
+    `workspace`: the diagnosis's, so that framework names resolve in the log's release."""
+    import_roots = ImportRoots()
+    files = profile_files(profile, adaptor) or [adaptor.resolve()]
+    roots = list(dict.fromkeys(import_roots.of(path) for path in [adaptor.resolve(), *files]))
+    index = Index([adaptor], roots, workspace.over(roots))
+    notes: list[str] = []
+    judge = CoverageJudge(index, Accessors(index), adaptor, profile, notes)
+    variable = key.variable
+    holder = Holder("module-global" if key.owner is None else "class-attribute", key.module, key.owner, variable,
+                    "device", Site(str(adaptor), 1, None, variable), (), (), (), ())
+    return judge.judge(holder)

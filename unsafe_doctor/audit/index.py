@@ -119,9 +119,11 @@ def _buffers(methods: Iterable[Function]) -> dict[str, ast.Call]:
 class Index:
     """The audited modules, and any other module a name leads to (read on demand, never imported)."""
 
-    def __init__(self, given: Sequence[Path], roots: Sequence[Path]):
+    def __init__(self, given: Sequence[Path], roots: Sequence[Path], workspace: Workspace | None = None):
+        """`workspace`: where modules are read (default: one over `roots`); `fix` passes one that
+        reads the frameworks as the log's fingerprinted release."""
         self.roots = tuple(roots)
-        self.workspace = Workspace(roots)
+        self.workspace = workspace if workspace is not None else Workspace(roots)
         self.scanned: list[ModuleInfo] = []
         self.by_path: dict[Path, ModuleInfo] = {}
         self.by_name: dict[str, ModuleInfo | None] = {}
@@ -170,7 +172,9 @@ class Index:
         info = None
         if self.readable(dotted):
             path = self.workspace.module_path(dotted)
-            if path is not None and path.is_file():
+            if path is not None and self.workspace.is_indexed(path):
+                info = self._described(path, dotted)  # a release's skeleton, under its index path
+            elif path is not None and path.is_file():
                 info = self._described(path.resolve(), dotted)
         self.by_name[dotted] = info  # None for a namespace folder, a library or a module not found
         return info

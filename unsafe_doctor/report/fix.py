@@ -16,6 +16,17 @@ def to_json(plan: Plan, written: tuple[Written, ...], dry_run: bool) -> dict[str
         "files": [{"path": str(edit.path), "changes": list(edit.changes), "diff": edit.diff()} for edit in plan.edits],
         "present": list(plan.present),
         "skipped": [str(item) for item in plan.skipped],
+        "already_reset": [
+            {
+                "finding": item.finding,
+                "global": item.variable,
+                "function": item.coverage.function,
+                "how": item.coverage.how,
+                "sites": [{"file": site.file, "line": site.line, "code": site.code} for site in item.coverage.sites],
+                "doubts": list(item.doubts),
+            }
+            for item in plan.already_reset
+        ],
         "notes": list(plan.notes),
         "dry_run": dry_run,
         "written": [{"path": str(item.path), "backup": str(item.backup)} for item in written],

@@ -18,6 +18,7 @@ dotted module -> its file; each file read and parsed once, with its module-level
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -143,6 +144,33 @@ class Workspace:
         self.releases = fingerprint(frames, self.index)
         self.fingerprinted = True
         return self.releases
+
+    def over(self, source_roots: Sequence[Path]) -> Workspace:
+        """A workspace over other roots (an adaptor's tree) that reads the frameworks as this one
+        does: the same index and fingerprinted releases, the same log-only switch."""
+        other = Workspace(() if self.log_only else source_roots, log_only=self.log_only, index=self.index)
+        other.releases, other.fingerprinted = self.releases, self.fingerprinted
+        return other
+
+    def importers_by_name(self, module: str, name: str) -> list[str]:
+        """Where the fingerprinted release imports `name` from `module` by name at module level
+        (`from m import name`): those modules keep the old object when `module.name` is rebound (an
+        import inside a function reads it again at each call). Empty when the module's framework was
+        not fingerprinted (its other modules are not known here)."""
+        located = self.index.framework_of(module.replace(".", "/") + ".py")
+        match = self.releases.get(located[0].name) if located else None
+        if match is None:
+            return []
+        last = module.rpartition(".")[2]
+        pattern = re.compile(
+            rf"^from (?:{re.escape(module)}|\.+{re.escape(last)}) import .*\b{re.escape(name)}\b", re.MULTILINE
+        )
+        found = []
+        for path in sorted(match.framework.paths):
+            version = match.version_of(path)
+            for hit in pattern.finditer(version.skeleton if version else ""):
+                found.append(f"{path}:{version.skeleton.count(chr(10), 0, hit.start()) + 1}" if version else path)
+        return found
 
     def _indexed(self, path: str, match: ReleaseMatch) -> Path | None:
         """The skeleton of `path` in the matched release, under a path naming the release."""
