@@ -9,6 +9,8 @@ CPU follows its module to the device: unknown."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
 
 from unsafe_doctor.audit.index import Index, ModuleInfo, register_buffer_name
 from unsafe_doctor.audit.model import Holder, HolderKind, Placement, Site
@@ -19,6 +21,8 @@ from unsafe_doctor.audit.scope import Place, Scope, functions_of
 from unsafe_doctor.audit.uses import Use, shortened, sites
 from unsafe_doctor.audit.vocabulary import COMMUNICATION_INTO, CONTAINER_ADD, CONTAINER_REMOVE, updates_data_in_place
 from unsafe_doctor.audit.walk import Walker
+from unsafe_doctor.knowledge import Rule
+from unsafe_doctor.matching import names_global
 from unsafe_doctor.source.syntax import ImportedName, source_segment
 
 Evidence = tuple[Place, Use]  # a tensor's placement, and the statement that puts it there
@@ -110,6 +114,8 @@ def holders(found: ScanFindings, index: Index) -> list[Holder]:
 
 
 def _holder(found: ScanFindings, info: ModuleInfo, key: HolderKey, uses: list[Use]) -> Holder | None:
+    if key.owner is None and key.variable in info.source.imports:
+        return None  # a module bound by an import (`te = MagicMock()` only stands in for it when absent)
     definition: Use | None = None
     if key in found.buffers:
         place, registered = found.buffers[key]
@@ -196,3 +202,28 @@ def _writes(use: Use) -> bool:
     if use.kind == "argument":
         return use.callee is not None and use.callee.rpartition(".")[2] in COMMUNICATION_INTO
     return False
+
+
+def named_by_rules(index: Index, rules: Sequence[Rule], found: Sequence[Holder]) -> list[Holder]:
+    """Module globals of the audited modules that a rule names (by name or pattern, in a module or a
+    module glob) and the scan did not find: the knowledge base knows they hold device tensors, even
+    where the code that fills them says nothing a scan can read (`CACHED_SEQ = opt_seq`)."""
+    known = {holder.key for holder in found}
+    added: list[Holder] = []
+    for info in index.scanned:
+        for rule in rules:
+            for block in rule.matches:
+                if block.owner is not None or block.module is None or not fnmatchcase(info.name, block.module):
+                    continue
+                for variable in sorted(info.names):
+                    key = HolderKey(info.name, None, variable)
+                    if key in known or not names_global(block, variable, info.name, None):
+                        continue
+                    binding = info.source.bindings[variable]
+                    if isinstance(binding, ImportedName):
+                        continue
+                    known.add(key)
+                    code = (source_segment(info.source.text, binding) or "").strip().splitlines()
+                    site = Site(info.shown, binding.lineno, None, shortened(code[0]) if code else variable)
+                    added.append(Holder("module-global", info.name, None, variable, "unknown", site, (), (), (), ()))
+    return added

@@ -16,8 +16,10 @@ from unsafe_doctor.audit.vocabulary import (
     DTYPES,
     FACTORIES,
     LIKE_FACTORIES,
+    METADATA_NAME_TOKENS,
     NOT_TENSOR_OPS,
     TENSOR_METHODS,
+    TENSOR_NAME_TOKENS,
     TENSOR_SUBMODULES,
 )
 
@@ -42,7 +44,9 @@ class Places:
     def of(self, node: ast.AST | None) -> Place | None:
         """Where the tensor an expression makes lives; None when it is not known to be a tensor."""
         if isinstance(node, ast.Name):
-            return self.scope.places.get(node.id)
+            return self.scope.places.get(node.id) or self._named(node.id)
+        if isinstance(node, (ast.Tuple, ast.List)):  # `X.append((tensor, handle))`
+            return combine([self.of(element) for element in node.elts])
         if isinstance(node, ast.Subscript):
             return self.of(node.value)
         if isinstance(node, ast.BinOp):
@@ -58,6 +62,26 @@ class Places:
         if isinstance(func, ast.Attribute):
             return self._method(func, node)
         return None
+
+    def _named(self, name: str) -> Place | None:
+        """A local or parameter whose placement the scope does not know, but whose name says tensor
+        (`position_ids`, `shared_experts_input`): unknown placement, so a global that keeps it at
+        run time (`_POSITION_IDS = position_ids` in a setter) is a holder."""
+        if name not in self.scope.locals or name in self.scope.devices or self._annotated_not_tensor(name):
+            return None
+        lowered = name.lower()
+        if lowered.endswith(("seq_len", "seq_lens")):  # `actual_seq_len`: a packed batch's cumulative lengths
+            return "unknown"
+        tokens = set(lowered.split("_"))
+        return "unknown" if tokens & TENSOR_NAME_TOKENS and not tokens & METADATA_NAME_TOKENS else None
+
+    def _annotated_not_tensor(self, name: str) -> bool:
+        """A parameter annotated with a type that is no tensor (`seq_length: int`)."""
+        function = self.scope.function
+        arguments = function.args if function is not None else None
+        every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs] if arguments else []
+        annotation = next((argument.annotation for argument in every if argument.arg == name), None)
+        return annotation is not None and "Tensor" not in ast.unparse(annotation)
 
     def added(self, method: str, node: ast.Call) -> Place | None:
         """The tensor `X.append(t)` and the like put into a container."""

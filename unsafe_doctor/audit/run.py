@@ -12,7 +12,7 @@ from pathlib import Path
 
 from unsafe_doctor.audit.bridge import classification
 from unsafe_doctor.audit.coverage import CoverageJudge, adaptor_in_tree
-from unsafe_doctor.audit.holders import ScanFindings, holders, scan_module
+from unsafe_doctor.audit.holders import ScanFindings, holders, named_by_rules, scan_module
 from unsafe_doctor.audit.index import Index, audited_files
 from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder
 from unsafe_doctor.audit.resolve import Accessors
@@ -49,6 +49,7 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
         for info in index.scanned:
             scan_module(index, accessors, info, found)
         framework = holders(found, index)
+        framework += named_by_rules(index, knowledge.rules, framework)
         scanned()
         if adaptor is None:
             adaptor = adaptor_in_tree(index, knowledge)

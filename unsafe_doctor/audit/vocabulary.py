@@ -8,7 +8,7 @@ from __future__ import annotations
 FACTORIES = frozenset(
     {"zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", "range", "linspace", "logspace", "rand",
      "randn", "randint", "randperm", "eye", "empty_strided", "scalar_tensor", "tril_indices", "triu_indices",
-     "from_numpy"}
+     "from_numpy", "frombuffer"}
 )
 LIKE_FACTORIES = frozenset({"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like"})
 NOT_TENSOR_OPS = frozenset(
@@ -28,6 +28,18 @@ DTYPES = frozenset(
      "long", "uint8", "bool", "complex64", "complex128"}
 )
 DEVICE_WORDS = ("cuda", "npu", "xpu", "mps")
+# Tokens of a name (`shared_experts_input` -> shared, experts, input) that say it holds a tensor,
+# when nothing else in the scope says where the value came from (a parameter, a call's result).
+TENSOR_NAME_TOKENS = frozenset(
+    {"tensor", "tensors", "input", "inputs", "ids", "mask", "masks", "hidden", "logits", "scores", "grad",
+     "grads", "loss", "losses", "weight", "weights", "freq", "freqs", "cos", "sin", "output", "outputs", "idx",
+     "indices", "emb", "embedding", "embeddings", "activation", "activations", "seqlen", "seqlens"}
+)
+# ... unless another token says it is a tensor's metadata (`tensor_shape`, `input_size`, `mask_dtype`).
+METADATA_NAME_TOKENS = frozenset(
+    {"shape", "shapes", "size", "sizes", "dtype", "dtypes", "device", "numel", "ndim", "dim", "len", "count", "num",
+     "rank", "ranks", "group", "groups", "seed", "name", "names"}
+)
 
 # --- what uses do ---------------------------------------------------------------------------------------
 

@@ -50,13 +50,15 @@ def is_dir(path: Path) -> bool:
 # --- which Python files a folder holds -------------------------------------------------------------
 
 _SKIP_FOLDERS = frozenset(
-    {"__pycache__", "site-packages", "dist-packages", "node_modules", "tests", "test", "build", "dist"}
+    # mindspore: MindSpeed's MindSpore backend (mindspeed/mindspore/), which a torch job never runs
+    {"__pycache__", "site-packages", "dist-packages", "node_modules", "tests", "test", "build", "dist", "mindspore"}
 )
 
 
 def _skipped(folder: str) -> bool:
-    """Hidden folders, caches, tests, build output and installed environments (`venv`, `.venv`,
-    `myvenv`, `*.egg-info`): code the user's job does not run, or another copy of what it runs."""
+    """Hidden folders, caches, tests, build output, MindSpore backends and installed environments
+    (`venv`, `.venv`, `myvenv`, `*.egg-info`): code the user's job does not run, or another copy of
+    what it runs."""
     return folder.startswith(".") or folder in _SKIP_FOLDERS or folder.endswith(("venv", ".egg-info"))
 
 

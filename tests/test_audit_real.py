@@ -1,0 +1,95 @@
+"""`audit` on real MindSpeed 26.0.0 and MindSpeed-LLM master files (tests/fixtures/real/README.md:
+repository, commit and path of each): the globals they keep device tensors in at run time are
+found, CPU shared memory and the MindSpore backend are not, and every global a shipped rule names
+that these files define is found."""
+
+from __future__ import annotations
+
+import ast
+import re
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+import pytest
+
+from unsafe_doctor.audit.run import audit
+from unsafe_doctor.knowledge import load_knowledge
+
+REAL = Path(__file__).parent / "fixtures" / "real"
+MINDSPEED = REAL / "mindspeed-26.0.0" / "mindspeed"
+LLM = REAL / "mindspeed-llm-master" / "mindspeed_llm"
+
+
+@pytest.fixture(scope="module")
+def found() -> dict[str, object]:
+    result = audit([MINDSPEED, LLM])
+    return {item.holder.name: item for item in result.holders}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        # lists and dicts that receive tensors at run time
+        "mindspeed.core.transformer.moe.moe_utils.AG_SHARED_EXPERTS_INPUTS",  # .append((tensor, handle))
+        "mindspeed.core.context_parallel.utils.CACHED_GRID_MASK",
+        "mindspeed.core.context_parallel.utils.CACHED_MASK_LIST",
+        # set through setter functions from a parameter
+        "mindspeed.utils._POSITION_IDS",
+        "mindspeed.utils._ACTUAL_SEQ_LEN",
+        "mindspeed_llm.training.utils._MTP_POSITION_ID",
+        "mindspeed.core.transformer.flash_attention.generate_mask.generate_mask._GLOBAL_ATTN_MASK",
+        # a class attribute the recovery code itself fills with a received device tensor
+        "mindspeed_llm.core.high_availability.tft_optimizer_data_repair.LogArgs.losses_reduced_",
+        # the MoE overlap's saved tensors
+        "mindspeed.core.transformer.moe.moe_utils.GEMM_BACKWARD_NEED_TENSORS",
+        "mindspeed.core.transformer.moe.moe_feature.overlap.moe_common.SWAP_TENSOR",
+    ],
+)
+def test_audit_finds_what_real_code_keeps_device_tensors_in(found, name):
+    assert name in found
+
+
+def test_audit_leaves_out_cpu_shared_memory_and_the_mindspore_backend(found):
+    assert "mindspeed_llm.training.utils._GLOBAL_SHM_MANAGER" not in found  # torch.frombuffer over shared memory
+    assert not [name for name in found if "adaptive_memory_tool" in name]  # frombuffer of a pickle
+    assert not [item for item in found.values() if "/mindspore/" in item.holder.definition.file]
+
+
+def test_metadata_kept_beside_tensors_is_no_holder(tmp_path):
+    """`tensor_shape` and `seq_length: int` name metadata, not tensors."""
+    (tmp_path / "p2p.py").write_text(
+        "class P2PCommParams:\n"
+        "    tensor_shape = None\n\n"
+        "def set_shape(tensor_shape):\n"
+        "    P2PCommParams.tensor_shape = tensor_shape\n\n"
+        "_WORK = {}\n\n"
+        "def remember(seq_length: int):\n"
+        "    _WORK['n'] = seq_length\n"
+    )
+    assert audit([tmp_path]).holders == ()
+
+
+def defined_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_bytes())
+    return {target.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(target, ast.Name)}
+
+
+def test_every_global_a_shipped_rule_names_in_these_files_is_found(found):
+    """For each rule block naming MindSpeed or MindSpeed-LLM globals (a name or a pattern, in a
+    module or module glob), the module-level globals of the real files it fits are all found."""
+    files = {path: ".".join(path.relative_to(root).with_suffix("").parts)
+             for root in (MINDSPEED.parent, LLM.parent) for path in root.rglob("*.py") if path.name != "__init__.py"}
+    named = []
+    for rule in load_knowledge([]).rules:
+        for block in rule.matches:
+            if not block.module or not block.module.startswith(("mindspeed", "mindspeed_llm")):
+                continue
+            for path, module in files.items():
+                if not fnmatchcase(module, block.module):
+                    continue
+                for variable in sorted(defined_names(path)):
+                    if variable == block.variable or (block.variable_regex and re.fullmatch(block.variable_regex, variable)):
+                        named.append((rule.id, f"{module}.{variable}"))
+    assert len(named) >= 15
+    assert [(rule, name) for rule, name in named if name not in found and "mindspore" not in name] == []
