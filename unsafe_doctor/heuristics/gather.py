@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from unsafe_doctor.heuristics.events import Event, FileStudy, FunctionStudy, Kind
@@ -48,7 +49,6 @@ class Study:
         self.texts: dict[Path, str] = {}  # the files in scope ("" when unreadable or too large)
         self.truncated = False
         self.referencing: list[Path] = []
-        self.sites: dict[Path, list[CallSite]] = {}
         self.defining: SourceFile | None = None
         self.accessors: set[str] = set()
         self.classes_here: set[str] = set()
@@ -176,10 +176,8 @@ class Study:
         found: list[CallSite] = []
         for path, text in self.texts.items():
             if text and callee in text:
-                if path not in self.sites:
-                    parsed = self.parse(path)
-                    self.sites[path] = _call_sites_in(parsed.tree, path) if parsed else []
-                found.extend(site for site in self.sites[path] if site.callee == callee)
+                by_callee = self.workspace.derived(path, "call sites", partial(_call_sites_of, path))
+                found.extend(by_callee.get(callee, ()) if isinstance(by_callee, dict) else ())
         return sorted(found, key=lambda site: (str(site.path), site.line))
 
     def every_iteration(self, function: str, depth: int = 0) -> list[CallSite] | None:
@@ -197,9 +195,14 @@ class Study:
         return None
 
 
-def _call_sites_in(tree: ast.Module, path: Path) -> list[CallSite]:
-    """Every named call in a file, with its enclosing function and whether it sits in a loop there."""
-    sites: list[CallSite] = []
+def _call_sites_of(path: Path, source: SourceFile) -> dict[str, list[CallSite]]:
+    return _call_sites_in(source.tree, path)
+
+
+def _call_sites_in(tree: ast.Module, path: Path) -> dict[str, list[CallSite]]:
+    """Every named call in a file by callee, with its enclosing function and whether it sits in a
+    loop there; made once per file and workspace (`Workspace.derived`)."""
+    sites: dict[str, list[CallSite]] = {}
 
     def visit(node: ast.AST, function: str, in_loop: bool) -> None:
         for child in ast.iter_child_nodes(node):
@@ -210,7 +213,7 @@ def _call_sites_in(tree: ast.Module, path: Path) -> list[CallSite]:
             if isinstance(child, ast.Call):
                 callee = callee_name(child.func)
                 if callee:
-                    sites.append(CallSite(callee, function, path, child.lineno, looping))
+                    sites.setdefault(callee, []).append(CallSite(callee, function, path, child.lineno, looping))
             visit(child, function, looping)
 
     visit(tree, "<module>", False)

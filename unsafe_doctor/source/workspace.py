@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
@@ -123,6 +123,7 @@ class Workspace:
         self._texts: dict[Path, str | None] = {}
         self._sources: dict[Path, SourceFile | None] = {}
         self._module_paths: dict[str, Path | None] = {}
+        self._derived: dict[tuple[Path, str], object] = {}
 
     @cached_property
     def env_roots(self) -> tuple[Path, ...]:
@@ -311,6 +312,15 @@ class Workspace:
         if path is None or not (path in self._index_texts or path.is_file()):
             return None
         return self.source(path, dotted_name)
+
+    def derived(self, path: Path, what: str, compute: Callable[[SourceFile], object]) -> object:
+        """Something computed from a parsed file (`what` names it), once per workspace: the
+        heuristics judge every holder of an audit over the same files."""
+        key = (path, what)
+        if key not in self._derived:
+            source = self.source(path, self.find(str(path)).module)
+            self._derived[key] = compute(source) if source is not None else None
+        return self._derived[key]
 
     def is_indexed(self, path: Path) -> bool:
         """A skeleton from the index: its lines hold bindings only, at the release's line numbers."""
