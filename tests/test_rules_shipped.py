@@ -481,7 +481,7 @@ CASES = {
     # megatron-core 0.16.1, real runs
     "moe-utils tracker, save": Case(
         "megatron.moe-layer-wise-tracker-moe-utils", real(save_aux_loss_twice), MEGATRON_0_16,
-        ("megatron_moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER.values()", "torch.zeros(values.shape"),
+        ('getattr(megatron_moe_utils, "_MOE_LAYER_WISE_LOGGING_TRACKER", None)', "torch.zeros(values.shape"),
     ),
     "moe-utils tracker, clear": Case(
         "megatron.moe-layer-wise-tracker-moe-utils", real(clear_aux_losses), MEGATRON_0_16,
@@ -497,7 +497,7 @@ CASES = {
     ),
     "rotary cache": Case(
         "megatron.rotary-emb-cache", real(apply_cached_rotary), MEGATRON_0_16,
-        ("RotaryEmbedding.forward.cache_clear()",),
+        ('getattr(RotaryEmbedding, "forward", None)', "cache.cache_clear()"),
     ),
     "rotary inv_freq": Case(
         "megatron.rotary-inv-freq", real(rotary_of_new_length), MEGATRON_0_16,
@@ -507,7 +507,7 @@ CASES = {
     "router expert_bias": Case(
         "megatron.router-expert-bias", real(route_with_stale_bias), MEGATRON_0_16,
         ("for chunk in train_args[1]:", "torch.distributed.recv(fresh, src=src_rank", "stale.copy_(fresh)",
-         "torch.distributed.send(module.expert_bias, dst=dest_rank"),
+         'getattr(module, "expert_bias", None)', "torch.distributed.send(module.expert_bias, dst=dest_rank"),
     ),
     "router local_tokens_per_expert": Case(
         "megatron.router-local-tokens-per-expert", real(count_tokens_into_stale_buffer), MEGATRON_0_16,
@@ -528,15 +528,16 @@ CASES = {
     # other megatron-core releases, run by generate.py
     "0.7 aux-loss tracker (the FAQ)": Case(
         "megatron.moe-aux-losses-tracker", committed("megatron-core-0.7.0-save-aux-loss.log"), {"megatron-core": "0.7.0"},
-        ("tracker = parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER", "tracker[name] = torch.zeros(values.shape"),
+        ('tracker = getattr(parallel_state, "_MOE_AUX_LOSSES_LOGGING_TRACKER", None)',
+         "tracker[name] = torch.zeros(values.shape"),
     ),
     "0.7 causal mask": Case(
         "megatron.default-causal-mask-cache", committed("megatron-core-0.7.0-causal-mask.log"), {"megatron-core": "0.7.0"},
-        ("get_default_causal_mask.cache_clear()",),
+        ('getattr(megatron_transformer_utils, "get_default_causal_mask", None)', "cache.cache_clear()"),
     ),
     "0.12 layer-wise tracker, save": Case(
         "megatron.moe-layer-wise-tracker", committed("megatron-core-0.12.1-save-aux-loss.log"), {"megatron-core": "0.12.1"},
-        ("parallel_state._MOE_LAYER_WISE_LOGGING_TRACKER.values()",),
+        ('getattr(parallel_state, "_MOE_LAYER_WISE_LOGGING_TRACKER", None)',),
     ),
     "0.12 layer-wise tracker, clear": Case(
         "megatron.moe-layer-wise-tracker", committed("megatron-core-0.12.1-clear-aux-losses.log"), {"megatron-core": "0.12.1"},
@@ -544,7 +545,7 @@ CASES = {
     ),
     "0.12 causal mask": Case(
         "megatron.default-causal-mask-cache", committed("megatron-core-0.12.1-causal-mask.log"), {"megatron-core": "0.12.1"},
-        ("from megatron.core.transformer.utils import get_default_causal_mask",),
+        ("from megatron.core.transformer import utils as megatron_transformer_utils",),
     ),
     # written by hand: Megatron-LM main, MindSpeed, MindSpeed-LLM
     "main moe metrics tracker": Case(
@@ -553,20 +554,20 @@ CASES = {
     ),
     "AG_SHARED_EXPERTS_INPUTS, moe_utils": Case(
         "mindspeed.ag-shared-experts-inputs", committed("hand-mindspeed-ag-shared-experts-inputs.log"),
-        fix=("mindspeed_moe_utils.AG_SHARED_EXPERTS_INPUTS.clear()",),
+        fix=('getattr(mindspeed_moe_utils, "AG_SHARED_EXPERTS_INPUTS", None)', "inputs.clear()"),
     ),
     "AG_SHARED_EXPERTS_INPUTS, moe_common": Case(
         "mindspeed.ag-shared-experts-inputs-moe-common", committed("hand-mindspeed-ag-shared-experts-inputs-moe-common.log"),
-        fix=("mindspeed_moe_common.AG_SHARED_EXPERTS_INPUTS.clear()",),
+        fix=('getattr(mindspeed_moe_common, "AG_SHARED_EXPERTS_INPUTS", None)', "inputs.clear()"),
     ),
     "kvallgather chunk ids": Case(
         "mindspeed.kvallgather-seq-chunk-ids", committed("hand-mindspeed-llm-kvallgather.log"),
         fix=("import mindspeed_llm.core.context_parallel.kvallgather_context_parallel",
-             "getattr(mindspeed_llm.core.context_parallel.kvallgather_context_parallel, name, {}).clear()"),
+             "getattr(mindspeed_llm.core.context_parallel.kvallgather_context_parallel, name, None)", "cache.clear()"),
     ),
     "swap prefetch": Case(
         "mindspeed.swap-prefetch", committed("hand-mindspeed-swap-prefetch.log"),
-        fix=("prefetch = SwapPrefetch.swap_prefetch", "prefetch.cur_micro_num, prefetch.remove_num"),
+        fix=('prefetch = getattr(SwapPrefetch, "swap_prefetch", None)', "prefetch.cur_micro_num, prefetch.remove_num"),
     ),
     "LogArgs": Case(
         "mindspeed-llm.log-args", committed("hand-mindspeed-llm-log-args.log"), {"mindspeed-llm": "26.0.0"},
@@ -575,7 +576,7 @@ CASES = {
     # stand-ins run at MindSpeed's paths: only the source names these globals
     "AsyncAll2All queues": Case(
         "mindspeed.async-all2all-fifo", queued_all2all_output,
-        fix=("mindspeed.core.transformer.moe.moe_feature.fb_overlap.modules.attention.AsyncAll2All_OUTPUT.clear()",),
+        fix=("getattr(mindspeed.core.transformer.moe.moe_feature.fb_overlap.modules.attention, name, None)", "queue.clear()"),
         standin=True,
     ),
     "saved MoE overlap tensors": Case(
@@ -584,7 +585,7 @@ CASES = {
     ),
     "flash-attention mask": Case(
         "mindspeed.global-attn-mask", cached_attention_mask,
-        fix=("mindspeed.core.transformer.flash_attention.generate_mask.generate_mask._GLOBAL_ATTN_MASK = None",),
+        fix=('setattr(mindspeed.core.transformer.flash_attention.generate_mask.generate_mask, "_GLOBAL_ATTN_MASK", None)',),
         standin=True,
     ),
     "adaptive CP masks": Case(
@@ -592,11 +593,11 @@ CASES = {
     ),
     "CP actual sequence lengths": Case(
         "mindspeed.cp-batch-cache", stale_actual_seq_len,
-        fix=("mindspeed.core.context_parallel.get_batch_utils._ACTUAL_SEQ_LEN = None",), standin=True,
+        fix=('setattr(mindspeed.core.context_parallel.get_batch_utils, "_ACTUAL_SEQ_LEN", None)',), standin=True,
     ),
     "MTP position ids": Case(
         "mindspeed-llm.mtp-batch-cache", stale_mtp_position_ids,
-        fix=("mindspeed_llm.training.utils._MTP_POSITION_ID = None",), standin=True,
+        fix=('setattr(mindspeed_llm.training.utils, "_MTP_POSITION_ID", None)',), standin=True,
     ),
 }
 
@@ -820,7 +821,7 @@ def render(template_id: str, finding: Finding) -> dict[str, str]:
     rule = KNOWLEDGE.template(template_id)
     parent, _, alias = finding.tensor.module.rpartition(".")
     slots = {"module": finding.tensor.module, "variable": finding.tensor.variable, "owner": "", "alias": alias,
-             "parent": parent, "tensor": f"{alias}.{finding.tensor.variable}",
+             "parent": parent, "holder": alias, "tensor": f"{alias}.{finding.tensor.variable}",
              "src": "src_rank", "dst": "dest_rank", "group": PROFILE.repair_group}
     parts = {"imports": "\n".join(string.Template(line).substitute(slots) for line in rule.fix.imports)}
     for side in ("code", "send", "recv"):
@@ -853,7 +854,8 @@ def test_generic_reinitialise_rebuilds_a_dict_of_tensors(tmp_path):
 def test_generic_reinitialise_refreshes_a_tensor_in_place():
     import torch
 
-    fix = KNOWLEDGE.template("generic.reinitialise").fix.code.replace("$tensor", "holder.value")
+    code = KNOWLEDGE.template("generic.reinitialise").fix.code
+    fix = string.Template(code).substitute(holder="holder", variable="value")
     holder = type("Holder", (), {})()
     with emulated_npu() as mark:
         holder.value = torch.ones(3)

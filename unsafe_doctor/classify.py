@@ -237,8 +237,10 @@ def _slots(rule: Rule | Template, subject: Subject, profile: AdaptorProfile, blo
     if module is not None and is_safe_dotted(module):
         parent, _, alias = module.rpartition(".")
         slots.update(module=module, alias=alias, parent=parent)
-        if "variable" in slots and (owner is None or "owner" in slots):
-            slots["tensor"] = ".".join(part for part in (alias, owner, variable) if part)
+        if owner is None or "owner" in slots:
+            slots["holder"] = ".".join(part for part in (alias, owner) if part)  # what the global is an attribute of
+            if "variable" in slots:
+                slots["tensor"] = f"{slots['holder']}.{variable}"
     if rule.scenario == 2:
         slots.update(src=SOURCE_RANK, dst=DEST_RANK, group=profile.repair_group)
     return slots

@@ -52,7 +52,7 @@ PROBE_NAMES = frozenset({"megatron-layer-wise-tracker", "megatron-router-expert-
 # A condition's switch is one of Megatron's parsed arguments, read with getattr so that an argument
 # a framework does not define reads as off.
 SWITCH_IMPORTS = ("from megatron.training import get_args",)
-SLOTS_SCENARIO_1 = frozenset({"module", "variable", "owner", "alias", "parent", "tensor"})
+SLOTS_SCENARIO_1 = frozenset({"module", "variable", "owner", "alias", "parent", "holder", "tensor"})
 SLOTS_SCENARIO_2 = SLOTS_SCENARIO_1 | {"src", "dst", "group"}
 KNOWLEDGE_SUFFIXES = (".yaml", ".yml")
 

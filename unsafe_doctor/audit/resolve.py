@@ -62,7 +62,8 @@ class Names:
             base = self.resolve(node.value)
             return HolderRef(base.key, True) if isinstance(base, HolderRef) else None
         if isinstance(node, ast.Call):
-            return self._called(node.func)
+            attribute = _as_attribute(node)
+            return self.resolve(attribute) if attribute is not None else self._called(node.func)
         return None
 
     def _called(self, func: ast.expr) -> Ref | None:
@@ -161,3 +162,14 @@ def _reads_no_data(func: ast.expr) -> bool:
     if isinstance(func, ast.Attribute):
         return func.attr in METADATA
     return isinstance(func, ast.Name) and func.id in NOT_DATA_CALLS
+
+
+def _as_attribute(call: ast.Call) -> ast.Attribute | None:
+    """`getattr(x, "name", default)` reads `x.name`: how generated fixes read a global that may be absent."""
+    func, args = call.func, call.args
+    if not (isinstance(func, ast.Name) and func.id == "getattr" and 2 <= len(args) <= 3):
+        return None
+    name = args[1]
+    if not (isinstance(name, ast.Constant) and isinstance(name.value, str) and name.value.isidentifier()):
+        return None
+    return ast.Attribute(value=args[0], attr=name.value, ctx=ast.Load())
