@@ -62,12 +62,14 @@ from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import (
     DEST_RANK,
+    EVERY_ROLE,
     PARAMETER_ROLES,
     SOURCE_RANK,
     AdaptorProfile,
     KnowledgeBase,
     ParameterRole,
     is_safe_dotted,
+    map_parameters,
 )
 from unsafe_doctor.source.syntax import callee_name
 from unsafe_doctor.subject import Subject
@@ -178,15 +180,23 @@ class Written:
 
 
 def plan_fix(
-    findings: Sequence[ClassifiedSubject], context: RunContext, functions: Mapping[Role, str] | None = None
+    findings: Sequence[ClassifiedSubject],
+    context: RunContext,
+    functions: Mapping[Role, str] | None = None,
+    parameters: Mapping[str, str] | None = None,
 ) -> Plan:
     """The edits that write the fix of each finding into the adaptor; reads files, writes nothing.
 
-    `functions` names the adaptor functions per role where they differ from the profile's names.
+    `functions` names the adaptor functions per role where they differ from the profile's names;
+    `parameters` the parameters that hold a role (`knowledge.map_parameters`: `peer`, `group` too).
     """
     for item in findings:
         _check_log_names(item.subject)
     environment = context.environment
+    # The fixes were rendered with the profile's repair-group expression: a `group` parameter given
+    # here replaces that expression in each block, as a group the function builds itself does.
+    group = (parameters or {}).get("group")
+    profile = map_parameters(environment.profile, {role: name for role, name in (parameters or {}).items() if role != "group"})
     requests: list[_Request] = []
     outcomes: list[Outcome] = []
     notes: list[str] = []
@@ -221,7 +231,7 @@ def plan_fix(
         if _has_block(source, function, request.key):
             present.append(f"{source.shown}: {request.key} already in {function.name}()")
             continue
-        lines, adapted = _block_lines(request, function, environment.profile)
+        lines, adapted = _block_lines(request, function, profile, group)
         insertions.setdefault(function.path, []).append((function, lines, request.key))
         notes.extend((*adapted, *_early_return_notes(source, function)))
     edits = tuple(_insert(adaptor.source(path), items) for path, items in insertions.items())
@@ -299,6 +309,19 @@ def _guards(path: Path, lines: set[int], calls: set[str]) -> list[tuple[int, str
     ]
 
 
+def parameter_roles(specs: Iterable[str]) -> dict[str, str]:
+    """`role=name` items of `--parameter` (comma-separated or repeated) -> {role: parameter name};
+    `knowledge.map_parameters` checks the roles and names."""
+    mapping: dict[str, str] = {}
+    for spec in specs:
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            role, equals, name = (part.strip() for part in item.partition("="))
+            if not equals or role not in EVERY_ROLE:
+                raise UsageError(f"--parameter {item!r}: write role=name, role one of {', '.join(EVERY_ROLE)}")
+            mapping[role] = name
+    return mapping
+
+
 def function_overrides(specs: Iterable[str]) -> dict[Role, str]:
     """`role=name` items (comma-separated or repeated) -> {role: function name}."""
     overrides: dict[Role, str] = {}
@@ -373,7 +396,9 @@ def _tensor_name(subject: Subject) -> str | None:
 # --- rendering a block ----------------------------------------------------------------------------
 
 
-def _block_lines(request: _Request, function: AdaptorFunction, profile: AdaptorProfile) -> tuple[list[str], tuple[str, ...]]:
+def _block_lines(
+    request: _Request, function: AdaptorFunction, profile: AdaptorProfile, group: str | None = None
+) -> tuple[list[str], tuple[str, ...]]:
     """The block's lines, without line endings, indented for the function's body; notes on how it was adapted."""
     code, imports = request.code, request.imports
     notes: tuple[str, ...] = ()
@@ -384,16 +409,22 @@ def _block_lines(request: _Request, function: AdaptorFunction, profile: AdaptorP
             f"the fix {request.key} for {request.function}() is not valid Python ({error.msg}, line {error.lineno})"
         ) from None
     pairs: list[tuple[str, str]] = []  # (helper parameter, what the adaptor function passes)
-    if request.scenario == 2 and function.own_group is not None:
+    if group is not None and group not in function.parameters:
+        raise UsageError(f"{function.path}:{function.first_line}: {function.name}() has no parameter {group} (--parameter group=...)")
+    # a `group` role: given here, or by the profile (its expression is then the parameter's name)
+    given_group = group or (profile.repair_group if profile.repair_group in function.parameters else None)
+    own_group = given_group or function.own_group
+    if request.scenario == 2 and own_group is not None:
         renamed = _rename_expression(code, profile.repair_group, GROUP_NAME)
         if renamed != code:
             code = renamed
             imports = tuple(line for line in imports if line not in profile.repair_group_imports)
-            pairs.append((GROUP_NAME, function.own_group))
-            notes = (
-                f"{function.name}() builds its own repair group ({function.own_group}): the block uses it, "
-                f"not {profile.repair_group}",
-            )
+            pairs.append((GROUP_NAME, own_group))
+            if given_group is None:
+                notes = (
+                    f"{function.name}() builds its own repair group ({own_group}): the block uses it, "
+                    f"not {profile.repair_group}",
+                )
     body = code.rstrip("\n").split("\n")
     if request.scenario == 2:
         body, rank_pairs = _rank_loop(body, profile)

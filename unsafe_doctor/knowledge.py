@@ -22,8 +22,8 @@ import ast
 import keyword
 import re
 import string
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
@@ -44,6 +44,11 @@ GlobalKind = Literal["value", "lru-cache"]
 ParameterRole = Literal["src_ranks", "dest_ranks", "optim_idxs", "rank_list", "train_args", "need_rebuild"]
 PARAMETER_ROLES: tuple[ParameterRole, ...] = get_args(ParameterRole)
 REQUIRED_ROLES: tuple[ParameterRole, ...] = ("src_ranks", "dest_ranks")
+# Roles that map onto the others (profile files and `--parameter`): `peer`, the one rank on the other
+# side (the source where a function receives, the destination where it sends; ranks then are no
+# lists); `group`, a parameter holding the repair group (instead of the profile's expression).
+MAPPING_ROLES = ("peer", "group")
+EVERY_ROLE = (*PARAMETER_ROLES, *MAPPING_ROLES)
 # The names a scenario-2 template's $src and $dst render to; the fix binds them from the rank roles.
 SOURCE_RANK = "src_rank"
 DEST_RANK = "dest_rank"
@@ -413,18 +418,18 @@ def _profile(item: dict[str, Any], origin: str, problems: list[str]) -> AdaptorP
         problems.append(f"{origin}: profile {item['id']}: repair_group.expression is not a Python expression")
     parameters = item["parameters"]
     problems.extend(
-        f"{origin}: profile {item['id']}: unknown parameter role '{role}' (roles: {', '.join(PARAMETER_ROLES)})"
+        f"{origin}: profile {item['id']}: unknown parameter role '{role}' (roles: {', '.join(EVERY_ROLE)})"
         for role in parameters
-        if role not in PARAMETER_ROLES
+        if role not in PARAMETER_ROLES and role not in MAPPING_ROLES
     )
     problems.extend(
-        f"{origin}: profile {item['id']}: parameters: no parameter for the role {role}"
+        f"{origin}: profile {item['id']}: parameters: no parameter for the role {role} (or peer)"
         for role in REQUIRED_ROLES
-        if role not in parameters
+        if role not in parameters and "peer" not in parameters
     )
     if len(problems) > before:
         return None
-    return AdaptorProfile(
+    profile = AdaptorProfile(
         id=item["id"],
         title=item["title"],
         framework=framework.get("package"),
@@ -433,12 +438,33 @@ def _profile(item: dict[str, Any], origin: str, problems: list[str]) -> AdaptorP
         rollback=item["rollback"],
         send=item["send"],
         recv=item["recv"],
-        parameters=dict(parameters),
+        parameters={role: name for role, name in parameters.items() if role in PARAMETER_ROLES},
         ranks_are_lists=item.get("ranks_are_lists", True),
         repair_group=item["repair_group"]["expression"],
         repair_group_imports=tuple(item["repair_group"].get("imports", ())),
         origin=origin,
     )
+    return map_parameters(profile, {role: name for role, name in parameters.items() if role in MAPPING_ROLES})
+
+
+def map_parameters(profile: AdaptorProfile, mapping: Mapping[str, str]) -> AdaptorProfile:
+    """The profile with some roles held by other parameters (`--parameter`, or a profile file's
+    `parameters`), `peer` and `group` included (see MAPPING_ROLES)."""
+    parameters = dict(profile.parameters)
+    lists, group, imports = profile.ranks_are_lists, profile.repair_group, profile.repair_group_imports
+    for role, name in mapping.items():
+        if not is_safe_dotted(name):
+            raise UsageError(f"parameter role {role}={name}: {name!r} is not a Python name")
+        if role == "peer":
+            parameters["src_ranks"] = parameters["dest_ranks"] = name
+            lists = False
+        elif role == "group":
+            group, imports = name, ()
+        elif role in PARAMETER_ROLES:
+            parameters[role] = name
+        else:
+            raise UsageError(f"unknown parameter role {role!r} (roles: {', '.join(EVERY_ROLE)})")
+    return replace(profile, parameters=parameters, ranks_are_lists=lists, repair_group=group, repair_group_imports=imports)
 
 
 def _condition(item: dict[str, Any]) -> Condition:

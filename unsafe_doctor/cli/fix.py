@@ -15,6 +15,7 @@ from unsafe_doctor.cli.options import (
     LogOnlyOption,
     LogsArgument,
     NoInputOption,
+    ParameterOption,
     RulesOption,
     SourceRootOption,
     YesOption,
@@ -34,6 +35,7 @@ def command(
     logs: LogsArgument = None,
     adaptor: AdaptorOption = None,
     function: FunctionOption = None,
+    parameter: ParameterOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the diff; write nothing.")] = False,
     revert: Annotated[bool, typer.Option("--revert", help="Remove every block unsafe-doctor wrote into the adaptor.")] = False,
     yes: YesOption = False,
@@ -50,6 +52,7 @@ def command(
     from unsafe_doctor import fix as fixes  # libcst takes a second to load: diagnose does without it
 
     overrides = fixes.function_overrides(function or [])
+    roles = fixes.parameter_roles(parameter or [])
     setup = groundwork(rules or (), source_root or (), log_only=log_only)
     if revert:
         if logs:
@@ -59,7 +62,7 @@ def command(
     else:
         paths = log_paths(logs)
         diagnosis = diagnose(paths, setup, adaptor=adaptor)
-        plan = fixes.plan_fix(diagnosis.findings, diagnosis.context, overrides)
+        plan = fixes.plan_fix(diagnosis.findings, diagnosis.context, overrides, roles)
         findings = len(diagnosis.findings)
     text = output_format is Format.text
     interactive = text and not no_input and sys.stdin.isatty() and sys.stdout.isatty()

@@ -65,6 +65,15 @@ AdaptorOption = Annotated[
         dir_okay=False,
     ),
 ]
+ParameterOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--parameter",
+        help="The adaptor's parameter for a role when its name differs from the profile's: src_ranks=NAME, "
+        "dest_ranks=NAME, train_args=NAME, ...; peer=NAME for one rank on the other side (no lists), "
+        "group=NAME for a parameter holding the repair group (comma-separated or repeated).",
+    ),
+]
 FunctionOption = Annotated[
     list[str] | None,
     typer.Option(

@@ -1,0 +1,90 @@
+"""Adaptors whose repair functions take other parameters than the profile's: `--parameter` maps
+roles onto them, one peer rank as well as rank lists, and a parameter that holds the repair group."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge import load_knowledge, map_parameters
+
+ROOT = Path(__file__).resolve().parents[1]
+LOG = ROOT / "samples" / "logs" / "toytrain_ema"
+FRAMEWORK = ROOT / "samples" / "framework"
+HOOKS = """\
+def reset_step_state():
+    pass
+
+
+def push_state_to_peer(peer, group):
+    pass
+
+
+def pull_state_from_peer(peer, group):
+    pass
+"""
+FUNCTIONS = "rollback=reset_step_state,send=push_state_to_peer,recv=pull_state_from_peer"
+
+
+def fix(adaptor: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "unsafe_doctor", "fix", str(LOG), "--source-root", str(FRAMEWORK),
+               "--adaptor", str(adaptor), "--function", FUNCTIONS, "--yes", *options]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_one_peer_and_a_group_parameter_are_mapped_onto_the_roles(tmp_path):
+    adaptor = tmp_path / "hooks.py"
+    adaptor.write_text(HOOKS)
+    refused = fix(adaptor)
+    assert refused.returncode == 2 and "lacks parameter(s) src_ranks, dest_ranks" in refused.stderr
+    assert adaptor.read_text() == HOOKS
+    result = fix(adaptor, "--parameter", "peer=peer", "--parameter", "group=group")
+    assert result.returncode == 0, result.stderr
+    written = adaptor.read_text()
+    compile(written, str(adaptor), "exec")
+    send = written[written.index("def push_state_to_peer"): written.index("def pull_state_from_peer")]
+    recv = written[written.index("def pull_state_from_peer"):]
+    for side in (send, recv):
+        assert "_unsafe_doctor_fix(peer, peer, group)" in side  # source and destination are the one peer
+        assert "for src_rank, dest_rank in" not in side  # no lists to walk
+        assert "get_repair_group" not in side
+    assert "torch.distributed.send(item, dst=dest_rank, group=repair_group)" in send
+    assert "torch.distributed.recv(fresh, src=src_rank, group=repair_group)" in recv
+
+
+def test_a_group_parameter_the_function_lacks_is_refused(tmp_path):
+    adaptor = tmp_path / "hooks.py"
+    adaptor.write_text(HOOKS)
+    result = fix(adaptor, "--parameter", "peer=peer,group=pg")
+    assert result.returncode == 2 and "has no parameter pg" in result.stderr
+    assert adaptor.read_text() == HOOKS
+
+
+def test_a_profile_file_may_name_a_peer_and_a_group(tmp_path):
+    rules = tmp_path / "profile.yaml"
+    rules.write_text(textwrap.dedent("""\
+        profiles:
+          - id: in-house-peer
+            title: In-house hooks with one peer
+            files: [hooks.py]
+            rollback: reset_step_state
+            send: push_state_to_peer
+            recv: pull_state_from_peer
+            parameters: {peer: peer, group: group}
+            repair_group: {expression: get_repair_group()}
+        """))
+    [profile] = [item for item in load_knowledge([rules]).profiles if item.id == "in-house-peer"]
+    assert profile.parameters == {"src_ranks": "peer", "dest_ranks": "peer"}
+    assert (profile.ranks_are_lists, profile.repair_group, profile.repair_group_imports) == (False, "group", ())
+
+
+@pytest.mark.parametrize("mapping", [{"rank": "r"}, {"peer": "import"}, {"train_args": "a b"}])
+def test_unknown_roles_and_names_that_are_not_python_are_refused(mapping):
+    profile = load_knowledge([]).profiles[0]
+    with pytest.raises(UsageError):
+        map_parameters(profile, mapping)
