@@ -1,12 +1,16 @@
-"""How fast `unsafe-doctor audit` reads a whole framework tree: the installed megatron-core by default.
+"""How fast `unsafe-doctor audit` reads whole framework trees: the installed megatron-core by default.
 
     python benchmarks/audit_speed.py                       # site-packages/megatron/core
     python benchmarks/audit_speed.py --path ~/Megatron-LM --adaptor my_adaptor.py
+    python benchmarks/audit_speed.py --path ~/MindSpeed-LLM/mindspeed_llm --path ~/MindSpeed/mindspeed \
+        --path .venv/lib/python3.11/site-packages/megatron/core        # a real job's three trees
 
 Times the whole command (start-up, parsing every file, coverage of the adaptor, classification,
-JSON output), best of --repeat runs, and prints seconds, files and files per second with what the
-audit found. Target: under 10 s for megatron-core on 2 cores. The audit runs on one core; the
-machine's core count and load are printed because other work on it slows the run down.
+JSON output), best of --repeat runs, and prints seconds, files, files per second and the peak RSS
+with what the audit found. With several trees it also audits the first one, then the first two, ...
+once each, and prints how the time and memory grow with the files. Targets: under 10 s and 250 MB
+on 2 cores. The audit runs on one core; the machine's core count and load are printed because
+other work on it slows the run down.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LEGACY_ADAPTOR = ROOT / "samples" / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
 TARGET_SECONDS = 10.0
+TARGET_MB = 250
 
 
 def installed_megatron_core() -> Path:
@@ -35,39 +40,54 @@ def installed_megatron_core() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def timed(command: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+def timed(command: list[str]) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """Seconds, peak RSS in MB (of this child: GNU time's report) and the result."""
     started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True)
-    return time.perf_counter() - started, result
+    result = subprocess.run(["/usr/bin/time", "-f", "%M", *command], capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    peak_kb = int(result.stderr.strip().splitlines()[-1])
+    return seconds, peak_kb / 1024, result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", type=Path, help="tree to audit (default: the installed megatron/core)")
+    parser.add_argument("--path", type=Path, action="append", help="a tree to audit, repeatable (default: megatron/core)")
     parser.add_argument("--adaptor", type=Path, default=LEGACY_ADAPTOR, help="adaptor file (default: the FAQ's legacy sample)")
     parser.add_argument("--repeat", type=int, default=3, help="runs; the best counts")
     args = parser.parse_args()
-    path = args.path or installed_megatron_core()
+    paths = args.path or [installed_megatron_core()]
     doctor = shutil.which("unsafe-doctor") or str(Path(sys.executable).with_name("unsafe-doctor"))
-    command = [doctor, "audit", str(path), "--adaptor", str(args.adaptor), "--format", "json"]
-    runs = [timed(command) for _ in range(args.repeat)]
-    seconds, result = min(runs, key=lambda run: run[0])
+
+    def command(trees: list[Path]) -> list[str]:
+        return [doctor, "audit", *map(str, trees), "--adaptor", str(args.adaptor), "--format", "json"]
+
+    runs = [timed(command(paths)) for _ in range(args.repeat)]
+    seconds, peak_mb, result = min(runs, key=lambda run: run[0])
     if result.returncode not in (0, 1):
         sys.exit(f"audit failed (exit {result.returncode}): {result.stderr.strip()}")
     audit = json.loads(result.stdout)
     files = audit["files"]
     kinds = Counter(holder["kind"] for holder in audit["holders"])
     summary = audit["summary"]
-    print(f"tree: {path}")
+    print(f"trees: {', '.join(map(str, paths))}")
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     print(f"{'seconds (best of ' + str(args.repeat) + ')':<24}{seconds:>8.2f}")
     print(f"{'files':<24}{files:>8}")
     print(f"{'files/s':<24}{files / seconds:>8.0f}")
+    print(f"{'peak RSS (MB)':<24}{peak_mb:>8.0f}")
     print(f"globals: {summary['holders']} ({', '.join(f'{count} {kind}' for kind, count in sorted(kinds.items()))}); "
           f"{summary['uncovered']} uncovered, {summary['unsafe']} unsafe, {summary['covered']} covered, "
           f"{summary['fixable']} with a fix; {len(audit['stale_resets'])} stale reset(s)")
-    print(f"target: under {TARGET_SECONDS:.0f} s")
-    print("result: " + ("within target" if seconds < TARGET_SECONDS else "MISSED the target"))
+    if len(paths) > 1:
+        print("growth (one run each):")
+        for count in range(1, len(paths) + 1):
+            part_seconds, part_mb, part = timed(command(paths[:count]))
+            part_files = json.loads(part.stdout)["files"] if part.returncode in (0, 1) else 0
+            print(f"  {count} tree(s): {part_files:>5} files  {part_seconds:6.2f} s  {part_mb:5.0f} MB  "
+                  f"{part_seconds * 1000 / max(part_files, 1):5.1f} ms/file")
+    print(f"targets: under {TARGET_SECONDS:.0f} s and {TARGET_MB} MB")
+    within = seconds < TARGET_SECONDS and peak_mb < TARGET_MB
+    print("result: " + ("within targets" if within else "MISSED a target"))
 
 
 if __name__ == "__main__":

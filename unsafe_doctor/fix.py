@@ -54,12 +54,11 @@ from unsafe_doctor.adaptor import (
     shown_path,
     without_blocks,
 )
-from unsafe_doctor.audit.coverage import adaptor_coverage
-from unsafe_doctor.audit.model import Coverage
-from unsafe_doctor.audit.refs import HolderKey
+from unsafe_doctor.audit.coverage import AdaptorCoverage
 from unsafe_doctor.classify import Classified, ClassifiedSubject, FixPlan, NoFix, Unclassified, generic_template
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.existing_reset import AlreadyReset, existing_reset
 from unsafe_doctor.knowledge import (
     DEST_RANK,
     EVERY_ROLE,
@@ -71,7 +70,6 @@ from unsafe_doctor.knowledge import (
     is_safe_dotted,
     map_parameters,
 )
-from unsafe_doctor.source.syntax import callee_name
 from unsafe_doctor.subject import Subject
 from unsafe_doctor.versions import Environment
 
@@ -123,25 +121,6 @@ class Skipped:
 
     def __str__(self) -> str:
         return f"finding {self.finding}: {self.reason}"
-
-
-@dataclass(frozen=True)
-class AlreadyReset:
-    """A finding whose global the adaptor already resets (judged as `audit` judges coverage): a
-    second block would fix nothing, since the log shows the first did not help. Nothing is written;
-    `doubts` says what can make the existing reset ineffective, for the user to check."""
-
-    finding: int
-    variable: str
-    coverage: Coverage
-    doubts: tuple[str, ...]
-
-    def __str__(self) -> str:
-        where = ", ".join(f"{site.file}:{site.line} `{site.code}`" for site in self.coverage.sites)
-        return (
-            f"finding {self.finding}: {self.variable} is already {self.coverage.why} ({where}); nothing written, "
-            f"since the log shows that reset did not help here. Check: {'; '.join(self.doubts)}"
-        )
 
 
 # A fix that must not be written (a log's name that is no Python name, an adaptor function missing or
@@ -198,6 +177,7 @@ def plan_fix(
     group = (parameters or {}).get("group")
     profile = map_parameters(environment.profile, {role: name for role, name in (parameters or {}).items() if role != "group"})
     requests: list[_Request] = []
+    coverage: AdaptorCoverage | None = None  # the adaptor read once, when a finding has a fix
     outcomes: list[Outcome] = []
     notes: list[str] = []
     for number, item in enumerate(findings, 1):
@@ -208,7 +188,9 @@ def plan_fix(
             outcomes.append(Skipped(number, classification.fix.reason))
         else:
             key = marker_key(item.subject, classification, context.knowledge)
-            existing = _existing_reset(item.subject, classification, key, context)
+            if coverage is None and environment.adaptor is not None:
+                coverage = AdaptorCoverage(environment.adaptor, environment.profile, context.workspace)
+            existing = existing_reset(item.subject, classification, key, context, coverage)
             if isinstance(existing, AlreadyReset):
                 outcomes.append(replace(existing, finding=number))
                 continue
@@ -236,77 +218,6 @@ def plan_fix(
         notes.extend((*adapted, *_early_return_notes(source, function)))
     edits = tuple(_insert(adaptor.source(path), items) for path, items in insertions.items())
     return Plan(edits, tuple(present), tuple(outcomes), tuple(dict.fromkeys(notes)))
-
-
-def _existing_reset(
-    subject: Subject, classification: Classified, key: str, context: RunContext
-) -> AlreadyReset | tuple[str, ...]:
-    """How the adaptor already handles the finding's global: an AlreadyReset when it resets it and
-    nothing establishes why that failed; else notes for the block that will be written (why the
-    existing handling is not enough). Our own block for this key is `present`, not a reset of theirs."""
-    environment = context.environment
-    if environment.adaptor is None:
-        return ()
-    if any((MARKER_BEGIN + key).encode() in path.read_bytes() for path in adaptor_files(environment) if path.is_file()):
-        return ()
-    for holder in _globals_of(subject, classification, context.knowledge):
-        coverage = adaptor_coverage(holder, environment.adaptor, environment.profile, context.workspace)
-        if coverage.status == "unsafe":
-            where = ", ".join(f"{site.file}:{site.line}" for site in coverage.sites)
-            return (f"the adaptor's own handling of {holder.variable} is unsafe ({where}): {coverage.why}; "
-                    "the block rebuilds it safely, and that statement should go",)
-        if coverage.status != "covered":
-            continue
-        importers = context.workspace.importers_by_name(holder.module, holder.variable)
-        if importers and coverage.how == "reset":
-            return (f"the adaptor rebinds {holder.variable} ({coverage.sites[0].file}:{coverage.sites[0].line}), but "
-                    f"{importers[0]} imported it by name and keeps the old object: the block resets it in place",)
-        shown = ".".join(part for part in holder if part)
-        return AlreadyReset(0, shown, coverage, _doubts(coverage, subject, environment.adaptor))
-    return ()
-
-
-def _globals_of(subject: Subject, classification: Classified, knowledge: KnowledgeBase) -> list[HolderKey]:
-    """The globals a reset of this finding could name: the tensor's own, then those its rule names
-    (the memory buffer's read fails in GlobalMemoryBuffer.buffer; the adaptor resets _GLOBAL_MEMORY_BUFFER)."""
-    tensor = subject.tensor
-    found = []
-    if tensor is not None and tensor.variable and tensor.module:
-        found.append(HolderKey(tensor.module, tensor.owner, tensor.variable))
-    rule = knowledge.rule(classification.rule) if classification.rule else None
-    for block in rule.matches if rule is not None else ():
-        if block.variable and block.module and not any(char in block.module for char in "*?["):
-            found.append(HolderKey(block.module, block.owner, block.variable))
-    return list(dict.fromkeys(found))
-
-
-def _doubts(coverage: Coverage, subject: Subject, adaptor: Path) -> tuple[str, ...]:
-    """What can make an existing reset ineffective, as far as the files can tell (none is established)."""
-    called = {helper.rpartition(".")[2] for helper in coverage.via}
-    at_sites = [guard for site in coverage.sites for guard in _guards(Path(site.file), {site.line}, set())]
-    guards = dict.fromkeys([*at_sites, *_guards(adaptor, set(), called)])
-    doubts = [f"it runs only when `{guard}` holds (line {line}): was that so in the job?" for line, guard in guards]
-    frames = subject.frame
-    if frames is None or Path(frames.file).name != adaptor.name:
-        doubts.append(f"did the job run this {adaptor.name}? (the log shows no frame in it)")
-    if coverage.how == "reset":
-        doubts.append("does anything re-fill it from unsafe memory between the rollback and the next step?")
-    return tuple(doubts)
-
-
-def _guards(path: Path, lines: set[int], calls: set[str]) -> list[tuple[int, str]]:
-    """The `if` conditions (line, text) around the given lines of a file, and around its calls of
-    `calls` (the helpers a reset goes through), outermost first."""
-    try:
-        tree = ast.parse(path.read_bytes())
-    except (OSError, SyntaxError, ValueError):
-        return []
-    lines = lines | {node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and callee_name(node.func) in calls}
-    return [
-        (node.lineno, ast.unparse(node.test))
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and any(node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0) for line in lines)
-    ]
 
 
 def parameter_roles(specs: Iterable[str]) -> dict[str, str]:
@@ -410,7 +321,8 @@ def _block_lines(
         ) from None
     pairs: list[tuple[str, str]] = []  # (helper parameter, what the adaptor function passes)
     if group is not None and group not in function.parameters:
-        raise UsageError(f"{function.path}:{function.first_line}: {function.name}() has no parameter {group} (--parameter group=...)")
+        where = f"{function.path}:{function.first_line}"
+        raise UsageError(f"{where}: {function.name}() has no parameter {group} (--parameter group=...)")
     # a `group` role: given here, or by the profile (its expression is then the parameter's name)
     given_group = group or (profile.repair_group if profile.repair_group in function.parameters else None)
     own_group = given_group or function.own_group

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from unsafe_doctor.audit.index import Index
-from unsafe_doctor.audit.model import Coverage, Holder, How, Role, Site
+from unsafe_doctor.audit.model import Coverage, Holder, HolderKind, How, Role, Site
 from unsafe_doctor.audit.refs import FunctionRef, HolderKey
 from unsafe_doctor.audit.resolve import Accessors
 from unsafe_doctor.audit.scope import Scope
@@ -240,17 +240,20 @@ def _passed(use: Use, name: str, where: str) -> Effect | None:
     return None
 
 
-def adaptor_coverage(key: HolderKey, adaptor: Path, profile: AdaptorProfile, workspace: Workspace) -> Coverage:
-    """How the adaptor's recovery functions handle one global, judged as `audit` judges it; for
-    `fix`, which must not write a second reset of a global the adaptor already resets.
-    `workspace`: the diagnosis's, so that framework names resolve in the log's release."""
-    import_roots = ImportRoots()
-    files = profile_files(profile, adaptor) or [adaptor.resolve()]
-    roots = list(dict.fromkeys(import_roots.of(path) for path in [adaptor.resolve(), *files]))
-    index = Index([adaptor], roots, workspace.over(roots))
-    notes: list[str] = []
-    judge = CoverageJudge(index, Accessors(index), adaptor, profile, notes)
-    variable = key.variable
-    holder = Holder("module-global" if key.owner is None else "class-attribute", key.module, key.owner, variable,
-                    "device", Site(str(adaptor), 1, None, variable), (), (), (), ())
-    return judge.judge(holder)
+class AdaptorCoverage:
+    """How the adaptor's recovery functions handle a global, judged as `audit` judges it; for `fix`,
+    which must not write a second reset of a global the adaptor already resets. The adaptor is
+    read once. `workspace`: the diagnosis's, so that framework names resolve in the log's release."""
+
+    def __init__(self, adaptor: Path, profile: AdaptorProfile, workspace: Workspace):
+        import_roots = ImportRoots()
+        files = profile_files(profile, adaptor) or [adaptor.resolve()]
+        roots = list(dict.fromkeys(import_roots.of(path) for path in [adaptor.resolve(), *files]))
+        index = Index([adaptor], roots, workspace.over(roots))
+        self.adaptor = adaptor
+        self.judge = CoverageJudge(index, Accessors(index), adaptor, profile, [])
+
+    def of(self, key: HolderKey) -> Coverage:
+        kind: HolderKind = "module-global" if key.owner is None else "class-attribute"
+        definition = Site(str(self.adaptor), 1, None, key.variable)  # not shown: coverage names the adaptor's sites
+        return self.judge.judge(Holder(kind, key.module, key.owner, key.variable, "device", definition, (), (), (), ()))
