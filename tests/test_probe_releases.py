@@ -158,14 +158,14 @@ def test_verify_proves_the_fix_on_the_release(version, scenario, release_path, i
     assert verdict["patched"].startswith(clean)
 
 
-def test_a_probe_that_cannot_build_state_here_exits_2_with_the_reason(megatron_core_release, router_expert_bias_log, in_tree):
-    """0.16.1's expert_bias log verified where megatron-core 0.8.0 is installed: its TopKRouter has no
-    expert_bias, so the replay cannot build the state. That is exit 2, the reason shown, never a crash."""
-    adaptor = in_tree / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
-    verified = unsafe_doctor("verify", str(router_expert_bias_log), "--source-root", str(in_tree), "--adaptor", str(adaptor),
-                             "--ranks", "2", "--format", "json", pythonpath=[megatron_core_release("0.8.0")])
+def test_a_release_the_rule_does_not_claim_exits_2_with_the_reason(in_tree):
+    """The 0.12.1 corpus log where 0.16.1 is installed: the log's rule (the tracker in parallel_state)
+    holds for 0.8-0.12, whose state this machine cannot build. That is exit 2, the reason shown."""
+    adaptor = in_tree / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
+    verified = unsafe_doctor("verify", str(TRACKER_0_12_LOG), "--source-root", str(in_tree), "--adaptor", str(adaptor),
+                             "--ranks", "2", "--format", "json", pythonpath=[])
     assert verified.returncode == 2, verified.stdout[-3000:] + verified.stderr[-2000:]
     [verdict] = json.loads(verified.stdout)["verdicts"]
-    assert verdict["outcome"] == "not-modelled"
-    assert verdict["unpatched"] == ("megatron-core 0.8.0's TransformerConfig has no moe_router_enable_expert_bias: "
-                                    "its TopKRouter has no expert_bias")
+    assert (verdict["rule"], verdict["outcome"]) == ("megatron.moe-layer-wise-tracker", "not-modelled")
+    assert verdict["unpatched"].startswith(f"megatron-core {INSTALLED} is installed here, but rule "
+                                           "megatron.moe-layer-wise-tracker holds for megatron-core <0.13,>=0.8")

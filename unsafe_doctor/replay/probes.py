@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from packaging.specifiers import SpecifierSet
 
 from unsafe_doctor.replay.plan import Target
 from unsafe_doctor.replay.reachable import reachable_tensors
@@ -263,6 +264,7 @@ class MegatronLayerWiseTrackerProbe(Probe):
 
     def build(self) -> None:
         with _megatron_building("the MoE layer-wise tracker"):
+            _require_claimed_release(self.target)
             from megatron.core.transformer.moe import moe_utils
 
             self.holder = self._holder_module()
@@ -314,6 +316,7 @@ class MegatronRouterExpertBiasProbe(Probe):
 
     def build(self) -> None:
         with _megatron_building("a TopKRouter with expert bias"):
+            _require_claimed_release(self.target)
             from megatron.core.transformer.moe.router import TopKRouter
             from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -357,12 +360,26 @@ def _no_process_groups(router: Any) -> tuple:
     return (kinds[0](**{field.name: None for field in dataclasses.fields(kinds[0])}),)
 
 
-def _megatron_release() -> str:
-    """The release first on sys.path, as its metadata says (importing megatron.core may be what fails)."""
+def _require_claimed_release(target: Target) -> None:
+    """The state and the fix are those of the releases the rule holds for (the log's): another
+    release installed here would replay a different layout, so the replay does not model it."""
+    installed = _installed_release()
+    if target.releases and installed and not SpecifierSet(target.releases).contains(installed, prereleases=True):
+        raise ProbeError(f"megatron-core {installed} is installed here, but rule {target.rule} holds for megatron-core "
+                         f"{target.releases}: put one of those releases first on PYTHONPATH "
+                         "(pip install --no-deps --target DIR megatron-core==VERSION)")
+
+
+def _installed_release() -> str | None:
+    """The megatron-core first on sys.path, as its metadata says (importing it may be what fails)."""
     try:
         return importlib.metadata.version("megatron-core")
     except importlib.metadata.PackageNotFoundError:
-        return "(not installed)"
+        return None
+
+
+def _megatron_release() -> str:
+    return _installed_release() or "(not installed)"
 
 
 @contextlib.contextmanager
