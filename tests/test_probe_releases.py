@@ -10,6 +10,7 @@ scenario-2 fix (the router's expert_bias) on 0.12.1 and on 0.16.1.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -58,6 +59,7 @@ def release_path(megatron_core_release):
     return lambda version: [] if version == INSTALLED else [megatron_core_release(version)]
 
 
+@functools.cache
 def claimed_by_a_rule(probe: str, version: str) -> bool:
     return any(rule.probe == probe and rule.versions is not None and Version(version) in rule.versions
                for rule in load_knowledge().rules)
