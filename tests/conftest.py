@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,51 @@ FRAMEWORK = ROOT / "samples" / "framework"
 def load_rules_generator():
     """tests/fixtures/rules/generate.py: captures a real traceback and writes it as a rank's log."""
     spec = importlib.util.spec_from_file_location("rules_generator", ROOT / "tests" / "fixtures" / "rules" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def megatron_core_release():
+    """A megatron-core release in a pip target, to put first on PYTHONPATH: ``release("0.12.1")`` is
+    the folder holding its ``megatron`` package and metadata. Installed once with ``pip install
+    --no-deps --target`` (pure Python; 0.7 and 0.8 import pkg_resources, hence setuptools) and kept
+    under the temp dir for later runs; a release pip cannot install is skipped with pip's reason."""
+    cache = Path(tempfile.gettempdir()) / "unsafe-doctor-megatron-core"
+    failed: dict[str, str] = {}
+
+    def release(version: str) -> Path:
+        target = cache / version
+        if not target.is_dir() and version not in failed:
+            partial = Path(tempfile.mkdtemp(prefix=f"{version}-", dir=_made(cache)))
+            result = subprocess.run(
+                [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(partial),
+                 f"megatron-core=={version}", "setuptools<81"],
+                capture_output=True, text=True, timeout=600, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+            )
+            if result.returncode == 0:
+                with contextlib.suppress(OSError):  # another run may have put it there first
+                    partial.rename(target)
+            else:
+                failed[version] = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            shutil.rmtree(partial, ignore_errors=True)
+        if version in failed:
+            pytest.skip(f"pip could not install megatron-core {version}: {failed[version]}")
+        return target
+
+    return release
+
+
+def _made(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def load_stale_expert_bias():
+    """tests/fixtures/replay/stale_expert_bias.py: megatron-core's TopKRouter routes with a stale expert_bias."""
+    path = ROOT / "tests" / "fixtures" / "replay" / "stale_expert_bias.py"
+    spec = importlib.util.spec_from_file_location("stale_expert_bias", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -47,27 +97,10 @@ def toytrain_loss_log(tmp_path_factory) -> Path:
     return path
 
 
-def _route_with_stale_bias(mark) -> None:
-    """megatron-core 0.16.1's TopKRouter routes with an expert_bias the fault left unsafe."""
-    import torch
-    from megatron.core.process_groups_config import ProcessGroupCollection
-    from megatron.core.transformer.moe.router import TopKRouter
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    config = TransformerConfig(
-        num_layers=2, hidden_size=16, num_attention_heads=2, num_moe_experts=4, moe_router_topk=2,
-        moe_router_load_balancing_type="none", moe_router_score_function="sigmoid",
-        moe_router_enable_expert_bias=True, use_cpu_initialization=True,
-    )
-    router = TopKRouter(config, ProcessGroupCollection(tp=None, cp=None, tp_cp=None, tp_dp_cp=None))
-    mark(router.expert_bias)
-    router.routing(torch.randn(3, 2, 4))
-
-
 @pytest.fixture(scope="session")
 def router_expert_bias_log(tmp_path_factory) -> Path:
     """rank 3's traceback: megatron-core's TopKRouter.routing reads expert_bias (scenario 2)."""
     generator = load_rules_generator()
     path = tmp_path_factory.mktemp("logs") / "router_expert_bias.log"
-    path.write_text(generator.as_log(generator.capture(_route_with_stale_bias), rank_prefix=True))
+    path.write_text(generator.as_log(generator.capture(load_stale_expert_bias().route_with_stale_bias), rank_prefix=True))
     return path

@@ -1,17 +1,15 @@
 """audit(): global tensors found in source, their coverage by the recovery adaptor, classification.
 
 Real framework trees: megatron-core 0.16.1 (installed with the test extra) and 0.12.1 and 0.7.0,
-installed here once per session with `pip install --no-deps --target` (pure source is all the audit
-reads). Each detection rule also has a small synthetic tree in tmp_path with negatives (a CPU
-tensor, a local variable, a constant) that must not be reported.
+installed with `pip install --no-deps --target` by conftest's ``megatron_core_release`` (pure
+source is all the audit reads). Each detection rule also has a small synthetic tree in tmp_path with
+negatives (a CPU tensor, a local variable, a constant) that must not be reported.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -77,21 +75,11 @@ def installed_megatron_core() -> Path:
 
 
 @pytest.fixture(scope="session")
-def megatron_core(tmp_path_factory):
-    """megatron/core of a given megatron-core version: the installed one, or pip-installed once."""
-    trees: dict[str, Path] = {"0.16.1": installed_megatron_core()}
+def megatron_core(megatron_core_release):
+    """megatron/core of a given megatron-core version: the installed one, or the session's pip target."""
 
     def tree(version: str) -> Path:
-        if version not in trees:
-            target = tmp_path_factory.mktemp(f"megatron-core-{version}")
-            result = subprocess.run(
-                [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                 f"megatron-core=={version}"],
-                capture_output=True, text=True, timeout=600,
-            )
-            assert result.returncode == 0, f"pip could not install megatron-core {version}: {result.stderr[-2000:]}"
-            trees[version] = target / "megatron" / "core"
-        return trees[version]
+        return installed_megatron_core() if version == "0.16.1" else megatron_core_release(version) / "megatron" / "core"
 
     return tree
 

@@ -153,6 +153,23 @@ def test_every_probe_a_rule_may_name_has_an_implementation():
     assert set(PROBES) == PROBE_NAMES
 
 
+def test_a_probe_that_raises_while_building_is_not_modelled_with_its_reason(toytrain, tmp_path):
+    """Any exception of a build (here a constructor called the way another release wants) means the
+    replay cannot build the state here: exit 2 with the exception and where, never a crashed rank."""
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / "broken_probe.py").write_text(
+        "def build(device):\n    raise TypeError('__init__() takes 2 positional arguments but 3 were given')\n"
+    )
+    result = replay(EMA_LOG, toytrain / "toytrain" / "recovery.py", [toytrain, probes], probe="broken_probe:build")
+    [verdict] = result.verdicts
+    assert (verdict.outcome, result.exit_code) == ("not-modelled", 2)
+    assert verdict.unpatched.startswith(
+        "the probe's build raised TypeError: __init__() takes 2 positional arguments but 3 were given at "
+    )
+    assert verdict.unpatched.endswith("broken_probe.py:2")
+
+
 def test_eight_ranks_and_a_log_rank_beyond_them(toytrain, loss_log):
     adaptor = toytrain / "toytrain" / "recovery.py"
     write_fix(EMA_LOG, adaptor, [toytrain])

@@ -92,7 +92,8 @@ def plan_replay(
             key = marker_key(item.subject, classification, knowledge)
             targets.append(Target(key, label, classification.scenario, classification.rule,
                                   tensor.module, tensor.variable, tensor.owner,
-                                  knowledge.switches(rule) if rule else (), rule.probe if rule else None))
+                                  knowledge.switches(rule) if rule else (), rule.probe if rule else None,
+                                  str(rule.versions) if rule and rule.versions is not None else None))
     if not targets:
         raise UsageError("nothing to verify: " + ("; ".join(skipped) if skipped else "the log has no unsafe-data finding"))
     environment = diagnosis.context.environment

@@ -129,14 +129,18 @@ class _Run:
             try:
                 probe = make_probe(target, self.backend.device, self.plan.probe)
                 probe.build()
-            except ProbeError as error:
-                self.not_modelled[target.key] = str(error)
+            except Exception as error:  # state this machine cannot build is not modelled (exit 2), never a crash
+                self.not_modelled[target.key] = _not_built(error, "the probe's build")
                 continue
             self.probes[target.key] = probe
             self.built[target.key] = probe.how
         for _ in range(self.plan.steps):
-            for probe in self.probes.values():
-                probe.step()
+            for key, probe in list(self.probes.items()):
+                try:
+                    probe.step()
+                except Exception as error:  # before the fault nothing is unsafe: the probe itself fails here
+                    self.not_modelled[key] = f"{self.built.pop(key)}; {_not_built(error, 'its step before the fault')}"
+                    del self.probes[key]
         for key, probe in self.probes.items():
             _advance(probe.tensors(), key)
 
@@ -394,6 +398,14 @@ def _failure_kind(error: BaseException) -> FailureKind:
     if "destination rank" in text:
         return "send-to-self"
     return "other"
+
+
+def _not_built(error: Exception, what: str) -> str:
+    """Why a probe could not build its global's state: a ProbeError says it; anything else is named."""
+    if isinstance(error, ProbeError):
+        return str(error)
+    where = _where(error)
+    return f"{what} raised {type(error).__name__}: {_first_line(error)}" + (f" at {where}" if where else "")
 
 
 def _first_line(error: BaseException) -> str:

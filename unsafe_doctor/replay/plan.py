@@ -31,6 +31,7 @@ class Target:
     owner: str | None
     switches: tuple[str, ...] = ()  # framework arguments the fix's guards read: switched on in the replay
     probe: str | None = None  # the rule's probe, by name (replay/probes.py); None: the generic probe
+    releases: str | None = None  # the framework releases the rule holds for (a specifier, ">=0.8,<0.13"); None: any
 
 
 @dataclass(frozen=True)

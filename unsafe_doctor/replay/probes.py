@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import importlib
+import importlib.metadata
 import inspect
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from packaging.specifiers import SpecifierSet
 
 from unsafe_doctor.replay.plan import Target
 from unsafe_doctor.replay.reachable import reachable_tensors
@@ -245,65 +249,92 @@ class UserProbe(Probe):
 
 
 class MegatronLayerWiseTrackerProbe(Probe):
-    """megatron-core's MoE layer-wise loss tracker, filled and cleared by megatron-core's functions."""
+    """megatron-core's MoE layer-wise loss tracker, filled and cleared by megatron-core's functions.
+
+    The tracker lives in parallel_state up to 0.12 and in moe_utils from 0.13: the probe uses the
+    module of the installed release that holds it, the log's module first."""
 
     LOSS = "load_balancing_loss"
     LAYERS = 2
+    HOLDERS = ("megatron.core.transformer.moe.moe_utils", "megatron.core.parallel_state")
 
     def __init__(self, target: Target, device: torch.device) -> None:
         self.target, self.device = target, device
-        self.how = (
-            "built by megatron-core's save_to_aux_losses_tracker() for 2 MoE layers; touched by a step's "
-            "save_to_aux_losses_tracker() and clear_aux_losses_tracker()"
-        )
-
-    def _tracker_module(self):
-        return importlib.import_module(self.target.module)
+        self.how = ""
 
     def build(self) -> None:
-        self._tracker_module()._MOE_LAYER_WISE_LOGGING_TRACKER.clear()  # a fresh process's tracker
-        self._save()
+        with _megatron_building("the MoE layer-wise tracker"):
+            _require_claimed_release(self.target)
+            from megatron.core.transformer.moe import moe_utils
+
+            self.holder = self._holder_module()
+            self.save, self.clear = moe_utils.save_to_aux_losses_tracker, moe_utils.clear_aux_losses_tracker
+            self._tracker().clear()  # a fresh process's tracker
+            self._save()
+        self.how = (
+            f"built by megatron-core {_megatron_release()}'s save_to_aux_losses_tracker() for {self.LAYERS} MoE layers "
+            f"into {self.holder.__name__}.{self.target.variable}; touched by a step's save_to_aux_losses_tracker() "
+            "and clear_aux_losses_tracker()"
+        )
+
+    def _holder_module(self) -> Any:
+        for name in (self.target.module, *self.HOLDERS):
+            with contextlib.suppress(ImportError):
+                module = importlib.import_module(name)
+                if isinstance(getattr(module, self.target.variable, None), dict):
+                    return module
+        raise ProbeError(f"megatron-core {_megatron_release()} has no {self.target.variable} in "
+                         f"{' or '.join(dict.fromkeys((self.target.module, *self.HOLDERS)))}")
+
+    def _tracker(self) -> dict:
+        return getattr(self.holder, self.target.variable)
 
     def _save(self) -> None:
-        from megatron.core.transformer.moe.moe_utils import save_to_aux_losses_tracker
-
         for layer in range(1, self.LAYERS + 1):
-            save_to_aux_losses_tracker(self.LOSS, torch.full((), 0.5, device=self.device), layer, self.LAYERS)
+            self.save(self.LOSS, torch.full((), 0.5, device=self.device), layer, self.LAYERS)
 
     def step(self) -> None:
-        from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
-
         self._save()
-        clear_aux_losses_tracker()
+        self.clear()
 
     def tensors(self) -> list[torch.Tensor]:
-        return reachable_tensors(self._tracker_module()._MOE_LAYER_WISE_LOGGING_TRACKER)
+        return reachable_tensors(self._tracker())
 
 
 class MegatronRouterExpertBiasProbe(Probe):
     """megatron-core's TopKRouter with aux-loss-free balancing: its routing reads expert_bias.
 
-    The step routes without gradients, as evaluation does, so that it reads expert_bias and not
-    local_tokens_per_expert (another global, with its own rule)."""
+    The router's second argument, its process groups, changed type across releases (none up to 0.12,
+    ModelCommProcessGroups in 0.13, ProcessGroupCollection later): it is read from the installed
+    constructor's signature and given with every group None (no parallelism). The step routes without
+    gradients, as evaluation does, so that it reads expert_bias and not local_tokens_per_expert
+    (another global, with its own rule)."""
 
     def __init__(self, target: Target, device: torch.device) -> None:
         self.target, self.device = target, device
-        self.how = "built as megatron-core's TopKRouter (4 experts, expert bias on); touched by its routing()"
+        self.how = ""
 
     def build(self) -> None:
-        from megatron.core.process_groups_config import ProcessGroupCollection
-        from megatron.core.transformer.moe.router import TopKRouter
-        from megatron.core.transformer.transformer_config import TransformerConfig
+        with _megatron_building("a TopKRouter with expert bias"):
+            _require_claimed_release(self.target)
+            from megatron.core.transformer.moe.router import TopKRouter
+            from megatron.core.transformer.transformer_config import TransformerConfig
 
-        config = TransformerConfig(
-            num_layers=2, hidden_size=16, num_attention_heads=2, num_moe_experts=4, moe_router_topk=2,
-            moe_router_load_balancing_type="none", moe_router_score_function="sigmoid",
-            moe_router_enable_expert_bias=True, use_cpu_initialization=True,
-        )
-        groups = ProcessGroupCollection(tp=None, cp=None, tp_cp=None, tp_dp_cp=None)
-        with _cuda_means(self.device):
-            self.router = TopKRouter(config, groups)
+            if "moe_router_enable_expert_bias" not in {field.name for field in dataclasses.fields(TransformerConfig)}:
+                raise ProbeError(f"megatron-core {_megatron_release()}'s TransformerConfig has no "
+                                 "moe_router_enable_expert_bias: its TopKRouter has no expert_bias")
+            config = TransformerConfig(
+                num_layers=2, hidden_size=16, num_attention_heads=2, num_moe_experts=4, moe_router_topk=2,
+                moe_router_load_balancing_type="none", moe_router_score_function="sigmoid",
+                moe_router_enable_expert_bias=True, use_cpu_initialization=True, add_bias_linear=False,
+            )
+            groups = _no_process_groups(TopKRouter)
+            with _cuda_means(self.device):
+                self.router = TopKRouter(config, *groups).to(self.device)  # get_model() moves the model as .cuda()
         self.chunk = torch.nn.ModuleList([self.router])
+        shown = f"{type(groups[0]).__name__} of no groups" if groups else "no process groups"
+        self.how = (f"built as megatron-core {_megatron_release()}'s TopKRouter (4 experts, expert bias on, {shown}); "
+                    "touched by its routing()")
 
     def step(self) -> None:
         logits = torch.randn(3, 2, 4, generator=torch.Generator().manual_seed(1)).to(self.device)
@@ -315,6 +346,54 @@ class MegatronRouterExpertBiasProbe(Probe):
 
     def train_args(self) -> tuple:
         return (None, [self.chunk], None, None)
+
+
+def _no_process_groups(router: Any) -> tuple:
+    """The router's process-group argument, every group None; () where the constructor takes none."""
+    parameters = list(inspect.signature(router).parameters.values())[1:]  # after config
+    if not parameters:
+        return ()
+    hint = typing.get_type_hints(router.__init__).get(parameters[0].name)
+    kinds: list[Any] = [kind for kind in typing.get_args(hint) or (hint,) if dataclasses.is_dataclass(kind)]
+    if not kinds:
+        raise ProbeError(f"TopKRouter's {parameters[0].name} is a {hint}, not a dataclass of process groups")
+    return (kinds[0](**{field.name: None for field in dataclasses.fields(kinds[0])}),)
+
+
+def _require_claimed_release(target: Target) -> None:
+    """The state and the fix are those of the releases the rule holds for (the log's): another
+    release installed here would replay a different layout, so the replay does not model it."""
+    installed = _installed_release()
+    if target.releases and installed and not SpecifierSet(target.releases).contains(installed, prereleases=True):
+        raise ProbeError(f"megatron-core {installed} is installed here, but rule {target.rule} holds for megatron-core "
+                         f"{target.releases}: put one of those releases first on PYTHONPATH "
+                         "(pip install --no-deps --target DIR megatron-core==VERSION)")
+
+
+def _installed_release() -> str | None:
+    """The megatron-core first on sys.path, as its metadata says (importing it may be what fails)."""
+    try:
+        return importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _megatron_release() -> str:
+    return _installed_release() or "(not installed)"
+
+
+@contextlib.contextmanager
+def _megatron_building(what: str) -> Iterator[None]:
+    """Any failure to build megatron-core's state here (a missing module, a constructor that takes
+    other arguments) is a ProbeError that names the release: the replay does not model it."""
+    try:
+        yield
+    except ProbeError:
+        raise
+    except Exception as error:  # whatever the installed release raises
+        first_line = next(iter(str(error).strip().splitlines()), "")
+        raise ProbeError(f"cannot build {what} with megatron-core {_megatron_release()}: "
+                         f"{type(error).__name__}: {first_line}") from None
 
 
 @contextlib.contextmanager
