@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sysconfig
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -93,3 +94,26 @@ def test_every_global_a_shipped_rule_names_in_these_files_is_found(found):
                         named.append((rule.id, f"{module}.{variable}"))
     assert len(named) >= 15
     assert [(rule, name) for rule, name in named if name not in found and "mindspore" not in name] == []
+
+
+MEGATRON_RULE_GLOBALS = {  # every global a shipped rule names that megatron-core 0.16.1 defines, and its rule
+    "megatron.core.transformer.moe.moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER": "megatron.moe-layer-wise-tracker-moe-utils",
+    "megatron.core.transformer.multi_token_prediction.MTPLossLoggingHelper.tracker": "megatron.mtp-loss-tracker",
+    "megatron.core.parallel_state._GLOBAL_MEMORY_BUFFER": "megatron.global-memory-buffer",
+    "megatron.core.utils.GlobalMemoryBuffer.buffer": "megatron.global-memory-buffer",
+    "megatron.core.models.common.embeddings.rotary_pos_embedding.RotaryEmbedding.forward": "megatron.rotary-emb-cache",
+    "megatron.core.models.common.embeddings.rotary_pos_embedding.RotaryEmbedding.inv_freq": "megatron.rotary-inv-freq",
+    "megatron.core.transformer.moe.router.TopKRouter.expert_bias": "megatron.router-expert-bias",
+    "megatron.core.transformer.moe.router.TopKRouter.local_tokens_per_expert": "megatron.router-local-tokens-per-expert",
+    "megatron.core.optimizer.optimizer.MixedPrecisionOptimizer.found_inf": "megatron.optimizer-found-inf",
+    "megatron.core.optimizer.grad_scaler.DynamicGradScaler._scale": "megatron.grad-scaler",
+}
+
+
+def test_every_global_a_shipped_rule_names_in_megatron_core_is_found_with_its_rule():
+    """On the installed megatron-core 0.16.1 (the test extra's): instance attributes of classes that
+    are no singleton (`self.inv_freq`, `self.found_inf`) included."""
+    megatron = Path(sysconfig.get_paths()["purelib"]) / "megatron" / "core"
+    audited = {item.holder.name: item for item in audit([megatron]).holders}
+    rules = {name: getattr(audited[name].classification, "rule", None) for name in MEGATRON_RULE_GLOBALS if name in audited}
+    assert rules == MEGATRON_RULE_GLOBALS

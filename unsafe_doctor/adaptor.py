@@ -20,12 +20,11 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.markers import MARKER_BEGIN, MARKER_END
 from unsafe_doctor.versions import Environment, profile_files
 
 Role = Literal["rollback", "send", "recv"]
 ROLES: tuple[Role, ...] = ("rollback", "send", "recv")
-MARKER_BEGIN = "# unsafe-doctor: begin "
-MARKER_END = "# unsafe-doctor: end "
 INDENT = "    "  # one indentation level where a function shows none; the unit of the rule templates
 
 

@@ -14,13 +14,14 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from unsafe_doctor.adaptor import MARKER_BEGIN, adaptor_files
+from unsafe_doctor.adaptor import adaptor_files
 from unsafe_doctor.audit.coverage import AdaptorCoverage
 from unsafe_doctor.audit.model import Coverage
 from unsafe_doctor.audit.refs import HolderKey
 from unsafe_doctor.classify import Classified
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.knowledge import KnowledgeBase
+from unsafe_doctor.markers import MARKER_BEGIN
 from unsafe_doctor.source.syntax import callee_name
 from unsafe_doctor.subject import Subject
 

@@ -108,6 +108,7 @@ class CoverageJudge:
         files = profile_files(profile, adaptor) or [adaptor.resolve()]
         if adaptor.resolve() not in files:
             files.insert(0, adaptor.resolve())
+        self.files = files
         self.shown = {index.display(path) for path in files}  # the adaptor's files, as sites name them
         self.functions: dict[Role, str] = {}
         self.uses: dict[Role, dict[HolderKey, list[Use]]] = {}

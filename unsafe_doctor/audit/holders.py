@@ -205,25 +205,48 @@ def _writes(use: Use) -> bool:
 
 
 def named_by_rules(index: Index, rules: Sequence[Rule], found: Sequence[Holder]) -> list[Holder]:
-    """Module globals of the audited modules that a rule names (by name or pattern, in a module or a
-    module glob) and the scan did not find: the knowledge base knows they hold device tensors, even
-    where the code that fills them says nothing a scan can read (`CACHED_SEQ = opt_seq`)."""
+    """Globals of the audited modules that a rule names (by name or pattern, in a module or a module
+    glob; module globals, and attributes of a class, its own or set on `self`) and the scan did not
+    find: the knowledge base knows they hold device tensors, even where the code that fills them
+    says nothing a scan can read (`CACHED_SEQ = opt_seq`, `self.inv_freq = ...` in a non-singleton)."""
     known = {holder.key for holder in found}
     added: list[Holder] = []
     for info in index.scanned:
-        for rule in rules:
-            for block in rule.matches:
-                if block.owner is not None or block.module is None or not fnmatchcase(info.name, block.module):
+        blocks = [block for rule in rules for block in rule.matches
+                  if block.module is not None and fnmatchcase(info.name, block.module)]
+        for block in blocks:
+            for key, node, kind in _named_in(info, block.owner):
+                if key in known or not names_global(block, key.variable, info.name, key.owner):
                     continue
-                for variable in sorted(info.names):
-                    key = HolderKey(info.name, None, variable)
-                    if key in known or not names_global(block, variable, info.name, None):
-                        continue
-                    binding = info.source.bindings[variable]
-                    if isinstance(binding, ImportedName):
-                        continue
-                    known.add(key)
-                    code = (source_segment(info.source.text, binding) or "").strip().splitlines()
-                    site = Site(info.shown, binding.lineno, None, shortened(code[0]) if code else variable)
-                    added.append(Holder("module-global", info.name, None, variable, "unknown", site, (), (), (), ()))
+                known.add(key)
+                code = (source_segment(info.source.text, node) or "").strip().splitlines()
+                site = Site(info.shown, node.lineno, key.owner, shortened(code[0]) if code else key.variable)
+                added.append(Holder(kind, info.name, key.owner, key.variable, "unknown", site, (), (), (), ()))
     return added
+
+
+def _named_in(info: ModuleInfo, owner: str | None) -> list[tuple[HolderKey, ast.stmt | ast.expr, HolderKind]]:
+    """What a rule block could name in a module: its assigned globals (when the block names no
+    class), and the attributes of its classes (of `owner` only, when the block names one)."""
+    named: list[tuple[HolderKey, ast.stmt | ast.expr, HolderKind]] = []
+    if owner is None:
+        for variable in sorted(info.names):
+            binding = info.source.bindings.get(variable)  # None: only a function's `global` binds it
+            if binding is not None and not isinstance(binding, ImportedName):
+                named.append((HolderKey(info.name, None, variable), binding, "module-global"))
+    for cls in info.classes.values():
+        if owner not in (None, cls.name):
+            continue
+        attributes: dict[str, ast.stmt | ast.expr] = dict(cls.attributes)
+        for method in cls.methods.values():
+            for node in ast.walk(method):
+                if not isinstance(node, ast.Assign):
+                    continue
+                for target in node.targets:
+                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                        attributes.setdefault(target.attr, node)
+        attributes.update(cls.buffers)
+        for variable, node in sorted(attributes.items()):
+            kind: HolderKind = "buffer" if variable in cls.buffers else "class-attribute"
+            named.append((HolderKey(info.name, cls.name, variable), node, kind))
+    return named

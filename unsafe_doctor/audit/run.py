@@ -14,11 +14,13 @@ from unsafe_doctor.audit.bridge import classification
 from unsafe_doctor.audit.coverage import CoverageJudge, adaptor_in_tree
 from unsafe_doctor.audit.holders import ScanFindings, holders, named_by_rules, scan_module
 from unsafe_doctor.audit.index import Index, audited_files
-from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder
+from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Site
 from unsafe_doctor.audit.resolve import Accessors
+from unsafe_doctor.classify import Classification, Classified
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import load_knowledge
+from unsafe_doctor.markers import MARKER_BEGIN
 from unsafe_doctor.source.files import ImportRoots
 from unsafe_doctor.stale import stale_resets
 from unsafe_doctor.versions import detect_environment
@@ -67,10 +69,32 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
                 holder = _without_adaptor_uses(holder, judge.shown)
             verdict = judge.judge(holder) if judge is not None else _NO_ADAPTOR
             subject, classified = classification(holder, verdict, context)
+            if judge is not None and verdict.status == "uncovered":
+                verdict = _our_block(classified, judge.files) or verdict
             audited.append(AuditedHolder(holder, verdict, classified, subject))
     audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
     stale = stale_resets(environment.adaptor, environment.profile, environment, index.workspace) if environment.adaptor else []
     return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), context, tuple(stale), tuple(notes))
+
+
+def _our_block(classified: Classification | None, adaptor_files: Sequence[Path]) -> Coverage | None:
+    """Covered by the block unsafe-doctor wrote for the holder's rule: the rule's fix is made for
+    what the rule names, even where it reaches it in ways the coverage reading cannot follow (the
+    model's modules walked for `inv_freq`, the optimizer in `train_args` for the grad scaler)."""
+    rule = classified.rule if isinstance(classified, Classified) else None
+    if rule is None:
+        return None
+    marker = MARKER_BEGIN + rule
+    for path in adaptor_files:
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for number, line in enumerate(lines, 1):
+            if line.strip() == marker or line.strip().startswith(marker + ":"):
+                site = Site(str(path), number, None, line.strip())
+                return Coverage("covered", "rebuilt", None, (), (site,), f"by unsafe-doctor's block for rule {rule}")
+    return None
 
 
 def _given(paths: Sequence[Path]) -> list[Path]:
