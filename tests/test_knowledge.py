@@ -366,7 +366,7 @@ def test_a_profile_names_only_known_parameter_roles(tmp_path):
     [problem] = validate_files([path])
     assert problem.startswith(f"{path}:2: profile acme-adaptor: unknown parameter role 'step_count' (roles: src_ranks, ")
     path = write(tmp_path, PROFILE.replace("src_ranks: sources, ", ""), "missing.yaml")
-    assert validate_files([path]) == [f"{path}:2: profile acme-adaptor: parameters: no parameter for the role src_ranks"]
+    assert validate_files([path]) == [f"{path}:2: profile acme-adaptor: parameters: no parameter for the role src_ranks (or peer)"]
 
 
 def test_two_rules_that_tie_need_a_priority_and_the_higher_one_wins(tmp_path):
