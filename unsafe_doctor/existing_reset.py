@@ -69,7 +69,7 @@ def existing_reset(
             return (f"the adaptor rebinds {holder.variable} ({coverage.sites[0].file}:{coverage.sites[0].line}), but "
                     f"{importers[0]} imported it by name and keeps the old object: the block resets it in place",)
         shown = ".".join(part for part in holder if part)
-        return AlreadyReset(0, shown, coverage, _doubts(coverage, subject, environment.adaptor))
+        return AlreadyReset(0, shown, coverage, _doubts(coverage, environment.adaptor))
     return ()
 
 
@@ -87,15 +87,13 @@ def _globals_of(subject: Subject, classification: Classified, knowledge: Knowled
     return list(dict.fromkeys(found))
 
 
-def _doubts(coverage: Coverage, subject: Subject, adaptor: Path) -> tuple[str, ...]:
+def _doubts(coverage: Coverage, adaptor: Path) -> tuple[str, ...]:
     """What can make an existing reset ineffective, as far as the files can tell (none is established)."""
     called = {helper.rpartition(".")[2] for helper in coverage.via}
     at_sites = [guard for site in coverage.sites for guard in _guards(Path(site.file), {site.line}, set())]
     guards = dict.fromkeys([*at_sites, *_guards(adaptor, set(), called)])
     doubts = [f"it runs only when `{guard}` holds (line {line}): was that so in the job?" for line, guard in guards]
-    frames = subject.frame
-    if frames is None or Path(frames.file).name != adaptor.name:
-        doubts.append(f"did the job run this {adaptor.name}? (the log shows no frame in it)")
+    doubts.append(f"did the job run this {adaptor.name}, or another copy of the adaptor?")
     if coverage.how == "reset":
         doubts.append("does anything re-fill it from unsafe memory between the rollback and the next step?")
     return tuple(doubts)
