@@ -31,6 +31,7 @@ INSTALLED = "0.16.1"  # the test extra's megatron-core: run as installed, no pip
 # What each probe builds on a release where it must build: where the tracker lives, and the router's
 # process-group argument (none up to 0.12, then ModelCommProcessGroups, then ProcessGroupCollection).
 BUILT = {
+    "0.7.0": ("megatron.core.parallel_state", None),  # the aux-losses tracker, the FAQ's
     "0.8.0": ("megatron.core.parallel_state", None),
     "0.11.0": ("megatron.core.parallel_state", "no process groups"),
     "0.12.1": ("megatron.core.parallel_state", "no process groups"),
@@ -40,6 +41,8 @@ BUILT = {
 # Why a probe cannot build on a release no rule naming it claims.
 NOT_BUILT = {
     ("0.7.0", "megatron-layer-wise-tracker"): "megatron-core 0.7.0 has no _MOE_LAYER_WISE_LOGGING_TRACKER in",
+    **{(version, "megatron-aux-losses-tracker"): f"megatron-core {version} has no _MOE_AUX_LOSSES_LOGGING_TRACKER in"
+       for version in ("0.8.0", "0.11.0", "0.12.1", "0.13.0", "0.16.1")},
     ("0.7.0", "megatron-router-expert-bias"):
         "megatron-core 0.7.0's TransformerConfig has no moe_router_enable_expert_bias: its TopKRouter has no expert_bias",
     ("0.8.0", "megatron-router-expert-bias"):
@@ -89,6 +92,8 @@ def test_probes_build_on_every_release_their_rules_claim_and_say_why_not_elsewhe
             assert f"megatron-core {version}'s" in outcome["how"]
             if probe == "megatron-layer-wise-tracker":
                 assert f"into {tracker_holder}._MOE_LAYER_WISE_LOGGING_TRACKER" in outcome["how"]
+            elif probe == "megatron-aux-losses-tracker":
+                assert f"into {tracker_holder}._MOE_AUX_LOSSES_LOGGING_TRACKER" in outcome["how"]
             else:
                 assert f"expert bias on, {router_groups})" in outcome["how"]
         else:
@@ -130,6 +135,8 @@ def stale_expert_bias_log(megatron_core_release, tmp_path_factory, request):
 
 # (the log, the rule the fix comes from, the adaptor file that gets it) per release and scenario
 CASES = {
+    ("0.7.0", 1): (ROOT / "tests" / "corpus" / "logs" / "megatron-0.7-aux-losses-tracker.log", "megatron.moe-aux-losses-tracker",
+                   "tft_rollback.py"),
     ("0.12.1", 1): (TRACKER_0_12_LOG, "megatron.moe-layer-wise-tracker", "tft_rollback.py"),
     (INSTALLED, 1): (ROOT / "samples" / "logs" / "megatron_moe_tracker.log", "megatron.moe-layer-wise-tracker-moe-utils",
                      "tft_rollback.py"),
@@ -146,6 +153,8 @@ def test_verify_proves_the_fix_on_the_release(version, scenario, release_path, i
     log, rule, adaptor_name = CASES[version, scenario]
     log = log or stale_expert_bias_log(version)
     adaptor = in_tree / "mindspeed_llm" / "core" / "high_availability" / adaptor_name
+    if rule == "megatron.moe-aux-losses-tracker":  # the sample already rebinds it (fix would say so): take that out
+        adaptor.write_text(adaptor.read_text().replace("mpu._MOE_AUX_LOSSES_LOGGING_TRACKER = {}", "pass"))
     common = [str(log), "--source-root", str(in_tree), "--adaptor", str(adaptor)]
     fixed = unsafe_doctor("fix", *common, "--yes", pythonpath=release_path(version))
     assert fixed.returncode == 0, fixed.stderr[-2000:]

@@ -53,7 +53,7 @@ EVERY_ROLE = (*PARAMETER_ROLES, *MAPPING_ROLES)
 SOURCE_RANK = "src_rank"
 DEST_RANK = "dest_rank"
 # Probes the replay implements (replay/probes.py registers one class per name; a test holds the two equal).
-PROBE_NAMES = frozenset({"megatron-layer-wise-tracker", "megatron-router-expert-bias"})
+PROBE_NAMES = frozenset({"megatron-layer-wise-tracker", "megatron-aux-losses-tracker", "megatron-router-expert-bias"})
 # A condition's switch is one of Megatron's parsed arguments, read with getattr so that an argument
 # a framework does not define reads as off.
 SWITCH_IMPORTS = ("from megatron.training import get_args",)

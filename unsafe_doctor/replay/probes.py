@@ -248,11 +248,11 @@ class UserProbe(Probe):
         return self._train_args if self._train_args is not None else super().train_args()
 
 
-class MegatronLayerWiseTrackerProbe(Probe):
-    """megatron-core's MoE layer-wise loss tracker, filled and cleared by megatron-core's functions.
-
-    The tracker lives in parallel_state up to 0.12 and in moe_utils from 0.13: the probe uses the
-    module of the installed release that holds it, the log's module first."""
+class MegatronLossTrackerProbe(Probe):
+    """megatron-core's MoE loss tracker, filled and cleared by megatron-core's functions: the
+    layer-wise tracker (parallel_state up to 0.12, moe_utils from 0.13) and, before it, the
+    aux-losses tracker of 0.6-0.7 (parallel_state), with the same save and clear functions. The
+    probe uses the module of the installed release that holds the rule's global, the log's first."""
 
     LOSS = "load_balancing_loss"
     LAYERS = 2
@@ -263,7 +263,7 @@ class MegatronLayerWiseTrackerProbe(Probe):
         self.how = ""
 
     def build(self) -> None:
-        with _megatron_building("the MoE layer-wise tracker"):
+        with _megatron_building(f"the MoE loss tracker {self.target.variable}"):
             _require_claimed_release(self.target)
             from megatron.core.transformer.moe import moe_utils
 
@@ -413,7 +413,8 @@ def _cuda_means(device: torch.device) -> Iterator[None]:
 
 # By the name a rule's `probe:` gives; knowledge.PROBE_NAMES lists the same names for validation.
 PROBES: dict[str, Callable[[Target, torch.device], Probe]] = {
-    "megatron-layer-wise-tracker": MegatronLayerWiseTrackerProbe,
+    "megatron-layer-wise-tracker": MegatronLossTrackerProbe,
+    "megatron-aux-losses-tracker": MegatronLossTrackerProbe,
     "megatron-router-expert-bias": MegatronRouterExpertBiasProbe,
 }
 
