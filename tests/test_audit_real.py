@@ -117,3 +117,12 @@ def test_every_global_a_shipped_rule_names_in_megatron_core_is_found_with_its_ru
     audited = {item.holder.name: item for item in audit([megatron]).holders}
     rules = {name: getattr(audited[name].classification, "rule", None) for name in MEGATRON_RULE_GLOBALS if name in audited}
     assert rules == MEGATRON_RULE_GLOBALS
+
+
+def test_yarn_cos_and_sin_caches_rebuilt_at_run_time_are_found():
+    """YarnRotaryEmbedding registers cos_cached / sin_cached again when a longer sequence comes: a
+    buffer registered outside __init__ is a cache kept across steps."""
+    megatron = Path(sysconfig.get_paths()["purelib"]) / "megatron" / "core" / "models" / "common" / "embeddings"
+    audited = {item.holder.name: item.holder for item in audit([megatron]).holders}
+    yarn = "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding.YarnRotaryEmbedding"
+    assert {audited[f"{yarn}.cos_cached"].kind, audited[f"{yarn}.sin_cached"].kind} == {"buffer"}

@@ -119,8 +119,9 @@ def _holder(found: ScanFindings, info: ModuleInfo, key: HolderKey, uses: list[Us
     definition: Use | None = None
     if key in found.buffers:
         place, registered = found.buffers[key]
-        if not any(not use.in_init and _updates_in_place(use) for use in uses):
+        if registered.in_init and not any(not use.in_init and _updates_in_place(use) for use in uses):
             return None  # no method but __init__ changes it: it carries nothing across steps
+        # registered outside __init__: a cache rebuilt at run time (`_set_cos_sin_cache` of a longer sequence)
         kind: HolderKind = "buffer"
         evidence: list[Evidence] = [("device" if place == "device" else "unknown", registered)]  # a module moves its buffers
         definition = registered
