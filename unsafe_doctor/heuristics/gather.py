@@ -13,7 +13,7 @@ from pathlib import Path
 
 from unsafe_doctor.heuristics.events import Event, FileStudy, FunctionStudy, Kind
 from unsafe_doctor.heuristics.vocabulary import runs_per_step
-from unsafe_doctor.source.files import is_file, python_files
+from unsafe_doctor.source.files import is_file
 from unsafe_doctor.source.syntax import callee_name, is_cache_decorator, walk_scope
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 from unsafe_doctor.subject import Subject, TensorRef
@@ -82,7 +82,7 @@ class Study:
         files = list(first)
         seen = {path.resolve() for path in first}
         for folder in dict.fromkeys(folder.resolve() for folder in folders if folder is not None):
-            for path in python_files(folder):  # under a resolved folder: compared as they are
+            for path in self.workspace.python_files(folder):  # under a resolved folder: compared as they are
                 if len(files) >= MAX_FILES:
                     self.truncated = True
                     return files

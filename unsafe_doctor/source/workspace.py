@@ -35,6 +35,7 @@ from unsafe_doctor.source.files import (
     is_dir,
     is_file,
     package_of,
+    python_files,
 )
 from unsafe_doctor.source.fingerprint import ReleaseMatch, agreeing_releases, fingerprint
 from unsafe_doctor.source.index import FrameworkIndex, IndexedFramework
@@ -124,6 +125,7 @@ class Workspace:
         self._sources: dict[Path, SourceFile | None] = {}
         self._module_paths: dict[str, Path | None] = {}
         self._derived: dict[tuple[Path, str], object] = {}
+        self._listings: dict[Path, tuple[Path, ...]] = {}
 
     @cached_property
     def env_roots(self) -> tuple[Path, ...]:
@@ -321,6 +323,13 @@ class Workspace:
             source = self.source(path, self.find(str(path)).module)
             self._derived[key] = compute(source) if source is not None else None
         return self._derived[key]
+
+    def python_files(self, folder: Path) -> tuple[Path, ...]:
+        """`files.python_files` of a folder, listed once per workspace (the heuristics list a package
+        for every global they judge)."""
+        if folder not in self._listings:
+            self._listings[folder] = tuple(python_files(folder))
+        return self._listings[folder]
 
     def is_indexed(self, path: Path) -> bool:
         """A skeleton from the index: its lines hold bindings only, at the release's line numbers."""
