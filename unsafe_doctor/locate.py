@@ -64,7 +64,7 @@ from itertools import pairwise
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.npu_errors import UNSAFE_DATA
 from unsafe_doctor.source.files import is_internal_file
-from unsafe_doctor.source.printed import MarkedSpan, parse_printed_line
+from unsafe_doctor.source.printed import MarkedSpan, first_line, parse_printed_line
 from unsafe_doctor.source.resolve import MAX_DEPTH, Resolved, Scope, Tier, resolve_written
 from unsafe_doctor.source.syntax import (
     COMPREHENSION_FRAMES,
@@ -169,7 +169,7 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     if source is not None and found.origin is Origin.INDEX:
         return _indexed_view(frame, found.module, source, workspace.release_of(frame.file))
     line = _matching_line(frame, source) if source else None
-    installed_differs = found.origin is Origin.INSTALLED and _first_line(frame.source) is not None and line != frame.line
+    installed_differs = found.origin is Origin.INSTALLED and first_line(frame.source) is not None and line != frame.line
     if installed_differs:
         source = line = None  # another release is installed here: its file is not what ran
     statement = text = source_line = None
@@ -180,11 +180,11 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
         text = source.text
         if statement is not None:
             visible = statement.lineno - 1  # `x = f(x)` reads the x bound before it
-        if _first_line(frame.source) is None:
+        if first_line(frame.source) is None:
             source_line = source.text.splitlines()[line - 1].strip()
     elif source is not None:
         stack = _def_named(source.tree.body, frame.function, ()) or ()
-    if statement is None and frame.source and _first_line(frame.source):
+    if statement is None and frame.source and first_line(frame.source):
         parsed = parse_printed_line(frame.source)
         if parsed is not None:
             statement, text = parsed
@@ -192,7 +192,7 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     functions = tuple(node for node in stack if isinstance(node, Function))
     scope = Scope(found.module, source, functions, _class_of_self(stack), visible)
     differs = installed_differs or (
-        source is not None and frame.line is not None and _first_line(frame.source) is not None and line != frame.line
+        source is not None and frame.line is not None and first_line(frame.source) is not None and line != frame.line
     )
     marked = _marked_span(frame, statement, text, marked_line)
     origin = found.origin if source is not None else Origin.LOG
@@ -220,7 +220,7 @@ def _indexed_view(frame: Frame, module: str | None, skeleton: SourceFile, releas
 def _marked_span(frame: Frame, statement: ast.stmt | None, text: str | None, line: int | None) -> MarkedSpan | None:
     """The frame's position markers on its statement (parsed from `text`, the printed line being
     its line `line`), when they fit it."""
-    marker, printed = frame.marker, _first_line(frame.source)
+    marker, printed = frame.marker, first_line(frame.source)
     if marker is None or printed is None or statement is None or text is None or line is None:
         return None
     lines = text.splitlines()
@@ -230,17 +230,12 @@ def _marked_span(frame: Frame, statement: ast.stmt | None, text: str | None, lin
     return marked if marked is not None and marked.fits(statement) else None
 
 
-def _first_line(source: str | None) -> str | None:
-    lines = [line.strip() for line in (source or "").splitlines() if line.strip()]
-    return lines[0] if lines else None
-
-
 def _matching_line(frame: Frame, source: SourceFile) -> int | None:
     """The frame's line in the local file: as numbered when it holds the printed source, else the
     nearest line that does; None when the printed source is nowhere in the file."""
     lines = source.text.splitlines()
     in_range = frame.line is not None and 1 <= frame.line <= len(lines)
-    printed = _first_line(frame.source)
+    printed = first_line(frame.source)
     if printed is None:
         return frame.line if in_range else None
     if in_range and frame.line is not None and lines[frame.line - 1].strip() == printed:

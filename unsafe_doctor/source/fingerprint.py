@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from unsafe_doctor.source.index import FileVersion, FrameworkIndex, IndexedFramework
+from unsafe_doctor.source.printed import first_line
 from unsafe_doctor.source.skeleton import line_hash
 from unsafe_doctor.tracebacks import Frame
 
@@ -75,7 +76,7 @@ def release_version(name: str) -> Version | None:
 
 def agreeing_releases(framework: IndexedFramework, path: str, frame: Frame) -> set[int]:
     """The releases whose version of `path` holds the frame's printed line at its line number."""
-    printed = next((line.strip() for line in (frame.source or "").splitlines() if line.strip()), None)
+    printed = first_line(frame.source)
     if frame.line is None or frame.line < 1:
         return set()
     found: set[int] = set()

@@ -85,6 +85,12 @@ class MarkedSpan:
 _OPENERS = {"(": ")", "[": "]", "{": "}"}
 
 
+def first_line(source: str | None) -> str | None:
+    """The first non-blank line a traceback printed for a frame, stripped; None when it printed none."""
+    lines = [line.strip() for line in (source or "").splitlines() if line.strip()]
+    return lines[0] if lines else None
+
+
 def parse_printed_line(printed: str) -> tuple[ast.stmt, str] | None:
     """The first statement of a printed source line, made parseable; with the text it was parsed from."""
     text = "\n".join(line.strip() for line in printed.splitlines() if line.strip())
