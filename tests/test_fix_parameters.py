@@ -79,12 +79,30 @@ def test_a_profile_file_may_name_a_peer_and_a_group(tmp_path):
             repair_group: {expression: get_repair_group()}
         """))
     [profile] = [item for item in load_knowledge([rules]).profiles if item.id == "in-house-peer"]
-    assert profile.parameters == {"src_ranks": "peer", "dest_ranks": "peer"}
+    assert profile.parameters == {"src_ranks": ("peer",), "dest_ranks": ("peer",)}
     assert (profile.ranks_are_lists, profile.repair_group, profile.repair_group_imports) == (False, "group", ())
 
 
-@pytest.mark.parametrize("mapping", [{"rank": "r"}, {"peer": "import"}, {"train_args": "a b"}])
+@pytest.mark.parametrize("mapping", [{"rank": ["r"]}, {"peer": ["import"]}, {"train_args": ["a b"]}, {"group": ["g", "h"]}])
 def test_unknown_roles_and_names_that_are_not_python_are_refused(mapping):
     profile = load_knowledge([]).profiles[0]
     with pytest.raises(UsageError):
         map_parameters(profile, mapping)
+
+
+def verify(adaptor: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "unsafe_doctor", "verify", str(LOG), "--source-root", str(FRAMEWORK),
+               "--adaptor", str(adaptor), "--function", FUNCTIONS, "--timeout", "20", *options]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def test_verify_proves_a_peer_and_group_fix_given_the_same_parameters(tmp_path):
+    adaptor = tmp_path / "hooks.py"
+    adaptor.write_text(HOOKS)
+    assert fix(adaptor, "--parameter", "peer=peer,group=group").returncode == 0
+    refused = verify(adaptor)  # the blocks pass `peer` and `group`, which the profile does not name
+    assert refused.returncode == 2
+    assert "passes group, peer, which no role of adaptor profile" in refused.stderr and "--parameter" in refused.stderr
+    proven = verify(adaptor, "--parameter", "peer=peer", "--parameter", "group=group")
+    assert proven.returncode == 0, proven.stdout + proven.stderr
+    assert "PROVEN" in proven.stdout and "bit-identical to replica rank" in proven.stdout

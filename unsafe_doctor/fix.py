@@ -69,6 +69,7 @@ from unsafe_doctor.knowledge import (
     ParameterRole,
     is_safe_dotted,
     map_parameters,
+    role_parameter,
 )
 from unsafe_doctor.subject import Subject
 from unsafe_doctor.versions import Environment
@@ -162,7 +163,7 @@ def plan_fix(
     findings: Sequence[ClassifiedSubject],
     context: RunContext,
     functions: Mapping[Role, str] | None = None,
-    parameters: Mapping[str, str] | None = None,
+    parameters: Mapping[str, Sequence[str]] | None = None,
 ) -> Plan:
     """The edits that write the fix of each finding into the adaptor; reads files, writes nothing.
 
@@ -174,7 +175,10 @@ def plan_fix(
     environment = context.environment
     # The fixes were rendered with the profile's repair-group expression: a `group` parameter given
     # here replaces that expression in each block, as a group the function builds itself does.
-    group = (parameters or {}).get("group")
+    groups = (parameters or {}).get("group") or ()
+    if len(groups) > 1:
+        raise UsageError(f"--parameter group: one parameter, not {', '.join(groups)}")
+    group = groups[0] if groups else None
     profile = map_parameters(environment.profile, {role: name for role, name in (parameters or {}).items() if role != "group"})
     requests: list[_Request] = []
     coverage: AdaptorCoverage | None = None  # the adaptor read once, when a finding has a fix
@@ -220,16 +224,17 @@ def plan_fix(
     return Plan(edits, tuple(present), tuple(outcomes), tuple(dict.fromkeys(notes)))
 
 
-def parameter_roles(specs: Iterable[str]) -> dict[str, str]:
-    """`role=name` items of `--parameter` (comma-separated or repeated) -> {role: parameter name};
+def parameter_roles(specs: Iterable[str]) -> dict[str, list[str]]:
+    """`role=name` items of `--parameter` (comma-separated or repeated) -> {role: parameter names}; a
+    role given twice has alternatives (the send and the receive function's names for it).
     `knowledge.map_parameters` checks the roles and names."""
-    mapping: dict[str, str] = {}
+    mapping: dict[str, list[str]] = {}
     for spec in specs:
         for item in filter(None, (part.strip() for part in spec.split(","))):
             role, equals, name = (part.strip() for part in item.partition("="))
             if not equals or role not in EVERY_ROLE:
                 raise UsageError(f"--parameter {item!r}: write role=name, role one of {', '.join(EVERY_ROLE)}")
-            mapping[role] = name
+            mapping.setdefault(role, []).append(name)
     return mapping
 
 
@@ -339,11 +344,12 @@ def _block_lines(
                 )
     body = code.rstrip("\n").split("\n")
     if request.scenario == 2:
-        body, rank_pairs = _rank_loop(body, profile)
+        body, rank_pairs = _rank_loop(body, profile, function)
         pairs = rank_pairs + pairs
     passed = dict(pairs)
     # a rule's code may read a role by name (`train_args[1]`): the adaptor's parameter is passed in
-    pairs += [(role, _role_parameter(profile, role, request)) for role in PARAMETER_ROLES if role in read and role not in passed]
+    read_roles = [role for role in PARAMETER_ROLES if role in read and role not in passed]
+    pairs += [(role, _role_parameter(profile, role, function, request)) for role in read_roles]
     _check_parameters(function, pairs, profile, request)
     helper = [f"def {HELPER}({', '.join(name for name, _ in pairs)}):"]
     helper += [INDENT + line for line in imports]
@@ -358,13 +364,13 @@ def _block_lines(
     return [_reindent(line, function) for line in lines], notes
 
 
-def _rank_loop(body: list[str], profile: AdaptorProfile) -> tuple[list[str], list[tuple[str, str]]]:
+def _rank_loop(body: list[str], profile: AdaptorProfile, function: AdaptorFunction) -> tuple[list[str], list[tuple[str, str]]]:
     """Bind the templates' `src_rank` / `dest_rank` from the function's rank parameters.
 
     List-valued parameters hold one entry per (source, destination, optimizer index): the same pair
     repeats once per optimizer, so each pair is visited once, in first-seen order (the same order on
     both sides, since both receive the same lists)."""
-    source, destination = _role_parameter(profile, "src_ranks"), _role_parameter(profile, "dest_ranks")
+    source, destination = _role_parameter(profile, "src_ranks", function), _role_parameter(profile, "dest_ranks", function)
     if not profile.ranks_are_lists:
         return body, [(SOURCE_RANK, source), (DEST_RANK, destination)]
     loop = [
@@ -374,11 +380,14 @@ def _rank_loop(body: list[str], profile: AdaptorProfile) -> tuple[list[str], lis
     return loop + [INDENT + line if line.strip() else "" for line in body], [("src_ranks", source), ("dest_ranks", destination)]
 
 
-def _role_parameter(profile: AdaptorProfile, role: ParameterRole, request: _Request | None = None) -> str:
-    if role not in profile.parameters:
+def _role_parameter(
+    profile: AdaptorProfile, role: ParameterRole, function: AdaptorFunction, request: _Request | None = None
+) -> str:
+    name = role_parameter(profile, role, function.parameters)
+    if name is None:
         needed_by = f" ({request.key} reads {role})" if request else ""
         raise UsageError(f"adaptor profile {profile.id} does not say which parameter holds {role}{needed_by}")
-    return profile.parameters[role]
+    return name
 
 
 def _check_parameters(

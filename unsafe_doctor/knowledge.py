@@ -129,7 +129,10 @@ class AdaptorProfile:
     rollback: str
     send: str
     recv: str
-    parameters: dict[ParameterRole, str]  # role -> the name of the parameter that holds it
+    # role -> the parameter that holds it, or its alternatives: a role the send and receive functions
+    # hold under different names (`send_args.src_ranks`, `recv_args.src_ranks`) lists both, and each
+    # function uses the one it has (`role_parameter`)
+    parameters: dict[ParameterRole, tuple[str, ...]]
     ranks_are_lists: bool
     repair_group: str  # expression that yields the repair process group
     repair_group_imports: tuple[str, ...]
@@ -438,33 +441,49 @@ def _profile(item: dict[str, Any], origin: str, problems: list[str]) -> AdaptorP
         rollback=item["rollback"],
         send=item["send"],
         recv=item["recv"],
-        parameters={role: name for role, name in parameters.items() if role in PARAMETER_ROLES},
+        parameters={role: _alternatives(name) for role, name in parameters.items() if role in PARAMETER_ROLES},
         ranks_are_lists=item.get("ranks_are_lists", True),
         repair_group=item["repair_group"]["expression"],
         repair_group_imports=tuple(item["repair_group"].get("imports", ())),
         origin=origin,
     )
-    return map_parameters(profile, {role: name for role, name in parameters.items() if role in MAPPING_ROLES})
+    mapping = {role: _alternatives(name) for role, name in parameters.items() if role in MAPPING_ROLES}
+    return map_parameters(profile, mapping)
 
 
-def map_parameters(profile: AdaptorProfile, mapping: Mapping[str, str]) -> AdaptorProfile:
+def _alternatives(names: str | list[str]) -> tuple[str, ...]:
+    return (names,) if isinstance(names, str) else tuple(names)
+
+
+def map_parameters(profile: AdaptorProfile, mapping: Mapping[str, Sequence[str]]) -> AdaptorProfile:
     """The profile with some roles held by other parameters (`--parameter`, or a profile file's
-    `parameters`), `peer` and `group` included (see MAPPING_ROLES)."""
+    `parameters`), `peer` and `group` included (see MAPPING_ROLES); a role may name alternatives."""
     parameters = dict(profile.parameters)
     lists, group, imports = profile.ranks_are_lists, profile.repair_group, profile.repair_group_imports
-    for role, name in mapping.items():
-        if not is_safe_dotted(name):
-            raise UsageError(f"parameter role {role}={name}: {name!r} is not a Python name")
+    for role, names in mapping.items():
+        for name in names:
+            if not is_safe_dotted(name):
+                raise UsageError(f"parameter role {role}={name}: {name!r} is not a Python name")
         if role == "peer":
-            parameters["src_ranks"] = parameters["dest_ranks"] = name
+            parameters["src_ranks"] = parameters["dest_ranks"] = tuple(names)
             lists = False
         elif role == "group":
-            group, imports = name, ()
+            if len(names) != 1:
+                raise UsageError(f"parameter role group: one parameter, not {', '.join(names)}")
+            group, imports = names[0], ()
         elif role in PARAMETER_ROLES:
-            parameters[role] = name
+            parameters[role] = tuple(names)
         else:
             raise UsageError(f"unknown parameter role {role!r} (roles: {', '.join(EVERY_ROLE)})")
     return replace(profile, parameters=parameters, ranks_are_lists=lists, repair_group=group, repair_group_imports=imports)
+
+
+def role_parameter(profile: AdaptorProfile, role: ParameterRole, parameters: Iterable[str]) -> str | None:
+    """What holds `role` in a function with these parameters: the first of the role's alternatives
+    whose root is one of them; None when the profile names none for the role."""
+    alternatives = profile.parameters.get(role, ())
+    present = set(parameters)
+    return next((name for name in alternatives if name.split(".")[0] in present), alternatives[0] if alternatives else None)
 
 
 def _condition(item: dict[str, Any]) -> Condition:

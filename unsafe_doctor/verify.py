@@ -7,8 +7,10 @@ every rank's results into one verdict per finding. Nothing here prints or exits.
 
 from __future__ import annotations
 
+import ast
 import re
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -17,8 +19,8 @@ from unsafe_doctor.adaptor import ROLES, AdaptorFile, read_adaptor
 from unsafe_doctor.classify import Unclassified
 from unsafe_doctor.diagnosis import Diagnosis
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.fix import marker_key
-from unsafe_doctor.knowledge import KnowledgeBase
+from unsafe_doctor.fix import HELPER, marker_key
+from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase, map_parameters
 from unsafe_doctor.replay.plan import MAX_RANKS, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import Milestone, RankResult
 from unsafe_doctor.source.workspace import module_from_path
@@ -69,8 +71,10 @@ def plan_replay(
     probe: str | None = None,
     timeout: float = 60.0,
     functions: dict[str, str] | None = None,
+    parameters: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[ReplayPlan, tuple[str, ...]]:
-    """The replay of every classified finding, and the findings left out with why."""
+    """The replay of every classified finding, and the findings left out with why; `parameters` as
+    `fix` took them (`--parameter`), so that the blocks get the values their roles stand for."""
     if not 2 <= ranks <= MAX_RANKS:
         raise UsageError(f"--ranks must be between 2 and {MAX_RANKS} on this machine, not {ranks}")
     if mode not in MODES:
@@ -98,17 +102,25 @@ def plan_replay(
         raise UsageError("nothing to verify: " + ("; ".join(skipped) if skipped else "the log has no unsafe-data finding"))
     environment = diagnosis.context.environment
     files = read_adaptor(environment)
-    profile = environment.profile
+    mapped = dict(parameters or {})
+    groups = mapped.pop("group", ())
+    if len(groups) > 1:
+        raise UsageError(f"--parameter group: one parameter, not {', '.join(groups)}")
+    profile = map_parameters(environment.profile, mapped)
     functions = {role: (functions or {}).get(role, getattr(profile, role)) for role in ROLES}
     faulty, notes = _faulty_rank(diagnosis, ranks)
     replica = (faulty + ranks // 2) % ranks
     roots = tuple(str(Path(root).resolve()) for root in environment.source_roots)
+    blocks = _blocks(files, functions)
+    _check_bound(blocks, profile, groups[0] if groups else None)
     plan = ReplayPlan(
         targets=tuple(targets),
-        blocks=tuple(_blocks(files, functions)),
+        blocks=tuple(blocks),
         files=tuple(_code(file, roots) for file in files),
         functions=functions,
         parameters=dict(profile.parameters),
+        ranks_are_lists=profile.ranks_are_lists,
+        group_parameter=groups[0] if groups else None,
         repair_group_imports=profile.repair_group_imports,
         mode=mode,
         world_size=ranks,
@@ -139,6 +151,25 @@ def _blocks(files: tuple[AdaptorFile, ...], functions: dict[str, str]) -> list[B
         for file in files
         for block in file.blocks
     ]
+
+
+def _check_bound(blocks: list[Block], profile: AdaptorProfile, group: str | None) -> None:
+    """Each name a block passes its helper is one the replay gives a value (a role, the step, the
+    group): otherwise it would run on None and wait for a peer that never sends, a minute later."""
+    bound = {name.split(".")[0] for names in profile.parameters.values() for name in names} | {"step"}
+    for block in blocks:
+        given = bound | {name for name in (group, block.own_group) if name}
+        for statement in ast.parse(block.code).body:
+            call = statement.value if isinstance(statement, ast.Expr) else None
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == HELPER):
+                continue
+            passed = {node.id for argument in call.args for node in ast.walk(argument) if isinstance(node, ast.Name)}
+            unbound = sorted(passed - given)
+            if unbound:
+                raise UsageError(
+                    f"{block.path}:{block.line}: the block {block.key} in {block.function}() passes {', '.join(unbound)}, "
+                    f"which no role of adaptor profile {profile.id} names: give --parameter as fix was given"
+                )
 
 
 def _code(file: AdaptorFile, roots: tuple[str, ...]) -> AdaptorCode:

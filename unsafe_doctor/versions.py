@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from packaging.version import InvalidVersion, Version
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase
+from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase, role_parameter
 from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, import_root, is_file, is_internal_file
 from unsafe_doctor.source.syntax import Function, ImportedName, import_bindings
 from unsafe_doctor.source.workspace import SourceFile, Workspace
@@ -282,11 +282,16 @@ class _ProfileChooser:
             )
         score = _PATH_WEIGHT if files else 0
         score += _NAME_WEIGHT * sum(name in functions for name in (profile.rollback, profile.send, profile.recv))
-        known = set(profile.parameters.values())
-        receive_only = {profile.parameters["need_rebuild"]} if "need_rebuild" in profile.parameters else set()
-        for name, expected in ((profile.send, known - receive_only), (profile.recv, known)):
+        known = {held.split(".")[0] for names in profile.parameters.values() for held in names}
+        for name, receives in ((profile.send, False), (profile.recv, True)):
             if name in functions:
                 present = _parameters(functions[name])
+                expected = {
+                    held.split(".")[0]
+                    for role in profile.parameters
+                    if receives or role != "need_rebuild"
+                    if (held := role_parameter(profile, role, present)) is not None
+                }
                 score += len(expected & present) - len(expected - present) - len(present - known)
         for statement in profile.repair_group_imports:
             parsed = ast.parse(statement).body[0]

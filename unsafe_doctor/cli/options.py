@@ -71,7 +71,8 @@ ParameterOption = Annotated[
         "--parameter",
         help="The adaptor's parameter for a role when its name differs from the profile's: src_ranks=NAME, "
         "dest_ranks=NAME, train_args=NAME, ...; peer=NAME for one rank on the other side (no lists), "
-        "group=NAME for a parameter holding the repair group (comma-separated or repeated).",
+        "group=NAME for a parameter holding the repair group (comma-separated or repeated). NAME may be an "
+        "attribute (args.src_ranks); a role given twice names the send and the receive function's.",
     ),
 ]
 FunctionOption = Annotated[

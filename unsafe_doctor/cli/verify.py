@@ -15,6 +15,7 @@ from unsafe_doctor.cli.options import (
     FunctionOption,
     LogOnlyOption,
     LogsArgument,
+    ParameterOption,
     RulesOption,
     SourceRootOption,
 )
@@ -36,6 +37,7 @@ def command(
     log_only: LogOnlyOption = False,
     rules: RulesOption = None,
     function: FunctionOption = None,
+    parameter: ParameterOption = None,
     ranks: Annotated[int | None, typer.Option("--ranks", help="Ranks to replay on (2-16; default 4, or torchrun's).")] = None,
     mode: Annotated[
         ReplayMode,
@@ -69,7 +71,7 @@ def command(
     functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
     plan, skipped = verification.plan_replay(
         diagnosis, diagnosis.context.knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout,
-        functions=functions,
+        functions=functions, parameters=fixes.parameter_roles(parameter or []),
     )
     outcome = verification.verify(plan, skipped)
     if outcome is None:  # a torchrun rank other than 0: rank 0 reports

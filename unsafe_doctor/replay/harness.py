@@ -207,7 +207,7 @@ class _Run:
         function = self.plan.functions.get(role)
         if function is None:
             return
-        values = self._values()
+        values = self._values(role)
         if self.plan.mode == "adaptor":
             try:
                 self._adaptor_modules()
@@ -225,21 +225,28 @@ class _Run:
             self.progress(Milestone(self.run, "rollback" if role == "rollback" else "repair", function, failure))
             self.fix_failures.append(failure)
 
-    def _values(self) -> dict[str, object]:
-        """What MindIO passes, by role: this replay's single (replica -> faulty) repair."""
+    def _values(self, role: str) -> dict[str, object]:
+        """What MindIO passes, by role: this replay's single (replica -> faulty) repair. Ranks come as
+        one-entry lists, or as the ranks themselves where the profile's are no lists; one parameter
+        for both (a `peer`) holds the other side's rank: the faulty one where the function sends."""
         train_args = self._train_args()
-        by_role: dict[ParameterRole, object] = {
-            "src_ranks": [self.plan.replica],
-            "dest_ranks": [self.plan.faulty],
-            "optim_idxs": [0],
-            "rank_list": sorted({self.plan.faulty, self.plan.replica}),
-            "train_args": train_args,
-            "need_rebuild": True,
-        }
+        lists = self.plan.ranks_are_lists
+        source = [self.plan.replica] if lists else self.plan.replica
+        destination = [self.plan.faulty] if lists else self.plan.faulty
+        ranks: list[tuple[ParameterRole, object]] = [("src_ranks", source), ("dest_ranks", destination)]
+        by_role: list[tuple[ParameterRole, object]] = [
+            *(ranks if role == "send" else ranks[::-1]),  # the other side's rank bound last
+            ("optim_idxs", [0]),
+            ("rank_list", sorted({self.plan.faulty, self.plan.replica})),
+            ("train_args", train_args),
+            ("need_rebuild", True),
+        ]
         values: dict[str, object] = {"step": self.plan.steps}
-        for role, name in self.plan.parameters.items():
-            if role in by_role:
-                values[name] = by_role[role]
+        for held, value in by_role:
+            for name in self.plan.parameters.get(held, ()):
+                _bind(values, name, value)
+        if self.plan.group_parameter is not None:
+            values[self.plan.group_parameter] = self.group
         return values
 
     def _run_blocks(self, role: str, values: dict[str, object]) -> None:
@@ -314,6 +321,21 @@ class _Run:
 
 
 # --- helpers ---------------------------------------------------------------------------------------
+
+
+def _bind(values: dict[str, object], name: str, value: object) -> None:
+    """`values[name] = value`; a dotted name (`recv_args.src_ranks`) sets the attribute of an object
+    standing for the parameter, as MindIO's named tuples of repair arguments hold the ranks."""
+    root, *attributes = name.split(".")
+    if not attributes:
+        values[root] = value
+        return
+    holder = values.setdefault(root, types.SimpleNamespace())
+    for attribute in attributes[:-1]:
+        if not hasattr(holder, attribute):
+            setattr(holder, attribute, types.SimpleNamespace())
+        holder = getattr(holder, attribute)
+    setattr(holder, attributes[-1], value)
 
 
 def _install_standins(plan: ReplayPlan) -> list[str]:

@@ -65,13 +65,15 @@ class ReplayPlan:
     blocks: tuple[Block, ...]
     files: tuple[AdaptorCode, ...]
     functions: dict[str, str]  # role -> adaptor function name
-    parameters: dict[ParameterRole, str]  # role -> the parameter name the adaptor's generation uses
+    parameters: dict[ParameterRole, tuple[str, ...]]  # role -> what holds it (knowledge.AdaptorProfile.parameters)
     repair_group_imports: tuple[str, ...]  # where the profile's blocks get their repair group from
     mode: Mode
     world_size: int
     faulty: int
     replica: int
     source_roots: tuple[str, ...]
+    ranks_are_lists: bool = True  # knowledge.AdaptorProfile.ranks_are_lists
+    group_parameter: str | None = None  # the adaptor functions' parameter that holds the repair group
     probe: str | None = None  # the user's MODULE:FUNCTION that builds and touches the state
     steps: int = 2  # training steps before the fault
     timeout: float = 60.0
@@ -86,6 +88,7 @@ class ReplayPlan:
         data["targets"] = tuple(Target(**{**item, "switches": tuple(item["switches"])}) for item in data["targets"])
         data["blocks"] = tuple(Block(**{**item, "parameters": tuple(item["parameters"])}) for item in data["blocks"])
         data["files"] = tuple(AdaptorCode(**{**item, "functions": tuple(item["functions"])}) for item in data["files"])
+        data["parameters"] = {role: tuple(names) for role, names in data["parameters"].items()}
         for name in ("source_roots", "repair_group_imports", "notes"):
             data[name] = tuple(data[name])
         return cls(**data)

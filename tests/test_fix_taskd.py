@@ -1,0 +1,84 @@
+"""The taskd elastic-training callbacks of mind-cluster (tests/fixtures/real/README.md: commit and
+paths): the adaptor profile `taskd-elastic` is chosen for them, the rank roles are read from the
+named tuple of repair arguments each side takes under its own name, and the fixes are written,
+compile, stay single on a second run, revert byte for byte and are proven by `verify`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from unsafe_doctor.context import groundwork
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT / "tests" / "fixtures" / "real" / "mind-cluster-7.2rc1"
+ELASTIC = Path("taskd", "python", "adaptor", "elastic_training")
+CORPUS = ROOT / "tests" / "corpus" / "logs"
+EXPERT_BIAS = CORPUS / "megatron-router-expert-bias.log"  # scenario 2
+LAYER_WISE_TRACKER = CORPUS / "megatron-0.12-layer-wise-tracker.log"  # scenario 1
+
+
+@pytest.fixture
+def callbacks(tmp_path: Path) -> Path:
+    """A copy of the callbacks folder; fix writes there."""
+    tree = tmp_path / "mind-cluster"
+    shutil.copytree(REAL, tree)
+    return tree / ELASTIC
+
+
+def unsafe_doctor(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *map(str, arguments)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_the_taskd_profile_is_chosen_for_the_callbacks(callbacks):
+    environment = groundwork((), ()).detect(adaptor=callbacks / "repair_callback.py").environment
+    assert environment.profile.id == "taskd-elastic"
+
+
+def test_scenario_2_reads_each_sides_ranks_from_its_own_named_tuple(callbacks):
+    repair = callbacks / "repair_callback.py"
+    original = repair.read_bytes()
+    result = unsafe_doctor("fix", EXPERT_BIAS, "--adaptor", repair, "--yes", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    written = repair.read_text()
+    compile(written, str(repair), "exec")
+    send = written[written.index("def send_rank_repair("): written.index("def save_and_send_ckpt(")]
+    recv = written[written.index("def recv_rank_repair("): written.index("def build_model_and_optimizer(")]
+    assert "_unsafe_doctor_fix(send_rank_repair_args.src_ranks, send_rank_repair_args.dest_ranks, train_args)" in send
+    assert "_unsafe_doctor_fix(recv_rank_repair_args.src_ranks, recv_rank_repair_args.dest_ranks, train_args)" in recv
+    assert "torch.distributed.send(module.expert_bias, dst=dest_rank, group=get_repair_group())" in send
+    assert "torch.distributed.recv(fresh, src=src_rank, group=get_repair_group())" in recv
+
+    again = unsafe_doctor("fix", EXPERT_BIAS, "--adaptor", repair, "--yes", "--format", "json")
+    assert again.returncode == 0 and json.loads(again.stdout)["written"] == []
+    assert repair.read_text() == written
+
+    reverted = unsafe_doctor("fix", "--revert", "--adaptor", repair, "--yes")
+    assert reverted.returncode == 0, reverted.stderr
+    assert repair.read_bytes() == original
+
+
+def test_scenario_1_goes_into_the_parameterless_feature_rollback(callbacks):
+    rollback = callbacks / "rollback_callback.py"
+    result = unsafe_doctor("fix", LAYER_WISE_TRACKER, "--adaptor", rollback, "--yes")
+    assert result.returncode == 0, result.stderr
+    written = rollback.read_text()
+    compile(written, str(rollback), "exec")
+    feature_rollback = written[written.index("def feature_rollback():"): written.index("def build_data_iterator(")]
+    assert "# unsafe-doctor: begin megatron.moe-layer-wise-tracker" in feature_rollback
+
+
+def test_verify_proves_the_scenario_2_fix_with_the_named_tuples_stood_in(callbacks):
+    pytest.importorskip("megatron.core.transformer.moe.router")
+    repair = callbacks / "repair_callback.py"
+    assert unsafe_doctor("fix", EXPERT_BIAS, "--adaptor", repair, "--yes").returncode == 0
+    result = unsafe_doctor("verify", EXPERT_BIAS, "--adaptor", repair, "--format", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert [verdict["outcome"] for verdict in report["verdicts"]] == ["proven"]
