@@ -2,31 +2,37 @@
 
 One module per command (`diagnose`, `fix`, `audit`, `verify`, `rules`), each returning its exit
 code; `workflow` holds the interactive diagnose -> fix -> verify path and its questions, `streams`
-the input and output helpers, `options` the options several commands share. `main` turns a
-command's exit code, or a refusal, into the process exit.
+the input and output helpers, `options` the options several commands share, `conventions` the
+-o/-q/-v/--exit-zero/--format github every reporting command takes, `config` the settings of
+pyproject.toml. `main` turns a command's exit code, or a refusal, into the process exit.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import click
 import typer
 
 from unsafe_doctor import __version__
-from unsafe_doctor.cli import audit, diagnose, fix, rules, verify
+from unsafe_doctor.cli import audit, config, diagnose, fix, rules, verify
+from unsafe_doctor.cli.conventions import reporting
 from unsafe_doctor.errors import UsageError
 
 app = typer.Typer(
-    add_completion=False,
     pretty_exceptions_enable=False,
+    suggest_commands=False,  # click suggests already: once is enough
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Find, explain and fix the global tensor that MindIO recovery left unsafe.",
 )
-app.command("diagnose")(diagnose.command)
-app.command("fix")(fix.command)
-app.command("audit")(audit.command)
-app.command("verify")(verify.command)
+app.command("diagnose")(reporting(diagnose.command))
+app.command("fix")(reporting(fix.command))
+app.command("audit")(reporting(audit.command))
+app.command("verify")(reporting(verify.command))
 app.add_typer(rules.app, name="rules")
 
 
@@ -39,24 +45,41 @@ def _show_version(value: bool) -> None:
 @app.callback()
 def _top(
     version: Annotated[
-        bool, typer.Option("--version", help="Show the version and exit.", callback=_show_version, is_eager=True)
+        bool, typer.Option("--version", "-V", help="Show the version and exit.", callback=_show_version, is_eager=True)
     ] = False,
 ) -> None:
     """Find, explain and fix the global tensor that MindIO recovery left unsafe."""
 
 
+_TOP_OPTIONS = ("--help", "-h", "--version", "-V", "--install-completion", "--show-completion")
+
+
 def _with_default_command(argv: list[str]) -> list[str]:
-    """`unsafe-doctor train.log` and `... | unsafe-doctor` mean `diagnose`."""
-    commands = {command.name for command in app.registered_commands} | {group.name for group in app.registered_groups}
-    if argv and (argv[0] in commands or argv[0] in ("--help", "-h", "--version")):
+    """`unsafe-doctor train.log` and `... | unsafe-doctor` mean `diagnose`; a first word that is no
+    file and reads like a command misspelt is refused, not taken for a missing log."""
+    commands = [command.name or "" for command in app.registered_commands] + [group.name or "" for group in app.registered_groups]
+    if argv and (argv[0] in commands or argv[0].split("=")[0] in _TOP_OPTIONS):
         return argv
+    if argv and not argv[0].startswith("-") and not os.path.lexists(argv[0]):  # False, not OSError, for any name
+        close = difflib.get_close_matches(argv[0], commands, n=1)
+        if close:
+            raise UsageError(f"unknown command '{argv[0]}'; did you mean '{close[0]}'?")
     return ["diagnose", *argv]
 
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        code = app(args=_with_default_command(args), prog_name="unsafe-doctor", standalone_mode=False)
+        settings = config.find(Path.cwd())
+        code = app(
+            args=_with_default_command(args),
+            prog_name="unsafe-doctor",
+            standalone_mode=False,
+            obj=settings,
+            default_map=config.default_map(settings) if settings else None,
+        )
+    except click.exceptions.NoArgsIsHelpError:  # `unsafe-doctor rules`: the help was asked for by asking nothing
+        sys.exit(0)
     except UsageError as error:
         print(f"unsafe-doctor: {error}", file=sys.stderr)
         sys.exit(2)

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from unsafe_doctor.cli.fix import show_plan, tell_outcome
-from unsafe_doctor.cli.options import LocatedFormat, LocatedFormatOption, RulesOption, YesOption
+from unsafe_doctor.cli.options import (
+    ADAPTOR_VARIABLE,
+    SOURCE_ROOT_VARIABLE,
+    LocatedFormat,
+    LocatedFormatOption,
+    NoInputOption,
+    RulesOption,
+    YesOption,
+)
 from unsafe_doctor.cli.streams import print_json, print_rich, say
 from unsafe_doctor.cli.workflow import write_if_accepted
 from unsafe_doctor.errors import UsageError
@@ -22,13 +30,22 @@ if TYPE_CHECKING:
 
 
 def command(
-    paths: Annotated[list[Path], typer.Argument(help="Framework source folders or files to scan.", show_default=False)],
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Framework source folders or files to scan; none: the source roots of pyproject.toml's "
+            "[tool.unsafe-doctor] table.",
+            show_default=False,
+            envvar=SOURCE_ROOT_VARIABLE,
+        ),
+    ] = None,
     adaptor: Annotated[
         str,
         typer.Option(
             "--adaptor",
             help="The recovery adaptor file, or auto: found under the paths by its profile's file names, "
             "else the audited module that defines the profile's rollback and repair functions.",
+            envvar=ADAPTOR_VARIABLE,
         ),
     ] = "auto",
     output_format: LocatedFormatOption = LocatedFormat.text,
@@ -36,6 +53,7 @@ def command(
     fix: Annotated[bool, typer.Option("--fix", help="Write the fix of every uncovered global that has one (one diff).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="With --fix: show the diff, write nothing.")] = False,
     yes: YesOption = False,
+    no_input: NoInputOption = False,
 ) -> int:
     """Find the globals of a framework that hold device tensors, and check that recovery covers each.
 
@@ -44,6 +62,8 @@ def command(
     """
     from unsafe_doctor import audit as audits
 
+    if not paths:
+        raise UsageError("nothing to audit: name source folders, or set source-roots in pyproject.toml's [tool.unsafe-doctor]")
     if dry_run and not fix:
         raise UsageError("--dry-run goes with --fix")
     if fix and output_format is not LocatedFormat.text:
@@ -60,18 +80,18 @@ def command(
         print_rich(report.to_text(result, elapsed))
     left = len(result.uncovered)
     if plan is not None:
-        left -= len(_write_fixes(result, plan, dry_run=dry_run, yes=yes))
+        left -= len(_write_fixes(result, plan, dry_run=dry_run, yes=yes, no_input=no_input))
     return 1 if left else 0
 
 
-def _write_fixes(result: Audit, plan: Plan, *, dry_run: bool, yes: bool) -> tuple[AuditedHolder, ...]:
+def _write_fixes(result: Audit, plan: Plan, *, dry_run: bool, yes: bool, no_input: bool) -> tuple[AuditedHolder, ...]:
     """The audit's fixes as one diff, applied like `fix` does; the holders whose fix was written."""
     fixable = result.fixable
     if not fixable:
         say("no uncovered global has a fix to write")
         return ()
     show_plan(plan, len(fixable), revert=False)
-    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    interactive = not no_input and sys.stdin.isatty() and sys.stdout.isatty()
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
     tell_outcome(plan, written, dry_run, interactive)
     return fixable if written else ()

@@ -17,16 +17,26 @@ class Format(str, Enum):
 
 
 class LocatedFormat(str, Enum):
-    """diagnose and audit: each finding has a file and line, so SARIF too."""
+    """diagnose and audit: each finding has a file and line, so SARIF and GitHub annotations too."""
 
     text = "text"
     json = "json"
     sarif = "sarif"
+    github = "github"
 
 
-FormatOption = Annotated[Format, typer.Option("--format", "-f", help="text for people, json for tools.")]
+FORMAT_VARIABLE = "UNSAFE_DOCTOR_FORMAT"
+FormatOption = Annotated[
+    Format, typer.Option("--format", "-f", help="text for people, json for tools.", envvar=FORMAT_VARIABLE)
+]
 LocatedFormatOption = Annotated[
-    LocatedFormat, typer.Option("--format", "-f", help="text for people, json or sarif for tools.")
+    LocatedFormat,
+    typer.Option(
+        "--format",
+        "-f",
+        help="text for people; json or sarif for tools; github: GitHub Actions annotations.",
+        envvar=FORMAT_VARIABLE,
+    ),
 ]
 LogsArgument = Annotated[
     list[str] | None,
@@ -34,6 +44,7 @@ LogsArgument = Annotated[
 ]
 NoInputOption = Annotated[bool, typer.Option("--no-input", help="Never ask questions.")]
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Accept every offer without asking.")]
+SOURCE_ROOT_VARIABLE = "UNSAFE_DOCTOR_SOURCE_ROOT"
 SourceRootOption = Annotated[
     list[Path] | None,
     typer.Option(
@@ -42,6 +53,7 @@ SourceRootOption = Annotated[
         exists=True,
         file_okay=False,
         dir_okay=True,
+        envvar=SOURCE_ROOT_VARIABLE,
     ),
 ]
 LogOnlyOption = Annotated[
@@ -54,8 +66,11 @@ LogOnlyOption = Annotated[
 ]
 RulesOption = Annotated[
     list[Path] | None,
-    typer.Option("--rules", help="Extra knowledge-base rule file or folder (repeatable).", exists=True),
+    typer.Option(
+        "--rules", help="Extra knowledge-base rule file or folder (repeatable).", exists=True, envvar="UNSAFE_DOCTOR_RULES"
+    ),
 ]
+ADAPTOR_VARIABLE = "UNSAFE_DOCTOR_ADAPTOR"
 AdaptorOption = Annotated[
     Path | None,
     typer.Option(
@@ -63,6 +78,7 @@ AdaptorOption = Annotated[
         help="The recovery adaptor file (feature_rollback, send/recv_rank_repair); found under --source-root if not given.",
         exists=True,
         dir_okay=False,
+        envvar=ADAPTOR_VARIABLE,
     ),
 ]
 ParameterOption = Annotated[
@@ -73,6 +89,7 @@ ParameterOption = Annotated[
         "dest_ranks=NAME, train_args=NAME, ...; peer=NAME for one rank on the other side (no lists), "
         "group=NAME for a parameter holding the repair group (comma-separated or repeated). NAME may be an "
         "attribute (args.src_ranks); a role given twice names the send and the receive function's.",
+        envvar="UNSAFE_DOCTOR_PARAMETER",
     ),
 ]
 FunctionOption = Annotated[
@@ -81,5 +98,20 @@ FunctionOption = Annotated[
         "--function",
         help="The adaptor's function for a role when its name differs from the profile's: "
         "rollback=NAME, send=NAME, recv=NAME (comma-separated or repeated).",
+        envvar="UNSAFE_DOCTOR_FUNCTION",
     ),
+]
+OutputOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--output", "-o", help="Write the report to this file (replaced whole, only once complete) instead of stdout.",
+        dir_okay=False,
+    ),
+]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print the report only: no notes or progress on stderr.")]
+VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Also say which settings apply: pyproject.toml and UNSAFE_DOCTOR_* variables.")
+]
+ExitZeroOption = Annotated[
+    bool, typer.Option("--exit-zero", help="Exit 0 even when there are findings (bad usage is still 2).")
 ]

@@ -8,16 +8,18 @@ from typing import Annotated
 
 import typer
 
+from unsafe_doctor.cli.conventions import printing
 from unsafe_doctor.cli.options import Format, FormatOption, RulesOption
 from unsafe_doctor.cli.streams import print_json, print_rich
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import Rule, load_knowledge, validate_files
 from unsafe_doctor.report import rules as report
 
-app = typer.Typer(help="List, show and validate knowledge-base rules.", no_args_is_help=True)
+app = typer.Typer(help="List, show and validate knowledge-base rules.", no_args_is_help=True, suggest_commands=False)
 
 
 @app.command("list")
+@printing
 def list_rules(rules: RulesOption = None, output_format: FormatOption = Format.text) -> int:
     """Every rule: id, scenario, framework versions, title."""
     knowledge = load_knowledge(rules or ())
@@ -32,6 +34,7 @@ def list_rules(rules: RulesOption = None, output_format: FormatOption = Format.t
 
 
 @app.command("show")
+@printing
 def show_rule(
     rule_id: Annotated[str, typer.Argument(help="The rule's id, as `rules list` shows it.")],
     rules: RulesOption = None,

@@ -1,0 +1,147 @@
+"""The options every reporting command takes the way ruff and pip-audit take them: `-o FILE`,
+`-q`, `-v`, `--exit-zero`, and `--format github`. They act around the command, not inside it,
+so each command's body stays about its own job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import io
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from unsafe_doctor.cli import options
+from unsafe_doctor.cli.config import Settings
+from unsafe_doctor.cli.streams import say
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.report import github
+
+Command = Callable[..., int]
+
+
+def reporting(command: Command) -> Command:
+    """diagnose, fix, verify, audit: -o, -q, -v and --exit-zero; --format github where SARIF is written."""
+
+    @functools.wraps(command)
+    def run(*args: Any, output: Path | None, quiet: bool, verbose: bool, exit_zero: bool, **kwargs: Any) -> int:
+        if quiet and verbose:
+            raise UsageError("--quiet and --verbose contradict each other: give one")
+        if verbose:
+            for line in _settings_in_force():
+                say(line)
+        annotate = kwargs.get("output_format") is options.LocatedFormat.github
+        if annotate:  # written as SARIF, then each result rewritten as a workflow command
+            kwargs["output_format"] = options.LocatedFormat.sarif
+        with _stdout_to(output), _silenced(quiet):
+            if annotate:
+                code = _annotated(command, *args, **kwargs)
+            else:
+                code = command(*args, **kwargs)
+        return 0 if exit_zero and code == 1 else code
+
+    return _with_options(
+        run,
+        command,
+        output=options.OutputOption,
+        quiet=options.QuietOption,
+        verbose=options.VerboseOption,
+        exit_zero=options.ExitZeroOption,
+    )
+
+
+def printing(command: Command) -> Command:
+    """rules list and show: only -o (they have no notes to quiet and no findings to exit 1 on)."""
+
+    @functools.wraps(command)
+    def run(*args: Any, output: Path | None, **kwargs: Any) -> int:
+        with _stdout_to(output):
+            return command(*args, **kwargs)
+
+    return _with_options(run, command, output=options.OutputOption)
+
+
+def _with_options(run: Command, command: Command, **added: Any) -> Command:
+    """`run` as typer sees it: the command's own parameters, then the added ones (None defaults)."""
+    signature = inspect.signature(command, eval_str=True)
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None if name == "output" else False, annotation=kind)
+        for name, kind in added.items()
+    ]
+    parameters = [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY) for parameter in signature.parameters.values()]
+    run.__signature__ = signature.replace(parameters=[*parameters, *extra])  # type: ignore[attr-defined]
+    run.__annotations__ = {**{p.name: p.annotation for p in parameters}, **added, "return": int}
+    return run
+
+
+def _annotated(command: Command, *args: Any, **kwargs: Any) -> int:
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        code = command(*args, **kwargs)
+    document = json.loads(captured.getvalue() or "{}")
+    for line in github.from_sarif(document, Path.cwd()):
+        print(line)
+    return code
+
+
+def _settings_in_force() -> list[str]:
+    context = click.get_current_context(silent=True)
+    settings = context.find_object(Settings) if context else None
+    lines = [f"settings from {settings.file} [tool.unsafe-doctor]" if settings else "no [tool.unsafe-doctor] table found"]
+    lines += [f"{name}={value}" for name, value in sorted(os.environ.items()) if name.startswith("UNSAFE_DOCTOR_")]
+    return lines
+
+
+@contextlib.contextmanager
+def _silenced(quiet: bool) -> Iterator[None]:
+    """Notes and progress go to stderr; -q sends them nowhere. Refusals are printed by `main`, after."""
+    if not quiet:
+        yield
+        return
+    with open(os.devnull, "w") as nowhere, contextlib.redirect_stderr(nowhere):
+        yield
+
+
+@contextlib.contextmanager
+def _stdout_to(output: Path | None) -> Iterator[None]:
+    """stdout into `output`, written beside it and renamed over it only once the command returns:
+    a reader never sees half a report, and a refusal leaves the old file as it was."""
+    if output is None:
+        yield
+        return
+    try:
+        descriptor, temporary = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+    except OSError as error:
+        raise UsageError(f"cannot write {output}: {error.strerror}") from None
+    stream = open(descriptor, "w", encoding="utf-8")
+    try:
+        with contextlib.redirect_stdout(stream):
+            yield
+        try:
+            stream.flush()
+            os.fsync(stream.fileno())
+            os.chmod(temporary, _mode_for(output))
+            os.replace(temporary, output)
+        except OSError as error:
+            raise UsageError(f"cannot write {output}: {error.strerror}") from None
+    finally:
+        stream.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+
+
+def _mode_for(output: Path) -> int:
+    """The mode the file has, or the one a plain `>` would give it."""
+    try:
+        return output.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
