@@ -17,6 +17,7 @@ from typing import Annotated
 
 import click
 import typer
+from click.core import ParameterSource
 
 from unsafe_doctor import __version__
 from unsafe_doctor.cli import audit, config, diagnose, fix, rules, verify
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"unsafe-doctor: {error}", file=sys.stderr)
         sys.exit(2)
     except click.ClickException as error:  # a bad option or argument, an unsupported format: one line, not a box
-        print(f"unsafe-doctor: {error.format_message()} (see --help)", file=sys.stderr)
+        print(f"unsafe-doctor: {error.format_message()}{_where_from(error)} (see --help)", file=sys.stderr)
         sys.exit(error.exit_code)
     except click.exceptions.Abort:
         sys.exit(130)
@@ -93,3 +94,16 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         sys.exit(0)
     sys.exit(code or 0)
+
+
+def _where_from(error: click.ClickException) -> str:
+    """A bad value the command line did not give: say whether a variable or pyproject.toml did."""
+    if not isinstance(error, click.BadParameter) or error.ctx is None or error.param is None or error.param.name is None:
+        return ""
+    source = error.ctx.get_parameter_source(error.param.name)
+    if source is ParameterSource.ENVIRONMENT:
+        return f" (from {error.param.envvar})"
+    if source is ParameterSource.DEFAULT_MAP:
+        settings = error.ctx.find_object(config.Settings)
+        return f" (from {settings.file if settings else 'pyproject.toml'} [tool.unsafe-doctor])"
+    return ""

@@ -34,9 +34,10 @@ def command(
         list[Path] | None,
         typer.Argument(
             help="Framework source folders or files to scan; none: the source roots of pyproject.toml's "
-            "[tool.unsafe-doctor] table.",
+            "[tool.unsafe-doctor] table. Env: UNSAFE_DOCTOR_SOURCE_ROOT.",
             show_default=False,
             envvar=SOURCE_ROOT_VARIABLE,
+            show_envvar=False,
         ),
     ] = None,
     adaptor: Annotated[
@@ -44,8 +45,9 @@ def command(
         typer.Option(
             "--adaptor",
             help="The recovery adaptor file, or auto: found under the paths by its profile's file names, "
-            "else the audited module that defines the profile's rollback and repair functions.",
+            "else the audited module that defines the profile's rollback and repair functions. Env: UNSAFE_DOCTOR_ADAPTOR.",
             envvar=ADAPTOR_VARIABLE,
+            show_envvar=False,
         ),
     ] = "auto",
     output_format: LocatedFormatOption = LocatedFormat.text,

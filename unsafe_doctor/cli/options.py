@@ -25,17 +25,28 @@ class LocatedFormat(str, Enum):
     github = "github"
 
 
+# Each shared option can come from an UNSAFE_DOCTOR_* variable, named in its help. show_envvar=False:
+# click would otherwise name the variable in every bad-value error, given on the command line or not
+# (`main` says where a bad value came from).
 FORMAT_VARIABLE = "UNSAFE_DOCTOR_FORMAT"
 FormatOption = Annotated[
-    Format, typer.Option("--format", "-f", help="text for people, json for tools.", envvar=FORMAT_VARIABLE)
+    Format,
+    typer.Option(
+        "--format",
+        "-f",
+        help="text for people, json for tools. Env: UNSAFE_DOCTOR_FORMAT.",
+        envvar=FORMAT_VARIABLE,
+        show_envvar=False,
+    ),
 ]
 LocatedFormatOption = Annotated[
     LocatedFormat,
     typer.Option(
         "--format",
         "-f",
-        help="text for people; json or sarif for tools; github: GitHub Actions annotations.",
+        help="text for people; json or sarif for tools; github: GitHub Actions annotations. Env: UNSAFE_DOCTOR_FORMAT.",
         envvar=FORMAT_VARIABLE,
+        show_envvar=False,
     ),
 ]
 LogsArgument = Annotated[
@@ -49,11 +60,12 @@ SourceRootOption = Annotated[
     list[Path] | None,
     typer.Option(
         "--source-root",
-        help="Folder holding the training code or frameworks named in the log (repeatable).",
+        help="Folder holding the training code or frameworks named in the log (repeatable). Env: UNSAFE_DOCTOR_SOURCE_ROOT.",
         exists=True,
         file_okay=False,
         dir_okay=True,
         envvar=SOURCE_ROOT_VARIABLE,
+        show_envvar=False,
     ),
 ]
 LogOnlyOption = Annotated[
@@ -67,7 +79,11 @@ LogOnlyOption = Annotated[
 RulesOption = Annotated[
     list[Path] | None,
     typer.Option(
-        "--rules", help="Extra knowledge-base rule file or folder (repeatable).", exists=True, envvar="UNSAFE_DOCTOR_RULES"
+        "--rules",
+        help="Extra knowledge-base rule file or folder (repeatable). Env: UNSAFE_DOCTOR_RULES.",
+        exists=True,
+        envvar="UNSAFE_DOCTOR_RULES",
+        show_envvar=False,
     ),
 ]
 ADAPTOR_VARIABLE = "UNSAFE_DOCTOR_ADAPTOR"
@@ -75,10 +91,12 @@ AdaptorOption = Annotated[
     Path | None,
     typer.Option(
         "--adaptor",
-        help="The recovery adaptor file (feature_rollback, send/recv_rank_repair); found under --source-root if not given.",
+        help="The recovery adaptor file (feature_rollback, send/recv_rank_repair); found under --source-root if not given. "
+        "Env: UNSAFE_DOCTOR_ADAPTOR.",
         exists=True,
         dir_okay=False,
         envvar=ADAPTOR_VARIABLE,
+        show_envvar=False,
     ),
 ]
 ParameterOption = Annotated[
@@ -88,8 +106,9 @@ ParameterOption = Annotated[
         help="The adaptor's parameter for a role when its name differs from the profile's: src_ranks=NAME, "
         "dest_ranks=NAME, train_args=NAME, ...; peer=NAME for one rank on the other side (no lists), "
         "group=NAME for a parameter holding the repair group (comma-separated or repeated). NAME may be an "
-        "attribute (args.src_ranks); a role given twice names the send and the receive function's.",
+        "attribute (args.src_ranks); a role given twice names the send and the receive function's. Env: UNSAFE_DOCTOR_PARAMETER.",
         envvar="UNSAFE_DOCTOR_PARAMETER",
+        show_envvar=False,
     ),
 ]
 FunctionOption = Annotated[
@@ -97,14 +116,17 @@ FunctionOption = Annotated[
     typer.Option(
         "--function",
         help="The adaptor's function for a role when its name differs from the profile's: "
-        "rollback=NAME, send=NAME, recv=NAME (comma-separated or repeated).",
+        "rollback=NAME, send=NAME, recv=NAME (comma-separated or repeated). Env: UNSAFE_DOCTOR_FUNCTION.",
         envvar="UNSAFE_DOCTOR_FUNCTION",
+        show_envvar=False,
     ),
 ]
 OutputOption = Annotated[
     Path | None,
     typer.Option(
-        "--output", "-o", help="Write the report to this file (replaced whole, only once complete) instead of stdout.",
+        "--output",
+        "-o",
+        help="Write the report to this file (replaced whole, only once complete) instead of stdout.",
         dir_okay=False,
     ),
 ]
@@ -112,6 +134,4 @@ QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print the repo
 VerboseOption = Annotated[
     bool, typer.Option("--verbose", "-v", help="Also say which settings apply: pyproject.toml and UNSAFE_DOCTOR_* variables.")
 ]
-ExitZeroOption = Annotated[
-    bool, typer.Option("--exit-zero", help="Exit 0 even when there are findings (bad usage is still 2).")
-]
+ExitZeroOption = Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even when there are findings (bad usage is still 2).")]
