@@ -109,6 +109,7 @@ def test_a_misspelt_command_is_named_not_taken_for_a_missing_log(tmp_path):
     assert_one_line_error(run("diagnoze", "x.log", cwd=tmp_path), "unknown command 'diagnoze'; did you mean 'diagnose'?")
     (tmp_path / "fixe").write_text("iteration 1 | lm loss: 2.0\n")  # a file of that name is a log after all
     assert run("fixe", cwd=tmp_path).returncode == 0
+    assert_one_line_error(run("fix.log", cwd=tmp_path), "fix.log: no such file or directory")  # a file name, not a command
 
 
 def test_dash_h_is_help_and_dash_upper_v_the_version():
@@ -276,3 +277,20 @@ def test_the_licence_file_is_the_apache_2_text_pyproject_names():
     text = (ROOT / "LICENSE").read_text()
     assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
     assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) == 202
+
+
+def test_adaptor_and_functions_from_pyproject_reach_fix_and_the_command_line_wins(tmp_path):
+    shutil.copytree(FRAMEWORK, tmp_path / "framework")
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.unsafe-doctor]\nsource-roots = ["framework"]\nadaptor = "framework/toytrain/recovery.py"\n'
+        'functions = {send = "no_such_send"}\n'
+    )
+    configured = run("fix", str(EMA_LOG), "--dry-run", cwd=tmp_path)
+    assert f"no send function no_such_send() in {tmp_path / 'framework' / 'toytrain' / 'recovery.py'}" in configured.stderr
+    given = run("fix", str(EMA_LOG), "--dry-run", "--function", "send=send_rank_repair", cwd=tmp_path)
+    assert given.returncode == 0 and "+    # unsafe-doctor: begin" in given.stdout
+
+
+def test_several_source_roots_in_one_variable_are_separated_by_the_path_separator(tmp_path):
+    result = run(str(FAQ_LOG), env={"UNSAFE_DOCTOR_SOURCE_ROOT": f"{FRAMEWORK}{os.pathsep}{tmp_path / 'gone'}"})
+    assert_one_line_error(result, f"Directory '{tmp_path / 'gone'}' does not exist. (from UNSAFE_DOCTOR_SOURCE_ROOT)")

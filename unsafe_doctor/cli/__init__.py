@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -61,7 +62,7 @@ def _with_default_command(argv: list[str]) -> list[str]:
     commands = [command.name or "" for command in app.registered_commands] + [group.name or "" for group in app.registered_groups]
     if argv and (argv[0] in commands or argv[0].split("=")[0] in _TOP_OPTIONS):
         return argv
-    if argv and not argv[0].startswith("-") and not os.path.lexists(argv[0]):  # False, not OSError, for any name
+    if argv and re.fullmatch(r"[a-z]+", argv[0]) and not os.path.lexists(argv[0]):  # a word, not `fix.log`; no OSError
         close = difflib.get_close_matches(argv[0], commands, n=1)
         if close:
             raise UsageError(f"unknown command '{argv[0]}'; did you mean '{close[0]}'?")
