@@ -147,6 +147,9 @@ def test_output_writes_the_report_to_the_file_and_keeps_it_when_refused(tmp_path
     refused = run(str(tmp_path / "missing.log"), "--format", "json", "-o", str(report))
     assert refused.returncode == 2 and report.read_bytes() == before
     assert sorted(path.name for path in tmp_path.iterdir()) == ["report.json"]  # no temporary left beside it
+    listing = tmp_path / "rules.json"
+    listed = run("rules", "list", "-f", "json", "-o", str(listing))
+    assert listed.returncode == 0 and listed.stdout == "" and json.loads(listing.read_text())["rules"]
 
 
 def test_output_into_a_missing_folder_is_a_one_line_error(tmp_path):
