@@ -170,6 +170,7 @@ def test_quiet_leaves_only_the_report_and_verbose_names_the_settings(tmp_path):
         "unsafe-doctor: UNSAFE_DOCTOR_FORMAT=text",
     ]
     assert_one_line_error(run(*args, "-q", "-v"), "--quiet and --verbose contradict each other")
+    assert_one_line_error(run(str(tmp_path / "missing.log"), "-q"), "no such file or directory")  # refusals still speak
 
 
 def test_exit_zero_hides_findings_not_usage_errors(tmp_path):

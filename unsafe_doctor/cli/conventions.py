@@ -31,7 +31,7 @@ def reporting(command: Command) -> Command:
     """diagnose, fix, verify, audit: -o, -q, -v and --exit-zero; --format github where SARIF is written."""
 
     @functools.wraps(command)
-    def run(*args: Any, output: Path | None, quiet: bool, verbose: bool, exit_zero: bool, **kwargs: Any) -> int:
+    def run(*, output: Path | None, quiet: bool, verbose: bool, exit_zero: bool, **kwargs: Any) -> int:
         if quiet and verbose:
             raise UsageError("--quiet and --verbose contradict each other: give one")
         if verbose:
@@ -42,9 +42,9 @@ def reporting(command: Command) -> Command:
             kwargs["output_format"] = options.LocatedFormat.sarif
         with _stdout_to(output), _silenced(quiet):
             if annotate:
-                code = _annotated(command, *args, **kwargs)
+                code = _annotated(command, **kwargs)
             else:
-                code = command(*args, **kwargs)
+                code = command(**kwargs)
         return 0 if exit_zero and code == 1 else code
 
     return _with_options(
@@ -61,15 +61,15 @@ def printing(command: Command) -> Command:
     """rules list and show: only -o (they have no notes to quiet and no findings to exit 1 on)."""
 
     @functools.wraps(command)
-    def run(*args: Any, output: Path | None, **kwargs: Any) -> int:
+    def run(*, output: Path | None, **kwargs: Any) -> int:
         with _stdout_to(output):
-            return command(*args, **kwargs)
+            return command(**kwargs)
 
     return _with_options(run, command, output=options.OutputOption)
 
 
 def _with_options(run: Command, command: Command, **added: Any) -> Command:
-    """`run` as typer sees it: the command's own parameters, then the added ones (None defaults)."""
+    """`run` as typer sees it: the command's own parameters, then the added ones (off, or no file)."""
     signature = inspect.signature(command, eval_str=True)
     extra = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None if name == "output" else False, annotation=kind)
@@ -81,10 +81,10 @@ def _with_options(run: Command, command: Command, **added: Any) -> Command:
     return run
 
 
-def _annotated(command: Command, *args: Any, **kwargs: Any) -> int:
+def _annotated(command: Command, **kwargs: Any) -> int:
     captured = io.StringIO()
     with contextlib.redirect_stdout(captured):
-        code = command(*args, **kwargs)
+        code = command(**kwargs)
     document = json.loads(captured.getvalue() or "{}")
     for line in github.from_sarif(document, Path.cwd()):
         print(line)
