@@ -65,7 +65,7 @@ def command(
         plan = fixes.plan_fix(diagnosis.findings, diagnosis.context, overrides, roles)
         findings = len(diagnosis.findings)
     text = output_format is Format.text
-    interactive = text and not no_input and sys.stdin.isatty() and sys.stdout.isatty()
+    interactive = text and not no_input and sys.stdout.isatty()  # asked at /dev/tty: stdin may be the log
     if text:
         show_plan(plan, findings, revert)
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
