@@ -41,9 +41,10 @@ class Invocation:
     rules: Sequence[Path] = ()
     log_only: bool = False
 
-    def command(self, name: str, adaptor: Path | None, *extra: str) -> str:
-        """`unsafe-doctor NAME ...` as it runs when pasted; for a log read from stdin, '-' and how to pass it."""
-        words = ["unsafe-doctor", name, *(self.paths or ["-"])]
+    def command(self, name: str, adaptor: Path | None, *extra: str, log: bool = True) -> str:
+        """`unsafe-doctor NAME ...` as it runs when pasted; for a log read from stdin, '-' and how to pass it
+        (`log`: the command reads one; `fix --revert` does not)."""
+        words = ["unsafe-doctor", name, *((self.paths or ["-"]) if log else [])]
         for root in self.source_roots:
             words += ["--source-root", str(root)]
         for path in self.rules:
@@ -51,7 +52,7 @@ class Invocation:
         words += ["--log-only"] if self.log_only else []
         words += ["--adaptor", str(adaptor)] if adaptor is not None else []
         line = printable(shlex.join([*words, *extra]))
-        return line if self.paths else f"(pipe the same log in again) {line}"
+        return line if self.paths or not log else f"(pipe the same log in again) {line}"
 
 
 def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_input: bool) -> None:
