@@ -56,7 +56,8 @@ def test_yes_at_the_terminal_applies_the_fix_while_the_log_comes_on_stdin(tmp_pa
     assert code == 1  # findings
     assert "unsafe-doctor: begin generic.replica-copy:toytrain.state._EMA_GRAD_NORM" in adaptor.read_text()
     assert Path(str(adaptor) + ".unsafe-doctor.bak").read_bytes() == (FRAMEWORK / "toytrain" / "recovery.py").read_bytes()
-    assert f"to prove it: (pipe the same log in again) unsafe-doctor verify - --source-root {FRAMEWORK} --adaptor {adaptor}" in screen
+    again = "(pipe the same log in again) unsafe-doctor verify -"
+    assert f"to prove it: {again} --source-root {FRAMEWORK} --adaptor {adaptor}" in screen  # verify declined
 
 
 VERIFY_QUESTION = b"unpatched then patched)? [y/N]"
@@ -139,7 +140,8 @@ def test_end_of_input_or_ctrl_c_at_a_prompt_exits_130_and_writes_nothing(tmp_pat
     adaptor = tmp_path / "recovery.py"
     shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
     before = adaptor.read_bytes()
-    code, screen = converse([command, str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], None, [(b"[y/N]:", key)])
+    args = [command, str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
+    code, screen = converse(args, None, [(b"[y/N]:", key)])
     assert code == 130, screen
     assert "Traceback" not in screen
     assert adaptor.read_bytes() == before

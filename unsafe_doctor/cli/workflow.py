@@ -96,7 +96,7 @@ def _fix_each(
             for line in written_lines(fixes.apply(plan)):
                 say(printable(line))
             applied.append(item)
-        elif terminal is None:
+        else:
             say(f"not applied; to apply: {invocation.command('fix', adaptor, '--yes')}")
     return applied
 
