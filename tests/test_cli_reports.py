@@ -124,13 +124,13 @@ HOSTILE = "\x1b]0;title\x07", "\x1b[2J", "\x9b"
 
 def hostile_log(tmp_path: Path) -> Path:
     """A log whose file name, function, source line and message carry a title change, a screen clear,
-    C1 CSI, and a bell and a backspace of their own."""
+    C1 CSI, a bell and a backspace of their own, and rich markup."""
     log = tmp_path / "hostile.log"
     title, clear, csi = HOSTILE
     log.write_text(
         traceback_on(1, file=f"/srv/job/{title}evil{csi}\x07/train.py", function=f"clip{clear}",
                      line=f"max_norm = CLIP_FACTOR * state._EMA_GRAD_NORM  # {clear}{csi}{title}\x08")
-        .replace("input tensor.", f"input tensor. {title}{clear}{csi}"),
+        .replace("input tensor.", f"input tensor. {title}{clear}{csi} [red]markup[/red]"),
         encoding="utf-8",
     )  # fmt: skip
     return log
@@ -144,6 +144,7 @@ def test_control_characters_from_a_log_never_reach_the_terminal_raw(tmp_path):
     shown = result.stdout + result.stderr
     assert "evil\\x9b\\x07/train.py:62" in shown and "# \\x9b\\x08" in shown  # escaped, still readable
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", shown)
+    assert "[red]markup[/red]" in shown  # shown as written, not as markup
 
 
 def test_json_from_a_hostile_log_is_valid_utf8_with_the_text_kept(tmp_path):

@@ -159,7 +159,7 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
     if finding.unsafe.error_code:
         error.append(f"  [{printable(finding.unsafe.error_code)}]", style="dim")
     grid.add_row("Error", error)
-    grid.add_row("Phase", _phase_text(item, diagnosis))
+    grid.add_row("Phase", Text(_phase_text(item, diagnosis)))
     if finding.culprit is not None:
         grid.add_row("Culprit", _frame_text(finding.culprit))
         if finding.culprit.source:
@@ -311,7 +311,7 @@ def _summary(diagnosis: Diagnosis, elapsed: float) -> Text:
         pieces.append(f"{counted(diagnosis.hits_not_parsed, 'more unsafe-data message')} counted, not parsed")
     pieces.append(f"{counted(len(diagnosis.inputs), 'input')}, {_size(size)}")
     pieces.append(f"{elapsed:.2f} s")
-    return Text(" · ".join(pieces), style="bold")
+    return Text(printable(" · ".join(pieces)), style="bold")
 
 
 def _size(count: int) -> str:

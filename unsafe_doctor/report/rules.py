@@ -74,8 +74,8 @@ def rule_panel(rule: Rule | Template, knowledge: KnowledgeBase) -> Group:
         grid.add_row("Versions", Text(printable(f"{rule.framework} {rule.versions}" if rule.framework else "any")))
     else:
         kinds = " or ".join("an lru-cached function" if kind == "lru-cache" else "a value" for kind in rule.applies_to)
-        grid.add_row("Template", f"for {kinds} that no rule knows, in the scenario heuristics or the user give")
-    grid.add_row("Scenario", f"{rule.scenario}, fixed in the {rule.phase} phase")
+        grid.add_row("Template", Text(f"for {kinds} that no rule knows, in the scenario heuristics or the user give"))
+    grid.add_row("Scenario", Text(f"{rule.scenario}, fixed in the {rule.phase} phase"))
     if isinstance(rule, Rule) and rule.conditions:
         grid.add_row("Only when", Text(printable("; ".join(knowledge.conditions[name].description for name in rule.conditions))))
     grid.add_row("Why", Text(printable(rule.reason)))
