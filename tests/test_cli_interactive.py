@@ -56,8 +56,8 @@ def test_yes_at_the_terminal_applies_the_fix_while_the_log_comes_on_stdin(tmp_pa
     assert code == 1  # findings
     assert "unsafe-doctor: begin generic.replica-copy:toytrain.state._EMA_GRAD_NORM" in adaptor.read_text()
     assert Path(str(adaptor) + ".unsafe-doctor.bak").read_bytes() == (FRAMEWORK / "toytrain" / "recovery.py").read_bytes()
-    again = "(pipe the same log in again) unsafe-doctor verify -"
-    assert f"to prove it: {again} --source-root {FRAMEWORK} --adaptor {adaptor}" in screen  # verify declined
+    again = "to prove it (pipe the same log in again): unsafe-doctor verify -"
+    assert f"{again} --source-root {FRAMEWORK} --adaptor {adaptor}" in screen  # verify declined
 
 
 VERIFY_QUESTION = b"unpatched then patched)? [y/N]"

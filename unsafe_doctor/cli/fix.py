@@ -26,6 +26,7 @@ from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.report import fix as report
+from unsafe_doctor.report.common import NextStep
 
 if TYPE_CHECKING:
     from unsafe_doctor.fix import Plan, Written
@@ -91,7 +92,9 @@ def show_plan(plan: Plan, findings: int, revert: bool) -> None:
         say(line)
 
 
-def tell_outcome(plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool, apply: str | None = None) -> None:
+def tell_outcome(
+    plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool, apply: NextStep | None = None
+) -> None:
     for line in report.outcome(plan, written, dry_run, interactive, apply):
         say(line)
 

@@ -83,5 +83,5 @@ def command(
         print_json(report.to_json(outcome))
     else:
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
-        print_rich(report.to_text(outcome, fix_command=invocation.command("fix", diagnosis.context.environment.adaptor, "--yes")))
+        print_rich(report.to_text(outcome, write_fix=invocation.command("fix", diagnosis.context.environment.adaptor, "--yes")))
     return outcome.exit_code

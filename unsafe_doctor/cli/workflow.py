@@ -23,7 +23,7 @@ from unsafe_doctor.context import RunContext
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge import KnowledgeBase, Scenario
 from unsafe_doctor.quiet import framework_warnings_silenced
-from unsafe_doctor.report.common import printable
+from unsafe_doctor.report.common import NextStep, printable
 from unsafe_doctor.report.fix import written_lines
 
 if TYPE_CHECKING:
@@ -41,9 +41,9 @@ class Invocation:
     rules: Sequence[Path] = ()
     log_only: bool = False
 
-    def command(self, name: str, adaptor: Path | None, *extra: str, log: bool = True) -> str:
-        """`unsafe-doctor NAME ...` as it runs when pasted; for a log read from stdin, '-' and how to pass it
-        (`log`: the command reads one; `fix --revert` does not)."""
+    def command(self, name: str, adaptor: Path | None, *extra: str, log: bool = True) -> NextStep:
+        """`unsafe-doctor NAME ...` with this run's log and options (`log`: the command reads a log;
+        `fix --revert` does not); a log that came on stdin is '-' there too."""
         words = ["unsafe-doctor", name, *((self.paths or ["-"]) if log else [])]
         for root in self.source_roots:
             words += ["--source-root", str(root)]
@@ -51,8 +51,8 @@ class Invocation:
             words += ["--rules", str(path)]
         words += ["--log-only"] if self.log_only else []
         words += ["--adaptor", str(adaptor)] if adaptor is not None else []
-        line = printable(shlex.join([*words, *extra]))
-        return line if self.paths or not log else f"(pipe the same log in again) {line}"
+        piped = log and (not self.paths or "-" in self.paths)
+        return NextStep(printable(shlex.join([*words, *extra])), piped)
 
 
 def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_input: bool) -> None:
@@ -64,7 +64,7 @@ def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_i
     if adaptor is None:
         if any(isinstance(item.classification.fix, FixPlan) for item in diagnosis.findings):
             say("no fix written: no recovery adaptor is known; name it (--adaptor FILE) or the folder that holds it "
-                f"(--source-root DIR), e.g. {invocation.command('fix', Path('ADAPTOR.py'), '--yes')}")
+                f"(--source-root DIR), {invocation.command('fix', Path('ADAPTOR.py'), '--yes').line('e.g.')}")
         return
     with prompts.terminal(ask=not (yes or no_input)) as terminal:
         applied = _fix_each(diagnosis, invocation, adaptor, terminal, yes=yes)
@@ -72,7 +72,7 @@ def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_i
             if yes or (terminal is not None and terminal.confirm(VERIFY_QUESTION)):
                 _verify_now(replace(diagnosis, findings=tuple(applied)), diagnosis.context.knowledge, invocation, adaptor)
             else:
-                say(f"to prove it: {invocation.command('verify', adaptor)}")
+                say(invocation.command("verify", adaptor).line("to prove it"))
 
 
 def _fix_each(
@@ -97,7 +97,7 @@ def _fix_each(
                 say(printable(line))
             applied.append(item)
         else:
-            say(f"not applied; to apply: {invocation.command('fix', adaptor, '--yes')}")
+            say(invocation.command("fix", adaptor, "--yes").line("not applied; to apply"))
     return applied
 
 
@@ -139,7 +139,7 @@ def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invo
         plan, skipped = verification.plan_replay(diagnosis, knowledge)
         outcome = verification.verify(plan, skipped)
     if outcome is not None:
-        print_rich(to_text(outcome, fix_command=invocation.command("fix", adaptor, "--yes")))
+        print_rich(to_text(outcome, write_fix=invocation.command("fix", adaptor, "--yes")))
 
 
 def _ask_scenario(terminal: prompts.Terminal, item: DiagnosedFinding, context: RunContext) -> DiagnosedFinding:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -49,6 +50,19 @@ def rank_ranges(ranks: Iterable[int]) -> str:
         else:
             spans.append([rank, rank])
     return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """A command to run next, quoted so that it runs as pasted. `piped`: it reads the log from stdin
+    ('-'), as this run did, so the log must be piped in again."""
+
+    command: str
+    piped: bool = False
+
+    def line(self, what: str) -> str:
+        """`what: command`, the command last on the line, whole, to be copied."""
+        return f"{what}{' (pipe the same log in again)' if self.piped else ''}: {self.command}"
 
 
 def title(text: str) -> Text:

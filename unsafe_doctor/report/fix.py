@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from unsafe_doctor.report.common import printable
+from unsafe_doctor.report.common import NextStep, printable
 
 if TYPE_CHECKING:
     from unsafe_doctor.fix import Plan, Written  # fix loads libcst: diagnose's output does without it
@@ -43,19 +43,21 @@ def decisions(plan: Plan, findings: int, revert: bool) -> list[str]:
     return [printable(line) for line in lines]
 
 
-def outcome(plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool, apply: str | None = None) -> list[str]:
+def outcome(
+    plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool, apply: NextStep | None = None
+) -> list[str]:
     """What became of the plan: the files written, or why nothing was and the command (`apply`) that writes it."""
-    apply = apply or "the same command with --yes"
+    apply = apply or NextStep("the same command with --yes")
     lines = written_lines(written)
     if not plan.edits:
         if plan.present and not plan.skipped:
             lines.append("nothing to do: the adaptor already holds every fix")
     elif dry_run:
-        lines.append(f"dry run: nothing written; to write it: {apply}")
+        lines.append(apply.line("dry run: nothing written; to write it"))
     elif not written and interactive:
-        lines.append(f"not applied; to apply: {apply}")
+        lines.append(apply.line("not applied; to apply"))
     elif not written:
-        lines.append(f"not applied: nothing is asked without a terminal or with --no-input; to apply: {apply}")
+        lines.append(apply.line("not applied: nothing is asked without a terminal or with --no-input; to apply"))
     return lines
 
 

@@ -9,7 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from unsafe_doctor.report.common import CodeToCopy, printable, title
+from unsafe_doctor.report.common import CodeToCopy, NextStep, printable, title
 
 if TYPE_CHECKING:
     from unsafe_doctor.verify import Verification  # verify loads libcst: diagnose's output does without it
@@ -48,8 +48,8 @@ def to_json(verification: Verification) -> dict[str, Any]:
     }
 
 
-def to_text(verification: Verification, fix_command: str | None = None) -> RenderableType:
-    """The verdicts in boxes; when a fix is missing, the command that writes it (`fix_command`)."""
+def to_text(verification: Verification, write_fix: NextStep | None = None) -> RenderableType:
+    """The verdicts in boxes; when a fix is missing, the command that writes it (`write_fix`)."""
     device = "CPU" if verification.backend == "emulated" else "NPU"
     footer = (
         f"backend: {verification.backend} ({device}, {verification.transport}) · {verification.mode} mode · "
@@ -74,13 +74,14 @@ def to_text(verification: Verification, fix_command: str | None = None) -> Rende
     parts.append(Text(footer, style="dim"))
     missing = [verdict.target.label for verdict in verification.verdicts if verdict.outcome == "no-fix"]
     if missing:
-        parts.extend(_write_the_fix(missing, fix_command))
+        parts.extend(_write_the_fix(missing, write_fix))
     return Group(*parts)
 
 
-def _write_the_fix(missing: list[str], fix_command: str | None) -> list[RenderableType]:
+def _write_the_fix(missing: list[str], write_fix: NextStep | None) -> list[RenderableType]:
     """NO-FIX: what to run to write the fix (a line of its own, whole, to be copied), then verify again."""
     text = Text(f"The adaptor holds no fix for {printable(', '.join(missing))}: write it, then run verify again", style="bold")
-    if fix_command is None:
+    if write_fix is None:
         return [text.append(" (unsafe-doctor fix, with this command's log and options, and --yes).")]
-    return [text.append(":"), CodeToCopy(fix_command, python=False)]
+    text.append(" (pipe the same log in again):" if write_fix.piped else ":")
+    return [text, CodeToCopy(write_fix.command, python=False)]
