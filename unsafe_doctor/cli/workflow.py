@@ -94,7 +94,7 @@ def _fix_each(
         question = f"Apply scenario-{item.classification.scenario} fix to {printable(functions)}?"
         if yes or (terminal is not None and terminal.confirm(question)):
             for line in written_lines(fixes.apply(plan)):
-                say(printable(line))
+                say(line)
             applied.append(item)
         else:
             say(invocation.command("fix", adaptor, "--yes").line("not applied; to apply"))
