@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import pty
 import select
@@ -9,6 +10,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG = ROOT / "samples" / "logs" / "toytrain_ema"
@@ -49,11 +52,12 @@ def test_yes_at_the_terminal_applies_the_fix_while_the_log_comes_on_stdin(tmp_pa
     gz = LOG / "none_sample" / "attempt_0" / "1" / "stderr.log.gz"
     answers = [(b"[y/N]", b"y\n"), (VERIFY_QUESTION, b"n\n")]
     code, screen = converse(["--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], gz, answers)
-    assert "Apply scenario-2 fix to" in screen and "recv_rank_repair" in screen
+    assert f"Apply scenario-2 fix to {adaptor}::recv_rank_repair and {adaptor}::send_rank_repair?" in screen  # both patched
     assert code == 1  # findings
     assert "unsafe-doctor: begin generic.replica-copy:toytrain.state._EMA_GRAD_NORM" in adaptor.read_text()
     assert Path(str(adaptor) + ".unsafe-doctor.bak").read_bytes() == (FRAMEWORK / "toytrain" / "recovery.py").read_bytes()
-    assert f"to prove it: unsafe-doctor verify --source-root {FRAMEWORK} --adaptor {adaptor}" in screen  # verify declined
+    again = "to prove it (pipe the same log in again): unsafe-doctor verify -"
+    assert f"{again} --source-root {FRAMEWORK} --adaptor {adaptor}" in screen  # verify declined
 
 
 VERIFY_QUESTION = b"unpatched then patched)? [y/N]"
@@ -116,3 +120,43 @@ def test_an_unclassified_finding_asks_for_the_scenario_then_offers_its_fix(tmp_p
     assert "POSITION_TABLE is unclassified" in text
     assert "Apply scenario-1 fix to" in text and "feature_rollback" in text
     assert "unsafe-doctor: begin generic.reinitialise:" in adaptor.read_text()
+
+
+def test_fix_with_the_log_on_stdin_asks_at_the_terminal(tmp_path):
+    """`cat log | unsafe-doctor fix ...` at a terminal: the question goes to /dev/tty, as diagnose's do."""
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    log = tmp_path / "train.log"
+    log.write_bytes(gzip.decompress((LOG / "none_sample" / "attempt_0" / "1" / "stderr.log.gz").read_bytes()))
+    args = ["fix", "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
+    code, screen = converse(args, log, [(b"Apply? [y/N]:", b"y\n")])
+    assert code == 0, screen
+    assert "unsafe-doctor: begin generic.replica-copy:toytrain.state._EMA_GRAD_NORM" in adaptor.read_text()
+
+
+@pytest.mark.parametrize("command", ["diagnose", "fix"])
+@pytest.mark.parametrize("key", [b"\x04", b"\x03"], ids=["eof", "ctrl-c"])
+def test_end_of_input_or_ctrl_c_at_a_prompt_exits_130_and_writes_nothing(tmp_path, command, key):
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    before = adaptor.read_bytes()
+    args = [command, str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
+    code, screen = converse(args, None, [(b"[y/N]:", key)])
+    assert code == 130, screen
+    assert "Traceback" not in screen
+    assert adaptor.read_bytes() == before
+
+
+def test_a_scenario_given_for_a_finding_with_no_global_says_why_nothing_follows(tmp_path):
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    log = tmp_path / "train.log"
+    log.write_text(
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/srv/job/train.py", line 62, in clip\n'
+        "[rank1]:     total = compute(a, b)\n"
+        "[rank1]: RuntimeError: There is unsafe data in the input tensor.\n"
+    )
+    code, screen = converse(["diagnose", str(log), "--adaptor", str(adaptor)], None, [(b"Scenario [1/2/skip]:", b"1\n")])
+    assert code == 1
+    assert "no fix for a in scenario 1: no fix rendered" in screen

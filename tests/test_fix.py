@@ -675,7 +675,7 @@ def test_cli_dry_run_yes_again_and_revert(tmp_path):
     unasked = run(*common)
     assert unasked.returncode == 1
     assert unasked.stdout == dry.stdout
-    assert "not applied: nothing is asked without a terminal or with --no-input; run again with --yes to apply" in unasked.stderr
+    assert f"not applied: nothing is asked without a terminal or with --no-input; to apply: unsafe-doctor fix {' '.join(common)} --yes" in unasked.stderr
     assert adaptor.read_bytes() == before
 
     applied = run(*common, "--yes")

@@ -16,7 +16,7 @@ from unsafe_doctor.cli.options import (
     YesOption,
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, progress_bar
-from unsafe_doctor.cli.workflow import offer_fixes
+from unsafe_doctor.cli.workflow import Invocation, offer_fixes
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.report import diagnosis as report
@@ -45,5 +45,6 @@ def command(
         print_json(report.to_sarif(diagnosis))
     else:
         print_rich(report.to_text(diagnosis, elapsed))
-        offer_fixes(diagnosis, paths, source_root or (), rules or (), yes=yes, no_input=no_input)
+        invocation = Invocation(paths, source_root or (), rules or (), log_only)
+        offer_fixes(diagnosis, invocation, yes=yes, no_input=no_input)
     return 1 if diagnosis.findings or diagnosis.hits else 0

@@ -21,11 +21,12 @@ from unsafe_doctor.cli.options import (
     YesOption,
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, say
-from unsafe_doctor.cli.workflow import write_if_accepted
+from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.report import fix as report
+from unsafe_doctor.report.common import NextStep
 
 if TYPE_CHECKING:
     from unsafe_doctor.fix import Plan, Written
@@ -54,23 +55,29 @@ def command(
     overrides = fixes.function_overrides(function or [])
     roles = fixes.parameter_roles(parameter or [])
     setup = groundwork(rules or (), source_root or (), log_only=log_only)
+    paths: list[str] = []
     if revert:
         if logs:
             raise UsageError("--revert takes no logs: it removes every unsafe-doctor block from the adaptor")
-        plan = fixes.plan_revert(setup.detect(adaptor=adaptor).environment)
+        environment = setup.detect(adaptor=adaptor).environment
+        plan = fixes.plan_revert(environment)
         findings = 0
     else:
         paths = log_paths(logs)
         diagnosis = diagnose(paths, setup, adaptor=adaptor)
+        environment = diagnosis.context.environment
         plan = fixes.plan_fix(diagnosis.findings, diagnosis.context, overrides, roles)
         findings = len(diagnosis.findings)
     text = output_format is Format.text
-    interactive = text and not no_input and sys.stdin.isatty() and sys.stdout.isatty()
+    interactive = text and not no_input and sys.stdout.isatty()  # asked at /dev/tty: stdin may be the log
     if text:
         show_plan(plan, findings, revert)
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
     if text:
-        tell_outcome(plan, written, dry_run, interactive)
+        options = [*(("--revert",) if revert else ()), *_repeated("--function", function), *_repeated("--parameter", parameter)]
+        invocation = Invocation(paths, source_root or (), rules or (), log_only)
+        apply = invocation.command("fix", environment.adaptor, *options, "--yes", log=not revert)
+        tell_outcome(plan, written, dry_run, interactive, apply)
     else:
         print_json(report.to_json(plan, written, dry_run))
     unapplied = bool(plan.edits) and not written
@@ -85,6 +92,12 @@ def show_plan(plan: Plan, findings: int, revert: bool) -> None:
         say(line)
 
 
-def tell_outcome(plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool) -> None:
-    for line in report.outcome(plan, written, dry_run, interactive):
+def tell_outcome(
+    plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool, apply: NextStep | None = None
+) -> None:
+    for line in report.outcome(plan, written, dry_run, interactive, apply):
         say(line)
+
+
+def _repeated(option: str, values: list[str] | None) -> list[str]:
+    return [word for value in values or () for word in (option, value)]

@@ -35,8 +35,9 @@ def print_json(document: dict[str, Any]) -> None:
 
 
 def print_rich(renderable: RenderableType) -> None:
-    """Colour only on a terminal, and never under NO_COLOR (rich reads both itself)."""
-    Console(highlight=False).print(renderable)
+    """Colour only on a terminal, and never under NO_COLOR (rich reads both itself). Not cropped at
+    the width: code to copy is printed whole (report.common.CodeToCopy); all else fits the width."""
+    Console(highlight=False).print(renderable, crop=False)
 
 
 class progress_bar:

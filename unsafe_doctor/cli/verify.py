@@ -20,9 +20,11 @@ from unsafe_doctor.cli.options import (
     SourceRootOption,
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich
+from unsafe_doctor.cli.workflow import Invocation
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.quiet import framework_warnings_silenced
 
 
 class ReplayMode(str, Enum):
@@ -69,15 +71,17 @@ def command(
         ranks = int(os.environ["WORLD_SIZE"])
     diagnosis = diagnose(paths, groundwork(rules or (), source_root or (), log_only=log_only), adaptor=adaptor)
     functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
-    plan, skipped = verification.plan_replay(
-        diagnosis, diagnosis.context.knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout,
-        functions=functions, parameters=fixes.parameter_roles(parameter or []),
-    )
-    outcome = verification.verify(plan, skipped)
+    with framework_warnings_silenced():  # megatron-core's import-time Apex/TE warnings
+        plan, skipped = verification.plan_replay(
+            diagnosis, diagnosis.context.knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout,
+            functions=functions, parameters=fixes.parameter_roles(parameter or []),
+        )
+        outcome = verification.verify(plan, skipped)
     if outcome is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
     if output_format is Format.json:
         print_json(report.to_json(outcome))
     else:
-        print_rich(report.to_text(outcome))
+        invocation = Invocation(paths, source_root or (), rules or (), log_only)
+        print_rich(report.to_text(outcome, write_fix=invocation.command("fix", diagnosis.context.environment.adaptor, "--yes")))
     return outcome.exit_code

@@ -1,27 +1,29 @@
-"""The interactive path, diagnose -> fix -> verify, and every question it asks.
+"""The interactive path, diagnose -> fix -> verify, and the next step each report ends with.
 
 After diagnose's report each finding's fix is shown as a diff and written on --yes or when the
 person says so; a finding nothing classified is put to them first; a written fix is offered a
-replay. Questions go to the controlling terminal (/dev/tty), so they work while the log arrives
-on stdin. `fix` and `audit --fix` ask their one question here too.
+replay. Questions are asked through cli.prompts (the controlling terminal, so they work while the
+log arrives on stdin). `fix` and `audit --fix` ask their one question here too. Every command
+suggested is one that runs as printed: quoted, and with '-' for a log that came on stdin.
 """
 
 from __future__ import annotations
 
-import io
+import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
-
-import typer
+from typing import TYPE_CHECKING
 
 from unsafe_doctor.classify import Classified, FixPlan, Unclassified, classify_as
+from unsafe_doctor.cli import prompts
 from unsafe_doctor.cli.streams import print_rich, say
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge import KnowledgeBase, Scenario
+from unsafe_doctor.quiet import framework_warnings_silenced
+from unsafe_doctor.report.common import NextStep, printable
 from unsafe_doctor.report.fix import written_lines
 
 if TYPE_CHECKING:
@@ -30,50 +32,76 @@ if TYPE_CHECKING:
 VERIFY_QUESTION = "Verify the fix now (replay the fault and the recovery on 4 ranks, unpatched then patched)?"
 
 
-def offer_fixes(
-    diagnosis: Diagnosis,
-    paths: list[str],
-    source_roots: Sequence[Path],
-    rules: Sequence[Path],
-    *,
-    yes: bool,
-    no_input: bool,
-) -> None:
+@dataclass(frozen=True)
+class Invocation:
+    """What the person gave this run, to be given again to the command suggested next."""
+
+    paths: Sequence[str]  # empty: the log came on stdin
+    source_roots: Sequence[Path] = ()
+    rules: Sequence[Path] = ()
+    log_only: bool = False
+
+    def command(self, name: str, adaptor: Path | None, *extra: str, log: bool = True) -> NextStep:
+        """`unsafe-doctor NAME ...` with this run's log and options (`log`: the command reads a log;
+        `fix --revert` does not); a log that came on stdin is '-' there too."""
+        words = ["unsafe-doctor", name, *((self.paths or ["-"]) if log else [])]
+        for root in self.source_roots:
+            words += ["--source-root", str(root)]
+        for path in self.rules:
+            words += ["--rules", str(path)]
+        words += ["--log-only"] if self.log_only else []
+        words += ["--adaptor", str(adaptor)] if adaptor is not None else []
+        piped = log and (not self.paths or "-" in self.paths)
+        return NextStep(printable(shlex.join([*words, *extra])), piped)
+
+
+def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_input: bool) -> None:
     """After the report: each finding's fix as a diff, applied on --yes or when the person says so;
-    then, for the fixes written, a replay that proves them."""
-    adaptor = diagnosis.context.environment.adaptor
-    if adaptor is None or not diagnosis.findings:
+    then, for the fixes written, a replay that proves them. Ends with what to run next."""
+    if not diagnosis.findings:
         return
-    terminal = None if yes or no_input or not sys.stdout.isatty() else _controlling_terminal()
-    knowledge = diagnosis.context.knowledge
-    fixable = _fixable(diagnosis, terminal)
+    adaptor = diagnosis.context.environment.adaptor
+    if adaptor is None:
+        if any(isinstance(item.classification.fix, FixPlan) for item in diagnosis.findings):
+            say("no fix written: no recovery adaptor is known; name it (--adaptor FILE) or the folder that holds it "
+                f"(--source-root DIR), {invocation.command('fix', Path('ADAPTOR.py'), '--yes').line('e.g.')}")
+        return
+    with prompts.terminal(ask=not (yes or no_input)) as terminal:
+        applied = _fix_each(diagnosis, invocation, adaptor, terminal, yes=yes)
+        if applied:
+            if yes or (terminal is not None and terminal.confirm(VERIFY_QUESTION)):
+                _verify_now(replace(diagnosis, findings=tuple(applied)), diagnosis.context.knowledge, invocation, adaptor)
+            else:
+                say(invocation.command("verify", adaptor).line("to prove it"))
+
+
+def _fix_each(
+    diagnosis: Diagnosis, invocation: Invocation, adaptor: Path, terminal: prompts.Terminal | None, *, yes: bool
+) -> list[DiagnosedFinding]:
+    """Each finding's fix shown, then written or not; the findings whose fix was written."""
     from unsafe_doctor import fix as fixes  # libcst is loaded only when a fix is offered
 
-    options = [*paths, *(f"--source-root {root}" for root in source_roots), *(f"--rules {path}" for path in rules)]
-    options += ["--log-only"] if diagnosis.context.workspace.log_only else []
     applied = []
-    for item, fix in fixable:
+    for item, fix in _fixable(diagnosis, terminal):
         plan = fixes.plan_fix([item], diagnosis.context)
         if not plan.edits:
+            for line in (*plan.present, *map(str, plan.skipped), *plan.notes):
+                say(printable(line))
             continue
         sys.stdout.write(plan.diff())
-        question = f"Apply scenario-{item.classification.scenario} fix to {adaptor}::{fix.function}?"
-        if yes or (terminal is not None and _ask(terminal, question)):
+        sys.stdout.flush()
+        functions = " and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name)
+        question = f"Apply scenario-{item.classification.scenario} fix to {printable(functions)}?"
+        if yes or (terminal is not None and terminal.confirm(question)):
             for line in written_lines(fixes.apply(plan)):
                 say(line)
             applied.append(item)
-        elif terminal is None:
-            say(f"not applied; to apply: unsafe-doctor fix {' '.join(options)} --adaptor {adaptor} --yes")
-    if applied:
-        if yes or (terminal is not None and _ask(terminal, VERIFY_QUESTION)):
-            _verify_now(replace(diagnosis, findings=tuple(applied)), knowledge)
         else:
-            say(f"to prove it: unsafe-doctor verify {' '.join(options)} --adaptor {adaptor}")
-    if terminal is not None:
-        terminal.close()
+            say(invocation.command("fix", adaptor, "--yes").line("not applied; to apply"))
+    return applied
 
 
-def _fixable(diagnosis: Diagnosis, terminal: TextIO | None) -> list[tuple[DiagnosedFinding, FixPlan]]:
+def _fixable(diagnosis: Diagnosis, terminal: prompts.Terminal | None) -> list[tuple[DiagnosedFinding, FixPlan]]:
     """The findings with a fix, each with its fix; at a terminal, the person classifies those nothing classified."""
     fixable = []
     for item in diagnosis.findings:
@@ -88,12 +116,17 @@ def write_if_accepted(plan: Plan, *, dry_run: bool, yes: bool, interactive: bool
     """`fix` and `audit --fix`: the plan written on --yes or when the person at the terminal accepts it."""
     from unsafe_doctor import fix as fixes
 
-    if plan.edits and not dry_run and (yes or (interactive and typer.confirm("Apply?", default=False))):
+    if not plan.edits or dry_run:
+        return ()
+    if yes:
         return fixes.apply(plan)
+    with prompts.terminal(ask=interactive) as terminal:
+        if terminal is not None and terminal.confirm("Apply?"):
+            return fixes.apply(plan)
     return ()
 
 
-def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase) -> None:
+def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invocation, adaptor: Path) -> None:
     import importlib.util
 
     from unsafe_doctor import verify as verification
@@ -102,40 +135,30 @@ def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase) -> None:
     if importlib.util.find_spec("torch") is None:
         say("not verified: verify replays on torch, which is not installed (pip install 'unsafe-doctor[replay]')")
         return
-    plan, skipped = verification.plan_replay(diagnosis, knowledge)
-    outcome = verification.verify(plan, skipped)
+    with framework_warnings_silenced():
+        plan, skipped = verification.plan_replay(diagnosis, knowledge)
+        outcome = verification.verify(plan, skipped)
     if outcome is not None:
-        print_rich(to_text(outcome))
+        print_rich(to_text(outcome, write_fix=invocation.command("fix", adaptor, "--yes")))
 
 
-def _ask_scenario(terminal: TextIO, item: DiagnosedFinding, context: RunContext) -> DiagnosedFinding:
+def _ask_scenario(terminal: prompts.Terminal, item: DiagnosedFinding, context: RunContext) -> DiagnosedFinding:
     """Nothing classified this tensor: the person decides, with the evidence in front of them."""
     tensor = item.finding.tensor
-    name = (tensor.variable or tensor.expression) if tensor else "the tensor"
-    terminal.write(f"\n{name} is unclassified: {item.classification.reason}\n")
+    name = printable(tensor.variable or tensor.expression) if tensor else "the tensor"
+    terminal.tell(f"\n{name} is unclassified: {printable(item.classification.reason)}\n")
     for line in item.classification.evidence:
-        terminal.write(f"  {line}\n")
-    terminal.write(
+        terminal.tell(f"  {printable(str(line))}\n")
+    terminal.tell(
         f"Does {name} depend on training iterations?\n"
         "  1 = no: re-initialise it in rollback; 2 = yes: copy it from the replica in repair; Enter = skip\n"
-        "Scenario [1/2/skip]: "
     )
-    answer = terminal.readline().strip()
+    answer = terminal.answer("Scenario [1/2/skip]: ")
     if answer not in ("1", "2"):
+        terminal.tell(f"skipped: no fix for {name}\n")
         return item
     scenario: Scenario = 1 if answer == "1" else 2
     verdict = classify_as(item.subject, scenario, context, item.classification.evidence)
+    if not isinstance(verdict.fix, FixPlan):
+        terminal.tell(f"no fix for {name} in scenario {scenario}: {printable(verdict.fix.reason)}\n")
     return replace(item, classification=verdict)
-
-
-def _controlling_terminal() -> TextIO | None:
-    """The terminal itself, for reading answers: a tty is not seekable, so no buffered r+ mode."""
-    try:
-        return io.TextIOWrapper(open("/dev/tty", "r+b", buffering=0), encoding="utf-8", write_through=True)
-    except OSError:
-        return None
-
-
-def _ask(terminal: TextIO, question: str) -> bool:
-    terminal.write(f"{question} [y/N] ")
-    return terminal.readline().strip().lower() in ("y", "yes")

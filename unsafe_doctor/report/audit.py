@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from unsafe_doctor.classify import FixPlan
-from unsafe_doctor.report.common import adaptor_json, fix_plan_json, frameworks_json, stale_text
+from unsafe_doctor.report.common import adaptor_json, counted, fix_plan_json, frameworks_json, printable, stale_text
 from unsafe_doctor.report.sarif import artifact_change, file_uri, location, sarif_log
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ SARIF_RULES = {
 _STATUS_STYLE = {"uncovered": "bold red", "unsafe": "bold yellow", "covered": "green"}
 SARIF_RELATED = 10  # writers listed with each result
 _PLACEMENT_TEXT = {"device": "on the device", "unknown": "device unknown"}
+NAME_WIDTH = 48  # the global column's widest: a qualified name longer than this ends in "…"
 
 
 def to_json(audit: Audit) -> dict[str, Any]:
@@ -153,11 +154,14 @@ def _site_location(site: Site) -> dict[str, Any]:
 def to_text(audit: Audit, elapsed: float) -> RenderableType:
     parts: list[RenderableType] = []
     if audit.holders:
+        # A name is never split: its column is as wide as the longest (up to NAME_WIDTH), a longer one
+        # ends in "…"; in the other columns too a word too long is cut with "…", never folded.
+        longest = max(len(item.holder.name) for item in audit.holders)
         table = Table(header_style="bold", show_lines=True)
-        table.add_column("global", overflow="fold", ratio=4)
-        table.add_column("written · read", overflow="fold", ratio=2)
-        table.add_column("recovery", overflow="fold", ratio=3)
-        table.add_column("scenario", overflow="fold", ratio=3)
+        table.add_column("global", overflow="ellipsis", ratio=4, min_width=min(longest, NAME_WIDTH))
+        table.add_column("written · read", overflow="ellipsis", ratio=2)
+        table.add_column("recovery", overflow="ellipsis", ratio=3)
+        table.add_column("scenario", overflow="ellipsis", ratio=3)
         for item in audit.holders:
             table.add_row(*_holder_cells(item))
         parts.append(table)
@@ -166,7 +170,7 @@ def to_text(audit: Audit, elapsed: float) -> RenderableType:
     if audit.stale:
         parts.append(stale_text(audit.stale))
     for note in audit.notes:
-        parts.append(Text(f"note: {note}", style="yellow"))
+        parts.append(Text(f"note: {printable(note)}", style="yellow"))
     parts.append(_summary(audit, elapsed))
     return Group(*parts)
 
@@ -186,7 +190,7 @@ def _holder_cells(item: AuditedHolder) -> tuple[Text, Text, Text, Text]:
         uses.append(f"imported by name: {_site_text(holder.importers[0])}", style="dim")
     status = Text(coverage.status, style=_STATUS_STYLE[coverage.status])
     if coverage.status != "uncovered":
-        status.append(f"\n{coverage.why}")
+        status.append(f"\n{printable(coverage.why)}")
     scenario = Text()
     if verdict is None:
         scenario.append("—", style="dim")
@@ -203,21 +207,21 @@ def _holder_cells(item: AuditedHolder) -> tuple[Text, Text, Text, Text]:
 
 def _site_text(site: Site) -> str:
     """The file's name and line: the global's dotted name already says which package."""
-    return f"{site.file.replace(chr(92), '/').rpartition('/')[2]}:{site.line}"
+    return f"{printable(site.file.replace(chr(92), '/').rpartition('/')[2])}:{site.line}"
 
 
 def _summary(audit: Audit, elapsed: float) -> Text:
     counts = _counts(audit)
     environment = audit.context.environment
     pieces = [
-        f"{counts['holders']} global{'s' if counts['holders'] != 1 else ''}: {counts['uncovered']} uncovered, "
+        f"{counted(counts['holders'], 'global')}: {counts['uncovered']} uncovered, "
         f"{counts['unsafe']} unsafe, {counts['covered']} covered"
     ]
     if counts["fixable"]:
         pieces.append(f"{counts['fixable']} with a fix (--fix)")
-    pieces.append(f"{audit.files} file{'s' if audit.files != 1 else ''}")
+    pieces.append(counted(audit.files, "file"))
     if environment.adaptor is not None:
-        pieces.append(f"adaptor {environment.adaptor} ({environment.profile.id})")
+        pieces.append(f"adaptor {printable(str(environment.adaptor))} ({environment.profile.id})")
     for name, version in environment.versions.items():
         pieces.append(f"{name} {version}")
     pieces.append(f"{elapsed:.2f} s")

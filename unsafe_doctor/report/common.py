@@ -1,8 +1,11 @@
-"""Pieces that diagnosis and audit show alike: a fix as JSON, the frameworks and adaptor found, stale resets."""
+"""Pieces that every report shows alike: a fix as JSON, the frameworks and adaptor found, stale resets,
+code to copy, rank lists, counted nouns, and text from logs made safe for a terminal."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -24,12 +27,73 @@ def _python_lexer() -> Any:
     return PythonLexer()
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but tab and newline, DEL, C1
+
+
+def printable(text: str) -> str:
+    """Text from a log or a file name, every control character written as an escape (ESC becomes
+    \\x1b): a hostile log must not set the terminal's title or clear its screen."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
+def counted(count: int, noun: str) -> str:
+    """"1 rank", "2 ranks": the noun in the plural only when the count asks for it."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """Ranks as people read them at scale: 0-511 for all 512, "0-15, 32" for a gap."""
+    spans: list[list[int]] = []
+    for rank in sorted(set(ranks)):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """A command to run next, quoted so that it runs as pasted. `piped`: it reads the log from stdin
+    ('-'), as this run did, so the log must be piped in again."""
+
+    command: str
+    piped: bool = False
+
+    def line(self, what: str) -> str:
+        """`what: command`, the command last on the line, whole, to be copied."""
+        return f"{what}{' (pipe the same log in again)' if self.piped else ''}: {self.command}"
+
+
+def title(text: str) -> Text:
+    """A panel's title: cut with an ellipsis when it is wider than the panel, never parsed as markup."""
+    return Text(printable(text), overflow="ellipsis")
+
+
+class CodeToCopy:
+    """Code meant to be copied (a fix block, a rule's template, an address), printed outside any box:
+    Python highlighted where the console shows colour, every line whole at any width (never wrapped
+    nor cropped)."""
+
+    def __init__(self, code: str, *, python: bool = True) -> None:
+        self.code, self.python = printable(code), python
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if console.color_system and self.python:
+            text = Syntax(self.code, _python_lexer(), theme="ansi_dark", background_color="default").highlight(self.code)
+            text.rstrip()
+        else:
+            text = Text(self.code)
+        text.no_wrap, text.overflow = True, "ignore"
+        yield text
+
+
 class PythonCode:
     """Python source in a report: highlighted where the console shows colour; plain where it does
     not (a pipe, a file, NO_COLOR), which then needs no lexer."""
 
     def __init__(self, code: str, **options: Any):
-        self.code = code
+        self.code = printable(code)
         self.options = options
 
     def _syntax(self, console: Console) -> Syntax:
@@ -69,7 +133,7 @@ def adaptor_json(environment: Environment) -> dict[str, str | None]:
 def stale_text(stale: Sequence[StaleReset]) -> Text:
     text = Text("Stale resets in the adaptor's rollback:\n", style="bold yellow")
     for item in stale:
-        text.append(f"  {item.file}:{item.line}  ", style="cyan")
-        text.append(f"{item.statement}\n    {item.why}\n")
+        text.append(f"  {printable(str(item.file))}:{item.line}  ", style="cyan")
+        text.append(f"{printable(item.statement)}\n    {item.why}\n")
     return text
 

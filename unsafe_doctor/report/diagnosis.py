@@ -12,7 +12,18 @@ from rich.text import Text
 from unsafe_doctor.classify import Classification, FixPlan
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.locate import Finding
-from unsafe_doctor.report.common import PythonCode, adaptor_json, fix_plan_json, frameworks_json, stale_text
+from unsafe_doctor.report.common import (
+    CodeToCopy,
+    PythonCode,
+    adaptor_json,
+    counted,
+    fix_plan_json,
+    frameworks_json,
+    printable,
+    rank_ranges,
+    stale_text,
+    title,
+)
 from unsafe_doctor.report.sarif import location, sarif_log
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin
@@ -98,7 +109,7 @@ def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
         result: dict[str, Any] = {
             "ruleId": "unsafe-data-after-recovery",
             "level": "error",
-            "message": {"text": f"{what} is read while still marked unsafe (ranks {_ranks(finding.ranks)})"},
+            "message": {"text": f"{what} is read while still marked unsafe (ranks {rank_ranges(finding.ranks)})"},
         }
         if finding.culprit is not None:
             result["locations"] = [location(finding.culprit.file, finding.culprit.line)]
@@ -116,6 +127,7 @@ def to_text(diagnosis: Diagnosis, elapsed: float) -> RenderableType:
     parts: list[RenderableType] = []
     for number, item in enumerate(diagnosis.findings, 1):
         parts.append(_panel(number, item, diagnosis))
+        parts.extend(_fix_code(item))
     if diagnosis.stale:
         parts.append(stale_text(diagnosis.stale))
     if diagnosis.untraced_ranks:
@@ -130,24 +142,24 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
     finding = item.finding
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold", no_wrap=True)
-    grid.add_column(overflow="fold")
+    grid.add_column(overflow="ellipsis")  # a word too long is cut with "…", never split over two lines
     tensor = finding.tensor
     if tensor is not None:
-        line = Text(tensor.variable or tensor.expression, style="bold magenta")
+        line = Text(printable(tensor.variable or tensor.expression), style="bold magenta")
         where = ".".join(part for part in (tensor.module, tensor.owner) if part)
         if where:
-            line.append(f"  in {where}", style="cyan")
+            line.append(f"  in {printable(where)}", style="cyan")
         if tensor.variable and tensor.expression != tensor.variable:
-            line.append(f"\naccessed as {tensor.expression}", style="dim")
+            line.append(f"\naccessed as {printable(tensor.expression)}", style="dim")
         grid.add_row("Tensor", line)
     else:
         grid.add_row("Tensor", Text("could not be resolved from the traceback", style="yellow"))
     grid.add_row("Source", _origin_text(finding, guessed=tensor is not None))
-    error = Text(f"{finding.unsafe.exception_type}: {finding.unsafe.message}", style="red")
+    error = Text(printable(f"{finding.unsafe.exception_type}: {finding.unsafe.message}"), style="red")
     if finding.unsafe.error_code:
-        error.append(f"  [{finding.unsafe.error_code}]", style="dim")
+        error.append(f"  [{printable(finding.unsafe.error_code)}]", style="dim")
     grid.add_row("Error", error)
-    grid.add_row("Phase", _phase_text(item, diagnosis))
+    grid.add_row("Phase", Text(_phase_text(item, diagnosis)))
     if finding.culprit is not None:
         grid.add_row("Culprit", _frame_text(finding.culprit))
         if finding.culprit.source:
@@ -159,27 +171,27 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
         shown = own[-SHORT_STACK:]
         stack = Text()
         if len(frames) > len(shown):
-            stack.append(f"… {len(frames) - len(shown)} more frames (outer, or torch internals)\n", style="dim")
+            stack.append(f"… {counted(len(frames) - len(shown), 'more frame')} (outer, or torch internals)\n", style="dim")
         stack.append(Text("\n").join(_frame_text(frame) for frame in shown))
         grid.add_row("Stack", stack)
     if finding.unsafe.truncated:
         grid.add_row("", Text("The traceback is cut short in the log; what is shown is what it holds.", style="yellow"))
     _add_classification(grid, item.classification)
     for note in (*finding.notes, *item.classification.notes):
-        grid.add_row("Note", Text(note, style="dim"))
-    title = f"Finding {number} · rank{'s' if len(finding.ranks) != 1 else ''} {_ranks(finding.ranks) or 'unknown'}"
-    return Panel(grid, title=title, title_align="left", border_style="red")
+        grid.add_row("Note", Text(printable(note), style="dim"))
+    ranks = f"rank{'s' if len(finding.ranks) != 1 else ''} {rank_ranges(finding.ranks) or 'unknown'}"
+    return Panel(grid, title=title(f"Finding {number} · {ranks}"), title_align="left", border_style="red")
 
 
 def _origin_text(finding: Finding, *, guessed: bool) -> Text:
     """One line on where the culprit's source came from: a tensor named from the log alone is a guess."""
     origin, source_file = finding.origin, finding.source_file
     if origin is Origin.JOB:
-        return Text(f"the job's source, {short_path(source_file or '')}")
+        return Text(f"the job's source, {printable(short_path(source_file or ''))}")
     if origin is Origin.INDEX:
         return Text(f"the shipped index of {finding.release}")
     if origin is Origin.INSTALLED:
-        return Text(f"a local installation, {short_path(source_file or '')}, whose lines agree with the log's")
+        return Text(f"a local installation, {printable(short_path(source_file or ''))}, whose lines agree with the log's")
     if guessed:
         return Text("the log's text alone: the tensor is a guess from the printed line", style="yellow")
     return Text("the log's text alone", style="yellow")
@@ -187,33 +199,45 @@ def _origin_text(finding: Finding, *, guessed: bool) -> Text:
 
 def _add_classification(grid: Table, verdict: Classification) -> None:
     if verdict.scenario is None:
-        grid.add_row("Scenario", Text("unclassified: " + verdict.reason, style="yellow"))
+        grid.add_row("Scenario", Text("unclassified: " + printable(verdict.reason), style="yellow"))
     else:
         what = {1: "re-initialise it in the rollback phase", 2: "rebuild it in the repair phase from the replica rank"}
         line = Text(f"{verdict.scenario} — {what[verdict.scenario]}", style="bold green")
         source = f"rule {verdict.rule}" if verdict.rule else f"source heuristics, {verdict.confidence} confidence"
         line.append(f"  ({source})", style="dim")
         grid.add_row("Scenario", line)
-        grid.add_row("Why", verdict.reason)
+        grid.add_row("Why", Text(printable(verdict.reason)))
     for evidence in verdict.evidence:
-        grid.add_row("Evidence", Text(str(evidence), style="dim"))
-    fix = verdict.fix
-    if not isinstance(fix, FixPlan):
-        return
+        grid.add_row("Evidence", Text(printable(str(evidence)), style="dim"))
+    if isinstance(verdict.fix, FixPlan):
+        where = " and ".join(f"{function}()" for function, _, _ in _fix_blocks(verdict.fix))
+        grid.add_row("Fix", Text(f"below the box: code for {where} ({verdict.fix.profile} adaptor)", style="bold"))
+
+
+def _fix_blocks(fix: FixPlan) -> list[tuple[str, str, str]]:
+    """(function, where it runs, code) for each block of a fix: one, or the receive and the send side."""
     if fix.peer_function is None or fix.peer_code is None:
-        blocks = [("", fix.function, fix.code)]
-    else:
-        blocks = [("on the faulty rank, ", fix.function, fix.code), ("on the replica rank, ", fix.peer_function, fix.peer_code)]
-    for where, function, code in blocks:
-        grid.add_row("Fix", Text(f"{where}at the end of {function}() ({fix.profile} adaptor):", style="bold"))
-        grid.add_row("", PythonCode("\n".join([*fix.imports, "", code.rstrip()]), word_wrap=True))
+        return [(fix.function, "", fix.code)]
+    return [(fix.function, "on the faulty rank, ", fix.code), (fix.peer_function, "on the replica rank, ", fix.peer_code)]
+
+
+def _fix_code(item: DiagnosedFinding) -> list[RenderableType]:
+    """A finding's fix printed outside its box, so that every line can be copied whole at any width."""
+    fix = item.classification.fix
+    if not isinstance(fix, FixPlan):
+        return []
+    parts: list[RenderableType] = []
+    for function, where, code in _fix_blocks(fix):
+        heading = Text(f"# {where}at the end of {function}() ({fix.profile} adaptor):", style="bold", overflow="ignore")
+        parts.extend([heading, CodeToCopy("\n".join([*fix.imports, "", code.rstrip()])), Text("")])
+    return parts
 
 
 def _phase_text(item: DiagnosedFinding, diagnosis: Diagnosis) -> str:
     context = diagnosis.recovery
     detail = []
     if context.fault_ranks:
-        detail.append(f"hardware fault on rank {_ranks(context.fault_ranks)}")
+        detail.append(f"hardware fault on rank{'s' if len(context.fault_ranks) != 1 else ''} {rank_ranges(context.fault_ranks)}")
     if context.step is not None:
         detail.append(f"recovery at step {context.step}")
     suffix = f" ({', '.join(detail)})" if detail else ""
@@ -226,10 +250,10 @@ def _phase_text(item: DiagnosedFinding, diagnosis: Diagnosis) -> str:
 
 
 def _frame_text(frame: Frame) -> Text:
-    text = Text(short_path(frame.file), style="cyan")
+    text = Text(printable(short_path(frame.file)), style="cyan")
     if frame.line is not None:
         text.append(f":{frame.line}", style="cyan")
-    text.append(f" in {frame.function}")
+    text.append(f" in {printable(frame.function)}")
     return text
 
 
@@ -246,7 +270,7 @@ def short_path(path: str) -> str:
 def _untraced(diagnosis: Diagnosis) -> Text:
     ranks = diagnosis.untraced_ranks
     return Text(
-        f"Rank{'s' if len(ranks) != 1 else ''} {_ranks(ranks)} reported the unsafe-data error (MindIO caught it and "
+        f"Rank{'s' if len(ranks) != 1 else ''} {rank_ranges(ranks)} reported the unsafe-data error (MindIO caught it and "
         "logged only its message), with no traceback in this log: the tensor cannot be located from it. "
         "Look for the traceback in the rank's own stderr or per-rank log.",
         style="yellow",
@@ -256,7 +280,7 @@ def _untraced(diagnosis: Diagnosis) -> Text:
 def _no_finding(diagnosis: Diagnosis) -> RenderableType:
     if diagnosis.hits:
         return Text(
-            f"The unsafe-data error appears {diagnosis.hits} time(s), but no traceback came with it "
+            f"The unsafe-data error appears {counted(diagnosis.hits, 'time')}, but no traceback came with it "
             "(the log may be cut or filtered): the tensor cannot be located.",
             style="yellow",
         )
@@ -265,32 +289,29 @@ def _no_finding(diagnosis: Diagnosis) -> RenderableType:
     if error is not None:
         rank = f" on rank {error.rank}" if error.rank is not None else ""
         text.append(f"\nThe log ends with another error{rank}: ", style="default")
-        text.append(f"{error.exception_type}: {error.message.splitlines()[0] if error.message else ''}", style="red")
+        first = error.message.splitlines()[0] if error.message else ""
+        text.append(printable(f"{error.exception_type}: {first}"), style="red")
     return text
 
 
 def _summary(diagnosis: Diagnosis, elapsed: float) -> Text:
     ranks = {rank for item in diagnosis.findings for rank in item.finding.ranks}
     size = sum(info.bytes for info in diagnosis.inputs)
-    pieces = [f"{len(diagnosis.findings)} finding{'s' if len(diagnosis.findings) != 1 else ''}"]
+    pieces = [counted(len(diagnosis.findings), "finding")]
     if ranks:
-        pieces[0] += f" on {len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
+        pieces[0] += f" on {counted(len(ranks), 'rank')}"
     if diagnosis.ranks_seen:
-        pieces.append(f"{len(diagnosis.ranks_seen)} ranks seen")
+        pieces.append(f"{counted(len(diagnosis.ranks_seen), 'rank')} seen")
     if diagnosis.first_failed_rank is not None:
         pieces.append(f"first failure: rank {diagnosis.first_failed_rank}")
     releases = diagnosis.context.workspace.releases
     for name, version in diagnosis.context.environment.versions.items():
         pieces.append(releases[name].describe() if name in releases else f"{name} {version}")
     if diagnosis.hits_not_parsed:
-        pieces.append(f"{diagnosis.hits_not_parsed} more unsafe-data messages counted, not parsed")
-    pieces.append(f"{len(diagnosis.inputs)} input{'s' if len(diagnosis.inputs) != 1 else ''}, {_size(size)}")
+        pieces.append(f"{counted(diagnosis.hits_not_parsed, 'more unsafe-data message')} counted, not parsed")
+    pieces.append(f"{counted(len(diagnosis.inputs), 'input')}, {_size(size)}")
     pieces.append(f"{elapsed:.2f} s")
-    return Text(" · ".join(pieces), style="bold")
-
-
-def _ranks(ranks: tuple[int, ...]) -> str:
-    return ", ".join(str(rank) for rank in ranks)
+    return Text(printable(" · ".join(pieces)), style="bold")
 
 
 def _size(count: int) -> str:

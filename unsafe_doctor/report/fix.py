@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from unsafe_doctor.report.common import NextStep, printable
+
 if TYPE_CHECKING:
     from unsafe_doctor.fix import Plan, Written  # fix loads libcst: diagnose's output does without it
 
@@ -38,23 +40,26 @@ def decisions(plan: Plan, findings: int, revert: bool) -> list[str]:
     lines = [] if revert or findings else ["no unsafe-data finding in the log: nothing to fix"]
     lines.extend(change for edit in plan.edits for change in edit.changes)
     lines.extend((*plan.present, *map(str, plan.skipped), *plan.notes))
-    return lines
+    return [printable(line) for line in lines]
 
 
-def outcome(plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool) -> list[str]:
-    """What became of the plan: the files written, or why nothing was."""
+def outcome(
+    plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool, apply: NextStep | None = None
+) -> list[str]:
+    """What became of the plan: the files written, or why nothing was and the command (`apply`) that writes it."""
+    apply = apply or NextStep("the same command with --yes")
     lines = written_lines(written)
     if not plan.edits:
         if plan.present and not plan.skipped:
             lines.append("nothing to do: the adaptor already holds every fix")
     elif dry_run:
-        lines.append("dry run: nothing written")
+        lines.append(apply.line("dry run: nothing written; to write it"))
     elif not written and interactive:
-        lines.append("not applied")
+        lines.append(apply.line("not applied; to apply"))
     elif not written:
-        lines.append("not applied: nothing is asked without a terminal or with --no-input; run again with --yes to apply")
+        lines.append(apply.line("not applied: nothing is asked without a terminal or with --no-input; to apply"))
     return lines
 
 
 def written_lines(written: tuple[Written, ...]) -> list[str]:
-    return [f"wrote {item.path} (backup: {item.backup})" for item in written]
+    return [printable(f"wrote {item.path} (backup: {item.backup})") for item in written]

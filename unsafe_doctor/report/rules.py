@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from unsafe_doctor.knowledge import KnowledgeBase, Rule, Template
-from unsafe_doctor.report.common import PythonCode
+from unsafe_doctor.report.common import CodeToCopy, printable, title
 
 
 def rule_json(rule: Rule) -> dict[str, Any]:
@@ -50,36 +51,42 @@ def template_json(template: Template) -> dict[str, Any]:
 def rules_table(knowledge: KnowledgeBase) -> Table:
     """id, scenario and versions on one line, the title under the id: readable in 80 columns."""
     table = Table(box=None, header_style="bold")
-    table.add_column("rule", ratio=1, overflow="fold")
+    table.add_column("rule", ratio=1, overflow="ellipsis")
     table.add_column("scenario", justify="center")
     table.add_column("versions", no_wrap=True)
     entries: list[Rule | Template] = [*knowledge.rules, *knowledge.templates]
     for rule in sorted(entries, key=lambda entry: entry.id):
         versions = f"{rule.framework} {rule.versions}" if isinstance(rule, Rule) and rule.framework else "any"
-        table.add_row(Text(rule.id, style="bold").append(f"\n  {rule.title}", style="dim"), str(rule.scenario), versions)
+        entry = Text(printable(rule.id), style="bold").append(f"\n  {printable(rule.title)}", style="dim")
+        table.add_row(entry, str(rule.scenario), Text(printable(versions)))
     return table
 
 
-def rule_panel(rule: Rule | Template, knowledge: KnowledgeBase) -> Panel:
+def rule_panel(rule: Rule | Template, knowledge: KnowledgeBase) -> Group:
+    """The rule in a box, then its fix code outside it, to be copied whole."""
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold", no_wrap=True)
-    grid.add_column(overflow="fold")
-    grid.add_row("Title", rule.title)
+    grid.add_column(overflow="ellipsis")
+    grid.add_row("Title", Text(printable(rule.title)))
     if isinstance(rule, Rule):
         blocks = [", ".join(f"{key}={value}" for key, value in asdict(match).items() if value) for match in rule.matches]
-        grid.add_row("Matches", "\nor ".join(blocks))
-        grid.add_row("Versions", f"{rule.framework} {rule.versions}" if rule.framework else "any")
+        grid.add_row("Matches", Text(printable("\nor ".join(blocks))))
+        grid.add_row("Versions", Text(printable(f"{rule.framework} {rule.versions}" if rule.framework else "any")))
     else:
         kinds = " or ".join("an lru-cached function" if kind == "lru-cache" else "a value" for kind in rule.applies_to)
-        grid.add_row("Template", f"for {kinds} that no rule knows, in the scenario heuristics or the user give")
-    grid.add_row("Scenario", f"{rule.scenario}, fixed in the {rule.phase} phase")
+        grid.add_row("Template", Text(f"for {kinds} that no rule knows, in the scenario heuristics or the user give"))
+    grid.add_row("Scenario", Text(f"{rule.scenario}, fixed in the {rule.phase} phase"))
     if isinstance(rule, Rule) and rule.conditions:
-        grid.add_row("Only when", "; ".join(knowledge.conditions[name].description for name in rule.conditions))
-    grid.add_row("Why", rule.reason)
-    for label, template in (("Fix", rule.fix.code), ("Receive", rule.fix.recv), ("Send", rule.fix.send)):
-        if template:
-            grid.add_row(label, PythonCode("\n".join([*rule.fix.imports, "", template.rstrip()]), word_wrap=True))
-    for reference in rule.references:
-        grid.add_row("See", reference)
-    grid.add_row("Defined", Text(rule.origin, style="dim"))
-    return Panel(grid, title=rule.id, title_align="left")
+        grid.add_row("Only when", Text(printable("; ".join(knowledge.conditions[name].description for name in rule.conditions))))
+    grid.add_row("Why", Text(printable(rule.reason)))
+    fixes = (("fix", rule.fix.code), ("receive", rule.fix.recv), ("send", rule.fix.send))
+    templates = [(label, code) for label, code in fixes if code]
+    if templates:
+        grid.add_row("Fix", Text(f"below the box: the {' and '.join(label for label, _ in templates)} template"))
+    parts: list[Panel | Text | CodeToCopy] = [Panel(grid, title=title(rule.id), title_align="left")]
+    for label, code in templates:
+        parts += [Text(f"# {label} template:", style="bold"), CodeToCopy("\n".join([*rule.fix.imports, "", code.rstrip()]))]
+    # addresses and paths are copied too: whole, on lines of their own
+    lines = [*(f"See: {reference}" for reference in rule.references), f"Defined in {rule.origin}"]
+    parts.append(CodeToCopy("\n".join(lines), python=False))
+    return Group(*parts)

@@ -9,6 +9,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from unsafe_doctor.report.common import CodeToCopy, NextStep, printable, title
+
 if TYPE_CHECKING:
     from unsafe_doctor.verify import Verification  # verify loads libcst: diagnose's output does without it
 
@@ -46,7 +48,8 @@ def to_json(verification: Verification) -> dict[str, Any]:
     }
 
 
-def to_text(verification: Verification) -> RenderableType:
+def to_text(verification: Verification, write_fix: NextStep | None = None) -> RenderableType:
+    """The verdicts in boxes; when a fix is missing, the command that writes it (`write_fix`)."""
     device = "CPU" if verification.backend == "emulated" else "NPU"
     footer = (
         f"backend: {verification.backend} ({device}, {verification.transport}) · {verification.mode} mode · "
@@ -59,14 +62,26 @@ def to_text(verification: Verification) -> RenderableType:
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column()
-        grid.add_row("unpatched", verdict.unpatched)
+        grid.add_row("unpatched", Text(printable(verdict.unpatched)))
         if verdict.patched is not None:
-            grid.add_row("patched", Text(verdict.patched, style=style))
+            grid.add_row("patched", Text(printable(verdict.patched), style=style))
         for problem in verdict.problems[1:]:
-            grid.add_row("", Text(problem, style=style))
-        title = f"{verdict.outcome.upper()} · {verdict.target.label} · scenario {verdict.target.scenario}"
-        parts.append(Panel(grid, title=title, title_align="left", border_style=style))
+            grid.add_row("", Text(printable(problem), style=style))
+        heading = title(f"{verdict.outcome.upper()} · {verdict.target.label} · scenario {verdict.target.scenario}")
+        parts.append(Panel(grid, title=heading, title_align="left", border_style=style))
     for line in (*verification.skipped, *verification.notes):
-        parts.append(Text(f"note: {line}", style="dim"))
+        parts.append(Text(f"note: {printable(line)}", style="dim"))
     parts.append(Text(footer, style="dim"))
+    missing = [verdict.target.label for verdict in verification.verdicts if verdict.outcome == "no-fix"]
+    if missing:
+        parts.extend(_write_the_fix(missing, write_fix))
     return Group(*parts)
+
+
+def _write_the_fix(missing: list[str], write_fix: NextStep | None) -> list[RenderableType]:
+    """NO-FIX: what to run to write the fix (a line of its own, whole, to be copied), then verify again."""
+    text = Text(f"The adaptor holds no fix for {printable(', '.join(missing))}: write it, then run verify again", style="bold")
+    if write_fix is None:
+        return [text.append(" (unsafe-doctor fix, with this command's log and options, and --yes).")]
+    text.append(" (pipe the same log in again):" if write_fix.piped else ":")
+    return [text, CodeToCopy(write_fix.command, python=False)]

@@ -1,0 +1,210 @@
+"""Text reports a person can act on: code copied whole at any width, names never split, ranks as
+ranges, nouns counted right, log text that cannot drive the terminal, and next steps that run as printed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from unsafe_doctor.context import groundwork
+from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.report import diagnosis as diagnosis_report
+from unsafe_doctor.report.common import counted, printable, rank_ranges
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG = ROOT / "samples" / "logs" / "toytrain_ema"
+FRAMEWORK = ROOT / "samples" / "framework"
+TOYTRAIN = FRAMEWORK / "toytrain"
+CORPUS = ROOT / "tests" / "corpus"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def run(*args: str, columns: int = 80, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *args],
+        capture_output=True, text=True, timeout=180, input=stdin.decode() if stdin is not None else None,
+        env={"COLUMNS": str(columns), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def fix_code_lines(document: dict) -> list[str]:
+    """Every line of every fix block the diagnosis generated, as JSON gives it."""
+    lines = []
+    for finding in document["findings"]:
+        fix = finding["fix"]
+        for code in (fix["code"], (fix["peer"] or {}).get("code")):
+            if code:
+                lines += [*fix["imports"], *code.rstrip().splitlines()]
+    return [line for line in lines if line.strip()]
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_every_generated_code_line_appears_whole_in_the_text_report(columns):
+    args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--no-input"]
+    lines = fix_code_lines(json.loads(run(*args, "--format", "json").stdout))
+    assert any(len(line) > 100 for line in lines)  # wider than either terminal: it would be wrapped in a box
+    shown = run(*args, columns=columns).stdout.splitlines()
+    for line in lines:
+        assert line in shown, line
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_highlighted_code_on_a_colour_terminal_is_whole_too(columns):
+    diagnosis = diagnose([str(LOG)], groundwork((), (FRAMEWORK,)))
+    lines = fix_code_lines(diagnosis_report.to_json(diagnosis))
+    console = Console(width=columns, force_terminal=True, color_system="truecolor", record=False)
+    with console.capture() as capture:
+        console.print(diagnosis_report.to_text(diagnosis, 0.0), crop=False)
+    assert "\x1b[" in capture.get()  # highlighted
+    shown = ANSI.sub("", capture.get()).splitlines()
+    for line in lines:
+        assert line in shown, line
+
+
+def test_audit_at_60_columns_shows_each_qualified_name_unsplit():
+    result = run("audit", str(TOYTRAIN), "--adaptor", str(TOYTRAIN / "recovery.py"), columns=60)
+    assert result.returncode == 1, result.stderr
+    assert "toytrain.state.LOSS_LOG" in result.stdout
+    assert "toytrain.state._EMA_GRAD_NORM" in result.stdout
+
+
+def test_a_title_cut_to_the_width_ends_with_an_ellipsis():
+    result = run("rules", "show", "megatron.moe-aux-losses-tracker", columns=30)
+    title = result.stdout.splitlines()[0]
+    assert "…" in title and "megatron.moe-aux" in title
+    assert "See: https://gitcode.com/Ascend/mind-cluster/issues/368" in result.stdout.splitlines()  # addresses whole
+
+
+def test_ranks_are_ranges_and_nouns_are_counted():
+    assert rank_ranges(range(512)) == "0-511"
+    assert rank_ranges([32, *range(16)]) == "0-15, 32"
+    assert rank_ranges([3]) == "3"
+    assert (counted(1, "rank"), counted(2, "rank"), counted(0, "more frame")) == ("1 rank", "2 ranks", "0 more frames")
+
+
+def traceback_on(rank: int, file: str = "/srv/job/toytrain/train.py", function: str = "clip_gradients",
+                 line: str = "max_norm = CLIP_FACTOR * state._EMA_GRAD_NORM") -> str:  # fmt: skip
+    return (
+        f"[rank{rank}]: Traceback (most recent call last):\n"
+        f'[rank{rank}]:   File "{file}", line 62, in {function}\n'
+        f"[rank{rank}]:     {line}\n"
+        f"[rank{rank}]: RuntimeError: There is unsafe data in the input tensor.\n"
+    )
+
+
+@pytest.mark.parametrize(("ranks", "shown"), [(range(512), "ranks 0-511"), ([*range(16), 32], "ranks 0-15, 32")])
+def test_the_failing_ranks_of_a_large_job_print_as_ranges(tmp_path, ranks, shown):
+    log = tmp_path / "train.log"
+    log.write_text("".join(traceback_on(rank) for rank in ranks))
+    result = run("diagnose", str(log), "--no-input")
+    assert f"Finding 1 · {shown} " in result.stdout
+
+
+def test_one_rank_one_frame_reads_in_the_singular(tmp_path):
+    result = run("diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--no-input", columns=120)
+    assert "… 1 more frame (outer" in result.stdout and "4 ranks seen" in result.stdout
+    log = tmp_path / "train.log"
+    log.write_text(traceback_on(1))
+    single = run("diagnose", str(log), "--no-input", columns=120).stdout
+    assert "1 finding on 1 rank · 1 rank seen" in single and "1 ranks" not in single
+
+
+HOSTILE = "\x1b]0;title\x07", "\x1b[2J", "\x9b"
+
+
+def hostile_log(tmp_path: Path) -> Path:
+    """A log whose file name, function, source line and message carry a title change, a screen clear,
+    C1 CSI, a bell and a backspace of their own, and rich markup."""
+    log = tmp_path / "hostile.log"
+    title, clear, csi = HOSTILE
+    log.write_text(
+        traceback_on(1, file=f"/srv/job/{title}evil{csi}\x07/train.py", function=f"clip{clear}",
+                     line=f"max_norm = CLIP_FACTOR * state._EMA_GRAD_NORM  # {clear}{csi}{title}\x08")
+        .replace("input tensor.", f"input tensor. {title}{clear}{csi} [red]markup[/red]"),
+        encoding="utf-8",
+    )  # fmt: skip
+    return log
+
+
+def test_control_characters_from_a_log_never_reach_the_terminal_raw(tmp_path):
+    """The log reader drops whole ESC sequences; what is left of them is escaped where it is shown."""
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(TOYTRAIN / "recovery.py", adaptor)
+    result = run("diagnose", str(hostile_log(tmp_path)), "--adaptor", str(adaptor), "--no-input", columns=200)
+    shown = result.stdout + result.stderr
+    assert "evil\\x9b\\x07/train.py:62" in shown and "# \\x9b\\x08" in shown  # escaped, still readable
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", shown)
+    assert "[red]markup[/red]" in shown  # shown as written, not as markup
+
+
+def test_json_from_a_hostile_log_is_valid_utf8_with_the_text_kept(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", str(hostile_log(tmp_path)), "--format", "json"],
+                            capture_output=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+    document = json.loads(result.stdout.decode("utf-8"))
+    assert not re.search(rb"[\x00-\x08\x0b-\x1f]", result.stdout)  # json writes C0 as \u0007
+    assert document["findings"][0]["culprit"]["file"] == "/srv/job/evil\x9b\x07/train.py"
+
+
+def test_printable_escapes_c0_del_and_c1_but_keeps_newlines_and_tabs():
+    assert printable("a\x1b[2Jb\x07\x7f\x9b\x85\tc\nd") == "a\\x1b[2Jb\\x07\\x7f\\x9b\\x85\tc\nd"
+
+
+def test_with_the_log_on_stdin_the_suggested_fix_runs_as_printed(tmp_path):
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(TOYTRAIN / "recovery.py", adaptor)
+    log = (LOG / "none_sample" / "attempt_0" / "1" / "stderr.log.gz").read_bytes()
+    import gzip
+
+    text = gzip.decompress(log)
+    result = run("diagnose", "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), stdin=text)
+    [line] = [line for line in result.stderr.splitlines() if "to apply" in line]
+    prefix = "unsafe-doctor: not applied; to apply (pipe the same log in again): "
+    assert line.startswith(prefix)
+    words = shlex.split(line.removeprefix(prefix))
+    assert words[:3] == ["unsafe-doctor", "fix", "-"]
+    again = run(*words[1:], stdin=text)
+    assert again.returncode == 0, again.stderr
+    assert "unsafe-doctor: begin generic.replica-copy" in adaptor.read_text()
+
+
+def test_diagnose_yes_without_an_adaptor_says_what_is_missing():
+    result = run("diagnose", str(CORPUS / "logs" / "megatron-router-expert-bias.log"), "--yes")
+    assert result.returncode == 1
+    assert "no recovery adaptor is known" in result.stderr
+    assert "--adaptor FILE" in result.stderr and "--source-root DIR" in result.stderr
+
+
+def test_fix_dry_run_ends_with_the_command_that_writes_it(tmp_path):
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(TOYTRAIN / "recovery.py", adaptor)
+    result = run("fix", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--dry-run")
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("unsafe-doctor: dry run: nothing written; to write it: unsafe-doctor fix ")
+    words = shlex.split(last.split("to write it: ", 1)[1])
+    assert run(*words[1:]).returncode == 0
+    assert "unsafe-doctor: begin generic.replica-copy" in adaptor.read_text()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="verify replays on torch")
+def test_verify_no_fix_names_the_fix_command_and_megatron_stays_quiet(tmp_path):
+    adaptor = tmp_path / "repair_callback.py"
+    real = ROOT / "tests" / "fixtures" / "real" / "mind-cluster-7.2rc1" / "taskd" / "python" / "adaptor"
+    shutil.copy(real / "elastic_training" / "repair_callback.py", adaptor)
+    log = str(CORPUS / "logs" / "megatron-router-expert-bias.log")
+    result = run("verify", log, "--adaptor", str(adaptor))
+    assert result.returncode == 1
+    assert "NO-FIX" in result.stdout
+    assert "Warning" not in result.stderr, result.stderr  # megatron-core's Apex / Transformer Engine UserWarnings
+    command = result.stdout.strip().splitlines()[-1]
+    assert command == shlex.join(["unsafe-doctor", "fix", log, "--adaptor", str(adaptor), "--yes"])
+    assert run(*shlex.split(command)[1:]).returncode == 0

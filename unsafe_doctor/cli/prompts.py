@@ -1,0 +1,59 @@
+"""Questions to the person at the terminal, one behaviour for diagnose, fix and audit --fix.
+
+Questions are read from stdin when it is a terminal, else from the controlling terminal (/dev/tty),
+so they are asked while the log arrives on stdin (`cat train.log | unsafe-doctor fix ...`). None is asked with --yes or
+--no-input, or when stdout is not a terminal (the output is being saved or read by a program).
+End of input (Ctrl-D) or Ctrl-C at a question stops the command with exit 130, as an interrupt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from collections.abc import Iterator
+from typing import TextIO
+
+import click
+
+
+class Terminal:
+    """The person's terminal: what is written there is read by them, what they type is the answer."""
+
+    def __init__(self, reader: TextIO, writer: TextIO) -> None:
+        self.reader, self.writer = reader, writer
+
+    def tell(self, text: str) -> None:
+        self.writer.write(text)
+        self.writer.flush()
+
+    def answer(self, prompt: str) -> str:
+        """The line typed after the prompt, stripped; end of input is an interrupt, not a "no"."""
+        self.tell(prompt)
+        line = self.reader.readline()
+        if not line:
+            self.tell("\n")
+            raise click.exceptions.Abort()
+        return line.strip()
+
+    def confirm(self, question: str) -> bool:
+        return self.answer(f"{question} [y/N]: ").lower() in ("y", "yes")
+
+
+@contextlib.contextmanager
+def terminal(*, ask: bool) -> Iterator[Terminal | None]:
+    """The controlling terminal when questions may be asked (`ask`: neither --yes nor --no-input),
+    stdout is a terminal and one can be opened; None otherwise."""
+    if not ask or not sys.stdout.isatty():
+        yield None
+        return
+    if sys.stdin.isatty():
+        yield Terminal(sys.stdin, sys.stdout)
+        return
+    try:  # a tty is not seekable: unbuffered bytes, wrapped for text
+        raw = open("/dev/tty", "r+b", buffering=0)  # noqa: SIM115 (closed by the with below)
+    except OSError:
+        yield None
+        return
+    with io.TextIOWrapper(raw, encoding="utf-8", errors="replace", write_through=True) as stream:
+        yield Terminal(stream, stream)
