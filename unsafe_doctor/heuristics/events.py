@@ -30,7 +30,7 @@ from unsafe_doctor.heuristics.vocabulary import (
     target_name,
     tokens,
 )
-from unsafe_doctor.source.syntax import Function, callee_name, child_statements, compound_header, walk_scope
+from unsafe_doctor.source.syntax import Function, callee_name, child_nodes, child_statements, compound_header, walk_scope
 from unsafe_doctor.source.workspace import SourceFile
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def _calls_in(nodes: Sequence[ast.AST]) -> Iterator[ast.Call]:
             continue
         if isinstance(node, ast.Call):
             yield node
-        pending.extend(ast.iter_child_nodes(node))
+        pending.extend(child_nodes(node))
 
 
 def _header(statement: ast.stmt) -> Sequence[ast.AST]:
@@ -88,7 +88,7 @@ def _header(statement: ast.stmt) -> Sequence[ast.AST]:
         return header
     if isinstance(statement, (ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return []
-    return [child for child in ast.iter_child_nodes(statement) if isinstance(child, ast.expr)]
+    return [child for child in child_nodes(statement) if isinstance(child, ast.expr)]
 
 
 def _functions(body: Sequence[ast.stmt], class_name: str | None) -> Iterator[tuple[Function, str | None]]:

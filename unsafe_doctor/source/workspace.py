@@ -122,6 +122,7 @@ class Workspace:
         self.found_roots: list[Path] = []  # import roots of files found at their printed path
         self._found: dict[str, FoundFile] = {}
         self._texts: dict[Path, str | None] = {}
+        self._sizes: dict[Path, int | None] = {}
         self._sources: dict[Path, SourceFile | None] = {}
         self._module_paths: dict[str, Path | None] = {}
         self._derived: dict[tuple[Path, str], object] = {}
@@ -301,6 +302,15 @@ class Workspace:
             except (OSError, ValueError):
                 self._texts[path] = None
         return self._texts[path]
+
+    def size(self, path: Path) -> int | None:
+        """The file's size in bytes, looked up once; None when it cannot be."""
+        if path not in self._sizes:
+            try:
+                self._sizes[path] = path.stat().st_size
+            except OSError:
+                self._sizes[path] = None
+        return self._sizes[path]
 
     def source(self, path: Path, module: str | None) -> SourceFile | None:
         """The file parsed, once; None when it cannot be read or parsed."""
