@@ -95,11 +95,12 @@ def walk_scope(function: Function) -> Iterator[ast.AST]:
     while pending:
         node = pending.pop()
         yield node
-        pending.extend(
-            child
-            for child in child_nodes(node)
-            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
-        )
+        for child in child_nodes(node):
+            if not isinstance(child, _OWN_SCOPES):
+                pending.append(child)
+
+
+_OWN_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
 # --- bindings --------------------------------------------------------------------------------------
