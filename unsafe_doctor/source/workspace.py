@@ -18,6 +18,7 @@ dotted module -> its file; each file read and parsed once, with its module-level
 from __future__ import annotations
 
 import ast
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -281,13 +282,14 @@ class Workspace:
 
     @staticmethod
     def _module_under(parts: Sequence[str], roots: Sequence[Path]) -> Path | None:
+        # Strings, not `Path`s, until one is found: every name an audit resolves is looked for here.
         for root in roots:
-            folder = root.joinpath(*parts)
-            for candidate in (folder.with_name(parts[-1] + ".py"), folder / "__init__.py"):
-                if is_file(candidate):
-                    return candidate
-            if is_dir(folder):
-                return folder
+            folder = os.path.join(root, *parts)
+            for candidate in (folder + ".py", os.path.join(folder, "__init__.py")):
+                if os.path.isfile(candidate):
+                    return Path(candidate)
+            if os.path.isdir(folder):
+                return Path(folder)
         return None
 
     # reading
