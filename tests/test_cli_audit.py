@@ -210,10 +210,13 @@ def test_readme_audit_sample_commands_are_true(tmp_path):
 # --- the progress bar -------------------------------------------------------------------------------
 
 
-def on_a_terminal(*args: str) -> tuple[int, str]:
-    """Run the audit with a pseudo-terminal as stdout and stderr; what the terminal showed."""
+def on_a_terminal(*args: str, stdout_to_file: bool = False) -> tuple[int, str]:
+    """Run the audit with a pseudo-terminal as stderr, and as stdout unless that goes to a file; what
+    the terminal showed."""
     pid, fd = pty.fork()
     if pid == 0:
+        if stdout_to_file:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
         os.chdir(ROOT)
         os.environ["COLUMNS"] = "120"
         os.execv(sys.executable, [sys.executable, "-m", "unsafe_doctor", "audit", *args])
@@ -243,3 +246,10 @@ def test_no_bar_when_stderr_is_no_terminal():
     assert result.returncode == 1
     assert result.stderr == ""
     assert "reading files" not in result.stdout
+
+
+def test_no_bar_while_json_goes_to_a_file_even_at_a_terminal():
+    code, screen = on_a_terminal(str(TOYTRAIN), "--adaptor", str(TOYTRAIN / "recovery.py"), "--format", "json",
+                                 stdout_to_file=True)
+    assert code == 1
+    assert screen == ""
