@@ -395,5 +395,7 @@ def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
                 collect(child_statements(statement))
 
     collect(tree.body)
-    declared = frozenset(name for node in every_statement(tree.body) if isinstance(node, ast.Global) for name in node.names)
+    declared: frozenset[str] = frozenset()
+    if "global" in text:  # no `global` statement without the word: most files are not walked for one
+        declared = frozenset(name for node in every_statement(tree.body) if isinstance(node, ast.Global) for name in node.names)
     return SourceFile(path, text, tree, module, package, bindings, imports, declared, star)
