@@ -691,3 +691,14 @@ def test_modules_are_named_as_imported_when_auditing_a_folder_above_the_package(
     log = held(result, "pkg.state.LOG").holder
     assert lines(log.writers) >= {("train.py", 6)}
     assert ("run.py", 5) in lines(log.readers)
+
+
+def test_progress_is_told_every_file_read_and_scanned_and_every_holder_judged():
+    told: list[tuple[str, int, int]] = []
+    result = audit([TOYTRAIN], adaptor=TOYTRAIN / "recovery.py", progress=lambda *counts: told.append(counts))
+    files, holders = result.files, len(result.holders)
+    assert told == [
+        *(("reading", done, files) for done in range(1, files + 1)),
+        *(("scanning", done, files) for done in range(1, files + 1)),
+        *(("judging", done, holders) for done in range(1, holders + 1)),
+    ]

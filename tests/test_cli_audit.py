@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import select
 import shutil
 import subprocess
 import sys
@@ -202,3 +205,51 @@ def test_readme_audit_sample_commands_are_true(tmp_path):
     fixed = outputs[2].stdout
     assert all(line[1:] in fixed for line in diff.splitlines()[1:] if line.startswith("+"))
     assert "wrote audited_recovery.py (backup: audited_recovery.py.unsafe-doctor.bak)" in outputs[2].stderr
+
+
+# --- the progress bar -------------------------------------------------------------------------------
+
+
+def on_a_terminal(*args: str, stdout_to_file: bool = False) -> tuple[int, str]:
+    """Run the audit with a pseudo-terminal as stderr, and as stdout unless that goes to a file; what
+    the terminal showed."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        if stdout_to_file:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        os.chdir(ROOT)
+        os.environ["COLUMNS"] = "120"
+        os.execv(sys.executable, [sys.executable, "-m", "unsafe_doctor", "audit", *args])
+    screen = b""
+    while select.select([fd], [], [], 120)[0]:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        screen += chunk
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), screen.decode(errors="replace")
+
+
+def test_a_terminal_shows_the_stages_of_the_audit_as_a_bar():
+    code, screen = on_a_terminal(str(TOYTRAIN), "--adaptor", str(TOYTRAIN / "recovery.py"))
+    assert code == 1
+    for stage in ("reading files", "scanning files", "judging globals"):
+        assert stage in screen
+    assert "2 globals: 2 uncovered" in screen  # the report follows the bar
+
+
+def test_no_bar_when_stderr_is_no_terminal():
+    result = run(str(TOYTRAIN), "--adaptor", str(TOYTRAIN / "recovery.py"))
+    assert result.returncode == 1
+    assert result.stderr == ""
+    assert "reading files" not in result.stdout
+
+
+def test_no_bar_while_json_goes_to_a_file_even_at_a_terminal():
+    code, screen = on_a_terminal(str(TOYTRAIN), "--adaptor", str(TOYTRAIN / "recovery.py"), "--format", "json",
+                                 stdout_to_file=True)
+    assert code == 1
+    assert screen == ""

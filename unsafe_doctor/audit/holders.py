@@ -9,6 +9,7 @@ CPU follows its module to the device: unknown."""
 from __future__ import annotations
 
 import ast
+from collections import deque
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
 
@@ -23,7 +24,7 @@ from unsafe_doctor.audit.vocabulary import COMMUNICATION_INTO, CONTAINER_ADD, CO
 from unsafe_doctor.audit.walk import Walker
 from unsafe_doctor.knowledge import Rule
 from unsafe_doctor.matching import names_global
-from unsafe_doctor.source.syntax import ImportedName, source_segment
+from unsafe_doctor.source.syntax import ImportedName, child_nodes, source_segment
 
 Evidence = tuple[Place, Use]  # a tensor's placement, and the statement that puts it there
 
@@ -215,8 +216,11 @@ def named_by_rules(index: Index, rules: Sequence[Rule], found: Sequence[Holder])
     for info in index.scanned:
         blocks = [block for rule in rules for block in rule.matches
                   if block.module is not None and fnmatchcase(info.name, block.module)]
+        named: dict[str | None, list[tuple[HolderKey, ast.stmt | ast.expr, HolderKind]]] = {}  # by the block's class
         for block in blocks:
-            for key, node, kind in _named_in(info, block.owner):
+            if block.owner not in named:
+                named[block.owner] = _named_in(info, block.owner)
+            for key, node, kind in named[block.owner]:
                 if key in known or not names_global(block, key.variable, info.name, key.owner):
                     continue
                 known.add(key)
@@ -240,14 +244,28 @@ def _named_in(info: ModuleInfo, owner: str | None) -> list[tuple[HolderKey, ast.
             continue
         attributes: dict[str, ast.stmt | ast.expr] = dict(cls.attributes)
         for method in cls.methods.values():
-            for node in ast.walk(method):
-                if not isinstance(node, ast.Assign):
-                    continue
-                for target in node.targets:
+            for assignment in _assignments(method):
+                for target in assignment.targets:
                     if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
-                        attributes.setdefault(target.attr, node)
+                        attributes.setdefault(target.attr, assignment)
         attributes.update(cls.buffers)
         for variable, node in sorted(attributes.items()):
             kind: HolderKind = "buffer" if variable in cls.buffers else "class-attribute"
             named.append((HolderKey(info.name, cls.name, variable), node, kind))
     return named
+
+
+def _assignments(function: ast.AST) -> list[ast.Assign]:
+    """The assignments in a function, nested ones too, in `ast.walk`'s order (breadth first); only
+    statements, handlers and cases are entered: no expression holds an assignment."""
+    found: list[ast.Assign] = []
+    pending = deque([function])
+    while pending:
+        node = pending.popleft()
+        if isinstance(node, ast.Assign):
+            found.append(node)
+        pending.extend(child for child in child_nodes(node) if isinstance(child, _HOLD_STATEMENTS))
+    return found
+
+
+_HOLD_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case)  # the nodes statements are found in

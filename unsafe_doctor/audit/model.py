@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -17,6 +18,8 @@ Placement = Literal["device", "unknown"]
 Status = Literal["covered", "unsafe", "uncovered"]
 How = Literal["reset", "rebuilt", "repaired"]
 Role = Literal["rollback", "send", "recv"]
+Stage = Literal["reading", "scanning", "judging"]  # files read and parsed, files scanned, holders judged
+Progress = Callable[[Stage, int, int], None]  # (stage, done, total): told after each file or holder
 
 
 @dataclass(frozen=True, slots=True)

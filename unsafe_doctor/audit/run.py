@@ -14,7 +14,7 @@ from unsafe_doctor.audit.bridge import classification
 from unsafe_doctor.audit.coverage import CoverageJudge, adaptor_in_tree
 from unsafe_doctor.audit.holders import ScanFindings, holders, named_by_rules, scan_module
 from unsafe_doctor.audit.index import Index, audited_files
-from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Site
+from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Progress, Site, Stage
 from unsafe_doctor.audit.resolve import Accessors
 from unsafe_doctor.classify import Classification, Classified
 from unsafe_doctor.context import RunContext
@@ -29,15 +29,22 @@ _STATUS_ORDER = {"uncovered": 0, "unsafe": 1, "covered": 2}
 _NO_ADAPTOR = Coverage("uncovered", None, None, (), (), "no adaptor was found")
 
 
-def audit(paths: Sequence[Path], *, adaptor: Path | None = None, rule_paths: Sequence[Path] = ()) -> Audit:
-    """Scan the source trees, find the adaptor (given, or under the paths), judge each holder."""
+def audit(
+    paths: Sequence[Path], *, adaptor: Path | None = None, rule_paths: Sequence[Path] = (), progress: Progress | None = None
+) -> Audit:
+    """Scan the source trees, find the adaptor (given, or under the paths), judge each holder;
+    `progress` is told how far each stage got (a command line draws it: the core never prints)."""
     with warnings.catch_warnings():  # invalid escapes and the like in the framework are not ours to report
         warnings.simplefilter("ignore", SyntaxWarning)
         warnings.filterwarnings("ignore", "invalid escape sequence", DeprecationWarning)
-        return _audit(paths, adaptor, rule_paths)
+        return _audit(paths, adaptor, rule_paths, progress or _unwatched)
 
 
-def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Path]) -> Audit:
+def _unwatched(stage: Stage, done: int, total: int) -> None:
+    """No one follows the progress."""
+
+
+def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Path], progress: Progress) -> Audit:
     knowledge = load_knowledge(rule_paths)
     given = _given(paths)
     files = audited_files(given)
@@ -46,10 +53,15 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
     index = Index(given, roots)
     accessors = Accessors(index)
     with _keeping_trees() as scanned:
-        unreadable = [index.display(path) for path in files if index.add(path, import_roots.of(path)) is None]
+        unreadable = []
+        for done, path in enumerate(files, 1):
+            if index.add(path, import_roots.of(path)) is None:
+                unreadable.append(index.display(path))
+            progress("reading", done, len(files))
         found = ScanFindings()
-        for info in index.scanned:
+        for done, info in enumerate(index.scanned, 1):
             scan_module(index, accessors, info, found)
+            progress("scanning", done, len(index.scanned))
         framework = holders(found, index)
         framework += named_by_rules(index, knowledge.rules, framework)
         scanned()
@@ -72,6 +84,7 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
             if judge is not None and verdict.status == "uncovered":
                 verdict = _our_block(classified, judge.files) or verdict
             audited.append(AuditedHolder(holder, verdict, classified, subject))
+            progress("judging", len(audited), len(framework))
     audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
     stale = stale_resets(environment.adaptor, environment.profile, environment, index.workspace) if environment.adaptor else []
     return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), context, tuple(stale), tuple(notes))

@@ -18,7 +18,14 @@ from unsafe_doctor.audit.resolve import Accessors, Names
 from unsafe_doctor.audit.scope import Scope
 from unsafe_doctor.audit.uses import Use, UseKind
 from unsafe_doctor.audit.vocabulary import CONTAINER_ADD, DATA_METHODS, NOT_DATA_CALLS, updates_data_in_place
-from unsafe_doctor.source.syntax import child_statements, compound_header, import_bindings, is_empty_value, names_bound
+from unsafe_doctor.source.syntax import (
+    child_nodes,
+    child_statements,
+    compound_header,
+    import_bindings,
+    is_empty_value,
+    names_bound,
+)
 
 _BEFORE_ANY = ast.Pass(lineno=0, col_offset=0)  # the current statement before the walk starts: no use comes from it
 
@@ -156,7 +163,7 @@ class Walker:
             self.visit_statement(child)
 
     def _other_statement(self, statement: ast.stmt) -> None:
-        for child in ast.iter_child_nodes(statement):
+        for child in child_nodes(statement):
             if isinstance(child, ast.expr):
                 self.visit(child)
 
@@ -234,7 +241,7 @@ class Walker:
             _EXPRESSIONS.get(type(node), Walker._children)(self, node)
 
     def _children(self, node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
+        for child in child_nodes(node):
             self.visit(child)
 
     def _reference(self, node: ast.Name | ast.Attribute | ast.Subscript) -> None:

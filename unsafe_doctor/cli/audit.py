@@ -19,7 +19,7 @@ from unsafe_doctor.cli.options import (
     RulesOption,
     YesOption,
 )
-from unsafe_doctor.cli.streams import print_json, print_rich, say
+from unsafe_doctor.cli.streams import print_json, print_rich, say, stages_bar
 from unsafe_doctor.cli.workflow import write_if_accepted
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.report import audit as report
@@ -71,7 +71,11 @@ def command(
     if fix and output_format is not LocatedFormat.text:
         raise UsageError("--fix prints a diff: use it with --format text")
     started = time.perf_counter()
-    result = audits.audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or ())
+    # A bar at a terminal only: not in a log of stderr, nor while JSON or SARIF go to a pipe.
+    shown = sys.stderr.isatty() and (output_format is LocatedFormat.text or sys.stdout.isatty())
+    with stages_bar(shown, _STAGES) as progress:
+        result = audits.audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or (),
+                              progress=progress)
     elapsed = time.perf_counter() - started
     plan = audits.plan_fixes(result) if fix else None  # refused before any output
     if output_format is LocatedFormat.json:
@@ -84,6 +88,9 @@ def command(
     if plan is not None:
         left -= len(_write_fixes(result, plan, dry_run=dry_run, yes=yes, no_input=no_input))
     return 1 if left else 0
+
+
+_STAGES = {"reading": "reading files", "scanning": "scanning files", "judging": "judging globals"}
 
 
 def _write_fixes(result: Audit, plan: Plan, *, dry_run: bool, yes: bool, no_input: bool) -> tuple[AuditedHolder, ...]:

@@ -1,12 +1,12 @@
 """Where input comes from and output goes: logs or stdin, JSON and rich output on stdout, notes on
-stderr, and a progress bar on stderr for large inputs."""
+stderr, and a progress bar on stderr for large inputs and long audits."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.console import Console, RenderableType
@@ -66,6 +66,44 @@ class progress_bar:
             return None
         self.bar.start()
         return lambda count: self.bar.advance(self.task, count)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+class stages_bar:
+    """A bar on stderr for a long run's stages (an audit's files read, files scanned, holders judged),
+    only when `shown`, each stage described by its label; it is gone once the run ends."""
+
+    def __init__(self, shown: bool, labels: Mapping[str, str]) -> None:
+        self.bar: Any = None  # a rich Progress, imported only when a bar is drawn
+        self.labels = labels
+        self.stage: str | None = None
+        if shown:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            self.bar = Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self.task = self.bar.add_task("starting", total=None)
+
+    def __enter__(self) -> Callable[[str, int, int], None] | None:
+        if self.bar is None:
+            return None
+        self.bar.start()
+        return self._advance
+
+    def _advance(self, stage: str, done: int, total: int) -> None:
+        if stage != self.stage:
+            self.stage = stage
+            self.bar.reset(self.task, total=total, description=self.labels.get(stage, stage))
+        self.bar.update(self.task, completed=done)
 
     def __exit__(self, *exc_info: object) -> None:
         if self.bar is not None:

@@ -30,7 +30,7 @@ from unsafe_doctor.heuristics.vocabulary import (
     target_name,
     tokens,
 )
-from unsafe_doctor.source.syntax import Function, callee_name, child_statements, compound_header, walk_scope
+from unsafe_doctor.source.syntax import Function, callee_name, child_nodes, child_statements, compound_header, walk_scope
 from unsafe_doctor.source.workspace import SourceFile
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def _calls_in(nodes: Sequence[ast.AST]) -> Iterator[ast.Call]:
             continue
         if isinstance(node, ast.Call):
             yield node
-        pending.extend(ast.iter_child_nodes(node))
+        pending.extend(child_nodes(node))
 
 
 def _header(statement: ast.stmt) -> Sequence[ast.AST]:
@@ -88,7 +88,7 @@ def _header(statement: ast.stmt) -> Sequence[ast.AST]:
         return header
     if isinstance(statement, (ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return []
-    return [child for child in ast.iter_child_nodes(statement) if isinstance(child, ast.expr)]
+    return [child for child in child_nodes(statement) if isinstance(child, ast.expr)]
 
 
 def _functions(body: Sequence[ast.stmt], class_name: str | None) -> Iterator[tuple[Function, str | None]]:
@@ -128,13 +128,21 @@ class FileStudy:
         return code if len(code) <= 80 else code[:77] + "..."
 
 
+def _scope_nodes(file: FileStudy, function: Function) -> tuple[ast.AST, ...]:
+    """The nodes of a function's own scope, listed once per workspace: every global a function names
+    studies it again."""
+    what = f"scope nodes of the function at {function.lineno}:{function.col_offset}"
+    nodes = file.study.workspace.derived(file.source.path, what, lambda _: tuple(walk_scope(function)))
+    return nodes if isinstance(nodes, tuple) else tuple(walk_scope(function))
+
+
 class FunctionStudy:
     """One function's (or the module level's) statements, in order, following the tensor's aliases."""
 
     def __init__(self, file: FileStudy, function: Function | None, class_name: str | None, name: str,
                  body: list[ast.stmt]):
         self.file, self.function, self.name, self.body = file, function, name, body
-        nodes = list(walk_scope(function)) if function is not None else []
+        nodes = _scope_nodes(file, function) if function is not None else ()
         self.tensor = Aliases(file.study, file.source, file.defining, function, class_name, nodes)
         self.reporting = is_reporting(name, [node for node in nodes if isinstance(node, ast.Call)])
         self.initialising = name == "__init__" or bool(tokens(name) & INIT_TOKENS)

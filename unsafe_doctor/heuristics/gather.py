@@ -8,13 +8,13 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 
 from unsafe_doctor.heuristics.events import Event, FileStudy, FunctionStudy, Kind
 from unsafe_doctor.heuristics.vocabulary import runs_per_step
 from unsafe_doctor.source.files import is_file
-from unsafe_doctor.source.syntax import callee_name, is_cache_decorator, walk_scope
+from unsafe_doctor.source.syntax import callee_name, child_nodes, is_cache_decorator, walk_scope
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 from unsafe_doctor.subject import Subject, TensorRef
 
@@ -51,7 +51,7 @@ class Study:
         self.referencing: list[Path] = []
         self.defining: SourceFile | None = None
         self.accessors: set[str] = set()
-        self.classes_here: set[str] = set()
+        self.classes_here: frozenset[str] = frozenset()
         self.queue_filled = False  # entries are appended to it somewhere
         self.queue_takes: list[tuple[FunctionStudy, ast.stmt]] = []
 
@@ -93,10 +93,8 @@ class Study:
 
     def _read(self, path: Path) -> str | None:
         if path not in self.texts:
-            try:
-                small = path.stat().st_size <= MAX_FILE_BYTES
-            except OSError:
-                small = False
+            size = self.workspace.size(path)
+            small = size is not None and size <= MAX_FILE_BYTES
             self.texts[path] = (self.workspace.text(path) if small else None) or ""
         return self.texts[path] or None
 
@@ -123,7 +121,8 @@ class Study:
         defining = self.workspace.module_path(self.module) if self.module else None
         self.defining = self.parse(defining) if defining is not None and defining.is_file() else None
         if self.defining is not None:
-            self.classes_here = {node.name for node in ast.walk(self.defining.tree) if isinstance(node, ast.ClassDef)}
+            classes = self.workspace.derived(self.defining.path, "classes", _classes_in)
+            self.classes_here = classes if isinstance(classes, frozenset) else frozenset()
             if not self.attribute:
                 self.accessors = self._accessors(self.defining)
                 self._lru_cache(self.defining)
@@ -175,9 +174,10 @@ class Study:
     def _call_sites(self, callee: str) -> list[CallSite]:
         found: list[CallSite] = []
         for path, text in self.texts.items():
-            if text and callee in text:
-                by_callee = self.workspace.derived(path, "call sites", partial(_call_sites_of, path))
-                found.extend(by_callee.get(callee, ()) if isinstance(by_callee, dict) else ())
+            lines = _calling_lines(text, callee) if callee in text else []
+            if lines:  # files that cannot call it are not parsed for it
+                sites = self.workspace.derived(path, f"call sites of {callee}", partial(_call_sites_of, path, callee, lines))
+                found.extend(sites if isinstance(sites, list) else ())
         return sorted(found, key=lambda site: (str(site.path), site.line))
 
     def every_iteration(self, function: str, depth: int = 0) -> list[CallSite] | None:
@@ -195,26 +195,59 @@ class Study:
         return None
 
 
-def _call_sites_of(path: Path, source: SourceFile) -> dict[str, list[CallSite]]:
-    return _call_sites_in(source.tree, path)
+def _classes_in(source: SourceFile) -> frozenset[str]:
+    """The names of the classes a file defines, nested ones too."""
+    return frozenset(node.name for node in ast.walk(source.tree) if isinstance(node, ast.ClassDef))
 
 
-def _call_sites_in(tree: ast.Module, path: Path) -> dict[str, list[CallSite]]:
-    """Every named call in a file by callee, with its enclosing function and whether it sits in a
-    loop there; made once per file and workspace (`Workspace.derived`)."""
-    sites: dict[str, list[CallSite]] = {}
-
-    def visit(node: ast.AST, function: str, in_loop: bool) -> None:
-        for child in ast.iter_child_nodes(node):
+def _call_sites_of(path: Path, callee: str, lines: list[int], source: SourceFile) -> list[CallSite]:
+    """The calls of `callee` in a file, in the order of the source's nodes, with their enclosing
+    function and whether they sit in a loop there; made once per file, callee and workspace
+    (`Workspace.derived`). Only the statements around the `lines` where the text can call it are walked."""
+    sites: list[CallSite] = []
+    pending: list[tuple[ast.AST, str, bool]] = [(source.tree, "<module>", False)]
+    while pending:
+        node, function, in_loop = pending.pop()
+        if isinstance(node, ast.Call) and callee_name(node.func) == callee:
+            sites.append(CallSite(callee, function, path, node.lineno, in_loop))
+        loop_body = {id(statement) for statement in node.body} if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) else ()
+        children: list[tuple[ast.AST, str, bool]] = []
+        for child in child_nodes(node):
+            if isinstance(child, ast.stmt) and not _spans_any(child, lines):
+                continue  # no call of the callee in it
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                visit(child, child.name, False)
-                continue
-            looping = in_loop or (isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and child in node.body)
-            if isinstance(child, ast.Call):
-                callee = callee_name(child.func)
-                if callee:
-                    sites.setdefault(callee, []).append(CallSite(callee, function, path, child.lineno, looping))
-            visit(child, function, looping)
-
-    visit(tree, "<module>", False)
+                children.append((child, child.name, False))
+            else:
+                children.append((child, function, in_loop or id(child) in loop_body))
+        pending.extend(reversed(children))  # depth first, in source order
     return sites
+
+
+def _calling_lines(text: str, callee: str) -> list[int]:
+    """The lines where the text can call `callee`: the name, not the end of a longer one, then up to
+    the `(` only what Python lets stand between a callee and its arguments (spaces, line breaks,
+    comments, a closing parenthesis)."""
+    lines: list[int] = []
+    line, counted = 1, 0
+    for found in _called(callee).finditer(text):
+        start = found.start()
+        before = text[start - 1] if start else " "
+        if before.isalnum() or before == "_":
+            continue
+        line += text.count("\n", counted, start)
+        counted = start
+        lines.append(line)
+    return lines
+
+
+@lru_cache(maxsize=1024)
+def _called(callee: str) -> re.Pattern[str]:
+    return re.compile(rf"{re.escape(callee)}(?=(?:\s|\\|\)|#[^\n]*)*\()")  # the name first: searched fast
+
+
+def _spans_any(statement: ast.stmt, lines: list[int]) -> bool:
+    """Whether a statement (its decorators too) spans one of the lines."""
+    decorators = getattr(statement, "decorator_list", None)
+    first = decorators[0].lineno if decorators else statement.lineno
+    last = statement.end_lineno or statement.lineno
+    return any(first <= line <= last for line in lines)

@@ -18,6 +18,7 @@ dotted module -> its file; each file read and parsed once, with its module-level
 from __future__ import annotations
 
 import ast
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -122,6 +123,7 @@ class Workspace:
         self.found_roots: list[Path] = []  # import roots of files found at their printed path
         self._found: dict[str, FoundFile] = {}
         self._texts: dict[Path, str | None] = {}
+        self._sizes: dict[Path, int | None] = {}
         self._sources: dict[Path, SourceFile | None] = {}
         self._module_paths: dict[str, Path | None] = {}
         self._derived: dict[tuple[Path, str], object] = {}
@@ -280,13 +282,14 @@ class Workspace:
 
     @staticmethod
     def _module_under(parts: Sequence[str], roots: Sequence[Path]) -> Path | None:
+        # Strings, not `Path`s, until one is found: every name an audit resolves is looked for here.
         for root in roots:
-            folder = root.joinpath(*parts)
-            for candidate in (folder.with_name(parts[-1] + ".py"), folder / "__init__.py"):
-                if is_file(candidate):
-                    return candidate
-            if is_dir(folder):
-                return folder
+            folder = os.path.join(root, *parts)
+            for candidate in (folder + ".py", os.path.join(folder, "__init__.py")):
+                if os.path.isfile(candidate):
+                    return Path(candidate)
+            if os.path.isdir(folder):
+                return Path(folder)
         return None
 
     # reading
@@ -301,6 +304,15 @@ class Workspace:
             except (OSError, ValueError):
                 self._texts[path] = None
         return self._texts[path]
+
+    def size(self, path: Path) -> int | None:
+        """The file's size in bytes, looked up once; None when it cannot be."""
+        if path not in self._sizes:
+            try:
+                self._sizes[path] = path.stat().st_size
+            except OSError:
+                self._sizes[path] = None
+        return self._sizes[path]
 
     def source(self, path: Path, module: str | None) -> SourceFile | None:
         """The file parsed, once; None when it cannot be read or parsed."""
@@ -383,5 +395,7 @@ def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
                 collect(child_statements(statement))
 
     collect(tree.body)
-    declared = frozenset(name for node in every_statement(tree.body) if isinstance(node, ast.Global) for name in node.names)
+    declared: frozenset[str] = frozenset()
+    if "global" in text:  # no `global` statement without the word: most files are not walked for one
+        declared = frozenset(name for node in every_statement(tree.body) if isinstance(node, ast.Global) for name in node.names)
     return SourceFile(path, text, tree, module, package, bindings, imports, declared, star)
