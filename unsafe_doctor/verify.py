@@ -21,7 +21,7 @@ from unsafe_doctor.diagnosis import Diagnosis
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import HELPER, marker_key
 from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase, map_parameters
-from unsafe_doctor.replay.plan import MAX_RANKS, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
+from unsafe_doctor.replay.plan import MAX_RANKS, MAX_TIMEOUT, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import Milestone, RankResult
 from unsafe_doctor.source.workspace import module_from_path
 
@@ -81,8 +81,8 @@ def plan_replay(
         raise UsageError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}")
     if probe is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", probe):
         raise UsageError(f"--probe {probe!r} is not MODULE:FUNCTION")
-    if timeout <= 0:
-        raise UsageError("--timeout must be a positive number of seconds")
+    if not 0 < timeout <= MAX_TIMEOUT:  # also refuses nan, which compares false with everything
+        raise UsageError(f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT:g}, not {timeout:g}")
     targets, skipped = [], []
     for number, item in enumerate(diagnosis.findings, 1):
         tensor, classification = item.finding.tensor, item.classification

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from enum import Enum
 from typing import Annotated
 
@@ -58,7 +57,7 @@ def command(
 
     from unsafe_doctor import fix as fixes
     from unsafe_doctor import verify as verification
-    from unsafe_doctor.replay.launch import under_torchrun
+    from unsafe_doctor.replay.launch import torchrun_world_size, under_torchrun
     from unsafe_doctor.report import verification as report
 
     if importlib.util.find_spec("torch") is None:
@@ -66,12 +65,12 @@ def command(
                          "(or torch==2.13.0 for the CPU build)")
     paths = log_paths(logs)
     if under_torchrun():
-        ranks = int(os.environ["WORLD_SIZE"])
+        ranks = torchrun_world_size()
     diagnosis = diagnose(paths, groundwork(rules or (), source_root or (), log_only=log_only), adaptor=adaptor)
     functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
     plan, skipped = verification.plan_replay(
-        diagnosis, diagnosis.context.knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout,
-        functions=functions, parameters=fixes.parameter_roles(parameter or []),
+        diagnosis, diagnosis.context.knowledge, ranks=4 if ranks is None else ranks, mode=mode.value, probe=probe,
+        timeout=timeout, functions=functions, parameters=fixes.parameter_roles(parameter or []),
     )
     outcome = verification.verify(plan, skipped)
     if outcome is None:  # a torchrun rank other than 0: rank 0 reports

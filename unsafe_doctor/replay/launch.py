@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from unsafe_doctor.errors import UsageError
 from unsafe_doctor.replay.plan import ReplayPlan
 from unsafe_doctor.replay.results import Milestone, RankResult
 
@@ -182,6 +183,14 @@ def harness_timeout(plan: ReplayPlan) -> float:
 
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def torchrun_world_size() -> int:
+    """torchrun's WORLD_SIZE, refused unless it is a whole number (a hand-set one may be anything)."""
+    text = os.environ["WORLD_SIZE"]
+    if not text.strip().isdigit():
+        raise UsageError(f"WORLD_SIZE={text!r} under torchrun is not a number of ranks")
+    return int(text)
 
 
 def _free_port() -> int:
