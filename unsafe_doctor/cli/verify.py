@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
 from enum import Enum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,6 +25,9 @@ from unsafe_doctor.cli.streams import log_paths, print_json, print_rich
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
+
+if TYPE_CHECKING:
+    from unsafe_doctor.replay.results import Milestone
 
 
 class ReplayMode(str, Enum):
@@ -72,7 +78,8 @@ def command(
         diagnosis, diagnosis.context.knowledge, ranks=4 if ranks is None else ranks, mode=mode.value, probe=probe,
         timeout=timeout, functions=functions, parameters=fixes.parameter_roles(parameter or []),
     )
-    outcome = verification.verify(plan, skipped)
+    with _phases_on_terminal(plan.world_size) as progress:
+        outcome = verification.verify(plan, skipped, progress)
     if outcome is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
     if output_format is Format.json:
@@ -80,3 +87,16 @@ def command(
     else:
         print_rich(report.to_text(outcome))
     return outcome.exit_code
+
+
+@contextlib.contextmanager
+def _phases_on_terminal(ranks: int) -> Iterator[Callable[[Milestone], None] | None]:
+    """A replay takes seconds: on a terminal, a line on stderr names the phase the faulty rank is in
+    (it goes when the replay ends); nothing when stderr is a file or a pipe."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"replay on {ranks} ranks: starting") as status:
+        yield lambda milestone: status.update(f"replay on {ranks} ranks: {milestone}")
