@@ -19,6 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from unsafe_doctor.replay.plan import Block, ReplayPlan, Target
+from unsafe_doctor.replay.results import RankResult, RunResult, StepOutcome
+from unsafe_doctor.verify import judge
+
 ROOT = Path(__file__).resolve().parent.parent
 EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"
 PROBES = Path(__file__).parent / "fixtures" / "replay"
@@ -251,3 +255,42 @@ def test_progress_goes_to_stderr_on_a_terminal_and_nowhere_else(toytrain):
     shown = drawn.decode(errors="replace")
     assert "replay on 4 ranks: starting" in shown  # then each phase the faulty rank enters, as the spinner redraws
     assert re.search(r"replay on 4 ranks: patched (build|fault|repair|rollback|check|resume)", shown)
+
+
+# --- judging what the ranks found (results as ranks write them, no process group) ----------------------
+
+
+EMA = Target("generic.replica-copy:toytrain.state._EMA_GRAD_NORM", "toytrain.state._EMA_GRAD_NORM", 2,
+             "generic.replica-copy", "toytrain.state", "_EMA_GRAD_NORM", None)
+LOSS = Target("generic.reinitialise:toytrain.state.LOSS_LOG", "toytrain.state.LOSS_LOG", 1,
+              "generic.reinitialise", "toytrain.state", "LOSS_LOG", None)
+FUNCTIONS = {"rollback": "feature_rollback", "send": "send_rank_repair", "recv": "recv_rank_repair"}
+UNSAFE = "There is unsafe data in the input tensor."
+
+
+def judged(targets: tuple[Target, ...], unpatched: RunResult, patched: RunResult) -> list:
+    blocks = tuple(Block(target.key, "recv", "recv_rank_repair", "/job/recovery.py", 40, "pass\n", (), None)
+                   for target in targets)
+    plan = ReplayPlan(targets, blocks, (), FUNCTIONS, {}, (), "adaptor", 2, 1, 0, ())
+    clean = RunResult(resume={target.key: StepOutcome() for target in targets})
+    results = [RankResult(0, "emulated", clean, clean), RankResult(1, "emulated", unpatched, patched)]
+    return list(judge(plan, (), results, "gloo", 1.0).verdicts)
+
+
+def red(*targets: Target) -> RunResult:
+    return RunResult(resume={target.key: StepOutcome(UNSAFE, "/job/train.py:62", target.label) for target in targets})
+
+
+def test_a_fix_block_that_breaks_the_adaptors_import_fails_rather_than_not_modelled():
+    [verdict] = judged((EMA,), red(EMA), RunResult(adaptor_unavailable="SyntaxError: invalid syntax"))
+    assert (verdict.outcome, verdict.patched) == ("failed", "the patched adaptor does not import: SyntaxError: invalid syntax")
+
+
+def test_a_step_that_dies_on_another_findings_global_names_it_and_says_the_fix_held():
+    died_on_loss = StepOutcome(UNSAFE, "/job/state.py:28", LOSS.label)
+    patched = RunResult(resume={EMA.key: died_on_loss, LOSS.key: died_on_loss}, equal={EMA.key: True})
+    ema, loss = judged((EMA, LOSS), red(EMA, LOSS), patched)
+    assert ema.outcome == loss.outcome == "failed"
+    assert ema.patched == ("rank 1: the fix of toytrain.state._EMA_GRAD_NORM held, but the first step after recovery dies on "
+                           "toytrain.state.LOSS_LOG at /job/state.py:28, another finding's global (see its verdict)")
+    assert loss.patched == "rank 1: the first step after recovery still fails reading toytrain.state.LOSS_LOG at /job/state.py:28"

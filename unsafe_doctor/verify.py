@@ -215,12 +215,11 @@ def judge(plan: ReplayPlan, skipped: tuple[str, ...], results: list[RankResult],
 
 
 def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Verdict:
-    red, green = results[plan.faulty].unpatched, results[plan.faulty].patched
+    red = results[plan.faulty].unpatched
     if target.key in red.not_modelled:
         return Verdict(target, "not-modelled", red.not_modelled[target.key], None, ())
-    unavailable = red.adaptor_unavailable or green.adaptor_unavailable
-    if unavailable:
-        return Verdict(target, "not-modelled", f"adaptor mode cannot import the adaptor here ({unavailable}): "
+    if red.adaptor_unavailable:
+        return Verdict(target, "not-modelled", f"adaptor mode cannot import the adaptor here ({red.adaptor_unavailable}): "
                        "use --mode block", None, ())
     reproduced = red.resume.get(target.key)
     if reproduced is None or reproduced.error is None:
@@ -246,6 +245,8 @@ def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Ver
 def _patched_problems(plan: ReplayPlan, target: Target, results: list[RankResult]) -> list[str]:
     """What is still wrong after the patched recovery, most telling first."""
     green = results[plan.faulty].patched
+    if green.adaptor_unavailable:  # the file imported without our blocks: they broke it
+        return [f"the patched adaptor does not import: {green.adaptor_unavailable}"]
     problems = []
     waited = {failure.role for result in results for failure in result.patched.fix_failures if failure.kind == "timeout"}
     if waited:
