@@ -228,6 +228,8 @@ def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Ver
                        "the replay does not model this failure", None, ())
     where = f" at {reproduced.where}" if reproduced.where else f" reading {target.label}"
     unpatched = f"reproduced `{reproduced.error}` on rank {plan.faulty}{where}"
+    if reproduced.unsafe_global not in (None, target.label):  # the probe's step reached another unsafe global first
+        unpatched += f", reading {reproduced.unsafe_global}"
     red_errors = [failure for failure in red.fix_failures if failure.kind == "unsafe-data"]
     if red_errors:
         unpatched += f" (the adaptor's own code also failed: {red_errors[0].error})"
