@@ -94,6 +94,8 @@ def _sigterm_raises() -> Iterator[None]:
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    if previous is None:  # a handler set outside Python: the default is the nearest it can be given back as
+        previous = signal.SIG_DFL
     try:
         yield
     except _Terminated:
@@ -105,6 +107,7 @@ def _sigterm_raises() -> Iterator[None]:
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not cut the cleanup short
     raise _Terminated
 
 
@@ -117,25 +120,21 @@ def _launcher(plan: ReplayPlan, port: int, work: Path) -> None:
             signal.signal(number, signal.SIG_DFL)
         _redirect_output(work / "launcher.out")
         parent = os.getppid()
-        if not _import_for_the_ranks(plan, work / "launcher.progress"):
-            os._exit(_IMPORT_EXITED)
-        children = {}
-        for rank in range(plan.world_size):
-            pid = os.fork()
-            if pid == 0:
-                _child(plan, rank, port, work)
-            children[pid] = rank
-        _reap(children, work, parent)
-        code = 0
+        if _import_for_the_ranks(plan, work / "launcher.progress"):
+            children = {}
+            for rank in range(plan.world_size):
+                pid = os.fork()
+                if pid == 0:
+                    _child(plan, rank, port, work)
+                children[pid] = rank
+            _reap(children, work, parent)
+            code = 0
     except BaseException:  # noqa: BLE001 (anything: the parent reports the launcher's output)
         traceback.print_exc()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-
-
-_IMPORT_EXITED = 3  # the launcher's exit code when a user module raised SystemExit at import
 
 
 def _import_for_the_ranks(plan: ReplayPlan, log: Path) -> bool:
