@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import importlib
 import json
 import os
@@ -27,7 +28,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.replay.plan import ReplayPlan
@@ -71,7 +72,7 @@ def fork_ranks(plan: ReplayPlan, progress: Callable[[Milestone], None] | None = 
         start = time.monotonic()
         launcher = os.fork()
         if launcher == 0:  # pragma: no cover (the child's coverage is its results)
-            _launcher(plan, port, work)
+            _forked(work / "launcher.out", lambda: _launcher(plan, port, work))
         with contextlib.suppress(OSError):  # the launcher does it too: whichever comes first
             os.setpgid(launcher, launcher)
         try:
@@ -111,25 +112,32 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated
 
 
-def _launcher(plan: ReplayPlan, port: int, work: Path) -> None:
-    """The launcher process: imports the user's modules once, forks the ranks, reaps them; never returns."""
+def _launcher(plan: ReplayPlan, port: int, work: Path) -> int:
+    """The launcher process: imports the user's modules once, forks the ranks, reaps them."""
+    os.setpgid(0, 0)
+    for number in (signal.SIGINT, signal.SIGTERM):  # this group ends by SIGKILL from the parent, never by a handler
+        signal.signal(number, signal.SIG_DFL)
+    parent = os.getppid()
+    if not _import_for_the_ranks(plan, work / "launcher.progress"):
+        return 1
+    children = {}
+    for rank in range(plan.world_size):
+        pid = os.fork()
+        if pid == 0:
+            _forked(work / f"rank{rank}.out", functools.partial(_child, plan, rank, port, work))
+        children[pid] = rank
+    _reap(children, work, parent)
+    return 0
+
+
+def _forked(output: Path, body: Callable[[], int]) -> NoReturn:
+    """The rest of a forked process: its output into a file, then ``body``, whose result is the exit
+    code (1, with the traceback in the output, when anything escapes it: the parent reports it)."""
     code = 1
     try:
-        os.setpgid(0, 0)
-        for number in (signal.SIGINT, signal.SIGTERM):  # this group ends by SIGKILL from the parent, never by a handler
-            signal.signal(number, signal.SIG_DFL)
-        _redirect_output(work / "launcher.out")
-        parent = os.getppid()
-        if _import_for_the_ranks(plan, work / "launcher.progress"):
-            children = {}
-            for rank in range(plan.world_size):
-                pid = os.fork()
-                if pid == 0:
-                    _child(plan, rank, port, work)
-                children[pid] = rank
-            _reap(children, work, parent)
-            code = 0
-    except BaseException:  # noqa: BLE001 (anything: the parent reports the launcher's output)
+        _redirect_output(output)
+        code = body()
+    except BaseException:  # noqa: BLE001 (anything: the parent reports the output)
         traceback.print_exc()
     finally:
         sys.stdout.flush()
@@ -184,31 +192,22 @@ def _redirect_output(path: Path) -> None:
     sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
 
 
-def _child(plan: ReplayPlan, rank: int, port: int, work: Path) -> None:
-    """One rank, in the forked process; never returns."""
-    code = 1
-    try:
-        _redirect_output(work / f"rank{rank}.out")
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(plan.world_size), LOCAL_RANK=str(rank),
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        import torch
-        import torch.distributed as dist
+def _child(plan: ReplayPlan, rank: int, port: int, work: Path) -> int:
+    """One rank, in its forked process."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(plan.world_size), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
 
-        from unsafe_doctor.replay.harness import Progress, run_rank
+    from unsafe_doctor.replay.harness import Progress, run_rank
 
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=plan.world_size, timeout=datetime.timedelta(seconds=harness_timeout(plan)))
-        outcome = run_rank(plan, rank, rank, Progress(str(work / f"rank{rank}.progress")), backend="emulated")
-        (work / f"rank{rank}.json").write_text(outcome.to_json(), encoding="utf-8")
-        dist.destroy_process_group()
-        code = 0
-    except BaseException:  # noqa: BLE001 (anything: the parent reports the rank's output)
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=plan.world_size, timeout=datetime.timedelta(seconds=harness_timeout(plan)))
+    outcome = run_rank(plan, rank, rank, Progress(str(work / f"rank{rank}.progress")), backend="emulated")
+    (work / f"rank{rank}.json").write_text(outcome.to_json(), encoding="utf-8")
+    dist.destroy_process_group()
+    return 0
 
 
 def _reap(children: dict[int, int], work: Path, parent: int, grace: float = 3.0) -> None:
