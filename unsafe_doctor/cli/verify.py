@@ -19,7 +19,7 @@ from unsafe_doctor.cli.options import (
     RulesOption,
     SourceRootOption,
 )
-from unsafe_doctor.cli.streams import log_paths, print_json, print_rich
+from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, warn_skipped
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
@@ -68,6 +68,7 @@ def command(
     if under_torchrun():
         ranks = int(os.environ["WORLD_SIZE"])
     diagnosis = diagnose(paths, groundwork(rules or (), source_root or (), log_only=log_only), adaptor=adaptor)
+    warn_skipped(diagnosis.skipped)
     functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
     plan, skipped = verification.plan_replay(
         diagnosis, diagnosis.context.knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout,
