@@ -268,7 +268,9 @@ def _scan_one(path: str | None, stdin: BinaryIO | None, reading: _Reading) -> _I
         if stream is None:
             raise UsageError("stdin is closed: name a log file or folder, or pipe a log in")
         _widen_pipe(stream)
-        return _scan_readable(stream if hasattr(stream, "peek") else io.BufferedReader(stream), reading)
+        if not hasattr(stream, "peek"):
+            stream = io.BufferedReader(stream)
+        return _scan_readable(stream, reading)
     try:
         handle = open(path, "rb", buffering=CHUNK)
     except (OSError, ValueError) as error:
