@@ -48,6 +48,7 @@ class Study:
         self.events: dict[tuple[Kind, Path, int], Event] = {}
         self.texts: dict[Path, str] = {}  # the files in scope ("" when unreadable or too large)
         self.truncated = False
+        self.unparsed: list[Path] = []  # files in scope nested too deeply to study
         self.referencing: list[Path] = []
         self.defining: SourceFile | None = None
         self.accessors: set[str] = set()
@@ -135,8 +136,13 @@ class Study:
             named = any(name in text for name in names) and as_words.search(text)  # substring first: fast
             parsed = self.parse(path) if named else None
             if parsed is not None:
+                try:
+                    FileStudy(self, parsed).run()
+                except RecursionError:  # a statement nested past Python's recursion limit: the file is left out
+                    self.events = {key: event for key, event in self.events.items() if key[1] != path}
+                    self.unparsed.append(path)
+                    continue
                 self.referencing.append(path)
-                FileStudy(self, parsed).run()
         self._queues()
 
     def _accessors(self, parsed: SourceFile) -> set[str]:

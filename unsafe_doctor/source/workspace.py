@@ -36,6 +36,7 @@ from unsafe_doctor.source.files import (
     is_file,
     package_of,
     python_files,
+    read_source,
 )
 from unsafe_doctor.source.fingerprint import ReleaseMatch, agreeing_releases, fingerprint
 from unsafe_doctor.source.index import FrameworkIndex, IndexedFramework
@@ -296,10 +297,7 @@ class Workspace:
         if path in self._index_texts:
             return self._index_texts[path]
         if path not in self._texts:
-            try:
-                self._texts[path] = path.read_text(encoding="utf-8-sig", errors="replace")  # -sig: a BOM is not source
-            except (OSError, ValueError):
-                self._texts[path] = None
+            self._texts[path] = read_source(path)
         return self._texts[path]
 
     def source(self, path: Path, module: str | None) -> SourceFile | None:
