@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from unsafe_doctor.errors import UsageError
+from unsafe_doctor.errors import UsageError, os_reason
 
 ERROR_MARKER = b"unsafe data in the input tensor"
 BEFORE = 1 << 20  # bytes kept before a hit: the traceback's frames come before its message
@@ -214,7 +214,7 @@ def _expand(paths: Sequence[str]) -> list[tuple[str, str | None, int | None]]:
         try:
             mode = os.stat(arg).st_mode
         except (OSError, ValueError) as error:
-            raise UsageError(f"{arg}: {_reason(error)}") from None
+            raise UsageError(f"{arg}: {os_reason(error)}") from None
         if stat.S_ISDIR(mode):
             logs = sorted(_logs_under(Path(arg)), key=_natural_key)
             if not logs:
@@ -223,17 +223,6 @@ def _expand(paths: Sequence[str]) -> list[tuple[str, str | None, int | None]]:
         else:
             found.append((arg, arg, rank_from_path(arg)))
     return found
-
-
-def _reason(error: OSError | ValueError) -> str:
-    """An OS error as the one lower-case phrase a person reads: 'no such file or directory'."""
-    if isinstance(error, FileNotFoundError):
-        return "no such file or directory"
-    if isinstance(error, PermissionError):
-        return "permission denied"
-    if isinstance(error, OSError) and error.strerror:
-        return error.strerror[0].lower() + error.strerror[1:]
-    return str(error)  # a NUL byte in the name: "embedded null byte"
 
 
 def _logs_under(folder: Path) -> Iterator[Path]:
@@ -274,7 +263,7 @@ def _scan_one(path: str | None, stdin: BinaryIO | None, reading: _Reading) -> _I
     try:
         handle = open(path, "rb", buffering=CHUNK)
     except (OSError, ValueError) as error:
-        raise _Unreadable(_reason(error)) from None
+        raise _Unreadable(os_reason(error)) from None
     with handle:
         return _scan_readable(handle, reading)
 
@@ -286,7 +275,7 @@ def _scan_readable(stream: BinaryIO, reading: _Reading) -> _InputScan:
             return _scan_gzip(gzip.GzipFile(fileobj=stream), reading)
         return _scan_stream(stream, reading)
     except OSError as error:  # EIO, a folder named like a log, a file on a vanished mount
-        raise _Unreadable(f"read failed ({_reason(error)})") from None
+        raise _Unreadable(f"read failed ({os_reason(error)})") from None
 
 
 def _widen_pipe(stream: BinaryIO) -> None:

@@ -71,7 +71,7 @@ class Study:
         return found.parent if found.name == "__init__.py" else found
 
     def _scope(self) -> list[Path]:
-        """Defining module, culprit file, then the module's package and the source roots, bounded."""
+        """Defining module, culprit file, then the module's package and the studied folders, bounded."""
         first = []
         defining = self.workspace.module_path(self.module) if self.module else None
         for path in (defining, self._culprit_path()):
@@ -79,7 +79,7 @@ class Study:
                 first.append(path)
         culprit = self._culprit_path()
         culprit_module = self.workspace.find(str(culprit)).module if culprit else None
-        folders = [self._package_dir(self.module), self._package_dir(culprit_module), *self.roots]
+        folders = [self._package_dir(self.module), self._package_dir(culprit_module), *self.workspace.studied]
         files = list(first)
         seen = {path.resolve() for path in first}
         for folder in dict.fromkeys(folder.resolve() for folder in folders if folder is not None):
