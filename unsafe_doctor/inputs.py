@@ -42,7 +42,6 @@ TAIL = 256 << 10  # end of an input kept when it has no hit, to tell what it end
 WINDOW_MAX = 16 << 20  # one window stops growing here, so a flood of hits cannot grow it forever
 EXCERPT_BUDGET = 64 << 20  # total window bytes kept; hits past it are counted, not parsed
 CHUNK = 8 << 20
-PROGRESS_STEP = 64 << 20
 PIPE_SIZE = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 LOG_SUFFIXES = (".log", ".txt", ".out")
 GZIP_MAGIC = b"\x1f\x8b"
