@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from unsafe_doctor.errors import UsageError, os_reason
+from unsafe_doctor.source.files import is_regular
 
 ERROR_MARKER = b"unsafe data in the input tensor"
 BEFORE = 1 << 20  # bytes kept before a hit: the traceback's frames come before its message
@@ -231,15 +232,8 @@ def _logs_under(folder: Path) -> Iterator[Path]:
         for name in names:
             lower = name.lower().removesuffix(".gz")
             path = Path(parent, name)
-            if lower.endswith(LOG_SUFFIXES) and _is_regular(path):
+            if lower.endswith(LOG_SUFFIXES) and is_regular(path):
                 yield path
-
-
-def _is_regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
 
 
 def _natural_key(path: Path) -> list[object]:
@@ -333,10 +327,10 @@ def _scan_stream(
         for hit in hits:
             result.hits += 1
             if pending and hit - BEFORE <= pending[-1][1] and hit + AFTER - pending[-1][0] <= WINDOW_MAX:
-                growth = hit + AFTER - pending[-1][1]  # every byte a window grows by is charged
+                growth = hit + AFTER - pending[-1][1]  # hits come in order: >= 0; every byte of it is charged
                 if growth <= reading.budget.left:
-                    pending[-1][1] = max(pending[-1][1], hit + AFTER)
-                    reading.budget.left -= max(0, growth)
+                    pending[-1][1] = hit + AFTER
+                    reading.budget.left -= growth
                 else:
                     result.hits_not_parsed += 1
                 continue
