@@ -341,6 +341,12 @@ def test_a_yaml_alias_that_contains_itself_is_refused(tmp_path):
     one_line_error(doctor("rules", "validate", str(loop)), "an alias refers to a node that contains it")
 
 
+def test_a_fifo_given_as_rules_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "rules.yaml"
+    os.mkfifo(fifo)
+    one_line_error(doctor("rules", "validate", str(fifo)), "not a regular file")
+
+
 def test_a_rules_file_with_thousands_of_problems_prints_a_bounded_number_of_lines(tmp_path):
     rules = tmp_path / "many.yaml"
     rules.write_text("rules:\n" + "".join(f"  - id: r{index}\n" for index in range(2000)))

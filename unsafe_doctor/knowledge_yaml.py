@@ -60,9 +60,10 @@ def parse(path: Path, problems: list[str]) -> tuple[yaml.Node, Any] | None:
 
 
 def _read(path: Path, problems: list[str]) -> str | None:
-    """The file's text; a FIFO or a file too large to be rules is refused before it is read."""
+    """The file's text; a FIFO (opened without waiting for a writer) or a file too large to be rules
+    is refused before it is read."""
     try:
-        with path.open("rb") as handle:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as handle:
             status = os.fstat(handle.fileno())
             if not stat.S_ISREG(status.st_mode):
                 problems.append(f"{path}: cannot read (not a regular file)")
