@@ -20,7 +20,7 @@ from unsafe_doctor.cli.options import (
     SourceRootOption,
     YesOption,
 )
-from unsafe_doctor.cli.streams import log_paths, print_json, say
+from unsafe_doctor.cli.streams import log_paths, print_json, say, warn_skipped
 from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
@@ -65,6 +65,7 @@ def command(
     else:
         paths = log_paths(logs)
         diagnosis = diagnose(paths, setup, adaptor=adaptor)
+        warn_skipped(diagnosis.skipped)
         environment = diagnosis.context.environment
         plan = fixes.plan_fix(diagnosis.findings, diagnosis.context, overrides, roles)
         findings = len(diagnosis.findings)

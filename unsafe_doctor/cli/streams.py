@@ -6,23 +6,31 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console, RenderableType
 
 from unsafe_doctor import inputs
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.inputs import SkippedInput
 
 PROGRESS_FROM = 50 << 20  # inputs smaller than this finish before a bar would be worth drawing
 
 
 def log_paths(logs: list[str] | None) -> list[str]:
-    """The logs named; none means stdin, which must then be piped in, not a terminal."""
+    """The logs named; none means stdin, which must then be piped in, not a terminal (nor closed: `<&-`)."""
     paths = logs or []
-    if not paths and sys.stdin.isatty():
+    if not paths and (sys.stdin is None or sys.stdin.isatty()):
         raise UsageError("no input: name a log file or folder, or pipe a log in (see --help)")
     return paths
+
+
+def warn_skipped(skipped: Sequence[SkippedInput]) -> None:
+    """One line per input that could not be read; the rest were diagnosed."""
+    for item in skipped:
+        say(f"skipped {item.name}: {item.reason}")
 
 
 def say(line: str) -> None:
@@ -31,13 +39,40 @@ def say(line: str) -> None:
 
 
 def print_json(document: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    with _reader_may_leave():
+        sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
 
 
 def print_rich(renderable: RenderableType) -> None:
     """Colour only on a terminal, and never under NO_COLOR (rich reads both itself). Not cropped at
     the width: code to copy is printed whole (report.common.CodeToCopy); all else fits the width."""
-    Console(highlight=False).print(renderable, crop=False)
+    with _reader_may_leave():
+        _Console(highlight=False).print(renderable, crop=False)
+        sys.stdout.flush()
+
+
+@contextmanager
+def _reader_may_leave() -> Iterator[None]:
+    """`… | head -c1` closes the pipe early: the rest of the output goes nowhere, silently, and the
+    command still exits with the code its result deserves (click and rich would make it 1)."""
+    try:
+        yield
+    except BrokenPipeError:
+        _output_nowhere()
+
+
+def _output_nowhere() -> None:
+    nowhere = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(nowhere, sys.stdout.fileno())  # what is still buffered is flushed there at exit
+    os.close(nowhere)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """rich's own raises SystemExit(1) here."""
+        self.quiet = True
+        _output_nowhere()
 
 
 class progress_bar:
@@ -111,5 +146,8 @@ class stages_bar:
 
 
 def _stdin_size() -> int | None:
-    status = os.fstat(sys.stdin.fileno())
+    try:
+        status = os.fstat(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):  # stdin closed
+        return None
     return status.st_size if status.st_size else None

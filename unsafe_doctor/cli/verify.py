@@ -21,7 +21,7 @@ from unsafe_doctor.cli.options import (
     RulesOption,
     SourceRootOption,
 )
-from unsafe_doctor.cli.streams import log_paths, print_json, print_rich
+from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, warn_skipped
 from unsafe_doctor.cli.workflow import Invocation
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
@@ -75,6 +75,7 @@ def command(
     if under_torchrun():
         ranks = torchrun_world_size()
     diagnosis = diagnose(paths, groundwork(rules or (), source_root or (), log_only=log_only), adaptor=adaptor)
+    warn_skipped(diagnosis.skipped)
     functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
     with framework_warnings_silenced():  # megatron-core's import-time Apex/TE warnings, in the ranks too (forked)
         plan, skipped = verification.plan_replay(
