@@ -411,3 +411,14 @@ def test_a_reader_closing_the_pipe_keeps_the_exit_code_the_result_deserves(tmp_p
         assert result.returncode == deserved, (log.name, result.stderr)
         for noise in (b"Traceback", b"BrokenPipe", b"Broken pipe", b"Exception ignored"):
             assert noise not in result.stderr
+
+
+def test_a_skipped_file_whose_name_holds_escape_sequences_is_named_escaped(tmp_path):
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    shutil.copy(ERROR_LOG, folder / "rank_0.log")
+    (folder / "core\x1b]0;owned\x07.out").write_bytes(b"\x00\x01\x02 binary")
+    result = doctor("diagnose", str(folder), "--no-input")
+    assert result.returncode == 1, result.stderr
+    assert b"\x1b" not in result.stderr and b"\x07" not in result.stderr
+    assert b"core\\x1b]0;owned\\x07.out" in result.stderr

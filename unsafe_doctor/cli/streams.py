@@ -34,8 +34,11 @@ def warn_skipped(skipped: Sequence[SkippedInput]) -> None:
 
 
 def say(line: str) -> None:
-    """A note for the person (what was decided or done) on stderr, apart from the output proper."""
-    print(f"unsafe-doctor: {line}", file=sys.stderr)
+    """A note for the person (what was decided or done) on stderr, apart from the output proper;
+    control characters escaped, since notes name files and log text."""
+    from unsafe_doctor.report.common import printable
+
+    print(f"unsafe-doctor: {printable(line)}", file=sys.stderr)
 
 
 def print_json(document: dict[str, Any]) -> None:
