@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console, RenderableType
 
 from unsafe_doctor import inputs
-from unsafe_doctor.errors import UsageError
+from unsafe_doctor.errors import UsageError, os_reason
 from unsafe_doctor.inputs import SkippedInput
 
 PROGRESS_FROM = 50 << 20  # inputs smaller than this finish before a bar would be worth drawing
@@ -63,6 +63,9 @@ def _reader_may_leave() -> Iterator[None]:
         yield
     except BrokenPipeError:
         _output_nowhere()
+    except OSError as error:  # a full disk, a quota: the report is lost, and the person must know
+        _output_nowhere()
+        raise UsageError(f"cannot write the report to standard output: {os_reason(error)}") from None
 
 
 def _output_nowhere() -> None:
