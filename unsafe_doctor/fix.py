@@ -28,17 +28,20 @@ refusals raise UsageError.
 from __future__ import annotations
 
 import ast
+import builtins
 import difflib
 import hashlib
+import itertools
 import keyword
 import os
 import stat
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import libcst as cst
+from libcst.metadata import ImportAssignment, MetadataWrapper, Scope, ScopeProvider
 
 from unsafe_doctor.adaptor import (
     INDENT,
@@ -77,6 +80,9 @@ from unsafe_doctor.versions import Environment
 HELPER = "_unsafe_doctor_fix"
 GROUP_NAME = "repair_group"  # the helper's name for a repair group the adaptor function built itself
 BACKUP_SUFFIX = ".unsafe-doctor.bak"
+RESERVED = "_ud_"  # the prefix of the names a block's imports are bound to
+# what the helper is passed or binds around the rule's code: an import must not take these names
+WRAPPER_NAMES = frozenset({HELPER, GROUP_NAME, SOURCE_RANK, DEST_RANK, *PARAMETER_ROLES})
 
 
 @dataclass(frozen=True)
@@ -98,11 +104,24 @@ class FileEdit:
     insertions: tuple[Insertion, ...] = ()  # the blocks a fix inserts, top to bottom; none for a revert
 
     def diff(self) -> str:
-        """Unified diff of this file, lines ending as in the file."""
+        """Unified diff of this file, lines ending as in the file, as `git apply` and `patch -p1` take it."""
         before = [line.decode(self.encoding, errors="replace") for line in self.original.splitlines(keepends=True)]
         after = [line.decode(self.encoding, errors="replace") for line in self.updated.splitlines(keepends=True)]
-        lines = difflib.unified_diff(before, after, fromfile=str(self.path), tofile=str(self.path))
+        name = patch_path(self.path)
+        lines = difflib.unified_diff(before, after, fromfile=f"a/{name}", tofile=f"b/{name}")
         return "".join(line if line.endswith(("\n", "\r")) else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+def patch_path(path: Path) -> str:
+    """The file's path as a patch names it (after `a/` and `b/`): from the root of the git repository
+    around the working folder, else from the working folder; a file outside it from `/`."""
+    absolute = Path(os.path.abspath(path))
+    folder = Path.cwd()
+    base = next((parent for parent in (folder, *folder.parents) if (parent / ".git").exists()), folder)
+    try:
+        return absolute.relative_to(base).as_posix()
+    except ValueError:
+        return absolute.as_posix().lstrip("/")
 
 
 @dataclass(frozen=True)
@@ -319,7 +338,7 @@ def _block_lines(
     code, imports = request.code, request.imports
     notes: tuple[str, ...] = ()
     try:
-        read = _names_read("\n".join([*imports, code]))
+        ast.parse("\n".join([*imports, code]))
     except SyntaxError as error:
         raise UsageError(
             f"the fix {request.key} for {request.function}() is not valid Python ({error.msg}, line {error.lineno})"
@@ -342,6 +361,8 @@ def _block_lines(
                     f"{function.name}() builds its own repair group ({own_group}): the block uses it, "
                     f"not {profile.repair_group}",
                 )
+    imports, code = _reserved_imports(imports, code, request)
+    read = _names_read("\n".join([*imports, code]))
     body = code.rstrip("\n").split("\n")
     if request.scenario == 2:
         body, rank_pairs = _rank_loop(body, profile, function)
@@ -402,6 +423,93 @@ def _check_parameters(
             f"{function.path}:{function.first_line}: {function.name}() lacks parameter(s) {', '.join(missing)} "
             f"that {request.key} needs (adaptor profile {profile.id}); it has {has}"
         )
+
+
+def _reserved_imports(imports: Sequence[str], code: str, request: _Request) -> tuple[tuple[str, ...], str]:
+    """Every import bound to a reserved name (`import torch as _ud_torch`), its uses renamed with it.
+
+    A name imported into the helper could otherwise shadow what the block and its wrapper need: a
+    module of the log called `zip`, `torch` or `src_ranks` would replace the builtin, the real torch
+    or the rank list, and the block would raise at recovery time. Where the rule's code itself uses
+    the imported name for something else too (a builtin, its own variable, another import, a name the
+    helper is passed), its uses cannot be told apart, and the fix is refused."""
+    wrapper = MetadataWrapper(cst.parse_module("".join(line + "\n" for line in imports) + code))
+    scope = wrapper.resolve(ScopeProvider)[wrapper.module]
+    assert scope is not None, "a module always has its global scope"
+    statements, rest = wrapper.module.body[: len(imports)], wrapper.module.body[len(imports):]
+    renamed: dict[int, str] = {}  # id of a node that reads an import -> the reserved name it reads instead
+    lines: list[str] = []
+    for statement in statements:
+        node = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+        if not isinstance(node, (cst.Import, cst.ImportFrom)) or isinstance(node.names, cst.ImportStar):
+            raise UsageError(f"the fix {request.key}: {wrapper.module.code_for_node(statement).strip()!r} "
+                             "is not one plain import: refusing to write it")
+        for assignment in (item for item in scope.assignments if getattr(item, "node", None) is node):
+            _refuse_shadowing(scope, assignment.name, node, request)
+            renamed.update({id(access.node): _reserved(assignment.name) for access in assignment.references})
+        lines.extend(_reserved_import_lines(node, scope, wrapper.module))
+    body = wrapper.module.with_changes(body=rest).visit(_Renamer(renamed)).code
+    return tuple(dict.fromkeys(lines)), body
+
+
+def _reserved(name: str) -> str:
+    return RESERVED + name.replace(".", "_")
+
+
+def _refuse_shadowing(scope: Scope, name: str, node: cst.Import | cst.ImportFrom, request: _Request) -> None:
+    """Refuse an imported name that the code also means as something else."""
+    root = name.split(".")[0]
+    others = [item for item in scope.assignments[root] if getattr(item, "node", None) is not node]
+    read = any(item.references for item in scope.assignments[root])
+    if others:
+        meaning = "another import" if isinstance(others[0], ImportAssignment) else "its own variable"
+    elif read and root in WRAPPER_NAMES:
+        meaning = "a name the helper is passed"
+    elif read and hasattr(builtins, root):
+        meaning = "a Python builtin"
+    else:
+        return
+    raise UsageError(
+        f"the fix {request.key} for {request.function}() imports the name {root!r}, which its code also uses as "
+        f"{meaning}: refusing to write code that would shadow it"
+    )
+
+
+def _reserved_import_lines(node: cst.Import | cst.ImportFrom, scope: Scope, module: cst.Module) -> list[str]:
+    """`from p import q` -> `from p import q as _ud_q`; `import a.b` -> `import a.b as _ud_a_b`, and
+    `import a as _ud_a` too when the code reads `a` other than through `a.b`."""
+    if isinstance(node, cst.ImportFrom):
+        names = node.names
+        assert not isinstance(names, cst.ImportStar), "refused above"
+        aliased = [alias.with_changes(asname=cst.AsName(cst.Name(_reserved(alias.evaluated_alias or alias.evaluated_name))))
+                   for alias in names]
+        aliased = [alias.with_changes(comma=cst.MaybeSentinel.DEFAULT) for alias in aliased]
+        return [module.code_for_node(node.with_changes(names=aliased))]
+    lines = []
+    for alias in node.names:
+        if alias.asname is not None:
+            bound = alias.evaluated_alias or alias.evaluated_name
+            lines.append(f"import {alias.evaluated_name} as {_reserved(bound)}")
+            continue
+        dotted = alias.evaluated_name
+        parts = dotted.split(".")
+        prefixes = [".".join(parts[: count]) for count in range(len(parts), 0, -1)]
+        used = [prefix for prefix in prefixes if any(item.references for item in scope.assignments[prefix]
+                                                     if getattr(item, "node", None) is node)]
+        lines.extend(f"import {prefix} as {_reserved(prefix)}" for prefix in used or [dotted])
+    return lines
+
+
+class _Renamer(cst.CSTTransformer):
+    """Each node that reads an import replaced by the reserved name."""
+
+    def __init__(self, renamed: dict[int, str]) -> None:
+        super().__init__()
+        self.renamed = renamed
+
+    def on_leave(self, original_node, updated_node):
+        name = self.renamed.get(id(original_node))
+        return cst.Name(name) if name is not None else updated_node
 
 
 def _names_read(code: str) -> set[str]:
@@ -510,14 +618,22 @@ def plan_revert(environment: Environment) -> Plan:
 
 
 def apply(plan: Plan) -> tuple[Written, ...]:
-    """Write every edit: atomic replace, a backup beside each file, the file's mode kept.
+    """Write every edit: atomic replace, a new backup beside each file, the file's owner and mode kept.
 
     Refuses (before writing anything) a read-only file, and refuses any file whose content is no
-    longer what was read when the plan was made."""
+    longer what was read when the plan was made. A write that fails (a full disk) leaves that file
+    and every backup as they were, and is refused naming the files already written."""
     for edit in plan.edits:
         _check_unchanged(edit)
         _check_writable(edit)
-    return tuple(_write(edit) for edit in plan.edits)
+    written: list[Written] = []
+    for edit in plan.edits:
+        try:
+            written.append(_write(edit))
+        except OSError as error:
+            done = "".join(f"; {item.path} was written (backup: {item.backup})" for item in written)
+            raise UsageError(f"cannot write {edit.path}: {error.strerror or error}: left as it was{done}") from None
+    return tuple(written)
 
 
 def _check_writable(edit: FileEdit) -> None:
@@ -538,21 +654,79 @@ def _check_unchanged(edit: FileEdit) -> None:
 
 
 def _write(edit: FileEdit) -> Written:
+    """The backup first, whole, under a name of its own; then the new content in place of the file."""
     target = edit.path.resolve()
-    mode = target.stat().st_mode & 0o7777
-    backup = target.with_name(target.name + BACKUP_SUFFIX)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    status = target.stat()
+    backup = _new_backup(target, edit.original, status)
     try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(edit.updated)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, mode)
-        _check_unchanged(edit)  # last look, right before the replace
-        backup.write_bytes(edit.original)
-        os.chmod(backup, mode)
-        os.replace(temporary, target)
+        temporary = _whole_file(target, edit.updated, status)
+        try:
+            _check_unchanged(edit)  # last look, right before the replace
+            os.replace(temporary, target)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        _sync_folder(target.parent)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        backup.unlink(missing_ok=True)
         raise
     return Written(edit.path, shown_path(backup))
+
+
+def backup_names(target: Path) -> Iterator[Path]:
+    """`x.py.unsafe-doctor.bak`, then `x.py.unsafe-doctor.1.bak`, `.2.bak`, ...: the first is the
+    file as it was before unsafe-doctor first wrote it, each later one the file before a later write."""
+    yield target.with_name(target.name + BACKUP_SUFFIX)
+    for number in itertools.count(1):
+        yield target.with_name(f"{target.name}.unsafe-doctor.{number}.bak")
+
+
+def _new_backup(target: Path, data: bytes, status: os.stat_result) -> Path:
+    """The backup written whole into a temporary file, then linked to the first name not yet taken.
+
+    A link never replaces what is there: an earlier backup is never overwritten, and a symlink
+    planted at a backup's name is never followed (its name is passed over like any other)."""
+    temporary = _whole_file(target, data, status)
+    try:
+        return next(name for name in backup_names(target) if _linked(temporary, name))
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _linked(source: Path, name: Path) -> bool:
+    """Whether `name` now names `source`; False when the name was taken."""
+    try:
+        os.link(source, name)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _whole_file(target: Path, data: bytes, status: os.stat_result) -> Path:
+    """`data` in a new temporary file beside `target`, on disk (fsync), with its owner and mode.
+
+    Only root may give a file to another user: when root edits someone else's adaptor, the owner
+    and group stay the file's, not root's."""
+    handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    temporary = Path(name)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        if os.geteuid() == 0:
+            os.chown(temporary, status.st_uid, status.st_gid)
+        os.chmod(temporary, stat.S_IMODE(status.st_mode))  # after chown, which clears set-id bits
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return temporary
+
+
+def _sync_folder(folder: Path) -> None:
+    """The rename itself on disk."""
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)

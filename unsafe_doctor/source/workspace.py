@@ -18,6 +18,7 @@ dotted module -> its file; each file read and parsed once, with its module-level
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -297,7 +298,7 @@ class Workspace:
             return self._index_texts[path]
         if path not in self._texts:
             try:
-                self._texts[path] = path.read_text(encoding="utf-8-sig", errors="replace")  # -sig: a BOM is not source
+                self._texts[path] = python_text(path.read_bytes())
             except (OSError, ValueError):
                 self._texts[path] = None
         return self._texts[path]
@@ -353,6 +354,17 @@ class Workspace:
         resolved = path.resolve()
         module = self._module_of_local(resolved) if self.log_only else self.find(str(resolved)).module
         return self.source(resolved, module)
+
+
+def python_text(data: bytes) -> str:
+    """A Python file's text as Python reads it: in the encoding its PEP 263 coding line names (a
+    cp932 adaptor holds bytes that are not UTF-8), a BOM dropped, universal newlines; a file that
+    names no encoding it can be read in is read as UTF-8 with replacement."""
+    try:
+        return importlib.util.decode_source(data)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        text = data.decode("utf-8-sig", errors="replace")
+        return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
