@@ -36,6 +36,7 @@ import keyword
 import os
 import stat
 import tempfile
+import textwrap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -433,10 +434,13 @@ def _reserved_imports(imports: Sequence[str], code: str, request: _Request) -> t
     or the rank list, and the block would raise at recovery time. Where the rule's code itself uses
     the imported name for something else too (a builtin, its own variable, another import, a name the
     helper is passed), its uses cannot be told apart, and the fix is refused."""
-    wrapper = MetadataWrapper(cst.parse_module("".join(line + "\n" for line in imports) + code))
-    scope = wrapper.resolve(ScopeProvider)[wrapper.module]
-    assert scope is not None, "a module always has its global scope"
-    statements, rest = wrapper.module.body[: len(imports)], wrapper.module.body[len(imports):]
+    text = "".join(f"{INDENT}{line}\n" for line in imports) + textwrap.indent(code, INDENT)
+    wrapper = MetadataWrapper(cst.parse_module(f"def {HELPER}():\n{text}"))  # the scope the block runs in
+    helper = wrapper.module.body[0]
+    assert isinstance(helper, cst.FunctionDef) and isinstance(helper.body, cst.IndentedBlock)
+    scope = wrapper.resolve(ScopeProvider)[helper.body.body[0]]
+    assert scope is not None, "a function's statements have its scope"
+    statements, rest = helper.body.body[: len(imports)], helper.body.body[len(imports):]
     renamed: dict[int, str] = {}  # id of a node that reads an import -> the reserved name it reads instead
     lines: list[str] = []
     for statement in statements:
@@ -448,7 +452,7 @@ def _reserved_imports(imports: Sequence[str], code: str, request: _Request) -> t
             _refuse_shadowing(scope, assignment.name, node, request)
             renamed.update({id(access.node): _reserved(assignment.name) for access in assignment.references})
         lines.extend(_reserved_import_lines(node, scope, wrapper.module))
-    body = wrapper.module.with_changes(body=rest).visit(_Renamer(renamed)).code
+    body = cst.Module(body=rest).visit(_Renamer(renamed)).code
     return tuple(dict.fromkeys(lines)), body
 
 
