@@ -466,16 +466,16 @@ def _refuse_shadowing(scope: Scope, name: str, node: cst.Import | cst.ImportFrom
     others = [item for item in scope.assignments[root] if getattr(item, "node", None) is not node]
     read = any(item.references for item in scope.assignments[root])
     if others:
-        meaning = "another import" if isinstance(others[0], ImportAssignment) else "its own variable"
+        meaning = "which another import binds too" if isinstance(others[0], ImportAssignment) else "which its code assigns too"
     elif read and root in WRAPPER_NAMES:
-        meaning = "a name the helper is passed"
+        meaning = "which is also a name the block is passed"
     elif read and hasattr(builtins, root):
-        meaning = "a Python builtin"
+        meaning = "which is also a Python builtin"
     else:
         return
     raise UsageError(
-        f"the fix {request.key} for {request.function}() imports the name {root!r}, which its code also uses as "
-        f"{meaning}: refusing to write code that would shadow it"
+        f"the fix {request.key} for {request.function}() imports the name {root!r}, {meaning}: which one its code "
+        "means cannot be told; refusing to write code that would shadow it"
     )
 
 
