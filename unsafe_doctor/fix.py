@@ -440,10 +440,9 @@ def _reserved_imports(imports: Sequence[str], code: str, request: _Request) -> t
     assert isinstance(helper, cst.FunctionDef) and isinstance(helper.body, cst.IndentedBlock)
     scope = wrapper.resolve(ScopeProvider)[helper.body.body[0]]
     assert scope is not None, "a function's statements have its scope"
-    statements, rest = helper.body.body[: len(imports)], helper.body.body[len(imports):]
     renamed: dict[int, str] = {}  # id of a node that reads an import -> the reserved name it reads instead
     lines: list[str] = []
-    for statement in statements:
+    for statement in helper.body.body[: len(imports)]:
         node = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
         if not isinstance(node, (cst.Import, cst.ImportFrom)) or isinstance(node.names, cst.ImportStar):
             raise UsageError(f"the fix {request.key}: {wrapper.module.code_for_node(statement).strip()!r} "
@@ -452,7 +451,9 @@ def _reserved_imports(imports: Sequence[str], code: str, request: _Request) -> t
             _refuse_shadowing(scope, assignment.name, node, request)
             renamed.update({id(access.node): _reserved(assignment.name) for access in assignment.references})
         lines.extend(_reserved_import_lines(node, scope, wrapper.module))
-    body = cst.Module(body=rest).visit(_Renamer(renamed)).code
+    renamed_helper = wrapper.module.visit(_Renamer(renamed)).body[0]
+    assert isinstance(renamed_helper, cst.FunctionDef) and isinstance(renamed_helper.body, cst.IndentedBlock)
+    body = "".join(wrapper.module.code_for_node(statement) for statement in renamed_helper.body.body[len(imports):])
     return tuple(dict.fromkeys(lines)), body
 
 
@@ -670,14 +671,14 @@ def _write(edit: FileEdit) -> Written:
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise
-        _sync_folder(target.parent)
     except BaseException:
         backup.unlink(missing_ok=True)
         raise
+    _sync_folder(target.parent)
     return Written(edit.path, shown_path(backup))
 
 
-def backup_names(target: Path) -> Iterator[Path]:
+def _backup_names(target: Path) -> Iterator[Path]:
     """`x.py.unsafe-doctor.bak`, then `x.py.unsafe-doctor.1.bak`, `.2.bak`, ...: the first is the
     file as it was before unsafe-doctor first wrote it, each later one the file before a later write."""
     yield target.with_name(target.name + BACKUP_SUFFIX)
@@ -692,7 +693,7 @@ def _new_backup(target: Path, data: bytes, status: os.stat_result) -> Path:
     planted at a backup's name is never followed (its name is passed over like any other)."""
     temporary = _whole_file(target, data, status)
     try:
-        return next(name for name in backup_names(target) if _linked(temporary, name))
+        return next(name for name in _backup_names(target) if _linked(temporary, name))
     finally:
         temporary.unlink(missing_ok=True)
 
