@@ -107,31 +107,66 @@ def limit_file_size() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
 
 
+def fill(folder: Path, leave: int) -> None:
+    """Take the tmpfs's pages until `leave` bytes are free."""
+    free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize - leave
+    with open(folder / "filler", "wb", buffering=0) as filler:
+        try:
+            filler.write(b"\0" * free)
+        except OSError:
+            pass
+
+
 def test_a_full_disk_while_writing_the_backup_leaves_the_old_backup_and_the_adaptor_whole(full_tmpfs):
     folder, mounted = full_tmpfs
     adaptor = adaptor_in(folder)
     old_backup = b"the user's original, from the first fix\n" * 40
     backup(adaptor).write_bytes(old_backup)
-    options = {}
+    options = {"preexec_fn": limit_file_size} if not mounted else {}
     if mounted:
-        with open(folder / "filler", "wb", buffering=0) as filler:  # every page taken
-            try:
-                while True:
-                    filler.write(b"\0" * 4096)
-            except OSError:
-                pass
-    else:
-        options["preexec_fn"] = limit_file_size
+        fill(folder, leave=0)
     before = sorted(path.name for path in folder.iterdir())
 
     result = fix_ema(adaptor, "--yes", **options)
 
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.splitlines()[-1].startswith(f"unsafe-doctor: cannot write {adaptor}: ")  # after the plan's lines
-    assert result.stderr.endswith(": left as it was\n")
+    assert result.stderr.endswith(": nothing written\n")
     assert adaptor.read_bytes() == ORIGINAL
     assert backup(adaptor).read_bytes() == old_backup
     assert sorted(path.name for path in folder.iterdir()) == before  # no temporary file left behind
+
+
+STAGE_TWO_FILES = """\
+import hashlib, sys
+from pathlib import Path
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.fix import FileEdit, Plan, apply
+edits = []
+for name, grown in (("first.py", 10), ("second.py", 20000)):
+    original = Path(name).read_bytes()
+    updated = original + b"#" * grown + b"\\n"
+    edits.append(FileEdit(Path(name), original, updated, "utf-8", hashlib.sha256(original).hexdigest(), ()))
+try:
+    apply(Plan(tuple(edits), (), (), ()))
+except UsageError as error:
+    sys.exit(str(error))
+"""
+
+
+def test_a_disk_that_fills_on_the_second_file_leaves_the_first_unwritten_too(full_tmpfs):
+    folder, mounted = full_tmpfs
+    for name in ("first.py", "second.py"):
+        (folder / name).write_bytes(b"x = 1\n")
+    if mounted:
+        fill(folder, leave=12 << 10)  # room for the first file's backup and content and the second's backup
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", STAGE_TWO_FILES], capture_output=True, text=True, cwd=folder,
+                            env=environment, timeout=120, preexec_fn=None if mounted else limit_file_size)
+    assert result.returncode == 1 and result.stderr.startswith("cannot write second.py: "), result.stderr
+    assert result.stderr.endswith(": nothing written\n")
+    assert (folder / "first.py").read_bytes() == (folder / "second.py").read_bytes() == b"x = 1\n"
+    assert sorted(path.name for path in folder.iterdir()) == ["filler", "first.py", "second.py"][not mounted:]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")

@@ -626,18 +626,68 @@ def apply(plan: Plan) -> tuple[Written, ...]:
     """Write every edit: atomic replace, a new backup beside each file, the file's owner and mode kept.
 
     Refuses (before writing anything) a read-only file, and refuses any file whose content is no
-    longer what was read when the plan was made. A write that fails (a full disk) leaves that file
-    and every backup as they were, and is refused naming the files already written."""
+    longer what was read when the plan was made. Every backup and every new content is on disk
+    before the first file is replaced, so a full disk leaves every file and backup as it was."""
     for edit in plan.edits:
         _check_unchanged(edit)
         _check_writable(edit)
-    written: list[Written] = []
-    for edit in plan.edits:
+    staged: list[_Staged] = []
+    try:
+        for edit in plan.edits:
+            staged.append(_stage(edit))
+        for item in staged:
+            _check_unchanged(item.edit)  # last look, right before the replace
+    except BaseException:
+        for item in staged:
+            item.discard()
+        raise
+    return _replace_all(staged)
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """An edit on disk beside its file, not yet in its place: the backup and the new content."""
+
+    edit: FileEdit
+    target: Path  # the file itself, symlinks resolved
+    backup: Path
+    temporary: Path
+
+    def discard(self) -> None:
+        self.temporary.unlink(missing_ok=True)
+        self.backup.unlink(missing_ok=True)
+
+
+def _stage(edit: FileEdit) -> _Staged:
+    """The backup first, whole, under a name of its own; then the new content, whole, beside the file."""
+    target = edit.path.resolve()
+    try:
+        status = target.stat()
+        backup = _new_backup(target, edit.original, status)
         try:
-            written.append(_write(edit))
+            temporary = _whole_file(target, edit.updated, status)
+        except BaseException:
+            backup.unlink(missing_ok=True)
+            raise
+    except OSError as error:
+        raise UsageError(f"cannot write {edit.path}: {error.strerror or error}: nothing written") from None
+    return _Staged(edit, target, backup, temporary)
+
+
+def _replace_all(staged: Sequence[_Staged]) -> tuple[Written, ...]:
+    """Each new content in place of its file (a rename: it needs no space); where the folder refuses
+    it (a sticky folder, another user's file), that file and those after it are left as they were."""
+    written: list[Written] = []
+    for index, item in enumerate(staged):
+        try:
+            os.replace(item.temporary, item.target)
         except OSError as error:
-            done = "".join(f"; {item.path} was written (backup: {item.backup})" for item in written)
-            raise UsageError(f"cannot write {edit.path}: {error.strerror or error}: left as it was{done}") from None
+            for other in staged[index:]:
+                other.discard()
+            done = "".join(f"; {earlier.path} was written (backup: {earlier.backup})" for earlier in written)
+            raise UsageError(f"cannot replace {item.edit.path}: {error.strerror or error}: left as it was{done}") from None
+        _sync_folder(item.target.parent)
+        written.append(Written(item.edit.path, shown_path(item.backup)))
     return tuple(written)
 
 
@@ -656,26 +706,6 @@ def _check_unchanged(edit: FileEdit) -> None:
         raise UsageError(f"cannot read {edit.path} again: {error.strerror or error}") from None
     if hashlib.sha256(current).hexdigest() != edit.digest:
         raise UsageError(f"{edit.path} changed since it was read: nothing written; run the command again")
-
-
-def _write(edit: FileEdit) -> Written:
-    """The backup first, whole, under a name of its own; then the new content in place of the file."""
-    target = edit.path.resolve()
-    status = target.stat()
-    backup = _new_backup(target, edit.original, status)
-    try:
-        temporary = _whole_file(target, edit.updated, status)
-        try:
-            _check_unchanged(edit)  # last look, right before the replace
-            os.replace(temporary, target)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
-    except BaseException:
-        backup.unlink(missing_ok=True)
-        raise
-    _sync_folder(target.parent)
-    return Written(edit.path, shown_path(backup))
 
 
 def _backup_names(target: Path) -> Iterator[Path]:
