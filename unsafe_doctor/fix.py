@@ -15,16 +15,17 @@ function for scenario 1; for scenario 2 the send function (replica side) and the
 The helper function keeps the block's imports and names to itself: an `import torch` in the body of
 the adaptor function would make `torch` local to the whole function, and its earlier uses would
 fail. Inside it every import is bound to a reserved name (`import torch as _ud_torch`), so that no
-module name can shadow a builtin or a name the helper is passed. `<key>` is the rule id, or `<rule id>:<module>.<variable>` when the rule is not about one
-named variable, or `<template id>:<module>.<variable>` for the templates that heuristic verdicts use.
+module name can shadow a builtin or a name the helper is passed.
+
+`<key>` is the rule id, or `<rule id>:<module>.<variable>` when the rule is not about one named
+variable, or `<template id>:<module>.<variable>` for the templates that heuristic verdicts use.
 A function that already holds a block with the same key is left alone; a revert removes exactly the
 marked lines.
 
 Edits are spliced into the original bytes at line boundaries, so every other byte stays as it was
 (line endings, tabs, encoding); the result is parsed again and compiled before it may be written,
 and a file that changed since it was read is never overwritten; each write keeps a backup under a
-name of its own. Nothing here prints or exits:
-refusals raise UsageError.
+name of its own. Nothing here prints or exits: refusals raise UsageError.
 """
 
 from __future__ import annotations

@@ -18,13 +18,13 @@ dotted module -> its file; each file read and parsed once, with its module-level
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
+from importlib.util import decode_source
 from pathlib import Path
 
 from unsafe_doctor.source.files import (
@@ -361,7 +361,7 @@ def python_text(data: bytes) -> str:
     cp932 adaptor holds bytes that are not UTF-8), a BOM dropped, universal newlines; a file that
     names no encoding it can be read in is read as UTF-8 with replacement."""
     try:
-        return importlib.util.decode_source(data)
+        return decode_source(data)
     except (SyntaxError, UnicodeDecodeError, LookupError):
         text = data.decode("utf-8-sig", errors="replace")
         return text.replace("\r\n", "\n").replace("\r", "\n")
