@@ -121,7 +121,7 @@ def test_fix_dry_run_prints_one_diff_and_writes_nothing(framework):
     before = adaptor.read_bytes()
     result = run("toytrain", "--adaptor", "toytrain/recovery.py", "--fix", "--dry-run", cwd=framework)
     assert result.returncode == 1, result.stderr
-    diff = result.stdout[result.stdout.index("--- toytrain/recovery.py"):]
+    diff = result.stdout[result.stdout.index("--- a/toytrain/recovery.py"):]
     assert diff.count("--- ") == 1 and diff.count(f"+    {MARKER}") == 3
     assert "dry run: nothing written" in result.stderr
     assert adaptor.read_bytes() == before

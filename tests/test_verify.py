@@ -230,8 +230,8 @@ def test_a_receive_without_a_copy_into_the_global_fails(toytrain):
 def test_a_reset_with_zero_fails_because_zero_reads_the_unsafe_tensor(toytrain, loss_log):
     adaptor = toytrain / "toytrain" / "recovery.py"
     [block] = blocks(write_fix(loss_log, adaptor, [toytrain]))
-    helper_body = re.search(r'(        value = getattr\(state, "LOSS_LOG", None\)\n.*?)(    _unsafe_doctor_fix\(\))', block, re.S).group(1)
-    zeroing = "        for value in state.LOSS_LOG.values():\n            value.zero_()\n"
+    helper_body = re.search(r'(        value = getattr\(_ud_state, "LOSS_LOG", None\)\n.*?)(    _unsafe_doctor_fix\(\))', block, re.S).group(1)
+    zeroing = "        for value in _ud_state.LOSS_LOG.values():\n            value.zero_()\n"
     adaptor.write_text(adaptor.read_text().replace(helper_body, zeroing))
     [verdict] = replay(loss_log, adaptor, [toytrain]).verdicts
     assert verdict.outcome == "failed"
@@ -403,7 +403,7 @@ def test_an_lru_cache_fix_empties_the_cache_and_is_proven(tmp_path):
     shutil.copytree(SAMPLES / "adaptors" / "legacy", tmp_path / "legacy")
     adaptor = tmp_path / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
     log, roots = corpus / "logs" / "user-maskcache-lru-mask.log", [corpus / "frameworks" / "maskcache"]
-    assert 'cache = getattr(masks, "causal_mask", None)' in write_fix(log, adaptor, roots)
+    assert 'cache = getattr(_ud_masks, "causal_mask", None)' in write_fix(log, adaptor, roots)
     [verdict] = replay(log, adaptor, roots).verdicts
     assert verdict.outcome == "proven", verdict.problems
     assert verdict.unpatched.startswith("reproduced `There is unsafe data in the input tensor.` on rank 1")

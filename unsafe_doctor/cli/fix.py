@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -80,9 +81,22 @@ def command(
         apply = invocation.command("fix", environment.adaptor, *options, "--yes", log=not revert)
         tell_outcome(plan, written, dry_run, interactive, apply)
     else:
-        print_json(report.to_json(plan, written, dry_run))
+        print_document(report.to_json(plan, written, dry_run), written)
     unapplied = bool(plan.edits) and not written
     return 0 if dry_run or not (unapplied or plan.skipped) else 1
+
+
+def print_document(document: dict[str, Any], written: tuple[Written, ...]) -> None:
+    """The JSON report on stdout; when stdout cannot take it (a full disk, a closed pipe), stderr says
+    so and what was written: the exit code stays the write's, not the printing's."""
+    try:
+        print_json(document)
+        sys.stdout.flush()
+    except OSError as error:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what stdout still buffers goes nowhere at exit
+        say(f"cannot print the report on standard output: {error.strerror or error}")
+        for line in report.written_lines(written):
+            say(line)
 
 
 def show_plan(plan: Plan, findings: int, revert: bool) -> None:

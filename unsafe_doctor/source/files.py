@@ -7,6 +7,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator, Sequence
+from importlib.util import decode_source
 from pathlib import Path
 
 # Distribution -> its top-level package: the frameworks whose versions are detected.
@@ -93,7 +94,7 @@ MAX_SOURCE_BYTES = 16 << 20
 
 
 def read_source(path: Path) -> str | None:
-    """The text of a regular file of at most MAX_SOURCE_BYTES (a BOM is not source), read at most
+    """The text of a regular file of at most MAX_SOURCE_BYTES (`python_text`), read at most
     that far; None for anything else. Opened without blocking and checked once open: a FIFO in its
     place would otherwise hang the run."""
     try:
@@ -108,7 +109,18 @@ def read_source(path: Path) -> str | None:
             data = handle.read(MAX_SOURCE_BYTES + 1)  # it may have grown since the fstat
     except OSError:
         return None
-    return data.decode("utf-8-sig", errors="replace") if len(data) <= MAX_SOURCE_BYTES else None
+    return python_text(data) if len(data) <= MAX_SOURCE_BYTES else None
+
+
+def python_text(data: bytes) -> str:
+    """A Python file's text as Python reads it: in the encoding its PEP 263 coding line names (a
+    cp932 adaptor holds bytes that are not UTF-8), a BOM dropped, universal newlines; a file that
+    names no encoding it can be read in is read as UTF-8 with replacement."""
+    try:
+        return decode_source(data)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        text = data.decode("utf-8-sig", errors="replace")
+        return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def why_not_read(path: Path) -> str:
