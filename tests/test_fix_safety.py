@@ -368,7 +368,7 @@ def test_json_to_a_full_stdout_still_reports_the_write(tmp_path):
         result = fix_ema(adaptor, "--format", "json", "--yes", stdout=full)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-    assert "cannot print the report on standard output: No space left on device" in result.stderr
+    assert "cannot write the report to standard output: no space left on device" in result.stderr
     assert f"wrote {adaptor} (backup: {backup(adaptor)})" in result.stderr
     assert adaptor.read_bytes() != ORIGINAL and backup(adaptor).read_bytes() == ORIGINAL
     document = json.loads(fix_ema(adaptor, "--format", "json", "--dry-run").stdout)

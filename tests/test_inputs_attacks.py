@@ -422,3 +422,15 @@ def test_a_skipped_file_whose_name_holds_escape_sequences_is_named_escaped(tmp_p
     assert result.returncode == 1, result.stderr
     assert b"\x1b" not in result.stderr and b"\x07" not in result.stderr
     assert b"core\\x1b]0;owned\\x07.out" in result.stderr
+
+
+@pytest.mark.parametrize("command", [("diagnose",), ("diagnose", "--format", "json"), ("audit", "--format", "json")])
+def test_a_report_that_cannot_be_written_is_one_line_and_exit_2(command):
+    target = ROOT / "samples" / ("framework" if command[0] == "audit" else "logs/faq_modellink.log")
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run([sys.executable, "-m", "unsafe_doctor", command[0], str(target), *command[1:]],
+                                stdout=full, stderr=subprocess.PIPE, env=ENV, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.decode().splitlines() == [
+        "unsafe-doctor: cannot write the report to standard output: no space left on device"
+    ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -87,14 +86,12 @@ def command(
 
 
 def print_document(document: dict[str, Any], written: tuple[Written, ...]) -> None:
-    """The JSON report on stdout; when stdout cannot take it (a full disk, a closed pipe), stderr says
-    so and what was written: the exit code stays the write's, not the printing's."""
+    """The JSON report on stdout; when stdout cannot take it (a full disk), stderr says so and what
+    was written: the exit code stays the write's, not the printing's."""
     try:
         print_json(document)
-        sys.stdout.flush()
-    except OSError as error:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what stdout still buffers goes nowhere at exit
-        say(f"cannot print the report on standard output: {error.strerror or error}")
+    except UsageError as error:  # streams: the report could not be written
+        say(str(error))
         for line in report.written_lines(written):
             say(line)
 
