@@ -374,3 +374,25 @@ def test_json_to_a_full_stdout_still_reports_the_write(tmp_path):
     document = json.loads(fix_ema(adaptor, "--format", "json", "--dry-run").stdout)
     assert document["files"] == []  # written: a second run finds every block there
 
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv")
+def test_a_sticky_folder_that_refuses_the_rename_is_one_line_and_changes_nothing(tmp_path):
+    """A sticky folder owned by another user, holding a writable file owned by a third: its content
+    may be written, but not replaced by a rename. Root without its capabilities is such a user."""
+    folder = tmp_path / "sticky"
+    adaptor = adaptor_in(folder)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(folder, 0o1777)
+    os.chown(folder, 4343, 4343)
+    os.chown(adaptor, 4242, 4242)
+    os.chmod(adaptor, 0o666)
+    command = ["/usr/bin/setpriv", "--bounding-set", "-all", "--inh-caps", "-all", sys.executable, "-m", "unsafe_doctor",
+               "fix", str(EMA_LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--yes"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1] == f"unsafe-doctor: cannot write {adaptor}: Operation not permitted: nothing written"
+    assert adaptor.read_bytes() == ORIGINAL
+    assert sorted(path.name for path in folder.iterdir()) == ["recovery.py"]  # no backup, no temporary file left
