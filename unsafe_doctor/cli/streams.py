@@ -81,6 +81,14 @@ class _Console(Console):
         _output_nowhere()
 
 
+def _transient_bar(*columns: Any) -> Any:
+    """A rich Progress on stderr, described and barred, then `columns`; gone once stopped."""
+    from rich.progress import BarColumn, Progress
+
+    return Progress("[progress.description]{task.description}", BarColumn(), *columns,
+                    console=Console(stderr=True), transient=True)
+
+
 class progress_bar:
     """A byte progress bar on stderr, only for large inputs and only when stderr is a terminal."""
 
@@ -90,16 +98,9 @@ class progress_bar:
             return
         total = inputs.total_size(paths) if paths else _stdin_size()
         if total is not None and total >= PROGRESS_FROM:
-            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+            from rich.progress import DownloadColumn, TransferSpeedColumn
 
-            self.bar = Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                console=Console(stderr=True),
-                transient=True,
-            )
+            self.bar = _transient_bar(DownloadColumn(), TransferSpeedColumn())
             self.task = self.bar.add_task("reading logs", total=total)
 
     def __enter__(self) -> Callable[[int], None] | None:
@@ -122,16 +123,9 @@ class stages_bar:
         self.labels = labels
         self.stage: str | None = None
         if shown:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+            from rich.progress import MofNCompleteColumn, TimeElapsedColumn
 
-            self.bar = Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-                transient=True,
-            )
+            self.bar = _transient_bar(MofNCompleteColumn(), TimeElapsedColumn())
             self.task = self.bar.add_task("starting", total=None)
 
     def __enter__(self) -> Callable[[str, int, int], None] | None:
