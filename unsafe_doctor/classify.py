@@ -102,10 +102,7 @@ def classify(subject: Subject, context: RunContext, loss_scaling: LossScaling | 
     knowledge, environment = context.knowledge, context.environment
     chosen, notes = _choose_rule(subject, knowledge, environment, loss_scaling)
     if chosen is not None:
-        rule, block = chosen
-        fix = _render(rule, subject, knowledge, environment.profile, block)
-        confidence, doubt = _rule_confidence(rule, subject, environment)
-        return Classified(rule.scenario, rule.id, confidence, rule.reason, (), fix, (*notes, *_why_not(fix), *doubt))
+        return _by_rule(*chosen, subject, context, notes)
     from unsafe_doctor.heuristics import judge  # only when no rule matched: it costs start-up time
 
     verdict = judge(subject, context.workspace)
@@ -113,6 +110,25 @@ def classify(subject: Subject, context: RunContext, loss_scaling: LossScaling | 
         return Unclassified(verdict.reason, verdict.evidence, notes)
     fix = _render(generic_template(knowledge, verdict.scenario, subject), subject, knowledge, environment.profile)
     return Classified(verdict.scenario, None, verdict.confidence, verdict.reason, verdict.evidence, fix, (*notes, *_why_not(fix)))
+
+
+def classify_by_rule(
+    subject: Subject, context: RunContext, loss_scaling: LossScaling | None = None, *, guarded: bool = True
+) -> Classified | None:
+    """The rules alone, no heuristics: what the sentinel asks inside the training process, where reading
+    the source would cost seconds. ``guarded=False`` leaves out the conditions' guards, for code run
+    where the global is known to exist (the sentinel found it)."""
+    chosen, notes = _choose_rule(subject, context.knowledge, context.environment, loss_scaling)
+    return None if chosen is None else _by_rule(*chosen, subject, context, notes, guarded=guarded)
+
+
+def _by_rule(
+    rule: Rule, block: RuleMatch, subject: Subject, context: RunContext, notes: tuple[str, ...], *, guarded: bool = True
+) -> Classified:
+    environment = context.environment
+    fix = _render(rule, subject, context.knowledge, environment.profile, block, guarded=guarded)
+    confidence, doubt = _rule_confidence(rule, subject, environment)
+    return Classified(rule.scenario, rule.id, confidence, rule.reason, (), fix, (*notes, *_why_not(fix), *doubt))
 
 
 def _rule_confidence(rule: Rule, subject: Subject, environment: Environment) -> tuple[Confidence, tuple[str, ...]]:
@@ -252,6 +268,8 @@ def _render(
     knowledge: KnowledgeBase,
     profile: AdaptorProfile,
     block: RuleMatch | None = None,
+    *,
+    guarded: bool = True,
 ) -> FixPlan | NoFix:
     slots = _slots(rule, subject, profile, block or (rule.match if isinstance(rule, Rule) else None))
     templates = [*rule.fix.imports, *(part for part in (rule.fix.code, rule.fix.send, rule.fix.recv) if part)]
@@ -263,7 +281,7 @@ def _render(
 
     imports = [_import_line(fill(line).substitute(slots)) for line in rule.fix.imports]
     guards = []
-    for name in rule.conditions if isinstance(rule, Rule) else ():
+    for name in rule.conditions if isinstance(rule, Rule) and guarded else ():
         condition = knowledge.conditions[name]
         guards.append(condition.guard)
         imports.extend(condition.imports)

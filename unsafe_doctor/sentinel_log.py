@@ -40,6 +40,7 @@ class UnsafeGlobal:
     rule: str | None
     fix_function: str | None  # where the rule's fix goes (rollback function, or receive function)
     healed: bool = False  # heal mode ran the rule's fix and every tensor checked safe after it
+    heal_error: str | None = None  # heal mode ran the rule's fix and it raised this, or left tensors unsafe
     event: Literal["unsafe"] = "unsafe"
 
     @property
@@ -139,10 +140,10 @@ def _words(record: Record) -> str:
     if isinstance(record, Summary):
         verdict = "clean"
         if record.unsafe_globals:
-            verdict = f"{record.unsafe_globals} unsafe global(s), {record.unsafe_tensors} tensor(s)"
+            verdict = f"{_counted(record.unsafe_globals, 'unsafe global')}, {_counted(record.unsafe_tensors, 'tensor')}"
         early = f"; stopped early: {record.stopped_early}" if record.stopped_early else ""
         return (
-            f"{where}: {verdict}; {record.tensors_checked} tensors checked in {record.seconds:.2f} s "
+            f"{where}: {verdict}; {_counted(record.tensors_checked, 'tensor')} checked in {record.seconds:.2f} s "
             f"({record.backend} backend, mode {record.mode}){early}"
         )
     if isinstance(record, UnenumerableCache):
@@ -150,4 +151,9 @@ def _words(record: Record) -> str:
         return f"{where}: lru cache {record.dotted} holds {entries}: clear it ({record.backend} backend)"
     state = "healed" if record.healed else "unsafe"
     scenario = f", scenario {record.scenario}" if record.scenario else ", no rule"
-    return f"{where}: {state} {record.dotted} ({record.tensors} tensors{scenario}, {record.backend} backend)"
+    tensors = _counted(record.tensors, "tensor")
+    return f"{where}: {state} {record.dotted} ({tensors}{scenario}, {record.backend} backend)"
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")

@@ -115,6 +115,10 @@ class UnsafeBackend(ABC):
         """Declare these tensors host memory. A fault never marks host memory unsafe."""
 
     @abstractmethod
+    def is_device_memory(self, tensor: torch.Tensor) -> bool:
+        """Whether a fault can mark this tensor: what the sentinel checks, and nothing else."""
+
+    @abstractmethod
     def activate(self) -> contextlib.AbstractContextManager[UnsafeBackend]:
         """Context in which ops on this thread are checked."""
 
@@ -153,6 +157,9 @@ class NpuBackend(UnsafeBackend):
 
     def mark_host(self, *tensors: torch.Tensor) -> None:
         """Nothing to do: host tensors live off the NPU allocator, which torch_npu never checks."""
+
+    def is_device_memory(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type == "npu"
 
     @contextlib.contextmanager
     def activate(self) -> Iterator[UnsafeBackend]:
@@ -279,10 +286,18 @@ class EmulatedBackend(UnsafeBackend):
                 self._host.add(storage)
                 self._unsafe.discard(storage)
 
+    def is_device_memory(self, tensor: torch.Tensor) -> bool:
+        storage = _storage(tensor)
+        return storage is not None and storage not in self._host
+
     @contextlib.contextmanager
     def activate(self) -> Iterator[UnsafeBackend]:
-        with _HostReadCheck(self), _KernelCheck(self):
-            yield self
+        _ACTIVE_EMULATIONS.append(self)
+        try:
+            with _HostReadCheck(self), _KernelCheck(self):
+                yield self
+        finally:
+            _ACTIVE_EMULATIONS.remove(self)
 
     def _require_safe(self, tensor: torch.Tensor) -> None:
         if not self.is_safe(tensor):
@@ -314,6 +329,14 @@ class EmulatedBackend(UnsafeBackend):
             self._require_all_safe([sources])
             for destination in destinations if isinstance(destinations, (list, tuple)) else [destinations]:
                 self.mark_safe(destination)
+
+
+_ACTIVE_EMULATIONS: list[EmulatedBackend] = []
+
+
+def active_emulation() -> EmulatedBackend | None:
+    """The emulation checking this process's ops now (the innermost), if any: the one whose marks count."""
+    return _ACTIVE_EMULATIONS[-1] if _ACTIVE_EMULATIONS else None
 
 
 class _KernelCheck(TorchDispatchMode):

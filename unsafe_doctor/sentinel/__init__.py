@@ -1,0 +1,188 @@
+"""The sentinel: inside the training process, at the end of the rollback, name every tensor a step
+can reach that the recovery left unsafe, all at once, before the first step dies on one of them.
+
+    from unsafe_doctor.sentinel import check
+    check(train_args, mode="report")   # at the end of feature_rollback
+
+It walks (``sentinel.walk``) the objects passed in (models, optimizers, ``train_args``) and the
+module globals and class attributes of the framework's packages and of the caller's, checks every
+device tensor with the unsafe backend that marks them (torch_npu's ``check_npu_tensor_is_safe`` on
+an NPU, the emulation where one is active), and logs one line per unsafe global in the format of
+``unsafe_doctor.sentinel_log``, which ``diagnose`` reads. Modes: ``report`` logs and returns;
+``raise`` also raises ``UnsafeStateError`` naming every unsafe global, so MindIO gives up the
+online recovery instead of dying inside step 1; ``heal`` runs the shipped scenario-1 rules' fixes in
+place, checks again, and raises for what is still unsafe (scenario 2 needs the replica's data).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch.distributed as dist
+
+from unsafe_doctor.replay.backend import UnsafeBackend, active_emulation, npu_unavailable_reason, select_backend
+from unsafe_doctor.sentinel import verdict
+from unsafe_doctor.sentinel.walk import Holder, Limits, Walk, walk
+from unsafe_doctor.sentinel_log import MODES, Mode, Record, Summary, UnenumerableCache, UnsafeGlobal, format_line
+
+__all__ = ["FRAMEWORK_PACKAGES", "Limits", "SentinelReport", "UnsafeStateError", "check", "inspect"]
+
+FRAMEWORK_PACKAGES = ("megatron", "mindspeed", "mindspeed_llm", "modellink")
+DEFAULT_LIMITS = Limits()
+PATHS_PER_GLOBAL = 5  # paths logged for each unsafe global; the count says how many there are
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SentinelReport:
+    summary: Summary
+    unsafe: tuple[UnsafeGlobal, ...]  # healed ones included, with healed=True
+    caches: tuple[UnenumerableCache, ...]
+
+    @property
+    def still_unsafe(self) -> tuple[UnsafeGlobal, ...]:
+        return tuple(item for item in self.unsafe if not item.healed)
+
+    def lines(self) -> list[str]:
+        records: list[Record] = [*self.unsafe, *self.caches, self.summary]
+        return [format_line(record) for record in records]
+
+
+class UnsafeStateError(RuntimeError):
+    """The recovery left tensors unsafe: raised in ``raise`` mode (and ``heal`` mode, for what heal could not fix)."""
+
+    def __init__(self, report: SentinelReport) -> None:
+        self.report = report
+        names = ", ".join(item.dotted for item in report.still_unsafe)
+        summary = report.summary
+        where = f"rank {summary.rank}" if summary.rank is not None else "this process"
+        super().__init__(
+            f"unsafe-doctor sentinel: the recovery left {len(report.still_unsafe)} global(s) unsafe on {where} "
+            f"({summary.backend} backend): {names}. Stopping the recovery before the first step reads them; "
+            "`unsafe-doctor diagnose` on this log names the fix for each."
+        )
+
+
+def check(
+    *roots: object,
+    mode: Mode = "report",
+    packages: Iterable[str] | None = None,
+    rules: Sequence[Path] = (),
+    limits: Limits = DEFAULT_LIMITS,
+    backend: UnsafeBackend | None = None,
+) -> SentinelReport:
+    """Walk, check, log; then return, raise or heal by ``mode``.
+
+    ``roots``: what a step uses that no module global holds (models, optimizers, ``train_args``).
+    ``packages``: top-level packages whose globals are walked; by default the frameworks' and the caller's.
+    ``rules``: rule files or folders beside the shipped ones. ``backend``: the one that marked the
+    tensors; by default the active emulation, else torch_npu's API when an NPU is here.
+    """
+    if packages is None:
+        packages = (*FRAMEWORK_PACKAGES, sys._getframe(1).f_globals.get("__name__", "").partition(".")[0])
+    report = inspect(*roots, mode=mode, packages=packages, rules=rules, limits=limits, backend=backend)
+    for line in report.lines():
+        logger.warning(line)
+    if mode != "report" and report.still_unsafe:
+        raise UnsafeStateError(report)
+    return report
+
+
+def inspect(
+    *roots: object,
+    mode: Mode = "report",
+    packages: Iterable[str] = FRAMEWORK_PACKAGES,
+    rules: Sequence[Path] = (),
+    limits: Limits = DEFAULT_LIMITS,
+    backend: UnsafeBackend | None = None,
+) -> SentinelReport:
+    """``check`` without the log and the raise (heal mode still heals): what a replay asks."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    started = time.perf_counter()
+    rank = _rank()
+    chosen, why_none = (backend, None) if backend is not None else _backend()
+    if chosen is None:
+        seconds = time.perf_counter() - started
+        return SentinelReport(Summary(rank, "none", mode, 0, 0, 0, 0, seconds, f"nothing checked: {why_none}"), (), ())
+    wanted = frozenset(packages)
+    report, judged = _report(walk(roots, wanted, limits), chosen, rank, mode, rules, started)
+    if mode == "heal" and report.unsafe:
+        errors = {holder: verdict.heal(judged[holder]) for holder in map(_holder, report.unsafe) if judged[holder].scenario == 1}
+        after, _ = _report(walk(roots, wanted, limits), chosen, rank, mode, rules, started)
+        report = _after_heal(report, after, errors)
+    return report
+
+
+def _backend() -> tuple[UnsafeBackend | None, str | None]:
+    """The emulation active in this process, else torch_npu's API when an NPU is here."""
+    emulation = active_emulation()
+    if emulation is not None:
+        return emulation, None
+    reason = npu_unavailable_reason()
+    if reason is not None:
+        return None, f"no unsafe backend here ({reason}; no emulation active)"
+    return select_backend("npu"), None
+
+
+def _rank() -> int | None:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    value = os.environ.get("RANK", "")
+    return int(value) if value.isdigit() else None
+
+
+def _report(
+    found: Walk, backend: UnsafeBackend, rank: int | None, mode: Mode, rules: Sequence[Path], started: float
+) -> tuple[SentinelReport, dict[Holder, verdict.Verdict]]:
+    """The records of one walk, and the knowledge's verdict on each holder (heal runs them)."""
+    unsafe: dict[Holder, list[str]] = {}
+    checked = 0
+    for item in found.tensors:
+        if backend.is_device_memory(item.tensor):
+            checked += 1
+            if not backend.is_safe(item.tensor):
+                unsafe.setdefault(item.holder, []).append(item.path)
+    cached = [cache.holder for cache in found.caches]
+    asked = {**{holder: found.aliases.get(holder, []) for holder in unsafe}, **{holder: [] for holder in cached}}
+    judged = verdict.verdicts(asked, cached, rules) if asked else {}
+    globals_ = tuple(
+        UnsafeGlobal(
+            rank, backend.name, holder.module, holder.owner, holder.variable, len(paths), tuple(paths[:PATHS_PER_GLOBAL]),
+            judged[holder].scenario, judged[holder].rule, judged[holder].fix_function,
+        )
+        for holder, paths in unsafe.items()
+    )
+    caches = tuple(
+        UnenumerableCache(rank, backend.name, holder.module, holder.owner, holder.variable, cache.entries, judged[holder].rule)
+        for cache in found.caches
+        for holder in [cache.holder]
+    )
+    seconds = round(time.perf_counter() - started, 3)
+    unsafe_tensors = sum(map(len, unsafe.values()))
+    summary = Summary(rank, backend.name, mode, checked, unsafe_tensors, len(globals_), len(caches), seconds, found.stopped_early)
+    return SentinelReport(summary, globals_, caches), judged
+
+
+def _after_heal(before: SentinelReport, after: SentinelReport, errors: dict[Holder, str | None]) -> SentinelReport:
+    """Before's globals, each marked healed when heal ran for it and the second walk found it safe."""
+    still = set(map(_holder, after.unsafe))
+    unsafe = []
+    for item in before.unsafe:
+        holder = _holder(item)
+        if holder in errors:
+            error = errors[holder] or ("tensors still unsafe after the rule's fix" if holder in still else None)
+            item = replace(item, healed=error is None, heal_error=error)
+        unsafe.append(item)
+    summary = replace(after.summary, unsafe_globals=len(still), unsafe_tensors=sum(item.tensors for item in after.unsafe))
+    return SentinelReport(summary, tuple(unsafe), after.caches)
+
+
+def _holder(record: UnsafeGlobal) -> Holder:
+    return Holder(record.module, record.owner, record.variable)

@@ -1,0 +1,87 @@
+"""What the knowledge base says of each unsafe holder, asked inside the training process.
+
+Rules only: the source heuristics read files for seconds, which a recovery cannot spare; a holder
+no rule names is logged without a scenario, and ``diagnose`` on the log classifies it from the
+source. Heal runs a scenario-1 rule's own fix here, without its conditions' guards (the sentinel
+has just found the global, so the feature that creates it is on).
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from unsafe_doctor.classify import Classified, FixPlan, classify_by_rule
+from unsafe_doctor.context import RunContext, groundwork
+from unsafe_doctor.sentinel.walk import Holder
+from unsafe_doctor.subject import Subject, TensorRef
+from unsafe_doctor.tracebacks import Frame
+
+
+@dataclass(frozen=True)
+class Verdict:
+    scenario: Literal[1, 2] | None
+    rule: str | None
+    fix_function: str | None  # where `fix` writes the rule's code: the rollback or the receive function
+    heal: str | None  # scenario 1: the rule's fix with its imports, runnable in this process
+
+
+NO_RULE = Verdict(None, None, None, None)
+
+
+def verdicts(
+    holders: Mapping[Holder, Sequence[Holder]], caches: Iterable[Holder], rules: Sequence[Path]
+) -> dict[Holder, Verdict]:
+    """Each holder's verdict, from the first of it and its aliases (the same object under other names) a rule names."""
+    cached = set(caches)
+    context = groundwork(rules).detect([_frame(holder) for holder in holders if holder.module])
+    found = {}
+    for holder, aliases in holders.items():
+        for name in (holder, *aliases):
+            classified = _by_rule(name, name in cached or holder in cached, context)
+            if classified is not None:
+                found[holder] = _verdict(classified)
+                break
+        else:
+            found[holder] = NO_RULE
+    return found
+
+
+def heal(verdict: Verdict) -> str | None:
+    """Run the rule's fix; None when it ran, else why not (an error the fix raised)."""
+    if verdict.heal is None:
+        return "no scenario-1 rule fix to run"
+    namespace = {"__name__": "unsafe_doctor.sentinel.heal"}
+    try:
+        exec(compile(verdict.heal, f"<unsafe-doctor heal: {verdict.rule}>", "exec"), namespace)  # noqa: S102 (shipped rule code)
+    except Exception as error:  # the rule's code met a state it does not expect: report, never break the recovery
+        return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+    return None
+
+
+def _by_rule(holder: Holder, cached: bool, context: RunContext) -> Classified | None:
+    if holder.module is None:
+        return None
+    expression = f"{holder.owner}.{holder.variable}" if holder.owner else holder.variable
+    tensor = TensorRef(expression, holder.variable, holder.module, holder.owner, cached)
+    frame = _frame(holder)
+    return classify_by_rule(Subject(tensor, frame, frame.file), context, guarded=False)
+
+
+def _frame(holder: Holder) -> Frame:
+    module = sys.modules.get(holder.module or "")
+    return Frame(getattr(module, "__file__", None) or "<unknown>", None, "<module>", None)
+
+
+def _verdict(classified: Classified) -> Verdict:
+    fix = classified.fix
+    if not isinstance(fix, FixPlan):
+        return Verdict(classified.scenario, classified.rule, None, None)
+    heal_code = None
+    if classified.scenario == 1:
+        heal_code = "\n".join(fix.imports) + "\n" + textwrap.dedent(fix.code)
+    return Verdict(classified.scenario, classified.rule, fix.function, heal_code)
