@@ -11,7 +11,7 @@ import ast
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -53,6 +53,7 @@ class Verification:
     seconds: float
     phase_seconds: dict[str, float]  # "unpatched build" -> slowest rank's time
     notes: tuple[str, ...]
+    sentinel: dict[str, tuple[str, ...]] = field(default_factory=dict)  # run -> globals the sentinel named after its rollback
 
     @property
     def exit_code(self) -> int:
@@ -211,7 +212,8 @@ def judge(plan: ReplayPlan, skipped: tuple[str, ...], results: list[RankResult],
         for phase in faulty.run(run).seconds:
             phase_seconds[f"{run} {phase}"] = max(result.run(run).seconds.get(phase, 0.0) for result in results)
     return Verification(verdicts, skipped, faulty.backend, transport, plan.mode, plan.world_size, plan.faulty,
-                        plan.replica, seconds, phase_seconds, (*plan.notes, *faulty.notes))
+                        plan.replica, seconds, phase_seconds, (*plan.notes, *faulty.notes),
+                        {run: names for run in RUNS if (names := faulty.run(run).sentinel) is not None})
 
 
 def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Verdict:

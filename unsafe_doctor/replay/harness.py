@@ -46,6 +46,7 @@ from unsafe_doctor.replay.plan import RUNS, ReplayPlan
 from unsafe_doctor.replay.probes import NO_TRAIN_ARGS, Probe, ProbeError, make_probe
 from unsafe_doctor.replay.reachable import reachable_tensors
 from unsafe_doctor.replay.results import FailureKind, FixFailure, Milestone, RankResult, RunResult, StepOutcome
+from unsafe_doctor.sentinel import FRAMEWORK_PACKAGES, examine
 
 if TYPE_CHECKING:
     from unsafe_doctor.knowledge import ParameterRole
@@ -96,6 +97,7 @@ class _Run:
         self.equal: dict[str, bool] = {}
         self.seconds: dict[str, float] = {}
         self.adaptor_unavailable: str | None = None
+        self.sentinel: tuple[str, ...] | None = None  # faulty rank: the globals the sentinel names after the rollback
         self.probes: dict[str, Probe] = {}
         self.group: dist.ProcessGroup | None = None  # the repair group, on the faulty and the replica rank
         self.at_fault: dict[str, list[bytes]] | None = None  # on the replica: each global's bytes at the fault
@@ -108,10 +110,11 @@ class _Run:
             self._phase("repair", self._repair)
             self._phase("rollback", lambda: self._call("rollback"))
             if self.adaptor_unavailable is None:  # else nothing recovered, on any rank (all import it alike): no step
+                self._phase("sentinel", self._sentinel)
                 self._phase("check", self._check)
                 self._phase("resume", self._resume)
         return RunResult(self.built, self.not_modelled, tuple(self.fix_failures), self.resume, self.unsafe_left,
-                         self.equal, self.seconds, self.adaptor_unavailable)
+                         self.equal, self.seconds, self.adaptor_unavailable, self.sentinel)
 
     def _phase(self, name: str, action: Callable[[], None]) -> None:
         role = self._role(name)
@@ -170,6 +173,16 @@ class _Run:
             return
         self.group = dist.new_group(pair, timeout=datetime.timedelta(seconds=self.plan.timeout), use_local_synchronization=True)
         self._call("send" if self.rank == self.plan.replica else "recv")
+
+    def _sentinel(self) -> None:
+        """On the faulty rank, where the rollback ends: what the sentinel names still unsafe, walking the
+        framework's and the targets' packages from ``train_args`` as an installed sentinel would."""
+        if self.rank != self.plan.faulty:
+            return
+        packages = {*FRAMEWORK_PACKAGES, *(target.module.partition(".")[0] for target in self.plan.targets)}
+        roots = [item for item in self._train_args() if item is not None]
+        report = examine(*roots, packages=packages, backend=self.backend)
+        self.sentinel = tuple(item.dotted for item in report.unsafe)
 
     def _check(self) -> None:
         """On the faulty rank: what is still unsafe, and (scenario 2) whether each global holds the

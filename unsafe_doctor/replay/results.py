@@ -48,6 +48,7 @@ class RunResult:
     equal: dict[str, bool] = field(default_factory=dict)  # faulty rank, scenario 2: bytes equal the replica's
     seconds: dict[str, float] = field(default_factory=dict)  # phase -> wall time
     adaptor_unavailable: str | None = None  # adaptor mode: why the adaptor's files could not be imported
+    sentinel: tuple[str, ...] | None = None  # faulty rank: globals the sentinel names unsafe after the rollback
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunResult:
@@ -60,6 +61,7 @@ class RunResult:
             equal=data["equal"],
             seconds=data["seconds"],
             adaptor_unavailable=data["adaptor_unavailable"],
+            sentinel=None if data.get("sentinel") is None else tuple(data["sentinel"]),
         )
 
 

@@ -45,6 +45,7 @@ def to_json(verification: Verification) -> dict[str, Any]:
         ],
         "skipped": list(verification.skipped),
         "notes": list(verification.notes),
+        "sentinel": {run: list(names) for run, names in verification.sentinel.items()},
     }
 
 
@@ -69,6 +70,9 @@ def to_text(verification: Verification, write_fix: NextStep | None = None) -> Re
             grid.add_row("", Text(printable(problem), style=style))
         heading = title(f"{verdict.outcome.upper()} · {verdict.target.label} · scenario {verdict.target.scenario}")
         parts.append(Panel(grid, title=heading, title_align="left", border_style=style))
+    for run, names in verification.sentinel.items():
+        named = ", ".join(names) if names else "nothing"
+        parts.append(Text(f"sentinel after the {run} rollback (rank {verification.faulty}): {printable(named)}", style="dim"))
     for line in (*verification.skipped, *verification.notes):
         parts.append(Text(f"note: {printable(line)}", style="dim"))
     parts.append(Text(footer, style="dim"))

@@ -31,7 +31,7 @@ from unsafe_doctor.sentinel import verdict
 from unsafe_doctor.sentinel.walk import Holder, Limits, Walk, walk
 from unsafe_doctor.sentinel_log import MODES, Mode, Record, Summary, UnenumerableCache, UnsafeGlobal, format_line
 
-__all__ = ["FRAMEWORK_PACKAGES", "Limits", "SentinelReport", "UnsafeStateError", "check", "inspect"]
+__all__ = ["FRAMEWORK_PACKAGES", "Limits", "SentinelReport", "UnsafeStateError", "check", "examine"]
 
 FRAMEWORK_PACKAGES = ("megatron", "mindspeed", "mindspeed_llm", "modellink")
 DEFAULT_LIMITS = Limits()
@@ -86,7 +86,7 @@ def check(
     """
     if packages is None:
         packages = (*FRAMEWORK_PACKAGES, sys._getframe(1).f_globals.get("__name__", "").partition(".")[0])
-    report = inspect(*roots, mode=mode, packages=packages, rules=rules, limits=limits, backend=backend)
+    report = examine(*roots, mode=mode, packages=packages, rules=rules, limits=limits, backend=backend)
     for line in report.lines():
         logger.warning(line)
     if mode != "report" and report.still_unsafe:
@@ -94,7 +94,7 @@ def check(
     return report
 
 
-def inspect(
+def examine(
     *roots: object,
     mode: Mode = "report",
     packages: Iterable[str] = FRAMEWORK_PACKAGES,
