@@ -110,6 +110,8 @@ def test_scenario_2_fix_is_proven_bit_identical_to_the_replica(toytrain):
     assert verdict.outcome == "proven", verdict.problems
     assert verdict.patched == "recovery clean, tensor bit-identical to replica rank 3"
     assert result.exit_code == 0
+    # the sentinel, run where the rollback ends, names the global the held-back fix repairs, then nothing
+    assert result.sentinel == {"unpatched": ("toytrain.state._EMA_GRAD_NORM",), "patched": ()}
 
 
 def test_scenario_1_fix_is_proven_with_nothing_unsafe_left(toytrain, loss_log):
@@ -120,6 +122,7 @@ def test_scenario_1_fix_is_proven_with_nothing_unsafe_left(toytrain, loss_log):
     assert (verdict.target.label, verdict.target.scenario) == ("toytrain.state.LOSS_LOG", 1)
     assert verdict.outcome == "proven", verdict.problems
     assert "no unsafe tensor left in toytrain.state.LOSS_LOG" in verdict.patched
+    assert result.sentinel == {"unpatched": ("toytrain.state.LOSS_LOG",), "patched": ()}
 
 
 def test_megatron_tracker_fix_is_proven_against_real_megatron_core(in_tree):
@@ -417,7 +420,10 @@ def test_router_expert_bias_fix_is_proven_against_real_megatron_core(in_tree, ro
     assert red.verdicts[0].outcome == "no-fix"
     assert re.search(r"on rank 3 at \S+/megatron/core/transformer/moe/\w+\.py:\d+$", red.verdicts[0].unpatched)
     write_fix(router_expert_bias_log, adaptor, [in_tree])
-    [verdict] = replay(router_expert_bias_log, adaptor, [in_tree]).verdicts
+    result = replay(router_expert_bias_log, adaptor, [in_tree])
+    [verdict] = result.verdicts
     assert (verdict.target.rule, verdict.target.scenario) == ("megatron.router-expert-bias", 2)
     assert verdict.outcome == "proven", verdict.problems
     assert verdict.patched == "recovery clean, tensor bit-identical to replica rank 1"
+    # no false alarm on megatron-core's own globals, the model's parameters or the optimizer's state
+    assert result.sentinel == {"unpatched": ("megatron.core.transformer.moe.router.TopKRouter.expert_bias",), "patched": ()}

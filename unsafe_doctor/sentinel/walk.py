@@ -130,9 +130,10 @@ class _Walker:
 
     def roots(self, roots: Sequence[object]) -> None:
         # models first: their parameters' names make optimizer state readable
-        ordered = sorted(enumerate(roots), key=lambda item: not issubclass(type(item[1]), nn.Module))
-        for index, root in ordered:
-            self.visit(root, _root_name(root, index, len(roots)), None, 0)
+        names = _root_names(roots)
+        ordered = sorted(range(len(roots)), key=lambda index: not issubclass(type(roots[index]), nn.Module))
+        for index in ordered:
+            self.visit(roots[index], names[index], None, 0)
 
     def packages(self, packages: frozenset[str]) -> None:
         for name, module in package_modules(packages):
@@ -265,10 +266,15 @@ class _Walker:
             yield item
 
 
-def _root_name(root: object, index: int, count: int) -> str:
+def _root_names(roots: Sequence[object]) -> list[str]:
+    """``model``, ``optimizer``, ``train_args``; numbered (``model#1``) only where a kind comes twice."""
+    kinds = [_root_kind(root) for root in roots]
+    return [kind if kinds.count(kind) == 1 else f"{kind}#{index}" for index, kind in enumerate(kinds)]
+
+
+def _root_kind(root: object) -> str:
     kind = type(root)
-    name = "model" if issubclass(kind, nn.Module) else "optimizer" if issubclass(kind, torch.optim.Optimizer) else "train_args"
-    return name if count == 1 else f"{name}#{index}"
+    return "model" if issubclass(kind, nn.Module) else "optimizer" if issubclass(kind, torch.optim.Optimizer) else "train_args"
 
 
 def _key_text(key: object, limit: int = 80) -> str:
