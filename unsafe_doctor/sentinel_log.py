@@ -49,24 +49,6 @@ class UnsafeGlobal:
 
 
 @dataclass(frozen=True)
-class UnenumerableCache:
-    """An lru cache with entries: its values cannot be listed, so it is reported as a cache to clear."""
-
-    rank: int | None
-    backend: str
-    module: str | None
-    owner: str | None
-    variable: str  # the cached function's name
-    entries: int
-    rule: str | None
-    event: Literal["cache"] = "cache"
-
-    @property
-    def dotted(self) -> str:
-        return ".".join(part for part in (self.module, self.owner, self.variable) if part)
-
-
-@dataclass(frozen=True)
 class Summary:
     """One per check: what was walked and checked, and whether the walk stopped early."""
 
@@ -76,18 +58,13 @@ class Summary:
     tensors_checked: int
     unsafe_tensors: int
     unsafe_globals: int
-    caches: int
     seconds: float
     stopped_early: str | None  # why the walk stopped before the end (a budget), or None
     event: Literal["summary"] = "summary"
 
 
-Record = UnsafeGlobal | UnenumerableCache | Summary
-_KINDS: dict[str, type[UnsafeGlobal] | type[UnenumerableCache] | type[Summary]] = {
-    "unsafe": UnsafeGlobal,
-    "cache": UnenumerableCache,
-    "summary": Summary,
-}
+Record = UnsafeGlobal | Summary
+_KINDS: dict[str, type[UnsafeGlobal] | type[Summary]] = {"unsafe": UnsafeGlobal, "summary": Summary}
 
 
 def format_line(record: Record) -> str:
@@ -130,9 +107,7 @@ def _well_typed(record: Record) -> bool:
     if isinstance(record, Summary):
         return isinstance(record.tensors_checked, int) and isinstance(record.unsafe_globals, int)
     names_ok = isinstance(record.variable, str) and all(isinstance(part, str | None) for part in (record.module, record.owner))
-    if isinstance(record, UnsafeGlobal):
-        return names_ok and record.scenario in (1, 2, None) and all(isinstance(path, str) for path in record.paths)
-    return names_ok
+    return names_ok and record.scenario in (1, 2, None) and all(isinstance(path, str) for path in record.paths)
 
 
 def _words(record: Record) -> str:
@@ -146,9 +121,6 @@ def _words(record: Record) -> str:
             f"{where}: {verdict}; {_counted(record.tensors_checked, 'tensor')} checked in {record.seconds:.2f} s "
             f"({record.backend} backend, mode {record.mode}){early}"
         )
-    if isinstance(record, UnenumerableCache):
-        entries = f"{record.entries} entries it cannot list"
-        return f"{where}: lru cache {record.dotted} holds {entries}: clear it ({record.backend} backend)"
     state = "healed" if record.healed else "unsafe"
     scenario = f", scenario {record.scenario}" if record.scenario else ", no rule"
     tensors = _counted(record.tensors, "tensor")

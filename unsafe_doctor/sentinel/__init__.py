@@ -29,7 +29,7 @@ import torch.distributed as dist
 from unsafe_doctor.replay.backend import UnsafeBackend, active_emulation, npu_unavailable_reason, select_backend
 from unsafe_doctor.sentinel import verdict
 from unsafe_doctor.sentinel.walk import Holder, Limits, Walk, walk
-from unsafe_doctor.sentinel_log import MODES, Mode, Record, Summary, UnenumerableCache, UnsafeGlobal, format_line
+from unsafe_doctor.sentinel_log import MODES, Mode, Record, Summary, UnsafeGlobal, format_line
 
 __all__ = ["FRAMEWORK_PACKAGES", "Limits", "SentinelReport", "UnsafeStateError", "check", "examine"]
 
@@ -43,14 +43,13 @@ logger = logging.getLogger(__name__)
 class SentinelReport:
     summary: Summary
     unsafe: tuple[UnsafeGlobal, ...]  # healed ones included, with healed=True
-    caches: tuple[UnenumerableCache, ...]
 
     @property
     def still_unsafe(self) -> tuple[UnsafeGlobal, ...]:
         return tuple(item for item in self.unsafe if not item.healed)
 
     def lines(self) -> list[str]:
-        records: list[Record] = [*self.unsafe, *self.caches, self.summary]
+        records: list[Record] = [*self.unsafe, self.summary]
         return [format_line(record) for record in records]
 
 
@@ -110,7 +109,7 @@ def examine(
     chosen, why_none = (backend, None) if backend is not None else _backend()
     if chosen is None:
         seconds = time.perf_counter() - started
-        return SentinelReport(Summary(rank, "none", mode, 0, 0, 0, 0, seconds, f"nothing checked: {why_none}"), (), ())
+        return SentinelReport(Summary(rank, "none", mode, 0, 0, 0, seconds, f"nothing checked: {why_none}"), ())
     wanted = frozenset(packages)
     report, judged = _report(walk(roots, wanted, limits), chosen, rank, mode, rules, started)
     if mode == "heal" and report.unsafe:
@@ -149,9 +148,8 @@ def _report(
             checked += 1
             if not backend.is_safe(item.tensor):
                 unsafe.setdefault(item.holder, []).append(item.path)
-    cached = [cache.holder for cache in found.caches]
-    asked = {**{holder: found.aliases.get(holder, []) for holder in unsafe}, **{holder: [] for holder in cached}}
-    judged = verdict.verdicts(asked, cached, rules) if asked else {}
+    asked = {holder: found.aliases.get(holder, []) for holder in unsafe}
+    judged = verdict.verdicts(asked, found.caches, rules) if asked else {}
     globals_ = tuple(
         UnsafeGlobal(
             rank, backend.name, holder.module, holder.owner, holder.variable, len(paths), tuple(paths[:PATHS_PER_GLOBAL]),
@@ -159,15 +157,10 @@ def _report(
         )
         for holder, paths in unsafe.items()
     )
-    caches = tuple(
-        UnenumerableCache(rank, backend.name, holder.module, holder.owner, holder.variable, cache.entries, judged[holder].rule)
-        for cache in found.caches
-        for holder in [cache.holder]
-    )
     seconds = round(time.perf_counter() - started, 3)
     unsafe_tensors = sum(map(len, unsafe.values()))
-    summary = Summary(rank, backend.name, mode, checked, unsafe_tensors, len(globals_), len(caches), seconds, found.stopped_early)
-    return SentinelReport(summary, globals_, caches), judged
+    summary = Summary(rank, backend.name, mode, checked, unsafe_tensors, len(globals_), seconds, found.stopped_early)
+    return SentinelReport(summary, globals_), judged
 
 
 def _after_heal(before: SentinelReport, after: SentinelReport, errors: dict[Holder, str | None]) -> SentinelReport:
@@ -181,7 +174,7 @@ def _after_heal(before: SentinelReport, after: SentinelReport, errors: dict[Hold
             item = replace(item, healed=error is None, heal_error=error)
         unsafe.append(item)
     summary = replace(after.summary, unsafe_globals=len(still), unsafe_tensors=sum(item.tensors for item in after.unsafe))
-    return SentinelReport(summary, tuple(unsafe), after.caches)
+    return SentinelReport(summary, tuple(unsafe))
 
 
 def _holder(record: UnsafeGlobal) -> Holder:

@@ -16,6 +16,7 @@ says where it stopped early.
 from __future__ import annotations
 
 import functools
+import gc
 import sys
 import time
 import types
@@ -64,15 +65,6 @@ class Found:
 
 
 @dataclass(frozen=True, slots=True)
-class Cache:
-    """An lru-cached function with entries: Python does not let anyone list its values."""
-
-    holder: Holder
-    entries: int
-    function: Any  # the lru cache wrapper, so that heal can clear it
-
-
-@dataclass(frozen=True, slots=True)
 class Limits:
     seconds: float = 5.0  # the whole walk
     depth: int = 12  # levels below a global or an object attribute
@@ -83,7 +75,7 @@ class Limits:
 @dataclass
 class Walk:
     tensors: list[Found] = field(default_factory=list)
-    caches: list[Cache] = field(default_factory=list)
+    caches: set[Holder] = field(default_factory=set)  # holders that are lru-cached functions: their results were walked
     aliases: dict[Holder, list[Holder]] = field(default_factory=dict)  # other globals bound to the same object
     objects: int = 0
     stopped_early: str | None = None
@@ -167,9 +159,12 @@ class _Walker:
                 self.visit(value, f"{module}.{cls.__qualname__}.{attribute}", holder, 0)
 
     def cache(self, function: Any, holder: Holder) -> None:
-        entries = function.cache_info().currsize
-        if entries:
-            self.result.caches.append(Cache(holder, entries, function))
+        """An lru cache's keys and results, which Python does not list: CPython's wrapper hands them
+        to the garbage collector (``gc.get_referents``), so they are checked like any other state."""
+        self.result.caches.add(holder)
+        referents = [item for item in gc.get_referents(function) if not issubclass(type(item), (*_LEAVES, *_CODE))]
+        for index, item in enumerate(referents):
+            self.visit(item, f"{holder.dotted}(…)[{index}]", holder, 1)
 
     # --- the walk ----------------------------------------------------------------------------
 
