@@ -1,6 +1,6 @@
 """The sentinel in a real process: a package of real files on sys.path holding the kinds of state a
 framework keeps (module globals, a singleton with a keyed buffer, class attributes, containers, an
-lru cache), a real model and optimizer, an emulated fault and the recovery an adaptor usually does
+lru-cached function), a real model and optimizer, an emulated fault and the recovery an adaptor usually does
 (parameters and optimizer state refreshed). The sentinel must name exactly what the recovery left
 unsafe, by readable paths, and report, raise or heal as asked. The npu backend's test runs where
 torch_npu sees an NPU."""
@@ -92,6 +92,16 @@ rules:
       code: |
         state.SCRATCH.buffer["broken"].add_(1)
     reason: a fix that fails, for the test
+  - id: sentinelpkg.causal-mask
+    title: the cached mask
+    match: {variable: causal_mask, module: sentinelpkg.state}
+    scenario: 1
+    phase: rollback
+    fix:
+      imports: [from sentinelpkg import state]
+      code: |
+        state.causal_mask.cache_clear()
+    reason: rebuilt on the next call
   - id: sentinelpkg.ema
     title: the running average
     match: {variable: EMA, module: sentinelpkg.state}
@@ -113,6 +123,7 @@ EXPECTED = {
     "sentinelpkg.state.LIMITS": ["sentinelpkg.state.LIMITS[0]"],
     "sentinelpkg.state.SCRATCH": ["sentinelpkg.state.SCRATCH.buffer[('mpu', torch.bfloat16)]"],
     "sentinelpkg.state.Tracker.totals": ["sentinelpkg.state.Tracker.totals['aux'][0]", "sentinelpkg.state.Tracker.totals['aux'][1]"],
+    "sentinelpkg.state.causal_mask": ["sentinelpkg.state.causal_mask(…)[0]"],
 }
 
 
@@ -176,7 +187,7 @@ def test_names_exactly_what_the_recovery_left_unsafe_by_readable_paths(package, 
         report = examine(model, optimizer, packages=["sentinelpkg"], backend=backend)
     assert named(report) == EXPECTED
     assert report.summary.backend == "emulated"
-    assert report.summary.unsafe_tensors == 7 and report.summary.unsafe_globals == 6
+    assert report.summary.unsafe_tensors == 8 and report.summary.unsafe_globals == 7
     assert report.summary.stopped_early is None
 
 
@@ -202,15 +213,16 @@ def test_an_unrepaired_model_buffer_is_held_by_its_module_class_and_attribute(tr
     assert named(report) == {"torch.nn.modules.batchnorm.BatchNorm1d.running_mean": ["model.1.running_mean"]}
 
 
-def test_a_non_empty_lru_cache_is_reported_as_a_cache_to_clear(package):
+def test_an_lru_caches_results_are_checked_and_named_by_the_cached_function(package, rules):
+    """Python does not list an lru cache's values; the garbage collector does, so they are checked,
+    and heal clears the cache through its rule."""
     backend = EmulatedBackend()
     with backend.activate():
+        backend.mark_unsafe(package.causal_mask(4))
         report = examine(packages=["sentinelpkg"], backend=backend)
-    [cache] = report.caches
-    assert (cache.dotted, cache.entries) == ("sentinelpkg.state.causal_mask", 1)
-    package.causal_mask.cache_clear()
-    with backend.activate():
-        assert examine(packages=["sentinelpkg"], backend=backend).caches == ()
+        assert named(report) == {"sentinelpkg.state.causal_mask": ["sentinelpkg.state.causal_mask(…)[0]"]}
+        package.causal_mask.cache_clear()
+        assert examine(packages=["sentinelpkg"], backend=backend).unsafe == ()
 
 
 def test_the_standard_library_and_torch_are_never_walked(package):
@@ -246,7 +258,7 @@ def test_check_logs_one_line_per_record_that_diagnose_can_read_back(package, tra
         fault_and_recover(backend, model, optimizer, package)
         report = check(model, optimizer, packages=["sentinelpkg"], rules=[rules], backend=backend)
     records = [parse_line(record.getMessage()) for record in caplog.records]
-    assert records == [*report.unsafe, *report.caches, report.summary]
+    assert records == [*report.unsafe, report.summary]
     by_name = {item.dotted: item for item in report.unsafe}
     assert (by_name["sentinelpkg.state.LOSS_LOG"].scenario, by_name["sentinelpkg.state.LOSS_LOG"].rule) == (1, "sentinelpkg.loss-log")
     assert by_name["sentinelpkg.state.EMA"].scenario == 2
@@ -274,7 +286,7 @@ def test_raise_mode_stops_the_recovery_naming_every_unsafe_global(package, train
         fault_and_recover(backend, model, optimizer, package)
         check(model, optimizer, mode="raise", packages=["sentinelpkg"], backend=backend)
     message = str(raised.value)
-    assert message.startswith("unsafe-doctor sentinel: the recovery left 6 global(s) unsafe on this process (emulated backend): ")
+    assert message.startswith("unsafe-doctor sentinel: the recovery left 7 global(s) unsafe on this process (emulated backend): ")
     assert all(name in message for name in EXPECTED)
     assert "There is unsafe data" not in message  # not to be read as the error it prevents
 
@@ -298,6 +310,7 @@ def test_heal_runs_scenario_1_rule_fixes_in_place_and_never_scenario_2(package, 
         assert package.LOSS_LOG["lm"] is not old_entry and backend.is_safe(package.LOSS_LOG["lm"])
     by_name = {item.dotted: item for item in report.unsafe}
     assert by_name["sentinelpkg.state.LOSS_LOG"].healed
+    assert by_name["sentinelpkg.state.causal_mask"].healed and package.causal_mask.cache_info().currsize == 0
     assert not by_name["sentinelpkg.state.EMA"].healed and by_name["sentinelpkg.state.EMA"].heal_error is None  # scenario 2
     assert by_name["sentinelpkg.state.SCRATCH"].heal_error == "KeyError: 'broken'"  # the rule's code failed: said, not raised
     assert "LOSS_LOG" not in str(raised.value) and "sentinelpkg.state.EMA" in str(raised.value)
