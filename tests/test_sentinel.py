@@ -342,3 +342,17 @@ def test_npu_backend_names_what_torch_npu_marks_unsafe(package):  # pragma: no c
     report = examine(packages=["sentinelpkg"], backend=backend)
     assert report.summary.backend == "npu"
     assert "sentinelpkg.state.EMA" in named(report) and "sentinelpkg.state.LOSS_LOG" not in named(report)
+
+
+def test_the_walk_reads_no_tensor_data_even_with_the_check_on(package):
+    """Printing a key that holds a tensor would read it: unsafe, that raises. Keys are named without it."""
+    key_tensor = torch.arange(3)
+    package.LOSS_LOG[("lm", key_tensor)] = torch.zeros(())
+    backend = EmulatedBackend()
+    with backend.activate():
+        backend.mark_all_unsafe()
+        backend.set_check(True)
+        report = examine(packages=["sentinelpkg"], backend=backend)
+    paths = named(report)["sentinelpkg.state.LOSS_LOG"]
+    assert "sentinelpkg.state.LOSS_LOG[('lm', <Tensor>)]" in paths
+    assert "sentinelpkg.state.LOSS_LOG.keys()[('lm', <Tensor>)][1]" in paths

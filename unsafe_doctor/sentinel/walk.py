@@ -273,8 +273,17 @@ def _root_kind(root: object) -> str:
 
 
 def _key_text(key: object, limit: int = 80) -> str:
-    text = repr(key) if issubclass(type(key), (*_LEAVES, tuple)) else f"<{type(key).__name__}>"
+    """A dict key as a person reads it, without ever printing a tensor (that reads its data)."""
+    text = _plain(key)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _plain(key: object) -> str:
+    kind = type(key)
+    if issubclass(kind, tuple) and kind is tuple:
+        items = [_plain(item) for item in key]  # type: ignore[attr-defined]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    return repr(key) if issubclass(kind, _LEAVES) else f"<{kind.__name__}>"
 
 
 def _is_standard_library(kind: type) -> bool:
