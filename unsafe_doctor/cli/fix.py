@@ -75,7 +75,7 @@ def command(
         show_plan(plan, findings, revert)
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
     if text:
-        options = [*(("--revert",) if revert else ()), *_repeated("--function", function), *_repeated("--parameter", parameter)]
+        options = [*(("--revert",) if revert else ()), *repeated("--function", function), *repeated("--parameter", parameter)]
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         apply = invocation.command("fix", environment.adaptor, *options, "--yes", log=not revert)
         tell_outcome(plan, written, dry_run, interactive, apply)
@@ -111,5 +111,5 @@ def tell_outcome(
         say(line)
 
 
-def _repeated(option: str, values: list[str] | None) -> list[str]:
+def repeated(option: str, values: list[str] | None) -> list[str]:
     return [word for value in values or () for word in (option, value)]
