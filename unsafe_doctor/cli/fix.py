@@ -1,4 +1,4 @@
-"""`unsafe-doctor fix`: each finding's fix written into the recovery adaptor, diff first; or every block taken out."""
+"""`unsafe-doctor fix`: each finding's fix written into the recovery adaptor, diff first; or every fix block taken out."""
 
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ def command(
     function: FunctionOption = None,
     parameter: ParameterOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the diff; write nothing.")] = False,
-    revert: Annotated[bool, typer.Option("--revert", help="Remove every block unsafe-doctor wrote into the adaptor.")] = False,
+    revert: Annotated[
+        bool, typer.Option("--revert", help="Remove every fix block unsafe-doctor wrote into the adaptor (not the sentinel's).")
+    ] = False,
     yes: YesOption = False,
     no_input: NoInputOption = False,
     source_root: SourceRootOption = None,
@@ -58,7 +60,7 @@ def command(
     paths: list[str] = []
     if revert:
         if logs:
-            raise UsageError("--revert takes no logs: it removes every unsafe-doctor block from the adaptor")
+            raise UsageError("--revert takes no logs: it removes every unsafe-doctor fix block from the adaptor")
         environment = setup.detect(adaptor=adaptor).environment
         plan = fixes.plan_revert(environment)
         findings = 0
