@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from terminal import at_terminal
 
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
@@ -154,6 +155,15 @@ def test_the_train_args_parameter_is_passed_and_each_mode_written(tmp_path):
         assert not any(NO_TRAIN_ARGS in note for note in plan.notes)
     with pytest.raises(UsageError, match="sentinel mode 'loud': one of report, raise, heal"):
         sentinel_plan(adaptor, "loud")
+
+
+def test_one_sentinel_per_adaptor_whichever_function_is_asked(tmp_path):
+    adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
+    apply(sentinel_plan(adaptor))
+    elsewhere = sentinel_plan(adaptor, "raise", functions="rollback=rollback_callback")
+    assert elsewhere.edits == ()
+    assert elsewhere.present == (f"{adaptor}: {SENTINEL_KEY} already in feature_rollback()",)
+    assert elsewhere.notes == ("to write another mode or move it: sentinel install --revert, then install again",)
 
 
 def test_a_train_args_parameter_by_another_name_is_passed(tmp_path):
@@ -305,3 +315,14 @@ def test_cli_refusals_are_one_line_and_exit_2(tmp_path):
         assert result.stderr.count("\n") == 1 and fragment in result.stderr, result.stderr
         assert result.stdout == ""
     assert adaptor.read_bytes() == (TOYTRAIN / "recovery.py").read_bytes()
+
+
+def test_cli_asks_at_a_terminal(tmp_path):
+    adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
+    before = adaptor.read_bytes()
+    code, screen = at_terminal(["sentinel", "install", "--adaptor", str(adaptor)], answers=[(b"Apply? [y/N]: ", b"n\n")])
+    assert code == 1 and "_ud_sentinel_check(mode=" in screen
+    assert adaptor.read_bytes() == before
+    code, screen = at_terminal(["sentinel", "install", "--adaptor", str(adaptor)], answers=[(b"Apply? [y/N]: ", b"y\n")])
+    assert code == 0 and f"(backup: {adaptor}{BACKUP_SUFFIX})" in screen
+    assert markers(adaptor.read_bytes()) == [SENTINEL_KEY]

@@ -337,15 +337,20 @@ def read_adaptor(environment: Environment) -> tuple[AdaptorFile, ...]:
     return tuple(files)
 
 
+def enclosing_function(source: AdaptorSource, line: int) -> AdaptorFunction | None:
+    """The innermost function whose lines hold `line` (1-based); None outside every function."""
+    holders = [function for function in source.functions if function.first_line <= line <= function.last_line]
+    return max(holders, key=lambda function: function.first_line, default=None)
+
+
 def _marked_blocks(source: AdaptorSource) -> Iterable[MarkedBlock]:
     texts = [line.decode(source.encoding).rstrip("\r\n") for line in source.lines]
     for span in block_spans(source):
         if span.key == SENTINEL_KEY:
             continue
-        holders = [function for function in source.functions if function.first_line <= span.begin + 1 <= function.last_line]
-        if not holders:
+        function = enclosing_function(source, span.begin + 1)
+        if function is None:
             raise UsageError(f"{source.shown}:{span.begin + 1}: block {span.key} is outside any function")
-        function = max(holders, key=lambda function: function.first_line)  # the innermost
         text = texts[span.begin]
         indent = text[: len(text) - len(text.lstrip())]
         lines = [line[len(indent):] if line.startswith(indent) else line.lstrip() for line in texts[span.begin : span.end + 1]]

@@ -20,9 +20,9 @@ training process, not here.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from unsafe_doctor.adaptor import AdaptorFunction, Role
+from unsafe_doctor.adaptor import AdaptorFunction, Role, adaptor_files, block_spans, enclosing_function, read_source
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import Plan, marked_block, plan_blocks, reserved_imports
 from unsafe_doctor.knowledge import AdaptorProfile, map_parameters, role_parameter
@@ -77,7 +77,19 @@ def plan_sentinel(
         raise UsageError(f"sentinel mode {mode!r}: one of {', '.join(MODES)}")
     profile = map_parameters(environment.profile, parameters or {})
     rollback = (functions or {}).get("rollback", profile.rollback)
-    plan = plan_blocks([SentinelRequest(rollback, mode)], environment, profile)
-    if plan.present:
-        return replace(plan, notes=(*plan.notes, "to write another mode: sentinel install --revert, then install again"))
-    return plan
+    installed = _installed(environment)
+    if installed is not None:  # one sentinel per adaptor, wherever it is: a second would check it all again
+        return Plan((), (installed,), (), ("to write another mode or move it: sentinel install --revert, then install again",))
+    return plan_blocks([SentinelRequest(rollback, mode)], environment, profile)
+
+
+def _installed(environment: Environment) -> str | None:
+    """Where the adaptor's files hold the sentinel's block already, as `fix.Plan.present` says it."""
+    for path in adaptor_files(environment):
+        source = read_source(path)
+        for span in block_spans(source):
+            if span.key == SENTINEL_KEY:
+                function = enclosing_function(source, span.begin + 1)
+                where = f"{function.name}()" if function else f"line {span.begin + 1}"
+                return f"{source.shown}: {SENTINEL_KEY} already in {where}"
+    return None
