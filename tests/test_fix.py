@@ -500,7 +500,7 @@ def test_mode_is_kept_and_the_backup_holds_the_original(tmp_path):
 def test_revert_without_blocks_changes_nothing(tmp_path):
     adaptor = toytrain_copy(tmp_path)
     plan = revert_plan(adaptor)
-    assert plan.edits == () and plan.notes == (f"{adaptor}: no unsafe-doctor blocks",)
+    assert plan.edits == () and plan.notes == (f"{adaptor}: no unsafe-doctor fix blocks",)
 
 
 def test_revert_refuses_a_block_without_its_end(tmp_path):

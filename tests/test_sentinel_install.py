@@ -128,6 +128,8 @@ def test_install_then_idempotent_then_revert_on_real_adaptors(case, tmp_path):
 
     revert(adaptor, sentinel=True)
     assert adaptor.read_bytes() == before
+    nothing = plan_revert(groundwork().detect(adaptor=adaptor).environment, sentinel=True)
+    assert nothing.edits == () and f"{adaptor}: no sentinel block" in nothing.notes
 
 
 def test_mindspeed_llms_rollback_callback_passes_its_train_args(tmp_path):
@@ -201,6 +203,7 @@ def test_the_sentinel_stays_last_whichever_comes_first_and_each_revert_takes_its
 
     revert(fix_first, sentinel=False)  # fix --revert: the fixes only
     assert markers(fix_first.read_bytes()) == [SENTINEL_KEY]
+    assert plan_revert(groundwork().detect(adaptor=fix_first).environment).notes == (f"{fix_first}: no unsafe-doctor fix blocks",)
     revert(fix_first, sentinel=True)
     assert fix_first.read_bytes() == before
     revert(sentinel_first, sentinel=True)  # sentinel install --revert: the sentinel only

@@ -667,7 +667,7 @@ def plan_revert(environment: Environment, *, sentinel: bool = False) -> Plan:
         source = read_source(path)
         removed = without_blocks(source, lambda key: (key == SENTINEL_KEY) is sentinel)
         if removed is None:
-            notes.append(f"{source.shown}: no {'sentinel block' if sentinel else 'unsafe-doctor blocks'}")
+            notes.append(f"{source.shown}: no {'sentinel block' if sentinel else 'unsafe-doctor fix blocks'}")
         else:
             edits.append(_checked_edit(source, *removed))
     return Plan(tuple(edits), (), (), tuple(notes))
