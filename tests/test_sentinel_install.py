@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -264,9 +265,11 @@ def test_verify_proves_a_fix_in_an_adaptor_that_also_holds_the_sentinel(tmp_path
 # --- the command line -------------------------------------------------------------------------------
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("UNSAFE_DOCTOR_")}
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "unsafe_doctor", "sentinel", "install", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120, stdin=subprocess.DEVNULL)
+                          text=True, cwd=cwd, env=environment, timeout=120, stdin=subprocess.DEVNULL)
 
 
 def test_cli_dry_run_unasked_yes_again_json_and_revert(tmp_path):
@@ -329,3 +332,15 @@ def test_cli_asks_at_a_terminal(tmp_path):
     code, screen = at_terminal(["sentinel", "install", "--adaptor", str(adaptor)], answers=[(b"Apply? [y/N]: ", b"y\n")])
     assert code == 0 and f"(backup: {adaptor}{BACKUP_SUFFIX})" in screen
     assert markers(adaptor.read_bytes()) == [SENTINEL_KEY]
+
+
+def test_cli_takes_the_adaptor_function_and_parameter_from_pyproject(tmp_path):
+    adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.unsafe-doctor]\nadaptor = "toytrain/recovery.py"\nfunctions = {rollback = "rollback_callback"}\n'
+        'parameters = {train_args = "ctx"}\n'
+    )
+    result = run("--dry-run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert '+    _ud_sentinel_check(ctx, mode="report")\n' in result.stdout
+    assert adaptor.read_bytes() == (TOYTRAIN / "recovery.py").read_bytes()
