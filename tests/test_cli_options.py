@@ -31,6 +31,7 @@ COMMANDS = {  # the README's column -> the words after `unsafe-doctor`
     "rules list": ["rules", "list"],
     "rules show": ["rules", "show"],
     "rules validate": ["rules", "validate"],
+    "sentinel install": ["sentinel", "install"],
 }
 
 

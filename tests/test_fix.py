@@ -218,6 +218,21 @@ def test_block_goes_before_a_trailing_return_and_its_comment(tmp_path, produced_
     assert plan.notes == ()
 
 
+def test_a_second_fix_into_a_function_goes_after_the_first_block(tmp_path, produced_logs):
+    """A later run's block goes after the end marker of a block already at the function's end, not
+    inside it (where the markers would nest and the file could no longer be reverted)."""
+    copy = copy_sample(next(case for case in CASES if case.name == "in-tree-layer-wise-tracker"), tmp_path)
+    adaptor = copy / f"{IN_TREE}/tft_rollback.py"
+    before = adaptor.read_bytes()
+    apply(plan_for([LOGS / "megatron_moe_tracker.log"], adaptor, source_roots=(copy,)))
+    apply(plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,)))
+    text = adaptor.read_text()
+    assert markers(text.encode()) == ["megatron.moe-layer-wise-tracker-moe-utils", "generic.reinitialise:toytrain.state.LOSS_LOG"]
+    assert "    # unsafe-doctor: end megatron.moe-layer-wise-tracker-moe-utils\n    # unsafe-doctor: begin generic." in text
+    apply(revert_plan(adaptor))
+    assert adaptor.read_bytes() == before
+
+
 def test_early_returns_are_reported(tmp_path, produced_logs):
     adaptor = custom_adaptor(tmp_path, '''\
         def feature_rollback(args=None):
@@ -485,7 +500,7 @@ def test_mode_is_kept_and_the_backup_holds_the_original(tmp_path):
 def test_revert_without_blocks_changes_nothing(tmp_path):
     adaptor = toytrain_copy(tmp_path)
     plan = revert_plan(adaptor)
-    assert plan.edits == () and plan.notes == (f"{adaptor}: no unsafe-doctor blocks",)
+    assert plan.edits == () and plan.notes == (f"{adaptor}: no unsafe-doctor fix blocks",)
 
 
 def test_revert_refuses_a_block_without_its_end(tmp_path):

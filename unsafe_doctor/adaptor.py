@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import tokenize
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -20,7 +20,7 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.markers import MARKER_BEGIN, MARKER_END
+from unsafe_doctor.markers import MARKER_BEGIN, MARKER_END, SENTINEL_KEY
 from unsafe_doctor.versions import Environment, profile_files
 
 Role = Literal["rollback", "send", "recv"]
@@ -272,9 +272,12 @@ def block_spans(source: AdaptorSource) -> list[BlockSpan]:
     return spans
 
 
-def without_blocks(source: AdaptorSource) -> tuple[bytes, tuple[str, ...]] | None:
-    """The file with every block taken out, and a line per block; None when it holds none."""
-    spans = block_spans(source)
+def without_blocks(
+    source: AdaptorSource, removes: Callable[[str], bool] = lambda key: True
+) -> tuple[bytes, tuple[str, ...]] | None:
+    """The file with every block whose key `removes` accepts taken out, and a line per block; None
+    when it holds none of them."""
+    spans = [span for span in block_spans(source) if removes(span.key)]
     if not spans:
         return None
     lines = list(source.lines)
@@ -304,23 +307,28 @@ class MarkedBlock:
 @dataclass(frozen=True)
 class AdaptorFile:
     path: Path
-    text: str  # as on disk
+    patched: str  # as on disk, less the sentinel's block
     unpatched: str  # with every unsafe-doctor block taken out
-    blocks: tuple[MarkedBlock, ...]
+    blocks: tuple[MarkedBlock, ...]  # the fix blocks (not the sentinel's)
     functions: frozenset[str]
 
 
 def read_adaptor(environment: Environment) -> tuple[AdaptorFile, ...]:
-    """The adaptor's files as written, with their marked blocks, and as they were before any fix."""
+    """The adaptor's files with their fix blocks, and as they were before any fix.
+
+    The sentinel's block is no fix: a replay proves the fixes without it (it would import the
+    sentinel into every rank and, in mode raise, stop the recovery on what the replay leaves)."""
     files = []
     for path in adaptor_files(environment):
         source = read_source(path)
         removed = without_blocks(source)
         unpatched = removed[0] if removed is not None else source.data
+        sentinel = without_blocks(source, lambda key: key == SENTINEL_KEY)
+        patched = sentinel[0] if sentinel is not None else source.data
         files.append(
             AdaptorFile(
                 path,
-                source.data.decode(source.encoding),
+                patched.decode(source.encoding),
                 unpatched.decode(source.encoding),
                 tuple(_marked_blocks(source)),
                 frozenset(function.name for function in source.functions),
@@ -329,13 +337,20 @@ def read_adaptor(environment: Environment) -> tuple[AdaptorFile, ...]:
     return tuple(files)
 
 
+def enclosing_function(source: AdaptorSource, line: int) -> AdaptorFunction | None:
+    """The innermost function whose lines hold `line` (1-based); None outside every function."""
+    holders = [function for function in source.functions if function.first_line <= line <= function.last_line]
+    return max(holders, key=lambda function: function.first_line, default=None)
+
+
 def _marked_blocks(source: AdaptorSource) -> Iterable[MarkedBlock]:
     texts = [line.decode(source.encoding).rstrip("\r\n") for line in source.lines]
     for span in block_spans(source):
-        holders = [function for function in source.functions if function.first_line <= span.begin + 1 <= function.last_line]
-        if not holders:
+        if span.key == SENTINEL_KEY:
+            continue
+        function = enclosing_function(source, span.begin + 1)
+        if function is None:
             raise UsageError(f"{source.shown}:{span.begin + 1}: block {span.key} is outside any function")
-        function = max(holders, key=lambda function: function.first_line)  # the innermost
         text = texts[span.begin]
         indent = text[: len(text) - len(text.lstrip())]
         lines = [line[len(indent):] if line.startswith(indent) else line.lstrip() for line in texts[span.begin : span.end + 1]]

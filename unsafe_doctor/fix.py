@@ -20,7 +20,8 @@ module name can shadow a builtin or a name the helper is passed.
 `<key>` is the rule id, or `<rule id>:<module>.<variable>` when the rule is not about one named
 variable, or `<template id>:<module>.<variable>` for the templates that heuristic verdicts use.
 A function that already holds a block with the same key is left alone; a revert removes exactly the
-marked lines.
+marked lines. The sentinel's block (`sentinel_install`) is planned by the same code: it stays the
+last block of its function, so a fix written later goes before it; `fix --revert` leaves it.
 
 Edits are spliced into the original bytes at line boundaries, so every other byte stays as it was
 (line endings, tabs, encoding); the result is parsed again and compiled before it may be written,
@@ -43,6 +44,7 @@ import textwrap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import libcst as cst
 from libcst.metadata import ImportAssignment, MetadataWrapper, Scope, ScopeProvider
@@ -57,6 +59,7 @@ from unsafe_doctor.adaptor import (
     AdaptorSource,
     Role,
     adaptor_files,
+    block_spans,
     read_source,
     shown_path,
     without_blocks,
@@ -78,6 +81,7 @@ from unsafe_doctor.knowledge import (
     map_parameters,
     role_parameter,
 )
+from unsafe_doctor.markers import SENTINEL_KEY
 from unsafe_doctor.subject import Subject
 from unsafe_doctor.versions import Environment
 
@@ -226,9 +230,36 @@ def plan_fix(
             notes.extend(f"finding {number}: {note}" for note in (*classification.notes, *existing))
     if not requests:
         return Plan((), (), tuple(outcomes), ())
+    blocks = plan_blocks(requests, environment, profile, group)
+    return replace(blocks, outcomes=tuple(outcomes), notes=tuple(dict.fromkeys((*notes, *blocks.notes))))
+
+
+class BlockRequest(Protocol):
+    """One block to write into one adaptor function: a fix's (`_Request`) or the sentinel's."""
+
+    @property
+    def key(self) -> str: ...  # marker key
+
+    @property
+    def role(self) -> Role: ...
+
+    @property
+    def function(self) -> str: ...  # the adaptor function's name
+
+    def block(self, function: AdaptorFunction, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
+        """The block's lines (markers included, indented for `function`) and notes on how it was adapted."""
+        ...
+
+
+def plan_blocks(
+    requests: Sequence[BlockRequest], environment: Environment, profile: AdaptorProfile, group: str | None = None
+) -> Plan:
+    """The edits that write each requested block into its adaptor function, once; a function that
+    holds the block already is named in `present`. Reads files, writes nothing."""
     adaptor = Adaptor(adaptor_files(environment))
-    insertions: dict[Path, list[tuple[AdaptorFunction, list[str], str]]] = {}
+    insertions: dict[Path, list[tuple[int, AdaptorFunction, list[str], str]]] = {}
     present: list[str] = []
+    notes: list[str] = []
     seen: set[tuple[Path, str, str]] = set()
     for request in requests:
         function = adaptor.function(request.function, request.role)
@@ -240,11 +271,12 @@ def plan_fix(
         if _has_block(source, function, request.key):
             present.append(f"{source.shown}: {request.key} already in {function.name}()")
             continue
-        lines, adapted = _block_lines(request, function, profile, group)
-        insertions.setdefault(function.path, []).append((function, lines, request.key))
+        lines, adapted = request.block(function, profile, group)
+        at = _insertion_point(source, function, request.key)
+        insertions.setdefault(function.path, []).append((at, function, lines, request.key))
         notes.extend((*adapted, *_early_return_notes(source, function)))
     edits = tuple(_insert(adaptor.source(path), items) for path, items in insertions.items())
-    return Plan(edits, tuple(present), tuple(outcomes), tuple(dict.fromkeys(notes)))
+    return Plan(edits, tuple(present), (), tuple(dict.fromkeys(notes)))
 
 
 def parameter_roles(specs: Iterable[str]) -> dict[str, list[str]]:
@@ -279,6 +311,8 @@ def function_overrides(specs: Iterable[str]) -> dict[Role, str]:
 
 @dataclass(frozen=True)
 class _Request:
+    """A finding's fix for one adaptor function."""
+
     key: str  # marker key
     role: Role
     function: str
@@ -286,6 +320,9 @@ class _Request:
     imports: tuple[str, ...]
     code: str
     scenario: int
+
+    def block(self, function: AdaptorFunction, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
+        return _block_lines(self, function, profile, group)
 
 
 def _check_log_names(subject: Subject) -> None:
@@ -365,7 +402,7 @@ def _block_lines(
                     f"{function.name}() builds its own repair group ({own_group}): the block uses it, "
                     f"not {profile.repair_group}",
                 )
-    imports, code = _reserved_imports(imports, code, request)
+    imports, code = reserved_imports(imports, code, request)
     read = _names_read("\n".join([*imports, code]))
     body = code.rstrip("\n").split("\n")
     if request.scenario == 2:
@@ -379,14 +416,14 @@ def _block_lines(
     helper = [f"def {HELPER}({', '.join(name for name, _ in pairs)}):"]
     helper += [INDENT + line for line in imports]
     helper += [INDENT + line if line.strip() else "" for line in body]
-    lines = [
-        MARKER_BEGIN + request.key,
-        f"# {request.comment}",
-        *helper,
-        f"{HELPER}({', '.join(value for _, value in pairs)})",
-        MARKER_END + request.key,
-    ]
-    return [_reindent(line, function) for line in lines], notes
+    helper.append(f"{HELPER}({', '.join(value for _, value in pairs)})")
+    return marked_block(request.key, request.comment, helper, function), notes
+
+
+def marked_block(key: str, comment: str, body: Sequence[str], function: AdaptorFunction) -> list[str]:
+    """`body` (template indentation) between the markers of `key`, after a comment, indented for `function`."""
+    lines = [MARKER_BEGIN + key, f"# {comment}", *body, MARKER_END + key]
+    return [_reindent(line, function) for line in lines]
 
 
 def _rank_loop(body: list[str], profile: AdaptorProfile, function: AdaptorFunction) -> tuple[list[str], list[tuple[str, str]]]:
@@ -429,7 +466,7 @@ def _check_parameters(
         )
 
 
-def _reserved_imports(imports: Sequence[str], code: str, request: _Request) -> tuple[tuple[str, ...], str]:
+def reserved_imports(imports: Sequence[str], code: str, request: BlockRequest) -> tuple[tuple[str, ...], str]:
     """Every import bound to a reserved name (`import torch as _ud_torch`), its uses renamed with it.
 
     A name imported into the helper could otherwise shadow what the block and its wrapper need: a
@@ -464,7 +501,7 @@ def _reserved(name: str) -> str:
     return RESERVED + name.replace(".", "_")
 
 
-def _refuse_shadowing(scope: Scope, name: str, node: cst.Import | cst.ImportFrom, request: _Request) -> None:
+def _refuse_shadowing(scope: Scope, name: str, node: cst.Import | cst.ImportFrom, request: BlockRequest) -> None:
     """Refuse an imported name that the code also means as something else."""
     root = name.split(".")[0]
     others = [item for item in scope.assignments[root] if getattr(item, "node", None) is not node]
@@ -556,6 +593,21 @@ def _has_block(source: AdaptorSource, function: AdaptorFunction, key: str) -> bo
     )
 
 
+def _insertion_point(source: AdaptorSource, function: AdaptorFunction, key: str) -> int:
+    """The 0-based line a new block goes before: the end of the function's body (before a trailing
+    `return`), after the blocks already there, and before the sentinel's block, which stays last."""
+    at = function.insert_at
+    assert at is not None, "Adaptor.function refuses a function whose body is on its `def` line"
+    spans = [span for span in block_spans(source) if function.first_line - 1 <= span.begin < function.last_line]
+    for span in spans:  # a block's end marker trails the body's last statement: the body ends after it
+        if span.begin < at <= span.end:
+            at = span.end + 1
+    sentinel = next((span for span in spans if span.key == SENTINEL_KEY), None)
+    if key != SENTINEL_KEY and sentinel is not None and sentinel.begin < at:
+        at = sentinel.begin
+    return at
+
+
 def _early_return_notes(source: AdaptorSource, function: AdaptorFunction) -> list[str]:
     if not function.early_returns:
         return []
@@ -566,19 +618,17 @@ def _early_return_notes(source: AdaptorSource, function: AdaptorFunction) -> lis
     ]
 
 
-def _insert(source: AdaptorSource, items: list[tuple[AdaptorFunction, list[str], str]]) -> FileEdit:
-    """Every block for one file spliced in at once (one combined diff); blocks for one place keep
-    their planned order, so the send and receive sides of several fixes pair up."""
+def _insert(source: AdaptorSource, items: list[tuple[int, AdaptorFunction, list[str], str]]) -> FileEdit:
+    """Every block for one file spliced in at once (one combined diff), each before its line; blocks
+    for one place keep their planned order, so the send and receive sides of several fixes pair up."""
     lines = list(source.lines)
     newline = source.encode(source.newline)
     changes = []
     insertions = []
     # Bottom to top, so earlier positions stay valid; at one position, the last planned block first.
-    for _, (function, block, key) in sorted(enumerate(items), key=lambda item: (item[1][0].insert_at, item[0]), reverse=True):
+    for _, (at, function, block, key) in sorted(enumerate(items), key=lambda item: (item[1][0], item[0]), reverse=True):
         encoded = [source.encode(line) + newline for line in block]
         text = "".join(line + source.newline for line in block)
-        at = function.insert_at
-        assert at is not None, "Adaptor.function refuses a function whose body is on its `def` line"
         if at == len(lines) and lines and not lines[-1].endswith((b"\n", b"\r")):
             lines[-1] += newline  # the file ended without a line ending after the function:
             encoded[-1] = encoded[-1][: -len(newline)]  # it still does, after the block
@@ -608,15 +658,16 @@ def _checked_edit(
 # --- revert ---------------------------------------------------------------------------------------
 
 
-def plan_revert(environment: Environment) -> Plan:
-    """The edits that remove every unsafe-doctor block from the adaptor's files."""
+def plan_revert(environment: Environment, *, sentinel: bool = False) -> Plan:
+    """The edits that remove every fix block from the adaptor's files, or (`sentinel`) the sentinel's
+    block alone: each is installed and taken out by its own command."""
     edits = []
     notes = []
     for path in adaptor_files(environment):
         source = read_source(path)
-        removed = without_blocks(source)
+        removed = without_blocks(source, lambda key: (key == SENTINEL_KEY) is sentinel)
         if removed is None:
-            notes.append(f"{source.shown}: no unsafe-doctor blocks")
+            notes.append(f"{source.shown}: no {'sentinel block' if sentinel else 'unsafe-doctor fix blocks'}")
         else:
             edits.append(_checked_edit(source, *removed))
     return Plan(tuple(edits), (), (), tuple(notes))

@@ -5,3 +5,6 @@ without that cost."""
 
 MARKER_BEGIN = "# unsafe-doctor: begin "
 MARKER_END = "# unsafe-doctor: end "
+# The key of the sentinel's block (`unsafe-doctor sentinel install`). A rule id has no `_` and a fix
+# key for a named global has a `:`, so no fix block can take this key.
+SENTINEL_KEY = "unsafe_doctor.sentinel"

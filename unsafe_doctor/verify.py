@@ -176,7 +176,7 @@ def _check_bound(blocks: list[Block], profile: AdaptorProfile, group: str | None
 def _code(file: AdaptorFile, roots: tuple[str, ...]) -> AdaptorCode:
     path = str(file.path.resolve())
     module = module_from_path(path, [Path(root) for root in roots]) or file.path.stem
-    return AdaptorCode(path, module, file.unpatched, file.text, tuple(sorted(file.functions)))
+    return AdaptorCode(path, module, file.unpatched, file.patched, tuple(sorted(file.functions)))
 
 
 def verify(

@@ -1,6 +1,6 @@
 """Command line: parse options, call the core, render. No diagnosis logic lives here.
 
-One module per command (`diagnose`, `fix`, `audit`, `verify`, `rules`), each returning its exit
+One module per command (`diagnose`, `fix`, `audit`, `verify`, `rules`, `sentinel`), each returning its exit
 code; `workflow` holds the interactive diagnose -> fix -> verify path and its questions, `streams`
 the input and output helpers, `options` the options several commands share, `conventions` the
 -o/-q/-v/--exit-zero/--format github every reporting command takes, `config` the settings of
@@ -21,7 +21,7 @@ import typer
 from click.core import ParameterSource
 
 from unsafe_doctor import __version__
-from unsafe_doctor.cli import audit, config, diagnose, fix, rules, verify
+from unsafe_doctor.cli import audit, config, diagnose, fix, rules, sentinel, verify
 from unsafe_doctor.cli.conventions import reporting
 from unsafe_doctor.errors import UsageError
 
@@ -36,6 +36,7 @@ app.command("fix")(reporting(fix.command))
 app.command("audit")(reporting(audit.command))
 app.command("verify")(reporting(verify.command))
 app.add_typer(rules.app, name="rules")
+app.add_typer(sentinel.app, name="sentinel")
 
 
 def _show_version(value: bool) -> None:

@@ -128,4 +128,5 @@ def default_map(settings: Settings) -> dict[str, Any]:
         "verify": adapting,
         "audit": audit,
         "rules": {"list": listing, "show": dict(listing)},
+        "sentinel": {"install": dict(adapting)},
     }

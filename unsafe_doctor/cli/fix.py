@@ -1,4 +1,4 @@
-"""`unsafe-doctor fix`: each finding's fix written into the recovery adaptor, diff first; or every block taken out."""
+"""`unsafe-doctor fix`: each finding's fix written into the recovery adaptor, diff first; or every fix block taken out."""
 
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ def command(
     function: FunctionOption = None,
     parameter: ParameterOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the diff; write nothing.")] = False,
-    revert: Annotated[bool, typer.Option("--revert", help="Remove every block unsafe-doctor wrote into the adaptor.")] = False,
+    revert: Annotated[
+        bool, typer.Option("--revert", help="Remove every fix block unsafe-doctor wrote into the adaptor (not the sentinel's).")
+    ] = False,
     yes: YesOption = False,
     no_input: NoInputOption = False,
     source_root: SourceRootOption = None,
@@ -58,7 +60,7 @@ def command(
     paths: list[str] = []
     if revert:
         if logs:
-            raise UsageError("--revert takes no logs: it removes every unsafe-doctor block from the adaptor")
+            raise UsageError("--revert takes no logs: it removes every unsafe-doctor fix block from the adaptor")
         environment = setup.detect(adaptor=adaptor).environment
         plan = fixes.plan_revert(environment)
         findings = 0
@@ -75,7 +77,7 @@ def command(
         show_plan(plan, findings, revert)
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
     if text:
-        options = [*(("--revert",) if revert else ()), *_repeated("--function", function), *_repeated("--parameter", parameter)]
+        options = [*(("--revert",) if revert else ()), *repeated("--function", function), *repeated("--parameter", parameter)]
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         apply = invocation.command("fix", environment.adaptor, *options, "--yes", log=not revert)
         tell_outcome(plan, written, dry_run, interactive, apply)
@@ -111,5 +113,5 @@ def tell_outcome(
         say(line)
 
 
-def _repeated(option: str, values: list[str] | None) -> list[str]:
+def repeated(option: str, values: list[str] | None) -> list[str]:
     return [word for value in values or () for word in (option, value)]

@@ -43,8 +43,8 @@ class Invocation:
 
     def command(self, name: str, adaptor: Path | None, *extra: str, log: bool = True) -> NextStep:
         """`unsafe-doctor NAME ...` with this run's log and options (`log`: the command reads a log;
-        `fix --revert` does not); a log that came on stdin is '-' there too."""
-        words = ["unsafe-doctor", name, *((self.paths or ["-"]) if log else [])]
+        `fix --revert` and `sentinel install` do not); a log that came on stdin is '-' there too."""
+        words = ["unsafe-doctor", *name.split(), *((self.paths or ["-"]) if log else [])]
         for root in self.source_roots:
             words += ["--source-root", str(root)]
         for path in self.rules:

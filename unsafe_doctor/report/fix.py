@@ -38,20 +38,31 @@ def to_json(plan: Plan, written: tuple[Written, ...], dry_run: bool) -> dict[str
 def decisions(plan: Plan, findings: int, revert: bool) -> list[str]:
     """What the plan decided, a line each: the blocks it changes, those already there, the findings it skips."""
     lines = [] if revert or findings else ["no unsafe-data finding in the log: nothing to fix"]
-    lines.extend(change for edit in plan.edits for change in edit.changes)
+    return [*map(printable, lines), *plan_lines(plan)]
+
+
+def plan_lines(plan: Plan) -> list[str]:
+    """A line per block the plan inserts or removes, per block already there, per finding skipped, per note."""
+    lines = [change for edit in plan.edits for change in edit.changes]
     lines.extend((*plan.present, *map(str, plan.skipped), *plan.notes))
     return [printable(line) for line in lines]
 
 
 def outcome(
-    plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool, apply: NextStep | None = None
+    plan: Plan,
+    written: tuple[Written, ...],
+    dry_run: bool,
+    interactive: bool,
+    apply: NextStep | None = None,
+    done: str = "nothing to do: the adaptor already holds every fix",
 ) -> list[str]:
-    """What became of the plan: the files written, or why nothing was and the command (`apply`) that writes it."""
+    """What became of the plan: the files written, or why nothing was and the command (`apply`) that
+    writes it; `done` when every block is there already."""
     apply = apply or NextStep("the same command with --yes")
     lines = written_lines(written)
     if not plan.edits:
         if plan.present and not plan.skipped:
-            lines.append("nothing to do: the adaptor already holds every fix")
+            lines.append(done)
     elif dry_run:
         lines.append(apply.line("dry run: nothing written; to write it"))
     elif not written and interactive:

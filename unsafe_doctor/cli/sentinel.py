@@ -1,0 +1,96 @@
+"""`unsafe-doctor sentinel install`: the sentinel's call written into the rollback function, diff first; or taken out."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, cast
+
+import click
+import typer
+
+from unsafe_doctor.cli.conventions import reporting
+from unsafe_doctor.cli.fix import print_document, repeated
+from unsafe_doctor.cli.options import (
+    AdaptorOption,
+    Format,
+    FormatOption,
+    FunctionOption,
+    NoInputOption,
+    ParameterOption,
+    RulesOption,
+    SourceRootOption,
+    YesOption,
+)
+from unsafe_doctor.cli.streams import say
+from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
+from unsafe_doctor.context import groundwork
+from unsafe_doctor.report import fix as fix_report
+from unsafe_doctor.report import sentinel as report
+from unsafe_doctor.sentinel_log import MODES, Mode
+
+app = typer.Typer(
+    help="Install the sentinel: a check at the end of the rollback that names every tensor the recovery left unsafe.",
+    no_args_is_help=True,
+    suggest_commands=False,
+)
+
+
+def install(
+    adaptor: AdaptorOption = None,
+    source_root: SourceRootOption = None,
+    rules: RulesOption = None,
+    function: FunctionOption = None,
+    parameter: ParameterOption = None,
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            click_type=click.Choice(MODES),
+            help="report: log every unsafe tensor and go on; raise: stop the recovery, naming them all; "
+            "heal: re-initialise those a scenario-1 rule covers, then check again.",
+        ),
+    ] = "report",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the diff; write nothing.")] = False,
+    revert: Annotated[
+        bool, typer.Option("--revert", help="Remove the sentinel's block (fix --revert leaves it; this leaves the fixes).")
+    ] = False,
+    yes: YesOption = False,
+    no_input: NoInputOption = False,
+    output_format: FormatOption = Format.text,
+) -> int:
+    """Write the sentinel's call at the end of the adaptor's rollback function: diff first, then apply.
+
+    Exit 0: written, already there, or --dry-run; 1: not applied; 2: refused.
+    """
+    from unsafe_doctor import fix as fixes  # libcst takes a second to load
+    from unsafe_doctor.sentinel_install import plan_sentinel
+
+    overrides = fixes.function_overrides(function or [])
+    roles = fixes.parameter_roles(parameter or [])
+    environment = groundwork(rules or (), source_root or ()).detect(adaptor=adaptor).environment
+    if revert:
+        plan = fixes.plan_revert(environment, sentinel=True)
+    else:
+        plan = plan_sentinel(environment, cast(Mode, mode), overrides, roles)
+    text = output_format is Format.text
+    interactive = text and not no_input and sys.stdout.isatty()
+    if text:
+        sys.stdout.write(plan.diff())
+        sys.stdout.flush()
+        for line in fix_report.plan_lines(plan):
+            say(line)
+    written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
+    if text:
+        options = ["--revert"] if revert else ["--mode", mode]
+        options += [*repeated("--function", function), *repeated("--parameter", parameter)]
+        apply = Invocation((), source_root or (), rules or ()).command("sentinel install", environment.adaptor, *options, "--yes",
+                                                                       log=False)
+        done = "nothing to do: the sentinel is installed already"
+        for line in fix_report.outcome(plan, written, dry_run, interactive, apply, done=done):
+            say(line)
+    else:
+        print_document(report.to_json(plan, written, dry_run, None if revert else cast(Mode, mode)), written)
+    return 0 if dry_run or not plan.edits or written else 1
+
+
+app.command("install")(reporting(install))

@@ -1,0 +1,95 @@
+"""`sentinel install`: the sentinel's call written at the end of the adaptor's rollback function.
+
+The block, planned and written by the fixer (`fix.plan_blocks`: diff, backup, idempotent, revert):
+
+    # unsafe-doctor: begin unsafe_doctor.sentinel
+    # <what it does>
+    from unsafe_doctor.sentinel import check as _ud_sentinel_check
+    _ud_sentinel_check(train_args, mode="report")
+    # unsafe-doctor: end unsafe_doctor.sentinel
+
+It needs no helper function around it, as a fix does: its one import is bound to a reserved name,
+which nothing else in the function reads. `train_args` is the rollback function's parameter for
+the profile's train_args role, when it has one: through it the sentinel also checks the models'
+buffers and the optimizers' state. The block stays the last one of the function (a later `fix`
+goes before it), so the sentinel sees the rollback's repairs; `fix --revert` leaves it, `sentinel
+install --revert` takes it out. This module only names `unsafe_doctor.sentinel`: it runs in the
+training process, not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from unsafe_doctor.adaptor import AdaptorFunction, Role, adaptor_files, block_spans, enclosing_function, read_source
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.fix import Plan, marked_block, plan_blocks, reserved_imports
+from unsafe_doctor.knowledge import AdaptorProfile, map_parameters, role_parameter
+from unsafe_doctor.markers import SENTINEL_KEY
+from unsafe_doctor.sentinel_log import MODES, Mode
+from unsafe_doctor.versions import Environment
+
+# bound to `_ud_sentinel_check` by fix.reserved_imports, as every import of a block is
+IMPORT = "from unsafe_doctor.sentinel import check as sentinel_check"
+WHAT = {  # what each mode does, as the block's comment says it
+    "report": "log them and go on",
+    "raise": "stop the recovery, naming them all",
+    "heal": "re-initialise those a scenario-1 rule covers, then check again",
+}
+
+
+@dataclass(frozen=True)
+class SentinelRequest:
+    """The sentinel's block for the rollback function (`fix.BlockRequest`)."""
+
+    function: str
+    mode: Mode
+    key: str = SENTINEL_KEY
+    role: Role = "rollback"
+
+    def block(self, function: AdaptorFunction, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
+        """The import and the call; a note when the function has no train_args to pass."""
+        train_args = role_parameter(profile, "train_args", function.parameters)
+        passed = train_args if train_args is not None and train_args.split(".")[0] in function.parameters else None
+        notes: tuple[str, ...] = ()
+        if passed is None:
+            notes = (
+                f"{function.name}() has no train_args parameter (--parameter train_args=NAME): the sentinel is not passed "
+                "the models and optimizers, so their buffers and state are not checked; pass them to it yourself",
+            )
+        arguments = ", ".join([*([passed] if passed else []), f'mode="{self.mode}"'])
+        imports, code = reserved_imports((IMPORT,), f"sentinel_check({arguments})\n", self)
+        comment = f"last in the rollback: name every tensor still unsafe (mode {self.mode}: {WHAT[self.mode]})"
+        return marked_block(self.key, comment, [*imports, code.rstrip("\n")], function), notes
+
+
+def plan_sentinel(
+    environment: Environment,
+    mode: Mode,
+    functions: Mapping[Role, str] | None = None,
+    parameters: Mapping[str, Sequence[str]] | None = None,
+) -> Plan:
+    """The edit that writes the sentinel's block at the end of the rollback function; reads files,
+    writes nothing. `functions` and `parameters` as `fix.plan_fix` takes them: only the rollback
+    function and the train_args role matter here."""
+    if mode not in MODES:
+        raise UsageError(f"sentinel mode {mode!r}: one of {', '.join(MODES)}")
+    profile = map_parameters(environment.profile, parameters or {})
+    rollback = (functions or {}).get("rollback", profile.rollback)
+    installed = _installed(environment)
+    if installed is not None:  # one sentinel per adaptor, wherever it is: a second would check it all again
+        return Plan((), (installed,), (), ("to write another mode or move it: sentinel install --revert, then install again",))
+    return plan_blocks([SentinelRequest(rollback, mode)], environment, profile)
+
+
+def _installed(environment: Environment) -> str | None:
+    """Where the adaptor's files hold the sentinel's block already, as `fix.Plan.present` says it."""
+    for path in adaptor_files(environment):
+        source = read_source(path)
+        for span in block_spans(source):
+            if span.key == SENTINEL_KEY:
+                function = enclosing_function(source, span.begin + 1)
+                where = f"{function.name}()" if function else f"line {span.begin + 1}"
+                return f"{source.shown}: {SENTINEL_KEY} already in {where}"
+    return None
