@@ -46,18 +46,22 @@ class Case:
     name: str
     tree: Path  # copied as a whole
     adaptor: str  # inside the copy
-    function: str  # the rollback function
+    function: str  # where the sentinel goes: the rollback callback where the profile names one, else the rollback function
     functions: str | None = None  # --function
+    train_args: bool = False  # the function has the train_args parameter, which the call passes
 
 
 CASES = [
-    Case("mindspeed-llm-master", REAL / "mindspeed-llm-master", f"{HIGH_AVAILABILITY}/tft_rollback.py", "feature_rollback"),
+    Case("mindspeed-llm-master", REAL / "mindspeed-llm-master", f"{HIGH_AVAILABILITY}/tft_rollback.py", "rollback_callback",
+         train_args=True),
     Case("taskd-elastic-7.2rc1", REAL / "mind-cluster-7.2rc1", "taskd/python/adaptor/elastic_training/rollback_callback.py",
-         "feature_rollback"),
+         "rollback_callback", train_args=True),
     Case("sample-legacy", SAMPLES / "adaptors" / "legacy", "mindio_ttp/adaptor/modellink_adaptor.py", "feature_rollback"),
-    Case("sample-in-tree", SAMPLES / "adaptors" / "in_tree", f"{HIGH_AVAILABILITY}/tft_rollback.py", "feature_rollback"),
+    Case("sample-in-tree", SAMPLES / "adaptors" / "in_tree", f"{HIGH_AVAILABILITY}/tft_rollback.py", "rollback_callback",
+         train_args=True),
     Case("sample-custom", SAMPLES / "adaptors" / "custom", "my_recovery.py", "reset_step_state", "rollback=reset_step_state"),
-    Case("toytrain", TOYTRAIN, "recovery.py", "feature_rollback"),
+    Case("toytrain", TOYTRAIN, "recovery.py", "rollback_callback", train_args=True),
+    Case("toytrain-feature-rollback", TOYTRAIN, "recovery.py", "feature_rollback", "rollback=feature_rollback"),
 ]
 
 
@@ -114,13 +118,15 @@ def test_install_then_idempotent_then_revert_on_real_adaptors(case, tmp_path):
     plan = sentinel_plan(adaptor, functions=case.functions)
     [edit] = plan.edits
     assert edit.path == adaptor
-    assert added_lines(plan) == expected_block("    ", 'mode="report"')
-    assert any(case.function + "() " + NO_TRAIN_ARGS in note for note in plan.notes), plan.notes  # none takes train_args
+    passed = "train_args, " if case.train_args else ""
+    assert added_lines(plan) == expected_block("    ", passed + 'mode="report"')
+    said = any(case.function + "() " + NO_TRAIN_ARGS in note for note in plan.notes)
+    assert said != case.train_args, plan.notes
     [written] = apply(plan)
     after = adaptor.read_bytes()
     compile(after, str(adaptor), "exec")
     call = last_statement(after, case.function)
-    assert isinstance(call, ast.Expr) and ast.unparse(call) == "_ud_sentinel_check(mode='report')"
+    assert isinstance(call, ast.Expr) and ast.unparse(call) == f"_ud_sentinel_check({passed}mode='report')"
     assert written.backup.read_bytes() == before
 
     again = sentinel_plan(adaptor, functions=case.functions)
@@ -163,9 +169,9 @@ def test_the_train_args_parameter_is_passed_and_each_mode_written(tmp_path):
 def test_one_sentinel_per_adaptor_whichever_function_is_asked(tmp_path):
     adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
     apply(sentinel_plan(adaptor))
-    elsewhere = sentinel_plan(adaptor, "raise", functions="rollback=rollback_callback")
+    elsewhere = sentinel_plan(adaptor, "raise", functions="rollback=feature_rollback")
     assert elsewhere.edits == ()
-    assert elsewhere.present == (f"{adaptor}: {SENTINEL_KEY} already in feature_rollback()",)
+    assert elsewhere.present == (f"{adaptor}: {SENTINEL_KEY} already in rollback_callback()",)
     assert elsewhere.notes == ("to write another mode or move it: sentinel install --revert, then install again",)
 
 
@@ -194,8 +200,8 @@ def test_the_sentinel_stays_last_whichever_comes_first_and_each_revert_takes_its
     roots = [fix_first.parent.parent]
 
     write_fix(toytrain_loss_log, fix_first, roots)
-    apply(sentinel_plan(fix_first))
-    apply(sentinel_plan(sentinel_first))
+    apply(sentinel_plan(fix_first, functions="rollback=feature_rollback"))  # the fix's function: same place
+    apply(sentinel_plan(sentinel_first, functions="rollback=feature_rollback"))
     write_fix(toytrain_loss_log, sentinel_first, [sentinel_first.parent.parent])
 
     assert markers(fix_first.read_bytes()) == [LOSS_LOG_KEY, SENTINEL_KEY]
@@ -279,8 +285,8 @@ def test_cli_dry_run_unasked_yes_again_json_and_revert(tmp_path):
     dry = run("--adaptor", str(adaptor), "--mode", "raise", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.startswith(f"--- a{adaptor}\n+++ b{adaptor}\n")
-    assert '+    _ud_sentinel_check(mode="raise")\n' in dry.stdout
-    assert "feature_rollback() " + NO_TRAIN_ARGS in dry.stderr
+    assert '+    _ud_sentinel_check(train_args, mode="raise")\n' in dry.stdout  # at the end of rollback_callback
+    assert NO_TRAIN_ARGS not in dry.stderr
     assert "dry run: nothing written" in dry.stderr
     assert sorted(path.name for path in adaptor.parent.iterdir()) == sorted(path.name for path in TOYTRAIN.iterdir()
                                                                              if path.name != "__pycache__")
@@ -300,7 +306,7 @@ def test_cli_dry_run_unasked_yes_again_json_and_revert(tmp_path):
     document = json.loads(again.stdout)
     assert (document["schema"], document["mode"], document["files"], document["written"]) == (
         "unsafe-doctor/sentinel-install/v1", "report", [], [])
-    assert document["present"] == [f"{adaptor}: {SENTINEL_KEY} already in feature_rollback()"]
+    assert document["present"] == [f"{adaptor}: {SENTINEL_KEY} already in rollback_callback()"]
 
     reverted = run("--adaptor", str(adaptor), "--revert", "--yes")
     assert reverted.returncode == 0, reverted.stderr
@@ -327,7 +333,7 @@ def test_cli_asks_at_a_terminal(tmp_path):
     adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
     before = adaptor.read_bytes()
     code, screen = at_terminal(["sentinel", "install", "--adaptor", str(adaptor)], answers=[(b"Apply? [y/N]: ", b"n\n")])
-    assert code == 1 and "_ud_sentinel_check(mode=" in screen
+    assert code == 1 and "_ud_sentinel_check(train_args, mode=" in screen
     assert adaptor.read_bytes() == before
     code, screen = at_terminal(["sentinel", "install", "--adaptor", str(adaptor)], answers=[(b"Apply? [y/N]: ", b"y\n")])
     assert code == 0 and f"(backup: {adaptor}{BACKUP_SUFFIX})" in screen

@@ -129,6 +129,10 @@ class AdaptorProfile:
     rollback: str
     send: str
     recv: str
+    # MindIO's rollback callback, which calls `rollback` and then repairs more (the model's parameters
+    # from the optimizer, the dataset, the log): its end is the end of the rollback, where the sentinel
+    # goes. None: `rollback` is the end.
+    rollback_callback: str | None
     # role -> the parameter that holds it, or its alternatives: a role the send and receive functions
     # hold under different names (`send_args.src_ranks`, `recv_args.src_ranks`) lists both, and each
     # function uses the one it has (`role_parameter`)
@@ -439,6 +443,7 @@ def _profile(item: dict[str, Any], origin: str, problems: list[str]) -> AdaptorP
         versions=versions,
         files=tuple(item["files"]),
         rollback=item["rollback"],
+        rollback_callback=item.get("rollback_callback"),
         send=item["send"],
         recv=item["recv"],
         parameters={role: _alternatives(name) for role, name in parameters.items() if role in PARAMETER_ROLES},

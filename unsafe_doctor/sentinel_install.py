@@ -76,11 +76,20 @@ def plan_sentinel(
     if mode not in MODES:
         raise UsageError(f"sentinel mode {mode!r}: one of {', '.join(MODES)}")
     profile = map_parameters(environment.profile, parameters or {})
-    rollback = (functions or {}).get("rollback", profile.rollback)
     installed = _installed(environment)
     if installed is not None:  # one sentinel per adaptor, wherever it is: a second would check it all again
         return Plan((), (installed,), (), ("to write another mode or move it: sentinel install --revert, then install again",))
-    return plan_blocks([SentinelRequest(rollback, mode)], environment, profile)
+    return plan_blocks([SentinelRequest(_end_of_rollback(environment, profile, functions or {}), mode)], environment, profile)
+
+
+def _end_of_rollback(environment: Environment, profile: AdaptorProfile, functions: Mapping[Role, str]) -> str:
+    """`--function rollback=NAME`, else the profile's rollback callback where the adaptor has it (the
+    rollback's real end, after the parameters are repaired), else its rollback function."""
+    if "rollback" in functions:
+        return functions["rollback"]
+    callback = profile.rollback_callback
+    names = {function.name for path in adaptor_files(environment) for function in read_source(path).functions}
+    return callback if callback in names else profile.rollback
 
 
 def _installed(environment: Environment) -> str | None:
