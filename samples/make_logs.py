@@ -144,6 +144,30 @@ def toytrain_ema() -> None:
     write(target / "console.log", console, ["ChildFailedError", f"rank      : {faulty_rank} (local_rank: {faulty_rank})"])
 
 
+def toytrain_sentinel() -> None:
+    """toytrain with the sentinel installed (``unsafe-doctor sentinel install --mode raise``) in a copy
+    of its adaptor: after the fault on rank 1 the recovery stops at the end of the rollback, naming
+    both globals it left unsafe; no step runs, so the log has no unsafe-data traceback at all."""
+    with tempfile.TemporaryDirectory() as copy:
+        framework = Path(copy) / "framework"
+        shutil.copytree(ROOT / "samples" / "framework", framework, ignore=shutil.ignore_patterns("__pycache__"))
+        subprocess.run([sys.executable, "-m", "unsafe_doctor", "sentinel", "install", "--adaptor",
+                        str(framework / "toytrain" / "recovery.py"), "--mode", "raise", "--yes", "-q"],
+                       check=True, cwd=ROOT)
+        job = subprocess.Popen(
+            [TORCHRUN, "--nproc-per-node", "4", "--master-port", str(free_port()), TOYTRAIN_WORKER, "--case", "ema"],
+            cwd=ROOT, env=dict(worker_env("21:1:hbm:forward"),
+                               PYTHONPATH=os.pathsep.join(["samples/workers", str(framework), str(ROOT)])),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        output, _ = job.communicate(timeout=TIMEOUT)
+        text = cluster_paths(output, [(framework, JOB), (ROOT / "samples" / "workers", JOB),
+                                      (ROOT / "unsafe_doctor", f"{CLUSTER_SITE_PACKAGES}/unsafe_doctor")])
+    write(LOGS / "toytrain_sentinel.log", text,
+          ["[unsafe-doctor sentinel] rank 1: unsafe toytrain.state.LOSS_LOG",
+           "[unsafe-doctor sentinel] rank 1: unsafe toytrain.state._EMA_GRAD_NORM",
+           "rank:1 rollback failed, ret: 1"])
+
+
 def kubectl_prefix() -> None:
     """Two torchrun "nodes" of 2 ranks, as ``kubectl logs -f --prefix`` shows two pods' output.
 
@@ -181,6 +205,7 @@ SAMPLES = {
     "rollback_failed": rollback_failed,
     "hccl_timeout": hccl_timeout,
     "kubectl_prefix": kubectl_prefix,
+    "toytrain_sentinel": toytrain_sentinel,
 }
 
 
