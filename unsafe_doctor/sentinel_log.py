@@ -102,13 +102,14 @@ def parse_line(line: str) -> Record | None:
         return None
     try:
         payload, _end = json.JSONDecoder().raw_decode(line, start)
-    except ValueError:
+    except (ValueError, RecursionError):  # damaged, or nested deeper than the decoder recurses
         return None
     return _record(payload) if isinstance(payload, dict) else None
 
 
 def _record(payload: dict[str, Any]) -> Record | None:
-    kind = _KINDS.get(payload.get("event"))  # type: ignore[arg-type]
+    event = payload.get("event")
+    kind = _KINDS.get(event) if isinstance(event, str) else None
     if kind is None:
         return None
     names = {field.name for field in fields(kind)}
