@@ -102,10 +102,7 @@ def classify(subject: Subject, context: RunContext, loss_scaling: LossScaling | 
     knowledge, environment = context.knowledge, context.environment
     chosen, notes = _choose_rule(subject, knowledge, environment, loss_scaling)
     if chosen is not None:
-        rule, block = chosen
-        fix = _render(rule, subject, knowledge, environment.profile, block)
-        confidence, doubt = _rule_confidence(rule, subject, environment)
-        return Classified(rule.scenario, rule.id, confidence, rule.reason, (), fix, (*notes, *_why_not(fix), *doubt))
+        return _by_rule(*chosen, subject, context, notes)
     from unsafe_doctor.heuristics import judge  # only when no rule matched: it costs start-up time
 
     verdict = judge(subject, context.workspace)
@@ -113,6 +110,29 @@ def classify(subject: Subject, context: RunContext, loss_scaling: LossScaling | 
         return Unclassified(verdict.reason, verdict.evidence, notes)
     fix = _render(generic_template(knowledge, verdict.scenario, subject), subject, knowledge, environment.profile)
     return Classified(verdict.scenario, None, verdict.confidence, verdict.reason, verdict.evidence, fix, (*notes, *_why_not(fix)))
+
+
+def classify_cache(subject: Subject, context: RunContext, loss_scaling: LossScaling | None = None) -> Classified:
+    """A global known to be an lru cache (the sentinel found one holding entries): the rule that names
+    it, else scenario 1 by its nature, emptied with the knowledge's cache template. The source
+    heuristics are not asked: they would read every file naming the function (`forward` is everywhere)."""
+    chosen, notes = _choose_rule(subject, context.knowledge, context.environment, loss_scaling)
+    if chosen is not None:
+        return _by_rule(*chosen, subject, context, notes)
+    name = subject.tensor.expression if subject.tensor else "the cache"
+    reason = (
+        f"{name} is an lru cache: what it returns is computed from its arguments and computed again once "
+        "emptied, so it carries nothing into the next step; empty it with cache_clear() in the rollback"
+    )
+    verdict = classify_as(subject, 1, context, ())
+    return Classified(1, None, "medium", reason, (), verdict.fix, (*notes, *verdict.notes))
+
+
+def _by_rule(rule: Rule, block: RuleMatch, subject: Subject, context: RunContext, notes: tuple[str, ...]) -> Classified:
+    environment = context.environment
+    fix = _render(rule, subject, context.knowledge, environment.profile, block)
+    confidence, doubt = _rule_confidence(rule, subject, environment)
+    return Classified(rule.scenario, rule.id, confidence, rule.reason, (), fix, (*notes, *_why_not(fix), *doubt))
 
 
 def _rule_confidence(rule: Rule, subject: Subject, environment: Environment) -> tuple[Confidence, tuple[str, ...]]:
