@@ -174,12 +174,32 @@ def test_diagnose_reports_every_global_the_sentinel_named_with_the_ranks_and_no_
     # toytrain's globals are classified by the source heuristics over --source-root
     assert (found["LOSS_LOG"]["scenario"], found["_EMA_GRAD_NORM"]["scenario"]) == (1, 2)
     cache = found["get_default_causal_mask"]
-    assert cache["scenario"] == 1
+    assert (cache["scenario"], cache["rule"]) == (1, "megatron.default-causal-mask-cache")  # a rule that names a frame
     assert cache["sentinel"]["lru_cache_entries"] == 3
     assert "cache_clear()" in cache["fix"]["code"]
     assert [(check["rank"], check["backend"], check["stopped_early"]) for check in report["sentinel"]] == [
         (1, "emulated", None), (3, "emulated", None)
     ]
+
+
+@pytest.mark.parametrize(
+    ("module", "owner", "variable", "rule"),
+    [
+        ("megatron.core.transformer.moe.moe_logging", "MoEMetricsTracker", "_metrics", "megatron.moe-metrics-tracker"),
+        ("megatron.core.optimizer.optimizer", "MixedPrecisionOptimizer", "_scale_one", "megatron.optimizer-scale-one"),
+        ("megatron.core.transformer.utils", None, "get_default_causal_mask", "megatron.default-causal-mask-cache"),
+    ],
+)
+def test_a_rule_that_knows_a_global_by_the_frame_reading_it_names_the_global_the_sentinel_logged(
+    tmp_path, module, owner, variable, rule
+):
+    """Such rules match a traceback's frame; the sentinel knows the global itself, and takes the frame as given."""
+    log = tmp_path / "train.log"
+    log.write_text(prefixed(0, [format_line(UnsafeGlobal(0, "emulated", module, owner, variable, 1, (), None, None, None))]))
+    report, code = diagnosed(str(log))
+    assert code == 1
+    [finding] = report["findings"]
+    assert (finding["rule"], finding["culprit"]) == (rule, None)
 
 
 def test_a_healed_global_is_still_a_finding_with_a_note(tmp_path):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -13,6 +13,7 @@ from unsafe_doctor.context import Groundwork, RunContext
 from unsafe_doctor.inputs import Excerpt, InputInfo, Progress, SkippedInput
 from unsafe_doctor.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.logs import LogLine
+from unsafe_doctor.matching import frame_named
 from unsafe_doctor.recovery import LossScaling, Phase, RecoveryContext
 from unsafe_doctor.sentinel_log import MARKER, Summary
 from unsafe_doctor.stale import StaleReset, stale_resets
@@ -128,10 +129,17 @@ def _phase(finding: Finding, context: RecoveryContext) -> Phase:
 
 
 def _classify(finding: Finding, run: RunContext, loss_scaling: LossScaling | None) -> Classification:
-    """The knowledge decides, never the log's own claim; an lru cache the sentinel found is one by its nature."""
+    """The knowledge decides, never the log's own claim. A global only the sentinel named has no frame:
+    a rule that knows it by the frame a log shows reading it takes that frame as given, as the audit
+    does; an lru cache the sentinel found is one by its nature."""
+    subject = finding.subject
+    tensor = subject.tensor
+    if finding.traceback is None and tensor is not None and tensor.variable is not None:
+        named = (frame_named(rule, tensor.variable, tensor.module, tensor.owner, None) for rule in run.knowledge.rules)
+        subject = replace(subject, frame=next((frame for frame in named if frame is not None), None))
     if finding.sentinel is not None and finding.sentinel.cache_entries is not None:
-        return classify_cache(finding.subject, run, loss_scaling)
-    return classify(finding.subject, run, loss_scaling)
+        return classify_cache(subject, run, loss_scaling)
+    return classify(subject, run, loss_scaling)
 
 
 def _lines(excerpt: Excerpt) -> list[LogLine]:

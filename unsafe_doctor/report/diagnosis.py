@@ -305,14 +305,14 @@ def _fix_code(item: DiagnosedFinding) -> list[RenderableType]:
 
 def _phase_text(item: DiagnosedFinding, diagnosis: Diagnosis) -> str:
     context = diagnosis.recovery
-    if item.finding.unsafe is None:
-        return "found unsafe by the sentinel at the end of the recovery: the first iteration after it reads it"
     detail = []
     if context.fault_ranks:
         detail.append(f"hardware fault on rank{'s' if len(context.fault_ranks) != 1 else ''} {rank_ranges(context.fault_ranks)}")
     if context.step is not None:
         detail.append(f"recovery at step {context.step}")
     suffix = f" ({', '.join(detail)})" if detail else ""
+    if item.finding.unsafe is None:
+        return "left unsafe by the recovery, found by the sentinel before the first iteration read it" + suffix
     return {
         "after-recovery": "first iteration after recovery" + suffix,
         "rollback": "inside the rollback callback" + suffix,
