@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from unsafe_doctor.sentinel_log import UnsafeGlobal, format_line
+
 
 def run(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -99,14 +101,25 @@ def test_clean_log_exits_zero_and_says_so(tmp_path):
     assert "No 'There is unsafe data in the input tensor' error" in result.stdout
 
 
-def test_diagnose_path_never_imports_torch(tmp_path):
-    log = tmp_path / "train.log"
-    log.write_text(
+SENTINEL_LINE = format_line(
+    UnsafeGlobal(3, "emulated", "megatron.core.parallel_state", None, "_GLOBAL_MEMORY_BUFFER", 2, (), 1, None, None)
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
         "[rank3]: Traceback (most recent call last):\n"
         '[rank3]:   File "/w/megatron/core/transformer/moe/moe_utils.py", line 172, in save_to_aux_losses_tracker\n'
         "[rank3]:     parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name][layer_number - 1] += loss.detach()\n"
-        "[rank3]: RuntimeError: There is unsafe data in the input tensor.\n"
-    )
+        "[rank3]: RuntimeError: There is unsafe data in the input tensor.\n",
+        f"[rank3]: {SENTINEL_LINE}\n",  # the sentinel's line, no traceback
+    ],
+    ids=["traceback", "sentinel"],
+)
+def test_diagnose_path_never_imports_torch(tmp_path, text):
+    log = tmp_path / "train.log"
+    log.write_text(text)
     probe = (
         "import sys\n"
         "from unsafe_doctor.cli import main\n"

@@ -23,7 +23,7 @@ FRAMEWORK = LOGS.parent / "framework"
 FINDING_KEYS = {
     "ranks", "message", "error_code", "recovery", "culprit", "frames", "tensor",
     "scenario", "rule", "confidence", "reason", "evidence", "fix", "truncated", "notes", "source_from",
-    "source_release", "source_confidence",
+    "source_release", "source_confidence", "found_by", "sentinel",
 }  # fmt: skip
 
 
@@ -44,6 +44,7 @@ def test_megatron_tracker_on_two_ranks_folds_into_one_finding():
     assert code == 1
     [finding] = report["findings"]
     assert set(finding) == FINDING_KEYS
+    assert (finding["found_by"], finding["sentinel"]) == (["traceback"], None)  # a log with no sentinel line
     assert finding["ranks"] == [1, 3]
     assert finding["message"] == "There is unsafe data in the input tensor."
     assert finding["error_code"] == "ERR00003"

@@ -112,6 +112,22 @@ def classify(subject: Subject, context: RunContext, loss_scaling: LossScaling | 
     return Classified(verdict.scenario, None, verdict.confidence, verdict.reason, verdict.evidence, fix, (*notes, *_why_not(fix)))
 
 
+def classify_cache(subject: Subject, context: RunContext, loss_scaling: LossScaling | None = None) -> Classified:
+    """A global known to be an lru cache (the sentinel found one holding entries): the rule that names
+    it, else scenario 1 by its nature, emptied with the knowledge's cache template. The source
+    heuristics are not asked: they would read every file naming the function (`forward` is everywhere)."""
+    chosen, notes = _choose_rule(subject, context.knowledge, context.environment, loss_scaling)
+    if chosen is not None:
+        return _by_rule(*chosen, subject, context, notes)
+    name = subject.tensor.expression if subject.tensor else "the cache"
+    reason = (
+        f"{name} is an lru cache: what it returns is computed from its arguments and computed again once "
+        "emptied, so it carries nothing into the next step; empty it with cache_clear() in the rollback"
+    )
+    verdict = classify_as(subject, 1, context, ())
+    return Classified(1, None, "medium", reason, (), verdict.fix, (*notes, *verdict.notes))
+
+
 def classify_by_rule(
     subject: Subject, context: RunContext, loss_scaling: LossScaling | None = None, *, guarded: bool = True
 ) -> Classified | None:

@@ -1,19 +1,21 @@
-"""The diagnose pipeline: inputs -> logs -> tracebacks -> locate (+ recovery) -> classify -> Diagnosis."""
+"""The diagnose pipeline: inputs -> logs -> tracebacks -> locate (+ recovery, + the sentinel's lines) -> classify -> Diagnosis."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from unsafe_doctor import inputs, logs, recovery
-from unsafe_doctor.classify import Classification, classify
+from unsafe_doctor import inputs, logs, recovery, sentinel_findings
+from unsafe_doctor.classify import Classification, classify, classify_cache
 from unsafe_doctor.context import Groundwork, RunContext
 from unsafe_doctor.inputs import Excerpt, InputInfo, Progress, SkippedInput
 from unsafe_doctor.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.logs import LogLine
+from unsafe_doctor.matching import frame_named
 from unsafe_doctor.recovery import LossScaling, Phase, RecoveryContext
+from unsafe_doctor.sentinel_log import MARKER, Summary
 from unsafe_doctor.stale import StaleReset, stale_resets
 from unsafe_doctor.subject import Subject
 from unsafe_doctor.tracebacks import Traceback, parse_tracebacks
@@ -45,6 +47,8 @@ class Diagnosis:
     stale: tuple[StaleReset, ...]  # resets in the adaptor's rollback naming symbols the framework lacks
     loss_scaling: LossScaling | None = None  # what the log shows of the run's loss scaling; it chose rules
     skipped: tuple[SkippedInput, ...] = ()  # inputs that could not be read (a truncated .gz, a core dump), with why
+    sentinel_checks: tuple[Summary, ...] = ()  # the sentinel's summary of each check it logged (rank, backend, mode)
+    sentinel_lines_ignored: int = 0  # its lines not read: damaged, unsafe names, or past the reading budget
 
 
 def diagnose(
@@ -57,7 +61,12 @@ def diagnose(
 ) -> Diagnosis:
     """`groundwork`: the command's knowledge and workspace; the environment is detected here, from the log's frames."""
     scan = inputs.scan(
-        paths, recovery.MARKERS, fact_markers=recovery.LOSS_SCALING_MARKERS, stdin=stdin, progress=progress
+        paths,
+        recovery.MARKERS,
+        fact_markers=recovery.LOSS_SCALING_MARKERS,
+        record_markers=(MARKER,),
+        stdin=stdin,
+        progress=progress,
     )
     order = {info.name: index for index, info in enumerate(scan.inputs)}
     window_lines = [_lines(excerpt) for excerpt in scan.windows]
@@ -69,11 +78,11 @@ def diagnose(
     loss_scaling = recovery.read_loss_scaling(line for excerpt in scan.facts for line in _lines(excerpt))
     tracebacks = _tracebacks(window_lines)
     unsafe = [tb for tb in tracebacks if any(is_unsafe_error(link) for link in tb.chain())]
-    findings = locate(unsafe, groundwork.workspace)
-    run = groundwork.detect([frame for finding in findings for frame in finding.unsafe.frames], adaptor)
+    sentinel = sentinel_findings.read(line for excerpt in scan.records for line in _lines(excerpt))
+    findings = sentinel_findings.merge(locate(unsafe, groundwork.workspace), sentinel.findings)
+    run = groundwork.detect([frame for finding in findings if finding.unsafe for frame in finding.unsafe.frames], adaptor)
     diagnosed = tuple(
-        DiagnosedFinding(finding, recovery.phase_of(finding.traceback, context), classify(finding.subject, run, loss_scaling))
-        for finding in findings
+        DiagnosedFinding(finding, _phase(finding, context), _classify(finding, run, loss_scaling)) for finding in findings
     )
     environment = run.environment
     stale = stale_resets(environment.adaptor, environment.profile, environment, run.workspace) if environment.adaptor else []
@@ -91,6 +100,7 @@ def diagnose(
     seen = [info.rank_hint for info in scan.inputs]
     seen += [line.rank for lines in window_lines + tail_lines for line in lines]
     seen += [line.rank for line in context_lines]
+    seen += [check.rank for check in sentinel.checks]
     ranks = located | untraced | {rank for rank in seen if rank is not None}
     return Diagnosis(
         inputs=scan.inputs,
@@ -106,7 +116,30 @@ def diagnose(
         stale=tuple(stale),
         loss_scaling=loss_scaling,
         skipped=scan.skipped,
+        sentinel_checks=sentinel.checks,
+        sentinel_lines_ignored=sentinel.ignored + scan.records_not_kept,
     )
+
+
+def _phase(finding: Finding, context: RecoveryContext) -> Phase:
+    """Where the error was raised; a global only the sentinel named is read by the first step after the recovery."""
+    if finding.traceback is not None:
+        return recovery.phase_of(finding.traceback, context)
+    return "after-recovery" if context.seen else "none"
+
+
+def _classify(finding: Finding, run: RunContext, loss_scaling: LossScaling | None) -> Classification:
+    """The knowledge decides, never the log's own claim. A global only the sentinel named has no frame:
+    a rule that knows it by the frame a log shows reading it takes that frame as given, as the audit
+    does; an lru cache the sentinel found is one by its nature."""
+    subject = finding.subject
+    tensor = subject.tensor
+    if finding.traceback is None and tensor is not None and tensor.variable is not None:
+        named = (frame_named(rule, tensor.variable, tensor.module, tensor.owner, None) for rule in run.knowledge.rules)
+        subject = replace(subject, frame=next((frame for frame in named if frame is not None), None))
+    if finding.sentinel is not None and tensor is not None and tensor.cached:
+        return classify_cache(subject, run, loss_scaling)
+    return classify(subject, run, loss_scaling)
 
 
 def _lines(excerpt: Excerpt) -> list[LogLine]:

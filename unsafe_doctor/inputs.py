@@ -5,11 +5,12 @@ Python would be far slower than `grep`, so this stage only searches bytes: it fi
 marker with `find` (memchr speed), cuts a window of text around each hit, and looks for recovery
 markers in a bounded span before the first hit. Lines that state a setting of the run are searched
 backwards (`rfind`) in the same span, or at the end of an input without a hit: only the last of
-each counts. Everything else is never decoded. Memory stays bounded whatever the input size: every
-input is read in chunks with a rolling history, and the windows kept, all inputs together, stop at
-EXCERPT_BUDGET bytes (later hits are counted, not parsed). Files are read, not memory-mapped: a log
-truncated while mapped would kill the process with SIGBUS, and a pipe, `<(cmd)` or `/dev/stdin`
-cannot be mapped or rewound at all.
+each counts. Lines that carry a record (the sentinel's, `sentinel_log.MARKER`) are kept wherever
+they stand, up to RECORD_BUDGET bytes. Everything else is never decoded. Memory stays bounded
+whatever the input size: every input is read in chunks with a rolling history, and the windows
+kept, all inputs together, stop at EXCERPT_BUDGET bytes (later hits are counted, not parsed).
+Files are read, not memory-mapped: a log truncated while mapped would kill the process with
+SIGBUS, and a pipe, `<(cmd)` or `/dev/stdin` cannot be mapped or rewound at all.
 
 One input that cannot be read (a truncated `.gz`, a core dump in a log folder, a file that vanished)
 does not stop the others: it is returned as a `SkippedInput` with its reason; only when nothing is
@@ -42,6 +43,8 @@ CONTEXT_SPAN = 32 << 20  # how far before the first hit recovery lines are looke
 TAIL = 256 << 10  # end of an input kept when it has no hit, to tell what it ended with instead
 WINDOW_MAX = 16 << 20  # one window stops growing here, so a flood of hits cannot grow it forever
 EXCERPT_BUDGET = 64 << 20  # total window bytes kept; hits past it are counted, not parsed
+RECORD_LINE_MAX = 64 << 10  # a record line longer than this is no line a writer of records wrote: not kept
+RECORD_BUDGET = 16 << 20  # total record-line bytes kept; lines past it are counted, not kept
 CHUNK = 8 << 20
 PIPE_SIZE = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 LOG_SUFFIXES = (".log", ".txt", ".out")
@@ -87,6 +90,8 @@ class Scan:
     # searched for context; in an input without a hit, in its last BEFORE bytes.
     facts: tuple[Excerpt, ...] = ()
     skipped: tuple[SkippedInput, ...] = ()  # inputs not read, each with its reason
+    records: tuple[Excerpt, ...] = ()  # every whole line holding a record marker, anywhere, in input order
+    records_not_kept: int = 0  # record lines past RECORD_BUDGET, or longer than RECORD_LINE_MAX
 
 
 @dataclass
@@ -98,6 +103,8 @@ class _InputScan:
     hits: int = 0
     hits_not_parsed: int = 0
     size: int = 0
+    records: list[Excerpt] = field(default_factory=list)
+    records_not_kept: int = 0
 
 
 class _Budget:
@@ -117,6 +124,8 @@ class _Reading:
     fact_markers: Sequence[bytes]
     budget: _Budget
     progress: Progress | None
+    record_markers: Sequence[bytes] = ()
+    record_budget: _Budget = field(default_factory=lambda: _Budget(RECORD_BUDGET))
 
 
 def scan(
@@ -124,22 +133,25 @@ def scan(
     context_markers: Sequence[bytes],
     *,
     fact_markers: Sequence[bytes] = (),
+    record_markers: Sequence[bytes] = (),
     stdin: BinaryIO | None = None,
     progress: Progress | None = None,
 ) -> Scan:
     """Read every input once and keep only what later stages parse. No paths means stdin.
 
     `fact_markers` mark a setting the run logs at start-up or every step: only the latest line of
-    each is worth keeping. An input that cannot be read is skipped with its reason; a UsageError
-    only when none can be.
+    each is worth keeping. `record_markers` mark lines that each tell something on their own
+    (the sentinel's): every one is kept, wherever it stands. An input that cannot be read is
+    skipped with its reason; a UsageError only when none can be.
     """
     sources = _expand(paths) if paths else [("<stdin>", None, None)]
     budget = _Budget(EXCERPT_BUDGET)
+    record_budget = _Budget(RECORD_BUDGET)
     infos: list[InputInfo] = []
     results: list[_InputScan] = []
     skipped: list[SkippedInput] = []
     for name, path, rank_hint in sources:
-        reading = _Reading(name, rank_hint, context_markers, fact_markers, budget, progress)
+        reading = _Reading(name, rank_hint, context_markers, fact_markers, budget, progress, record_markers, record_budget)
         try:
             result = _scan_one(path, stdin, reading)
         except _Unreadable as error:
@@ -161,6 +173,8 @@ def scan(
         hits_not_parsed=sum(r.hits_not_parsed for r in results),
         facts=tuple(f for r in results for f in r.facts),
         skipped=tuple(skipped),
+        records=tuple(line for r in results for line in r.records),
+        records_not_kept=sum(r.records_not_kept for r in results),
     )
 
 
@@ -309,6 +323,7 @@ def _scan_stream(
     history = _History(keep=CONTEXT_SPAN + 2 * BEFORE + WINDOW_MAX)
     overlap = len(ERROR_MARKER) - 1
     pending: list[list[int]] = []  # [start, end) of windows still collecting bytes; the last may grow
+    records = _RecordLines(reading, result)
     first_chunk = True
     seen_hit = False
     while chunk := stream.read(CHUNK):
@@ -348,8 +363,11 @@ def _scan_stream(
             reading.budget.left -= BEFORE + AFTER
         while pending and pending[0][1] + BEFORE < history.end - overlap:  # whole, and no later hit joins it
             _close_window(pending.pop(0), history, result, reading, at_end=False)
+        records.find(chunk, chunk_start, history)
+        records.take(history, at_end=False)
         history.trim()
     result.size = history.end
+    records.take(history, at_end=True)
     for window in pending:
         _close_window(window, history, result, reading, at_end=window[1] >= history.end)
     if not result.hits and history.end:
@@ -369,6 +387,58 @@ def _close_window(
     data = history.slice(start, end)
     whole_until = len(data) if at_end else len(data) + 1  # mid-stream, the last line may be cut
     result.windows.append(_excerpt(data, 0, len(data), whole_until, reading, offset=start, starts_input=start == 0))
+
+
+class _RecordLines:
+    """The whole lines around record-marker hits: a hit waits until its line's end has been read."""
+
+    def __init__(self, reading: _Reading, result: _InputScan) -> None:
+        self.reading = reading
+        self.result = result
+        self.hits: list[int] = []  # absolute offsets of hits whose line is not taken yet
+        self.taken_until = 0  # end of the last line taken: a second marker on it is the same line
+
+    def find(self, chunk: bytes, chunk_start: int, history: _History) -> None:
+        """Hits across the seam with the previous chunk, then inside the chunk (just appended to `history`)."""
+        for marker in self.reading.record_markers:
+            overlap = len(marker) - 1
+            seam_start = max(history.start, chunk_start - overlap)
+            seam = history.slice(seam_start, chunk_start) + chunk[:overlap]
+            self.hits += [seam_start + at for at in _find_all(seam, marker, 0, len(seam))]
+            self.hits += [chunk_start + at for at in _find_all(chunk, marker, 0, len(chunk))]
+        self.hits.sort()
+
+    def take(self, history: _History, *, at_end: bool) -> None:
+        waiting = []
+        for hit in dict.fromkeys(self.hits):
+            if hit < self.taken_until:
+                continue
+            after = history.slice(hit, min(history.end, hit + RECORD_LINE_MAX))
+            newline = after.find(b"\n")
+            if newline == -1 and not at_end and len(after) < RECORD_LINE_MAX:
+                waiting.append(hit)  # the line goes on in bytes not read yet
+                continue
+            before_start = max(history.start, hit - RECORD_LINE_MAX)
+            before = history.slice(before_start, hit)
+            line_start = before.rfind(b"\n") + 1
+            whole_start = line_start > 0 or before_start == 0
+            if newline == -1 and len(after) >= RECORD_LINE_MAX or not whole_start:
+                self.result.records_not_kept += 1  # too long to be a record line
+                self.taken_until = hit + 1
+                continue
+            end = hit + (len(after) if newline == -1 else newline + 1)
+            self.taken_until = end
+            self._keep(before_start + line_start, history.slice(before_start + line_start, end))
+        self.hits = waiting
+
+    def _keep(self, start: int, line: bytes) -> None:
+        budget = self.reading.record_budget
+        if len(line) > budget.left:
+            self.result.records_not_kept += 1
+            return
+        budget.left -= len(line)
+        text = line.decode("utf-8", "replace")
+        self.result.records.append(Excerpt(self.reading.name, self.reading.rank_hint, start, text))
 
 
 class _History:

@@ -83,10 +83,23 @@ from unsafe_doctor.tracebacks import Frame, Traceback
 
 
 @dataclass(frozen=True)
+class SentinelSeen:
+    """What the sentinel's log lines said of one global, every rank's lines together
+    (`sentinel_findings`): the training process itself named it, after the recovery."""
+
+    ranks: tuple[int, ...]  # sorted: the ranks whose lines named it
+    backends: tuple[str, ...]  # the backends that checked: "npu" (torch_npu's own check) or "emulated"
+    tensors: int  # the most unsafe tensors one rank found behind it; 0 for a cache
+    paths: tuple[str, ...]  # readable paths of some of them, as a line gave them (untrusted text)
+    healed_ranks: tuple[int, ...]  # ranks whose heal mode ran the rule's fix in process and checked it safe
+    healed_everywhere: bool  # every line naming it said healed
+
+
+@dataclass(frozen=True)
 class Finding:
     ranks: tuple[int, ...]  # sorted
-    traceback: Traceback  # first occurrence in log order (the whole chain)
-    unsafe: Traceback  # the link of that chain whose message is the unsafe-data error
+    traceback: Traceback | None  # first occurrence in log order (the whole chain); None: only the sentinel saw it
+    unsafe: Traceback | None  # the link of that chain whose message is the unsafe-data error
     culprit: Frame | None
     tensor: TensorRef | None
     source_file: str | None  # the local file read for context, if any
@@ -94,6 +107,7 @@ class Finding:
     source_differs: bool = False  # the culprit's local file is not the one that ran: its lines differ from the log's
     origin: Origin = Origin.LOG  # where the source the tensor was read from came from; LOG: a guess from the printed line
     release: str | None = None  # for INDEX: the releases the frames fit (`ReleaseMatch.describe`)
+    sentinel: SentinelSeen | None = None  # what the sentinel's lines said of this global, when they named it
 
     @property
     def subject(self) -> Subject:

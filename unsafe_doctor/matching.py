@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import re
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unsafe_doctor.recovery import LossScaling
+from unsafe_doctor.source.files import import_root
+from unsafe_doctor.tracebacks import Frame
 
 if TYPE_CHECKING:
     from unsafe_doctor.knowledge import Rule, RuleMatch
@@ -85,6 +88,36 @@ def names_global(match: RuleMatch, variable: str, module: str | None, owner: str
     if match.owner is not None and owner != match.owner:
         return False
     return True
+
+
+def frame_named(rule: Rule, variable: str, module: str | None, owner: str | None, definition: Path | None) -> Frame | None:
+    """The frame a rule names, for a global whose name, owner and module the rule names exactly.
+
+    Some rules recognise a tensor by the frame a log shows reading it (`attention_mask_func` reads
+    the cached causal mask). Who knows the global itself (the audit from its source, the sentinel
+    in the process) takes that frame as given: under the import root of the global's `definition`,
+    or under `/` when no file is known."""
+    match = next(
+        (
+            block
+            for block in rule.matches
+            if block.variable == variable
+            and (block.file is not None or block.function is not None)
+            and names_global(block, variable, module, owner)
+        ),
+        None,
+    )
+    if match is None:
+        return None
+    root = import_root(definition, module) if definition is not None and module else Path("/")
+    file = str(definition) if definition is not None else "/" + (module or variable).replace(".", "/") + ".py"
+    if match.file is not None:
+        tail = match.file.removeprefix("*/")
+        if _is_glob(tail) or root is None:
+            return None
+        file = str(root / tail)
+    function = match.function if match.function and not _is_glob(match.function) else "<module>"
+    return Frame(file, None, function, None)
 
 
 def _is_glob(pattern: str) -> bool:

@@ -41,6 +41,7 @@ class UnsafeGlobal:
     fix_function: str | None  # where the rule's fix goes (rollback function, or receive function)
     healed: bool = False  # heal mode ran the rule's fix and every tensor checked safe after it
     heal_error: str | None = None  # heal mode ran the rule's fix and it raised this, or left tensors unsafe
+    cached: bool = False  # `variable` is an lru-cached function: the tensors are its cache's keys and results
     event: Literal["unsafe"] = "unsafe"
 
     @property
@@ -80,13 +81,14 @@ def parse_line(line: str) -> Record | None:
         return None
     try:
         payload, _end = json.JSONDecoder().raw_decode(line, start)
-    except ValueError:
+    except (ValueError, RecursionError):  # damaged, or nested deeper than the decoder recurses
         return None
     return _record(payload) if isinstance(payload, dict) else None
 
 
 def _record(payload: dict[str, Any]) -> Record | None:
-    kind = _KINDS.get(payload.get("event"))  # type: ignore[arg-type]
+    event = payload.get("event")
+    kind = _KINDS.get(event) if isinstance(event, str) else None
     if kind is None:
         return None
     names = {field.name for field in fields(kind)}
@@ -128,4 +130,5 @@ def _words(record: Record) -> str:
 
 
 def _counted(count: int, noun: str) -> str:
-    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+    number = f"{count:,}" if type(count) is int else repr(count)  # a record built from a hostile line is still written
+    return f"{number} {noun}" + ("" if count == 1 else "s")

@@ -19,8 +19,7 @@ from unsafe_doctor.classify import Classification, Classified, FixPlan, NoFix, c
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import Rule
-from unsafe_doctor.matching import names_global, rule_matches
-from unsafe_doctor.source.files import import_root
+from unsafe_doctor.matching import frame_named, rule_matches
 from unsafe_doctor.subject import Evidence, Subject
 from unsafe_doctor.tracebacks import Frame
 
@@ -95,37 +94,9 @@ def _cache_classification(holder: Holder, context: RunContext) -> Classified:
 
 
 def _rule_frame(rule: Rule, holder: Holder) -> Frame | None:
-    """The frame a rule names, for a holder whose name, owner and module the rule names exactly.
-
-    Some rules recognise a tensor by the frame a log shows reading it (`attention_mask_func` reads
-    the cached causal mask): the audit knows the holder itself, so the frame is taken as given,
-    placed under the holder's import root."""
-    match = next(
-        (
-            block
-            for block in rule.matches
-            if block.variable == holder.variable
-            and (block.file is not None or block.function is not None)
-            and names_global(block, holder.variable, holder.module, holder.owner)
-        ),
-        None,
-    )
-    if match is None:
-        return None
+    """The frame a rule names for the holder, under the holder's import root (`matching.frame_named`)."""
     definition = Path(holder.definition.file).resolve()
-    file = str(definition)
-    if match.file is not None:
-        tail = match.file.removeprefix("*/")
-        root = import_root(definition, holder.module)
-        if _is_glob(tail) or root is None:
-            return None
-        file = str(root / tail)
-    function = match.function if match.function and not _is_glob(match.function) else "<module>"
-    return Frame(file, None, function, None)
-
-
-def _is_glob(pattern: str) -> bool:
-    return any(char in pattern for char in "*?[")
+    return frame_named(rule, holder.variable, holder.module, holder.owner, definition)
 
 
 def _frame(site: Site) -> Frame:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -11,7 +12,7 @@ from rich.text import Text
 
 from unsafe_doctor.classify import Classification, FixPlan
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
-from unsafe_doctor.locate import Finding
+from unsafe_doctor.locate import Finding, SentinelSeen
 from unsafe_doctor.report.common import (
     CodeToCopy,
     PythonCode,
@@ -25,8 +26,10 @@ from unsafe_doctor.report.common import (
     title,
 )
 from unsafe_doctor.report.sarif import location, sarif_log
+from unsafe_doctor.sentinel_log import Summary
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin
+from unsafe_doctor.subject import TensorRef
 from unsafe_doctor.tracebacks import Frame
 
 SCHEMA = "unsafe-doctor/diagnosis/v1"
@@ -39,6 +42,7 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
         "inputs": [{"name": info.name, "bytes": info.bytes} for info in diagnosis.inputs],
         "skipped_inputs": [{"name": item.name, "reason": item.reason} for item in diagnosis.skipped],
         "findings": [_finding_json(item, diagnosis) for item in diagnosis.findings],
+        "sentinel": [_check_json(check) for check in diagnosis.sentinel_checks],
         "summary": {
             "ranks_seen": list(diagnosis.ranks_seen),
             "first_failed_rank": diagnosis.first_failed_rank,
@@ -46,6 +50,7 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
             "unsafe_messages_not_parsed": diagnosis.hits_not_parsed,
             "last_error": _last_error_json(diagnosis),
             "untraced_ranks": list(diagnosis.untraced_ranks),
+            "sentinel_lines_ignored": diagnosis.sentinel_lines_ignored,
             "loss_scaling": diagnosis.loss_scaling,  # "none", "grad-scaler", or null when the log does not say
             "frameworks": frameworks_json(diagnosis.context.environment),
             "adaptor": adaptor_json(diagnosis.context.environment),
@@ -59,11 +64,11 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
 
 def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any]:
     finding, context, verdict = item.finding, diagnosis.recovery, item.classification
-    tensor = finding.tensor
+    tensor, unsafe = finding.tensor, finding.unsafe
     return {
         "ranks": list(finding.ranks),
-        "message": finding.unsafe.message,
-        "error_code": finding.unsafe.error_code,
+        "message": unsafe.message if unsafe else None,
+        "error_code": unsafe.error_code if unsafe else None,
         "recovery": {
             "seen": context.seen,
             "fault_ranks": list(context.fault_ranks),
@@ -71,22 +76,40 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
             "phase": item.phase,
         },
         "culprit": _frame_json(finding.culprit) if finding.culprit else None,
-        "frames": [_frame_json(frame) for frame in finding.unsafe.frames],
+        "frames": [_frame_json(frame) for frame in unsafe.frames] if unsafe else [],
         "tensor": None
         if tensor is None
         else {"expression": tensor.expression, "variable": tensor.variable, "module": tensor.module, "owner": tensor.owner},
         "source_from": finding.origin.value,
         "source_release": finding.release,
         "source_confidence": finding.origin.confidence,
-        "truncated": finding.unsafe.truncated,
-        "notes": [*finding.notes, *verdict.notes],
+        "truncated": unsafe.truncated if unsafe else False,
+        "notes": [*finding.notes, *_healed_notes(finding.sentinel), *verdict.notes],
         "scenario": verdict.scenario,
         "rule": verdict.rule,
         "confidence": verdict.confidence,
         "reason": verdict.reason,
         "evidence": [str(evidence) for evidence in verdict.evidence],
         "fix": fix_plan_json(verdict.fix),
+        "found_by": [*(["traceback"] if unsafe else []), *(["sentinel"] if finding.sentinel else [])],
+        "sentinel": _seen_json(finding.sentinel) if finding.sentinel else None,
     }
+
+
+def _seen_json(seen: SentinelSeen) -> dict[str, Any]:
+    return {
+        "ranks": list(seen.ranks),
+        "backends": list(seen.backends),
+        "tensors": seen.tensors,
+        "paths": list(seen.paths),
+        "healed": seen.healed_everywhere,
+        "healed_ranks": list(seen.healed_ranks),
+    }
+
+
+def _check_json(check: Summary) -> dict[str, Any]:
+    """A check as the sentinel logged it: its record's fields, less the event."""
+    return {key: value for key, value in asdict(check).items() if key != "event"}
 
 
 def _frame_json(frame: Frame) -> dict[str, Any]:
@@ -107,10 +130,11 @@ def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
         finding = item.finding
         tensor = finding.tensor
         what = tensor.variable or tensor.expression if tensor else "a tensor"
+        state = "is read while still marked unsafe" if finding.unsafe else "is still marked unsafe after the recovery"
         result: dict[str, Any] = {
             "ruleId": "unsafe-data-after-recovery",
             "level": "error",
-            "message": {"text": f"{what} is read while still marked unsafe (ranks {rank_ranges(finding.ranks)})"},
+            "message": {"text": f"{what} {state} (ranks {rank_ranges(finding.ranks)})"},
         }
         if finding.culprit is not None:
             result["locations"] = [location(finding.culprit.file, finding.culprit.line)]
@@ -135,6 +159,8 @@ def to_text(diagnosis: Diagnosis, elapsed: float) -> RenderableType:
         parts.append(_untraced(diagnosis))
     if not diagnosis.findings and not diagnosis.untraced_ranks:
         parts.append(_no_finding(diagnosis))
+    if diagnosis.sentinel_checks or diagnosis.sentinel_lines_ignored:
+        parts.append(_sentinel_checks(diagnosis))
     parts.append(_summary(diagnosis, elapsed))
     return Group(*parts)
 
@@ -145,28 +171,23 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="ellipsis")  # a word too long is cut with "…", never split over two lines
     tensor = finding.tensor
-    if tensor is not None:
-        line = Text(printable(tensor.variable or tensor.expression), style="bold magenta")
-        where = ".".join(part for part in (tensor.module, tensor.owner) if part)
-        if where:
-            line.append(f"  in {printable(where)}", style="cyan")
-        if tensor.variable and tensor.expression != tensor.variable:
-            line.append(f"\naccessed as {printable(tensor.expression)}", style="dim")
-        grid.add_row("Tensor", line)
-    else:
-        grid.add_row("Tensor", Text("could not be resolved from the traceback", style="yellow"))
+    grid.add_row("Tensor", _tensor_text(tensor))
     grid.add_row("Source", _origin_text(finding, guessed=tensor is not None))
-    error = Text(printable(f"{finding.unsafe.exception_type}: {finding.unsafe.message}"), style="red")
-    if finding.unsafe.error_code:
-        error.append(f"  [{printable(finding.unsafe.error_code)}]", style="dim")
-    grid.add_row("Error", error)
+    unsafe = finding.unsafe
+    if unsafe is not None:
+        error = Text(printable(f"{unsafe.exception_type}: {unsafe.message}"), style="red")
+        if unsafe.error_code:
+            error.append(f"  [{printable(unsafe.error_code)}]", style="dim")
+        grid.add_row("Error", error)
+    if finding.sentinel is not None:
+        grid.add_row("Sentinel", _seen_text(finding.sentinel, also=unsafe is not None))
     grid.add_row("Phase", Text(_phase_text(item, diagnosis)))
     if finding.culprit is not None:
         grid.add_row("Culprit", _frame_text(finding.culprit))
         if finding.culprit.source:
             start = finding.culprit.line or 1
             grid.add_row("", PythonCode(finding.culprit.source, line_numbers=True, start_line=start, word_wrap=True))
-    frames = finding.unsafe.frames
+    frames = unsafe.frames if unsafe else ()
     if frames:
         own = [frame for frame in frames if not is_internal_file(frame.file)] or list(frames)
         shown = own[-SHORT_STACK:]
@@ -175,18 +196,32 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
             stack.append(f"… {counted(len(frames) - len(shown), 'more frame')} (outer, or torch internals)\n", style="dim")
         stack.append(Text("\n").join(_frame_text(frame) for frame in shown))
         grid.add_row("Stack", stack)
-    if finding.unsafe.truncated:
+    if unsafe is not None and unsafe.truncated:
         grid.add_row("", Text("The traceback is cut short in the log; what is shown is what it holds.", style="yellow"))
     _add_classification(grid, item.classification)
-    for note in (*finding.notes, *item.classification.notes):
+    for note in (*finding.notes, *_healed_notes(finding.sentinel), *item.classification.notes):
         grid.add_row("Note", Text(printable(note), style="dim"))
     ranks = f"rank{'s' if len(finding.ranks) != 1 else ''} {rank_ranges(finding.ranks) or 'unknown'}"
     return Panel(grid, title=title(f"Finding {number} · {ranks}"), title_align="left", border_style="red")
 
 
+def _tensor_text(tensor: TensorRef | None) -> Text:
+    if tensor is None:
+        return Text("could not be resolved from the traceback", style="yellow")
+    line = Text(printable(tensor.variable or tensor.expression), style="bold magenta")
+    where = ".".join(part for part in (tensor.module, tensor.owner) if part)
+    if where:
+        line.append(f"  in {printable(where)}", style="cyan")
+    if tensor.variable and tensor.expression != tensor.variable:
+        line.append(f"\naccessed as {printable(tensor.expression)}", style="dim")
+    return line
+
+
 def _origin_text(finding: Finding, *, guessed: bool) -> Text:
     """One line on where the culprit's source came from: a tensor named from the log alone is a guess."""
     origin, source_file = finding.origin, finding.source_file
+    if origin is Origin.SENTINEL:
+        return Text("the training process itself: the sentinel's lines name the global (no traceback)")
     if origin is Origin.JOB:
         return Text(f"the job's source, {printable(short_path(source_file or ''))}")
     if origin is Origin.INDEX:
@@ -196,6 +231,35 @@ def _origin_text(finding: Finding, *, guessed: bool) -> Text:
     if guessed:
         return Text("the log's text alone: the tensor is a guess from the printed line", style="yellow")
     return Text("the log's text alone", style="yellow")
+
+
+def _seen_text(seen: SentinelSeen, *, also: bool) -> Text:
+    """What the sentinel said of the global, on which ranks, checked by which backend."""
+    ranks = f"rank{'s' if len(seen.ranks) != 1 else ''} {rank_ranges(seen.ranks)}" if seen.ranks else "a rank it does not name"
+    text = Text(f"{counted(seen.tensors, 'unsafe tensor')} behind it after the recovery, on {ranks}")
+    text.append(f" ({_backends(seen.backends)})", style="dim")
+    if also:
+        text.append("\nthe sentinel named it too, before the traceback", style="dim")
+    for path in seen.paths:
+        text.append(f"\n{printable(path)}", style="dim")
+    return text
+
+
+def _backends(backends: tuple[str, ...]) -> str:
+    """Which check ran: only the npu backend is torch_npu's own check on an NPU."""
+    words = {"npu": "checked by torch_npu on the NPU", "emulated": "emulated backend, no NPU check"}
+    return "; ".join(words.get(backend, f"{printable(backend)} backend") for backend in backends)
+
+
+def _healed_notes(seen: SentinelSeen | None) -> tuple[str, ...]:
+    if seen is None or not seen.healed_ranks and not seen.healed_everywhere:
+        return ()
+    ranks = f"rank{'s' if len(seen.healed_ranks) != 1 else ''} {rank_ranges(seen.healed_ranks)}"
+    where = "" if seen.healed_everywhere else f" on {ranks} only"
+    return (
+        f"the sentinel healed it in process{where} (heal mode ran the rule's fix and it checked safe after): this "
+        "recovery went on, but the adaptor still needs the fix for the next fault",
+    )
 
 
 def _add_classification(grid: Table, verdict: Classification) -> None:
@@ -242,6 +306,8 @@ def _phase_text(item: DiagnosedFinding, diagnosis: Diagnosis) -> str:
     if context.step is not None:
         detail.append(f"recovery at step {context.step}")
     suffix = f" ({', '.join(detail)})" if detail else ""
+    if item.finding.unsafe is None:
+        return "left unsafe by the recovery, found by the sentinel before the first iteration read it" + suffix
     return {
         "after-recovery": "first iteration after recovery" + suffix,
         "rollback": "inside the rollback callback" + suffix,
@@ -292,6 +358,31 @@ def _no_finding(diagnosis: Diagnosis) -> RenderableType:
         text.append(f"\nThe log ends with another error{rank}: ", style="default")
         first = error.message.splitlines()[0] if error.message else ""
         text.append(printable(f"{error.exception_type}: {first}"), style="red")
+    return text
+
+
+def _sentinel_checks(diagnosis: Diagnosis) -> Text:
+    """Per rank, what the sentinel checked, with which backend, and whether its walk stopped early."""
+    groups: dict[tuple[str, str, str | None], list[Summary]] = {}
+    for check in diagnosis.sentinel_checks:
+        groups.setdefault((check.backend, check.mode, check.stopped_early), []).append(check)
+    text = Text("Sentinel checks:", style="bold")
+    for (backend, mode, early), checks in groups.items():
+        ranks = sorted({check.rank for check in checks if check.rank is not None})
+        who = f"rank{'s' if len(ranks) != 1 else ''} {rank_ranges(ranks)}" if ranks else "a process with no rank"
+        counts = sorted(check.tensors_checked for check in checks)
+        checked = f"{counts[0]:,}" if counts[0] == counts[-1] else f"{counts[0]:,}–{counts[-1]:,}"
+        unsafe = max(check.unsafe_globals for check in checks)
+        found = f"up to {counted(unsafe, 'unsafe global')}" if unsafe else "clean"
+        walk = f"stopped early: {printable(early)}, so globals past it were not checked" if early else "walk complete"
+        text.append(f"\n  {who}: {checked} tensors checked ({_backends((backend,))}), mode {mode}, {found}; ")
+        text.append(walk, style="yellow" if early else "default")
+    if diagnosis.sentinel_lines_ignored:
+        text.append(
+            f"\n  {counted(diagnosis.sentinel_lines_ignored, 'sentinel line')} not read: damaged, naming no plain Python "
+            "name, or past the reading budget",
+            style="yellow",
+        )
     return text
 
 

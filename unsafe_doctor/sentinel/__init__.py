@@ -153,7 +153,7 @@ def _report(
     globals_ = tuple(
         UnsafeGlobal(
             rank, backend.name, holder.module, holder.owner, holder.variable, len(paths), tuple(paths[:PATHS_PER_GLOBAL]),
-            judged[holder].scenario, judged[holder].rule, judged[holder].fix_function,
+            judged[holder].scenario, judged[holder].rule, judged[holder].fix_function, cached=holder in found.caches,
         )
         for holder, paths in unsafe.items()
     )

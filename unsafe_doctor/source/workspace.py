@@ -57,17 +57,19 @@ Binding = ast.ClassDef | Function | Assignment | ImportedName
 
 
 class Origin(str, Enum):
-    """Where the source read for a printed path came from; `log` findings are guesses from the printed line."""
+    """Where the source read for a printed path came from; `log` findings are guesses from the printed line,
+    `sentinel` ones were named by the training process (no traceback, no source needed)."""
 
     JOB = "job"  # the path as printed, or under a --source-root: the job's own files
     INDEX = "index"  # the shipped index, as the release the log's frames fingerprint
     INSTALLED = "installed"  # under a `sys.path` directory: a local installation, maybe another release
     LOG = "log"  # nothing read: the log's text alone
+    SENTINEL = "sentinel"  # nothing read: the training process named the global itself (the sentinel's lines)
 
     @property
     def confidence(self) -> str:
         """How far a tensor named from this source can be trusted: a log-only one is a guess."""
-        return {"job": "high", "index": "high", "installed": "medium"}.get(self.value, "guess")
+        return {"job": "high", "index": "high", "installed": "medium", "sentinel": "high"}.get(self.value, "guess")
 
 
 @dataclass(frozen=True)

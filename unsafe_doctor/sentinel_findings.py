@@ -1,0 +1,148 @@
+"""The sentinel's lines in a log -> findings: one per global (an lru-cached function included) with every rank that
+named it, merged into the traceback findings that name the same global.
+
+The sentinel runs in the training process at the end of the recovery and logs one line per global
+still unsafe (`sentinel_log`); a job whose first step has not died yet has no traceback at all.
+A log is untrusted: a record that is damaged, names something that is no plain dotted Python name
+(`knowledge.is_safe_dotted`, the fixer's own check), gives a count or rank no job has, or a backend
+that is no plain word, is not read, only counted. Only what the record says happened is taken
+(which global, ranks, backend, counts, healed); the scenario and rule it claims are not: `classify`
+decides those from the knowledge base.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from unsafe_doctor.knowledge import is_safe_dotted
+from unsafe_doctor.locate import Finding, SentinelSeen
+from unsafe_doctor.logs import LogLine
+from unsafe_doctor.sentinel_log import MODES, SCHEMA, Record, Summary, UnsafeGlobal, parse_line
+from unsafe_doctor.source.workspace import Origin
+from unsafe_doctor.subject import TensorRef
+
+MAX_RANK = 1 << 20  # no job has more ranks: a larger number is no rank
+MAX_COUNT = 1 << 40  # tensors, entries, globals: a larger number is no count
+MAX_PATHS = 8  # readable paths kept per global
+MAX_TEXT = 300  # characters kept of a path, or of why a walk stopped early
+_WORD = re.compile(r"[a-z][a-z0-9_-]{0,31}")  # a backend's name
+
+@dataclass(frozen=True)
+class SentinelLines:
+    findings: tuple[Finding, ...]  # one per global, in the order the log first names them
+    checks: tuple[Summary, ...]  # one per check logged (each once), with the line's rank when the record has none
+    ignored: int  # lines with the sentinel's schema whose record is damaged or not safe to use
+
+
+def read(lines: Iterable[LogLine]) -> SentinelLines:
+    """The records of the sentinel's lines (`inputs.Scan.records`, split into lines)."""
+    named: dict[tuple[bool, str | None, str | None, str], list[UnsafeGlobal]] = {}
+    checks: dict[Summary, None] = {}
+    ignored = 0
+    for line in lines:
+        record = _checked(parse_line(line.text), line.rank)
+        if record is None:
+            ignored += int(SCHEMA in line.text)  # a line of the sentinel, not read
+        elif isinstance(record, Summary):
+            checks[record] = None
+        else:
+            named.setdefault((record.cached, record.module, record.owner, record.variable), []).append(record)
+    return SentinelLines(tuple(_finding(records) for records in named.values()), tuple(checks), ignored)
+
+
+def merge(located: Sequence[Finding], sentinel: Sequence[Finding]) -> list[Finding]:
+    """A traceback finding whose global the sentinel named too gets what it said, ranks united; a
+    global no traceback names is a finding of its own, after the traceback findings."""
+    merged = list(located)
+    for seen in sentinel:
+        same = [index for index, finding in enumerate(located) if _same_global(finding.tensor, seen.tensor)]
+        for index in same:
+            merged[index] = _united(merged[index], seen)
+        if not same:
+            merged.append(seen)
+    return merged
+
+
+# --- one record ------------------------------------------------------------------------------------
+
+
+def _checked(record: Record | None, line_rank: int | None) -> Record | None:
+    """The record with the line's rank when it gives none and its texts cut short; None when unsafe to use."""
+    if record is None:
+        return None
+    if record.rank is None:
+        record = replace(record, rank=line_rank)
+    if not (record.rank is None or 0 <= record.rank < MAX_RANK) or not _WORD.fullmatch(record.backend):
+        return None
+    if isinstance(record, Summary):
+        return _checked_summary(record)
+    names = (record.module, record.owner)
+    if not is_safe_dotted(record.variable) or not all(name is None or is_safe_dotted(name) for name in names):
+        return None
+    if not _count(record.tensors) or not isinstance(record.healed, bool) or not isinstance(record.cached, bool):
+        return None
+    return replace(record, paths=tuple(path[:MAX_TEXT] for path in record.paths[:MAX_PATHS]))
+
+
+def _checked_summary(summary: Summary) -> Summary | None:
+    counts = (summary.tensors_checked, summary.unsafe_tensors, summary.unsafe_globals)
+    seconds = summary.seconds
+    timed = type(seconds) in (int, float) and math.isfinite(seconds) and seconds >= 0
+    early = summary.stopped_early
+    if summary.mode not in MODES or not all(map(_count, counts)) or not timed or not isinstance(early, str | None):
+        return None
+    return replace(summary, stopped_early=early[:MAX_TEXT] if early is not None else None)
+
+
+def _count(value: object) -> bool:
+    return type(value) is int and 0 <= value < MAX_COUNT
+
+
+# --- one global ------------------------------------------------------------------------------------
+
+
+def _finding(records: Sequence[UnsafeGlobal]) -> Finding:
+    """Every rank's record of one global, as one finding; its tensor is the global itself."""
+    first = records[0]
+    ranks = tuple(sorted({record.rank for record in records if record.rank is not None}))
+    healed = [record for record in records if record.healed]
+    seen = SentinelSeen(
+        ranks=ranks,
+        backends=tuple(dict.fromkeys(record.backend for record in records)),
+        tensors=max(record.tensors for record in records),
+        paths=tuple(dict.fromkeys(path for record in records for path in record.paths))[:MAX_PATHS],
+        healed_ranks=tuple(sorted({record.rank for record in healed if record.rank is not None})),
+        healed_everywhere=len(healed) == len(records),
+    )
+    expression = f"{first.owner}.{first.variable}" if first.owner else first.variable
+    tensor = TensorRef(expression, first.variable, first.module, first.owner, cached=first.cached)
+    return Finding(ranks, None, None, None, tensor, None, (), origin=Origin.SENTINEL, sentinel=seen)
+
+
+def _same_global(located: TensorRef | None, named: TensorRef | None) -> bool:
+    """The traceback's tensor is the sentinel's global: the same name and kind, and the same module
+    and owner where the traceback tells them (a log read without source may not)."""
+    if located is None or named is None:
+        return False
+    return (
+        located.variable == named.variable
+        and located.cached == named.cached
+        and located.module in (None, named.module)
+        and located.owner in (None, named.owner)
+    )
+
+
+def _united(finding: Finding, seen: Finding) -> Finding:
+    """The traceback's finding (frames, culprit, source) with the sentinel's ranks and word; the
+    module or owner the traceback could not tell is the sentinel's."""
+    assert finding.tensor is not None and seen.tensor is not None and seen.sentinel is not None
+    known, named = finding.tensor, seen.tensor
+    tensor = replace(known, module=known.module or named.module, owner=known.owner or named.owner)
+    notes = finding.notes
+    if tensor != finding.tensor:
+        notes = (*notes, f"{tensor.dotted}: named so by the sentinel's lines, which the traceback alone could not tell")
+    ranks = tuple(sorted({*finding.ranks, *seen.ranks}))
+    return replace(finding, ranks=ranks, tensor=tensor, notes=notes, sentinel=seen.sentinel)
