@@ -10,8 +10,9 @@ buffers exist. Then, under the emulated backend: every tensor is marked unsafe (
 parameters and the optimizer state safe again (the adaptor's repair), and
 ``examine(model, optimizer, packages=["megatron"])`` is timed, best and median of --repeat runs.
 Prints the parameters, the tensors checked, the objects visited, the seconds, the unsafe globals
-named, and the peak RSS the walk adds; then the same walk on smaller models of 2 to 16 layers and 8 to
-64 experts, with the cost per tensor. Target: under 1 s per rank.
+named, and the peak RSS the walk adds; then the same walk on smaller models of 2 to 16 layers and 8
+to 64 experts, with the cost per tensor and the line fitted through them (a fixed cost, and a cost
+per tensor). Target: under 1 s per rank. Other work on the machine slows the runs: compare bests.
 """
 
 from __future__ import annotations
@@ -70,11 +71,16 @@ def main() -> int:
     print("\ngrowth (hidden 128, vocabulary 4096; 1 step each):")
     print(f"{'layers':>6} {'experts':>7} {'parameters':>12} {'tensors':>8} {'objects':>8} {'best s':>8} {'median s':>9} "
           f"{'us/tensor':>10}")
+    points = []
     for shape in GROWTH:
         timing = measure(shape, 1, options.repeat, False)
+        points.append((timing.tensors, timing.best))
         per_tensor = timing.best / timing.tensors * 1e6
         print(f"{shape.layers:>6} {shape.experts:>7} {timing.parameters:>12,} {timing.tensors:>8,} {timing.objects:>8,} "
               f"{timing.best:>8.3f} {timing.median:>9.3f} {per_tensor:>10.1f}")
+    fixed, slope = _line(points)
+    print(f"least squares on the best times: {fixed * 1e3:.0f} ms fixed + {slope * 1e6:.1f} us per tensor "
+          f"(1 s at about {(TARGET_SECONDS - fixed) / slope:,.0f} tensors)")
     verdict = "within" if large.best < TARGET_SECONDS else "OVER"
     print(f"\nlarge model: {large.best:.3f} s per rank ({verdict} the {TARGET_SECONDS:g} s target)")
     return 0
@@ -122,6 +128,13 @@ def measure(shape: gpt.Shape, steps: int, repeat: int, profile: bool) -> Timing:
     del trained, report
     gc.collect()
     return timing
+
+
+def _line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Intercept and slope of the least-squares line through (tensors, seconds)."""
+    xs, ys = [float(x) for x, _ in points], [y for _, y in points]
+    slope = statistics.covariance(xs, ys) / statistics.variance(xs)
+    return statistics.fmean(ys) - slope * statistics.fmean(xs), slope
 
 
 def _profile(run) -> None:

@@ -1,4 +1,4 @@
-"""The sentinel on a real megatron-core 0.16.1 GPT/MoE model, under the emulated backend (issue 14's acceptance).
+"""The sentinel on a real megatron-core GPT/MoE model, under the emulated backend (issue 14's acceptance).
 
 The model is megatron-core's GPTModel with MoE (aux-loss-free balancing, rotary embeddings), built
 and trained on CPU for two steps (tests/fixtures/sentinel/megatron_gpt_moe.py). Then the fault
@@ -8,12 +8,16 @@ buffer, RotaryEmbedding.inv_freq, copied the same way. The sentinel must then na
 held-back fixes (the knowledge base's rules for this release) would repair, each with its rule, and
 nothing the recovery did repair. After the fix (heal mode for the scenario-1 rules, the replica's
 copy for the scenario-2 one, as the generated receive block does it), it must name none of them.
+0.16.1 runs in this process; 0.12.1, whose layer-wise tracker lives in parallel_state under another
+rule, runs from a pip target in a subprocess (tests/fixtures/sentinel/release_run.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,15 +25,15 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-import torch  # noqa: E402
-
 from unsafe_doctor.knowledge import load_knowledge  # noqa: E402
-from unsafe_doctor.replay.backend import EmulatedBackend  # noqa: E402
-from unsafe_doctor.sentinel import SentinelReport, examine  # noqa: E402
+from unsafe_doctor.sentinel import SentinelReport  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "sentinel"
 
 
 def _load_fixture():
-    path = Path(__file__).resolve().parent / "fixtures" / "sentinel" / "megatron_gpt_moe.py"
+    path = FIXTURES / "megatron_gpt_moe.py"
     spec = importlib.util.spec_from_file_location("megatron_gpt_moe", path)
     module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look themselves up
     spec.loader.exec_module(module)
@@ -59,49 +63,18 @@ HELD_BACK_CACHE = (f"{ROTARY}.forward", "megatron.rotary-emb-cache")
 # backward reads it. No rule names them, and the sentinel cannot tell them from state: false alarms.
 STEP_REFRESHED = {f"{MOE}.moe_layer.MoELayer.token_dispatcher", f"{MOE}.moe_utils.MoEAuxLossAutoScaler.main_loss_backward_scale"}
 REFRESHED_BY_THE_RECOVERY = f"{ROTARY}.inv_freq"
-
-
-@dataclasses.dataclass(frozen=True)
-class Recovery:
-    before: SentinelReport  # after the fault and the unpatched recovery
-    healed: SentinelReport  # heal mode, right after
-    after: SentinelReport  # after heal and the replica's copy of the scenario-2 globals
-    parameter_holders: frozenset[str]  # the class attributes the model's parameters are held by
-    optimizer_holder: str
+# Where older releases keep the layer-wise tracker, and the rule that names it there.
+TRACKERS = {
+    "0.12.1": ("megatron.core.parallel_state._MOE_LAYER_WISE_LOGGING_TRACKER", "megatron.moe-layer-wise-tracker"),
+}
 
 
 @pytest.fixture(scope="module")
-def recovery() -> Recovery:
+def recovery():
     with gpt.megatron_on_cpu():
-        trained = gpt.train(SHAPE, steps=2)
-        model, optimizer = trained.model, trained.optimizer
-        routers = [module for module in model.modules() if type(module).__name__ == "TopKRouter"]
-        repaired = [*model.parameters(), model.rotary_pos_emb.inv_freq,
-                    *(value for state in optimizer.state.values() for key, value in state.items() if key != "step")]
-        replica = [(tensor, tensor.detach().clone()) for tensor in repaired]
-        bias_replica = [(router.expert_bias, router.expert_bias.clone()) for router in routers]
-        backend = EmulatedBackend()
-        with backend.activate(), torch.no_grad():
-            # Host memory on a real run, so no fault marks it (on CPU the emulation counts every tensor
-            # as device memory): the RNG tracker's states, which torch.cuda.get_rng_state() and
-            # torch_npu return as CPU ByteTensors, an import-time CPU scalar of MTPLossAutoScaler, and
-            # Adam's step counters, as the replay harness marks them. The replica's bytes live on
-            # another rank.
-            backend.mark_host(*gpt.host_tensors(trained), *(copy for _, copy in replica + bias_replica))
-            backend.mark_all_unsafe()
-            backend.set_check(True)
-            for tensor, copy in replica:  # the unpatched recovery: the repair's copy_ from the replica
-                tensor.copy_(copy)
-            before = examine(model, optimizer, packages=PACKAGES, backend=backend)
-            healed = examine(model, optimizer, mode="heal", packages=PACKAGES, backend=backend)
-            for bias, copy in bias_replica:  # the generated recv block: received bytes copied in place
-                bias.copy_(copy)
-            after = examine(model, optimizer, packages=PACKAGES, backend=backend)
-        parameter_holders = frozenset(f"{type(module).__module__}.{type(module).__qualname__}.{name}"
-                                      for module in model.modules() for name in module._parameters)
-        optimizer_holder = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}.state"
+        recovered = gpt.fault_and_recover(gpt.train(SHAPE, steps=2), PACKAGES)
         gpt.forget_rotary_cache()
-    return Recovery(before, healed, after, parameter_holders, optimizer_holder)
+    return recovered
 
 
 def named(report: SentinelReport) -> set[str]:
@@ -156,3 +129,25 @@ def test_the_rotary_embedding_cache_carries_its_rule(recovery):
 @pytest.mark.xfail(strict=True, reason="heal runs the rules of unsafe globals only, never clears a scenario-1 cache")
 def test_heal_clears_the_scenario_1_cache(recovery):
     assert recovery.healed.caches == ()
+
+
+@pytest.mark.parametrize("version", TRACKERS)
+def test_on_older_releases_the_sentinel_names_the_held_back_globals_where_the_release_keeps_them(
+    version, megatron_core_release
+):
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(megatron_core_release(version)), str(ROOT)]),
+                   "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    run = subprocess.run([sys.executable, str(FIXTURES / "release_run.py")], capture_output=True, text=True,
+                         env=environment, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    said = json.loads(run.stdout)
+    tracker, rule = TRACKERS[version]
+    held_back = {**{name: value for name, value in HELD_BACK.items() if "TRACKER" not in name}, tracker: (rule, 1)}
+    before = {name: tuple(value) for name, value in said["before"].items()}
+    assert said["release"] == version
+    assert {name: before.get(name) for name in held_back} == held_back
+    assert before.keys() - held_back.keys() <= STEP_REFRESHED
+    assert said["parameters_named"] == [] and REFRESHED_BY_THE_RECOVERY not in before
+    assert HELD_BACK_CACHE[0] in said["caches"]
+    assert all(said["healed"][name] == [True, None] for name, (_, scenario) in held_back.items() if scenario == 1)
+    assert set(said["after"]) <= STEP_REFRESHED
