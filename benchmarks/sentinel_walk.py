@@ -120,8 +120,11 @@ def measure(shape: gpt.Shape, steps: int, repeat: int, profile: bool) -> Timing:
             objects = walk(roots, PACKAGES).objects
             if profile:
                 _profile(lambda: examine(*roots, packages=PACKAGES, backend=backend))
-        named = tuple(item.dotted for item in report.unsafe) + tuple(
-            f"{cache.module}.{cache.owner}.{cache.variable} (lru cache, {cache.entries} entries)" for cache in report.caches)
+        named = tuple(
+            item.dotted + (" (lru cache)" if item.cached else "")
+            + (f" (written by the step first: {item.written_by_step})" if item.written_by_step else "")
+            for item in report.unsafe
+        )
         timing = Timing(trained.parameters, report.summary.tensors_checked, objects, min(seconds),
                         statistics.median(seconds), named, added)
         gpt.forget_rotary_cache()

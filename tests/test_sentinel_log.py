@@ -322,3 +322,14 @@ def test_a_log_of_clean_checks_is_no_finding(tmp_path):
     assert code == 0
     assert report["findings"] == []
     assert report["sentinel"][0]["tensors_checked"] == 300
+
+
+def test_a_global_the_step_writes_before_reading_is_no_finding(tmp_path):
+    """The sentinel logged it as harmless (knowledge_base/step_written.yaml): nothing to fix."""
+    log = tmp_path / "train.log"
+    scale = UnsafeGlobal(1, "emulated", "megatron.core.transformer.moe.moe_utils", "MoEAuxLossAutoScaler",
+                         "main_loss_backward_scale", 1, (), None, None, None, written_by_step="megatron.moe-aux-loss-scale")
+    log.write_text(prefixed(1, [format_line(scale), format_line(records(1)[3])]))
+    result = run("diagnose", str(log), "--format", "json", "--no-input")
+    report = json.loads(result.stdout)
+    assert [finding["tensor"]["variable"] for finding in report["findings"]] == ["_EMA_GRAD_NORM"]

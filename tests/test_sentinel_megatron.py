@@ -48,20 +48,26 @@ MOE = "megatron.core.transformer.moe"
 ROTARY = "megatron.core.models.common.embeddings.rotary_pos_embedding.RotaryEmbedding"
 
 # What the held-back fixes repair on megatron-core 0.16.1: each global, with its rule and scenario
-# in knowledge_base/rules/megatron.yaml.
+# in knowledge_base/rules/megatron.yaml. RotaryEmbedding.forward is an lru cache of device tensors:
+# the sentinel checks its results (the garbage collector lists them) and its rule clears it.
 HELD_BACK = {
     f"{MOE}.moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER": ("megatron.moe-layer-wise-tracker-moe-utils", 1),
     "megatron.core.parallel_state._GLOBAL_MEMORY_BUFFER": ("megatron.global-memory-buffer", 1),
     f"{MOE}.router.TopKRouter.local_tokens_per_expert": ("megatron.router-local-tokens-per-expert", 1),
     f"{MOE}.router.TopKRouter.expert_bias": ("megatron.router-expert-bias", 2),
+    f"{ROTARY}.forward": ("megatron.rotary-emb-cache", 1),
 }
-# An lru cache of device tensors that the held-back rule megatron.rotary-emb-cache clears.
-HELD_BACK_CACHE = (f"{ROTARY}.forward", "megatron.rotary-emb-cache")
-# Unsafe after the fault, but the next step never reads them stale: the token dispatcher's per-step
-# tensors (local_map, local_probs, ...) are rebound in its preprocessing before any read, and
-# schedules.forward_step refreshes the aux-loss scale with copy_ (set_loss_scale) before the
-# backward reads it. No rule names them, and the sentinel cannot tell them from state: false alarms.
-STEP_REFRESHED = {f"{MOE}.moe_layer.MoELayer.token_dispatcher", f"{MOE}.moe_utils.MoEAuxLossAutoScaler.main_loss_backward_scale"}
+# Unsafe after the fault, but the next step writes them before it reads them: the all-gather token
+# dispatcher's per-step maps are bound anew in its preprocessing, and schedules.forward_step copies
+# the aux-loss scale in (set_loss_scale) before the backward reads it. The knowledge base says so
+# (knowledge_base/step_written.yaml): the sentinel names them apart and never stops for them.
+DISPATCHER = f"{MOE}.token_dispatcher.MoEAllGatherTokenDispatcher"
+WRITTEN_BY_THE_STEP = {
+    f"{DISPATCHER}.local_map": "megatron.moe-allgather-dispatcher-step",
+    f"{DISPATCHER}.local_probs": "megatron.moe-allgather-dispatcher-step",
+    f"{DISPATCHER}.reversed_local_input_permutation_mapping": "megatron.moe-allgather-dispatcher-step",
+    f"{MOE}.moe_utils.MoEAuxLossAutoScaler.main_loss_backward_scale": "megatron.moe-aux-loss-scale",
+}
 REFRESHED_BY_THE_RECOVERY = f"{ROTARY}.inv_freq"
 # Where older releases keep the layer-wise tracker, and the rule that names it there.
 TRACKERS = {
@@ -86,17 +92,28 @@ def test_the_sentinel_names_every_global_the_held_back_fixes_repair_with_its_rul
     assert {name: found.get(name) for name in HELD_BACK} == HELD_BACK
     scenarios = {rule.id: rule.scenario for rule in load_knowledge().rules}
     assert all(scenarios[rule] == scenario for rule, scenario in HELD_BACK.values())
-    assert HELD_BACK_CACHE[0] in {cache.dotted for cache in recovery.before.caches}
+    assert {item.dotted for item in recovery.before.unsafe if item.cached} == {f"{ROTARY}.forward"}
     assert {item.backend for item in recovery.before.unsafe} == {recovery.before.summary.backend} == {"emulated"}
     assert recovery.before.summary.stopped_early is None
 
 
+def test_the_sentinel_names_exactly_the_held_back_globals_and_none_after_the_fix(recovery):
+    assert named(recovery.before) == HELD_BACK.keys()
+    assert named(recovery.after) == set()
+
+
+def test_what_the_step_writes_before_reading_is_named_apart_with_the_knowledge_that_says_so(recovery):
+    written = {item.dotted: item.written_by_step for item in recovery.before.unsafe if item.written_by_step}
+    assert written == WRITTEN_BY_THE_STEP
+    assert recovery.before.summary.unsafe_globals == len(HELD_BACK)  # the summary counts what a step would die on
+
+
 def test_no_false_alarm_on_parameters_optimizer_state_or_a_buffer_the_recovery_refreshed_with_copy(recovery):
-    found = named(recovery.before)
+    found = {item.dotted for item in recovery.before.unsafe}
     assert not found & recovery.parameter_holders
     assert recovery.optimizer_holder not in found
     assert REFRESHED_BY_THE_RECOVERY not in found
-    assert found - HELD_BACK.keys() <= STEP_REFRESHED  # no other false alarm than the known ones
+    assert found == HELD_BACK.keys() | WRITTEN_BY_THE_STEP.keys()
     assert recovery.before.summary.tensors_checked > recovery.repaired  # they were checked, and found safe
 
 
@@ -105,30 +122,7 @@ def test_heal_runs_the_scenario_1_rules_and_their_globals_check_safe_but_never_h
     scenario_1 = {name for name, (_, scenario) in HELD_BACK.items() if scenario == 1}
     assert {name: outcome[name] for name in scenario_1} == dict.fromkeys(scenario_1, (True, None))
     assert outcome[f"{MOE}.router.TopKRouter.expert_bias"] == (False, None)
-    assert named(recovery.healed) & HELD_BACK.keys() == {f"{MOE}.router.TopKRouter.expert_bias"}
-
-
-def test_after_heal_and_the_replicas_copy_no_held_back_global_is_named(recovery):
-    assert not named(recovery.after) & HELD_BACK.keys()
-    assert named(recovery.after) <= STEP_REFRESHED
-
-
-@pytest.mark.xfail(strict=True, reason="false alarms: the sentinel names scratch a step rebinds or refreshes "
-                   "with copy_ before reading it (STEP_REFRESHED); no rule tells it so")
-def test_the_sentinel_names_exactly_the_held_back_globals_and_none_after_the_fix(recovery):
-    assert named(recovery.before) == HELD_BACK.keys()
-    assert named(recovery.after) == set()
-
-
-@pytest.mark.xfail(strict=True, reason="megatron.rotary-emb-cache matches the rope_utils.py frame only, "
-                   "not the module and class that hold the cache")
-def test_the_rotary_embedding_cache_carries_its_rule(recovery):
-    assert {cache.dotted: cache.rule for cache in recovery.before.caches} == dict([HELD_BACK_CACHE])
-
-
-@pytest.mark.xfail(strict=True, reason="heal runs the rules of unsafe globals only, never clears a scenario-1 cache")
-def test_heal_clears_the_scenario_1_cache(recovery):
-    assert recovery.healed.caches == ()
+    assert named(recovery.healed) == {f"{MOE}.router.TopKRouter.expert_bias"}
 
 
 @pytest.mark.parametrize("version", TRACKERS)
@@ -146,8 +140,7 @@ def test_on_older_releases_the_sentinel_names_the_held_back_globals_where_the_re
     before = {name: tuple(value) for name, value in said["before"].items()}
     assert said["release"] == version
     assert {name: before.get(name) for name in held_back} == held_back
-    assert before.keys() - held_back.keys() <= STEP_REFRESHED
+    assert said["still_unsafe"] == sorted(held_back)
     assert said["parameters_named"] == [] and REFRESHED_BY_THE_RECOVERY not in before
-    assert HELD_BACK_CACHE[0] in said["caches"]
     assert all(said["healed"][name] == [True, None] for name, (_, scenario) in held_back.items() if scenario == 1)
-    assert set(said["after"]) <= STEP_REFRESHED
+    assert said["after"] == []

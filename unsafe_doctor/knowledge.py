@@ -33,7 +33,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge_yaml import line_of, parse, schema_problems
-from unsafe_doctor.matching import may_tie
+from unsafe_doctor.matching import may_tie, names_global
 from unsafe_doctor.recovery import LossScaling
 
 Scenario = Literal[1, 2]
@@ -105,6 +105,22 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class StepWritten:
+    """Tensors a training step writes before it reads them (a `copy_` into them, or a new binding):
+    unsafe after a fault and harmless, so the sentinel names them apart and never stops a recovery for them."""
+
+    id: str
+    title: str
+    matches: tuple[RuleMatch, ...]
+    reason: str
+    references: tuple[str, ...]
+    origin: str
+
+    def names(self, variable: str, module: str | None, owner: str | None) -> bool:
+        return any(names_global(match, variable, module, owner) for match in self.matches)
+
+
+@dataclass(frozen=True)
 class Template:
     """The fix of a global that no rule knows, once heuristics or the user gave its scenario."""
 
@@ -157,6 +173,10 @@ class KnowledgeBase:
     profiles: tuple[AdaptorProfile, ...]
     conditions: dict[str, Condition]
     templates: tuple[Template, ...] = ()
+    step_written: tuple[StepWritten, ...] = ()
+
+    def written_by_the_step(self, variable: str, module: str | None, owner: str | None) -> StepWritten | None:
+        return next((item for item in self.step_written if item.names(variable, module, owner)), None)
 
     def rule(self, rule_id: str) -> Rule | None:
         return next((rule for rule in self.rules if rule.id == rule_id), None)
@@ -205,7 +225,11 @@ def load_knowledge(extra: Sequence[Path] = ()) -> KnowledgeBase:
     if problems:
         raise UsageError(problems[0] + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""))
     return KnowledgeBase(
-        tuple(merged.rules.values()), tuple(merged.profiles.values()), merged.conditions, tuple(merged.templates.values())
+        tuple(merged.rules.values()),
+        tuple(merged.profiles.values()),
+        merged.conditions,
+        tuple(merged.templates.values()),
+        tuple(merged.step_written.values()),
     )
 
 
@@ -243,9 +267,11 @@ class _FileKnowledge:
     templates: dict[str, Template] = field(default_factory=dict)
     profiles: dict[str, AdaptorProfile] = field(default_factory=dict)
     conditions: dict[str, Condition] = field(default_factory=dict)
+    step_written: dict[str, StepWritten] = field(default_factory=dict)
 
     def add(self, other: _FileKnowledge) -> None:
         self.rules.update(other.rules)
+        self.step_written.update(other.step_written)
         self.templates.update(other.templates)
         self.profiles.update(other.profiles)
         self.conditions.update(other.conditions)
@@ -302,6 +328,7 @@ def _load_file(path: Path, problems: list[str], *, check_schema: bool = True) ->
         rules=_section(path, node, data, "rules", _rule, ids, problems),
         templates=_section(path, node, data, "templates", _template, ids, problems),
         profiles=_section(path, node, data, "profiles", _profile, ids, problems),
+        step_written=_section(path, node, data, "step_written", _step_written, ids, problems),
     )
     for name, value in data.get("conditions", {}).items():
         loaded.conditions[name] = _condition(value)
@@ -311,7 +338,7 @@ def _load_file(path: Path, problems: list[str], *, check_schema: bool = True) ->
     return None if len(problems) > before else loaded
 
 
-_Item = TypeVar("_Item", Rule, Template, AdaptorProfile)
+_Item = TypeVar("_Item", Rule, Template, AdaptorProfile, StepWritten)
 
 
 def _section(
@@ -361,8 +388,7 @@ def _fix(item: dict[str, Any], what: str, problems: list[str]) -> FixTemplate:
     return fix
 
 
-def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None:
-    before = len(problems)
+def _matches(item: dict[str, Any], what: str, problems: list[str]) -> list[RuleMatch]:
     blocks = item["match"] if isinstance(item["match"], list) else [item["match"]]
     matches = [RuleMatch(**block) for block in blocks]
     for match in matches:
@@ -370,7 +396,22 @@ def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None
             try:
                 re.compile(match.variable_regex)
             except re.error as error:
-                problems.append(f"{origin}: rule {item['id']}: variable_regex: {error}")
+                problems.append(f"{what}: variable_regex: {error}")
+    return matches
+
+
+def _step_written(item: dict[str, Any], origin: str, problems: list[str]) -> StepWritten | None:
+    before = len(problems)
+    matches = _matches(item, f"{origin}: step_written {item['id']}", problems)
+    if len(problems) > before:
+        return None
+    reason = " ".join(item["reason"].split())
+    return StepWritten(item["id"], item["title"], tuple(matches), reason, tuple(item.get("references", ())), origin)
+
+
+def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None:
+    before = len(problems)
+    matches = _matches(item, f"{origin}: rule {item['id']}", problems)
     framework = item.get("framework") or {}
     versions = _specifier(framework.get("versions"), origin, problems)
     fix = _fix(item, f"{origin}: rule {item['id']}", problems)

@@ -48,7 +48,7 @@ def read(lines: Iterable[LogLine]) -> SentinelLines:
             ignored += int(SCHEMA in line.text)  # a line of the sentinel, not read
         elif isinstance(record, Summary):
             checks[record] = None
-        else:
+        elif record.written_by_step is None:  # else harmless by the sentinel's knowledge: the step writes it first
             named.setdefault((record.cached, record.module, record.owner, record.variable), []).append(record)
     return SentinelLines(tuple(_finding(records) for records in named.values()), tuple(checks), ignored)
 
@@ -82,7 +82,8 @@ def _checked(record: Record | None, line_rank: int | None) -> Record | None:
     names = (record.module, record.owner)
     if not is_safe_dotted(record.variable) or not all(name is None or is_safe_dotted(name) for name in names):
         return None
-    if not _count(record.tensors) or not isinstance(record.healed, bool) or not isinstance(record.cached, bool):
+    flags_ok = isinstance(record.healed, bool) and isinstance(record.cached, bool)
+    if not _count(record.tensors) or not flags_ok or not isinstance(record.written_by_step, str | None):
         return None
     return replace(record, paths=tuple(path[:MAX_TEXT] for path in record.paths[:MAX_PATHS]))
 

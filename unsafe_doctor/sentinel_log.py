@@ -42,6 +42,7 @@ class UnsafeGlobal:
     healed: bool = False  # heal mode ran the rule's fix and every tensor checked safe after it
     heal_error: str | None = None  # heal mode ran the rule's fix and it raised this, or left tensors unsafe
     cached: bool = False  # `variable` is an lru-cached function: the tensors are its cache's keys and results
+    written_by_step: str | None = None  # the knowledge entry saying a step writes it before reading it: harmless
     event: Literal["unsafe"] = "unsafe"
 
     @property
@@ -125,6 +126,8 @@ def _words(record: Record) -> str:
         )
     state = "healed" if record.healed else "unsafe"
     scenario = f", scenario {record.scenario}" if record.scenario else ", no rule"
+    if record.written_by_step:
+        scenario = f", harmless: the step writes it before reading it ({record.written_by_step})"
     tensors = _counted(record.tensors, "tensor")
     return f"{where}: {state} {record.dotted} ({tensors}{scenario}, {record.backend} backend)"
 

@@ -46,7 +46,8 @@ class SentinelReport:
 
     @property
     def still_unsafe(self) -> tuple[UnsafeGlobal, ...]:
-        return tuple(item for item in self.unsafe if not item.healed)
+        """What the first step would die on: neither healed nor written by the step before it reads."""
+        return tuple(item for item in self.unsafe if not item.healed and not item.written_by_step)
 
     def lines(self) -> list[str]:
         records: list[Record] = [*self.unsafe, self.summary]
@@ -154,12 +155,14 @@ def _report(
         UnsafeGlobal(
             rank, backend.name, holder.module, holder.owner, holder.variable, len(paths), tuple(paths[:PATHS_PER_GLOBAL]),
             judged[holder].scenario, judged[holder].rule, judged[holder].fix_function, cached=holder in found.caches,
+            written_by_step=judged[holder].written_by_step,
         )
         for holder, paths in unsafe.items()
     )
     seconds = round(time.perf_counter() - started, 3)
-    unsafe_tensors = sum(map(len, unsafe.values()))
-    summary = Summary(rank, backend.name, mode, checked, unsafe_tensors, len(globals_), seconds, found.stopped_early)
+    harmful = [item for item in globals_ if not item.written_by_step]
+    summary = Summary(rank, backend.name, mode, checked, sum(item.tensors for item in harmful), len(harmful), seconds,
+                      found.stopped_early)
     return SentinelReport(summary, globals_), judged
 
 
@@ -173,8 +176,7 @@ def _after_heal(before: SentinelReport, after: SentinelReport, errors: dict[Hold
             error = errors[holder] or ("tensors still unsafe after the rule's fix" if holder in still else None)
             item = replace(item, healed=error is None, heal_error=error)
         unsafe.append(item)
-    summary = replace(after.summary, unsafe_globals=len(still), unsafe_tensors=sum(item.tensors for item in after.unsafe))
-    return SentinelReport(summary, tuple(unsafe))
+    return SentinelReport(after.summary, tuple(unsafe))  # its counts and time are the second walk's
 
 
 def _holder(record: UnsafeGlobal) -> Holder:

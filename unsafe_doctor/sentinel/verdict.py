@@ -8,6 +8,7 @@ has just found the global, so the feature that creates it is on).
 
 from __future__ import annotations
 
+import functools
 import sys
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from unsafe_doctor.classify import Classified, FixPlan, classify_by_rule
-from unsafe_doctor.context import RunContext, groundwork
+from unsafe_doctor.context import Groundwork, RunContext, groundwork
 from unsafe_doctor.sentinel.walk import Holder
 from unsafe_doctor.subject import Subject, TensorRef
 from unsafe_doctor.tracebacks import Frame
@@ -28,6 +29,7 @@ class Verdict:
     rule: str | None
     fix_function: str | None  # where `fix` writes the rule's code: the rollback or the receive function
     heal: str | None  # scenario 1: the rule's fix with its imports, runnable in this process
+    written_by_step: str | None = None  # the knowledge's `step_written` entry: harmless, the step writes it first
 
 
 NO_RULE = Verdict(None, None, None, None)
@@ -36,11 +38,16 @@ NO_RULE = Verdict(None, None, None, None)
 def verdicts(
     holders: Mapping[Holder, Sequence[Holder]], caches: Iterable[Holder], rules: Sequence[Path]
 ) -> dict[Holder, Verdict]:
-    """Each holder's verdict, from the first of it and its aliases (the same object under other names) a rule names."""
+    """Each holder's verdict, from the first of it and its aliases (the same object under other names)
+    the knowledge names: as written by the step before it reads, else by a rule."""
     cached = set(caches)
-    context = groundwork(rules).detect([_frame(holder) for holder in holders if holder.module])
+    context = _groundwork(tuple(rules)).detect([_frame(holder) for holder in holders if holder.module])
     found = {}
     for holder, aliases in holders.items():
+        written = next(filter(None, (_written(name, context) for name in (holder, *aliases))), None)
+        if written is not None:
+            found[holder] = Verdict(None, None, None, None, written)
+            continue
         for name in (holder, *aliases):
             classified = _by_rule(name, name in cached or holder in cached, context)
             if classified is not None:
@@ -49,6 +56,17 @@ def verdicts(
         else:
             found[holder] = NO_RULE
     return found
+
+
+@functools.lru_cache(maxsize=4)
+def _groundwork(rules: tuple[Path, ...]) -> Groundwork:
+    """The knowledge, loaded once per process (a recovery may check more than once)."""
+    return groundwork(rules)
+
+
+def _written(holder: Holder, context: RunContext) -> str | None:
+    entry = context.knowledge.written_by_the_step(holder.variable, holder.module, holder.owner)
+    return entry.id if entry else None
 
 
 def heal(verdict: Verdict) -> str | None:

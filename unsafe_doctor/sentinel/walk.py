@@ -38,6 +38,8 @@ _CODE = (
     types.ModuleType, type,
 )
 _SEQUENCES = (list, tuple, deque, set, frozenset)
+_NOTHING_INSIDE = (*_LEAVES, *_CODE)
+_SKIPPED_IN_MODULES = (nn.Module, *_NOTHING_INSIDE)  # a module's submodules are walked by named_modules()
 _MAPPINGS = (dict, types.MappingProxyType)
 _HOST_DATA = (torch.utils.data.Dataset, torch.utils.data.DataLoader)
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))  # torch's own bookkeeping: hooks, flags, the tensor dicts
@@ -212,9 +214,14 @@ class _Walker:
                     self.parameter_names.setdefault(id(tensor), f"{where}.{attribute}")
                     yield tensor, f"{where}.{attribute}", holder or Holder(cls.__module__, cls.__qualname__, attribute), depth
             for attribute, value in vars(submodule).items():
-                if attribute not in _MODULE_INTERNALS and not issubclass(type(value), nn.Module):
-                    owner = holder or Holder(cls.__module__, cls.__qualname__, attribute)
-                    yield value, f"{where}.{attribute}", owner, depth + 1
+                kind = type(value)
+                if attribute in _MODULE_INTERNALS or issubclass(kind, _SKIPPED_IN_MODULES) or id(value) in self.seen:
+                    continue
+                owner = holder
+                if holder is None and issubclass(kind, (torch.Tensor, *_MAPPINGS, *_SEQUENCES)):
+                    owner = Holder(cls.__module__, cls.__qualname__, attribute)
+                # an object (a token dispatcher) holds its state under its own class's names: its own holder
+                yield value, f"{where}.{attribute}", owner, depth + 1
 
     def optimizer(self, optimizer: torch.optim.Optimizer, path: str, holder: Holder | None, depth: int) -> Iterator[tuple]:
         cls = type(optimizer)
@@ -249,8 +256,8 @@ class _Walker:
             return
         cls = type(obj)
         for attribute, value in self.bounded(list(attributes.items()), len(attributes), path):
-            owner = holder or Holder(cls.__module__, cls.__qualname__, attribute)
-            yield value, f"{path}.{attribute}", owner, depth + 1
+            if not issubclass(type(value), _NOTHING_INSIDE):
+                yield value, f"{path}.{attribute}", holder or Holder(cls.__module__, cls.__qualname__, attribute), depth + 1
 
     def bounded(self, items: Iterable[Any], size: int, path: str) -> Iterator[Any]:
         if size > self.limits.entries:
