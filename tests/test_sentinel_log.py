@@ -333,3 +333,16 @@ def test_a_global_the_step_writes_before_reading_is_no_finding(tmp_path):
     result = run("diagnose", str(log), "--format", "json", "--no-input")
     report = json.loads(result.stdout)
     assert [finding["tensor"]["variable"] for finding in report["findings"]] == ["_EMA_GRAD_NORM"]
+
+
+def test_the_real_sentinel_sample_log_gives_both_globals_with_no_traceback():
+    """A 4-rank torchrun job (samples/make_logs.py toytrain_sentinel): raise mode stopped the recovery."""
+    log = Path(__file__).resolve().parent.parent / "samples" / "logs" / "toytrain_sentinel.log"
+    framework = log.parent.parent / "framework"
+    result = run("diagnose", str(log), "--source-root", str(framework), "--format", "json", "--no-input")
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    found = {finding["tensor"]["variable"]: finding for finding in report["findings"]}
+    assert {name: (finding["scenario"], finding["ranks"], finding["found_by"]) for name, finding in found.items()} == {
+        "LOSS_LOG": (1, [1], ["sentinel"]), "_EMA_GRAD_NORM": (2, [1], ["sentinel"])}
+    assert sorted((check["rank"], check["unsafe_globals"]) for check in report["sentinel"]) == [(0, 0), (1, 2), (2, 0), (3, 0)]

@@ -427,3 +427,18 @@ def test_router_expert_bias_fix_is_proven_against_real_megatron_core(in_tree, ro
     assert verdict.patched == "recovery clean, tensor bit-identical to replica rank 1"
     # no false alarm on megatron-core's own globals, the model's parameters or the optimizer's state
     assert result.sentinel == {"unpatched": ("megatron.core.transformer.moe.router.TopKRouter.expert_bias",), "patched": ()}
+
+
+def test_the_sentinel_sample_log_is_fixed_in_one_go_and_both_fixes_are_proven(toytrain):
+    """samples/logs/toytrain_sentinel.log (a real torchrun job with the sentinel in raise mode) has no
+    traceback: the sentinel named both globals at once. One fix writes both; the replay builds both in
+    one module (toytrain's init_state clears LOSS_LOG: it is built again) and proves both."""
+    log = SAMPLES / "logs" / "toytrain_sentinel.log"
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    red = replay(log, adaptor, [toytrain])
+    assert {verdict.target.label: verdict.outcome for verdict in red.verdicts} == {
+        "toytrain.state.LOSS_LOG": "no-fix", "toytrain.state._EMA_GRAD_NORM": "no-fix"}
+    write_fix(log, adaptor, [toytrain])
+    green = replay(log, adaptor, [toytrain])
+    assert [verdict.outcome for verdict in green.verdicts] == ["proven", "proven"], [v.problems for v in green.verdicts]
+    assert green.sentinel == {"unpatched": ("toytrain.state.LOSS_LOG", "toytrain.state._EMA_GRAD_NORM"), "patched": ()}

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from unsafe_doctor.npu_errors import UNSAFE_DATA
 from unsafe_doctor.replay.backend import UnsafeBackend, select_backend
 from unsafe_doctor.replay.plan import RUNS, ReplayPlan
-from unsafe_doctor.replay.probes import NO_TRAIN_ARGS, Probe, ProbeError, make_probe
+from unsafe_doctor.replay.probes import NO_TRAIN_ARGS, Probe, ProbeError, make_probe, refresh
 from unsafe_doctor.replay.reachable import reachable_tensors
 from unsafe_doctor.replay.results import FailureKind, FixFailure, Milestone, RankResult, RunResult, StepOutcome
 from unsafe_doctor.sentinel import FRAMEWORK_PACKAGES, examine
@@ -131,6 +131,7 @@ class _Run:
     # --- phases ----------------------------------------------------------------------------------
 
     def _build(self) -> None:
+        refresh(target.module for target in self.plan.targets if target.probe is None)  # the rules' probes reset their own
         for target in self.plan.targets:
             try:
                 probe = make_probe(target, self.backend.device, self.plan.probe)
@@ -140,6 +141,9 @@ class _Run:
                 continue
             self.probes[target.key] = probe
             self.built[target.key] = probe.how
+        for probe in self.probes.values():  # a later build may have emptied it (toytrain's init_state clears LOSS_LOG)
+            if not probe.tensors():
+                probe.build()
         for _ in range(self.plan.steps):
             for key, probe in list(self.probes.items()):
                 try:

@@ -17,7 +17,7 @@ import importlib
 import importlib.metadata
 import inspect
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from unsafe_doctor.replay.reachable import reachable_tensors
 NO_TRAIN_ARGS: tuple[None, list[object], None, None] = (None, [], None, None)
 
 
-_BUILT = "__unsafe_doctor_built__"  # set on a module once a probe built its globals: the next build reloads it
+_BUILT = "__unsafe_doctor_built__"  # set on a module once probes built its globals: the next run reloads it
 
 
 class ProbeError(Exception):
@@ -82,9 +82,6 @@ class GenericProbe(Probe):
 
     def build(self) -> None:
         module = importlib.import_module(self.target.module)
-        if getattr(module, _BUILT, False):
-            module = importlib.reload(module)  # the module's globals as a fresh process has them
-        setattr(module, _BUILT, True)
         holder = _holder(self.target)
         if callable(getattr(holder, "cache_clear", None)):
             self._build_cache(holder)
@@ -229,10 +226,6 @@ class UserProbe(Probe):
         self._train_args: tuple | None = None
 
     def build(self) -> None:
-        module = importlib.import_module(self.target.module)
-        if getattr(module, _BUILT, False):
-            importlib.reload(module)
-        setattr(module, _BUILT, True)
         self.step()
 
     def step(self) -> None:
@@ -417,6 +410,20 @@ PROBES: dict[str, Callable[[Target, torch.device], Probe]] = {
     "megatron-aux-losses-tracker": MegatronLossTrackerProbe,
     "megatron-router-expert-bias": MegatronRouterExpertBiasProbe,
 }
+
+
+def refresh(modules: Iterable[str]) -> None:
+    """Each module's globals as a fresh process has them, once per run (two globals of one module are
+    built in the same module): a module an earlier run built in is reloaded. One that fails to import
+    is left to its probe, which says why."""
+    for name in dict.fromkeys(modules):
+        try:
+            module = importlib.import_module(name)
+            if getattr(module, _BUILT, False):
+                module = importlib.reload(module)
+        except Exception:  # noqa: BLE001 (the user's module may fail in any way; make_probe reports it)
+            continue
+        setattr(module, _BUILT, True)
 
 
 def make_probe(target: Target, device: torch.device, user_probe: str | None) -> Probe:
