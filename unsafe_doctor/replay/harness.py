@@ -179,14 +179,15 @@ class _Run:
         self._call("send" if self.rank == self.plan.replica else "recv")
 
     def _sentinel(self) -> None:
-        """On the faulty rank, where the rollback ends: what the sentinel names still unsafe, walking the
-        framework's and the targets' packages from ``train_args`` as an installed sentinel would."""
+        """On the faulty rank, where the rollback ends: what the sentinel names still unsafe (not what the
+        step writes before reading), walking the framework's and the targets' packages from
+        ``train_args`` as an installed sentinel would."""
         if self.rank != self.plan.faulty:
             return
         packages = {*FRAMEWORK_PACKAGES, *(target.module.partition(".")[0] for target in self.plan.targets)}
         roots = [item for item in self._train_args() if item is not None]
         report = examine(*roots, packages=packages, backend=self.backend)
-        self.sentinel = tuple(item.dotted for item in report.unsafe)
+        self.sentinel = tuple(item.dotted for item in report.still_unsafe)
 
     def _check(self) -> None:
         """On the faulty rank: what is still unsafe, and (scenario 2) whether each global holds the
