@@ -21,6 +21,8 @@ import ast
 import os
 import re
 import sys
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -49,6 +51,8 @@ from unsafe_doctor.source.syntax import (
     names_bound,
 )
 from unsafe_doctor.tracebacks import Frame
+
+RECENT_SOURCES = 64  # parsed files kept for reuse beyond those something else keeps: every tree of a large job is too much
 
 # What a module-level name is bound to: a class, a function, an assignment, or an import.
 Assignment = ast.Assign | ast.AnnAssign | ast.AugAssign
@@ -124,7 +128,12 @@ class Workspace:
         self._found: dict[str, FoundFile] = {}
         self._texts: dict[Path, str | None] = {}
         self._sizes: dict[Path, int | None] = {}
-        self._sources: dict[Path, SourceFile | None] = {}
+        # Parsed files: found again while anything keeps them, the latest few kept here; read again when let go,
+        # as the module named at the first read.
+        self._sources: weakref.WeakValueDictionary[Path, SourceFile] = weakref.WeakValueDictionary()
+        self._recent: OrderedDict[Path, SourceFile] = OrderedDict()
+        self._parsed_as: dict[Path, str | None] = {}
+        self._unparsable: set[Path] = set()
         self._module_paths: dict[str, Path | None] = {}
         self._derived: dict[tuple[Path, str], object] = {}
         self._listings: dict[Path, tuple[Path, ...]] = {}
@@ -315,11 +324,24 @@ class Workspace:
         return self._sizes[path]
 
     def source(self, path: Path, module: str | None) -> SourceFile | None:
-        """The file parsed, once; None when it cannot be read or parsed."""
-        if path not in self._sources:
+        """The file parsed, as the module first named for it; None when it cannot be read or parsed.
+        Parsed again only once nothing keeps the tree and it is not among the `RECENT_SOURCES` latest."""
+        if path in self._unparsable:
+            return None
+        source = self._sources.get(path)
+        if source is None:
+            module = self._parsed_as.setdefault(path, module)
             text = self.text(path)
-            self._sources[path] = _parse(path, text, module) if text is not None else None
-        return self._sources[path]
+            source = _parse(path, text, module) if text is not None else None
+            if source is None:
+                self._unparsable.add(path)
+                return None
+            self._sources[path] = source
+        self._recent[path] = source
+        self._recent.move_to_end(path)
+        if len(self._recent) > RECENT_SOURCES:
+            self._recent.popitem(last=False)
+        return source
 
     def module_source(self, dotted_name: str) -> SourceFile | None:
         path = self.module_path(dotted_name)
