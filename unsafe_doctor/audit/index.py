@@ -7,9 +7,12 @@ Modules are named from the import root above each audited folder (the first fold
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, ModuleRef, Ref, SelfRef
 from unsafe_doctor.audit.vocabulary import METADATA
@@ -17,6 +20,8 @@ from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, dotted, python_files
 from unsafe_doctor.source.imports import defined_member, module_named
 from unsafe_doctor.source.syntax import Function, ImportedName, child_statements, decorator_name, is_cached, names_bound
 from unsafe_doctor.source.workspace import SourceFile, Workspace
+
+RECENT_MODULES = 128  # modules whose trees stay read beyond the one walked: enough for the names a scan follows
 
 
 def audited_files(paths: Sequence[Path]) -> list[Path]:
@@ -38,23 +43,90 @@ class ClassInfo:
     buffers: dict[str, ast.Call]  # register_buffer calls by buffer name
 
 
-@dataclass
-class ModuleInfo:
-    name: str
-    path: Path  # resolved
-    shown: str  # the path as sites name it
+class Span(NamedTuple):
+    """Where a statement lies in its file, as `source_segment` reads it."""
+
+    lineno: int
+    col_offset: int
+    end_lineno: int | None
+    end_col_offset: int | None
+
+
+@dataclass(frozen=True)
+class ModuleContents:
+    """What a module's syntax tree defines, with the tree: read again after the module lets it go."""
+
     source: SourceFile
-    scanned: bool
-    names: set[str]  # module-level names that can hold a value
     classes: dict[str, ClassInfo]
     functions: dict[str, Function]
-    cached: set[str]  # lru-cached module functions
+
+
+class ModuleInfo:
+    """A module the audit read. Its names are kept; its syntax tree (`source`, `classes`,
+    `functions`) only while a stage walks the module (`kept`), else it is read again on demand
+    through the index's latest few: every tree of a job's code at once is more memory than a machine
+    may have."""
+
+    def __init__(
+        self, name: str, path: Path, shown: str, scanned: bool, contents: ModuleContents,
+        read_again: Callable[[ModuleInfo], ModuleContents],
+    ):
+        source = contents.source
+        self.name = name
+        self.path = path  # resolved
+        self.shown = shown  # the path as sites name it
+        self.scanned = scanned
+        self.text = source.text
+        # module-level names that can hold a value
+        self.names: set[str] = {
+            key for key, binding in source.bindings.items() if isinstance(binding, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+        } | set(source.declared_globals)
+        self.cached: set[str] = {key for key, function in contents.functions.items() if is_cached(function)}
+        self.cached_methods = {key: owner.cached for key, owner in contents.classes.items()}  # by class name
+        self.defined = frozenset(key for key in source.bindings if not isinstance(source.binding(key), ImportedName))
+        self.imported = frozenset(source.imports)
+        self.bound_imports = {  # names bound to an import, also through a rename (`binding`)
+            key: binding for key in source.bindings if isinstance(binding := source.binding(key), ImportedName)
+        }
+        self.function_names = frozenset(contents.functions)
+        self.spans = {  # where module-level names are bound, imports aside
+            key: Span(binding.lineno, binding.col_offset, binding.end_lineno, binding.end_col_offset)
+            for key, binding in source.bindings.items()
+            if not isinstance(binding, ImportedName)
+        }
+        self.buffers = {key: list(owner.buffers) for key, owner in contents.classes.items() if owner.buffers}
+        self._kept: ModuleContents | None = None
+        self._read_again = read_again
+
+    @property
+    def source(self) -> SourceFile:
+        return self._contents().source
+
+    @property
+    def classes(self) -> dict[str, ClassInfo]:
+        return self._contents().classes
+
+    @property
+    def functions(self) -> dict[str, Function]:
+        return self._contents().functions
+
+    def _contents(self) -> ModuleContents:
+        return self._kept if self._kept is not None else self._read_again(self)
+
+    @contextmanager
+    def kept(self) -> Iterator[None]:
+        """The same tree throughout a walk of the module: the walk compares its nodes by identity."""
+        self._kept = self._read_again(self)
+        try:
+            yield
+        finally:
+            self._kept = None
 
     def is_cached(self, owner: str | None, variable: str) -> bool:
         """Whether `variable` (of class `owner`) is an lru-cached function or method."""
         if owner is None:
             return variable in self.cached
-        return owner in self.classes and variable in self.classes[owner].cached
+        return owner in self.cached_methods and variable in self.cached_methods[owner]
 
 
 def register_buffer_name(call: ast.Call) -> str | None:
@@ -62,21 +134,15 @@ def register_buffer_name(call: ast.Call) -> str | None:
     return argument.value if isinstance(argument, ast.Constant) and isinstance(argument.value, str) else None
 
 
-def _describe_module(name: str, path: Path, shown: str, source: SourceFile, scanned: bool) -> ModuleInfo:
-    names = {
-        key for key, binding in source.bindings.items() if isinstance(binding, (ast.Assign, ast.AnnAssign, ast.AugAssign))
-    } | set(source.declared_globals)
+def _contents_of(name: str, source: SourceFile) -> ModuleContents:
     classes: dict[str, ClassInfo] = {}
     functions: dict[str, Function] = {}
-    cached: set[str] = set()
     for key, binding in source.bindings.items():
         if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions[key] = binding
-            if is_cached(binding):
-                cached.add(key)
         elif isinstance(binding, ast.ClassDef):
             classes[key] = _describe_class(name, binding, "register_buffer" in source.text)
-    return ModuleInfo(name, path, shown, source, scanned, names, classes, functions, cached)
+    return ModuleContents(source, classes, functions)
 
 
 def _describe_class(module: str, node: ast.ClassDef, has_buffers: bool) -> ClassInfo:
@@ -135,6 +201,7 @@ class Index:
         # adaptor's, and the frameworks adaptors call into. Libraries (torch) are never read.
         self.tops: set[str] = set(FRAMEWORK_PACKAGES)
         self._targets: dict[str, Ref | None] = {}  # import target -> what it refers to
+        self._recent: OrderedDict[Path, ModuleContents] = OrderedDict()  # the trees read last, by module path
 
     # naming
 
@@ -156,15 +223,37 @@ class Index:
         source = self.workspace.source(path, name)
         if source is None:
             return None
-        info = _describe_module(name, path, self.display(path), source, scanned=True)
+        info = self._describe(name, path, source, scanned=True)
         self.scanned.append(info)
         self.by_path[path] = info
         self.by_name.setdefault(name, info)
         self._read_package(name)
-        for owner in info.classes.values():
-            for buffer in owner.buffers:
-                self.buffers.setdefault(buffer, []).append(ClassKey(name, owner.name))
+        for owner, buffers in info.buffers.items():
+            for buffer in buffers:
+                self.buffers.setdefault(buffer, []).append(ClassKey(name, owner))
         return info
+
+    def _describe(self, name: str, path: Path, source: SourceFile, scanned: bool) -> ModuleInfo:
+        contents = _contents_of(name, source)
+        self._remember(path, contents)
+        return ModuleInfo(name, path, self.display(path), scanned, contents, self._contents)
+
+    def _contents(self, info: ModuleInfo) -> ModuleContents:
+        """A module's tree, among the latest `RECENT_MODULES` or read again (as the workspace first named it)."""
+        contents = self._recent.get(info.path)
+        if contents is None:
+            source = self.workspace.source(info.path, info.name)
+            if source is None:
+                raise RuntimeError(f"{info.path} could be parsed once, not again")
+            contents = _contents_of(info.name, source)
+        self._remember(info.path, contents)
+        return contents
+
+    def _remember(self, path: Path, contents: ModuleContents) -> None:
+        self._recent[path] = contents
+        self._recent.move_to_end(path)
+        if len(self._recent) > RECENT_MODULES:
+            self._recent.popitem(last=False)
 
     def module(self, dotted: str) -> ModuleInfo | None:
         if dotted in self.by_name:
@@ -184,7 +273,7 @@ class Index:
         info = self.by_path.get(resolved)
         if info is None:
             source = self.workspace.source(resolved, dotted)
-            info = _describe_module(dotted, resolved, self.display(resolved), source, scanned=False) if source else None
+            info = self._describe(dotted, resolved, source, scanned=False) if source else None
             if info is not None:
                 self.by_path[resolved] = info
         return info
@@ -201,7 +290,7 @@ class Index:
         if found is None:
             return None
         name = found.module or resolved.stem
-        info = _describe_module(name, resolved, self.display(resolved), found, scanned=False)
+        info = self._describe(name, resolved, found, scanned=False)
         self.by_path[resolved] = info
         self.by_name.setdefault(name, info)
         if found.module:
@@ -268,15 +357,15 @@ class Index:
     def member_of(self, info: ModuleInfo, name: str) -> Ref | None:
         """What a module-level name of a module refers to."""
         module = info.name
-        binding = info.source.binding(name)
-        if isinstance(binding, ImportedName):
-            return self.resolve_dotted(binding.target)
-        if isinstance(binding, ast.ClassDef):
+        imported = info.bound_imports.get(name)
+        if imported is not None:
+            return self.resolve_dotted(imported.target)
+        if name in info.cached_methods:
             return ClassRef(module, name)
-        if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if name in info.function_names:
             if name in info.cached:
                 return HolderRef(HolderKey(module, None, name), False)
-            return FunctionRef(module, None, binding)
+            return FunctionRef(module, None, info.functions[name])
         if name in info.names:
             return HolderRef(HolderKey(module, None, name), False)
         if info.path.name != "__init__.py":
@@ -287,5 +376,4 @@ class Index:
 
 def _defines(info: ModuleInfo, name: str) -> bool:
     """Whether the module binds `name` itself (not by an import)."""
-    binding = info.source.binding(name)
-    return binding is not None and not isinstance(binding, ImportedName)
+    return name in info.defined

@@ -19,13 +19,16 @@ class Accessors:
 
     def __init__(self, index: Index):
         self.index = index
-        self._returned: dict[int, HolderKey | None] = {}  # id(function node) -> holder key it returns
+        # (module, class, line, column) of a function -> holder key it returns: by place, as a tree
+        # read again has other nodes
+        self._returned: dict[tuple[str, str | None, int, int], HolderKey | None] = {}
 
     def returned_by(self, function: FunctionRef) -> HolderKey | None:
         node = function.node
-        if id(node) in self._returned:
-            return self._returned[id(node)]
-        self._returned[id(node)] = None  # while deciding: a recursive accessor returns nothing
+        place = (function.module, function.owner, node.lineno, node.col_offset)
+        if place in self._returned:
+            return self._returned[place]
+        self._returned[place] = None  # while deciding: a recursive accessor returns nothing
         info = self.index.module(function.module)
         key = None
         small = function.owner is None and len(node.body) <= ACCESSOR_SIZE
@@ -38,7 +41,7 @@ class Accessors:
                     if isinstance(ref, HolderRef) and not ref.element:
                         key = ref.key
                         break
-        self._returned[id(node)] = key
+        self._returned[place] = key
         return key
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -52,7 +52,7 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
     roots = list(dict.fromkeys([*(import_roots.of(path) for path in files), *(import_roots.of(path) for path in given)]))
     index = Index(given, roots)
     accessors = Accessors(index)
-    with _keeping_trees() as scanned:
+    with _collecting_by_hand() as collection:
         unreadable = []
         for done, path in enumerate(files, 1):
             if index.add(path, import_roots.of(path)) is None:
@@ -64,7 +64,7 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
             progress("scanning", done, len(index.scanned))
         framework = holders(found, index)
         framework += named_by_rules(index, knowledge.rules, framework)
-        scanned()
+        collection.scanned()
         if adaptor is None:
             adaptor = adaptor_in_tree(index, knowledge)
         context = RunContext(knowledge, index.workspace, detect_environment(knowledge, index.workspace, adaptor=adaptor))
@@ -84,6 +84,7 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
             if judge is not None and verdict.status == "uncovered":
                 verdict = _our_block(classified, judge.files) or verdict
             audited.append(AuditedHolder(holder, verdict, classified, subject))
+            collection.judged()
             progress("judging", len(audited), len(framework))
     audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
     stale = stale_resets(environment.adaptor, environment.profile, environment, index.workspace) if environment.adaptor else []
@@ -129,27 +130,33 @@ def _without_adaptor_uses(holder: Holder, adaptor_files: set[str]) -> Holder:
     )
 
 
-@contextmanager
-def _keeping_trees() -> Iterator[Callable[[], None]]:
-    """Garbage collection while every file's syntax tree is kept: none while they are read (the
-    cyclic collector would walk them all again and again, half the time on a Megatron tree, and
-    they hold no cycles); once the scan calls the function it is given, the trees are frozen out of
-    the collector's sight and it runs again, for the heuristics, which do make cycles."""
-    collecting = gc.isenabled()
-    frozen = False
+class _Collection:
+    """Garbage collection by hand over an audit. Left to run, the cyclic collector would walk the
+    syntax trees again and again as they are parsed (half the time on a Megatron tree), and they
+    hold no cycles: it runs only when told. Once the scan is done what it kept is frozen out of its
+    sight; after each holder is judged it collects the young objects, as the heuristics make cycles
+    (a study and the studies of its files and functions, which hold trees)."""
 
-    def scanned() -> None:
-        nonlocal frozen
+    def __init__(self) -> None:
+        self.frozen = False
+
+    def scanned(self) -> None:
         gc.freeze()
-        frozen = True
-        if collecting:
-            gc.enable()
+        self.frozen = True
 
+    def judged(self) -> None:
+        gc.collect(0)
+
+
+@contextmanager
+def _collecting_by_hand() -> Iterator[_Collection]:
+    collecting = gc.isenabled()
+    collection = _Collection()
     gc.disable()
     try:
-        yield scanned
+        yield collection
     finally:
-        if frozen:
+        if collection.frozen:
             gc.unfreeze()
         if collecting:
             gc.enable()

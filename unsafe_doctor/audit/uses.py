@@ -41,7 +41,7 @@ class Use:
     module_level: bool = False
 
     def site(self) -> Site:
-        code = (source_segment(self.module.source.text, self.statement) or "").strip().splitlines()
+        code = (source_segment(self.module.text, self.statement) or "").strip().splitlines()
         return Site(self.module.shown, self.line, self.function, shortened(code[0]) if code else "")
 
 

@@ -129,11 +129,13 @@ class FileStudy:
 
 
 def _scope_nodes(file: FileStudy, function: Function) -> tuple[ast.AST, ...]:
-    """The nodes of a function's own scope, listed once per workspace: every global a function names
-    studies it again."""
+    """The nodes of a function's own scope, listed once per parsed tree: every global a function
+    names studies it again."""
     what = f"scope nodes of the function at {function.lineno}:{function.col_offset}"
-    nodes = file.study.workspace.derived(file.source.path, what, lambda _: tuple(walk_scope(function)))
-    return nodes if isinstance(nodes, tuple) else tuple(walk_scope(function))
+    nodes = file.source.of_nodes.get(what)
+    if not isinstance(nodes, tuple):
+        nodes = file.source.of_nodes[what] = tuple(walk_scope(function))
+    return nodes
 
 
 class FunctionStudy:

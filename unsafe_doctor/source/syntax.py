@@ -333,8 +333,9 @@ def _lines(text: str) -> list[str]:
     return _LINE_ENDS.split(text)
 
 
-def source_segment(text: str, node: ast.AST) -> str | None:
-    """`ast.get_source_segment` without re-splitting a large file on every call."""
+def source_segment(text: str, node: object) -> str | None:
+    """`ast.get_source_segment` without re-splitting a large file on every call; `node`: anything
+    with a node's four positions."""
     first, last = getattr(node, "lineno", 0) - 1, getattr(node, "end_lineno", None)
     start, end = getattr(node, "col_offset", 0), getattr(node, "end_col_offset", None)
     lines = _lines(text)

@@ -24,7 +24,7 @@ import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
@@ -92,6 +92,9 @@ class SourceFile:
     imports: dict[str, ImportedName]  # module-level names bound by an import (a later assignment aside)
     declared_globals: frozenset[str]  # names some function declares `global`
     star_import: bool
+    # what a stage computes from this tree's nodes and keeps in nodes: let go with the tree (`Workspace.derived`
+    # keeps what holds no node)
+    of_nodes: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     def binding(self, name: str) -> Binding | None:
         """The module-level binding of `name`, seen through a rename of an import (`mpu = parallel_state`)."""
@@ -351,7 +354,8 @@ class Workspace:
 
     def derived(self, path: Path, what: str, compute: Callable[[SourceFile], object]) -> object:
         """Something computed from a parsed file (`what` names it), once per workspace: the
-        heuristics judge every holder of an audit over the same files."""
+        heuristics judge every holder of an audit over the same files. It must hold no node: the
+        file's tree is let go (what holds nodes lives with the tree, in `SourceFile.of_nodes`)."""
         key = (path, what)
         if key not in self._derived:
             source = self.source(path, self.find(str(path)).module)
@@ -397,27 +401,31 @@ def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
     package = package_of(path, module)
     bindings: dict[str, Binding] = {}
     imports: dict[str, ImportedName] = {}
-    star = False
-
-    def collect(statements: Sequence[ast.stmt]) -> None:
-        nonlocal star
-        for statement in statements:
-            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                bindings[statement.name] = statement
-            elif isinstance(statement, (ast.Import, ast.ImportFrom)):
-                star |= any(alias.name == "*" for alias in statement.names)
-                imported = import_bindings(statement, package)
-                bindings.update(imported)
-                imports.update(imported)
-            elif isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-                for name in names_bound(targets):
-                    bindings[name] = statement
-            else:
-                collect(child_statements(statement))
-
-    collect(tree.body)
+    star = _collect(tree.body, package, bindings, imports)
     declared: frozenset[str] = frozenset()
     if "global" in text:  # no `global` statement without the word: most files are not walked for one
         declared = frozenset(name for node in every_statement(tree.body) if isinstance(node, ast.Global) for name in node.names)
     return SourceFile(path, text, tree, module, package, bindings, imports, declared, star)
+
+
+def _collect(statements: Sequence[ast.stmt], package: str | None, bindings: dict[str, Binding],
+             imports: dict[str, ImportedName]) -> bool:
+    """The module-level bindings of the statements, also under `if` / `try`, into `bindings` and
+    `imports`; whether one is a star import. (A function, not a closure: a recursive closure is a
+    reference cycle, which would keep every tree until the collector runs.)"""
+    star = False
+    for statement in statements:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bindings[statement.name] = statement
+        elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+            star |= any(alias.name == "*" for alias in statement.names)
+            imported = import_bindings(statement, package)
+            bindings.update(imported)
+            imports.update(imported)
+        elif isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            for name in names_bound(targets):
+                bindings[name] = statement
+        else:
+            star |= _collect(child_statements(statement), package, bindings, imports)
+    return star
