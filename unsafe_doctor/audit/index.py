@@ -11,6 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -51,6 +52,11 @@ class Span(NamedTuple):
     end_lineno: int | None
     end_col_offset: int | None
 
+    @classmethod
+    def of(cls, node: ast.AST) -> Span:
+        return cls(getattr(node, "lineno", 0), getattr(node, "col_offset", 0), getattr(node, "end_lineno", None),
+                   getattr(node, "end_col_offset", None))
+
 
 @dataclass(frozen=True)
 class ModuleContents:
@@ -90,7 +96,7 @@ class ModuleInfo:
         }
         self.function_names = frozenset(contents.functions)
         self.spans = {  # where module-level names are bound, imports aside
-            key: Span(binding.lineno, binding.col_offset, binding.end_lineno, binding.end_col_offset)
+            key: Span.of(binding)
             for key, binding in source.bindings.items()
             if not isinstance(binding, ImportedName)
         }
@@ -351,7 +357,7 @@ class Index:
         if buffer or name in owner.attributes or name in owner.cached:
             return HolderRef(HolderKey(base.module, base.name, name), False)
         if name in owner.methods:
-            return FunctionRef(base.module, base.name, owner.methods[name])
+            return FunctionRef.holding(base.module, base.name, owner.methods[name])
         return None
 
     def member_of(self, info: ModuleInfo, name: str) -> Ref | None:
@@ -365,13 +371,18 @@ class Index:
         if name in info.function_names:
             if name in info.cached:
                 return HolderRef(HolderKey(module, None, name), False)
-            return FunctionRef(module, None, info.functions[name])
+            span = info.spans[name]  # its place, without reading the tree again
+            return FunctionRef(module, None, (span.lineno, span.col_offset), partial(_function_of, info, name))
         if name in info.names:
             return HolderRef(HolderKey(module, None, name), False)
         if info.path.name != "__init__.py":
             return None  # a plain module has no submodules
         submodule = f"{module}.{name}"
         return ModuleRef(submodule) if self.is_module(submodule) else None
+
+
+def _function_of(info: ModuleInfo, name: str) -> Function:
+    return info.functions[name]
 
 
 def _defines(info: ModuleInfo, name: str) -> bool:

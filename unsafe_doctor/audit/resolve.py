@@ -24,11 +24,11 @@ class Accessors:
         self._returned: dict[tuple[str, str | None, int, int], HolderKey | None] = {}
 
     def returned_by(self, function: FunctionRef) -> HolderKey | None:
-        node = function.node
-        place = (function.module, function.owner, node.lineno, node.col_offset)
+        place = (function.module, function.owner, *function.place)
         if place in self._returned:
             return self._returned[place]
         self._returned[place] = None  # while deciding: a recursive accessor returns nothing
+        node = function.node
         info = self.index.module(function.module)
         key = None
         small = function.owner is None and len(node.body) <= ACCESSOR_SIZE
@@ -88,7 +88,7 @@ class Names:
         if name in scope.imports:
             return self.index.resolve_dotted(scope.imports[name].target)
         if name in scope.nested:
-            return FunctionRef(scope.module.name, None, scope.nested[name])
+            return FunctionRef.holding(scope.module.name, None, scope.nested[name])
         if name == scope.self_name and scope.owner is not None:
             return ClassRef(scope.module.name, scope.owner) if scope.self_is_class else SelfRef(scope.module.name, scope.owner)
         if name in scope.locals:
