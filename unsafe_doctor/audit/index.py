@@ -95,6 +95,7 @@ class ModuleInfo:
             key: binding for key in source.bindings if isinstance(binding := source.binding(key), ImportedName)
         }
         self.function_names = frozenset(contents.functions)
+        self.function_sizes = {key: len(function.body) for key, function in contents.functions.items()}
         self.spans = {  # where module-level names are bound, imports aside
             key: Span.of(binding)
             for key, binding in source.bindings.items()
@@ -371,8 +372,9 @@ class Index:
         if name in info.function_names:
             if name in info.cached:
                 return HolderRef(HolderKey(module, None, name), False)
-            span = info.spans[name]  # its place, without reading the tree again
-            return FunctionRef(module, None, (span.lineno, span.col_offset), partial(_function_of, info, name))
+            span = info.spans[name]  # its place and size, without reading the tree again
+            return FunctionRef(module, None, (span.lineno, span.col_offset), info.function_sizes[name],
+                               partial(_function_of, info, name))
         if name in info.names:
             return HolderRef(HolderKey(module, None, name), False)
         if info.path.name != "__init__.py":

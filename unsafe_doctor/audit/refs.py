@@ -51,12 +51,13 @@ class FunctionRef:
     module: str
     owner: str | None
     place: tuple[int, int]  # the `def`'s line and column
+    statements: int  # in its body, at its top level
     found: Callable[[], Function] = field(compare=False, repr=False)
 
     @classmethod
     def holding(cls, module: str, owner: str | None, node: Function) -> FunctionRef:
         """A reference that holds its node (a method or nested function: looked up, used, dropped)."""
-        return cls(module, owner, (node.lineno, node.col_offset), lambda: node)
+        return cls(module, owner, (node.lineno, node.col_offset), len(node.body), lambda: node)
 
     @property
     def node(self) -> Function:

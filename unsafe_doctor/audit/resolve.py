@@ -28,12 +28,12 @@ class Accessors:
         if place in self._returned:
             return self._returned[place]
         self._returned[place] = None  # while deciding: a recursive accessor returns nothing
-        node = function.node
         info = self.index.module(function.module)
         key = None
-        small = function.owner is None and len(node.body) <= ACCESSOR_SIZE
-        body = list(scope_statements(node.body)) if small else []
-        if info is not None and small and len(body) <= ACCESSOR_SIZE:
+        small = function.owner is None and function.statements <= ACCESSOR_SIZE  # the node is read only then
+        node = function.node if small else None
+        body = list(scope_statements(node.body)) if node is not None else []
+        if info is not None and node is not None and len(body) <= ACCESSOR_SIZE:
             names = Names(self.index, self, Scope.of_function(info, node, None))
             for inner in body:
                 if isinstance(inner, ast.Return) and inner.value is not None:
