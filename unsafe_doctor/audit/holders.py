@@ -9,6 +9,7 @@ CPU follows its module to the device: unknown."""
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
@@ -22,7 +23,7 @@ from unsafe_doctor.audit.scope import Place, Scope, functions_of
 from unsafe_doctor.audit.uses import Use, shortened, sites
 from unsafe_doctor.audit.vocabulary import COMMUNICATION_INTO, CONTAINER_ADD, CONTAINER_REMOVE, updates_data_in_place
 from unsafe_doctor.audit.walk import Walker
-from unsafe_doctor.knowledge import Rule
+from unsafe_doctor.knowledge import Rule, RuleMatch
 from unsafe_doctor.matching import names_global
 from unsafe_doctor.source.syntax import child_nodes, source_segment
 
@@ -214,8 +215,7 @@ def named_by_rules(index: Index, rules: Sequence[Rule], found: Sequence[Holder])
     added: list[Holder] = []
     for info in index.scanned:
         blocks = [block for rule in rules for block in rule.matches
-                  if block.module is not None and fnmatchcase(info.name, block.module)
-                  and (block.variable is None or block.variable in info.text)]  # a name the file never spells
+                  if block.module is not None and fnmatchcase(info.name, block.module) and _may_name(block, info.text)]
         named: dict[str | None, list[tuple[HolderKey, ast.stmt | ast.expr | Span, HolderKind]]] = {}  # by the block's class
         for block in blocks:
             if block.owner not in named:
@@ -228,6 +228,18 @@ def named_by_rules(index: Index, rules: Sequence[Rule], found: Sequence[Holder])
                 site = Site(info.shown, node.lineno, key.owner, shortened(code[0]) if code else key.variable)
                 added.append(Holder(kind, info.name, key.owner, key.variable, "unknown", site, (), (), (), ()))
     return added
+
+
+def _may_name(block: RuleMatch, text: str) -> bool:
+    """Whether the file spells a name the block could name: a global, attribute or buffer name is a
+    word of its file, and a file that spells none is not read again for the block. (A pattern with an
+    anchor or an escape is not tried on the text.)"""
+    if block.variable is not None:
+        return block.variable in text
+    pattern = block.variable_regex
+    if pattern is None or any(char in pattern for char in "^$\\"):
+        return True
+    return re.search(rf"\b(?:{pattern})\b", text) is not None
 
 
 def _named_in(info: ModuleInfo, owner: str | None) -> list[tuple[HolderKey, ast.stmt | ast.expr | Span, HolderKind]]:

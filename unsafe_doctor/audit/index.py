@@ -88,14 +88,14 @@ class ModuleInfo:
             key for key, binding in source.bindings.items() if isinstance(binding, (ast.Assign, ast.AnnAssign, ast.AugAssign))
         } | set(source.declared_globals)
         self.cached: set[str] = {key for key, function in contents.functions.items() if is_cached(function)}
+        # What name resolution asks of every module, kept without the tree:
         self.cached_methods = {key: owner.cached for key, owner in contents.classes.items()}  # by class name
         self.defined = frozenset(key for key in source.bindings if not isinstance(source.binding(key), ImportedName))
         self.imported = frozenset(source.imports)
         self.bound_imports = {  # names bound to an import, also through a rename (`binding`)
             key: binding for key in source.bindings if isinstance(binding := source.binding(key), ImportedName)
         }
-        self.function_names = frozenset(contents.functions)
-        self.function_sizes = {key: len(function.body) for key, function in contents.functions.items()}
+        self.function_sizes = {key: len(function.body) for key, function in contents.functions.items()}  # statements
         self.spans = {  # where module-level names are bound, imports aside
             key: Span.of(binding)
             for key, binding in source.bindings.items()
@@ -256,6 +256,11 @@ class Index:
         self._remember(info.path, contents)
         return contents
 
+    def let_go(self) -> None:
+        """Let the latest trees go once the scan is done: the coverage reads few modules, the
+        heuristics parse their own files."""
+        self._recent.clear()
+
     def _remember(self, path: Path, contents: ModuleContents) -> None:
         self._recent[path] = contents
         self._recent.move_to_end(path)
@@ -369,7 +374,7 @@ class Index:
             return self.resolve_dotted(imported.target)
         if name in info.cached_methods:
             return ClassRef(module, name)
-        if name in info.function_names:
+        if name in info.function_sizes:
             if name in info.cached:
                 return HolderRef(HolderKey(module, None, name), False)
             span = info.spans[name]  # its place and size, without reading the tree again

@@ -64,6 +64,7 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
             progress("scanning", done, len(index.scanned))
         framework = holders(found, index)
         framework += named_by_rules(index, knowledge.rules, framework)
+        index.let_go()
         collection.scanned()
         if adaptor is None:
             adaptor = adaptor_in_tree(index, knowledge)
