@@ -6,6 +6,7 @@ import json
 import os
 import pty
 import select
+import shlex
 import shutil
 import subprocess
 import sys
@@ -120,7 +121,7 @@ def test_fix_dry_run_prints_one_diff_and_writes_nothing(framework):
     before = adaptor.read_bytes()
     result = run("toytrain", "--adaptor", "toytrain/recovery.py", "--fix", "--dry-run", cwd=framework)
     assert result.returncode == 1, result.stderr
-    diff = result.stdout[result.stdout.index("--- toytrain/recovery.py"):]
+    diff = result.stdout[result.stdout.index("--- a/toytrain/recovery.py"):]
     assert diff.count("--- ") == 1 and diff.count(f"+    {MARKER}") == 3
     assert "dry run: nothing written" in result.stderr
     assert adaptor.read_bytes() == before
@@ -253,3 +254,13 @@ def test_no_bar_while_json_goes_to_a_file_even_at_a_terminal():
                                  stdout_to_file=True)
     assert code == 1
     assert screen == ""
+
+
+def test_a_report_with_fixes_ends_with_the_command_that_writes_them(framework):
+    result = run("toytrain", cwd=framework)
+    assert result.returncode == 1, result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    assert last == "to write the fixes: unsafe-doctor audit toytrain --fix"
+    words = shlex.split(last.partition(": ")[2])
+    assert run(*words[2:], "--yes", cwd=framework).returncode == 0
+    assert run("toytrain", cwd=framework).returncode == 0

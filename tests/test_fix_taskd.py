@@ -52,8 +52,8 @@ def test_scenario_2_reads_each_sides_ranks_from_its_own_named_tuple(callbacks):
     recv = written[written.index("def recv_rank_repair("): written.index("def build_model_and_optimizer(")]
     assert "_unsafe_doctor_fix(send_rank_repair_args.src_ranks, send_rank_repair_args.dest_ranks, train_args)" in send
     assert "_unsafe_doctor_fix(recv_rank_repair_args.src_ranks, recv_rank_repair_args.dest_ranks, train_args)" in recv
-    assert "torch.distributed.send(module.expert_bias, dst=dest_rank, group=get_repair_group())" in send
-    assert "torch.distributed.recv(fresh, src=src_rank, group=get_repair_group())" in recv
+    assert "_ud_torch.distributed.send(module.expert_bias, dst=dest_rank, group=_ud_get_repair_group())" in send
+    assert "_ud_torch.distributed.recv(fresh, src=src_rank, group=_ud_get_repair_group())" in recv
 
     again = unsafe_doctor("fix", EXPERT_BIAS, "--adaptor", repair, "--yes", "--format", "json")
     assert again.returncode == 0 and json.loads(again.stdout)["written"] == []

@@ -178,7 +178,7 @@ def test_hits_beyond_the_budget_are_counted_not_kept(tmp_path, monkeypatch):
     st.integers(min_value=7, max_value=4096),
 )
 def test_stdin_and_file_give_the_same_scan(tmp_path_factory, pieces, chunk):
-    """The streaming reader (stdin, gzip) and the mmap reader must keep exactly the same bytes."""
+    """A file and the same bytes on stdin keep exactly the same excerpts, whatever the chunk size."""
     parts = {
         "noise": noise(3),
         "error": "Traceback (most recent call last):\n" + ERROR_LINE,

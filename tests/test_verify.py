@@ -230,8 +230,8 @@ def test_a_receive_without_a_copy_into_the_global_fails(toytrain):
 def test_a_reset_with_zero_fails_because_zero_reads_the_unsafe_tensor(toytrain, loss_log):
     adaptor = toytrain / "toytrain" / "recovery.py"
     [block] = blocks(write_fix(loss_log, adaptor, [toytrain]))
-    helper_body = re.search(r'(        value = getattr\(state, "LOSS_LOG", None\)\n.*?)(    _unsafe_doctor_fix\(\))', block, re.S).group(1)
-    zeroing = "        for value in state.LOSS_LOG.values():\n            value.zero_()\n"
+    helper_body = re.search(r'(        value = getattr\(_ud_state, "LOSS_LOG", None\)\n.*?)(    _unsafe_doctor_fix\(\))', block, re.S).group(1)
+    zeroing = "        for value in _ud_state.LOSS_LOG.values():\n            value.zero_()\n"
     adaptor.write_text(adaptor.read_text().replace(helper_body, zeroing))
     [verdict] = replay(loss_log, adaptor, [toytrain]).verdicts
     assert verdict.outcome == "failed"
@@ -319,7 +319,8 @@ def test_adaptor_mode_calls_the_real_functions_and_finds_the_next_missing_global
     [verdict] = half.verdicts
     assert re.search(r"on rank 1 at \S+/toytrain/train\.py:62$", verdict.unpatched)  # the log's own line
     assert verdict.outcome == "failed"
-    assert re.search(r"still fails at \S+/toytrain/state\.py:28$", verdict.problems[0])
+    assert re.search(r"^the fix of toytrain\.state\._EMA_GRAD_NORM held, but the first step after recovery dies on "
+                     r"toytrain\.state\.LOSS_LOG at \S+/toytrain/state\.py:28, ", verdict.problems[0].partition(": ")[2])
     write_fix(loss_log, adaptor, [toytrain])
     whole = replay(EMA_LOG, adaptor, [toytrain, PROBES], **options)
     assert whole.verdicts[0].outcome == "proven", whole.verdicts[0].problems
@@ -402,7 +403,7 @@ def test_an_lru_cache_fix_empties_the_cache_and_is_proven(tmp_path):
     shutil.copytree(SAMPLES / "adaptors" / "legacy", tmp_path / "legacy")
     adaptor = tmp_path / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
     log, roots = corpus / "logs" / "user-maskcache-lru-mask.log", [corpus / "frameworks" / "maskcache"]
-    assert 'cache = getattr(masks, "causal_mask", None)' in write_fix(log, adaptor, roots)
+    assert 'cache = getattr(_ud_masks, "causal_mask", None)' in write_fix(log, adaptor, roots)
     [verdict] = replay(log, adaptor, roots).verdicts
     assert verdict.outcome == "proven", verdict.problems
     assert verdict.unpatched.startswith("reproduced `There is unsafe data in the input tensor.` on rank 1")

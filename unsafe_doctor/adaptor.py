@@ -233,29 +233,57 @@ def _callee_name(callee: cst.BaseExpression) -> str | None:
     return callee.attr.value if isinstance(callee, cst.Attribute) else None
 
 
+@dataclass(frozen=True)
+class BlockSpan:
+    key: str
+    begin: int  # 0-based index of the begin marker's line
+    end: int  # 0-based index of the end marker's line
+
+
+def block_spans(source: AdaptorSource) -> list[BlockSpan]:
+    """The blocks between their markers, top to bottom; refuses a file where any marker is out of place.
+
+    A begin must be followed by its own end before any other marker: a lost end (a hand edit, a
+    merge) must not pair a begin with the next block's end, which would take the user's code in
+    between out with the blocks."""
+    spans: list[BlockSpan] = []
+    open_key: str | None = None
+    opened = 0
+    for index in range(len(source.lines)):
+        text = source.decoded(source.lines[index])
+        where = f"{source.shown}:{index + 1}"
+        if text.startswith(MARKER_BEGIN):
+            if open_key is not None:
+                raise UsageError(f"{where}: a begin marker inside block {open_key} (line {opened + 1}), whose end is missing: "
+                                 "mend the markers by hand")
+            open_key, opened = text[len(MARKER_BEGIN):], index
+        elif text.startswith(MARKER_END):
+            key = text[len(MARKER_END):]
+            if open_key is None:
+                raise UsageError(f"{where}: end marker of block {key} without its begin: mend the markers by hand")
+            if key != open_key:
+                raise UsageError(f"{where}: end marker of block {key} inside block {open_key} (line {opened + 1}): "
+                                 "mend the markers by hand")
+            spans.append(BlockSpan(key, opened, index))
+            open_key = None
+    if open_key is not None:
+        raise UsageError(f"{source.shown}:{opened + 1}: block {open_key} has no end marker ({MARKER_END}{open_key}): "
+                         "mend the markers by hand")
+    return spans
+
+
 def without_blocks(source: AdaptorSource) -> tuple[bytes, tuple[str, ...]] | None:
+    """The file with every block taken out, and a line per block; None when it holds none."""
+    spans = block_spans(source)
+    if not spans:
+        return None
     lines = list(source.lines)
     newline = source.encode(source.newline)
-    changes = []
-    index = 0
-    removed = 0  # lines removed above `index`, to report the original line numbers
-    while index < len(lines):
-        text = source.decoded(lines[index])
-        if not text.startswith(MARKER_BEGIN):
-            index += 1
-            continue
-        key = text[len(MARKER_BEGIN):]
-        end = next((later for later in range(index + 1, len(lines)) if source.decoded(lines[later]) == MARKER_END + key), None)
-        first = index + 1 + removed
-        if end is None:
-            raise UsageError(f"{source.shown}:{first}: block {key} has no end marker ({MARKER_END}{key}): remove it by hand")
-        changes.append(f"{source.shown}:{first}: remove {key} (lines {first}-{end + 1 + removed})")
-        if end == len(lines) - 1 and not lines[end].endswith((b"\n", b"\r")) and index > 0:
-            lines[index - 1] = lines[index - 1][: -len(newline)]  # the file ended without a line ending
-        del lines[index : end + 1]
-        removed += end + 1 - index
-    if not changes:
-        return None
+    for span in reversed(spans):  # bottom to top, so earlier indices stay valid
+        if span.end == len(lines) - 1 and not lines[span.end].endswith((b"\n", b"\r")) and span.begin > 0:
+            lines[span.begin - 1] = lines[span.begin - 1][: -len(newline)]  # the file ended without a line ending
+        del lines[span.begin : span.end + 1]
+    changes = (f"{source.shown}:{span.begin + 1}: remove {span.key} (lines {span.begin + 1}-{span.end + 1})" for span in spans)
     return b"".join(lines), tuple(changes)
 
 
@@ -303,19 +331,13 @@ def read_adaptor(environment: Environment) -> tuple[AdaptorFile, ...]:
 
 def _marked_blocks(source: AdaptorSource) -> Iterable[MarkedBlock]:
     texts = [line.decode(source.encoding).rstrip("\r\n") for line in source.lines]
-    for index, text in enumerate(texts):
-        stripped = text.strip()
-        if not stripped.startswith(MARKER_BEGIN):
-            continue
-        key = stripped[len(MARKER_BEGIN):]
-        end = next((later for later in range(index + 1, len(texts)) if texts[later].strip() == MARKER_END + key), None)
-        if end is None:
-            raise UsageError(f"{source.shown}:{index + 1}: block {key} has no end marker ({MARKER_END}{key})")
-        holders = [function for function in source.functions if function.first_line <= index + 1 <= function.last_line]
+    for span in block_spans(source):
+        holders = [function for function in source.functions if function.first_line <= span.begin + 1 <= function.last_line]
         if not holders:
-            raise UsageError(f"{source.shown}:{index + 1}: block {key} is outside any function")
+            raise UsageError(f"{source.shown}:{span.begin + 1}: block {span.key} is outside any function")
         function = max(holders, key=lambda function: function.first_line)  # the innermost
+        text = texts[span.begin]
         indent = text[: len(text) - len(text.lstrip())]
-        lines = [line[len(indent):] if line.startswith(indent) else line.lstrip() for line in texts[index : end + 1]]
+        lines = [line[len(indent):] if line.startswith(indent) else line.lstrip() for line in texts[span.begin : span.end + 1]]
         code = "\n".join(lines) + "\n"
-        yield MarkedBlock(key, source.path, index + 1, function.name, function.parameters, function.own_group, code)
+        yield MarkedBlock(span.key, source.path, span.begin + 1, function.name, function.parameters, function.own_group, code)

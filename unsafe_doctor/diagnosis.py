@@ -10,7 +10,7 @@ from typing import BinaryIO
 from unsafe_doctor import inputs, logs, recovery
 from unsafe_doctor.classify import Classification, classify
 from unsafe_doctor.context import Groundwork, RunContext
-from unsafe_doctor.inputs import Excerpt, InputInfo, Progress
+from unsafe_doctor.inputs import Excerpt, InputInfo, Progress, SkippedInput
 from unsafe_doctor.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.logs import LogLine
 from unsafe_doctor.recovery import LossScaling, Phase, RecoveryContext
@@ -44,6 +44,7 @@ class Diagnosis:
     context: RunContext  # the knowledge, workspace and environment (versions, adaptor profile) the classification used
     stale: tuple[StaleReset, ...]  # resets in the adaptor's rollback naming symbols the framework lacks
     loss_scaling: LossScaling | None = None  # what the log shows of the run's loss scaling; it chose rules
+    skipped: tuple[SkippedInput, ...] = ()  # inputs that could not be read (a truncated .gz, a core dump), with why
 
 
 def diagnose(
@@ -104,6 +105,7 @@ def diagnose(
         context=run,
         stale=tuple(stale),
         loss_scaling=loss_scaling,
+        skipped=scan.skipped,
     )
 
 

@@ -14,31 +14,38 @@ function for scenario 1; for scenario 2 the send function (replica side) and the
 
 The helper function keeps the block's imports and names to itself: an `import torch` in the body of
 the adaptor function would make `torch` local to the whole function, and its earlier uses would
-fail. `<key>` is the rule id, or `<rule id>:<module>.<variable>` when the rule is not about one
-named variable, or `<template id>:<module>.<variable>` for the templates that heuristic verdicts use.
+fail. Inside it every import is bound to a reserved name (`import torch as _ud_torch`), so that no
+module name can shadow a builtin or a name the helper is passed.
+
+`<key>` is the rule id, or `<rule id>:<module>.<variable>` when the rule is not about one named
+variable, or `<template id>:<module>.<variable>` for the templates that heuristic verdicts use.
 A function that already holds a block with the same key is left alone; a revert removes exactly the
 marked lines.
 
 Edits are spliced into the original bytes at line boundaries, so every other byte stays as it was
 (line endings, tabs, encoding); the result is parsed again and compiled before it may be written,
-and a file that changed since it was read is never overwritten. Nothing here prints or exits:
-refusals raise UsageError.
+and a file that changed since it was read is never overwritten; each write keeps a backup under a
+name of its own. Nothing here prints or exits: refusals raise UsageError.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import difflib
 import hashlib
+import itertools
 import keyword
 import os
 import stat
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+import textwrap
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import libcst as cst
+from libcst.metadata import ImportAssignment, MetadataWrapper, Scope, ScopeProvider
 
 from unsafe_doctor.adaptor import (
     INDENT,
@@ -77,6 +84,9 @@ from unsafe_doctor.versions import Environment
 HELPER = "_unsafe_doctor_fix"
 GROUP_NAME = "repair_group"  # the helper's name for a repair group the adaptor function built itself
 BACKUP_SUFFIX = ".unsafe-doctor.bak"
+RESERVED = "_ud_"  # the prefix of the names a block's imports are bound to
+# what the helper is passed or binds around the rule's code: an import must not take these names
+WRAPPER_NAMES = frozenset({HELPER, GROUP_NAME, SOURCE_RANK, DEST_RANK, *PARAMETER_ROLES})
 
 
 @dataclass(frozen=True)
@@ -98,11 +108,24 @@ class FileEdit:
     insertions: tuple[Insertion, ...] = ()  # the blocks a fix inserts, top to bottom; none for a revert
 
     def diff(self) -> str:
-        """Unified diff of this file, lines ending as in the file."""
+        """Unified diff of this file, lines ending as in the file, as `git apply` and `patch -p1` take it."""
         before = [line.decode(self.encoding, errors="replace") for line in self.original.splitlines(keepends=True)]
         after = [line.decode(self.encoding, errors="replace") for line in self.updated.splitlines(keepends=True)]
-        lines = difflib.unified_diff(before, after, fromfile=str(self.path), tofile=str(self.path))
+        name = patch_path(self.path)
+        lines = difflib.unified_diff(before, after, fromfile=f"a/{name}", tofile=f"b/{name}")
         return "".join(line if line.endswith(("\n", "\r")) else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+def patch_path(path: Path) -> str:
+    """The file's path as a patch names it (after `a/` and `b/`): from the root of the git repository
+    around the working folder, else from the working folder; a file outside it from `/`."""
+    absolute = Path(os.path.abspath(path))
+    folder = Path.cwd()
+    base = next((parent for parent in (folder, *folder.parents) if (parent / ".git").exists()), folder)
+    try:
+        return absolute.relative_to(base).as_posix()
+    except ValueError:
+        return absolute.as_posix().lstrip("/")
 
 
 @dataclass(frozen=True)
@@ -319,7 +342,7 @@ def _block_lines(
     code, imports = request.code, request.imports
     notes: tuple[str, ...] = ()
     try:
-        read = _names_read("\n".join([*imports, code]))
+        ast.parse("\n".join([*imports, code]))
     except SyntaxError as error:
         raise UsageError(
             f"the fix {request.key} for {request.function}() is not valid Python ({error.msg}, line {error.lineno})"
@@ -342,6 +365,8 @@ def _block_lines(
                     f"{function.name}() builds its own repair group ({own_group}): the block uses it, "
                     f"not {profile.repair_group}",
                 )
+    imports, code = _reserved_imports(imports, code, request)
+    read = _names_read("\n".join([*imports, code]))
     body = code.rstrip("\n").split("\n")
     if request.scenario == 2:
         body, rank_pairs = _rank_loop(body, profile, function)
@@ -402,6 +427,97 @@ def _check_parameters(
             f"{function.path}:{function.first_line}: {function.name}() lacks parameter(s) {', '.join(missing)} "
             f"that {request.key} needs (adaptor profile {profile.id}); it has {has}"
         )
+
+
+def _reserved_imports(imports: Sequence[str], code: str, request: _Request) -> tuple[tuple[str, ...], str]:
+    """Every import bound to a reserved name (`import torch as _ud_torch`), its uses renamed with it.
+
+    A name imported into the helper could otherwise shadow what the block and its wrapper need: a
+    module of the log called `zip`, `torch` or `src_ranks` would replace the builtin, the real torch
+    or the rank list, and the block would raise at recovery time. Where the rule's code itself uses
+    the imported name for something else too (a builtin, its own variable, another import, a name the
+    helper is passed), its uses cannot be told apart, and the fix is refused."""
+    text = "".join(f"{INDENT}{line}\n" for line in imports) + textwrap.indent(code, INDENT)
+    wrapper = MetadataWrapper(cst.parse_module(f"def {HELPER}():\n{text}"))  # the scope the block runs in
+    helper = wrapper.module.body[0]
+    assert isinstance(helper, cst.FunctionDef) and isinstance(helper.body, cst.IndentedBlock)
+    scope = wrapper.resolve(ScopeProvider)[helper.body.body[0]]
+    assert scope is not None, "a function's statements have its scope"
+    renamed: dict[int, str] = {}  # id of a node that reads an import -> the reserved name it reads instead
+    lines: list[str] = []
+    for statement in helper.body.body[: len(imports)]:
+        node = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+        if not isinstance(node, (cst.Import, cst.ImportFrom)) or isinstance(node.names, cst.ImportStar):
+            raise UsageError(f"the fix {request.key}: {wrapper.module.code_for_node(statement).strip()!r} "
+                             "is not one plain import: refusing to write it")
+        for assignment in (item for item in scope.assignments if getattr(item, "node", None) is node):
+            _refuse_shadowing(scope, assignment.name, node, request)
+            renamed.update({id(access.node): _reserved(assignment.name) for access in assignment.references})
+        lines.extend(_reserved_import_lines(node, scope, wrapper.module))
+    renamed_helper = wrapper.module.visit(_Renamer(renamed)).body[0]
+    assert isinstance(renamed_helper, cst.FunctionDef) and isinstance(renamed_helper.body, cst.IndentedBlock)
+    body = "".join(wrapper.module.code_for_node(statement) for statement in renamed_helper.body.body[len(imports):])
+    return tuple(dict.fromkeys(lines)), body
+
+
+def _reserved(name: str) -> str:
+    return RESERVED + name.replace(".", "_")
+
+
+def _refuse_shadowing(scope: Scope, name: str, node: cst.Import | cst.ImportFrom, request: _Request) -> None:
+    """Refuse an imported name that the code also means as something else."""
+    root = name.split(".")[0]
+    others = [item for item in scope.assignments[root] if getattr(item, "node", None) is not node]
+    read = any(item.references for item in scope.assignments[root])
+    if others:
+        meaning = "which another import binds too" if isinstance(others[0], ImportAssignment) else "which its code assigns too"
+    elif read and root in WRAPPER_NAMES:
+        meaning = "which is also a name the block is passed"
+    elif read and hasattr(builtins, root):
+        meaning = "which is also a Python builtin"
+    else:
+        return
+    raise UsageError(
+        f"the fix {request.key} for {request.function}() imports the name {root!r}, {meaning}: which one its code "
+        "means cannot be told; refusing to write code that would shadow it"
+    )
+
+
+def _reserved_import_lines(node: cst.Import | cst.ImportFrom, scope: Scope, module: cst.Module) -> list[str]:
+    """`from p import q` -> `from p import q as _ud_q`; `import a.b` -> `import a.b as _ud_a_b`, and
+    `import a as _ud_a` too when the code reads `a` other than through `a.b`."""
+    if isinstance(node, cst.ImportFrom):
+        names = node.names
+        assert not isinstance(names, cst.ImportStar), "refused above"
+        aliased = [alias.with_changes(asname=cst.AsName(cst.Name(_reserved(alias.evaluated_alias or alias.evaluated_name))))
+                   for alias in names]
+        aliased = [alias.with_changes(comma=cst.MaybeSentinel.DEFAULT) for alias in aliased]
+        return [module.code_for_node(node.with_changes(names=aliased))]
+    lines = []
+    for alias in node.names:
+        if alias.asname is not None:
+            bound = alias.evaluated_alias or alias.evaluated_name
+            lines.append(f"import {alias.evaluated_name} as {_reserved(bound)}")
+            continue
+        dotted = alias.evaluated_name
+        parts = dotted.split(".")
+        prefixes = [".".join(parts[: count]) for count in range(len(parts), 0, -1)]
+        used = [prefix for prefix in prefixes if any(item.references for item in scope.assignments[prefix]
+                                                     if getattr(item, "node", None) is node)]
+        lines.extend(f"import {prefix} as {_reserved(prefix)}" for prefix in used or [dotted])
+    return lines
+
+
+class _Renamer(cst.CSTTransformer):
+    """Each node that reads an import replaced by the reserved name."""
+
+    def __init__(self, renamed: dict[int, str]) -> None:
+        super().__init__()
+        self.renamed = renamed
+
+    def on_leave(self, original_node, updated_node):
+        name = self.renamed.get(id(original_node))
+        return cst.Name(name) if name is not None else updated_node
 
 
 def _names_read(code: str) -> set[str]:
@@ -510,14 +626,72 @@ def plan_revert(environment: Environment) -> Plan:
 
 
 def apply(plan: Plan) -> tuple[Written, ...]:
-    """Write every edit: atomic replace, a backup beside each file, the file's mode kept.
+    """Write every edit: atomic replace, a new backup beside each file, the file's owner and mode kept.
 
     Refuses (before writing anything) a read-only file, and refuses any file whose content is no
-    longer what was read when the plan was made."""
+    longer what was read when the plan was made. Every backup and every new content is on disk
+    before the first file is replaced, so a full disk leaves every file and backup as it was."""
     for edit in plan.edits:
         _check_unchanged(edit)
         _check_writable(edit)
-    return tuple(_write(edit) for edit in plan.edits)
+    staged: list[_Staged] = []
+    try:
+        for edit in plan.edits:
+            staged.append(_stage(edit))
+        for item in staged:
+            _check_unchanged(item.edit)  # last look, right before the replace
+    except BaseException:
+        for item in staged:
+            item.discard()
+        raise
+    return _replace_all(staged)
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """An edit on disk beside its file, not yet in its place: the backup and the new content."""
+
+    edit: FileEdit
+    target: Path  # the file itself, symlinks resolved
+    backup: Path
+    temporary: Path
+
+    def discard(self) -> None:
+        self.temporary.unlink(missing_ok=True)
+        self.backup.unlink(missing_ok=True)
+
+
+def _stage(edit: FileEdit) -> _Staged:
+    """The backup first, whole, under a name of its own; then the new content, whole, beside the file."""
+    target = edit.path.resolve()
+    try:
+        status = target.stat()
+        backup = _new_backup(target, edit.original, status)
+        try:
+            temporary = _whole_file(target, edit.updated, status)
+        except BaseException:
+            backup.unlink(missing_ok=True)
+            raise
+    except OSError as error:
+        raise UsageError(f"cannot write {edit.path}: {error.strerror or error}: nothing written") from None
+    return _Staged(edit, target, backup, temporary)
+
+
+def _replace_all(staged: Sequence[_Staged]) -> tuple[Written, ...]:
+    """Each new content in place of its file (a rename: it needs no space); where the folder refuses
+    it (a sticky folder, another user's file), that file and those after it are left as they were."""
+    written: list[Written] = []
+    for index, item in enumerate(staged):
+        try:
+            os.replace(item.temporary, item.target)
+        except OSError as error:
+            for other in staged[index:]:
+                other.discard()
+            done = "".join(f"; {earlier.path} was written (backup: {earlier.backup})" for earlier in written)
+            raise UsageError(f"cannot replace {item.edit.path}: {error.strerror or error}: left as it was{done}") from None
+        _sync_folder(item.target.parent)
+        written.append(Written(item.edit.path, shown_path(item.backup)))
+    return tuple(written)
 
 
 def _check_writable(edit: FileEdit) -> None:
@@ -537,22 +711,60 @@ def _check_unchanged(edit: FileEdit) -> None:
         raise UsageError(f"{edit.path} changed since it was read: nothing written; run the command again")
 
 
-def _write(edit: FileEdit) -> Written:
-    target = edit.path.resolve()
-    mode = target.stat().st_mode & 0o7777
-    backup = target.with_name(target.name + BACKUP_SUFFIX)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+def _backup_names(target: Path) -> Iterator[Path]:
+    """`x.py.unsafe-doctor.bak`, then `x.py.unsafe-doctor.1.bak`, `.2.bak`, ...: the first is the
+    file as it was before unsafe-doctor first wrote it, each later one the file before a later write."""
+    yield target.with_name(target.name + BACKUP_SUFFIX)
+    for number in itertools.count(1):
+        yield target.with_name(f"{target.name}.unsafe-doctor.{number}.bak")
+
+
+def _new_backup(target: Path, data: bytes, status: os.stat_result) -> Path:
+    """The backup written whole into a temporary file, then linked to the first name not yet taken.
+
+    A link never replaces what is there: an earlier backup is never overwritten, and a symlink
+    planted at a backup's name is never followed (its name is passed over like any other)."""
+    temporary = _whole_file(target, data, status)
+    try:
+        return next(name for name in _backup_names(target) if _linked(temporary, name))
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _linked(source: Path, name: Path) -> bool:
+    """Whether `name` now names `source`; False when the name was taken."""
+    try:
+        os.link(source, name)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _whole_file(target: Path, data: bytes, status: os.stat_result) -> Path:
+    """`data` in a new temporary file beside `target`, on disk (fsync), with its owner and mode.
+
+    Only root may give a file to another user: when root edits someone else's adaptor, the owner
+    and group stay the file's, not root's."""
+    handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    temporary = Path(name)
     try:
         with os.fdopen(handle, "wb") as stream:
-            stream.write(edit.updated)
+            stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
-        os.chmod(temporary, mode)
-        _check_unchanged(edit)  # last look, right before the replace
-        backup.write_bytes(edit.original)
-        os.chmod(backup, mode)
-        os.replace(temporary, target)
+        if os.geteuid() == 0:
+            os.chown(temporary, status.st_uid, status.st_gid)
+        os.chmod(temporary, stat.S_IMODE(status.st_mode))  # after chown, which clears set-id bits
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
-    return Written(edit.path, shown_path(backup))
+    return temporary
+
+
+def _sync_folder(folder: Path) -> None:
+    """The rename itself on disk."""
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)

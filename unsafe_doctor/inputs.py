@@ -5,8 +5,15 @@ Python would be far slower than `grep`, so this stage only searches bytes: it fi
 marker with `find` (memchr speed), cuts a window of text around each hit, and looks for recovery
 markers in a bounded span before the first hit. Lines that state a setting of the run are searched
 backwards (`rfind`) in the same span, or at the end of an input without a hit: only the last of
-each counts. Everything else is never decoded. Memory stays bounded whatever the input size: stdin
-and gzip are read in chunks with a rolling history.
+each counts. Everything else is never decoded. Memory stays bounded whatever the input size: every
+input is read in chunks with a rolling history, and the windows kept, all inputs together, stop at
+EXCERPT_BUDGET bytes (later hits are counted, not parsed). Files are read, not memory-mapped: a log
+truncated while mapped would kill the process with SIGBUS, and a pipe, `<(cmd)` or `/dev/stdin`
+cannot be mapped or rewound at all.
+
+One input that cannot be read (a truncated `.gz`, a core dump in a log folder, a file that vanished)
+does not stop the others: it is returned as a `SkippedInput` with its reason; only when nothing is
+left to read is that an error.
 """
 
 from __future__ import annotations
@@ -14,19 +21,19 @@ from __future__ import annotations
 import fcntl
 import gzip
 import io
-import mmap
 import os
 import re
 import stat
 import sys
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from unsafe_doctor.errors import UsageError
+from unsafe_doctor.errors import UsageError, os_reason
+from unsafe_doctor.source.files import is_regular
 
 ERROR_MARKER = b"unsafe data in the input tensor"
 BEFORE = 1 << 20  # bytes kept before a hit: the traceback's frames come before its message
@@ -36,7 +43,6 @@ TAIL = 256 << 10  # end of an input kept when it has no hit, to tell what it end
 WINDOW_MAX = 16 << 20  # one window stops growing here, so a flood of hits cannot grow it forever
 EXCERPT_BUDGET = 64 << 20  # total window bytes kept; hits past it are counted, not parsed
 CHUNK = 8 << 20
-PROGRESS_STEP = 64 << 20
 PIPE_SIZE = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 LOG_SUFFIXES = (".log", ".txt", ".out")
 GZIP_MAGIC = b"\x1f\x8b"
@@ -59,6 +65,16 @@ class Excerpt:
     text: str  # whole lines, decoded with replacement
 
 
+@dataclass(frozen=True, slots=True)
+class SkippedInput:
+    name: str
+    reason: str  # why it was not read: "corrupt gzip data (...)", "not a text log (binary data)"
+
+
+class _Unreadable(Exception):
+    """One input cannot be read; the others still are."""
+
+
 @dataclass(frozen=True)
 class Scan:
     inputs: tuple[InputInfo, ...]
@@ -70,6 +86,7 @@ class Scan:
     # Per input and fact marker, the last whole line holding it: before the first hit, in the span
     # searched for context; in an input without a hit, in its last BEFORE bytes.
     facts: tuple[Excerpt, ...] = ()
+    skipped: tuple[SkippedInput, ...] = ()  # inputs not read, each with its reason
 
 
 @dataclass
@@ -113,17 +130,25 @@ def scan(
     """Read every input once and keep only what later stages parse. No paths means stdin.
 
     `fact_markers` mark a setting the run logs at start-up or every step: only the latest line of
-    each is worth keeping.
+    each is worth keeping. An input that cannot be read is skipped with its reason; a UsageError
+    only when none can be.
     """
     sources = _expand(paths) if paths else [("<stdin>", None, None)]
     budget = _Budget(EXCERPT_BUDGET)
     infos: list[InputInfo] = []
     results: list[_InputScan] = []
+    skipped: list[SkippedInput] = []
     for name, path, rank_hint in sources:
         reading = _Reading(name, rank_hint, context_markers, fact_markers, budget, progress)
-        result = _scan_one(path, stdin, reading)
+        try:
+            result = _scan_one(path, stdin, reading)
+        except _Unreadable as error:
+            skipped.append(SkippedInput(name, str(error)))
+            continue
         infos.append(InputInfo(name, result.size, rank_hint))
         results.append(result)
+    if not results:
+        raise UsageError(_nothing_readable(skipped))
     if sum(info.bytes for info in infos) == 0:
         raise UsageError("no log text to read: " + ("stdin is empty" if not paths else "the inputs are empty"))
     any_hit = any(r.hits for r in results)
@@ -135,14 +160,29 @@ def scan(
         hits=sum(r.hits for r in results),
         hits_not_parsed=sum(r.hits_not_parsed for r in results),
         facts=tuple(f for r in results for f in r.facts),
+        skipped=tuple(skipped),
     )
+
+
+def _nothing_readable(skipped: Sequence[SkippedInput]) -> str:
+    first = f"{skipped[0].name}: {skipped[0].reason}"
+    if len(skipped) == 1:
+        return first
+    return f"none of the {len(skipped)} inputs could be read ({first}; and {len(skipped) - 1} more)"
 
 
 def total_size(paths: Sequence[str]) -> int | None:
     """Bytes on disk of all inputs (for a progress bar), None for stdin."""
     if not paths:
         return None
-    return sum(os.path.getsize(path) for _, path, _ in _expand(paths) if path is not None)
+    return sum(_size(path) for _, path, _ in _expand(paths) if path is not None)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0  # it vanished since it was listed: the scan skips it and says why
 
 
 # --- discovering inputs -------------------------------------------------------------------------
@@ -162,7 +202,10 @@ def rank_from_path(path: str) -> int | None:
 
 
 def _expand(paths: Sequence[str]) -> list[tuple[str, str | None, int | None]]:
-    """(display name, path, rank hint) for each file; folders are searched recursively."""
+    """(display name, path, rank hint) for each file; folders are searched recursively.
+
+    A path named on the command line must exist (a typo is a usage error); files found in a folder
+    are read later, each skipped on its own if it cannot be."""
     found: list[tuple[str, str | None, int | None]] = []
     for arg in paths:
         if arg == "-":
@@ -170,10 +213,8 @@ def _expand(paths: Sequence[str]) -> list[tuple[str, str | None, int | None]]:
             continue
         try:
             mode = os.stat(arg).st_mode
-        except FileNotFoundError:
-            raise UsageError(f"{arg}: no such file or directory") from None
-        except PermissionError:
-            raise UsageError(f"{arg}: permission denied") from None
+        except (OSError, ValueError) as error:
+            raise UsageError(f"{arg}: {os_reason(error)}") from None
         if stat.S_ISDIR(mode):
             logs = sorted(_logs_under(Path(arg)), key=_natural_key)
             if not logs:
@@ -185,12 +226,14 @@ def _expand(paths: Sequence[str]) -> list[tuple[str, str | None, int | None]]:
 
 
 def _logs_under(folder: Path) -> Iterator[Path]:
-    for path in folder.rglob("*"):
-        name = path.name.lower()
-        if name.endswith(".gz"):
-            name = name[:-3]
-        if name.endswith(LOG_SUFFIXES) and path.is_file():
-            yield path
+    """Regular files named like logs; symlinked folders are not followed (a link to `..` would
+    loop), subfolders that cannot be listed are passed over, FIFOs and devices never opened."""
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            lower = name.lower().removesuffix(".gz")
+            path = Path(parent, name)
+            if lower.endswith(LOG_SUFFIXES) and is_regular(path):
+                yield path
 
 
 def _natural_key(path: Path) -> list[object]:
@@ -201,34 +244,31 @@ def _natural_key(path: Path) -> list[object]:
 
 
 def _scan_one(path: str | None, stdin: BinaryIO | None, reading: _Reading) -> _InputScan:
+    """Files, pipes, `<(cmd)`, `/dev/stdin` and stdin alike: read front to back, never rewound."""
     if path is None:
-        stream = stdin if stdin is not None else sys.stdin.buffer
+        stream = stdin if stdin is not None else (sys.stdin.buffer if sys.stdin is not None else None)
+        if stream is None:
+            raise UsageError("stdin is closed: name a log file or folder, or pipe a log in")
         _widen_pipe(stream)
         if not hasattr(stream, "peek"):
             stream = io.BufferedReader(stream)
-        if stream.peek(2)[:2] == GZIP_MAGIC:
+        return _scan_readable(stream, reading)
+    try:
+        handle = open(path, "rb", buffering=CHUNK)
+    except (OSError, ValueError) as error:
+        raise _Unreadable(os_reason(error)) from None
+    with handle:
+        return _scan_readable(handle, reading)
+
+
+def _scan_readable(stream: BinaryIO, reading: _Reading) -> _InputScan:
+    """gzip is told by its magic bytes, seen with `peek`: a pipe cannot seek back to them."""
+    try:
+        if stream.peek(2)[:2] == GZIP_MAGIC:  # type: ignore[attr-defined]
             return _scan_gzip(gzip.GzipFile(fileobj=stream), reading)
         return _scan_stream(stream, reading)
-    try:
-        handle = open(path, "rb")
-    except PermissionError:
-        raise UsageError(f"{path}: permission denied") from None
-    except OSError as error:
-        raise UsageError(f"{path}: cannot open ({error.strerror})") from None
-    with handle:
-        magic = handle.read(2)
-        handle.seek(0)
-        if magic == GZIP_MAGIC:
-            return _scan_gzip(gzip.GzipFile(fileobj=handle), reading)
-        status = os.fstat(handle.fileno())
-        if not stat.S_ISREG(status.st_mode):  # a FIFO or device: no size, no mmap
-            return _scan_stream(handle, reading)
-        size = status.st_size
-        if size == 0:
-            return _InputScan()
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            _refuse_binary(mapped[:65536], path)
-            return _scan_mapped(mapped, reading)
+    except OSError as error:  # EIO, a folder named like a log, a file on a vanished mount
+        raise _Unreadable(f"read failed ({os_reason(error)})") from None
 
 
 def _widen_pipe(stream: BinaryIO) -> None:
@@ -248,51 +288,23 @@ def _scan_gzip(
         with unzipped:
             return _scan_stream(unzipped, reading)
     except (OSError, EOFError, zlib.error) as error:
-        raise UsageError(f"{reading.name}: corrupt gzip data ({error})") from None
+        raise _Unreadable(f"corrupt gzip data ({error})") from None
 
 
-def _refuse_binary(head: bytes, name: str) -> None:
+def _refuse_binary(head: bytes) -> None:
     """A log may carry a few NULs or bad bytes; a file that is mostly control bytes is not a log."""
     if not head:
         return
     control = sum(1 for b in head if b < 32 and b not in (9, 10, 13, 27))
     if control > len(head) // 10:
-        raise UsageError(f"{name}: not a text log (binary data)")
-
-
-def _scan_mapped(
-    buf: mmap.mmap,
-    reading: _Reading,
-) -> _InputScan:
-    result = _InputScan(size=len(buf))
-    hits: list[int] = []
-    for step_start in range(0, len(buf), PROGRESS_STEP):  # in steps, so a progress bar can move
-        step_end = min(len(buf), step_start + PROGRESS_STEP)
-        reach = min(len(buf), step_end + len(ERROR_MARKER) - 1)
-        hits.extend(hit for hit in _find_all(buf, ERROR_MARKER, step_start, reach) if hit < step_end)
-        buf.madvise(mmap.MADV_DONTNEED, step_start, step_end - step_start)  # mapped pages count as RSS
-        if reading.progress:
-            reading.progress(step_end - step_start)
-    result.hits = len(hits)
-    if not hits:
-        result.tail = _excerpt(buf, max(0, len(buf) - TAIL), len(buf), len(buf), reading)
-        result.facts = _fact_lines(buf, 0, max(0, len(buf) - BEFORE), len(buf), reading, at_input_end=True)
-        return result
-    windows, result.hits_not_parsed = _plan_windows(hits, len(buf), reading.budget)
-    result.windows = [_excerpt(buf, start, end, len(buf), reading) for start, end in windows]
-    if windows:  # none when earlier inputs spent the budget
-        context_end = windows[0][0]
-        context_start = max(0, context_end - CONTEXT_SPAN)
-        result.context = _marker_lines(buf, 0, context_start, context_end, reading)
-        result.facts = _fact_lines(buf, 0, context_start, hits[0], reading, at_input_end=False)
-    return result
+        raise _Unreadable("not a text log (binary data)")
 
 
 def _scan_stream(
     stream: BinaryIO | gzip.GzipFile,
     reading: _Reading,
 ) -> _InputScan:
-    """Same result as `_scan_mapped`, reading chunks and keeping a bounded history of recent bytes."""
+    """Find the hits chunk by chunk, keeping a bounded history of recent bytes to cut windows from."""
     result = _InputScan()
     history = _History(keep=CONTEXT_SPAN + 2 * BEFORE + WINDOW_MAX)
     overlap = len(ERROR_MARKER) - 1
@@ -301,7 +313,7 @@ def _scan_stream(
     seen_hit = False
     while chunk := stream.read(CHUNK):
         if first_chunk:
-            _refuse_binary(chunk[:65536], reading.name)
+            _refuse_binary(chunk[:65536])
             first_chunk = False
         if reading.progress:
             reading.progress(len(chunk))
@@ -315,7 +327,12 @@ def _scan_stream(
         for hit in hits:
             result.hits += 1
             if pending and hit - BEFORE <= pending[-1][1] and hit + AFTER - pending[-1][0] <= WINDOW_MAX:
-                pending[-1][1] = hit + AFTER
+                growth = hit + AFTER - pending[-1][1]  # hits come in order: >= 0; every byte of it is charged
+                if growth <= reading.budget.left:
+                    pending[-1][1] = hit + AFTER
+                    reading.budget.left -= growth
+                else:
+                    result.hits_not_parsed += 1
                 continue
             if reading.budget.left <= 0:
                 result.hits_not_parsed += 1
@@ -384,31 +401,15 @@ class _History:
 # --- shared helpers ---------------------------------------------------------------------------
 
 
-def _find_all(buf: bytes | mmap.mmap, needle: bytes, start: int, end: int) -> Iterator[int]:
+def _find_all(buf: bytes, needle: bytes, start: int, end: int) -> Iterator[int]:
     position = buf.find(needle, start, end)
     while position != -1:
         yield position
         position = buf.find(needle, position + len(needle), end)
 
 
-def _plan_windows(hits: Iterable[int], size: int, budget: _Budget) -> tuple[list[tuple[int, int]], int]:
-    """Merge [hit - BEFORE, hit + AFTER) ranges; cap each window and the total budget."""
-    windows: list[list[int]] = []
-    skipped = 0
-    for hit in hits:
-        start, end = max(0, hit - BEFORE), hit + AFTER  # clipped to size at the end, as a stream would
-        if windows and start <= windows[-1][1] and end - windows[-1][0] <= WINDOW_MAX:
-            windows[-1][1] = end
-        elif budget.left > 0:
-            windows.append([start, end])
-            budget.left -= BEFORE + AFTER  # charged per window, as the stream reader must
-        else:
-            skipped += 1
-    return [(start, min(end, size)) for start, end in windows], skipped
-
-
 def _excerpt(
-    buf: bytes | mmap.mmap,
+    buf: bytes,
     start: int,
     end: int,
     size: int,
@@ -434,7 +435,7 @@ def _excerpt(
 
 
 def _marker_lines(
-    buf: bytes | mmap.mmap, offset: int, start: int, end: int, reading: _Reading
+    buf: bytes, offset: int, start: int, end: int, reading: _Reading
 ) -> list[Excerpt]:
     """The whole line around every marker hit in buf[start:end], once each, in input order."""
     line_starts: set[int] = set()
@@ -451,13 +452,13 @@ def _marker_lines(
 
 
 def _fact_lines(
-    buf: bytes | mmap.mmap, offset: int, start: int, end: int, reading: _Reading, *, at_input_end: bool
+    buf: bytes, offset: int, start: int, end: int, reading: _Reading, *, at_input_end: bool
 ) -> list[Excerpt]:
     """For each fact marker, the whole line around its last hit in buf[start:end], in input order.
 
     `offset` is the absolute position of buf[0]. A line must lie inside the span (or begin the
-    input, or end it when the span reaches the input's end), so the stream and mmap readers, whose
-    buffers end at the span's edges, keep the same lines.
+    input, or end it when the span reaches the input's end), so a window's lines do not depend on where
+    the reader's buffers happen to end.
     """
     lines = []
     for marker in reading.fact_markers:

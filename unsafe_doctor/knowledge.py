@@ -512,8 +512,13 @@ def _is_expression(text: str) -> bool:
 
 
 def is_safe_dotted(name: str | None) -> bool:
-    """A dotted Python name with no keywords and no dunder parts: safe to place in generated code."""
-    if not name:
+    """A dotted Python name with no keywords and no dunder parts: safe to place in generated code.
+
+    ASCII only: Python reads identifiers after NFKC normalisation, so `_\uff3fbuiltins__` (a
+    full-width low line) is `__builtins__` to it and would pass a check made on the raw text; and a
+    homoglyph (a Cyrillic `а` in `pаrallel_state`) shows one name while meaning another. Framework
+    names are ASCII; a log that offers anything else is refused."""
+    if not name or not name.isascii():
         return False
     return all(
         part.isidentifier() and not keyword.iskeyword(part) and not part.startswith("__") for part in name.split(".")

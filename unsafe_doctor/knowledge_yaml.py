@@ -7,14 +7,21 @@ is `knowledge`'s part.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Iterable
 from importlib import resources
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it: 10x faster
+MAX_FILE_BYTES = 4 << 20  # the shipped knowledge base is under 50 KB in all
+MAX_EXPANDED_NODES = 200_000  # YAML nodes once aliases are expanded; the shipped files hold a few thousand
+MAX_SCHEMA_PROBLEMS = 50  # schema problems reported per file
+MAX_PROBLEM_CHARS = 400  # jsonschema quotes the whole offending value
 CONDITION_FORMS = "a condition gives either a switch (and its default) or a guard (and its imports), not both"
 
 _SCHEMA: dict[str, Any] | None = None
@@ -28,15 +35,16 @@ def _schema() -> dict[str, Any]:
 
 
 def parse(path: Path, problems: list[str]) -> tuple[yaml.Node, Any] | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        problems.append(f"{path}: cannot read ({error})")
+    text = _read(path, problems)
+    if text is None:
         return None
     try:
         loader = SAFE_LOADER(text)
         try:
             node = loader.get_single_node()
+            if node is not None and (refused := _alias_bomb(node)):
+                problems.append(f"{path}:1: {refused}")
+                return None
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
@@ -51,15 +59,79 @@ def parse(path: Path, problems: list[str]) -> tuple[yaml.Node, Any] | None:
     return node, data
 
 
+def _read(path: Path, problems: list[str]) -> str | None:
+    """The file's text; a FIFO (opened without waiting for a writer) or a file too large to be rules
+    is refused before it is read."""
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as handle:
+            status = os.fstat(handle.fileno())
+            if not stat.S_ISREG(status.st_mode):
+                problems.append(f"{path}: cannot read (not a regular file)")
+                return None
+            data = handle.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            problems.append(f"{path}: cannot read (larger than {MAX_FILE_BYTES >> 20} MB: not a knowledge file)")
+            return None
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        problems.append(f"{path}: cannot read ({error})")
+        return None
+
+
+def _alias_bomb(root: yaml.Node) -> str | None:
+    """Why the document is refused, when its aliases would expand it past MAX_EXPANDED_NODES (a
+    few hundred bytes of nested aliases make billions) or make it contain itself; None when fine.
+    Counted on the composed nodes, where an alias is still one shared node."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        children = _children(node)
+        if finished:
+            open_nodes.discard(key)
+            sizes[key] = 1 + sum(sizes[id(child)] for child in children)
+            if sizes[key] > MAX_EXPANDED_NODES:
+                return f"aliases expand this file past {MAX_EXPANDED_NODES:,} YAML nodes: refused before expanding them"
+        elif key in open_nodes:
+            return "an alias refers to a node that contains it: refused"
+        elif key not in sizes:
+            open_nodes.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in children)
+    return None
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
 def schema_problems(path: Path, node: yaml.Node, data: Any) -> list[str]:
+    """At most MAX_SCHEMA_PROBLEMS lines, each at most MAX_PROBLEM_CHARS long: a wrong file must not
+    print megabytes."""
     import jsonschema  # imported here: loading only the shipped, already-checked files needs none
 
     validator = jsonschema.Draft202012Validator(_schema())
-    return [
-        f"{path}:{line_of(node, error.absolute_path)}: "
-        f"{'.'.join(str(part) for part in error.absolute_path) or 'top level'}: {_best_message(error)}"
-        for error in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+    errors = sorted(islice(validator.iter_errors(data), MAX_SCHEMA_PROBLEMS + 1), key=lambda e: list(map(str, e.absolute_path)))
+    problems = [
+        _shortened(
+            f"{path}:{line_of(node, error.absolute_path)}: "
+            f"{'.'.join(str(part) for part in error.absolute_path) or 'top level'}: {_best_message(error)}"
+        )
+        for error in errors[:MAX_SCHEMA_PROBLEMS]
     ]
+    if len(errors) > MAX_SCHEMA_PROBLEMS:
+        problems.append(f"{path}: more schema problems not shown (fix these first)")
+    return problems
+
+
+def _shortened(problem: str) -> str:
+    return problem if len(problem) <= MAX_PROBLEM_CHARS else problem[: MAX_PROBLEM_CHARS - 1] + "…"
 
 
 def _best_message(error: Any) -> str:

@@ -63,7 +63,7 @@ from itertools import pairwise
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.npu_errors import UNSAFE_DATA
-from unsafe_doctor.source.files import is_internal_file
+from unsafe_doctor.source.files import is_internal_file, why_not_read
 from unsafe_doctor.source.printed import MarkedSpan, first_line, parse_printed_line
 from unsafe_doctor.source.resolve import MAX_DEPTH, Resolved, Scope, Tier, resolve_written
 from unsafe_doctor.source.syntax import (
@@ -123,7 +123,7 @@ def locate(tracebacks: Sequence[Traceback], workspace: Workspace) -> list[Findin
         if unsafe is None:
             continue
         if unsafe.frames not in analyses:
-            analyses[unsafe.frames] = _analyse(unsafe.frames, views)
+            analyses[unsafe.frames] = _guarded_analysis(unsafe.frames, views)
         analysis = analyses[unsafe.frames]
         groups.setdefault(analysis.key(), []).append((traceback, unsafe, analysis))
     return [_fold(members) for members in groups.values()]
@@ -165,7 +165,7 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     if found.origin is Origin.INDEX and not workspace.index_agrees(frame):
         source = None  # a file of the framework, but not as the release the other frames fit: patched, or newer
     if found.local is not None and source is None and found.origin is not Origin.INDEX:
-        notes.append(f"{found.local} could not be read or parsed")
+        notes.append(f"{found.local} {why_not_read(found.local)}")
     if source is not None and found.origin is Origin.INDEX:
         return _indexed_view(frame, found.module, source, workspace.release_of(frame.file))
     line = _matching_line(frame, source) if source else None
@@ -490,6 +490,17 @@ def _choose_culprit(
             return index, view, candidates
         fallback = fallback or (index, view, candidates)
     return fallback
+
+
+def _guarded_analysis(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
+    """A statement nested deeper than Python's recursion limit (generated code, an attack) leaves
+    the culprit unnamed, with a note, instead of ending the run."""
+    try:
+        return _analyse(frames, views)
+    except RecursionError:
+        culprit = next((frame for frame in reversed(frames) if not is_internal_file(frame.file)), None)
+        where = f"{culprit.file}:{culprit.line}" if culprit else "the culprit line"
+        return _Analysis(culprit, None, None, (f"{where} is nested too deeply to analyse: the tensor cannot be named",))
 
 
 def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -21,8 +21,8 @@ from unsafe_doctor.diagnosis import Diagnosis
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import HELPER, marker_key
 from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase, map_parameters
-from unsafe_doctor.replay.plan import MAX_RANKS, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
-from unsafe_doctor.replay.results import Milestone, RankResult
+from unsafe_doctor.replay.plan import MAX_RANKS, MAX_TIMEOUT, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
+from unsafe_doctor.replay.results import Milestone, RankResult, RunResult, StepOutcome
 from unsafe_doctor.source.workspace import module_from_path
 
 if TYPE_CHECKING:
@@ -81,8 +81,8 @@ def plan_replay(
         raise UsageError(f"unknown mode {mode!r}; expected one of: {', '.join(MODES)}")
     if probe is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", probe):
         raise UsageError(f"--probe {probe!r} is not MODULE:FUNCTION")
-    if timeout <= 0:
-        raise UsageError("--timeout must be a positive number of seconds")
+    if not 0 < timeout <= MAX_TIMEOUT:  # also refuses nan, which compares false with everything
+        raise UsageError(f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT:g}, not {timeout:g}")
     targets, skipped = [], []
     for number, item in enumerate(diagnosis.findings, 1):
         tensor, classification = item.finding.tensor, item.classification
@@ -178,8 +178,11 @@ def _code(file: AdaptorFile, roots: tuple[str, ...]) -> AdaptorCode:
     return AdaptorCode(path, module, file.unpatched, file.text, tuple(sorted(file.functions)))
 
 
-def verify(plan: ReplayPlan, skipped: tuple[str, ...] = ()) -> Verification | None:
-    """Run the plan and judge it; under torchrun, None on every rank but 0."""
+def verify(
+    plan: ReplayPlan, skipped: tuple[str, ...] = (), progress: Callable[[Milestone], None] | None = None
+) -> Verification | None:
+    """Run the plan and judge it; under torchrun, None on every rank but 0. ``progress`` hears each
+    phase the faulty rank enters (forked ranks only: under torchrun every rank has its own output)."""
     from unsafe_doctor.replay.backend import npu_unavailable_reason
     from unsafe_doctor.replay.launch import ReplayStopped, fork_ranks, join_torchrun, under_torchrun
 
@@ -194,7 +197,7 @@ def verify(plan: ReplayPlan, skipped: tuple[str, ...] = ()) -> Verification | No
                 return None
             transport = "hccl" if results[0].backend == "npu" else "gloo"
         else:
-            results = fork_ranks(plan)
+            results = fork_ranks(plan, progress)
     except ReplayStopped as stopped:
         return _stopped(plan, skipped, stopped, backend, time.perf_counter() - start)
     return judge(plan, skipped, results, transport, time.perf_counter() - start)
@@ -212,12 +215,11 @@ def judge(plan: ReplayPlan, skipped: tuple[str, ...], results: list[RankResult],
 
 
 def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Verdict:
-    red, green = results[plan.faulty].unpatched, results[plan.faulty].patched
+    red = results[plan.faulty].unpatched
     if target.key in red.not_modelled:
         return Verdict(target, "not-modelled", red.not_modelled[target.key], None, ())
-    unavailable = red.adaptor_unavailable or green.adaptor_unavailable
-    if unavailable:
-        return Verdict(target, "not-modelled", f"adaptor mode cannot import the adaptor here ({unavailable}): "
+    if red.adaptor_unavailable:
+        return Verdict(target, "not-modelled", f"adaptor mode cannot import the adaptor here ({red.adaptor_unavailable}): "
                        "use --mode block", None, ())
     reproduced = red.resume.get(target.key)
     if reproduced is None or reproduced.error is None:
@@ -226,6 +228,8 @@ def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Ver
                        "the replay does not model this failure", None, ())
     where = f" at {reproduced.where}" if reproduced.where else f" reading {target.label}"
     unpatched = f"reproduced `{reproduced.error}` on rank {plan.faulty}{where}"
+    if reproduced.unsafe_global not in (None, target.label):  # the probe's step reached another unsafe global first
+        unpatched += f", reading {reproduced.unsafe_global}"
     red_errors = [failure for failure in red.fix_failures if failure.kind == "unsafe-data"]
     if red_errors:
         unpatched += f" (the adaptor's own code also failed: {red_errors[0].error})"
@@ -243,6 +247,8 @@ def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Ver
 def _patched_problems(plan: ReplayPlan, target: Target, results: list[RankResult]) -> list[str]:
     """What is still wrong after the patched recovery, most telling first."""
     green = results[plan.faulty].patched
+    if green.adaptor_unavailable:  # the file imported without our blocks: they broke it
+        return [f"the patched adaptor does not import: {green.adaptor_unavailable}"]
     problems = []
     waited = {failure.role for result in results for failure in result.patched.fix_failures if failure.kind == "timeout"}
     if waited:
@@ -257,8 +263,7 @@ def _patched_problems(plan: ReplayPlan, target: Target, results: list[RankResult
     for result in results:
         outcome = result.patched.resume.get(target.key)
         if outcome is not None and outcome.error:
-            at = f" at {outcome.where}" if outcome.where else f" reading {target.label}"
-            problems.append(f"rank {result.rank}: the first step after recovery still fails{at}")
+            problems.append(f"rank {result.rank}: {_step_death(plan, target, outcome, green)}")
     left = green.unsafe_left.get(target.key, 0)
     if left:
         problems.append(f"{left} tensor(s) reachable from {target.label} still unsafe on rank {plan.faulty}")
@@ -268,9 +273,34 @@ def _patched_problems(plan: ReplayPlan, target: Target, results: list[RankResult
     return problems
 
 
+def _step_death(plan: ReplayPlan, target: Target, outcome: StepOutcome, green: RunResult) -> str:
+    """The first step after recovery died: on the target's own global, or on another one, which is
+    then named, and the target's own fix said to have held when the checks found nothing left."""
+    at = f" at {outcome.where}" if outcome.where else ""
+    died_on = outcome.unsafe_global
+    if died_on is None or died_on == target.label:
+        return f"the first step after recovery still fails reading {target.label}{at}"
+    held = not green.unsafe_left.get(target.key) and green.equal.get(target.key) is not False
+    fix = f"the fix of {target.label} held, but " if held else ""
+    if died_on in {other.label for other in plan.targets}:
+        return f"{fix}the first step after recovery dies on {died_on}{at}, another finding's global (see its verdict)"
+    return (f"{fix}the first step after recovery dies on {died_on}{at}, a global the log does not name "
+            "and no fix covers: fix it too (the replay stops at the first unsafe read)")
+
+
 def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped: ReplayStopped, backend: str, seconds: float) -> Verification:
+    """Ranks that never started or hung building the state: the replay does not model it (exit 2);
+    a rank that crashed or hung in the recovery: the check failed (exit 1)."""
     places = "; ".join(f"rank {rank}: {stopped.place(rank)}" for rank in sorted(stopped.histories))
-    if stopped.reason == "timeout":
+    outcome: Outcome = "failed"
+    if stopped.never_started:
+        outcome = "not-modelled"
+        problem = (f"no rank started: {stopped.never_started}; the replay imports the globals' modules and the probe's "
+                   "before its ranks start, and each must import without ending the process or blocking")
+    elif stopped.reason == "timeout" and _stuck_in(stopped, "build"):
+        outcome = "not-modelled"
+        problem = f"building the state did not finish within the {plan.timeout:g} s timeout ({places})"
+    elif stopped.reason == "timeout":
         receiver = _waited_in_repair(stopped.histories.get(plan.faulty, ()), plan.functions["recv"])
         sender = _waited_in_repair(stopped.histories.get(plan.replica, ()), plan.functions["send"])
         problem = (f"the replay stopped at the {plan.timeout:g} s timeout ({places}); "
@@ -278,9 +308,18 @@ def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped: ReplayStopped,
     else:
         tail = stopped.output.strip().splitlines()[-1:] or ["no output"]
         problem = f"a rank crashed ({places}): {tail[0]}"
-    verdicts = tuple(Verdict(target, "failed", "not judged: the replay stopped", problem, (problem,)) for target in plan.targets)
+    if outcome == "not-modelled":
+        verdicts = tuple(Verdict(target, outcome, problem, None, ()) for target in plan.targets)
+    else:
+        verdicts = tuple(Verdict(target, outcome, "not judged: the replay stopped", problem, (problem,))
+                         for target in plan.targets)
     return Verification(verdicts, skipped, backend, "gloo", plan.mode, plan.world_size, plan.faulty, plan.replica,
                         seconds, {}, plan.notes)
+
+
+def _stuck_in(stopped: ReplayStopped, phase: str) -> bool:
+    """Some rank's last milestone is the phase (and not a failure in it)."""
+    return any(history and history[-1].phase == phase and history[-1].failure is None for history in stopped.histories.values())
 
 
 def _likely_mismatch(plan: ReplayPlan, receiver_waited: bool, sender_waited: bool) -> str:
@@ -294,7 +333,7 @@ def _likely_mismatch(plan: ReplayPlan, receiver_waited: bool, sender_waited: boo
                 "(a send without its receive, or send and receive swapped)")
     if sender_waited and receiver_waited:
         return f"{send}() and {recv}() wait for each other: their transfers differ in order, number or shape"
-    return "a collective that not every rank reaches"
+    return "code that never returned where a rank stopped, or a collective that not every rank reaches"
 
 
 def _waited_in_repair(history: tuple[Milestone, ...], function: str) -> bool:

@@ -38,7 +38,7 @@ from packaging.version import InvalidVersion, Version
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase, role_parameter
-from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, import_root, is_file, is_internal_file
+from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, import_root, is_file, is_internal_file, read_source
 from unsafe_doctor.source.syntax import Function, ImportedName, import_bindings
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 from unsafe_doctor.tracebacks import Frame
@@ -218,8 +218,9 @@ def _version(text: str) -> Version | None:
 
 def _parse(path: Path) -> ast.Module | None:
     try:
-        return ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, SyntaxError, ValueError):
+        text = read_source(path)
+        return ast.parse(text) if text is not None else None
+    except (SyntaxError, ValueError, RecursionError):
         return None
 
 

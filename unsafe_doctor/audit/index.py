@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, ModuleRef, Ref, SelfRef
 from unsafe_doctor.audit.vocabulary import METADATA
-from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, dotted, python_files
+from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, dotted, is_dir, python_files
 from unsafe_doctor.source.imports import defined_member, module_named
 from unsafe_doctor.source.syntax import Function, ImportedName, child_statements, decorator_name, is_cached, names_bound
 from unsafe_doctor.source.workspace import SourceFile, Workspace
@@ -196,7 +196,8 @@ class Index:
         """`workspace`: where modules are read (default: one over `roots`); `fix` passes one that
         reads the frameworks as the log's fingerprinted release."""
         self.roots = tuple(roots)
-        self.workspace = workspace if workspace is not None else Workspace(roots)
+        folders = [path for path in given if is_dir(path)]
+        self.workspace = workspace if workspace is not None else Workspace(roots, studied=folders)
         self.scanned: list[ModuleInfo] = []
         self.by_path: dict[Path, ModuleInfo] = {}
         self.by_name: dict[str, ModuleInfo | None] = {}

@@ -18,7 +18,7 @@ from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Pr
 from unsafe_doctor.audit.resolve import Accessors
 from unsafe_doctor.classify import Classification, Classified
 from unsafe_doctor.context import RunContext
-from unsafe_doctor.errors import UsageError
+from unsafe_doctor.errors import UsageError, os_reason
 from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.markers import MARKER_BEGIN
 from unsafe_doctor.source.files import ImportRoots
@@ -60,7 +60,10 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
             progress("reading", done, len(files))
         found = ScanFindings()
         for done, info in enumerate(index.scanned, 1):
-            scan_module(index, accessors, info, found)
+            try:
+                scan_module(index, accessors, info, found)
+            except RecursionError:  # a statement nested past Python's recursion limit: listed, not fatal
+                unreadable.append(index.display(info.path))
             progress("scanning", done, len(index.scanned))
         framework = holders(found, index)
         framework += named_by_rules(index, knowledge.rules, framework)
@@ -117,8 +120,12 @@ def _given(paths: Sequence[Path]) -> list[Path]:
     if not given:
         raise UsageError("no path to audit: name one or more source folders or files")
     for path in given:
-        if not path.exists():
-            raise UsageError(f"{path}: no such file or folder")
+        try:
+            path.stat()
+        except FileNotFoundError:
+            raise UsageError(f"{path}: no such file or folder") from None
+        except (OSError, ValueError) as error:  # a loop of links, `file.py/x`, a name too long
+            raise UsageError(f"{path}: {os_reason(error)}") from None
     return given
 
 

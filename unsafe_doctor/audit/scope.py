@@ -68,14 +68,11 @@ class Scope:
         return cls(module, None, None, None, None, False, set(), set(), {}, {})
 
     def mentioned(self) -> set[str]:
-        """Every name and attribute the function spells."""
+        """Every name and attribute the function spells; an imported name under its own name too
+        (`from m import C as _ud_C`, as unsafe-doctor's blocks import, spells `C`)."""
         if self.mentions is None:
             nodes = ast.walk(self.function) if self.function is not None else ()
-            self.mentions = {
-                node.id if isinstance(node, ast.Name) else node.attr
-                for node in nodes
-                if isinstance(node, (ast.Name, ast.Attribute))
-            }
+            self.mentions = {_spelled(node) for node in nodes if isinstance(node, (ast.Name, ast.Attribute, ast.alias))}
         return self.mentions
 
     def forget(self, name: str) -> None:
@@ -123,3 +120,9 @@ def functions_of(body: Sequence[ast.stmt], owner: str | None, prefix: str | None
             yield from functions_of(statement.body, inner_owner, f"{prefix}.{statement.name}" if prefix else statement.name)
         else:
             yield from functions_of(child_statements(statement), owner, prefix)
+
+
+def _spelled(node: ast.Name | ast.Attribute | ast.alias) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else node.name.rpartition(".")[2]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -23,6 +25,7 @@ from unsafe_doctor.cli.streams import print_json, print_rich, say, stages_bar
 from unsafe_doctor.cli.workflow import write_if_accepted
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.report import audit as report
+from unsafe_doctor.report.common import NextStep, printable
 
 if TYPE_CHECKING:
     from unsafe_doctor.audit import Audit, AuditedHolder
@@ -83,11 +86,20 @@ def command(
     elif output_format is LocatedFormat.sarif:
         print_json(report.to_sarif(result, audits.plan_fixes_per_holder(result)))
     else:
-        print_rich(report.to_text(result, elapsed))
+        print_rich(report.to_text(result, elapsed, None if fix else _with_fix(paths, adaptor, rules or ())))
     left = len(result.uncovered)
     if plan is not None:
         left -= len(_write_fixes(result, plan, dry_run=dry_run, yes=yes, no_input=no_input))
     return 1 if left else 0
+
+
+def _with_fix(paths: list[Path], adaptor: str, rules: Sequence[Path]) -> NextStep:
+    """This audit again, with --fix: the command a report with fixes ends with."""
+    words = ["unsafe-doctor", "audit", *map(str, paths)]
+    words += [] if adaptor == "auto" else ["--adaptor", adaptor]
+    for path in rules:
+        words += ["--rules", str(path)]
+    return NextStep(printable(shlex.join([*words, "--fix"])))
 
 
 _STAGES = {"reading": "reading files", "scanning": "scanning files", "judging": "judging globals"}

@@ -15,7 +15,7 @@ from unsafe_doctor.cli.options import (
     SourceRootOption,
     YesOption,
 )
-from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, progress_bar
+from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, progress_bar, warn_skipped
 from unsafe_doctor.cli.workflow import Invocation, offer_fixes
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
@@ -38,6 +38,7 @@ def command(
     setup = groundwork(rules or (), source_root or (), log_only=log_only)
     with progress_bar(paths) as progress:
         diagnosis = diagnose(paths, setup, adaptor=adaptor, progress=progress)
+        warn_skipped(diagnosis.skipped)
     elapsed = time.perf_counter() - started
     if output_format is LocatedFormat.json:
         print_json(report.to_json(diagnosis))

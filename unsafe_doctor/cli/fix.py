@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,7 +20,7 @@ from unsafe_doctor.cli.options import (
     SourceRootOption,
     YesOption,
 )
-from unsafe_doctor.cli.streams import log_paths, print_json, say
+from unsafe_doctor.cli.streams import log_paths, print_json, say, warn_skipped
 from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
@@ -65,6 +65,7 @@ def command(
     else:
         paths = log_paths(logs)
         diagnosis = diagnose(paths, setup, adaptor=adaptor)
+        warn_skipped(diagnosis.skipped)
         environment = diagnosis.context.environment
         plan = fixes.plan_fix(diagnosis.findings, diagnosis.context, overrides, roles)
         findings = len(diagnosis.findings)
@@ -79,9 +80,20 @@ def command(
         apply = invocation.command("fix", environment.adaptor, *options, "--yes", log=not revert)
         tell_outcome(plan, written, dry_run, interactive, apply)
     else:
-        print_json(report.to_json(plan, written, dry_run))
+        print_document(report.to_json(plan, written, dry_run), written)
     unapplied = bool(plan.edits) and not written
     return 0 if dry_run or not (unapplied or plan.skipped) else 1
+
+
+def print_document(document: dict[str, Any], written: tuple[Written, ...]) -> None:
+    """The JSON report on stdout; when stdout cannot take it (a full disk), stderr says so and what
+    was written: the exit code stays the write's, not the printing's."""
+    try:
+        print_json(document)
+    except UsageError as error:  # streams: the report could not be written
+        say(str(error))
+        for line in report.written_lines(written):
+            say(line)
 
 
 def show_plan(plan: Plan, findings: int, revert: bool) -> None:

@@ -6,38 +6,87 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console, RenderableType
 
 from unsafe_doctor import inputs
-from unsafe_doctor.errors import UsageError
+from unsafe_doctor.errors import UsageError, os_reason
+from unsafe_doctor.inputs import SkippedInput
 
 PROGRESS_FROM = 50 << 20  # inputs smaller than this finish before a bar would be worth drawing
 
 
 def log_paths(logs: list[str] | None) -> list[str]:
-    """The logs named; none means stdin, which must then be piped in, not a terminal."""
+    """The logs named; none means stdin, which must then be piped in, not a terminal (nor closed: `<&-`)."""
     paths = logs or []
-    if not paths and sys.stdin.isatty():
+    if not paths and (sys.stdin is None or sys.stdin.isatty()):
         raise UsageError("no input: name a log file or folder, or pipe a log in (see --help)")
     return paths
 
 
+def warn_skipped(skipped: Sequence[SkippedInput]) -> None:
+    """One line per input that could not be read; the rest were diagnosed."""
+    for item in skipped:
+        say(f"skipped {item.name}: {item.reason}")
+
+
 def say(line: str) -> None:
-    """A note for the person (what was decided or done) on stderr, apart from the output proper."""
-    print(f"unsafe-doctor: {line}", file=sys.stderr)
+    """A note for the person (what was decided or done) on stderr, apart from the output proper;
+    control characters escaped, since notes name files and log text."""
+    from unsafe_doctor.report.common import printable
+
+    print(f"unsafe-doctor: {printable(line)}", file=sys.stderr)
 
 
 def print_json(document: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    with _reader_may_leave():
+        sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
 
 
 def print_rich(renderable: RenderableType) -> None:
     """Colour only on a terminal, and never under NO_COLOR (rich reads both itself). Not cropped at
     the width: code to copy is printed whole (report.common.CodeToCopy); all else fits the width."""
-    Console(highlight=False).print(renderable, crop=False)
+    with _reader_may_leave():
+        _Console(highlight=False).print(renderable, crop=False)
+        sys.stdout.flush()
+
+
+@contextmanager
+def _reader_may_leave() -> Iterator[None]:
+    """`… | head -c1` closes the pipe early: the rest of the output goes nowhere, silently, and the
+    command still exits with the code its result deserves (click and rich would make it 1)."""
+    try:
+        yield
+    except BrokenPipeError:
+        _output_nowhere()
+    except OSError as error:  # a full disk, a quota: the report is lost, and the person must know
+        _output_nowhere()
+        raise UsageError(f"cannot write the report to standard output: {os_reason(error)}") from None
+
+
+def _output_nowhere() -> None:
+    nowhere = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(nowhere, sys.stdout.fileno())  # what is still buffered is flushed there at exit
+    os.close(nowhere)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """rich's own raises SystemExit(1) here."""
+        self.quiet = True
+        _output_nowhere()
+
+
+def _transient_bar(*columns: Any) -> Any:
+    """A rich Progress on stderr, described and barred, then `columns`; gone once stopped."""
+    from rich.progress import BarColumn, Progress
+
+    return Progress("[progress.description]{task.description}", BarColumn(), *columns,
+                    console=Console(stderr=True), transient=True)
 
 
 class progress_bar:
@@ -49,16 +98,9 @@ class progress_bar:
             return
         total = inputs.total_size(paths) if paths else _stdin_size()
         if total is not None and total >= PROGRESS_FROM:
-            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+            from rich.progress import DownloadColumn, TransferSpeedColumn
 
-            self.bar = Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                console=Console(stderr=True),
-                transient=True,
-            )
+            self.bar = _transient_bar(DownloadColumn(), TransferSpeedColumn())
             self.task = self.bar.add_task("reading logs", total=total)
 
     def __enter__(self) -> Callable[[int], None] | None:
@@ -81,16 +123,9 @@ class stages_bar:
         self.labels = labels
         self.stage: str | None = None
         if shown:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+            from rich.progress import MofNCompleteColumn, TimeElapsedColumn
 
-            self.bar = Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-                transient=True,
-            )
+            self.bar = _transient_bar(MofNCompleteColumn(), TimeElapsedColumn())
             self.task = self.bar.add_task("starting", total=None)
 
     def __enter__(self) -> Callable[[str, int, int], None] | None:
@@ -111,5 +146,8 @@ class stages_bar:
 
 
 def _stdin_size() -> int | None:
-    status = os.fstat(sys.stdin.fileno())
+    try:
+        status = os.fstat(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):  # stdin closed
+        return None
     return status.st_size if status.st_size else None

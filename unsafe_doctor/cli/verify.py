@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import os
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
 from enum import Enum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,12 +21,15 @@ from unsafe_doctor.cli.options import (
     RulesOption,
     SourceRootOption,
 )
-from unsafe_doctor.cli.streams import log_paths, print_json, print_rich
+from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, warn_skipped
 from unsafe_doctor.cli.workflow import Invocation
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.quiet import framework_warnings_silenced
+
+if TYPE_CHECKING:
+    from unsafe_doctor.replay.results import Milestone
 
 
 class ReplayMode(str, Enum):
@@ -60,7 +65,7 @@ def command(
 
     from unsafe_doctor import fix as fixes
     from unsafe_doctor import verify as verification
-    from unsafe_doctor.replay.launch import under_torchrun
+    from unsafe_doctor.replay.launch import torchrun_world_size, under_torchrun
     from unsafe_doctor.report import verification as report
 
     if importlib.util.find_spec("torch") is None:
@@ -68,15 +73,17 @@ def command(
                          "(or torch==2.13.0 for the CPU build)")
     paths = log_paths(logs)
     if under_torchrun():
-        ranks = int(os.environ["WORLD_SIZE"])
+        ranks = torchrun_world_size()
     diagnosis = diagnose(paths, groundwork(rules or (), source_root or (), log_only=log_only), adaptor=adaptor)
+    warn_skipped(diagnosis.skipped)
     functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
-    with framework_warnings_silenced():  # megatron-core's import-time Apex/TE warnings
+    with framework_warnings_silenced():  # megatron-core's import-time Apex/TE warnings, in the ranks too (forked)
         plan, skipped = verification.plan_replay(
-            diagnosis, diagnosis.context.knowledge, ranks=ranks or 4, mode=mode.value, probe=probe, timeout=timeout,
-            functions=functions, parameters=fixes.parameter_roles(parameter or []),
+            diagnosis, diagnosis.context.knowledge, ranks=4 if ranks is None else ranks, mode=mode.value, probe=probe,
+            timeout=timeout, functions=functions, parameters=fixes.parameter_roles(parameter or []),
         )
-        outcome = verification.verify(plan, skipped)
+        with _phases_on_terminal(plan.world_size) as progress:
+            outcome = verification.verify(plan, skipped, progress)
     if outcome is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
     if output_format is Format.json:
@@ -85,3 +92,16 @@ def command(
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         print_rich(report.to_text(outcome, write_fix=invocation.command("fix", diagnosis.context.environment.adaptor, "--yes")))
     return outcome.exit_code
+
+
+@contextlib.contextmanager
+def _phases_on_terminal(ranks: int) -> Iterator[Callable[[Milestone], None] | None]:
+    """A replay takes seconds: on a terminal, a line on stderr names the phase the faulty rank is in
+    (it goes when the replay ends); nothing when stderr is a file or a pipe."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"replay on {ranks} ranks: starting") as status:
+        yield lambda milestone: status.update(f"replay on {ranks} ranks: {milestone}")

@@ -106,6 +106,8 @@ def _weigh(study: Study) -> Verdict:
                                    "training code.", ())
     one, two = _sides(list(study.events.values()))
     suffix = f" (searched the first {MAX_FILES:,} files only)" if study.truncated else ""
+    if study.unparsed:
+        suffix += f" (left out, nested too deeply to read: {', '.join(map(study.shown, study.unparsed))})"
     if not one and not two:
         files = study.referencing or ([study.defining.path] if study.defining else [])
         return Verdict(None, None, f"Found no reset and no carried state for {variable} in {_files(study, files)}: "

@@ -48,6 +48,7 @@ class Study:
         self.events: dict[tuple[Kind, Path, int], Event] = {}
         self.texts: dict[Path, str] = {}  # the files in scope ("" when unreadable or too large)
         self.truncated = False
+        self.unparsed: list[Path] = []  # files in scope nested too deeply to study
         self.referencing: list[Path] = []
         self.defining: SourceFile | None = None
         self.accessors: set[str] = set()
@@ -70,7 +71,7 @@ class Study:
         return found.parent if found.name == "__init__.py" else found
 
     def _scope(self) -> list[Path]:
-        """Defining module, culprit file, then the module's package and the source roots, bounded."""
+        """Defining module, culprit file, then the module's package and the studied folders, bounded."""
         first = []
         defining = self.workspace.module_path(self.module) if self.module else None
         for path in (defining, self._culprit_path()):
@@ -78,7 +79,7 @@ class Study:
                 first.append(path)
         culprit = self._culprit_path()
         culprit_module = self.workspace.find(str(culprit)).module if culprit else None
-        folders = [self._package_dir(self.module), self._package_dir(culprit_module), *self.roots]
+        folders = [self._package_dir(self.module), self._package_dir(culprit_module), *self.workspace.studied]
         files = list(first)
         seen = {path.resolve() for path in first}
         for folder in dict.fromkeys(folder.resolve() for folder in folders if folder is not None):
@@ -134,8 +135,13 @@ class Study:
             named = any(name in text for name in names) and as_words.search(text)  # substring first: fast
             parsed = self.parse(path) if named else None
             if parsed is not None:
+                try:
+                    FileStudy(self, parsed).run()
+                except RecursionError:  # a statement nested past Python's recursion limit: the file is left out
+                    self.events = {key: event for key, event in self.events.items() if key[1] != path}
+                    self.unparsed.append(path)
+                    continue
                 self.referencing.append(path)
-                FileStudy(self, parsed).run()
         self._queues()
 
     def _accessors(self, parsed: SourceFile) -> set[str]:

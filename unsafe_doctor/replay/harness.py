@@ -26,6 +26,8 @@ import datetime
 import importlib
 import importlib.util
 import inspect
+import linecache
+import re
 import sys
 import time
 import traceback
@@ -105,8 +107,9 @@ class _Run:
             self._phase("fault", self._fault)
             self._phase("repair", self._repair)
             self._phase("rollback", lambda: self._call("rollback"))
-            self._phase("check", self._check)
-            self._phase("resume", self._resume)
+            if self.adaptor_unavailable is None:  # else nothing recovered, on any rank (all import it alike): no step
+                self._phase("check", self._check)
+                self._phase("resume", self._resume)
         return RunResult(self.built, self.not_modelled, tuple(self.fix_failures), self.resume, self.unsafe_left,
                          self.equal, self.seconds, self.adaptor_unavailable)
 
@@ -197,9 +200,27 @@ class _Run:
             except RuntimeError as error:
                 if UNSAFE_DATA not in str(error):
                     raise
-                self.resume[key] = StepOutcome(str(error).splitlines()[0], _where(error))
+                self.resume[key] = StepOutcome(str(error).splitlines()[0], _where(error), self._unsafe_global(error))
             else:
                 self.resume[key] = StepOutcome()
+
+    def _unsafe_global(self, error: BaseException) -> str | None:
+        """The global the failing step read: of the names on the user's lines of the traceback
+        (innermost first) that are module-level, or reached through a module or a class, the first
+        with an unsafe tensor behind it. It may be another global than the probe's: the next one
+        no fix covers."""
+        was_on = self.backend.check_enabled()
+        self.backend.set_check(False)  # looking must not trip, nor refresh anything
+        try:
+            for frame, line in reversed(list(traceback.walk_tb(error.__traceback__))):
+                if not _is_users(frame.f_code.co_filename):
+                    continue
+                for label, value in _globals_on_line(linecache.getline(frame.f_code.co_filename, line), frame):
+                    if any(not self.backend.is_safe(tensor) for tensor in reachable_tensors(value)):
+                        return label
+        finally:
+            self.backend.set_check(was_on)
+        return None
 
     # --- running the adaptor's code --------------------------------------------------------------
 
@@ -211,7 +232,7 @@ class _Run:
         if self.plan.mode == "adaptor":
             try:
                 self._adaptor_modules()
-            except ImportError as error:
+            except (Exception, SystemExit) as error:  # its imports missing here, or its own code failing or exiting at import
                 self.adaptor_unavailable = f"{type(error).__name__}: {_first_line(error)}"
                 return
         try:
@@ -438,8 +459,31 @@ def _where(error: BaseException) -> str | None:
     """The innermost frame of the user's code (not torch's, not the harness's): file:line."""
     frames = traceback.extract_tb(error.__traceback__)
     for frame in reversed(frames):
-        path = str(Path(frame.filename).resolve()) if not frame.filename.startswith("<") else frame.filename
-        if path.startswith((_TORCH, _HERE)) or frame.filename.startswith("<"):
-            continue
-        return f"{frame.filename}:{frame.lineno}"
+        if _is_users(frame.filename):
+            return f"{frame.filename}:{frame.lineno}"
     return None
+
+
+def _is_users(filename: str) -> bool:
+    return not filename.startswith("<") and not str(Path(filename).resolve()).startswith((_TORCH, _HERE))
+
+
+_DOTTED = re.compile(r"[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*")
+
+
+def _globals_on_line(text: str, frame: types.FrameType) -> Iterator[tuple[str, object]]:
+    """Each global a line names, as (module.name, its value): a name of the frame's module that is
+    no local, or an attribute reached through modules and classes (`state._EMA`, `Cache.masks`)."""
+    local = {} if frame.f_locals is frame.f_globals else frame.f_locals  # a module's own frame: its names are its globals
+    for match in _DOTTED.finditer(text.split("#", 1)[0]):
+        root, *attributes = [part.strip() for part in match.group(0).split(".")]
+        if root in local or root not in frame.f_globals:
+            continue
+        value: object = frame.f_globals[root]
+        label = value.__name__ if isinstance(value, types.ModuleType) else f"{frame.f_globals.get('__name__', '?')}.{root}"
+        for attribute in attributes:
+            if not isinstance(value, (types.ModuleType, type)) or not hasattr(value, attribute):
+                break
+            value, label = getattr(value, attribute), f"{label}.{attribute}"
+        if not isinstance(value, types.ModuleType):
+            yield label, value

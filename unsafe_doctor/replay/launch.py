@@ -1,129 +1,143 @@
 """Start the ranks of a replay and collect what each found.
 
-On one machine, ``fork_ranks`` forks N processes that meet in a gloo group on 127.0.0.1 (forking
-after torch is imported saves each rank seconds of start-up); they always run the emulated backend,
-since an NPU runtime does not survive a fork. Under torchrun, ``join_torchrun``
-runs this process's rank in the group torchrun describes (hccl on an NPU) and gathers every rank's
-results. A rank that is still running at the timeout is killed, and the error says where each rank
-was, so a send without its receive ends as a message, never a stuck job.
+On one machine, ``fork_ranks`` forks a launcher in a process group of its own, which imports the
+user's modules and forks N ranks that meet in a gloo group on 127.0.0.1 (forking after torch and
+those modules are imported saves each rank seconds of start-up); they always run the emulated
+backend, since an NPU runtime does not survive a fork. This process never runs user code, and kills
+the whole group on every way out. Under torchrun, ``join_torchrun`` runs this process's rank in the
+group torchrun describes (hccl on an NPU) and gathers every rank's results. A rank that is still
+running at the timeout is killed, and the error says where each rank was, so a send without its
+receive ends as a message, never a stuck job.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import importlib
+import json
 import os
 import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
+from unsafe_doctor.errors import UsageError
 from unsafe_doctor.replay.plan import ReplayPlan
 from unsafe_doctor.replay.results import Milestone, RankResult
 
 
-@dataclass(frozen=True)
+@dataclass
 class ReplayStopped(Exception):
-    """Some ranks did not finish: a hang past the timeout, or a crash."""
+    """Some ranks did not finish: a hang past the timeout, or a crash. (Not frozen: raising sets its traceback.)"""
 
     reason: Literal["timeout", "crash"]
     seconds: float
     histories: dict[int, tuple[Milestone, ...]]  # rank -> its progress, in order (empty: not started)
     output: str  # the tail of the ranks' own output
+    exits: dict[int, int] = field(default_factory=dict)  # rank -> exit code (negative: the signal), for ranks that ended
+    never_started: str | None = None  # why no rank started: a user module that exits or blocks at import
 
     def place(self, rank: int) -> str:
-        """Where the rank was last: "patched repair recv_rank_repair()"."""
+        """Where the rank was last: "patched repair recv_rank_repair()", and how it ended if it ended unasked."""
         history = self.histories.get(rank, ())
-        return str(history[-1]) if history else "not started"
+        where = str(history[-1]) if history else "not started"
+        code = self.exits.get(rank)
+        if code is None or code == 1:  # 1: the rank caught an exception, and its output says which
+            return where
+        return f"{where}, then ended with {_exit_status(code)} before reporting"
 
 
-def fork_ranks(plan: ReplayPlan) -> list[RankResult]:
-    """Every rank's results, in rank order."""
+def fork_ranks(plan: ReplayPlan, progress: Callable[[Milestone], None] | None = None) -> list[RankResult]:
+    """Every rank's results, in rank order; ``progress`` hears each phase the faulty rank enters.
+
+    The ranks are forked by a launcher in a process group of its own, which first imports the
+    user's modules they share: this process never runs user code, so a module that exits or blocks
+    at import is stopped by the timeout like any rank, and the whole group (ranks and whatever
+    they spawned) is killed on every way out: done, crashed, timed out, an exception, SIGINT or
+    SIGTERM (which is then passed on to this process's own handler)."""
     import torch  # noqa: F401  (imported once here, before the fork, for every rank)
 
     port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="unsafe-doctor-replay-") as folder:
+    with _sigterm_raises(), tempfile.TemporaryDirectory(prefix="unsafe-doctor-replay-") as folder:
         work = Path(folder)
-        children = {}
-        with _imported_for_the_ranks(plan):
-            for rank in range(plan.world_size):
-                pid = os.fork()
-                if pid == 0:  # pragma: no cover (the child's coverage is its results)
-                    _child(plan, rank, port, work)
-                children[pid] = rank
         start = time.monotonic()
-        failed = _wait(children, start + harness_timeout(plan) + 5)
+        launcher = os.fork()
+        if launcher == 0:  # pragma: no cover (the child's coverage is its results)
+            _forked(work / "launcher.out", lambda: _launcher(plan, port, work))
+        with contextlib.suppress(OSError):  # the launcher does it too: whichever comes first
+            os.setpgid(launcher, launcher)
+        try:
+            failed = _watch(launcher, start + harness_timeout(plan) + 5, _ProgressReader(work, plan.faulty, progress))
+        finally:
+            _end_group(launcher)
         seconds = time.monotonic() - start
-        results = {}
-        for rank in range(plan.world_size):
-            path = work / f"rank{rank}.json"
-            if path.exists():
-                results[rank] = RankResult.from_json(path.read_text(encoding="utf-8"))
-        if failed or len(results) < plan.world_size:
-            histories = {rank: _milestones(work / f"rank{rank}.progress") for rank in range(plan.world_size)}
-            output = "".join(_tail(work / f"rank{rank}.out") for rank in range(plan.world_size))
-            timed_out = failed == "timeout" or "Timed out" in output or "timed out" in output
-            raise ReplayStopped("timeout" if timed_out else "crash", seconds, histories, output)
-        return [results[rank] for rank in range(plan.world_size)]
+        return _collect(plan, work, failed, seconds)
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while the ranks ran: unwinds to the cleanup, then the signal is passed on."""
 
 
 @contextlib.contextmanager
-def _imported_for_the_ranks(plan: ReplayPlan) -> Iterator[None]:
-    """The globals' modules (megatron-core takes seconds) imported once, for every rank to inherit;
-    afterwards this process gets its import path back and forgets the user's modules (a library
-    caller, or the next replay, may hold another copy of them)."""
-    path, modules = list(sys.path), set(sys.modules)
-    sys.path[:0] = [root for root in plan.source_roots if root not in sys.path]
-    wanted = [target.module for target in plan.targets]
-    if plan.probe:  # a user's probe trains: torch's optimizers load dynamo on their first step (seconds)
-        wanted += ["torch._dynamo", plan.probe.partition(":")[0]]
-    for module in wanted:
-        try:
-            importlib.import_module(module)
-        except Exception:  # noqa: BLE001, S110 (the user's module may fail in any way; the rank says how)
-            pass
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM unwinds (so the ranks are killed), then reaches the handler this process had: by
+    default it ends the process as SIGTERM does. Outside the main thread Python cannot take signals."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    if previous is None:  # a handler set outside Python: the default is the nearest it can be given back as
+        previous = signal.SIG_DFL
     try:
         yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, previous)
+        signal.raise_signal(signal.SIGTERM)
+        raise KeyboardInterrupt from None  # a handler of the caller's that returns: stop all the same
     finally:
-        sys.path[:] = path
-        roots = tuple(plan.source_roots)
-        for name in set(sys.modules) - modules:
-            if str(getattr(sys.modules[name], "__file__", None) or "").startswith(roots):
-                del sys.modules[name]
+        signal.signal(signal.SIGTERM, previous)
 
 
-def _child(plan: ReplayPlan, rank: int, port: int, work: Path) -> None:
-    """One rank, in the forked process; never returns."""
+def _raise_terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not cut the cleanup short
+    raise _Terminated
+
+
+def _launcher(plan: ReplayPlan, port: int, work: Path) -> int:
+    """The launcher process: imports the user's modules once, forks the ranks, reaps them."""
+    os.setpgid(0, 0)
+    for number in (signal.SIGINT, signal.SIGTERM):  # this group ends by SIGKILL from the parent, never by a handler
+        signal.signal(number, signal.SIG_DFL)
+    parent = os.getppid()
+    if not _import_for_the_ranks(plan, work / "launcher.progress"):
+        return 1
+    children = {}
+    for rank in range(plan.world_size):
+        pid = os.fork()
+        if pid == 0:
+            _forked(work / f"rank{rank}.out", functools.partial(_child, plan, rank, port, work))
+        children[pid] = rank
+    _reap(children, work, parent)
+    return 0
+
+
+def _forked(output: Path, body: Callable[[], int]) -> NoReturn:
+    """The rest of a forked process: its output into a file, then ``body``, whose result is the exit
+    code (1, with the traceback in the output, when anything escapes it: the parent reports it)."""
     code = 1
     try:
-        output = os.open(work / f"rank{rank}.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(output, 1)
-        os.dup2(output, 2)
-        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(plan.world_size), LOCAL_RANK=str(rank),
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        import torch
-        import torch.distributed as dist
-
-        from unsafe_doctor.replay.harness import Progress, run_rank
-
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=plan.world_size, timeout=datetime.timedelta(seconds=harness_timeout(plan)))
-        outcome = run_rank(plan, rank, rank, Progress(str(work / f"rank{rank}.progress")), backend="emulated")
-        (work / f"rank{rank}.json").write_text(outcome.to_json(), encoding="utf-8")
-        dist.destroy_process_group()
-        code = 0
-    except BaseException:  # noqa: BLE001 (anything: the parent reports the rank's output)
-        import traceback
-
+        _redirect_output(output)
+        code = body()
+    except BaseException:  # noqa: BLE001 (anything: the parent reports the output)
         traceback.print_exc()
     finally:
         sys.stdout.flush()
@@ -131,28 +145,155 @@ def _child(plan: ReplayPlan, rank: int, port: int, work: Path) -> None:
         os._exit(code)
 
 
-def _wait(children: dict[int, int], deadline: float, grace: float = 3.0) -> str | None:
-    """Reap every child; past the deadline, or a grace period after one crashed (the others often
-    fail a moment later, each saying where it was), kill the rest. What went wrong, if anything."""
+def _import_for_the_ranks(plan: ReplayPlan, log: Path) -> bool:
+    """The globals' modules (megatron-core takes seconds) and the user's probe imported once, for
+    every rank to inherit. Each import is logged before it starts, so that the parent can name a
+    module that blocks or ends the process. False when one raised SystemExit (logged too)."""
+    sys.path[:0] = [root for root in plan.source_roots if root not in sys.path]
+    wanted = [target.module for target in plan.targets]
+    if plan.probe:  # a user's probe trains: torch's optimizers load dynamo on their first step (seconds)
+        wanted += ["torch._dynamo", plan.probe.partition(":")[0]]
+    with log.open("a", encoding="utf-8") as stream:
+        for module in wanted:
+            stream.write(json.dumps({"importing": module}) + "\n")
+            stream.flush()
+            try:
+                importlib.import_module(module)
+            except Exception:  # noqa: BLE001, S110 (the user's module may fail in any way; the rank says how)
+                pass
+            except BaseException as error:  # SystemExit, KeyboardInterrupt: the module ends the process
+                stream.write(json.dumps({"exited": module, "error": f"{type(error).__name__}: {error}"}) + "\n")
+                return False
+            stream.write(json.dumps({"imported": module}) + "\n")
+            stream.flush()
+    return True
+
+
+def _never_started(work: Path, failed: str | None, seconds: float) -> str | None:
+    """Why the launcher forked no rank, read from its import log: the module that did not import."""
+    try:
+        last = json.loads((work / "launcher.progress").read_text(encoding="utf-8").splitlines()[-1])
+    except (OSError, IndexError, ValueError):
+        return None
+    if "exited" in last:
+        return f"importing {last['exited']} ends the process ({last['error']})"
+    if "importing" not in last:
+        return None
+    if failed == "timeout":
+        return f"importing {last['importing']} did not return within {seconds:.0f} s"
+    return f"importing {last['importing']} ended the process"
+
+
+def _redirect_output(path: Path) -> None:
+    output = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+
+
+def _child(plan: ReplayPlan, rank: int, port: int, work: Path) -> int:
+    """One rank, in its forked process."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(plan.world_size), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    from unsafe_doctor.replay.harness import Progress, run_rank
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=plan.world_size, timeout=datetime.timedelta(seconds=harness_timeout(plan)))
+    outcome = run_rank(plan, rank, rank, Progress(str(work / f"rank{rank}.progress")), backend="emulated")
+    (work / f"rank{rank}.json").write_text(outcome.to_json(), encoding="utf-8")
+    dist.destroy_process_group()
+    return 0
+
+
+def _reap(children: dict[int, int], work: Path, parent: int, grace: float = 3.0) -> None:
+    """In the launcher: reap every rank, writing how each ended. A grace period after one crashed
+    (the others often fail a moment later, each saying where it was) the rest are killed; all of
+    them at once when the parent is gone (a `verify` killed by SIGKILL)."""
     pending = dict(children)
-    problem = None
+    deadline = None
     while pending:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid in pending:
-            del pending[pid]
-            if os.waitstatus_to_exitcode(status) != 0 and problem is None:
-                problem = "crash"
-                deadline = min(deadline, time.monotonic() + grace)
+            rank = pending.pop(pid)
+            code = os.waitstatus_to_exitcode(status)
+            (work / f"rank{rank}.exit").write_text(str(code), encoding="utf-8")
+            if (code != 0 or not (work / f"rank{rank}.json").exists()) and deadline is None:
+                deadline = time.monotonic() + grace
             continue
-        if time.monotonic() > deadline:
-            problem = problem or "timeout"
+        if os.getppid() != parent:
+            os.killpg(0, signal.SIGKILL)
+        if deadline is not None and time.monotonic() > deadline:
             break
         time.sleep(0.02)
     for pid in pending:
         os.kill(pid, signal.SIGKILL)
     for pid in pending:
         os.waitpid(pid, 0)
-    return problem
+
+
+def _watch(launcher: int, deadline: float, progress: _ProgressReader) -> str | None:
+    """Wait for the launcher (without reaping it, so that its group's id stays its own) until the
+    deadline; what went wrong, if anything."""
+    while True:
+        ended = os.waitid(os.P_PID, launcher, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        progress.read()
+        if ended is not None:
+            return None if ended.si_code == os.CLD_EXITED and ended.si_status == 0 else "crash"
+        if time.monotonic() > deadline:
+            return "timeout"
+        time.sleep(0.02)
+
+
+def _end_group(launcher: int) -> None:
+    """Kill the launcher's group (the ranks, and anything they started), then reap the launcher."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(launcher, signal.SIGKILL)
+    os.waitpid(launcher, 0)
+
+
+class _ProgressReader:
+    """The faulty rank's milestones, passed on as they are written."""
+
+    def __init__(self, work: Path, rank: int, listener: Callable[[Milestone], None] | None) -> None:
+        self.path, self.listener, self.done = work / f"rank{rank}.progress", listener, 0
+
+    def read(self) -> None:
+        if self.listener is None:
+            return
+        lines = _milestones(self.path)
+        for milestone in lines[self.done:]:
+            self.listener(milestone)
+        self.done = len(lines)
+
+
+def _collect(plan: ReplayPlan, work: Path, failed: str | None, seconds: float) -> list[RankResult]:
+    results = {}
+    for rank in range(plan.world_size):
+        path = work / f"rank{rank}.json"
+        if path.exists():
+            results[rank] = RankResult.from_json(path.read_text(encoding="utf-8"))
+    if failed or len(results) < plan.world_size:
+        histories = {rank: _milestones(work / f"rank{rank}.progress") for rank in range(plan.world_size)}
+        output = "".join(_tail(work / name) for name in ("launcher.out", *(f"rank{rank}.out" for rank in range(plan.world_size))))
+        exits = {}
+        for rank in range(plan.world_size):
+            with contextlib.suppress(OSError, ValueError):
+                exits[rank] = int((work / f"rank{rank}.exit").read_text(encoding="utf-8"))
+        timed_out = failed == "timeout" or "Timed out" in output or "timed out" in output
+        never_started = None if any(histories.values()) else _never_started(work, failed, seconds)
+        raise ReplayStopped("timeout" if timed_out else "crash", seconds, histories, output, exits, never_started)
+    return [results[rank] for rank in range(plan.world_size)]
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit status {code}"
 
 
 def join_torchrun(plan: ReplayPlan) -> list[RankResult] | None:
@@ -182,6 +323,14 @@ def harness_timeout(plan: ReplayPlan) -> float:
 
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def torchrun_world_size() -> int:
+    """torchrun's WORLD_SIZE, refused unless it is a whole number (a hand-set one may be anything)."""
+    text = os.environ["WORLD_SIZE"]
+    if not text.strip().isdigit():
+        raise UsageError(f"WORLD_SIZE={text!r} under torchrun is not a number of ranks")
+    return int(text)
 
 
 def _free_port() -> int:

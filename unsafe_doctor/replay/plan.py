@@ -16,6 +16,7 @@ Mode = Literal["block", "adaptor"]
 MODES: tuple[Mode, ...] = ("block", "adaptor")
 RUNS = ("unpatched", "patched")
 MAX_RANKS = 16
+MAX_TIMEOUT = 86400.0  # a day: more is no timeout, and far more overflows the process groups' timedelta
 
 
 @dataclass(frozen=True)

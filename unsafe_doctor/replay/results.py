@@ -33,6 +33,7 @@ class StepOutcome:
 
     error: str | None = None  # first line of torch_npu's unsafe-data error; None when the step ran clean
     where: str | None = None  # file:line of the user's code that read the unsafe tensor
+    unsafe_global: str | None = None  # the global it read there ("toytrain.state.LOSS_LOG"), when one is named on the line
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,15 @@ from rich.table import Table
 from rich.text import Text
 
 from unsafe_doctor.classify import FixPlan
-from unsafe_doctor.report.common import adaptor_json, counted, fix_plan_json, frameworks_json, printable, stale_text
+from unsafe_doctor.report.common import (
+    NextStep,
+    adaptor_json,
+    counted,
+    fix_plan_json,
+    frameworks_json,
+    printable,
+    stale_text,
+)
 from unsafe_doctor.report.sarif import artifact_change, file_uri, location, sarif_log
 
 if TYPE_CHECKING:
@@ -151,7 +159,8 @@ def _site_location(site: Site) -> dict[str, Any]:
     return location(file_uri(site.file), site.line)
 
 
-def to_text(audit: Audit, elapsed: float) -> RenderableType:
+def to_text(audit: Audit, elapsed: float, write_fixes: NextStep | None = None) -> RenderableType:
+    """`write_fixes`: the command that writes the fixes, shown last when some global has one."""
     parts: list[RenderableType] = []
     if audit.holders:
         # A name is never split: its column is as wide as the longest (up to NAME_WIDTH), a longer one
@@ -172,6 +181,8 @@ def to_text(audit: Audit, elapsed: float) -> RenderableType:
     for note in audit.notes:
         parts.append(Text(f"note: {printable(note)}", style="yellow"))
     parts.append(_summary(audit, elapsed))
+    if write_fixes is not None and _counts(audit)["fixable"]:
+        parts.append(Text(write_fixes.line("to write the fixes")))
     return Group(*parts)
 
 

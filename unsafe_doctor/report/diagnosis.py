@@ -37,6 +37,7 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "inputs": [{"name": info.name, "bytes": info.bytes} for info in diagnosis.inputs],
+        "skipped_inputs": [{"name": item.name, "reason": item.reason} for item in diagnosis.skipped],
         "findings": [_finding_json(item, diagnosis) for item in diagnosis.findings],
         "summary": {
             "ranks_seen": list(diagnosis.ranks_seen),

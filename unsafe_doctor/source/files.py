@@ -1,11 +1,13 @@
-"""Files and module names: which files are internal, which Python files a folder holds, the
-framework packages, import roots and dotted names. Nothing here parses a file."""
+"""Files and module names: which files are internal, which Python files a folder holds, how a
+source file is read, the framework packages, import roots and dotted names. Nothing here parses a file."""
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
+from importlib.util import decode_source
 from pathlib import Path
 
 # Distribution -> its top-level package: the frameworks whose versions are detected.
@@ -40,6 +42,14 @@ def is_file(path: Path) -> bool:
         return False
 
 
+def is_regular(path: Path) -> bool:
+    """A regular file (links followed): never a FIFO that would block a reader, nor a device."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def is_dir(path: Path) -> bool:
     try:
         return path.is_dir()
@@ -63,16 +73,67 @@ def _skipped(folder: str) -> bool:
 
 
 def python_files(path: Path) -> Iterator[Path]:
-    """`*.py` under a folder in a stable order (a folder's files before its subfolders, both sorted),
-    skipping what `_skipped` says; a file given itself is its only file, whatever its name."""
-    if path.is_file():
+    """Regular `*.py` files under a folder in a stable order (a folder's files before its
+    subfolders, both sorted), skipping what `_skipped` says; a file given itself is its only file,
+    whatever its name. A FIFO or device named `x.py` is never listed: reading it would block."""
+    if is_file(path):
         yield path
         return
     for folder, subfolders, names in os.walk(path):
         subfolders[:] = sorted(name for name in subfolders if not _skipped(name))
         for name in sorted(names):
-            if name.endswith(".py"):
+            if name.endswith(".py") and is_regular(Path(folder, name)):
                 yield Path(folder, name)
+
+
+# --- reading a source file -------------------------------------------------------------------------
+
+# Megatron's largest module is about 200 KB; a "source" file past this is generated data, and a
+# frame pointing at one must not make the run read gigabytes.
+MAX_SOURCE_BYTES = 16 << 20
+
+
+def read_source(path: Path) -> str | None:
+    """The text of a regular file of at most MAX_SOURCE_BYTES (`python_text`), read at most
+    that far; None for anything else. Opened without blocking and checked once open: a FIFO in its
+    place would otherwise hang the run."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        with os.fdopen(descriptor, "rb") as handle:
+            status = os.fstat(descriptor)
+            if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_SOURCE_BYTES:
+                return None
+            data = handle.read(MAX_SOURCE_BYTES + 1)  # it may have grown since the fstat
+    except OSError:
+        return None
+    return python_text(data) if len(data) <= MAX_SOURCE_BYTES else None
+
+
+def python_text(data: bytes) -> str:
+    """A Python file's text as Python reads it: in the encoding its PEP 263 coding line names (a
+    cp932 adaptor holds bytes that are not UTF-8), a BOM dropped, universal newlines; a file that
+    names no encoding it can be read in is read as UTF-8 with replacement."""
+    try:
+        return decode_source(data)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        text = data.decode("utf-8-sig", errors="replace")
+        return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def why_not_read(path: Path) -> str:
+    """Why `read_source` (or parsing) gave nothing, as a note's phrase."""
+    try:
+        status = os.stat(path)
+    except (OSError, ValueError):
+        return "could not be read"
+    if not stat.S_ISREG(status.st_mode):
+        return "is not a regular file: not read"
+    if status.st_size > MAX_SOURCE_BYTES:
+        return f"is larger than {MAX_SOURCE_BYTES >> 20} MB: not read, the log's text is used"
+    return "could not be read or parsed"
 
 
 # --- import roots and module names -----------------------------------------------------------------

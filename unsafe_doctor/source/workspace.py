@@ -39,6 +39,7 @@ from unsafe_doctor.source.files import (
     is_file,
     package_of,
     python_files,
+    read_source,
 )
 from unsafe_doctor.source.fingerprint import ReleaseMatch, agreeing_releases, fingerprint
 from unsafe_doctor.source.index import FrameworkIndex, IndexedFramework
@@ -118,10 +119,20 @@ def module_from_path(path: str, source_roots: Sequence[Path] = ()) -> str | None
 class Workspace:
     """File look-ups and parsed sources for one run of a stage, cached; files are read, never imported."""
 
-    def __init__(self, source_roots: Sequence[Path], *, log_only: bool = False, index: FrameworkIndex | None = None):
+    def __init__(
+        self,
+        source_roots: Sequence[Path],
+        *,
+        log_only: bool = False,
+        index: FrameworkIndex | None = None,
+        studied: Sequence[Path] | None = None,
+    ):
+        """`studied`: the folders whose every file the heuristics may read, the source roots unless
+        given: an audit names its paths, and their import roots above them are not the user's to read."""
         if log_only and source_roots:
             raise ValueError("a log-only workspace reads no source roots")
         self.source_roots = tuple(Path(root) for root in source_roots)
+        self.studied = self.source_roots if studied is None else tuple(studied)
         self.log_only = log_only  # never open a file a log names, never search sys.path
         self.index = index if index is not None else FrameworkIndex()  # shipped data, read in log-only mode too
         self.releases: dict[str, ReleaseMatch] = {}  # framework -> the releases the log's frames fit (`fingerprint`)
@@ -311,10 +322,7 @@ class Workspace:
         if path in self._index_texts:
             return self._index_texts[path]
         if path not in self._texts:
-            try:
-                self._texts[path] = path.read_text(encoding="utf-8-sig", errors="replace")  # -sig: a BOM is not source
-            except (OSError, ValueError):
-                self._texts[path] = None
+            self._texts[path] = read_source(path)
         return self._texts[path]
 
     def size(self, path: Path) -> int | None:

@@ -1,0 +1,398 @@
+"""`unsafe-doctor fix` under attack: what it writes, where, as whom, and what it refuses.
+
+Each test is one attack from issue 13, run for real: the command in a subprocess on files in
+tmp_path (a planted symlink, a full tmpfs, a file owned by another user, hand-broken markers, a
+patch fed to `git apply` and `patch`, a log whose module shadows a name the block needs, a cp932
+adaptor, stdout on /dev/full).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from unsafe_doctor.fix import BACKUP_SUFFIX
+from unsafe_doctor.knowledge import is_safe_dotted
+
+ROOT = Path(__file__).resolve().parent.parent
+FRAMEWORK = ROOT / "samples" / "framework"
+EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"
+ORIGINAL = (FRAMEWORK / "toytrain" / "recovery.py").read_bytes()
+BEGIN, END = "# unsafe-doctor: begin ", "# unsafe-doctor: end "
+
+
+def run(*args: str, cwd: Path = ROOT, stdout=subprocess.PIPE, **options) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "fix", *args], stdout=stdout, stderr=subprocess.PIPE,
+                          text=True, cwd=cwd, env=environment, timeout=120, stdin=subprocess.DEVNULL, **options)
+
+
+def adaptor_in(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    adaptor = folder / "recovery.py"
+    adaptor.write_bytes(ORIGINAL)
+    return adaptor
+
+
+def fix_ema(adaptor: Path, *extra: str, cwd: Path = ROOT, **options) -> subprocess.CompletedProcess:
+    return run(str(EMA_LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), *extra, cwd=cwd, **options)
+
+
+def backup(adaptor: Path, number: int = 0) -> Path:
+    suffix = BACKUP_SUFFIX if number == 0 else f".unsafe-doctor.{number}.bak"
+    return adaptor.with_name(adaptor.name + suffix)
+
+
+def refused_in_one_line(result: subprocess.CompletedProcess, fragment: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and fragment in result.stderr, result.stderr
+
+
+# --- backups ----------------------------------------------------------------------------------------
+
+
+def test_a_symlink_planted_at_the_backup_name_is_not_followed(tmp_path):
+    adaptor = adaptor_in(tmp_path / "job")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    victim.chmod(0o600)
+    backup(adaptor).symlink_to(victim)
+
+    result = fix_ema(adaptor, "--yes")
+
+    assert result.returncode == 0, result.stderr
+    assert victim.read_bytes() == b"precious\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert backup(adaptor).is_symlink() and backup(adaptor).readlink() == victim
+    assert backup(adaptor, 1).read_bytes() == ORIGINAL
+    assert f"wrote {adaptor} (backup: {backup(adaptor, 1)})" in result.stderr
+
+
+def test_a_second_fix_and_a_revert_keep_the_first_backup_the_original(tmp_path):
+    adaptor = adaptor_in(tmp_path)
+    assert fix_ema(adaptor, "--yes").returncode == 0
+    patched = adaptor.read_bytes()
+    reverted = run("--revert", "--adaptor", str(adaptor), "--yes")
+    assert reverted.returncode == 0, reverted.stderr
+    assert fix_ema(adaptor, "--yes").returncode == 0
+
+    assert backup(adaptor).read_bytes() == ORIGINAL  # never overwritten
+    assert backup(adaptor, 1).read_bytes() == patched  # what the revert replaced
+    assert backup(adaptor, 2).read_bytes() == ORIGINAL  # what the second fix replaced
+    assert f"(backup: {backup(adaptor, 1)})" in reverted.stderr
+
+
+@pytest.fixture
+def full_tmpfs(tmp_path):
+    """A 64 KiB tmpfs (the tests run as root, as in CI); elsewhere a file-size limit stands in."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True)
+    mounted = mount.returncode == 0
+    yield folder, mounted
+    if mounted:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def limit_file_size() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+
+def fill(folder: Path, leave: int) -> None:
+    """Take the tmpfs's pages until `leave` bytes are free."""
+    free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize - leave
+    with open(folder / "filler", "wb", buffering=0) as filler:
+        try:
+            filler.write(b"\0" * free)
+        except OSError:
+            pass
+
+
+def test_a_full_disk_while_writing_the_backup_leaves_the_old_backup_and_the_adaptor_whole(full_tmpfs):
+    folder, mounted = full_tmpfs
+    adaptor = adaptor_in(folder)
+    old_backup = b"the user's original, from the first fix\n" * 40
+    backup(adaptor).write_bytes(old_backup)
+    options = {"preexec_fn": limit_file_size} if not mounted else {}
+    if mounted:
+        fill(folder, leave=0)
+    before = sorted(path.name for path in folder.iterdir())
+
+    result = fix_ema(adaptor, "--yes", **options)
+
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1].startswith(f"unsafe-doctor: cannot write {adaptor}: ")  # after the plan's lines
+    assert result.stderr.endswith(": nothing written\n")
+    assert adaptor.read_bytes() == ORIGINAL
+    assert backup(adaptor).read_bytes() == old_backup
+    assert sorted(path.name for path in folder.iterdir()) == before  # no temporary file left behind
+
+
+STAGE_TWO_FILES = """\
+import hashlib, sys
+from pathlib import Path
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.fix import FileEdit, Plan, apply
+edits = []
+for name, grown in (("first.py", 10), ("second.py", 20000)):
+    original = Path(name).read_bytes()
+    updated = original + b"#" * grown + b"\\n"
+    edits.append(FileEdit(Path(name), original, updated, "utf-8", hashlib.sha256(original).hexdigest(), ()))
+try:
+    apply(Plan(tuple(edits), (), (), ()))
+except UsageError as error:
+    sys.exit(str(error))
+"""
+
+
+def test_a_disk_that_fills_on_the_second_file_leaves_the_first_unwritten_too(full_tmpfs):
+    folder, mounted = full_tmpfs
+    for name in ("first.py", "second.py"):
+        (folder / name).write_bytes(b"x = 1\n")
+    if mounted:
+        fill(folder, leave=12 << 10)  # room for the first file's backup and content and the second's backup
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", STAGE_TWO_FILES], capture_output=True, text=True, cwd=folder,
+                            env=environment, timeout=120, preexec_fn=None if mounted else limit_file_size)
+    assert result.returncode == 1 and result.stderr.startswith("cannot write second.py: "), result.stderr
+    assert result.stderr.endswith(": nothing written\n")
+    assert (folder / "first.py").read_bytes() == (folder / "second.py").read_bytes() == b"x = 1\n"
+    assert sorted(path.name for path in folder.iterdir()) == ["filler", "first.py", "second.py"][not mounted:]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+def test_root_fixing_another_users_file_keeps_its_owner_group_and_mode(tmp_path):
+    adaptor = adaptor_in(tmp_path)
+    os.chown(adaptor, 12345, 23456)
+    adaptor.chmod(0o640)
+
+    result = fix_ema(adaptor, "--yes")
+
+    assert result.returncode == 0, result.stderr
+    for path in (adaptor, backup(adaptor)):
+        status = path.stat()
+        assert (status.st_uid, status.st_gid, stat.S_IMODE(status.st_mode)) == (12345, 23456, 0o640), path
+    assert adaptor.read_bytes() != ORIGINAL
+
+
+# --- revert with broken markers -----------------------------------------------------------------------
+
+
+def broken(adaptor: Path, how: str) -> int:
+    """The patched adaptor with its markers broken `how`; the 1-based line the refusal must name."""
+    lines = adaptor.read_text().splitlines(keepends=True)
+    begins = [index for index, line in enumerate(lines) if line.strip().startswith(BEGIN)]
+    ends = [index for index, line in enumerate(lines) if line.strip().startswith(END)]
+    if how == "first end lost":  # a merge dropped it: the first begin must not pair with the second end
+        del lines[ends[0]]
+        line = begins[1]
+    elif how == "last end lost":
+        del lines[ends[1]]
+        line = begins[1] + 1
+    elif how == "begin lost":
+        del lines[begins[0]]
+        line = ends[0]  # one line up once the begin is gone
+    elif how == "nested":  # the second block moved inside the first
+        block = lines[begins[1] : ends[1] + 1]
+        del lines[begins[1] : ends[1] + 1]
+        lines[ends[0]:ends[0]] = block
+        line = ends[0] + 1
+    else:  # interleaved: the first block's end moved after the second block's begin
+        lines.insert(begins[1], lines.pop(ends[0]))
+        line = begins[1]
+    adaptor.write_text("".join(lines))
+    return line
+
+
+@pytest.mark.parametrize("how", ["first end lost", "last end lost", "begin lost", "nested", "interleaved"])
+def test_revert_refuses_markers_out_of_place_and_changes_nothing(tmp_path, how):
+    adaptor = adaptor_in(tmp_path)
+    assert fix_ema(adaptor, "--yes").returncode == 0
+    line = broken(adaptor, how)
+    before = sorted(tmp_path.iterdir()), adaptor.read_bytes()
+
+    result = run("--revert", "--adaptor", str(adaptor), "--yes")
+
+    refused_in_one_line(result, f"{adaptor}:{line}: ")
+    assert "mend the markers by hand" in result.stderr
+    assert (sorted(tmp_path.iterdir()), adaptor.read_bytes()) == before
+
+
+# --- the dry run's patch -------------------------------------------------------------------------------
+
+
+def applies(patch: str, *, git_in: Path, patch_in: Path) -> None:
+    for command, folder in ((["git", "apply", "--check", "-"], git_in), (["patch", "-p1", "--dry-run"], patch_in)):
+        result = subprocess.run(command, input=patch, capture_output=True, text=True, cwd=folder)
+        assert result.returncode == 0, f"{command} in {folder}: {result.stdout}{result.stderr}"
+
+
+def test_the_dry_run_patch_applies_with_git_apply_and_patch_p1(tmp_path):
+    adaptor = adaptor_in(tmp_path / "job" / "toytrain")
+    for given in (str(adaptor), "job/toytrain/recovery.py"):
+        result = fix_ema(Path(given), "--dry-run", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("--- a/job/toytrain/recovery.py\n+++ b/job/toytrain/recovery.py\n")
+        applies(result.stdout, git_in=tmp_path, patch_in=tmp_path)
+    assert adaptor.read_bytes() == ORIGINAL
+
+
+def test_inside_a_git_repository_the_patch_names_files_from_its_root(tmp_path):
+    repository = tmp_path / "repo"
+    adaptor = adaptor_in(repository / "toytrain")
+    subprocess.run(["git", "init", "-q", str(repository)], check=True)
+
+    result = fix_ema(Path("recovery.py"), "--dry-run", cwd=adaptor.parent)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("--- a/toytrain/recovery.py\n+++ b/toytrain/recovery.py\n")
+    applies(result.stdout, git_in=adaptor.parent, patch_in=repository)
+
+
+# --- generated code that shadows ---------------------------------------------------------------------
+
+RULE = """\
+rules:
+  - id: team.buffer
+    title: Re-initialise the team's step buffer
+    match: {variable: _TEAM_BUFFER}
+    scenario: 1
+    phase: rollback
+    fix:
+      imports:
+        - import torch
+        - from $parent import $alias
+      code: |
+        value = getattr($alias, "$variable", None)
+        if isinstance(value, torch.Tensor):
+            value.copy_(torch.zeros(value.shape, dtype=value.dtype, device=value.device))
+    reason: The buffer is rebuilt every step.
+"""
+
+
+def team_case(tmp_path: Path, module: str) -> tuple[list[str], Path]:
+    """A log failing in team/<module>.py on `_TEAM_BUFFER`, its source, a rule for it, and an adaptor."""
+    package = tmp_path / "src" / "team"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    source = "import torch\n_TEAM_BUFFER = torch.zeros(4)\n\n\ndef step():\n    return _TEAM_BUFFER[0] + 1\n"
+    (package / f"{module}.py").write_text(source)
+    log = tmp_path / "train.log"
+    log.write_text(
+        "[rank1]: Traceback (most recent call last):\n"
+        f'[rank1]:   File "/srv/job/team/{module}.py", line 6, in step\n'
+        "[rank1]:     return _TEAM_BUFFER[0] + 1\n"
+        "[rank1]: RuntimeError: There is unsafe data in the input tensor.\n"
+        "[rank1]: [ERROR] 2025-01-01-00:00:00 (PID:1, Device:1, RankID:1) ERR00003 PTA invalid value\n"
+    )
+    (tmp_path / "rule.yaml").write_text(RULE)
+    adaptor = tmp_path / "adaptor.py"
+    adaptor.write_text("def feature_rollback():\n    pass\n")
+    args = [str(log), "--rules", str(tmp_path / "rule.yaml"), "--source-root", str(tmp_path / "src"), "--adaptor", str(adaptor)]
+    return args, adaptor
+
+
+@pytest.mark.parametrize("module, meaning", [
+    ("torch", "which another import binds too"),
+    ("value", "which its code assigns too"),
+    ("dict", "which is also a Python builtin"),
+    ("zip", "which is also a Python builtin"),
+    ("src_ranks", "which is also a name the block is passed"),
+    ("repair_group", "which is also a name the block is passed"),
+])
+def test_a_module_whose_name_would_shadow_is_refused(tmp_path, module, meaning):
+    args, adaptor = team_case(tmp_path, module)
+    result = run(*args, "--yes")
+    refused_in_one_line(result, f"imports the name {module!r}, {meaning}")
+    assert adaptor.read_text() == "def feature_rollback():\n    pass\n"
+
+
+def test_every_import_of_a_block_is_bound_to_a_reserved_name_and_the_block_runs(tmp_path):
+    args, adaptor = team_case(tmp_path, "state")
+    result = run(*args, "--yes")
+    assert result.returncode == 0, result.stderr
+    text = adaptor.read_text()
+    assert "        import torch as _ud_torch\n        from team import state as _ud_state\n" in text
+    assert 'value = getattr(_ud_state, "_TEAM_BUFFER", None)' in text
+    # the helper's names stay the builtins and the real torch, whatever the log's module is called
+    program = (f"import sys, torch\nsys.path.insert(0, {str(tmp_path / 'src')!r})\n" + text +
+               "import team.state\nteam.state._TEAM_BUFFER.fill_(7)\nfeature_rollback()\n"
+               "assert team.state._TEAM_BUFFER.tolist() == [0, 0, 0, 0]\n")
+    checked = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.parametrize("name", ["_\uff3fbuiltins__", "\uff3f_import__", "p\u0430rallel_state", "mod.\u0455tate", "ｓｔａｔｅ"])
+def test_names_that_python_reads_as_other_names_are_not_safe(name):
+    assert not is_safe_dotted(name)
+    assert is_safe_dotted("megatron.core.parallel_state")
+
+
+# --- encodings -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["cp932", "shift_jis"])
+def test_a_cp932_adaptor_is_fixed_and_reverted_in_its_own_encoding_and_line_endings(tmp_path, encoding):
+    # ソ and 表 end in byte 0x5c (a backslash in ASCII): read as UTF-8 the string's quote is escaped
+    text = f"# -*- coding: {encoding} -*-\n# 復旧アダプタ ソ表\n" + ORIGINAL.decode() + "\nMESSAGE = '回復 ソ表 能'\n"
+    data = text.replace("\n", "\r\n").encode(encoding)
+    compile(data, "recovery.py", "exec")
+    adaptor = tmp_path / "recovery.py"
+    adaptor.write_bytes(data)
+
+    result = fix_ema(adaptor, "--yes")
+
+    assert result.returncode == 0, result.stderr
+    patched = adaptor.read_bytes()
+    compile(patched, "recovery.py", "exec")
+    assert patched.count(b"\r\n") == patched.count(b"\n") and "'回復 ソ表 能'".encode(encoding) in patched
+    assert run("--revert", "--adaptor", str(adaptor), "--yes").returncode == 0
+    assert adaptor.read_bytes() == data
+
+
+# --- the outcome is the write's ---------------------------------------------------------------------------
+
+
+def test_json_to_a_full_stdout_still_reports_the_write(tmp_path):
+    adaptor = adaptor_in(tmp_path)
+    with open("/dev/full", "w") as full:
+        result = fix_ema(adaptor, "--format", "json", "--yes", stdout=full)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "cannot write the report to standard output: no space left on device" in result.stderr
+    assert f"wrote {adaptor} (backup: {backup(adaptor)})" in result.stderr
+    assert adaptor.read_bytes() != ORIGINAL and backup(adaptor).read_bytes() == ORIGINAL
+    document = json.loads(fix_ema(adaptor, "--format", "json", "--dry-run").stdout)
+    assert document["files"] == []  # written: a second run finds every block there
+
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv")
+def test_a_sticky_folder_that_refuses_the_rename_is_one_line_and_changes_nothing(tmp_path):
+    """A sticky folder owned by another user, holding a writable file owned by a third: its content
+    may be written, but not replaced by a rename. Root without its capabilities is such a user."""
+    folder = tmp_path / "sticky"
+    adaptor = adaptor_in(folder)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(folder, 0o1777)
+    os.chown(folder, 4343, 4343)
+    os.chown(adaptor, 4242, 4242)
+    os.chmod(adaptor, 0o666)
+    command = ["/usr/bin/setpriv", "--bounding-set", "-all", "--inh-caps", "-all", sys.executable, "-m", "unsafe_doctor",
+               "fix", str(EMA_LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--yes"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1] == f"unsafe-doctor: cannot write {adaptor}: Operation not permitted: nothing written"
+    assert adaptor.read_bytes() == ORIGINAL
+    assert sorted(path.name for path in folder.iterdir()) == ["recovery.py"]  # no backup, no temporary file left
