@@ -23,6 +23,9 @@ from unsafe_doctor.source.syntax import Function, ImportedName, child_statements
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 
 RECENT_MODULES = 128  # modules whose trees stay read beyond the one walked: enough for the names a scan follows
+# The first audited modules added keep their trees until their scan, which comes in the same order:
+# as many as memory allows spare a second parse each (the rest are read again).
+KEPT_FOR_SCAN = 300
 
 
 def audited_files(paths: Sequence[Path]) -> list[Path]:
@@ -210,6 +213,7 @@ class Index:
         self.tops: set[str] = set(FRAMEWORK_PACKAGES)
         self._targets: dict[str, Ref | None] = {}  # import target -> what it refers to
         self._recent: OrderedDict[Path, ModuleContents] = OrderedDict()  # the trees read last, by module path
+        self._awaiting_scan: dict[Path, ModuleContents] = {}  # the first `KEPT_FOR_SCAN` audited modules' trees
 
     # naming
 
@@ -232,6 +236,8 @@ class Index:
         if source is None:
             return None
         info = self._describe(name, path, source, scanned=True)
+        if len(self.scanned) < KEPT_FOR_SCAN:
+            self._awaiting_scan[path] = self._recent[path]
         self.scanned.append(info)
         self.by_path[path] = info
         self.by_name.setdefault(name, info)
@@ -247,8 +253,9 @@ class Index:
         return ModuleInfo(name, path, self.display(path), scanned, contents, self._contents)
 
     def _contents(self, info: ModuleInfo) -> ModuleContents:
-        """A module's tree, among the latest `RECENT_MODULES` or read again (as the workspace first named it)."""
-        contents = self._recent.get(info.path)
+        """A module's tree, awaiting its scan, among the latest `RECENT_MODULES` or read again (as the
+        workspace first named it)."""
+        contents = self._awaiting_scan.get(info.path) or self._recent.get(info.path)
         if contents is None:
             source = self.workspace.source(info.path, info.name)
             if source is None:
@@ -257,9 +264,14 @@ class Index:
         self._remember(info.path, contents)
         return contents
 
+    def was_scanned(self, info: ModuleInfo) -> None:
+        """An audited module's tree need not wait for its scan any longer."""
+        self._awaiting_scan.pop(info.path, None)
+
     def let_go(self) -> None:
         """Let the latest trees go once the scan is done: the coverage reads few modules, the
         heuristics parse their own files."""
+        self._awaiting_scan.clear()
         self._recent.clear()
 
     def _remember(self, path: Path, contents: ModuleContents) -> None:

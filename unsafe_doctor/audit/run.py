@@ -64,6 +64,7 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
                 scan_module(index, accessors, info, found)
             except RecursionError:  # a statement nested past Python's recursion limit: listed, not fatal
                 unreadable.append(index.display(info.path))
+            index.was_scanned(info)
             progress("scanning", done, len(index.scanned))
         framework = holders(found, index)
         framework += named_by_rules(index, knowledge.rules, framework)
