@@ -23,9 +23,6 @@ from unsafe_doctor.source.syntax import Function, ImportedName, child_statements
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 
 RECENT_MODULES = 128  # modules whose trees stay read beyond the one walked: enough for the names a scan follows
-# The first audited modules added keep their trees until their scan, which comes in the same order:
-# as many as memory allows spare a second parse each (the rest are read again).
-KEPT_FOR_SCAN = 300
 
 
 def audited_files(paths: Sequence[Path]) -> list[Path]:
@@ -213,7 +210,8 @@ class Index:
         self.tops: set[str] = set(FRAMEWORK_PACKAGES)
         self._targets: dict[str, Ref | None] = {}  # import target -> what it refers to
         self._recent: OrderedDict[Path, ModuleContents] = OrderedDict()  # the trees read last, by module path
-        self._awaiting_scan: dict[Path, ModuleContents] = {}  # the first `KEPT_FOR_SCAN` audited modules' trees
+        self._audited: dict[Path, str] = {}  # audited file -> its module's name
+        self._first_named: dict[str, Path] = {}  # module name -> the first audited file of that name
 
     # naming
 
@@ -229,22 +227,31 @@ class Index:
 
     # modules
 
-    def add(self, path: Path, root: Path) -> ModuleInfo | None:
-        """Read one audited file, whose import root is `root`; None when it cannot be parsed."""
+    def expect(self, path: Path, root: Path) -> None:
+        """Know an audited file, whose import root is `root`, before any is scanned: a scan right
+        after each file is read must find what reading them all first would have known. That is
+        its module's name (a name leading to it reads it as the audited module), its package (read
+        when a name leads there) and the buffers it registers (`x.<buffer>` leads to its class)."""
         name = dotted(path.relative_to(root).parts) or path.stem
-        source = self.workspace.source(path, name)
-        if source is None:
-            return None
-        info = self._describe(name, path, source, scanned=True)
-        if len(self.scanned) < KEPT_FOR_SCAN:
-            self._awaiting_scan[path] = self._recent[path]
-        self.scanned.append(info)
-        self.by_path[path] = info
-        self.by_name.setdefault(name, info)
+        self._audited.setdefault(path, name)
+        self._first_named.setdefault(name, path)  # of two files named alike, the first
         self._read_package(name)
-        for owner, buffers in info.buffers.items():
+        text = self.workspace.text(path)
+        if text is None or "register_buffer" not in text:
+            return
+        info = self._described(path, name)
+        for owner, buffers in info.buffers.items() if info is not None else ():
             for buffer in buffers:
                 self.buffers.setdefault(buffer, []).append(ClassKey(name, owner))
+
+    def add(self, path: Path) -> ModuleInfo | None:
+        """Read one audited file (expected before); None when it cannot be parsed."""
+        name = self._audited[path]
+        info = self._described(path, name)  # read already where a scan's names led there
+        if info is None:
+            return None
+        self.scanned.append(info)
+        self.by_name.setdefault(name, info)
         return info
 
     def _describe(self, name: str, path: Path, source: SourceFile, scanned: bool) -> ModuleInfo:
@@ -253,9 +260,8 @@ class Index:
         return ModuleInfo(name, path, self.display(path), scanned, contents, self._contents)
 
     def _contents(self, info: ModuleInfo) -> ModuleContents:
-        """A module's tree, awaiting its scan, among the latest `RECENT_MODULES` or read again (as the
-        workspace first named it)."""
-        contents = self._awaiting_scan.get(info.path) or self._recent.get(info.path)
+        """A module's tree, among the latest `RECENT_MODULES` or read again (as the workspace first named it)."""
+        contents = self._recent.get(info.path)
         if contents is None:
             source = self.workspace.source(info.path, info.name)
             if source is None:
@@ -264,14 +270,9 @@ class Index:
         self._remember(info.path, contents)
         return contents
 
-    def was_scanned(self, info: ModuleInfo) -> None:
-        """An audited module's tree need not wait for its scan any longer."""
-        self._awaiting_scan.pop(info.path, None)
-
     def let_go(self) -> None:
         """Let the latest trees go once the scan is done: the coverage reads few modules, the
         heuristics parse their own files."""
-        self._awaiting_scan.clear()
         self._recent.clear()
 
     def _remember(self, path: Path, contents: ModuleContents) -> None:
@@ -284,7 +285,9 @@ class Index:
         if dotted in self.by_name:
             return self.by_name[dotted]
         info = None
-        if self.readable(dotted):
+        if dotted in self._first_named:
+            info = self._described(self._first_named[dotted], dotted)
+        elif self.readable(dotted):
             path = self.workspace.module_path(dotted)
             if path is not None and self.workspace.is_indexed(path):
                 info = self._described(path, dotted)  # a release's skeleton, under its index path
@@ -294,11 +297,12 @@ class Index:
         return info
 
     def _described(self, resolved: Path, dotted: str) -> ModuleInfo | None:
-        """A module read on demand (or already read under another name)."""
+        """A module read on demand (or already read under another name); an audited file as its module."""
         info = self.by_path.get(resolved)
         if info is None:
-            source = self.workspace.source(resolved, dotted)
-            info = self._describe(dotted, resolved, source, scanned=False) if source else None
+            name = self._audited.get(resolved, dotted)
+            source = self.workspace.source(resolved, name)
+            info = self._describe(name, resolved, source, scanned=resolved in self._audited) if source else None
             if info is not None:
                 self.by_path[resolved] = info
         return info

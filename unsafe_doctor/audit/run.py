@@ -53,19 +53,22 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
     index = Index(given, roots)
     accessors = Accessors(index)
     with _collecting_by_hand() as collection:
-        unreadable = []
         for done, path in enumerate(files, 1):
-            if index.add(path, import_roots.of(path)) is None:
-                unreadable.append(index.display(path))
+            index.expect(path, import_roots.of(path))
             progress("reading", done, len(files))
+        unreadable, unscanned = [], []
         found = ScanFindings()
-        for done, info in enumerate(index.scanned, 1):
-            try:
-                scan_module(index, accessors, info, found)
-            except RecursionError:  # a statement nested past Python's recursion limit: listed, not fatal
-                unreadable.append(index.display(info.path))
-            index.was_scanned(info)
-            progress("scanning", done, len(index.scanned))
+        for done, path in enumerate(files, 1):  # each scanned while its tree is fresh: parsed once for both
+            info = index.add(path)
+            if info is None:
+                unreadable.append(index.display(path))
+            else:
+                try:
+                    scan_module(index, accessors, info, found)
+                except RecursionError:  # a statement nested past Python's recursion limit: listed, not fatal
+                    unscanned.append(index.display(path))
+            progress("scanning", done, len(files))
+        unreadable += unscanned
         framework = holders(found, index)
         framework += named_by_rules(index, knowledge.rules, framework)
         index.let_go()
