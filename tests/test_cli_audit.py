@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import pty
-import select
 import shlex
 import shutil
 import subprocess
@@ -13,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from terminal import at_terminal
 
 ROOT = Path(__file__).resolve().parent.parent
 TOYTRAIN = ROOT / "samples" / "framework" / "toytrain"
@@ -214,24 +212,7 @@ def test_readme_audit_sample_commands_are_true(tmp_path):
 def on_a_terminal(*args: str, stdout_to_file: bool = False) -> tuple[int, str]:
     """Run the audit with a pseudo-terminal as stderr, and as stdout unless that goes to a file; what
     the terminal showed."""
-    pid, fd = pty.fork()
-    if pid == 0:
-        if stdout_to_file:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-        os.chdir(ROOT)
-        os.environ["COLUMNS"] = "120"
-        os.execv(sys.executable, [sys.executable, "-m", "unsafe_doctor", "audit", *args])
-    screen = b""
-    while select.select([fd], [], [], 120)[0]:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        screen += chunk
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), screen.decode(errors="replace")
+    return at_terminal(["audit", *args], stdout_to_file=stdout_to_file, columns=120, cwd=ROOT, quiet_seconds=120)
 
 
 def test_a_terminal_shows_the_stages_of_the_audit_as_a_bar():

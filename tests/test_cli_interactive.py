@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import gzip
-import os
-import pty
-import select
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from terminal import at_terminal
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG = ROOT / "samples" / "logs" / "toytrain_ema"
@@ -20,30 +18,7 @@ FRAMEWORK = ROOT / "samples" / "framework"
 
 def converse(args: list[str], stdin_file: Path | None, answers: list[tuple[bytes, bytes]]) -> tuple[int, str]:
     """Run the CLI with a pty as terminal (stdout and /dev/tty); answer each prompt as it appears."""
-    pid, fd = pty.fork()
-    if pid == 0:  # child: the pty is its controlling terminal; stdin may be a file instead
-        if stdin_file is not None:
-            log = os.open(stdin_file, os.O_RDONLY)
-            os.dup2(log, 0)
-        os.environ["COLUMNS"] = "200"
-        os.execv(sys.executable, [sys.executable, "-m", "unsafe_doctor", *args])
-    output, pending = b"", list(answers)
-    while True:
-        ready, _, _ = select.select([fd], [], [], 60)
-        if not ready:
-            os.kill(pid, 9)
-            break
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
-        if pending and pending[0][0] in output:
-            os.write(fd, pending.pop(0)[1])
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
+    return at_terminal(args, answers=answers, stdin_file=stdin_file)
 
 
 def test_yes_at_the_terminal_applies_the_fix_while_the_log_comes_on_stdin(tmp_path):

@@ -1,0 +1,51 @@
+"""The CLI run at a pseudo-terminal, as a person at a terminal runs it: what the screen showed."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def at_terminal(
+    args: list[str],
+    *,
+    answers: Sequence[tuple[bytes, bytes]] = (),
+    stdin_file: Path | None = None,
+    stdout_to_file: bool = False,
+    columns: int = 200,
+    cwd: Path | None = None,
+    quiet_seconds: float = 60,
+) -> tuple[int, str]:
+    """Run `unsafe-doctor ARGS` with a pty as its controlling terminal (stdout, stderr and /dev/tty;
+    stdin from `stdin_file` and stdout to /dev/null when asked); answer each prompt (bytes awaited,
+    bytes sent) as it appears. A run silent for `quiet_seconds` is killed. Exit code and screen."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        if stdin_file is not None:
+            os.dup2(os.open(stdin_file, os.O_RDONLY), 0)
+        if stdout_to_file:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        if cwd is not None:
+            os.chdir(cwd)
+        os.environ["COLUMNS"] = str(columns)
+        os.execv(sys.executable, [sys.executable, "-m", "unsafe_doctor", *args])
+    screen, pending = b"", list(answers)
+    while True:
+        if not select.select([fd], [], [], quiet_seconds)[0]:
+            os.kill(pid, 9)
+            break
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        screen += chunk
+        if pending and pending[0][0] in screen:
+            os.write(fd, pending.pop(0)[1])
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), screen.decode(errors="replace")

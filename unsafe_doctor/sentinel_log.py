@@ -1,0 +1,153 @@
+"""The sentinel's log lines: written in the training process, read back by ``diagnose``.
+
+One line per event. Each starts with ``[unsafe-doctor sentinel]``, says what happened in words, and
+ends with a JSON object whose ``schema`` is ``unsafe-doctor/sentinel/v1``::
+
+    [unsafe-doctor sentinel] rank 3: unsafe megatron.core.utils._GLOBAL_MEMORY_BUFFER (2 tensors, ...) {"schema": ...}
+
+The words are for people and may change; the JSON is the contract. A reader finds the schema key
+anywhere in a line, so log prefixes (``[rank3]:``, timestamps, kubectl's pod names) do not matter.
+No torch here: the log path imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+TAG = "[unsafe-doctor sentinel]"
+SCHEMA = "unsafe-doctor/sentinel/v1"
+JSON_START = '{"schema": "' + SCHEMA + '"'  # how every record's JSON begins, as `format_line` writes it
+MARKER = TAG.encode()  # what the log scanner looks for
+Mode = Literal["report", "raise", "heal"]
+MODES: tuple[Mode, ...] = ("report", "raise", "heal")
+
+
+@dataclass(frozen=True)
+class UnsafeGlobal:
+    """A global whose tensors are still unsafe after the recovery: the module global, class attribute
+    or instance attribute (``owner`` set) that holds them, as rules name globals."""
+
+    rank: int | None
+    backend: str  # "npu" or "emulated": the one that checked
+    module: str | None
+    owner: str | None
+    variable: str
+    tensors: int  # unsafe tensors found behind it
+    paths: tuple[str, ...]  # readable paths of the first few of them
+    scenario: Literal[1, 2] | None  # what the knowledge base's rule says; None: no rule names it
+    rule: str | None
+    fix_function: str | None  # where the rule's fix goes (rollback function, or receive function)
+    healed: bool = False  # heal mode ran the rule's fix and every tensor checked safe after it
+    event: Literal["unsafe"] = "unsafe"
+
+    @property
+    def dotted(self) -> str:
+        return ".".join(part for part in (self.module, self.owner, self.variable) if part)
+
+
+@dataclass(frozen=True)
+class UnenumerableCache:
+    """An lru cache with entries: its values cannot be listed, so it is reported as a cache to clear."""
+
+    rank: int | None
+    backend: str
+    module: str | None
+    owner: str | None
+    variable: str  # the cached function's name
+    entries: int
+    rule: str | None
+    event: Literal["cache"] = "cache"
+
+    @property
+    def dotted(self) -> str:
+        return ".".join(part for part in (self.module, self.owner, self.variable) if part)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One per check: what was walked and checked, and whether the walk stopped early."""
+
+    rank: int | None
+    backend: str
+    mode: Mode
+    tensors_checked: int
+    unsafe_tensors: int
+    unsafe_globals: int
+    caches: int
+    seconds: float
+    stopped_early: str | None  # why the walk stopped before the end (a budget), or None
+    event: Literal["summary"] = "summary"
+
+
+Record = UnsafeGlobal | UnenumerableCache | Summary
+_KINDS: dict[str, type[UnsafeGlobal] | type[UnenumerableCache] | type[Summary]] = {
+    "unsafe": UnsafeGlobal,
+    "cache": UnenumerableCache,
+    "summary": Summary,
+}
+
+
+def format_line(record: Record) -> str:
+    """The whole line: tag, words, JSON."""
+    payload = {"schema": SCHEMA, **asdict(record)}
+    return f"{TAG} {_words(record)} {json.dumps(payload, ensure_ascii=True)}"
+
+
+def parse_line(line: str) -> Record | None:
+    """The record in a line, or None when the line holds none (or a damaged one: a log is untrusted)."""
+    start = line.find(JSON_START)
+    if start < 0:
+        return None
+    try:
+        payload, _end = json.JSONDecoder().raw_decode(line, start)
+    except ValueError:
+        return None
+    return _record(payload) if isinstance(payload, dict) else None
+
+
+def _record(payload: dict[str, Any]) -> Record | None:
+    kind = _KINDS.get(payload.get("event"))  # type: ignore[arg-type]
+    if kind is None:
+        return None
+    names = {field.name for field in fields(kind)}
+    values = {key: value for key, value in payload.items() if key in names}
+    if "paths" in values:
+        values["paths"] = tuple(values["paths"]) if isinstance(values["paths"], list) else ()
+    try:
+        record = kind(**values)
+    except TypeError:  # a field missing
+        return None
+    return record if _well_typed(record) else None
+
+
+def _well_typed(record: Record) -> bool:
+    """The fields a reader relies on have their types: names are strings, counts integers."""
+    if not isinstance(record.rank, int | None) or isinstance(record.rank, bool) or not isinstance(record.backend, str):
+        return False
+    if isinstance(record, Summary):
+        return isinstance(record.tensors_checked, int) and isinstance(record.unsafe_globals, int)
+    names_ok = isinstance(record.variable, str) and all(isinstance(part, str | None) for part in (record.module, record.owner))
+    if isinstance(record, UnsafeGlobal):
+        return names_ok and record.scenario in (1, 2, None) and all(isinstance(path, str) for path in record.paths)
+    return names_ok
+
+
+def _words(record: Record) -> str:
+    where = f"rank {record.rank}" if record.rank is not None else "this process"
+    if isinstance(record, Summary):
+        verdict = "clean"
+        if record.unsafe_globals:
+            verdict = f"{record.unsafe_globals} unsafe global(s), {record.unsafe_tensors} tensor(s)"
+        early = f"; stopped early: {record.stopped_early}" if record.stopped_early else ""
+        return (
+            f"{where}: {verdict}; {record.tensors_checked} tensors checked in {record.seconds:.2f} s "
+            f"({record.backend} backend, mode {record.mode}){early}"
+        )
+    if isinstance(record, UnenumerableCache):
+        entries = f"{record.entries} entries it cannot list"
+        return f"{where}: lru cache {record.dotted} holds {entries}: clear it ({record.backend} backend)"
+    state = "healed" if record.healed else "unsafe"
+    scenario = f", scenario {record.scenario}" if record.scenario else ", no rule"
+    return f"{where}: {state} {record.dotted} ({record.tensors} tensors{scenario}, {record.backend} backend)"
