@@ -13,6 +13,7 @@ import re
 from collections import deque
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
+from pathlib import Path
 
 from unsafe_doctor.audit.index import Index, ModuleInfo, Span, register_buffer_name
 from unsafe_doctor.audit.model import Holder, HolderKind, Placement, Site
@@ -38,6 +39,14 @@ class ScanFindings:
         self.classes: dict[ClassKey, list[Evidence]] = {}  # tensors a class's methods keep in `self`
         self.returns: dict[HolderKey, list[Evidence]] = {}  # tensors cached functions return
         self.buffers: dict[HolderKey, tuple[Place | None, Use]] = {}  # register_buffer calls
+
+    def in_order(self, position: dict[Path, int]) -> None:
+        """Each holder's uses and evidence in the order of the files given (`position`), whatever the
+        order the files were scanned in; a file's own in the order of its statements."""
+        for uses in self.uses.values():
+            uses.sort(key=lambda use: position[use.module.path])
+        for evidence in (*self.classes.values(), *self.returns.values()):
+            evidence.sort(key=lambda item: position[item[1].module.path])
 
 
 class FrameworkScanner(Walker):

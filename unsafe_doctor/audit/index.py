@@ -23,6 +23,7 @@ from unsafe_doctor.source.syntax import Function, ImportedName, child_statements
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 
 RECENT_MODULES = 128  # modules whose trees stay read beyond the one walked: enough for the names a scan follows
+MAX_AHEAD = 400  # audited modules read ahead of their scan (a name led there) whose trees wait for it
 
 
 def audited_files(paths: Sequence[Path]) -> list[Path]:
@@ -74,14 +75,12 @@ class ModuleInfo:
     may have."""
 
     def __init__(
-        self, name: str, path: Path, shown: str, scanned: bool, contents: ModuleContents,
-        read_again: Callable[[ModuleInfo], ModuleContents],
+        self, name: str, path: Path, shown: str, contents: ModuleContents, read_again: Callable[[ModuleInfo], ModuleContents],
     ):
         source = contents.source
         self.name = name
         self.path = path  # resolved
         self.shown = shown  # the path as sites name it
-        self.scanned = scanned
         self.text = source.text
         # module-level names that can hold a value
         self.names: set[str] = {
@@ -92,9 +91,7 @@ class ModuleInfo:
         self.cached_methods = {key: owner.cached for key, owner in contents.classes.items()}  # by class name
         self.defined = frozenset(key for key in source.bindings if not isinstance(source.binding(key), ImportedName))
         self.imported = frozenset(source.imports)
-        self.bound_imports = {  # names bound to an import, also through a rename (`binding`)
-            key: binding for key in source.bindings if isinstance(binding := source.binding(key), ImportedName)
-        }
+        self.bound_imports = source.bound_imports  # names bound to an import, also through a rename (`binding`)
         self.function_sizes = {key: len(function.body) for key, function in contents.functions.items()}  # statements
         self.spans = {  # where module-level names are bound, imports aside
             key: Span.of(binding)
@@ -198,7 +195,6 @@ class Index:
         self.roots = tuple(roots)
         folders = [path for path in given if is_dir(path)]
         self.workspace = workspace if workspace is not None else Workspace(roots, studied=folders)
-        self.scanned: list[ModuleInfo] = []
         self.by_path: dict[Path, ModuleInfo] = {}
         self.by_name: dict[str, ModuleInfo | None] = {}
         self.buffers: dict[str, list[ClassKey]] = {}  # buffer name -> the classes defining it
@@ -210,7 +206,10 @@ class Index:
         self.tops: set[str] = set(FRAMEWORK_PACKAGES)
         self._targets: dict[str, Ref | None] = {}  # import target -> what it refers to
         self._recent: OrderedDict[Path, ModuleContents] = OrderedDict()  # the trees read last, by module path
-        self._audited: dict[Path, str] = {}  # audited file -> its module's name
+        self._audited: dict[Path, str] = {}  # audited file -> its module's name, in the order the files were given
+        self._added: set[Path] = set()  # audited files read for their scan
+        # audited modules a name led to before their scan: their trees kept for it, the latest last
+        self._ahead: dict[Path, ModuleContents] = {}
         self._first_named: dict[str, Path] = {}  # module name -> the first audited file of that name
 
     # naming
@@ -245,23 +244,39 @@ class Index:
                 self.buffers.setdefault(buffer, []).append(ClassKey(name, owner))
 
     def add(self, path: Path) -> ModuleInfo | None:
-        """Read one audited file (expected before); None when it cannot be parsed."""
+        """Read one audited file (expected before) for its scan; None when it cannot be parsed."""
         name = self._audited[path]
         info = self._described(path, name)  # read already where a scan's names led there
+        self._added.add(path)
+        kept = self._ahead.pop(path, None)
         if info is None:
             return None
-        self.scanned.append(info)
+        if kept is not None:
+            self._remember(path, kept)  # its scan walks the tree read ahead
         self.by_name.setdefault(name, info)
         return info
 
-    def _describe(self, name: str, path: Path, source: SourceFile, scanned: bool) -> ModuleInfo:
+    @property
+    def scanned(self) -> list[ModuleInfo]:
+        """The audited modules read for their scan, in the order the files were given."""
+        return [self.by_path[path] for path in self._audited if path in self._added and path in self.by_path]
+
+    def read_ahead(self) -> Path | None:
+        """The latest audited file a name led to before its scan, its tree kept for it: scanned
+        next, it is parsed once."""
+        return next(reversed(self._ahead), None)
+
+    def _describe(self, name: str, path: Path, source: SourceFile) -> ModuleInfo:
         contents = _contents_of(name, source)
         self._remember(path, contents)
-        return ModuleInfo(name, path, self.display(path), scanned, contents, self._contents)
+        if path in self._audited and path not in self._added and len(self._ahead) < MAX_AHEAD:
+            self._ahead[path] = contents
+        return ModuleInfo(name, path, self.display(path), contents, self._contents)
 
     def _contents(self, info: ModuleInfo) -> ModuleContents:
-        """A module's tree, among the latest `RECENT_MODULES` or read again (as the workspace first named it)."""
-        contents = self._recent.get(info.path)
+        """A module's tree: read ahead of its scan, among the latest `RECENT_MODULES`, or read again
+        (as the workspace first named it)."""
+        contents = self._ahead.get(info.path) or self._recent.get(info.path)
         if contents is None:
             source = self.workspace.source(info.path, info.name)
             if source is None:
@@ -302,7 +317,7 @@ class Index:
         if info is None:
             name = self._audited.get(resolved, dotted)
             source = self.workspace.source(resolved, name)
-            info = self._describe(name, resolved, source, scanned=resolved in self._audited) if source else None
+            info = self._describe(name, resolved, source) if source else None
             if info is not None:
                 self.by_path[resolved] = info
         return info
@@ -319,7 +334,7 @@ class Index:
         if found is None:
             return None
         name = found.module or resolved.stem
-        info = self._describe(name, resolved, found, scanned=False)
+        info = self._describe(name, resolved, found)
         self.by_path[resolved] = info
         self.by_name.setdefault(name, info)
         if found.module:

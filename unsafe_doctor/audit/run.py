@@ -56,19 +56,8 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
         for done, path in enumerate(files, 1):
             index.expect(path, import_roots.of(path))
             progress("reading", done, len(files))
-        unreadable, unscanned = [], []
         found = ScanFindings()
-        for done, path in enumerate(files, 1):  # each scanned while its tree is fresh: parsed once for both
-            info = index.add(path)
-            if info is None:
-                unreadable.append(index.display(path))
-            else:
-                try:
-                    scan_module(index, accessors, info, found)
-                except RecursionError:  # a statement nested past Python's recursion limit: listed, not fatal
-                    unscanned.append(index.display(path))
-            progress("scanning", done, len(files))
-        unreadable += unscanned
+        unreadable = _scan(files, index, accessors, found, progress)
         framework = holders(found, index)
         framework += named_by_rules(index, knowledge.rules, framework)
         index.let_go()
@@ -97,6 +86,34 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
     audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
     stale = stale_resets(environment.adaptor, environment.profile, environment, index.workspace) if environment.adaptor else []
     return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), context, tuple(stale), tuple(notes))
+
+
+def _scan(files: Sequence[Path], index: Index, accessors: Accessors, found: ScanFindings, progress: Progress) -> list[str]:
+    """Scan every audited file, each right after it is read, its tree still fresh: parsed once for
+    both. A file a scan's names lead to is read then, and scanned next, before its tree is let go.
+    What the scan finds is put back in the order of the files; the files that could not be read,
+    then those that could not be scanned, are returned."""
+    position = {path: number for number, path in enumerate(files)}
+    unreadable: list[Path] = []
+    unscanned: list[Path] = []
+    done: set[Path] = set()
+    for path in files:
+        current = None if path in done else path
+        while current is not None:
+            done.add(current)
+            info = index.add(current)
+            if info is None:
+                unreadable.append(current)
+            else:
+                try:
+                    scan_module(index, accessors, info, found)
+                except RecursionError:  # a statement nested past Python's recursion limit: listed, not fatal
+                    unscanned.append(current)
+            progress("scanning", len(done), len(files))
+            current = index.read_ahead()
+    found.in_order(position)
+    in_order = sorted(unreadable, key=position.__getitem__) + sorted(unscanned, key=position.__getitem__)
+    return [index.display(path) for path in in_order]
 
 
 def _our_block(classified: Classification | None, adaptor_files: Sequence[Path]) -> Coverage | None:

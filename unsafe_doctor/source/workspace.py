@@ -110,6 +110,11 @@ class SourceFile:
     def lines(self) -> list[str]:
         return self.text.splitlines()
 
+    @cached_property
+    def bound_imports(self) -> dict[str, ImportedName]:
+        """The module-level names `binding` sees bound to an import (also through a rename)."""
+        return {name: binding for name in self.bindings if isinstance(binding := self.binding(name), ImportedName)}
+
 
 def module_from_path(path: str, source_roots: Sequence[Path] = ()) -> str | None:
     """Dotted module name of one file as printed in a log; a stage naming many uses one `Workspace`."""
@@ -150,6 +155,7 @@ class Workspace:
         self._unparsable: set[Path] = set()
         self._module_paths: dict[str, Path | None] = {}
         self._derived: dict[tuple[Path, str], object] = {}
+        self._bound_imports: dict[Path, dict[str, ImportedName]] = {}  # of every file parsed, kept without its tree
         self._listings: dict[Path, tuple[Path, ...]] = {}
 
     @cached_property
@@ -348,6 +354,7 @@ class Workspace:
                 self._unparsable.add(path)
                 return None
             self._sources[path] = source
+            self._bound_imports[path] = source.bound_imports
         self._recent[path] = source
         self._recent.move_to_end(path)
         if len(self._recent) > RECENT_SOURCES:
@@ -359,6 +366,16 @@ class Workspace:
         if path is None or not (path in self._index_texts or path.is_file()):
             return None
         return self.source(path, dotted_name)
+
+    def imported_name(self, dotted_name: str, name: str) -> ImportedName | None:
+        """What a module binds `name` to when an import binds it (`SourceFile.binding`); the module
+        is parsed only if it was not before: following re-exports reads many modules' imports."""
+        path = self.module_path(dotted_name)
+        if path is None or not (path in self._index_texts or path.is_file()):
+            return None
+        if path not in self._bound_imports and self.source(path, dotted_name) is None:
+            return None
+        return self._bound_imports[path].get(name)
 
     def derived(self, path: Path, what: str, compute: Callable[[SourceFile], object]) -> object:
         """Something computed from a parsed file (`what` names it), once per workspace: the
