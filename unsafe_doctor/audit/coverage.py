@@ -49,7 +49,7 @@ def adaptor_in_tree(index: Index, knowledge: KnowledgeBase) -> Path | None:
                 return None  # versions.py finds it by its path
     for info in index.scanned:
         for profile in knowledge.profiles:
-            if all(name in info.functions for name in (profile.rollback, profile.send, profile.recv)):
+            if all(name in info.function_sizes for name in (profile.rollback, profile.send, profile.recv)):
                 return Path(index.display(info.path))
     return None
 

@@ -189,9 +189,10 @@ def _definition(info: ModuleInfo, key: HolderKey, uses: list[Use], evidence: lis
     node: object = None
     if key.owner is None:
         node = info.spans.get(key.variable)
-    elif key.owner in info.cached_methods:  # a class of the module
-        holder_class = info.classes[key.owner]
-        node = holder_class.attributes.get(key.variable) or holder_class.methods.get(key.variable)
+    elif key.owner in info.outlines:  # a class of the module
+        outline = info.outlines[key.owner]
+        method = outline.methods.get(key.variable)
+        node = outline.attributes.get(key.variable) or (method[0] if method else None)
     if isinstance(node, (ast.stmt, ast.expr, Span)):
         code = (source_segment(info.text, node) or "").strip().splitlines()
         return Site(info.shown, node.lineno, key.owner, shortened(code[0]) if code else "")
@@ -260,7 +261,7 @@ def _named_in(info: ModuleInfo, owner: str | None) -> list[tuple[HolderKey, ast.
             span = info.spans.get(variable)  # None: an import, or only a function's `global` binds it
             if span is not None:
                 named.append((HolderKey(info.name, None, variable), span, "module-global"))
-    classes = [name for name in info.cached_methods if owner in (None, name)]  # the tree is read only for them
+    classes = [name for name in info.outlines if owner in (None, name)]  # the tree is read only for them
     for cls in (info.classes[name] for name in classes):
         attributes: dict[str, ast.stmt | ast.expr | Span] = dict(cls.attributes)
         for method in cls.methods.values():

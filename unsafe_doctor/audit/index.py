@@ -60,6 +60,25 @@ class Span(NamedTuple):
 
 
 @dataclass(frozen=True)
+class ClassOutline:
+    """What name resolution asks of a class, kept without its module's tree."""
+
+    attributes: dict[str, Span]  # names bound in the class body, where
+    methods: dict[str, tuple[Span, int]]  # where each method is defined, and its statements
+    cached: set[str]  # lru-cached methods
+    buffers: tuple[str, ...]  # names of the buffers its methods register
+
+    @classmethod
+    def of(cls, owner: ClassInfo) -> ClassOutline:
+        return cls(
+            {name: Span.of(node) for name, node in owner.attributes.items()},
+            {name: (Span.of(node), len(node.body)) for name, node in owner.methods.items()},
+            owner.cached,
+            tuple(owner.buffers),
+        )
+
+
+@dataclass(frozen=True)
 class ModuleContents:
     """What a module's syntax tree defines, with the tree: read again after the module lets it go."""
 
@@ -88,7 +107,7 @@ class ModuleInfo:
         } | set(source.declared_globals)
         self.cached: set[str] = {key for key, function in contents.functions.items() if is_cached(function)}
         # What name resolution asks of every module, kept without the tree:
-        self.cached_methods = {key: owner.cached for key, owner in contents.classes.items()}  # by class name
+        self.outlines = {key: ClassOutline.of(owner) for key, owner in contents.classes.items()}  # by class name
         self.defined = frozenset(key for key in source.bindings if not isinstance(source.binding(key), ImportedName))
         self.imported = frozenset(source.imports)
         self.bound_imports = source.bound_imports  # names bound to an import, also through a rename (`binding`)
@@ -98,7 +117,6 @@ class ModuleInfo:
             for key, binding in source.bindings.items()
             if not isinstance(binding, ImportedName)
         }
-        self.buffers = {key: list(owner.buffers) for key, owner in contents.classes.items() if owner.buffers}
         self._kept: ModuleContents | None = None
         self._read_again = read_again
 
@@ -130,7 +148,7 @@ class ModuleInfo:
         """Whether `variable` (of class `owner`) is an lru-cached function or method."""
         if owner is None:
             return variable in self.cached
-        return owner in self.cached_methods and variable in self.cached_methods[owner]
+        return owner in self.outlines and variable in self.outlines[owner].cached
 
 
 def register_buffer_name(call: ast.Call) -> str | None:
@@ -239,8 +257,8 @@ class Index:
         if text is None or "register_buffer" not in text:
             return
         info = self._described(path, name)
-        for owner, buffers in info.buffers.items() if info is not None else ():
-            for buffer in buffers:
+        for owner, outline in info.outlines.items() if info is not None else ():
+            for buffer in outline.buffers:
                 self.buffers.setdefault(buffer, []).append(ClassKey(name, owner))
 
     def add(self, path: Path) -> ModuleInfo | None:
@@ -348,9 +366,9 @@ class Index:
             self.tops.add(top)
             self._targets.clear()  # names into it resolved to nothing so far
 
-    def class_(self, key: ClassKey) -> ClassInfo | None:
+    def class_(self, key: ClassKey) -> ClassOutline | None:
         info = self.module(key.module)
-        return info.classes.get(key.name) if info else None
+        return info.outlines.get(key.name) if info else None
 
     # names
 
@@ -388,14 +406,17 @@ class Index:
         return None
 
     def _class_member(self, base: ClassRef | SelfRef, name: str) -> Ref | None:
-        owner = self.class_(ClassKey(base.module, base.name))
-        if owner is None:
+        info = self.module(base.module)
+        owner = info.outlines.get(base.name) if info else None
+        if info is None or owner is None:
             return None
         buffer = isinstance(base, SelfRef) and name in owner.buffers  # buffers belong to instances
         if buffer or name in owner.attributes or name in owner.cached:
             return HolderRef(HolderKey(base.module, base.name, name), False)
         if name in owner.methods:
-            return FunctionRef.holding(base.module, base.name, owner.methods[name])
+            span, statements = owner.methods[name]
+            found = partial(_method_of, info, base.name, name)
+            return FunctionRef(base.module, base.name, (span.lineno, span.col_offset), statements, found)
         return None
 
     def member_of(self, info: ModuleInfo, name: str) -> Ref | None:
@@ -404,7 +425,7 @@ class Index:
         imported = info.bound_imports.get(name)
         if imported is not None:
             return self.resolve_dotted(imported.target)
-        if name in info.cached_methods:
+        if name in info.outlines:
             return ClassRef(module, name)
         if name in info.function_sizes:
             if name in info.cached:
@@ -422,6 +443,10 @@ class Index:
 
 def _function_of(info: ModuleInfo, name: str) -> Function:
     return info.functions[name]
+
+
+def _method_of(info: ModuleInfo, owner: str, name: str) -> Function:
+    return info.classes[owner].methods[name]
 
 
 def _defines(info: ModuleInfo, name: str) -> bool:
