@@ -67,14 +67,6 @@ def scope_statements(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
             yield from scope_statements(child_statements(statement))
 
 
-def every_statement(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
-    """Every statement in a block, function and class bodies included: `global` is a statement, so
-    this finds them all without walking every expression."""
-    for statement in body:
-        yield statement
-        yield from every_statement(child_statements(statement))
-
-
 def compound_header(statement: ast.stmt) -> list[ast.expr] | None:
     """What a loop, `if`, `while`, `with` or `match` evaluates on its own line, before its blocks;
     None for other statements."""

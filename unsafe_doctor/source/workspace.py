@@ -23,7 +23,7 @@ import re
 import sys
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -47,7 +47,6 @@ from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
     child_statements,
-    every_statement,
     import_bindings,
     names_bound,
 )
@@ -429,8 +428,32 @@ def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
     star = _collect(tree.body, package, bindings, imports)
     declared: frozenset[str] = frozenset()
     if "global" in text:  # no `global` statement without the word: most files are not walked for one
-        declared = frozenset(name for node in every_statement(tree.body) if isinstance(node, ast.Global) for name in node.names)
+        declared = frozenset(_declared_global(tree.body, _word_lines(text, "global")))
     return SourceFile(path, text, tree, module, package, bindings, imports, declared, star)
+
+
+def _declared_global(statements: Sequence[ast.stmt], lines: list[int]) -> Iterator[str]:
+    """The names `global` statements declare, entering only the statements that span a line
+    spelling the word (`lines`)."""
+    for statement in statements:
+        last = statement.end_lineno or statement.lineno
+        if not any(statement.lineno <= line <= last for line in lines):
+            continue
+        if isinstance(statement, ast.Global):
+            yield from statement.names
+        else:
+            yield from _declared_global(child_statements(statement), lines)
+
+
+def _word_lines(text: str, word: str) -> list[int]:
+    """The lines on which the text spells `word` as a word."""
+    lines: list[int] = []
+    line, counted = 1, 0
+    for found in re.finditer(rf"\b{word}\b", text):
+        line += text.count("\n", counted, found.start())
+        counted = found.start()
+        lines.append(line)
+    return lines
 
 
 def _collect(statements: Sequence[ast.stmt], package: str | None, bindings: dict[str, Binding],
