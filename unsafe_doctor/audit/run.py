@@ -81,7 +81,6 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
             if judge is not None and verdict.status == "uncovered":
                 verdict = _our_block(classified, judge.files) or verdict
             audited.append(AuditedHolder(holder, verdict, classified, subject))
-            collection.judged()
             progress("judging", len(audited), len(framework))
     audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
     stale = stale_resets(environment.adaptor, environment.profile, environment, index.workspace) if environment.adaptor else []
@@ -160,11 +159,11 @@ def _without_adaptor_uses(holder: Holder, adaptor_files: set[str]) -> Holder:
 
 
 class _Collection:
-    """Garbage collection by hand over an audit. Left to run, the cyclic collector would walk the
-    syntax trees again and again as they are parsed (half the time on a Megatron tree), and they
-    hold no cycles: it runs only when told. Once the scan is done what it kept is frozen out of its
-    sight; after each holder is judged it collects the young objects, as the heuristics make cycles
-    (a study and the studies of its files and functions, which hold trees)."""
+    """No garbage collection over an audit. Left to run, the cyclic collector would walk the syntax
+    trees again and again as they are parsed (half the time on a Megatron tree), and neither they
+    nor the scan's and the heuristics' objects hold cycles: reference counts free them. Once the
+    scan is done what it kept is frozen out of the collector's sight, so that its first run after
+    the audit does not walk it all."""
 
     def __init__(self) -> None:
         self.frozen = False
@@ -172,9 +171,6 @@ class _Collection:
     def scanned(self) -> None:
         gc.freeze()
         self.frozen = True
-
-    def judged(self) -> None:
-        gc.collect(0)
 
 
 @contextmanager

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -145,12 +145,10 @@ class FunctionStudy:
     def __init__(self, file: FileStudy, function: Function | None, class_name: str | None, name: str,
                  body: list[ast.stmt]):
         self.file, self.function, self.name, self.body = file, function, name, body
+        # the nodes of the function's own scope, listed only when asked (no reference back here: no cycle)
+        self.nodes = partial(_scope_nodes, file, function) if function is not None else tuple
         self.tensor = Aliases(file.study, file.source, file.defining, function, class_name, self.nodes)
         self.initialising = name == "__init__" or bool(tokens(name) & INIT_TOKENS)
-
-    def nodes(self) -> tuple[ast.AST, ...]:
-        """The nodes of the function's own scope: listed only when a statement asks."""
-        return _scope_nodes(self.file, self.function) if self.function is not None else ()
 
     @cached_property
     def reporting(self) -> bool:

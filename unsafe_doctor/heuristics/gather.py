@@ -174,6 +174,7 @@ class Study:
         if self.queue_filled:
             for function, statement in self.queue_takes:
                 function.add("queue", statement, "entries appended elsewhere are consumed")
+        self.queue_takes.clear()  # its function studies refer back to this study: no cycle is left for the collector
 
     # who calls a reset
 
