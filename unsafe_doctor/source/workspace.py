@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
+from typing import NamedTuple
 
 from unsafe_doctor.source.files import (
     FRAMEWORK_PACKAGES,
@@ -115,6 +116,24 @@ class SourceFile:
         return {name: binding for name in self.bindings if isinstance(binding := self.binding(name), ImportedName)}
 
 
+class TopStatement(NamedTuple):
+    """A module-level statement of a file, without its nodes."""
+
+    first: int  # its first line, its decorators' included
+    last: int
+    definition: bool  # a function or a class
+    text: str  # its lines
+
+
+@dataclass(frozen=True)
+class _Outline:
+    """What is kept of a parsed file without its tree, to parse only some of its statements later."""
+
+    statements: tuple[tuple[int, int, bool], ...]  # (first line, last line, definition) of each module-level statement
+    imports: dict[str, ImportedName]
+    package: str | None
+
+
 def module_from_path(path: str, source_roots: Sequence[Path] = ()) -> str | None:
     """Dotted module name of one file as printed in a log; a stage naming many uses one `Workspace`."""
     return Workspace(source_roots).find(path).module
@@ -155,6 +174,7 @@ class Workspace:
         self._module_paths: dict[str, Path | None] = {}
         self._derived: dict[tuple[Path, str], object] = {}
         self._bound_imports: dict[Path, dict[str, ImportedName]] = {}  # of every file parsed, kept without its tree
+        self._outlines: dict[Path, _Outline] = {}  # of every file parsed
         self._listings: dict[Path, tuple[Path, ...]] = {}
 
     @cached_property
@@ -354,11 +374,37 @@ class Workspace:
                 return None
             self._sources[path] = source
             self._bound_imports[path] = source.bound_imports
+            spans = tuple((*_lines_of(statement), isinstance(statement, _DEFINITIONS)) for statement in source.tree.body)
+            self._outlines[path] = _Outline(spans, source.imports, source.package)
         self._recent[path] = source
         self._recent.move_to_end(path)
         if len(self._recent) > RECENT_SOURCES:
             self._recent.popitem(last=False)
         return source
+
+    def selected(self, path: Path, module: str | None, keep: Callable[[TopStatement], bool]) -> SourceFile | None:
+        """The file parsed with only the module-level statements `keep` chooses, the others read as
+        blank lines (what they hold is where they were): less to parse where a study needs few of a
+        file's statements again. Its bindings are not listed (its imports are). The whole file when
+        it is parsed still, or was never parsed (then kept as `source` keeps it)."""
+        outline = self._outlines.get(path)
+        whole = self._sources.get(path)
+        if whole is not None or outline is None or path in self._unparsable:
+            return whole if whole is not None else self.source(path, module)
+        lines = (self.text(path) or "").split("\n")
+        chosen = [(first, last) for first, last, definition in outline.statements
+                  if keep(TopStatement(first, last, definition, "\n".join(lines[first - 1 : last])))]
+        kept = [""] * len(lines)
+        for first, last in chosen:
+            kept[first - 1 : last] = lines[first - 1 : last]
+        try:
+            tree = ast.parse("\n".join(kept))
+        except (SyntaxError, ValueError, RecursionError):
+            tree = None
+        if tree is None or [_lines_of(statement) for statement in tree.body] != chosen:
+            return self.source(path, module)  # statements sharing a line: parsed whole
+        text = self.text(path) or ""
+        return SourceFile(path, text, tree, self._parsed_as.get(path), outline.package, {}, outline.imports, frozenset(), False)
 
     def module_source(self, dotted_name: str) -> SourceFile | None:
         path = self.module_path(dotted_name)
@@ -376,13 +422,17 @@ class Workspace:
             return None
         return self._bound_imports[path].get(name)
 
-    def derived(self, path: Path, what: str, compute: Callable[[SourceFile], object]) -> object:
+    def derived(
+        self, path: Path, what: str, compute: Callable[[SourceFile], object], keep: Callable[[TopStatement], bool] | None = None
+    ) -> object:
         """Something computed from a parsed file (`what` names it), once per workspace: the
         heuristics judge every holder of an audit over the same files. It must hold no node: the
-        file's tree is let go (what holds nodes lives with the tree, in `SourceFile.of_nodes`)."""
+        file's tree is let go (what holds nodes lives with the tree, in `SourceFile.of_nodes`).
+        `keep`: the module-level statements it needs, where it needs few (`selected`)."""
         key = (path, what)
         if key not in self._derived:
-            source = self.source(path, self.find(str(path)).module)
+            module = self.find(str(path)).module
+            source = self.source(path, module) if keep is None else self.selected(path, module, keep)
             self._derived[key] = compute(source) if source is not None else None
         return self._derived[key]
 
@@ -432,6 +482,16 @@ def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
     return SourceFile(path, text, tree, module, package, bindings, imports, declared, star)
 
 
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _lines_of(statement: ast.stmt) -> tuple[int, int]:
+    """A statement's first line (its decorators' included) and last line."""
+    decorators = getattr(statement, "decorator_list", None)
+    first = decorators[0].lineno if decorators else statement.lineno
+    return first, statement.end_lineno or statement.lineno
+
+
 def _declared_global(statements: Sequence[ast.stmt], lines: list[int]) -> Iterator[str]:
     """The names `global` statements declare, entering only the statements that span a line
     spelling the word (`lines`)."""
@@ -449,11 +509,19 @@ def _word_lines(text: str, word: str) -> list[int]:
     """The lines on which the text spells `word` as a word."""
     lines: list[int] = []
     line, counted = 1, 0
-    for found in re.finditer(rf"\b{word}\b", text):
-        line += text.count("\n", counted, found.start())
-        counted = found.start()
-        lines.append(line)
+    start = text.find(word)
+    while start != -1:  # found by `find`: a regular expression's word boundaries take longer than the parse
+        end = start + len(word)
+        if not (_in_word(text, start - 1) or _in_word(text, end)):
+            line += text.count("\n", counted, start)
+            counted = start
+            lines.append(line)
+        start = text.find(word, end)
     return lines
+
+
+def _in_word(text: str, at: int) -> bool:
+    return 0 <= at < len(text) and (text[at].isalnum() or text[at] == "_")
 
 
 def _collect(statements: Sequence[ast.stmt], package: str | None, bindings: dict[str, Binding],
