@@ -14,7 +14,7 @@ from pathlib import Path
 from unsafe_doctor.heuristics.events import Event, FileStudy, FunctionStudy, Kind
 from unsafe_doctor.heuristics.vocabulary import runs_per_step
 from unsafe_doctor.source.files import is_file
-from unsafe_doctor.source.syntax import callee_name, child_nodes, is_cache_decorator, walk_scope
+from unsafe_doctor.source.syntax import callee_name, child_nodes, is_cache_decorator, walk_scope, word_starts
 from unsafe_doctor.source.workspace import SourceFile, TopStatement, Workspace
 from unsafe_doctor.subject import Subject, TensorRef
 
@@ -137,11 +137,9 @@ class Study:
                 self.accessors = self._accessors(self.defining)
                 self._lru_cache(self.defining)
         names = (self.variable, *sorted(self.accessors))
-        alternatives = "|".join(map(re.escape, names))
-        as_words = re.compile(rf"\b(?:{alternatives})\b")
         for path in files:
             text = self.texts[path]
-            named = any(name in text for name in names) and as_words.search(text)  # substring first: fast
+            named = any(next(word_starts(text, name), None) is not None for name in names)
             parsed = self._studied(path, names) if named else None
             if parsed is not None:
                 try:

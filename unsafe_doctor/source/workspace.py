@@ -50,6 +50,7 @@ from unsafe_doctor.source.syntax import (
     child_statements,
     import_bindings,
     names_bound,
+    word_starts,
 )
 from unsafe_doctor.tracebacks import Frame
 
@@ -509,19 +510,11 @@ def _word_lines(text: str, word: str) -> list[int]:
     """The lines on which the text spells `word` as a word."""
     lines: list[int] = []
     line, counted = 1, 0
-    start = text.find(word)
-    while start != -1:  # found by `find`: a regular expression's word boundaries take longer than the parse
-        end = start + len(word)
-        if not (_in_word(text, start - 1) or _in_word(text, end)):
-            line += text.count("\n", counted, start)
-            counted = start
-            lines.append(line)
-        start = text.find(word, end)
+    for start in word_starts(text, word):
+        line += text.count("\n", counted, start)
+        counted = start
+        lines.append(line)
     return lines
-
-
-def _in_word(text: str, at: int) -> bool:
-    return 0 <= at < len(text) and (text[at].isalnum() or text[at] == "_")
 
 
 def _collect(statements: Sequence[ast.stmt], package: str | None, bindings: dict[str, Binding],
