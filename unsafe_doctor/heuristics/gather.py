@@ -14,7 +14,7 @@ from pathlib import Path
 from unsafe_doctor.heuristics.events import Event, FileStudy, FunctionStudy, Kind
 from unsafe_doctor.heuristics.vocabulary import runs_per_step
 from unsafe_doctor.source.files import is_file
-from unsafe_doctor.source.syntax import callee_name, child_nodes, is_cache_decorator, walk_scope, word_starts
+from unsafe_doctor.source.syntax import callee_name, child_nodes, child_statements, is_cache_decorator, walk_scope, word_starts
 from unsafe_doctor.source.workspace import SourceFile, TopStatement, Workspace
 from unsafe_doctor.subject import Subject, TensorRef
 
@@ -219,8 +219,16 @@ def _spans_line(lines: list[int], statement: TopStatement) -> bool:
 
 
 def _classes_in(source: SourceFile) -> frozenset[str]:
-    """The names of the classes a file defines, nested ones too."""
-    return frozenset(node.name for node in ast.walk(source.tree) if isinstance(node, ast.ClassDef))
+    """The names of the classes a file defines, nested ones too (a class is a statement: no
+    expression is entered)."""
+    names: set[str] = set()
+    pending: list[ast.stmt] = list(source.tree.body)
+    while pending:
+        statement = pending.pop()
+        if isinstance(statement, ast.ClassDef):
+            names.add(statement.name)
+        pending.extend(child_statements(statement))
+    return frozenset(names)
 
 
 def _call_sites_of(path: Path, callee: str, lines: list[int], source: SourceFile) -> list[CallSite]:
