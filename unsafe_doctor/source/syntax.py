@@ -322,7 +322,11 @@ _LINE_ENDS = re.compile(r"(?<=\r\n)|(?<=\r)(?!\n)|(?<=\n)")
 
 @lru_cache(maxsize=16)
 def _lines(text: str) -> list[str]:
-    return _LINE_ENDS.split(text)
+    """The text's lines with their ends, as Python counts lines (`\\r\\n`, `\\r`, `\\n`)."""
+    if "\r" in text:
+        return _LINE_ENDS.split(text)
+    lines = text.split("\n")  # most files: split by `split`, many times faster than by a pattern
+    return [line + "\n" for line in lines[:-1]] + lines[-1:]
 
 
 def source_segment(text: str, node: object) -> str | None:
