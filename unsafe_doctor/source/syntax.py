@@ -24,12 +24,23 @@ class ImportedName:
 
 # --- statements ------------------------------------------------------------------------------------
 
+# fields that hold no node to walk: contexts, operators, names and flags
+_NO_NODES = frozenset({"ctx", "op", "ops", "id", "attr", "arg", "name", "asname", "module", "level", "type_comment", "kind",
+                       "is_async", "conversion", "simple"})
+_NODE_FIELDS: dict[type, tuple[str, ...]] = {}  # by node type, the fields that can hold nodes (filled as types are met)
+
 
 def child_nodes(node: ast.AST) -> list[ast.AST]:
-    """`ast.iter_child_nodes` in the same order, as a list, without its two generators per node: the
-    walks of an audit visit millions of nodes."""
+    """`ast.iter_child_nodes` in the same order, as a list, without its two generators per node, and
+    without the contexts and operators (`Load`, `Add`, `Is`), which hold nothing: the walks of an
+    audit visit millions of nodes."""
+    fields = _NODE_FIELDS.get(type(node))
+    if fields is None:
+        fields = _NODE_FIELDS[type(node)] = () if isinstance(node, ast.Constant) else tuple(
+            name for name in node._fields if name not in _NO_NODES
+        )
     children: list[ast.AST] = []
-    for name in node._fields:
+    for name in fields:
         value = getattr(node, name, None)
         if isinstance(value, ast.AST):
             children.append(value)
