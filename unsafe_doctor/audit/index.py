@@ -22,7 +22,7 @@ from unsafe_doctor.source.imports import defined_member, module_named
 from unsafe_doctor.source.syntax import Function, ImportedName, child_statements, decorator_name, is_cached, names_bound
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 
-RECENT_MODULES = 128  # modules whose trees stay read beyond the one walked: enough for the names a scan follows
+RECENT_MODULES = 32  # modules whose trees stay read beyond the one walked: names reach trees only for small functions
 MAX_AHEAD = 400  # audited modules read ahead of their scan (a name led there) whose trees wait for it
 
 
