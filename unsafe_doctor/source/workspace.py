@@ -384,15 +384,17 @@ class Workspace:
         return source
 
     def selected(self, path: Path, module: str | None, keep: Callable[[TopStatement], bool]) -> SourceFile | None:
-        """The file parsed with only the module-level statements `keep` chooses, the others read as
-        blank lines (what they hold is where they were): less to parse where a study needs few of a
+        """The file parsed with only the module-level statements `keep` chooses, the others left as
+        blank lines so that every line keeps its number: less to parse where a study needs few of a
         file's statements again. Its bindings are not listed (its imports are). The whole file when
-        it is parsed still, or was never parsed (then kept as `source` keeps it)."""
+        it is parsed still, was never parsed (then kept as `source` keeps it), or when its chosen
+        statements share a line with others."""
         outline = self._outlines.get(path)
         whole = self._sources.get(path)
-        if whole is not None or outline is None or path in self._unparsable:
+        text = self.text(path) or ""
+        if whole is not None or outline is None or path in self._unparsable or "\r" in text:  # lines as `split` counts them
             return whole if whole is not None else self.source(path, module)
-        lines = (self.text(path) or "").split("\n")
+        lines = text.split("\n")
         chosen = [(first, last) for first, last, definition in outline.statements
                   if keep(TopStatement(first, last, definition, "\n".join(lines[first - 1 : last])))]
         kept = [""] * len(lines)
@@ -404,7 +406,6 @@ class Workspace:
             tree = None
         if tree is None or [_lines_of(statement) for statement in tree.body] != chosen:
             return self.source(path, module)  # statements sharing a line: parsed whole
-        text = self.text(path) or ""
         return SourceFile(path, text, tree, self._parsed_as.get(path), outline.package, {}, outline.imports, frozenset(), False)
 
     def module_source(self, dotted_name: str) -> SourceFile | None:
