@@ -139,7 +139,7 @@ class Study:
         names = (self.variable, *sorted(self.accessors))
         for path in files:
             text = self.texts[path]
-            named = any(next(word_starts(text, name), None) is not None for name in names)
+            named = any(name in text and next(word_starts(text, name), None) is not None for name in names)  # `in` first: fast
             parsed = self._studied(path, names) if named else None
             if parsed is not None:
                 try:
