@@ -19,9 +19,18 @@ from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey,
 from unsafe_doctor.audit.vocabulary import METADATA
 from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, dotted, is_dir, python_files
 from unsafe_doctor.source.imports import defined_member, module_named
-from unsafe_doctor.source.syntax import Function, ImportedName, child_statements, decorator_name, is_cached, names_bound
+from unsafe_doctor.source.syntax import (
+    Function,
+    ImportedName,
+    child_statements,
+    decorator_name,
+    is_cached,
+    names_bound,
+    scope_statements,
+)
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 
+ACCESSOR_SIZE = 8  # statements at most in a function read as a possible accessor (`return X`)
 RECENT_MODULES = 32  # modules whose trees stay read beyond the one walked: names reach trees only for small functions
 MAX_AHEAD = 400  # audited modules read ahead of their scan (a name led there) whose trees wait for it
 
@@ -112,6 +121,10 @@ class ModuleInfo:
         self.imported = frozenset(source.imports)
         self.bound_imports = source.bound_imports  # names bound to an import, also through a rename (`binding`)
         self.function_sizes = {key: len(function.body) for key, function in contents.functions.items()}  # statements
+        self.no_accessors = frozenset(  # small functions that return nothing a name leads from: told without the tree
+            (function.lineno, function.col_offset) for function in contents.functions.values()
+            if len(function.body) <= ACCESSOR_SIZE and not _returns_reference(function)
+        )
         self.spans = {  # where module-level names are bound, imports aside
             key: Span.of(binding)
             for key, binding in source.bindings.items()
@@ -149,6 +162,14 @@ class ModuleInfo:
         if owner is None:
             return variable in self.cached
         return owner in self.outlines and variable in self.outlines[owner].cached
+
+
+def _returns_reference(function: Function) -> bool:
+    """Whether the function returns a name, attribute, item or call: what can lead to a holder."""
+    return any(
+        isinstance(statement, ast.Return) and isinstance(statement.value, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
+        for statement in scope_statements(function.body)
+    )
 
 
 def register_buffer_name(call: ast.Call) -> str | None:

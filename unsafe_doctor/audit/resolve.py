@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import ast
 
-from unsafe_doctor.audit.index import Index
+from unsafe_doctor.audit.index import ACCESSOR_SIZE, Index
 from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, Ref, SelfRef
 from unsafe_doctor.audit.scope import Scope
 from unsafe_doctor.audit.vocabulary import METADATA, NOT_DATA_CALLS
 from unsafe_doctor.source.syntax import ImportedName, scope_statements
-
-ACCESSOR_SIZE = 8  # statements at most in a function read as a possible accessor (`return X`)
 
 
 class Accessors:
@@ -31,6 +29,7 @@ class Accessors:
         info = self.index.module(function.module)
         key = None
         small = function.owner is None and function.statements <= ACCESSOR_SIZE  # the node is read only then
+        small = small and not (info is not None and function.place in info.no_accessors)
         node = function.node if small else None
         body = list(scope_statements(node.body)) if node is not None else []
         if info is not None and node is not None and len(body) <= ACCESSOR_SIZE:
