@@ -11,7 +11,7 @@ from unsafe_doctor.source.files import package_folder, python_files
 from unsafe_doctor.source.imports import Imports, module_member, module_named
 from unsafe_doctor.source.resolve import Scope, Tier, resolve
 from unsafe_doctor.source.syntax import Function, is_empty_container, is_empty_value, loop_iterable
-from unsafe_doctor.source.workspace import Workspace
+from unsafe_doctor.source.workspace import RECENT_SOURCES, Workspace
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORK = ROOT / "samples" / "framework"
@@ -93,6 +93,33 @@ def test_a_workspace_parses_a_file_once_and_types_its_bindings(tmp_path):
     assert isinstance(source.bindings["HELPER"], ast.Assign)  # the later assignment is the binding
     assert isinstance(source.bindings["X"], ast.AnnAssign) and isinstance(source.bindings["C"], ast.ClassDef)
     assert source.declared_globals == {"Y"}
+
+
+def test_a_file_parsed_again_in_part_keeps_its_line_numbers_and_its_imports(tmp_path):
+    path = write(tmp_path / "pkg" / "mod.py", """
+        from pkg.state import BUF
+        def unrelated():
+            return 1
+        @decorated
+        def reset():
+            BUF.zero_()
+        w = (1,
+             2); v = 3
+        def other():
+            pass
+    """)
+    write(tmp_path / "pkg" / "__init__.py", "")
+    workspace = Workspace([tmp_path])
+    assert workspace.source(path, "pkg.mod") is not None
+    for number in range(RECENT_SOURCES):  # later files push its tree out of the latest ones kept
+        workspace.source(write(tmp_path / "pkg" / f"later{number}.py", "A = 1\n"), f"pkg.later{number}")
+    part = workspace.selected(path, "pkg.mod", lambda statement: not statement.definition or "BUF" in statement.text)
+    assert part is not None and part.imports["BUF"].target == "pkg.state.BUF"
+    kept = [(type(statement).__name__, statement.lineno) for statement in part.tree.body]
+    assert kept == [("ImportFrom", 2), ("FunctionDef", 6), ("Assign", 8), ("Assign", 9)]
+    assert part.lines[6] == "    BUF.zero_()"
+    only_v = workspace.selected(path, "pkg.mod", lambda statement: statement.text.endswith("v = 3") and statement.first == 9)
+    assert only_v is not None and len(only_v.tree.body) == 6  # `v` starts on the line `w` ends on: the whole file is parsed
 
 
 def test_resolver_called_from_an_index_of_modules_names_the_global_a_function_reads():

@@ -20,7 +20,7 @@ import ast
 from collections.abc import Sequence
 from pathlib import Path
 
-from unsafe_doctor.audit.index import Index
+from unsafe_doctor.audit.index import Index, ModuleInfo
 from unsafe_doctor.audit.model import Coverage, Holder, HolderKind, How, Role, Site
 from unsafe_doctor.audit.refs import FunctionRef, HolderKey
 from unsafe_doctor.audit.resolve import Accessors
@@ -30,6 +30,7 @@ from unsafe_doctor.audit.vocabulary import COMMUNICATION_FROM, COMMUNICATION_INT
 from unsafe_doctor.audit.walk import Walker
 from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase
 from unsafe_doctor.source.files import ImportRoots
+from unsafe_doctor.source.syntax import Function
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.versions import profile_files
 
@@ -48,7 +49,7 @@ def adaptor_in_tree(index: Index, knowledge: KnowledgeBase) -> Path | None:
                 return None  # versions.py finds it by its path
     for info in index.scanned:
         for profile in knowledge.profiles:
-            if all(name in info.functions for name in (profile.rollback, profile.send, profile.recv)):
+            if all(name in info.function_sizes for name in (profile.rollback, profile.send, profile.recv)):
                 return Path(index.display(info.path))
     return None
 
@@ -64,11 +65,12 @@ class RecoveryReader(Walker):
         scope: Scope,
         uses: dict[HolderKey, list[Use]],
         via: tuple[str, ...] = (),
-        seen: frozenset[int] = frozenset(),
+        seen: frozenset[tuple[Path, int, int]] = frozenset(),
     ):
         super().__init__(index, accessors, scope, via)
         self.uses = uses
-        self.seen = seen | ({id(scope.function)} if scope.function is not None else set())
+        # the functions on the way here, by place: a module's tree read again has other nodes
+        self.seen = seen | ({_place(scope.module, scope.function)} if scope.function is not None else set())
 
     def record(self, key: HolderKey, use: Use) -> None:
         self.uses.setdefault(key, []).append(use)
@@ -83,11 +85,11 @@ class RecoveryReader(Walker):
     def calling(self, callee: FunctionRef) -> None:
         """Walk a helper the adaptor calls, as part of the calling function."""
         node = callee.node
-        if id(node) in self.seen or len(self.via) >= MAX_CALL_DEPTH:
+        if len(self.via) >= MAX_CALL_DEPTH:
             return
         here = self.scope.module
         module = self.index.module(callee.module) if callee.module != here.name else here
-        if module is None:
+        if module is None or _place(module, node) in self.seen:
             return
         nested = callee.module == here.name and node.name in self.scope.nested
         qualname = node.name if nested else f"{module.name.rpartition('.')[2]}.{node.name}"
@@ -97,6 +99,10 @@ class RecoveryReader(Walker):
             RecoveryReader(self.index, self.accessors, scope, self.uses, via, self.seen).run(node.body)
         except RecursionError:
             pass
+
+
+def _place(module: ModuleInfo, function: Function) -> tuple[Path, int, int]:
+    return module.path, function.lineno, function.col_offset
 
 
 class CoverageJudge:

@@ -9,11 +9,13 @@ CPU follows its module to the device: unknown."""
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
+from pathlib import Path
 
-from unsafe_doctor.audit.index import Index, ModuleInfo, register_buffer_name
+from unsafe_doctor.audit.index import Index, ModuleInfo, Span, register_buffer_name
 from unsafe_doctor.audit.model import Holder, HolderKind, Placement, Site
 from unsafe_doctor.audit.places import combine
 from unsafe_doctor.audit.refs import ClassKey, HolderKey
@@ -22,9 +24,9 @@ from unsafe_doctor.audit.scope import Place, Scope, functions_of
 from unsafe_doctor.audit.uses import Use, shortened, sites
 from unsafe_doctor.audit.vocabulary import COMMUNICATION_INTO, CONTAINER_ADD, CONTAINER_REMOVE, updates_data_in_place
 from unsafe_doctor.audit.walk import Walker
-from unsafe_doctor.knowledge import Rule
+from unsafe_doctor.knowledge import Rule, RuleMatch
 from unsafe_doctor.matching import names_global
-from unsafe_doctor.source.syntax import ImportedName, child_nodes, source_segment
+from unsafe_doctor.source.syntax import child_nodes, source_segment
 
 Evidence = tuple[Place, Use]  # a tensor's placement, and the statement that puts it there
 
@@ -37,6 +39,14 @@ class ScanFindings:
         self.classes: dict[ClassKey, list[Evidence]] = {}  # tensors a class's methods keep in `self`
         self.returns: dict[HolderKey, list[Evidence]] = {}  # tensors cached functions return
         self.buffers: dict[HolderKey, tuple[Place | None, Use]] = {}  # register_buffer calls
+
+    def in_order(self, position: dict[Path, int]) -> None:
+        """Each holder's uses and evidence in the order of the files given (`position`), whatever the
+        order the files were scanned in; a file's own in the order of its statements."""
+        for uses in self.uses.values():
+            uses.sort(key=lambda use: position[use.module.path])
+        for evidence in (*self.classes.values(), *self.returns.values()):
+            evidence.sort(key=lambda item: position[item[1].module.path])
 
 
 class FrameworkScanner(Walker):
@@ -88,13 +98,14 @@ def _annotated_tensor(annotation: ast.expr | None) -> bool:
 
 def scan_module(index: Index, accessors: Accessors, info: ModuleInfo, found: ScanFindings) -> None:
     """Every scope of an audited module: its body, class bodies, functions and methods, nested ones."""
-    FrameworkScanner(index, accessors, Scope.of_module(info), found).run(info.source.tree.body)
-    for node, owner, qualname in functions_of(info.source.tree.body, None, None):
-        scope = Scope.of_function(info, node, owner, qualname)
-        try:
-            FrameworkScanner(index, accessors, scope, found).run(node.body)
-        except RecursionError:  # a generated expression thousands of terms deep
-            continue
+    with info.kept():
+        FrameworkScanner(index, accessors, Scope.of_module(info), found).run(info.source.tree.body)
+        for node, owner, qualname in functions_of(info.source.tree.body, None, None):
+            scope = Scope.of_function(info, node, owner, qualname)
+            try:
+                FrameworkScanner(index, accessors, scope, found).run(node.body)
+            except RecursionError:  # a generated expression thousands of terms deep
+                continue
 
 
 # --- findings -> holders ---------------------------------------------------------------------------------
@@ -115,7 +126,7 @@ def holders(found: ScanFindings, index: Index) -> list[Holder]:
 
 
 def _holder(found: ScanFindings, info: ModuleInfo, key: HolderKey, uses: list[Use]) -> Holder | None:
-    if key.owner is None and key.variable in info.source.imports:
+    if key.owner is None and key.variable in info.imported:
         return None  # a module bound by an import (`te = MagicMock()` only stands in for it when absent)
     definition: Use | None = None
     if key in found.buffers:
@@ -177,14 +188,13 @@ def _definition(info: ModuleInfo, key: HolderKey, uses: list[Use], evidence: lis
     first write."""
     node: object = None
     if key.owner is None:
-        node = info.source.bindings.get(key.variable)
-        if node is None or isinstance(node, ImportedName):
-            node = info.functions.get(key.variable)
-    elif key.owner in info.classes:
-        holder_class = info.classes[key.owner]
-        node = holder_class.attributes.get(key.variable) or holder_class.methods.get(key.variable)
-    if isinstance(node, (ast.stmt, ast.expr)):
-        code = (source_segment(info.source.text, node) or "").strip().splitlines()
+        node = info.spans.get(key.variable)
+    elif key.owner in info.outlines:  # a class of the module
+        outline = info.outlines[key.owner]
+        method = outline.methods.get(key.variable)
+        node = outline.attributes.get(key.variable) or (method[0] if method else None)
+    if isinstance(node, (ast.stmt, ast.expr, Span)):
+        code = (source_segment(info.text, node) or "").strip().splitlines()
         return Site(info.shown, node.lineno, key.owner, shortened(code[0]) if code else "")
     first = next((use for use in uses if _writes(use)), None) or (evidence[0][1] if evidence else uses[0])
     return first.site()
@@ -215,8 +225,8 @@ def named_by_rules(index: Index, rules: Sequence[Rule], found: Sequence[Holder])
     added: list[Holder] = []
     for info in index.scanned:
         blocks = [block for rule in rules for block in rule.matches
-                  if block.module is not None and fnmatchcase(info.name, block.module)]
-        named: dict[str | None, list[tuple[HolderKey, ast.stmt | ast.expr, HolderKind]]] = {}  # by the block's class
+                  if block.module is not None and fnmatchcase(info.name, block.module) and _may_name(block, info.text)]
+        named: dict[str | None, list[tuple[HolderKey, ast.stmt | ast.expr | Span, HolderKind]]] = {}  # by the block's class
         for block in blocks:
             if block.owner not in named:
                 named[block.owner] = _named_in(info, block.owner)
@@ -224,25 +234,36 @@ def named_by_rules(index: Index, rules: Sequence[Rule], found: Sequence[Holder])
                 if key in known or not names_global(block, key.variable, info.name, key.owner):
                     continue
                 known.add(key)
-                code = (source_segment(info.source.text, node) or "").strip().splitlines()
+                code = (source_segment(info.text, node) or "").strip().splitlines()
                 site = Site(info.shown, node.lineno, key.owner, shortened(code[0]) if code else key.variable)
                 added.append(Holder(kind, info.name, key.owner, key.variable, "unknown", site, (), (), (), ()))
     return added
 
 
-def _named_in(info: ModuleInfo, owner: str | None) -> list[tuple[HolderKey, ast.stmt | ast.expr, HolderKind]]:
+def _may_name(block: RuleMatch, text: str) -> bool:
+    """Whether the file spells a name the block could name: a global, attribute or buffer name is a
+    word of its file, and a file that spells none is not read again for the block. (A pattern with an
+    anchor or an escape is not tried on the text.)"""
+    if block.variable is not None:
+        return block.variable in text
+    pattern = block.variable_regex
+    if pattern is None or any(char in pattern for char in "^$\\"):
+        return True
+    return re.search(rf"\b(?:{pattern})\b", text) is not None
+
+
+def _named_in(info: ModuleInfo, owner: str | None) -> list[tuple[HolderKey, ast.stmt | ast.expr | Span, HolderKind]]:
     """What a rule block could name in a module: its assigned globals (when the block names no
     class), and the attributes of its classes (of `owner` only, when the block names one)."""
-    named: list[tuple[HolderKey, ast.stmt | ast.expr, HolderKind]] = []
+    named: list[tuple[HolderKey, ast.stmt | ast.expr | Span, HolderKind]] = []
     if owner is None:
         for variable in sorted(info.names):
-            binding = info.source.bindings.get(variable)  # None: only a function's `global` binds it
-            if binding is not None and not isinstance(binding, ImportedName):
-                named.append((HolderKey(info.name, None, variable), binding, "module-global"))
-    for cls in info.classes.values():
-        if owner not in (None, cls.name):
-            continue
-        attributes: dict[str, ast.stmt | ast.expr] = dict(cls.attributes)
+            span = info.spans.get(variable)  # None: an import, or only a function's `global` binds it
+            if span is not None:
+                named.append((HolderKey(info.name, None, variable), span, "module-global"))
+    classes = [name for name in info.outlines if owner in (None, name)]  # the tree is read only for them
+    for cls in (info.classes[name] for name in classes):
+        attributes: dict[str, ast.stmt | ast.expr | Span] = dict(cls.attributes)
         for method in cls.methods.values():
             for assignment in _assignments(method):
                 for target in assignment.targets:

@@ -7,16 +7,32 @@ Modules are named from the import root above each audited folder (the first fold
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, ModuleRef, Ref, SelfRef
 from unsafe_doctor.audit.vocabulary import METADATA
 from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, dotted, is_dir, python_files
 from unsafe_doctor.source.imports import defined_member, module_named
-from unsafe_doctor.source.syntax import Function, ImportedName, child_statements, decorator_name, is_cached, names_bound
+from unsafe_doctor.source.syntax import (
+    Function,
+    ImportedName,
+    child_statements,
+    decorator_name,
+    is_cached,
+    names_bound,
+    scope_statements,
+)
 from unsafe_doctor.source.workspace import SourceFile, Workspace
+
+ACCESSOR_SIZE = 8  # statements at most in a function read as a possible accessor (`return X`)
+RECENT_MODULES = 32  # modules whose trees stay read beyond the one walked: names reach trees only for small functions
+MAX_AHEAD = 400  # audited modules read ahead of their scan (a name led there) whose trees wait for it
 
 
 def audited_files(paths: Sequence[Path]) -> list[Path]:
@@ -38,23 +54,122 @@ class ClassInfo:
     buffers: dict[str, ast.Call]  # register_buffer calls by buffer name
 
 
-@dataclass
-class ModuleInfo:
-    name: str
-    path: Path  # resolved
-    shown: str  # the path as sites name it
+class Span(NamedTuple):
+    """Where a statement lies in its file, as `source_segment` reads it."""
+
+    lineno: int
+    col_offset: int
+    end_lineno: int | None
+    end_col_offset: int | None
+
+    @classmethod
+    def of(cls, node: ast.AST) -> Span:
+        return cls(getattr(node, "lineno", 0), getattr(node, "col_offset", 0), getattr(node, "end_lineno", None),
+                   getattr(node, "end_col_offset", None))
+
+
+@dataclass(frozen=True)
+class ClassOutline:
+    """What name resolution asks of a class, kept without its module's tree."""
+
+    attributes: dict[str, Span]  # names bound in the class body, where
+    methods: dict[str, tuple[Span, int]]  # where each method is defined, and its statements
+    cached: set[str]  # lru-cached methods
+    buffers: tuple[str, ...]  # names of the buffers its methods register
+
+    @classmethod
+    def of(cls, owner: ClassInfo) -> ClassOutline:
+        return cls(
+            {name: Span.of(node) for name, node in owner.attributes.items()},
+            {name: (Span.of(node), len(node.body)) for name, node in owner.methods.items()},
+            owner.cached,
+            tuple(owner.buffers),
+        )
+
+
+@dataclass(frozen=True)
+class ModuleContents:
+    """What a module's syntax tree defines, with the tree: read again after the module lets it go."""
+
     source: SourceFile
-    scanned: bool
-    names: set[str]  # module-level names that can hold a value
     classes: dict[str, ClassInfo]
     functions: dict[str, Function]
-    cached: set[str]  # lru-cached module functions
+
+
+class ModuleInfo:
+    """A module the audit read. Its names are kept; its syntax tree (`source`, `classes`,
+    `functions`) only while a stage walks the module (`kept`), else it is read again on demand
+    through the index's latest few: every tree of a job's code at once is more memory than a machine
+    may have."""
+
+    def __init__(
+        self, name: str, path: Path, shown: str, contents: ModuleContents, read_again: Callable[[ModuleInfo], ModuleContents],
+    ):
+        source = contents.source
+        self.name = name
+        self.path = path  # resolved
+        self.shown = shown  # the path as sites name it
+        self.text = source.text
+        # module-level names that can hold a value
+        self.names: set[str] = {
+            key for key, binding in source.bindings.items() if isinstance(binding, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+        } | set(source.declared_globals)
+        self.cached: set[str] = {key for key, function in contents.functions.items() if is_cached(function)}
+        # What name resolution asks of every module, kept without the tree:
+        self.outlines = {key: ClassOutline.of(owner) for key, owner in contents.classes.items()}  # by class name
+        self.defined = frozenset(key for key in source.bindings if not isinstance(source.binding(key), ImportedName))
+        self.imported = frozenset(source.imports)
+        self.bound_imports = source.bound_imports  # names bound to an import, also through a rename (`binding`)
+        self.function_sizes = {key: len(function.body) for key, function in contents.functions.items()}  # statements
+        self.no_accessors = frozenset(  # small functions that return nothing a name leads from: told without the tree
+            (function.lineno, function.col_offset) for function in contents.functions.values()
+            if len(function.body) <= ACCESSOR_SIZE and not _returns_reference(function)
+        )
+        self.spans = {  # where module-level names are bound, imports aside
+            key: Span.of(binding)
+            for key, binding in source.bindings.items()
+            if not isinstance(binding, ImportedName)
+        }
+        self._kept: ModuleContents | None = None
+        self._read_again = read_again
+
+    @property
+    def source(self) -> SourceFile:
+        return self._contents().source
+
+    @property
+    def classes(self) -> dict[str, ClassInfo]:
+        return self._contents().classes
+
+    @property
+    def functions(self) -> dict[str, Function]:
+        return self._contents().functions
+
+    def _contents(self) -> ModuleContents:
+        return self._kept if self._kept is not None else self._read_again(self)
+
+    @contextmanager
+    def kept(self) -> Iterator[None]:
+        """The same tree throughout a walk of the module: the walk compares its nodes by identity."""
+        self._kept = self._read_again(self)
+        try:
+            yield
+        finally:
+            self._kept = None
 
     def is_cached(self, owner: str | None, variable: str) -> bool:
         """Whether `variable` (of class `owner`) is an lru-cached function or method."""
         if owner is None:
             return variable in self.cached
-        return owner in self.classes and variable in self.classes[owner].cached
+        return owner in self.outlines and variable in self.outlines[owner].cached
+
+
+def _returns_reference(function: Function) -> bool:
+    """Whether the function returns a name, attribute, item or call: what can lead to a holder."""
+    return any(
+        isinstance(statement, ast.Return) and isinstance(statement.value, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
+        for statement in scope_statements(function.body)
+    )
 
 
 def register_buffer_name(call: ast.Call) -> str | None:
@@ -62,21 +177,15 @@ def register_buffer_name(call: ast.Call) -> str | None:
     return argument.value if isinstance(argument, ast.Constant) and isinstance(argument.value, str) else None
 
 
-def _describe_module(name: str, path: Path, shown: str, source: SourceFile, scanned: bool) -> ModuleInfo:
-    names = {
-        key for key, binding in source.bindings.items() if isinstance(binding, (ast.Assign, ast.AnnAssign, ast.AugAssign))
-    } | set(source.declared_globals)
+def _contents_of(name: str, source: SourceFile) -> ModuleContents:
     classes: dict[str, ClassInfo] = {}
     functions: dict[str, Function] = {}
-    cached: set[str] = set()
     for key, binding in source.bindings.items():
         if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions[key] = binding
-            if is_cached(binding):
-                cached.add(key)
         elif isinstance(binding, ast.ClassDef):
             classes[key] = _describe_class(name, binding, "register_buffer" in source.text)
-    return ModuleInfo(name, path, shown, source, scanned, names, classes, functions, cached)
+    return ModuleContents(source, classes, functions)
 
 
 def _describe_class(module: str, node: ast.ClassDef, has_buffers: bool) -> ClassInfo:
@@ -125,7 +234,6 @@ class Index:
         self.roots = tuple(roots)
         folders = [path for path in given if is_dir(path)]
         self.workspace = workspace if workspace is not None else Workspace(roots, studied=folders)
-        self.scanned: list[ModuleInfo] = []
         self.by_path: dict[Path, ModuleInfo] = {}
         self.by_name: dict[str, ModuleInfo | None] = {}
         self.buffers: dict[str, list[ClassKey]] = {}  # buffer name -> the classes defining it
@@ -136,6 +244,12 @@ class Index:
         # adaptor's, and the frameworks adaptors call into. Libraries (torch) are never read.
         self.tops: set[str] = set(FRAMEWORK_PACKAGES)
         self._targets: dict[str, Ref | None] = {}  # import target -> what it refers to
+        self._recent: OrderedDict[Path, ModuleContents] = OrderedDict()  # the trees read last, by module path
+        self._audited: dict[Path, str] = {}  # audited file -> its module's name, in the order the files were given
+        self._added: set[Path] = set()  # audited files read for their scan
+        # audited modules a name led to before their scan: their trees kept for it, the latest last
+        self._ahead: dict[Path, ModuleContents] = {}
+        self._first_named: dict[str, Path] = {}  # module name -> the first audited file of that name
 
     # naming
 
@@ -151,27 +265,83 @@ class Index:
 
     # modules
 
-    def add(self, path: Path, root: Path) -> ModuleInfo | None:
-        """Read one audited file, whose import root is `root`; None when it cannot be parsed."""
+    def expect(self, path: Path, root: Path) -> None:
+        """Know an audited file, whose import root is `root`, before any is scanned: a scan right
+        after each file is read must find what reading them all first would have known. That is
+        its module's name (a name leading to it reads it as the audited module), its package (read
+        when a name leads there) and the buffers it registers (`x.<buffer>` leads to its class)."""
         name = dotted(path.relative_to(root).parts) or path.stem
-        source = self.workspace.source(path, name)
-        if source is None:
-            return None
-        info = _describe_module(name, path, self.display(path), source, scanned=True)
-        self.scanned.append(info)
-        self.by_path[path] = info
-        self.by_name.setdefault(name, info)
+        self._audited.setdefault(path, name)
+        self._first_named.setdefault(name, path)  # of two files named alike, the first
         self._read_package(name)
-        for owner in info.classes.values():
-            for buffer in owner.buffers:
-                self.buffers.setdefault(buffer, []).append(ClassKey(name, owner.name))
+        text = self.workspace.text(path)
+        if text is None or "register_buffer" not in text:
+            return
+        info = self._described(path, name)
+        for owner, outline in info.outlines.items() if info is not None else ():
+            for buffer in outline.buffers:
+                self.buffers.setdefault(buffer, []).append(ClassKey(name, owner))
+
+    def add(self, path: Path) -> ModuleInfo | None:
+        """Read one audited file (expected before) for its scan; None when it cannot be parsed."""
+        name = self._audited[path]
+        info = self._described(path, name)  # read already where a scan's names led there
+        self._added.add(path)
+        kept = self._ahead.pop(path, None)
+        if info is None:
+            return None
+        if kept is not None:
+            self._remember(path, kept)  # its scan walks the tree read ahead
+        self.by_name.setdefault(name, info)
         return info
+
+    @property
+    def scanned(self) -> list[ModuleInfo]:
+        """The audited modules read for their scan, in the order the files were given."""
+        return [self.by_path[path] for path in self._audited if path in self._added and path in self.by_path]
+
+    def read_ahead(self) -> Path | None:
+        """The latest audited file a name led to before its scan, its tree kept for it: scanned
+        next, it is parsed once."""
+        return next(reversed(self._ahead), None)
+
+    def _describe(self, name: str, path: Path, source: SourceFile) -> ModuleInfo:
+        contents = _contents_of(name, source)
+        self._remember(path, contents)
+        if path in self._audited and path not in self._added and len(self._ahead) < MAX_AHEAD:
+            self._ahead[path] = contents
+        return ModuleInfo(name, path, self.display(path), contents, self._contents)
+
+    def _contents(self, info: ModuleInfo) -> ModuleContents:
+        """A module's tree: read ahead of its scan, among the latest `RECENT_MODULES`, or read again
+        (as the workspace first named it)."""
+        contents = self._ahead.get(info.path) or self._recent.get(info.path)
+        if contents is None:
+            source = self.workspace.source(info.path, info.name)
+            if source is None:
+                raise RuntimeError(f"{info.path} could be parsed once, not again")
+            contents = _contents_of(info.name, source)
+        self._remember(info.path, contents)
+        return contents
+
+    def let_go(self) -> None:
+        """Let the latest trees go once the scan is done: the coverage reads few modules, the
+        heuristics parse their own files."""
+        self._recent.clear()
+
+    def _remember(self, path: Path, contents: ModuleContents) -> None:
+        self._recent[path] = contents
+        self._recent.move_to_end(path)
+        if len(self._recent) > RECENT_MODULES:
+            self._recent.popitem(last=False)
 
     def module(self, dotted: str) -> ModuleInfo | None:
         if dotted in self.by_name:
             return self.by_name[dotted]
         info = None
-        if self.readable(dotted):
+        if dotted in self._first_named:
+            info = self._described(self._first_named[dotted], dotted)
+        elif self.readable(dotted):
             path = self.workspace.module_path(dotted)
             if path is not None and self.workspace.is_indexed(path):
                 info = self._described(path, dotted)  # a release's skeleton, under its index path
@@ -181,11 +351,12 @@ class Index:
         return info
 
     def _described(self, resolved: Path, dotted: str) -> ModuleInfo | None:
-        """A module read on demand (or already read under another name)."""
+        """A module read on demand (or already read under another name); an audited file as its module."""
         info = self.by_path.get(resolved)
         if info is None:
-            source = self.workspace.source(resolved, dotted)
-            info = _describe_module(dotted, resolved, self.display(resolved), source, scanned=False) if source else None
+            name = self._audited.get(resolved, dotted)
+            source = self.workspace.source(resolved, name)
+            info = self._describe(name, resolved, source) if source else None
             if info is not None:
                 self.by_path[resolved] = info
         return info
@@ -202,7 +373,7 @@ class Index:
         if found is None:
             return None
         name = found.module or resolved.stem
-        info = _describe_module(name, resolved, self.display(resolved), found, scanned=False)
+        info = self._describe(name, resolved, found)
         self.by_path[resolved] = info
         self.by_name.setdefault(name, info)
         if found.module:
@@ -216,9 +387,9 @@ class Index:
             self.tops.add(top)
             self._targets.clear()  # names into it resolved to nothing so far
 
-    def class_(self, key: ClassKey) -> ClassInfo | None:
+    def class_(self, key: ClassKey) -> ClassOutline | None:
         info = self.module(key.module)
-        return info.classes.get(key.name) if info else None
+        return info.outlines.get(key.name) if info else None
 
     # names
 
@@ -256,28 +427,33 @@ class Index:
         return None
 
     def _class_member(self, base: ClassRef | SelfRef, name: str) -> Ref | None:
-        owner = self.class_(ClassKey(base.module, base.name))
-        if owner is None:
+        info = self.module(base.module)
+        owner = info.outlines.get(base.name) if info else None
+        if info is None or owner is None:
             return None
         buffer = isinstance(base, SelfRef) and name in owner.buffers  # buffers belong to instances
         if buffer or name in owner.attributes or name in owner.cached:
             return HolderRef(HolderKey(base.module, base.name, name), False)
         if name in owner.methods:
-            return FunctionRef(base.module, base.name, owner.methods[name])
+            span, statements = owner.methods[name]
+            found = partial(_method_of, info, base.name, name)
+            return FunctionRef(base.module, base.name, (span.lineno, span.col_offset), statements, found)
         return None
 
     def member_of(self, info: ModuleInfo, name: str) -> Ref | None:
         """What a module-level name of a module refers to."""
         module = info.name
-        binding = info.source.binding(name)
-        if isinstance(binding, ImportedName):
-            return self.resolve_dotted(binding.target)
-        if isinstance(binding, ast.ClassDef):
+        imported = info.bound_imports.get(name)
+        if imported is not None:
+            return self.resolve_dotted(imported.target)
+        if name in info.outlines:
             return ClassRef(module, name)
-        if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if name in info.function_sizes:
             if name in info.cached:
                 return HolderRef(HolderKey(module, None, name), False)
-            return FunctionRef(module, None, binding)
+            span = info.spans[name]  # its place and size, without reading the tree again
+            return FunctionRef(module, None, (span.lineno, span.col_offset), info.function_sizes[name],
+                               partial(_function_of, info, name))
         if name in info.names:
             return HolderRef(HolderKey(module, None, name), False)
         if info.path.name != "__init__.py":
@@ -286,7 +462,14 @@ class Index:
         return ModuleRef(submodule) if self.is_module(submodule) else None
 
 
+def _function_of(info: ModuleInfo, name: str) -> Function:
+    return info.functions[name]
+
+
+def _method_of(info: ModuleInfo, owner: str, name: str) -> Function:
+    return info.classes[owner].methods[name]
+
+
 def _defines(info: ModuleInfo, name: str) -> bool:
     """Whether the module binds `name` itself (not by an import)."""
-    binding = info.source.binding(name)
-    return binding is not None and not isinstance(binding, ImportedName)
+    return name in info.defined

@@ -3,7 +3,8 @@ an instance of a class seen from its own methods, a function, or a holder (or a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from unsafe_doctor.source.syntax import Function
@@ -43,9 +44,24 @@ class SelfRef:
 
 @dataclass(frozen=True)
 class FunctionRef:
+    """A function or method. Its node is found on demand (`node`): a reference kept to a module's
+    function does not keep the module's tree, which the audit lets go and reads again; its place
+    tells functions apart."""
+
     module: str
     owner: str | None
-    node: Function
+    place: tuple[int, int]  # the `def`'s line and column
+    statements: int  # in its body, at its top level
+    found: Callable[[], Function] = field(compare=False, repr=False)
+
+    @classmethod
+    def holding(cls, module: str, owner: str | None, node: Function) -> FunctionRef:
+        """A reference that holds its node (a method or nested function: looked up, used, dropped)."""
+        return cls(module, owner, (node.lineno, node.col_offset), len(node.body), lambda: node)
+
+    @property
+    def node(self) -> Function:
+        return self.found()
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import ast
 
-from unsafe_doctor.audit.index import Index
+from unsafe_doctor.audit.index import ACCESSOR_SIZE, Index
 from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, Ref, SelfRef
 from unsafe_doctor.audit.scope import Scope
 from unsafe_doctor.audit.vocabulary import METADATA, NOT_DATA_CALLS
 from unsafe_doctor.source.syntax import ImportedName, scope_statements
-
-ACCESSOR_SIZE = 8  # statements at most in a function read as a possible accessor (`return X`)
 
 
 class Accessors:
@@ -19,18 +17,22 @@ class Accessors:
 
     def __init__(self, index: Index):
         self.index = index
-        self._returned: dict[int, HolderKey | None] = {}  # id(function node) -> holder key it returns
+        # (module, class, line, column) of a function -> holder key it returns: by place, as a tree
+        # read again has other nodes
+        self._returned: dict[tuple[str, str | None, int, int], HolderKey | None] = {}
 
     def returned_by(self, function: FunctionRef) -> HolderKey | None:
-        node = function.node
-        if id(node) in self._returned:
-            return self._returned[id(node)]
-        self._returned[id(node)] = None  # while deciding: a recursive accessor returns nothing
+        place = (function.module, function.owner, *function.place)
+        if place in self._returned:
+            return self._returned[place]
+        self._returned[place] = None  # while deciding: a recursive accessor returns nothing
         info = self.index.module(function.module)
         key = None
-        small = function.owner is None and len(node.body) <= ACCESSOR_SIZE
-        body = list(scope_statements(node.body)) if small else []
-        if info is not None and small and len(body) <= ACCESSOR_SIZE:
+        small = function.owner is None and function.statements <= ACCESSOR_SIZE  # the node is read only then
+        small = small and not (info is not None and function.place in info.no_accessors)
+        node = function.node if small else None
+        body = list(scope_statements(node.body)) if node is not None else []
+        if info is not None and node is not None and len(body) <= ACCESSOR_SIZE:
             names = Names(self.index, self, Scope.of_function(info, node, None))
             for inner in body:
                 if isinstance(inner, ast.Return) and inner.value is not None:
@@ -38,7 +40,7 @@ class Accessors:
                     if isinstance(ref, HolderRef) and not ref.element:
                         key = ref.key
                         break
-        self._returned[id(node)] = key
+        self._returned[place] = key
         return key
 
 
@@ -85,7 +87,7 @@ class Names:
         if name in scope.imports:
             return self.index.resolve_dotted(scope.imports[name].target)
         if name in scope.nested:
-            return FunctionRef(scope.module.name, None, scope.nested[name])
+            return FunctionRef.holding(scope.module.name, None, scope.nested[name])
         if name == scope.self_name and scope.owner is not None:
             return ClassRef(scope.module.name, scope.owner) if scope.self_is_class else SelfRef(scope.module.name, scope.owner)
         if name in scope.locals:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -52,22 +52,16 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
     roots = list(dict.fromkeys([*(import_roots.of(path) for path in files), *(import_roots.of(path) for path in given)]))
     index = Index(given, roots)
     accessors = Accessors(index)
-    with _keeping_trees() as scanned:
-        unreadable = []
+    with _collecting_by_hand() as collection:
         for done, path in enumerate(files, 1):
-            if index.add(path, import_roots.of(path)) is None:
-                unreadable.append(index.display(path))
+            index.expect(path, import_roots.of(path))
             progress("reading", done, len(files))
         found = ScanFindings()
-        for done, info in enumerate(index.scanned, 1):
-            try:
-                scan_module(index, accessors, info, found)
-            except RecursionError:  # a statement nested past Python's recursion limit: listed, not fatal
-                unreadable.append(index.display(info.path))
-            progress("scanning", done, len(index.scanned))
+        unreadable = _scan(files, index, accessors, found, progress)
         framework = holders(found, index)
         framework += named_by_rules(index, knowledge.rules, framework)
-        scanned()
+        index.let_go()
+        collection.scanned()
         if adaptor is None:
             adaptor = adaptor_in_tree(index, knowledge)
         context = RunContext(knowledge, index.workspace, detect_environment(knowledge, index.workspace, adaptor=adaptor))
@@ -91,6 +85,34 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
     audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
     stale = stale_resets(environment.adaptor, environment.profile, environment, index.workspace) if environment.adaptor else []
     return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), context, tuple(stale), tuple(notes))
+
+
+def _scan(files: Sequence[Path], index: Index, accessors: Accessors, found: ScanFindings, progress: Progress) -> list[str]:
+    """Scan every audited file, each right after it is read, its tree still fresh: parsed once for
+    both. A file a scan's names lead to is read then, and scanned next, before its tree is let go.
+    What the scan finds is put back in the order of the files; the files that could not be read,
+    then those that could not be scanned, are returned."""
+    position = {path: number for number, path in enumerate(files)}
+    unreadable: list[Path] = []
+    unscanned: list[Path] = []
+    done: set[Path] = set()
+    for path in files:
+        current = None if path in done else path
+        while current is not None:
+            done.add(current)
+            info = index.add(current)
+            if info is None:
+                unreadable.append(current)
+            else:
+                try:
+                    scan_module(index, accessors, info, found)
+                except RecursionError:  # a statement nested past Python's recursion limit: listed, not fatal
+                    unscanned.append(current)
+            progress("scanning", len(done), len(files))
+            current = index.read_ahead()
+    found.in_order(position)
+    in_order = sorted(unreadable, key=position.__getitem__) + sorted(unscanned, key=position.__getitem__)
+    return [index.display(path) for path in in_order]
 
 
 def _our_block(classified: Classification | None, adaptor_files: Sequence[Path]) -> Coverage | None:
@@ -136,27 +158,30 @@ def _without_adaptor_uses(holder: Holder, adaptor_files: set[str]) -> Holder:
     )
 
 
-@contextmanager
-def _keeping_trees() -> Iterator[Callable[[], None]]:
-    """Garbage collection while every file's syntax tree is kept: none while they are read (the
-    cyclic collector would walk them all again and again, half the time on a Megatron tree, and
-    they hold no cycles); once the scan calls the function it is given, the trees are frozen out of
-    the collector's sight and it runs again, for the heuristics, which do make cycles."""
-    collecting = gc.isenabled()
-    frozen = False
+class _Collection:
+    """No garbage collection over an audit. Left to run, the cyclic collector would walk the syntax
+    trees again and again as they are parsed (half the time on a Megatron tree), and neither they
+    nor the scan's and the heuristics' objects hold cycles: reference counts free them. Once the
+    scan is done what it kept is frozen out of the collector's sight, so that its first run after
+    the audit does not walk it all."""
 
-    def scanned() -> None:
-        nonlocal frozen
+    def __init__(self) -> None:
+        self.frozen = False
+
+    def scanned(self) -> None:
         gc.freeze()
-        frozen = True
-        if collecting:
-            gc.enable()
+        self.frozen = True
 
+
+@contextmanager
+def _collecting_by_hand() -> Iterator[_Collection]:
+    collecting = gc.isenabled()
+    collection = _Collection()
     gc.disable()
     try:
-        yield scanned
+        yield collection
     finally:
-        if frozen:
+        if collection.frozen:
             gc.unfreeze()
         if collecting:
             gc.enable()

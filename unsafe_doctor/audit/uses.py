@@ -3,12 +3,11 @@ record them, and the sites reports name them by."""
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from unsafe_doctor.audit.index import ModuleInfo
+from unsafe_doctor.audit.index import ModuleInfo, Span
 from unsafe_doctor.audit.model import Site
 from unsafe_doctor.audit.refs import ClassKey
 from unsafe_doctor.audit.scope import Place
@@ -26,7 +25,7 @@ class Use:
     kind: UseKind
     element: bool  # of an entry, field or value computed from the holder, not the holder itself
     module: ModuleInfo
-    statement: ast.stmt
+    statement: Span  # where the statement lies: its nodes are let go with the module's tree
     line: int
     function: str | None
     in_init: bool
@@ -41,7 +40,7 @@ class Use:
     module_level: bool = False
 
     def site(self) -> Site:
-        code = (source_segment(self.module.source.text, self.statement) or "").strip().splitlines()
+        code = (source_segment(self.module.text, self.statement) or "").strip().splitlines()
         return Site(self.module.shown, self.line, self.function, shortened(code[0]) if code else "")
 
 

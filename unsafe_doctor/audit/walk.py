@@ -11,7 +11,7 @@ import ast
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unsafe_doctor.audit.index import Index
+from unsafe_doctor.audit.index import Index, Span
 from unsafe_doctor.audit.places import Places
 from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, SelfRef
 from unsafe_doctor.audit.resolve import Accessors, Names
@@ -343,7 +343,7 @@ class Walker:
             kind=kind,
             element=element,
             module=self.scope.module,
-            statement=statement,
+            statement=Span.of(statement),
             line=statement.lineno,
             function=self.scope.qualname,
             in_init=self.in_init,

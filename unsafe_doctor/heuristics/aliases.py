@@ -5,7 +5,7 @@ from it, followed statement by statement as the events walk them."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from unsafe_doctor.heuristics.vocabulary import (
@@ -31,7 +31,8 @@ class Aliases:
     where its bare name means it unless the function binds that name itself."""
 
     def __init__(self, study: Study, source: SourceFile, defining: bool, function: Function | None,
-                 class_name: str | None, nodes: Sequence[ast.AST]):
+                 class_name: str | None, nodes: Callable[[], Sequence[ast.AST]]):
+        """`nodes`: the function's own scope's nodes, listed when asked."""
         self.study, self.defining, self.function, self.class_name, self.nodes = study, defining, function, class_name, nodes
         self.imports = Imports.of(source, function)  # the module's imports, with the function's own
         self.x_names: set[str] = set()  # names that are the global itself
@@ -57,10 +58,15 @@ class Aliases:
             return False
         if name in parameter_names(self.function):
             return True
-        nodes = self.nodes
+        nodes = self.nodes()
         if any(isinstance(node, ast.Global) and name in node.names for node in nodes):
             return False
         return any(isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store) for node in nodes)
+
+    def names(self) -> set[str]:
+        """The names that can stand for the tensor here: no expression spelling none of them is it,
+        holds it, or is computed from it."""
+        return {self.study.variable, *self.study.accessors, *self.x_names, *self.accessors, *self.holding, *self.derived}
 
     # what an expression is
 

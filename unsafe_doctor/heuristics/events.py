@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -129,11 +130,13 @@ class FileStudy:
 
 
 def _scope_nodes(file: FileStudy, function: Function) -> tuple[ast.AST, ...]:
-    """The nodes of a function's own scope, listed once per workspace: every global a function names
-    studies it again."""
+    """The nodes of a function's own scope, listed once per parsed tree: every global a function
+    names studies it again."""
     what = f"scope nodes of the function at {function.lineno}:{function.col_offset}"
-    nodes = file.study.workspace.derived(file.source.path, what, lambda _: tuple(walk_scope(function)))
-    return nodes if isinstance(nodes, tuple) else tuple(walk_scope(function))
+    nodes = file.source.of_nodes.get(what)
+    if not isinstance(nodes, tuple):
+        nodes = file.source.of_nodes[what] = tuple(walk_scope(function))
+    return nodes
 
 
 class FunctionStudy:
@@ -142,10 +145,14 @@ class FunctionStudy:
     def __init__(self, file: FileStudy, function: Function | None, class_name: str | None, name: str,
                  body: list[ast.stmt]):
         self.file, self.function, self.name, self.body = file, function, name, body
-        nodes = _scope_nodes(file, function) if function is not None else ()
-        self.tensor = Aliases(file.study, file.source, file.defining, function, class_name, nodes)
-        self.reporting = is_reporting(name, [node for node in nodes if isinstance(node, ast.Call)])
+        # the nodes of the function's own scope, listed only when asked (no reference back here: no cycle)
+        self.nodes = partial(_scope_nodes, file, function) if function is not None else tuple
+        self.tensor = Aliases(file.study, file.source, file.defining, function, class_name, self.nodes)
         self.initialising = name == "__init__" or bool(tokens(name) & INIT_TOKENS)
+
+    @cached_property
+    def reporting(self) -> bool:
+        return is_reporting(self.name, [node for node in self.nodes() if isinstance(node, ast.Call)])
 
     # events
 
@@ -186,11 +193,19 @@ class FunctionStudy:
                 continue
             if self.function is None and not context.in_loop and isinstance(statement, (ast.Assign, ast.AnnAssign)):
                 continue  # the global's own definition and module constants
+            if not self.mentions_tensor(statement):
+                continue  # no event without a name of the tensor, and no name of it bound or unbound
             self.calls(statement, context)
             if child_statements(statement):
                 self.compound(statement, context)
             else:
                 self.simple(statement, context)
+
+    def mentions_tensor(self, statement: ast.stmt) -> bool:
+        """Whether the statement's text spells a name that stands for the tensor here (the global,
+        its accessors, the locals holding it or computed from it)."""
+        text = "\n".join(self.file.lines[statement.lineno - 1 : statement.end_lineno or statement.lineno])
+        return any(name in text for name in self.tensor.names())
 
     def simple(self, statement: ast.stmt, context: _Context) -> None:
         if isinstance(statement, ast.Assign):
@@ -255,19 +270,22 @@ class FunctionStudy:
             values = [*call.args, *(keyword.value for keyword in call.keywords)]
             if is_logging_call(call) and any(self.tensor.relation(value) for value in values):
                 self.add("log-read", statement, "read for logging")
-            if not self.reporting:
-                self.training_call(call, method, receiver, statement)
+            self.training_call(call, method, receiver, statement)
 
     def training_call(self, call: ast.Call, method: str | None, receiver: ast.expr | None, statement: ast.stmt) -> None:
-        """A call that back-propagates, updates a training value or computes one from the tensor."""
+        """A call that back-propagates, updates a training value or computes one from the tensor (not
+        in a logging function, asked last: it lists the function's calls)."""
         if method == "backward" and receiver is not None and self.tensor.relation(receiver):
-            self.add("training-read", statement, "read to compute a value that is back-propagated")
+            if not self.reporting:
+                self.add("training-read", statement, "read to compute a value that is back-propagated")
         elif method and receiver is not None and method.endswith("_") and tokens(target_name(receiver) or "") & TRAIN_TOKENS:
             if any(self.tensor.relation(argument) for argument in call.args) and not self.tensor.is_ref(receiver):
-                self.add("training-read", statement, f"read to update {target_name(receiver)}")
+                if not self.reporting:
+                    self.add("training-read", statement, f"read to update {target_name(receiver)}")
         for keyword in call.keywords:
             if keyword.arg and tokens(keyword.arg) & TRAIN_TOKENS and self.tensor.relation(keyword.value):
-                self.add("training-read", statement, f"read to compute {keyword.arg}=")
+                if not self.reporting:
+                    self.add("training-read", statement, f"read to compute {keyword.arg}=")
 
     def method_on_tensor(
         self, call: ast.Call, method: str, receiver: ast.expr, statement: ast.stmt, context: _Context

@@ -14,8 +14,8 @@ from pathlib import Path
 from unsafe_doctor.heuristics.events import Event, FileStudy, FunctionStudy, Kind
 from unsafe_doctor.heuristics.vocabulary import runs_per_step
 from unsafe_doctor.source.files import is_file
-from unsafe_doctor.source.syntax import callee_name, child_nodes, is_cache_decorator, walk_scope
-from unsafe_doctor.source.workspace import SourceFile, Workspace
+from unsafe_doctor.source.syntax import callee_name, child_nodes, child_statements, is_cache_decorator, walk_scope, word_starts
+from unsafe_doctor.source.workspace import SourceFile, TopStatement, Workspace
 from unsafe_doctor.subject import Subject, TensorRef
 
 MAX_FILES = 2000
@@ -105,6 +105,15 @@ class Study:
             return None
         return self.workspace.source(path, self.workspace.find(str(path)).module)
 
+    def _studied(self, path: Path, names: tuple[str, ...]) -> SourceFile | None:
+        """A file in scope as its study reads it: its module level, and the functions and classes
+        that spell a name of the tensor (no other function is studied)."""
+        if self._read(path) is None:
+            return None
+        if self.defining is not None and path == self.defining.path:
+            return self.defining
+        return self.workspace.selected(path, self.workspace.find(str(path)).module, partial(_spells_any, names))
+
     def shown(self, path: Path) -> str:
         """A path as evidence shows it: relative to its source root, else as found."""
         resolved = path.resolve()
@@ -128,12 +137,10 @@ class Study:
                 self.accessors = self._accessors(self.defining)
                 self._lru_cache(self.defining)
         names = (self.variable, *sorted(self.accessors))
-        alternatives = "|".join(map(re.escape, names))
-        as_words = re.compile(rf"\b(?:{alternatives})\b")
         for path in files:
             text = self.texts[path]
-            named = any(name in text for name in names) and as_words.search(text)  # substring first: fast
-            parsed = self.parse(path) if named else None
+            named = any(name in text and next(word_starts(text, name), None) is not None for name in names)  # `in` first: fast
+            parsed = self._studied(path, names) if named else None
             if parsed is not None:
                 try:
                     FileStudy(self, parsed).run()
@@ -174,6 +181,7 @@ class Study:
         if self.queue_filled:
             for function, statement in self.queue_takes:
                 function.add("queue", statement, "entries appended elsewhere are consumed")
+        self.queue_takes.clear()  # its function studies refer back to this study: no cycle is left for the collector
 
     # who calls a reset
 
@@ -181,8 +189,9 @@ class Study:
         found: list[CallSite] = []
         for path, text in self.texts.items():
             lines = _calling_lines(text, callee) if callee in text else []
-            if lines:  # files that cannot call it are not parsed for it
-                sites = self.workspace.derived(path, f"call sites of {callee}", partial(_call_sites_of, path, callee, lines))
+            if lines:  # files that cannot call it are not parsed for it, and of those that can only what spans the lines
+                sites = self.workspace.derived(path, f"call sites of {callee}", partial(_call_sites_of, path, callee, lines),
+                                               partial(_spans_line, lines))
                 found.extend(sites if isinstance(sites, list) else ())
         return sorted(found, key=lambda site: (str(site.path), site.line))
 
@@ -201,9 +210,25 @@ class Study:
         return None
 
 
+def _spells_any(names: tuple[str, ...], statement: TopStatement) -> bool:
+    return not statement.definition or any(name in statement.text for name in names)
+
+
+def _spans_line(lines: list[int], statement: TopStatement) -> bool:
+    return any(statement.first <= line <= statement.last for line in lines)
+
+
 def _classes_in(source: SourceFile) -> frozenset[str]:
-    """The names of the classes a file defines, nested ones too."""
-    return frozenset(node.name for node in ast.walk(source.tree) if isinstance(node, ast.ClassDef))
+    """The names of the classes a file defines, nested ones too (a class is a statement: no
+    expression is entered)."""
+    names: set[str] = set()
+    pending: list[ast.stmt] = list(source.tree.body)
+    while pending:
+        statement = pending.pop()
+        if isinstance(statement, ast.ClassDef):
+            names.add(statement.name)
+        pending.extend(child_statements(statement))
+    return frozenset(names)
 
 
 def _call_sites_of(path: Path, callee: str, lines: list[int], source: SourceFile) -> list[CallSite]:

@@ -59,9 +59,8 @@ def module_named(dotted: str, workspace: Workspace, hops: int = 0) -> str | None
         return dotted
     head, _, name = dotted.rpartition(".")
     parent = module_named(head, workspace, hops + 1) if head else None
-    source = workspace.module_source(parent) if parent else None
-    binding = source.binding(name) if source else None
-    if isinstance(binding, ImportedName):
+    binding = workspace.imported_name(parent, name) if parent else None
+    if binding is not None:
         return module_named(binding.target, workspace, hops + 1)
     return None
 
@@ -106,9 +105,8 @@ def defined_member(target: str, workspace: Workspace, readable: Callable[[str], 
         if not readable(target):
             return None
         member = module_member(target, (), workspace)
-        source = workspace.module_source(member.module) if member is not None else None
-        binding = source.binding(member.name) if source is not None and member is not None else None
-        if not isinstance(binding, ImportedName):
+        binding = workspace.imported_name(member.module, member.name) if member is not None else None
+        if binding is None:
             return member
         target = binding.target
     return None

@@ -21,11 +21,14 @@ import ast
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
+from typing import NamedTuple
 
 from unsafe_doctor.source.files import (
     FRAMEWORK_PACKAGES,
@@ -45,11 +48,13 @@ from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
     child_statements,
-    every_statement,
     import_bindings,
     names_bound,
+    word_starts,
 )
 from unsafe_doctor.tracebacks import Frame
+
+RECENT_SOURCES = 64  # parsed files kept for reuse beyond those something else keeps: every tree of a large job is too much
 
 # What a module-level name is bound to: a class, a function, an assignment, or an import.
 Assignment = ast.Assign | ast.AnnAssign | ast.AugAssign
@@ -91,6 +96,9 @@ class SourceFile:
     imports: dict[str, ImportedName]  # module-level names bound by an import (a later assignment aside)
     declared_globals: frozenset[str]  # names some function declares `global`
     star_import: bool
+    # what a stage computes from this tree's nodes and keeps in nodes: let go with the tree (`Workspace.derived`
+    # keeps what holds no node)
+    of_nodes: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     def binding(self, name: str) -> Binding | None:
         """The module-level binding of `name`, seen through a rename of an import (`mpu = parallel_state`)."""
@@ -104,6 +112,29 @@ class SourceFile:
     @cached_property
     def lines(self) -> list[str]:
         return self.text.splitlines()
+
+    @cached_property
+    def bound_imports(self) -> dict[str, ImportedName]:
+        """The module-level names `binding` sees bound to an import (also through a rename)."""
+        return {name: binding for name in self.bindings if isinstance(binding := self.binding(name), ImportedName)}
+
+
+class TopStatement(NamedTuple):
+    """A module-level statement of a file, without its nodes."""
+
+    first: int  # its first line, its decorators' included
+    last: int
+    definition: bool  # a function or a class
+    text: str  # its lines
+
+
+@dataclass(frozen=True)
+class _Outline:
+    """What is kept of a parsed file without its tree, to parse only some of its statements later."""
+
+    statements: tuple[tuple[int, int, bool], ...]  # (first line, last line, definition) of each module-level statement
+    imports: dict[str, ImportedName]
+    package: str | None
 
 
 def module_from_path(path: str, source_roots: Sequence[Path] = ()) -> str | None:
@@ -137,9 +168,16 @@ class Workspace:
         self._found: dict[str, FoundFile] = {}
         self._texts: dict[Path, str | None] = {}
         self._sizes: dict[Path, int | None] = {}
-        self._sources: dict[Path, SourceFile | None] = {}
+        # Parsed files: found again while anything keeps them, the latest few kept here; read again when let go,
+        # as the module named at the first read.
+        self._sources: weakref.WeakValueDictionary[Path, SourceFile] = weakref.WeakValueDictionary()
+        self._recent: OrderedDict[Path, SourceFile] = OrderedDict()
+        self._parsed_as: dict[Path, str | None] = {}
+        self._unparsable: set[Path] = set()
         self._module_paths: dict[str, Path | None] = {}
         self._derived: dict[tuple[Path, str], object] = {}
+        self._bound_imports: dict[Path, dict[str, ImportedName]] = {}  # of every file parsed, kept without its tree
+        self._outlines: dict[Path, _Outline] = {}  # of every file parsed
         self._listings: dict[Path, tuple[Path, ...]] = {}
 
     @cached_property
@@ -325,11 +363,52 @@ class Workspace:
         return self._sizes[path]
 
     def source(self, path: Path, module: str | None) -> SourceFile | None:
-        """The file parsed, once; None when it cannot be read or parsed."""
-        if path not in self._sources:
+        """The file parsed, as the module first named for it; None when it cannot be read or parsed.
+        Parsed again only once nothing keeps the tree and it is not among the `RECENT_SOURCES` latest."""
+        if path in self._unparsable:
+            return None
+        source = self._sources.get(path)
+        if source is None:
+            module = self._parsed_as.setdefault(path, module)
             text = self.text(path)
-            self._sources[path] = _parse(path, text, module) if text is not None else None
-        return self._sources[path]
+            source = _parse(path, text, module) if text is not None else None
+            if source is None:
+                self._unparsable.add(path)
+                return None
+            self._sources[path] = source
+            self._bound_imports[path] = source.bound_imports
+            spans = tuple((*_lines_of(statement), isinstance(statement, _DEFINITIONS)) for statement in source.tree.body)
+            self._outlines[path] = _Outline(spans, source.imports, source.package)
+        self._recent[path] = source
+        self._recent.move_to_end(path)
+        if len(self._recent) > RECENT_SOURCES:
+            self._recent.popitem(last=False)
+        return source
+
+    def selected(self, path: Path, module: str | None, keep: Callable[[TopStatement], bool]) -> SourceFile | None:
+        """The file parsed with only the module-level statements `keep` chooses, the others left as
+        blank lines so that every line keeps its number: less to parse where a study needs few of a
+        file's statements again. Its bindings are not listed (its imports are). The whole file when
+        it is parsed still, was never parsed (then kept as `source` keeps it), or when its chosen
+        statements share a line with others."""
+        outline = self._outlines.get(path)
+        whole = self._sources.get(path)
+        text = self.text(path) or ""
+        if whole is not None or outline is None or path in self._unparsable or "\r" in text:  # lines as `split` counts them
+            return whole if whole is not None else self.source(path, module)
+        lines = text.split("\n")
+        chosen = [(first, last) for first, last, definition in outline.statements
+                  if keep(TopStatement(first, last, definition, "\n".join(lines[first - 1 : last])))]
+        kept = [""] * len(lines)
+        for first, last in chosen:
+            kept[first - 1 : last] = lines[first - 1 : last]
+        try:
+            tree = ast.parse("\n".join(kept))
+        except (SyntaxError, ValueError, RecursionError):
+            tree = None
+        if tree is None or [_lines_of(statement) for statement in tree.body] != chosen:
+            return self.source(path, module)  # statements sharing a line: parsed whole
+        return SourceFile(path, text, tree, self._parsed_as.get(path), outline.package, {}, outline.imports, frozenset(), False)
 
     def module_source(self, dotted_name: str) -> SourceFile | None:
         path = self.module_path(dotted_name)
@@ -337,12 +416,27 @@ class Workspace:
             return None
         return self.source(path, dotted_name)
 
-    def derived(self, path: Path, what: str, compute: Callable[[SourceFile], object]) -> object:
+    def imported_name(self, dotted_name: str, name: str) -> ImportedName | None:
+        """What a module binds `name` to when an import binds it (`SourceFile.binding`); the module
+        is parsed only if it was not before: following re-exports reads many modules' imports."""
+        path = self.module_path(dotted_name)
+        if path is None or not (path in self._index_texts or path.is_file()):
+            return None
+        if path not in self._bound_imports and self.source(path, dotted_name) is None:
+            return None
+        return self._bound_imports[path].get(name)
+
+    def derived(
+        self, path: Path, what: str, compute: Callable[[SourceFile], object], keep: Callable[[TopStatement], bool] | None = None
+    ) -> object:
         """Something computed from a parsed file (`what` names it), once per workspace: the
-        heuristics judge every holder of an audit over the same files."""
+        heuristics judge every holder of an audit over the same files. It must hold no node: the
+        file's tree is let go (what holds nodes lives with the tree, in `SourceFile.of_nodes`).
+        `keep`: the module-level statements it needs, where it needs few (`selected`)."""
         key = (path, what)
         if key not in self._derived:
-            source = self.source(path, self.find(str(path)).module)
+            module = self.find(str(path)).module
+            source = self.source(path, module) if keep is None else self.selected(path, module, keep)
             self._derived[key] = compute(source) if source is not None else None
         return self._derived[key]
 
@@ -385,27 +479,65 @@ def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
     package = package_of(path, module)
     bindings: dict[str, Binding] = {}
     imports: dict[str, ImportedName] = {}
-    star = False
-
-    def collect(statements: Sequence[ast.stmt]) -> None:
-        nonlocal star
-        for statement in statements:
-            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                bindings[statement.name] = statement
-            elif isinstance(statement, (ast.Import, ast.ImportFrom)):
-                star |= any(alias.name == "*" for alias in statement.names)
-                imported = import_bindings(statement, package)
-                bindings.update(imported)
-                imports.update(imported)
-            elif isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-                for name in names_bound(targets):
-                    bindings[name] = statement
-            else:
-                collect(child_statements(statement))
-
-    collect(tree.body)
+    star = _collect(tree.body, package, bindings, imports)
     declared: frozenset[str] = frozenset()
     if "global" in text:  # no `global` statement without the word: most files are not walked for one
-        declared = frozenset(name for node in every_statement(tree.body) if isinstance(node, ast.Global) for name in node.names)
+        declared = frozenset(_declared_global(tree.body, _word_lines(text, "global")))
     return SourceFile(path, text, tree, module, package, bindings, imports, declared, star)
+
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _lines_of(statement: ast.stmt) -> tuple[int, int]:
+    """A statement's first line (its decorators' included) and last line."""
+    decorators = getattr(statement, "decorator_list", None)
+    first = decorators[0].lineno if decorators else statement.lineno
+    return first, statement.end_lineno or statement.lineno
+
+
+def _declared_global(statements: Sequence[ast.stmt], lines: list[int]) -> Iterator[str]:
+    """The names `global` statements declare, entering only the statements that span a line
+    spelling the word (`lines`)."""
+    for statement in statements:
+        last = statement.end_lineno or statement.lineno
+        if not any(statement.lineno <= line <= last for line in lines):
+            continue
+        if isinstance(statement, ast.Global):
+            yield from statement.names
+        else:
+            yield from _declared_global(child_statements(statement), lines)
+
+
+def _word_lines(text: str, word: str) -> list[int]:
+    """The lines on which the text spells `word` as a word."""
+    lines: list[int] = []
+    line, counted = 1, 0
+    for start in word_starts(text, word):
+        line += text.count("\n", counted, start)
+        counted = start
+        lines.append(line)
+    return lines
+
+
+def _collect(statements: Sequence[ast.stmt], package: str | None, bindings: dict[str, Binding],
+             imports: dict[str, ImportedName]) -> bool:
+    """The module-level bindings of the statements, also under `if` / `try`, into `bindings` and
+    `imports`; whether one is a star import. (A function, not a closure: a recursive closure is a
+    reference cycle, which would keep every tree until the collector runs.)"""
+    star = False
+    for statement in statements:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bindings[statement.name] = statement
+        elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+            star |= any(alias.name == "*" for alias in statement.names)
+            imported = import_bindings(statement, package)
+            bindings.update(imported)
+            imports.update(imported)
+        elif isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            for name in names_bound(targets):
+                bindings[name] = statement
+        else:
+            star |= _collect(child_statements(statement), package, bindings, imports)
+    return star
