@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-_LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), range, memoryview, weakref.ref)
-_CODE = (
+LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), range, memoryview, weakref.ref)  # hold no tensor
+CODE = (  # functions and descriptors: a tensor they close over is not state a step reads through them
     type(len),  # builtin functions and methods
     type(lambda: None),
     type(object().__str__),  # method-wrapper
@@ -42,7 +42,7 @@ def reachable_tensors(*roots: object) -> list[torch.Tensor]:
     while pending:
         obj = pending.pop()
         kind = type(obj)  # not isinstance, which asks objects for __class__ (proxies, deprecations)
-        if id(obj) in seen or issubclass(kind, _LEAVES) or issubclass(kind, _CODE):
+        if id(obj) in seen or issubclass(kind, LEAVES) or issubclass(kind, CODE):
             continue
         seen.add(id(obj))
         if issubclass(kind, torch.Tensor):

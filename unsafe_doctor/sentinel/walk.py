@@ -20,7 +20,6 @@ import gc
 import sys
 import time
 import types
-import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,13 +28,14 @@ from typing import Any
 import torch
 from torch import nn
 
-_LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), range, memoryview, weakref.ref, torch.dtype,
-           torch.device, torch.Size)
+from unsafe_doctor.replay.reachable import CODE, LEAVES
+
+_LEAVES = (*LEAVES, torch.dtype, torch.device, torch.Size)
+# Beyond what the replay's walk passes over: methods, generators, frames, partials, and the modules and
+# classes met on the way (a package's own are walked from sys.modules, once each).
 _CODE = (
-    types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.MethodWrapperType, types.MethodDescriptorType,
-    types.WrapperDescriptorType, types.GetSetDescriptorType, types.MemberDescriptorType, types.GeneratorType,
-    types.CoroutineType, types.CodeType, types.FrameType, property, classmethod, staticmethod, functools.partial,
-    types.ModuleType, type,
+    *CODE, types.MethodType, types.MemberDescriptorType, types.GeneratorType, types.CoroutineType, types.CodeType,
+    types.FrameType, functools.partial, types.ModuleType, type,
 )
 _SEQUENCES = (list, tuple, deque, set, frozenset)
 _NOTHING_INSIDE = (*_LEAVES, *_CODE)
