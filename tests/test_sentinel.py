@@ -356,3 +356,15 @@ def test_the_walk_reads_no_tensor_data_even_with_the_check_on(package):
     paths = named(report)["sentinelpkg.state.LOSS_LOG"]
     assert "sentinelpkg.state.LOSS_LOG[('lm', <Tensor>)]" in paths
     assert "sentinelpkg.state.LOSS_LOG.keys()[('lm', <Tensor>)][1]" in paths
+
+
+def test_the_report_keeps_every_path_and_the_log_line_the_first_five(package, caplog):
+    package.HISTORY.extend(torch.zeros(1) for _ in range(7))
+    backend = EmulatedBackend()
+    with backend.activate(), caplog.at_level(logging.WARNING, logger="unsafe_doctor.sentinel"):
+        backend.mark_all_unsafe()
+        report = check(packages=["sentinelpkg"], backend=backend)
+    history = next(item for item in report.unsafe if item.variable == "HISTORY")
+    assert history.paths == tuple(f"sentinelpkg.state.HISTORY[{index}]" for index in range(8)) and history.tensors == 8
+    logged = next(parse_line(record.getMessage()) for record in caplog.records if "HISTORY" in record.getMessage())
+    assert logged.paths == history.paths[:5] and logged.tensors == 8

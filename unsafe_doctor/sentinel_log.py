@@ -35,7 +35,7 @@ class UnsafeGlobal:
     owner: str | None
     variable: str
     tensors: int  # unsafe tensors found behind it
-    paths: tuple[str, ...]  # readable paths of the first few of them
+    paths: tuple[str, ...]  # readable paths: every one in a report, the first few in a log line
     scenario: Literal[1, 2] | None  # what the knowledge base's rule says; None: no rule names it
     rule: str | None
     fix_function: str | None  # where the rule's fix goes (rollback function, or receive function)

@@ -35,7 +35,7 @@ __all__ = ["FRAMEWORK_PACKAGES", "Limits", "SentinelReport", "UnsafeStateError",
 
 FRAMEWORK_PACKAGES = ("megatron", "mindspeed", "mindspeed_llm", "modellink")
 DEFAULT_LIMITS = Limits()
-PATHS_PER_GLOBAL = 5  # paths logged for each unsafe global; the count says how many there are
+PATHS_PER_GLOBAL = 5  # paths logged for each unsafe global (the line gives the count); the report keeps all
 logger = logging.getLogger(__name__)
 
 
@@ -50,7 +50,8 @@ class SentinelReport:
         return tuple(item for item in self.unsafe if not item.healed and not item.written_by_step)
 
     def lines(self) -> list[str]:
-        records: list[Record] = [*self.unsafe, self.summary]
+        """The log lines: each global with its first paths (the report keeps them all) and its count."""
+        records: list[Record] = [*(replace(item, paths=item.paths[:PATHS_PER_GLOBAL]) for item in self.unsafe), self.summary]
         return [format_line(record) for record in records]
 
 
@@ -153,7 +154,7 @@ def _report(
     judged = verdict.verdicts(asked, found.caches, rules) if asked else {}
     globals_ = tuple(
         UnsafeGlobal(
-            rank, backend.name, holder.module, holder.owner, holder.variable, len(paths), tuple(paths[:PATHS_PER_GLOBAL]),
+            rank, backend.name, holder.module, holder.owner, holder.variable, len(paths), tuple(paths),
             judged[holder].scenario, judged[holder].rule, judged[holder].fix_function, cached=holder in found.caches,
             written_by_step=judged[holder].written_by_step,
         )
