@@ -9,6 +9,7 @@ import typer
 
 from unsafe_doctor.cli.options import (
     AdaptorOption,
+    DryRunOption,
     Format,
     FormatOption,
     FunctionOption,
@@ -37,7 +38,7 @@ def command(
     adaptor: AdaptorOption = None,
     function: FunctionOption = None,
     parameter: ParameterOption = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the diff; write nothing.")] = False,
+    dry_run: DryRunOption = False,
     revert: Annotated[
         bool, typer.Option("--revert", help="Remove every fix block unsafe-doctor wrote into the adaptor (not the sentinel's).")
     ] = False,

@@ -55,6 +55,7 @@ LogsArgument = Annotated[
 ]
 NoInputOption = Annotated[bool, typer.Option("--no-input", help="Never ask questions.")]
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Accept every offer without asking.")]
+DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Show the diff; write nothing.")]
 SOURCE_ROOT_VARIABLE = "UNSAFE_DOCTOR_SOURCE_ROOT"
 SourceRootOption = Annotated[
     list[Path] | None,

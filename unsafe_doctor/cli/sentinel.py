@@ -12,6 +12,7 @@ from unsafe_doctor.cli.conventions import reporting
 from unsafe_doctor.cli.fix import print_document, repeated
 from unsafe_doctor.cli.options import (
     AdaptorOption,
+    DryRunOption,
     Format,
     FormatOption,
     FunctionOption,
@@ -50,7 +51,7 @@ def install(
             "heal: re-initialise those a scenario-1 rule covers, then check again.",
         ),
     ] = "report",
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the diff; write nothing.")] = False,
+    dry_run: DryRunOption = False,
     revert: Annotated[
         bool, typer.Option("--revert", help="Remove the sentinel's block (fix --revert leaves it; this leaves the fixes).")
     ] = False,
