@@ -40,6 +40,30 @@ class ScanFindings:
         self.returns: dict[HolderKey, list[Evidence]] = {}  # tensors cached functions return
         self.buffers: dict[HolderKey, tuple[Place | None, Use]] = {}  # register_buffer calls
 
+    def take(self, other: ScanFindings, modules: dict[Path, ModuleInfo], position: dict[Path, int]) -> None:
+        """What another process's scan found, its uses pointing at this process's modules
+        (`Index.adopt`). Of a buffer registered in two files, the file given first keeps it."""
+        for uses in other.uses.values():
+            self._adopted(uses, modules)
+        for evidence in (*other.classes.values(), *other.returns.values()):
+            self._adopted([use for _, use in evidence], modules)
+        self._adopted([use for _, use in other.buffers.values()], modules)
+        for key, uses in other.uses.items():
+            self.uses.setdefault(key, []).extend(uses)
+        for owner, evidence in other.classes.items():
+            self.classes.setdefault(owner, []).extend(evidence)
+        for key, evidence in other.returns.items():
+            self.returns.setdefault(key, []).extend(evidence)
+        for key, buffer in other.buffers.items():
+            kept = self.buffers.setdefault(key, buffer)
+            if position[buffer[1].module.path] < position[kept[1].module.path]:
+                self.buffers[key] = buffer
+
+    @staticmethod
+    def _adopted(uses: list[Use], modules: dict[Path, ModuleInfo]) -> None:
+        for use in uses:
+            use.module = modules.get(use.module.path, use.module)
+
     def in_order(self, position: dict[Path, int]) -> None:
         """Each holder's uses and evidence in the order of the files given (`position`), whatever the
         order the files were scanned in; a file's own in the order of its statements."""

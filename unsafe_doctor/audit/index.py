@@ -27,6 +27,7 @@ from unsafe_doctor.source.syntax import (
     is_cached,
     names_bound,
     scope_statements,
+    word_lines,
 )
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 
@@ -133,6 +134,13 @@ class ModuleInfo:
         self._kept: ModuleContents | None = None
         self._read_again = read_again
 
+    def __getstate__(self) -> dict[str, object]:
+        """Sent to another process without its tree or its index: `Index.adopt` gives it the other's."""
+        return {key: value for key, value in self.__dict__.items() if key not in ("_kept", "_read_again")}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state, _kept=None)
+
     @property
     def source(self) -> SourceFile:
         return self._contents().source
@@ -180,15 +188,17 @@ def register_buffer_name(call: ast.Call) -> str | None:
 def _contents_of(name: str, source: SourceFile) -> ModuleContents:
     classes: dict[str, ClassInfo] = {}
     functions: dict[str, Function] = {}
+    buffer_lines = word_lines(source.text, "register_buffer") if "register_buffer" in source.text else []
     for key, binding in source.bindings.items():
         if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions[key] = binding
         elif isinstance(binding, ast.ClassDef):
-            classes[key] = _describe_class(name, binding, "register_buffer" in source.text)
+            classes[key] = _describe_class(name, binding, buffer_lines)
     return ModuleContents(source, classes, functions)
 
 
-def _describe_class(module: str, node: ast.ClassDef, has_buffers: bool) -> ClassInfo:
+def _describe_class(module: str, node: ast.ClassDef, buffer_lines: list[int]) -> ClassInfo:
+    """`buffer_lines`: where the file spells `register_buffer`; only the methods there are walked for buffers."""
     attributes: dict[str, ast.stmt] = {}
     methods: dict[str, Function] = {}
     # A dataclass's annotated names are fields of each instance, not attributes of the class.
@@ -207,8 +217,12 @@ def _describe_class(module: str, node: ast.ClassDef, has_buffers: bool) -> Class
         elif not isinstance(statement, ast.ClassDef):
             pending.extend(child_statements(statement))
     cached = {name for name, method in methods.items() if is_cached(method)}
-    buffers = _buffers(methods.values()) if has_buffers else {}
+    buffers = _buffers(method for method in methods.values() if _spans_a_line(method, buffer_lines))
     return ClassInfo(module, node.name, node, attributes, methods, cached, buffers)
+
+
+def _spans_a_line(node: Function, lines: list[int]) -> bool:
+    return any(node.lineno <= line <= (node.end_lineno or node.lineno) for line in lines)
 
 
 def _buffers(methods: Iterable[Function]) -> dict[str, ast.Call]:
@@ -250,6 +264,7 @@ class Index:
         # audited modules a name led to before their scan: their trees kept for it, the latest last
         self._ahead: dict[Path, ModuleContents] = {}
         self._first_named: dict[str, Path] = {}  # module name -> the first audited file of that name
+        self._claim: Callable[[Path], bool] | None = None  # whether this process scans an audited file (`scanning`)
 
     # naming
 
@@ -300,6 +315,26 @@ class Index:
         """The audited modules read for their scan, in the order the files were given."""
         return [self.by_path[path] for path in self._audited if path in self._added and path in self.by_path]
 
+    def scanning(self, claim: Callable[[Path], bool] | None) -> None:
+        """Scan here only the audited files `claim` takes (another process scans the others; None:
+        all): a tree read before its file's scan is kept for it only once the file is claimed."""
+        self._claim = claim
+        if claim is not None:  # trees read before the scan (`expect`), kept for the files claimed
+            self._ahead = {path: contents for path, contents in self._ahead.items() if claim(path)}
+
+    def adopt(self, added: Sequence[Path], infos: Sequence[ModuleInfo]) -> dict[Path, ModuleInfo]:
+        """Audited files another process read for their scan (`added`), with the modules it made of
+        them: as if read here. Returns the module of each path, this index's own where it has one."""
+        adopted = {}
+        for info in infos:
+            own = self.by_path.setdefault(info.path, info)
+            if own is info:
+                info._read_again = self._contents
+            self.by_name.setdefault(self._audited[info.path], own)
+            adopted[info.path] = own
+        self._added.update(added)
+        return adopted
+
     def read_ahead(self) -> Path | None:
         """The latest audited file a name led to before its scan, its tree kept for it: scanned
         next, it is parsed once."""
@@ -308,7 +343,8 @@ class Index:
     def _describe(self, name: str, path: Path, source: SourceFile) -> ModuleInfo:
         contents = _contents_of(name, source)
         self._remember(path, contents)
-        if path in self._audited and path not in self._added and len(self._ahead) < MAX_AHEAD:
+        ahead = path in self._audited and path not in self._added and path not in self._ahead and len(self._ahead) < MAX_AHEAD
+        if ahead and (self._claim is None or self._claim(path)):
             self._ahead[path] = contents
         return ModuleInfo(name, path, self.display(path), contents, self._contents)
 

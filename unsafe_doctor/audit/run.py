@@ -7,13 +7,15 @@ import gc
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from unsafe_doctor.audit.bridge import classification
 from unsafe_doctor.audit.coverage import CoverageJudge, adaptor_in_tree
+from unsafe_doctor.audit.halves import Worker, shared_out
 from unsafe_doctor.audit.holders import ScanFindings, holders, named_by_rules, scan_module
-from unsafe_doctor.audit.index import Index, audited_files
+from unsafe_doctor.audit.index import Index, ModuleInfo, audited_files
 from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Progress, Site, Stage
 from unsafe_doctor.audit.resolve import Accessors
 from unsafe_doctor.classify import Classification, Classified
@@ -22,7 +24,9 @@ from unsafe_doctor.errors import UsageError, os_reason
 from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.markers import MARKER_BEGIN
 from unsafe_doctor.source.files import ImportRoots
+from unsafe_doctor.source.workspace import Parsed
 from unsafe_doctor.stale import stale_resets
+from unsafe_doctor.subject import Subject
 from unsafe_doctor.versions import detect_environment
 
 _STATUS_ORDER = {"uncovered": 0, "unsafe": 1, "covered": 2}
@@ -49,12 +53,13 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
     given = _given(paths)
     files = audited_files(given)
     import_roots = ImportRoots()
-    roots = list(dict.fromkeys([*(import_roots.of(path) for path in files), *(import_roots.of(path) for path in given)]))
+    root_of = {path: import_roots.of(path) for path in files}
+    roots = list(dict.fromkeys([*root_of.values(), *(import_roots.of(path) for path in given)]))
     index = Index(given, roots)
     accessors = Accessors(index)
     with _collecting_by_hand() as collection:
         for done, path in enumerate(files, 1):
-            index.expect(path, import_roots.of(path))
+            index.expect(path, root_of[path])
             progress("reading", done, len(files))
         found = ScanFindings()
         unreadable = _scan(files, index, accessors, found, progress)
@@ -72,47 +77,97 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
             judge = CoverageJudge(index, accessors, environment.adaptor, environment.profile, notes)
         else:
             notes.append("no recovery adaptor found under the paths (give --adaptor FILE): nothing covers any global")
-        audited = []
+        judged = []
         for holder in framework:
             if judge is not None:
                 holder = _without_adaptor_uses(holder, judge.shown)
-            verdict = judge.judge(holder) if judge is not None else _NO_ADAPTOR
-            subject, classified = classification(holder, verdict, context)
+            judged.append((holder, judge.judge(holder) if judge is not None else _NO_ADAPTOR))
+        audited = []
+        for (holder, verdict), (subject, classified) in zip(judged, _classified(judged, context, progress), strict=True):
             if judge is not None and verdict.status == "uncovered":
                 verdict = _our_block(classified, judge.files) or verdict
             audited.append(AuditedHolder(holder, verdict, classified, subject))
-            progress("judging", len(audited), len(framework))
     audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
     stale = stale_resets(environment.adaptor, environment.profile, environment, index.workspace) if environment.adaptor else []
     return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), context, tuple(stale), tuple(notes))
 
 
+@dataclass
+class _Share:
+    """One process's share of the scan: what it found, the files it read for it and the modules it
+    made of them, and the files it could not read or scan."""
+
+    found: ScanFindings
+    parsed: Parsed
+    added: list[Path]
+    modules: list[ModuleInfo]
+    unreadable: list[Path]
+    unscanned: list[Path]
+
+
 def _scan(files: Sequence[Path], index: Index, accessors: Accessors, found: ScanFindings, progress: Progress) -> list[str]:
-    """Scan every audited file, each right after it is read, its tree still fresh: parsed once for
-    both. A file a scan's names lead to is read then, and scanned next, before its tree is let go.
-    What the scan finds is put back in the order of the files; the files that could not be read,
-    then those that could not be scanned, are returned."""
+    """Scan every audited file, shared out between this process, from the first file on, and a copy
+    of it on another core, from the last file back (`shared_out`): files given together import each
+    other most. What the scan finds is put back in the order of the files; the files that could not
+    be read, then those that could not be scanned, are returned."""
     position = {path: number for number, path in enumerate(files)}
+    shares = shared_out(len(files), partial(_scan_share, files, position, index, accessors),
+                        lambda done: progress("scanning", done, len(files)))
+    index.scanning(None)
+    for share in shares:
+        index.workspace.adopt(share.parsed)
+        found.take(share.found, index.adopt(share.added, share.modules), position)
+    found.in_order(position)
+    unreadable = sorted((path for share in shares for path in share.unreadable), key=position.__getitem__)
+    unscanned = sorted((path for share in shares for path in share.unscanned), key=position.__getitem__)
+    return [index.display(path) for path in unreadable + unscanned]
+
+
+def _scan_share(files: Sequence[Path], position: dict[Path, int], index: Index, accessors: Accessors, worker: Worker) -> _Share:
+    """Scan the files this process claims, each right after it is read, its tree still fresh:
+    parsed once for both. A file a scan's names lead to is claimed then, and scanned next, before
+    its tree is let go."""
+    index.scanning(lambda path: worker.claim(position[path]))
+    found = ScanFindings()
+    added: dict[Path, None] = {}  # in the order read
+    modules: list[ModuleInfo] = []
     unreadable: list[Path] = []
     unscanned: list[Path] = []
-    done: set[Path] = set()
-    for path in files:
-        current = None if path in done else path
+    for path in reversed(files) if worker.copy else files:
+        current = path if worker.claim(position[path]) else None
         while current is not None:
-            done.add(current)
+            added[current] = None
             info = index.add(current)
             if info is None:
                 unreadable.append(current)
             else:
+                modules.append(info)
                 try:
                     scan_module(index, accessors, info, found)
                 except RecursionError:  # a statement nested past Python's recursion limit: listed, not fatal
                     unscanned.append(current)
-            progress("scanning", len(done), len(files))
+            worker.tick()
             current = index.read_ahead()
-    found.in_order(position)
-    in_order = sorted(unreadable, key=position.__getitem__) + sorted(unscanned, key=position.__getitem__)
-    return [index.display(path) for path in in_order]
+    return _Share(found, index.workspace.parsed(), list(added), modules, unreadable, unscanned)
+
+
+def _classified(
+    judged: Sequence[tuple[Holder, Coverage]], context: RunContext, progress: Progress
+) -> list[tuple[Subject, Classification | None]]:
+    """Each holder classified, shared out between this process and a copy of it on another core
+    (`shared_out`): a few take most of the heuristics' time, whichever process is free takes the next."""
+
+    def classify_claimed(worker: Worker) -> dict[int, tuple[Subject, Classification | None]]:
+        result = {}
+        for number, (holder, verdict) in enumerate(judged):
+            if worker.claim(number):
+                result[number] = classification(holder, verdict, context)
+                worker.tick()
+        return result
+
+    shares = shared_out(len(judged), classify_claimed, lambda done: progress("judging", done, len(judged)))
+    merged = {number: classified for share in shares for number, classified in share.items()}
+    return [merged[number] for number in range(len(judged))]
 
 
 def _our_block(classified: Classification | None, adaptor_files: Sequence[Path]) -> Coverage | None:

@@ -200,15 +200,21 @@ class ImportRoots:
     package (`megatron` in megatron-core has no `__init__.py`)."""
 
     def __init__(self) -> None:
-        self._roots: dict[Path, Path] = {}
+        self._roots: dict[Path, Path] = {}  # by resolved folder
+        self._named: dict[Path, Path] = {}  # by folder as named: resolving a path reads every folder on it
 
     def of(self, path: Path) -> Path:
-        folder = (path if path.is_dir() else path.parent).resolve()
+        named = path if path.is_dir() else path.parent
+        if named not in self._named:
+            self._named[named] = self._of_folder(named.resolve())
+        return self._named[named]
+
+    def _of_folder(self, folder: Path) -> Path:
         if folder not in self._roots:
             package = (
                 (folder / "__init__.py").is_file()
                 or (folder.parent / "__init__.py").is_file()
                 or folder.name in FRAMEWORK_PACKAGES
             )
-            self._roots[folder] = self.of(folder.parent) if package and folder.parent != folder else folder
+            self._roots[folder] = self._of_folder(folder.parent) if package and folder.parent != folder else folder
         return self._roots[folder]

@@ -374,3 +374,14 @@ def word_starts(text: str, word: str) -> Iterator[int]:
 
 def _in_word(text: str, at: int) -> bool:
     return 0 <= at < len(text) and (text[at].isalnum() or text[at] == "_")
+
+
+def word_lines(text: str, word: str) -> list[int]:
+    """The lines on which the text spells `word` as a word."""
+    lines: list[int] = []
+    line, counted = 1, 0
+    for start in word_starts(text, word):
+        line += text.count("\n", counted, start)
+        counted = start
+        lines.append(line)
+    return lines

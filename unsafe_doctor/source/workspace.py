@@ -50,7 +50,7 @@ from unsafe_doctor.source.syntax import (
     child_statements,
     import_bindings,
     names_bound,
-    word_starts,
+    word_lines,
 )
 from unsafe_doctor.tracebacks import Frame
 
@@ -135,6 +135,17 @@ class _Outline:
     statements: tuple[tuple[int, int, bool], ...]  # (first line, last line, definition) of each module-level statement
     imports: dict[str, ImportedName]
     package: str | None
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What a workspace keeps of the files it parsed, without their trees: what another process's
+    workspace takes (`Workspace.adopt`) to know those files as if it had parsed them."""
+
+    parsed_as: dict[Path, str | None]
+    bound_imports: dict[Path, dict[str, ImportedName]]
+    outlines: dict[Path, _Outline]
+    unparsable: frozenset[Path]
 
 
 def module_from_path(path: str, source_roots: Sequence[Path] = ()) -> str | None:
@@ -385,6 +396,17 @@ class Workspace:
             self._recent.popitem(last=False)
         return source
 
+    def parsed(self) -> Parsed:
+        return Parsed(dict(self._parsed_as), dict(self._bound_imports), dict(self._outlines), frozenset(self._unparsable))
+
+    def adopt(self, parsed: Parsed) -> None:
+        """Files another process parsed (a copy of this one, `audit.halves`), kept as if parsed here;
+        what this one parsed itself stays as it is."""
+        self._parsed_as = parsed.parsed_as | self._parsed_as
+        self._bound_imports = parsed.bound_imports | self._bound_imports
+        self._outlines = parsed.outlines | self._outlines
+        self._unparsable |= parsed.unparsable
+
     def selected(self, path: Path, module: str | None, keep: Callable[[TopStatement], bool]) -> SourceFile | None:
         """The file parsed with only the module-level statements `keep` chooses, the others left as
         blank lines so that every line keeps its number: less to parse where a study needs few of a
@@ -482,7 +504,7 @@ def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
     star = _collect(tree.body, package, bindings, imports)
     declared: frozenset[str] = frozenset()
     if "global" in text:  # no `global` statement without the word: most files are not walked for one
-        declared = frozenset(_declared_global(tree.body, _word_lines(text, "global")))
+        declared = frozenset(_declared_global(tree.body, word_lines(text, "global")))
     return SourceFile(path, text, tree, module, package, bindings, imports, declared, star)
 
 
@@ -507,17 +529,6 @@ def _declared_global(statements: Sequence[ast.stmt], lines: list[int]) -> Iterat
             yield from statement.names
         else:
             yield from _declared_global(child_statements(statement), lines)
-
-
-def _word_lines(text: str, word: str) -> list[int]:
-    """The lines on which the text spells `word` as a word."""
-    lines: list[int] = []
-    line, counted = 1, 0
-    for start in word_starts(text, word):
-        line += text.count("\n", counted, start)
-        counted = start
-        lines.append(line)
-    return lines
 
 
 def _collect(statements: Sequence[ast.stmt], package: str | None, bindings: dict[str, Binding],
