@@ -6,13 +6,13 @@
         --path .venv/lib/python3.11/site-packages/megatron/core        # a real job's three trees
 
 Times the whole command (start-up, parsing every file, coverage of the adaptor, classification,
-JSON output), best of --repeat runs, and prints seconds, CPU seconds, files, files per second and the peak RSS
-with what the audit found. With several trees it also audits the first one, then the first two, ...
-once each, and prints how the time and memory grow with the files. Targets: under 10 s and 250 MB
-on 2 cores. The audit scans and classifies in two processes where it may use two cores (the
-second a forked copy); the memory is their PSS summed. The machine's core count and load are
-printed because other work on it slows the run down (the CPU seconds say less about that load
-than the wall time).
+JSON output), best of --repeat runs, and prints seconds, CPU seconds, files, files per second and
+the peak memory (PSS, measured in one more run) with what the audit found. With several trees it
+also audits the first one, then the first two, ... once each, and prints how the time and memory
+grow with the files. Targets: under 10 s and 250 MB on 2 cores. The audit scans and classifies in
+two processes where it may use two cores (the second a forked copy); the memory is their PSS
+summed. The machine's core count and load are printed because other work on it slows the run
+down (the CPU seconds say less about that load than the wall time).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -43,24 +42,26 @@ def installed_megatron_core() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def timed(command: list[str]) -> tuple[float, float, float, subprocess.CompletedProcess[str]]:
-    """Seconds, CPU seconds (GNU time's, with the audit's forked copy), peak memory in MB and the
-    result. The memory is the peak of the PSS summed over the audit and its copy, sampled every
-    10 ms: a page they share (the copy starts with all of its parent's) counts half to each, so
-    the sum is the memory they take together, where RSS would count those pages twice."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        started = time.perf_counter()
-        process = subprocess.Popen(["/usr/bin/time", "-f", "%U %S", *command], stdout=out, stderr=err, text=True)
-        peak_kb = 0
-        while process.poll() is None:
-            peak_kb = max(peak_kb, _tree_pss_kb(process.pid))
-            time.sleep(0.01)
-        seconds = time.perf_counter() - started
-        out.seek(0)
-        err.seek(0)
-        result = subprocess.CompletedProcess(command, process.returncode, out.read(), err.read())
+def timed(command: list[str]) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """Seconds, CPU seconds (GNU time's: with the audit's forked copy) and the result."""
+    started = time.perf_counter()
+    result = subprocess.run(["/usr/bin/time", "-f", "%U %S", *command], capture_output=True, text=True)
+    seconds = time.perf_counter() - started
     user, system = result.stderr.strip().splitlines()[-1].split()
-    return seconds, float(user) + float(system), peak_kb / 1024, result
+    return seconds, float(user) + float(system), result
+
+
+def peak_memory_mb(command: list[str]) -> float:
+    """The peak of the PSS summed over the audit and its forked copy, sampled every 50 ms, in a run
+    of its own (reading a process's PSS takes the kernel a millisecond or two: it would slow a timed
+    run). A page the two share (the copy starts with all of its parent's) counts half to each, so
+    the sum is the memory they take together, where RSS would count those pages twice."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak_kb = 0
+    while process.poll() is None:
+        peak_kb = max(peak_kb, _tree_pss_kb(process.pid))
+        time.sleep(0.05)
+    return peak_kb / 1024
 
 
 def _tree_pss_kb(pid: int) -> int:
@@ -92,7 +93,8 @@ def main() -> None:
         return [doctor, "audit", *map(str, trees), "--adaptor", str(args.adaptor), "--format", "json"]
 
     runs = [timed(command(paths)) for _ in range(args.repeat)]
-    seconds, cpu_seconds, peak_mb, result = min(runs, key=lambda run: run[0])
+    seconds, cpu_seconds, result = min(runs, key=lambda run: run[0])
+    peak_mb = peak_memory_mb(command(paths))
     if result.returncode not in (0, 1):
         sys.exit(f"audit failed (exit {result.returncode}): {result.stderr.strip()}")
     audit = json.loads(result.stdout)
@@ -112,7 +114,8 @@ def main() -> None:
     if len(paths) > 1:
         print("growth (one run each):")
         for count in range(1, len(paths) + 1):
-            part_seconds, part_cpu, part_mb, part = timed(command(paths[:count]))
+            part_seconds, part_cpu, part = timed(command(paths[:count]))
+            part_mb = peak_memory_mb(command(paths[:count]))
             part_files = json.loads(part.stdout)["files"] if part.returncode in (0, 1) else 0
             print(f"  {count} tree(s): {part_files:>5} files  {part_seconds:6.2f} s ({part_cpu:6.2f} CPU)  {part_mb:5.0f} MB  "
                   f"{part_seconds * 1000 / max(part_files, 1):5.1f} ms/file")
