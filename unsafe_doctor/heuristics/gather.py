@@ -137,9 +137,10 @@ class Study:
                 self.accessors = self._accessors(self.defining)
                 self._lru_cache(self.defining)
         names = (self.variable, *sorted(self.accessors))
+        spelled = {path for name in names for path in self.workspace.spelling(name, files)}  # searched once per name and run
         for path in files:
             text = self.texts[path]
-            named = any(name in text and next(word_starts(text, name), None) is not None for name in names)  # `in` first: fast
+            named = path in spelled and any(next(word_starts(text, name), None) is not None for name in names)
             parsed = self._studied(path, names) if named else None
             if parsed is not None:
                 try:
@@ -187,8 +188,8 @@ class Study:
 
     def _call_sites(self, callee: str) -> list[CallSite]:
         found: list[CallSite] = []
-        for path, text in self.texts.items():
-            lines = _calling_lines(text, callee) if callee in text else []
+        for path in self.workspace.spelling(callee, self.texts):  # searched once per callee and run
+            lines = _calling_lines(self.texts[path], callee)
             if lines:  # files that cannot call it are not parsed for it, and of those that can only what spans the lines
                 sites = self.workspace.derived(path, f"call sites of {callee}", partial(_call_sites_of, path, callee, lines),
                                                partial(_spans_line, lines))

@@ -23,7 +23,7 @@ import re
 import sys
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -190,6 +190,7 @@ class Workspace:
         self._bound_imports: dict[Path, dict[str, ImportedName]] = {}  # of every file parsed, kept without its tree
         self._outlines: dict[Path, _Outline] = {}  # of every file parsed
         self._listings: dict[Path, tuple[Path, ...]] = {}
+        self._spelling: dict[str, dict[Path, bool]] = {}  # text -> whether each file searched holds it
 
     @cached_property
     def env_roots(self) -> tuple[Path, ...]:
@@ -363,6 +364,20 @@ class Workspace:
         if path not in self._texts:
             self._texts[path] = read_source(path)
         return self._texts[path]
+
+    def spelling(self, text: str, paths: Iterable[Path]) -> list[Path]:
+        """The paths whose file holds `text`, in their order; each file searched once per text: the
+        heuristics search every file in scope for the names of each global they judge, and for the
+        callers of its resets, which many globals share."""
+        known = self._spelling.setdefault(text, {})
+        found = []
+        for path in paths:
+            holds = known.get(path)
+            if holds is None:
+                holds = known[path] = text in (self.text(path) or "")
+            if holds:
+                found.append(path)
+        return found
 
     def size(self, path: Path) -> int | None:
         """The file's size in bytes, looked up once; None when it cannot be."""
