@@ -156,6 +156,11 @@ class ModuleInfo:
     def _contents(self) -> ModuleContents:
         return self._kept if self._kept is not None else self._read_again(self)
 
+    @property
+    def held(self) -> ModuleContents | None:
+        """Its tree while a walk of the module keeps it (`kept`)."""
+        return self._kept
+
     @contextmanager
     def kept(self) -> Iterator[None]:
         """The same tree throughout a walk of the module: the walk compares its nodes by identity."""
@@ -489,7 +494,7 @@ class Index:
                 return HolderRef(HolderKey(module, None, name), False)
             span = info.spans[name]  # its place and size, without reading the tree again
             return FunctionRef(module, None, (span.lineno, span.col_offset), info.function_sizes[name],
-                               partial(_function_of, info, name))
+                               partial(self._function_of, info, name))
         if name in info.names:
             return HolderRef(HolderKey(module, None, name), False)
         if info.path.name != "__init__.py":
@@ -497,9 +502,20 @@ class Index:
         submodule = f"{module}.{name}"
         return ModuleRef(submodule) if self.is_module(submodule) else None
 
-
-def _function_of(info: ModuleInfo, name: str) -> Function:
-    return info.functions[name]
+    def _function_of(self, info: ModuleInfo, name: str) -> Function:
+        """A module function's node: from its module's tree where that is at hand, else parsed on its
+        own (an accessor's few lines, not its module again)."""
+        if info.held is not None or info.path in self._ahead or info.path in self._recent:
+            return info.functions[name]
+        span = info.spans[name]
+        source = self.workspace.selected(info.path, info.name, lambda statement: statement.first <= span.lineno <= statement.last)
+        pending = list(source.tree.body) if source is not None else []
+        while pending:
+            statement = pending.pop()
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and Span.of(statement)[:2] == span[:2]:
+                return statement
+            pending.extend(child_statements(statement))
+        return info.functions[name]
 
 
 def _method_of(info: ModuleInfo, owner: str, name: str) -> Function:
