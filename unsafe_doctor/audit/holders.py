@@ -39,6 +39,7 @@ class ScanFindings:
         self.classes: dict[ClassKey, list[Evidence]] = {}  # tensors a class's methods keep in `self`
         self.returns: dict[HolderKey, list[Evidence]] = {}  # tensors cached functions return
         self.buffers: dict[HolderKey, tuple[Place | None, Use]] = {}  # register_buffer calls
+        self.rule_named: list[tuple[Path, Holder]] = []  # what rules name in each module (`named_by_rules`)
 
     def take(self, other: ScanFindings, modules: dict[Path, ModuleInfo], position: dict[Path, int]) -> None:
         """What another process's scan found, its uses pointing at this process's modules
@@ -58,6 +59,7 @@ class ScanFindings:
             kept = self.buffers.setdefault(key, buffer)
             if position[buffer[1].module.path] < position[kept[1].module.path]:
                 self.buffers[key] = buffer
+        self.rule_named += other.rule_named
 
     @staticmethod
     def _adopted(uses: list[Use], modules: dict[Path, ModuleInfo]) -> None:
@@ -71,6 +73,7 @@ class ScanFindings:
             uses.sort(key=lambda use: position[use.module.path])
         for evidence in (*self.classes.values(), *self.returns.values()):
             evidence.sort(key=lambda item: position[item[1].module.path])
+        self.rule_named.sort(key=lambda item: position[item[0]])
 
 
 class FrameworkScanner(Walker):
@@ -120,9 +123,11 @@ def _annotated_tensor(annotation: ast.expr | None) -> bool:
     return name == "Tensor"
 
 
-def scan_module(index: Index, accessors: Accessors, info: ModuleInfo, found: ScanFindings) -> None:
-    """Every scope of an audited module: its body, class bodies, functions and methods, nested ones."""
+def scan_module(index: Index, accessors: Accessors, info: ModuleInfo, found: ScanFindings, rules: Sequence[Rule]) -> None:
+    """Every scope of an audited module: its body, class bodies, functions and methods, nested ones;
+    and what the rules name in it, read from the same tree."""
     with info.kept():
+        found.rule_named += [(info.path, holder) for holder in _named_by_rules_in(info, rules)]
         FrameworkScanner(index, accessors, Scope.of_module(info), found).run(info.source.tree.body)
         for node, owner, qualname in functions_of(info.source.tree.body, None, None):
             scope = Scope.of_function(info, node, owner, qualname)
@@ -240,28 +245,36 @@ def _writes(use: Use) -> bool:
     return False
 
 
-def named_by_rules(index: Index, rules: Sequence[Rule], found: Sequence[Holder]) -> list[Holder]:
+def named_by_rules(found: ScanFindings, holders: Sequence[Holder]) -> list[Holder]:
     """Globals of the audited modules that a rule names (by name or pattern, in a module or a module
     glob; module globals, and attributes of a class, its own or set on `self`) and the scan did not
     find: the knowledge base knows they hold device tensors, even where the code that fills them
     says nothing a scan can read (`CACHED_SEQ = opt_seq`, `self.inv_freq = ...` in a non-singleton)."""
-    known = {holder.key for holder in found}
+    known = {holder.key for holder in holders}
     added: list[Holder] = []
-    for info in index.scanned:
-        blocks = [block for rule in rules for block in rule.matches
-                  if block.module is not None and fnmatchcase(info.name, block.module) and _may_name(block, info.text)]
-        named: dict[str | None, list[tuple[HolderKey, ast.stmt | ast.expr | Span, HolderKind]]] = {}  # by the block's class
-        for block in blocks:
-            if block.owner not in named:
-                named[block.owner] = _named_in(info, block.owner)
-            for key, node, kind in named[block.owner]:
-                if key in known or not names_global(block, key.variable, info.name, key.owner):
-                    continue
-                known.add(key)
-                code = (source_segment(info.text, node) or "").strip().splitlines()
-                site = Site(info.shown, node.lineno, key.owner, shortened(code[0]) if code else key.variable)
-                added.append(Holder(kind, info.name, key.owner, key.variable, "unknown", site, (), (), (), ()))
+    for _, holder in found.rule_named:
+        if holder.key not in known:
+            known.add(holder.key)
+            added.append(holder)
     return added
+
+
+def _named_by_rules_in(info: ModuleInfo, rules: Sequence[Rule]) -> list[Holder]:
+    """What the rules name in one module, in the order of the rules and their blocks."""
+    blocks = [block for rule in rules for block in rule.matches
+              if block.module is not None and fnmatchcase(info.name, block.module) and _may_name(block, info.text)]
+    named: dict[str | None, list[tuple[HolderKey, ast.stmt | ast.expr | Span, HolderKind]]] = {}  # by the block's class
+    found: dict[HolderKey, Holder] = {}
+    for block in blocks:
+        if block.owner not in named:
+            named[block.owner] = _named_in(info, block.owner)
+        for key, node, kind in named[block.owner]:
+            if key in found or not names_global(block, key.variable, info.name, key.owner):
+                continue
+            code = (source_segment(info.text, node) or "").strip().splitlines()
+            site = Site(info.shown, node.lineno, key.owner, shortened(code[0]) if code else key.variable)
+            found[key] = Holder(kind, info.name, key.owner, key.variable, "unknown", site, (), (), (), ())
+    return list(found.values())
 
 
 def _may_name(block: RuleMatch, text: str) -> bool:

@@ -21,7 +21,7 @@ from unsafe_doctor.audit.resolve import Accessors
 from unsafe_doctor.classify import Classification, Classified
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError, os_reason
-from unsafe_doctor.knowledge import load_knowledge
+from unsafe_doctor.knowledge import Rule, load_knowledge
 from unsafe_doctor.markers import MARKER_BEGIN
 from unsafe_doctor.source.files import ImportRoots
 from unsafe_doctor.source.workspace import Parsed
@@ -62,9 +62,9 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
             index.expect(path, root_of[path])
             progress("reading", done, len(files))
         found = ScanFindings()
-        unreadable = _scan(files, index, accessors, found, progress)
+        unreadable = _scan(files, index, accessors, knowledge.rules, found, progress)
         framework = holders(found, index)
-        framework += named_by_rules(index, knowledge.rules, framework)
+        framework += named_by_rules(found, framework)
         index.let_go()
         collection.scanned()
         if adaptor is None:
@@ -105,13 +105,15 @@ class _Share:
     unscanned: list[Path]
 
 
-def _scan(files: Sequence[Path], index: Index, accessors: Accessors, found: ScanFindings, progress: Progress) -> list[str]:
+def _scan(
+    files: Sequence[Path], index: Index, accessors: Accessors, rules: Sequence[Rule], found: ScanFindings, progress: Progress
+) -> list[str]:
     """Scan every audited file, shared out between this process, from the first file on, and a copy
     of it on another core, from the last file back (`shared_out`): files given together import each
     other most. What the scan finds is put back in the order of the files; the files that could not
     be read, then those that could not be scanned, are returned."""
     position = {path: number for number, path in enumerate(files)}
-    shares = shared_out(len(files), partial(_scan_share, files, position, index, accessors),
+    shares = shared_out(len(files), partial(_scan_share, files, position, index, accessors, rules),
                         lambda done: progress("scanning", done, len(files)))
     index.scanning(None)
     for share in shares:
@@ -123,7 +125,9 @@ def _scan(files: Sequence[Path], index: Index, accessors: Accessors, found: Scan
     return [index.display(path) for path in unreadable + unscanned]
 
 
-def _scan_share(files: Sequence[Path], position: dict[Path, int], index: Index, accessors: Accessors, worker: Worker) -> _Share:
+def _scan_share(
+    files: Sequence[Path], position: dict[Path, int], index: Index, accessors: Accessors, rules: Sequence[Rule], worker: Worker
+) -> _Share:
     """Scan the files this process claims, each right after it is read, its tree still fresh:
     parsed once for both. A file a scan's names lead to is claimed then, and scanned next, before
     its tree is let go."""
@@ -143,7 +147,7 @@ def _scan_share(files: Sequence[Path], position: dict[Path, int], index: Index, 
             else:
                 modules.append(info)
                 try:
-                    scan_module(index, accessors, info, found)
+                    scan_module(index, accessors, info, found, rules)
                 except RecursionError:  # a statement nested past Python's recursion limit: listed, not fatal
                     unscanned.append(current)
             worker.tick()
