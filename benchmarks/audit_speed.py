@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -104,6 +105,7 @@ def main() -> None:
     print(f"trees: {', '.join(map(str, paths))}")
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     print(f"{'seconds (best of ' + str(args.repeat) + ')':<24}{seconds:>8.2f}")
+    print(f"{'seconds (median)':<24}{statistics.median(run[0] for run in runs):>8.2f}")
     print(f"{'CPU seconds':<24}{cpu_seconds:>8.2f}")
     print(f"{'files':<24}{files:>8}")
     print(f"{'files/s':<24}{files / seconds:>8.0f}")

@@ -11,6 +11,7 @@ generic fix."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,13 +56,16 @@ def _generic_fix_checked(verdict: Classification, holder: Holder) -> Classificat
 
 
 def _named_frame(holder: Holder, specific: list[Rule]) -> Frame | None:
-    """The first of the holder's sites (or of the frames rules name for it) that a specific rule matches."""
-    candidates = [_frame(site) for site in (holder.definition, *holder.writers, *holder.readers)]
-    candidates += [frame for frame in (_rule_frame(rule, holder) for rule in specific) if frame is not None]
+    """The first of the holder's sites (or of the frames rules name for it) that a specific rule
+    matches; each site's file resolved once, and only up to the first match."""
+    resolved: dict[str, str] = {}
+    sites = (_frame(site, resolved) for site in (holder.definition, *holder.writers, *holder.readers))
+    definition = Path(_resolved(holder.definition.file, resolved))
+    named = (frame_named(rule, holder.variable, holder.module, holder.owner, definition) for rule in specific)
     return next(
         (
             candidate
-            for candidate in candidates
+            for candidate in chain(sites, (frame for frame in named if frame is not None))
             if any(
                 rule_matches(rule, holder.variable, holder.module, holder.owner, candidate.file, candidate.function)
                 for rule in specific
@@ -93,15 +97,16 @@ def _cache_classification(holder: Holder, context: RunContext) -> Classified:
     return replace(classify_as(_subject(holder, cached=True), 1, context, evidence), confidence="medium", reason=reason)
 
 
-def _rule_frame(rule: Rule, holder: Holder) -> Frame | None:
-    """The frame a rule names for the holder, under the holder's import root (`matching.frame_named`)."""
-    definition = Path(holder.definition.file).resolve()
-    return frame_named(rule, holder.variable, holder.module, holder.owner, definition)
-
-
-def _frame(site: Site) -> Frame:
+def _frame(site: Site, resolved: dict[str, str] | None = None) -> Frame:
+    """The site as a frame, its file resolved (`resolved`: the files resolved so far)."""
     function = site.function.rpartition(".")[2] if site.function else "<module>"
-    return Frame(str(Path(site.file).resolve()), site.line, function, site.code or None)
+    return Frame(_resolved(site.file, resolved if resolved is not None else {}), site.line, function, site.code or None)
+
+
+def _resolved(file: str, resolved: dict[str, str]) -> str:
+    if file not in resolved:
+        resolved[file] = str(Path(file).resolve())
+    return resolved[file]
 
 
 # --- fixes -------------------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ class Study:
         self.classes_here: frozenset[str] = frozenset()
         self.queue_filled = False  # entries are appended to it somewhere
         self.queue_takes: list[tuple[FunctionStudy, ast.stmt]] = []
+        self._shown: dict[Path, str] = {}  # paths as evidence shows them, resolved once
 
     # files
 
@@ -116,11 +117,11 @@ class Study:
 
     def shown(self, path: Path) -> str:
         """A path as evidence shows it: relative to its source root, else as found."""
-        resolved = path.resolve()
-        for root in self.roots:
-            if resolved.is_relative_to(root.resolve()):
-                return resolved.relative_to(root.resolve()).as_posix()
-        return str(path)
+        if path not in self._shown:
+            resolved = path.resolve()
+            under = (root for root in (root.resolve() for root in self.roots) if resolved.is_relative_to(root))
+            self._shown[path] = next((resolved.relative_to(root).as_posix() for root in under), str(path))
+        return self._shown[path]
 
     # gathering
 
