@@ -122,6 +122,40 @@ def test_a_file_parsed_again_in_part_keeps_its_line_numbers_and_its_imports(tmp_
     assert only_v is not None and len(only_v.tree.body) == 6  # `v` starts on the line `w` ends on: the whole file is parsed
 
 
+def test_a_class_parsed_again_in_part_keeps_only_the_methods_chosen(tmp_path):
+    path = write(tmp_path / "pkg" / "model.py", """
+        from pkg.state import BUF
+        class Model:
+            \"\"\"Holds a model.\"\"\"
+            size = 4
+            def forward(self, x):
+                return x
+            @staticmethod
+            def reset():
+                BUF.zero_()
+            def backward(self):
+                pass
+        @registered(BUF)
+        class Quiet:
+            def step(self):
+                pass
+        class Packed:
+            a = 1; b = BUF
+    """)
+    write(tmp_path / "pkg" / "__init__.py", "")
+    workspace = Workspace([tmp_path])
+    assert workspace.source(path, "pkg.model") is not None
+    for number in range(RECENT_SOURCES):  # later files push its tree out of the latest ones kept
+        workspace.source(write(tmp_path / "pkg" / f"later{number}.py", "A = 1\n"), f"pkg.later{number}")
+    part = workspace.selected(path, "pkg.model", lambda statement: not statement.definition or "BUF" in statement.text)
+    assert part is not None and not part.bindings  # parsed in part
+    model, quiet, packed = part.tree.body[1:]
+    assert [(type(inner).__name__, inner.lineno) for inner in model.body] == [("Expr", 4), ("Assign", 5), ("FunctionDef", 9)]
+    assert part.lines[model.body[-1].body[0].lineno - 1].strip() == "BUF.zero_()"  # lines keep their numbers
+    assert [(type(inner).__name__, inner.lineno) for inner in quiet.body] == [("Pass", 15)]  # none chosen: a `pass` holds its place
+    assert len(packed.body) == 2  # statements sharing a line are kept together
+
+
 def test_resolver_called_from_an_index_of_modules_names_the_global_a_function_reads():
     workspace = Workspace([FRAMEWORK])
     source = workspace.module_source("toytrain.train")

@@ -133,6 +133,7 @@ class _Outline:
     """What is kept of a parsed file without its tree, to parse only some of its statements later."""
 
     statements: tuple[tuple[int, int, bool], ...]  # (first line, last line, definition) of each module-level statement
+    members: dict[int, tuple[tuple[int, int, bool], ...]]  # the same of a module-level class's body, by its first line
     imports: dict[str, ImportedName]
     package: str | None
 
@@ -403,8 +404,10 @@ class Workspace:
                 return None
             self._sources[path] = source
             self._bound_imports[path] = source.bound_imports
-            spans = tuple((*_lines_of(statement), isinstance(statement, _DEFINITIONS)) for statement in source.tree.body)
-            self._outlines[path] = _Outline(spans, source.imports, source.package)
+            spans = tuple(_span_of(statement) for statement in source.tree.body)
+            classes = [statement for statement in source.tree.body if isinstance(statement, ast.ClassDef)]
+            members = {_lines_of(node)[0]: inner for node in classes if (inner := _members(node))}
+            self._outlines[path] = _Outline(spans, members, source.imports, source.package)
         self._recent[path] = source
         self._recent.move_to_end(path)
         if len(self._recent) > RECENT_SOURCES:
@@ -423,27 +426,37 @@ class Workspace:
         self._unparsable |= parsed.unparsable
 
     def selected(self, path: Path, module: str | None, keep: Callable[[TopStatement], bool]) -> SourceFile | None:
-        """The file parsed with only the module-level statements `keep` chooses, the others left as
-        blank lines so that every line keeps its number: less to parse where a study needs few of a
-        file's statements again. Its bindings are not listed (its imports are). The whole file when
-        it is parsed still, was never parsed (then kept as `source` keeps it), or when its chosen
-        statements share a line with others."""
+        """The file parsed with only the module-level statements `keep` chooses, and of a chosen
+        class only the body statements it chooses (a `pass` where it chooses none), the others left
+        as blank lines so that every line keeps its number: less to parse where a study needs few of
+        a file's statements again. Its bindings are not listed (its imports are). The whole file
+        when it is parsed still, was never parsed (then kept as `source` keeps it), or when its
+        chosen statements share a line with others."""
         outline = self._outlines.get(path)
         whole = self._sources.get(path)
         text = self.text(path) or ""
         if whole is not None or outline is None or path in self._unparsable or "\r" in text:  # lines as `split` counts them
             return whole if whole is not None else self.source(path, module)
         lines = text.split("\n")
-        chosen = [(first, last) for first, last, definition in outline.statements
-                  if keep(TopStatement(first, last, definition, "\n".join(lines[first - 1 : last])))]
         kept = [""] * len(lines)
-        for first, last in chosen:
-            kept[first - 1 : last] = lines[first - 1 : last]
+        chosen: list[tuple[int, int]] = []
+        bodies: list[list[tuple[int, int]] | None] = []  # a chosen class's body as thinned, None where it is whole
+        for first, last, definition in outline.statements:
+            if keep(TopStatement(first, last, definition, "\n".join(lines[first - 1 : last]))):
+                chosen.append((first, last))
+                kept[first - 1 : last] = lines[first - 1 : last]
+                body = _thinned(outline.members.get(first, ()), lines, kept, keep)
+                if body is not None:
+                    chosen[-1] = (first, body[-1][1])  # the class ends where its last statement left in does
+                bodies.append(body)
         try:
             tree = ast.parse("\n".join(kept))
         except (SyntaxError, ValueError, RecursionError):
             tree = None
-        if tree is None or [_lines_of(statement) for statement in tree.body] != chosen:
+        if tree is None or [_lines_of(statement) for statement in tree.body] != chosen or any(
+            body is not None and [_lines_of(inner) for inner in getattr(statement, "body", ())] != body
+            for statement, body in zip(tree.body, bodies, strict=True)
+        ):
             return self.source(path, module)  # statements sharing a line: parsed whole
         return SourceFile(path, text, tree, self._parsed_as.get(path), outline.package, {}, outline.imports, frozenset(), False)
 
@@ -524,6 +537,38 @@ def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
 
 
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _span_of(statement: ast.stmt) -> tuple[int, int, bool]:
+    return (*_lines_of(statement), isinstance(statement, _DEFINITIONS))
+
+
+def _members(node: ast.ClassDef) -> tuple[tuple[int, int, bool], ...]:
+    """The spans of a class's body statements, none where one shares a line with the class's header
+    or another: those cannot be left out by lines."""
+    spans = tuple(_span_of(statement) for statement in node.body)
+    apart = all(earlier[1] < later[0] for earlier, later in zip(spans, spans[1:], strict=False))
+    return spans if spans and apart and spans[0][0] > node.lineno else ()
+
+
+def _thinned(members: tuple[tuple[int, int, bool], ...], lines: list[str], kept: list[str],
+             keep: Callable[[TopStatement], bool]) -> list[tuple[int, int]] | None:
+    """Leave out (in `kept`) the body statements of a class that `keep` does not choose, with a
+    `pass` where it chooses none; the spans the class's body has then, None where nothing is left out."""
+    chosen = [(first, last) for first, last, definition in members
+              if keep(TopStatement(first, last, definition, "\n".join(lines[first - 1 : last])))]
+    if len(chosen) == len(members):
+        return None
+    for first, last, _ in members:
+        kept[first - 1 : last] = [""] * (last - first + 1)
+    for first, last in chosen:
+        kept[first - 1 : last] = lines[first - 1 : last]
+    if not chosen:
+        first = members[0][0]
+        line = lines[first - 1]
+        kept[first - 1] = line[: len(line) - len(line.lstrip())] + "pass"
+        chosen = [(first, first)]
+    return chosen
 
 
 def _lines_of(statement: ast.stmt) -> tuple[int, int]:
