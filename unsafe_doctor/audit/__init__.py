@@ -19,6 +19,7 @@ The pipeline, one module each:
 * `holders`: framework code scanned for holders, with their writers and readers;
 * `coverage`: the adaptor's rollback, send and receive functions judged for each holder;
 * `bridge`: classification and fixes, through classify, heuristics and fix;
+* `halves`: the scan's files and the holders to judge, shared out with a forked copy on a second core;
 * `run`: one audit, start to end; `model`: what it reports.
 """
 
