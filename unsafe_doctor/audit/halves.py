@@ -46,7 +46,7 @@ class Worker:
 def shared_out(count: int, work: Callable[[Worker], Result], progress: Callable[[int], None]) -> list[Result]:
     """The results of `work` in each process that did some of the `count` items (this one's first);
     `progress` is told how many items both have done so far, rising."""
-    if not _two_cores():
+    if count < 2 or not _two_cores():  # one item is not shared out
         return [work(_Alone(progress).worker())]
     claims = _Claims(count)
     read_end, write_end = os.pipe()
