@@ -47,10 +47,10 @@ def assert_no_child_left():
 @two_cores
 def test_the_two_processes_share_out_every_item_once_and_the_copys_results_come_back():
     told: list[int] = []
-    results = shared_out(2000, squares(2000, lambda item: sum(range(item * 5))), told.append)
+    results = shared_out(2000, squares(2000, lambda item: sum(range(item * 20))), told.append)
     assert len(results) == 2
     done = merged(results)
-    assert {item: value for item, (value, _) in done.items()} == {item: sum(range(item * 5)) for item in range(2000)}
+    assert {item: value for item, (value, _) in done.items()} == {item: sum(range(item * 20)) for item in range(2000)}
     assert {pid for _, pid in results[0].values()} == {os.getpid()}
     assert results[1] and {pid for _, pid in results[1].values()} != {os.getpid()}
     assert told == sorted(set(told)) and told[-1] == 2000  # both processes' items, rising, each count once
