@@ -44,13 +44,14 @@ def installed_megatron_core() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def timed(command: list[str]) -> tuple[float, float, subprocess.CompletedProcess[str]]:
-    """Seconds, CPU seconds (GNU time's: with the audit's forked copy) and the result."""
+def timed(command: list[str]) -> tuple[float, float, float, subprocess.CompletedProcess[str]]:
+    """Seconds, CPU seconds (GNU time's: with the audit's forked copy), the peak RSS of the audit's
+    main process in MB (GNU time's) and the result."""
     started = time.perf_counter()
-    result = subprocess.run(["/usr/bin/time", "-f", "%U %S", *command], capture_output=True, text=True)
+    result = subprocess.run(["/usr/bin/time", "-f", "%U %S %M", *command], capture_output=True, text=True)
     seconds = time.perf_counter() - started
-    user, system = result.stderr.strip().splitlines()[-1].split()
-    return seconds, float(user) + float(system), result
+    user, system, peak_kb = result.stderr.strip().splitlines()[-1].split()
+    return seconds, float(user) + float(system), int(peak_kb) / 1024, result
 
 
 PARSE_ALL = """
@@ -117,7 +118,7 @@ def main() -> None:
         return [doctor, "audit", *map(str, trees), "--adaptor", str(args.adaptor), "--format", "json"]
 
     runs = [timed(command(paths)) for _ in range(args.repeat)]
-    seconds, cpu_seconds, result = min(runs, key=lambda run: run[0])
+    seconds, cpu_seconds, main_rss_mb, result = min(runs, key=lambda run: run[0])
     peak_mb = peak_memory_mb(command(paths))
     if result.returncode not in (0, 1):
         sys.exit(f"audit failed (exit {result.returncode}): {result.stderr.strip()}")
@@ -135,14 +136,15 @@ def main() -> None:
     print(f"{'CPU seconds':<24}{cpu_seconds:>8.2f}")
     print(f"{'files':<24}{files:>8}")
     print(f"{'files/s':<24}{files / seconds:>8.0f}")
-    print(f"{'peak PSS (MB, summed)':<24}{peak_mb:>8.0f}")
+    print(f"{'peak PSS (MB, summed)':<24}{peak_mb:>8.0f}   (the audit and its forked copy)")
+    print(f"{'peak RSS (MB, main)':<24}{main_rss_mb:>8.0f}   (the audit's own process, GNU time)")
     print(f"globals: {summary['holders']} ({', '.join(f'{count} {kind}' for kind, count in sorted(kinds.items()))}); "
           f"{summary['uncovered']} uncovered, {summary['unsafe']} unsafe, {summary['covered']} covered, "
           f"{summary['fixable']} with a fix; {len(audit['stale_resets'])} stale reset(s)")
     if len(paths) > 1:
         print("growth (one run each):")
         for count in range(1, len(paths) + 1):
-            part_seconds, part_cpu, part = timed(command(paths[:count]))
+            part_seconds, part_cpu, _, part = timed(command(paths[:count]))
             part_mb = peak_memory_mb(command(paths[:count]))
             part_files = json.loads(part.stdout)["files"] if part.returncode in (0, 1) else 0
             print(f"  {count} tree(s): {part_files:>5} files  {part_seconds:6.2f} s ({part_cpu:6.2f} CPU)  {part_mb:5.0f} MB  "
