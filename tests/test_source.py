@@ -95,6 +95,16 @@ def test_a_workspace_parses_a_file_once_and_types_its_bindings(tmp_path):
     assert source.declared_globals == {"Y"}
 
 
+def parsed_and_let_go(tmp_path, path, module):
+    """A workspace that parsed the file of package `pkg`, then let its tree go."""
+    write(tmp_path / "pkg" / "__init__.py", "")
+    workspace = Workspace([tmp_path])
+    assert workspace.source(path, module) is not None
+    for number in range(RECENT_SOURCES):  # later files push its tree out of the latest ones kept
+        workspace.source(write(tmp_path / "pkg" / f"later{number}.py", "A = 1\n"), f"pkg.later{number}")
+    return workspace
+
+
 def test_a_file_parsed_again_in_part_keeps_its_line_numbers_and_its_imports(tmp_path):
     path = write(tmp_path / "pkg" / "mod.py", """
         from pkg.state import BUF
@@ -108,11 +118,7 @@ def test_a_file_parsed_again_in_part_keeps_its_line_numbers_and_its_imports(tmp_
         def other():
             pass
     """)
-    write(tmp_path / "pkg" / "__init__.py", "")
-    workspace = Workspace([tmp_path])
-    assert workspace.source(path, "pkg.mod") is not None
-    for number in range(RECENT_SOURCES):  # later files push its tree out of the latest ones kept
-        workspace.source(write(tmp_path / "pkg" / f"later{number}.py", "A = 1\n"), f"pkg.later{number}")
+    workspace = parsed_and_let_go(tmp_path, path, "pkg.mod")
     part = workspace.selected(path, "pkg.mod", lambda statement: not statement.definition or "BUF" in statement.text)
     assert part is not None and part.imports["BUF"].target == "pkg.state.BUF"
     kept = [(type(statement).__name__, statement.lineno) for statement in part.tree.body]
@@ -142,11 +148,7 @@ def test_a_class_parsed_again_in_part_keeps_only_the_methods_chosen(tmp_path):
         class Packed:
             a = 1; b = BUF
     """)
-    write(tmp_path / "pkg" / "__init__.py", "")
-    workspace = Workspace([tmp_path])
-    assert workspace.source(path, "pkg.model") is not None
-    for number in range(RECENT_SOURCES):  # later files push its tree out of the latest ones kept
-        workspace.source(write(tmp_path / "pkg" / f"later{number}.py", "A = 1\n"), f"pkg.later{number}")
+    workspace = parsed_and_let_go(tmp_path, path, "pkg.model")
     part = workspace.selected(path, "pkg.model", lambda statement: not statement.definition or "BUF" in statement.text)
     assert part is not None and not part.bindings  # parsed in part
     model, quiet, packed = part.tree.body[1:]
