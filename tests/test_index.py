@@ -20,7 +20,7 @@ import pytest
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.locate import locate
-from unsafe_doctor.npu_errors import UNSAFE_DATA
+from unsafe_doctor.npu.messages import UNSAFE_DATA
 from unsafe_doctor.source.fingerprint import fingerprint, release_version
 from unsafe_doctor.source.index import FrameworkIndex, index_folder
 from unsafe_doctor.source.skeleton import line_hashes, skeleton

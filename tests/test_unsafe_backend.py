@@ -24,7 +24,7 @@ import torch.multiprocessing
 from torch.distributed import _functional_collectives as funcol
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.npu_errors import UNSAFE_DATA
+from unsafe_doctor.npu.messages import UNSAFE_DATA
 from unsafe_doctor.replay.backend import (
     BACKEND_NAMES,
     EmulatedBackend,

@@ -62,7 +62,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.npu_errors import UNSAFE_DATA
+from unsafe_doctor.npu.messages import UNSAFE_DATA
 from unsafe_doctor.source.files import is_internal_file, why_not_read
 from unsafe_doctor.source.printed import MarkedSpan, first_line, parse_printed_line
 from unsafe_doctor.source.resolve import MAX_DEPTH, Resolved, Scope, Tier, resolve_written

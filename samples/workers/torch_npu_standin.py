@@ -30,7 +30,7 @@ import types
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from unsafe_doctor.npu_errors import ERR_ACL, UNSAFE_DATA, pta_error
+from unsafe_doctor.npu.messages import ERR_ACL, UNSAFE_DATA, pta_error
 from unsafe_doctor.replay import backend as emulation
 
 UCE_HIGH_LEVEL = 3  # check_uce_in_memory: persistent memory was hit

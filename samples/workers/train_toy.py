@@ -23,7 +23,7 @@ import toytrain.train
 import torch_npu_standin
 from toytrain import recovery, state
 from toytrain.train import DataIterator, TrainConfig
-from unsafe_doctor.npu_errors import ERR_HCCL, pta_error
+from unsafe_doctor.npu.messages import ERR_HCCL, pta_error
 
 HANG_STEP = 37
 TIMEOUT_RANK = 2

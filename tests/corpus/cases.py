@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 import emulated_mindio as ttp
 import torch_npu_standin
-from unsafe_doctor.npu_errors import ERR_MEMORY, UNSAFE_DATA, pta_error
+from unsafe_doctor.npu.messages import ERR_MEMORY, UNSAFE_DATA, pta_error
 
 HERE = Path(__file__).resolve().parent
 RULE_FIXTURES = HERE.parent / "fixtures" / "rules"

@@ -42,7 +42,7 @@ What torch_npu does, and what the emulation copies (sources: PTA ``NPURecovery.c
   ``There is unsafe data in the input tensor.`` then a newline and
   ``[ERROR] %Y-%m-%d-%H:%M:%S (PID:p, Device:d, RankID:r) ERR00003 PTA invalid value``. ``d`` is
   the current device. ``r`` is env ``RANK`` read like ``strtol``, or -1 when it is unset.
-  ``unsafe_doctor.npu_errors`` holds the text, which locate looks for in logs.
+  ``unsafe_doctor.npu.messages`` holds the text, which locate looks for in logs.
 
 What only the emulation has to decide:
 
@@ -77,7 +77,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.npu_errors import unsafe_data_message
+from unsafe_doctor.npu.messages import unsafe_data_message
 
 BACKEND_NAMES = ("npu", "emulated")
 
