@@ -90,7 +90,7 @@ def measure(shape: gpt.Shape, steps: int, repeat: int, profile: bool) -> Timing:
     """Train, fault, repair the parameters and optimizer state, then time the sentinel's examine."""
     import torch
 
-    from unsafe_doctor.replay.backend import EmulatedBackend
+    from unsafe_doctor.npu.backend import EmulatedBackend
     from unsafe_doctor.sentinel import examine
     from unsafe_doctor.sentinel.walk import walk
 

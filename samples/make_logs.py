@@ -7,7 +7,7 @@ Usage, from the repository root::
 
 Each sample is a torchrun job on gloo/CPU (4 ranks) running a worker from samples/workers/ with
 emulated torch_npu and MindIO (see those modules' docstrings; the unsafe-data rules are the replay's,
-``unsafe_doctor/replay/backend.py``). Output is torchrun's combined stdout and stderr, captured as it
+``unsafe_doctor/npu/backend.py``). Output is torchrun's combined stdout and stderr, captured as it
 arrives. Only paths are rewritten (``cluster_paths``): the environment's to a cluster's site-packages
 and the job's code to ``/home/user/job``, so no log names the machine it was made on.
 ``faq_modellink.log`` is hand-written and left alone.

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from unsafe_doctor.replay.backend import EmulatedBackend, npu_unavailable_reason, select_backend
+from unsafe_doctor.npu.backend import EmulatedBackend, npu_unavailable_reason, select_backend
 from unsafe_doctor.sentinel import Limits, UnsafeStateError, check, examine
 from unsafe_doctor.sentinel_log import parse_line
 

@@ -25,7 +25,7 @@ from torch.distributed import _functional_collectives as funcol
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.npu.messages import UNSAFE_DATA
-from unsafe_doctor.replay.backend import (
+from unsafe_doctor.npu.backend import (
     BACKEND_NAMES,
     EmulatedBackend,
     npu_unavailable_reason,

@@ -184,7 +184,7 @@ def verify(
 ) -> Verification | None:
     """Run the plan and judge it; under torchrun, None on every rank but 0. ``progress`` hears each
     phase the faulty rank enters (forked ranks only: under torchrun every rank has its own output)."""
-    from unsafe_doctor.replay.backend import npu_unavailable_reason
+    from unsafe_doctor.npu.backend import npu_unavailable_reason
     from unsafe_doctor.replay.launch import ReplayStopped, fork_ranks, join_torchrun, under_torchrun
 
     start = time.perf_counter()

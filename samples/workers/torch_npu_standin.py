@@ -1,6 +1,6 @@
 """torch_npu on the CPU for the sample and corpus workers: the replay's emulation and what a job sees around it.
 
-The unsafe-data rules are ``unsafe_doctor.replay.backend.EmulatedBackend``, the emulation that proves
+The unsafe-data rules are ``unsafe_doctor.npu.backend.EmulatedBackend``, the emulation that proves
 fixes, so the logs and the replay agree on what a fault leaves unsafe (views, fresh memory, copies,
 communication). Around it this module gives the workers:
 
@@ -31,7 +31,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from unsafe_doctor.npu.messages import ERR_ACL, UNSAFE_DATA, pta_error
-from unsafe_doctor.replay import backend as emulation
+from unsafe_doctor.npu import backend as emulation
 
 UCE_HIGH_LEVEL = 3  # check_uce_in_memory: persistent memory was hit
 _EMULATION_FILES = {__file__, emulation.__file__}

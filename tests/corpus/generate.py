@@ -7,7 +7,7 @@ Usage, from the repository root::
 
 Each run is a torchrun job on gloo/CPU (4 to 8 ranks) of `worker.py` with one case of `cases.py`,
 under the emulated torch_npu and MindIO of samples/workers/ (the unsafe-data rules are the replay's,
-unsafe_doctor/replay/backend.py). The log is torchrun's combined stdout
+unsafe_doctor/npu/backend.py). The log is torchrun's combined stdout
 and stderr as it arrived, in one of three launcher styles: `plain` (as samples/make_logs.py runs:
 the last rank's iteration lines, the `[rankN]: ` traceback), `tee` (`--tee 3` with
 `TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'`: every line of every rank prefixed) and

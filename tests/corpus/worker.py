@@ -1,7 +1,7 @@
 """The torchrun worker behind the corpus logs: `python tests/corpus/generate.py` launches it.
 
 A small data-parallel language model trains on gloo/CPU under the emulated torch_npu and MindIO of
-samples/workers/ (`torch_npu_standin.py` on unsafe_doctor/replay/backend.py, `emulated_mindio.py`). The hardware fault planned in
+samples/workers/ (`torch_npu_standin.py` on unsafe_doctor/npu/backend.py, `emulated_mindio.py`). The hardware fault planned in
 `SAMPLE_FAULT` strikes, MindIO runs stop -> clean -> repair -> rollback through the recovery
 adaptor below, which restores the parameters and the optimizer state (and whatever the case says
 its adaptor already repairs), and the next step runs the case's code (cases.py) on memory the

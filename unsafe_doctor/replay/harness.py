@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from unsafe_doctor.npu.backend import UnsafeBackend, select_backend
 from unsafe_doctor.npu.messages import UNSAFE_DATA
-from unsafe_doctor.replay.backend import UnsafeBackend, select_backend
 from unsafe_doctor.replay.plan import RUNS, ReplayPlan
 from unsafe_doctor.replay.probes import NO_TRAIN_ARGS, Probe, ProbeError, make_probe, refresh
 from unsafe_doctor.replay.reachable import reachable_tensors

@@ -300,7 +300,7 @@ def join_torchrun(plan: ReplayPlan) -> list[RankResult] | None:
     """This rank under torchrun; every rank's results on rank 0, None on the others."""
     import torch.distributed as dist
 
-    from unsafe_doctor.replay.backend import select_backend
+    from unsafe_doctor.npu.backend import select_backend
     from unsafe_doctor.replay.harness import Progress, run_rank
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from unsafe_doctor.replay.backend import UnsafeBackend, active_emulation, npu_unavailable_reason, select_backend
+from unsafe_doctor.npu.backend import UnsafeBackend, active_emulation, npu_unavailable_reason, select_backend
 from unsafe_doctor.sentinel import verdict
 from unsafe_doctor.sentinel.walk import Holder, Limits, Walk, walk
 from unsafe_doctor.sentinel_log import MODES, Mode, Record, Summary, UnsafeGlobal, format_line
