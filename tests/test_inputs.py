@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unsafe_doctor import inputs
+from unsafe_doctor.log import inputs
 from unsafe_doctor.errors import UsageError
 
 ERROR_LINE = "RuntimeError: There is unsafe data in the input tensor.\n"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor import inputs
+from unsafe_doctor.log import inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 ERROR_LOG = ROOT / "samples" / "logs" / "megatron_moe_tracker.log"
@@ -180,7 +180,7 @@ def test_closed_stdin_is_a_one_line_usage_error(arguments, phrase):
 
 TRUNCATE_WHILE_READING = """
 import sys
-from unsafe_doctor import inputs
+from unsafe_doctor.log import inputs
 path = sys.argv[1]
 truncated = []
 def progress(count):
@@ -272,7 +272,7 @@ def test_a_marker_on_every_line_keeps_no_more_than_the_excerpt_budget_and_counts
 
 FLOOD = """
 import sys
-from unsafe_doctor import inputs
+from unsafe_doctor.log import inputs
 inputs.EXCERPT_BUDGET = 2 << 20  # the budget and the windows scaled down with the input, so the test stays fast
 inputs.BEFORE = inputs.AFTER = 4 << 10
 from unsafe_doctor.cli import main

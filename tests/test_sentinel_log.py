@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unsafe_doctor import inputs
+from unsafe_doctor.log import inputs
 from unsafe_doctor.sentinel_log import JSON_START, MARKER, Summary, UnsafeGlobal, format_line, parse_line
 
 ROOT = Path(__file__).parents[1]

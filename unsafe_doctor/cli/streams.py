@@ -12,9 +12,9 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 
-from unsafe_doctor import inputs
 from unsafe_doctor.errors import UsageError, os_reason
-from unsafe_doctor.inputs import SkippedInput
+from unsafe_doctor.log import inputs
+from unsafe_doctor.log.inputs import SkippedInput
 
 PROGRESS_FROM = 50 << 20  # inputs smaller than this finish before a bar would be worth drawing
 

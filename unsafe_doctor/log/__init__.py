@@ -1,0 +1,7 @@
+"""Reading a failure log: the inputs (stdin, files, folders, .gz; any size, in bounded memory),
+their lines (rank prefixes, clean text), the Python tracebacks in them, the recovery context
+(MindIO's phases, fault ranks, steps), and the format of the sentinel's log lines, which the
+sentinel writes and diagnose reads.
+
+Imports only `errors` and `npu.messages`: never torch, never the source model.
+"""
