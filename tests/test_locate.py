@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.locate import locate
-from unsafe_doctor.logs import LogLine
+from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin, Workspace, module_from_path
 from unsafe_doctor.subject import TensorRef

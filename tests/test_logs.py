@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unsafe_doctor.locate import locate
-from unsafe_doctor.logs import LogLine, by_rank, normalise, split_lines
+from unsafe_doctor.log.lines import LogLine, by_rank, normalise, split_lines
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.tracebacks import parse_tracebacks
 

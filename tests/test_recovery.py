@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from unsafe_doctor.logs import LogLine, split_lines
+from unsafe_doctor.log.lines import LogLine, split_lines
 from unsafe_doctor.recovery import (
     LOSS_SCALING_MARKERS,
     MARKERS,

@@ -33,7 +33,7 @@ from unsafe_doctor.classify import Classification, FixPlan, classify
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.locate import Finding, locate
-from unsafe_doctor.logs import by_rank, split_lines
+from unsafe_doctor.log.lines import by_rank, split_lines
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.tracebacks import parse_tracebacks
 from unsafe_doctor.versions import Environment

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unsafe_doctor.logs import LogLine
+from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.tracebacks import Frame, Marker, Traceback, parse_tracebacks
 
 PY311 = sys.version_info >= (3, 11)  # caret lines and exception groups

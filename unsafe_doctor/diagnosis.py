@@ -7,13 +7,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from unsafe_doctor import logs, recovery, sentinel_findings
+from unsafe_doctor import recovery, sentinel_findings
 from unsafe_doctor.classify import Classification, classify, classify_cache
 from unsafe_doctor.context import Groundwork, RunContext
 from unsafe_doctor.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.log import inputs
+from unsafe_doctor.log import lines as logs
 from unsafe_doctor.log.inputs import Excerpt, InputInfo, Progress, SkippedInput
-from unsafe_doctor.logs import LogLine
+from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.matching import frame_named
 from unsafe_doctor.recovery import LossScaling, Phase, RecoveryContext
 from unsafe_doctor.sentinel_log import MARKER, Summary

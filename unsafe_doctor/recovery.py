@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from unsafe_doctor.logs import LogLine
+from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.tracebacks import Frame, Traceback
 
 Phase = Literal["after-recovery", "rollback", "repair", "none"]

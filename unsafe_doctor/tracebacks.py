@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum, auto
 from typing import Literal
 
-from unsafe_doctor.logs import LogLine
+from unsafe_doctor.log.lines import LogLine
 
 
 @dataclass(frozen=True, slots=True)
