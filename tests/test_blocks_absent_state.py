@@ -32,7 +32,7 @@ from unsafe_doctor.knowledge import DEST_RANK, SOURCE_RANK, Rule, RuleMatch, Tem
 from unsafe_doctor.npu.backend import EmulatedBackend
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.subject import Subject, TensorRef
-from unsafe_doctor.tracebacks import Frame
+from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.versions import Environment
 
 SHIPPED = load_knowledge()

@@ -17,7 +17,7 @@ from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.fix import AlreadyReset, Planned, plan_fix
 from unsafe_doctor.source.workspace import Workspace
-from unsafe_doctor.tracebacks import Frame
+from unsafe_doctor.log.tracebacks import Frame
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "tests" / "fixtures" / "real" / "mindspeed-llm-master"

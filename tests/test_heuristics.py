@@ -16,7 +16,7 @@ from unsafe_doctor.heuristics.gather import MAX_FILES
 from unsafe_doctor.locate import locate
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.subject import Subject, TensorRef
-from unsafe_doctor.tracebacks import Frame, Traceback
+from unsafe_doctor.log.tracebacks import Frame, Traceback
 
 FIXTURES = Path(__file__).parent / "fixtures" / "heuristics"
 TOYTRAIN = Path(__file__).parents[1] / "samples" / "framework"

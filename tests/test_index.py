@@ -25,7 +25,7 @@ from unsafe_doctor.source.fingerprint import fingerprint, release_version
 from unsafe_doctor.source.index import FrameworkIndex, index_folder
 from unsafe_doctor.source.skeleton import line_hashes, skeleton
 from unsafe_doctor.source.workspace import Origin, Workspace
-from unsafe_doctor.tracebacks import Frame, Traceback
+from unsafe_doctor.log.tracebacks import Frame, Traceback
 
 SITE = Path(sysconfig.get_paths()["purelib"])
 MEGATRON = SITE / "megatron" / "core"

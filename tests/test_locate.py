@@ -18,7 +18,7 @@ from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin, Workspace, module_from_path
 from unsafe_doctor.subject import TensorRef
-from unsafe_doctor.tracebacks import Frame, Marker, Traceback, parse_tracebacks
+from unsafe_doctor.log.tracebacks import Frame, Marker, Traceback, parse_tracebacks
 
 UNSAFE = "There is unsafe data in the input tensor."
 FIXTURES = Path(__file__).parent / "fixtures" / "locate"
@@ -744,7 +744,7 @@ def test_locating_megatron_cases_imports_neither_torch_nor_megatron():
         import json, sys
         from unsafe_doctor.locate import locate
         from unsafe_doctor.source.workspace import Workspace
-        from unsafe_doctor.tracebacks import Frame, Traceback
+        from unsafe_doctor.log.tracebacks import Frame, Traceback
         frames = [
             Frame({REMOTE_SITE + "moe_utils.py"!r}, {tracker_line}, "save_to_aux_losses_tracker", {TRACKER_LINE!r}),
             Frame({FAQ_FILE!r}, 172, "save_to_aux_losses_tracker", {FAQ_LINE!r}),

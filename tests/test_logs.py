@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from unsafe_doctor.locate import locate
 from unsafe_doctor.log.lines import LogLine, by_rank, normalise, split_lines
 from unsafe_doctor.source.workspace import Workspace
-from unsafe_doctor.tracebacks import parse_tracebacks
+from unsafe_doctor.log.tracebacks import parse_tracebacks
 
 NPU_ERROR = "[ERROR] 2024-09-26-19:58:19 (PID:991527, Device:3, RankID:3) ERR00003 PTA invalid value"
 

@@ -16,7 +16,7 @@ from unsafe_doctor.recovery import (
     read_loss_scaling,
     read_recovery,
 )
-from unsafe_doctor.tracebacks import Frame, Traceback
+from unsafe_doctor.log.tracebacks import Frame, Traceback
 
 CAUGHT_UNSAFE = "rank:3 catch OTHER exception, error_code:， ex instance:There is unsafe data in the input tensor."
 NPU_ERROR = "[ERROR] 2024-09-26-19:58:19 (PID:991527, Device:3, RankID:3) ERR00003 PTA invalid value"

@@ -35,7 +35,7 @@ from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.locate import Finding, locate
 from unsafe_doctor.log.lines import by_rank, split_lines
 from unsafe_doctor.source.workspace import Workspace
-from unsafe_doctor.tracebacks import parse_tracebacks
+from unsafe_doctor.log.tracebacks import parse_tracebacks
 from unsafe_doctor.versions import Environment
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rules"

@@ -9,7 +9,7 @@ from unsafe_doctor.classify import Classification, Classified, FixPlan, NoFix, U
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.fix import Planned, Skipped, plan_fix
 from unsafe_doctor.subject import Evidence, Subject, TensorRef
-from unsafe_doctor.tracebacks import Frame
+from unsafe_doctor.log.tracebacks import Frame
 
 LEGACY_ADAPTOR = Path(__file__).parents[1] / "samples" / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unsafe_doctor.log.lines import LogLine
-from unsafe_doctor.tracebacks import Frame, Marker, Traceback, parse_tracebacks
+from unsafe_doctor.log.tracebacks import Frame, Marker, Traceback, parse_tracebacks
 
 PY311 = sys.version_info >= (3, 11)  # caret lines and exception groups
 needs_py311 = pytest.mark.skipif(not PY311, reason="Python 3.11+ output")
@@ -591,7 +591,7 @@ def test_ten_thousand_frames_are_parsed():
 
 
 def test_importing_the_module_does_not_import_torch():
-    code = "import sys, unsafe_doctor.tracebacks; sys.exit('torch' in sys.modules)"
+    code = "import sys, unsafe_doctor.log.tracebacks; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -15,7 +15,7 @@ from packaging.version import Version
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import load_knowledge
 from unsafe_doctor.source.workspace import Workspace
-from unsafe_doctor.tracebacks import Frame
+from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.versions import DEFAULT_PROFILE, detect_environment
 
 ADAPTORS = Path(__file__).parent / "fixtures" / "adaptors"

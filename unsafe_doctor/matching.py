@@ -14,9 +14,9 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.recovery import LossScaling
 from unsafe_doctor.source.files import import_root
-from unsafe_doctor.tracebacks import Frame
 
 if TYPE_CHECKING:
     from unsafe_doctor.knowledge import Rule, RuleMatch

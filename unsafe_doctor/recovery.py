@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from unsafe_doctor.log.lines import LogLine
-from unsafe_doctor.tracebacks import Frame, Traceback
+from unsafe_doctor.log.tracebacks import Frame, Traceback
 
 Phase = Literal["after-recovery", "rollback", "repair", "none"]
 # "none": the loss is not scaled (bf16, fp32); "grad-scaler": an fp16 grad scaler scales it, and

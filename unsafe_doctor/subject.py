@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from unsafe_doctor.tracebacks import Frame
+from unsafe_doctor.log.tracebacks import Frame
 
 
 @dataclass(frozen=True, slots=True)

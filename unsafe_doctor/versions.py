@@ -38,10 +38,10 @@ from packaging.version import InvalidVersion, Version
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase, role_parameter
+from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, import_root, is_file, is_internal_file, read_source
 from unsafe_doctor.source.syntax import Function, ImportedName, import_bindings
 from unsafe_doctor.source.workspace import SourceFile, Workspace
-from unsafe_doctor.tracebacks import Frame
 
 if TYPE_CHECKING:
     import importlib.metadata

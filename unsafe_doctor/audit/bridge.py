@@ -20,9 +20,9 @@ from unsafe_doctor.classify import Classification, Classified, FixPlan, NoFix, c
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import Rule
+from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.matching import frame_named, rule_matches
 from unsafe_doctor.subject import Evidence, Subject
-from unsafe_doctor.tracebacks import Frame
 
 if TYPE_CHECKING:
     from unsafe_doctor.fix import Plan

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.index import FileVersion, FrameworkIndex, IndexedFramework
 from unsafe_doctor.source.printed import first_line
 from unsafe_doctor.source.skeleton import line_hash
-from unsafe_doctor.tracebacks import Frame
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple
 
+from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.files import (
     FRAMEWORK_PACKAGES,
     after_site_packages,
@@ -52,7 +53,6 @@ from unsafe_doctor.source.syntax import (
     names_bound,
     word_lines,
 )
-from unsafe_doctor.tracebacks import Frame
 
 RECENT_SOURCES = 64  # parsed files kept for reuse beyond those something else keeps: every tree of a large job is too much
 
