@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from unsafe_doctor.log.lines import LogLine, split_lines
-from unsafe_doctor.recovery import (
+from unsafe_doctor.log.recovery import (
     LOSS_SCALING_MARKERS,
     MARKERS,
     RecoveryContext,

@@ -28,8 +28,8 @@ from unsafe_doctor.knowledge import (
     is_safe_dotted,
     template_slots,
 )
+from unsafe_doctor.log.recovery import LossScaling
 from unsafe_doctor.matching import matching_block, precedence
-from unsafe_doctor.recovery import LossScaling
 from unsafe_doctor.subject import Evidence, Subject
 from unsafe_doctor.versions import Environment
 

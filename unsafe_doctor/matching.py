@@ -14,8 +14,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from unsafe_doctor.log.recovery import LossScaling
 from unsafe_doctor.log.tracebacks import Frame
-from unsafe_doctor.recovery import LossScaling
 from unsafe_doctor.source.files import import_root
 
 if TYPE_CHECKING:
