@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from unsafe_doctor.sentinel_log import UnsafeGlobal, format_line
+from unsafe_doctor.log.sentinel_lines import UnsafeGlobal, format_line
 
 
 def run(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:

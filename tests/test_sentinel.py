@@ -17,7 +17,7 @@ import torch
 
 from unsafe_doctor.npu.backend import EmulatedBackend, npu_unavailable_reason, select_backend
 from unsafe_doctor.sentinel import Limits, UnsafeStateError, check, examine
-from unsafe_doctor.sentinel_log import parse_line
+from unsafe_doctor.log.sentinel_lines import parse_line
 
 PACKAGE = {
     "__init__.py": "",

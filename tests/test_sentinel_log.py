@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unsafe_doctor.log import inputs
-from unsafe_doctor.sentinel_log import JSON_START, MARKER, Summary, UnsafeGlobal, format_line, parse_line
+from unsafe_doctor.log.sentinel_lines import JSON_START, MARKER, Summary, UnsafeGlobal, format_line, parse_line
 
 ROOT = Path(__file__).parents[1]
 FRAMEWORK = ROOT / "samples" / "framework"

@@ -16,9 +16,9 @@ from unsafe_doctor.log import lines as logs
 from unsafe_doctor.log.inputs import Excerpt, InputInfo, Progress, SkippedInput
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.recovery import LossScaling, Phase, RecoveryContext
+from unsafe_doctor.log.sentinel_lines import MARKER, Summary
 from unsafe_doctor.log.tracebacks import Traceback, parse_tracebacks
 from unsafe_doctor.matching import frame_named
-from unsafe_doctor.sentinel_log import MARKER, Summary
 from unsafe_doctor.stale import StaleReset, stale_resets
 from unsafe_doctor.subject import Subject
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from unsafe_doctor.knowledge import is_safe_dotted
 from unsafe_doctor.locate import Finding, SentinelSeen
 from unsafe_doctor.log.lines import LogLine
-from unsafe_doctor.sentinel_log import MODES, SCHEMA, Record, Summary, UnsafeGlobal, parse_line
+from unsafe_doctor.log.sentinel_lines import MODES, SCHEMA, Record, Summary, UnsafeGlobal, parse_line
 from unsafe_doctor.source.workspace import Origin
 from unsafe_doctor.subject import TensorRef
 

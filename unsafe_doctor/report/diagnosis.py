@@ -13,6 +13,7 @@ from rich.text import Text
 from unsafe_doctor.classify import Classification, FixPlan
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.locate import Finding, SentinelSeen
+from unsafe_doctor.log.sentinel_lines import Summary
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.report.common import (
     CodeToCopy,
@@ -27,7 +28,6 @@ from unsafe_doctor.report.common import (
     title,
 )
 from unsafe_doctor.report.sarif import location, sarif_log
-from unsafe_doctor.sentinel_log import Summary
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin
 from unsafe_doctor.subject import TensorRef

@@ -8,7 +8,7 @@ from unsafe_doctor.report import fix
 
 if TYPE_CHECKING:
     from unsafe_doctor.fix import Plan, Written
-    from unsafe_doctor.sentinel_log import Mode
+    from unsafe_doctor.log.sentinel_lines import Mode
 
 SCHEMA = "unsafe-doctor/sentinel-install/v1"
 

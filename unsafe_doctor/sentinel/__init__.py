@@ -8,7 +8,7 @@ It walks (``sentinel.walk``) the objects passed in (models, optimizers, ``train_
 module globals and class attributes of the framework's packages and of the caller's, checks every
 device tensor with the unsafe backend that marks them (torch_npu's ``check_npu_tensor_is_safe`` on
 an NPU, the emulation where one is active), and logs one line per unsafe global in the format of
-``unsafe_doctor.sentinel_log``, which ``diagnose`` reads. Modes: ``report`` logs and returns;
+``unsafe_doctor.log.sentinel_lines``, which ``diagnose`` reads. Modes: ``report`` logs and returns;
 ``raise`` also raises ``UnsafeStateError`` naming every unsafe global, so MindIO gives up the
 online recovery instead of dying inside step 1; ``heal`` runs the shipped scenario-1 rules' fixes in
 place, checks again, and raises for what is still unsafe (scenario 2 needs the replica's data).
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from unsafe_doctor.log.sentinel_lines import MODES, Mode, Record, Summary, UnsafeGlobal, format_line
 from unsafe_doctor.npu.backend import UnsafeBackend, active_emulation, npu_unavailable_reason, select_backend
 from unsafe_doctor.sentinel import verdict
 from unsafe_doctor.sentinel.walk import Holder, Limits, Walk, walk
-from unsafe_doctor.sentinel_log import MODES, Mode, Record, Summary, UnsafeGlobal, format_line
 
 __all__ = ["FRAMEWORK_PACKAGES", "Limits", "SentinelReport", "UnsafeStateError", "check", "examine"]
 
