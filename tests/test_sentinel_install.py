@@ -27,7 +27,7 @@ from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import BACKUP_SUFFIX, Plan, apply, function_overrides, parameter_roles, plan_fix, plan_revert
-from unsafe_doctor.markers import SENTINEL_KEY
+from unsafe_doctor.source.markers import SENTINEL_KEY
 from unsafe_doctor.sentinel_install import plan_sentinel
 from unsafe_doctor.log.sentinel_lines import MODES
 from unsafe_doctor.verify import plan_replay, verify

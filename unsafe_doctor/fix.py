@@ -81,7 +81,7 @@ from unsafe_doctor.knowledge import (
     map_parameters,
     role_parameter,
 )
-from unsafe_doctor.markers import SENTINEL_KEY
+from unsafe_doctor.source.markers import SENTINEL_KEY
 from unsafe_doctor.subject import Subject
 from unsafe_doctor.versions import Environment
 

@@ -22,8 +22,8 @@ from unsafe_doctor.classify import Classification, Classified
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError, os_reason
 from unsafe_doctor.knowledge import Rule, load_knowledge
-from unsafe_doctor.markers import MARKER_BEGIN
 from unsafe_doctor.source.files import ImportRoots
+from unsafe_doctor.source.markers import MARKER_BEGIN
 from unsafe_doctor.source.workspace import Parsed
 from unsafe_doctor.stale import stale_resets
 from unsafe_doctor.subject import Subject
