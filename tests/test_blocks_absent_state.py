@@ -28,7 +28,7 @@ import torch
 
 from unsafe_doctor.classify import Classified, FixPlan, classify, classify_as, generic_template
 from unsafe_doctor.context import RunContext
-from unsafe_doctor.knowledge import DEST_RANK, SOURCE_RANK, Rule, RuleMatch, Template, load_knowledge
+from unsafe_doctor.knowledge.rules import DEST_RANK, SOURCE_RANK, Rule, RuleMatch, Template, load_knowledge
 from unsafe_doctor.npu.backend import EmulatedBackend
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.subject import Subject, TensorRef

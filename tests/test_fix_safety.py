@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from unsafe_doctor.fix import BACKUP_SUFFIX
-from unsafe_doctor.knowledge import is_safe_dotted
+from unsafe_doctor.knowledge.rules import is_safe_dotted
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORK = ROOT / "samples" / "framework"

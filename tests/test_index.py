@@ -243,7 +243,7 @@ def test_every_global_a_shipped_rule_names_is_in_a_release_the_rule_claims():
     """Each rule block naming a variable in a module is checked against the index: some release in
     the rule's version range defines it there (a glob module: one of its modules, in the newest
     release claimed)."""
-    from unsafe_doctor.knowledge import load_knowledge
+    from unsafe_doctor.knowledge.rules import load_knowledge
 
     index = FrameworkIndex()
     frameworks = {framework.name: framework for framework in index.frameworks}

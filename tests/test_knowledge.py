@@ -11,7 +11,7 @@ from unsafe_doctor.classify import FixPlan
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import is_safe_dotted, load_knowledge, validate_files
+from unsafe_doctor.knowledge.rules import is_safe_dotted, load_knowledge, validate_files
 from unsafe_doctor.matching import rule_matches
 from unsafe_doctor.source.index import FrameworkIndex
 from unsafe_doctor.source.workspace import Origin
@@ -226,7 +226,7 @@ def test_only_plain_dotted_names_reach_generated_code(name, safe):
 
 def test_every_shipped_knowledge_file_meets_the_schema():
     """load_knowledge skips the schema for shipped files, so this test is what holds them to it."""
-    from unsafe_doctor.knowledge import shipped_knowledge_dir
+    from unsafe_doctor.knowledge.rules import shipped_knowledge_dir
 
     assert validate_files([shipped_knowledge_dir()]) == []
 

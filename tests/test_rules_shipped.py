@@ -31,7 +31,7 @@ from packaging.version import Version
 
 from unsafe_doctor.classify import Classification, FixPlan, classify
 from unsafe_doctor.context import RunContext
-from unsafe_doctor.knowledge import load_knowledge
+from unsafe_doctor.knowledge.rules import load_knowledge
 from unsafe_doctor.locate import Finding, locate
 from unsafe_doctor.log.lines import by_rank, split_lines
 from unsafe_doctor.source.workspace import Workspace

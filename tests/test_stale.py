@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import load_knowledge
+from unsafe_doctor.knowledge.rules import load_knowledge
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.stale import StaleReset, stale_resets
 from unsafe_doctor.versions import detect_environment

@@ -21,7 +21,7 @@ from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import apply, function_overrides, plan_fix
-from unsafe_doctor.knowledge import PROBE_NAMES
+from unsafe_doctor.knowledge.rules import PROBE_NAMES
 from unsafe_doctor.replay.plan import ReplayPlan
 from unsafe_doctor.verify import plan_replay, verify
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol, get_args
 
 from unsafe_doctor.context import RunContext
-from unsafe_doctor.knowledge import (
+from unsafe_doctor.knowledge.rules import (
     DEST_RANK,
     SOURCE_RANK,
     AdaptorProfile,

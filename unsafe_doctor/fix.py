@@ -69,7 +69,7 @@ from unsafe_doctor.classify import Classified, ClassifiedSubject, FixPlan, NoFix
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.existing_reset import AlreadyReset, existing_reset
-from unsafe_doctor.knowledge import (
+from unsafe_doctor.knowledge.rules import (
     DEST_RANK,
     EVERY_ROLE,
     PARAMETER_ROLES,

@@ -19,7 +19,7 @@ from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.files import import_root
 
 if TYPE_CHECKING:
-    from unsafe_doctor.knowledge import Rule, RuleMatch
+    from unsafe_doctor.knowledge.rules import Rule, RuleMatch
 
 
 def rule_matches(

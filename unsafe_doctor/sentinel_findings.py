@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from unsafe_doctor.knowledge import is_safe_dotted
+from unsafe_doctor.knowledge.rules import is_safe_dotted
 from unsafe_doctor.locate import Finding, SentinelSeen
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.sentinel_lines import MODES, SCHEMA, Record, Summary, UnsafeGlobal, parse_line

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import AdaptorProfile
+from unsafe_doctor.knowledge.rules import AdaptorProfile
 from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, package_folder, python_files
 from unsafe_doctor.source.imports import Imports, ModuleMember, module_member, module_named
 from unsafe_doctor.source.syntax import (

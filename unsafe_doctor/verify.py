@@ -20,7 +20,7 @@ from unsafe_doctor.classify import Unclassified
 from unsafe_doctor.diagnosis import Diagnosis
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import HELPER, marker_key
-from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase, map_parameters
+from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase, map_parameters
 from unsafe_doctor.replay.plan import MAX_RANKS, MAX_TIMEOUT, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import Milestone, RankResult, RunResult, StepOutcome
 from unsafe_doctor.source.workspace import module_from_path

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from packaging.version import InvalidVersion, Version
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase, role_parameter
+from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase, role_parameter
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, import_root, is_file, is_internal_file, read_source
 from unsafe_doctor.source.syntax import Function, ImportedName, import_bindings

@@ -18,7 +18,7 @@ import yaml
 
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import Diagnosis, DiagnosedFinding, diagnose
-from unsafe_doctor.knowledge import KnowledgeBase, load_knowledge
+from unsafe_doctor.knowledge.rules import KnowledgeBase, load_knowledge
 
 HERE = Path(__file__).resolve().parent
 LABELS = HERE / "labels.yaml"

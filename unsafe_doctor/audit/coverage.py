@@ -28,7 +28,7 @@ from unsafe_doctor.audit.scope import Scope
 from unsafe_doctor.audit.uses import Use, sites
 from unsafe_doctor.audit.vocabulary import COMMUNICATION_FROM, COMMUNICATION_INTO, RESETS
 from unsafe_doctor.audit.walk import Walker
-from unsafe_doctor.knowledge import AdaptorProfile, KnowledgeBase
+from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase
 from unsafe_doctor.source.files import ImportRoots
 from unsafe_doctor.source.syntax import Function
 from unsafe_doctor.source.workspace import Workspace

@@ -21,7 +21,7 @@ from unsafe_doctor.audit.resolve import Accessors
 from unsafe_doctor.classify import Classification, Classified
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError, os_reason
-from unsafe_doctor.knowledge import Rule, load_knowledge
+from unsafe_doctor.knowledge.rules import Rule, load_knowledge
 from unsafe_doctor.source.files import ImportRoots
 from unsafe_doctor.source.markers import MARKER_BEGIN
 from unsafe_doctor.source.workspace import Parsed

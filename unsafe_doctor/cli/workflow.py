@@ -21,7 +21,7 @@ from unsafe_doctor.cli import prompts
 from unsafe_doctor.cli.streams import print_rich, say
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
-from unsafe_doctor.knowledge import KnowledgeBase, Scenario
+from unsafe_doctor.knowledge.rules import KnowledgeBase, Scenario
 from unsafe_doctor.quiet import framework_warnings_silenced
 from unsafe_doctor.report.common import NextStep, printable
 from unsafe_doctor.report.fix import written_lines

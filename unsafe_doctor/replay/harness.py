@@ -49,7 +49,7 @@ from unsafe_doctor.replay.results import FailureKind, FixFailure, Milestone, Ran
 from unsafe_doctor.sentinel import FRAMEWORK_PACKAGES, examine
 
 if TYPE_CHECKING:
-    from unsafe_doctor.knowledge import ParameterRole
+    from unsafe_doctor.knowledge.rules import ParameterRole
 
 _HERE = str(Path(__file__).resolve().parents[1])  # unsafe_doctor/: frames from here are the harness's own
 _TORCH = str(Path(torch.__file__).resolve().parent)

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from unsafe_doctor.knowledge import ParameterRole
+    from unsafe_doctor.knowledge.rules import ParameterRole
 
 Mode = Literal["block", "adaptor"]
 MODES: tuple[Mode, ...] = ("block", "adaptor")

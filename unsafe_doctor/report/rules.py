@@ -10,7 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from unsafe_doctor.knowledge import KnowledgeBase, Rule, Template
+from unsafe_doctor.knowledge.rules import KnowledgeBase, Rule, Template
 from unsafe_doctor.report.common import CodeToCopy, printable, title
 
 

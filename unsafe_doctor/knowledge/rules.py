@@ -198,7 +198,7 @@ class KnowledgeBase:
 
 def shipped_knowledge_dir() -> Path:
     """`knowledge_base/` beside the package in a checkout; inside the package once installed."""
-    checkout = Path(__file__).resolve().parent.parent / "knowledge_base"
+    checkout = Path(__file__).resolve().parents[2] / "knowledge_base"
     if checkout.is_dir():
         return checkout
     return Path(str(resources.files("unsafe_doctor") / "knowledge_base"))
