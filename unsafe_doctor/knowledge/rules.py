@@ -32,7 +32,7 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge_yaml import line_of, parse, schema_problems
+from unsafe_doctor.knowledge.loading import line_of, parse, schema_problems
 from unsafe_doctor.log.recovery import LossScaling
 from unsafe_doctor.matching import may_tie, names_global
 
