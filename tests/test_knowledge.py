@@ -12,7 +12,7 @@ from unsafe_doctor.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import is_safe_dotted, load_knowledge, validate_files
-from unsafe_doctor.matching import rule_matches
+from unsafe_doctor.knowledge.matching import rule_matches
 from unsafe_doctor.source.index import FrameworkIndex
 from unsafe_doctor.source.workspace import Origin
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol, get_args
 
 from unsafe_doctor.context import RunContext
+from unsafe_doctor.knowledge.matching import matching_block, precedence
 from unsafe_doctor.knowledge.rules import (
     DEST_RANK,
     SOURCE_RANK,
@@ -29,7 +30,6 @@ from unsafe_doctor.knowledge.rules import (
     template_slots,
 )
 from unsafe_doctor.log.recovery import LossScaling
-from unsafe_doctor.matching import matching_block, precedence
 from unsafe_doctor.subject import Evidence, Subject
 from unsafe_doctor.versions import Environment
 

@@ -19,9 +19,9 @@ from unsafe_doctor.audit.model import Audit, Coverage, Holder, Site
 from unsafe_doctor.classify import Classification, Classified, FixPlan, NoFix, classify, classify_as
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge.matching import frame_named, rule_matches
 from unsafe_doctor.knowledge.rules import Rule
 from unsafe_doctor.log.tracebacks import Frame
-from unsafe_doctor.matching import frame_named, rule_matches
 from unsafe_doctor.subject import Evidence, Subject
 
 if TYPE_CHECKING:

@@ -24,8 +24,8 @@ from unsafe_doctor.audit.scope import Place, Scope, functions_of
 from unsafe_doctor.audit.uses import Use, shortened, sites
 from unsafe_doctor.audit.vocabulary import COMMUNICATION_INTO, CONTAINER_ADD, CONTAINER_REMOVE, updates_data_in_place
 from unsafe_doctor.audit.walk import Walker
+from unsafe_doctor.knowledge.matching import names_global
 from unsafe_doctor.knowledge.rules import Rule, RuleMatch
-from unsafe_doctor.matching import names_global
 from unsafe_doctor.source.syntax import child_nodes, source_segment
 
 Evidence = tuple[Place, Use]  # a tensor's placement, and the statement that puts it there

@@ -33,8 +33,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.loading import line_of, parse, schema_problems
+from unsafe_doctor.knowledge.matching import may_tie, names_global
 from unsafe_doctor.log.recovery import LossScaling
-from unsafe_doctor.matching import may_tie, names_global
 
 Scenario = Literal[1, 2]
 Phase = Literal["rollback", "repair"]
