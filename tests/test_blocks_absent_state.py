@@ -31,7 +31,7 @@ from unsafe_doctor.context import RunContext
 from unsafe_doctor.knowledge.rules import DEST_RANK, SOURCE_RANK, Rule, RuleMatch, Template, load_knowledge
 from unsafe_doctor.npu.backend import EmulatedBackend
 from unsafe_doctor.source.workspace import Workspace
-from unsafe_doctor.subject import Subject, TensorRef
+from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.versions import Environment
 

@@ -15,7 +15,7 @@ from unsafe_doctor.heuristics import Verdict, judge
 from unsafe_doctor.heuristics.gather import MAX_FILES
 from unsafe_doctor.locate import locate
 from unsafe_doctor.source.workspace import Workspace
-from unsafe_doctor.subject import Subject, TensorRef
+from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame, Traceback
 
 FIXTURES = Path(__file__).parent / "fixtures" / "heuristics"
@@ -475,7 +475,7 @@ def test_judging_imports_neither_torch_nor_megatron():
         from pathlib import Path
         from unsafe_doctor.heuristics import judge
         from unsafe_doctor.source.workspace import Workspace
-        from unsafe_doctor.subject import Subject, TensorRef
+        from unsafe_doctor.knowledge.subject import Subject, TensorRef
         for variable, module, owner in [
             ("_MOE_LAYER_WISE_LOGGING_TRACKER", "megatron.core.transformer.moe.moe_utils", None),
             ("expert_bias", "megatron.core.transformer.moe.router", "TopKRouter"),

@@ -17,7 +17,7 @@ from unsafe_doctor.locate import locate
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin, Workspace, module_from_path
-from unsafe_doctor.subject import TensorRef
+from unsafe_doctor.knowledge.subject import TensorRef
 from unsafe_doctor.log.tracebacks import Frame, Marker, Traceback, parse_tracebacks
 
 UNSAFE = "There is unsafe data in the input tensor."

@@ -8,7 +8,7 @@ from pathlib import Path
 from unsafe_doctor.classify import Classification, Classified, FixPlan, NoFix, Unclassified, classify_as
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.fix import Planned, Skipped, plan_fix
-from unsafe_doctor.subject import Evidence, Subject, TensorRef
+from unsafe_doctor.knowledge.subject import Evidence, Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame
 
 LEGACY_ADAPTOR = Path(__file__).parents[1] / "samples" / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"

@@ -29,8 +29,8 @@ from unsafe_doctor.knowledge.rules import (
     is_safe_dotted,
     template_slots,
 )
+from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.log.recovery import LossScaling
-from unsafe_doctor.subject import Evidence, Subject
 from unsafe_doctor.versions import Environment
 
 Confidence = Literal["high", "medium", "low"]

@@ -11,6 +11,7 @@ from unsafe_doctor import sentinel_findings
 from unsafe_doctor.classify import Classification, classify, classify_cache
 from unsafe_doctor.context import Groundwork, RunContext
 from unsafe_doctor.knowledge.matching import frame_named
+from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.log import inputs, recovery
 from unsafe_doctor.log import lines as logs
@@ -20,7 +21,6 @@ from unsafe_doctor.log.recovery import LossScaling, Phase, RecoveryContext
 from unsafe_doctor.log.sentinel_lines import MARKER, Summary
 from unsafe_doctor.log.tracebacks import Traceback, parse_tracebacks
 from unsafe_doctor.stale import StaleReset, stale_resets
-from unsafe_doctor.subject import Subject
 
 
 @dataclass(frozen=True)

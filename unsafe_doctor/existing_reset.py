@@ -21,9 +21,9 @@ from unsafe_doctor.audit.refs import HolderKey
 from unsafe_doctor.classify import Classified
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.knowledge.rules import KnowledgeBase
+from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.source.markers import MARKER_BEGIN
 from unsafe_doctor.source.syntax import callee_name
-from unsafe_doctor.subject import Subject
 
 
 @dataclass(frozen=True)

@@ -81,8 +81,8 @@ from unsafe_doctor.knowledge.rules import (
     map_parameters,
     role_parameter,
 )
+from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.source.markers import SENTINEL_KEY
-from unsafe_doctor.subject import Subject
 from unsafe_doctor.versions import Environment
 
 HELPER = "_unsafe_doctor_fix"

@@ -62,6 +62,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame, Traceback
 from unsafe_doctor.npu.messages import UNSAFE_DATA
 from unsafe_doctor.source.files import is_internal_file, why_not_read
@@ -79,7 +80,6 @@ from unsafe_doctor.source.syntax import (
     source_segment,
 )
 from unsafe_doctor.source.workspace import Origin, SourceFile, Workspace
-from unsafe_doctor.subject import Subject, TensorRef
 
 
 @dataclass(frozen=True)

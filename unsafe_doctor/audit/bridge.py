@@ -21,8 +21,8 @@ from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.matching import frame_named, rule_matches
 from unsafe_doctor.knowledge.rules import Rule
+from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.log.tracebacks import Frame
-from unsafe_doctor.subject import Evidence, Subject
 
 if TYPE_CHECKING:
     from unsafe_doctor.fix import Plan

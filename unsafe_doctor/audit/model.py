@@ -10,8 +10,8 @@ from typing import Literal
 from unsafe_doctor.audit.refs import HolderKey
 from unsafe_doctor.classify import Classification, Classified, FixPlan
 from unsafe_doctor.context import RunContext
+from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.stale import StaleReset
-from unsafe_doctor.subject import Subject
 
 HolderKind = Literal["module-global", "class-attribute", "singleton", "lru-cache", "buffer"]
 Placement = Literal["device", "unknown"]

@@ -59,8 +59,8 @@ from typing import Literal
 
 from unsafe_doctor.heuristics.events import Event, Kind
 from unsafe_doctor.heuristics.gather import MAX_FILES, Study
+from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.source.workspace import Workspace
-from unsafe_doctor.subject import Evidence, Subject
 
 MAX_EVIDENCE = 8
 MAX_PER_KIND = 3

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from unsafe_doctor.heuristics.events import Event, FileStudy, FunctionStudy, Kind
 from unsafe_doctor.heuristics.vocabulary import runs_per_step
+from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.source.files import is_file
 from unsafe_doctor.source.syntax import callee_name, child_nodes, child_statements, is_cache_decorator, walk_scope, word_starts
 from unsafe_doctor.source.workspace import SourceFile, TopStatement, Workspace
-from unsafe_doctor.subject import Subject, TensorRef
 
 MAX_FILES = 2000
 MAX_FILE_BYTES = 2_000_000

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from unsafe_doctor.classify import Classification, FixPlan
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
+from unsafe_doctor.knowledge.subject import TensorRef
 from unsafe_doctor.locate import Finding, SentinelSeen
 from unsafe_doctor.log.sentinel_lines import Summary
 from unsafe_doctor.log.tracebacks import Frame
@@ -30,7 +31,6 @@ from unsafe_doctor.report.common import (
 from unsafe_doctor.report.sarif import location, sarif_log
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin
-from unsafe_doctor.subject import TensorRef
 
 SCHEMA = "unsafe-doctor/diagnosis/v1"
 SHORT_STACK = 6  # frames shown in a panel, innermost last

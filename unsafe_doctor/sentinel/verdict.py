@@ -18,9 +18,9 @@ from typing import Literal
 
 from unsafe_doctor.classify import Classified, FixPlan, classify_by_rule
 from unsafe_doctor.context import Groundwork, RunContext, groundwork
+from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.sentinel.walk import Holder
-from unsafe_doctor.subject import Subject, TensorRef
 
 
 @dataclass(frozen=True)
