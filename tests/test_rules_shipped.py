@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from unsafe_doctor.classify import Classification, FixPlan, classify
+from unsafe_doctor.knowledge.classify import Classification, FixPlan, classify
 from unsafe_doctor.context import RunContext
 from unsafe_doctor.knowledge.rules import load_knowledge
 from unsafe_doctor.locate import Finding, locate

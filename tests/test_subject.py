@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from unsafe_doctor.classify import Classification, Classified, FixPlan, NoFix, Unclassified, classify_as
+from unsafe_doctor.knowledge.classify import Classification, Classified, FixPlan, NoFix, Unclassified, classify_as
 from unsafe_doctor.context import groundwork
 from unsafe_doctor.fix import Planned, Skipped, plan_fix
 from unsafe_doctor.knowledge.subject import Evidence, Subject, TensorRef

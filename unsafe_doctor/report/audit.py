@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from unsafe_doctor.classify import FixPlan
+from unsafe_doctor.knowledge.classify import FixPlan
 from unsafe_doctor.report.common import (
     NextStep,
     adaptor_json,

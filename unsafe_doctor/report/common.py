@@ -14,7 +14,7 @@ from rich.measure import Measurement
 from rich.syntax import Syntax
 from rich.text import Text
 
-from unsafe_doctor.classify import FixPlan, NoFix
+from unsafe_doctor.knowledge.classify import FixPlan, NoFix
 from unsafe_doctor.stale import StaleReset
 from unsafe_doctor.versions import Environment
 
