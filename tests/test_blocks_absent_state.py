@@ -33,7 +33,7 @@ from unsafe_doctor.npu.backend import EmulatedBackend
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame
-from unsafe_doctor.versions import Environment
+from unsafe_doctor.knowledge.versions import Environment
 
 SHIPPED = load_knowledge()
 # The guards read Megatron's parsed arguments; the fix under them is what is tested here.

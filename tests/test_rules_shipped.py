@@ -36,7 +36,7 @@ from unsafe_doctor.locate import Finding, locate
 from unsafe_doctor.log.lines import by_rank, split_lines
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.log.tracebacks import parse_tracebacks
-from unsafe_doctor.versions import Environment
+from unsafe_doctor.knowledge.versions import Environment
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rules"
 KNOWLEDGE = load_knowledge()

@@ -16,7 +16,7 @@ from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import load_knowledge
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.log.tracebacks import Frame
-from unsafe_doctor.versions import DEFAULT_PROFILE, detect_environment
+from unsafe_doctor.knowledge.versions import DEFAULT_PROFILE, detect_environment
 
 ADAPTORS = Path(__file__).parent / "fixtures" / "adaptors"
 LEGACY_ROOT = ADAPTORS / "legacy"
@@ -205,8 +205,8 @@ def test_adaptor_that_is_not_python_is_a_usage_error(tmp_path):
 
 def test_detection_never_imports_torch_or_the_frameworks():
     code = (
-        "import sys; from pathlib import Path; import unsafe_doctor.versions, unsafe_doctor.stale; "
-        "from unsafe_doctor.knowledge.rules import load_knowledge; from unsafe_doctor.versions import detect_environment; "
+        "import sys; from pathlib import Path; import unsafe_doctor.knowledge.versions, unsafe_doctor.stale; "
+        "from unsafe_doctor.knowledge.rules import load_knowledge; from unsafe_doctor.knowledge.versions import detect_environment; "
         "from unsafe_doctor.stale import stale_resets; from unsafe_doctor.source.workspace import Workspace; "
         f"e = detect_environment(load_knowledge(), Workspace(()), adaptor=Path({str(LEGACY)!r})); "
         "stale_resets(e.adaptor, e.profile, e, Workspace(())); "

@@ -20,8 +20,8 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge.versions import Environment, profile_files
 from unsafe_doctor.source.markers import MARKER_BEGIN, MARKER_END, SENTINEL_KEY
-from unsafe_doctor.versions import Environment, profile_files
 
 Role = Literal["rollback", "send", "recv"]
 ROLES: tuple[Role, ...] = ("rollback", "send", "recv")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import KnowledgeBase, load_knowledge
+from unsafe_doctor.knowledge.versions import Environment, detect_environment
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.workspace import Workspace
-from unsafe_doctor.versions import Environment, detect_environment
 
 
 @dataclass(frozen=True)

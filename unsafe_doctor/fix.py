@@ -82,8 +82,8 @@ from unsafe_doctor.knowledge.rules import (
     role_parameter,
 )
 from unsafe_doctor.knowledge.subject import Subject
+from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.source.markers import SENTINEL_KEY
-from unsafe_doctor.versions import Environment
 
 HELPER = "_unsafe_doctor_fix"
 GROUP_NAME = "repair_group"  # the helper's name for a repair group the adaptor function built itself

@@ -26,9 +26,9 @@ from unsafe_doctor.adaptor import AdaptorFunction, Role, adaptor_files, block_sp
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import Plan, marked_block, plan_blocks, reserved_imports
 from unsafe_doctor.knowledge.rules import AdaptorProfile, map_parameters, role_parameter
+from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.sentinel_lines import MODES, Mode
 from unsafe_doctor.source.markers import SENTINEL_KEY
-from unsafe_doctor.versions import Environment
 
 # bound to `_ud_sentinel_check` by fix.reserved_imports, as every import of a block is
 IMPORT = "from unsafe_doctor.sentinel import check as sentinel_check"

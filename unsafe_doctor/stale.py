@@ -34,6 +34,7 @@ from typing import Literal
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import AdaptorProfile
+from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, package_folder, python_files
 from unsafe_doctor.source.imports import Imports, ModuleMember, module_member, module_named
 from unsafe_doctor.source.syntax import (
@@ -44,7 +45,6 @@ from unsafe_doctor.source.syntax import (
     source_segment,
 )
 from unsafe_doctor.source.workspace import SourceFile, Workspace
-from unsafe_doctor.versions import Environment
 
 Kind = Literal["missing", "rebinding"]
 _MODULE_LEVEL_NAME = re.compile(r"^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)", re.MULTILINE)

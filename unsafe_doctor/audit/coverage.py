@@ -29,10 +29,10 @@ from unsafe_doctor.audit.uses import Use, sites
 from unsafe_doctor.audit.vocabulary import COMMUNICATION_FROM, COMMUNICATION_INTO, RESETS
 from unsafe_doctor.audit.walk import Walker
 from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase
+from unsafe_doctor.knowledge.versions import profile_files
 from unsafe_doctor.source.files import ImportRoots
 from unsafe_doctor.source.syntax import Function
 from unsafe_doctor.source.workspace import Workspace
-from unsafe_doctor.versions import profile_files
 
 MAX_CALL_DEPTH = 4  # helper calls followed from an adaptor function
 _HOW_ORDER = {"reset": 0, "rebuilt": 1, "repaired": 2}

@@ -23,11 +23,11 @@ from unsafe_doctor.errors import UsageError, os_reason
 from unsafe_doctor.knowledge.classify import Classification, Classified
 from unsafe_doctor.knowledge.rules import Rule, load_knowledge
 from unsafe_doctor.knowledge.subject import Subject
+from unsafe_doctor.knowledge.versions import detect_environment
 from unsafe_doctor.source.files import ImportRoots
 from unsafe_doctor.source.markers import MARKER_BEGIN
 from unsafe_doctor.source.workspace import Parsed
 from unsafe_doctor.stale import stale_resets
-from unsafe_doctor.versions import detect_environment
 
 _STATUS_ORDER = {"uncovered": 0, "unsafe": 1, "covered": 2}
 _NO_ADAPTOR = Coverage("uncovered", None, None, (), (), "no adaptor was found")

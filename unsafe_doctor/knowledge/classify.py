@@ -30,8 +30,8 @@ from unsafe_doctor.knowledge.rules import (
     template_slots,
 )
 from unsafe_doctor.knowledge.subject import Evidence, Subject
+from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.recovery import LossScaling
-from unsafe_doctor.versions import Environment
 
 Confidence = Literal["high", "medium", "low"]
 # A log that shows neither a loss scale nor the fp16 argument is read as bf16, the usual precision of

@@ -15,8 +15,8 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from unsafe_doctor.knowledge.classify import FixPlan, NoFix
+from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.stale import StaleReset
-from unsafe_doctor.versions import Environment
 
 
 @cache
