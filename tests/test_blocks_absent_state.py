@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from unsafe_doctor.knowledge.classify import Classified, FixPlan, classify, classify_as, generic_template
-from unsafe_doctor.context import RunContext
+from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import DEST_RANK, SOURCE_RANK, Rule, RuleMatch, Template, load_knowledge
 from unsafe_doctor.npu.backend import EmulatedBackend
 from unsafe_doctor.source.workspace import Workspace

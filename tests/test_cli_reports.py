@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from unsafe_doctor.context import groundwork
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.report import diagnosis as diagnosis_report
 from unsafe_doctor.report.common import counted, printable, rank_ranges

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from conftest import load_rules_generator
 
-from unsafe_doctor.context import groundwork
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import BACKUP_SUFFIX, FileEdit, Plan, apply, function_overrides, plan_fix, plan_revert

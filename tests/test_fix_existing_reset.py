@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from unsafe_doctor.context import groundwork
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.fix import AlreadyReset, Planned, plan_fix
 from unsafe_doctor.source.workspace import Workspace

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.context import groundwork
+from unsafe_doctor.knowledge.context import groundwork
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "tests" / "fixtures" / "real" / "mind-cluster-7.2rc1"

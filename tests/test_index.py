@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.context import groundwork
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.locate import locate
 from unsafe_doctor.npu.messages import UNSAFE_DATA

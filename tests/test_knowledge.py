@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from unsafe_doctor.knowledge.classify import FixPlan
-from unsafe_doctor.context import groundwork
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import is_safe_dotted, load_knowledge, validate_files

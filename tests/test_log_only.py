@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.context import groundwork
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.report.diagnosis import to_json
 
@@ -61,7 +61,7 @@ def test_log_only_gives_what_a_python_without_megatron_gives(tmp_path):
     script = tmp_path / "report.py"
     script.write_text(
         "import json, sys\n"
-        "from unsafe_doctor.context import groundwork\n"
+        "from unsafe_doctor.knowledge.context import groundwork\n"
         "from unsafe_doctor.diagnosis import diagnose\n"
         "from unsafe_doctor.report.diagnosis import to_json\n"
         "print(json.dumps([to_json(diagnose([log], groundwork())) for log in sys.argv[1:]]))\n"

@@ -30,7 +30,7 @@ import pytest
 from packaging.version import Version
 
 from unsafe_doctor.knowledge.classify import Classification, FixPlan, classify
-from unsafe_doctor.context import RunContext
+from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import load_knowledge
 from unsafe_doctor.locate import Finding, locate
 from unsafe_doctor.log.lines import by_rank, split_lines

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from terminal import at_terminal
 
-from unsafe_doctor.context import groundwork
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import BACKUP_SUFFIX, Plan, apply, function_overrides, parameter_roles, plan_fix, plan_revert

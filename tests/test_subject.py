@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from unsafe_doctor.knowledge.classify import Classification, Classified, FixPlan, NoFix, Unclassified, classify_as
-from unsafe_doctor.context import groundwork
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.fix import Planned, Skipped, plan_fix
 from unsafe_doctor.knowledge.subject import Evidence, Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from unsafe_doctor import sentinel_findings
-from unsafe_doctor.context import Groundwork, RunContext
 from unsafe_doctor.knowledge.classify import Classification, classify, classify_cache
+from unsafe_doctor.knowledge.context import Groundwork, RunContext
 from unsafe_doctor.knowledge.matching import frame_named
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.locate import Finding, is_unsafe_error, locate

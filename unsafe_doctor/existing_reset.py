@@ -18,8 +18,8 @@ from unsafe_doctor.adaptor import adaptor_files
 from unsafe_doctor.audit.coverage import AdaptorCoverage
 from unsafe_doctor.audit.model import Coverage
 from unsafe_doctor.audit.refs import HolderKey
-from unsafe_doctor.context import RunContext
 from unsafe_doctor.knowledge.classify import Classified
+from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import KnowledgeBase
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.source.markers import MARKER_BEGIN

@@ -65,10 +65,10 @@ from unsafe_doctor.adaptor import (
     without_blocks,
 )
 from unsafe_doctor.audit.coverage import AdaptorCoverage
-from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.existing_reset import AlreadyReset, existing_reset
 from unsafe_doctor.knowledge.classify import Classified, ClassifiedSubject, FixPlan, NoFix, Unclassified, generic_template
+from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import (
     DEST_RANK,
     EVERY_ROLE,

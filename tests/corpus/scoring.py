@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from unsafe_doctor.context import groundwork
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnosis import Diagnosis, DiagnosedFinding, diagnose
 from unsafe_doctor.knowledge.rules import KnowledgeBase, load_knowledge
 

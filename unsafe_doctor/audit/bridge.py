@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unsafe_doctor.audit.model import Audit, Coverage, Holder, Site
-from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import Classification, Classified, FixPlan, NoFix, classify, classify_as
+from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.matching import frame_named, rule_matches
 from unsafe_doctor.knowledge.rules import Rule
 from unsafe_doctor.knowledge.subject import Evidence, Subject

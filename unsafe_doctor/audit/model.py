@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Literal
 
 from unsafe_doctor.audit.refs import HolderKey
-from unsafe_doctor.context import RunContext
 from unsafe_doctor.knowledge.classify import Classification, Classified, FixPlan
+from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.stale import StaleReset
 

@@ -18,9 +18,9 @@ from unsafe_doctor.audit.holders import ScanFindings, holders, named_by_rules, s
 from unsafe_doctor.audit.index import Index, ModuleInfo, audited_files
 from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Progress, Site, Stage
 from unsafe_doctor.audit.resolve import Accessors
-from unsafe_doctor.context import RunContext
 from unsafe_doctor.errors import UsageError, os_reason
 from unsafe_doctor.knowledge.classify import Classification, Classified
+from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import Rule, load_knowledge
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import detect_environment

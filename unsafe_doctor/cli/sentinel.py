@@ -24,7 +24,7 @@ from unsafe_doctor.cli.options import (
 )
 from unsafe_doctor.cli.streams import say
 from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
-from unsafe_doctor.context import groundwork
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.log.sentinel_lines import MODES, Mode
 from unsafe_doctor.report import fix as fix_report
 from unsafe_doctor.report import sentinel as report

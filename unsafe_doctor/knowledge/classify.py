@@ -15,7 +15,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol, get_args
 
-from unsafe_doctor.context import RunContext
+from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.matching import matching_block, precedence
 from unsafe_doctor.knowledge.rules import (
     DEST_RANK,
