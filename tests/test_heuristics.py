@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unsafe_doctor.heuristics import Verdict, judge
-from unsafe_doctor.heuristics.gather import MAX_FILES
+from unsafe_doctor.knowledge.heuristics import Verdict, judge
+from unsafe_doctor.knowledge.heuristics.gather import MAX_FILES
 from unsafe_doctor.locate import locate
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
@@ -473,7 +473,7 @@ def test_judging_imports_neither_torch_nor_megatron():
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from unsafe_doctor.heuristics import judge
+        from unsafe_doctor.knowledge.heuristics import judge
         from unsafe_doctor.source.workspace import Workspace
         from unsafe_doctor.knowledge.subject import Subject, TensorRef
         for variable, module, owner in [

@@ -103,7 +103,7 @@ def classify(subject: Subject, context: RunContext, loss_scaling: LossScaling | 
     chosen, notes = _choose_rule(subject, knowledge, environment, loss_scaling)
     if chosen is not None:
         return _by_rule(*chosen, subject, context, notes)
-    from unsafe_doctor.heuristics import judge  # only when no rule matched: it costs start-up time
+    from unsafe_doctor.knowledge.heuristics import judge  # only when no rule matched: it costs start-up time
 
     verdict = judge(subject, context.workspace)
     if verdict.scenario is None:

@@ -8,7 +8,7 @@ import ast
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from unsafe_doctor.heuristics.vocabulary import (
+from unsafe_doctor.knowledge.heuristics.vocabulary import (
     COPY_CALLS,
     ELEMENT_METHODS,
     HANDLE_TOKENS,
@@ -21,7 +21,7 @@ from unsafe_doctor.source.syntax import Function, callee_name, parameter_names
 from unsafe_doctor.source.workspace import SourceFile
 
 if TYPE_CHECKING:
-    from unsafe_doctor.heuristics.gather import Study
+    from unsafe_doctor.knowledge.heuristics.gather import Study
 
 Relation = Literal["ref", "copy", "computed"]  # the tensor itself, a plain copy of it, or computed from it
 

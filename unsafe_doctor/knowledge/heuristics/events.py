@@ -12,8 +12,8 @@ from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from unsafe_doctor.heuristics.aliases import Aliases, Relation
-from unsafe_doctor.heuristics.vocabulary import (
+from unsafe_doctor.knowledge.heuristics.aliases import Aliases, Relation
+from unsafe_doctor.knowledge.heuristics.vocabulary import (
     ACCUMULATE_METHODS,
     DECAY_METHODS,
     INIT_TOKENS,
@@ -35,7 +35,7 @@ from unsafe_doctor.source.syntax import Function, callee_name, child_nodes, chil
 from unsafe_doctor.source.workspace import SourceFile
 
 if TYPE_CHECKING:
-    from unsafe_doctor.heuristics.gather import Study
+    from unsafe_doctor.knowledge.heuristics.gather import Study
 
 
 Kind = Literal[  # the kinds of evidence, as the rules of evidence name them

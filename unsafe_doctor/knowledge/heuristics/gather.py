@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
 
-from unsafe_doctor.heuristics.events import Event, FileStudy, FunctionStudy, Kind
-from unsafe_doctor.heuristics.vocabulary import runs_per_step
+from unsafe_doctor.knowledge.heuristics.events import Event, FileStudy, FunctionStudy, Kind
+from unsafe_doctor.knowledge.heuristics.vocabulary import runs_per_step
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.source.files import is_file
 from unsafe_doctor.source.syntax import callee_name, child_nodes, child_statements, is_cache_decorator, walk_scope, word_starts

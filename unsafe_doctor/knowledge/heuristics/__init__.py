@@ -57,8 +57,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from unsafe_doctor.heuristics.events import Event, Kind
-from unsafe_doctor.heuristics.gather import MAX_FILES, Study
+from unsafe_doctor.knowledge.heuristics.events import Event, Kind
+from unsafe_doctor.knowledge.heuristics.gather import MAX_FILES, Study
 from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.source.workspace import Workspace
 
