@@ -10,7 +10,7 @@ import pytest
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import load_knowledge
 from unsafe_doctor.source.workspace import Workspace
-from unsafe_doctor.stale import StaleReset, stale_resets
+from unsafe_doctor.audit.stale import StaleReset, stale_resets
 from unsafe_doctor.knowledge.versions import detect_environment
 
 ADAPTORS = Path(__file__).parent / "fixtures" / "adaptors"

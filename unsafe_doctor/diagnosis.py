@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from unsafe_doctor import sentinel_findings
+from unsafe_doctor.audit.stale import StaleReset, stale_resets
 from unsafe_doctor.knowledge.classify import Classification, classify, classify_cache
 from unsafe_doctor.knowledge.context import Groundwork, RunContext
 from unsafe_doctor.knowledge.matching import frame_named
@@ -20,7 +21,6 @@ from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.recovery import LossScaling, Phase, RecoveryContext
 from unsafe_doctor.log.sentinel_lines import MARKER, Summary
 from unsafe_doctor.log.tracebacks import Traceback, parse_tracebacks
-from unsafe_doctor.stale import StaleReset, stale_resets
 
 
 @dataclass(frozen=True)

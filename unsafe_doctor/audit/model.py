@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Literal
 
 from unsafe_doctor.audit.refs import HolderKey
+from unsafe_doctor.audit.stale import StaleReset
 from unsafe_doctor.knowledge.classify import Classification, Classified, FixPlan
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.subject import Subject
-from unsafe_doctor.stale import StaleReset
 
 HolderKind = Literal["module-global", "class-attribute", "singleton", "lru-cache", "buffer"]
 Placement = Literal["device", "unknown"]

@@ -18,6 +18,7 @@ from unsafe_doctor.audit.holders import ScanFindings, holders, named_by_rules, s
 from unsafe_doctor.audit.index import Index, ModuleInfo, audited_files
 from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Progress, Site, Stage
 from unsafe_doctor.audit.resolve import Accessors
+from unsafe_doctor.audit.stale import stale_resets
 from unsafe_doctor.errors import UsageError, os_reason
 from unsafe_doctor.knowledge.classify import Classification, Classified
 from unsafe_doctor.knowledge.context import RunContext
@@ -27,7 +28,6 @@ from unsafe_doctor.knowledge.versions import detect_environment
 from unsafe_doctor.source.files import ImportRoots
 from unsafe_doctor.source.markers import MARKER_BEGIN
 from unsafe_doctor.source.workspace import Parsed
-from unsafe_doctor.stale import stale_resets
 
 _STATUS_ORDER = {"uncovered": 0, "unsafe": 1, "covered": 2}
 _NO_ADAPTOR = Coverage("uncovered", None, None, (), (), "no adaptor was found")

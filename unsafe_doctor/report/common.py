@@ -14,9 +14,9 @@ from rich.measure import Measurement
 from rich.syntax import Syntax
 from rich.text import Text
 
+from unsafe_doctor.audit.stale import StaleReset
 from unsafe_doctor.knowledge.classify import FixPlan, NoFix
 from unsafe_doctor.knowledge.versions import Environment
-from unsafe_doctor.stale import StaleReset
 
 
 @cache
