@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from unsafe_doctor.knowledge.heuristics import Verdict, judge
 from unsafe_doctor.knowledge.heuristics.gather import MAX_FILES
-from unsafe_doctor.locate import locate
+from unsafe_doctor.diagnose.locate import locate
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame, Traceback

@@ -19,7 +19,7 @@ import pytest
 
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnosis import diagnose
-from unsafe_doctor.locate import locate
+from unsafe_doctor.diagnose.locate import locate
 from unsafe_doctor.npu.messages import UNSAFE_DATA
 from unsafe_doctor.source.fingerprint import fingerprint, release_version
 from unsafe_doctor.source.index import FrameworkIndex, index_folder

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.locate import locate
+from unsafe_doctor.diagnose.locate import locate
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin, Workspace, module_from_path
@@ -742,7 +742,7 @@ def test_locating_megatron_cases_imports_neither_torch_nor_megatron():
     script = textwrap.dedent(
         f"""
         import json, sys
-        from unsafe_doctor.locate import locate
+        from unsafe_doctor.diagnose.locate import locate
         from unsafe_doctor.source.workspace import Workspace
         from unsafe_doctor.log.tracebacks import Frame, Traceback
         frames = [
@@ -765,7 +765,7 @@ def test_locating_megatron_cases_imports_neither_torch_nor_megatron():
 
 def test_importing_locate_does_not_import_torch():
     done = subprocess.run(
-        [sys.executable, "-c", "import sys, unsafe_doctor.locate; print('torch' in sys.modules)"],
+        [sys.executable, "-c", "import sys, unsafe_doctor.diagnose.locate; print('torch' in sys.modules)"],
         capture_output=True, text=True, check=True,
     )
     assert done.stdout.strip() == "False"

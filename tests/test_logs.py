@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unsafe_doctor.locate import locate
+from unsafe_doctor.diagnose.locate import locate
 from unsafe_doctor.log.lines import LogLine, by_rank, normalise, split_lines
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.log.tracebacks import parse_tracebacks

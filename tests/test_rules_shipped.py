@@ -32,7 +32,7 @@ from packaging.version import Version
 from unsafe_doctor.knowledge.classify import Classification, FixPlan, classify
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import load_knowledge
-from unsafe_doctor.locate import Finding, locate
+from unsafe_doctor.diagnose.locate import Finding, locate
 from unsafe_doctor.log.lines import by_rank, split_lines
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.log.tracebacks import parse_tracebacks

@@ -9,11 +9,11 @@ from typing import BinaryIO
 
 from unsafe_doctor import sentinel_findings
 from unsafe_doctor.audit.stale import StaleReset, stale_resets
+from unsafe_doctor.diagnose.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.knowledge.classify import Classification, classify, classify_cache
 from unsafe_doctor.knowledge.context import Groundwork, RunContext
 from unsafe_doctor.knowledge.matching import frame_named
 from unsafe_doctor.knowledge.subject import Subject
-from unsafe_doctor.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.log import inputs, recovery
 from unsafe_doctor.log import lines as logs
 from unsafe_doctor.log.inputs import Excerpt, InputInfo, Progress, SkippedInput

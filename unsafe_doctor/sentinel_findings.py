@@ -17,9 +17,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
 from unsafe_doctor.knowledge.rules import is_safe_dotted
 from unsafe_doctor.knowledge.subject import TensorRef
-from unsafe_doctor.locate import Finding, SentinelSeen
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.sentinel_lines import MODES, SCHEMA, Record, Summary, UnsafeGlobal, parse_line
 from unsafe_doctor.source.workspace import Origin

@@ -10,10 +10,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
 from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge.classify import Classification, FixPlan
 from unsafe_doctor.knowledge.subject import TensorRef
-from unsafe_doctor.locate import Finding, SentinelSeen
 from unsafe_doctor.log.sentinel_lines import Summary
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.report.common import (

@@ -41,7 +41,7 @@ From an index of modules rather than a log frame, resolve every name a function 
 Resolving may read further modules through the workspace (imports, re-exports, a function's
 `return`), at most `MAX_DEPTH` deep; it never imports them.
 
-The rules, in order (see also `unsafe_doctor.locate`): `self.x` / `cls.x` is attribute `x` of the
+The rules, in order (see also `unsafe_doctor.diagnose.locate`): `self.x` / `cls.x` is attribute `x` of the
 method's class (`self.rope(n)` is an lru-cached call's result when `Rope.forward` is cached); a
 name the function declares `global` is the module's; a parameter stays a parameter; a local is
 what it was last bound to before the line (an import, or an alias of a global:
