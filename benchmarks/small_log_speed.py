@@ -26,7 +26,7 @@ IN_PROCESS = """
 import sys, tempfile, time
 from pathlib import Path
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.source.index import FrameworkIndex
 log, repeat = sys.argv[1], int(sys.argv[2])
 empty = Path(tempfile.mkdtemp())

@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.report import diagnosis as diagnosis_report
 from unsafe_doctor.report.common import counted, printable, rank_ranges
 

@@ -31,7 +31,7 @@ import pytest
 from conftest import load_rules_generator
 
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import BACKUP_SUFFIX, FileEdit, Plan, apply, function_overrides, plan_fix, plan_revert
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.diagnose.locate import locate
 from unsafe_doctor.npu.messages import UNSAFE_DATA
 from unsafe_doctor.source.fingerprint import fingerprint, release_version

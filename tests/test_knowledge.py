@@ -9,7 +9,7 @@ import pytest
 
 from unsafe_doctor.knowledge.classify import FixPlan
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import is_safe_dotted, load_knowledge, validate_files
 from unsafe_doctor.knowledge.matching import rule_matches

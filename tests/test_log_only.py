@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.report.diagnosis import to_json
 
 sys.path.insert(0, str(Path(__file__).parent / "corpus"))
@@ -62,7 +62,7 @@ def test_log_only_gives_what_a_python_without_megatron_gives(tmp_path):
     script.write_text(
         "import json, sys\n"
         "from unsafe_doctor.knowledge.context import groundwork\n"
-        "from unsafe_doctor.diagnosis import diagnose\n"
+        "from unsafe_doctor.diagnose.pipeline import diagnose\n"
         "from unsafe_doctor.report.diagnosis import to_json\n"
         "print(json.dumps([to_json(diagnose([log], groundwork())) for log in sys.argv[1:]]))\n"
     )

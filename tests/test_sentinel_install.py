@@ -24,7 +24,7 @@ import pytest
 from terminal import at_terminal
 
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import BACKUP_SUFFIX, Plan, apply, function_overrides, parameter_roles, plan_fix, plan_revert
 from unsafe_doctor.source.markers import SENTINEL_KEY

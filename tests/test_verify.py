@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import apply, function_overrides, plan_fix
 from unsafe_doctor.knowledge.rules import PROBE_NAMES

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.diagnosis import Diagnosis, DiagnosedFinding, diagnose
+from unsafe_doctor.diagnose.pipeline import Diagnosis, DiagnosedFinding, diagnose
 from unsafe_doctor.knowledge.rules import KnowledgeBase, load_knowledge
 
 HERE = Path(__file__).resolve().parent

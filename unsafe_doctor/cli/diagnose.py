@@ -17,7 +17,7 @@ from unsafe_doctor.cli.options import (
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, progress_bar, warn_skipped
 from unsafe_doctor.cli.workflow import Invocation, offer_fixes
-from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report import diagnosis as report
 

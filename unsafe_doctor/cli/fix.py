@@ -23,7 +23,7 @@ from unsafe_doctor.cli.options import (
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, say, warn_skipped
 from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
-from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report import fix as report

@@ -23,7 +23,7 @@ from unsafe_doctor.cli.options import (
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, warn_skipped
 from unsafe_doctor.cli.workflow import Invocation
-from unsafe_doctor.diagnosis import diagnose
+from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.quiet import framework_warnings_silenced

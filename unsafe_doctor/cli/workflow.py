@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from unsafe_doctor.cli import prompts
 from unsafe_doctor.cli.streams import print_rich, say
-from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
+from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge.classify import Classified, FixPlan, Unclassified, classify_as
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import KnowledgeBase, Scenario

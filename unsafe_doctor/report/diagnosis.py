@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
-from unsafe_doctor.diagnosis import DiagnosedFinding, Diagnosis
+from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge.classify import Classification, FixPlan
 from unsafe_doctor.knowledge.subject import TensorRef
 from unsafe_doctor.log.sentinel_lines import Summary
