@@ -7,8 +7,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from unsafe_doctor import sentinel_findings
 from unsafe_doctor.audit.stale import StaleReset, stale_resets
+from unsafe_doctor.diagnose import sentinel_findings
 from unsafe_doctor.diagnose.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.knowledge.classify import Classification, classify, classify_cache
 from unsafe_doctor.knowledge.context import Groundwork, RunContext
