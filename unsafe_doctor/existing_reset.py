@@ -14,7 +14,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from unsafe_doctor.adaptor import adaptor_files
+from unsafe_doctor.adaptor.code import adaptor_files
 from unsafe_doctor.audit.coverage import AdaptorCoverage
 from unsafe_doctor.audit.model import Coverage
 from unsafe_doctor.audit.refs import HolderKey

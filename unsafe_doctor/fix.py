@@ -49,7 +49,7 @@ from typing import Protocol
 import libcst as cst
 from libcst.metadata import ImportAssignment, MetadataWrapper, Scope, ScopeProvider
 
-from unsafe_doctor.adaptor import (
+from unsafe_doctor.adaptor.code import (
     INDENT,
     MARKER_BEGIN,
     MARKER_END,

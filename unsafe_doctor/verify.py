@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from unsafe_doctor.adaptor import ROLES, AdaptorFile, read_adaptor
+from unsafe_doctor.adaptor.code import ROLES, AdaptorFile, read_adaptor
 from unsafe_doctor.diagnose.pipeline import Diagnosis
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.fix import HELPER, marker_key
