@@ -17,7 +17,7 @@ import pytest
 
 from unsafe_doctor.audit import Audit, AuditedHolder, audit, plan_fixes
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.fix import apply
+from unsafe_doctor.adaptor.fix import apply
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"

@@ -33,7 +33,7 @@ from conftest import load_rules_generator
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.fix import BACKUP_SUFFIX, FileEdit, Plan, apply, function_overrides, plan_fix, plan_revert
+from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX, FileEdit, Plan, apply, function_overrides, plan_fix, plan_revert
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnose.pipeline import diagnose
-from unsafe_doctor.fix import AlreadyReset, Planned, plan_fix
+from unsafe_doctor.adaptor.fix import AlreadyReset, Planned, plan_fix
 from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.log.tracebacks import Frame
 

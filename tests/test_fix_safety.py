@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.fix import BACKUP_SUFFIX
+from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX
 from unsafe_doctor.knowledge.rules import is_safe_dotted
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,7 +141,7 @@ STAGE_TWO_FILES = """\
 import hashlib, sys
 from pathlib import Path
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.fix import FileEdit, Plan, apply
+from unsafe_doctor.adaptor.fix import FileEdit, Plan, apply
 edits = []
 for name, grown in (("first.py", 10), ("second.py", 20000)):
     original = Path(name).read_bytes()

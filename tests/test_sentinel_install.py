@@ -26,7 +26,7 @@ from terminal import at_terminal
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.fix import BACKUP_SUFFIX, Plan, apply, function_overrides, parameter_roles, plan_fix, plan_revert
+from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX, Plan, apply, function_overrides, parameter_roles, plan_fix, plan_revert
 from unsafe_doctor.source.markers import SENTINEL_KEY
 from unsafe_doctor.sentinel_install import plan_sentinel
 from unsafe_doctor.log.sentinel_lines import MODES

@@ -20,7 +20,7 @@ import pytest
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.fix import apply, function_overrides, plan_fix
+from unsafe_doctor.adaptor.fix import apply, function_overrides, plan_fix
 from unsafe_doctor.knowledge.rules import PROBE_NAMES
 from unsafe_doctor.replay.plan import ReplayPlan
 from unsafe_doctor.verify import plan_replay, verify

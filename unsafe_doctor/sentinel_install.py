@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from unsafe_doctor.adaptor.code import AdaptorFunction, Role, adaptor_files, block_spans, enclosing_function, read_source
+from unsafe_doctor.adaptor.fix import Plan, marked_block, plan_blocks, reserved_imports
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.fix import Plan, marked_block, plan_blocks, reserved_imports
 from unsafe_doctor.knowledge.rules import AdaptorProfile, map_parameters, role_parameter
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.sentinel_lines import MODES, Mode

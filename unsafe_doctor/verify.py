@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from unsafe_doctor.adaptor.code import ROLES, AdaptorFile, read_adaptor
+from unsafe_doctor.adaptor.fix import HELPER, marker_key
 from unsafe_doctor.diagnose.pipeline import Diagnosis
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.fix import HELPER, marker_key
 from unsafe_doctor.knowledge.classify import Unclassified
 from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase, map_parameters
 from unsafe_doctor.replay.plan import MAX_RANKS, MAX_TIMEOUT, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target

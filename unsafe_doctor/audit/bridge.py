@@ -25,7 +25,7 @@ from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.log.tracebacks import Frame
 
 if TYPE_CHECKING:
-    from unsafe_doctor.fix import Plan
+    from unsafe_doctor.adaptor.fix import Plan
 
 
 def classification(holder: Holder, coverage: Coverage, context: RunContext) -> tuple[Subject, Classification | None]:
@@ -132,7 +132,7 @@ def _fixable(result: Audit) -> dict[str, _Fixable]:
 def plan_fixes(result: Audit) -> Plan:
     """One plan (one diff) with the fix of every uncovered holder that has one; refused without an
     adaptor to write into."""
-    from unsafe_doctor.fix import plan_fix  # libcst loads only when a fix is planned
+    from unsafe_doctor.adaptor.fix import plan_fix  # libcst loads only when a fix is planned
 
     if result.context.environment.adaptor is None:
         raise UsageError("--fix needs the recovery adaptor: none was found under the paths; give --adaptor FILE")
@@ -141,7 +141,7 @@ def plan_fixes(result: Audit) -> Plan:
 
 def plan_fixes_per_holder(result: Audit) -> dict[str, Plan]:
     """Each fixable holder's own plan (SARIF attaches a fix to each result)."""
-    from unsafe_doctor.fix import plan_fix
+    from unsafe_doctor.adaptor.fix import plan_fix
 
     if result.context.environment.adaptor is None:
         return {}

@@ -28,8 +28,8 @@ from unsafe_doctor.report import audit as report
 from unsafe_doctor.report.common import NextStep, printable
 
 if TYPE_CHECKING:
+    from unsafe_doctor.adaptor.fix import Plan
     from unsafe_doctor.audit import Audit, AuditedHolder
-    from unsafe_doctor.fix import Plan
 
 
 def command(

@@ -30,7 +30,7 @@ from unsafe_doctor.report import fix as report
 from unsafe_doctor.report.common import NextStep
 
 if TYPE_CHECKING:
-    from unsafe_doctor.fix import Plan, Written
+    from unsafe_doctor.adaptor.fix import Plan, Written
 
 
 def command(
@@ -53,7 +53,7 @@ def command(
 
     Exit 0: written, nothing to do, or --dry-run; 1: a fix left unwritten; 2: refused.
     """
-    from unsafe_doctor import fix as fixes  # libcst takes a second to load: diagnose does without it
+    from unsafe_doctor.adaptor import fix as fixes  # libcst takes a second to load: diagnose does without it
 
     overrides = fixes.function_overrides(function or [])
     roles = fixes.parameter_roles(parameter or [])

@@ -27,7 +27,7 @@ from unsafe_doctor.report.common import NextStep, printable
 from unsafe_doctor.report.fix import written_lines
 
 if TYPE_CHECKING:
-    from unsafe_doctor.fix import Plan, Written
+    from unsafe_doctor.adaptor.fix import Plan, Written
 
 VERIFY_QUESTION = "Verify the fix now (replay the fault and the recovery on 4 ranks, unpatched then patched)?"
 
@@ -79,7 +79,7 @@ def _fix_each(
     diagnosis: Diagnosis, invocation: Invocation, adaptor: Path, terminal: prompts.Terminal | None, *, yes: bool
 ) -> list[DiagnosedFinding]:
     """Each finding's fix shown, then written or not; the findings whose fix was written."""
-    from unsafe_doctor import fix as fixes  # libcst is loaded only when a fix is offered
+    from unsafe_doctor.adaptor import fix as fixes  # libcst is loaded only when a fix is offered
 
     applied = []
     for item, fix in _fixable(diagnosis, terminal):
@@ -114,7 +114,7 @@ def _fixable(diagnosis: Diagnosis, terminal: prompts.Terminal | None) -> list[tu
 
 def write_if_accepted(plan: Plan, *, dry_run: bool, yes: bool, interactive: bool) -> tuple[Written, ...]:
     """`fix` and `audit --fix`: the plan written on --yes or when the person at the terminal accepts it."""
-    from unsafe_doctor import fix as fixes
+    from unsafe_doctor.adaptor import fix as fixes
 
     if not plan.edits or dry_run:
         return ()

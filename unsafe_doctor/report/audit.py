@@ -22,8 +22,8 @@ from unsafe_doctor.report.common import (
 from unsafe_doctor.report.sarif import artifact_change, file_uri, location, sarif_log
 
 if TYPE_CHECKING:
+    from unsafe_doctor.adaptor.fix import Plan
     from unsafe_doctor.audit import Audit, AuditedHolder, Site
-    from unsafe_doctor.fix import Plan
 
 SCHEMA = "unsafe-doctor/audit/v1"
 SARIF_RULES = {

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from unsafe_doctor import __version__
 
 if TYPE_CHECKING:
-    from unsafe_doctor.fix import FileEdit
+    from unsafe_doctor.adaptor.fix import FileEdit
 
 
 def sarif_log(rules: dict[str, str], results: list[dict[str, Any]]) -> dict[str, Any]:

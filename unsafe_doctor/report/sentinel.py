@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from unsafe_doctor.report import fix
 
 if TYPE_CHECKING:
-    from unsafe_doctor.fix import Plan, Written
+    from unsafe_doctor.adaptor.fix import Plan, Written
     from unsafe_doctor.log.sentinel_lines import Mode
 
 SCHEMA = "unsafe-doctor/sentinel-install/v1"
