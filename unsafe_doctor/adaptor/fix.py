@@ -64,9 +64,9 @@ from unsafe_doctor.adaptor.code import (
     shown_path,
     without_blocks,
 )
+from unsafe_doctor.adaptor.existing_reset import AlreadyReset, existing_reset
 from unsafe_doctor.audit.coverage import AdaptorCoverage
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.existing_reset import AlreadyReset, existing_reset
 from unsafe_doctor.knowledge.classify import Classified, ClassifiedSubject, FixPlan, NoFix, Unclassified, generic_template
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import (
