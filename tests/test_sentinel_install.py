@@ -28,7 +28,7 @@ from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX, Plan, apply, function_overrides, parameter_roles, plan_fix, plan_revert
 from unsafe_doctor.source.markers import SENTINEL_KEY
-from unsafe_doctor.sentinel_install import plan_sentinel
+from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
 from unsafe_doctor.log.sentinel_lines import MODES
 from unsafe_doctor.verify import plan_replay, verify
 
