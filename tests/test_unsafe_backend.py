@@ -31,7 +31,7 @@ from unsafe_doctor.npu.backend import (
     npu_unavailable_reason,
     select_backend,
 )
-from unsafe_doctor.replay.reachable import reachable_tensors
+from unsafe_doctor.sentinel.reachable import reachable_tensors
 
 ERROR_LINE = re.compile(
     r"\[ERROR\] \d{4}-\d{2}-\d{2}-\d{2}:\d{2}:\d{2} \(PID:(\d+), Device:(-?\d+), RankID:(-?\d+)\) "

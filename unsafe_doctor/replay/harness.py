@@ -44,9 +44,9 @@ from unsafe_doctor.npu.backend import UnsafeBackend, select_backend
 from unsafe_doctor.npu.messages import UNSAFE_DATA
 from unsafe_doctor.replay.plan import RUNS, ReplayPlan
 from unsafe_doctor.replay.probes import NO_TRAIN_ARGS, Probe, ProbeError, make_probe, refresh
-from unsafe_doctor.replay.reachable import reachable_tensors
 from unsafe_doctor.replay.results import FailureKind, FixFailure, Milestone, RankResult, RunResult, StepOutcome
 from unsafe_doctor.sentinel import FRAMEWORK_PACKAGES, examine
+from unsafe_doctor.sentinel.reachable import reachable_tensors
 
 if TYPE_CHECKING:
     from unsafe_doctor.knowledge.rules import ParameterRole

@@ -25,7 +25,7 @@ import torch
 from packaging.specifiers import SpecifierSet
 
 from unsafe_doctor.replay.plan import Target
-from unsafe_doctor.replay.reachable import reachable_tensors
+from unsafe_doctor.sentinel.reachable import reachable_tensors
 
 # Megatron's train() arguments without a model or an optimizer
 NO_TRAIN_ARGS: tuple[None, list[object], None, None] = (None, [], None, None)

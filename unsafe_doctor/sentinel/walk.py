@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from unsafe_doctor.replay.reachable import CODE, LEAVES
+from unsafe_doctor.sentinel.reachable import CODE, LEAVES
 
 _LEAVES = (*LEAVES, torch.dtype, torch.device, torch.Size)
 # Beyond what the replay's walk passes over: methods, generators, frames, partials, and the modules and
