@@ -9,7 +9,7 @@ from __future__ import annotations
 from unsafe_doctor.replay.launch import ReplayStopped
 from unsafe_doctor.replay.plan import Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import FixFailure, Milestone, RankResult, RunResult, StepOutcome
-from unsafe_doctor.verify import _stopped, judge
+from unsafe_doctor.replay.verify import _stopped, judge
 
 TARGET = Target("generic.replica-copy:toytrain.state._EMA", "toytrain.state._EMA", 2, "generic.replica-copy",
                 "toytrain.state", "_EMA", None)

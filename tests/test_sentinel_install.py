@@ -30,7 +30,7 @@ from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX, Plan, apply, function_overr
 from unsafe_doctor.source.markers import SENTINEL_KEY
 from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
 from unsafe_doctor.log.sentinel_lines import MODES
-from unsafe_doctor.verify import plan_replay, verify
+from unsafe_doctor.replay.verify import plan_replay, verify
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL = Path(__file__).parent / "fixtures" / "real"

@@ -23,7 +23,7 @@ from unsafe_doctor.errors import UsageError
 from unsafe_doctor.adaptor.fix import apply, function_overrides, plan_fix
 from unsafe_doctor.knowledge.rules import PROBE_NAMES
 from unsafe_doctor.replay.plan import ReplayPlan
-from unsafe_doctor.verify import plan_replay, verify
+from unsafe_doctor.replay.verify import plan_replay, verify
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"

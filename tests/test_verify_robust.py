@@ -21,7 +21,7 @@ import pytest
 
 from unsafe_doctor.replay.plan import Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import RankResult, RunResult, StepOutcome
-from unsafe_doctor.verify import judge
+from unsafe_doctor.replay.verify import judge
 
 ROOT = Path(__file__).resolve().parent.parent
 EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"

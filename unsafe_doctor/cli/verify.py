@@ -63,8 +63,8 @@ def command(
     """
     import importlib.util
 
-    from unsafe_doctor import verify as verification
     from unsafe_doctor.adaptor import fix as fixes
+    from unsafe_doctor.replay import verify as verification
     from unsafe_doctor.replay.launch import torchrun_world_size, under_torchrun
     from unsafe_doctor.report import verification as report
 

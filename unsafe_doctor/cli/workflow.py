@@ -129,7 +129,7 @@ def write_if_accepted(plan: Plan, *, dry_run: bool, yes: bool, interactive: bool
 def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invocation, adaptor: Path) -> None:
     import importlib.util
 
-    from unsafe_doctor import verify as verification
+    from unsafe_doctor.replay import verify as verification
     from unsafe_doctor.report.verification import to_text
 
     if importlib.util.find_spec("torch") is None:
