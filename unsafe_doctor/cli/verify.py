@@ -26,7 +26,7 @@ from unsafe_doctor.cli.workflow import Invocation
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.quiet import framework_warnings_silenced
+from unsafe_doctor.replay.quiet import framework_warnings_silenced
 
 if TYPE_CHECKING:
     from unsafe_doctor.replay.results import Milestone

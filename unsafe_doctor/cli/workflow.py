@@ -22,7 +22,7 @@ from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge.classify import Classified, FixPlan, Unclassified, classify_as
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import KnowledgeBase, Scenario
-from unsafe_doctor.quiet import framework_warnings_silenced
+from unsafe_doctor.replay.quiet import framework_warnings_silenced
 from unsafe_doctor.report.common import NextStep, printable
 from unsafe_doctor.report.fix import written_lines
 
