@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.audit import Audit, AuditedHolder, audit, plan_fixes
-from unsafe_doctor.errors import UsageError
+from unsafe_doctor.adaptor.audit_fixes import plan_fixes
 from unsafe_doctor.adaptor.fix import apply
+from unsafe_doctor.audit import Audit, AuditedHolder, audit
+from unsafe_doctor.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"

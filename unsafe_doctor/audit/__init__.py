@@ -18,13 +18,12 @@ The pipeline, one module each:
 * `uses`, `walk`: the uses a scope's statements make of holders;
 * `holders`: framework code scanned for holders, with their writers and readers;
 * `coverage`: the adaptor's rollback, send and receive functions judged for each holder;
-* `bridge`: classification and fixes, through classify, heuristics and fix;
+* `bridge`: classification, through classify and the heuristics (`adaptor.audit_fixes` plans the fixes);
 * `halves`: the scan's files and the holders to judge, shared out with a forked copy on a second core;
 * `run`: one audit, start to end; `model`: what it reports.
 """
 
-from unsafe_doctor.audit.bridge import plan_fixes, plan_fixes_per_holder
 from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Site
 from unsafe_doctor.audit.run import audit
 
-__all__ = ["Audit", "AuditedHolder", "Coverage", "Holder", "Site", "audit", "plan_fixes", "plan_fixes_per_holder"]
+__all__ = ["Audit", "AuditedHolder", "Coverage", "Holder", "Site", "audit"]

@@ -1,5 +1,5 @@
-"""The bridge from holders to the diagnosis stages: classification (rules, then heuristics) and the
-fixes, for a holder found by reading source rather than by a fault in a log.
+"""The bridge from holders to the knowledge: classification (rules, then heuristics) for a holder
+found by reading source rather than by a fault in a log (`adaptor.audit_fixes` plans their fixes).
 
 A holder classifies through `classify()` with a subject built for it, at the first of its sites
 that a rule names (a rule may name the frame a log shows reading the tensor: the audit takes that
@@ -10,22 +10,17 @@ generic fix."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from unsafe_doctor.audit.model import Audit, Coverage, Holder, Site
-from unsafe_doctor.errors import UsageError
+from unsafe_doctor.audit.model import Coverage, Holder, Site
 from unsafe_doctor.knowledge.classify import Classification, Classified, FixPlan, NoFix, classify, classify_as
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.matching import frame_named, rule_matches
 from unsafe_doctor.knowledge.rules import Rule
 from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.log.tracebacks import Frame
-
-if TYPE_CHECKING:
-    from unsafe_doctor.adaptor.fix import Plan
 
 
 def classification(holder: Holder, coverage: Coverage, context: RunContext) -> tuple[Subject, Classification | None]:
@@ -107,42 +102,3 @@ def _resolved(file: str, resolved: dict[str, str]) -> str:
     if file not in resolved:
         resolved[file] = str(Path(file).resolve())
     return resolved[file]
-
-
-# --- fixes -------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Fixable:
-    """An uncovered holder with the classification whose fix it gets: what the fixer takes."""
-
-    subject: Subject
-    classification: Classified
-
-
-def _fixable(result: Audit) -> dict[str, _Fixable]:
-    """The fixable holders, by name."""
-    return {
-        item.holder.name: _Fixable(item.subject, item.classification)
-        for item in result.fixable
-        if isinstance(item.classification, Classified)
-    }
-
-
-def plan_fixes(result: Audit) -> Plan:
-    """One plan (one diff) with the fix of every uncovered holder that has one; refused without an
-    adaptor to write into."""
-    from unsafe_doctor.adaptor.fix import plan_fix  # libcst loads only when a fix is planned
-
-    if result.context.environment.adaptor is None:
-        raise UsageError("--fix needs the recovery adaptor: none was found under the paths; give --adaptor FILE")
-    return plan_fix(list(_fixable(result).values()), result.context)
-
-
-def plan_fixes_per_holder(result: Audit) -> dict[str, Plan]:
-    """Each fixable holder's own plan (SARIF attaches a fix to each result)."""
-    from unsafe_doctor.adaptor.fix import plan_fix
-
-    if result.context.environment.adaptor is None:
-        return {}
-    return {name: plan_fix([fixable], result.context) for name, fixable in _fixable(result).items()}

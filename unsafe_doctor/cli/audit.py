@@ -66,6 +66,7 @@ def command(
     uncovered or reset unsafely; 2: bad input.
     """
     from unsafe_doctor import audit as audits
+    from unsafe_doctor.adaptor.audit_fixes import plan_fixes, plan_fixes_per_holder
 
     if not paths:
         raise UsageError("nothing to audit: name source folders, or set source-roots in pyproject.toml's [tool.unsafe-doctor]")
@@ -80,11 +81,11 @@ def command(
         result = audits.audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or (),
                               progress=progress)
     elapsed = time.perf_counter() - started
-    plan = audits.plan_fixes(result) if fix else None  # refused before any output
+    plan = plan_fixes(result) if fix else None  # refused before any output
     if output_format is LocatedFormat.json:
         print_json(report.to_json(result))
     elif output_format is LocatedFormat.sarif:
-        print_json(report.to_sarif(result, audits.plan_fixes_per_holder(result)))
+        print_json(report.to_sarif(result, plan_fixes_per_holder(result)))
     else:
         print_rich(report.to_text(result, elapsed, None if fix else _with_fix(paths, adaptor, rules or ())))
     left = len(result.uncovered)
