@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from unsafe_doctor.errors import UsageError, os_reason
-from unsafe_doctor.source.files import is_regular
+
+
+def is_regular(path: Path) -> bool:
+    """A regular file (links followed): never a FIFO that would block a reader, nor a device."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
 
 ERROR_MARKER = b"unsafe data in the input tensor"
 BEFORE = 1 << 20  # bytes kept before a hit: the traceback's frames come before its message

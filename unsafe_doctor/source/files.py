@@ -10,6 +10,8 @@ from collections.abc import Iterator, Sequence
 from importlib.util import decode_source
 from pathlib import Path
 
+from unsafe_doctor.log.inputs import is_regular
+
 # Distribution -> its top-level package: the frameworks whose versions are detected.
 FRAMEWORK_DISTRIBUTIONS = {"megatron-core": "megatron", "mindspeed": "mindspeed", "mindspeed-llm": "mindspeed_llm"}
 # Top-level packages of the frameworks adaptors call into: read when a name leads there, recognised
@@ -39,14 +41,6 @@ def is_file(path: Path) -> bool:
     try:
         return path.is_file()
     except (OSError, ValueError):  # a log's path may be too long, or hold a NUL byte
-        return False
-
-
-def is_regular(path: Path) -> bool:
-    """A regular file (links followed): never a FIFO that would block a reader, nor a device."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
         return False
 
 
