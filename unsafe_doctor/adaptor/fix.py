@@ -1,4 +1,4 @@
-"""Stage 7: write each finding's fix into the user's recovery adaptor, and take it out again.
+"""Write each finding's fix into the user's recovery adaptor, and take it out again.
 
 A fix becomes one block at the end of an adaptor function, before a trailing `return`: the rollback
 function for scenario 1; for scenario 2 the send function (replica side) and the receive function

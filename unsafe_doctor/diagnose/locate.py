@@ -1,4 +1,4 @@
-"""Stage 4: unsafe-data tracebacks -> findings (culprit frame, global tensor), folded across ranks.
+"""Unsafe-data tracebacks -> findings (culprit frame, global tensor), folded across ranks.
 
 The rules, in the order they apply:
 

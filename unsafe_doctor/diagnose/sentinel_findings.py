@@ -2,7 +2,7 @@
 named it, merged into the traceback findings that name the same global.
 
 The sentinel runs in the training process at the end of the recovery and logs one line per global
-still unsafe (`sentinel_log`); a job whose first step has not died yet has no traceback at all.
+still unsafe (`log.sentinel_lines`); a job whose first step has not died yet has no traceback at all.
 A log is untrusted: a record that is damaged, names something that is no plain dotted Python name
 (`knowledge.is_safe_dotted`, the fixer's own check), gives a count or rank no job has, or a backend
 that is no plain word, is not read, only counted. Only what the record says happened is taken

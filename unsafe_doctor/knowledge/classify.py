@@ -1,4 +1,4 @@
-"""Stage 5b: a subject -> scenario, rule or heuristic evidence, and the fix rendered for the adaptor.
+"""A subject -> scenario, rule or heuristic evidence, and the fix rendered for the adaptor.
 
 A matching rule decides (confidence high). The run's loss scaling, when the log shows it, excludes
 the rules written for the other one; among several, the framework version detected in the user's

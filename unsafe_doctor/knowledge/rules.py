@@ -1,4 +1,4 @@
-"""Stage 5: the knowledge base. Rules, templates, conditions and adaptor profiles are data (YAML),
+"""The knowledge base. Rules, templates, conditions and adaptor profiles are data (YAML),
 validated on load.
 
 A rule says, for one global tensor (matched by name, module, owner class or culprit frame, and by
@@ -13,7 +13,7 @@ argument that switches a feature on; its guard is rendered from it. Adaptor prof
 generation of the recovery adaptor: where it lives, its rollback / send / receive functions and
 which parameter holds each role (`PARAMETER_ROLES`, the one list of them).
 
-`knowledge_yaml` reads a file (lines kept, schema checked); `matching` fits rules to a global.
+`loading` reads a file (lines kept, schema checked); `matching` fits rules to a global.
 """
 
 from __future__ import annotations

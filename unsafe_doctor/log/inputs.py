@@ -1,11 +1,11 @@
-"""Stage 1: inputs (stdin, files, folders, gzip) -> the few excerpts worth parsing.
+"""Inputs (stdin, files, folders, gzip) -> the few excerpts worth parsing.
 
 A failure log can be gigabytes of iteration lines around one traceback. Parsing every line in
 Python would be far slower than `grep`, so this stage only searches bytes: it finds the unsafe-data
 marker with `find` (memchr speed), cuts a window of text around each hit, and looks for recovery
 markers in a bounded span before the first hit. Lines that state a setting of the run are searched
 backwards (`rfind`) in the same span, or at the end of an input without a hit: only the last of
-each counts. Lines that carry a record (the sentinel's, `sentinel_log.MARKER`) are kept wherever
+each counts. Lines that carry a record (the sentinel's, `sentinel_lines.MARKER`) are kept wherever
 they stand, up to RECORD_BUDGET bytes. Everything else is never decoded. Memory stays bounded
 whatever the input size: every input is read in chunks with a rolling history, and the windows
 kept, all inputs together, stop at EXCERPT_BUDGET bytes (later hits are counted, not parsed).

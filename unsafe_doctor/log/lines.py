@@ -1,4 +1,4 @@
-"""Stage 2: raw log text -> clean, rank-attributed lines.
+"""Raw log text -> clean, rank-attributed lines.
 
 Input excerpts come from `inputs.py` (already decoded with replacement). This module strips the
 noise a real multi-rank log carries (ANSI colour, CR, NUL, timestamps, logger prefixes, launcher and

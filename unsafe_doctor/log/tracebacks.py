@@ -1,4 +1,4 @@
-"""Stage 3: one rank's clean lines -> Python traceback records.
+"""One rank's clean lines -> Python traceback records.
 
 Parses the text Python prints (there is no stdlib parser for it), including chained exceptions,
 3.11+ position markers (kept as each frame's `Marker`), repeated-frame notes, frames without

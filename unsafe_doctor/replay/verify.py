@@ -1,4 +1,4 @@
-"""Stage 8: prove a fix by replaying the fault and the recovery, unpatched (red) then patched (green).
+"""Prove a fix by replaying the fault and the recovery, unpatched (red) then patched (green).
 
 ``plan_replay`` turns a diagnosis and the adaptor's files into a ReplayPlan (no torch needed);
 ``verify`` runs it (forked ranks on this machine, or this rank under torchrun) and ``judge`` reads

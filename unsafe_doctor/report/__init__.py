@@ -1,4 +1,4 @@
-"""Stage 6: results -> JSON (versioned contracts), SARIF, or rich renderables for a terminal.
+"""Results -> JSON (versioned contracts), SARIF, or rich renderables for a terminal.
 
 One module per output: `diagnosis`, `fix` (a plan and what was written), `verification`, `audit`,
 `rules`; `sarif` holds the envelope and locations that diagnosis and audit share, `common` the
