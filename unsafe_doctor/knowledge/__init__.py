@@ -1,5 +1,5 @@
 """What the tool knows about global tensors and recovery adaptors: the rules and adaptor profiles of
-`knowledge_base/` (`loading` reads and validates the YAML, `rules` holds them, `matching` matches
+`knowledge_base/` (`yaml_file` reads and validates the YAML, `rules` holds them, `matching` matches
 them to a frame or a global), the `subject` a rule is about, the classification into scenario 1
 or 2 (`classify`: rules first, then the source `heuristics`), the framework releases found in the
 job's trees (`versions`), and what the stages of one command share (`context`).

@@ -13,7 +13,7 @@ argument that switches a feature on; its guard is rendered from it. Adaptor prof
 generation of the recovery adaptor: where it lives, its rollback / send / receive functions and
 which parameter holds each role (`PARAMETER_ROLES`, the one list of them).
 
-`loading` reads a file (lines kept, schema checked); `matching` fits rules to a global.
+`yaml_file` reads a file (lines kept, schema checked); `matching` fits rules to a global.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.loading import line_of, parse, schema_problems
+from unsafe_doctor.knowledge.yaml_file import line_of, parse, schema_problems
 from unsafe_doctor.knowledge.matching import may_tie, names_global
 from unsafe_doctor.log.recovery import LossScaling
 

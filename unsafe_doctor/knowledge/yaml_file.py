@@ -1,7 +1,7 @@
 """Reading one knowledge file: YAML that keeps its line numbers, checked against the JSON schema.
 
 Every problem is one line, 'file:line: where: what is wrong'; building rules from the checked data
-is `knowledge`'s part.
+is `rules`' part.
 """
 
 from __future__ import annotations
