@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from unsafe_doctor.audit.run import audit
-from unsafe_doctor.knowledge.rules import load_knowledge
+from unsafe_doctor.knowledge.loading import load_knowledge
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 MINDSPEED = REAL / "mindspeed-26.0.0" / "mindspeed"

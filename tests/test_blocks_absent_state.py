@@ -28,12 +28,13 @@ import torch
 
 from unsafe_doctor.knowledge.classify import Classified, FixPlan, classify, classify_as, generic_template
 from unsafe_doctor.knowledge.context import RunContext
-from unsafe_doctor.knowledge.rules import DEST_RANK, SOURCE_RANK, Rule, RuleMatch, Template, load_knowledge
+from unsafe_doctor.knowledge.loading import load_knowledge
+from unsafe_doctor.knowledge.rules import DEST_RANK, SOURCE_RANK, Rule, RuleMatch, Template
+from unsafe_doctor.knowledge.subject import Subject, TensorRef
+from unsafe_doctor.knowledge.versions import Environment
+from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.npu.backend import EmulatedBackend
 from unsafe_doctor.source.workspace import Workspace
-from unsafe_doctor.knowledge.subject import Subject, TensorRef
-from unsafe_doctor.log.tracebacks import Frame
-from unsafe_doctor.knowledge.versions import Environment
 
 SHIPPED = load_knowledge()
 # The guards read Megatron's parsed arguments; the fix under them is what is tested here.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.knowledge.rules import load_knowledge
+from unsafe_doctor.knowledge.loading import load_knowledge
 
 
 def _load_scoring():

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.rules import load_knowledge, map_parameters
+from unsafe_doctor.knowledge.loading import load_knowledge
+from unsafe_doctor.knowledge.rules import map_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG = ROOT / "samples" / "logs" / "toytrain_ema"

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.diagnose.locate import locate
+from unsafe_doctor.diagnose.pipeline import diagnose
+from unsafe_doctor.knowledge.context import groundwork
+from unsafe_doctor.log.tracebacks import Frame, Traceback
 from unsafe_doctor.npu.messages import UNSAFE_DATA
 from unsafe_doctor.source.fingerprint import fingerprint, release_version
 from unsafe_doctor.source.index import FrameworkIndex, index_folder
 from unsafe_doctor.source.skeleton import line_hashes, skeleton
 from unsafe_doctor.source.workspace import Origin, Workspace
-from unsafe_doctor.log.tracebacks import Frame, Traceback
 
 SITE = Path(sysconfig.get_paths()["purelib"])
 MEGATRON = SITE / "megatron" / "core"
@@ -243,7 +243,7 @@ def test_every_global_a_shipped_rule_names_is_in_a_release_the_rule_claims():
     """Each rule block naming a variable in a module is checked against the index: some release in
     the rule's version range defines it there (a glob module: one of its modules, in the newest
     release claimed)."""
-    from unsafe_doctor.knowledge.rules import load_knowledge
+    from unsafe_doctor.knowledge.loading import load_knowledge
 
     index = FrameworkIndex()
     frameworks = {framework.name: framework for framework in index.frameworks}

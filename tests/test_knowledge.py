@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.knowledge.classify import FixPlan
-from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.rules import is_safe_dotted, load_knowledge, validate_files
+from unsafe_doctor.knowledge.classify import FixPlan
+from unsafe_doctor.knowledge.context import groundwork
+from unsafe_doctor.knowledge.loading import load_knowledge, validate_files
 from unsafe_doctor.knowledge.matching import rule_matches
+from unsafe_doctor.knowledge.rules import is_safe_dotted
 from unsafe_doctor.source.index import FrameworkIndex
 from unsafe_doctor.source.workspace import Origin
 
@@ -226,7 +227,7 @@ def test_only_plain_dotted_names_reach_generated_code(name, safe):
 
 def test_every_shipped_knowledge_file_meets_the_schema():
     """load_knowledge skips the schema for shipped files, so this test is what holds them to it."""
-    from unsafe_doctor.knowledge.rules import shipped_knowledge_dir
+    from unsafe_doctor.knowledge.loading import shipped_knowledge_dir
 
     assert validate_files([shipped_knowledge_dir()]) == []
 

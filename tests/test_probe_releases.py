@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from unsafe_doctor.knowledge.rules import PROBE_NAMES, load_knowledge
+from unsafe_doctor.knowledge.loading import load_knowledge
+from unsafe_doctor.knowledge.rules import PROBE_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLAY = ROOT / "tests" / "fixtures" / "replay"

@@ -29,14 +29,14 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from unsafe_doctor.diagnose.locate import Finding, locate
 from unsafe_doctor.knowledge.classify import Classification, FixPlan, classify
 from unsafe_doctor.knowledge.context import RunContext
-from unsafe_doctor.knowledge.rules import load_knowledge
-from unsafe_doctor.diagnose.locate import Finding, locate
-from unsafe_doctor.log.lines import by_rank, split_lines
-from unsafe_doctor.source.workspace import Workspace
-from unsafe_doctor.log.tracebacks import parse_tracebacks
+from unsafe_doctor.knowledge.loading import load_knowledge
 from unsafe_doctor.knowledge.versions import Environment
+from unsafe_doctor.log.lines import by_rank, split_lines
+from unsafe_doctor.log.tracebacks import parse_tracebacks
+from unsafe_doctor.source.workspace import Workspace
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rules"
 KNOWLEDGE = load_knowledge()

@@ -25,7 +25,7 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from unsafe_doctor.knowledge.rules import load_knowledge  # noqa: E402
+from unsafe_doctor.knowledge.loading import load_knowledge  # noqa: E402
 from unsafe_doctor.sentinel import SentinelReport  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

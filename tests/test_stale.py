@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.rules import load_knowledge
-from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.audit.stale import StaleReset, stale_resets
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge.loading import load_knowledge
 from unsafe_doctor.knowledge.versions import detect_environment
+from unsafe_doctor.source.workspace import Workspace
 
 ADAPTORS = Path(__file__).parent / "fixtures" / "adaptors"
 LEGACY = ADAPTORS / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"

@@ -13,10 +13,10 @@ import pytest
 from packaging.version import Version
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.rules import load_knowledge
-from unsafe_doctor.source.workspace import Workspace
-from unsafe_doctor.log.tracebacks import Frame
+from unsafe_doctor.knowledge.loading import load_knowledge
 from unsafe_doctor.knowledge.versions import DEFAULT_PROFILE, detect_environment
+from unsafe_doctor.log.tracebacks import Frame
+from unsafe_doctor.source.workspace import Workspace
 
 ADAPTORS = Path(__file__).parent / "fixtures" / "adaptors"
 LEGACY_ROOT = ADAPTORS / "legacy"

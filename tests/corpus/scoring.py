@@ -16,9 +16,10 @@ from pathlib import Path
 
 import yaml
 
+from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis, diagnose
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.diagnose.pipeline import Diagnosis, DiagnosedFinding, diagnose
-from unsafe_doctor.knowledge.rules import KnowledgeBase, load_knowledge
+from unsafe_doctor.knowledge.loading import load_knowledge
+from unsafe_doctor.knowledge.rules import KnowledgeBase
 
 HERE = Path(__file__).resolve().parent
 LABELS = HERE / "labels.yaml"

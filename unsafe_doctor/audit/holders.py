@@ -24,7 +24,6 @@ from unsafe_doctor.audit.scope import Place, Scope, functions_of
 from unsafe_doctor.audit.uses import Use, shortened, sites
 from unsafe_doctor.audit.vocabulary import COMMUNICATION_INTO, CONTAINER_ADD, CONTAINER_REMOVE, updates_data_in_place
 from unsafe_doctor.audit.walk import Walker
-from unsafe_doctor.knowledge.matching import names_global
 from unsafe_doctor.knowledge.rules import Rule, RuleMatch
 from unsafe_doctor.source.syntax import child_nodes, source_segment
 
@@ -269,7 +268,7 @@ def _named_by_rules_in(info: ModuleInfo, rules: Sequence[Rule]) -> list[Holder]:
         if block.owner not in named:
             named[block.owner] = _named_in(info, block.owner)
         for key, node, kind in named[block.owner]:
-            if key in found or not names_global(block, key.variable, info.name, key.owner):
+            if key in found or not block.names(key.variable, info.name, key.owner):
                 continue
             code = (source_segment(info.text, node) or "").strip().splitlines()
             site = Site(info.shown, node.lineno, key.owner, shortened(code[0]) if code else key.variable)

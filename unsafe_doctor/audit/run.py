@@ -22,7 +22,8 @@ from unsafe_doctor.audit.stale import stale_resets
 from unsafe_doctor.errors import UsageError, os_reason
 from unsafe_doctor.knowledge.classify import Classification, Classified
 from unsafe_doctor.knowledge.context import RunContext
-from unsafe_doctor.knowledge.rules import Rule, load_knowledge
+from unsafe_doctor.knowledge.loading import load_knowledge
+from unsafe_doctor.knowledge.rules import Rule
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import detect_environment
 from unsafe_doctor.source.files import ImportRoots

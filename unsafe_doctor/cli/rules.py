@@ -12,7 +12,8 @@ from unsafe_doctor.cli.conventions import printing
 from unsafe_doctor.cli.options import Format, FormatOption, RulesOption
 from unsafe_doctor.cli.streams import print_json, print_rich
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.rules import Rule, load_knowledge, validate_files
+from unsafe_doctor.knowledge.loading import load_knowledge, validate_files
+from unsafe_doctor.knowledge.rules import Rule
 from unsafe_doctor.report import rules as report
 
 app = typer.Typer(help="List, show and validate knowledge-base rules.", no_args_is_help=True, suggest_commands=False)

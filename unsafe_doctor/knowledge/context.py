@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.rules import KnowledgeBase, load_knowledge
+from unsafe_doctor.knowledge.loading import load_knowledge
+from unsafe_doctor.knowledge.rules import KnowledgeBase
 from unsafe_doctor.knowledge.versions import Environment, detect_environment
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.workspace import Workspace

@@ -12,14 +12,11 @@ from __future__ import annotations
 import re
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from unsafe_doctor.knowledge.rules import Rule, RuleMatch
 from unsafe_doctor.log.recovery import LossScaling
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.files import import_root
-
-if TYPE_CHECKING:
-    from unsafe_doctor.knowledge.rules import Rule, RuleMatch
 
 
 def rule_matches(
@@ -74,20 +71,7 @@ def _block_fits(
         return False
     if variable is None:
         return frame_named
-    return names_global(match, variable, module, owner)
-
-
-def names_global(match: RuleMatch, variable: str, module: str | None, owner: str | None) -> bool:
-    """Whether a match block's variable, module and owner fields fit a global (its frame fields aside)."""
-    if match.variable is not None and variable != match.variable:
-        return False
-    if match.variable_regex is not None and not re.fullmatch(match.variable_regex, variable):
-        return False
-    if match.module is not None and (module is None or not fnmatchcase(module, match.module)):
-        return False
-    if match.owner is not None and owner != match.owner:
-        return False
-    return True
+    return match.names(variable, module, owner)
 
 
 def frame_named(rule: Rule, variable: str, module: str | None, owner: str | None, definition: Path | None) -> Frame | None:
@@ -103,7 +87,7 @@ def frame_named(rule: Rule, variable: str, module: str | None, owner: str | None
             for block in rule.matches
             if block.variable == variable
             and (block.file is not None or block.function is not None)
-            and names_global(block, variable, module, owner)
+            and block.names(variable, module, owner)
         ),
         None,
     )

@@ -1,0 +1,375 @@
+"""Knowledge files -> one `KnowledgeBase`: the shipped folder, then the user's files, each read and
+schema-checked (`yaml_file`), built into rules, templates, profiles and conditions, and merged by id.
+
+Every problem is one line with its file and line. What loading refuses: an unknown condition, slot
+or probe, a duplicate id in one file, a kind of global no template covers, and two rules that could
+tie for one global (`matching.may_tie`), so that file order never decides.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar, get_args
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge.matching import may_tie
+from unsafe_doctor.knowledge.rules import (
+    EVERY_ROLE,
+    MAPPING_ROLES,
+    PARAMETER_ROLES,
+    PROBE_NAMES,
+    AdaptorProfile,
+    Condition,
+    FixTemplate,
+    GlobalKind,
+    KnowledgeBase,
+    ParameterRole,
+    Rule,
+    RuleMatch,
+    Scenario,
+    StepWritten,
+    Template,
+    map_parameters,
+    template_slots,
+)
+from unsafe_doctor.knowledge.yaml_file import line_of, parse, schema_problems
+
+REQUIRED_ROLES: tuple[ParameterRole, ...] = ("src_ranks", "dest_ranks")
+# A condition's switch is one of Megatron's parsed arguments, read with getattr so that an argument
+# a framework does not define reads as off.
+SWITCH_IMPORTS = ("from megatron.training import get_args",)
+SLOTS_SCENARIO_1 = frozenset({"module", "variable", "owner", "alias", "parent", "holder", "tensor"})
+SLOTS_SCENARIO_2 = SLOTS_SCENARIO_1 | {"src", "dst", "group"}
+KNOWLEDGE_SUFFIXES = (".yaml", ".yml")
+
+
+def shipped_knowledge_dir() -> Path:
+    """`knowledge_base/` beside the package in a checkout; inside the package once installed."""
+    checkout = Path(__file__).resolve().parents[2] / "knowledge_base"
+    if checkout.is_dir():
+        return checkout
+    return Path(str(resources.files("unsafe_doctor") / "knowledge_base"))
+
+
+def load_knowledge(extra: Sequence[Path] = ()) -> KnowledgeBase:
+    """Shipped knowledge, then the user's files; a user's rule, template or profile replaces a shipped one by id."""
+    problems: list[str] = []
+    shipped = _knowledge_files([shipped_knowledge_dir()])
+    merged = _FileKnowledge()
+    for path in [*shipped, *_knowledge_files(extra)]:
+        # The test suite holds the shipped files to the schema; checking them again costs every run.
+        loaded = _load_file(path, problems, check_schema=path not in shipped)
+        if loaded is not None:
+            merged.add(loaded)
+    for rule in merged.rules.values():
+        problems.extend(
+            f"{rule.origin}: rule {rule.id}: unknown condition '{name}'"
+            for name in rule.conditions
+            if name not in merged.conditions
+        )
+    problems.extend(merged.conflicts())
+    problems.extend(merged.uncovered(", ".join(map(str, extra)) or str(shipped_knowledge_dir())))
+    if problems:
+        raise UsageError(problems[0] + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""))
+    return KnowledgeBase(
+        tuple(merged.rules.values()),
+        tuple(merged.profiles.values()),
+        merged.conditions,
+        tuple(merged.templates.values()),
+        tuple(merged.step_written.values()),
+    )
+
+
+def validate_files(paths: Sequence[Path]) -> list[str]:
+    """Every problem in these knowledge files, as 'file:line: what is wrong'."""
+    problems: list[str] = []
+    files = _knowledge_files(paths)
+    if not files:
+        return [f"{', '.join(map(str, paths))}: no .yaml knowledge files"]
+    merged = _FileKnowledge()
+    for path in files:
+        loaded = _load_file(path, problems)
+        if loaded is not None:
+            merged.add(loaded)
+    return problems + merged.conflicts()
+
+
+def _knowledge_files(paths: Iterable[Path]) -> list[Path]:
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*") if p.suffix in KNOWLEDGE_SUFFIXES and p.is_file()))
+        elif path.exists():
+            files.append(path)
+        else:
+            raise UsageError(f"{path}: no such knowledge file or folder")
+    return files
+
+
+@dataclass
+class _FileKnowledge:
+    """What one file holds, or several merged in order (a later item replaces an earlier one by id)."""
+
+    rules: dict[str, Rule] = field(default_factory=dict)
+    templates: dict[str, Template] = field(default_factory=dict)
+    profiles: dict[str, AdaptorProfile] = field(default_factory=dict)
+    conditions: dict[str, Condition] = field(default_factory=dict)
+    step_written: dict[str, StepWritten] = field(default_factory=dict)
+
+    def add(self, other: _FileKnowledge) -> None:
+        self.rules.update(other.rules)
+        self.step_written.update(other.step_written)
+        self.templates.update(other.templates)
+        self.profiles.update(other.profiles)
+        self.conditions.update(other.conditions)
+
+    def uncovered(self, where: str) -> list[str]:
+        """Every scenario and kind of global needs a template: a verdict without a rule gets its fix."""
+        return [
+            f"{where}: no template for {kind} globals in scenario {scenario} (the shipped templates.yaml has one)"
+            for scenario in get_args(Scenario)
+            for kind in get_args(GlobalKind)
+            if not any(t.scenario == scenario and kind in t.applies_to for t in self.templates.values())
+        ]
+
+    def conflicts(self) -> list[str]:
+        """Choices the knowledge would leave to file order: two templates for one kind of global,
+        two rules that could match one global with the same specificity and priority."""
+        problems = []
+        claimed: dict[tuple[Scenario, GlobalKind], Template] = {}
+        for template in self.templates.values():
+            for kind in template.applies_to:
+                other = claimed.setdefault((template.scenario, kind), template)
+                if other is not template:
+                    problems.append(
+                        f"{template.origin}: template {template.id}: scenario {template.scenario} for {kind} is "
+                        f"already template {other.id}'s ({other.origin})"
+                    )
+        rules = list(self.rules.values())
+        for index, rule in enumerate(rules):
+            problems.extend(
+                f"{rule.origin}: rule {rule.id}: ties with rule {other.id} ({other.origin}): both can match one global with "
+                f"the same specificity and the same priority ({rule.priority}); give one a higher priority"
+                for other in rules[:index]
+                if may_tie(other, rule)
+            )
+        return problems
+
+
+# --- building one file's knowledge ----------------------------------------------------------------
+
+
+def _load_file(path: Path, problems: list[str], *, check_schema: bool = True) -> _FileKnowledge | None:
+    """Parse, schema-check and build one file; every problem goes to `problems` with its line."""
+    parsed = parse(path, problems)
+    if parsed is None:
+        return None
+    node, data = parsed
+    before = len(problems)
+    if check_schema:
+        problems.extend(schema_problems(path, node, data))
+    if len(problems) > before:
+        return None
+    ids: set[str] = set()  # rules, templates and profiles share one id space per file
+    loaded = _FileKnowledge(
+        rules=_section(path, node, data, "rules", _rule, ids, problems),
+        templates=_section(path, node, data, "templates", _template, ids, problems),
+        profiles=_section(path, node, data, "profiles", _profile, ids, problems),
+        step_written=_section(path, node, data, "step_written", _step_written, ids, problems),
+    )
+    for name, value in data.get("conditions", {}).items():
+        loaded.conditions[name] = _condition(value)
+        if not _is_expression(loaded.conditions[name].guard):
+            line = line_of(node, ["conditions", name, "guard"])
+            problems.append(f"{path}:{line}: condition {name}: guard is not a Python expression")
+    return None if len(problems) > before else loaded
+
+
+_Item = TypeVar("_Item", Rule, Template, AdaptorProfile, StepWritten)
+
+
+def _section(
+    path: Path,
+    node: yaml.Node,
+    data: dict[str, Any],
+    section: str,
+    build: Callable[[dict[str, Any], str, list[str]], _Item | None],
+    ids: set[str],
+    problems: list[str],
+) -> dict[str, _Item]:
+    built: dict[str, _Item] = {}
+    for index, item in enumerate(data.get(section, [])):
+        origin = f"{path}:{line_of(node, [section, index])}"
+        one = build(item, origin, problems)
+        if one is not None and one.id in ids:
+            problems.append(f"{origin}: duplicate id '{one.id}' in this file")
+        if one is not None:
+            ids.add(one.id)
+            built[one.id] = one
+    return built
+
+
+def _specifier(text: str | None, origin: str, problems: list[str]) -> SpecifierSet | None:
+    if text is None:
+        return None
+    try:
+        return SpecifierSet(text)
+    except InvalidSpecifier:
+        problems.append(f"{origin}: versions '{text}' is not a PEP 440 specifier set (e.g. '>=0.8,<0.13')")
+        return None
+
+
+def _fix(item: dict[str, Any], what: str, problems: list[str]) -> FixTemplate:
+    """The fix of a rule or template; `what` names it in problems ('file:line: rule x')."""
+    fix = FixTemplate(
+        imports=tuple(item["fix"].get("imports", ())),
+        code=item["fix"].get("code"),
+        send=item["fix"].get("send"),
+        recv=item["fix"].get("recv"),
+    )
+    allowed = SLOTS_SCENARIO_2 if item["scenario"] == 2 else SLOTS_SCENARIO_1
+    for part in (*fix.imports, fix.code, fix.send, fix.recv):
+        unknown = template_slots(part) - allowed if part is not None else set()
+        if unknown:
+            problems.append(f"{what}: unknown template slot(s) {', '.join(sorted(unknown))}")
+    return fix
+
+
+def _matches(item: dict[str, Any], what: str, problems: list[str]) -> list[RuleMatch]:
+    blocks = item["match"] if isinstance(item["match"], list) else [item["match"]]
+    matches = [RuleMatch(**block) for block in blocks]
+    for match in matches:
+        if match.variable_regex is not None:
+            try:
+                re.compile(match.variable_regex)
+            except re.error as error:
+                problems.append(f"{what}: variable_regex: {error}")
+    return matches
+
+
+def _step_written(item: dict[str, Any], origin: str, problems: list[str]) -> StepWritten | None:
+    before = len(problems)
+    matches = _matches(item, f"{origin}: step_written {item['id']}", problems)
+    if len(problems) > before:
+        return None
+    reason = " ".join(item["reason"].split())
+    return StepWritten(item["id"], item["title"], tuple(matches), reason, tuple(item.get("references", ())), origin)
+
+
+def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None:
+    before = len(problems)
+    matches = _matches(item, f"{origin}: rule {item['id']}", problems)
+    framework = item.get("framework") or {}
+    versions = _specifier(framework.get("versions"), origin, problems)
+    fix = _fix(item, f"{origin}: rule {item['id']}", problems)
+    probe = item.get("probe")
+    if probe is not None and probe not in PROBE_NAMES:
+        known = ", ".join(sorted(PROBE_NAMES))
+        problems.append(f"{origin}: rule {item['id']}: unknown probe '{probe}' (the replay has: {known})")
+    if len(problems) > before:
+        return None
+    return Rule(
+        id=item["id"],
+        title=item["title"],
+        match=matches[0],
+        framework=framework.get("package"),
+        versions=versions,
+        scenario=item["scenario"],
+        phase=item["phase"],
+        conditions=tuple(item.get("conditions", ())),
+        fix=fix,
+        reason=" ".join(item["reason"].split()),
+        references=tuple(item.get("references", ())),
+        origin=origin,
+        also_match=tuple(matches[1:]),
+        probe=probe,
+        priority=item.get("priority", 0),
+    )
+
+
+def _template(item: dict[str, Any], origin: str, problems: list[str]) -> Template | None:
+    before = len(problems)
+    fix = _fix(item, f"{origin}: template {item['id']}", problems)
+    if len(problems) > before:
+        return None
+    return Template(
+        id=item["id"],
+        title=item["title"],
+        scenario=item["scenario"],
+        phase=item["phase"],
+        applies_to=tuple(item["applies_to"]),
+        fix=fix,
+        reason=" ".join(item["reason"].split()),
+        references=tuple(item.get("references", ())),
+        origin=origin,
+    )
+
+
+def _profile(item: dict[str, Any], origin: str, problems: list[str]) -> AdaptorProfile | None:
+    framework = item.get("framework") or {}
+    before = len(problems)
+    versions = _specifier(framework.get("versions"), origin, problems)
+    if not _is_expression(item["repair_group"]["expression"]):
+        problems.append(f"{origin}: profile {item['id']}: repair_group.expression is not a Python expression")
+    parameters = item["parameters"]
+    problems.extend(
+        f"{origin}: profile {item['id']}: unknown parameter role '{role}' (roles: {', '.join(EVERY_ROLE)})"
+        for role in parameters
+        if role not in PARAMETER_ROLES and role not in MAPPING_ROLES
+    )
+    problems.extend(
+        f"{origin}: profile {item['id']}: parameters: no parameter for the role {role} (or peer)"
+        for role in REQUIRED_ROLES
+        if role not in parameters and "peer" not in parameters
+    )
+    if len(problems) > before:
+        return None
+    profile = AdaptorProfile(
+        id=item["id"],
+        title=item["title"],
+        framework=framework.get("package"),
+        versions=versions,
+        files=tuple(item["files"]),
+        rollback=item["rollback"],
+        rollback_callback=item.get("rollback_callback"),
+        send=item["send"],
+        recv=item["recv"],
+        parameters={role: _alternatives(name) for role, name in parameters.items() if role in PARAMETER_ROLES},
+        ranks_are_lists=item.get("ranks_are_lists", True),
+        repair_group=item["repair_group"]["expression"],
+        repair_group_imports=tuple(item["repair_group"].get("imports", ())),
+        origin=origin,
+    )
+    mapping = {role: _alternatives(name) for role, name in parameters.items() if role in MAPPING_ROLES}
+    return map_parameters(profile, mapping)
+
+
+def _alternatives(names: str | list[str]) -> tuple[str, ...]:
+    return (names,) if isinstance(names, str) else tuple(names)
+
+
+def _condition(item: dict[str, Any]) -> Condition:
+    """A switch renders as `getattr(get_args(), "<switch>", <default>)`; a free guard stays as written."""
+    switch = item.get("switch")
+    if switch is None:
+        return Condition(item["guard"], tuple(item.get("imports", ())), item["description"])
+    guard = f'getattr(get_args(), "{switch}", {item.get("default", False)!r})'
+    return Condition(guard, SWITCH_IMPORTS, item["description"], switch)
+
+
+def _is_expression(text: str) -> bool:
+    try:
+        ast.parse(text, mode="eval")
+    except SyntaxError:
+        return False
+    return True
+
+
