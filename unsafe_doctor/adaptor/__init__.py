@@ -3,5 +3,5 @@ blocks already written), the resets it already does (`existing_reset`), the fix 
 classification and written in the file's own names (`fix`), the fixes for an audit's holders
 (`audit_fixes`), and the sentinel's call (`sentinel_install`).
 
-Imports `errors`, `npu`, `log`, `source`, `knowledge` and `audit` (what the adaptor covers).
+Imports `errors`, `log`, `source`, `knowledge` and `audit` (what the adaptor covers).
 """

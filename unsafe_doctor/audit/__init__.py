@@ -20,7 +20,10 @@ The pipeline, one module each:
 * `coverage`: the adaptor's rollback, send and receive functions judged for each holder;
 * `bridge`: classification, through classify and the heuristics (`adaptor.audit_fixes` plans the fixes);
 * `halves`: the scan's files and the holders to judge, shared out with a forked copy on a second core;
-* `run`: one audit, start to end; `model`: what it reports.
+* `run`: one audit, start to end; `model`: what it reports;
+* `stale`: the adaptor's existing resets that name a global the framework no longer has.
+
+Imports `errors`, `log`, `source` and `knowledge`: diagnose and the fixer build on it, never the reverse.
 """
 
 from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Site

@@ -5,6 +5,8 @@ code; `workflow` holds the interactive diagnose -> fix -> verify path and its qu
 the input and output helpers, `options` the options several commands share, `conventions` the
 -o/-q/-v/--exit-zero/--format github every reporting command takes, `config` the settings of
 pyproject.toml. `main` turns a command's exit code, or a refusal, into the process exit.
+
+The top stage: it may import any other; none imports it but the entry points.
 """
 
 from __future__ import annotations

@@ -4,5 +4,5 @@ them to a frame or a global), the `subject` a rule is about, the classification 
 or 2 (`classify`: rules first, then the source `heuristics`), the framework releases found in the
 job's trees (`versions`), and what the stages of one command share (`context`).
 
-Imports `errors`, `npu`, `log` and `source`.
+Imports `errors`, `log` and `source`.
 """

@@ -3,5 +3,5 @@ their lines (rank prefixes, clean text), the Python tracebacks in them, the reco
 (MindIO's phases, fault ranks, steps), and the format of the sentinel's log lines, which the
 sentinel writes and diagnose reads.
 
-Imports only `errors` and `npu.messages`: never torch, never the source model.
+Imports only `errors`: never torch, never the source model.
 """

@@ -12,6 +12,9 @@ an NPU, the emulation where one is active), and logs one line per unsafe global 
 ``raise`` also raises ``UnsafeStateError`` naming every unsafe global, so MindIO gives up the
 online recovery instead of dying inside step 1; ``heal`` runs the shipped scenario-1 rules' fixes in
 place, checks again, and raises for what is still unsafe (scenario 2 needs the replica's data).
+
+`walk` finds what a step can reach, `reachable` the tensors behind one global (the replay uses it
+too), `verdict` what the rules say of each unsafe holder. Imports `npu`, `log` and `knowledge`.
 """
 
 from __future__ import annotations

@@ -11,4 +11,9 @@ stage reads source through this package:
 * `printed`: a traceback's printed source line parsed on its own, and its 3.11+ position markers
   placed on parsed code: the operands that raised.
 * `resolve`: the one place that answers "which global does this expression mean".
+* `imports`, `index`, `fingerprint`, `skeleton`: a file's imports; the shipped index of framework
+  releases (names, lines, hashes, skeletons), and what tells one release from another.
+* `markers`: the comments that mark the blocks unsafe-doctor wrote into a file.
+
+Imports `errors` and `log` (`log.inputs` reads the user's paths): nothing that knows rules.
 """

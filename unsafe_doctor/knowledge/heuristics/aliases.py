@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from unsafe_doctor.knowledge.heuristics.vocabulary import (
     COPY_CALLS,
@@ -20,17 +20,31 @@ from unsafe_doctor.source.imports import Imports
 from unsafe_doctor.source.syntax import Function, callee_name, parameter_names
 from unsafe_doctor.source.workspace import SourceFile
 
-if TYPE_CHECKING:
-    from unsafe_doctor.knowledge.heuristics.gather import Study
-
 Relation = Literal["ref", "copy", "computed"]  # the tensor itself, a plain copy of it, or computed from it
+
+
+class Followed(Protocol):
+    """The tensor whose names are followed, as its study knows it (`gather.Study` is the one)."""
+
+    @property
+    def variable(self) -> str: ...
+    @property
+    def module(self) -> str | None: ...
+    @property
+    def owner(self) -> str | None: ...
+    @property
+    def attribute(self) -> bool: ...  # reached as an attribute (`self.x`, `Cls.x`), not by a bare name
+    @property
+    def accessors(self) -> set[str]: ...  # the defining module's functions that return it
+    @property
+    def classes_here(self) -> frozenset[str]: ...  # the classes the defining module defines
 
 
 class Aliases:
     """The tensor's names in one scope. `defining`: the scope is in the module that defines the global,
     where its bare name means it unless the function binds that name itself."""
 
-    def __init__(self, study: Study, source: SourceFile, defining: bool, function: Function | None,
+    def __init__(self, study: Followed, source: SourceFile, defining: bool, function: Function | None,
                  class_name: str | None, nodes: Callable[[], Sequence[ast.AST]]):
         """`nodes`: the function's own scope's nodes, listed when asked."""
         self.study, self.defining, self.function, self.class_name, self.nodes = study, defining, function, class_name, nodes

@@ -10,9 +10,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
-from unsafe_doctor.knowledge.heuristics.aliases import Aliases, Relation
+from unsafe_doctor.knowledge.heuristics.aliases import Aliases, Followed, Relation
 from unsafe_doctor.knowledge.heuristics.vocabulary import (
     ACCUMULATE_METHODS,
     DECAY_METHODS,
@@ -34,10 +34,6 @@ from unsafe_doctor.knowledge.heuristics.vocabulary import (
 from unsafe_doctor.source.syntax import Function, callee_name, child_nodes, child_statements, compound_header, walk_scope
 from unsafe_doctor.source.workspace import SourceFile
 
-if TYPE_CHECKING:
-    from unsafe_doctor.knowledge.heuristics.gather import Study
-
-
 Kind = Literal[  # the kinds of evidence, as the rules of evidence name them
     "reset", "per-step", "accumulate", "log-read", "overwrite", "cache", "queue", "buffer", "self-update",
     "training-read",
@@ -56,6 +52,29 @@ class Event:
     persistent: bool = False  # buffer: saved with the model
     for_logging: bool = False  # reset: done only by or for logging functions
     function: str = ""  # the function (or '<module>') whose statement it is
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """A call by name (`train_step()`, `obj.reset()`): where it is and the function it runs in."""
+
+    callee: str
+    caller: str  # enclosing function, '<module>' at module level
+    path: Path
+    line: int
+    in_loop: bool
+
+
+class Study(Followed, Protocol):
+    """What a file's study reads of the tensor's study and records into it (`gather.Study` is the one)."""
+
+    queue_filled: bool  # entries are appended to the tensor (a queue) somewhere
+    queue_takes: list[tuple[FunctionStudy, ast.stmt]]  # where entries are taken, judged once all files are read
+
+    @property
+    def defining(self) -> SourceFile | None: ...
+    def add(self, kind: Kind, path: Path, line: int, what: str, **flags) -> Event: ...
+    def every_iteration(self, function: str) -> list[CallSite] | None: ...
 
 
 _TRY = (ast.Try, getattr(ast, "TryStar", ast.Try))  # try/except* from Python 3.11

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
 
-from unsafe_doctor.knowledge.heuristics.events import Event, FileStudy, FunctionStudy, Kind
+from unsafe_doctor.knowledge.heuristics.events import CallSite, Event, FileStudy, FunctionStudy, Kind
 from unsafe_doctor.knowledge.heuristics.vocabulary import runs_per_step
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.source.files import is_file
@@ -21,17 +20,6 @@ from unsafe_doctor.source.workspace import SourceFile, TopStatement, Workspace
 MAX_FILES = 2000
 MAX_FILE_BYTES = 2_000_000
 MAX_CALLER_DEPTH = 3
-
-
-@dataclass(frozen=True)
-class CallSite:
-    """A call by name (`train_step()`, `obj.reset()`): where it is and the function it runs in."""
-
-    callee: str
-    caller: str  # enclosing function, '<module>' at module level
-    path: Path
-    line: int
-    in_loop: bool
 
 
 class Study:
