@@ -30,7 +30,7 @@ _SCHEMA: dict[str, Any] | None = None
 def _schema() -> dict[str, Any]:
     global _SCHEMA
     if _SCHEMA is None:
-        _SCHEMA = json.loads((resources.files("unsafe_doctor") / "schemas" / "knowledge.schema.json").read_text())
+        _SCHEMA = json.loads((resources.files("unsafe_doctor.knowledge") / "knowledge.schema.json").read_text())
     return _SCHEMA
 
 
