@@ -52,11 +52,10 @@ KNOWLEDGE_SUFFIXES = (".yaml", ".yml")
 
 
 def shipped_knowledge_dir() -> Path:
-    """`knowledge_base/` beside the package in a checkout; inside the package once installed."""
-    checkout = Path(__file__).resolve().parents[2] / "knowledge_base"
-    if checkout.is_dir():
-        return checkout
-    return Path(str(resources.files("unsafe_doctor") / "knowledge_base"))
+    """Inside the package once installed; `knowledge_base/` beside the package in a checkout. The
+    package's own copy is looked for first: beside an installed package lies site-packages."""
+    installed = Path(str(resources.files("unsafe_doctor") / "knowledge_base"))
+    return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "knowledge_base"
 
 
 def load_knowledge(extra: Sequence[Path] = ()) -> KnowledgeBase:
