@@ -191,7 +191,7 @@ def test_a_commands_options_table_lists_exactly_its_help_options(command, path, 
     listed = [option_names(row[0]) for row in rows]
     assert set().union(*listed) == help_options(text), (command, path.name)
     assert len(listed) == len({frozenset(names) for names in listed})  # each option once
-    for row, names in zip(rows, listed):
+    for row, names in zip(rows, listed, strict=True):
         if "--format" in names:  # the formats the row names are the parser's choices
             choices = re.search(r"│\s+--format\b.*?\[([a-z|]+)\]", text).group(1).split("|")
             assert sorted(re.findall(r"`([a-z]+)`", row[1])) == sorted(choices), (command, row)
@@ -206,7 +206,7 @@ def test_every_command_has_an_options_table_and_the_shared_table_agrees_with_the
     assert set(tables) == set(columns), "one options table per command of the shared table"
     for row in table_after(shared_page, index):
         names = option_names(row[0])
-        for command, cell in zip(columns, row[1:]):
+        for command, cell in zip(columns, row[1:], strict=True):
             assert bool(names & tables[command]) == bool(cell), (command, names)
 
 
@@ -275,7 +275,7 @@ def test_the_commands_a_page_marks_to_run_exit_and_print_as_it_says(path, tmp_pa
             commands = commands_of(block)
             assert len(codes) == len(commands), f"{where}: one exit code per command"
             stdout, stderr = [], []
-            for command, code in zip(commands, codes):
+            for command, code in zip(commands, codes, strict=True):
                 result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=environment,
                                         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
                 assert result.returncode == code, f"{where}: {command}\n{result.stdout}\n{result.stderr}"
