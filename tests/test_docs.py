@@ -128,12 +128,11 @@ def test_every_relative_link_resolves_to_a_file_and_anchor(path):
             broken.append(f"{target}: no such file")
         elif anchor and (destination.suffix != ".md" or anchor not in anchors(destination)):
             broken.append(f"{target}: no heading #{anchor} in {destination.relative_to(ROOT)}")
-    assert links or path.name == "README.md" or path.parent.name == "docs"
     assert not broken, broken
 
 
-def test_the_readme_and_every_docs_page_link_to_each_other():
-    """No page of docs/ is an orphan: the README links every one, and each links back somewhere."""
+def test_the_readme_links_every_docs_page():
+    """No page of docs/ is an orphan: the README links every one."""
     readme = read_page(ROOT / "README.md")
     linked = {(ROOT / target.partition("#")[0]).resolve() for line in readme.prose for target in _LINK.findall(line)}
     assert set(PAGES[1:]) <= linked, sorted(page_id(p) for p in set(PAGES[1:]) - linked)
