@@ -1,5 +1,5 @@
-"""The conventions every command keeps, end to end in a subprocess: the README's option table
-against each command's --help, parsing (-h, -V, misspelt commands), -o/-q/-v/--exit-zero,
+"""The conventions every command keeps, end to end in a subprocess: the shared options table of
+docs/configuration.md against each command's --help, parsing (-h, -V, misspelt commands), -o/-q/-v/--exit-zero,
 pyproject.toml settings and UNSAFE_DOCTOR_* variables, --format github, shell completion,
 the pre-commit hook and the licence."""
 
@@ -23,7 +23,7 @@ FAQ_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"
 EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"
 FRAMEWORK = ROOT / "samples" / "framework"
 
-COMMANDS = {  # the README's column -> the words after `unsafe-doctor`
+COMMANDS = {  # the shared options table's column -> the words after `unsafe-doctor`
     "diagnose": ["diagnose"],
     "fix": ["fix"],
     "verify": ["verify"],
@@ -54,10 +54,11 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], text: str) -
     ), result.stderr
 
 
-def readme_table() -> tuple[list[str], list[tuple[set[str], list[str]]]]:
-    """The options table: its command columns, then per row the option's names and each cell."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Options and exit codes") :]
+def shared_options_table() -> tuple[list[str], list[tuple[set[str], list[str]]]]:
+    """docs/configuration.md's table of the options several commands share: its command columns,
+    then per row the option's names and each cell."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    section = text[text.index("<!-- options: shared -->") :]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     header = next(line for line in section.splitlines() if line.startswith("| option |"))
     columns = [cell.strip() for cell in header.strip("|").split("|")][1:]
@@ -81,8 +82,8 @@ def help_options(words: list[str]) -> tuple[set[str], str]:
     return names, result.stdout
 
 
-def test_every_commands_help_matches_the_readme_option_table():
-    columns, table = readme_table()
+def test_every_commands_help_matches_the_shared_options_table():
+    columns, table = shared_options_table()
     assert columns == list(COMMANDS)
     for column, words in COMMANDS.items():
         offered, text = help_options(words)

@@ -215,7 +215,7 @@ def test_bad_numbers_are_refused_in_one_line_with_exit_2(toytrain, options, envi
 
 
 def test_adaptor_mode_names_the_global_the_next_step_dies_on(toytrain):
-    """The README's adaptor-mode run: with only _EMA_GRAD_NORM fixed, the step after recovery dies on
+    """docs/verify.md's adaptor-mode run: with only _EMA_GRAD_NORM fixed, the step after recovery dies on
     LOSS_LOG, and the verdict says so rather than blaming the fix that held."""
     adaptor = toytrain / "toytrain" / "recovery.py"
     fixed = subprocess.run([sys.executable, "-m", "unsafe_doctor", "fix", *on_toytrain(toytrain, "--yes")],
