@@ -301,7 +301,7 @@ def join_torchrun(plan: ReplayPlan) -> list[RankResult] | None:
     import torch.distributed as dist
 
     from unsafe_doctor.npu.backend import select_backend
-    from unsafe_doctor.replay.harness import Progress, run_rank
+    from unsafe_doctor.replay.harness import Progress, gather_objects, run_rank
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = select_backend(device_index=local_rank)  # on an NPU, also makes it this process's device
@@ -309,8 +309,7 @@ def join_torchrun(plan: ReplayPlan) -> list[RankResult] | None:
                             timeout=datetime.timedelta(seconds=harness_timeout(plan)))
     rank = dist.get_rank()
     outcome = run_rank(plan, rank, local_rank, Progress(None))
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, outcome)
+    gathered = gather_objects(outcome, backend.device)
     dist.destroy_process_group()
     return gathered if rank == 0 else None
 
