@@ -62,8 +62,10 @@ class Progress:
 
     def __init__(self, path: str | None) -> None:
         self._stream = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 (lives as long as the rank)
+        self.last: Milestone | None = None  # where a crash of this rank happened
 
     def __call__(self, milestone: Milestone) -> None:
+        self.last = milestone
         if self._stream:
             self._stream.write(milestone.to_json() + "\n")
             self._stream.flush()
