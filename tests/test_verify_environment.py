@@ -20,7 +20,7 @@ import pytest
 
 from unsafe_doctor.replay.launch import ReplayStopped, rank_crash
 from unsafe_doctor.replay.plan import ReplayPlan, Target
-from unsafe_doctor.replay.results import Milestone, RankCrash
+from unsafe_doctor.replay.results import Blame, Milestone, RankCrash
 from unsafe_doctor.replay.verify import _stopped
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,9 +183,9 @@ def _plan() -> ReplayPlan:
     return ReplayPlan((target,), (), (), functions, {}, (), "block", 2, 1, 0, (), timeout=3.0)
 
 
-def _crash(blame: str, time: float, error: str = "RuntimeError: Numpy is not available") -> RankCrash:
+def _crash(blame: Blame, time: float, error: str = "RuntimeError: Numpy is not available") -> RankCrash:
     return RankCrash(error, "/x/unsafe_doctor/replay/harness.py:449", None if blame == "replay" else "/job/adaptor.py:9",
-                     blame, time)  # type: ignore[arg-type]
+                     blame, time)
 
 
 def test_a_crash_of_the_replays_own_is_not_modelled_and_the_adaptors_fails():
