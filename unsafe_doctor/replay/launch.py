@@ -234,6 +234,7 @@ def _child(plan: ReplayPlan, rank: int, port: int, work: Path) -> int:
 
 _OURS = str(Path(__file__).resolve().parents[1])  # unsafe_doctor/
 _STANDARD_LIBRARY = tuple({str(Path(sysconfig.get_paths()[name]).resolve()) for name in ("stdlib", "platstdlib")})
+_INSTALLED = tuple({str(Path(sysconfig.get_paths()[name]).resolve()) for name in ("purelib", "platlib")})  # may lie inside
 _ADAPTORS_PHASES = ("repair", "rollback")  # where the adaptor's functions (or its fix blocks) run
 
 
@@ -259,12 +260,16 @@ def rank_crash(error: BaseException, last: Milestone | None) -> RankCrash:
 
 
 def _is_users(filename: str) -> bool:
-    """Not torch's (when it is imported), not unsafe-doctor's, not the standard library's."""
+    """Not torch's (when it is imported), not unsafe-doctor's, not the standard library's (an installed
+    package is the user's: a legacy adaptor lives in site-packages, which Python without a venv keeps
+    inside the standard library's folder)."""
     if filename.startswith("<"):
         return False
+    path = str(Path(filename).resolve())
     torch = sys.modules.get("torch")
-    library = (_OURS, *_STANDARD_LIBRARY, *([str(Path(torch.__file__).resolve().parent)] if torch and torch.__file__ else []))
-    return not str(Path(filename).resolve()).startswith(library)
+    if path.startswith((_OURS, *([str(Path(torch.__file__).resolve().parent)] if torch and torch.__file__ else []))):
+        return False
+    return path.startswith(_INSTALLED) or not path.startswith(_STANDARD_LIBRARY)  # site-packages may lie in the stdlib's folder
 
 
 def _reap(children: dict[int, int], work: Path, parent: int, grace: float = 3.0) -> None:
