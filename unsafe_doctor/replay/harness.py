@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import inspect
 import linecache
+import pickle
 import re
 import sys
 import time
@@ -61,8 +62,10 @@ class Progress:
 
     def __init__(self, path: str | None) -> None:
         self._stream = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 (lives as long as the rank)
+        self.last: Milestone | None = None  # where a crash of this rank happened
 
     def __call__(self, milestone: Milestone) -> None:
+        self.last = milestone
         if self._stream:
             self._stream.write(milestone.to_json() + "\n")
             self._stream.flush()
@@ -201,8 +204,7 @@ class _Run:
                     tensors = probe.tensors()
                     self.unsafe_left[key] = sum(not self.backend.is_safe(tensor) for tensor in tensors)
                     mine[key] = [_bytes(tensor) for tensor in tensors]
-            gathered: list = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, self.at_fault)
+            gathered = gather_objects(self.at_fault, self.backend.device)
             if self.rank == self.plan.faulty:
                 reference = gathered[self.plan.replica] or {}
                 for target in self.plan.targets:
@@ -445,8 +447,27 @@ def _scramble(tensors: list[torch.Tensor]) -> None:
 
 
 def _bytes(tensor: torch.Tensor) -> bytes:
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    """The tensor's bytes, read from a host copy's storage: no numpy (torch's CPU wheel does without it)."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    start = flat.storage_offset()
+    return bytes(flat.untyped_storage())[start:start + flat.numel()] if flat.numel() else b""
+
+
+def gather_objects(value: object, device: torch.device | None = None) -> list:
+    """Every rank's ``value``, in rank order: ``dist.all_gather_object`` without numpy (torch's reads
+    the gathered bytes back through ``.numpy()``, which a torch without numpy cannot). Pickled into
+    uint8 tensors on ``device`` (the default group's: the NPU under hccl), padded to the longest."""
+    payload = pickle.dumps(value)
+    world = dist.get_world_size()
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    lengths = [int(item.item()) for item in sizes]
+    padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
+    padded[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    return [pickle.loads(_bytes(tensor)[:length]) for tensor, length in zip(gathered, lengths, strict=True)]  # noqa: S301 (our own ranks)
 
 
 def _failure_kind(error: BaseException) -> FailureKind:

@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -32,7 +33,7 @@ from typing import Literal, NoReturn
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.replay.plan import ReplayPlan
-from unsafe_doctor.replay.results import Milestone, RankResult
+from unsafe_doctor.replay.results import Blame, Milestone, RankCrash, RankResult
 
 
 @dataclass
@@ -45,6 +46,19 @@ class ReplayStopped(Exception):
     output: str  # the tail of the ranks' own output
     exits: dict[int, int] = field(default_factory=dict)  # rank -> exit code (negative: the signal), for ranks that ended
     never_started: str | None = None  # why no rank started: a user module that exits or blocks at import
+    crashes: dict[int, RankCrash] = field(default_factory=dict)  # rank -> the exception that ended it
+    reported: frozenset[int] = frozenset()  # ranks that wrote their results
+
+    def cause(self) -> tuple[int, RankCrash] | None:
+        """The crash that stopped the replay: the first one of the adaptor's code, else the first one,
+        when every rank that ended unasked ended by an exception (one ended by a signal or os._exit
+        says nothing of whose it is: then None)."""
+        ours = sorted(self.crashes.items(), key=lambda item: item[1].time)
+        adaptor = [item for item in ours if item[1].blame == "adaptor"]
+        if adaptor:
+            return adaptor[0]
+        unexplained = [rank for rank in self.exits if rank not in self.reported and rank not in self.crashes]
+        return ours[0] if ours and not unexplained else None
 
     def place(self, rank: int) -> str:
         """Where the rank was last: "patched repair recv_rank_repair()", and how it ended if it ended unasked."""
@@ -193,21 +207,69 @@ def _redirect_output(path: Path) -> None:
 
 
 def _child(plan: ReplayPlan, rank: int, port: int, work: Path) -> int:
-    """One rank, in its forked process."""
+    """One rank, in its forked process. An exception that ends it is written down (``rank_crash``)
+    for the parent to say whose it is, then printed into the rank's output."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(plan.world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import torch
-    import torch.distributed as dist
+    progress = None
+    try:
+        import torch
+        import torch.distributed as dist
 
-    from unsafe_doctor.replay.harness import Progress, run_rank
+        from unsafe_doctor.replay.harness import Progress, run_rank
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=plan.world_size, timeout=datetime.timedelta(seconds=harness_timeout(plan)))
-    outcome = run_rank(plan, rank, rank, Progress(str(work / f"rank{rank}.progress")), backend="emulated")
-    (work / f"rank{rank}.json").write_text(outcome.to_json(), encoding="utf-8")
-    dist.destroy_process_group()
+        progress = Progress(str(work / f"rank{rank}.progress"))
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=plan.world_size, timeout=datetime.timedelta(seconds=harness_timeout(plan)))
+        outcome = run_rank(plan, rank, rank, progress, backend="emulated")
+        (work / f"rank{rank}.json").write_text(outcome.to_json(), encoding="utf-8")
+        dist.destroy_process_group()
+    except BaseException as error:
+        crash = rank_crash(error, progress.last if progress is not None else None)
+        (work / f"rank{rank}.crash").write_text(crash.to_json(), encoding="utf-8")
+        raise
     return 0
+
+
+_OURS = str(Path(__file__).resolve().parents[1])  # unsafe_doctor/
+_STANDARD_LIBRARY = tuple({str(Path(sysconfig.get_paths()[name]).resolve()) for name in ("stdlib", "platstdlib")})
+_INSTALLED = tuple({str(Path(sysconfig.get_paths()[name]).resolve()) for name in ("purelib", "platlib")})  # may lie inside
+_ADAPTORS_PHASES = ("repair", "rollback")  # where the adaptor's functions (or its fix blocks) run
+
+
+def rank_crash(error: BaseException, last: Milestone | None) -> RankCrash:
+    """Whose the exception that ended a rank is. The adaptor's code is caught where it runs (a
+    FixFailure); what escapes is the adaptor's only when it passes through the user's code in a
+    repair or a rollback (SystemExit from the adaptor), or in the first step after the *patched*
+    recovery (a fix that leaves a global the step cannot use). Anything else is the replay's own or
+    this machine's: an import that fails (numpy, a module of ours), a process group that does not
+    start, a fault of the harness, a step that fails after the unpatched recovery in a way the
+    replay does not model."""
+    frames = traceback.extract_tb(error.__traceback__)
+    at = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+    users = [frame for frame in frames if _is_users(frame.filename)]
+    where = f"{users[-1].filename}:{users[-1].lineno}" if users else None
+    blame: Blame = "replay"
+    if where and last is not None and not isinstance(error, ImportError) and (
+        last.phase in _ADAPTORS_PHASES or (last.run == "patched" and last.phase == "resume")
+    ):
+        blame = "adaptor"
+    message = (str(error).splitlines() or [""])[0]
+    return RankCrash(f"{type(error).__name__}: {message}" if message else type(error).__name__, at, where, blame, time.time())
+
+
+def _is_users(filename: str) -> bool:
+    """Not torch's (when it is imported), not unsafe-doctor's, not the standard library's (an installed
+    package is the user's: a legacy adaptor lives in site-packages, which Python without a venv keeps
+    inside the standard library's folder)."""
+    if filename.startswith("<"):
+        return False
+    path = str(Path(filename).resolve())
+    torch = sys.modules.get("torch")
+    if path.startswith((_OURS, *([str(Path(torch.__file__).resolve().parent)] if torch and torch.__file__ else []))):
+        return False
+    return path.startswith(_INSTALLED) or not path.startswith(_STANDARD_LIBRARY)  # site-packages may lie in the stdlib's folder
 
 
 def _reap(children: dict[int, int], work: Path, parent: int, grace: float = 3.0) -> None:
@@ -273,10 +335,13 @@ class _ProgressReader:
 
 def _collect(plan: ReplayPlan, work: Path, failed: str | None, seconds: float) -> list[RankResult]:
     results = {}
+    crashes = {}
     for rank in range(plan.world_size):
         path = work / f"rank{rank}.json"
         if path.exists():
             results[rank] = RankResult.from_json(path.read_text(encoding="utf-8"))
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            crashes[rank] = RankCrash.from_json((work / f"rank{rank}.crash").read_text(encoding="utf-8"))
     if failed or len(results) < plan.world_size:
         histories = {rank: _milestones(work / f"rank{rank}.progress") for rank in range(plan.world_size)}
         output = "".join(_tail(work / name) for name in ("launcher.out", *(f"rank{rank}.out" for rank in range(plan.world_size))))
@@ -286,7 +351,8 @@ def _collect(plan: ReplayPlan, work: Path, failed: str | None, seconds: float) -
                 exits[rank] = int((work / f"rank{rank}.exit").read_text(encoding="utf-8"))
         timed_out = failed == "timeout" or "Timed out" in output or "timed out" in output
         never_started = None if any(histories.values()) else _never_started(work, failed, seconds)
-        raise ReplayStopped("timeout" if timed_out else "crash", seconds, histories, output, exits, never_started)
+        raise ReplayStopped("timeout" if timed_out else "crash", seconds, histories, output, exits, never_started,
+                            crashes, frozenset(results))
     return [results[rank] for rank in range(plan.world_size)]
 
 
@@ -301,16 +367,26 @@ def join_torchrun(plan: ReplayPlan) -> list[RankResult] | None:
     import torch.distributed as dist
 
     from unsafe_doctor.npu.backend import select_backend
-    from unsafe_doctor.replay.harness import Progress, run_rank
+    from unsafe_doctor.replay.harness import Progress, gather_objects, run_rank
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = select_backend(device_index=local_rank)  # on an NPU, also makes it this process's device
-    dist.init_process_group("hccl" if backend.name == "npu" else "gloo",
-                            timeout=datetime.timedelta(seconds=harness_timeout(plan)))
-    rank = dist.get_rank()
-    outcome = run_rank(plan, rank, local_rank, Progress(None))
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, outcome)
+    rank = int(os.environ.get("RANK", local_rank))
+    progress = Progress(None)
+    start = time.monotonic()
+    try:
+        backend = select_backend(device_index=local_rank)  # on an NPU, also makes it this process's device
+        dist.init_process_group("hccl" if backend.name == "npu" else "gloo",
+                                timeout=datetime.timedelta(seconds=harness_timeout(plan)))
+        rank = dist.get_rank()
+        outcome = run_rank(plan, rank, local_rank, progress)
+        gathered = gather_objects(outcome, backend.device)
+    except Exception as error:  # this rank reports its own crash (torchrun then stops the others)
+        traceback.print_exc()
+        crash = rank_crash(error, progress.last)
+        history = (progress.last,) if progress.last else ()
+        timed_out = "timed out" in str(error).lower()
+        raise ReplayStopped("timeout" if timed_out else "crash", time.monotonic() - start, {rank: history},
+                            traceback.format_exc()[-2000:], {}, None, {rank: crash}) from error
     dist.destroy_process_group()
     return gathered if rank == 0 else None
 

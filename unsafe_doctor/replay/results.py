@@ -11,6 +11,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+Blame = Literal["adaptor", "replay"]
+"""Whose a rank's crash is: the adaptor's code (a fix, or the adaptor it patches, that ended its
+rank), or the replay's (the harness, this machine's environment: a missing module, a process group
+that does not start), which says nothing of the fix."""
+
 FailureKind = Literal["unsafe-data", "timeout", "send-to-self", "other"]
 """How the adaptor's code failed: torch_npu's unsafe-data error, a transfer that waited past the
 repair group's timeout, a send addressed to the sending rank itself, or anything else."""
@@ -111,3 +116,22 @@ class Milestone:
         data = json.loads(text)
         failure = data["failure"]
         return cls(**{**data, "failure": FixFailure(**failure) if failure else None})
+
+
+@dataclass(frozen=True)
+class RankCrash:
+    """An exception that ended a rank (not a failure of the adaptor's code, which the harness catches
+    and reports as a FixFailure): what it was, where, and whose."""
+
+    error: str  # "RuntimeError: <first line>"
+    at: str | None  # the innermost frame: file:line
+    where: str | None  # the innermost frame of the user's code (not torch's, not unsafe-doctor's): file:line
+    blame: Blame
+    time: float  # when it happened (time.time()): the first crash is the cause, the others often its echo
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RankCrash:
+        return cls(**json.loads(text))

@@ -291,8 +291,10 @@ def _step_death(plan: ReplayPlan, target: Target, outcome: StepOutcome, green: R
 
 
 def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped: ReplayStopped, backend: str, seconds: float) -> Verification:
-    """Ranks that never started or hung building the state: the replay does not model it (exit 2);
-    a rank that crashed or hung in the recovery: the check failed (exit 1)."""
+    """Ranks that never started, hung building the state, or crashed by the replay's own error or
+    this machine's (a missing module, a harness fault: ``ReplayStopped.cause``): the replay does not
+    model it (exit 2), never a failed fix; a rank that crashed in the adaptor's code or hung in the
+    recovery: the check failed (exit 1)."""
     places = "; ".join(f"rank {rank}: {stopped.place(rank)}" for rank in sorted(stopped.histories))
     outcome: Outcome = "failed"
     if stopped.never_started:
@@ -307,6 +309,18 @@ def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped: ReplayStopped,
         sender = _waited_in_repair(stopped.histories.get(plan.replica, ()), plan.functions["send"])
         problem = (f"the replay stopped at the {plan.timeout:g} s timeout ({places}); "
                    f"likely cause: {_likely_mismatch(plan, receiver, sender)}")
+    elif (cause := stopped.cause()) is not None and cause[1].blame == "replay":
+        rank, crash = cause
+        outcome = "not-modelled"
+        at = f" at {crash.at}" if crash.at else ""
+        when = f"in {stopped.place(rank)}" if stopped.histories.get(rank) else "while starting, before its first phase,"
+        problem = (f"the replay could not run here, which says nothing of the fix: rank {rank} crashed {when} "
+                   f"with {crash.error}{at}, an error of the replay or of this machine "
+                   "(a module missing, a process group that does not start), not of the adaptor's code")
+    elif cause is not None:
+        rank, crash = cause
+        at = f" at {crash.where}" if crash.where else ""
+        problem = f"a rank crashed in the adaptor's code ({places}): rank {rank}: {crash.error}{at}"
     else:
         tail = stopped.output.strip().splitlines()[-1:] or ["no output"]
         problem = f"a rank crashed ({places}): {tail[0]}"
