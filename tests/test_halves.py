@@ -13,6 +13,10 @@ from pathlib import Path
 import pytest
 
 from unsafe_doctor.audit.halves import Worker, _Claims, _has_ended, shared_out
+from unsafe_doctor.audit.index import Index, audited_files
+from unsafe_doctor.audit.refs import HolderKey
+from unsafe_doctor.audit.resolve import Accessors
+from unsafe_doctor.audit.run import _scan_share
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 two_cores = pytest.mark.skipif(CORES < 2 or not hasattr(os, "fork"), reason="one core: no copy is forked")
@@ -142,3 +146,38 @@ def test_the_audit_of_real_code_is_the_same_on_one_core_and_two():
     one_core = audit_json(paths, {min(os.sched_getaffinity(0))})
     assert '"holders"' in one_core
     assert audit_json(paths, None) == one_core
+
+
+ROUTER = '''import torch
+
+
+class Router(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("counts", torch.zeros(4, device="npu"))
+
+    def forward(self, routing_map):
+        self.counts += routing_map.sum(dim=0)
+'''
+
+
+@pytest.mark.parametrize("copy", [False, True], ids=["this-process", "the-copy"])
+def test_a_share_that_claims_only_a_file_read_ahead_still_scans_it(tmp_path, copy):
+    """A file that registers a buffer is read before the scan (`Index.expect`), and the process that
+    claims it when its scan begins scans it, even when the other process took every other file: once,
+    under load, such a file was claimed and never scanned, and its buffer was missing from the audit."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "router.py").write_text(ROUTER)
+    (package / "state.py").write_text("import torch\n\nEMA = torch.zeros(1, device='npu')\n")
+    files = audited_files([package])
+    index = Index([package], [tmp_path])
+    for path in files:
+        index.expect(path, tmp_path)
+    position = {path: number for number, path in enumerate(files)}
+    router = position[package / "router.py"]
+    worker = Worker(copy, lambda item: item == router, lambda: None)  # the other process took every other file
+    share = _scan_share(files, position, index, Accessors(index), (), worker)
+    assert [path.name for path in share.added] == ["router.py"]
+    assert HolderKey("pkg.router", "Router", "counts") in share.found.buffers

@@ -131,7 +131,8 @@ def _scan_share(
 ) -> _Share:
     """Scan the files this process claims, each right after it is read, its tree still fresh:
     parsed once for both. A file a scan's names lead to is claimed then, and scanned next, before
-    its tree is let go."""
+    its tree is let go; so is a file read ahead before the scan (`Index.expect`) and claimed when
+    the scan began, even where this process claims no other file."""
     index.scanning(lambda path: worker.claim(position[path]))
     found = ScanFindings()
     added: dict[Path, None] = {}  # in the order read
@@ -139,7 +140,7 @@ def _scan_share(
     unreadable: list[Path] = []
     unscanned: list[Path] = []
     for path in reversed(files) if worker.copy else files:
-        current = path if worker.claim(position[path]) else None
+        current = path if worker.claim(position[path]) else index.read_ahead()
         while current is not None:
             added[current] = None
             info = index.add(current)
