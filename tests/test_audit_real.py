@@ -20,6 +20,9 @@ MINDSPEED = Path("mindspeed-26.0.0", "mindspeed")  # under ../shared/real (the r
 LLM = Path("mindspeed-llm-master", "mindspeed_llm")
 
 
+pytestmark = pytest.mark.xdist_group("test_audit_real")  # one worker: its module fixture audits the real trees once
+
+
 @pytest.fixture(scope="module")
 def found(real) -> dict[str, object]:
     result = audit([real / MINDSPEED, real / LLM])

@@ -75,6 +75,9 @@ TRACKERS = {
 }
 
 
+pytestmark = pytest.mark.xdist_group("test_sentinel_megatron")  # one worker: its module fixture trains and recovers megatron-core's GPT once
+
+
 @pytest.fixture(scope="module")
 def recovery():
     with gpt.megatron_on_cpu():
