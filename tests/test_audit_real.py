@@ -20,10 +20,7 @@ MINDSPEED = Path("mindspeed-26.0.0", "mindspeed")  # under ../shared/real (the r
 LLM = Path("mindspeed-llm-master", "mindspeed_llm")
 
 
-pytestmark = pytest.mark.xdist_group("test_audit_real")  # one worker: its module fixture audits the real trees once
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per xdist worker; "module" rebuilds it each time other files' tests come between
 def found(real) -> dict[str, object]:
     result = audit([real / MINDSPEED, real / LLM])
     return {item.holder.name: item for item in result.holders}
