@@ -15,6 +15,38 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORK = ROOT / "samples" / "framework"
+SHARED_REAL = ROOT.parent / "shared" / "real"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int | None:
+    """`-n auto` (addopts): a worker more than the cores this process may use (then --maxprocesses 4).
+    Many tests wait, idle, on what they start (replays up to their timeout, a CLI run, a pip install),
+    so one worker per core leaves cores unused: on 2 cores, 3 workers take 6 minutes where 2 take 7.5.
+    PYTEST_XDIST_AUTO_NUM_WORKERS still decides where set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores + 1
+
+
+@pytest.fixture(scope="session")
+def real(tmp_path_factory) -> Path:
+    """The real third-party files (MindSpeed-LLM, MindSpeed, mind-cluster), kept out of the repository
+    in ``../shared/real/`` beside it (its MANIFEST.md: repositories, commits, paths). A test that
+    asks for it is skipped, with the reason, where that folder is absent. The shared files are
+    read-only, and fix writes into the copies tests make of them: what is given is a writable copy,
+    byte for byte, made once per session (per xdist worker)."""
+    if not (SHARED_REAL / "MANIFEST.md").is_file():
+        pytest.skip(f"../shared/real is absent: {SHARED_REAL} (the real MindSpeed-LLM, MindSpeed and mind-cluster "
+                    "files these tests run on) is not beside the repository")
+    copy = tmp_path_factory.mktemp("real")
+    for folder, _, files in os.walk(SHARED_REAL):
+        target = copy / Path(folder).relative_to(SHARED_REAL)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            shutil.copyfile(Path(folder, name), target / name)  # the content, not the read-only mode
+    return copy
 
 
 def load_rules_generator():

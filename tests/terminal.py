@@ -6,6 +6,7 @@ import os
 import pty
 import select
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,11 +19,13 @@ def at_terminal(
     stdout_to_file: bool = False,
     columns: int = 200,
     cwd: Path | None = None,
-    quiet_seconds: float = 60,
+    quiet_seconds: float = 300,
 ) -> tuple[int, str]:
     """Run `unsafe-doctor ARGS` with a pty as its controlling terminal (stdout, stderr and /dev/tty;
     stdin from `stdin_file` and stdout to /dev/null when asked); answer each prompt (bytes awaited,
-    bytes sent) as it appears. A run silent for `quiet_seconds` is killed. Exit code and screen."""
+    bytes sent) once it is on the screen and the program waits at the terminal for the answer, as a
+    person does: a Ctrl-C typed then reaches a program that is reading, however loaded the machine.
+    A run silent for `quiet_seconds` (a safety net, not a timing) is killed: exit -9. Exit code and screen."""
     pid, fd = pty.fork()
     if pid == 0:
         if stdin_file is not None:
@@ -46,6 +49,23 @@ def at_terminal(
             break
         screen += chunk
         if pending and pending[0][0] in screen:
+            _wait_until_reading(pid, quiet_seconds)
             os.write(fd, pending.pop(0)[1])
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), screen.decode(errors="replace")
+
+
+def _wait_until_reading(pid: int, seconds: float) -> None:
+    """Until the program's main thread is asleep in a read of its terminal (Linux: the tty's read
+    waits in `wait_woken`), at most `seconds`; at once where /proc does not tell (no /proc, or a
+    kernel that shows no wait channel)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            channel = Path(f"/proc/{pid}/wchan").read_text().strip()
+        except (OSError, IndexError):
+            return
+        if state == "S" and channel in ("wait_woken", "n_tty_read", "0", ""):  # "0": hidden, nothing to wait on
+            return
+        time.sleep(0.01)

@@ -1,4 +1,4 @@
-"""`audit` on real MindSpeed 26.0.0 and MindSpeed-LLM master files (tests/fixtures/real/README.md:
+"""`audit` on real MindSpeed 26.0.0 and MindSpeed-LLM master files (../shared/real/MANIFEST.md:
 repository, commit and path of each): the globals they keep device tensors in at run time are
 found, CPU shared memory and the MindSpore backend are not, and every global a shipped rule names
 that these files define is found."""
@@ -16,14 +16,13 @@ import pytest
 from unsafe_doctor.audit.run import audit
 from unsafe_doctor.knowledge.loading import load_knowledge
 
-REAL = Path(__file__).parent / "fixtures" / "real"
-MINDSPEED = REAL / "mindspeed-26.0.0" / "mindspeed"
-LLM = REAL / "mindspeed-llm-master" / "mindspeed_llm"
+MINDSPEED = Path("mindspeed-26.0.0", "mindspeed")  # under ../shared/real (the real fixture)
+LLM = Path("mindspeed-llm-master", "mindspeed_llm")
 
 
-@pytest.fixture(scope="module")
-def found() -> dict[str, object]:
-    result = audit([MINDSPEED, LLM])
+@pytest.fixture(scope="session")  # once per xdist worker; "module" rebuilds it each time other files' tests come between
+def found(real) -> dict[str, object]:
+    result = audit([real / MINDSPEED, real / LLM])
     return {item.holder.name: item for item in result.holders}
 
 
@@ -76,11 +75,12 @@ def defined_names(path: Path) -> set[str]:
             for target in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(target, ast.Name)}
 
 
-def test_every_global_a_shipped_rule_names_in_these_files_is_found(found):
+def test_every_global_a_shipped_rule_names_in_these_files_is_found(found, real):
     """For each rule block naming MindSpeed or MindSpeed-LLM globals (a name or a pattern, in a
     module or module glob), the module-level globals of the real files it fits are all found."""
+    roots = (real / MINDSPEED.parent, real / LLM.parent)
     files = {path: ".".join(path.relative_to(root).with_suffix("").parts)
-             for root in (MINDSPEED.parent, LLM.parent) for path in root.rglob("*.py") if path.name != "__init__.py"}
+             for root in roots for path in root.rglob("*.py") if path.name != "__init__.py"}
     named = []
     for rule in load_knowledge([]).rules:
         for block in rule.matches:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples" / "logs"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per xdist worker; "module" rebuilds it each time other files' tests come between
 def bare(tmp_path_factory) -> Path:
     """A new venv with `pip install .` and nothing else; its bin folder."""
     venv = tmp_path_factory.mktemp("bare") / "venv"

@@ -196,10 +196,10 @@ def test_fix_dry_run_ends_with_the_command_that_writes_it(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="verify replays on torch")
-def test_verify_no_fix_names_the_fix_command_and_megatron_stays_quiet(tmp_path):
+def test_verify_no_fix_names_the_fix_command_and_megatron_stays_quiet(tmp_path, real):
     adaptor = tmp_path / "repair_callback.py"
-    real = ROOT / "tests" / "fixtures" / "real" / "mind-cluster-7.2rc1" / "taskd" / "python" / "adaptor"
-    shutil.copy(real / "elastic_training" / "repair_callback.py", adaptor)
+    elastic = real / "mind-cluster-7.2rc1" / "taskd" / "python" / "adaptor" / "elastic_training"
+    shutil.copy(elastic / "repair_callback.py", adaptor)
     log = str(CORPUS / "logs" / "megatron-router-expert-bias.log")
     result = run("verify", log, "--adaptor", str(adaptor))
     assert result.returncode == 1

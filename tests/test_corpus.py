@@ -63,7 +63,7 @@ def test_every_log_in_the_folder_is_labelled():
 # --- log only, in a Python without megatron-core: what a bare install on a login node gives --------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per xdist worker; "module" rebuilds it each time other files' tests come between
 def log_only_outcomes(tmp_path_factory):
     result = run_without_megatron(scoring.HERE / "scoring.py", scratch=tmp_path_factory.mktemp("bare"))
     assert result.returncode == 0, result.stderr

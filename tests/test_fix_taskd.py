@@ -1,4 +1,4 @@
-"""The taskd elastic-training callbacks of mind-cluster (tests/fixtures/real/README.md: commit and
+"""The taskd elastic-training callbacks of mind-cluster (../shared/real/MANIFEST.md: commit and
 paths): the adaptor profile `taskd-elastic` is chosen for them, the rank roles are read from the
 named tuple of repair arguments each side takes under its own name, and the fixes are written,
 compile, stay single on a second run, revert byte for byte and are proven by `verify`."""
@@ -16,7 +16,6 @@ import pytest
 from unsafe_doctor.knowledge.context import groundwork
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL = ROOT / "tests" / "fixtures" / "real" / "mind-cluster-7.2rc1"
 ELASTIC = Path("taskd", "python", "adaptor", "elastic_training")
 CORPUS = ROOT / "tests" / "corpus" / "logs"
 EXPERT_BIAS = CORPUS / "megatron-router-expert-bias.log"  # scenario 2
@@ -24,10 +23,10 @@ LAYER_WISE_TRACKER = CORPUS / "megatron-0.12-layer-wise-tracker.log"  # scenario
 
 
 @pytest.fixture
-def callbacks(tmp_path: Path) -> Path:
+def callbacks(tmp_path: Path, real: Path) -> Path:
     """A copy of the callbacks folder; fix writes there."""
     tree = tmp_path / "mind-cluster"
-    shutil.copytree(REAL, tree)
+    shutil.copytree(real / "mind-cluster-7.2rc1", tree)
     return tree / ELASTIC
 
 

@@ -20,7 +20,6 @@ from unsafe_doctor.audit.run import _scan_share
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 two_cores = pytest.mark.skipif(CORES < 2 or not hasattr(os, "fork"), reason="one core: no copy is forked")
-REAL = Path(__file__).parent / "fixtures" / "real"
 
 
 def squares(count: int, value=lambda item: item * item):
@@ -141,8 +140,8 @@ def audit_json(paths: list[Path], cores: set[int] | None) -> str:
 
 
 @two_cores
-def test_the_audit_of_real_code_is_the_same_on_one_core_and_two():
-    paths = [REAL / "mindspeed-26.0.0" / "mindspeed", REAL / "mindspeed-llm-master" / "mindspeed_llm"]
+def test_the_audit_of_real_code_is_the_same_on_one_core_and_two(real):
+    paths = [real / "mindspeed-26.0.0" / "mindspeed", real / "mindspeed-llm-master" / "mindspeed_llm"]
     one_core = audit_json(paths, {min(os.sched_getaffinity(0))})
     assert '"holders"' in one_core
     assert audit_json(paths, None) == one_core

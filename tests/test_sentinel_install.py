@@ -1,7 +1,7 @@
 """`unsafe-doctor sentinel install`: the sentinel's call written at the end of real adaptors' rollback
 functions by the fixer's own code, and taken out again.
 
-The adaptors are the real MindSpeed-LLM and mind-cluster files (tests/fixtures/real/), the sample
+The adaptors are the real MindSpeed-LLM and mind-cluster files (../shared/real/, the real fixture), the sample
 adaptors (samples/adaptors/) and toytrain's recovery.py, each copied under tmp_path. Each install is
 checked for its exact lines, a file that compiles with the call as the function's last statement,
 a second run that changes nothing and a revert that gives the original bytes back; then the order
@@ -33,7 +33,6 @@ from unsafe_doctor.log.sentinel_lines import MODES
 from unsafe_doctor.replay.verify import plan_replay, verify
 
 ROOT = Path(__file__).resolve().parent.parent
-REAL = Path(__file__).parent / "fixtures" / "real"
 SAMPLES = ROOT / "samples"
 TOYTRAIN = SAMPLES / "framework" / "toytrain"
 HIGH_AVAILABILITY = "mindspeed_llm/core/high_availability"
@@ -44,18 +43,19 @@ NO_TRAIN_ARGS = "has no train_args parameter (--parameter train_args=NAME): the 
 @dataclass(frozen=True)
 class Case:
     name: str
-    tree: Path  # copied as a whole
+    tree: Path  # copied as a whole; relative to ../shared/real where real
     adaptor: str  # inside the copy
     function: str  # where the sentinel goes: the rollback callback where the profile names one, else the rollback function
     functions: str | None = None  # --function
     train_args: bool = False  # the function has the train_args parameter, which the call passes
+    real: bool = False  # a real third-party tree, under ../shared/real (the real fixture)
 
 
 CASES = [
-    Case("mindspeed-llm-master", REAL / "mindspeed-llm-master", f"{HIGH_AVAILABILITY}/tft_rollback.py", "rollback_callback",
-         train_args=True),
-    Case("taskd-elastic-7.2rc1", REAL / "mind-cluster-7.2rc1", "taskd/python/adaptor/elastic_training/rollback_callback.py",
-         "rollback_callback", train_args=True),
+    Case("mindspeed-llm-master", Path("mindspeed-llm-master"), f"{HIGH_AVAILABILITY}/tft_rollback.py", "rollback_callback",
+         train_args=True, real=True),
+    Case("taskd-elastic-7.2rc1", Path("mind-cluster-7.2rc1"), "taskd/python/adaptor/elastic_training/rollback_callback.py",
+         "rollback_callback", train_args=True, real=True),
     Case("sample-legacy", SAMPLES / "adaptors" / "legacy", "mindio_ttp/adaptor/modellink_adaptor.py", "feature_rollback"),
     Case("sample-in-tree", SAMPLES / "adaptors" / "in_tree", f"{HIGH_AVAILABILITY}/tft_rollback.py", "rollback_callback",
          train_args=True),
@@ -111,8 +111,9 @@ def markers(data: bytes) -> list[str]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
-def test_install_then_idempotent_then_revert_on_real_adaptors(case, tmp_path):
-    adaptor = copied(case.tree, tmp_path) / case.adaptor
+def test_install_then_idempotent_then_revert_on_real_adaptors(case, tmp_path, request):
+    tree = request.getfixturevalue("real") / case.tree if case.real else case.tree
+    adaptor = copied(tree, tmp_path) / case.adaptor
     before = adaptor.read_bytes()
 
     plan = sentinel_plan(adaptor, functions=case.functions)
@@ -139,11 +140,11 @@ def test_install_then_idempotent_then_revert_on_real_adaptors(case, tmp_path):
     assert nothing.edits == () and f"{adaptor}: no sentinel block" in nothing.notes
 
 
-def test_mindspeed_llms_rollback_callback_passes_its_train_args(tmp_path):
+def test_mindspeed_llms_rollback_callback_passes_its_train_args(tmp_path, real):
     """MindSpeed-LLM calls feature_rollback() in the middle of rollback_callback(step, train_args, ctx),
     before the model's parameters are gathered from the optimizer: at the callback's end the sentinel
     sees the whole recovery, and is passed the models and optimizers."""
-    adaptor = copied(REAL / "mindspeed-llm-master", tmp_path) / HIGH_AVAILABILITY / "tft_rollback.py"
+    adaptor = copied(real / "mindspeed-llm-master", tmp_path) / HIGH_AVAILABILITY / "tft_rollback.py"
     plan = sentinel_plan(adaptor, functions="rollback=rollback_callback")
     assert added_lines(plan) == expected_block("    ", 'train_args, mode="report"')
     assert not any(NO_TRAIN_ARGS in note for note in plan.notes)

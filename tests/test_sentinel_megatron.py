@@ -75,7 +75,7 @@ TRACKERS = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per xdist worker; "module" rebuilds it each time other files' tests come between
 def recovery():
     with gpt.megatron_on_cpu():
         recovered = gpt.fault_and_recover(gpt.train(SHAPE, steps=2), PACKAGES)

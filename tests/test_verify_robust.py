@@ -44,13 +44,15 @@ from toytrain import state
 
 def step(device):
     '''Builds toytrain's _EMA_GRAD_NORM and reads it; on rank 1 it also starts a `sleep 300`
-    (its pid written under SPAWNED), and with BLOCK set it then waits for ever.'''
+    (its pid written under SPAWNED), and with BLOCK set it then waits for ever, saying so first
+    (a file rank<N> in the folder BLOCK names).'''
     if state._EMA_GRAD_NORM is None:
         state.init_state(device)
         if os.environ["RANK"] == "1":
             child = subprocess.Popen(["sleep", "300"])
             Path(os.environ["SPAWNED"], str(child.pid)).touch()
     if os.environ.get("BLOCK"):
+        Path(os.environ["BLOCK"], "rank" + os.environ["RANK"]).touch()
         time.sleep(300)
     state._EMA_GRAD_NORM.add_(1)
 """
@@ -91,7 +93,7 @@ def alive_in_group(pgid: int) -> list[int]:
     return found
 
 
-def gone(pgid: int, within: float = 5.0) -> bool:
+def gone(pgid: int, within: float = 30.0) -> bool:  # a safety net for a loaded machine
     deadline = time.monotonic() + within
     while alive_in_group(pgid):
         if time.monotonic() > deadline:
@@ -171,18 +173,24 @@ def test_what_a_rank_starts_does_not_outlive_a_verify_that_ends_normally(toytrai
 def test_a_signal_to_verify_stops_its_ranks_and_what_they_started(toytrain, tmp_path, number, code):
     probes, spawned = spawning_probe(tmp_path)
     command = [sys.executable, "-m", "unsafe_doctor", "verify",
-               *on_toytrain(toytrain, "--source-root", str(probes), "--probe", "spawning_probe:step")]
-    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "SPAWNED": str(spawned), "BLOCK": "1"},
+               *on_toytrain(toytrain, "--source-root", str(probes), "--probe", "spawning_probe:step",
+                            "--timeout", "300")]  # verify's own timeout does not race the signal on a loaded machine
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "SPAWNED": str(spawned), "BLOCK": str(blocked)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while not list(spawned.iterdir()) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        # ready: rank 1 has started its `sleep` and waits in the step, so verify is watching its ranks
+        # (the deadlines are a safety net for a loaded machine, not a timing)
+        deadline = time.monotonic() + 300
+        while not (blocked / "rank1").exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (blocked / "rank1").exists(), f"rank 1 never reached the step (verify: {process.poll()})"
         [grandchild] = [int(path.name) for path in spawned.iterdir()]
         group = os.getpgid(grandchild)
         assert group not in (os.getpgrp(), process.pid)  # the ranks' own group, not verify's
         process.send_signal(number)
-        assert process.wait(timeout=30) == code
+        assert process.wait(timeout=300) == code
     finally:
         process.kill()
         process.wait()
