@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -273,8 +274,12 @@ def test_github_escaping_follows_the_actions_toolkit():
 def test_shell_completion_completes_commands_and_prints_its_script():
     completing = {"_UNSAFE_DOCTOR_COMPLETE": "complete_bash", "COMP_WORDS": "unsafe-doctor di", "COMP_CWORD": "1"}
     assert run(env=completing).stdout.split() == ["diagnose"]
-    script = run("--show-completion", "bash")
-    assert script.returncode == 0 and "_UNSAFE_DOCTOR_COMPLETE=complete_bash" in script.stdout
+    # typer reads the shell from the process's ancestors (an argument after the flag is not read):
+    # run from bash, which stays the parent (`; exit`), as a user's terminal is, whoever started pytest.
+    command = f'{shlex.quote(sys.executable)} -m unsafe_doctor --show-completion; exit $?'
+    script = subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert script.returncode == 0 and "_UNSAFE_DOCTOR_COMPLETE=complete_bash" in script.stdout, script.stderr
     assert "--install-completion" in run("--help").stdout
 
 
