@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # CI runs it: python -m pytest -m slow
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples" / "logs"
 

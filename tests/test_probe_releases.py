@@ -24,6 +24,8 @@ from packaging.version import Version
 from unsafe_doctor.knowledge.loading import load_knowledge
 from unsafe_doctor.knowledge.rules import PROBE_NAMES
 
+pytestmark = pytest.mark.slow  # CI runs it: python -m pytest -m slow
+
 ROOT = Path(__file__).resolve().parent.parent
 REPLAY = ROOT / "tests" / "fixtures" / "replay"
 TRACKER_0_12_LOG = ROOT / "tests" / "corpus" / "logs" / "megatron-0.12-layer-wise-tracker.log"
