@@ -16,6 +16,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORK = ROOT / "samples" / "framework"
 SHARED_REAL = ROOT.parent / "shared" / "real"
+# A module whose buffer a step updates in place: an audit holder (tests of the audit and of its halves).
+ROUTER_MODULE = """import torch
+
+
+class Router(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("counts", torch.zeros(4, device="npu"))
+
+    def forward(self, routing_map):
+        self.counts += routing_map.sum(dim=0)
+"""
 
 
 @pytest.hookimpl(optionalhook=True)

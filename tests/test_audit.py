@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import ROUTER_MODULE
 
 from unsafe_doctor.adaptor.audit_fixes import plan_fixes
 from unsafe_doctor.adaptor.fix import apply
@@ -578,24 +579,13 @@ def test_repair_needs_the_receive_and_the_matching_send(tmp_path):
 
 
 def test_buffer_reached_by_walking_modules_with_isinstance(tmp_path):
-    router = {"router.py": """
-        import torch
-
-        class Router(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.register_buffer("counts", torch.zeros(4, device="npu"))
-
-            def forward(self, routing_map):
-                self.counts += routing_map.sum(dim=0)
-        """}
     result = covered(tmp_path, """
         import gc
         from pkg.router import Router
         for module in [obj for obj in gc.get_objects() if isinstance(obj, Router)]:
             counts = module.counts
             counts.copy_(torch.zeros(counts.shape, dtype=counts.dtype, device=counts.device))
-        """, extra=router)
+        """, extra={"router.py": ROUTER_MODULE})
     assert held(result, "pkg.router.Router.counts").coverage.status == "covered"
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROUTER_MODULE
 
 from unsafe_doctor.audit.halves import Worker, _Claims, _has_ended, shared_out
 from unsafe_doctor.audit.index import Index, audited_files
@@ -147,18 +148,6 @@ def test_the_audit_of_real_code_is_the_same_on_one_core_and_two(real):
     assert audit_json(paths, None) == one_core
 
 
-ROUTER = '''import torch
-
-
-class Router(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("counts", torch.zeros(4, device="npu"))
-
-    def forward(self, routing_map):
-        self.counts += routing_map.sum(dim=0)
-'''
-
 
 @pytest.mark.parametrize("copy", [False, True], ids=["this-process", "the-copy"])
 def test_a_share_that_claims_only_a_file_read_ahead_still_scans_it(tmp_path, copy):
@@ -168,7 +157,7 @@ def test_a_share_that_claims_only_a_file_read_ahead_still_scans_it(tmp_path, cop
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "router.py").write_text(ROUTER)
+    (package / "router.py").write_text(ROUTER_MODULE)
     (package / "state.py").write_text("import torch\n\nEMA = torch.zeros(1, device='npu')\n")
     files = audited_files([package])
     index = Index([package], [tmp_path])
