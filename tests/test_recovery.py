@@ -11,7 +11,11 @@ from unsafe_doctor.log.lines import LogLine, split_lines
 from unsafe_doctor.log.recovery import (
     LOSS_SCALING_MARKERS,
     MARKERS,
+    MINDIO_RELEASES,
+    UNTRACED_FORMS,
     RecoveryContext,
+    catch_form,
+    mindio_form,
     phase_of,
     read_loss_scaling,
     read_recovery,
@@ -19,6 +23,8 @@ from unsafe_doctor.log.recovery import (
 from unsafe_doctor.log.tracebacks import Frame, Traceback
 
 CAUGHT_UNSAFE = "rank:3 catch OTHER exception, error_code:， ex instance:There is unsafe data in the input tensor."
+# the catch line of MindIO v7.3.0 to v7.3.2 (`ttp_decorator.py`): no error_code field
+CAUGHT_V73 = "rank:3 catch OTHER exception, ex instance:There is unsafe data in the input tensor."
 NPU_ERROR = "[ERROR] 2024-09-26-19:58:19 (PID:991527, Device:3, RankID:3) ERR00003 PTA invalid value"
 CONTROLLER_STATUS = (
     "status error, rank:8 step: 3 npu_status: 2 run_status: 0 data_aval: 0 data_status: 0 diff_time : 0"
@@ -36,6 +42,8 @@ EVENT_LINES = [
     ("RuntimeError: NPU function error: device error type 0x2a", 6, "fault", 6, None),
     (CAUGHT_UNSAFE, None, "caught", 3, None),
     (CAUGHT_UNSAFE.replace("，", ","), None, "caught", 3, None),
+    (CAUGHT_V73, None, "caught", 3, None),
+    ("other exception str is : There is unsafe data in the input tensor.", 3, "caught", 3, None),
     ("rank:3 receive device stop message", None, "stop", 3, None),
     ("start notify all device stop...", None, "stop", None, None),
     ("[stop] rank:3 stop consumed:0.012s, ret:0", None, "stop", 3, None),
@@ -67,7 +75,7 @@ def test_every_event_line_contains_a_marker(text, writer, kind, rank, step):
 
 
 def test_markers_are_few_distinct_and_nonempty():
-    assert 1 <= len(MARKERS) <= 10
+    assert 1 <= len(MARKERS) <= 12
     assert len(set(MARKERS)) == len(MARKERS)
     assert all(marker for marker in MARKERS)
 
@@ -283,3 +291,33 @@ def test_loss_scaling_is_unknown_when_the_lines_do_not_tell(raw):
 @pytest.mark.parametrize("raw", [ITERATION.format("65536.0"), argument("fp16", True)])
 def test_every_loss_scaling_line_contains_a_marker(raw):
     assert any(marker in raw.encode() for marker in LOSS_SCALING_MARKERS)
+
+
+# The catch line of each MindIO release for the unsafe-data error (`framework_ttp/ttp_decorator.py` at
+# mind-cluster 492fde0c, v7.3.0 to v7.3.2, v26.0.0 on), in MindIO's stdout format.
+CATCH_LINES_BY_FORM = [
+    ("[8123][PYH ttp_decorator.py:928] other exception str is : There is unsafe data in the input tensor.", "first-public"),
+    ("2026-02-03 10:11:12.5071 warn 31 [8123][PYH ttp_decorator.py:922] " + CAUGHT_V73, "v7.3"),
+    ("2026-06-03 10:11:12.5071 warn 31 [8123][PYH ttp_decorator.py:938] " + CAUGHT_UNSAFE, "v26"),
+]
+
+
+@pytest.mark.parametrize("text, form", CATCH_LINES_BY_FORM)
+def test_catch_line_tells_the_mindio_release_that_wrote_it(text, form):
+    assert catch_form(text) == form
+    assert mindio_form(read_recovery([_line(text, rank=3)])) == form
+
+
+def test_lines_that_are_no_catch_line_tell_no_release():
+    assert catch_form("rank:3 catch other exception") is None  # first public: the line before the traceback
+    assert mindio_form(read_recovery([_line(REPAIR_LINE)])) is None
+
+
+def test_newest_form_wins_when_inputs_mix_releases():
+    context = read_recovery([_line(CATCH_LINES_BY_FORM[0][0], 1), _line(CAUGHT_UNSAFE, offset=9), _line(CAUGHT_V73, offset=20)])
+    assert mindio_form(context) == "v26"
+
+
+def test_only_the_forms_without_a_traceback_are_untraced():
+    assert UNTRACED_FORMS == {"v7.3", "v26"}
+    assert set(MINDIO_RELEASES) == {form for _, form in CATCH_LINES_BY_FORM}

@@ -23,7 +23,7 @@ from unsafe_doctor.cli.options import (
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, say, warn_skipped
 from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
-from unsafe_doctor.diagnose.pipeline import diagnose
+from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis, diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report import fix as report
@@ -42,6 +42,15 @@ def command(
     revert: Annotated[
         bool, typer.Option("--revert", help="Remove every fix block unsafe-doctor wrote into the adaptor (not the sentinel's).")
     ] = False,
+    suspect: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--suspect",
+            metavar="N",
+            help="Also write the fix of suspect N of the log's shortlist (an error logged without a traceback; "
+            "repeatable). Never implied: without it no suspect's fix is written.",
+        ),
+    ] = None,
     yes: YesOption = False,
     no_input: NoInputOption = False,
     source_root: SourceRootOption = None,
@@ -60,8 +69,8 @@ def command(
     setup = groundwork(rules or (), source_root or (), log_only=log_only)
     paths: list[str] = []
     if revert:
-        if logs:
-            raise UsageError("--revert takes no logs: it removes every unsafe-doctor fix block from the adaptor")
+        if logs or suspect:
+            raise UsageError("--revert takes no logs or suspects: it removes every unsafe-doctor fix block from the adaptor")
         environment = setup.detect(adaptor=adaptor).environment
         plan = fixes.plan_revert(environment)
         findings = 0
@@ -70,15 +79,25 @@ def command(
         diagnosis = diagnose(paths, setup, adaptor=adaptor)
         warn_skipped(diagnosis.skipped)
         environment = diagnosis.context.environment
-        plan = fixes.plan_fix(diagnosis.findings, diagnosis.context, overrides, roles)
-        findings = len(diagnosis.findings)
+        chosen = _chosen_suspects(diagnosis, suspect or [])
+        plan = fixes.plan_fix([*diagnosis.findings, *chosen], diagnosis.context, overrides, roles)
+        findings = len(diagnosis.findings) + len(chosen)
+        if diagnosis.untraced and diagnosis.untraced.shortlist.suspects and not chosen and output_format is Format.text:
+            count = len(diagnosis.untraced.shortlist.suspects)
+            say(f"{count} suspect{'s' if count != 1 else ''} for the error logged without a traceback: "
+                "choose whose fix to write with --suspect N (diagnose lists them)")
     text = output_format is Format.text
     interactive = text and not no_input and sys.stdout.isatty()  # asked at /dev/tty: stdin may be the log
     if text:
         show_plan(plan, findings, revert)
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
     if text:
-        options = [*(("--revert",) if revert else ()), *repeated("--function", function), *repeated("--parameter", parameter)]
+        options = [
+            *(("--revert",) if revert else ()),
+            *repeated("--function", function),
+            *repeated("--parameter", parameter),
+            *repeated("--suspect", [str(number) for number in suspect or ()]),
+        ]
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         apply = invocation.command("fix", environment.adaptor, *options, "--yes", log=not revert)
         tell_outcome(plan, written, dry_run, interactive, apply)
@@ -86,6 +105,12 @@ def command(
         print_document(report.to_json(plan, written, dry_run), written)
     unapplied = bool(plan.edits) and not written
     return 0 if dry_run or not (unapplied or plan.skipped) else 1
+
+
+def _chosen_suspects(diagnosis: Diagnosis, numbers: list[int]) -> list[DiagnosedFinding]:
+    if numbers and diagnosis.untraced is None:
+        raise UsageError("--suspect: the log has no error without a traceback, so no shortlist of suspects")
+    return [diagnosis.untraced.suspect_finding(number) for number in dict.fromkeys(numbers)] if diagnosis.untraced else []
 
 
 def print_document(document: dict[str, Any], written: tuple[Written, ...]) -> None:

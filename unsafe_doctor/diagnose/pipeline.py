@@ -1,4 +1,7 @@
-"""The diagnose pipeline: inputs -> logs -> tracebacks -> locate (+ recovery, + the sentinel's lines) -> classify -> Diagnosis."""
+"""The diagnose pipeline: inputs -> logs -> tracebacks -> locate (+ recovery, + the sentinel's lines) -> classify -> Diagnosis.
+
+Ranks whose error MindIO logged without a traceback get a shortlist of suspects instead (`suspects`),
+from the arguments dump, the releases and the adaptor generation the log shows."""
 
 from __future__ import annotations
 
@@ -10,15 +13,19 @@ from typing import BinaryIO
 from unsafe_doctor.audit.stale import StaleReset, stale_resets
 from unsafe_doctor.diagnose import sentinel_findings
 from unsafe_doctor.diagnose.locate import Finding, is_unsafe_error, locate
+from unsafe_doctor.diagnose.suspects import Shortlist, shortlist
+from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import Classification, classify, classify_cache
 from unsafe_doctor.knowledge.context import Groundwork, RunContext
 from unsafe_doctor.knowledge.matching import frame_named
 from unsafe_doctor.knowledge.subject import Subject
+from unsafe_doctor.knowledge.versions import profiles_in_log
 from unsafe_doctor.log import inputs, recovery
 from unsafe_doctor.log import lines as logs
+from unsafe_doctor.log.arguments import DUMP_MARKERS, RunArguments, read_arguments
 from unsafe_doctor.log.inputs import Excerpt, InputInfo, Progress, SkippedInput
 from unsafe_doctor.log.lines import LogLine
-from unsafe_doctor.log.recovery import LossScaling, Phase, RecoveryContext
+from unsafe_doctor.log.recovery import LossScaling, MindioForm, Phase, RecoveryContext
 from unsafe_doctor.log.sentinel_lines import MARKER, Summary
 from unsafe_doctor.log.tracebacks import Traceback, parse_tracebacks
 
@@ -32,6 +39,25 @@ class DiagnosedFinding:
     @property
     def subject(self) -> Subject:
         return self.finding.subject
+
+
+@dataclass(frozen=True)
+class Untraced:
+    """The ranks that reported the error with no traceback in the log, and what the log says instead."""
+
+    ranks: tuple[int, ...]
+    form: MindioForm | None  # the MindIO catch line's form; None: only the error's own message was seen
+    shortlist: Shortlist
+
+    def suspect_finding(self, number: int) -> DiagnosedFinding:
+        """Suspect `number` (1-based, as the report numbers them) as a finding of these ranks: what
+        `fix --suspect` writes the fix of, a person having chosen it."""
+        suspects = self.shortlist.suspects
+        if not 1 <= number <= len(suspects):
+            raise UsageError(f"--suspect {number}: the log's shortlist has suspects 1 to {len(suspects)}")
+        suspect = suspects[number - 1]
+        finding = Finding(self.ranks, None, None, None, suspect.tensor, None, (f"suspect {number} of an untraced error, chosen",))
+        return DiagnosedFinding(finding, "after-recovery", suspect.classification)
 
 
 @dataclass(frozen=True)
@@ -51,6 +77,9 @@ class Diagnosis:
     skipped: tuple[SkippedInput, ...] = ()  # inputs that could not be read (a truncated .gz, a core dump), with why
     sentinel_checks: tuple[Summary, ...] = ()  # the sentinel's summary of each check it logged (rank, backend, mode)
     sentinel_lines_ignored: int = 0  # its lines not read: damaged, unsafe names, or past the reading budget
+    mindio: MindioForm | None = None  # the form of MindIO's catch lines: tells the release, and whether it logs a traceback
+    arguments: RunArguments | None = None  # the arguments dump the job printed at start-up
+    untraced: Untraced | None = None  # present when untraced_ranks is not empty
 
 
 def diagnose(
@@ -67,6 +96,7 @@ def diagnose(
         recovery.MARKERS,
         fact_markers=recovery.LOSS_SCALING_MARKERS,
         record_markers=(MARKER,),
+        dump_markers=DUMP_MARKERS,
         stdin=stdin,
         progress=progress,
     )
@@ -82,7 +112,10 @@ def diagnose(
     unsafe = [tb for tb in tracebacks if any(is_unsafe_error(link) for link in tb.chain())]
     sentinel = sentinel_findings.read(line for excerpt in scan.records for line in _lines(excerpt))
     findings = sentinel_findings.merge(locate(unsafe, groundwork.workspace), sentinel.findings)
-    run = groundwork.detect([frame for finding in findings if finding.unsafe for frame in finding.unsafe.frames], adaptor)
+    frames = [frame for finding in findings if finding.unsafe for frame in finding.unsafe.frames]
+    texts = [*(line.text for line in (*context_lines, *all_window_lines)), *(frame.file for frame in frames)]
+    run = groundwork.detect(frames, adaptor, profiles_in_log(groundwork.knowledge, texts))
+    arguments = read_arguments(line for excerpt in scan.dumps for line in _lines(excerpt))
     diagnosed = tuple(
         DiagnosedFinding(finding, _phase(finding, context), _classify(finding, run, loss_scaling)) for finding in findings
     )
@@ -120,7 +153,23 @@ def diagnose(
         skipped=scan.skipped,
         sentinel_checks=sentinel.checks,
         sentinel_lines_ignored=sentinel.ignored + scan.records_not_kept,
+        mindio=recovery.mindio_form(context),
+        arguments=arguments,
+        untraced=_untraced(tuple(sorted(untraced)), context, run, arguments, loss_scaling) if untraced else None,
     )
+
+
+def _untraced(
+    ranks: tuple[int, ...],
+    context: RecoveryContext,
+    run: RunContext,
+    arguments: RunArguments | None,
+    loss_scaling: LossScaling | None,
+) -> Untraced:
+    """The suspects, with the generation the adaptor file or the log shows (a default profile is no evidence)."""
+    environment = run.environment
+    generation = environment.profile if environment.profile_from in ("adaptor", "log") else None
+    return Untraced(ranks, recovery.mindio_form(context), shortlist(run, arguments, generation, loss_scaling))
 
 
 def _phase(finding: Finding, context: RecoveryContext) -> Phase:

@@ -138,6 +138,12 @@ def classify_by_rule(
     return None if chosen is None else _by_rule(*chosen, subject, context, notes, guarded=guarded)
 
 
+def classify_with_rule(rule: Rule, subject: Subject, context: RunContext) -> Classified:
+    """The rule's verdict and fix for a global the rule names, chosen by other evidence than a frame
+    (a suspect of an untraced error): no matching, the rule is given."""
+    return _by_rule(rule, rule.match, subject, context, ())
+
+
 def _by_rule(
     rule: Rule, block: RuleMatch, subject: Subject, context: RunContext, notes: tuple[str, ...], *, guarded: bool = True
 ) -> Classified:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.loading import load_knowledge
-from unsafe_doctor.knowledge.rules import KnowledgeBase
+from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase
 from unsafe_doctor.knowledge.versions import Environment, detect_environment
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.workspace import Workspace
@@ -26,9 +26,13 @@ class Groundwork:
     knowledge: KnowledgeBase  # the shipped rules and profiles, and the user's --rules
     workspace: Workspace  # files found, read and parsed once, over the --source-root folders
 
-    def detect(self, frames: Sequence[Frame] = (), adaptor: Path | None = None) -> RunContext:
-        """The run context, with the environment read from the source roots, the frames' trees and the adaptor."""
-        return RunContext(self.knowledge, self.workspace, detect_environment(self.knowledge, self.workspace, frames, adaptor))
+    def detect(
+        self, frames: Sequence[Frame] = (), adaptor: Path | None = None, logged: Sequence[AdaptorProfile] = ()
+    ) -> RunContext:
+        """The run context, with the environment read from the source roots, the frames' trees and the
+        adaptor; `logged`: the generations the log shows, which choose the profile when no adaptor is found."""
+        environment = detect_environment(self.knowledge, self.workspace, frames, adaptor, logged)
+        return RunContext(self.knowledge, self.workspace, environment)
 
 
 @dataclass(frozen=True)

@@ -71,8 +71,15 @@ def load_knowledge(extra: Sequence[Path] = ()) -> KnowledgeBase:
     for rule in merged.rules.values():
         problems.extend(
             f"{rule.origin}: rule {rule.id}: unknown condition '{name}'"
-            for name in rule.conditions
+            for name in (*rule.conditions, *rule.exists_when)
             if name not in merged.conditions
+        )
+    rule_ids = set(merged.rules)
+    for profile in merged.profiles.values():
+        problems.extend(
+            f"{profile.origin}: profile {profile.id}: resets an unknown rule '{rule_id}'"
+            for rule_id in profile.resets
+            if rule_id not in rule_ids
         )
     problems.extend(merged.conflicts())
     problems.extend(merged.uncovered(", ".join(map(str, extra)) or str(shipped_knowledge_dir())))
@@ -291,6 +298,8 @@ def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None
         also_match=tuple(matches[1:]),
         probe=probe,
         priority=item.get("priority", 0),
+        exists_when=tuple(item.get("exists_when", ())),
+        first_read=item.get("first_read"),
     )
 
 
@@ -346,6 +355,8 @@ def _profile(item: dict[str, Any], origin: str, problems: list[str]) -> AdaptorP
         repair_group=item["repair_group"]["expression"],
         repair_group_imports=tuple(item["repair_group"].get("imports", ())),
         origin=origin,
+        resets=tuple(item.get("resets", ())),
+        log_evidence=tuple(item.get("log_evidence", ())),
     )
     mapping = {role: _alternatives(name) for role, name in parameters.items() if role in MAPPING_ROLES}
     return map_parameters(profile, mapping)
@@ -356,12 +367,18 @@ def _alternatives(names: str | list[str]) -> tuple[str, ...]:
 
 
 def _condition(item: dict[str, Any]) -> Condition:
-    """A switch renders as `getattr(get_args(), "<switch>", <default>)`; a free guard stays as written."""
+    """A switch renders as `getattr(get_args(), "<switch>", <default>)`, compared with its `values` or
+    `above` when it has them; a free guard stays as written."""
     switch = item.get("switch")
     if switch is None:
         return Condition(item["guard"], tuple(item.get("imports", ())), item["description"])
     guard = f'getattr(get_args(), "{switch}", {item.get("default", False)!r})'
-    return Condition(guard, SWITCH_IMPORTS, item["description"], switch)
+    values, above = tuple(item.get("values", ())), item.get("above")
+    if values:
+        guard = f"str({guard}) in {values!r}"
+    elif above is not None:
+        guard = f"({guard} or 0) > {above}"
+    return Condition(guard, SWITCH_IMPORTS, item["description"], switch, values, above)
 
 
 def _is_expression(text: str) -> bool:

@@ -47,6 +47,10 @@ EVERY_ROLE = (*PARAMETER_ROLES, *MAPPING_ROLES)
 # The names a scenario-2 template's $src and $dst render to; the fix binds them from the rank roles.
 SOURCE_RANK = "src_rank"
 DEST_RANK = "dest_rank"
+# Where a training step first reads a global, in the order a step runs: the shortlist of an untraced
+# error puts what the step reads first first (the first unsafe read is the one that raises).
+ReadStage = Literal["embedding", "attention", "moe", "loss", "backward", "optimizer", "logging"]
+READ_STAGES: tuple[ReadStage, ...] = get_args(ReadStage)
 # Probes the replay implements (replay/probes.py registers one class per name; a test holds the two equal).
 PROBE_NAMES = frozenset({"megatron-layer-wise-tracker", "megatron-aux-losses-tracker", "megatron-router-expert-bias"})
 
@@ -97,6 +101,10 @@ class Rule:
     also_match: tuple[RuleMatch, ...] = ()  # further blocks of a `match:` list; any one block suffices
     probe: str | None = None  # the replay probe that builds this global's state (one of PROBE_NAMES)
     priority: int = 0  # between rules equally specific for one global, the higher wins
+    # Conditions that must hold for the global to exist or hold device data, besides `conditions`
+    # (which also guard the fix): what an arguments dump is read against.
+    exists_when: tuple[str, ...] = ()
+    first_read: ReadStage | None = None  # None: the step writes it before reading, or where is not known
 
     @property
     def matches(self) -> tuple[RuleMatch, ...]:
@@ -156,6 +164,12 @@ class AdaptorProfile:
     repair_group: str  # expression that yields the repair process group
     repair_group_imports: tuple[str, ...]
     origin: str
+    resets: tuple[str, ...] = ()  # ids of the rules whose global the shipped rollback and repair already reset or repair
+    log_evidence: tuple[str, ...] = ()  # texts only this generation's adaptor logs: a log holding one shows it ran
+
+
+# How an arguments dump prints a switch that is off: None, False, zero, an empty string or list.
+_OFF_VALUES = frozenset({"None", "False", "0", "0.0", "", "[]", "{}"})
 
 
 @dataclass(frozen=True)
@@ -164,6 +178,19 @@ class Condition:
     imports: tuple[str, ...]
     description: str
     switch: str | None = None  # the framework argument the guard tests (rendered from it); None for a free guard
+    values: tuple[str, ...] = ()  # the switch's printed values that turn the feature on (none: any true value)
+    above: int | None = None  # the feature is on when the switch's value is greater than this
+
+    def holds_for(self, printed: str) -> bool:
+        """Whether the switch's value, as an arguments dump prints it (`str(value)`), turns the feature on."""
+        if self.values:
+            return printed in self.values
+        if self.above is not None:
+            try:
+                return float(printed) > self.above
+            except ValueError:
+                return False
+        return printed not in _OFF_VALUES
 
 
 @dataclass(frozen=True)
@@ -186,6 +213,10 @@ class KnowledgeBase:
     def template_for(self, scenario: Scenario, kind: GlobalKind) -> Template:
         """The template for a global of this kind in this scenario (exactly one: checked on load)."""
         return next(t for t in self.templates if t.scenario == scenario and kind in t.applies_to)
+
+    def features(self, rule: Rule) -> tuple[str, ...]:
+        """The conditions for the rule's global to exist: its guards and its `exists_when`."""
+        return tuple(dict.fromkeys((*rule.conditions, *rule.exists_when)))
 
     def switches(self, rule: Rule) -> tuple[str, ...]:
         """The framework arguments the rule's conditions test: what must be on for its fix to run."""

@@ -22,17 +22,19 @@ installed metadata, so no versions; an adaptor given on the command line is stil
 Adaptor profile: the profile whose function and parameter names best fit the adaptor file (given,
 or found by the profiles' `files` globs under the source roots, the frames' import roots and
 `sys.path`); ties go to the profile whose MindSpeed-LLM versions hold the detected version, then to
-`DEFAULT_PROFILE`. With no adaptor file, the detected MindSpeed-LLM version picks, else the default.
+`DEFAULT_PROFILE`. With no adaptor file, the generations the log shows (`profiles_in_log`: a line
+holding one of a profile's `log_evidence` texts) pick, then the detected MindSpeed-LLM version,
+else the default; `Environment.profile_from` says which.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from packaging.version import InvalidVersion, Version
 
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
     import importlib.metadata
 
 DEFAULT_PROFILE = "mindspeed-llm-26"  # the current in-tree adaptor, used when nothing says otherwise
+# What chose the adaptor profile: the adaptor file's names, the log's lines, the MindSpeed-LLM version, nothing.
+ProfileSource = Literal["adaptor", "log", "version", "default"]
 ADAPTOR_FRAMEWORK = "mindspeed-llm"  # the distribution whose version the profiles' `versions` constrain
 
 
@@ -57,6 +61,7 @@ class Environment:
     source_roots: tuple[Path, ...]
     profile: AdaptorProfile  # the adaptor generation fixes are written for
     adaptor: Path | None  # the adaptor file, when given or found
+    profile_from: ProfileSource = "default"
 
 
 def detect_environment(
@@ -64,8 +69,10 @@ def detect_environment(
     workspace: Workspace,
     frames: Sequence[Frame] = (),
     adaptor: Path | None = None,
+    logged: Sequence[AdaptorProfile] = (),
 ) -> Environment:
-    """`workspace`: the command's, over the source roots (`context.Groundwork`)."""
+    """`workspace`: the command's, over the source roots (`context.Groundwork`); `logged`: the
+    generations the log shows (`profiles_in_log`)."""
     roots = workspace.source_roots
     for root in roots:
         if not root.is_dir():
@@ -89,12 +96,35 @@ def detect_environment(
     versions = {name: version for name, (version, _) in found.items()}
     origins = {name: origin for name, (_, origin) in found.items()}
     chooser = _ProfileChooser(knowledge, workspace, versions.get(ADAPTOR_FRAMEWORK))
+    search_roots = (*roots, *frame_roots, *workspace.env_roots)
+    adaptor_file, profile, source = _adaptor_and_profile(chooser, adaptor, search_roots, logged)
+    return Environment(versions, origins, roots, profile, adaptor_file, source)
+
+
+def _adaptor_and_profile(
+    chooser: _ProfileChooser, adaptor: Path | None, roots: Sequence[Path], logged: Sequence[AdaptorProfile]
+) -> tuple[Path | None, AdaptorProfile, ProfileSource]:
+    """The adaptor given, else the one found under the roots, and its profile; with none, the
+    generation the log shows, the version's, or the default."""
     if adaptor is not None:
-        profile = chooser.best_for(Path(adaptor))[0]
-    else:
-        search_roots = (*roots, *frame_roots, *workspace.env_roots)
-        adaptor, profile = chooser.search(search_roots)
-    return Environment(versions, origins, roots, profile, adaptor)
+        return adaptor, chooser.best_for(Path(adaptor))[0], "adaptor"
+    found, profile = chooser.search(roots)
+    if found is not None:
+        return found, profile, "adaptor"
+    return (None, *chooser.fallback(logged))
+
+
+def profiles_in_log(knowledge: KnowledgeBase, texts: Iterable[str]) -> tuple[AdaptorProfile, ...]:
+    """The generations whose `log_evidence` the texts (log lines, frame paths) hold most of, in
+    knowledge order: generations share some texts (MindSpeed-LLM 2.3 and 26 log the same repair
+    line), so the one that also shows its own wins, and a tie keeps them all."""
+    wanted = [(profile.id, text) for profile in knowledge.profiles for text in profile.log_evidence]
+    seen: set[tuple[str, str]] = set()
+    for line in texts:
+        seen.update(pair for pair in wanted if pair[1] in line)
+    counts = {profile.id: sum(pair[0] == profile.id for pair in seen) for profile in knowledge.profiles}
+    most = max(counts.values(), default=0)
+    return tuple(profile for profile in knowledge.profiles if most and counts[profile.id] == most)
 
 
 # --- versions ------------------------------------------------------------------------------------
@@ -243,7 +273,7 @@ class _ProfileChooser:
         self._workspace = workspace
 
     def search(self, roots: Sequence[Path]) -> tuple[Path | None, AdaptorProfile]:
-        """The best-fitting adaptor file under the roots; without one, the version's or default profile."""
+        """The best-fitting adaptor file under the roots; without one, `fallback`'s profile."""
         best: tuple[tuple, Path, AdaptorProfile] | None = None
         for path in self._candidates(roots):
             profile, key = self.best_for(path)
@@ -253,7 +283,7 @@ class _ProfileChooser:
                 best = ((key, own), path, profile)
         if best is not None:
             return best[1], best[2]
-        return None, self._fallback()
+        return None, self.fallback(())[0]
 
     def best_for(self, adaptor: Path) -> tuple[AdaptorProfile, tuple]:
         if self._source(adaptor) is None:
@@ -312,9 +342,14 @@ class _ProfileChooser:
                             seen.add(path.resolve())
                             yield path
 
-    def _fallback(self) -> AdaptorProfile:
-        candidates = [profile for profile in self.profiles if self._fits_version(profile)] or list(self.profiles)
-        return next((profile for profile in candidates if profile.id == DEFAULT_PROFILE), candidates[0])
+    def fallback(self, logged: Sequence[AdaptorProfile]) -> tuple[AdaptorProfile, ProfileSource]:
+        """With no adaptor file: among the generations the log shows, else among all, the one the
+        MindSpeed-LLM version fits, then the default."""
+        pool = list(logged) or list(self.profiles)
+        fitting = [profile for profile in pool if self._fits_version(profile)]
+        candidates = fitting or pool
+        profile = next((profile for profile in candidates if profile.id == DEFAULT_PROFILE), candidates[0])
+        return profile, "log" if logged else "version" if fitting else "default"
 
     def _fits_version(self, profile: AdaptorProfile) -> bool:
         return (

@@ -1,16 +1,17 @@
 """Inputs (stdin, files, folders, gzip) -> the few excerpts worth parsing.
 
-A failure log can be gigabytes of iteration lines around one traceback. Parsing every line in
-Python would be far slower than `grep`, so this stage only searches bytes: it finds the unsafe-data
-marker with `find` (memchr speed), cuts a window of text around each hit, and looks for recovery
-markers in a bounded span before the first hit. Lines that state a setting of the run are searched
-backwards (`rfind`) in the same span, or at the end of an input without a hit: only the last of
-each counts. Lines that carry a record (the sentinel's, `sentinel_lines.MARKER`) are kept wherever
-they stand, up to RECORD_BUDGET bytes. Everything else is never decoded. Memory stays bounded
-whatever the input size: every input is read in chunks with a rolling history, and the windows
-kept, all inputs together, stop at EXCERPT_BUDGET bytes (later hits are counted, not parsed).
-Files are read, not memory-mapped: a log truncated while mapped would kill the process with
-SIGBUS, and a pipe, `<(cmd)` or `/dev/stdin` cannot be mapped or rewound at all.
+A failure log can be gigabytes of iteration lines around one traceback. Parsing every line in Python
+would be far slower than `grep`, so this stage only searches bytes: it finds the unsafe-data marker
+with `find` (memchr speed), cuts a window of text around each hit, and looks for recovery markers in
+a bounded span before the first hit. Lines that state a setting of the run are searched backwards
+(`rfind`) in the same span, or at the end of an input without a hit: only the last of each counts.
+Lines that carry a record (the sentinel's, `sentinel_lines.MARKER`) are kept wherever they stand, up
+to RECORD_BUDGET bytes; so are the lines of a start-up dump (the arguments Megatron prints), up to
+DUMP_BUDGET bytes of their own, so that neither kind crowds out the other. Everything else is never
+decoded. Memory stays bounded whatever the input size: every input is read in chunks with a rolling
+history, and the windows kept, all inputs together, stop at EXCERPT_BUDGET bytes (later hits are
+counted, not parsed). Files are read, not memory-mapped: a log truncated while mapped would kill the
+process with SIGBUS, and a pipe, `<(cmd)` or `/dev/stdin` cannot be mapped or rewound at all.
 
 One input that cannot be read (a truncated `.gz`, a core dump in a log folder, a file that vanished)
 does not stop the others: it is returned as a `SkippedInput` with its reason; only when nothing is
@@ -53,6 +54,7 @@ WINDOW_MAX = 16 << 20  # one window stops growing here, so a flood of hits canno
 EXCERPT_BUDGET = 64 << 20  # total window bytes kept; hits past it are counted, not parsed
 RECORD_LINE_MAX = 64 << 10  # a record line longer than this is no line a writer of records wrote: not kept
 RECORD_BUDGET = 16 << 20  # total record-line bytes kept; lines past it are counted, not kept
+DUMP_BUDGET = 4 << 20  # total dump-line bytes kept: a few thousand argument lines of a few jobs
 CHUNK = 8 << 20
 PIPE_SIZE = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 LOG_SUFFIXES = (".log", ".txt", ".out")
@@ -100,6 +102,7 @@ class Scan:
     skipped: tuple[SkippedInput, ...] = ()  # inputs not read, each with its reason
     records: tuple[Excerpt, ...] = ()  # every whole line holding a record marker, anywhere, in input order
     records_not_kept: int = 0  # record lines past RECORD_BUDGET, or longer than RECORD_LINE_MAX
+    dumps: tuple[Excerpt, ...] = ()  # every whole line holding a dump marker, anywhere, in input order
 
 
 @dataclass
@@ -113,6 +116,7 @@ class _InputScan:
     size: int = 0
     records: list[Excerpt] = field(default_factory=list)
     records_not_kept: int = 0
+    dumps: list[Excerpt] = field(default_factory=list)
 
 
 class _Budget:
@@ -134,6 +138,8 @@ class _Reading:
     progress: Progress | None
     record_markers: Sequence[bytes] = ()
     record_budget: _Budget = field(default_factory=lambda: _Budget(RECORD_BUDGET))
+    dump_markers: Sequence[bytes] = ()
+    dump_budget: _Budget = field(default_factory=lambda: _Budget(DUMP_BUDGET))
 
 
 def scan(
@@ -142,6 +148,7 @@ def scan(
     *,
     fact_markers: Sequence[bytes] = (),
     record_markers: Sequence[bytes] = (),
+    dump_markers: Sequence[bytes] = (),
     stdin: BinaryIO | None = None,
     progress: Progress | None = None,
 ) -> Scan:
@@ -149,17 +156,22 @@ def scan(
 
     `fact_markers` mark a setting the run logs at start-up or every step: only the latest line of
     each is worth keeping. `record_markers` mark lines that each tell something on their own
-    (the sentinel's): every one is kept, wherever it stands. An input that cannot be read is
+    (the sentinel's): every one is kept, wherever it stands. `dump_markers` mark the lines of a
+    start-up dump (Megatron's arguments), kept the same way under a budget of their own. An input that cannot be read is
     skipped with its reason; a UsageError only when none can be.
     """
     sources = _expand(paths) if paths else [("<stdin>", None, None)]
     budget = _Budget(EXCERPT_BUDGET)
     record_budget = _Budget(RECORD_BUDGET)
+    dump_budget = _Budget(DUMP_BUDGET)
     infos: list[InputInfo] = []
     results: list[_InputScan] = []
     skipped: list[SkippedInput] = []
     for name, path, rank_hint in sources:
-        reading = _Reading(name, rank_hint, context_markers, fact_markers, budget, progress, record_markers, record_budget)
+        reading = _Reading(
+            name, rank_hint, context_markers, fact_markers, budget, progress, record_markers, record_budget, dump_markers,
+            dump_budget,
+        )
         try:
             result = _scan_one(path, stdin, reading)
         except _Unreadable as error:
@@ -183,6 +195,7 @@ def scan(
         skipped=tuple(skipped),
         records=tuple(line for r in results for line in r.records),
         records_not_kept=sum(r.records_not_kept for r in results),
+        dumps=tuple(line for r in results for line in r.dumps),
     )
 
 
@@ -331,7 +344,8 @@ def _scan_stream(
     history = _History(keep=CONTEXT_SPAN + 2 * BEFORE + WINDOW_MAX)
     overlap = len(ERROR_MARKER) - 1
     pending: list[list[int]] = []  # [start, end) of windows still collecting bytes; the last may grow
-    records = _RecordLines(reading, result)
+    records = _MarkedLines(reading, reading.record_markers, reading.record_budget, result.records)
+    dumps = _MarkedLines(reading, reading.dump_markers, reading.dump_budget, result.dumps)
     first_chunk = True
     seen_hit = False
     while chunk := stream.read(CHUNK):
@@ -371,11 +385,12 @@ def _scan_stream(
             reading.budget.left -= BEFORE + AFTER
         while pending and pending[0][1] + BEFORE < history.end - overlap:  # whole, and no later hit joins it
             _close_window(pending.pop(0), history, result, reading, at_end=False)
-        records.find(chunk, chunk_start, history)
-        records.take(history, at_end=False)
+        _keep_marked((records, dumps), chunk, chunk_start, history)
         history.trim()
     result.size = history.end
     records.take(history, at_end=True)
+    dumps.take(history, at_end=True)
+    result.records_not_kept = records.not_kept
     for window in pending:
         _close_window(window, history, result, reading, at_end=window[1] >= history.end)
     if not result.hits and history.end:
@@ -397,18 +412,27 @@ def _close_window(
     result.windows.append(_excerpt(data, 0, len(data), whole_until, reading, offset=start, starts_input=start == 0))
 
 
-class _RecordLines:
-    """The whole lines around record-marker hits: a hit waits until its line's end has been read."""
+def _keep_marked(keepers: Sequence[_MarkedLines], chunk: bytes, chunk_start: int, history: _History) -> None:
+    for keeper in keepers:
+        keeper.find(chunk, chunk_start, history)
+        keeper.take(history, at_end=False)
 
-    def __init__(self, reading: _Reading, result: _InputScan) -> None:
+
+class _MarkedLines:
+    """The whole lines around marker hits, into `kept` under `budget`: a hit waits until its line's end has been read."""
+
+    def __init__(self, reading: _Reading, markers: Sequence[bytes], budget: _Budget, kept: list[Excerpt]) -> None:
         self.reading = reading
-        self.result = result
+        self.markers = markers
+        self.budget = budget
+        self.kept = kept
+        self.not_kept = 0  # lines past the budget, or longer than RECORD_LINE_MAX
         self.hits: list[int] = []  # absolute offsets of hits whose line is not taken yet
         self.taken_until = 0  # end of the last line taken: a second marker on it is the same line
 
     def find(self, chunk: bytes, chunk_start: int, history: _History) -> None:
         """Hits across the seam with the previous chunk, then inside the chunk (just appended to `history`)."""
-        for marker in self.reading.record_markers:
+        for marker in self.markers:
             overlap = len(marker) - 1
             seam_start = max(history.start, chunk_start - overlap)
             seam = history.slice(seam_start, chunk_start) + chunk[:overlap]
@@ -431,7 +455,7 @@ class _RecordLines:
             line_start = before.rfind(b"\n") + 1
             whole_start = line_start > 0 or before_start == 0
             if newline == -1 and len(after) >= RECORD_LINE_MAX or not whole_start:
-                self.result.records_not_kept += 1  # too long to be a record line
+                self.not_kept += 1  # too long to be a line its writer wrote
                 self.taken_until = hit + 1
                 continue
             end = hit + (len(after) if newline == -1 else newline + 1)
@@ -440,13 +464,12 @@ class _RecordLines:
         self.hits = waiting
 
     def _keep(self, start: int, line: bytes) -> None:
-        budget = self.reading.record_budget
-        if len(line) > budget.left:
-            self.result.records_not_kept += 1
+        if len(line) > self.budget.left:
+            self.not_kept += 1
             return
-        budget.left -= len(line)
+        self.budget.left -= len(line)
         text = line.decode("utf-8", "replace")
-        self.result.records.append(Excerpt(self.reading.name, self.reading.rank_hint, start, text))
+        self.kept.append(Excerpt(self.reading.name, self.reading.rank_hint, start, text))
 
 
 class _History:

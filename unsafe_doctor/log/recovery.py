@@ -21,6 +21,18 @@ from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.tracebacks import Frame, Traceback
 
 Phase = Literal["after-recovery", "rollback", "repair", "none"]
+# The forms of MindIO's catch line for an error it cannot classify (domain notes §4), by the releases
+# that write them: "first-public" (mind-cluster master 2025-11-28 to 2025-12-11) logs the traceback with
+# LOGGER.exception, then "other exception str is : <message>"; "v7.3" (v7.3.0 to v7.3.2) and "v26" (v26.0.0
+# on, with an error_code field) log only "rank:N catch OTHER exception, … ex instance:<message>".
+MindioForm = Literal["first-public", "v7.3", "v26"]
+# What each form says of the release that wrote it; the forms that write no traceback of the error.
+MINDIO_RELEASES: dict[MindioForm, str] = {
+    "first-public": "mind-cluster master of 2025-11-28 to 2025-12-11 (the first public MindIO)",
+    "v7.3": "mind-cluster v7.3.0 to v7.3.2",
+    "v26": "mind-cluster v26.0.0 or later",
+}
+UNTRACED_FORMS: frozenset[MindioForm] = frozenset({"v7.3", "v26"})
 # "none": the loss is not scaled (bf16, fp32); "grad-scaler": an fp16 grad scaler scales it, and
 # the optimizer's loss scale is that scaler's tensor (Megatron's MixedPrecisionOptimizer.get_loss_scale).
 LossScaling = Literal["none", "grad-scaler"]
@@ -37,7 +49,8 @@ MARKERS: tuple[bytes, ...] = (
     b"[clean] rank",  # adaptor: "[clean] rank:3, type:retry, …"
     b"repair",  # repair callback, "[repair] rank 3, … step:1200", "repair failed", "do repair operation ok"
     b"rollback",  # rollback callback, "… gather and rollback at iteration 1200", "rollback failed"
-    b"exception, error_code:",  # decorator: "rank:3 catch OTHER exception, error_code:， ex instance:…"
+    b"ex instance:",  # decorator: "rank:3 catch OTHER exception, [error_code:， ]ex instance:…" (v7.3 on)
+    b"other exception str is",  # first public decorator, after its traceback: "other exception str is : …"
 )
 
 # Byte strings of the lines that tell the run's loss scaling; `inputs.py` keeps the last line
@@ -130,8 +143,14 @@ _KIND_TEXTS: tuple[tuple[EventKind, tuple[str, ...]], ...] = (
 # check_uce_in_memory: 0 = no UCE on this device (the line then only shows that clean ran);
 # 1, 2, 3 = a UCE hit it (3: in persistent memory, the case that leaves unsafe tensors).
 _UCE_MEMORY_RESULT = re.compile(r"check uce memory result:\s*([1-9])")
-# MindIO decorator: "rank:%s catch %s exception, error_code:%s， ex instance:%s" (full-width comma).
-_CATCH = re.compile(r"catch .+ exception, error_code:.*?[，,] ?ex instance:")
+# MindIO decorator's catch line, newest form first: v26 "rank:%s catch %s exception, error_code:%s， ex
+# instance:%s" (full-width comma), v7.3 "rank:{r} catch {exc} exception, ex instance:{err}", and the first
+# public "other exception str is : {err}" logged after the traceback.
+_CATCH_FORMS: tuple[tuple[MindioForm, re.Pattern[str]], ...] = (
+    ("v26", re.compile(r"catch \S+ exception, error_code:.*?[，,] ?ex instance:")),
+    ("v7.3", re.compile(r"catch \S+ exception, ex instance:")),
+    ("first-public", re.compile(r"other exception str is : ")),
+)
 _UNSAFE = "unsafe data in the input tensor"
 _ANY_MARKER = re.compile("|".join(re.escape(marker.decode()) for marker in MARKERS))
 # "rank:3", "rank 3", "[rank3]" left mid-line, torch_npu's "RankID:3" (-1 when RANK was unset).
@@ -143,7 +162,7 @@ _STEP = re.compile(r"\bstep:\s*(\d+)|\bat iteration (\d+)")
 def _kind_of(text: str) -> EventKind | None:
     if not _ANY_MARKER.search(text):  # most lines: one regex call instead of every needle
         return None
-    if _CATCH.search(text) and _UNSAFE in text:
+    if _UNSAFE in text and catch_form(text) is not None:
         return "caught"
     if _UCE_MEMORY_RESULT.search(text):
         return "fault"
@@ -151,6 +170,17 @@ def _kind_of(text: str) -> EventKind | None:
         if any(needle in text for needle in needles):
             return kind
     return None
+
+
+def catch_form(text: str) -> MindioForm | None:
+    """Which release's catch line this is, or None for any other line."""
+    return next((form for form, pattern in _CATCH_FORMS if pattern.search(text)), None)
+
+
+def mindio_form(context: RecoveryContext) -> MindioForm | None:
+    """The form of the log's catch lines of the unsafe-data error; the newest when inputs mix releases."""
+    forms = {catch_form(event.text) for event in context.events if event.kind == "caught"}
+    return next((form for form, _ in _CATCH_FORMS if form in forms), None)
 
 
 def _rank_of(line: LogLine) -> int | None:

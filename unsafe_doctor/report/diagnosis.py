@@ -11,9 +11,11 @@ from rich.table import Table
 from rich.text import Text
 
 from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
-from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
+from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis, Untraced
+from unsafe_doctor.diagnose.suspects import Suspect
 from unsafe_doctor.knowledge.classify import Classification, FixPlan
 from unsafe_doctor.knowledge.subject import TensorRef
+from unsafe_doctor.log.recovery import MINDIO_RELEASES, UNTRACED_FORMS
 from unsafe_doctor.log.sentinel_lines import Summary
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.report.common import (
@@ -41,7 +43,10 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
         "schema": SCHEMA,
         "inputs": [{"name": info.name, "bytes": info.bytes} for info in diagnosis.inputs],
         "skipped_inputs": [{"name": item.name, "reason": item.reason} for item in diagnosis.skipped],
-        "findings": [_finding_json(item, diagnosis) for item in diagnosis.findings],
+        "findings": [
+            *(_finding_json(item, diagnosis) for item in diagnosis.findings),
+            *([_untraced_json(diagnosis.untraced, diagnosis)] if diagnosis.untraced else []),
+        ],
         "sentinel": [_check_json(check) for check in diagnosis.sentinel_checks],
         "summary": {
             "ranks_seen": list(diagnosis.ranks_seen),
@@ -50,6 +55,8 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
             "unsafe_messages_not_parsed": diagnosis.hits_not_parsed,
             "last_error": _last_error_json(diagnosis),
             "untraced_ranks": list(diagnosis.untraced_ranks),
+            "mindio": _mindio_json(diagnosis),
+            "arguments_dump": None if diagnosis.arguments is None else diagnosis.arguments.title,
             "sentinel_lines_ignored": diagnosis.sentinel_lines_ignored,
             "loss_scaling": diagnosis.loss_scaling,  # "none", "grad-scaler", or null when the log does not say
             "frameworks": frameworks_json(diagnosis.context.environment),
@@ -93,7 +100,58 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
         "fix": fix_plan_json(verdict.fix),
         "found_by": [*(["traceback"] if unsafe else []), *(["sentinel"] if finding.sentinel else [])],
         "sentinel": _seen_json(finding.sentinel) if finding.sentinel else None,
+        "suspects": [],
     }
+
+
+def _untraced_json(untraced: Untraced, diagnosis: Diagnosis) -> dict[str, Any]:
+    """The ranks that reported the error with no traceback: a finding with no tensor, and its suspects."""
+    context = diagnosis.recovery
+    return {
+        "ranks": list(untraced.ranks),
+        "message": "There is unsafe data in the input tensor.",
+        "error_code": None,
+        "recovery": {"seen": context.seen, "fault_ranks": list(context.fault_ranks), "step": context.step, "phase": None},
+        "culprit": None,
+        "frames": [],
+        "tensor": None,
+        "source_from": None,
+        "source_release": None,
+        "source_confidence": None,
+        "truncated": False,
+        "notes": [_untraced_reason(untraced)],
+        "scenario": None,
+        "rule": None,
+        "confidence": None,
+        "reason": "no traceback: the tensor is not named in the log",
+        "evidence": [],
+        "fix": None,
+        "found_by": ["mindio-catch" if untraced.form else "message"],
+        "sentinel": None,
+        "suspects": [_suspect_json(suspect) for suspect in untraced.shortlist.suspects],
+    }
+
+
+def _suspect_json(suspect: Suspect) -> dict[str, Any]:
+    tensor, verdict = suspect.tensor, suspect.classification
+    return {
+        "variable": tensor.variable or tensor.expression,
+        "module": tensor.module,
+        "owner": tensor.owner,
+        "rule": suspect.rule.id,
+        "scenario": verdict.scenario,
+        "why": list(suspect.why),
+        "confidence": suspect.confidence,
+        "alternatives": list(suspect.alternatives),
+        "fix": fix_plan_json(verdict.fix),
+    }
+
+
+def _mindio_json(diagnosis: Diagnosis) -> dict[str, Any] | None:
+    form = diagnosis.mindio
+    if form is None:
+        return None
+    return {"form": form, "release": MINDIO_RELEASES[form], "logs_traceback": form not in UNTRACED_FORMS}
 
 
 def _seen_json(seen: SentinelSeen) -> dict[str, Any]:
@@ -155,8 +213,8 @@ def to_text(diagnosis: Diagnosis, elapsed: float) -> RenderableType:
         parts.extend(_fix_code(item))
     if diagnosis.stale:
         parts.append(stale_text(diagnosis.stale))
-    if diagnosis.untraced_ranks:
-        parts.append(_untraced(diagnosis))
+    if diagnosis.untraced:
+        parts.append(_untraced(diagnosis.untraced))
     if not diagnosis.findings and not diagnosis.untraced_ranks:
         parts.append(_no_finding(diagnosis))
     if diagnosis.sentinel_checks or diagnosis.sentinel_lines_ignored:
@@ -334,14 +392,45 @@ def short_path(path: str) -> str:
     return normal if len(parts) <= 5 else "…/" + "/".join(parts[-4:])
 
 
-def _untraced(diagnosis: Diagnosis) -> Text:
-    ranks = diagnosis.untraced_ranks
-    return Text(
-        f"Rank{'s' if len(ranks) != 1 else ''} {rank_ranges(ranks)} reported the unsafe-data error (MindIO caught it and "
-        "logged only its message), with no traceback in this log: the tensor cannot be located from it. "
-        "Look for the traceback in the rank's own stderr or per-rank log.",
-        style="yellow",
-    )
+def _untraced_reason(untraced: Untraced) -> str:
+    """Why the log has no traceback, and whether one exists anywhere: only the release decides."""
+    ranks = untraced.ranks
+    who = f"Rank{'s' if len(ranks) != 1 else ''} {rank_ranges(ranks)} reported the unsafe-data error with no traceback"
+    if untraced.form in UNTRACED_FORMS:
+        return (
+            f"{who}: MindIO's catch line is that of {MINDIO_RELEASES[untraced.form]}, which logs only the error's message, "
+            "so no log of this run holds its traceback"
+        )
+    if untraced.form is not None:
+        return f"{who} in this log; {MINDIO_RELEASES[untraced.form]} logs one: look in the rank's own stderr or per-rank log"
+    return f"{who} in this log (it may be cut or filtered): look in the rank's own stderr or per-rank log"
+
+
+def _untraced(untraced: Untraced) -> RenderableType:
+    shortlist = untraced.shortlist
+    parts: list[RenderableType] = [Text(_untraced_reason(untraced) + ".", style="yellow")]
+    if not shortlist.suspects:
+        parts.append(
+            Text(
+                "No framework global fits what the log shows of the job (its features, releases and adaptor): "
+                "the tensor is likely a global of the job's own code. The sentinel names it at the next fault.",
+                style="bold",
+            )
+        )
+        return Group(*parts)
+    basis = ["the arguments dump" if shortlist.arguments else "no arguments dump (features unknown)"]
+    basis.append(f"the {shortlist.generation.id} adaptor" if shortlist.generation else "adaptor generation unknown")
+    parts.append(Text(f"Suspects, most likely first ({', '.join(basis)}):", style="bold"))
+    for number, suspect in enumerate(shortlist.suspects, 1):
+        verdict = suspect.classification
+        line = Text(f"  {number}. ")
+        line.append(printable(suspect.tensor.dotted or suspect.tensor.expression), style="bold cyan")
+        line.append(f"  scenario {verdict.scenario}, rule {suspect.rule.id}, confidence {suspect.confidence}")
+        line.append(f"\n     why: {printable('; '.join(suspect.why))}")
+        if suspect.alternatives:
+            line.append(f"\n     or, by release: {', '.join(suspect.alternatives)}")
+        parts.append(line)
+    return Group(*parts)
 
 
 def _no_finding(diagnosis: Diagnosis) -> RenderableType:

@@ -1,0 +1,57 @@
+"""The run's arguments, from the dump a Megatron-based job prints at start-up.
+
+Megatron-LM's `_print_args` prints, on rank 0, a title line `------------------------ arguments
+------------------------`, then one line per argument, `  name ..... value` (the name, a run of dots
+to column 48, the value's `str`), sorted, then `-------------------- end of arguments
+---------------------`. MindSpeed-LLM prints its own dump in the same frame under another title
+(`MindSpeed-LLM Arguments`). A log without a traceback still tells, through it, which features the
+job ran: whether MoE, MTP, sequence parallelism or rotary embeddings were on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from unsafe_doctor.log.lines import LogLine
+
+# Bytes every line of a dump holds: the argument lines' dots (names of up to 45 characters, every
+# argument of the frameworks), and the title and end lines' rule.
+DUMP_MARKERS: tuple[bytes, ...] = (b" ...", b"rguments ----")
+_TITLE = re.compile(r"-{8,} (?!end of )(.*?rguments) -{8,}\s*$")
+_END = re.compile(r"-{8,} end of .*?rguments -{8,}\s*$")
+_ARGUMENT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*) \.{3,} (.*?)\s*$")
+
+
+@dataclass(frozen=True)
+class RunArguments:
+    """The arguments of the first complete dump in the log, each value as printed."""
+
+    title: str  # "arguments" (Megatron-LM) or "MindSpeed-LLM Arguments"
+    values: dict[str, str]
+    source: str  # the input it was read from
+    offset: int  # of its title line
+
+    def get(self, name: str) -> str | None:
+        return self.values.get(name)
+
+
+def read_arguments(lines: Iterable[LogLine]) -> RunArguments | None:
+    """The first dump that has its title, at least one argument and its end line, per source, in the
+    order given; None when the log has none (it was cut, or the job prints none)."""
+    open_dumps: dict[str, RunArguments] = {}
+    for line in lines:
+        text = line.text
+        current = open_dumps.get(line.source)
+        if m := _TITLE.search(text):
+            open_dumps[line.source] = RunArguments(m[1], {}, line.source, line.offset)
+        elif current is None:
+            continue
+        elif _END.search(text):
+            if current.values:
+                return current
+            del open_dumps[line.source]
+        elif m := _ARGUMENT.match(text):
+            current.values.setdefault(m[1], m[2])
+    return None
