@@ -16,7 +16,7 @@ from unsafe_doctor.cli.options import (
     YesOption,
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, progress_bar, warn_skipped
-from unsafe_doctor.cli.workflow import Invocation, offer_fixes
+from unsafe_doctor.cli.workflow import Invocation, offer_fixes, suggest_for_untraced
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report import diagnosis as report
@@ -48,4 +48,5 @@ def command(
         print_rich(report.to_text(diagnosis, elapsed))
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         offer_fixes(diagnosis, invocation, yes=yes, no_input=no_input)
+        suggest_for_untraced(diagnosis, invocation)
     return 1 if diagnosis.findings or diagnosis.hits else 0

@@ -55,6 +55,24 @@ class Invocation:
         return NextStep(printable(shlex.join([*words, *extra])), piped)
 
 
+def suggest_for_untraced(diagnosis: Diagnosis, invocation: Invocation) -> None:
+    """An error logged without a traceback: the commands that write a suspect's fix, and that name
+    the exact tensor at the next fault (the sentinel and the traceback keeper, into the adaptor)."""
+    untraced = diagnosis.untraced
+    if untraced is None:
+        return
+    adaptor = diagnosis.context.environment.adaptor
+    if untraced.shortlist.suspects:
+        say(invocation.command("fix", adaptor or Path("ADAPTOR.py"), "--suspect", "1").line("to write suspect 1's fix"))
+    install = invocation.command("sentinel install", adaptor or Path("ADAPTOR.py"), "--yes", log=False)
+    where = "" if adaptor else " (name your recovery adaptor: no adaptor file is known here)"
+    say(install.line(f"to name the exact tensor at the next fault{where}"))
+    say(
+        "at the next fault the sentinel logs every global the recovery left unsafe before the first step reads it, "
+        "and MindIO's own log holds the error's full traceback; run diagnose on that log"
+    )
+
+
 def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_input: bool) -> None:
     """After the report: each finding's fix as a diff, applied on --yes or when the person says so;
     then, for the fixes written, a replay that proves them. Ends with what to run next."""

@@ -127,7 +127,11 @@ def frameworks_json(environment: Environment) -> dict[str, dict[str, str]]:
 
 
 def adaptor_json(environment: Environment) -> dict[str, str | None]:
-    return {"file": str(environment.adaptor) if environment.adaptor else None, "profile": environment.profile.id}
+    return {
+        "file": str(environment.adaptor) if environment.adaptor else None,
+        "profile": environment.profile.id,
+        "profile_from": environment.profile_from,
+    }
 
 
 def stale_text(stale: Sequence[StaleReset]) -> Text:
