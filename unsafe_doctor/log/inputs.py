@@ -7,11 +7,12 @@ a bounded span before the first hit. Lines that state a setting of the run are s
 (`rfind`) in the same span, or at the end of an input without a hit: only the last of each counts.
 Lines that carry a record (the sentinel's, `sentinel_lines.MARKER`) are kept wherever they stand, up
 to RECORD_BUDGET bytes; so are the lines of a start-up dump (the arguments Megatron prints), up to
-DUMP_BUDGET bytes of their own, so that neither kind crowds out the other. Everything else is never
-decoded. Memory stays bounded whatever the input size: every input is read in chunks with a rolling
-history, and the windows kept, all inputs together, stop at EXCERPT_BUDGET bytes (later hits are
-counted, not parsed). Files are read, not memory-mapped: a log truncated while mapped would kill the
-process with SIGBUS, and a pipe, `<(cmd)` or `/dev/stdin` cannot be mapped or rewound at all.
+DUMP_BUDGET bytes of their own and in each input's first DUMP_SPAN bytes, so that neither kind
+crowds out the other. Everything else is never decoded. Memory stays bounded whatever the input
+size: every input is read in chunks with a rolling history, and the windows kept, all inputs
+together, stop at EXCERPT_BUDGET bytes (later hits are counted, not parsed). Files are read, not
+memory-mapped: a log truncated while mapped would kill the process with SIGBUS, and a pipe, `<(cmd)`
+or `/dev/stdin` cannot be mapped or rewound at all.
 
 One input that cannot be read (a truncated `.gz`, a core dump in a log folder, a file that vanished)
 does not stop the others: it is returned as a `SkippedInput` with its reason; only when nothing is
@@ -55,6 +56,7 @@ EXCERPT_BUDGET = 64 << 20  # total window bytes kept; hits past it are counted, 
 RECORD_LINE_MAX = 64 << 10  # a record line longer than this is no line a writer of records wrote: not kept
 RECORD_BUDGET = 16 << 20  # total record-line bytes kept; lines past it are counted, not kept
 DUMP_BUDGET = 4 << 20  # total dump-line bytes kept: a few thousand argument lines of a few jobs
+DUMP_SPAN = 64 << 20  # dumps are looked for in each input's first bytes only: a job prints them at start-up
 CHUNK = 8 << 20
 PIPE_SIZE = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 LOG_SUFFIXES = (".log", ".txt", ".out")
@@ -345,7 +347,7 @@ def _scan_stream(
     overlap = len(ERROR_MARKER) - 1
     pending: list[list[int]] = []  # [start, end) of windows still collecting bytes; the last may grow
     records = _MarkedLines(reading, reading.record_markers, reading.record_budget, result.records)
-    dumps = _MarkedLines(reading, reading.dump_markers, reading.dump_budget, result.dumps)
+    dumps = _MarkedLines(reading, reading.dump_markers, reading.dump_budget, result.dumps, span=DUMP_SPAN)
     first_chunk = True
     seen_hit = False
     while chunk := stream.read(CHUNK):
@@ -421,8 +423,11 @@ def _keep_marked(keepers: Sequence[_MarkedLines], chunk: bytes, chunk_start: int
 class _MarkedLines:
     """The whole lines around marker hits, into `kept` under `budget`: a hit waits until its line's end has been read."""
 
-    def __init__(self, reading: _Reading, markers: Sequence[bytes], budget: _Budget, kept: list[Excerpt]) -> None:
+    def __init__(
+        self, reading: _Reading, markers: Sequence[bytes], budget: _Budget, kept: list[Excerpt], span: int | None = None
+    ) -> None:
         self.reading = reading
+        self.span = span  # markers are looked for in the input's first `span` bytes only; None: everywhere
         self.markers = markers
         self.budget = budget
         self.kept = kept
@@ -432,6 +437,8 @@ class _MarkedLines:
 
     def find(self, chunk: bytes, chunk_start: int, history: _History) -> None:
         """Hits across the seam with the previous chunk, then inside the chunk (just appended to `history`)."""
+        if self.span is not None and chunk_start >= self.span:
+            return
         for marker in self.markers:
             overlap = len(marker) - 1
             seam_start = max(history.start, chunk_start - overlap)
