@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from packaging.version import Version
+
 from unsafe_doctor.knowledge.classify import Classified, Confidence, classify_with_rule
 from unsafe_doctor.knowledge.rules import READ_STAGES, AdaptorProfile, Rule
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
@@ -60,21 +62,89 @@ def shortlist(
     loss_scaling: LossScaling | None,
 ) -> Shortlist:
     """The suspects of an untraced unsafe-data error, most likely first."""
-    kept: list[tuple[Rule, tuple[str, ...], int]] = []
+    evidence = _Evidence(context, arguments, generation, loss_scaling, _releases(context, generation))
+    kept: list[_Kept] = []
     excluded: list[Excluded] = []
     for rule in context.knowledge.rules:
         if rule.first_read is None:
             continue
-        reason = _ruled_out(rule, context, arguments, generation, loss_scaling)
+        reason = evidence.ruled_out(rule)
         if reason is not None:
             excluded.append(Excluded(rule.id, reason))
             continue
-        why = _features_on(rule, context, arguments)
-        kept.append((rule, why, len(context.knowledge.features(rule))))
-    groups = _by_global(kept, context)
-    ordered = sorted(groups, key=lambda group: _read_order(group[0][0], group[0][2], context))
-    suspects = [_suspect(group, context, arguments, generation) for group in ordered]
+        kept.append(_Kept(rule, evidence.features_on(rule), len(context.knowledge.features(rule))))
+    groups = _by_global(kept, evidence)
+    ordered = sorted(groups, key=lambda group: _read_order(group[0], context))
+    suspects = [_suspect(group, evidence) for group in ordered]
     return Shortlist(tuple(map(_ranked, suspects, range(len(suspects)))), tuple(excluded), arguments, generation)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    rule: Rule
+    features: tuple[str, ...]  # the arguments that make its global exist, as printed
+    specificity: int  # how many conditions it needs
+
+
+@dataclass(frozen=True)
+class _Evidence:
+    context: RunContext
+    arguments: RunArguments | None
+    generation: AdaptorProfile | None
+    loss_scaling: LossScaling | None
+    # framework -> the releases the job may have run, and where that comes from; absent: unknown
+    releases: dict[str, tuple[tuple[Version, ...], str]]
+
+    def ruled_out(self, rule: Rule) -> str | None:
+        """Why the rule's global cannot be the one, or None when the log leaves it possible."""
+        if self.generation is not None and rule.id in self.generation.resets:
+            return f"the {self.generation.id} adaptor's rollback and repair already reset it"
+        found = self.releases.get(rule.framework or "")
+        if found and rule.versions is not None and not any(rule.versions.contains(v, prereleases=True) for v in found[0]):
+            return f"{rule.framework} {_listed(found[0])} ({found[1]}) is not {rule.versions}"
+        if self.loss_scaling is not None and any(block.loss_scaling not in (None, self.loss_scaling) for block in rule.matches):
+            return "the log shows another loss scaling"
+        for name in self.context.knowledge.features(rule) if self.arguments is not None else ():
+            condition = self.context.knowledge.conditions[name]
+            if condition.switch is None:
+                continue
+            printed = self.arguments.get(condition.switch) if self.arguments else None
+            if printed is None or not condition.holds_for(printed):
+                return f"{condition.switch} is {printed if printed is not None else 'not in the arguments'}: {name} is off"
+        return None
+
+    def features_on(self, rule: Rule) -> tuple[str, ...]:
+        if self.arguments is None:
+            return ()
+        conditions = self.context.knowledge.conditions
+        switches = (conditions[name].switch for name in self.context.knowledge.features(rule))
+        return tuple(f"{switch} = {self.arguments.get(switch)}" for switch in switches if switch is not None)
+
+    def release_known(self, rule: Rule) -> bool:
+        """One release of the rule's framework, or a rule that holds for all."""
+        return rule.framework is None or rule.versions is None or len(self.releases.get(rule.framework, ((),))[0]) == 1
+
+
+def _releases(context: RunContext, generation: AdaptorProfile | None) -> dict[str, tuple[tuple[Version, ...], str]]:
+    """The frameworks' releases the job may have run: what the environment found, unless it is only
+    this machine's installation and the generation the log shows runs with other releases (its
+    `pairs_with`): then those."""
+    environment = context.environment
+    paired = generation.pairs_with if generation is not None else {}
+    found: dict[str, tuple[tuple[Version, ...], str]] = {}
+    for framework in {*environment.versions, *paired}:
+        version = environment.versions.get(framework)
+        pairs = paired.get(framework, ())
+        installed_elsewhere = environment.origins.get(framework) == "installed" and pairs and version not in pairs
+        if version is not None and not installed_elsewhere:
+            found[framework] = ((version,), environment.origins[framework])
+        elif pairs and generation is not None:
+            found[framework] = (pairs, f"the releases the {generation.id} adaptor runs with")
+    return found
+
+
+def _listed(versions: tuple[Version, ...]) -> str:
+    return " or ".join(map(str, versions))
 
 
 def _ranked(suspect: Suspect, position: int) -> Suspect:
@@ -84,88 +154,42 @@ def _ranked(suspect: Suspect, position: int) -> Suspect:
     return replace(suspect, confidence=min(suspect.confidence, cap, key=_CONFIDENCES.index))
 
 
-def _ruled_out(
-    rule: Rule,
-    context: RunContext,
-    arguments: RunArguments | None,
-    generation: AdaptorProfile | None,
-    loss_scaling: LossScaling | None,
-) -> str | None:
-    """Why the rule's global cannot be the one, or None when the log leaves it possible."""
-    if generation is not None and rule.id in generation.resets:
-        return f"the {generation.id} adaptor's rollback and repair already reset it"
-    environment = context.environment
-    version = environment.versions.get(rule.framework) if rule.framework else None
-    if version is not None and rule.versions is not None and not rule.versions.contains(version, prereleases=True):
-        return f"{rule.framework} {version} ({environment.origins[rule.framework or '']}) is not {rule.versions}"
-    if loss_scaling is not None and any(block.loss_scaling not in (None, loss_scaling) for block in rule.matches):
-        return "the log shows another loss scaling"
-    if arguments is None:
-        return None
-    for name in context.knowledge.features(rule):
-        condition = context.knowledge.conditions[name]
-        if condition.switch is None:
-            continue
-        printed = arguments.get(condition.switch)
-        if printed is None or not condition.holds_for(printed):
-            return f"{condition.switch} is {printed if printed is not None else 'not in the arguments'}: {name} is off"
-    return None
-
-
-def _features_on(rule: Rule, context: RunContext, arguments: RunArguments | None) -> tuple[str, ...]:
-    """The arguments that make the global exist, as the dump printed them."""
-    if arguments is None:
-        return ()
-    switches = (context.knowledge.conditions[name].switch for name in context.knowledge.features(rule))
-    return tuple(f"{switch} = {arguments.get(switch)}" for switch in switches if switch is not None)
-
-
-def _read_order(rule: Rule, features: int, context: RunContext) -> tuple[int, int, int]:
+def _read_order(kept: _Kept, context: RunContext) -> tuple[int, int, int]:
     """Where the step first reads the global; then the more specific features first; then knowledge order."""
-    return READ_STAGES.index(rule.first_read or READ_STAGES[-1]), -features, context.knowledge.rules.index(rule)
+    rule = kept.rule
+    return READ_STAGES.index(rule.first_read or READ_STAGES[-1]), -kept.specificity, context.knowledge.rules.index(rule)
 
 
-def _by_global(
-    kept: list[tuple[Rule, tuple[str, ...], int]], context: RunContext
-) -> list[list[tuple[Rule, tuple[str, ...], int]]]:
+def _by_global(kept: list[_Kept], evidence: _Evidence) -> list[list[_Kept]]:
     """Rules that name one global in different releases (same framework, features and first read),
-    together: when the release is unknown they are one suspect, not several."""
-    groups: dict[tuple, list[tuple[Rule, tuple[str, ...], int]]] = {}
+    together: when the release is not known to one, they are one suspect, not several."""
+    groups: dict[tuple, list[_Kept]] = {}
     for item in kept:
-        rule = item[0]
-        known = rule.framework is None or rule.versions is None or rule.framework in context.environment.versions
-        key = (rule.id,) if known else (rule.framework, context.knowledge.features(rule), rule.first_read, rule.scenario)
+        rule = item.rule
+        features = evidence.context.knowledge.features(rule)
+        key = (rule.id,) if evidence.release_known(rule) else (rule.framework, features, rule.first_read, rule.scenario)
         groups.setdefault(key, []).append(item)
     return list(groups.values())
 
 
-def _suspect(
-    group: list[tuple[Rule, tuple[str, ...], int]],
-    context: RunContext,
-    arguments: RunArguments | None,
-    generation: AdaptorProfile | None,
-) -> Suspect:
-    newest = max(group, key=lambda item: _lowest_version(item[0]))  # release unknown: the newest names it
-    rule, features, _ = newest
-    why = list(features)
-    if arguments is None:
+def _suspect(group: list[_Kept], evidence: _Evidence) -> Suspect:
+    kept = max(group, key=lambda item: _lowest_version(item.rule))  # release not known: the newest names it
+    rule = kept.rule
+    why = list(kept.features)
+    if evidence.arguments is None:
         why.append("no arguments dump in the log: whether the job ran this feature is not known")
-    environment = context.environment
-    known = rule.framework is not None and rule.framework in environment.versions
-    if known:
-        framework = rule.framework or ""
-        why.append(f"{framework} {environment.versions[framework]} ({environment.origins[framework]})")
-    elif rule.framework is not None and rule.versions is not None:
-        why.append(f"{rule.framework} release unknown: named as in {rule.versions}")
-    why.append(
-        f"not reset by the {generation.id} adaptor" if generation is not None else "adaptor generation not shown by the log"
-    )
-    complete = (known or rule.versions is None) and generation is not None
-    confidence: Confidence = "low" if arguments is None else "high" if complete else "medium"
+    found = evidence.releases.get(rule.framework or "")
+    if rule.framework is not None and rule.versions is not None:
+        release = f"{_listed(found[0])} ({found[1]})" if found else f"release unknown: named as in {rule.versions}"
+        why.append(f"{rule.framework} {release}")
+    generation = evidence.generation
+    why.append(f"not reset by the {generation.id} adaptor" if generation else "adaptor generation not shown by the log")
+    complete = evidence.release_known(rule) and generation is not None
+    confidence: Confidence = "low" if evidence.arguments is None else "high" if complete else "medium"
     tensor = _tensor(rule)
-    subject = Subject(tensor, None, None)
-    alternatives = tuple(item[0].id for item in group if item[0] is not rule)
-    return Suspect(rule, tensor, classify_with_rule(rule, subject, context), tuple(why), confidence, alternatives)
+    verdict = classify_with_rule(rule, Subject(tensor, None, None), evidence.context)
+    alternatives = tuple(item.rule.id for item in group if item.rule is not rule)
+    return Suspect(rule, tensor, verdict, tuple(why), confidence, alternatives)
 
 
 def _lowest_version(rule: Rule) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar, get_args
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.matching import may_tie
@@ -357,6 +358,7 @@ def _profile(item: dict[str, Any], origin: str, problems: list[str]) -> AdaptorP
         origin=origin,
         resets=tuple(item.get("resets", ())),
         log_evidence=tuple(item.get("log_evidence", ())),
+        pairs_with={name: tuple(Version(str(v)) for v in versions) for name, versions in item.get("pairs_with", {}).items()},
     )
     mapping = {role: _alternatives(name) for role, name in parameters.items() if role in MAPPING_ROLES}
     return map_parameters(profile, mapping)

@@ -23,11 +23,12 @@ import keyword
 import re
 import string
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Literal, get_args
 
 from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.log.recovery import LossScaling
@@ -166,6 +167,8 @@ class AdaptorProfile:
     origin: str
     resets: tuple[str, ...] = ()  # ids of the rules whose global the shipped rollback and repair already reset or repair
     log_evidence: tuple[str, ...] = ()  # texts only this generation's adaptor logs: a log holding one shows it ran
+    # framework -> the releases this generation runs with (MindSpeed-LLM 26 pairs with megatron core_r0.12.1)
+    pairs_with: dict[str, tuple[Version, ...]] = field(default_factory=dict)
 
 
 # How an arguments dump prints a switch that is off: None, False, zero, an empty string or list.
