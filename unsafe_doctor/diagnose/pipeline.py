@@ -113,8 +113,13 @@ def diagnose(
     sentinel = sentinel_findings.read(line for excerpt in scan.records for line in _lines(excerpt))
     findings = sentinel_findings.merge(locate(unsafe, groundwork.workspace), sentinel.findings)
     frames = [frame for finding in findings if finding.unsafe for frame in finding.unsafe.frames]
-    # raw excerpts, not normalised lines: a writer's prefix (MindIO's `[PYH tft_rollback.py:52]`) tells a generation too
-    texts = [*(excerpt.text for excerpt in (*scan.context, *scan.windows)), *(frame.file for frame in frames)]
+    # the lines as normalised (a CRI writer's pieces joined) and as written (MindIO's `[PYH tft_rollback.py:52]`
+    # prefix tells a generation too)
+    texts = [
+        *(line.text for line in (*context_lines, *all_window_lines)),
+        *(excerpt.text for excerpt in (*scan.context, *scan.windows)),
+        *(frame.file for frame in frames),
+    ]
     run = groundwork.detect(frames, adaptor, profiles_in_log(groundwork.knowledge, texts))
     arguments = read_arguments(line for excerpt in scan.dumps for line in _lines(excerpt))
     diagnosed = tuple(
