@@ -424,8 +424,13 @@ class _Walker:
         """An object's own attributes (a singleton's state): its ``__dict__`` and its slots, read through
         ``type``'s and ``object``'s descriptors, never the object's ``__getattr__`` or a property."""
         module, owner = _class_module(kind), _TYPE_QUALNAME.__get__(kind)
-        instance = _instance_dict(obj, kind)
-        if instance is not None:
+        reader = _dict_reader(kind)
+        instance: Any = None
+        if reader is not None and not _reads_the_dict(reader):  # the class put its own __dict__ over the real one
+            self.result.not_walked.add(f"{path} (its __dict__ is a {_type_name(type(reader))})")
+        elif reader is not None:
+            instance = reader.__get__(obj, kind)
+        if issubclass(type(instance), dict):
             for key, value in self.bounded(dict.items(instance), dict.__len__(instance), path):
                 if not _holds(value):
                     continue
@@ -474,20 +479,26 @@ def _submodules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
         pending.extend(reversed(children))
 
 
-def _instance_dict(obj: object, kind: type) -> dict | None:
-    """``obj.__dict__`` through the ``__dict__`` descriptor ``type`` made (a class's own ``__dict__`` property never runs)."""
+def _dict_reader(kind: type) -> Any:
+    """What ``obj.__dict__`` finds on the class: the descriptor ``type`` made, a class's own override, or None."""
     for cls in _TYPE_MRO.__get__(kind):
         reader = _TYPE_DICT.__get__(cls).get("__dict__")
-        if type(reader) is types.GetSetDescriptorType or type(reader) is types.MemberDescriptorType:
-            value = reader.__get__(obj, kind)
-            return value if issubclass(type(value), dict) else None
+        if reader is not None:
+            return reader
     return None
 
 
+def _reads_the_dict(reader: object) -> bool:
+    """Whether it is the descriptor ``type`` made for instances' ``__dict__``, which runs no code of the class."""
+    return type(reader) is types.GetSetDescriptorType or type(reader) is types.MemberDescriptorType
+
+
 def _own(obj: object) -> dict:
-    """An object's ``__dict__``, or an empty one."""
-    instance = _instance_dict(obj, type(obj))
-    return instance if instance is not None else {}
+    """An object's ``__dict__`` read by the descriptor ``type`` made, or an empty one (none, or a class's own)."""
+    kind = type(obj)
+    reader = _dict_reader(kind)
+    value: Any = reader.__get__(obj, kind) if _reads_the_dict(reader) else None
+    return value if issubclass(type(value), dict) else {}
 
 
 def _dict_items(value: object) -> list[tuple[Any, Any]]:
