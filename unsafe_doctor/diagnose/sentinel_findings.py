@@ -89,13 +89,14 @@ def _checked(record: Record | None, line_rank: int | None) -> Record | None:
 
 
 def _checked_summary(summary: Summary) -> Summary | None:
-    counts = (summary.tensors_checked, summary.unsafe_tensors, summary.unsafe_globals)
+    counts = (summary.tensors_checked, summary.unsafe_tensors, summary.unsafe_globals, summary.not_walked)
     seconds = summary.seconds
     timed = type(seconds) in (int, float) and math.isfinite(seconds) and seconds >= 0
     early = summary.stopped_early
     if summary.mode not in MODES or not all(map(_count, counts)) or not timed or not isinstance(early, str | None):
         return None
-    return replace(summary, stopped_early=early[:MAX_TEXT] if early is not None else None)
+    return replace(summary, stopped_early=early[:MAX_TEXT] if early is not None else None,
+                   not_walked_first=tuple(path[:MAX_TEXT] for path in summary.not_walked_first[:MAX_PATHS]))
 
 
 def _count(value: object) -> bool:

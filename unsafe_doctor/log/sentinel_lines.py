@@ -62,6 +62,8 @@ class Summary:
     unsafe_globals: int
     seconds: float
     stopped_early: str | None  # why the walk stopped before the end (a budget), or None
+    not_walked: int = 0  # objects the walk could not read, so not checked behind them
+    not_walked_first: tuple[str, ...] = ()  # the first few: "path (why)"
     event: Literal["summary"] = "summary"
 
 
@@ -94,8 +96,9 @@ def _record(payload: dict[str, Any]) -> Record | None:
         return None
     names = {field.name for field in fields(kind)}
     values = {key: value for key, value in payload.items() if key in names}
-    if "paths" in values:
-        values["paths"] = tuple(values["paths"]) if isinstance(values["paths"], list) else ()
+    for key in ("paths", "not_walked_first"):
+        if key in values:
+            values[key] = tuple(values[key]) if isinstance(values[key], list) else ()
     try:
         record = kind(**values)
     except TypeError:  # a field missing
@@ -108,7 +111,8 @@ def _well_typed(record: Record) -> bool:
     if not isinstance(record.rank, int | None) or isinstance(record.rank, bool) or not isinstance(record.backend, str):
         return False
     if isinstance(record, Summary):
-        return isinstance(record.tensors_checked, int) and isinstance(record.unsafe_globals, int)
+        counts = (record.tensors_checked, record.unsafe_globals, record.not_walked)
+        return all(isinstance(count, int) for count in counts) and all(isinstance(path, str) for path in record.not_walked_first)
     names_ok = isinstance(record.variable, str) and all(isinstance(part, str | None) for part in (record.module, record.owner))
     return names_ok and record.scenario in (1, 2, None) and all(isinstance(path, str) for path in record.paths)
 
@@ -120,9 +124,13 @@ def _words(record: Record) -> str:
         if record.unsafe_globals:
             verdict = f"{_counted(record.unsafe_globals, 'unsafe global')}, {_counted(record.unsafe_tensors, 'tensor')}"
         early = f"; stopped early: {record.stopped_early}" if record.stopped_early else ""
+        unread = ""
+        if record.not_walked:
+            first = f", the first {record.not_walked_first[0]}" if record.not_walked_first else ""
+            unread = f"; could not walk {_counted(record.not_walked, 'object')}{first}"
         return (
             f"{where}: {verdict}; {_counted(record.tensors_checked, 'tensor')} checked in {record.seconds:.2f} s "
-            f"({record.backend} backend, mode {record.mode}){early}"
+            f"({record.backend} backend, mode {record.mode}){early}{unread}"
         )
     state = "healed" if record.healed else "unsafe"
     scenario = f", scenario {record.scenario}" if record.scenario else ", no rule"

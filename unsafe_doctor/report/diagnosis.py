@@ -466,6 +466,11 @@ def _sentinel_checks(diagnosis: Diagnosis) -> Text:
         walk = f"stopped early: {printable(early)}, so globals past it were not checked" if early else "walk complete"
         text.append(f"\n  {who}: {checked} tensors checked ({_backends((backend,))}), mode {mode}, {found}; ")
         text.append(walk, style="yellow" if early else "default")
+        unread = max(check.not_walked for check in checks)
+        if unread:
+            named = next((check.not_walked_first[0] for check in checks if check.not_walked_first), None)
+            first = f", the first {printable(named)}" if named else ""
+            text.append(f"; could not walk up to {counted(unread, 'object')}{first}", style="yellow")
     if diagnosis.sentinel_lines_ignored:
         text.append(
             f"\n  {counted(diagnosis.sentinel_lines_ignored, 'sentinel line')} not read: damaged, naming no plain Python "

@@ -8,7 +8,8 @@ It walks (``sentinel.walk``) the objects passed in (models, optimizers, ``train_
 module globals and class attributes of the framework's packages and of the caller's, checks every
 device tensor with the unsafe backend that marks them (torch_npu's ``check_npu_tensor_is_safe`` on
 an NPU, the emulation where one is active), and logs one line per unsafe global in the format of
-``unsafe_doctor.log.sentinel_lines``, which ``diagnose`` reads. Modes: ``report`` logs and returns;
+``unsafe_doctor.log.sentinel_lines``, which ``diagnose`` reads. Modes: ``report`` logs and returns,
+and never raises into the training job (the summary line says what went wrong instead);
 ``raise`` also raises ``UnsafeStateError`` naming every unsafe global, so MindIO gives up the
 online recovery instead of dying inside step 1; ``heal`` runs the shipped scenario-1 rules' fixes in
 place, checks again, and raises for what is still unsafe (scenario 2 needs the replica's data).
@@ -81,7 +82,8 @@ def check(
     limits: Limits = DEFAULT_LIMITS,
     backend: UnsafeBackend | None = None,
 ) -> SentinelReport:
-    """Walk, check, log; then return, raise or heal by ``mode``.
+    """Walk, check, log; then return, raise or heal by ``mode``. The walk never raises (what it cannot
+    read it counts); in ``report`` mode nothing else does either: a failure is the summary's.
 
     ``roots``: what a step uses that no module global holds (models, optimizers, ``train_args``).
     ``packages``: top-level packages whose globals are walked; by default the frameworks' and the caller's.
@@ -90,7 +92,15 @@ def check(
     """
     if packages is None:
         packages = (*FRAMEWORK_PACKAGES, sys._getframe(1).f_globals.get("__name__", "").partition(".")[0])
-    report = examine(*roots, mode=mode, packages=packages, rules=rules, limits=limits, backend=backend)
+    started = time.perf_counter()
+    try:
+        report = examine(*roots, mode=mode, packages=packages, rules=rules, limits=limits, backend=backend)
+    except Exception as error:  # noqa: BLE001 - report mode never fails the recovery: the summary says what went wrong
+        if mode != "report":
+            raise
+        said = next((arg.splitlines()[0] for arg in error.args if type(arg) is str and arg.strip()), "")  # no __str__ runs
+        why = f"nothing checked: the sentinel failed: {type(error).__name__}" + (f": {said}" if said else "")
+        report = SentinelReport(Summary(None, "none", mode, 0, 0, 0, round(time.perf_counter() - started, 3), why), ())
     for line in report.lines():
         logger.warning(line)
     if mode != "report" and report.still_unsafe:
@@ -166,7 +176,7 @@ def _report(
     seconds = round(time.perf_counter() - started, 3)
     harmful = [item for item in globals_ if not item.written_by_step]
     summary = Summary(rank, backend.name, mode, checked, sum(item.tensors for item in harmful), len(harmful), seconds,
-                      found.stopped_early)
+                      found.stopped_early, found.not_walked.count, tuple(found.not_walked.first))
     return SentinelReport(summary, globals_), judged
 
 
