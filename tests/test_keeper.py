@@ -4,9 +4,9 @@ MindIO's real `framework_ttp/ttp_decorator.py` at five refs of mind-cluster (../
 the real fixture: the first public version, v7.3.0, v7.3.2, v26.0.0 and 2026-08) is imported as MindIO's package
 imports it, with what it imports and this machine lacks replaced by stand-ins written here:
 
-- `ttp_c2python_api`, the SWIG module over MindIO's C++ library: its `log(level, text)` writes what the C++
-  OutLogger writes to stdout (`common_loggers.h`: `<date> <time>.<usec> <level> <tid> <text>`); the processor's
-  calls answer as the controller answers an error it cannot classify: no repair, the job ends;
+- `ttp_c2python_api`, the SWIG module over MindIO's C++ library: its `log(level, text)` keeps the texts, printed
+  as MindIO's C++ logger prints them (`MindIOOutput.printed`); the processor's calls answer as the controller
+  answers an error it cannot classify: no repair, the job ends;
 - `torch_npu` (the memory figures the handler logs) and the few helpers of `controller_ttp` and `utils`;
 - `controller_ttp/ttp_logger.py`, where ../shared/real has no copy of it beside the ref's ttp_decorator.py (the
   real one is used where it has): MindIO's LOGGER, one file at all five refs (mind-cluster 492fde0c), is no
@@ -114,9 +114,9 @@ class MindIOOutput:
         self.texts.append((level, text))
 
     def printed(self, to: str = "stdout") -> str:
-        """The lines as MindIO's C++ logger writes them: on stdout (`TTP_LOG_STDOUT=1`, the default,
-        `common_loggers.h`), or to `ttp_log.log` (spdlog's `%Y-%m-%d %H:%M:%S.%f %t %l %v`, the text
-        after `[tid]`, `ttp_logger.cpp`)."""
+        """The lines as MindIO's C++ logger writes them: to `logs/ttp_log.log.<pid>` by default (spdlog's
+        `%Y-%m-%d %H:%M:%S.%f %t %l %v`, the text after `[tid]`: `ttp_logger.cpp`), or on stdout with
+        `TTP_LOG_STDOUT=1` (`<date> <time>.<usec> <level> <tid> <text>`: `common_loggers.h`)."""
         stamp = datetime.datetime(2026, 8, 21, 10, 0, 0, 123456)
         tid = threading.get_native_id()
         if to == "stdout":

@@ -10,12 +10,13 @@ MindIO's ``LOGGER`` (``controller_ttp/ttp_logger.py``) is no ``logging.Logger``,
 filter never sees its lines: each of its methods formats the text itself (``[tid][PYH
 file.py:line] message % args``, the file and line read two frames up) and hands it to MindIO's C++
 logger through one function of the SWIG module, ``ttp_c2python_api.log(level, text)``, which writes
-it to stdout or ``ttp_log.log``; its ``exception()`` appends ``traceback.format_exc()`` to the
-text. The keeper wraps that one function, not the LOGGER's methods (a frame more would point the
-``PYH`` tag at this file): a text holding torch_npu's unsafe-data message, logged while that error
-is being handled, gets the error's traceback appended as ``exception()`` appends it. Every other
-text passes unchanged, and an error whose traceback a text already carries (the first public
-release's ``LOGGER.exception``) is not given a second one.
+it to ``logs/ttp_log.log.<pid>`` (or stdout, with ``TTP_LOG_STDOUT=1``); its ``exception()``
+appends ``traceback.format_exc()`` to the text. The keeper wraps that one function, not the
+LOGGER's methods (a frame more would point the ``PYH`` tag at this file): a text holding
+torch_npu's unsafe-data message, logged while that error is being handled, gets the error's
+traceback appended as ``exception()`` appends it. Every other text passes unchanged, and an error
+whose traceback a text already carries (the first public release's ``LOGGER.exception``) is not
+given a second one.
 
 Installed with the sentinel, in the same block at the end of the rollback, so that it is in place
 before the first step after the recovery. It never raises into the job.
