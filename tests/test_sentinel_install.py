@@ -86,6 +86,8 @@ def expected_block(indent: str, arguments: str, what: str = "report: log them an
         f"{indent}# unsafe-doctor: begin {SENTINEL_KEY}",
         f"{indent}# last in the rollback: name every tensor still unsafe (mode {what})",
         f"{indent}from unsafe_doctor.sentinel import check as _ud_sentinel_check",
+        f"{indent}from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks",
+        f"{indent}_ud_keep_tracebacks()  # MindIO logs the next unsafe-data error with its traceback",
         f"{indent}_ud_sentinel_check({arguments})",
         f"{indent}# unsafe-doctor: end {SENTINEL_KEY}",
     ]
@@ -240,6 +242,8 @@ def test_before_a_trailing_return_a_fix_still_goes_before_the_sentinel(tmp_path,
     assert text.endswith(f"# unsafe-doctor: end {LOSS_LOG_KEY}\n    # unsafe-doctor: begin {SENTINEL_KEY}\n"
                          "    # last in the rollback: name every tensor still unsafe (mode report: log them and go on)\n"
                          "    from unsafe_doctor.sentinel import check as _ud_sentinel_check\n"
+                         "    from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks\n"
+                         "    _ud_keep_tracebacks()  # MindIO logs the next unsafe-data error with its traceback\n"
                          '    _ud_sentinel_check(train_args, mode="report")\n'
                          f"    # unsafe-doctor: end {SENTINEL_KEY}\n\n    return 0\n")
     compile(text, str(adaptor), "exec")

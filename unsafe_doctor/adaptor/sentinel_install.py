@@ -1,20 +1,27 @@
-"""`sentinel install`: the sentinel's call written at the end of the adaptor's rollback function.
+"""`sentinel install`: the sentinel's call and the traceback keeper written at the end of the adaptor's
+rollback function.
 
 The block, planned and written by the fixer (`fix.plan_blocks`: diff, backup, idempotent, revert):
 
     # unsafe-doctor: begin unsafe_doctor.sentinel
     # <what it does>
     from unsafe_doctor.sentinel import check as _ud_sentinel_check
+    from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks
+    _ud_keep_tracebacks()  # MindIO logs the next unsafe-data error with its traceback
     _ud_sentinel_check(train_args, mode="report")
     # unsafe-doctor: end unsafe_doctor.sentinel
 
-It needs no helper function around it, as a fix does: its one import is bound to a reserved name,
+It needs no helper function around it, as a fix does: its imports are bound to reserved names,
 which nothing else in the function reads. `train_args` is the rollback function's parameter for
 the profile's train_args role, when it has one: through it the sentinel also checks the models'
-buffers and the optimizers' state. The block stays the last one of the function (a later `fix`
-goes before it), so the sentinel sees the rollback's repairs; `fix --revert` leaves it, `sentinel
-install --revert` takes it out. This module only names `unsafe_doctor.sentinel`: it runs in the
-training process, not here.
+buffers and the optimizers' state. The keeper (`sentinel.keeper`) makes MindIO's log line for the
+next unsafe-data error carry its traceback, which MindIO 7.3 and later leave out; it goes first,
+so that a sentinel that raises (modes raise and heal) still leaves it in place, and the end of the
+rollback is before the first step after the recovery. One block for both: they are installed and
+reverted together. The block stays the last one of the function (a later `fix` goes before it),
+so the sentinel sees the rollback's repairs; `fix --revert` leaves it, `sentinel install --revert`
+takes it out. This module only names `unsafe_doctor.sentinel`: it runs in the training process,
+not here.
 """
 
 from __future__ import annotations
@@ -30,8 +37,12 @@ from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.sentinel_lines import MODES, Mode
 from unsafe_doctor.source.markers import SENTINEL_KEY
 
-# bound to `_ud_sentinel_check` by fix.reserved_imports, as every import of a block is
-IMPORT = "from unsafe_doctor.sentinel import check as sentinel_check"
+# bound to `_ud_sentinel_check` and `_ud_keep_tracebacks` by fix.reserved_imports, as every import of a block is
+IMPORTS = (
+    "from unsafe_doctor.sentinel import check as sentinel_check",
+    "from unsafe_doctor.sentinel.keeper import keep_tracebacks",
+)
+KEEPER_COMMENT = "MindIO logs the next unsafe-data error with its traceback"
 WHAT = {  # what each mode does, as the block's comment says it
     "report": "log them and go on",
     "raise": "stop the recovery, naming them all",
@@ -49,7 +60,7 @@ class SentinelRequest:
     role: Role = "rollback"
 
     def block(self, function: AdaptorFunction, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
-        """The import and the call; a note when the function has no train_args to pass."""
+        """The imports, the keeper's call and the sentinel's; a note when the function has no train_args to pass."""
         train_args = role_parameter(profile, "train_args", function.parameters)
         passed = train_args if train_args is not None and train_args.split(".")[0] in function.parameters else None
         notes: tuple[str, ...] = ()
@@ -59,9 +70,10 @@ class SentinelRequest:
                 "the models and optimizers, so their buffers and state are not checked; pass them to it yourself",
             )
         arguments = ", ".join([*([passed] if passed else []), f'mode="{self.mode}"'])
-        imports, code = reserved_imports((IMPORT,), f"sentinel_check({arguments})\n", self)
+        code = f"keep_tracebacks()  # {KEEPER_COMMENT}\nsentinel_check({arguments})\n"
+        imports, code = reserved_imports(IMPORTS, code, self)
         comment = f"last in the rollback: name every tensor still unsafe (mode {self.mode}: {WHAT[self.mode]})"
-        return marked_block(self.key, comment, [*imports, code.rstrip("\n")], function), notes
+        return marked_block(self.key, comment, [*imports, *code.rstrip("\n").split("\n")], function), notes
 
 
 def plan_sentinel(
