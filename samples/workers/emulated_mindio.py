@@ -13,11 +13,18 @@ stdout log format::
 Message texts are MindIO's (mind-cluster ``controller.cpp``, ``processor.cpp``,
 ``ttp_decorator.py``); source line numbers other than controller.cpp:2510 are placeholders.
 
-One deliberate difference: when ``train()`` raises an error MindIO cannot classify ("OTHER"),
-current MindIO logs it, waits for the controller and exits the process with ``os._exit``. This
-emulation logs it, waits until every rank has either failed or is blocked in a collective (when
-the controller would stop them all), and re-raises it, as the MindIO of the seed FAQ's screenshot
-did (it shows the traceback), so the sample logs carry the traceback a diagnosis needs.
+When ``train()`` raises an error MindIO cannot classify ("OTHER"), what is logged and how the rank
+ends depends on the release, chosen with ``EMULATED_MINDIO_RELEASE`` (mind-cluster's
+``ttp_decorator.py`` at each; tests/corpus/README.md has the lines):
+
+- unset (the sample logs): the v26 catch line, then, once every rank has either failed or is
+  blocked in a collective (when the controller would stop them all), the error is re-raised, as
+  the MindIO of the seed FAQ's screenshot did, so the log carries the traceback a diagnosis needs;
+- ``first-public`` (2025-11-28): ``LOGGER.exception("rank:%s catch other exception")`` with the
+  traceback, ``other exception str is : …``, then the error is re-raised (a second traceback);
+- ``v7.3`` (v7.3.0 to v7.3.2) and ``v26`` (v26.0.0 on): one warning, no traceback anywhere; the
+  controller ends the job: every rank logs "receive exit message" and leaves with ``os._exit(2)``
+  (without MindIO's 10 s grace period).
 
 Device collectives: a gloo collective would hang forever when a peer has died, where HCCL's would
 be aborted by MindIO's stop callback. Workers call ``collective_guard()`` before each collective;
@@ -44,6 +51,8 @@ import torch_npu_standin
 
 RT_SEND, RT_UCE_HIGHLEVEL = 0, 1  # mindio_ttp RepairType values
 RET_OK, RET_ERROR = 0, 1
+RET_K8S = 2  # the exit status of a rank MindIO ends
+RELEASES = ("first-public", "v7.3", "v26")
 
 _HANDLERS: dict[str, object] = {}
 
@@ -96,6 +105,8 @@ class _Processor:
     train_args: tuple = ()
     store: dist.Store | None = None
     plan: FaultPlan | None = None
+    release: str | None = None  # EMULATED_MINDIO_RELEASE
+    update_times: tuple[int | None, int | None] = (None, None)  # the optimizer's last update, in µs
 
 
 _P = _Processor()
@@ -116,6 +127,11 @@ def _cpp(level: str, where: str, message: str) -> None:
 
 def _py(level: str, where: str, message: str) -> None:
     _emit(level, f"[{threading.get_ident() % 100000}][PYH {where}]", message)
+
+
+def py_log(level: str, where: str, message: str) -> None:
+    """MindIO's Python logger (``ttp_logger.LOGGER``), which the legacy adaptor and taskd log through."""
+    _py(level, where, message)
 
 
 def _py_exception(where: str, message: str, error: BaseException) -> None:
@@ -154,11 +170,23 @@ def tft_end_updating_os(step: int) -> None:
     _P.completed_step = step
 
 
+def tft_set_update_start_time() -> None:
+    """mindio_ttp.utils': the optimizer starts updating (the first public release logs it)."""
+    _P.update_times = (time.time_ns() // 1000, None)
+
+
+def tft_set_update_end_time() -> None:
+    _P.update_times = (_P.update_times[0], time.time_ns() // 1000)
+
+
 def tft_init_processor(rank: int, world_size: int) -> None:
     """Connect this rank to the store; rank 0 also starts the controller."""
     _P.rank, _P.world_size = rank, world_size
     _P.store = _connect()
     _P.plan = FaultPlan.from_env()
+    _P.release = os.environ.get("EMULATED_MINDIO_RELEASE") or None
+    if _P.release not in (None, *RELEASES):
+        raise ValueError(f"EMULATED_MINDIO_RELEASE={_P.release!r}: choose from {RELEASES}")
     if rank == 0 and _P.plan is not None:
         threading.Thread(target=_controller, args=(_P.plan, world_size), daemon=True).start()
 
@@ -226,8 +254,9 @@ def collective_guard() -> None:
         if store.check([f"{epoch}/abnormal"]):
             store.add(f"{epoch}/settled", 1)
             if epoch > 0:  # the emulated controller drives one recovery; after it a collective hangs
-                while True:
-                    time.sleep(1)
+                while not store.check([f"{epoch}/exit"]):  # until the controller ends the job (v7.3+)
+                    time.sleep(0.01)
+                _exit_on_controller_order()
             _wait_key(store, f"{epoch}/stop")
             _cpp("info", "processor.cpp:754", f"rank:{_P.rank} receive device stop message")
             _P.stop_started = time.time()
@@ -251,24 +280,81 @@ def _error_code(err_str: str) -> str:
     return match.group(1) if match else ""
 
 
+def _log_catch(exception: str, error: RuntimeError) -> None:
+    """The line the release logs for a RuntimeError it caught (ttp_decorator.py of each release)."""
+    rank, err_str = _P.rank, str(error)
+    if _P.release == "first-public":
+        start, end = _P.update_times
+        _py("info", "ttp_decorator.py:912", f"rank:{rank} optimizer start update time:{start}, end update time:{end}")
+        if exception == "OTHER":
+            _py_exception("ttp_decorator.py:927", f"rank:{rank} catch other exception", error)
+            _py("info", "ttp_decorator.py:928", f"other exception str is : {err_str}")
+        else:  # it names the pattern it matched, "HBM MULTI BIT ECC" without "can repair"
+            pattern = exception.removesuffix(" can repair")
+            _py("warn", "ttp_decorator.py:878", f"rank:{rank} catch {pattern} exception, ex instance:{err_str}")
+    elif _P.release == "v7.3":
+        _py("warn", "ttp_decorator.py:922", f"rank:{rank} catch {exception} exception, ex instance:{err_str}")
+    elif _P.release == "v26":
+        _py("warn", "ttp_decorator.py:938", f"rank:{rank} catch {exception} exception, "
+            f"error_code:{_error_code(err_str)}， ex instance:{err_str}")
+    else:
+        _py("warn", "ttp_decorator.py:782", f"rank:{rank} catch {exception} exception, "
+            f"error_code:{_error_code(err_str)}， ex instance:{err_str}")
+
+
+def _settle_unknown() -> None:
+    """Report the unknown error and wait until every rank has failed or is blocked in a collective."""
+    _P.store.set(f"{_P.epoch}/abnormal", "1")
+    _P.store.add(f"{_P.epoch}/settled", 1)
+    _wait_count(_P.store, f"{_P.epoch}/settled", _P.world_size)
+
+
+def _empty_cache(stage: str, where: str) -> None:
+    started = time.time()
+    gc.collect()
+    _py("info", where, f"[{stage} stage] rank:{_P.rank} empty_cache cost:{time.time() - started}s")
+
+
+def _exit_on_controller_order() -> None:
+    """v7.3+: the controller answers an unknown error by ending the job: every processor receives
+    the exit message and MindIO's exit thread ends the process (processor.cpp, controller.cpp)."""
+    if _P.rank == 0:
+        _cpp("info", "controller.cpp:1399", "ExitCallBack return TTP_STOP_SERVICE, controller exit done...")
+    _cpp("info", "processor.cpp:1312", f"rank:{_P.rank} receive exit message")
+    _cpp("info", "processor.cpp:487", f"rank:{_P.rank} processor exit done.")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(RET_K8S)
+
+
+def _end_on_unknown() -> None:
+    """What the release does after logging an unknown error, up to re-raising it (unset, first
+    public); from v7.3 on, the controller ends the job and this never returns."""
+    _settle_unknown()
+    if _P.release == "first-public":  # its finally block runs before the error propagates
+        _empty_cache("repair", "ttp_decorator.py:946")
+        _empty_cache("normal", "ttp_decorator.py:956")
+    if _P.release in ("v7.3", "v26"):
+        _empty_cache("repair", "ttp_decorator.py:934" if _P.release == "v7.3" else "ttp_decorator.py:951")
+        _P.store.set(f"{_P.epoch}/exit", "1")
+        _exit_on_controller_order()
+
+
 def tft_exception_handler(func):
     """Decorate ``train``: recover from device faults and call it again."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        args = list(args)  # as MindIO passes them on: the adaptor may replace the model and optimizer
         _P.train_args = args
         while True:
             try:
                 return func(*args, **kwargs)
             except RuntimeError as e:
-                err_str = str(e)
-                exception = _classify(err_str)
-                _py("warn", "ttp_decorator.py:782", f"rank:{_P.rank} catch {exception} exception, "
-                    f"error_code:{_error_code(err_str)}， ex instance:{err_str}")
+                exception = _classify(str(e))
+                _log_catch(exception, e)
                 if exception == "OTHER":
-                    _P.store.set(f"{_P.epoch}/abnormal", "1")
-                    _P.store.add(f"{_P.epoch}/settled", 1)
-                    _wait_count(_P.store, f"{_P.epoch}/settled", _P.world_size)
+                    _end_on_unknown()
                     raise
             # Outside the except block: mindio runs the callbacks in its processor thread, so an
             # error they raise is not chained to the fault.

@@ -117,6 +117,11 @@ class Case:
     def rollback(self, step: int, logged_iteration: int) -> None:
         """What the adaptor's rollback already resets."""
 
+    def arguments(self) -> dict[str, object]:
+        """The job's arguments that say which features it runs (the arguments dump shows them): a
+        plain fp32 dense model without position embeddings here."""
+        return {"position_embedding_type": "none"}
+
     def loss_scale_value(self) -> float:
         return 1.0
 
@@ -162,6 +167,9 @@ class MegatronCase(Case):
 
 class MtpLossTracker(MegatronCase):
     """A multi-token-prediction head logs its loss in MTPLossLoggingHelper.tracker every step."""
+
+    def arguments(self):
+        return {**super().arguments(), "mtp_num_layers": 1}
 
     def block(self):
         return MtpBlock()
@@ -260,6 +268,10 @@ class RouterExpertBias(MegatronCase):
         return self.config(num_moe_experts=4, moe_router_topk=2, moe_router_load_balancing_type="none",
                            moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True)
 
+    def arguments(self):
+        return {**super().arguments(), "num_experts": 4, "moe_router_topk": 2, "moe_router_load_balancing_type": "none",
+                "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True}
+
     def block(self):
         return MoeLayer(self.moe_config())
 
@@ -323,6 +335,12 @@ class MegatronOptimizerCase(MegatronCase):
     """
 
     fp16 = False
+
+    def arguments(self):
+        if self.fp16:
+            return {**super().arguments(), "fp16": True, "initial_loss_scale": 2.0**16, "min_loss_scale": 1.0,
+                    "loss_scale_window": 1000, "hysteresis": 2}
+        return {**super().arguments(), "bf16": True}
 
     def build_optimizer(self, model):
         from megatron.core.optimizer.grad_scaler import DynamicGradScaler
@@ -388,6 +406,10 @@ class LegacyMoeTracker(MegatronCase):
         config = self.config(num_moe_experts=4, moe_router_topk=2, moe_router_load_balancing_type="none",
                              moe_z_loss_coeff=1e-3, add_bias_linear=False)
         return MoeLayer(config)
+
+    def arguments(self):
+        return {**super().arguments(), "num_experts": 4, "moe_router_topk": 2, "moe_router_load_balancing_type": "none",
+                "moe_z_loss_coeff": 1e-3, "add_bias_linear": False}
 
     def after_step(self, model, iteration):
         from megatron.core.transformer.moe import moe_utils
@@ -491,11 +513,15 @@ class StandinCase(Case):
 
     checkpoint = "mindspeed_llm_tiny"
 
-    def __init__(self, block: Callable[[], torch.nn.Module]) -> None:
+    def __init__(self, block: Callable[[], torch.nn.Module], **features: object) -> None:
         self.make_block = block
+        self.features = features  # the arguments that switch the stand-in's feature on
 
     def block(self):
         return self.make_block()
+
+    def arguments(self):
+        return {**super().arguments(), **self.features}
 
 
 class All2AllOverlap(torch.nn.Module):
@@ -682,7 +708,7 @@ CASES: dict[str, Callable[[], Case]] = {
     # stand-ins
     "standin-async-all2all": lambda: StandinCase(All2AllOverlap),
     "standin-moe-overlap-saved": lambda: StandinCase(GemmOverlap),
-    "standin-flash-attention-mask": lambda: StandinCase(FlashAttentionMask),
+    "standin-flash-attention-mask": lambda: StandinCase(FlashAttentionMask, use_flash_attn=True),
     "standin-adaptive-cp-masks": lambda: StandinCase(AdaptiveContextParallel),
     "standin-cp-actual-seq-len": lambda: StandinCase(ContextParallelBatch),
     "standin-mtp-position-ids": lambda: StandinCase(MtpPositions),

@@ -32,6 +32,7 @@ import os
 import socket
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "samples"))
 
-from make_logs import CLUSTER_SITE_PACKAGES, JOB, cluster_paths  # noqa: E402
+from make_logs import CLUSTER_BIN, CLUSTER_SITE_PACKAGES, JOB, cluster_paths  # noqa: E402
 
 LOGS = HERE / "logs"
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -48,6 +49,7 @@ CLUSTER_HOME = "/home/user"
 MAX_BYTES = 250_000
 TIMEOUT = 300
 UNSAFE = "RuntimeError: There is unsafe data in the input tensor."
+UNTRACED = ("catch OTHER exception", "ex instance:There is unsafe data in the input tensor.", "receive exit message")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ class Run:
     megatron: str | None = None  # a release of MEGATRON_TARGETS, else the environment's 0.16.1
     framework: str | None = None  # a folder of frameworks/ put on PYTHONPATH
     expect: tuple[str, ...] = (UNSAFE,)  # what the output must contain
+    mindio: str | None = None  # EMULATED_MINDIO_RELEASE: first-public | v7.3 | v26 (unset: the samples' MindIO)
+    generation: str | None = None  # EMULATED_ADAPTOR_GENERATION (generations.py); it brings the arguments dump
+    arguments_dump: bool = True  # rank 0 prints the generation's arguments dump
 
 
 RUNS: dict[str, Run] = {
@@ -110,6 +115,39 @@ RUNS: dict[str, Run] = {
     "user-runstats-dictcomp": Run("runstats-dictcomp", "121:1:hbm:forward", style="tee", framework="runstats"),
     "user-warmupstep-counter-8ranks": Run("warmupstep", "124:6:uce:forward", ranks=8, style="tee",
                                           framework="warmupstep"),
+    # MindIO v7.3+ (no traceback) and its first public release, each adaptor generation, with the
+    # arguments dump of the generation's release
+    **{f"untraced-{run.mindio}-{run.generation}-{name}": run for name, run in (
+        ("mtp-loss-tracker", Run("mtp-loss-tracker", "121:1:uce:forward", style="tee", megatron="0.12.1",
+                                 mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("layer-wise-tracker", Run("legacy-moe-tracker", "121:2:uce:forward", megatron="0.12.1", mindio="v7.3",
+                                   generation="mindspeed-llm-2.3", expect=UNTRACED)),
+        ("router-expert-bias", Run("router-expert-bias", "121:1,3:uce:forward", mindio="v26",
+                                   generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("router-local-tokens", Run("router-local-tokens", "121:5:uce:forward", ranks=8, style="tee", mindio="v7.3",
+                                    generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("optimizer-scale-one", Run("optimizer-scale-one", "121:2:hbm:forward", style="tee-default", mindio="v7.3",
+                                    generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("grad-scaler", Run("grad-scaler", "121:3:uce:forward", mindio="v26", generation="mindspeed-llm-26",
+                            expect=UNTRACED)),
+        ("optimizer-found-inf", Run("optimizer-found-inf", "121:0:uce:forward", style="tee", mindio="v26",
+                                    generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("flash-attention-mask", Run("standin-flash-attention-mask", "121:2:uce:forward", ranks=6, mindio="v26",
+                                     generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("layer-wise-tracker", Run("legacy-moe-tracker", "121:1:hbm:forward", style="tee", megatron="0.12.1",
+                                   mindio="v26", generation="mindio-ttp-legacy", expect=UNTRACED)),
+        ("mtp-loss-tracker", Run("mtp-loss-tracker", "121:3:uce:forward", megatron="0.12.1", mindio="v7.3",
+                                 generation="taskd-elastic", expect=UNTRACED)),
+        ("lossbook-meters", Run("lossbook", "123:1:uce:forward", framework="lossbook", mindio="v26",
+                                generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("packer-buffer", Run("packer", "121:2:hbm:forward", style="tee-default", framework="packer", mindio="v7.3",
+                              generation="taskd-elastic", expect=UNTRACED)),
+        ("mtp-loss-tracker", Run("mtp-loss-tracker", "121:2:uce:forward", megatron="0.12.1", mindio="first-public",
+                                 generation="mindspeed-llm-2.3", expect=(UNSAFE, "catch other exception"))),
+    )},
+    "untraced-v26-mindspeed-llm-26-mtp-loss-tracker-no-dump": Run(
+        "mtp-loss-tracker", "121:0:hbm:forward", style="tee", megatron="0.12.1", mindio="v26",
+        generation="mindspeed-llm-26", arguments_dump=False, expect=UNTRACED),
     # negatives
     "negative-out-of-memory": Run("out-of-memory", "121:1:uce:forward",
                                   expect=("torch.OutOfMemoryError: NPU out of memory",)),
@@ -134,6 +172,14 @@ def environment(run: Run) -> dict[str, str]:
             raise SystemExit(f"megatron-core {run.megatron} is not in {target}: see this script's docstring")
         paths.insert(0, str(target))
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(paths), SAMPLE_FAULT=run.fault)
+    for name in ("EMULATED_MINDIO_RELEASE", "EMULATED_ADAPTOR_GENERATION", "CORPUS_ARGUMENTS_DUMP"):
+        env.pop(name, None)
+    if run.mindio:
+        env["EMULATED_MINDIO_RELEASE"] = run.mindio
+    if run.generation:
+        env["EMULATED_ADAPTOR_GENERATION"] = run.generation
+    if not run.arguments_dump:
+        env["CORPUS_ARGUMENTS_DUMP"] = "0"
     if run.style == "tee":
         env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank${rank}]:"
     return env
@@ -150,7 +196,9 @@ def launch(run: Run) -> str:
     return job.stdout
 
 
-FOLDERS = [
+FOLDERS = [  # the environment first: it may be a folder of the checkout (.venv)
+    (Path(sysconfig.get_paths()["purelib"]), CLUSTER_SITE_PACKAGES),
+    (Path(sys.executable).parent, CLUSTER_BIN),
     *((target, CLUSTER_SITE_PACKAGES) for target in MEGATRON_TARGETS.values()),
     (HERE / "standins" / "mindspeed_llm", f"{CLUSTER_HOME}/MindSpeed-LLM/mindspeed_llm"),
     (HERE / "standins" / "mindspeed", f"{CLUSTER_HOME}/MindSpeed/mindspeed"),
@@ -161,8 +209,15 @@ FOLDERS = [
 ]
 
 
+# torch's logging names a module relative to the first sys.path entry holding it: the checkout, when the
+# environment is a folder of it (.venv)
+SITE_PACKAGES_IN_REPO = os.path.relpath(sysconfig.get_paths()["purelib"], REPO) + "/"
+
+
 def generate(name: str, run: Run) -> None:
     text = cluster_paths(launch(run), FOLDERS)
+    if not SITE_PACKAGES_IN_REPO.startswith(".."):
+        text = text.replace(SITE_PACKAGES_IN_REPO, "")
     path = LOGS / f"{name}.log"
     missing = [needle for needle in run.expect if needle not in text]
     if missing:

@@ -23,9 +23,11 @@ from unsafe_doctor.knowledge.rules import KnowledgeBase
 
 HERE = Path(__file__).resolve().parent
 LABELS = HERE / "labels.yaml"
-ENTRY_KEYS = {"log", "origin", "source_roots", "rules", "findings", "last_error", "known_failure"}
+ENTRY_KEYS = {"log", "origin", "source_roots", "rules", "findings", "last_error", "known_failure", "untraced"}
 FINDING_KEYS = {"variable", "ranks", "scenario", "rule", "confidence"}
 REQUIRED_FINDING_KEYS = {"variable", "ranks", "scenario", "rule"}
+UNTRACED_KEYS = {"ranks", "mindio", "generation", "culprit", "determined"}
+MINDIO_FORMS = {"first-public", "v7.3", "v26"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Entry:
     findings: tuple[dict, ...]
     last_error: str | None  # exception type the log ends with, when it has no finding
     known_failure: str | None  # why the tool, not the label, is wrong
+    untraced: dict | None = None  # a log of MindIO's catch line without a traceback: its answer (labels.yaml)
 
     def path(self, relative: str) -> Path:
         return (HERE / relative).resolve()
@@ -51,10 +54,14 @@ def load_entries() -> list[Entry]:
         for finding in item.get("findings", []):
             if set(finding) - FINDING_KEYS or REQUIRED_FINDING_KEYS - set(finding):
                 raise ValueError(f"{item['log']}: a finding needs {sorted(REQUIRED_FINDING_KEYS)}, may add confidence")
+        untraced = item.get("untraced")
+        if untraced is not None and (set(untraced) != UNTRACED_KEYS or untraced["mindio"] not in MINDIO_FORMS):
+            raise ValueError(f"{item['log']}: untraced needs exactly {sorted(UNTRACED_KEYS)}, mindio one of "
+                             f"{sorted(MINDIO_FORMS)}")
         entries.append(Entry(
             log=item["log"], origin=item["origin"], source_roots=tuple(item.get("source_roots", [])),
             rules=tuple(item.get("rules", [])), findings=tuple(item.get("findings", [])),
-            last_error=item.get("last_error"), known_failure=item.get("known_failure"),
+            last_error=item.get("last_error"), known_failure=item.get("known_failure"), untraced=untraced,
         ))
     return entries
 
@@ -65,6 +72,7 @@ class Outcome:
     findings: tuple[dict, ...]  # every reported finding, with every field
     last_error: str | None
     seconds: float
+    untraced_ranks: tuple[int, ...] = ()  # ranks reported with MindIO's catch line and no traceback
 
     def expected(self) -> list[dict]:
         return sorted(self.entry.findings, key=_order)
@@ -94,7 +102,7 @@ def run(entry: Entry, *, log_only: bool = False) -> Outcome:
     diagnosis = diagnose([str(entry.path(entry.log))], setup)
     seconds = time.perf_counter() - started
     findings = tuple(_fields(finding, setup.knowledge) for finding in diagnosis.findings)
-    return Outcome(entry, findings, _last_error(diagnosis), seconds)
+    return Outcome(entry, findings, _last_error(diagnosis), seconds, diagnosis.untraced_ranks)
 
 
 def _fields(diagnosed: DiagnosedFinding, knowledge: KnowledgeBase) -> dict:
@@ -200,11 +208,11 @@ def log_only_pairs(outcome: Outcome) -> list[tuple[dict, dict | None, bool]]:
 
 def outcome_json(outcome: Outcome) -> dict:
     return {"log": outcome.entry.log, "findings": list(outcome.findings), "last_error": outcome.last_error,
-            "seconds": outcome.seconds}
+            "seconds": outcome.seconds, "untraced_ranks": list(outcome.untraced_ranks)}
 
 
 def outcome_from_json(entry: Entry, data: dict) -> Outcome:
-    return Outcome(entry, tuple(data["findings"]), data["last_error"], data["seconds"])
+    return Outcome(entry, tuple(data["findings"]), data["last_error"], data["seconds"], tuple(data["untraced_ranks"]))
 
 
 if __name__ == "__main__":  # the log-only scores as JSON: run in a Python without megatron-core (hidden.py)
