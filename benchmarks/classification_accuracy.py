@@ -68,16 +68,40 @@ def table(title: str, outcomes: list) -> None:
     print(f"logs whose every label holds: {held}/{len(outcomes)}; diagnose wall time {seconds:.2f} s in all")
 
 
+def shortlist(title: str, outcomes: list) -> int:
+    """Logs with no traceback: where the labelled culprit stands among the suspects (target: first 3 where
+    the log's features determine it; no suspect for a user's global). Returns the misses."""
+    untraced = [outcome for outcome in outcomes if outcome.entry.untraced and outcome.entry.untraced["ranks"]]
+    print(f"\n=== suspects, {title} ===")
+    misses = 0
+    for outcome in untraced:
+        label = outcome.entry.untraced
+        place = outcome.culprit_rank()
+        if label["culprit"] is None:
+            ok = not outcome.suspects
+        else:
+            ok = not label["determined"] or (place is not None and place <= 3)
+        misses += not ok
+        where = f"{place} of {len(outcome.suspects)}" if label["culprit"] else f"{len(outcome.suspects)} suspects"
+        print(f"{'ok' if ok else 'MISS':4}  {Path(outcome.entry.log).name:<62} {label['culprit'] or 'a user global':<44} {where}")
+    determined = [o for o in untraced if o.entry.untraced["determined"] and o.entry.untraced["culprit"]]
+    top = sum(1 for o in determined if (o.culprit_rank() or 99) <= 3)
+    first = sum(1 for o in determined if o.culprit_rank() == 1)
+    print(f"culprit among the first 3: {top}/{len(determined)} determined logs (first: {first})")
+    return misses
+
+
 def with_sources(entries: list) -> int:
     outcomes = [scoring.run(entry) for entry in entries]
     table("with sources (--source-root, --rules as labelled; megatron-core installed)", outcomes)
+    misses = shortlist("with sources", outcomes)
     unexpected = [outcome for outcome in outcomes if outcome.holds() == bool(outcome.entry.known_failure)]
     for outcome in outcomes:
         if outcome.entry.known_failure:
             print(f"known failure  {outcome.entry.log}: {outcome.entry.known_failure}")
     for outcome in unexpected:
         print(f"UNEXPECTED     {outcome.entry.log}: {'holds although marked known_failure' if outcome.holds() else 'fails'}")
-    return len(unexpected)
+    return len(unexpected) + misses
 
 
 def log_only(entries: list) -> int:
@@ -89,8 +113,8 @@ def log_only(entries: list) -> int:
     by_log = {entry.log: entry for entry in entries}
     outcomes = [scoring.outcome_from_json(by_log[data["log"]], data) for data in json.loads(result.stdout)]
     table("log only (--log-only, no megatron-core importable)", outcomes)
+    failures = shortlist("log only", outcomes)
     shipped = {rule.id for rule in scoring.load_knowledge_base().rules}
-    failures = 0
     print("\nlog-only misses:")
     for outcome in outcomes:
         for label, finding, holds in scoring.log_only_pairs(outcome):

@@ -47,12 +47,25 @@ UNTRACED = [entry for entry in ENTRIES if entry.untraced]
 
 
 @pytest.mark.parametrize("entry", [pytest.param(entry, id=entry.log) for entry in UNTRACED])
-def test_an_untraced_log_names_its_ranks_when_todays_code_knows_its_catch_line(entry):
-    """A log of MindIO's catch line without a traceback: today only the v26 form is read, so only its
-    ranks are checked; the rest of the `untraced` label (the shortlist's answer) is issue 22's."""
-    if entry.untraced["mindio"] != "v26":
-        pytest.skip(f"today's code does not read the {entry.untraced['mindio']} catch line")
-    assert scoring.run(entry).untraced_ranks == tuple(entry.untraced["ranks"])
+def test_an_untraced_log_tells_its_mindio_release_its_ranks_and_its_adaptor_generation(entry):
+    label = entry.untraced
+    outcome = scoring.run(entry)
+    assert (outcome.mindio, outcome.untraced_ranks, outcome.generation) == (
+        label["mindio"], tuple(label["ranks"]), label["generation"])
+
+
+DETERMINED = [entry for entry in UNTRACED if entry.untraced["determined"] and entry.untraced["ranks"]]
+
+
+@pytest.mark.parametrize("entry", [pytest.param(entry, id=entry.log) for entry in DETERMINED])
+def test_the_culprit_is_among_the_first_three_suspects_where_the_log_determines_it(entry):
+    outcome = scoring.run(entry)
+    assert outcome.culprit_rank() is not None and outcome.culprit_rank() <= 3, outcome.suspects
+
+
+@pytest.mark.parametrize("entry", [pytest.param(entry, id=entry.log) for entry in UNTRACED if entry.untraced["culprit"] is None])
+def test_a_users_global_gets_no_framework_suspect(entry):
+    assert scoring.run(entry).suspects == ()
 
 
 def test_the_untraced_logs_cover_every_mindio_form_and_adaptor_generation():

@@ -73,6 +73,14 @@ class Outcome:
     last_error: str | None
     seconds: float
     untraced_ranks: tuple[int, ...] = ()  # ranks reported with MindIO's catch line and no traceback
+    mindio: str | None = None  # the catch line's form the diagnosis read
+    generation: str | None = None  # the adaptor profile it chose, when the log's lines chose it
+    suspects: tuple[str, ...] = ()  # the shortlist's rule ids, most likely first
+
+    def culprit_rank(self) -> int | None:
+        """Where the labelled culprit stands in the shortlist (1 = first), None when it is not there."""
+        culprit = (self.entry.untraced or {}).get("culprit")
+        return self.suspects.index(culprit) + 1 if culprit in self.suspects else None
 
     def expected(self) -> list[dict]:
         return sorted(self.entry.findings, key=_order)
@@ -102,7 +110,11 @@ def run(entry: Entry, *, log_only: bool = False) -> Outcome:
     diagnosis = diagnose([str(entry.path(entry.log))], setup)
     seconds = time.perf_counter() - started
     findings = tuple(_fields(finding, setup.knowledge) for finding in diagnosis.findings)
-    return Outcome(entry, findings, _last_error(diagnosis), seconds, diagnosis.untraced_ranks)
+    environment = diagnosis.context.environment
+    generation = environment.profile.id if environment.profile_from == "log" else None
+    untraced = diagnosis.untraced
+    suspects = tuple(suspect.rule.id for suspect in untraced.shortlist.suspects) if untraced else ()
+    return Outcome(entry, findings, _last_error(diagnosis), seconds, diagnosis.untraced_ranks, diagnosis.mindio, generation, suspects)
 
 
 def _fields(diagnosed: DiagnosedFinding, knowledge: KnowledgeBase) -> dict:
@@ -208,11 +220,13 @@ def log_only_pairs(outcome: Outcome) -> list[tuple[dict, dict | None, bool]]:
 
 def outcome_json(outcome: Outcome) -> dict:
     return {"log": outcome.entry.log, "findings": list(outcome.findings), "last_error": outcome.last_error,
-            "seconds": outcome.seconds, "untraced_ranks": list(outcome.untraced_ranks)}
+            "seconds": outcome.seconds, "untraced_ranks": list(outcome.untraced_ranks), "mindio": outcome.mindio,
+            "generation": outcome.generation, "suspects": list(outcome.suspects)}
 
 
 def outcome_from_json(entry: Entry, data: dict) -> Outcome:
-    return Outcome(entry, tuple(data["findings"]), data["last_error"], data["seconds"], tuple(data["untraced_ranks"]))
+    return Outcome(entry, tuple(data["findings"]), data["last_error"], data["seconds"], tuple(data["untraced_ranks"]),
+                   data["mindio"], data["generation"], tuple(data["suspects"]))
 
 
 if __name__ == "__main__":  # the log-only scores as JSON: run in a Python without megatron-core (hidden.py)
