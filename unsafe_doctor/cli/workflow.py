@@ -69,7 +69,8 @@ def suggest_for_untraced(diagnosis: Diagnosis, invocation: Invocation) -> None:
     say(install.line(f"to name the exact tensor at the next fault{where}"))
     say(
         "at the next fault the sentinel logs every global the recovery left unsafe before the first step reads it, "
-        "and MindIO's own log holds the error's full traceback; run diagnose on that log"
+        "and MindIO's own log (logs/ttp_log.log.<pid>, or stdout with TTP_LOG_STDOUT=1) holds the error's full "
+        "traceback; run diagnose on those logs"
     )
 
 
