@@ -84,6 +84,7 @@ summaries = st.builds(
     Summary, ranks, st.text(max_size=12), st.sampled_from(["report", "raise", "heal"]), st.integers(0, 1 << 40),
     st.integers(0, 1 << 40), st.integers(0, 1 << 20),
     st.floats(min_value=0, max_value=1e6, allow_nan=False), st.one_of(st.none(), st.text(max_size=40)),
+    st.integers(0, 1 << 20), st.lists(st.text(max_size=60), max_size=4).map(tuple),
 )
 every_record = st.one_of(unsafe_globals, summaries)
 prefixes = st.sampled_from(["", "[rank3]: ", "2026-12-01T10:00:00.123456789Z stderr F ", "pod-7 [default3]: ", "x" * 300])
@@ -120,6 +121,12 @@ def test_a_line_cut_anywhere_in_its_json_reads_as_nothing(record, data):
 )
 def test_a_damaged_or_hostile_record_reads_as_nothing(damaged):
     assert parse_line("[rank3]: " + damaged) is None
+
+
+def test_a_summary_written_before_the_walk_counted_what_it_could_not_read_reads_as_nothing_unread():
+    line = format_line(Summary(3, "npu", "report", 10, 0, 0, 0.1, None))
+    older = line.replace(', "not_walked": 0, "not_walked_first": []', "")
+    assert older != line and parse_line(older) == Summary(3, "npu", "report", 10, 0, 0, 0.1, None, 0, ())
 
 
 # --- finding the lines in a log --------------------------------------------------------------------
@@ -226,13 +233,16 @@ def test_the_text_report_says_which_backend_checked_each_rank_and_whether_its_wa
         format_line(UnsafeGlobal(0, "npu", "toytrain.state", None, "LOSS_LOG", 1, (), None, None, None)),
         format_line(Summary(0, "npu", "raise", 500, 1, 1, 0.1, None)),
         format_line(Summary(1, "emulated", "report", 400, 0, 0, 1.5, "time budget (1.0 s)")),
+        format_line(Summary(2, "emulated", "report", 300, 0, 0, 0.2, None, 3, ("pkg.state.ARGS (its __dict__ is a property)",))),
     ]
-    log.write_text("".join(f"[rank{rank}]: {line}\n" for rank, line in zip((0, 0, 1), lines, strict=True)))
+    log.write_text("".join(f"[rank{rank}]: {line}\n" for rank, line in zip((0, 0, 1, 2), lines, strict=True)))
     result = run("diagnose", str(log), "--no-input", "--source-root", str(FRAMEWORK))
     out = " ".join(result.stdout.decode().split())
     assert result.returncode == 1
     assert "rank 0: 500 tensors checked (checked by torch_npu on the NPU), mode raise" in out
     assert "rank 1: 400 tensors checked (emulated backend, no NPU check), mode report, clean; stopped early: time budget" in out
+    assert ("rank 2: 300 tensors checked (emulated backend, no NPU check), mode report, clean; could not walk up to 3 "
+            "objects, the first pkg.state.ARGS (its __dict__ is a property)") in out
 
 
 def test_an_emulated_check_is_never_called_an_npu_check(tmp_path):
@@ -297,6 +307,8 @@ HOSTILE = [
     Summary(1, "emulated", "fix-it", 1, 0, 0, 0.1, None),  # type: ignore[arg-type]
     Summary(1, "emulated", "report", 1, 0, 0, float("nan"), None),
     Summary(1, "emulated", "report", 1, 0, 0, 0.1, ["stopped"]),  # type: ignore[arg-type]
+    Summary(1, "emulated", "report", 1, 0, 0, 0.1, None, -1),
+    Summary(1, "emulated", "report", 1, 0, 0, 0.1, None, 1, ("pkg.X", 3)),  # type: ignore[arg-type]
 ]
 
 

@@ -463,14 +463,14 @@ def _sentinel_checks(diagnosis: Diagnosis) -> Text:
         checked = f"{counts[0]:,}" if counts[0] == counts[-1] else f"{counts[0]:,}–{counts[-1]:,}"
         unsafe = max(check.unsafe_globals for check in checks)
         found = f"up to {counted(unsafe, 'unsafe global')}" if unsafe else "clean"
-        walk = f"stopped early: {printable(early)}, so globals past it were not checked" if early else "walk complete"
-        text.append(f"\n  {who}: {checked} tensors checked ({_backends((backend,))}), mode {mode}, {found}; ")
-        text.append(walk, style="yellow" if early else "default")
+        gaps = [f"stopped early: {printable(early)}, so globals past it were not checked"] if early else []
         unread = max(check.not_walked for check in checks)
         if unread:
             named = next((check.not_walked_first[0] for check in checks if check.not_walked_first), None)
             first = f", the first {printable(named)}" if named else ""
-            text.append(f"; could not walk up to {counted(unread, 'object')}{first}", style="yellow")
+            gaps.append(f"could not walk up to {counted(unread, 'object')}{first}")
+        text.append(f"\n  {who}: {checked} tensors checked ({_backends((backend,))}), mode {mode}, {found}; ")
+        text.append("; ".join(gaps) or "walk complete", style="yellow" if gaps else "default")
     if diagnosis.sentinel_lines_ignored:
         text.append(
             f"\n  {counted(diagnosis.sentinel_lines_ignored, 'sentinel line')} not read: damaged, naming no plain Python "
