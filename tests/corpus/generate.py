@@ -2,7 +2,7 @@
 
 Usage, from the repository root::
 
-    .venv/bin/python tests/corpus/generate.py                 # every run (about 13 minutes on 2 cores)
+    .venv/bin/python tests/corpus/generate.py                 # every run (about 25 minutes on 2 cores)
     .venv/bin/python tests/corpus/generate.py mtp-loss-tracker lossbook
 
 Each run is a torchrun job on gloo/CPU (4 to 8 ranks) of `worker.py` with one case of `cases.py`,
@@ -11,7 +11,8 @@ unsafe_doctor/npu/backend.py). The log is torchrun's combined stdout
 and stderr as it arrived, in one of three launcher styles: `plain` (as samples/make_logs.py runs:
 the last rank's iteration lines, the `[rankN]: ` traceback), `tee` (`--tee 3` with
 `TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'`: every line of every rank prefixed) and
-`tee-default` (`--tee 3`: torchrun's own `[default<local rank>]:` prefix).
+`tee-default` (`--tee 3`: torchrun's own `[default<local rank>]:` prefix). The `untraced-*` runs
+also set the MindIO release, the adaptor generation and the arguments dump (README.md).
 
 megatron-core 0.7.0 and 0.12.1 runs need those releases in pip targets, put first on PYTHONPATH
 (megatron-core has no compiled parts; 0.7.0 imports pkg_resources)::
