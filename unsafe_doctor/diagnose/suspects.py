@@ -139,7 +139,8 @@ def _releases(context: RunContext, generation: AdaptorProfile | None) -> dict[st
         if version is not None and not installed_elsewhere:
             found[framework] = ((version,), environment.origins[framework])
         elif pairs and generation is not None:
-            found[framework] = (pairs, f"the releases the {generation.id} adaptor runs with")
+            releases = "the release" if len(pairs) == 1 else "the releases"
+            found[framework] = (pairs, f"{releases} the {generation.id} adaptor runs with")
     return found
 
 
