@@ -52,7 +52,7 @@ def test_json_shape():
     assert result.returncode == 1
     document = json.loads(result.stdout)
     assert document["schema"] == "unsafe-doctor/audit/v1"
-    assert document["adaptor"] == {"file": str(TOYTRAIN / "recovery.py"), "profile": "mindspeed-llm-26"}
+    assert document["adaptor"] == {"file": str(TOYTRAIN / "recovery.py"), "profile": "mindspeed-llm-26", "profile_from": "adaptor"}
     assert document["summary"] == {"holders": 2, "uncovered": 2, "unsafe": 0, "covered": 0, "fixable": 2}
     loss_log = next(holder for holder in document["holders"] if holder["variable"] == "LOSS_LOG")
     assert {key: loss_log[key] for key in ("name", "kind", "module", "owner", "placement", "scenario", "rule", "confidence")} == {
