@@ -13,7 +13,7 @@ from rich.text import Text
 from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
 from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis, Untraced
 from unsafe_doctor.diagnose.suspects import Suspect
-from unsafe_doctor.knowledge.classify import Classification, FixPlan
+from unsafe_doctor.knowledge.classify import Classification, FixPlan, NoFix
 from unsafe_doctor.knowledge.subject import TensorRef
 from unsafe_doctor.log.recovery import MINDIO_RELEASES, UNTRACED_FORMS
 from unsafe_doctor.log.sentinel_lines import Summary
@@ -406,6 +406,14 @@ def _untraced_reason(untraced: Untraced) -> str:
     return f"{who} in this log (it may be cut or filtered): look in the rank's own stderr or per-rank log"
 
 
+def _fix_place(fix: FixPlan | NoFix, number: int) -> str:
+    """Where a suspect's fix goes, and the option that writes it."""
+    if isinstance(fix, NoFix):
+        return fix.reason
+    where = f"{fix.peer_function}() and {fix.function}()" if fix.peer_function else f"{fix.function}()"
+    return f"in {where} ({fix.profile} adaptor), written by fix --suspect {number}"
+
+
 def _untraced(untraced: Untraced) -> RenderableType:
     shortlist = untraced.shortlist
     parts: list[RenderableType] = [Text(_untraced_reason(untraced) + ".", style="yellow")]
@@ -429,6 +437,7 @@ def _untraced(untraced: Untraced) -> RenderableType:
         line.append(f"\n     why: {printable('; '.join(suspect.why))}")
         if suspect.alternatives:
             line.append(f"\n     or, by release: {', '.join(suspect.alternatives)}")
+        line.append(f"\n     fix: {printable(_fix_place(verdict.fix, number))}")
         parts.append(line)
     return Group(*parts)
 
