@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,22 @@ class Router(torch.nn.Module):
 
 
 @pytest.hookimpl(optionalhook=True)
+@contextlib.contextmanager
+def importable_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, files: Mapping[str, str]) -> Iterator[Path]:
+    """A real package `name` (an empty `__init__.py` unless `files` gives one), written under tmp_path
+    and put on sys.path, for code the sentinel walks from sys.modules; forgotten by sys.modules after."""
+    root = tmp_path / "src" / name
+    root.mkdir(parents=True)
+    for file, text in {"__init__.py": "", **files}.items():
+        (root / file).write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    try:
+        yield root
+    finally:
+        for module in [module for module in sys.modules if module.partition(".")[0] == name]:
+            del sys.modules[module]
+
+
 def pytest_xdist_auto_num_workers(config) -> int | None:
     """`-n auto` (addopts): a worker more than the cores this process may use (then --maxprocesses 4).
     Many tests wait, idle, on what they start (replays up to their timeout, a CLI run, a pip install),

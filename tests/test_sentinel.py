@@ -8,16 +8,15 @@ torch_npu sees an NPU."""
 from __future__ import annotations
 
 import logging
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import importable_package
 
+from unsafe_doctor.log.sentinel_lines import parse_line
 from unsafe_doctor.npu.backend import EmulatedBackend, npu_unavailable_reason, select_backend
 from unsafe_doctor.sentinel import Limits, UnsafeStateError, check, examine
-from unsafe_doctor.log.sentinel_lines import parse_line
 
 PACKAGE = {
     "__init__.py": "",
@@ -129,17 +128,11 @@ EXPECTED = {
 
 @pytest.fixture
 def package(tmp_path, monkeypatch):
-    root = tmp_path / "src" / "sentinelpkg"
-    root.mkdir(parents=True)
-    for name, text in PACKAGE.items():
-        (root / name).write_text(textwrap.dedent(text))
-    monkeypatch.syspath_prepend(str(tmp_path / "src"))
-    import sentinelpkg.state
+    with importable_package(tmp_path, monkeypatch, "sentinelpkg", PACKAGE):
+        import sentinelpkg.state
 
-    sentinelpkg.state.populate()
-    yield sentinelpkg.state
-    for name in [name for name in sys.modules if name.partition(".")[0] == "sentinelpkg"]:
-        del sys.modules[name]
+        sentinelpkg.state.populate()
+        yield sentinelpkg.state
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import sys
-import textwrap
 
 import pytest
+from conftest import importable_package
 
 from unsafe_doctor.log.sentinel_lines import parse_line
 from unsafe_doctor.npu.backend import EmulatedBackend
@@ -287,15 +287,11 @@ NOT_WALKED = [
 
 @pytest.fixture
 def hostile(tmp_path, monkeypatch):
-    root = tmp_path / "src" / "hostilepkg"
-    root.mkdir(parents=True)
-    (root / "__init__.py").write_text("")
-    (root / "hostile.py").write_text(textwrap.dedent(HOSTILE))
-    monkeypatch.syspath_prepend(str(tmp_path / "src"))
-    import hostilepkg.hostile
+    with importable_package(tmp_path, monkeypatch, "hostilepkg", {"hostile.py": HOSTILE}):
+        import hostilepkg.hostile
 
-    yield hostilepkg.hostile
-    hostilepkg.hostile.Key.armed = False  # the dict holding a Key is freed after this
+        yield hostilepkg.hostile
+        hostilepkg.hostile.Key.armed = False  # the dict holding a Key is freed after this
     for name in [name for name in sys.modules if name.partition(".")[0] == "hostilepkg"]:
         del sys.modules[name]
 

@@ -6,10 +6,9 @@ the summary must say so, with how many objects it did not open and the first one
 from __future__ import annotations
 
 import logging
-import sys
-import textwrap
 
 import pytest
+from conftest import importable_package
 
 from unsafe_doctor.log.sentinel_lines import parse_line
 from unsafe_doctor.npu.backend import EmulatedBackend
@@ -114,16 +113,10 @@ EXPECTED = {
 
 @pytest.fixture
 def shapes(tmp_path, monkeypatch):
-    root = tmp_path / "src" / "shapepkg"
-    root.mkdir(parents=True)
-    (root / "__init__.py").write_text("")
-    (root / "shapes.py").write_text(textwrap.dedent(SHAPES))
-    monkeypatch.syspath_prepend(str(tmp_path / "src"))
-    import shapepkg.shapes
+    with importable_package(tmp_path, monkeypatch, "shapepkg", {"shapes.py": SHAPES}):
+        import shapepkg.shapes
 
-    yield shapepkg.shapes
-    for name in [name for name in sys.modules if name.partition(".")[0] == "shapepkg"]:
-        del sys.modules[name]
+        yield shapepkg.shapes
 
 
 def faulted(**options):
