@@ -143,6 +143,7 @@ def diagnose(
     seen += [line.rank for line in context_lines]
     seen += [check.rank for check in sentinel.checks]
     ranks = located | untraced | {rank for rank in seen if rank is not None}
+    form = recovery.mindio_form(context)
     return Diagnosis(
         inputs=scan.inputs,
         findings=diagnosed,
@@ -159,15 +160,15 @@ def diagnose(
         skipped=scan.skipped,
         sentinel_checks=sentinel.checks,
         sentinel_lines_ignored=sentinel.ignored + scan.records_not_kept,
-        mindio=recovery.mindio_form(context),
+        mindio=form,
         arguments=arguments,
-        untraced=_untraced(tuple(sorted(untraced)), context, run, arguments, loss_scaling) if untraced else None,
+        untraced=_untraced(tuple(sorted(untraced)), form, run, arguments, loss_scaling) if untraced else None,
     )
 
 
 def _untraced(
     ranks: tuple[int, ...],
-    context: RecoveryContext,
+    form: MindioForm | None,
     run: RunContext,
     arguments: RunArguments | None,
     loss_scaling: LossScaling | None,
@@ -175,7 +176,7 @@ def _untraced(
     """The suspects, with the generation the adaptor file or the log shows (a default profile is no evidence)."""
     environment = run.environment
     generation = environment.profile if environment.profile_from in ("adaptor", "log") else None
-    return Untraced(ranks, recovery.mindio_form(context), shortlist(run, arguments, generation, loss_scaling))
+    return Untraced(ranks, form, shortlist(run, arguments, generation, loss_scaling))
 
 
 def _phase(finding: Finding, context: RecoveryContext) -> Phase:
