@@ -544,7 +544,10 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
         notes.append(f"{resolved.parameter} is a parameter of {where}: its caller could not be followed")
     notes.extend(resolved.notes)
     expression = _expression_text(parts, resolved.anchor, text)
-    tensor = TensorRef(expression, resolved.variable, resolved.module, resolved.owner, resolved.cached)
+    entry = frames[0]  # the outermost frame: `<module>` of the script the job ran, as `__main__`
+    runs_as_main = (entry.function == "<module>" and resolved.module is not None
+                    and views.view(entry).scope.module == resolved.module)
+    tensor = TensorRef(expression, resolved.variable, resolved.module, resolved.owner, resolved.cached, runs_as_main)
     read = caller or view
     return _Analysis(culprit, tensor, source_file, _unique(notes), view.differs, read.origin, read.release)
 

@@ -19,6 +19,7 @@ class TensorRef:
     module: str | None  # 'megatron.core.parallel_state'; None when unknown
     owner: str | None  # class name when the tensor is an attribute of an object
     cached: bool = False  # `variable` is an lru-cached function (or `owner`'s method) and the tensor its result
+    runs_as_main: bool = False  # `module` is the job's entry script, run as `__main__`: its globals live there
 
     @property
     def dotted(self) -> str | None:
