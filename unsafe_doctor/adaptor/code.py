@@ -9,6 +9,7 @@ itself. Blocks are read back between their `# unsafe-doctor: begin/end <key>` ma
 
 from __future__ import annotations
 
+import ast
 import io
 import tokenize
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -19,9 +20,12 @@ from typing import Literal
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from unsafe_doctor.adaptor.scope import FunctionNames, ModuleNames, find_function, function_names, module_names
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.versions import Environment, profile_files
+from unsafe_doctor.source.files import package_of
 from unsafe_doctor.source.markers import MARKER_BEGIN, MARKER_END, SENTINEL_KEY
+from unsafe_doctor.source.workspace import module_from_path
 
 Role = Literal["rollback", "send", "recv"]
 ROLES: tuple[Role, ...] = ("rollback", "send", "recv")
@@ -81,17 +85,40 @@ class AdaptorSource:
         return text.encode("utf-8" if self.encoding == "utf-8-sig" else self.encoding)
 
 
+@dataclass(frozen=True)
+class Site:
+    """The function a block goes into, with what it and its file bind."""
+
+    function: AdaptorFunction
+    module: ModuleNames
+    names: FunctionNames
+
+
 class Adaptor:
     """The adaptor's files, each read and parsed once."""
 
-    def __init__(self, paths: list[Path]):
+    def __init__(self, paths: list[Path], source_roots: Sequence[Path] = ()):
         self.paths = paths
+        self.source_roots = tuple(source_roots)
         self._sources: dict[Path, AdaptorSource] = {}
+        self._trees: dict[Path, tuple[ast.Module, ModuleNames]] = {}
 
     def source(self, path: Path) -> AdaptorSource:
         if path not in self._sources:
             self._sources[path] = read_source(path)
         return self._sources[path]
+
+    def site(self, function: AdaptorFunction) -> Site:
+        """The function with its file's module-level names and its own, for a block at its insertion point."""
+        if function.path not in self._trees:
+            source = self.source(function.path)
+            tree = ast.parse(source.data.decode(source.encoding))
+            module = module_from_path(str(function.path.resolve()), self.source_roots)
+            self._trees[function.path] = (tree, module_names(tree, package_of(function.path, module)))
+        tree, names = self._trees[function.path]
+        assert function.insert_at is not None, "Adaptor.function refuses a function whose body is on its `def` line"
+        node = find_function(tree, function.name, function.first_line)
+        return Site(function, names, function_names(node, function.insert_at + 1))
 
     def function(self, name: str, role: Role) -> AdaptorFunction:
         """The one function of that name in the adaptor's files; refuses zero or several."""

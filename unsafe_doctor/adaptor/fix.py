@@ -31,8 +31,6 @@ name of its own. Nothing here prints or exits: refusals raise UsageError.
 
 from __future__ import annotations
 
-import ast
-import builtins
 import difflib
 import hashlib
 import itertools
@@ -40,14 +38,12 @@ import keyword
 import os
 import stat
 import tempfile
-import textwrap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 import libcst as cst
-from libcst.metadata import ImportAssignment, MetadataWrapper, Scope, ScopeProvider
 
 from unsafe_doctor.adaptor.code import (
     INDENT,
@@ -58,6 +54,7 @@ from unsafe_doctor.adaptor.code import (
     AdaptorFunction,
     AdaptorSource,
     Role,
+    Site,
     adaptor_files,
     block_spans,
     read_source,
@@ -65,32 +62,23 @@ from unsafe_doctor.adaptor.code import (
     without_blocks,
 )
 from unsafe_doctor.adaptor.existing_reset import AlreadyReset, existing_reset
+from unsafe_doctor.adaptor.render import render
 from unsafe_doctor.audit.coverage import AdaptorCoverage
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import Classified, ClassifiedSubject, FixPlan, NoFix, Unclassified, generic_template
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import (
-    DEST_RANK,
     EVERY_ROLE,
-    PARAMETER_ROLES,
-    SOURCE_RANK,
     AdaptorProfile,
     KnowledgeBase,
-    ParameterRole,
     is_safe_dotted,
     map_parameters,
-    role_parameter,
 )
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.source.markers import SENTINEL_KEY
 
-HELPER = "_unsafe_doctor_fix"
-GROUP_NAME = "repair_group"  # the helper's name for a repair group the adaptor function built itself
 BACKUP_SUFFIX = ".unsafe-doctor.bak"
-RESERVED = "_ud_"  # the prefix of the names a block's imports are bound to
-# what the helper is passed or binds around the rule's code: an import must not take these names
-WRAPPER_NAMES = frozenset({HELPER, GROUP_NAME, SOURCE_RANK, DEST_RANK, *PARAMETER_ROLES})
 
 
 @dataclass(frozen=True)
@@ -246,8 +234,8 @@ class BlockRequest(Protocol):
     @property
     def function(self) -> str: ...  # the adaptor function's name
 
-    def block(self, function: AdaptorFunction, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
-        """The block's lines (markers included, indented for `function`) and notes on how it was adapted."""
+    def block(self, site: Site, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
+        """The block's lines (markers included, indented for the site's function) and notes on how it was written."""
         ...
 
 
@@ -256,7 +244,7 @@ def plan_blocks(
 ) -> Plan:
     """The edits that write each requested block into its adaptor function, once; a function that
     holds the block already is named in `present`. Reads files, writes nothing."""
-    adaptor = Adaptor(adaptor_files(environment))
+    adaptor = Adaptor(adaptor_files(environment), environment.source_roots)
     insertions: dict[Path, list[tuple[int, AdaptorFunction, list[str], str]]] = {}
     present: list[str] = []
     notes: list[str] = []
@@ -271,7 +259,7 @@ def plan_blocks(
         if _has_block(source, function, request.key):
             present.append(f"{source.shown}: {request.key} already in {function.name}()")
             continue
-        lines, adapted = request.block(function, profile, group)
+        lines, adapted = request.block(adaptor.site(function), profile, group)
         at = _insertion_point(source, function, request.key)
         insertions.setdefault(function.path, []).append((at, function, lines, request.key))
         notes.extend((*adapted, *_early_return_notes(source, function)))
@@ -321,8 +309,8 @@ class _Request:
     code: str
     scenario: int
 
-    def block(self, function: AdaptorFunction, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
-        return _block_lines(self, function, profile, group)
+    def block(self, site: Site, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
+        return _block_lines(self, site, profile, group)
 
 
 def _check_log_names(subject: Subject) -> None:
@@ -373,205 +361,17 @@ def _tensor_name(subject: Subject) -> str | None:
 
 
 def _block_lines(
-    request: _Request, function: AdaptorFunction, profile: AdaptorProfile, group: str | None = None
+    request: _Request, site: Site, profile: AdaptorProfile, group: str | None = None
 ) -> tuple[list[str], tuple[str, ...]]:
-    """The block's lines, without line endings, indented for the function's body; notes on how it was adapted."""
-    code, imports = request.code, request.imports
-    notes: tuple[str, ...] = ()
-    try:
-        ast.parse("\n".join([*imports, code]))
-    except SyntaxError as error:
-        raise UsageError(
-            f"the fix {request.key} for {request.function}() is not valid Python ({error.msg}, line {error.lineno})"
-        ) from None
-    pairs: list[tuple[str, str]] = []  # (helper parameter, what the adaptor function passes)
-    if group is not None and group not in function.parameters:
-        where = f"{function.path}:{function.first_line}"
-        raise UsageError(f"{where}: {function.name}() has no parameter {group} (--parameter group=...)")
-    # a `group` role: given here, or by the profile (its expression is then the parameter's name)
-    given_group = group or (profile.repair_group if profile.repair_group in function.parameters else None)
-    own_group = given_group or function.own_group
-    if request.scenario == 2 and own_group is not None:
-        renamed = _rename_expression(code, profile.repair_group, GROUP_NAME)
-        if renamed != code:
-            code = renamed
-            imports = tuple(line for line in imports if line not in profile.repair_group_imports)
-            pairs.append((GROUP_NAME, own_group))
-            if given_group is None:
-                notes = (
-                    f"{function.name}() builds its own repair group ({own_group}): the block uses it, "
-                    f"not {profile.repair_group}",
-                )
-    imports, code = reserved_imports(imports, code, request)
-    read = _names_read("\n".join([*imports, code]))
-    body = code.rstrip("\n").split("\n")
-    if request.scenario == 2:
-        body, rank_pairs = _rank_loop(body, profile, function)
-        pairs = rank_pairs + pairs
-    passed = dict(pairs)
-    # a rule's code may read a role by name (`train_args[1]`): the adaptor's parameter is passed in
-    read_roles = [role for role in PARAMETER_ROLES if role in read and role not in passed]
-    pairs += [(role, _role_parameter(profile, role, function, request)) for role in read_roles]
-    _check_parameters(function, pairs, profile, request)
-    helper = [f"def {HELPER}({', '.join(name for name, _ in pairs)}):"]
-    helper += [INDENT + line for line in imports]
-    helper += [INDENT + line if line.strip() else "" for line in body]
-    helper.append(f"{HELPER}({', '.join(value for _, value in pairs)})")
-    return marked_block(request.key, request.comment, helper, function), notes
+    """The block's lines, without line endings, indented for the function's body; notes on how it was written."""
+    rendered = render(request.code, request.imports, request.scenario, site, profile, group, request.key)
+    return marked_block(request.key, request.comment, rendered.lines, site.function), rendered.notes
 
 
 def marked_block(key: str, comment: str, body: Sequence[str], function: AdaptorFunction) -> list[str]:
     """`body` (template indentation) between the markers of `key`, after a comment, indented for `function`."""
     lines = [MARKER_BEGIN + key, f"# {comment}", *body, MARKER_END + key]
     return [_reindent(line, function) for line in lines]
-
-
-def _rank_loop(body: list[str], profile: AdaptorProfile, function: AdaptorFunction) -> tuple[list[str], list[tuple[str, str]]]:
-    """Bind the templates' `src_rank` / `dest_rank` from the function's rank parameters.
-
-    List-valued parameters hold one entry per (source, destination, optimizer index): the same pair
-    repeats once per optimizer, so each pair is visited once, in first-seen order (the same order on
-    both sides, since both receive the same lists)."""
-    source, destination = _role_parameter(profile, "src_ranks", function), _role_parameter(profile, "dest_ranks", function)
-    if not profile.ranks_are_lists:
-        return body, [(SOURCE_RANK, source), (DEST_RANK, destination)]
-    loop = [
-        "# each (source, destination) pair once: the lists repeat it per optimizer index",
-        f"for {SOURCE_RANK}, {DEST_RANK} in dict.fromkeys(zip(src_ranks, dest_ranks)):",
-    ]
-    return loop + [INDENT + line if line.strip() else "" for line in body], [("src_ranks", source), ("dest_ranks", destination)]
-
-
-def _role_parameter(
-    profile: AdaptorProfile, role: ParameterRole, function: AdaptorFunction, request: _Request | None = None
-) -> str:
-    name = role_parameter(profile, role, function.parameters)
-    if name is None:
-        needed_by = f" ({request.key} reads {role})" if request else ""
-        raise UsageError(f"adaptor profile {profile.id} does not say which parameter holds {role}{needed_by}")
-    return name
-
-
-def _check_parameters(
-    function: AdaptorFunction, pairs: list[tuple[str, str]], profile: AdaptorProfile, request: _Request
-) -> None:
-    missing = [
-        value for name, value in pairs if name != GROUP_NAME and value.split(".")[0] not in function.parameters
-    ]
-    if missing:
-        has = ", ".join(sorted(function.parameters)) or "no parameters"
-        raise UsageError(
-            f"{function.path}:{function.first_line}: {function.name}() lacks parameter(s) {', '.join(missing)} "
-            f"that {request.key} needs (adaptor profile {profile.id}); it has {has}"
-        )
-
-
-def reserved_imports(imports: Sequence[str], code: str, request: BlockRequest) -> tuple[tuple[str, ...], str]:
-    """Every import bound to a reserved name (`import torch as _ud_torch`), its uses renamed with it.
-
-    A name imported into the helper could otherwise shadow what the block and its wrapper need: a
-    module of the log called `zip`, `torch` or `src_ranks` would replace the builtin, the real torch
-    or the rank list, and the block would raise at recovery time. Where the rule's code itself uses
-    the imported name for something else too (a builtin, its own variable, another import, a name the
-    helper is passed), its uses cannot be told apart, and the fix is refused."""
-    text = "".join(f"{INDENT}{line}\n" for line in imports) + textwrap.indent(code, INDENT)
-    wrapper = MetadataWrapper(cst.parse_module(f"def {HELPER}():\n{text}"))  # the scope the block runs in
-    helper = wrapper.module.body[0]
-    assert isinstance(helper, cst.FunctionDef) and isinstance(helper.body, cst.IndentedBlock)
-    scope = wrapper.resolve(ScopeProvider)[helper.body.body[0]]
-    assert scope is not None, "a function's statements have its scope"
-    renamed: dict[int, str] = {}  # id of a node that reads an import -> the reserved name it reads instead
-    lines: list[str] = []
-    for statement in helper.body.body[: len(imports)]:
-        node = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
-        if not isinstance(node, (cst.Import, cst.ImportFrom)) or isinstance(node.names, cst.ImportStar):
-            raise UsageError(f"the fix {request.key}: {wrapper.module.code_for_node(statement).strip()!r} "
-                             "is not one plain import: refusing to write it")
-        for assignment in (item for item in scope.assignments if getattr(item, "node", None) is node):
-            _refuse_shadowing(scope, assignment.name, node, request)
-            renamed.update({id(access.node): _reserved(assignment.name) for access in assignment.references})
-        lines.extend(_reserved_import_lines(node, scope, wrapper.module))
-    renamed_helper = wrapper.module.visit(_Renamer(renamed)).body[0]
-    assert isinstance(renamed_helper, cst.FunctionDef) and isinstance(renamed_helper.body, cst.IndentedBlock)
-    body = "".join(wrapper.module.code_for_node(statement) for statement in renamed_helper.body.body[len(imports):])
-    return tuple(dict.fromkeys(lines)), body
-
-
-def _reserved(name: str) -> str:
-    return RESERVED + name.replace(".", "_")
-
-
-def _refuse_shadowing(scope: Scope, name: str, node: cst.Import | cst.ImportFrom, request: BlockRequest) -> None:
-    """Refuse an imported name that the code also means as something else."""
-    root = name.split(".")[0]
-    others = [item for item in scope.assignments[root] if getattr(item, "node", None) is not node]
-    read = any(item.references for item in scope.assignments[root])
-    if others:
-        meaning = "which another import binds too" if isinstance(others[0], ImportAssignment) else "which its code assigns too"
-    elif read and root in WRAPPER_NAMES:
-        meaning = "which is also a name the block is passed"
-    elif read and hasattr(builtins, root):
-        meaning = "which is also a Python builtin"
-    else:
-        return
-    raise UsageError(
-        f"the fix {request.key} for {request.function}() imports the name {root!r}, {meaning}: which one its code "
-        "means cannot be told; refusing to write code that would shadow it"
-    )
-
-
-def _reserved_import_lines(node: cst.Import | cst.ImportFrom, scope: Scope, module: cst.Module) -> list[str]:
-    """`from p import q` -> `from p import q as _ud_q`; `import a.b` -> `import a.b as _ud_a_b`, and
-    `import a as _ud_a` too when the code reads `a` other than through `a.b`."""
-    if isinstance(node, cst.ImportFrom):
-        names = node.names
-        assert not isinstance(names, cst.ImportStar), "refused above"
-        aliased = [alias.with_changes(asname=cst.AsName(cst.Name(_reserved(alias.evaluated_alias or alias.evaluated_name))))
-                   for alias in names]
-        aliased = [alias.with_changes(comma=cst.MaybeSentinel.DEFAULT) for alias in aliased]
-        return [module.code_for_node(node.with_changes(names=aliased))]
-    lines = []
-    for alias in node.names:
-        if alias.asname is not None:
-            bound = alias.evaluated_alias or alias.evaluated_name
-            lines.append(f"import {alias.evaluated_name} as {_reserved(bound)}")
-            continue
-        dotted = alias.evaluated_name
-        parts = dotted.split(".")
-        prefixes = [".".join(parts[: count]) for count in range(len(parts), 0, -1)]
-        used = [prefix for prefix in prefixes if any(item.references for item in scope.assignments[prefix]
-                                                     if getattr(item, "node", None) is node)]
-        lines.extend(f"import {prefix} as {_reserved(prefix)}" for prefix in used or [dotted])
-    return lines
-
-
-class _Renamer(cst.CSTTransformer):
-    """Each node that reads an import replaced by the reserved name."""
-
-    def __init__(self, renamed: dict[int, str]) -> None:
-        super().__init__()
-        self.renamed = renamed
-
-    def on_leave(self, original_node, updated_node):
-        name = self.renamed.get(id(original_node))
-        return cst.Name(name) if name is not None else updated_node
-
-
-def _names_read(code: str) -> set[str]:
-    return {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
-
-
-def _rename_expression(code: str, expression: str, name: str) -> str:
-    """`code` with every occurrence of `expression` replaced by the name `name`."""
-    wanted = cst.parse_expression(expression)
-
-    class Renamer(cst.CSTTransformer):
-        def on_leave(self, original_node, updated_node):
-            if isinstance(original_node, cst.BaseExpression) and original_node.deep_equals(wanted):
-                return cst.Name(name)
-            return updated_node
-
-    return cst.parse_module(code).visit(Renamer()).code
 
 
 def _reindent(line: str, function: AdaptorFunction) -> str:

@@ -11,17 +11,16 @@ The block, planned and written by the fixer (`fix.plan_blocks`: diff, backup, id
     _ud_sentinel_check(train_args, mode="report")
     # unsafe-doctor: end unsafe_doctor.sentinel
 
-It needs no helper function around it, as a fix does: its imports are bound to reserved names,
-which nothing else in the function reads. `train_args` is the rollback function's parameter for
-the profile's train_args role, when it has one: through it the sentinel also checks the models'
-buffers and the optimizers' state. The keeper (`sentinel.keeper`) makes MindIO's log line for the
-next unsafe-data error carry its traceback, which MindIO 7.3 and later leave out; it goes first,
-so that a sentinel that raises (modes raise and heal) still leaves it in place, and the end of the
-rollback is before the first step after the recovery. One block for both: they are installed and
-reverted together. The block stays the last one of the function (a later `fix` goes before it),
-so the sentinel sees the rollback's repairs; `fix --revert` leaves it, `sentinel install --revert`
-takes it out. This module only names `unsafe_doctor.sentinel`: it runs in the training process,
-not here.
+Its imports are bound to names of their own (`_ud_`), which nothing else in the function reads.
+`train_args` is the rollback function's parameter for the profile's train_args role, when it has
+one: through it the sentinel also checks the models' buffers and the optimizers' state. The keeper
+(`sentinel.keeper`) makes MindIO's log line for the next unsafe-data error carry its traceback,
+which MindIO 7.3 and later leave out; it goes first, so that a sentinel that raises (modes raise and
+heal) still leaves it in place, and the end of the rollback is before the first step after the
+recovery. One block for both: they are installed and reverted together. The block stays the last one
+of the function (a later `fix` goes before it), so the sentinel sees the rollback's repairs; `fix
+--revert` leaves it, `sentinel install --revert` takes it out. This module only names
+`unsafe_doctor.sentinel`: it runs in the training process, not here.
 """
 
 from __future__ import annotations
@@ -29,18 +28,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from unsafe_doctor.adaptor.code import AdaptorFunction, Role, adaptor_files, block_spans, enclosing_function, read_source
-from unsafe_doctor.adaptor.fix import Plan, marked_block, plan_blocks, reserved_imports
+from unsafe_doctor.adaptor.code import Role, Site, adaptor_files, block_spans, enclosing_function, read_source
+from unsafe_doctor.adaptor.fix import Plan, marked_block, plan_blocks
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import AdaptorProfile, map_parameters, role_parameter
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.sentinel_lines import MODES, Mode
 from unsafe_doctor.source.markers import SENTINEL_KEY
 
-# bound to `_ud_sentinel_check` and `_ud_keep_tracebacks` by fix.reserved_imports, as every import of a block is
+# under names of their own, which nothing else in a function reads
 IMPORTS = (
-    "from unsafe_doctor.sentinel import check as sentinel_check",
-    "from unsafe_doctor.sentinel.keeper import keep_tracebacks",
+    "from unsafe_doctor.sentinel import check as _ud_sentinel_check",
+    "from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks",
 )
 KEEPER_COMMENT = "MindIO logs the next unsafe-data error with its traceback"
 WHAT = {  # what each mode does, as the block's comment says it
@@ -59,8 +58,9 @@ class SentinelRequest:
     key: str = SENTINEL_KEY
     role: Role = "rollback"
 
-    def block(self, function: AdaptorFunction, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
+    def block(self, site: Site, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
         """The imports, the keeper's call and the sentinel's; a note when the function has no train_args to pass."""
+        function = site.function
         train_args = role_parameter(profile, "train_args", function.parameters)
         passed = train_args if train_args is not None and train_args.split(".")[0] in function.parameters else None
         notes: tuple[str, ...] = ()
@@ -70,10 +70,9 @@ class SentinelRequest:
                 "the models and optimizers, so their buffers and state are not checked; pass them to it yourself",
             )
         arguments = ", ".join([*([passed] if passed else []), f'mode="{self.mode}"'])
-        code = f"keep_tracebacks()  # {KEEPER_COMMENT}\nsentinel_check({arguments})\n"
-        imports, code = reserved_imports(IMPORTS, code, self)
+        code = [f"_ud_keep_tracebacks()  # {KEEPER_COMMENT}", f"_ud_sentinel_check({arguments})"]
         comment = f"last in the rollback: name every tensor still unsafe (mode {self.mode}: {WHAT[self.mode]})"
-        return marked_block(self.key, comment, [*imports, *code.rstrip("\n").split("\n")], function), notes
+        return marked_block(self.key, comment, [*IMPORTS, *code], function), notes
 
 
 def plan_sentinel(

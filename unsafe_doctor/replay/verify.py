@@ -7,7 +7,6 @@ every rank's results into one verdict per finding. Nothing here prints or exits.
 
 from __future__ import annotations
 
-import ast
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -16,11 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from unsafe_doctor.adaptor.code import ROLES, AdaptorFile, read_adaptor
-from unsafe_doctor.adaptor.fix import HELPER, marker_key
+from unsafe_doctor.adaptor.fix import marker_key
 from unsafe_doctor.diagnose.pipeline import Diagnosis
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import Unclassified
-from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase, map_parameters
+from unsafe_doctor.knowledge.rules import KnowledgeBase, map_parameters
 from unsafe_doctor.replay.plan import MAX_RANKS, MAX_TIMEOUT, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import Milestone, RankResult, RunResult, StepOutcome
 from unsafe_doctor.source.workspace import module_from_path
@@ -113,7 +112,6 @@ def plan_replay(
     replica = (faulty + ranks // 2) % ranks
     roots = tuple(str(Path(root).resolve()) for root in environment.source_roots)
     blocks = _blocks(files, functions)
-    _check_bound(blocks, profile, groups[0] if groups else None)
     plan = ReplayPlan(
         targets=tuple(targets),
         blocks=tuple(blocks),
@@ -152,25 +150,6 @@ def _blocks(files: tuple[AdaptorFile, ...], functions: dict[str, str]) -> list[B
         for file in files
         for block in file.blocks
     ]
-
-
-def _check_bound(blocks: list[Block], profile: AdaptorProfile, group: str | None) -> None:
-    """Each name a block passes its helper is one the replay gives a value (a role, the step, the
-    group): otherwise it would run on None and wait for a peer that never sends, a minute later."""
-    bound = {name.split(".")[0] for names in profile.parameters.values() for name in names} | {"step"}
-    for block in blocks:
-        given = bound | {name for name in (group, block.own_group) if name}
-        for statement in ast.parse(block.code).body:
-            call = statement.value if isinstance(statement, ast.Expr) else None
-            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == HELPER):
-                continue
-            passed = {node.id for argument in call.args for node in ast.walk(argument) if isinstance(node, ast.Name)}
-            unbound = sorted(passed - given)
-            if unbound:
-                raise UsageError(
-                    f"{block.path}:{block.line}: the block {block.key} in {block.function}() passes {', '.join(unbound)}, "
-                    f"which no role of adaptor profile {profile.id} names: give --parameter as fix was given"
-                )
 
 
 def _code(file: AdaptorFile, roots: tuple[str, ...]) -> AdaptorCode:
