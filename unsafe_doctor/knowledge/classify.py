@@ -10,6 +10,7 @@ unclassified and says what to check.
 
 from __future__ import annotations
 
+import ast
 import string
 import textwrap
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from unsafe_doctor.knowledge.rules import (
     DEST_RANK,
     SOURCE_RANK,
     AdaptorProfile,
+    GlobalKind,
     KnowledgeBase,
     Rule,
     RuleMatch,
@@ -32,6 +34,7 @@ from unsafe_doctor.knowledge.rules import (
 from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.recovery import LossScaling
+from unsafe_doctor.source.workspace import Workspace
 
 Confidence = Literal["high", "medium", "low"]
 # A log that shows neither a loss scale nor the fp16 argument is read as bf16, the usual precision of
@@ -108,7 +111,8 @@ def classify(subject: Subject, context: RunContext, loss_scaling: LossScaling | 
     verdict = judge(subject, context.workspace)
     if verdict.scenario is None:
         return Unclassified(verdict.reason, verdict.evidence, notes)
-    fix = _render(generic_template(knowledge, verdict.scenario, subject), subject, knowledge, environment.profile)
+    template = generic_template(knowledge, verdict.scenario, subject, context.workspace)
+    fix = _render(template, subject, knowledge, environment.profile)
     return Classified(verdict.scenario, None, verdict.confidence, verdict.reason, verdict.evidence, fix, (*notes, *_why_not(fix)))
 
 
@@ -177,14 +181,47 @@ def _rule_confidence(rule: Rule, subject: Subject, environment: Environment) -> 
 
 def classify_as(subject: Subject, scenario: Scenario, context: RunContext, evidence: tuple[Evidence, ...]) -> Classified:
     """The user's answer for a finding nothing could classify: the generic fix for that scenario."""
-    fix = _render(generic_template(context.knowledge, scenario, subject), subject, context.knowledge, context.environment.profile)
+    template = generic_template(context.knowledge, scenario, subject, context.workspace)
+    fix = _render(template, subject, context.knowledge, context.environment.profile)
     return Classified(scenario, None, None, "scenario given by the user", evidence, fix, _why_not(fix))
 
 
-def generic_template(knowledge: KnowledgeBase, scenario: Scenario, subject: Subject) -> Template:
-    """The template a verdict without a rule gets, by what the global is: a value or an lru cache."""
-    cached = subject.tensor is not None and subject.tensor.cached
-    return knowledge.template_for(scenario, "lru-cache" if cached else "value")
+def generic_template(
+    knowledge: KnowledgeBase, scenario: Scenario, subject: Subject, workspace: Workspace | None = None
+) -> Template:
+    """The template a verdict without a rule gets, by what the global is: an lru cache, or a value,
+    which the module-level assignment read through `workspace` may show to be a tensor, dict or list."""
+    return knowledge.template_for(scenario, global_kind(subject, workspace))
+
+
+TENSOR_FACTORIES = frozenset({"zeros", "ones", "empty", "full", "tensor", "zeros_like", "ones_like", "empty_like",
+                              "full_like", "arange", "rand", "randn", "as_tensor"})
+
+
+def global_kind(subject: Subject, workspace: Workspace | None) -> GlobalKind:
+    tensor = subject.tensor
+    if tensor is not None and tensor.cached:
+        return "lru-cache"
+    if workspace is None or tensor is None or tensor.owner or not tensor.module or not tensor.variable:
+        return "value"
+    path = workspace.module_path(tensor.module)
+    source = workspace.source(path, tensor.module) if path is not None and path.is_file() else None
+    binding = source.bindings.get(tensor.variable) if source is not None else None
+    value = binding.value if isinstance(binding, (ast.Assign, ast.AnnAssign)) else None
+    if isinstance(value, (ast.Dict, ast.DictComp)):
+        return "dict"
+    if isinstance(value, (ast.List, ast.ListComp)):
+        return "list"
+    if isinstance(value, ast.Call):
+        func = value.func
+        callee = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        if callee in ("dict", "OrderedDict", "defaultdict"):
+            return "dict"
+        if callee == "list":
+            return "list"
+        if callee in TENSOR_FACTORIES and isinstance(value.func, ast.Attribute):
+            return "tensor"
+    return "value"
 
 
 def _why_not(fix: FixPlan | NoFix) -> tuple[str, ...]:
@@ -274,6 +311,8 @@ def _slots(rule: Rule | Template, subject: Subject, profile: AdaptorProfile, blo
         slots["owner"] = owner
     if module is not None and is_safe_dotted(module):
         parent, _, alias = module.rpartition(".")
+        if tensor is not None and tensor.runs_as_main:  # the job's entry script: `import name` would load a second copy
+            parent, alias = "", "__main__"
         slots.update(module=module, alias=alias, parent=parent)
         if owner is None or "owner" in slots:
             slots["holder"] = ".".join(part for part in (alias, owner) if part)  # what the global is an attribute of

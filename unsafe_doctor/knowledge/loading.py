@@ -23,6 +23,7 @@ from packaging.version import Version
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.matching import may_tie
 from unsafe_doctor.knowledge.rules import (
+    BASE_KINDS,
     EVERY_ROLE,
     MAPPING_ROLES,
     PARAMETER_ROLES,
@@ -143,7 +144,7 @@ class _FileKnowledge:
         return [
             f"{where}: no template for {kind} globals in scenario {scenario} (the shipped templates.yaml has one)"
             for scenario in get_args(Scenario)
-            for kind in get_args(GlobalKind)
+            for kind in BASE_KINDS
             if not any(t.scenario == scenario and kind in t.applies_to for t in self.templates.values())
         ]
 

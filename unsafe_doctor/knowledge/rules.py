@@ -35,8 +35,11 @@ from unsafe_doctor.log.recovery import LossScaling
 
 Scenario = Literal[1, 2]
 Phase = Literal["rollback", "repair"]
-# What a global is, for choosing a template: a value (tensor, dict or list of them) or an lru-cached function.
-GlobalKind = Literal["value", "lru-cache"]
+# What a global is, for choosing a template: a tensor, dict or list (as its assignment shows), a value
+# of a kind not shown, or an lru-cached function. Every scenario has a template for the base kinds;
+# the others fall back to value's.
+GlobalKind = Literal["value", "tensor", "dict", "list", "lru-cache"]
+BASE_KINDS: tuple[GlobalKind, ...] = ("value", "lru-cache")
 # What MindIO passes the adaptor's repair functions; a profile names the parameter that holds each.
 ParameterRole = Literal["src_ranks", "dest_ranks", "optim_idxs", "rank_list", "train_args", "need_rebuild"]
 PARAMETER_ROLES: tuple[ParameterRole, ...] = get_args(ParameterRole)
@@ -214,8 +217,10 @@ class KnowledgeBase:
         return next((template for template in self.templates if template.id == template_id), None)
 
     def template_for(self, scenario: Scenario, kind: GlobalKind) -> Template:
-        """The template for a global of this kind in this scenario (exactly one: checked on load)."""
-        return next(t for t in self.templates if t.scenario == scenario and kind in t.applies_to)
+        """The template for a global of this kind in this scenario (at most one: checked on load); a
+        tensor, dict or list without its own template takes the value template."""
+        found = next((t for t in self.templates if t.scenario == scenario and kind in t.applies_to), None)
+        return found or next(t for t in self.templates if t.scenario == scenario and "value" in t.applies_to)
 
     def features(self, rule: Rule) -> tuple[str, ...]:
         """The conditions for the rule's global to exist: its guards and its `exists_when`."""
