@@ -151,6 +151,8 @@ class Plan:
     present: tuple[str, ...]  # blocks the adaptor already holds
     outcomes: tuple[Outcome, ...]  # one per finding given
     notes: tuple[str, ...]
+    profile: str | None = None  # the adaptor profile the blocks were written for, and why it
+    profile_why: str | None = None
 
     @property
     def already_reset(self) -> tuple[AlreadyReset, ...]:
@@ -188,6 +190,10 @@ def plan_fix(
     for item in findings:
         _check_log_names(item.subject)
     environment = context.environment
+    if environment.tied and environment.profile_from == "adaptor":
+        choices = ", ".join((environment.profile.id, *environment.tied))
+        raise UsageError(f"{environment.adaptor} fits adaptor profiles {choices} equally well: name its generation "
+                         f"with --profile ({choices}); a fix in another generation's names fails in the recovery")
     # The fixes were rendered with the profile's repair-group expression: a `group` parameter given
     # here replaces that expression in each block, as a group the function builds itself does.
     groups = (parameters or {}).get("group") or ()
@@ -219,7 +225,8 @@ def plan_fix(
     if not requests:
         return Plan((), (), tuple(outcomes), ())
     blocks = plan_blocks(requests, environment, profile, group)
-    return replace(blocks, outcomes=tuple(outcomes), notes=tuple(dict.fromkeys((*notes, *blocks.notes))))
+    return replace(blocks, outcomes=tuple(outcomes), notes=tuple(dict.fromkeys((*notes, *blocks.notes))),
+                   profile=profile.id, profile_why=environment.profile_why)
 
 
 class BlockRequest(Protocol):

@@ -13,7 +13,7 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from unsafe_doctor.source.syntax import import_bindings, names_bound, parameter_names, walk_scope
+from unsafe_doctor.source.syntax import import_bindings, names_bound, parameter_names, same_target, walk_scope
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -29,15 +29,6 @@ class ModuleNames:
     def local_for(self, target: str) -> str | None:
         """The module-level name the file binds `target` to (`torch.distributed` -> `dist`)."""
         return next((name for name, bound in self.imports.items() if same_target(bound, target)), None)
-
-
-def same_target(bound: str, wanted: str) -> bool:
-    """`bound` imports `wanted`: the same dotted name, or a relative import (`.tft_replica_group.get_repair_group`)
-    whose tail is `wanted`'s."""
-    if bound == wanted:
-        return True
-    tail = bound.lstrip(".")
-    return bound.startswith(".") and bool(tail) and wanted.endswith("." + tail)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from unsafe_doctor.cli.options import (
     LogsArgument,
     NoInputOption,
     ParameterOption,
+    ProfileOption,
     RulesOption,
     SourceRootOption,
     YesOption,
@@ -38,6 +39,7 @@ def command(
     adaptor: AdaptorOption = None,
     function: FunctionOption = None,
     parameter: ParameterOption = None,
+    profile: ProfileOption = None,
     dry_run: DryRunOption = False,
     revert: Annotated[
         bool, typer.Option("--revert", help="Remove every fix block unsafe-doctor wrote into the adaptor (not the sentinel's).")
@@ -66,7 +68,7 @@ def command(
 
     overrides = fixes.function_overrides(function or [])
     roles = fixes.parameter_roles(parameter or [])
-    setup = groundwork(rules or (), source_root or (), log_only=log_only)
+    setup = groundwork(rules or (), source_root or (), log_only=log_only, profile=profile)
     paths: list[str] = []
     if revert:
         if logs or suspect:
@@ -96,6 +98,7 @@ def command(
             *(("--revert",) if revert else ()),
             *repeated("--function", function),
             *repeated("--parameter", parameter),
+            *(("--profile", profile) if profile else ()),
             *repeated("--suspect", [str(number) for number in suspect or ()]),
         ]
         invocation = Invocation(paths, source_root or (), rules or (), log_only)

@@ -77,6 +77,15 @@ LogOnlyOption = Annotated[
         "(the --adaptor file is still read). Findings are labelled as guesses. Not with --source-root.",
     ),
 ]
+ProfileOption = Annotated[
+    str | None,
+    typer.Option(
+        "--profile",
+        metavar="ID",
+        help="The adaptor's generation, when its files do not tell it alone: an adaptor profile id (mindio-ttp-legacy, "
+        "mindspeed-llm-2.3, mindspeed-llm-26, taskd-elastic, or one of a --rules file).",
+    ),
+]
 RulesOption = Annotated[
     list[Path] | None,
     typer.Option(

@@ -18,6 +18,7 @@ from unsafe_doctor.cli.options import (
     LogOnlyOption,
     LogsArgument,
     ParameterOption,
+    ProfileOption,
     RulesOption,
     SourceRootOption,
 )
@@ -45,6 +46,7 @@ def command(
     rules: RulesOption = None,
     function: FunctionOption = None,
     parameter: ParameterOption = None,
+    profile: ProfileOption = None,
     ranks: Annotated[int | None, typer.Option("--ranks", help="Ranks to replay on (2-16; default 4, or torchrun's).")] = None,
     mode: Annotated[
         ReplayMode,
@@ -74,7 +76,7 @@ def command(
     paths = log_paths(logs)
     if under_torchrun():
         ranks = torchrun_world_size()
-    diagnosis = diagnose(paths, groundwork(rules or (), source_root or (), log_only=log_only), adaptor=adaptor)
+    diagnosis = diagnose(paths, groundwork(rules or (), source_root or (), log_only=log_only, profile=profile), adaptor=adaptor)
     warn_skipped(diagnosis.skipped)
     functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
     with framework_warnings_silenced():  # megatron-core's import-time Apex/TE warnings, in the ranks too (forked)

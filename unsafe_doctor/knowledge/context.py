@@ -25,13 +25,14 @@ from unsafe_doctor.source.workspace import Workspace
 class Groundwork:
     knowledge: KnowledgeBase  # the shipped rules and profiles, and the user's --rules
     workspace: Workspace  # files found, read and parsed once, over the --source-root folders
+    profile: AdaptorProfile | None = None  # the adaptor generation the user named (--profile)
 
     def detect(
         self, frames: Sequence[Frame] = (), adaptor: Path | None = None, logged: Sequence[AdaptorProfile] = ()
     ) -> RunContext:
         """The run context, with the environment read from the source roots, the frames' trees and the
         adaptor; `logged`: the generations the log shows, which choose the profile when no adaptor is found."""
-        environment = detect_environment(self.knowledge, self.workspace, frames, adaptor, logged)
+        environment = detect_environment(self.knowledge, self.workspace, frames, adaptor, logged, self.profile)
         return RunContext(self.knowledge, self.workspace, environment)
 
 
@@ -42,12 +43,20 @@ class RunContext:
     environment: Environment  # framework versions, adaptor profile and file
 
 
-def groundwork(rule_paths: Sequence[Path] = (), source_roots: Sequence[Path] = (), *, log_only: bool = False) -> Groundwork:
+def groundwork(
+    rule_paths: Sequence[Path] = (), source_roots: Sequence[Path] = (), *, log_only: bool = False, profile: str | None = None
+) -> Groundwork:
     """The knowledge (first: a bad rule file fails before anything else is read) and the workspace.
 
     `log_only` (`--log-only`): the one switch that keeps the diagnosis off local files: the workspace
     opens no file a log names and never searches `sys.path`, and the environment reads no installed
-    metadata (`versions.detect_environment` asks the workspace)."""
+    metadata (`versions.detect_environment` asks the workspace). `profile`: an adaptor profile's id,
+    which fixes are then written for whatever the adaptor looks like."""
     if log_only and source_roots:
         raise UsageError("--log-only reads no local source: drop --source-root, or drop --log-only")
-    return Groundwork(load_knowledge(rule_paths), Workspace(source_roots, log_only=log_only))
+    knowledge = load_knowledge(rule_paths)
+    chosen = knowledge.profile(profile) if profile is not None else None
+    if profile is not None and chosen is None:
+        known = ", ".join(item.id for item in knowledge.profiles)
+        raise UsageError(f"--profile {profile!r}: no such adaptor profile (known: {known})")
+    return Groundwork(knowledge, Workspace(source_roots, log_only=log_only), chosen)

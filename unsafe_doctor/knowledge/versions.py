@@ -42,7 +42,7 @@ from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase, role_parameter
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, import_root, is_file, is_internal_file, read_source
-from unsafe_doctor.source.syntax import Function, ImportedName, import_bindings
+from unsafe_doctor.source.syntax import Function, ImportedName, import_bindings, same_target
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 DEFAULT_PROFILE = "mindspeed-llm-26"  # the current in-tree adaptor, used when nothing says otherwise
 # What chose the adaptor profile: the adaptor file's names, the log's lines, the MindSpeed-LLM version, nothing.
-ProfileSource = Literal["adaptor", "log", "version", "default"]
+ProfileSource = Literal["option", "adaptor", "log", "version", "default"]
 ADAPTOR_FRAMEWORK = "mindspeed-llm"  # the distribution whose version the profiles' `versions` constrain
 
 
@@ -62,6 +62,8 @@ class Environment:
     profile: AdaptorProfile  # the adaptor generation fixes are written for
     adaptor: Path | None  # the adaptor file, when given or found
     profile_from: ProfileSource = "default"
+    profile_why: str = ""  # what in the adaptor, the log or the version chose it
+    tied: tuple[str, ...] = ()  # other profiles the adaptor fits exactly as well: the user must choose (--profile)
 
 
 def detect_environment(
@@ -70,9 +72,10 @@ def detect_environment(
     frames: Sequence[Frame] = (),
     adaptor: Path | None = None,
     logged: Sequence[AdaptorProfile] = (),
+    chosen: AdaptorProfile | None = None,
 ) -> Environment:
     """`workspace`: the command's, over the source roots (`context.Groundwork`); `logged`: the
-    generations the log shows (`profiles_in_log`)."""
+    generations the log shows (`profiles_in_log`); `chosen`: the profile the user named (--profile)."""
     roots = workspace.source_roots
     for root in roots:
         if not root.is_dir():
@@ -97,21 +100,32 @@ def detect_environment(
     origins = {name: origin for name, (_, origin) in found.items()}
     chooser = _ProfileChooser(knowledge, workspace, versions.get(ADAPTOR_FRAMEWORK))
     search_roots = (*roots, *frame_roots, *workspace.env_roots)
-    adaptor_file, profile, source = _adaptor_and_profile(chooser, adaptor, search_roots, logged)
-    return Environment(versions, origins, roots, profile, adaptor_file, source)
+    adaptor_file, choice = _adaptor_and_profile(chooser, adaptor, search_roots, logged)
+    if chosen is not None:
+        choice = _Choice(chosen, "option", "named with --profile")
+    return Environment(versions, origins, roots, choice.profile, adaptor_file, choice.source, choice.why, choice.tied)
+
+
+@dataclass(frozen=True)
+class _Choice:
+    profile: AdaptorProfile
+    source: ProfileSource
+    why: str
+    tied: tuple[str, ...] = ()
 
 
 def _adaptor_and_profile(
     chooser: _ProfileChooser, adaptor: Path | None, roots: Sequence[Path], logged: Sequence[AdaptorProfile]
-) -> tuple[Path | None, AdaptorProfile, ProfileSource]:
+) -> tuple[Path | None, _Choice]:
     """The adaptor given, else the one found under the roots, and its profile; with none, the
     generation the log shows, the version's, or the default."""
-    if adaptor is not None:
-        return adaptor, chooser.best_for(Path(adaptor))[0], "adaptor"
-    found, profile = chooser.search(roots)
+    found = Path(adaptor) if adaptor is not None else chooser.search(roots)
     if found is not None:
-        return found, profile, "adaptor"
-    return (None, *chooser.fallback(logged))
+        return found, chooser.best_for(found)
+    profile, source = chooser.fallback(logged)
+    why = {"log": "the log's lines show this generation", "version": "the MindSpeed-LLM version found",
+           "default": "nothing else told: the current in-tree adaptor"}[source]
+    return None, _Choice(profile, source, why)
 
 
 def profiles_in_log(knowledge: KnowledgeBase, texts: Iterable[str]) -> tuple[AdaptorProfile, ...]:
@@ -259,6 +273,7 @@ def _parse(path: Path) -> ast.Module | None:
 # Score weights: a function name says more than one parameter; the location, a little more.
 _NAME_WEIGHT = 3  # a rollback / send / recv function of the profile's name
 _PATH_WEIGHT = 2  # the file sits where the profile's `files` say
+_IMPORT_WEIGHT = 10  # the file imports the repair-group getter from the profile's module: its generation, whatever the names
 
 
 class _ProfileChooser:
@@ -272,45 +287,64 @@ class _ProfileChooser:
         self.version = version
         self._workspace = workspace
 
-    def search(self, roots: Sequence[Path]) -> tuple[Path | None, AdaptorProfile]:
-        """The best-fitting adaptor file under the roots; without one, `fallback`'s profile."""
-        best: tuple[tuple, Path, AdaptorProfile] | None = None
+    def search(self, roots: Sequence[Path]) -> Path | None:
+        """The best-fitting adaptor file under the roots."""
+        best: tuple[tuple, Path] | None = None
         for path in self._candidates(roots):
-            profile, key = self.best_for(path)
+            choice = self.best_for(path)
             functions = self._functions(path)
+            profile = choice.profile
             own = (profile.rollback in functions, sum(name in functions for name in (profile.send, profile.recv)))
-            if best is None or (key, own) > best[0]:
-                best = ((key, own), path, profile)
-        if best is not None:
-            return best[1], best[2]
-        return None, self.fallback(())[0]
+            key = (self._key(profile, path, self.profiles.index(profile)), own)
+            if best is None or key > best[0]:
+                best = (key, path)
+        return best[1] if best is not None else None
 
-    def best_for(self, adaptor: Path) -> tuple[AdaptorProfile, tuple]:
+    def best_for(self, adaptor: Path) -> _Choice:
+        """The profile the adaptor fits best; profiles that fit it exactly as well are `tied`: the
+        default profile is no reason to pick one of them."""
         if self._source(adaptor) is None:
             raise UsageError(f"adaptor {adaptor} cannot be read or is not valid Python")
         scored = [(self._key(profile, adaptor, index), profile) for index, profile in enumerate(self.profiles)]
         key, profile = max(scored, key=lambda item: item[0])
-        return profile, key
+        tied = tuple(other.id for other_key, other in scored if other is not profile and other_key[:2] == key[:2])
+        getter = self._getter_import(profile, adaptor)
+        why = f"the adaptor imports {getter}" if getter else "its function and parameter names fit best"
+        return _Choice(profile, "adaptor", why, tied)
 
     def _key(self, profile: AdaptorProfile, adaptor: Path, index: int) -> tuple:
         return (self._fit(profile, adaptor), self._fits_version(profile), profile.id == DEFAULT_PROFILE, -index)
 
+    def _getter_import(self, profile: AdaptorProfile, adaptor: Path) -> str | None:
+        """`get_repair_group from mindio_ttp.adaptor.tft_replica_group` when the adaptor's files import
+        the profile's repair-group getter from the profile's module."""
+        imports = self._imports(profile, adaptor)
+        for statement in profile.repair_group_imports:
+            parsed = ast.parse(statement).body[0]
+            if isinstance(parsed, (ast.Import, ast.ImportFrom)):
+                for name, binding in import_bindings(parsed, None).items():
+                    if name in imports and same_target(imports[name], binding.target):
+                        return f"{name} from {binding.target.rpartition('.')[0]}"
+        return None
+
+    def _imports(self, profile: AdaptorProfile, adaptor: Path) -> dict[str, str]:
+        imports: dict[str, str] = {}
+        for path in profile_files(profile, adaptor) or [adaptor]:
+            source = self._source(path)
+            if source is not None:
+                imports.update((name, binding.target) for name, binding in source.bindings.items()
+                               if isinstance(binding, ImportedName))
+        return imports
+
     def _fit(self, profile: AdaptorProfile, adaptor: Path) -> int:
         """How well the profile's names fit the adaptor, read together with the profile's other files
         beside it: per rollback / send / recv function found, per expected parameter present (minus
-        those absent and those the profile does not know), for sitting where `files` says, and per
-        repair-group import made the profile's way."""
+        those absent and those the profile does not know), for sitting where `files` says, and most
+        for importing the repair-group getter from the profile's module."""
         files = profile_files(profile, adaptor)
         functions: dict[str, Function] = {}
-        imports: dict[str, str] = {}
         for path in files or [adaptor]:
-            source = self._source(path)
-            if source is None:
-                continue
             functions.update(self._functions(path))
-            imports.update(
-                (name, binding.target) for name, binding in source.bindings.items() if isinstance(binding, ImportedName)
-            )
         score = _PATH_WEIGHT if files else 0
         score += _NAME_WEIGHT * sum(name in functions for name in (profile.rollback, profile.send, profile.recv))
         known = {held.split(".")[0] for names in profile.parameters.values() for held in names}
@@ -324,12 +358,8 @@ class _ProfileChooser:
                     if (held := role_parameter(profile, role, present)) is not None
                 }
                 score += len(expected & present) - len(expected - present) - len(present - known)
-        for statement in profile.repair_group_imports:
-            parsed = ast.parse(statement).body[0]
-            if not isinstance(parsed, (ast.Import, ast.ImportFrom)):
-                continue  # not an import statement: it binds no name
-            wanted = import_bindings(parsed, None)
-            score += sum(imports.get(name) == binding.target for name, binding in wanted.items())
+        if self._getter_import(profile, adaptor):
+            score += _IMPORT_WEIGHT
         return score
 
     def _candidates(self, roots: Sequence[Path]) -> Iterator[Path]:

@@ -30,6 +30,7 @@ def to_json(plan: Plan, written: tuple[Written, ...], dry_run: bool) -> dict[str
             for item in plan.already_reset
         ],
         "notes": list(plan.notes),
+        "profile": {"id": plan.profile, "why": plan.profile_why} if plan.profile else None,
         "dry_run": dry_run,
         "written": [{"path": str(item.path), "backup": str(item.backup)} for item in written],
     }
@@ -44,6 +45,8 @@ def decisions(plan: Plan, findings: int, revert: bool) -> list[str]:
 def plan_lines(plan: Plan) -> list[str]:
     """A line per block the plan inserts or removes, per block already there, per finding skipped, per note."""
     lines = [change for edit in plan.edits for change in edit.changes]
+    if plan.profile and plan.edits:
+        lines.append(f"written for adaptor profile {plan.profile} ({plan.profile_why})")
     lines.extend((*plan.present, *map(str, plan.skipped), *plan.notes))
     return [printable(line) for line in lines]
 

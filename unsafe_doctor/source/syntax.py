@@ -131,6 +131,15 @@ def import_bindings(statement: ast.Import | ast.ImportFrom, package: str | None)
     }
 
 
+def same_target(bound: str, wanted: str) -> bool:
+    """An import that binds `bound` imports `wanted`: the same dotted name, or a relative import whose
+    package is unknown (`.tft_replica_group.get_repair_group`) and whose tail is `wanted`'s."""
+    if bound == wanted:
+        return True
+    tail = bound.lstrip(".")
+    return bound.startswith(".") and bool(tail) and wanted.endswith("." + tail)
+
+
 def names_bound(targets: Sequence[ast.expr]) -> Iterator[str]:
     """The plain names assignment targets bind (`a, (b, *c) = ...`); not attributes or subscripts."""
     for target in targets:
