@@ -190,10 +190,6 @@ def plan_fix(
     for item in findings:
         _check_log_names(item.subject)
     environment = context.environment
-    if environment.tied and environment.profile_from == "adaptor":
-        choices = ", ".join((environment.profile.id, *environment.tied))
-        raise UsageError(f"{environment.adaptor} fits adaptor profiles {choices} equally well: name its generation "
-                         f"with --profile ({choices}); a fix in another generation's names fails in the recovery")
     # The fixes were rendered with the profile's repair-group expression: a `group` parameter given
     # here replaces that expression in each block, as a group the function builds itself does.
     groups = (parameters or {}).get("group") or ()
@@ -267,11 +263,25 @@ def plan_blocks(
             present.append(f"{source.shown}: {request.key} already in {function.name}()")
             continue
         lines, adapted = request.block(adaptor.site(function), profile, group)
+        _refuse_a_tie(lines, environment, profile)
         at = _insertion_point(source, function, request.key)
         insertions.setdefault(function.path, []).append((at, function, lines, request.key))
         notes.extend((*adapted, *_early_return_notes(source, function)))
     edits = tuple(_insert(adaptor.source(path), items) for path, items in insertions.items())
     return Plan(edits, tuple(present), (), tuple(dict.fromkeys(notes)))
+
+
+def _refuse_a_tie(lines: Sequence[str], environment: Environment, profile: AdaptorProfile) -> None:
+    """A block that imports the profile's repair-group getter (the file has none of its own) when the
+    adaptor fits other profiles, whose getters live elsewhere, as well: never pick one silently."""
+    if environment.profile_from != "adaptor" or not environment.tied:
+        return
+    imported = set(profile.repair_group_imports) & {line.strip() for line in lines}
+    others = [tied for tied in environment.tied if set(tied.repair_group_imports) != set(profile.repair_group_imports)]
+    if imported and others:
+        choices = ", ".join(item.id for item in (profile, *others))
+        raise UsageError(f"{environment.adaptor} imports no repair-group getter and fits adaptor profiles {choices} equally "
+                         f"well, which get it from different modules: name its generation with --profile ({choices})")
 
 
 def parameter_roles(specs: Iterable[str]) -> dict[str, list[str]]:

@@ -193,6 +193,9 @@ class Walker:
         if isinstance(ref, HolderRef):
             scope.aliases[name] = ref
             return
+        if _gathers_items(value) and (found := self.names.holder_in(value)) is not None:
+            scope.aliases[name] = HolderRef(found.key, True)  # `[x]`, `list(x.values())`: a holder's items
+            return
         place = self.places.of(value)
         if place is not None:
             scope.places[name] = place
@@ -364,6 +367,15 @@ class Walker:
 
 _Visitor = Callable[[Walker, Any], None]
 # Statements whose blocks are walked in order after their header (try/except* is Python 3.11+).
+def _gathers_items(value: ast.expr) -> bool:
+    """A list or tuple of what an expression holds: a display, `list(...)` / `tuple(...)`, or a choice of them."""
+    if isinstance(value, ast.IfExp):
+        return _gathers_items(value.body) or _gathers_items(value.orelse)
+    if isinstance(value, ast.Call):
+        return isinstance(value.func, ast.Name) and value.func.id in ("list", "tuple")
+    return isinstance(value, (ast.List, ast.Tuple))
+
+
 _BLOCKS = tuple(getattr(ast, name) for name in ("If", "While", "Try", "TryStar", "Match") if hasattr(ast, name))
 _STATEMENTS: dict[type, _Visitor] = {
     ast.FunctionDef: Walker._function_def,

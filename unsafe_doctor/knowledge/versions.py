@@ -63,7 +63,7 @@ class Environment:
     adaptor: Path | None  # the adaptor file, when given or found
     profile_from: ProfileSource = "default"
     profile_why: str = ""  # what in the adaptor, the log or the version chose it
-    tied: tuple[str, ...] = ()  # other profiles the adaptor fits exactly as well: the user must choose (--profile)
+    tied: tuple[AdaptorProfile, ...] = ()  # other profiles the adaptor fits exactly as well
 
 
 def detect_environment(
@@ -111,7 +111,7 @@ class _Choice:
     profile: AdaptorProfile
     source: ProfileSource
     why: str
-    tied: tuple[str, ...] = ()
+    tied: tuple[AdaptorProfile, ...] = ()
 
 
 def _adaptor_and_profile(
@@ -307,7 +307,7 @@ class _ProfileChooser:
             raise UsageError(f"adaptor {adaptor} cannot be read or is not valid Python")
         scored = [(self._key(profile, adaptor, index), profile) for index, profile in enumerate(self.profiles)]
         key, profile = max(scored, key=lambda item: item[0])
-        tied = tuple(other.id for other_key, other in scored if other is not profile and other_key[:2] == key[:2])
+        tied = tuple(other for other_key, other in scored if other is not profile and other_key[:2] == key[:2])
         getter = self._getter_import(profile, adaptor)
         why = f"the adaptor imports {getter}" if getter else "its function and parameter names fit best"
         return _Choice(profile, "adaptor", why, tied)
