@@ -19,9 +19,11 @@ import ast
 import dataclasses
 import re
 import sys
+import tempfile
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,8 +42,13 @@ SHIPPED = load_knowledge()
 # The guards read Megatron's parsed arguments; the fix under them is what is tested here.
 KNOWLEDGE = dataclasses.replace(SHIPPED, rules=tuple(dataclasses.replace(rule, conditions=()) for rule in SHIPPED.rules))
 PROFILE = KNOWLEDGE.profile("mindspeed-llm-26")
-CONTEXT = RunContext(KNOWLEDGE, Workspace(()), Environment({}, {}, (), PROFILE, None))
 HOLDER = "absent_state_holder"  # the module made here for a global no framework defines
+# Its source, for the kind of each global (what its module-level assignment shows): one global per kind.
+KIND_GLOBALS = {"value": "STATE", "lru-cache": "STATE", "tensor": "STATE_TENSOR", "dict": "STATE_DICT", "list": "STATE_LIST"}
+SOURCE_ROOT = Path(tempfile.mkdtemp(prefix="unsafe-doctor-absent-"))
+(SOURCE_ROOT / f"{HOLDER}.py").write_text("import torch\nSTATE_TENSOR = torch.zeros(1)\nSTATE_DICT = {}\nSTATE_LIST = []\n")
+WORKSPACE = Workspace((SOURCE_ROOT,))
+CONTEXT = RunContext(KNOWLEDGE, WORKSPACE, Environment({}, {}, (), PROFILE, None))
 ABSENT = object()
 STATES: dict[str, Callable[[], object]] = {"none": lambda: None, "empty-dict": dict, "empty-list": list, "absent": lambda: ABSENT}
 NOT_HOLDERS = {"torch", "gc"}  # what fixes import besides the framework: no global of theirs is set
@@ -58,7 +65,8 @@ class Case:
     def id(self) -> str:
         owner = self.subject.tensor.owner if self.subject.tensor else None
         kind = "cached" if self.subject.tensor and self.subject.tensor.cached else ""
-        return "-".join(part for part in (self.fixer.id, owner, kind, self.side.replace("_code", ""), self.state) if part)
+        variable = self.subject.tensor.variable if self.subject.tensor else None
+        return "-".join(part for part in (self.fixer.id, owner, kind, variable, self.side.replace("_code", ""), self.state) if part)
 
 
 def concrete(glob: str | None, default: str) -> str:
@@ -96,10 +104,12 @@ def sides(scenario: int) -> tuple[str, ...]:
 def cases() -> Iterator[Case]:
     for template in KNOWLEDGE.templates:
         for kind in template.applies_to:
-            for owner in (None, "Holder"):
-                subject = Subject.of_global(HOLDER, "STATE", owner, f"/src/{HOLDER}.py", 1, cached=kind == "lru-cache")
+            typed = kind in ("tensor", "dict", "list")  # module-level assignments: never owned, never absent
+            for owner in (None,) if typed else (None, "Holder"):
+                file = str(SOURCE_ROOT / f"{HOLDER}.py")
+                subject = Subject.of_global(HOLDER, KIND_GLOBALS[kind], owner, file, 1, cached=kind == "lru-cache")
                 for side in sides(template.scenario):
-                    yield from (Case(template, subject, side, state) for state in STATES)
+                    yield from (Case(template, subject, side, state) for state in STATES if not (typed and state == "absent"))
     for rule in KNOWLEDGE.rules:
         for side in sides(rule.scenario):
             yield from (Case(rule, rule_subject(rule), side, state) for state in STATES)
@@ -110,7 +120,7 @@ CASES = list(cases())
 
 def rendered(case: Case) -> FixPlan:
     if isinstance(case.fixer, Template):
-        assert generic_template(KNOWLEDGE, case.fixer.scenario, case.subject) == case.fixer
+        assert generic_template(KNOWLEDGE, case.fixer.scenario, case.subject, WORKSPACE) == case.fixer
         classification = classify_as(case.subject, case.fixer.scenario, CONTEXT, ())
     else:
         classification = classify(case.subject, CONTEXT, case.fixer.match.loss_scaling)
