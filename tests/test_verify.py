@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 EMA_LOG = SAMPLES / "logs" / "toytrain_ema"
 TRACKER_LOG = SAMPLES / "logs" / "megatron_moe_tracker.log"
-PROBES = Path(__file__).parent / "fixtures" / "replay"
+PROBES = Path(__file__).parents[1] / "samples" / "framework"
 EMA_KEY = "generic.replica-copy:toytrain.state._EMA_GRAD_NORM"
 BLOCK = re.compile(r"    # unsafe-doctor: begin (?P<key>\S+)\n.*?    # unsafe-doctor: end (?P=key)\n", re.S)
 

@@ -25,7 +25,7 @@ from unsafe_doctor.replay.verify import judge
 
 ROOT = Path(__file__).resolve().parent.parent
 EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"
-PROBES = Path(__file__).parent / "fixtures" / "replay"
+PROBES = Path(__file__).parents[1] / "samples" / "framework"
 
 ENDINGS = {
     "os._exit": "import os\nos._exit(0)\n",

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 
 class ReplayMode(str, Enum):
-    block = "block"
     adaptor = "adaptor"
+    block = "block"
 
 
 def command(
@@ -50,8 +50,9 @@ def command(
     ranks: Annotated[int | None, typer.Option("--ranks", help="Ranks to replay on (2-16; default 4, or torchrun's).")] = None,
     mode: Annotated[
         ReplayMode,
-        typer.Option("--mode", help="block: run the marked fix blocks; adaptor: import the adaptor and call its functions."),
-    ] = ReplayMode.block,
+        typer.Option("--mode", help="adaptor: call the patched adaptor's own functions (their fix blocks alone where "
+                     "their own code cannot run here); block: only the fix blocks, in their functions' scope."),
+    ] = ReplayMode.adaptor,
     probe: Annotated[
         str | None,
         typer.Option("--probe", help="MODULE:FUNCTION of yours that creates and touches the global (called every step)."),
@@ -61,7 +62,7 @@ def command(
 ) -> int:
     """Replay the fault and the recovery on a real process group: unpatched must fail, patched must not.
 
-    Exit 0: every fix proven; 1: a check failed (including no fix present); 2: cannot replay.
+    Exit 0: every fix proven (or block-proven); 1: a check failed (including no fix present); 2: cannot replay.
     """
     import importlib.util
 

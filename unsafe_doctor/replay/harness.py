@@ -7,24 +7,25 @@ taken out) and ``patched`` (as written). Each run, in MindIO's order:
 2. fault, on the faulty rank: the global's bytes are scrambled (what a UCE leaves), every tensor
    is marked unsafe and the check switched on (``restart_device``); the model and optimizer in
    ``train_args`` are made safe again, as the adaptor's own repair of them does;
-3. repair: the replica runs the send function, the faulty rank the receive function;
+3. repair: the replicas run the send function, the faulty rank the receive function, with
+   MindIO's arguments (several optimizer indices per pair, two replicas where the world allows)
+   on a device repair group and a gloo one, each transfer logged (``replay.transfers``);
 4. rollback: every rank runs the rollback function;
 5. check: unsafe tensors still reachable from each global on the faulty rank, and for scenario 2
    the global's bytes against the replica's;
 6. resume: each probe's step runs again under the check, as the first step after recovery does.
 
-*block* mode runs exactly the marked blocks of each function (read back from the file), with the
-function's parameters bound here; *adaptor* mode imports the adaptor's files and calls its real
-functions. Nothing here prints: results are ``replay.results`` for ``verify`` to judge.
+The adaptor's files run as their modules, with stand-ins for what the unpatched adaptor imports
+and this machine lacks (``replay.standins``). *adaptor* mode calls the adaptor's own functions; one
+whose own code cannot run here (it raised in the unpatched run) has its fix blocks run alone, in
+its scope (``replay.scoped``), and the verdict says so. *block* mode runs only the blocks. Nothing
+here prints: results are ``replay.results`` for ``verify`` to judge.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import datetime
-import importlib
-import importlib.util
 import inspect
 import linecache
 import pickle
@@ -43,9 +44,12 @@ import torch.distributed as dist
 
 from unsafe_doctor.npu.backend import UnsafeBackend, select_backend
 from unsafe_doctor.npu.messages import UNSAFE_DATA
+from unsafe_doctor.replay import standins
 from unsafe_doctor.replay.plan import RUNS, ReplayPlan
-from unsafe_doctor.replay.probes import NO_TRAIN_ARGS, Probe, ProbeError, make_probe, refresh
+from unsafe_doctor.replay.probes import NO_TRAIN_ARGS, Probe, ProbeError, load_as_main, make_probe, refresh
 from unsafe_doctor.replay.results import FailureKind, FixFailure, Milestone, RankResult, RunResult, StepOutcome
+from unsafe_doctor.replay.scoped import scoped_function
+from unsafe_doctor.replay.transfers import TransferLog, unmatched
 from unsafe_doctor.sentinel import FRAMEWORK_PACKAGES, examine
 from unsafe_doctor.sentinel.reachable import reachable_tensors
 
@@ -54,7 +58,20 @@ if TYPE_CHECKING:
 
 _HERE = str(Path(__file__).resolve().parents[1])  # unsafe_doctor/: frames from here are the harness's own
 _TORCH = str(Path(torch.__file__).resolve().parent)
-_GETTER_STANDIN = "megatron.training"
+
+
+class _RepairGroups:
+    """This run's repair groups, as the stand-in getters hand them out (None outside the repair)."""
+
+    def __init__(self) -> None:
+        self.device: dist.ProcessGroup | None = None
+        self.gloo: dist.ProcessGroup | None = None
+
+    def __call__(self, gloo: bool) -> dist.ProcessGroup | None:
+        return self.gloo if gloo else self.device
+
+
+_GROUPS = _RepairGroups()
 
 
 class Progress:
@@ -78,20 +95,25 @@ def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: Progress,
     for root in plan.source_roots:
         if root not in sys.path:
             sys.path.insert(0, root)
-    notes = _install_standins(plan)
+    switches = tuple(sorted({name for target in plan.targets for name in target.switches}))
+    stood_in = standins.install(plan.standins, plan.group_getters, _GROUPS, switches)
+    notes = [f"stand-ins for what the adaptor imports and this machine lacks: {', '.join(stood_in)}"] if stood_in else []
     runs = {}
     backend_name = ""
+    alone: dict[str, str] = {}  # filled by the unpatched run: functions whose own code cannot run here
     for run in RUNS:
         unsafe = select_backend(backend, device_index)
         backend_name = unsafe.name
-        runs[run] = _Run(plan, run, rank, unsafe, progress).execute()
+        runs[run] = _Run(plan, run, rank, unsafe, progress, alone).execute()
         dist.barrier()
     return RankResult(rank, backend_name, runs["unpatched"], runs["patched"], tuple(notes))
 
 
 class _Run:
-    def __init__(self, plan: ReplayPlan, run: str, rank: int, backend: UnsafeBackend, progress: Progress) -> None:
+    def __init__(self, plan: ReplayPlan, run: str, rank: int, backend: UnsafeBackend, progress: Progress,
+                 alone: dict[str, str]) -> None:
         self.plan, self.run, self.rank, self.backend, self.progress = plan, run, rank, backend, progress
+        self.alone = alone
         self.built: dict[str, str] = {}
         self.not_modelled: dict[str, str] = {}
         self.fix_failures: list[FixFailure] = []
@@ -104,7 +126,8 @@ class _Run:
         self.probes: dict[str, Probe] = {}
         self.group: dist.ProcessGroup | None = None  # the repair group, on the faulty and the replica rank
         self.at_fault: dict[str, list[bytes]] | None = None  # on the replica: each global's bytes at the fault
-        self._modules: dict[str, types.ModuleType] | None = None  # adaptor mode: function name -> its module
+        self.unmatched: tuple[str, ...] = ()  # faulty rank: repair transfers whose two sides differ
+        self._modules: dict[str, types.ModuleType] | None = None  # function name -> the module of this run's text
 
     def execute(self) -> RunResult:
         with self.backend.activate():
@@ -117,7 +140,8 @@ class _Run:
                 self._phase("check", self._check)
                 self._phase("resume", self._resume)
         return RunResult(self.built, self.not_modelled, tuple(self.fix_failures), self.resume, self.unsafe_left,
-                         self.equal, self.seconds, self.adaptor_unavailable, self.sentinel)
+                         self.equal, self.seconds, self.adaptor_unavailable, self.sentinel, dict(self.alone),
+                         self.unmatched)
 
     def _phase(self, name: str, action: Callable[[], None]) -> None:
         role = self._role(name)
@@ -127,14 +151,17 @@ class _Run:
         self.seconds[name] = time.perf_counter() - start
 
     def _role(self, phase: str) -> str | None:
-        if phase == "repair" and self.rank in (self.plan.faulty, self.plan.replica):
-            return "send" if self.rank == self.plan.replica else "recv"
+        if phase == "repair" and self.rank in (self.plan.faulty, *self.plan.replicas):
+            return "send" if self.rank in self.plan.replicas else "recv"
         return "rollback" if phase == "rollback" else None
 
     # --- phases ----------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        refresh(target.module for target in self.plan.targets if target.probe is None)  # the rules' probes reset their own
+        refresh(target.module for target in self.plan.targets if target.probe is None and not target.as_main)
+        for name in dict.fromkeys(target.module for target in self.plan.targets if target.as_main):
+            with contextlib.suppress(Exception):  # its probe says why it does not load
+                load_as_main(name)
         for target in self.plan.targets:
             try:
                 probe = make_probe(target, self.backend.device, self.plan.probe)
@@ -154,8 +181,9 @@ class _Run:
                 except Exception as error:  # before the fault nothing is unsafe: the probe itself fails here
                     self.not_modelled[key] = f"{self.built.pop(key)}; {_not_built(error, 'its step before the fault')}"
                     del self.probes[key]
+        lineage = 0 if self.rank in (self.plan.faulty, *self.plan.replicas) else self.rank
         for key, probe in self.probes.items():
-            _advance(probe.tensors(), key)
+            _advance(probe.tensors(), f"{key}:{lineage}")
 
     def _fault(self) -> None:
         if self.rank == self.plan.replica:  # what recovery must give back to the faulty rank
@@ -166,20 +194,44 @@ class _Run:
                 _scramble(probe.tensors())
             self.backend.mark_host(*_host_resident(self._train_args()))
             self.backend.mark_all_unsafe()
-            if self.plan.mode == "block":  # the adaptor's own repair of them is not run; the globals stay unsafe
-                globals_memory = {_address(tensor) for probe in self.probes.values() for tensor in probe.tensors()}
-                for tensor in reachable_tensors(*(item for item in self._train_args() if item is not None)):
-                    if _address(tensor) not in globals_memory:
-                        self.backend.mark_safe(tensor)
+            if self.plan.mode == "block":
+                self._stand_for_own_repair()
             self.backend.set_check(True)
         dist.barrier()
 
-    def _repair(self) -> None:
-        pair = sorted({self.plan.faulty, self.plan.replica})
-        if self.rank not in pair:
+    def _stand_for_own_repair(self) -> None:
+        """The adaptor's own repair of the model and the optimizer does not run here: what it makes
+        safe is made safe, and the globals stay unsafe."""
+        if self.rank != self.plan.faulty:
             return
-        self.group = dist.new_group(pair, timeout=datetime.timedelta(seconds=self.plan.timeout), use_local_synchronization=True)
-        self._call("send" if self.rank == self.plan.replica else "recv")
+        was_on = self.backend.check_enabled()
+        self.backend.set_check(False)
+        globals_memory = {_address(tensor) for probe in self.probes.values() for tensor in probe.tensors()}
+        for tensor in reachable_tensors(*(item for item in self._train_args() if item is not None)):
+            if _address(tensor) not in globals_memory:
+                self.backend.mark_safe(tensor)
+        self.backend.set_check(was_on)
+
+    def _repair(self) -> None:
+        """The repair on the faulty rank and its replicas, each with its own groups (device and
+        gloo), then every rank's transfers gathered, for the faulty rank to match pair by pair."""
+        members = sorted({self.plan.faulty, *self.plan.replicas})
+        transfers = []
+        if self.rank in members:
+            timeout = datetime.timedelta(seconds=self.plan.timeout)
+            self.group = dist.new_group(members, timeout=timeout, use_local_synchronization=True)
+            gloo = dist.new_group(members, timeout=timeout, use_local_synchronization=True, backend="gloo")
+            _GROUPS.device, _GROUPS.gloo = self.group, gloo
+            log = TransferLog(self.group, gloo, self.backend.is_device_memory, check_kinds=self.backend.name == "emulated")
+            try:
+                with log.recording():
+                    self._call("send" if self.rank in self.plan.replicas else "recv")
+            finally:
+                _GROUPS.device = _GROUPS.gloo = None
+            transfers = log.transfers
+        gathered = gather_objects(transfers, self.backend.device)
+        if self.rank == self.plan.faulty:
+            self.unmatched = tuple(unmatched(dict(enumerate(gathered))))
 
     def _sentinel(self) -> None:
         """On the faulty rank, where the rollback ends: what the sentinel names still unsafe (not what the
@@ -248,38 +300,77 @@ class _Run:
         function = self.plan.functions.get(role)
         if function is None:
             return
-        values = self._values(role)
-        if self.plan.mode == "adaptor":
-            try:
-                self._adaptor_modules()
-            except (Exception, SystemExit) as error:  # its imports missing here, or its own code failing or exiting at import
-                self.adaptor_unavailable = f"{type(error).__name__}: {_first_line(error)}"
-                return
         try:
-            if self.plan.mode == "adaptor":
-                self._call_function(role, function, values)
-            else:
-                self._run_blocks(role, values)
-        except Exception as error:  # the adaptor's code may fail in any way: that is a finding
-            failure = FixFailure(role, function, f"{type(error).__name__}: {_first_line(error)}", _where(error),
-                                 _failure_kind(error))
-            self.progress(Milestone(self.run, "rollback" if role == "rollback" else "repair", function, failure))
-            self.fix_failures.append(failure)
+            module = self._adaptor_modules().get(function)
+        except (Exception, SystemExit) as error:  # its own code failing or exiting at import, or a fix's import missing
+            self.adaptor_unavailable = f"{type(error).__name__}: {_first_line(error)}"
+            return
+        for values in self._calls(role):
+            try:
+                if module is None:
+                    raise LookupError(f"no function {function}() in the adaptor's files")
+                self._run_function(function, module, values)
+            except Exception as error:  # the adaptor's code may fail in any way: that is a finding
+                failure = FixFailure(role, function, f"{type(error).__name__}: {_first_line(error)}", _where(error),
+                                     _failure_kind(error))
+                self.progress(Milestone(self.run, "rollback" if role == "rollback" else "repair", function, failure))
+                self.fix_failures.append(failure)
 
-    def _values(self, role: str) -> dict[str, object]:
-        """What MindIO passes, by role: this replay's single (replica -> faulty) repair. Ranks come as
-        one-entry lists, or as the ranks themselves where the profile's are no lists; one parameter
-        for both (a `peer`) holds the other side's rank: the faulty one where the function sends."""
-        train_args = self._train_args()
+    def _run_function(self, name: str, module: types.ModuleType, values: dict[str, object]) -> None:
+        """The adaptor's own function; where its own code cannot run here (it raised in the unpatched
+        run, for a reason of its own), its fix blocks alone, in its scope."""
+        own = self.plan.mode == "adaptor" and name not in self.alone
+        if own and self.run == "unpatched":
+            try:
+                _call_with(getattr(module, name), values)
+            except Exception as error:
+                if _failure_kind(error) == "unsafe-data":
+                    raise
+                at = _where(error)
+                self.alone[name] = f"{type(error).__name__}: {_first_line(error)}" + (f" at {at}" if at else "")
+                self._stand_for_own_repair()
+            return
+        if own:
+            _call_with(getattr(module, name), values)
+            return
+        if self.plan.mode == "adaptor":
+            self._stand_for_own_repair()
+        blocks = [block for block in self.plan.blocks if block.function == name]
+        if self.run == "unpatched" or not blocks:
+            return
+        code = next(code for code in self.plan.files if code.path == blocks[0].path)
+        spans = [(block.line, block.line + len(block.code.splitlines()) - 1) for block in blocks]
+        bound = frozenset(block.own_group for block in blocks if block.own_group)
+        function = scoped_function(module, code.patched, code.path, name, spans, bound)
+        _call_with(function, {**values, **dict.fromkeys(bound, self.group)})
+
+    def _calls(self, role: str) -> list[dict[str, object]]:
+        """What MindIO passes, call by call: the pairs (source, destination, optimizer index) this
+        rank takes part in, as lists in one call, or one call per pair where the profile's ranks
+        are no lists; rollback gets them all."""
+        first, *others = self.plan.replicas
+        pairs = [(first, self.plan.faulty, 0), (first, self.plan.faulty, 1)]
+        pairs += [(other, self.plan.faulty, 2 + number) for number, other in enumerate(others)]
+        if role != "rollback":
+            pairs = [pair for pair in pairs if pair[0 if role == "send" else 1] == self.rank]
+        if self.plan.ranks_are_lists or not pairs:
+            return [self._values(role, pairs)]
+        firsts = {pair[:2]: pair for pair in reversed(pairs)}  # each (source, destination) once
+        return [self._values(role, [pair]) for pair in pairs if firsts[pair[:2]] is pair]
+
+    def _values(self, role: str, pairs: list[tuple[int, int, int]]) -> dict[str, object]:
+        """The arguments of one call, by role; one parameter for both ranks (a `peer`) holds the other
+        side's rank: the destination where the function sends."""
         lists = self.plan.ranks_are_lists
-        source = [self.plan.replica] if lists else self.plan.replica
-        destination = [self.plan.faulty] if lists else self.plan.faulty
+        sources, destinations = [pair[0] for pair in pairs], [pair[1] for pair in pairs]
+        source = sources if lists or not sources else sources[0]
+        destination = destinations if lists or not destinations else destinations[0]
         ranks: list[tuple[ParameterRole, object]] = [("src_ranks", source), ("dest_ranks", destination)]
         by_role: list[tuple[ParameterRole, object]] = [
             *(ranks if role == "send" else ranks[::-1]),  # the other side's rank bound last
-            ("optim_idxs", [0]),
-            ("rank_list", sorted({self.plan.faulty, self.plan.replica})),
-            ("train_args", train_args),
+            ("optim_idxs", [pair[2] for pair in pairs]),
+            ("rank_list", sorted({self.plan.faulty, *self.plan.replicas})),
+            ("train_args", self._train_args()),
             ("need_rebuild", True),
         ]
         values: dict[str, object] = {"step": self.plan.steps}
@@ -289,57 +380,6 @@ class _Run:
         if self.plan.group_parameter is not None:
             values[self.plan.group_parameter] = self.group
         return values
-
-    def _run_blocks(self, role: str, values: dict[str, object]) -> None:
-        if self.run != "patched":
-            return
-        for block in self.plan.blocks_for(role):
-            namespace: dict[str, object] = {"__name__": f"unsafe_doctor_block_{block.function}"}
-            namespace.update({name: values.get(name) for name in block.parameters})
-            if block.own_group:
-                namespace[block.own_group] = self.group
-            code = compile("\n" * (block.line - 1) + block.code, block.path, "exec")
-            with self._group_getters(role):
-                exec(code, namespace)  # noqa: S102 (the user's own fix, read back from their adaptor)
-
-    @contextlib.contextmanager
-    def _group_getters(self, role: str) -> Iterator[None]:
-        """Block mode: the profile's repair-group getter gives this replay's group."""
-        if role == "rollback":
-            yield
-            return
-        saved = {}
-        group = self.group
-        for line in self.plan.repair_group_imports:
-            module_name, names = _from_import(line)
-            if module_name is None:
-                continue
-            standin = types.ModuleType(module_name)
-            for name in names:
-                setattr(standin, name, lambda *args, **kwargs: group)
-            saved[module_name] = sys.modules.get(module_name)
-            sys.modules[module_name] = standin
-        try:
-            yield
-        finally:
-            for module_name, module in saved.items():
-                if module is None:
-                    sys.modules.pop(module_name, None)
-                else:
-                    sys.modules[module_name] = module
-
-    def _call_function(self, role: str, name: str, values: dict[str, object]) -> None:
-        module = self._adaptor_modules().get(name)
-        if module is None:
-            raise LookupError(f"no function {name}() in the adaptor's files")
-        function = getattr(module, name)
-        arguments = {}
-        for parameter in inspect.signature(function).parameters.values():
-            if parameter.name in values:
-                arguments[parameter.name] = values[parameter.name]
-            elif parameter.default is inspect.Parameter.empty:
-                arguments[parameter.name] = None
-        function(**arguments)
 
     def _adaptor_modules(self) -> dict[str, types.ModuleType]:
         """Each adaptor file executed as its module (this run's text), by the functions it defines."""
@@ -379,31 +419,16 @@ def _bind(values: dict[str, object], name: str, value: object) -> None:
     setattr(holder, attributes[-1], value)
 
 
-def _install_standins(plan: ReplayPlan) -> list[str]:
-    """Block mode on a machine without Megatron's training package: the fixes' guards read
-    ``get_args()``, which here answers with the switches the targets' rules need, all on."""
-    switches = sorted({name for target in plan.targets for name in target.switches})
-    if plan.mode != "block" or not switches or _importable(_GETTER_STANDIN):
-        return []
-    arguments = types.SimpleNamespace(**{name: True for name in switches})
-    standin = types.ModuleType(_GETTER_STANDIN)
-    vars(standin)["get_args"] = lambda: arguments
-    sys.modules[_GETTER_STANDIN] = standin
-    return [f"{_GETTER_STANDIN} is not installed: get_args() stood in, with {', '.join(switches)} on"]
-
-
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _from_import(line: str) -> tuple[str | None, list[str]]:
-    statement = ast.parse(line).body[0]
-    if isinstance(statement, ast.ImportFrom) and statement.level == 0 and statement.module:
-        return statement.module, [alias.asname or alias.name for alias in statement.names]
-    return None, []
+def _call_with(function: Callable[..., object], values: dict[str, object]) -> None:
+    """Call with the values its parameters name; a required one with no value gets None."""
+    arguments = {}
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.name in values:
+            arguments[parameter.name] = values[parameter.name]
+        elif parameter.default is inspect.Parameter.empty and parameter.kind not in (
+                inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            arguments[parameter.name] = None
+    function(**arguments)
 
 
 def _host_resident(train_args: tuple) -> list[torch.Tensor]:

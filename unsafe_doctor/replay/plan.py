@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from unsafe_doctor.knowledge.rules import ParameterRole
 
-Mode = Literal["block", "adaptor"]
-MODES: tuple[Mode, ...] = ("block", "adaptor")
+Mode = Literal["adaptor", "block"]
+MODES: tuple[Mode, ...] = ("adaptor", "block")
 RUNS = ("unpatched", "patched")
 MAX_RANKS = 16
 MAX_TIMEOUT = 86400.0  # a day: more is no timeout, and far more overflows the process groups' timedelta
@@ -33,6 +33,7 @@ class Target:
     switches: tuple[str, ...] = ()  # framework arguments the fix's guards read: switched on in the replay
     probe: str | None = None  # the rule's probe, by name (replay/probes.py); None: the generic probe
     releases: str | None = None  # the framework releases the rule holds for (a specifier, ">=0.8,<0.13"); None: any
+    as_main: bool = False  # the global is the entry script's: the job holds it in __main__, not under its module's name
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,11 @@ class ReplayPlan:
     mode: Mode
     world_size: int
     faulty: int
-    replica: int
+    replica: int  # the replica whose state at the fault the faulty rank must get back
     source_roots: tuple[str, ...]
+    replicas: tuple[int, ...] = ()  # every rank that sends to the faulty one (MindIO: one per optimizer index)
+    standins: tuple[str, ...] = ()  # modules the unpatched adaptor imports: stood in where they do not import here
+    group_getters: tuple[str, ...] = ()  # names of the repair-group getters the adaptor generations import
     ranks_are_lists: bool = True  # knowledge.AdaptorProfile.ranks_are_lists
     group_parameter: str | None = None  # the adaptor functions' parameter that holds the repair group
     probe: str | None = None  # the user's MODULE:FUNCTION that builds and touches the state
@@ -90,7 +94,7 @@ class ReplayPlan:
         data["blocks"] = tuple(Block(**{**item, "parameters": tuple(item["parameters"])}) for item in data["blocks"])
         data["files"] = tuple(AdaptorCode(**{**item, "functions": tuple(item["functions"])}) for item in data["files"])
         data["parameters"] = {role: tuple(names) for role, names in data["parameters"].items()}
-        for name in ("source_roots", "repair_group_imports", "notes"):
+        for name in ("source_roots", "repair_group_imports", "notes", "replicas", "standins", "group_getters"):
             data[name] = tuple(data[name])
         return cls(**data)
 

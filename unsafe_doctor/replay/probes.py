@@ -15,7 +15,10 @@ import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
+import sys
+import types
 import typing
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -31,6 +34,7 @@ from unsafe_doctor.sentinel.reachable import reachable_tensors
 NO_TRAIN_ARGS: tuple[None, list[object], None, None] = (None, [], None, None)
 
 
+_ENTRY = "__unsafe_doctor_entry__"  # on the module loaded as __main__: which entry script it is
 _BUILT = "__unsafe_doctor_built__"  # set on a module once probes built its globals: the next run reloads it
 
 
@@ -58,8 +62,39 @@ class Probe:
         return NO_TRAIN_ARGS
 
 
+def module_of(target: Target) -> types.ModuleType:
+    """The module that holds the target's global in the job: the entry script's is ``__main__``."""
+    if target.as_main:
+        main = sys.modules["__main__"]
+        if getattr(main, _ENTRY, None) == target.module:
+            return main
+        return load_as_main(target.module)
+    return importlib.import_module(target.module)
+
+
+def load_as_main(name: str) -> types.ModuleType:
+    """The entry script run fresh as the job runs it, ``__main__``: loaded under ``__mp_main__`` (as
+    multiprocessing does), so that its ``if __name__ == "__main__":`` training stays off, and not
+    under its own name, so that ``import <name>`` gives a second copy, as in the job."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        raise ProbeError(f"cannot find the file of {name}, the job's entry script, to run it as __main__")
+    entry = importlib.util.spec_from_file_location("__mp_main__", spec.origin)
+    if entry is None or entry.loader is None:
+        raise ProbeError(f"cannot load {spec.origin} as __main__")
+    module = importlib.util.module_from_spec(entry)
+    sys.modules["__mp_main__"] = sys.modules["__main__"] = module
+    entry.loader.exec_module(module)
+    module.__name__ = name  # what reports name its globals by
+    setattr(module, _ENTRY, name)
+    return module
+
+
 def _holder(target: Target) -> Any:
-    module = importlib.import_module(target.module)
+    module = module_of(target)
     owner = getattr(module, target.owner) if target.owner else module
     try:
         return getattr(owner, target.variable)
@@ -81,7 +116,7 @@ class GenericProbe(Probe):
         self.cache_arguments: list | None = None  # set when the global is an lru-cached function
 
     def build(self) -> None:
-        module = importlib.import_module(self.target.module)
+        module = module_of(self.target)
         holder = _holder(self.target)
         if callable(getattr(holder, "cache_clear", None)):
             self._build_cache(holder)
@@ -432,7 +467,9 @@ def make_probe(target: Target, device: torch.device, user_probe: str | None) -> 
     if target.probe is not None:
         return PROBES[target.probe](target, device)
     try:
-        importlib.import_module(target.module)
+        module_of(target)
+    except ProbeError:
+        raise
     except Exception as error:  # the user's module may fail in any way on import
         raise ProbeError(f"cannot import {target.module}: {type(error).__name__}: {error}") from None
     return GenericProbe(target, device)

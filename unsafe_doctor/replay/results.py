@@ -54,6 +54,8 @@ class RunResult:
     seconds: dict[str, float] = field(default_factory=dict)  # phase -> wall time
     adaptor_unavailable: str | None = None  # adaptor mode: why the adaptor's files could not be imported
     sentinel: tuple[str, ...] | None = None  # faulty rank: globals the sentinel names unsafe after the rollback
+    alone: dict[str, str] = field(default_factory=dict)  # adaptor function -> why its own code cannot run here
+    unmatched: tuple[str, ...] = ()  # faulty rank: repair transfers whose sender and receiver differ
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunResult:
@@ -67,6 +69,8 @@ class RunResult:
             seconds=data["seconds"],
             adaptor_unavailable=data["adaptor_unavailable"],
             sentinel=None if data.get("sentinel") is None else tuple(data["sentinel"]),
+            alone=data.get("alone", {}),
+            unmatched=tuple(data.get("unmatched", ())),
         )
 
 

@@ -7,6 +7,7 @@ every rank's results into one verdict per finding. Nothing here prints or exits.
 
 from __future__ import annotations
 
+import ast
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,12 +23,15 @@ from unsafe_doctor.knowledge.classify import Unclassified
 from unsafe_doctor.knowledge.rules import KnowledgeBase, map_parameters
 from unsafe_doctor.replay.plan import MAX_RANKS, MAX_TIMEOUT, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import Milestone, RankResult, RunResult, StepOutcome
+from unsafe_doctor.source.syntax import import_bindings
 from unsafe_doctor.source.workspace import module_from_path
 
 if TYPE_CHECKING:
     from unsafe_doctor.replay.launch import ReplayStopped  # imports torch's side of the replay only when it runs
 
-Outcome = Literal["proven", "failed", "no-fix", "not-modelled"]
+Outcome = Literal["proven", "block-proven", "failed", "no-fix", "not-modelled"]
+"""proven: the patched adaptor's own functions recovered the global; block-proven: its fix blocks did,
+run alone in their functions' scope because the functions' own code cannot run here (a weaker proof)."""
 
 
 @dataclass(frozen=True)
@@ -53,13 +57,14 @@ class Verification:
     phase_seconds: dict[str, float]  # "unpatched build" -> slowest rank's time
     notes: tuple[str, ...]
     sentinel: dict[str, tuple[str, ...]] = field(default_factory=dict)  # run -> globals the sentinel named after its rollback
+    proved: str = ""  # one line: which functions ran, with which stand-ins, on which backend
 
     @property
     def exit_code(self) -> int:
         outcomes = {verdict.outcome for verdict in self.verdicts}
         if not outcomes or "not-modelled" in outcomes:
             return 2
-        return 0 if outcomes == {"proven"} else 1
+        return 0 if outcomes <= {"proven", "block-proven"} else 1
 
 
 def plan_replay(
@@ -67,7 +72,7 @@ def plan_replay(
     knowledge: KnowledgeBase,
     *,
     ranks: int = 4,
-    mode: str = "block",
+    mode: str = "adaptor",
     probe: str | None = None,
     timeout: float = 60.0,
     functions: dict[str, str] | None = None,
@@ -97,7 +102,8 @@ def plan_replay(
             targets.append(Target(key, label, classification.scenario, classification.rule,
                                   tensor.module, tensor.variable, tensor.owner,
                                   knowledge.switches(rule) if rule else (), rule.probe if rule else None,
-                                  str(rule.versions) if rule and rule.versions is not None else None))
+                                  str(rule.versions) if rule and rule.versions is not None else None,
+                                  tensor.runs_as_main))
     if not targets:
         raise UsageError("nothing to verify: " + ("; ".join(skipped) if skipped else "the log has no unsafe-data finding"))
     environment = diagnosis.context.environment
@@ -109,13 +115,15 @@ def plan_replay(
     profile = map_parameters(environment.profile, mapped)
     functions = {role: (functions or {}).get(role, getattr(profile, role)) for role in ROLES}
     faulty, notes = _faulty_rank(diagnosis, ranks)
-    replica = (faulty + ranks // 2) % ranks
+    replicas = _replicas(faulty, ranks)
     roots = tuple(str(Path(root).resolve()) for root in environment.source_roots)
     blocks = _blocks(files, functions)
+    codes = tuple(_code(file, roots) for file in files)
+    standins = _standins(codes, profile.repair_group_imports, any(target.switches for target in targets))
     plan = ReplayPlan(
         targets=tuple(targets),
         blocks=tuple(blocks),
-        files=tuple(_code(file, roots) for file in files),
+        files=codes,
         functions=functions,
         parameters=dict(profile.parameters),
         ranks_are_lists=profile.ranks_are_lists,
@@ -124,7 +132,11 @@ def plan_replay(
         mode=mode,
         world_size=ranks,
         faulty=faulty,
-        replica=replica,
+        replica=replicas[0],
+        replicas=replicas,
+        standins=standins,
+        group_getters=tuple(sorted({name for item in knowledge.profiles for line in item.repair_group_imports
+                                    for name in _imported_names(line)})),
         source_roots=roots,
         probe=probe,
         timeout=timeout,
@@ -140,6 +152,53 @@ def _faulty_rank(diagnosis: Diagnosis, ranks: int) -> tuple[int, list[str]]:
     if logged < ranks:
         return logged, []
     return logged % ranks, [f"the log's faulty rank {logged} is replayed as rank {logged % ranks} of {ranks}"]
+
+
+_NEVER_STOOD_IN = {"torch", "torch_npu", "unsafe_doctor"}  # an NPU is never pretended, nor our own code
+
+
+def _replicas(faulty: int, ranks: int) -> tuple[int, ...]:
+    """The ranks that send to the faulty one: half the world away, and (with three ranks or more) a
+    second one, as when MindIO takes two optimizer indices from two replicas."""
+    first = (faulty + ranks // 2) % ranks
+    others = [rank for rank in ((faulty + step) % ranks for step in range(1, ranks)) if rank != first]
+    return (first, others[0]) if others else (first,)
+
+
+def _standins(codes: tuple[AdaptorCode, ...], group_imports: tuple[str, ...], switched: bool) -> tuple[str, ...]:
+    """What may be stood in: the modules the unpatched adaptor imports, the profile's repair-group
+    module where the adaptor imports from that module's package (its own generation), and Megatron's
+    ``get_args`` module where a fix's guard reads switches (a rule of Megatron's: the job has it)."""
+    imported = {name for code in codes for name in _imported_modules(code.unpatched, code.module.rpartition(".")[0])}
+    packages = {name.partition(".")[0] for name in imported} | {code.module.partition(".")[0] for code in codes}
+    for line in group_imports:
+        imported |= {name for name in _imported_modules(line, "") if name.partition(".")[0] in packages}
+    if switched:
+        imported.add("megatron.training")
+    return tuple(sorted(name for name in imported if name.partition(".")[0] not in _NEVER_STOOD_IN))
+
+
+def _imported_modules(text: str, package: str) -> set[str]:
+    """Every module an import of the text names (relative ones resolved against ``package``)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return set()
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            found |= {name.rpartition(".")[0] for name in (item.target for item in import_bindings(node, package).values())}
+    return {name for name in found if name}
+
+
+def _imported_names(line: str) -> set[str]:
+    try:
+        tree = ast.parse(line)
+    except SyntaxError:
+        return set()
+    return {name for node in tree.body if isinstance(node, ast.ImportFrom) for name in import_bindings(node, None)}
 
 
 def _blocks(files: tuple[AdaptorFile, ...], functions: dict[str, str]) -> list[Block]:
@@ -192,7 +251,32 @@ def judge(plan: ReplayPlan, skipped: tuple[str, ...], results: list[RankResult],
             phase_seconds[f"{run} {phase}"] = max(result.run(run).seconds.get(phase, 0.0) for result in results)
     return Verification(verdicts, skipped, faulty.backend, transport, plan.mode, plan.world_size, plan.faulty,
                         plan.replica, seconds, phase_seconds, (*plan.notes, *faulty.notes),
-                        {run: names for run in RUNS if (names := faulty.run(run).sentinel) is not None})
+                        {run: names for run in RUNS if (names := faulty.run(run).sentinel) is not None},
+                        _proved(plan, results, transport))
+
+
+def _alone(results: list[RankResult]) -> dict[str, str]:
+    """The adaptor functions whose own code could not run here, on any rank, and why."""
+    return {name: why for result in results for name, why in result.patched.alone.items()}
+
+
+def _proved(plan: ReplayPlan, results: list[RankResult], transport: str) -> str:
+    """What the replay ran, in one line."""
+    functions = [name for role in ("recv", "send", "rollback") if (name := plan.functions.get(role))]
+    alone = _alone(results)
+    own = [name for name in functions if name not in alone and plan.mode == "adaptor"]
+    ran = []
+    if own:
+        ran.append("the patched adaptor's own " + ", ".join(f"{name}()" for name in own))
+    blocked = [name for name in functions if name not in own and any(block.function == name for block in plan.blocks)]
+    if blocked:
+        why = "" if plan.mode == "block" else f" (their own code cannot run here: {next(iter(alone.values()))})"
+        ran.append("the fix blocks alone in " + ", ".join(f"{name}()" for name in blocked) + why)
+    stood_in = [note for result in results[:1] for note in result.notes if note.startswith("stand-ins")]
+    backend = results[plan.faulty].backend
+    device = "CPU" if backend == "emulated" else "NPU"
+    with_standins = f", {stood_in[0]}" if stood_in else ", no stand-ins"
+    return f"ran {' and '.join(ran) or 'no adaptor function'}{with_standins}; {backend} backend ({device}, {transport})"
 
 
 def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Verdict:
@@ -200,8 +284,8 @@ def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Ver
     if target.key in red.not_modelled:
         return Verdict(target, "not-modelled", red.not_modelled[target.key], None, ())
     if red.adaptor_unavailable:
-        return Verdict(target, "not-modelled", f"adaptor mode cannot import the adaptor here ({red.adaptor_unavailable}): "
-                       "use --mode block", None, ())
+        return Verdict(target, "not-modelled", f"the unpatched adaptor does not import here, even with stand-ins for what "
+                       f"this machine lacks ({red.adaptor_unavailable})", None, ())
     reproduced = red.resume.get(target.key)
     if reproduced is None or reproduced.error is None:
         return Verdict(target, "not-modelled",
@@ -220,9 +304,12 @@ def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Ver
     problems = _patched_problems(plan, target, results)
     if problems:
         return Verdict(target, "failed", unpatched, problems[0], tuple(problems))
+    outcome: Outcome = "block-proven" if plan.mode == "block" or _alone(results) else "proven"
+    alone = " with the fix blocks run alone" if outcome == "block-proven" else ""
     if target.scenario == 2:
-        return Verdict(target, "proven", unpatched, f"recovery clean, tensor bit-identical to replica rank {plan.replica}", ())
-    return Verdict(target, "proven", unpatched, f"recovery clean, no unsafe tensor left in {target.label}", ())
+        return Verdict(target, outcome, unpatched,
+                       f"recovery clean{alone}, tensor bit-identical to replica rank {plan.replica}", ())
+    return Verdict(target, outcome, unpatched, f"recovery clean{alone}, no unsafe tensor left in {target.label}", ())
 
 
 def _patched_problems(plan: ReplayPlan, target: Target, results: list[RankResult]) -> list[str]:
@@ -239,6 +326,7 @@ def _patched_problems(plan: ReplayPlan, target: Target, results: list[RankResult
         for failure in result.patched.fix_failures:
             at = f" at {failure.where}" if failure.where else ""
             problems.append(f"rank {result.rank}: {failure.function}() raised {failure.error}{at}")
+    problems += green.unmatched
     if any(failure.role == "recv" and failure.kind == "send-to-self" for failure in green.fix_failures):
         problems.append(f"the receive function {plan.functions['recv']}() sends: send and receive are swapped")
     for result in results:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from unsafe_doctor.replay.verify import Verification  # verify loads libcst: diagnose's output does without it
 
 SCHEMA = "unsafe-doctor/verification/v1"
-_OUTCOME_STYLE = {"proven": "green", "failed": "red", "no-fix": "red", "not-modelled": "yellow"}
+_OUTCOME_STYLE = {"proven": "green", "block-proven": "yellow", "failed": "red", "no-fix": "red", "not-modelled": "yellow"}
 
 
 def to_json(verification: Verification) -> dict[str, Any]:
@@ -30,6 +30,7 @@ def to_json(verification: Verification) -> dict[str, Any]:
         "seconds": round(verification.seconds, 3),
         "phase_seconds": {phase: round(value, 4) for phase, value in verification.phase_seconds.items()},
         "exit_code": verification.exit_code,
+        "proved": verification.proved,
         "verdicts": [
             {
                 "global": verdict.target.label,
@@ -73,7 +74,9 @@ def to_text(verification: Verification, write_fix: NextStep | None = None) -> Re
     for run, names in verification.sentinel.items():
         named = ", ".join(names) if names else "nothing"
         parts.append(Text(f"sentinel after the {run} rollback (rank {verification.faulty}): {printable(named)}", style="dim"))
-    for line in (*verification.skipped, *verification.notes):
+    if verification.proved:
+        parts.append(Text(f"proof: {printable(verification.proved)}", style="dim"))
+    for line in (*verification.skipped, *(note for note in verification.notes if not note.startswith("stand-ins"))):
         parts.append(Text(f"note: {printable(line)}", style="dim"))
     parts.append(Text(footer, style="dim"))
     missing = [verdict.target.label for verdict in verification.verdicts if verdict.outcome == "no-fix"]
