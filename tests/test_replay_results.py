@@ -21,7 +21,7 @@ TIMEOUT = FixFailure("recv", "recv_rank_repair", "RuntimeError: [/gloo/pair.cc:5
 
 def plan(ranks: int = 2) -> ReplayPlan:
     block = Block(TARGET.key, "recv", "recv_rank_repair", "/job/recovery.py", 40, "pass\n", (), None)
-    return ReplayPlan((TARGET,), (block,), (), FUNCTIONS, {}, (), "block", ranks, 1, 0, (), timeout=3.0)
+    return ReplayPlan((TARGET,), (block,), (), FUNCTIONS, {}, (), "adaptor", ranks, 1, 0, (), timeout=3.0)
 
 
 def run(**fields) -> RunResult:
@@ -30,13 +30,14 @@ def run(**fields) -> RunResult:
     return RunResult(**{**defaults, **fields})
 
 
-def red() -> RunResult:
-    return run(resume={TARGET.key: StepOutcome(UNSAFE, "/job/train.py:62")})
+def red(**fields) -> RunResult:
+    return run(resume={TARGET.key: StepOutcome(UNSAFE, "/job/train.py:62")}, **fields)
 
 
 def test_a_rank_result_survives_json_with_every_field_typed():
     failure = FixFailure("rollback", "feature_rollback", f"RuntimeError: {UNSAFE}", None, "unsafe-data")
-    result = RankResult(1, "emulated", red(), run(fix_failures=(failure,), unsafe_left={TARGET.key: 2}), ("a note",))
+    result = RankResult(1, "emulated", red(alone={"recv_rank_repair": "why"}),
+                        run(fix_failures=(failure,), unsafe_left={TARGET.key: 2}, unmatched=("a mismatch",)), ("a note",))
     again = RankResult.from_json(result.to_json())
     assert again == result
     assert isinstance(again.patched.fix_failures[0], FixFailure)
@@ -59,6 +60,26 @@ def test_a_clean_patched_run_is_proven_and_phase_times_are_the_slowest_ranks():
     assert (verdict.outcome, verdict.patched) == ("proven", "recovery clean, tensor bit-identical to replica rank 0")
     assert verdict.unpatched == f"reproduced `{UNSAFE}` on rank 1 at /job/train.py:62"
     assert verification.phase_seconds["patched build"] == 2.0
+
+
+def test_a_function_whose_own_code_could_not_run_makes_the_verdict_block_proven_with_why():
+    alone = {"recv_rank_repair": "AttributeError: 'NoneType' object has no attribute 'to' at /job/recovery.py:38"}
+    results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(alone=alone), run(alone=alone))]
+    verification = judge(plan(), (), results, "gloo", 1.0)
+    [verdict] = verification.verdicts
+    assert (verdict.outcome, verification.exit_code) == ("block-proven", 0)
+    assert verification.proved == (
+        "ran the patched adaptor's own send_rank_repair(), feature_rollback() and the fix blocks alone in "
+        "recv_rank_repair() (their own code cannot run here: AttributeError: 'NoneType' object has no attribute 'to' "
+        "at /job/recovery.py:38), no stand-ins; emulated backend (CPU, gloo)")
+
+
+def test_transfers_whose_sides_differ_fail_the_fix():
+    unmatched = ("rank 0 sends 2 tensor(s) to rank 1, which receives 1: one transfer per (source, destination) pair "
+                 "on both sides (dict.fromkeys(zip(src_ranks, dest_ranks)))",)
+    results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(), run(unmatched=unmatched))]
+    [verdict] = judge(plan(), (), results, "gloo", 1.0).verdicts
+    assert (verdict.outcome, verdict.problems) == ("failed", unmatched)
 
 
 def test_a_timed_out_transfer_names_the_side_that_waited():

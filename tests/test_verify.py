@@ -31,6 +31,7 @@ EMA_LOG = SAMPLES / "logs" / "toytrain_ema"
 TRACKER_LOG = SAMPLES / "logs" / "megatron_moe_tracker.log"
 PROBES = Path(__file__).parents[1] / "samples" / "framework"
 EMA_KEY = "generic.replica-copy:toytrain.state._EMA_GRAD_NORM"
+STEP = "toytrain_probe:train_one_step"  # the sample's probe: a real toytrain step, its model and optimizer in train_args
 BLOCK = re.compile(r"    # unsafe-doctor: begin (?P<key>\S+)\n.*?    # unsafe-doctor: end (?P=key)\n", re.S)
 
 
@@ -99,17 +100,37 @@ def test_before_any_fix_the_replay_reproduces_the_error_and_says_no_fix_is_prese
     assert verdict.unpatched.startswith("reproduced `There is unsafe data in the input tensor.` on rank 1")
     assert verdict.patched == "reproduced, no fix present"
     assert result.exit_code == 1
-    assert (result.backend, result.transport, result.mode, result.world_size) == ("emulated", "gloo", "block", 4)
+    assert (result.backend, result.transport, result.mode, result.world_size) == ("emulated", "gloo", "adaptor", 4)
 
 
-def test_scenario_2_fix_is_proven_bit_identical_to_the_replica(toytrain):
+def test_scenario_2_fix_run_in_the_adaptors_own_functions_is_proven_bit_identical_to_the_replica(toytrain, loss_log):
+    """With the sample's probe (a real toytrain step, the model and optimizer in train_args) the
+    patched adaptor's own repair functions run whole, toytrain's own model p2p included."""
     adaptor = toytrain / "toytrain" / "recovery.py"
+    write_fix(loss_log, adaptor, [toytrain])  # the step reads LOSS_LOG too: both fixed, EMA's judged
     write_fix(EMA_LOG, adaptor, [toytrain])
-    result = replay(EMA_LOG, adaptor, [toytrain])
+    result = replay(EMA_LOG, adaptor, [toytrain, PROBES], probe=STEP)
     [verdict] = result.verdicts
     assert verdict.outcome == "proven", verdict.problems
     assert verdict.patched == "recovery clean, tensor bit-identical to replica rank 3"
     assert result.exit_code == 0
+    assert result.proved == ("ran the patched adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback(), "
+                             "no stand-ins; emulated backend (CPU, gloo)")
+
+
+def test_without_a_model_to_repair_the_adaptors_own_code_cannot_run_and_the_blocks_alone_are_block_proven(toytrain):
+    """The generic probe passes no model: toytrain's own p2p of the model raises, so the fix blocks
+    run alone in their functions' scope, and the verdict is the weaker one, saying why."""
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    write_fix(EMA_LOG, adaptor, [toytrain])
+    result = replay(EMA_LOG, adaptor, [toytrain])
+    [verdict] = result.verdicts
+    assert verdict.outcome == "block-proven", verdict.problems
+    assert verdict.patched == "recovery clean with the fix blocks run alone, tensor bit-identical to replica rank 3"
+    assert result.exit_code == 0
+    assert result.proved.startswith("ran the patched adaptor's own feature_rollback() and the fix blocks alone in "
+                                    "recv_rank_repair(), send_rank_repair() (their own code cannot run here: "
+                                    "AttributeError: 'NoneType' object has no attribute 'parameters' at ")
     # the sentinel, run where the rollback ends, names the global the held-back fix repairs, then nothing
     assert result.sentinel == {"unpatched": ("toytrain.state._EMA_GRAD_NORM",), "patched": ()}
 
@@ -120,7 +141,7 @@ def test_scenario_1_fix_is_proven_with_nothing_unsafe_left(toytrain, loss_log):
     result = replay(loss_log, adaptor, [toytrain])
     [verdict] = result.verdicts
     assert (verdict.target.label, verdict.target.scenario) == ("toytrain.state.LOSS_LOG", 1)
-    assert verdict.outcome == "proven", verdict.problems
+    assert verdict.outcome == "block-proven", verdict.problems  # the rollback's own code ran; the repair's could not
     assert "no unsafe tensor left in toytrain.state.LOSS_LOG" in verdict.patched
     assert result.sentinel == {"unpatched": ("toytrain.state.LOSS_LOG",), "patched": ()}
 
@@ -134,8 +155,8 @@ def test_megatron_tracker_fix_is_proven_against_real_megatron_core(in_tree):
     [verdict] = green.verdicts
     assert re.search(r"at \S+/megatron/core/transformer/moe/moe_utils\.py:\d+$", verdict.unpatched)  # the red run
     assert verdict.target.rule == "megatron.moe-layer-wise-tracker-moe-utils"
-    assert verdict.outcome == "proven", verdict.problems
-    assert "get_args() stood in, with num_experts on" in " ".join(green.notes)
+    assert verdict.outcome == "block-proven", verdict.problems
+    assert "stand-ins for what the adaptor imports and this machine lacks: megatron.training" in green.proved
 
 
 def test_the_plan_carries_the_rules_probe_and_the_switches_its_guards_test(in_tree):
@@ -178,11 +199,13 @@ def test_eight_ranks_and_a_log_rank_beyond_them(toytrain, loss_log):
     write_fix(EMA_LOG, adaptor, [toytrain])
     eight = replay(EMA_LOG, adaptor, [toytrain], ranks=8)
     assert (eight.world_size, eight.faulty, eight.replica, eight.exit_code) == (8, 1, 5, 0)
+    assert eight.verdicts[0].outcome == "block-proven"
     two = replay(loss_log, adaptor, [toytrain], ranks=2)  # that log's failure is on rank 3
     assert (two.faulty, two.replica) == (1, 0)
     assert "the log's faulty rank 3 is replayed as rank 1 of 2" in two.notes
 
 
+SAMPLE_OUTCOMES = {(sample, scenario): "block-proven" for sample in ("legacy", "in_tree", "custom") for scenario in (1, 2)}
 SAMPLE_ADAPTORS = {
     "legacy": ("legacy", "mindio_ttp/adaptor/modellink_adaptor.py", None),
     "in_tree": ("in_tree", "mindspeed_llm/core/high_availability/tft_optimizer_data_repair.py", None),
@@ -193,7 +216,8 @@ SAMPLE_ADAPTORS = {
 @pytest.mark.parametrize("scenario", [1, 2])
 @pytest.mark.parametrize("sample", sorted(SAMPLE_ADAPTORS))
 def test_every_sample_adaptor_goes_from_red_to_green_in_both_scenarios(tmp_path, toytrain, loss_log, sample, scenario):
-    """toytrain's globals, fixed in each profile's sample adaptor (block mode: the blocks as written there)."""
+    """toytrain's globals, fixed in each profile's sample adaptor: the samples' own repair moves an
+    optimizer this replay has not got, so their blocks run alone in their functions' scope."""
     folder, relative, functions = SAMPLE_ADAPTORS[sample]
     shutil.copytree(SAMPLES / "adaptors" / folder, tmp_path / folder)
     adaptor = tmp_path / folder / relative
@@ -204,7 +228,7 @@ def test_every_sample_adaptor_goes_from_red_to_green_in_both_scenarios(tmp_path,
     diagnosis = diagnose([str(log)], groundwork(source_roots=roots), adaptor=adaptor)
     assert apply(plan_fix(diagnosis.findings, diagnosis.context, overrides))
     [verdict] = replay(log, adaptor, roots, functions=overrides).verdicts
-    assert (verdict.target.scenario, verdict.outcome) == (scenario, "proven"), verdict.problems
+    assert (verdict.target.scenario, verdict.outcome) == (scenario, SAMPLE_OUTCOMES[sample, scenario]), verdict.problems
     assert verdict.unpatched.startswith("reproduced `There is unsafe data in the input tensor.`")  # red, then green
 
 
@@ -223,7 +247,8 @@ def test_swapped_send_and_receive_blocks_fail(toytrain):
 def test_a_receive_without_a_copy_into_the_global_fails(toytrain):
     adaptor = toytrain / "toytrain" / "recovery.py"
     text = write_fix(EMA_LOG, adaptor, [toytrain])
-    adaptor.write_text(text.replace("item.copy_(fresh)", "pass"))
+    assert "global_tensor.copy_(recv_tensor)" in text
+    adaptor.write_text(text.replace("global_tensor.copy_(recv_tensor)", "pass"))
     [verdict] = replay(EMA_LOG, adaptor, [toytrain]).verdicts
     assert verdict.outcome == "failed"
     assert "1 tensor(s) reachable from toytrain.state._EMA_GRAD_NORM still unsafe on rank 1" in verdict.problems
@@ -233,9 +258,9 @@ def test_a_receive_without_a_copy_into_the_global_fails(toytrain):
 def test_a_reset_with_zero_fails_because_zero_reads_the_unsafe_tensor(toytrain, loss_log):
     adaptor = toytrain / "toytrain" / "recovery.py"
     [block] = blocks(write_fix(loss_log, adaptor, [toytrain]))
-    helper_body = re.search(r'(        value = getattr\(_ud_state, "LOSS_LOG", None\)\n.*?)(    _unsafe_doctor_fix\(\))', block, re.S).group(1)
-    zeroing = "        for value in _ud_state.LOSS_LOG.values():\n            value.zero_()\n"
-    adaptor.write_text(adaptor.read_text().replace(helper_body, zeroing))
+    fresh = re.search(r"\n( +)global_tensors\[key\] = torch\.zeros\(.*\)\n", block)
+    zeroed = block.replace(fresh.group(0), f"\n{fresh.group(1)}global_tensor.zero_()\n")
+    adaptor.write_text(adaptor.read_text().replace(block, zeroed))
     [verdict] = replay(loss_log, adaptor, [toytrain]).verdicts
     assert verdict.outcome == "failed"
     assert re.search(r"rank 3: feature_rollback\(\) raised RuntimeError: There is unsafe data in the input tensor\. at \S+recovery\.py:\d+",
@@ -249,12 +274,9 @@ def test_a_scenario_2_global_reset_in_rollback_fails_as_the_wrong_phase(toytrain
     docstring = '    """Re-initialise framework state that does not depend on past steps (none registered yet)."""\n'
     rebuilt = (
         f"    # unsafe-doctor: begin {EMA_KEY}\n"
-        "    def _unsafe_doctor_fix():\n"
-        "        import torch\n"
-        "        from toytrain import state\n"
-        "        stale = state._EMA_GRAD_NORM\n"
-        "        state._EMA_GRAD_NORM = torch.ones(stale.shape, dtype=stale.dtype, device=stale.device)\n"
-        "    _unsafe_doctor_fix()\n"
+        "    from toytrain import state\n"
+        "    stale = state._EMA_GRAD_NORM\n"
+        "    state._EMA_GRAD_NORM = torch.ones(stale.shape, dtype=stale.dtype, device=stale.device)\n"
         f"    # unsafe-doctor: end {EMA_KEY}\n"
     )
     adaptor.write_text(text.replace(docstring, docstring + rebuilt))
@@ -289,7 +311,8 @@ def test_a_receive_with_no_matching_send_ends_at_the_timeout_naming_the_waiting_
 def test_a_fix_that_never_returns_is_stopped_and_every_rank_killed(toytrain, loss_log):
     adaptor = toytrain / "toytrain" / "recovery.py"
     [block] = blocks(write_fix(loss_log, adaptor, [toytrain]))
-    adaptor.write_text(adaptor.read_text().replace("    _unsafe_doctor_fix()\n", "    import time\n    time.sleep(3600)\n"))
+    adaptor.write_text(adaptor.read_text().replace(block, block.replace("    from toytrain import state\n",
+                                                                          "    import time\n    time.sleep(3600)\n")))
     result = replay(loss_log, adaptor, [toytrain], timeout=2)
     [verdict] = result.verdicts
     assert verdict.outcome == "failed"
@@ -317,7 +340,7 @@ def test_adaptor_mode_calls_the_real_functions_and_finds_the_next_missing_global
     Fixing _EMA_GRAD_NORM alone is not enough: the next step dies on LOSS_LOG, as in production."""
     adaptor = toytrain / "toytrain" / "recovery.py"
     write_fix(EMA_LOG, adaptor, [toytrain])
-    options = dict(mode="adaptor", probe="toytrain_probe:train_one_step")
+    options = dict(mode="adaptor", probe=STEP)
     half = replay(EMA_LOG, adaptor, [toytrain, PROBES], **options)
     [verdict] = half.verdicts
     assert re.search(r"on rank 1 at \S+/toytrain/train\.py:62$", verdict.unpatched)  # the log's own line
@@ -330,12 +353,14 @@ def test_adaptor_mode_calls_the_real_functions_and_finds_the_next_missing_global
     assert whole.mode == "adaptor"
 
 
-def test_adaptor_mode_without_the_adaptors_imports_cannot_replay(in_tree):
+def test_what_the_unpatched_adaptor_imports_and_this_machine_lacks_is_stood_in(in_tree):
+    """megatron.training and mindio_ttp are not installed here: the in-tree adaptor imports them,
+    so they get stand-ins and the replay runs (here to NO-FIX), saying so."""
     adaptor = in_tree / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
     result = replay(TRACKER_LOG, adaptor, [in_tree], mode="adaptor")
     [verdict] = result.verdicts
-    assert verdict.outcome == "not-modelled" and result.exit_code == 2
-    assert "adaptor mode cannot import the adaptor here (ModuleNotFoundError: No module named 'megatron.training')" in verdict.unpatched
+    assert verdict.outcome == "no-fix" and result.exit_code == 1
+    assert "stand-ins for what the adaptor imports and this machine lacks: megatron.training" in result.proved
 
 
 # --- the command -------------------------------------------------------------------------------------
@@ -358,7 +383,8 @@ def test_verify_command_exit_codes_red_then_green_with_json(toytrain):
     document = json.loads(green.stdout)
     assert document["schema"] == "unsafe-doctor/verification/v1"
     assert document["backend"] == "emulated" and document["exit_code"] == 0
-    assert document["verdicts"][0]["outcome"] == "proven"
+    assert document["verdicts"][0]["outcome"] == "block-proven"
+    assert document["proved"].startswith("ran the patched adaptor's own feature_rollback() and the fix blocks alone")
     assert set(document["phase_seconds"]) >= {"unpatched repair", "patched rollback", "patched resume"}
 
 
@@ -406,9 +432,9 @@ def test_an_lru_cache_fix_empties_the_cache_and_is_proven(tmp_path):
     shutil.copytree(SAMPLES / "adaptors" / "legacy", tmp_path / "legacy")
     adaptor = tmp_path / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
     log, roots = corpus / "logs" / "user-maskcache-lru-mask.log", [corpus / "frameworks" / "maskcache"]
-    assert 'cache = getattr(_ud_masks, "causal_mask", None)' in write_fix(log, adaptor, roots)
+    assert 'cache = getattr(masks, "causal_mask", None)' in write_fix(log, adaptor, roots)
     [verdict] = replay(log, adaptor, roots).verdicts
-    assert verdict.outcome == "proven", verdict.problems
+    assert verdict.outcome == "block-proven", verdict.problems
     assert verdict.unpatched.startswith("reproduced `There is unsafe data in the input tensor.` on rank 1")
 
 
@@ -423,8 +449,8 @@ def test_router_expert_bias_fix_is_proven_against_real_megatron_core(in_tree, ro
     result = replay(router_expert_bias_log, adaptor, [in_tree])
     [verdict] = result.verdicts
     assert (verdict.target.rule, verdict.target.scenario) == ("megatron.router-expert-bias", 2)
-    assert verdict.outcome == "proven", verdict.problems
-    assert verdict.patched == "recovery clean, tensor bit-identical to replica rank 1"
+    assert verdict.outcome == "block-proven", verdict.problems
+    assert verdict.patched == "recovery clean with the fix blocks run alone, tensor bit-identical to replica rank 1"
     # no false alarm on megatron-core's own globals, the model's parameters or the optimizer's state
     assert result.sentinel == {"unpatched": ("megatron.core.transformer.moe.router.TopKRouter.expert_bias",), "patched": ()}
 
@@ -439,6 +465,6 @@ def test_the_sentinel_sample_log_is_fixed_in_one_go_and_both_fixes_are_proven(to
     assert {verdict.target.label: verdict.outcome for verdict in red.verdicts} == {
         "toytrain.state.LOSS_LOG": "no-fix", "toytrain.state._EMA_GRAD_NORM": "no-fix"}
     write_fix(log, adaptor, [toytrain])
-    green = replay(log, adaptor, [toytrain])
+    green = replay(log, adaptor, [toytrain, PROBES], probe=STEP)
     assert [verdict.outcome for verdict in green.verdicts] == ["proven", "proven"], [v.problems for v in green.verdicts]
     assert green.sentinel == {"unpatched": ("toytrain.state.LOSS_LOG", "toytrain.state._EMA_GRAD_NORM"), "patched": ()}

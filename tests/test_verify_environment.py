@@ -125,9 +125,9 @@ def test_a_fix_that_ends_its_rank_is_a_failed_fix(toy):
     adaptor = toy / "toytrain" / "recovery.py"
     assert command("fix", *sample(EMA_LOG, toy), "--yes", environment=dict(os.environ)).returncode == 0
     head, recv = adaptor.read_text().split("def recv_rank_repair", 1)
-    call = "    _unsafe_doctor_fix(src_ranks, dest_ranks, repair_group)\n"
-    assert call in recv
-    adaptor.write_text(head + "def recv_rank_repair" + recv.replace(call, "    raise SystemExit(3)\n"))
+    receive = "            dist.recv(recv_tensor, src=src_rank, group=repair_group)\n"
+    assert receive in recv
+    adaptor.write_text(head + "def recv_rank_repair" + recv.replace(receive, "            raise SystemExit(3)\n"))
     result = command("verify", *sample(EMA_LOG, toy), "--timeout", "10", environment=dict(os.environ))
     assert result.returncode == 1, result.stdout + result.stderr
     text = one_line(result.stdout)
