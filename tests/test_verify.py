@@ -451,8 +451,29 @@ def test_router_expert_bias_fix_is_proven_against_real_megatron_core(in_tree, ro
     assert (verdict.target.rule, verdict.target.scenario) == ("megatron.router-expert-bias", 2)
     assert verdict.outcome == "block-proven", verdict.problems
     assert verdict.patched == "recovery clean with the fix blocks run alone, tensor bit-identical to replica rank 1"
-    # no false alarm on megatron-core's own globals, the model's parameters or the optimizer's state
-    assert result.sentinel == {"unpatched": ("megatron.core.transformer.moe.router.TopKRouter.expert_bias",), "patched": ()}
+    # MindSpeed-LLM 26.x does not rebuild the model: the router's other buffer stays unsafe too, and the
+    # fix repairs it with expert_bias (the rule's repair_with); no false alarm on megatron-core's own
+    # globals, the model's parameters or the optimizer's state
+    assert result.sentinel == {"unpatched": ("megatron.core.transformer.moe.router.TopKRouter.local_tokens_per_expert",
+                                             "megatron.core.transformer.moe.router.TopKRouter.expert_bias"),
+                               "patched": ()}
+
+
+def test_without_its_companion_the_router_fix_fails_on_the_buffer_routing_adds_to_next(in_tree, router_expert_bias_log):
+    """Issue 23's fourth failure: on MindSpeed-LLM 26.x the model is not rebuilt, and routing() adds to
+    local_tokens_per_expert right after the read the log shows. The fix writes its companion; taken
+    out, the first step after recovery dies on that buffer."""
+    adaptor = in_tree / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
+    rollback = adaptor.with_name("tft_rollback.py")
+    write_fix(router_expert_bias_log, adaptor, [in_tree])
+    companion = [block for block in blocks(rollback.read_text()) if "megatron.router-local-tokens-per-expert" in block]
+    assert len(companion) == 1
+    rollback.write_text(rollback.read_text().replace(companion[0], ""))
+    [verdict] = replay(router_expert_bias_log, adaptor, [in_tree]).verdicts
+    assert verdict.outcome == "failed"
+    assert re.search(r"the fix of megatron\.core\.transformer\.moe\.router\.TopKRouter\.expert_bias held, but the first "
+                     r"step after recovery dies on megatron\.core\.transformer\.moe\.router\.TopKRouter\."
+                     r"local_tokens_per_expert at \S+/router\.py:\d+", verdict.problems[0]), verdict.problems
 
 
 def test_the_sentinel_sample_log_is_fixed_in_one_go_and_both_fixes_are_proven(toytrain):

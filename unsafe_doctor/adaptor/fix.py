@@ -6,16 +6,14 @@ function for scenario 1; for scenario 2 the send function (replica side) and the
 
     # unsafe-doctor: begin <key>
     # <what it does>
-    def _unsafe_doctor_fix(<the names it needs>):
-        <the fix's imports>
-        <the rule's code; for scenario 2 inside a loop over the (source, destination) rank pairs>
-    _unsafe_doctor_fix(<the adaptor function's own parameters>)
+    <the rule's code, in the function's own names; for scenario 2 inside a loop over the
+     (source, destination) rank pairs>
     # unsafe-doctor: end <key>
 
-The helper function keeps the block's imports and names to itself: an `import torch` in the body of
-the adaptor function would make `torch` local to the whole function, and its earlier uses would
-fail. Inside it every import is bound to a reserved name (`import torch as _ud_torch`), so that no
-module name can shadow a builtin or a name the helper is passed.
+The block is written inline, for the adaptor's maintainer to read (``adaptor.render``): it reads
+the names the file already binds (its `torch`, its `dist`, its repair group or the getter it
+imports), and imports only what the file lacks. A rule's `repair_with` adds the fixes of the state
+the same step reads next, unless the adaptor's generation resets it itself.
 
 `<key>` is the rule id, or `<rule id>:<module>.<variable>` when the rule is not about one named
 variable, or `<template id>:<module>.<variable>` for the templates that heuristic verdicts use.
@@ -65,12 +63,21 @@ from unsafe_doctor.adaptor.existing_reset import AlreadyReset, existing_reset
 from unsafe_doctor.adaptor.render import render
 from unsafe_doctor.audit.coverage import AdaptorCoverage
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.classify import Classified, ClassifiedSubject, FixPlan, NoFix, Unclassified, generic_template
+from unsafe_doctor.knowledge.classify import (
+    Classified,
+    ClassifiedSubject,
+    FixPlan,
+    NoFix,
+    Unclassified,
+    classify_with_rule,
+    generic_template,
+)
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import (
     EVERY_ROLE,
     AdaptorProfile,
     KnowledgeBase,
+    Rule,
     is_safe_dotted,
     map_parameters,
 )
@@ -218,11 +225,41 @@ def plan_fix(
             outcomes.append(Planned(number, key))
             requests.extend(_requests(item.subject, key, classification.fix, dict(functions or {})))
             notes.extend(f"finding {number}: {note}" for note in (*classification.notes, *existing))
+            for rule, companion, subject in _companions(item.subject, classification, context, findings):
+                requests.extend(_requests(subject, rule.id, companion, dict(functions or {})))
+                notes.append(f"finding {number}: {rule.id} is repaired with it: {_tensor_name(subject)} is the state "
+                             f"the same step reads next, and adaptor profile {environment.profile.id} does not "
+                             "reset it")
     if not requests:
         return Plan((), (), tuple(outcomes), ())
     blocks = plan_blocks(requests, environment, profile, group)
     return replace(blocks, outcomes=tuple(outcomes), notes=tuple(dict.fromkeys((*notes, *blocks.notes))),
                    profile=profile.id, profile_why=environment.profile_why)
+
+
+def _companions(
+    subject: Subject, classification: Classified, context: RunContext, findings: Sequence[ClassifiedSubject]
+) -> list[tuple[Rule, FixPlan, Subject]]:
+    """The rules the finding's rule must be repaired with (its `repair_with`), each with its fix for
+    the same owner, where the profile does not reset it and no finding of the log names it already."""
+    rule = context.knowledge.rule(classification.rule) if classification.rule else None
+    if rule is None or subject.tensor is None:
+        return []
+    named = {item.classification.rule for item in findings if isinstance(item.classification, Classified)}
+    found: list[tuple[Rule, FixPlan, Subject]] = []
+    for rule_id in rule.repair_with:
+        companion = context.knowledge.rule(rule_id)
+        if companion is None or rule_id in named or rule_id in context.environment.profile.resets:
+            continue
+        variable = companion.match.variable
+        if variable is None:  # a rule for globals by pattern names no one state to repair
+            continue
+        tensor = replace(subject.tensor, expression=variable, variable=variable,
+                         module=companion.match.module or subject.tensor.module)
+        fixed = classify_with_rule(companion, replace(subject, tensor=tensor), context)
+        if isinstance(fixed.fix, FixPlan):
+            found.append((companion, fixed.fix, replace(subject, tensor=tensor)))
+    return found
 
 
 class BlockRequest(Protocol):

@@ -77,6 +77,9 @@ def load_knowledge(extra: Sequence[Path] = ()) -> KnowledgeBase:
             if name not in merged.conditions
         )
     rule_ids = set(merged.rules)
+    for rule in merged.rules.values():
+        problems.extend(f"{rule.origin}: rule {rule.id}: repair_with names an unknown rule '{rule_id}'"
+                        for rule_id in rule.repair_with if rule_id not in rule_ids)
     for profile in merged.profiles.values():
         problems.extend(
             f"{profile.origin}: profile {profile.id}: resets an unknown rule '{rule_id}'"
@@ -302,6 +305,7 @@ def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None
         priority=item.get("priority", 0),
         exists_when=tuple(item.get("exists_when", ())),
         first_read=item.get("first_read"),
+        repair_with=tuple(item.get("repair_with", ())),
     )
 
 
@@ -354,6 +358,7 @@ def _profile(item: dict[str, Any], origin: str, problems: list[str]) -> AdaptorP
         recv=item["recv"],
         parameters={role: _alternatives(name) for role, name in parameters.items() if role in PARAMETER_ROLES},
         ranks_are_lists=item.get("ranks_are_lists", True),
+        rebuilds_model=item.get("rebuilds_model", True),
         repair_group=item["repair_group"]["expression"],
         repair_group_imports=tuple(item["repair_group"].get("imports", ())),
         origin=origin,

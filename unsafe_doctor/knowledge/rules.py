@@ -109,6 +109,9 @@ class Rule:
     # (which also guard the fix): what an arguments dump is read against.
     exists_when: tuple[str, ...] = ()
     first_read: ReadStage | None = None  # None: the step writes it before reading, or where is not known
+    # rules whose global the same step reads right after this one's (TopKRouter's local_tokens_per_expert
+    # after expert_bias): repaired with it wherever the adaptor's generation does not repair them itself
+    repair_with: tuple[str, ...] = ()
 
     @property
     def matches(self) -> tuple[RuleMatch, ...]:
@@ -172,6 +175,9 @@ class AdaptorProfile:
     log_evidence: tuple[str, ...] = ()  # texts only this generation's adaptor logs: a log holding one shows it ran
     # framework -> the releases this generation runs with (MindSpeed-LLM 26 pairs with megatron core_r0.12.1)
     pairs_with: dict[str, tuple[Version, ...]] = field(default_factory=dict)
+    # recovery rebuilds the model (or makes all of it safe); False: only the optimizer's state and the
+    # DDP buckets are made safe, and the model's buffers stay unsafe (MindSpeed-LLM 26.x's clean)
+    rebuilds_model: bool = True
 
 
 # How an arguments dump prints a switch that is off: None, False, zero, an empty string or list.

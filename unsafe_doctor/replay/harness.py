@@ -201,13 +201,14 @@ class _Run:
 
     def _stand_for_own_repair(self) -> None:
         """The adaptor's own repair of the model and the optimizer does not run here: what it makes
-        safe is made safe, and the globals stay unsafe."""
+        safe is made safe (all of the model where the generation rebuilds it, else its parameters
+        and the optimizer's state only), and the globals stay unsafe."""
         if self.rank != self.plan.faulty:
             return
         was_on = self.backend.check_enabled()
         self.backend.set_check(False)
         globals_memory = {_address(tensor) for probe in self.probes.values() for tensor in probe.tensors()}
-        for tensor in reachable_tensors(*(item for item in self._train_args() if item is not None)):
+        for tensor in _repaired_by_the_adaptor(self._train_args(), self.plan.rebuilds_model):
             if _address(tensor) not in globals_memory:
                 self.backend.mark_safe(tensor)
         self.backend.set_check(was_on)
@@ -431,6 +432,20 @@ def _call_with(function: Callable[..., object], values: dict[str, object]) -> No
     function(**arguments)
 
 
+def _repaired_by_the_adaptor(train_args: tuple, rebuilds_model: bool) -> list[torch.Tensor]:
+    """What recovery gives back safe: everything train_args reach where the model is rebuilt; else
+    (MindSpeed-LLM 26.x's clean) the parameters, their gradients and the optimizer's state, not the
+    model's registered buffers."""
+    items = [item for item in train_args if item is not None]
+    if rebuilds_model:
+        return reachable_tensors(*items)
+    chunks = [chunk for item in items for chunk in (item if isinstance(item, (list, tuple)) else [item])]
+    modules = [chunk for chunk in chunks if isinstance(chunk, torch.nn.Module)]
+    parameters = [tensor for module in modules for parameter in module.parameters()
+                  for tensor in (parameter, parameter.grad) if tensor is not None]
+    return parameters + reachable_tensors(*(chunk for chunk in chunks if not isinstance(chunk, torch.nn.Module)))
+
+
 def _host_resident(train_args: tuple) -> list[torch.Tensor]:
     """Optimizer step counters: torch keeps them in host memory (unless capturable), out of a fault's reach.
     The optimizer is an item of train_args, or what a wrapper of one holds in ``.optimizer`` (Megatron)."""
@@ -537,10 +552,15 @@ _DOTTED = re.compile(r"[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*")
 
 def _globals_on_line(text: str, frame: types.FrameType) -> Iterator[tuple[str, object]]:
     """Each global a line names, as (module.name, its value): a name of the frame's module that is
-    no local, or an attribute reached through modules and classes (`state._EMA`, `Cache.masks`)."""
+    no local, an attribute reached through modules and classes (`state._EMA`, `Cache.masks`), or an
+    attribute of `self` (`TopKRouter.local_tokens_per_expert`)."""
     local = {} if frame.f_locals is frame.f_globals else frame.f_locals  # a module's own frame: its names are its globals
     for match in _DOTTED.finditer(text.split("#", 1)[0]):
         root, *attributes = [part.strip() for part in match.group(0).split(".")]
+        if root == "self" and "self" in local and attributes:  # a module's buffer: its class's state, as rules name it
+            owner = type(local["self"])
+            yield f"{owner.__module__}.{owner.__qualname__}.{attributes[0]}", getattr(local["self"], attributes[0], None)
+            continue
         if root in local or root not in frame.f_globals:
             continue
         value: object = frame.f_globals[root]

@@ -77,6 +77,7 @@ class ReplayPlan:
     replicas: tuple[int, ...] = ()  # every rank that sends to the faulty one (MindIO: one per optimizer index)
     standins: tuple[str, ...] = ()  # modules the unpatched adaptor imports: stood in where they do not import here
     group_getters: tuple[str, ...] = ()  # names of the repair-group getters the adaptor generations import
+    rebuilds_model: bool = True  # knowledge.AdaptorProfile.rebuilds_model: False leaves the model's buffers unsafe
     ranks_are_lists: bool = True  # knowledge.AdaptorProfile.ranks_are_lists
     group_parameter: str | None = None  # the adaptor functions' parameter that holds the repair group
     probe: str | None = None  # the user's MODULE:FUNCTION that builds and touches the state

@@ -334,9 +334,9 @@ class MegatronRouterExpertBiasProbe(Probe):
 
     The router's second argument, its process groups, changed type across releases (none up to 0.12,
     ModelCommProcessGroups in 0.13, ProcessGroupCollection later): it is read from the installed
-    constructor's signature and given with every group None (no parallelism). The step routes without
-    gradients, as evaluation does, so that it reads expert_bias and not local_tokens_per_expert
-    (another global, with its own rule)."""
+    constructor's signature and given with every group None (no parallelism). The step routes as
+    training does, with gradients on: it reads expert_bias, then adds to local_tokens_per_expert (a
+    buffer beside it, with its own rule, which the fix repairs with it where the model is not rebuilt)."""
 
     def __init__(self, target: Target, device: torch.device) -> None:
         self.target, self.device = target, device
@@ -366,8 +366,7 @@ class MegatronRouterExpertBiasProbe(Probe):
 
     def step(self) -> None:
         logits = torch.randn(3, 2, 4, generator=torch.Generator().manual_seed(1)).to(self.device)
-        with torch.no_grad():
-            self.router.routing(logits)
+        self.router.routing(logits)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.router.expert_bias]

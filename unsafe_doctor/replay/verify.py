@@ -127,6 +127,7 @@ def plan_replay(
         functions=functions,
         parameters=dict(profile.parameters),
         ranks_are_lists=profile.ranks_are_lists,
+        rebuilds_model=profile.rebuilds_model,
         group_parameter=groups[0] if groups else None,
         repair_group_imports=profile.repair_group_imports,
         mode=mode,
