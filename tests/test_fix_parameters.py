@@ -42,7 +42,7 @@ def test_one_peer_and_a_group_parameter_are_mapped_onto_the_roles(tmp_path):
     adaptor = tmp_path / "hooks.py"
     adaptor.write_text(HOOKS)
     refused = fix(adaptor)
-    assert refused.returncode == 2 and "lacks parameter(s) src_ranks, dest_ranks" in refused.stderr
+    assert refused.returncode == 2 and "it has group, peer: name it with --parameter src_ranks=NAME" in refused.stderr
     assert adaptor.read_text() == HOOKS
     result = fix(adaptor, "--parameter", "peer=peer", "--parameter", "group=group")
     assert result.returncode == 0, result.stderr
@@ -51,11 +51,28 @@ def test_one_peer_and_a_group_parameter_are_mapped_onto_the_roles(tmp_path):
     send = written[written.index("def push_state_to_peer"): written.index("def pull_state_from_peer")]
     recv = written[written.index("def pull_state_from_peer"):]
     for side in (send, recv):
-        assert "_unsafe_doctor_fix(peer, peer, group)" in side  # source and destination are the one peer
-        assert "for src_rank, dest_rank in" not in side  # no lists to walk
+        assert "for src_rank, dest_rank in" not in side  # no lists to walk: the one peer is both
         assert "get_repair_group" not in side
-    assert "torch.distributed.send(item, dst=dest_rank, group=repair_group)" in send
-    assert "torch.distributed.recv(fresh, src=src_rank, group=repair_group)" in recv
+    assert "torch.distributed.send(global_tensor, dst=peer, group=group)" in send
+    assert "torch.distributed.recv(recv_tensor, src=peer, group=group)" in recv
+
+
+def test_a_hooks_own_group_parameter_is_used_without_being_named(tmp_path):
+    """Issue 23's second failure: `push_state_to_peer(peer, group)` with only --parameter peer=peer got
+    MindSpeed-LLM's getter import, in a trainer that has no MindSpeed-LLM. The hook's own group is used."""
+    adaptor = tmp_path / "hooks.py"
+    adaptor.write_text(HOOKS)
+    result = fix(adaptor, "--parameter", "peer=peer")
+    assert result.returncode == 0, result.stderr
+    written = adaptor.read_text()
+    assert "mindspeed_llm" not in written and "get_repair_group" not in written
+    assert "torch.distributed.send(global_tensor, dst=peer, group=group)" in written
+    assert "push_state_to_peer() takes its repair group as group: the block uses it" in result.stderr
+    proven = verify(adaptor, "--parameter", "peer=peer")
+    assert proven.returncode == 0, proven.stdout + proven.stderr
+    assert "─ PROVEN ·" in proven.stdout  # the hooks' own code (a pass) and their blocks ran whole
+    assert "ran the patched adaptor's own pull_state_from_peer(), push_state_to_peer(), reset_step_state()" in " ".join(
+        proven.stdout.split())
 
 
 def test_a_group_parameter_the_function_lacks_is_refused(tmp_path):
@@ -101,9 +118,9 @@ def test_verify_proves_a_peer_and_group_fix_given_the_same_parameters(tmp_path):
     adaptor = tmp_path / "hooks.py"
     adaptor.write_text(HOOKS)
     assert fix(adaptor, "--parameter", "peer=peer,group=group").returncode == 0
-    refused = verify(adaptor)  # the blocks pass `peer` and `group`, which the profile does not name
+    refused = verify(adaptor)  # the blocks read `peer`, which the profile does not name
     assert refused.returncode == 2
-    assert "passes group, peer, which no role of adaptor profile" in refused.stderr and "--parameter" in refused.stderr
+    assert "reads peer, which no role of adaptor profile" in refused.stderr and "--parameter" in refused.stderr
     proven = verify(adaptor, "--parameter", "peer=peer", "--parameter", "group=group")
     assert proven.returncode == 0, proven.stdout + proven.stderr
-    assert "PROVEN" in proven.stdout and "bit-identical to replica rank" in proven.stdout
+    assert "─ PROVEN ·" in proven.stdout and "bit-identical to replica rank" in proven.stdout

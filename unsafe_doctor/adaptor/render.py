@@ -4,7 +4,8 @@ The rule's code names its roles (`train_args`, `src_ranks`), the profile's repai
 (`get_repair_group()`) and what its imports bind (`torch`, `TopKRouter`). Written into a function:
 
 * each role becomes the function's parameter for it (`send_rank_repair_args.src_ranks`);
-* the repair group becomes the function's own: a `--parameter group`, a local it binds to
+* the repair group becomes the function's own: a `--parameter group`, a parameter named like one
+  (`group`, `repair_group`), a local it binds to
   `get_repair_group()` or `new_group(...)` before the block, else the getter the file imports; the
   profile's import only when the file has none;
 * an imported name the file binds at module level is read from there (`torch`, `dist` for
@@ -26,7 +27,14 @@ import libcst as cst
 
 from unsafe_doctor.adaptor.code import INDENT, AdaptorFunction, Site
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.rules import DEST_RANK, PARAMETER_ROLES, SOURCE_RANK, AdaptorProfile, role_parameter
+from unsafe_doctor.knowledge.rules import (
+    DEST_RANK,
+    GROUP_PARAMETERS,
+    PARAMETER_ROLES,
+    SOURCE_RANK,
+    AdaptorProfile,
+    role_parameter,
+)
 from unsafe_doctor.source.syntax import import_bindings
 
 GETTER_NAMES = frozenset({"get_repair_group", "new_group"})  # calls whose result a function keeps as its repair group
@@ -103,6 +111,9 @@ def _group(site: Site, profile: AdaptorProfile, given: str | None) -> tuple[str,
         return given, given, None
     if profile.repair_group in function.parameters:
         return profile.repair_group, profile.repair_group, None
+    parameter = next((name for name in GROUP_PARAMETERS if name in function.parameters), None)
+    if parameter is not None:
+        return parameter, parameter, f"{function.name}() takes its repair group as {parameter}: the block uses it"
     local = _group_local(site)
     if local is not None:
         return local, local, f"{function.name}() keeps its repair group in {local}: the block uses it"

@@ -48,6 +48,8 @@ PARAMETER_ROLES: tuple[ParameterRole, ...] = get_args(ParameterRole)
 # lists); `group`, a parameter holding the repair group (instead of the profile's expression).
 MAPPING_ROLES = ("peer", "group")
 EVERY_ROLE = (*PARAMETER_ROLES, *MAPPING_ROLES)
+# parameter names that hold the repair group where a hook takes it (`push_state_to_peer(peer, group)`)
+GROUP_PARAMETERS = ("repair_group", "group", "process_group")
 # The names a scenario-2 template's $src and $dst render to; the fix binds them from the rank roles.
 SOURCE_RANK = "src_rank"
 DEST_RANK = "dest_rank"

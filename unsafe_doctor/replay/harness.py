@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from unsafe_doctor.knowledge.rules import GROUP_PARAMETERS
 from unsafe_doctor.npu.backend import UnsafeBackend, select_backend
 from unsafe_doctor.npu.messages import UNSAFE_DATA
 from unsafe_doctor.replay import standins
@@ -380,6 +381,8 @@ class _Run:
                 _bind(values, name, value)
         if self.plan.group_parameter is not None:
             values[self.plan.group_parameter] = self.group
+        for name in GROUP_PARAMETERS:  # a hook that takes the repair group gets it, as its caller gives it
+            values.setdefault(name, self.group)
         return values
 
     def _adaptor_modules(self) -> dict[str, types.ModuleType]:

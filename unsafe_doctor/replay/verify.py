@@ -20,7 +20,7 @@ from unsafe_doctor.adaptor.fix import marker_key
 from unsafe_doctor.diagnose.pipeline import Diagnosis
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import Unclassified
-from unsafe_doctor.knowledge.rules import KnowledgeBase, map_parameters
+from unsafe_doctor.knowledge.rules import GROUP_PARAMETERS, AdaptorProfile, KnowledgeBase, map_parameters
 from unsafe_doctor.replay.plan import MAX_RANKS, MAX_TIMEOUT, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import Milestone, RankResult, RunResult, StepOutcome
 from unsafe_doctor.source.syntax import import_bindings
@@ -115,9 +115,10 @@ def plan_replay(
     profile = map_parameters(environment.profile, mapped)
     functions = {role: (functions or {}).get(role, getattr(profile, role)) for role in ROLES}
     faulty, notes = _faulty_rank(diagnosis, ranks)
+    blocks = _blocks(files, functions)
+    _check_bound(blocks, profile, groups[0] if groups else None)
     replicas = _replicas(faulty, ranks)
     roots = tuple(str(Path(root).resolve()) for root in environment.source_roots)
-    blocks = _blocks(files, functions)
     codes = tuple(_code(file, roots) for file in files)
     standins = _standins(codes, profile.repair_group_imports, any(target.switches for target in targets))
     plan = ReplayPlan(
@@ -156,6 +157,21 @@ def _faulty_rank(diagnosis: Diagnosis, ranks: int) -> tuple[int, list[str]]:
 
 
 _NEVER_STOOD_IN = {"torch", "torch_npu", "unsafe_doctor"}  # an NPU is never pretended, nor our own code
+
+
+def _check_bound(blocks: list[Block], profile: AdaptorProfile, group: str | None) -> None:
+    """Each parameter a block reads is one the replay gives a value (a role, the step, the group):
+    otherwise it would run on None and wait for a peer that never sends, a minute later."""
+    bound = {name.split(".")[0] for names in profile.parameters.values() for name in names} | {"step", *GROUP_PARAMETERS}
+    for block in blocks:
+        given = bound | {name for name in (group, block.own_group) if name}
+        read = {node.id for node in ast.walk(ast.parse(block.code)) if isinstance(node, ast.Name)}
+        unbound = sorted(read & set(block.parameters) - given)
+        if unbound:
+            raise UsageError(
+                f"{block.path}:{block.line}: the block {block.key} in {block.function}() reads {', '.join(unbound)}, "
+                f"which no role of adaptor profile {profile.id} names: give --parameter as fix was given"
+            )
 
 
 def _replicas(faulty: int, ranks: int) -> tuple[int, ...]:
