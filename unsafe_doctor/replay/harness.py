@@ -128,6 +128,7 @@ class _Run:
         self.group: dist.ProcessGroup | None = None  # the repair group, on the faulty and the replica rank
         self.at_fault: dict[str, list[bytes]] | None = None  # on the replica: each global's bytes at the fault
         self.unmatched: tuple[str, ...] = ()  # faulty rank: repair transfers whose two sides differ
+        self.stood_in: tuple[str, ...] = ()  # the items of train_args the adaptor's functions got as stand-ins
         self._modules: dict[str, types.ModuleType] | None = None  # function name -> the module of this run's text
 
     def execute(self) -> RunResult:
@@ -142,7 +143,7 @@ class _Run:
                 self._phase("resume", self._resume)
         return RunResult(self.built, self.not_modelled, tuple(self.fix_failures), self.resume, self.unsafe_left,
                          self.equal, self.seconds, self.adaptor_unavailable, self.sentinel, dict(self.alone),
-                         self.unmatched)
+                         self.unmatched, self.stood_in)
 
     def _phase(self, name: str, action: Callable[[], None]) -> None:
         role = self._role(name)
@@ -372,7 +373,7 @@ class _Run:
             *(ranks if role == "send" else ranks[::-1]),  # the other side's rank bound last
             ("optim_idxs", [pair[2] for pair in pairs]),
             ("rank_list", sorted({self.plan.faulty, *self.plan.replicas})),
-            ("train_args", self._train_args()),
+            ("train_args", self._arguments_of_train()),
             ("need_rebuild", True),
         ]
         values: dict[str, object] = {"step": self.plan.steps}
@@ -400,6 +401,16 @@ class _Run:
                     modules.setdefault(function, module)
             self._modules = modules
         return self._modules
+
+    def _arguments_of_train(self) -> tuple:
+        """train_args as the adaptor's functions get them: what this replay did not build (the
+        optimizer, the scheduler; the model where the probe has none) stood in, so that the
+        adaptor's own repair of them runs through (the fault model makes them safe)."""
+        arguments = self._train_args()
+        missing = tuple(f"train_args[{index}]" for index, item in enumerate(arguments) if item is None)
+        self.stood_in = tuple(dict.fromkeys((*self.stood_in, *missing)))
+        return tuple(standins.StandIn(f"train_args[{index}]") if item is None else item
+                     for index, item in enumerate(arguments))
 
     def _train_args(self) -> tuple:
         return next(iter(self.probes.values())).train_args() if self.probes else NO_TRAIN_ARGS

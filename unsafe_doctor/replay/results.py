@@ -56,6 +56,7 @@ class RunResult:
     sentinel: tuple[str, ...] | None = None  # faulty rank: globals the sentinel names unsafe after the rollback
     alone: dict[str, str] = field(default_factory=dict)  # adaptor function -> why its own code cannot run here
     unmatched: tuple[str, ...] = ()  # faulty rank: repair transfers whose sender and receiver differ
+    stood_in: tuple[str, ...] = ()  # items of train_args the adaptor's functions got as stand-ins ("train_args[2]")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunResult:
@@ -71,6 +72,7 @@ class RunResult:
             sentinel=None if data.get("sentinel") is None else tuple(data["sentinel"]),
             alone=data.get("alone", {}),
             unmatched=tuple(data.get("unmatched", ())),
+            stood_in=tuple(data.get("stood_in", ())),
         )
 
 

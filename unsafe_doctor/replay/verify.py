@@ -290,9 +290,12 @@ def _proved(plan: ReplayPlan, results: list[RankResult], transport: str) -> str:
         why = "" if plan.mode == "block" else f" (their own code cannot run here: {next(iter(alone.values()))})"
         ran.append("the fix blocks alone in " + ", ".join(f"{name}()" for name in blocked) + why)
     stood_in = [note for result in results[:1] for note in result.notes if note.startswith("stand-ins")]
+    arguments = sorted({name for result in results for name in result.patched.stood_in})
+    if arguments:
+        stood_in.append(f"{', '.join(arguments)} stood in (not built here; the fault model makes them safe)")
     backend = results[plan.faulty].backend
     device = "CPU" if backend == "emulated" else "NPU"
-    with_standins = f", {stood_in[0]}" if stood_in else ", no stand-ins"
+    with_standins = f", {'; '.join(stood_in)}" if stood_in else ", no stand-ins"
     return f"ran {' and '.join(ran) or 'no adaptor function'}{with_standins}; {backend} backend ({device}, {transport})"
 
 
