@@ -7,7 +7,7 @@ rule is checked alone. tests/test_verify.py replays the same situations on real 
 from __future__ import annotations
 
 from unsafe_doctor.replay.launch import ReplayStopped
-from unsafe_doctor.replay.plan import Block, ReplayPlan, Target
+from unsafe_doctor.replay.plan import AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import FixFailure, Milestone, RankResult, RunResult, StepOutcome
 from unsafe_doctor.replay.verify import _stopped, judge
 
@@ -21,7 +21,8 @@ TIMEOUT = FixFailure("recv", "recv_rank_repair", "RuntimeError: [/gloo/pair.cc:5
 
 def plan(ranks: int = 2) -> ReplayPlan:
     block = Block(TARGET.key, "recv", "recv_rank_repair", "/job/recovery.py", 40, "pass\n", (), None)
-    return ReplayPlan((TARGET,), (block,), (), FUNCTIONS, {}, (), "adaptor", ranks, 1, 0, (), timeout=3.0)
+    code = AdaptorCode("/job/recovery.py", "recovery", "", "", tuple(FUNCTIONS.values()))
+    return ReplayPlan((TARGET,), (block,), (code,), FUNCTIONS, {}, (), "adaptor", ranks, 1, 0, (), timeout=3.0)
 
 
 def run(**fields) -> RunResult:

@@ -196,7 +196,7 @@ class _Run:
                 _scramble(probe.tensors())
             self.backend.mark_host(*_host_resident(self._train_args()))
             self.backend.mark_all_unsafe()
-            if self.plan.mode == "block":
+            if self.plan.mode == "block" or None in self._train_args():  # no adaptor code repairs them here
                 self._stand_for_own_repair()
             self.backend.set_check(True)
         dist.barrier()
@@ -225,7 +225,8 @@ class _Run:
             self.group = dist.new_group(members, timeout=timeout, use_local_synchronization=True)
             gloo = dist.new_group(members, timeout=timeout, use_local_synchronization=True, backend="gloo")
             _GROUPS.device, _GROUPS.gloo = self.group, gloo
-            log = TransferLog(self.group, gloo, self.backend.is_device_memory, check_kinds=self.backend.name == "emulated")
+            log = TransferLog(self.group, gloo, self.backend.is_device_memory,
+                              check_kinds=self.backend.name == "emulated", timeout=timeout)
             try:
                 with log.recording():
                     self._call("send" if self.rank in self.plan.replicas else "recv")

@@ -90,7 +90,7 @@ def fork_ranks(plan: ReplayPlan, progress: Callable[[Milestone], None] | None = 
         with contextlib.suppress(OSError):  # the launcher does it too: whichever comes first
             os.setpgid(launcher, launcher)
         try:
-            failed = _watch(launcher, start + harness_timeout(plan) + 5, _ProgressReader(work, plan.faulty, progress))
+            failed = _watch(launcher, harness_timeout(plan) + 5, work, _ProgressReader(work, plan.faulty, progress))
         finally:
             _end_group(launcher)
         seconds = time.monotonic() - start
@@ -298,15 +298,18 @@ def _reap(children: dict[int, int], work: Path, parent: int, grace: float = 3.0)
         os.waitpid(pid, 0)
 
 
-def _watch(launcher: int, deadline: float, progress: _ProgressReader) -> str | None:
-    """Wait for the launcher (without reaping it, so that its group's id stays its own) until the
-    deadline; what went wrong, if anything."""
+def _watch(launcher: int, idle: float, work: Path, progress: _ProgressReader) -> str | None:
+    """Wait for the launcher (without reaping it, so that its group's id stays its own) until no
+    rank (nor the launcher's imports) has made progress for ``idle`` seconds: a slow machine only
+    makes the replay slower, a stuck phase ends it. What went wrong, if anything."""
+    started = time.time()
     while True:
         ended = os.waitid(os.P_PID, launcher, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         progress.read()
         if ended is not None:
             return None if ended.si_code == os.CLD_EXITED and ended.si_status == 0 else "crash"
-        if time.monotonic() > deadline:
+        last = max((path.stat().st_mtime for path in work.glob("*.progress")), default=started)
+        if time.time() - max(started, last) > idle:
             return "timeout"
         time.sleep(0.02)
 

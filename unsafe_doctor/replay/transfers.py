@@ -1,17 +1,19 @@
 """The repair's transfers as the job's groups would take them, and each rank's log of them.
 
 While the repair functions run, ``torch.distributed``'s point-to-point calls are recorded (peer,
-shape, dtype) so the sender's and the receiver's logs can be matched pair by pair afterwards: a send
-its receiver never takes (a send loop without the pair dedupe) is found without waiting for a
-timeout. On the emulated backend every tensor lives on the CPU, so the group kinds are checked here
-as HCCL and gloo would: device tensors travel on the device (HCCL) repair group, never on the gloo
-one. A collective on a repair group fails at once: MindIO runs the repair pair by pair, and the
-group's other ranks never join it.
+shape, dtype), so that the sender's and the receiver's logs can be matched pair by pair afterwards:
+a send its receiver never takes (a send loop without the pair dedupe) is named as such, beside the
+timeout it causes; a group the adaptor builds in its repair waits the replay's timeout. On the
+emulated backend every tensor lives on the CPU, so the group kinds are checked here as HCCL and
+gloo would: device tensors travel on the device (HCCL) repair group, never on the gloo one. A
+collective on a repair group fails at once: MindIO repairs pair by pair, and the group's other
+ranks never join it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -32,14 +34,15 @@ class Transfer:
 
 class TransferLog:
     def __init__(self, device_group: object, gloo_group: object, is_device_memory: Callable[[torch.Tensor], bool],
-                 check_kinds: bool) -> None:
-        self.device_group, self.gloo_group = device_group, gloo_group
+                 check_kinds: bool, timeout: datetime.timedelta) -> None:
+        self.device_group, self.gloo_group, self.timeout = device_group, gloo_group, timeout
         self._is_device_memory, self._check_kinds = is_device_memory, check_kinds
         self.transfers: list[Transfer] = []
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
-        saved = {name: getattr(dist, name) for name in (*_POINT_TO_POINT, *_COLLECTIVES)}
+        saved = {name: getattr(dist, name) for name in (*_POINT_TO_POINT, *_COLLECTIVES, "new_group")}
+        dist.new_group = self._timed_group(saved["new_group"])
         for name in _POINT_TO_POINT:
             setattr(dist, name, self._point_to_point(name, saved[name]))
         for name in _COLLECTIVES:
@@ -49,6 +52,15 @@ class TransferLog:
         finally:
             for name, function in saved.items():
                 setattr(dist, name, function)
+
+    def _timed_group(self, original: Callable) -> Callable:
+        """A group the adaptor builds in its repair waits the replay's --timeout, not the default group's."""
+
+        def timed(*args: object, **kwargs: object) -> object:
+            kwargs.setdefault("timeout", self.timeout)
+            return original(*args, **kwargs)
+
+        return timed
 
     def _point_to_point(self, name: str, original: Callable) -> Callable:
         def recorded(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
@@ -90,7 +102,11 @@ def unmatched(rank_logs: dict[int, list[Transfer]]) -> list[str]:
                  if item.kind == "recv" and item.peer == source]
         if sent == taken:
             continue
-        if len(sent) != len(taken):
+        if not sent or not taken:
+            problems.append(f"rank {source} sends {len(sent)} tensor(s) to rank {destination}, which receives "
+                            f"{len(taken)}: a {'receive' if taken else 'send'} without its "
+                            f"{'send' if taken else 'receive'}")
+        elif len(sent) != len(taken):
             problems.append(f"rank {source} sends {len(sent)} tensor(s) to rank {destination}, which receives "
                             f"{len(taken)}: one transfer per (source, destination) pair on both sides "
                             "(dict.fromkeys(zip(src_ranks, dest_ranks)))")

@@ -195,14 +195,17 @@ def _standins(codes: tuple[AdaptorCode, ...], group_imports: tuple[str, ...], sw
     return tuple(sorted(name for name in imported if name.partition(".")[0] not in _NEVER_STOOD_IN))
 
 
+def _parsed(text: str) -> ast.Module:
+    try:
+        return ast.parse(text)
+    except SyntaxError:  # the replay reports it where it executes the file
+        return ast.Module([], [])
+
+
 def _imported_modules(text: str, package: str) -> set[str]:
     """Every module an import of the text names (relative ones resolved against ``package``)."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return set()
     found = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(_parsed(text)):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -228,9 +231,16 @@ def _blocks(files: tuple[AdaptorFile, ...], functions: dict[str, str]) -> list[B
     ]
 
 
+_UNKNOWN_PACKAGE = "unknown_package"  # the package of an adaptor file outside every source root, for its relative imports
+
+
 def _code(file: AdaptorFile, roots: tuple[str, ...]) -> AdaptorCode:
+    """The file as its module: its dotted name under a source root, else its stem; in a package of
+    stand-ins where it has no package and imports relatively (a copy of one file of a package)."""
     path = str(file.path.resolve())
     module = module_from_path(path, [Path(root) for root in roots]) or file.path.stem
+    if "." not in module and any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(_parsed(file.unpatched))):
+        module = f"{_UNKNOWN_PACKAGE}.{module}"
     return AdaptorCode(path, module, file.unpatched, file.patched, tuple(sorted(file.functions)))
 
 
@@ -279,7 +289,10 @@ def _alone(results: list[RankResult]) -> dict[str, str]:
 
 def _proved(plan: ReplayPlan, results: list[RankResult], transport: str) -> str:
     """What the replay ran, in one line."""
-    functions = [name for role in ("recv", "send", "rollback") if (name := plan.functions.get(role))]
+    if results[plan.faulty].unpatched.adaptor_unavailable:
+        return "ran nothing of the adaptor: it does not import here"
+    present = {name for code in plan.files for name in code.functions}
+    functions = [name for role in ("recv", "send", "rollback") if (name := plan.functions.get(role)) in present]
     alone = _alone(results)
     own = [name for name in functions if name not in alone and plan.mode == "adaptor"]
     ran = []
