@@ -231,3 +231,31 @@ def test_a_global_of_the_entry_script_is_fixed_in_main_not_in_a_second_copy(entr
     [verdict] = replay(log, adaptor, roots, CUSTOM).verdicts
     assert verdict.outcome == "failed"
     assert any("still unsafe" in problem or "still fails" in problem for problem in verdict.problems), verdict.problems
+
+
+def test_the_real_mindspeed_llm_adaptor_gets_the_router_fix_with_its_companion_and_the_blocks_hold(tmp_path, real,
+                                                                                                 router_expert_bias_log):
+    """MindSpeed-LLM master's own adaptor files (26.x: the model is not rebuilt): the fix writes the
+    expert_bias copy into both repair functions and the local_tokens_per_expert reset into the
+    rollback. Their own repair serialises the optimizer to the NPU, which cannot run here: the blocks
+    run alone in their functions (BLOCK-PROVEN, saying why); without the companion the step dies."""
+    root = tmp_path / "llm"
+    shutil.copytree(real / "mindspeed-llm-master", root)
+    for path in root.rglob("*.py"):
+        path.chmod(0o644)
+    adaptor = root / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
+    plan = fixed(router_expert_bias_log, adaptor, [root])
+    assert plan.profile == "mindspeed-llm-26"
+    rollback = adaptor.with_name("tft_rollback.py").read_text()
+    assert "# unsafe-doctor: begin megatron.router-local-tokens-per-expert" in rollback
+    result = replay(router_expert_bias_log, adaptor, [root])
+    [verdict] = result.verdicts
+    assert verdict.outcome == "block-proven", verdict.problems
+    assert "the fix blocks alone in recv_rank_repair(), send_rank_repair() (their own code cannot run here: " in result.proved
+    companion = rollback[rollback.index("    # unsafe-doctor: begin megatron.router-local-tokens-per-expert"):
+                         rollback.index("    # unsafe-doctor: end megatron.router-local-tokens-per-expert\n")]
+    adaptor.with_name("tft_rollback.py").write_text(rollback.replace(companion, "").replace(
+        "    # unsafe-doctor: end megatron.router-local-tokens-per-expert\n", ""))
+    [verdict] = replay(router_expert_bias_log, adaptor, [root]).verdicts
+    assert verdict.outcome == "failed"
+    assert "dies on megatron.core.transformer.moe.router.TopKRouter.local_tokens_per_expert" in verdict.problems[0]

@@ -10,6 +10,7 @@ answers with the fix guards' switches on.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -78,7 +79,7 @@ def install(modules: Iterable[str], getters: Iterable[str], groups: RepairGroups
     """A stand-in for each module that does not import here (and its missing parents); the names
     stood in, for the report."""
     stood_in = []
-    for name in modules:
+    for name in sorted(modules, key=_found):  # what is missing first: a module that imports one is then met
         if name in sys.modules or _imports(name):
             continue
         parts = name.split(".")
@@ -91,7 +92,14 @@ def install(modules: Iterable[str], getters: Iterable[str], groups: RepairGroups
             if end > 1:
                 vars(sys.modules[".".join(parts[:end - 1])]).setdefault(parts[end - 1], sys.modules[dotted])
         stood_in.append(name)
-    return stood_in
+    return sorted(stood_in)
+
+
+def _found(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _imports(name: str) -> bool:

@@ -192,7 +192,8 @@ def _standins(codes: tuple[AdaptorCode, ...], group_imports: tuple[str, ...], sw
         imported |= {name for name in _imported_modules(line, "") if name.partition(".")[0] in packages}
     if switched:
         imported.add("megatron.training")
-    return tuple(sorted(name for name in imported if name.partition(".")[0] not in _NEVER_STOOD_IN))
+    own = {code.module for code in codes}  # the adaptor's files run as written
+    return tuple(sorted(name for name in imported if name.partition(".")[0] not in _NEVER_STOOD_IN and name not in own))
 
 
 def _parsed(text: str) -> ast.Module:
