@@ -240,11 +240,12 @@ def plan_fix(
 def _companions(
     subject: Subject, classification: Classified, context: RunContext, findings: Sequence[ClassifiedSubject]
 ) -> list[tuple[Rule, FixPlan, Subject]]:
-    """The rules the finding's rule must be repaired with (its `repair_with`), each with its fix for
-    the same owner, where the profile does not reset it and no finding of the log names it already."""
+    """The rules the finding's rule must be repaired with (its `repair_with`: the model's state the
+    same step reads next), each with its fix for the same owner, where the generation neither
+    rebuilds the model nor resets it, and no finding of the log names it already."""
     rule = context.knowledge.rule(classification.rule) if classification.rule else None
-    if rule is None or subject.tensor is None:
-        return []
+    if rule is None or subject.tensor is None or context.environment.profile.rebuilds_model:
+        return []  # a generation that rebuilds the model gives its buffers back fresh
     named = {item.classification.rule for item in findings if isinstance(item.classification, Classified)}
     found: list[tuple[Rule, FixPlan, Subject]] = []
     for rule_id in rule.repair_with:

@@ -90,7 +90,10 @@ def _needed(imports: Iterable[str]) -> dict[str, str]:
         statement = ast.parse(line).body[0]
         if not isinstance(statement, (ast.Import, ast.ImportFrom)):
             raise UsageError(f"{line!r} in a fix is not an import")
-        needed.update({name: imported.target for name, imported in import_bindings(statement, None).items()})
+        if isinstance(statement, ast.Import):  # `import a.b.c` binds `a`, and loads a.b.c: keep the whole name
+            needed.update({alias.asname or alias.name.split(".")[0]: alias.name for alias in statement.names})
+        else:
+            needed.update({name: imported.target for name, imported in import_bindings(statement, None).items()})
     return needed
 
 
@@ -242,7 +245,7 @@ def _imports(tree: cst.Module, needed: dict[str, str], site: Site) -> tuple[cst.
         module, _, last = target.rpartition(".")
         if alias != name:
             renamed[name] = alias
-        if name == target.split(".")[0] and "." not in target:
+        if name == target.split(".")[0] and ("." not in target or alias == name):
             lines.append(f"import {target}" + (f" as {alias}" if alias != name else ""))
         elif module and last == name:
             lines.append(f"from {module} import {last}" + (f" as {alias}" if alias != name else ""))
