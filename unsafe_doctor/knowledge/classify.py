@@ -11,6 +11,8 @@ unclassified and says what to check.
 from __future__ import annotations
 
 import ast
+import builtins
+import re
 import string
 import textwrap
 from dataclasses import dataclass
@@ -20,6 +22,8 @@ from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.matching import matching_block, precedence
 from unsafe_doctor.knowledge.rules import (
     DEST_RANK,
+    GROUP_PARAMETERS,
+    PARAMETER_ROLES,
     SOURCE_RANK,
     AdaptorProfile,
     GlobalKind,
@@ -334,13 +338,19 @@ def _render(
 ) -> FixPlan | NoFix:
     slots = _slots(rule, subject, profile, block or (rule.match if isinstance(rule, Rule) else None))
     templates = [*rule.fix.imports, *(part for part in (rule.fix.code, rule.fix.send, rule.fix.recv) if part)]
+    conditions = [knowledge.conditions[name] for name in (rule.conditions if isinstance(rule, Rule) else ())]
+    module_name = slots.get("alias")
+    if module_name is not None:
+        taken = [*templates, *profile.repair_group_imports, profile.repair_group,
+                 *(part for condition in conditions for part in (condition.guard, *condition.imports))]
+        slots = _free_alias(slots, taken)
     missing = set().union(*(template_slots(template) for template in templates)) - set(slots)
     if missing:
         return NoFix(f"no fix rendered: the log does not give a plain Python name for {', '.join(sorted(missing))}")
     def fill(template: str | None) -> string.Template:  # the schema requires the templates of the rule's scenario
         return string.Template(template or "")
 
-    imports = [_import_line(fill(line).substitute(slots)) for line in rule.fix.imports]
+    imports = [_import_line(fill(line).substitute(slots), module_name, slots.get("alias")) for line in rule.fix.imports]
     guards = []
     for name in rule.conditions if isinstance(rule, Rule) and guarded else ():
         condition = knowledge.conditions[name]
@@ -355,8 +365,35 @@ def _render(
     return FixPlan("repair", profile.recv, recv, tuple(dict.fromkeys(imports)), profile.send, send, profile.id)
 
 
-def _import_line(line: str) -> str:
-    """`from $parent import $alias` for a top-level module renders as `import alias`."""
+# names a fix's code reads besides the template's own: the roles, the rank loop's, a hook's group
+_ROLE_NAMES = frozenset({*PARAMETER_ROLES, SOURCE_RANK, DEST_RANK, *GROUP_PARAMETERS})
+
+
+def _free_alias(slots: dict[str, str], templates: list[str]) -> dict[str, str]:
+    """The name the global's module is bound to in the block: its own (`state`), or, where that name
+    is one the block needs otherwise (a builtin, `torch`, a local of the template, a role), the
+    parent's and its own (`team_torch`), so that no binding of the block shadows another."""
+    alias = slots["alias"]
+    taken = set(dir(builtins)) | _ROLE_NAMES
+    for template in templates:
+        taken |= set(re.findall(r"(?<![$\w])[A-Za-z_]\w*", re.sub(r"#.*", "", template)))
+    if alias not in taken or alias == "__main__":
+        return slots
+    free = f"{slots['parent'].rpartition('.')[2]}_{alias}" if slots["parent"] else f"{alias}_module"
+    while free in taken:
+        free += "_"
+    holder = ".".join(part for part in (free, slots.get("owner")) if part)
+    updated = {**slots, "alias": free, "holder": holder}
+    if "tensor" in slots:
+        updated["tensor"] = f"{holder}.{slots['variable']}"
+    return updated
+
+
+def _import_line(line: str, module_name: str | None, alias: str | None) -> str:
+    """`from $parent import $alias` for a top-level module renders as `import alias`; a module bound
+    under another name than its own (`_free_alias`) is imported `as` that name."""
+    if module_name and alias and alias != module_name:
+        line = re.sub(rf"\bimport {re.escape(alias)}$", f"import {module_name} as {alias}", line)
     return "import " + line.removeprefix("from  import ") if line.startswith("from  import ") else line
 
 
