@@ -189,7 +189,7 @@ class Walker:
         scope.forget(name)
         if value is None:
             return
-        ref = self.resolve(value)
+        ref = self.resolve(_or_empty(value))
         if isinstance(ref, HolderRef):
             scope.aliases[name] = ref
             return
@@ -367,6 +367,15 @@ class Walker:
 
 _Visitor = Callable[[Walker, Any], None]
 # Statements whose blocks are walked in order after their header (try/except* is Python 3.11+).
+def _or_empty(value: ast.expr) -> ast.expr:
+    """`x or []` (or `{}`, `()`, `None`) is `x`, when it holds anything to walk."""
+    empty = (ast.List, ast.Tuple, ast.Dict, ast.Constant)
+    if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or) and all(
+            isinstance(item, empty) and not getattr(item, "elts", getattr(item, "keys", ())) for item in value.values[1:]):
+        return value.values[0]
+    return value
+
+
 def _gathers_items(value: ast.expr) -> bool:
     """A list or tuple of what an expression holds: a display, `list(...)` / `tuple(...)`, or a choice of them."""
     if isinstance(value, ast.IfExp):
