@@ -49,10 +49,12 @@ def test_scenario_2_reads_each_sides_ranks_from_its_own_named_tuple(callbacks):
     compile(written, str(repair), "exec")
     send = written[written.index("def send_rank_repair("): written.index("def save_and_send_ckpt(")]
     recv = written[written.index("def recv_rank_repair("): written.index("def build_model_and_optimizer(")]
-    assert "_unsafe_doctor_fix(send_rank_repair_args.src_ranks, send_rank_repair_args.dest_ranks, train_args)" in send
-    assert "_unsafe_doctor_fix(recv_rank_repair_args.src_ranks, recv_rank_repair_args.dest_ranks, train_args)" in recv
-    assert "_ud_torch.distributed.send(module.expert_bias, dst=dest_rank, group=_ud_get_repair_group())" in send
-    assert "_ud_torch.distributed.recv(fresh, src=src_rank, group=_ud_get_repair_group())" in recv
+    pairs = "for src_rank, dest_rank in dict.fromkeys(zip({0}.src_ranks, {0}.dest_ranks)):"
+    assert pairs.format("send_rank_repair_args") in send and pairs.format("recv_rank_repair_args") in recv
+    # the functions' own `group = get_repair_group()`, their torch: nothing imported again
+    assert "torch.distributed.send(module.expert_bias, dst=dest_rank, group=group)" in send
+    assert "torch.distributed.recv(recv_tensor, src=src_rank, group=group)" in recv
+    assert "import torch\n" not in send + recv and "get_repair_group" not in send.split("unsafe-doctor: begin")[1]
 
     again = unsafe_doctor("fix", EXPERT_BIAS, "--adaptor", repair, "--yes", "--format", "json")
     assert again.returncode == 0 and json.loads(again.stdout)["written"] == []
@@ -73,11 +75,14 @@ def test_scenario_1_goes_into_the_parameterless_feature_rollback(callbacks):
     assert "# unsafe-doctor: begin megatron.moe-layer-wise-tracker" in feature_rollback
 
 
-def test_verify_proves_the_scenario_2_fix_with_the_named_tuples_stood_in(callbacks):
+def test_verify_block_proves_the_scenario_2_fix_with_the_named_tuples_stood_in(callbacks):
     pytest.importorskip("megatron.core.transformer.moe.router")
     repair = callbacks / "repair_callback.py"
     assert unsafe_doctor("fix", EXPERT_BIAS, "--adaptor", repair, "--yes").returncode == 0
     result = unsafe_doctor("verify", EXPERT_BIAS, "--adaptor", repair, "--format", "json")
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
-    assert [verdict["outcome"] for verdict in report["verdicts"]] == ["proven"]
+    # taskd's own repair pickles the optimizer onto the NPU: its blocks run alone, in their functions
+    assert [verdict["outcome"] for verdict in report["verdicts"]] == ["block-proven"]
+    assert ("the fix blocks alone in recv_rank_repair(), send_rank_repair() (their own code cannot run here: "
+            in report["proved"])

@@ -501,12 +501,12 @@ CASES = {
     ),
     "rotary inv_freq": Case(
         "megatron.rotary-inv-freq", real(rotary_of_new_length), MEGATRON_0_16,
-        ("torch.distributed.recv(fresh, src=src_rank, group=get_repair_group())", "stale.copy_(fresh)",
+        ("torch.distributed.recv(recv_tensor, src=src_rank, group=get_repair_group())", "global_tensor.data.copy_(recv_tensor)",
          "torch.distributed.send(module.inv_freq, dst=dest_rank, group=get_repair_group())"),
     ),
     "router expert_bias": Case(
         "megatron.router-expert-bias", real(route_with_stale_bias), MEGATRON_0_16,
-        ("for chunk in train_args[1]:", "torch.distributed.recv(fresh, src=src_rank", "stale.copy_(fresh)",
+        ("for chunk in train_args[1]:", "torch.distributed.recv(recv_tensor, src=src_rank", "global_tensor.data.copy_(recv_tensor)",
          'getattr(module, "expert_bias", None)', "torch.distributed.send(module.expert_bias, dst=dest_rank"),
     ),
     "router local_tokens_per_expert": Case(
@@ -523,7 +523,7 @@ CASES = {
     ),
     "grad scaler": Case(
         "megatron.grad-scaler", real(back_off_stale_scale), MEGATRON_0_16,
-        ("train_args[2]", '"chained_optimizers"', "stale.copy_(fresh)", "torch.distributed.send(value, dst=dest_rank"),
+        ("train_args[2]", '"chained_optimizers"', "global_tensor.data.copy_(recv_tensor)", "torch.distributed.send(value, dst=dest_rank"),
     ),
     # other megatron-core releases, run by generate.py
     "0.7 aux-loss tracker (the FAQ)": Case(
@@ -870,9 +870,9 @@ def test_generic_replica_copy_renders_matching_send_and_recv(tmp_path):
     for name in ("trainer.stats", "trainer"):
         sys.modules.pop(name, None)
     fix = render("generic.replica-copy", finding)
-    assert "torch.distributed.recv(fresh, src=src_rank, group=get_repair_group())" in fix["recv"]
-    assert "item.copy_(fresh)" in fix["recv"]
-    assert "torch.distributed.send(item, dst=dest_rank, group=get_repair_group())" in fix["send"]
+    assert "torch.distributed.recv(recv_tensor, src=src_rank, group=get_repair_group())" in fix["recv"]
+    assert "global_tensor.copy_(recv_tensor)" in fix["recv"]
+    assert "torch.distributed.send(global_tensor, dst=dest_rank, group=get_repair_group())" in fix["send"]
     for side in ("recv", "send"):
         compile(fix["imports"] + "\ndef f(src_rank, dest_rank):\n" + textwrap.indent(fix[side], "    "), "<fix>", "exec")
 

@@ -309,10 +309,10 @@ class _Run:
         except (Exception, SystemExit) as error:  # its own code failing or exiting at import, or a fix's import missing
             self.adaptor_unavailable = f"{type(error).__name__}: {_first_line(error)}"
             return
+        if module is None:  # the role's function is in a file not given (taskd's rollback): nothing of it runs
+            return
         for values in self._calls(role):
             try:
-                if module is None:
-                    raise LookupError(f"no function {function}() in the adaptor's files")
                 self._run_function(function, module, values)
             except Exception as error:  # the adaptor's code may fail in any way: that is a finding
                 failure = FixFailure(role, function, f"{type(error).__name__}: {_first_line(error)}", _where(error),
@@ -377,10 +377,13 @@ class _Run:
             ("train_args", self._arguments_of_train()),
             ("need_rebuild", True),
         ]
-        values: dict[str, object] = {"step": self.plan.steps}
+        values: dict[str, object] = {"step": self.plan.steps, "rank": self.rank}  # as MindIO's callbacks pass them on
         for held, value in by_role:
             for name in self.plan.parameters.get(held, ()):
                 _bind(values, name, value)
+        for value in values.values():  # MindIO's named tuples of repair arguments carry the step too
+            if isinstance(value, types.SimpleNamespace) and not hasattr(value, "step"):
+                value.step = self.plan.steps
         if self.plan.group_parameter is not None:
             values[self.plan.group_parameter] = self.group
         for name in GROUP_PARAMETERS:  # a hook that takes the repair group gets it, as its caller gives it
