@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -259,3 +260,44 @@ def test_the_real_mindspeed_llm_adaptor_gets_the_router_fix_with_its_companion_a
     [verdict] = replay(router_expert_bias_log, adaptor, [root]).verdicts
     assert verdict.outcome == "failed"
     assert "dies on megatron.core.transformer.moe.router.TopKRouter.local_tokens_per_expert" in verdict.problems[0]
+
+
+def unsafe_doctor(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *map(str, arguments)], capture_output=True, text=True,
+                          env=environment, timeout=300, cwd=ROOT)
+
+
+def test_diagnose_prints_exactly_the_blocks_fix_writes_into_the_adaptor_it_knows(legacy):
+    adaptor, roots = legacy
+    shown = unsafe_doctor("diagnose", EMA_LOG, "--source-root", roots[0], "--source-root", roots[1],
+                          "--adaptor", adaptor, "--no-input").stdout
+    assert unsafe_doctor("fix", EMA_LOG, "--source-root", roots[0], "--source-root", roots[1],
+                         "--adaptor", adaptor, "--yes").returncode == 0
+    written = adaptor.read_text()
+    blocks = [written[start:written.index("# unsafe-doctor: end", start)] for start in
+              (index for index in range(len(written)) if written.startswith("    # unsafe-doctor: begin", index))]
+    assert len(blocks) == 2
+    for block in blocks:
+        assert textwrap.dedent(block) in shown  # line for line, at the function's indentation less its own
+
+
+def test_without_an_adaptor_the_printed_block_runs_pasted_at_the_end_of_a_function_that_reads_torch(tmp_path,
+                                                                                                  toytrain_loss_log):
+    """The imports go to the top of the file: one inside the function would make `torch` a local of the
+    whole function, and the function's own earlier use of it would fail."""
+    shutil.copytree(ROOT / "samples" / "framework" / "toytrain", tmp_path / "toytrain")
+    shown = unsafe_doctor("diagnose", toytrain_loss_log, "--source-root", tmp_path, "--no-input").stdout
+    lines = shown.splitlines()
+    top = lines.index(next(line for line in lines if line.startswith("# at the top of")))
+    body = lines.index(next(line for line in lines if line.startswith("# at the end of feature_rollback()")))
+    imports = lines[top + 1: lines.index("", top)]
+    block = lines[body + 1: lines.index("", body)]
+    program = "\n".join(["import sys", f"sys.path.insert(0, {str(tmp_path)!r})", "import torch", *imports, "",
+                         "def feature_rollback():", "    before = torch.zeros(1)",
+                         *("    " + line for line in block),
+                         "", "from toytrain import state", "state.init_state('cpu')",
+                         "state.record_loss('loss', torch.ones(()))", "feature_rollback()",
+                         "assert state.LOSS_LOG['loss'].item() == 0.0", ""])
+    checked = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stderr + program

@@ -146,6 +146,21 @@ def read_source(path: Path) -> AdaptorSource:
         data = path.read_bytes()
     except OSError as error:
         raise UsageError(f"cannot read adaptor {path}: {error.strerror or error}") from None
+    return _parsed_source(path, data)
+
+
+def detached_site(name: str, parameters: Sequence[str]) -> Site:
+    """A function of that name and those parameters, alone in a file that binds nothing: where a
+    block goes that is to be pasted at the end of the user's function, with no adaptor at hand."""
+    text = f"def {name}({', '.join(parameters)}):\n    pass\n"
+    source = _parsed_source(Path(f"{name}.py"), text.encode())
+    [function] = source.functions
+    tree = ast.parse(text)
+    assert function.insert_at is not None
+    return Site(function, module_names(tree, None), function_names(find_function(tree, name, 1), function.insert_at + 1))
+
+
+def _parsed_source(path: Path, data: bytes) -> AdaptorSource:
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
         text = data.decode(encoding)

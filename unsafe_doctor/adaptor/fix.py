@@ -55,6 +55,7 @@ from unsafe_doctor.adaptor.code import (
     Site,
     adaptor_files,
     block_spans,
+    detached_site,
     read_source,
     shown_path,
     without_blocks,
@@ -261,6 +262,47 @@ def _companions(
         if isinstance(fixed.fix, FixPlan):
             found.append((companion, fixed.fix, replace(subject, tensor=tensor)))
     return found
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A finding's block as `fix` would write it, for `diagnose` to print under the finding."""
+
+    function: str
+    side: str  # "on the faulty rank" | "on the replica rank" | "" (a rollback)
+    lines: tuple[str, ...]  # the block, markers included, at its function's indentation
+    adaptor: Path | None  # the file `fix` writes it into; None: to be pasted at the end of the function
+    imports: tuple[str, ...] = ()  # to paste: what goes at the top of the file (an import in the function makes a local)
+
+
+def preview(item: ClassifiedSubject, context: RunContext) -> tuple[Preview, ...]:
+    """The finding's fix block by block: as `fix` writes it into the adaptor it knows, or, with no
+    adaptor (or one `fix` would refuse), to paste at the end of a function with the profile's
+    parameters: its imports apart, for the top of the file, where they make no local of the function."""
+    classification = item.classification
+    if not isinstance(classification, Classified) or not isinstance(classification.fix, FixPlan):
+        return ()
+    requests = _requests(item.subject, marker_key(item.subject, classification, context.knowledge), classification.fix, {})
+    environment, profile = context.environment, context.environment.profile
+    sides = {"recv": "on the faulty rank", "send": "on the replica rank"}
+    if environment.adaptor is not None:
+        try:
+            adaptor = Adaptor(adaptor_files(environment), environment.source_roots)
+            placed = [(request, adaptor.function(request.function, request.role)) for request in requests]
+            return tuple(Preview(function.name, sides.get(request.role, ""),
+                                 tuple(request.block(adaptor.site(function), profile, None)[0]), function.path)
+                         for request, function in placed)
+        except UsageError:
+            pass  # what `fix` would say; the block below is still right at the end of the function
+    parameters = sorted({name.split(".")[0] for names in profile.parameters.values() for name in names})
+    previews = []
+    for request in requests:
+        lines, _ = request.block(detached_site(request.function, parameters), profile, None)
+        imports = list(itertools.takewhile(lambda line: line.lstrip().startswith(("import ", "from ")), lines[2:]))
+        body = (*lines[:2], *lines[2 + len(imports):])
+        previews.append(Preview(request.function, sides.get(request.role, ""), body, None,
+                                tuple(line.strip() for line in imports)))
+    return tuple(previews)
 
 
 class BlockRequest(Protocol):

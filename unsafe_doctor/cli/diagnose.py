@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from unsafe_doctor.cli.options import (
     AdaptorOption,
@@ -17,9 +18,13 @@ from unsafe_doctor.cli.options import (
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, progress_bar, warn_skipped
 from unsafe_doctor.cli.workflow import Invocation, offer_fixes, suggest_for_untraced
-from unsafe_doctor.diagnose.pipeline import diagnose
+from unsafe_doctor.diagnose.pipeline import Diagnosis, diagnose
+from unsafe_doctor.knowledge.classify import Classified, FixPlan
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report import diagnosis as report
+
+if TYPE_CHECKING:
+    from unsafe_doctor.adaptor.fix import Preview
 
 
 def command(
@@ -45,8 +50,18 @@ def command(
     elif output_format is LocatedFormat.sarif:
         print_json(report.to_sarif(diagnosis))
     else:
-        print_rich(report.to_text(diagnosis, elapsed))
+        print_rich(report.to_text(diagnosis, elapsed, _previews(diagnosis)))
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         offer_fixes(diagnosis, invocation, yes=yes, no_input=no_input)
         suggest_for_untraced(diagnosis, invocation)
     return 1 if diagnosis.findings or diagnosis.hits else 0
+
+
+def _previews(diagnosis: Diagnosis) -> list[tuple[Preview, ...]]:
+    """Each finding's fix blocks as `fix` writes them; libcst is loaded only when a finding has one."""
+    if not any(isinstance(item.classification, Classified) and isinstance(item.classification.fix, FixPlan)
+               for item in diagnosis.findings):
+        return []
+    from unsafe_doctor.adaptor.fix import preview
+
+    return [preview(item, diagnosis.context) for item in diagnosis.findings]

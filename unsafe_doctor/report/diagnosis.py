@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.panel import Panel
@@ -33,6 +35,9 @@ from unsafe_doctor.report.common import (
 from unsafe_doctor.report.sarif import location, sarif_log
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin
+
+if TYPE_CHECKING:
+    from unsafe_doctor.adaptor.fix import Preview  # fix loads libcst: a diagnosis without fixes does without it
 
 SCHEMA = "unsafe-doctor/diagnosis/v1"
 SHORT_STACK = 6  # frames shown in a panel, innermost last
@@ -206,11 +211,12 @@ def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
     return sarif_log({"unsafe-data-after-recovery": "Global tensor left unsafe by process-level online recovery"}, results)
 
 
-def to_text(diagnosis: Diagnosis, elapsed: float) -> RenderableType:
+def to_text(diagnosis: Diagnosis, elapsed: float, previews: Sequence[tuple[Preview, ...]] = ()) -> RenderableType:
+    """`previews`: each finding's blocks as `fix` writes them (adaptor.fix.preview), printed under it."""
     parts: list[RenderableType] = []
     for number, item in enumerate(diagnosis.findings, 1):
         parts.append(_panel(number, item, diagnosis))
-        parts.extend(_fix_code(item))
+        parts.extend(_fix_code(previews[number - 1] if number <= len(previews) else ()))
     if diagnosis.stale:
         parts.append(stale_text(diagnosis.stale))
     if diagnosis.untraced:
@@ -344,15 +350,19 @@ def _fix_blocks(fix: FixPlan) -> list[tuple[str, str, str]]:
     return [(fix.function, "on the faulty rank, ", fix.code), (fix.peer_function, "on the replica rank, ", fix.peer_code)]
 
 
-def _fix_code(item: DiagnosedFinding) -> list[RenderableType]:
-    """A finding's fix printed outside its box, so that every line can be copied whole at any width."""
-    fix = item.classification.fix
-    if not isinstance(fix, FixPlan):
-        return []
+def _fix_code(previews: tuple[Preview, ...]) -> list[RenderableType]:
+    """A finding's fix printed outside its box, so that every line can be copied whole at any width:
+    each block as `fix` writes it into the adaptor, or to paste at the end of the function."""
     parts: list[RenderableType] = []
-    for function, where, code in _fix_blocks(fix):
-        heading = Text(f"# {where}at the end of {function}() ({fix.profile} adaptor):", style="bold", overflow="ignore")
-        parts.extend([heading, CodeToCopy("\n".join([*fix.imports, "", code.rstrip()])), Text("")])
+    for block in previews:
+        side = f"{block.side}, " if block.side else ""
+        where = f"written into {short_path(str(block.adaptor))} by `unsafe-doctor fix`" if block.adaptor else "paste it"
+        if block.imports:
+            top = Text(f"# at the top of {block.function}()'s file, what it does not import yet:", style="bold",
+                       overflow="ignore")
+            parts.extend([top, CodeToCopy("\n".join(block.imports)), Text("")])
+        heading = Text(f"# {side}at the end of {block.function}() ({where}):", style="bold", overflow="ignore")
+        parts.extend([heading, CodeToCopy(textwrap.dedent("\n".join(block.lines))), Text("")])
     return parts
 
 
