@@ -301,3 +301,35 @@ def test_without_an_adaptor_the_printed_block_runs_pasted_at_the_end_of_a_functi
                          "assert state.LOSS_LOG['loss'].item() == 0.0", ""])
     checked = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert checked.returncode == 0, checked.stderr + program
+
+
+def test_a_module_the_log_only_names_is_not_imported_by_a_guess(tmp_path):
+    """`state._EMA_GRAD_NORM` with no source read: `state` may be `toytrain.state`; no `import state`."""
+    rules = tmp_path / "rule.yaml"
+    rules.write_text(RESET_BY_RULE)
+    shutil.copytree(ROOT / "samples" / "framework" / "toytrain", tmp_path / "toytrain")
+    adaptor = tmp_path / "toytrain" / "recovery.py"
+    original = adaptor.read_bytes()
+    guessed = unsafe_doctor("fix", EMA_LOG, "--adaptor", adaptor, "--rules", rules, "--yes")
+    assert "the log reads state._EMA_GRAD_NORM through the name state, which without the job's source is a guess" \
+        in guessed.stderr
+    assert adaptor.read_bytes() == original
+    resolved = unsafe_doctor("fix", EMA_LOG, "--adaptor", adaptor, "--rules", rules, "--source-root", tmp_path, "--yes")
+    assert resolved.returncode == 0, resolved.stderr
+    assert "    from toytrain import state\n" in adaptor.read_text()
+
+
+RESET_BY_RULE = """\
+rules:
+  - id: team.ema
+    title: The EMA, reset
+    match: {variable: _EMA_GRAD_NORM}
+    scenario: 1
+    phase: rollback
+    fix:
+      imports:
+        - from $parent import $alias
+      code: |
+        setattr($holder, "$variable", None)
+    reason: Written for the test.
+"""

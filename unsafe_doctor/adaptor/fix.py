@@ -215,6 +215,8 @@ def plan_fix(
             outcomes.append(Skipped(number, "unclassified: scenario 1 or 2 is not known, so there is no fix to write"))
         elif isinstance(classification.fix, NoFix):
             outcomes.append(Skipped(number, classification.fix.reason))
+        elif (unresolved := _unresolved_module(item.subject)) is not None:
+            outcomes.append(Skipped(number, unresolved))
         else:
             key = marker_key(item.subject, classification, context.knowledge)
             if coverage is None and environment.adaptor is not None:
@@ -236,6 +238,18 @@ def plan_fix(
     blocks = plan_blocks(requests, environment, profile, group)
     return replace(blocks, outcomes=tuple(outcomes), notes=tuple(dict.fromkeys((*notes, *blocks.notes))),
                    profile=profile.id, profile_why=environment.profile_why)
+
+
+def _unresolved_module(subject: Subject) -> str | None:
+    """Why a fix cannot name the global's module: the log reads it through a name (`state._EMA`) that,
+    with no source read, is only a guess at the module (`state` for `toytrain.state`)."""
+    tensor = subject.tensor
+    if tensor is None or tensor.module is None or subject.source_file is not None or tensor.runs_as_main:
+        return None
+    if tensor.expression.split(".")[0] != tensor.module.rpartition(".")[2]:
+        return None
+    return (f"the log reads {tensor.expression} through the name {tensor.module}, which without the job's source "
+            f"is a guess at its module: give --source-root so that the fix imports the module that holds it")
 
 
 def _companions(
