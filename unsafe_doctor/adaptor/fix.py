@@ -290,13 +290,15 @@ class Preview:
 
 
 def preview(item: ClassifiedSubject, context: RunContext) -> tuple[Preview, ...]:
-    """The finding's fix block by block: as `fix` writes it into the adaptor it knows, or, with no
+    """The finding's fix block by block (its companions' too): as `fix` writes it into the adaptor it knows, or, with no
     adaptor (or one `fix` would refuse), to paste at the end of a function with the profile's
     parameters: its imports apart, for the top of the file, where they make no local of the function."""
     classification = item.classification
     if not isinstance(classification, Classified) or not isinstance(classification.fix, FixPlan):
         return ()
     requests = _requests(item.subject, marker_key(item.subject, classification, context.knowledge), classification.fix, {})
+    for rule, companion, subject in _companions(item.subject, classification, context, [item]):
+        requests += _requests(subject, rule.id, companion, {})
     environment, profile = context.environment, context.environment.profile
     sides = {"recv": "on the faulty rank", "send": "on the replica rank"}
     if environment.adaptor is not None:
