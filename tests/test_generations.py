@@ -142,7 +142,7 @@ def test_a_legacy_adaptor_is_fixed_with_its_own_group_and_the_patched_adaptor_ru
     [verdict] = result.verdicts
     assert verdict.outcome == "proven", verdict.problems
     assert result.proved.startswith("ran the patched adaptor's own recv_rank_repair(), send_rank_repair(), "
-                                    "feature_rollback(), stand-ins for what the adaptor imports and this machine lacks: "
+                                    "feature_rollback(); stand-ins for what the adaptor imports and this machine lacks: "
                                     "megatron.training, mindio_ttp.adaptor.tft_replica_group; ")
 
 

@@ -72,7 +72,7 @@ def test_a_function_whose_own_code_could_not_run_makes_the_verdict_block_proven_
     assert verification.proved == (
         "ran the patched adaptor's own send_rank_repair(), feature_rollback() and the fix blocks alone in "
         "recv_rank_repair() (their own code cannot run here: AttributeError: 'NoneType' object has no attribute 'to' "
-        "at /job/recovery.py:38), no stand-ins; emulated backend (CPU, gloo)")
+        "at /job/recovery.py:38); no stand-ins; emulated backend (CPU, gloo)")
 
 
 def test_transfers_whose_sides_differ_fail_the_fix():

@@ -114,7 +114,7 @@ def test_scenario_2_fix_run_in_the_adaptors_own_functions_is_proven_bit_identica
     assert verdict.outcome == "proven", verdict.problems
     assert verdict.patched == "recovery clean, tensor bit-identical to replica rank 3"
     assert result.exit_code == 0
-    assert result.proved == ("ran the patched adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback(), "
+    assert result.proved == ("ran the patched adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback(); "
                              "no stand-ins; emulated backend (CPU, gloo)")
 
 
@@ -126,7 +126,7 @@ def test_the_adaptors_own_functions_run_with_what_the_replay_did_not_build_stood
     result = replay(EMA_LOG, adaptor, [toytrain])
     [verdict] = result.verdicts
     assert verdict.outcome == "proven", verdict.problems
-    assert result.proved == ("ran the patched adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback(), "
+    assert result.proved == ("ran the patched adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback(); "
                              "train_args[0], train_args[2], train_args[3] stood in (not built here; the fault model "
                              "makes them safe); emulated backend (CPU, gloo)")
     # the sentinel, run where the rollback ends, names the global the held-back fix repairs, then nothing
@@ -140,7 +140,7 @@ def test_block_mode_runs_the_blocks_alone_in_their_functions_and_says_block_prov
     [verdict] = result.verdicts
     assert (verdict.outcome, result.exit_code) == ("block-proven", 0)
     assert verdict.patched == "recovery clean with the fix blocks run alone, tensor bit-identical to replica rank 3"
-    assert result.proved == ("ran the fix blocks alone in recv_rank_repair(), send_rank_repair(), train_args[0], "
+    assert result.proved == ("ran the fix blocks alone in recv_rank_repair(), send_rank_repair(); train_args[0], "
                              "train_args[2], train_args[3] stood in (not built here; the fault model makes them safe); "
                              "emulated backend (CPU, gloo)")
 

@@ -303,14 +303,16 @@ def _proved(plan: ReplayPlan, results: list[RankResult], transport: str) -> str:
     if blocked:
         why = "" if plan.mode == "block" else f" (their own code cannot run here: {next(iter(alone.values()))})"
         ran.append("the fix blocks alone in " + ", ".join(f"{name}()" for name in blocked) + why)
-    stood_in = [note for result in results[:1] for note in result.notes if note.startswith("stand-ins")]
+    parts = [f"ran {' and '.join(ran) or 'no adaptor function'}"]
+    parts += [note for result in results[:1] for note in result.notes if note.startswith("stand-ins")]
     arguments = sorted({name for result in results for name in result.patched.stood_in})
     if arguments:
-        stood_in.append(f"{', '.join(arguments)} stood in (not built here; the fault model makes them safe)")
+        parts.append(f"{', '.join(arguments)} stood in (not built here; the fault model makes them safe)")
+    if len(parts) == 1:
+        parts.append("no stand-ins")
     backend = results[plan.faulty].backend
-    device = "CPU" if backend == "emulated" else "NPU"
-    with_standins = f", {'; '.join(stood_in)}" if stood_in else ", no stand-ins"
-    return f"ran {' and '.join(ran) or 'no adaptor function'}{with_standins}; {backend} backend ({device}, {transport})"
+    parts.append(f"{backend} backend ({'CPU' if backend == 'emulated' else 'NPU'}, {transport})")
+    return "; ".join(parts)
 
 
 def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Verdict:
