@@ -9,6 +9,7 @@ come out FAILED where the block as written is PROVEN.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,13 +17,13 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from unsafe_doctor.adaptor.fix import apply, function_overrides, plan_fix
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.replay.verify import plan_replay, verify
 
 ROOT = Path(__file__).resolve().parents[1]
 EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"
@@ -107,11 +108,18 @@ def fixed(log: Path, adaptor: Path, roots: list[Path], functions: str | None = N
     return plan
 
 
-def replay(log: Path, adaptor: Path, roots: list[Path], functions: str | None = None, **options):
-    diagnosis = diagnose([str(log)], groundwork(source_roots=roots), adaptor=adaptor)
-    overrides = function_overrides([functions] if functions else [])
-    plan, skipped = plan_replay(diagnosis, diagnosis.context.knowledge, functions=overrides, **options)
-    return verify(plan, skipped)
+def replay(log: Path, adaptor: Path, roots: list[Path], functions: str | None = None, **options) -> SimpleNamespace:
+    """`unsafe-doctor verify --format json`, in a process of its own as a user runs it (ranks forked
+    from a test process would inherit whatever other tests imported)."""
+    arguments: list[str | Path] = ["verify", log, "--adaptor", adaptor, "--format", "json"]
+    arguments += [item for root in roots for item in ("--source-root", root)]
+    arguments += ["--function", functions] if functions else []
+    arguments += [item for name, value in options.items() for item in (f"--{name}", str(value))]
+    result = unsafe_doctor(*arguments)
+    document = json.loads(result.stdout)
+    verdicts = [SimpleNamespace(label=item["global"], outcome=item["outcome"], patched=item["patched"],
+                                problems=tuple(item["problems"])) for item in document["verdicts"]]
+    return SimpleNamespace(verdicts=verdicts, proved=document["proved"])
 
 
 @pytest.fixture
@@ -224,7 +232,7 @@ def test_a_global_of_the_entry_script_is_fixed_in_main_not_in_a_second_copy(entr
     written = adaptor.read_text()
     assert "import __main__" in written and "import pretrain_user_state" not in written
     [verdict] = replay(log, adaptor, roots, CUSTOM).verdicts
-    assert verdict.target.label == "pretrain_user_state._LOSS_EMA"
+    assert verdict.label == "pretrain_user_state._LOSS_EMA"
     assert verdict.outcome == "proven", verdict.problems
     second_copy = written.replace("import __main__", "import pretrain_user_state").replace(
         "__main__", "pretrain_user_state")

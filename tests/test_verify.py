@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -499,3 +500,24 @@ def test_the_sentinel_sample_log_is_fixed_in_one_go_and_both_fixes_are_proven(to
     green = replay(log, adaptor, [toytrain, PROBES], probe=STEP)
     assert [verdict.outcome for verdict in green.verdicts] == ["proven", "proven"], [v.problems for v in green.verdicts]
     assert green.sentinel == {"unpatched": ("toytrain.state.LOSS_LOG", "toytrain.state._EMA_GRAD_NORM"), "patched": ()}
+
+
+def test_a_global_still_unsafe_after_the_patched_rollback_is_named_with_the_command_that_fixes_it(toytrain):
+    """Only _EMA_GRAD_NORM fixed: the sentinel names LOSS_LOG after the patched rollback, and the
+    report ends with the audit command that writes its fix; run as printed, the next verify is PROVEN."""
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    write_fix(EMA_LOG, adaptor, [toytrain])
+    options = [str(EMA_LOG), "--source-root", str(toytrain), "--source-root", str(PROBES), "--adaptor", str(adaptor),
+               "--probe", STEP]
+    first = run_cli(*options)
+    assert first.returncode == 1
+    text = " ".join(first.stdout.split())
+    assert ("Still unsafe after the patched rollback, and no finding of the log: toytrain.state.LOSS_LOG; the first "
+            "step after a real recovery reads them too:") in text
+    command = first.stdout.strip().splitlines()[-1]
+    assert command.startswith("unsafe-doctor audit ") and command.endswith(" --fix")
+    written = subprocess.run([sys.executable, "-m", "unsafe_doctor", *shlex.split(command)[1:], "--yes"],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert written.returncode == 0, written.stderr
+    again = run_cli(*options)
+    assert again.returncode == 0 and "─ PROVEN ·" in again.stdout, again.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shlex
 import sys
 from collections.abc import Callable, Iterator
 from enum import Enum
@@ -28,6 +29,7 @@ from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.replay.quiet import framework_warnings_silenced
+from unsafe_doctor.report.common import NextStep, printable
 
 if TYPE_CHECKING:
     from unsafe_doctor.replay.results import Milestone
@@ -93,7 +95,13 @@ def command(
         print_json(report.to_json(outcome))
     else:
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
-        print_rich(report.to_text(outcome, write_fix=invocation.command("fix", diagnosis.context.environment.adaptor, "--yes")))
+        adaptor_path = diagnosis.context.environment.adaptor
+        others = None
+        if source_root and report.unfixed_globals(outcome):
+            named = ["--adaptor", str(adaptor_path)] if adaptor_path else []
+            audit = ["unsafe-doctor", "audit", *map(str, source_root), *named, "--fix"]
+            others = NextStep(printable(shlex.join(audit)))
+        print_rich(report.to_text(outcome, write_fix=invocation.command("fix", adaptor_path, "--yes"), fix_others=others))
     return outcome.exit_code
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib
 import inspect
 import linecache
 import pickle
@@ -398,7 +399,10 @@ class _Run:
                 module = types.ModuleType(code.module)
                 module.__file__ = code.path
                 module.__package__ = code.module.rpartition(".")[0]
-                sys.modules[code.module] = module
+                if Path(code.path).name == "__init__.py":
+                    module.__path__ = [str(Path(code.path).parent)]
+                    module.__package__ = code.module
+                _register(module, Path(code.path))
                 text = code.patched if self.run == "patched" else code.unpatched
                 exec(compile(text, code.path, "exec"), module.__dict__)  # noqa: S102 (the user's adaptor)
                 for function in code.functions:
@@ -421,6 +425,26 @@ class _Run:
 
 
 # --- helpers ---------------------------------------------------------------------------------------
+
+
+def _register(module: types.ModuleType, path: Path) -> None:
+    """The module in sys.modules, its packages too where nothing else gives them (an adaptor
+    package outside every source root), each bound on its parent."""
+    parts = module.__name__.split(".")
+    folder = path.parent.parent if path.name == "__init__.py" else path.parent  # the innermost package's
+    for end in range(len(parts) - 1, 0, -1):
+        name = ".".join(parts[:end])
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 (not importable here: a package of the adaptor's own folders)
+                package = types.ModuleType(name)
+                package.__path__ = [str(folder)]
+                sys.modules[name] = package
+        folder = folder.parent
+    sys.modules[module.__name__] = module
+    if len(parts) > 1:
+        setattr(sys.modules[".".join(parts[:-1])], parts[-1], module)
 
 
 def _bind(values: dict[str, object], name: str, value: object) -> None:

@@ -119,7 +119,7 @@ def plan_replay(
     _check_bound(blocks, profile, groups[0] if groups else None)
     replicas = _replicas(faulty, ranks)
     roots = tuple(str(Path(root).resolve()) for root in environment.source_roots)
-    codes = tuple(_code(file, roots) for file in files)
+    codes = _in_import_order(tuple(_code(file, roots) for file in files))
     standins = _standins(codes, profile.repair_group_imports, any(target.switches for target in targets))
     plan = ReplayPlan(
         targets=tuple(targets),
@@ -194,6 +194,17 @@ def _standins(codes: tuple[AdaptorCode, ...], group_imports: tuple[str, ...], sw
         imported.add("megatron.training")
     own = {code.module for code in codes}  # the adaptor's files run as written
     return tuple(sorted(name for name in imported if name.partition(".")[0] not in _NEVER_STOOD_IN and name not in own))
+
+
+def _in_import_order(codes: tuple[AdaptorCode, ...]) -> tuple[AdaptorCode, ...]:
+    """The adaptor's files, those that import fewer of the others first (its group module before the
+    repair functions that import it), as they are run one by one."""
+    own = {code.module for code in codes}
+
+    def imports_of_ours(code: AdaptorCode) -> int:
+        return len(_imported_modules(code.unpatched, code.module.rpartition(".")[0]) & own)
+
+    return tuple(sorted(codes, key=imports_of_ours))
 
 
 def _parsed(text: str) -> ast.Module:

@@ -50,8 +50,11 @@ def to_json(verification: Verification) -> dict[str, Any]:
     }
 
 
-def to_text(verification: Verification, write_fix: NextStep | None = None) -> RenderableType:
-    """The verdicts in boxes; when a fix is missing, the command that writes it (`write_fix`)."""
+def to_text(verification: Verification, write_fix: NextStep | None = None,
+            fix_others: NextStep | None = None) -> RenderableType:
+    """The verdicts in boxes; when a fix is missing, the command that writes it (`write_fix`); when
+    the sentinel names globals after the patched rollback that no finding is about, the command
+    that writes their fixes (`fix_others`)."""
     device = "CPU" if verification.backend == "emulated" else "NPU"
     footer = (
         f"backend: {verification.backend} ({device}, {verification.transport}) · {verification.mode} mode · "
@@ -82,7 +85,21 @@ def to_text(verification: Verification, write_fix: NextStep | None = None) -> Re
     missing = [verdict.target.label for verdict in verification.verdicts if verdict.outcome == "no-fix"]
     if missing:
         parts.extend(_write_the_fix(missing, write_fix))
+    others = unfixed_globals(verification)
+    if others:
+        text = Text(f"Still unsafe after the patched rollback, and no finding of the log: {printable(', '.join(others))}; "
+                    "the first step after a real recovery reads them too", style="bold")
+        hint = " (unsafe-doctor audit SOURCE --adaptor ADAPTOR --fix writes their fixes)."
+        parts.append(text.append(":" if fix_others else hint))
+        if fix_others:
+            parts.append(CodeToCopy(fix_others.command, python=False))
     return Group(*parts)
+
+
+def unfixed_globals(verification: Verification) -> tuple[str, ...]:
+    """What the sentinel names after the patched rollback that no verdict is about."""
+    targets = {verdict.target.label for verdict in verification.verdicts}
+    return tuple(name for name in verification.sentinel.get("patched", ()) if name not in targets)
 
 
 def _write_the_fix(missing: list[str], write_fix: NextStep | None) -> list[RenderableType]:
