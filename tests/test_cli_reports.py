@@ -10,13 +10,15 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from unsafe_doctor.knowledge.context import groundwork
+from unsafe_doctor.adaptor.fix import preview
 from unsafe_doctor.diagnose.pipeline import diagnose
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report import diagnosis as diagnosis_report
 from unsafe_doctor.report.common import counted, printable, rank_ranges
 
@@ -37,21 +39,19 @@ def run(*args: str, columns: int = 80, stdin: bytes | None = None) -> subprocess
     )  # fmt: skip
 
 
-def fix_code_lines(document: dict) -> list[str]:
-    """Every line of every fix block the diagnosis generated, as JSON gives it."""
+def fix_code_lines(diagnosis) -> list[str]:
+    """Every line of every fix block the diagnosis offers, as `fix` would write it (adaptor.fix.preview)."""
     lines = []
-    for finding in document["findings"]:
-        fix = finding["fix"]
-        for code in (fix["code"], (fix["peer"] or {}).get("code")):
-            if code:
-                lines += [*fix["imports"], *code.rstrip().splitlines()]
+    for item in diagnosis.findings:
+        for block in preview(item, diagnosis.context):
+            lines += [*block.imports, *textwrap.dedent("\n".join(block.lines)).splitlines()]
     return [line for line in lines if line.strip()]
 
 
 @pytest.mark.parametrize("columns", [60, 80])
 def test_every_generated_code_line_appears_whole_in_the_text_report(columns):
     args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--no-input"]
-    lines = fix_code_lines(json.loads(run(*args, "--format", "json").stdout))
+    lines = fix_code_lines(diagnose([str(LOG)], groundwork((), (FRAMEWORK,))))
     assert any(len(line) > 100 for line in lines)  # wider than either terminal: it would be wrapped in a box
     shown = run(*args, columns=columns).stdout.splitlines()
     for line in lines:
@@ -61,10 +61,11 @@ def test_every_generated_code_line_appears_whole_in_the_text_report(columns):
 @pytest.mark.parametrize("columns", [60, 80])
 def test_highlighted_code_on_a_colour_terminal_is_whole_too(columns):
     diagnosis = diagnose([str(LOG)], groundwork((), (FRAMEWORK,)))
-    lines = fix_code_lines(diagnosis_report.to_json(diagnosis))
+    lines = fix_code_lines(diagnosis)
     console = Console(width=columns, force_terminal=True, color_system="truecolor", record=False)
+    previews = [preview(item, diagnosis.context) for item in diagnosis.findings]
     with console.capture() as capture:
-        console.print(diagnosis_report.to_text(diagnosis, 0.0), crop=False)
+        console.print(diagnosis_report.to_text(diagnosis, 0.0, previews), crop=False)
     assert "\x1b[" in capture.get()  # highlighted
     shown = ANSI.sub("", capture.get()).splitlines()
     for line in lines:
