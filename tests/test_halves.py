@@ -48,10 +48,47 @@ def assert_no_child_left():
         os.waitpid(-1, os.WNOHANG)
 
 
+class Rendezvous:
+    """This process's first item waits until the copy has done one: whatever the load, the copy
+    gets a share (a pipe read blocks; nothing here depends on timing)."""
+
+    def __init__(self):
+        self.parent = os.getpid()
+        self.read_end, self.write_end = os.pipe()
+        self.waited = False
+
+    def copy_did_one(self) -> None:
+        os.write(self.write_end, b".")
+
+    def wait_for_the_copy(self) -> None:
+        if not self.waited:
+            self.waited = True
+            os.read(self.read_end, 1)
+
+    def in_the_copy(self) -> bool:
+        return os.getpid() != self.parent
+
+    def close(self) -> None:
+        os.close(self.read_end)
+        os.close(self.write_end)
+
+
 @two_cores
 def test_the_two_processes_share_out_every_item_once_and_the_copys_results_come_back():
+    meet = Rendezvous()
+
+    def value(item: int) -> int:
+        if meet.in_the_copy():
+            meet.copy_did_one()
+        else:
+            meet.wait_for_the_copy()
+        return sum(range(item * 20))
+
     told: list[int] = []
-    results = shared_out(2000, squares(2000, lambda item: sum(range(item * 20))), told.append)
+    try:
+        results = shared_out(2000, squares(2000, value), told.append)
+    finally:
+        meet.close()
     assert len(results) == 2
     done = merged(results)
     assert {item: value for item, (value, _) in done.items()} == {item: sum(range(item * 20)) for item in range(2000)}
@@ -63,21 +100,24 @@ def test_the_two_processes_share_out_every_item_once_and_the_copys_results_come_
 
 @two_cores
 def test_what_a_failed_copy_claimed_is_done_here():
-    parent = os.getpid()
-    calls = {"copy": 0}
+    meet = Rendezvous()
 
     def fails_in_the_copy(item: int) -> int:
-        if os.getpid() != parent:
-            calls["copy"] += 1
-            if calls["copy"] == 5:
-                raise MemoryError("the copy ran out of memory")
+        if meet.in_the_copy():  # the copy claimed its first item (the last one): it fails on it
+            meet.copy_did_one()
+            raise MemoryError("the copy ran out of memory")
+        meet.wait_for_the_copy()
         return -item
 
     told: list[int] = []
-    results = shared_out(200, squares(200, fails_in_the_copy), told.append)
+    try:
+        results = shared_out(200, squares(200, fails_in_the_copy), told.append)
+    finally:
+        meet.close()
     done = merged(results)
     assert {item: value for item, (value, _) in done.items()} == {item: -item for item in range(200)}
-    assert {pid for _, pid in done.values()} == {parent}
+    assert {pid for _, pid in done.values()} == {meet.parent}
+    assert 199 in results[1], "the item the copy claimed and failed on was redone here"
     assert told[-1] == 200 and told == sorted(told)
     assert_no_child_left()
 
