@@ -57,16 +57,17 @@ The rules, in the order they apply:
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
+from unsafe_doctor.diagnose.branches import Path, decided, earlier_values, paths_to
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame, Traceback
 from unsafe_doctor.npu.messages import UNSAFE_DATA
 from unsafe_doctor.source.files import is_internal_file, why_not_read
-from unsafe_doctor.source.printed import MarkedSpan, first_line, parse_printed_line
+from unsafe_doctor.source.printed import MarkedSpan, first_line, is_partial, parse_printed_line
 from unsafe_doctor.source.resolve import MAX_DEPTH, Resolved, Scope, Tier, resolve_written
 from unsafe_doctor.source.syntax import (
     COMPREHENSION_FRAMES,
@@ -75,8 +76,10 @@ from unsafe_doctor.source.syntax import (
     child_statements,
     compound_header,
     comprehension_body,
+    comprehension_element,
     flatten,
     one_line,
+    parameter_names,
     source_segment,
 )
 from unsafe_doctor.source.workspace import Origin, SourceFile, Workspace
@@ -119,17 +122,18 @@ def is_unsafe_error(traceback: Traceback) -> bool:
     return UNSAFE_DATA.rstrip(".") in traceback.message
 
 
-def locate(tracebacks: Sequence[Traceback], workspace: Workspace) -> list[Finding]:
+def locate(tracebacks: Sequence[Traceback], workspace: Workspace, switches: Mapping[str, str] | None = None) -> list[Finding]:
     """Findings for every traceback whose chain holds the unsafe-data error, folded across ranks.
 
     `workspace`: the command's, over the source roots (`context.Groundwork`); the frames of the
-    unsafe links fingerprint its framework releases first (`Workspace.fingerprint`)."""
+    unsafe links fingerprint its framework releases first (`Workspace.fingerprint`). `switches`:
+    the run's arguments as its dump printed them, which pick the branch a value was bound on."""
     for root in workspace.source_roots:
         if not root.is_dir():
             raise UsageError(f"source root {root} is not a directory")
     links = [link for link in map(_unsafe_link, tracebacks) if link is not None]
     workspace.fingerprint([frame for link in links for frame in link.frames])
-    views = _FrameViews(workspace)
+    views = _FrameViews(workspace, switches or {})
     analyses: dict[tuple[Frame, ...], _Analysis] = {}
     groups: dict[tuple, list[tuple[Traceback, Traceback, _Analysis]]] = {}
     for traceback in tracebacks:
@@ -148,8 +152,9 @@ def locate(tracebacks: Sequence[Traceback], workspace: Workspace) -> list[Findin
 class _FrameViews:
     """Each frame's view, made once: following a parameter views the caller again."""
 
-    def __init__(self, workspace: Workspace):
+    def __init__(self, workspace: Workspace, switches: Mapping[str, str]):
         self.workspace = workspace
+        self.switches = switches
         self._views: dict[Frame, _FrameView] = {}
 
     def view(self, frame: Frame) -> _FrameView:
@@ -170,6 +175,7 @@ class _FrameView:
     marked: MarkedSpan | None = None  # the frame's position markers, when they fit the statement
     origin: Origin = Origin.LOG  # where `scope.source` came from (LOG: none read)
     release: str | None = None  # for INDEX: the releases the frames fit
+    partial: bool = False  # the statement is the printed part of a longer one: it may read more
 
 
 def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
@@ -198,11 +204,13 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
             source_line = source.text.splitlines()[line - 1].strip()
     elif source is not None:
         stack = _def_named(source.tree.body, frame.function, ()) or ()
+    partial = False
     if statement is None and frame.source and first_line(frame.source):
         parsed = parse_printed_line(frame.source)
         if parsed is not None:
             statement, text = parsed
             marked_line = 1
+            partial = is_partial(frame.source)
     functions = tuple(node for node in stack if isinstance(node, Function))
     scope = Scope(found.module, source, functions, _class_of_self(stack), visible)
     differs = installed_differs or (
@@ -210,7 +218,8 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     )
     marked = _marked_span(frame, statement, text, marked_line)
     origin = found.origin if source is not None else Origin.LOG
-    return _FrameView(frame, scope, statement, text, source_line, tuple(notes), differs, marked, origin)
+    return _FrameView(frame, scope, statement, text, source_line, tuple(notes), differs, marked, origin,
+                      partial=partial)
 
 
 def _indexed_view(frame: Frame, module: str | None, skeleton: SourceFile, release: str | None) -> _FrameView:
@@ -228,7 +237,8 @@ def _indexed_view(frame: Frame, module: str | None, skeleton: SourceFile, releas
     parsed = parse_printed_line(frame.source or "")
     printed, text = parsed if parsed is not None else (None, None)
     marked = _marked_span(frame, printed, text, 1)
-    return _FrameView(frame, scope, printed, text, None, (), False, marked, Origin.INDEX, release)
+    partial = is_partial(frame.source or "")
+    return _FrameView(frame, scope, printed, text, None, (), False, marked, Origin.INDEX, release, partial)
 
 
 def _marked_span(frame: Frame, statement: ast.stmt | None, text: str | None, line: int | None) -> MarkedSpan | None:
@@ -455,16 +465,41 @@ def _candidates(view: _FrameView, workspace: Workspace) -> list[_Candidate]:
     operands = [operand for node in _frame_reads(view) for operand in _operands(node)]
     if view.marked is not None:
         operands = view.marked.narrow(operands, lambda operand: operand[0][-1])
+    if view.partial and view.scope.functions:  # the unprinted rest of the statement may read any parameter
+        operands += [([ast.Name(name, ast.Load())], False) for name in _parameters(view.scope.functions[-1])]
     arithmetic = _arithmetic_operands(view.statement)
     found = []
     for parts, call_result in operands:
         written = resolve_written(parts, view.statement, view.scope, workspace)
-        if written is None or (call_result and not written[1].cached):
+        if written is None or (call_result and not _hands_back_a_global(written[1])):
             continue
-        if _guessed_constant(parts, written[1], arithmetic):
+        if _guessed_constant(parts, written[1], arithmetic) or _holds_no_tensor(written[1]):
             continue
         found.append(written)
     return found
+
+
+def _parameters(function: Function) -> list[str]:
+    return [name for name in parameter_names(function) if name not in ("self", "cls")]
+
+
+def _hands_back_a_global(resolved: Resolved) -> bool:
+    """A call's result counts when it is what a global keeps: an lru cache's, or a global the
+    function returns (`get_rotation_matrix(x)` returning `_ROTATION_MATRIX`)."""
+    return resolved.cached or (resolved.tier == Tier.GLOBAL and resolved.variable is not None)
+
+
+# Globals of Megatron's and MindSpeed's that hold the run's arguments, tokenizer, timers and writers:
+# `args.shape_order` and `get_args().pre_tockens` read flags and numbers, never the unsafe tensor.
+_NO_TENSOR_GLOBALS = frozenset({
+    "_GLOBAL_ARGS", "_GLOBAL_MINDSPEED_ARGS", "_MINDSPEED_ARGS", "_GLOBAL_TOKENIZER", "_GLOBAL_TIMERS",
+    "_GLOBAL_TENSORBOARD_WRITER", "_GLOBAL_WANDB_WRITER", "_GLOBAL_ONE_LOGGER", "_GLOBAL_ADLR_AUTORESUME",
+    "_GLOBAL_SIGNAL_HANDLER", "_GLOBAL_ENERGY_MONITOR", "_GLOBAL_NUM_MICROBATCHES_CALCULATOR",
+})
+
+
+def _holds_no_tensor(resolved: Resolved) -> bool:
+    return resolved.tier >= Tier.GUESS and resolved.variable in _NO_TENSOR_GLOBALS
 
 
 def _guessed_constant(parts: list[ast.expr], resolved: Resolved, arithmetic: set[int]) -> bool:
@@ -532,7 +567,8 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
         if view.statement is None:
             notes.append("no source for the culprit line: the tensor cannot be named")
         return _Analysis(culprit, None, source_file, _unique(notes), view.differs, view.origin, view.release)
-    parts, resolved, caller = _choose_tensor(frames, index, view, candidates, views)
+    option, others = _choose_tensor(frames, index, view, candidates, views)
+    parts, resolved, caller = option.parts, option.resolved, option.caller
     text = view.text
     if caller is not None:
         text = caller.text
@@ -543,6 +579,7 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
         where = f"{culprit.function}()"
         notes.append(f"{resolved.parameter} is a parameter of {where}: its caller could not be followed")
     notes.extend(resolved.notes)
+    notes.extend(_path_notes(option, others))
     expression = _expression_text(parts, resolved.anchor, text)
     entry = frames[0]  # the outermost frame: `<module>` of the script the job ran, as `__main__`
     runs_as_main = (entry.function == "<module>" and resolved.module is not None
@@ -552,15 +589,115 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
     return _Analysis(culprit, tensor, source_file, _unique(notes), view.differs, read.origin, read.release)
 
 
+@dataclass(frozen=True)
+class _Option:
+    """What one operand of the culprit line may be: the chain that names it, in the frame it was
+    resolved in (`caller`: a frame up, for a parameter), and the path it was bound on."""
+
+    parts: list[ast.expr]
+    resolved: Resolved
+    caller: _FrameView | None
+    path: Path | None = None
+    because: str | None = None  # what chose the path: the arguments dump
+    undecided: tuple[str, ...] = ()  # the globals of the paths the log cannot choose between, each with its path
+
+    def names(self) -> tuple[str | None, str | None]:
+        return self.resolved.module, self.resolved.variable
+
+
 def _choose_tensor(
     frames: Sequence[Frame], index: int, view: _FrameView, candidates: list[_Candidate], views: _FrameViews
-) -> tuple[list[ast.expr], Resolved, _FrameView | None]:
-    """The best-tiered candidate, leftmost on ties; parameters count as what the caller passed."""
-    options: list[tuple[list[ast.expr], Resolved, _FrameView | None]] = []
+) -> tuple[_Option, list[_Option]]:
+    """The best-tiered option of every operand, leftmost on ties; parameters count as what the
+    caller passed, a local bound on several paths as each value (the dump picks among them).
+    Returns the choice and the other options that name a global too."""
+    options: list[_Option] = []
     for parts, resolved in candidates:
-        followed = _follow_parameter(frames, index, view, resolved.parameter, views) if resolved.parameter else None
-        options.append(followed or (parts, resolved, None))
-    return max(options, key=lambda option: option[1].tier)
+        options.extend(_options(frames, index, view, parts, resolved, views))
+    options = [option for option in options if not _holds_no_tensor(option.resolved)] or options
+    best = max(options, key=lambda option: option.resolved.tier)
+    others = [option for option in options if option.resolved.tier >= Tier.GUESS and option.resolved.variable
+              and option.names() != best.names()]
+    return best, list({option.names(): option for option in others}.values())
+
+
+def _options(
+    frames: Sequence[Frame], index: int, view: _FrameView, parts: list[ast.expr], resolved: Resolved, views: _FrameViews
+) -> list[_Option]:
+    """One operand's options: as resolved, else each path it was bound on."""
+    paths = _paths(view, parts, resolved)
+    if not paths:
+        return [_followed(frames, index, view, parts, resolved, views)]
+    kept, because = decided(paths, views.switches)
+    options = []
+    for path in kept:
+        if path.value is None:
+            option = _followed(frames, index, view, parts, resolved, views) if resolved.parameter else _Option(
+                parts, replace(resolved, tier=min(resolved.tier, Tier.SELF)), None)
+            options.append(replace(option, path=path, because=because))
+            continue
+        bound = _bound(frames, index, view, path.value, views) or [_Option(parts, _unresolved_local(resolved), None)]
+        options.extend(replace(option, path=path, because=because) for option in bound)
+    named = {option.names(): option for option in options if option.resolved.tier >= Tier.GUESS and option.resolved.variable}
+    if len(named) < 2:
+        return options
+    undecided = tuple(f"{option.resolved.variable} of {option.resolved.module} ({option.path.describe()})"
+                      for option in named.values() if option.path is not None)
+    return [_Option(parts, resolved, None, undecided=undecided)]  # the local itself: rules of its frame may know it
+
+
+def _paths(view: _FrameView, parts: list[ast.expr], resolved: Resolved) -> list[Path]:
+    """The paths a local, parameter or `self.attr` was bound on before the line, when several."""
+    functions = view.scope.functions
+    if not functions or view.scope.line is None or view.statement is None:
+        return []
+    root = parts[0]
+    if not isinstance(root, ast.Name):
+        return []
+    if root.id in ("self", "cls"):
+        if len(parts) < 2 or not isinstance(parts[1], ast.Attribute) or resolved.tier != Tier.SELF:
+            return []
+        target: ast.expr = parts[1]
+    elif resolved.tier in (Tier.LOCAL, Tier.PARAMETER, Tier.GLOBAL) and resolved.anchor == 0:
+        target = root
+    else:
+        return []
+    skeleton = view.origin is Origin.INDEX
+    return paths_to(functions[-1], target, view.statement.lineno if not skeleton else view.scope.line + 1, skeleton)
+
+
+def _unresolved_local(resolved: Resolved) -> Resolved:
+    return replace(resolved, tier=Tier.LOCAL, variable=None, parameter=None, cached=False)
+
+
+def _bound(
+    frames: Sequence[Frame], index: int, view: _FrameView, value: ast.expr, views: _FrameViews, depth: int = 0
+) -> list[_Option]:
+    """The options a bound value gives: the chain it reads, resolved before its own line; a local
+    that names nothing is followed to the values it was bound to before (`total_input =
+    ag_inputs`, `ag_inputs = AG_INPUTS.pop(0)`)."""
+    value_parts = flatten(comprehension_element(value))
+    if value_parts is None:
+        return []
+    earlier = replace(view.scope, line=value.lineno - 1)
+    written = resolve_written(value_parts, value, earlier, views.workspace)
+    if written is None:
+        return []
+    parts, resolved = written
+    if resolved.parameter:
+        return [_followed(frames, index, view, parts, resolved, views)]
+    if resolved.tier >= Tier.GUESS or not isinstance(value, ast.Name) or depth >= 2 or not view.scope.functions:
+        return [_Option(parts, resolved, None)]
+    before = earlier_values(view.scope.functions[-1], value.id, value.lineno)
+    deeper = [option for each in before for option in _bound(frames, index, view, each, views, depth + 1)]
+    return deeper or [_Option(parts, resolved, None)]
+
+
+def _followed(
+    frames: Sequence[Frame], index: int, view: _FrameView, parts: list[ast.expr], resolved: Resolved, views: _FrameViews
+) -> _Option:
+    followed = _follow_parameter(frames, index, view, resolved.parameter, views) if resolved.parameter else None
+    return _Option(*followed) if followed else _Option(parts, resolved, None)
 
 
 def _follow_parameter(
@@ -572,7 +709,7 @@ def _follow_parameter(
     if calling is None or depth > MAX_DEPTH or is_internal_file(frames[calling].file) or not view.scope.functions:
         return None
     caller = views.view(frames[calling])
-    argument = _argument_for(caller.statement, view.scope.functions[-1], name) if caller.statement else None
+    argument = _argument_for(caller, view.scope.functions[-1], name) if caller.statement else None
     parts = flatten(argument) if argument is not None else None
     written = resolve_written(parts, caller.statement, caller.scope, views.workspace) if parts and caller.statement else None
     if written is None:
@@ -581,6 +718,22 @@ def _follow_parameter(
     if resolved.parameter:
         return _follow_parameter(frames, calling, caller, resolved.parameter, views, depth + 1)
     return (parts, resolved, caller) if resolved.tier > Tier.PARAMETER else None
+
+
+def _path_notes(chosen: _Option, others: list[_Option]) -> list[str]:
+    """Which path the value was bound on, and the other globals the line may have read."""
+    notes = []
+    if chosen.undecided:
+        notes.append(f"{ast.unparse(chosen.parts[0])} is bound on several paths the log does not choose between: "
+                     + "; ".join(chosen.undecided))
+    if chosen.path is not None and chosen.path.test is not None:
+        how = f"{chosen.because}: " if chosen.because else ""
+        notes.append(f"{how}the value read is the one bound {chosen.path.describe()}")
+    for other in others:
+        where = f" ({other.path.describe()})" if other.path is not None and other.path.test is not None else ""
+        notes.append(f"the line may also have read {other.resolved.variable} of {other.resolved.module}{where}: "
+                     "two globals remain, the sentinel names the one that was unsafe")
+    return notes
 
 
 def _enclosing_index(frames: Sequence[Frame], index: int) -> int | None:
@@ -601,14 +754,17 @@ def _caller_index(frames: Sequence[Frame], index: int) -> int | None:
     return calling if calling >= 0 else None
 
 
-def _argument_for(statement: ast.stmt, function: Function, name: str) -> ast.expr | None:
+def _argument_for(caller: _FrameView, function: Function, name: str) -> ast.expr | None:
+    """The argument the caller's statement passes for parameter `name` of `function`: in a call
+    of `function` by name, else, in a wrapper (MindSpeed's adaptors: `return fn(self, query, ...)`),
+    in its one call of a function it was handed (a parameter or closure variable)."""
+    assert caller.statement is not None
     positional = [argument.arg for argument in (*function.args.posonlyargs, *function.args.args)]
-    for node in ast.walk(statement):
-        if not isinstance(node, ast.Call):
-            continue
-        callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-        if callee != function.name:
-            continue
+    calls = [node for node in ast.walk(caller.statement) if isinstance(node, ast.Call)]
+    named = [node for node in calls if _callee_name(node) == function.name]
+    handed = {each for outer in caller.scope.functions for each in parameter_names(outer)}
+    wrapped = [node for node in calls if isinstance(node.func, ast.Name) and node.func.id in handed]
+    for node in named or (wrapped if len(wrapped) == 1 else []):
         for keyword in node.keywords:
             if keyword.arg == name:
                 return keyword.value
@@ -620,6 +776,10 @@ def _argument_for(statement: ast.stmt, function: Function, name: str) -> ast.exp
             if 0 <= position < len(node.args) and not any(isinstance(argument, ast.Starred) for argument in before):
                 return node.args[position]
     return None
+
+
+def _callee_name(call: ast.Call) -> str | None:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
 
 
 def _expression_text(parts: list[ast.expr], anchor: int, text: str | None) -> str:

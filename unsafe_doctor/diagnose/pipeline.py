@@ -111,7 +111,9 @@ def diagnose(
     tracebacks = _tracebacks(window_lines)
     unsafe = [tb for tb in tracebacks if any(is_unsafe_error(link) for link in tb.chain())]
     sentinel = sentinel_findings.read(line for excerpt in scan.records for line in _lines(excerpt))
-    findings = sentinel_findings.merge(locate(unsafe, groundwork.workspace), sentinel.findings)
+    arguments = read_arguments(line for excerpt in scan.dumps for line in _lines(excerpt))
+    switches = arguments.values if arguments else {}
+    findings = sentinel_findings.merge(locate(unsafe, groundwork.workspace, switches), sentinel.findings)
     frames = [frame for finding in findings if finding.unsafe for frame in finding.unsafe.frames]
     # the lines as normalised (a CRI writer's pieces joined) and as written (MindIO's `[PYH tft_rollback.py:52]`
     # prefix tells a generation too)
@@ -121,7 +123,6 @@ def diagnose(
         *(frame.file for frame in frames),
     ]
     run = groundwork.detect(frames, adaptor, profiles_in_log(groundwork.knowledge, texts))
-    arguments = read_arguments(line for excerpt in scan.dumps for line in _lines(excerpt))
     diagnosed = tuple(
         DiagnosedFinding(finding, _phase(finding, context), _classify(finding, run, loss_scaling)) for finding in findings
     )

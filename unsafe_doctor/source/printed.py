@@ -91,9 +91,19 @@ def first_line(source: str | None) -> str | None:
     return lines[0] if lines else None
 
 
+def is_partial(printed: str) -> bool:
+    """The printed source is part of a longer statement: its brackets stay open (a call over several
+    lines, whose arguments Python before 3.13 does not print) or 3.13 elided lines (`...<12 lines>...`)."""
+    text = "\n".join(line.strip() for line in printed.splitlines() if line.strip())
+    return bool(_ELIDED.search(text) or _missing_closers(text)[0])
+
+
+_ELIDED = re.compile(r"^\.\.\.<\d+ lines?>\.\.\.$", re.MULTILINE)
+
+
 def parse_printed_line(printed: str) -> tuple[ast.stmt, str] | None:
     """The first statement of a printed source line, made parseable; with the text it was parsed from."""
-    text = "\n".join(line.strip() for line in printed.splitlines() if line.strip())
+    text = "\n".join(line.strip() for line in printed.splitlines() if line.strip() and not _ELIDED.match(line.strip()))
     attempts = [text]
     if text.endswith(":"):
         attempts.append(re.sub(r"^elif\b", "if  ", text) + " pass")

@@ -192,7 +192,7 @@ def resolve_chain(parts: list[ast.expr], scope: Scope, workspace: Workspace, dep
         if root in declared_globals(function):
             return _in_source(scope.source, scope.module, root, parts, 0, workspace, depth, cross_module=False)
         if root in parameter_names(function):
-            return _unresolved(scope, Tier.PARAMETER, parts, parameter=root)
+            return _rebound_parameter(root, function, parts, scope, workspace, depth)
         binding = scope.local_binding(function, root)
         if isinstance(binding, ImportedName):
             return _imported(binding.target, parts, 0, workspace, depth)
@@ -205,6 +205,21 @@ def resolve_chain(parts: list[ast.expr], scope: Scope, workspace: Workspace, dep
     if root in _BUILTINS:
         return None
     return _unresolved(scope, Tier.UNKNOWN, parts)
+
+
+def _rebound_parameter(
+    name: str, function: Function, parts: list[ast.expr], scope: Scope, workspace: Workspace, depth: int
+) -> Resolved:
+    """A parameter, unless the function rebinds it to a global before the line
+    (`if attention_mask is None: attention_mask = get_attention_mask()`): that global, which
+    names a tensor where the caller's argument may name none."""
+    parameter = _unresolved(scope, Tier.PARAMETER, parts, parameter=name)
+    rebound = scope.local_binding(function, name)
+    line = getattr(rebound, "lineno", None)  # none on `OPAQUE`: a loop target, `with ... as`
+    if not isinstance(rebound, ast.expr) or line is None or scope.line is None or line > scope.line:
+        return parameter
+    resolved = _alias(name, rebound, parts, scope, workspace, depth)
+    return resolved if resolved.tier >= Tier.GUESS else parameter
 
 
 def resolve_written(

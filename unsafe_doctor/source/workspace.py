@@ -272,6 +272,21 @@ class Workspace:
                         return shown
             if folder in framework.folders:
                 return Path(f"<{name}>", *parts)
+        return self._module_unmatched(parts)
+
+    def _module_unmatched(self, parts: Sequence[str]) -> Path | None:
+        """A module of an indexed framework no frame of the log fingerprinted (MindSpeed under a
+        MindSpeed-LLM frame that imports it): its newest release that has the file."""
+        if not self.fingerprinted:
+            return None
+        folder = "/".join(parts)
+        for framework in self.index.frameworks:
+            if framework.name in self.releases:
+                continue
+            for candidate in (folder + ".py", folder + "/__init__.py"):
+                if candidate in framework.paths:
+                    holding = [at for at in range(len(framework.releases)) if framework.version_in(candidate, at)]
+                    return self._indexed(candidate, ReleaseMatch(framework, (holding[-1],), 0, 0)) if holding else None
         return None
 
     # files printed in a log

@@ -46,6 +46,10 @@ logging, else 1 (a value reset every step is recomputed). Weak evidence alone de
 Confidence is `medium` with two or more kinds of evidence for the chosen side and none against,
 else `low`.
 
+Where the source gives no evidence at all, the culprit's printed line and the accessor that builds
+the global may still decide (`lines`: a self-update or a ring buffer read on the line, a global
+built on first use), with low confidence.
+
 The weighing is here; the rest by stage: `gather` (the files in scope, the study's events, who calls
 a reset), `events` (one file, one function: statements read as events), `aliases` (what stands for
 the tensor in one scope) and `vocabulary` (the token sets and name tests).
@@ -59,6 +63,7 @@ from typing import Literal
 
 from unsafe_doctor.knowledge.heuristics.events import Event, Kind
 from unsafe_doctor.knowledge.heuristics.gather import MAX_FILES, Study
+from unsafe_doctor.knowledge.heuristics.lines import from_the_line
 from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.source.workspace import Workspace
 
@@ -93,7 +98,12 @@ def judge(subject: Subject, workspace: Workspace) -> Verdict:
         )
     study = Study(subject, tensor, workspace)
     study.gather()
-    return _weigh(study)
+    verdict = _weigh(study)
+    if verdict.scenario is None and not verdict.evidence:
+        seen = from_the_line(subject, tensor, workspace)
+        if seen is not None:
+            return Verdict(seen.scenario, "low", seen.reason + ".", (seen.evidence,))
+    return verdict
 
 
 # --- weighing -------------------------------------------------------------------------------------

@@ -1,0 +1,118 @@
+"""Issue 24: which operand of the culprit line was really the unsafe one. The logs of
+tests/fixtures/operands/ have frames that are real lines of megatron-core 0.12.1 / 0.15.0, MindSpeed
+26.0.0 and MindSpeed-LLM master (cases.yaml names each; make.py rendered them with Python 3.10,
+3.12 and 3.13's own traceback modules): several tensor operands, a parameter a wrapper filled,
+a local bound on two branches, a call spread over lines, and scenarios the printed line decides.
+Each is diagnosed from the log alone (the shipped index only) and with the job's source."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).parents[1]
+HERE = ROOT / "tests" / "fixtures" / "operands"
+CASES = {case["name"]: case for case in yaml.safe_load((HERE / "cases.yaml").read_text())["cases"]}
+RENDERINGS = ("py310", "py312", "py313")
+REAL = ROOT.parent / "shared" / "real"
+
+
+def diagnose(log: Path, *options: str) -> dict:
+    run = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", str(log), "--format", "json", *options],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode in (0, 1), run.stderr
+    [finding] = json.loads(run.stdout)["findings"]
+    return finding
+
+
+def reported(finding: dict) -> dict:
+    return {"variable": finding["tensor"]["variable"], "module": finding["tensor"]["module"],
+            "scenario": finding["scenario"], "rule": finding["rule"]}
+
+
+@pytest.mark.parametrize("rendering", RENDERINGS)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_log_alone_names_the_operand_that_reaches_a_global_and_its_scenario(name, rendering):
+    case = CASES[name]
+    expected = dict(case["expected"])
+    if "user_files" in case:
+        expected["module"] = None  # the log's path alone does not say where the job's import root is
+    assert reported(diagnose(HERE / "logs" / f"{name}-{rendering}.log", "--log-only")) == expected
+
+
+def test_the_branch_the_arguments_dump_chose_is_read_with_the_source(megatron_core_release):
+    """With megatron-core 0.15.0's own layers.py, `total_input` is bound on two branches; the
+    dump's sequence_parallel True picks the global memory buffer's, and the report says why."""
+    root = megatron_core_release("0.15.0")
+    finding = diagnose(HERE / "logs" / "branch-sequence-parallel-py312.log", "--source-root", str(root))
+    assert reported(finding) == CASES["branch-sequence-parallel"]["expected"]
+    assert any("the arguments dump says sequence_parallel = True" in note and "when sequence_parallel" in note
+               for note in finding["notes"]), finding["notes"]
+
+
+def test_without_the_dump_both_branches_are_named(megatron_core_release, tmp_path):
+    root = megatron_core_release("0.15.0")
+    log = tmp_path / "no-dump.log"
+    text = (HERE / "logs" / "branch-sequence-parallel-py312.log").read_text()
+    log.write_text(text[text.index("end of arguments"):].split("\n", 1)[1])
+    finding = diagnose(log, "--source-root", str(root))
+    assert finding["tensor"]["variable"] == "_GLOBAL_MEMORY_BUFFER"  # the one path that reaches a global
+    assert any("when sequence_parallel" in note for note in finding["notes"]), finding["notes"]
+
+
+def test_a_small_functions_return_is_followed_in_the_real_file(megatron_core_release):
+    mindspeed = REAL / "mindspeed-26.0.0"
+    if not mindspeed.is_dir():
+        pytest.skip(f"{mindspeed} is absent")
+    root = megatron_core_release("0.12.1")
+    finding = diagnose(HERE / "logs" / "multi-operand-rotation-matrix-py313.log",
+                       "--source-root", str(mindspeed), "--source-root", str(root))
+    assert finding["tensor"]["variable"] == "_ROTATION_MATRIX"
+    assert finding["tensor"]["module"] == "mindspeed.mindspore.core.models.common.embeddings.rotary_pos_embedding"
+    assert finding["source_from"] == "job"
+
+
+@pytest.mark.parametrize("name", ["log-only-self-update", "log-only-ring-buffer"])
+def test_with_the_users_source_the_scenario_and_module_hold(name, tmp_path):
+    case = CASES[name]
+    for path, text in case["user_files"].items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    (tmp_path / "train" / "__init__.py").write_text("")
+    assert reported(diagnose(HERE / "logs" / f"{name}-py310.log", "--source-root", str(tmp_path))) == case["expected"]
+
+
+def test_a_flag_of_the_run_arguments_is_never_named(tmp_path):
+    """`args.pre_tockens` beside `self.attention_mask` in a call over many lines: the arguments
+    global holds flags, the attention mask is what the kernel read."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "state.py").write_text("import argparse\n\n_GLOBAL_ARGS = None\n\n\ndef get_args():\n    return _GLOBAL_ARGS\n")
+    (package / "attention.py").write_text(
+        "import torch_npu\nfrom pkg.state import get_args\n\n\n"
+        "class Attention:\n"
+        "    def forward(self, query):\n"
+        "        args = get_args()\n"
+        "        output = torch_npu.npu_fusion_attention(\n"
+        "            query,\n"
+        "            args.shape_order,\n"
+        "            atten_mask=self.attention_mask,\n"
+        "            pre_tockens=args.pre_tockens,\n"
+        "        )\n"
+        "        return output\n"
+    )
+    log = tmp_path / "job.log"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        f'  File "{package / "attention.py"}", line 8, in forward\n'
+        "    output = torch_npu.npu_fusion_attention(\n"
+        "RuntimeError: There is unsafe data in the input tensor.\n"
+    )
+    finding = diagnose(log, "--source-root", str(tmp_path))
+    assert finding["tensor"]["expression"] == "self.attention_mask"
