@@ -11,6 +11,9 @@
 
 For each mode: every log (expected -> reported, wall time), the confusion table of expected scenario
 (1, 2, none) against the reported one (1, 2, unclassified, no finding) and the rule-id accuracy.
+3. **Operands, log only**: the logs of tests/fixtures/operands (real release lines, three Python
+   renderings; which operand of the culprit line reached a global), each with `--log-only`.
+
 Exit status 1 when a label holds or fails against what labels.yaml and the log-only rule expect.
 """
 
@@ -127,9 +130,38 @@ def log_only(entries: list) -> int:
     return failures
 
 
+def operands() -> int:
+    """tests/fixtures/operands: which operand of the culprit line was unsafe, each case in three
+    Python renderings, from the log alone (`--log-only`; the shipped index stands for the releases)."""
+    import subprocess
+
+    import yaml
+
+    folder = ROOT / "tests" / "fixtures" / "operands"
+    cases = yaml.safe_load((folder / "cases.yaml").read_text())["cases"]
+    print("\n=== operands of the culprit line, log only (tests/fixtures/operands) ===")
+    misses = 0
+    for case in cases:
+        expected = dict(case["expected"], module=None if "user_files" in case else case["expected"]["module"])
+        for log in sorted((folder / "logs").glob(f"{case['name']}-py3*.log")):
+            run = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", "--log-only", "--format", "json",
+                                  str(log)], capture_output=True, text=True)
+            found = json.loads(run.stdout)["findings"] if run.stdout else []
+            got = [{"variable": f["tensor"]["variable"], "module": f["tensor"]["module"], "scenario": f["scenario"],
+                    "rule": f["rule"]} for f in found]
+            ok = got == [expected]
+            misses += not ok
+            shown = got[0] if got else {}
+            print(f"{'ok' if ok else 'NO':2}  {log.name:<44} {shown.get('variable')}: scenario {shown.get('scenario')}, "
+                  f"{shown.get('rule') or 'no rule'}")
+    total = sum(len(list((folder / "logs").glob(f"{case['name']}-py3*.log"))) for case in cases)
+    print(f"located and classified: {total - misses}/{total}")
+    return misses
+
+
 def main() -> int:
     entries = scoring.load_entries()
-    return 1 if with_sources(entries) + log_only(entries) else 0
+    return 1 if with_sources(entries) + log_only(entries) + operands() else 0
 
 
 if __name__ == "__main__":

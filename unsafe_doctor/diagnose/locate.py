@@ -41,7 +41,15 @@ The rules, in the order they apply:
   of one of those) > looks global without source (`_UPPER`, `mod._UPPER`, `ClassName.attr`) >
   `self.attr` > unknown > parameter > plain local; ties go to the leftmost. A parameter is followed
   into the caller frame's call, to the argument at its position or keyword, when that frame is
-  framework code.
+  framework code; a wrapper's call of the function it was handed (`return fn(self, query, ...)`)
+  counts as that call. A call's result counts when the function returns a global
+  (`get_rotation_matrix(x)`). The run's argument globals (`_GLOBAL_ARGS`: `args.pre_tockens`) are
+  never chosen: they hold flags and numbers.
+* **Paths** (`branches`): a local, a rebound parameter or `self.attr` that the function binds on
+  several paths before the line is each value in turn; the arguments dump drops the paths its
+  switches rule out (`if sequence_parallel:`); when two globals remain the local itself is kept
+  (rules of its frame may know it) and the notes name both. A statement printed in part (open
+  brackets, 3.13's `...<N lines>...`) may read any parameter of its function: each is followed.
 * **Expression**: the chain up to the name that identifies the global (the *anchor*: `_X`,
   `mod._X`, `Cls.attr`, `Cls.instance.field`, `get_instance().field`, `self.attr`, the cached call
   `mask(n)`, or the local alias' own name), plus at most one subscript right after it, as printed:
