@@ -116,3 +116,59 @@ def test_a_flag_of_the_run_arguments_is_never_named(tmp_path):
     )
     finding = diagnose(log, "--source-root", str(tmp_path))
     assert finding["tensor"]["expression"] == "self.attention_mask"
+
+
+def real_function(path: Path, name: str, line: int):
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == name
+                and node.lineno <= line <= (node.end_lineno or 0))
+
+
+def test_the_paths_of_a_local_bound_on_two_branches_of_real_code(megatron_core_release):
+    import ast
+
+    from unsafe_doctor.diagnose.branches import decided, paths_to
+
+    layers = megatron_core_release("0.15.0") / "megatron" / "core" / "tensor_parallel" / "layers.py"
+    forward = real_function(layers, "forward", 480)
+    paths = paths_to(forward, ast.Name("total_input", ast.Load()), 480, skeleton=False)
+    assert [(ast.unparse(path.value), ast.unparse(path.test), path.holds) for path in paths] == [
+        ("input", "sequence_parallel", False), ("all_gather_buffer", "sequence_parallel", True)]
+    for printed, value in (("True", "all_gather_buffer"), ("False", "input"), ("None", "input")):
+        kept, because = decided(paths, {"sequence_parallel": printed})
+        assert [ast.unparse(path.value) for path in kept] == [value]
+        assert because == f"the arguments dump says sequence_parallel = {printed}"
+    assert decided(paths, {"tensor_model_parallel_size": "4"}) == (paths, None)  # the dump does not say
+
+
+def test_a_dump_that_rules_out_the_buffer_leaves_the_parameter(megatron_core_release, tmp_path):
+    root = megatron_core_release("0.15.0")
+    log = tmp_path / "sequence-parallel-off.log"
+    on = "  sequence_parallel " + "." * 31 + " True\n"
+    text = (HERE / "logs" / "branch-sequence-parallel-py312.log").read_text()
+    assert on in text
+    log.write_text(text.replace(on, on.replace("True", "False")))
+    finding = diagnose(log, "--source-root", str(root))
+    assert finding["tensor"]["variable"] is None and finding["tensor"]["expression"] == "total_input"
+
+
+def test_a_negated_or_getattr_switch_is_read_from_the_dump():
+    import ast
+
+    from unsafe_doctor.diagnose.branches import decided, paths_to
+
+    function = ast.parse(
+        "def f(x):\n"
+        "    if not getattr(args, 'use_cache', False):\n"
+        "        y = x\n"
+        "    else:\n"
+        "        y = _CACHE\n"
+        "    return y * 2\n"
+    ).body[0]
+    paths = paths_to(function, ast.Name("y", ast.Load()), 6, skeleton=False)
+    kept, _ = decided(paths, {"use_cache": "True"})
+    assert [ast.unparse(path.value) for path in kept] == ["_CACHE"]
+    kept, _ = decided(paths, {"use_cache": "False"})
+    assert [ast.unparse(path.value) for path in kept] == ["x"]

@@ -587,7 +587,7 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
         where = f"{culprit.function}()"
         notes.append(f"{resolved.parameter} is a parameter of {where}: its caller could not be followed")
     notes.extend(resolved.notes)
-    notes.extend(_path_notes(option, others))
+    notes.extend(_path_notes(option, others, view.origin is Origin.INDEX))
     expression = _expression_text(parts, resolved.anchor, text)
     entry = frames[0]  # the outermost frame: `<module>` of the script the job ran, as `__main__`
     runs_as_main = (entry.function == "<module>" and resolved.module is not None
@@ -608,6 +608,8 @@ class _Option:
     path: Path | None = None
     because: str | None = None  # what chose the path: the arguments dump
     undecided: tuple[str, ...] = ()  # the globals of the paths the log cannot choose between, each with its path
+    operand: str | None = None  # for an option of a path: the operand as the line reads it
+    others: tuple[str, ...] = ()  # the values of the operand's other paths, which reach no global
 
     def names(self) -> tuple[str | None, str | None]:
         return self.resolved.module, self.resolved.variable
@@ -632,10 +634,11 @@ def _choose_tensor(
 def _options(
     frames: Sequence[Frame], index: int, view: _FrameView, parts: list[ast.expr], resolved: Resolved, views: _FrameViews
 ) -> list[_Option]:
-    """One operand's options: as resolved, else each path it was bound on."""
+    """One operand's options: as resolved, or, when a path it was bound on reaches a global, each path."""
+    direct = _followed(frames, index, view, parts, resolved, views)
     paths = _paths(view, parts, resolved)
     if not paths:
-        return [_followed(frames, index, view, parts, resolved, views)]
+        return [direct]
     kept, because = decided(paths, views.switches)
     options = []
     for path in kept:
@@ -647,11 +650,30 @@ def _options(
         bound = _bound(frames, index, view, path.value, views) or [_Option(parts, _unresolved_local(resolved), None)]
         options.extend(replace(option, path=path, because=because) for option in bound)
     named = {option.names(): option for option in options if option.resolved.tier >= Tier.GUESS and option.resolved.variable}
+    if not named or (len(named) == 1 and direct.names() in named):
+        return [direct]  # the paths name no global, or the one the operand's own reading names
+    operand = ast.unparse(parts[-1] if parts[0] is not parts[-1] and _is_self(parts) else parts[0])
     if len(named) < 2:
-        return options
-    undecided = tuple(f"{option.resolved.variable} of {option.resolved.module} ({option.path.describe()})"
-                      for option in named.values() if option.path is not None)
-    return [_Option(parts, resolved, None, undecided=undecided)]  # the local itself: rules of its frame may know it
+        [found] = named.values()
+        others = tuple(_shown(option.path) for option in options if option.names() != found.names())
+        return [replace(found, operand=operand, others=others)]
+    undecided = tuple(f"{option.resolved.variable} of {option.resolved.module}{_when(option.path)}"
+                      for option in named.values())
+    return [_Option(parts, resolved, None, undecided=undecided, operand=operand)]  # rules of its frame may know the local
+
+
+def _is_self(parts: list[ast.expr]) -> bool:
+    return isinstance(parts[0], ast.Name) and parts[0].id in ("self", "cls") and len(parts) > 1
+
+
+def _shown(path: Path | None) -> str:
+    if path is None or path.value is None:
+        return "the value passed in"
+    return f"`{one_line(ast.unparse(path.value))}`{_when(path)}"
+
+
+def _when(path: Path | None) -> str:
+    return f" ({path.describe()})" if path is not None and path.test is not None else ""
 
 
 def _paths(view: _FrameView, parts: list[ast.expr], resolved: Resolved) -> list[Path]:
@@ -728,18 +750,23 @@ def _follow_parameter(
     return (parts, resolved, caller) if resolved.tier > Tier.PARAMETER else None
 
 
-def _path_notes(chosen: _Option, others: list[_Option]) -> list[str]:
+def _path_notes(chosen: _Option, others: list[_Option], skeleton: bool) -> list[str]:
     """Which path the value was bound on, and the other globals the line may have read."""
     notes = []
     if chosen.undecided:
-        notes.append(f"{ast.unparse(chosen.parts[0])} is bound on several paths the log does not choose between: "
+        notes.append(f"{chosen.operand} is bound on several paths the log does not choose between: "
                      + "; ".join(chosen.undecided))
-    if chosen.path is not None and chosen.path.test is not None:
-        how = f"{chosen.because}: " if chosen.because else ""
-        notes.append(f"{how}the value read is the one bound {chosen.path.describe()}")
+    elif chosen.path is not None:
+        if chosen.because:
+            why = f"{chosen.because}, so the value read is {_shown(chosen.path)}"
+        elif skeleton:
+            why = f"the release's index keeps no branches: taken as {_shown(chosen.path)}, the path that reaches a global"
+        else:
+            why = f"taken as {_shown(chosen.path)}, the path that reaches a global"
+        rest = f"; otherwise {', or '.join(chosen.others)}" if chosen.others else ""
+        notes.append(f"{chosen.operand} is bound on several paths: {why}{rest}")
     for other in others:
-        where = f" ({other.path.describe()})" if other.path is not None and other.path.test is not None else ""
-        notes.append(f"the line may also have read {other.resolved.variable} of {other.resolved.module}{where}: "
+        notes.append(f"the line may also have read {other.resolved.variable} of {other.resolved.module}: "
                      "two globals remain, the sentinel names the one that was unsafe")
     return notes
 
