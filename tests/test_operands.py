@@ -172,3 +172,43 @@ def test_a_negated_or_getattr_switch_is_read_from_the_dump():
     assert [ast.unparse(path.value) for path in kept] == ["_CACHE"]
     kept, _ = decided(paths, {"use_cache": "False"})
     assert [ast.unparse(path.value) for path in kept] == ["x"]
+
+
+def test_of_several_operands_the_one_a_cache_one_call_up_filled_is_named(tmp_path):
+    """The issue's own line, `q_embed = (q * cos) + (rotate_half(q) * sin)`: q, cos and sin are
+    parameters; in the caller cos and sin are unpacked from an lru-cached function's result, q is
+    the query just projected. cos (leftmost of the two) is named, and sin beside it is the same cache."""
+    package = tmp_path / "model"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "rope.py").write_text(
+        "import functools\n\nimport torch\n\n\n"
+        "@functools.lru_cache(maxsize=8)\n"
+        "def cos_sin(seq_len, dim):\n"
+        "    freqs = torch.arange(seq_len)[:, None] * torch.arange(dim)[None, :]\n"
+        "    return freqs.cos(), freqs.sin()\n\n\n"
+        "def rotate_half(x):\n"
+        "    return torch.cat((-x[..., 1::2], x[..., ::2]), dim=-1)\n\n\n"
+        "def apply_rotary_pos_emb(q, k, cos, sin):\n"
+        "    q_embed = (q * cos) + (rotate_half(q) * sin)\n"
+        "    k_embed = (k * cos) + (rotate_half(k) * sin)\n"
+        "    return q_embed, k_embed\n\n\n"
+        "def attention(layer, hidden):\n"
+        "    q, k = layer.q(hidden), layer.k(hidden)\n"
+        "    cos, sin = cos_sin(hidden.shape[0], q.shape[-1])\n"
+        "    q, k = apply_rotary_pos_emb(q, k, cos, sin)\n"
+        "    return q @ k.transpose(-1, -2)\n"
+    )
+    rope = package / "rope.py"
+    log = tmp_path / "job.log"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        f'  File "{rope}", line 24, in attention\n'
+        "    q, k = apply_rotary_pos_emb(q, k, cos, sin)\n"
+        f'  File "{rope}", line 17, in apply_rotary_pos_emb\n'
+        "    q_embed = (q * cos) + (rotate_half(q) * sin)\n"
+        "RuntimeError: There is unsafe data in the input tensor.\n"
+    )
+    finding = diagnose(log, "--source-root", str(tmp_path))
+    assert (finding["tensor"]["variable"], finding["tensor"]["module"], finding["scenario"]) == ("cos_sin", "model.rope", 1)
+    assert any("cos is the cached result" in note for note in finding["notes"]), finding["notes"]

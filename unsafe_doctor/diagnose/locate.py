@@ -22,18 +22,18 @@ The rules, in the order they apply:
   (`unsafe_doctor.source.printed`). A local file not at the printed
   path may be another version: the printed line is looked up there (nearest match) and notes say so;
   when the log printed no source line, the culprit gets the local one.
-* **Operands**: the reference chains the statement reads: names, attribute and subscript chains,
-  the receiver of a method call (`_X[name]` in `_X[name].zero_()`), call arguments, the target of an
+* **Operands**: the reference chains the statement reads: names, attribute and subscript chains, the
+  receiver of a method call (`_X[name]` in `_X[name].zero_()`), call arguments, the target of an
   augmented assignment and the container of a subscript assignment; a call's result (`mask(n)`,
-  `self.rope(n)`) only when it is what an lru cache keeps. Not operands: callees, names only rebound
-  (`x = ...`), builtins, bare `self` / modules / classes / functions, library modules (torch, numpy,
-  the standard library) and constant-valued module flags.
+  `self.rope(n)`) only when it is what an lru cache keeps or a global the function returns. Not
+  operands: callees, names only rebound (`x = ...`), builtins, bare `self` / modules / classes /
+  functions, library modules (torch, numpy, the standard library) and constant-valued module flags.
 * **Bindings**: a local is what the function bound before the frame's statement (`x = f(x)` reads
-  the earlier `x`). A comprehension's loop variable stands for an element of its iterable, which
-  is resolved instead (`t[0]` in `sum(t[0] for t in xs)` is `xs`); a comprehension's frame reads
-  only its comprehensions, and its function's parameters are followed to that function's caller.
-  Calling what a global holds (`_fused_op(t)` under `global _fused_op`) gives the call's result,
-  not that global.
+  the earlier `x`; `cos, sin = cos_sin(n)` makes each an element of what the chain holds). A
+  comprehension's loop variable stands for an element of its iterable, which is resolved instead
+  (`t[0]` in `sum(t[0] for t in xs)` is `xs`); a comprehension's frame reads only its
+  comprehensions, and its function's parameters are followed to that function's caller. Calling what
+  a global holds (`_fused_op(t)` under `global _fused_op`) gives the call's result, not that global.
 * **Choice**: the operand most likely to be a global tensor, by tier: resolved to a global (module
   global, module attribute, `from m import X`, `global X`, class attribute, singleton field, the
   result of an lru-cached call: a `functools.lru_cache` / `cache` function, or `self.attr(...)` where

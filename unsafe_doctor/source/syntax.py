@@ -182,13 +182,13 @@ OPAQUE = ast.Constant(value=None)  # bound locally by something not worth follow
 
 def local_binding(function: Function, name: str, line: int | None, package: str | None) -> ast.expr | ImportedName | None:
     """The last binding of `name` in the function up to `line` (any line when None, or when all are
-    after it): the assigned value, an import (relative to `package`), `OPAQUE`, or None when the
-    function does not bind it."""
+    after it): the assigned value (for `a, b = chain`, the chain), an import (relative to
+    `package`), `OPAQUE`, or None when the function does not bind it."""
     bindings: list[tuple[int, ast.expr | ImportedName]] = []
     for node in walk_scope(function):
         if isinstance(node, ast.Assign) and name in names_bound(node.targets):
             simple = any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
-            bindings.append((node.lineno, node.value if simple else OPAQUE))
+            bindings.append((node.lineno, node.value if simple or _unpacked_from_chain(node, name) else OPAQUE))
         elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and getattr(node.target, "id", None) == name:
             if node.value is not None:
                 bindings.append((node.lineno, node.value))
@@ -208,6 +208,15 @@ def local_binding(function: Function, name: str, line: int | None, package: str 
         return None
     before = [binding for binding in bindings if line is None or binding[0] <= line] or bindings
     return max(before, key=lambda binding: binding[0])[1]
+
+
+def _unpacked_from_chain(assignment: ast.Assign, name: str) -> bool:
+    """`cos, sin = rope_cache(n)`: the name is an element of what a reference chain holds, which
+    stands for it (a tuple of values, `a, b = x, y`, or a starred target does not)."""
+    unpacked = any(isinstance(target, (ast.Tuple, ast.List))
+                   and any(isinstance(element, ast.Name) and element.id == name for element in target.elts)
+                   for target in assignment.targets)
+    return unpacked and flatten(assignment.value) is not None
 
 
 # --- comprehensions --------------------------------------------------------------------------------
