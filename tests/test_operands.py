@@ -212,3 +212,24 @@ def test_of_several_operands_the_one_a_cache_one_call_up_filled_is_named(tmp_pat
     finding = diagnose(log, "--source-root", str(tmp_path))
     assert (finding["tensor"]["variable"], finding["tensor"]["module"], finding["scenario"]) == ("cos_sin", "model.rope", 1)
     assert any("cos is the cached result" in note for note in finding["notes"]), finding["notes"]
+
+
+def test_the_globals_the_log_cannot_rule_out_are_listed_in_json():
+    """The attention call also passes get_actual_seq_len_list()'s global: the JSON lists it, typed."""
+    finding = diagnose(HERE / "logs" / "multiline-call-args-py310.log", "--log-only")
+    assert finding["alternatives"] == [{"variable": "_ACTUAL_SEQ_LEN_LIST", "module": "mindspeed_llm.training.utils",
+                                        "how": "another operand of the line"}]
+    assert any(note.startswith("mindspeed.model.transformer was read from the index of mindspeed master@")
+               for note in finding["notes"]), finding["notes"]  # no MindSpeed frame: which release stood in is said
+    assert diagnose(HERE / "logs" / "wrapper-generate-mask-py312.log", "--log-only")["alternatives"] == []
+
+
+def test_a_local_whose_paths_reach_two_globals_names_both_and_keeps_the_local():
+    """MindSpeed's MoE linear: total_input is the queued shared-expert input or the global memory
+    buffer; the log (no dump) cannot choose, so the finding keeps the local (the consumer frame's
+    rule names the queue) and lists both."""
+    log = ROOT / "tests" / "corpus" / "logs" / "replay-mindspeed-ag-shared-experts.log"
+    finding = diagnose(log, "--log-only")
+    assert finding["tensor"]["expression"] == "total_input" and finding["rule"] == "mindspeed.ag-shared-experts-inputs"
+    assert {(each["variable"], each["how"]) for each in finding["alternatives"]} == {
+        ("_GLOBAL_MEMORY_BUFFER", "on another path"), ("AG_SHARED_EXPERTS_INPUTS", "on another path")}

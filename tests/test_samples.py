@@ -23,7 +23,7 @@ FRAMEWORK = LOGS.parent / "framework"
 FINDING_KEYS = {
     "ranks", "message", "error_code", "recovery", "culprit", "frames", "tensor",
     "scenario", "rule", "confidence", "reason", "evidence", "fix", "truncated", "notes", "source_from",
-    "source_release", "source_confidence", "found_by", "sentinel", "suspects",
+    "source_release", "source_confidence", "found_by", "sentinel", "suspects", "alternatives",
 }  # fmt: skip
 
 

@@ -107,6 +107,15 @@ class SentinelSeen:
 
 
 @dataclass(frozen=True)
+class Alternative:
+    """Another global the culprit line may have read, which the log cannot rule out."""
+
+    variable: str
+    module: str | None
+    how: str  # "another operand of the line", or the path it was bound on: "when not (sequence_parallel)"
+
+
+@dataclass(frozen=True)
 class Finding:
     ranks: tuple[int, ...]  # sorted
     traceback: Traceback | None  # first occurrence in log order (the whole chain); None: only the sentinel saw it
@@ -119,6 +128,7 @@ class Finding:
     origin: Origin = Origin.LOG  # where the source the tensor was read from came from; LOG: a guess from the printed line
     release: str | None = None  # for INDEX: the releases the frames fit (`ReleaseMatch.describe`)
     sentinel: SentinelSeen | None = None  # what the sentinel's lines said of this global, when they named it
+    alternatives: tuple[Alternative, ...] = ()  # other globals the line may have read, most likely first
 
     @property
     def subject(self) -> Subject:
@@ -450,6 +460,7 @@ class _Analysis:
     source_differs: bool = False
     origin: Origin = Origin.LOG
     release: str | None = None
+    alternatives: tuple[Alternative, ...] = ()
 
     def key(self) -> tuple:
         where = (self.culprit.file, self.culprit.line, self.culprit.function) if self.culprit else None
@@ -588,13 +599,27 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
         notes.append(f"{resolved.parameter} is a parameter of {where}: its caller could not be followed")
     notes.extend(resolved.notes)
     notes.extend(_path_notes(option, others, view.origin is Origin.INDEX))
+    assumed = views.workspace.assumed_releases.get(resolved.module or "")
+    if assumed:
+        notes.append(f"{resolved.module} was read from the index of {assumed}: no frame of the log is of that "
+                     "framework, so its newest release there stands in")
     expression = _expression_text(parts, resolved.anchor, text)
     entry = frames[0]  # the outermost frame: `<module>` of the script the job ran, as `__main__`
     runs_as_main = (entry.function == "<module>" and resolved.module is not None
                     and views.view(entry).scope.module == resolved.module)
     tensor = TensorRef(expression, resolved.variable, resolved.module, resolved.owner, resolved.cached, runs_as_main)
     read = caller or view
-    return _Analysis(culprit, tensor, source_file, _unique(notes), view.differs, read.origin, read.release)
+    alternatives = tuple({(each.variable, each.module): each for each in _alternatives(option, others)}.values())
+    return _Analysis(culprit, tensor, source_file, _unique(notes), view.differs, read.origin, read.release, alternatives)
+
+
+def _alternatives(chosen: _Option, others: list[_Option]) -> list[Alternative]:
+    found = [Alternative(each.resolved.variable or "", each.resolved.module, each.path.describe().removeprefix("on ")
+                         if each.path is not None and each.path.test is not None else "on another path")
+             for each in chosen.undecided]
+    found += [Alternative(each.resolved.variable or "", each.resolved.module, "another operand of the line")
+              for each in others]
+    return found
 
 
 @dataclass(frozen=True)
@@ -607,7 +632,7 @@ class _Option:
     caller: _FrameView | None
     path: Path | None = None
     because: str | None = None  # what chose the path: the arguments dump
-    undecided: tuple[str, ...] = ()  # the globals of the paths the log cannot choose between, each with its path
+    undecided: tuple[_Option, ...] = ()  # the paths' globals the log cannot choose between
     operand: str | None = None  # for an option of a path: the operand as the line reads it
     others: tuple[str, ...] = ()  # the values of the operand's other paths, which reach no global
 
@@ -657,9 +682,8 @@ def _options(
         [found] = named.values()
         others = tuple(_shown(option.path) for option in options if option.names() != found.names())
         return [replace(found, operand=operand, others=others)]
-    undecided = tuple(f"{option.resolved.variable} of {option.resolved.module}{_when(option.path)}"
-                      for option in named.values())
-    return [_Option(parts, resolved, None, undecided=undecided, operand=operand)]  # rules of its frame may know the local
+    # the local itself, which the rules of its frame may know (a consumer that pops a queue)
+    return [_Option(parts, resolved, None, undecided=tuple(named.values()), operand=operand)]
 
 
 def _is_self(parts: list[ast.expr]) -> bool:
@@ -755,7 +779,8 @@ def _path_notes(chosen: _Option, others: list[_Option], skeleton: bool) -> list[
     notes = []
     if chosen.undecided:
         notes.append(f"{chosen.operand} is bound on several paths the log does not choose between: "
-                     + "; ".join(chosen.undecided))
+                     + "; ".join(f"{each.resolved.variable} of {each.resolved.module}{_when(each.path)}"
+                                 for each in chosen.undecided))
     elif chosen.path is not None:
         if chosen.because:
             why = f"{chosen.because}, so the value read is {_shown(chosen.path)}"
@@ -853,4 +878,5 @@ def _fold(members: Sequence[tuple[Traceback, Traceback, _Analysis]]) -> Finding:
         source_differs=analysis.source_differs,
         origin=analysis.origin,
         release=analysis.release,
+        alternatives=analysis.alternatives,
     )

@@ -96,6 +96,8 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
         "source_release": finding.release,
         "source_confidence": finding.origin.confidence,
         "truncated": unsafe.truncated if unsafe else False,
+        "alternatives": [{"variable": each.variable, "module": each.module, "how": each.how}
+                         for each in finding.alternatives],
         "notes": [*finding.notes, *_healed_notes(finding.sentinel), *verdict.notes],
         "scenario": verdict.scenario,
         "rule": verdict.rule,
@@ -124,6 +126,7 @@ def _untraced_json(untraced: Untraced, diagnosis: Diagnosis) -> dict[str, Any]:
         "source_release": None,
         "source_confidence": None,
         "truncated": False,
+        "alternatives": [],
         "notes": [_untraced_reason(untraced)],
         "scenario": None,
         "rule": None,

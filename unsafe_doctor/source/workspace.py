@@ -175,6 +175,8 @@ class Workspace:
         self.index = index if index is not None else FrameworkIndex()  # shipped data, read in log-only mode too
         self.releases: dict[str, ReleaseMatch] = {}  # framework -> the releases the log's frames fit (`fingerprint`)
         self.fingerprinted = False  # once per workspace: its files are found as that release's
+        # modules read from a framework no frame fingerprinted -> the release that stood in (`_module_unmatched`)
+        self.assumed_releases: dict[str, str] = {}
         self._index_texts: dict[Path, str] = {}  # skeletons, under the paths `_index_path` makes
         self.found_roots: list[Path] = []  # import roots of files found at their printed path
         self._found: dict[str, FoundFile] = {}
@@ -286,7 +288,10 @@ class Workspace:
             for candidate in (folder + ".py", folder + "/__init__.py"):
                 if candidate in framework.paths:
                     holding = [at for at in range(len(framework.releases)) if framework.version_in(candidate, at)]
-                    return self._indexed(candidate, ReleaseMatch(framework, (holding[-1],), 0, 0)) if holding else None
+                    if not holding:
+                        return None
+                    self.assumed_releases[".".join(parts)] = f"{framework.name} {framework.releases[holding[-1]].name}"
+                    return self._indexed(candidate, ReleaseMatch(framework, (holding[-1],), 0, 0))
         return None
 
     # files printed in a log
