@@ -4,6 +4,7 @@
     python benchmarks/audit_speed.py --path ~/Megatron-LM --adaptor my_adaptor.py
     python benchmarks/audit_speed.py --path ~/MindSpeed-LLM/mindspeed_llm --path ~/MindSpeed/mindspeed \
         --path .venv/lib/python3.11/site-packages/megatron/core        # a real job's three trees
+    python benchmarks/audit_speed.py --scaling 500,1000,2000          # N files, one global each: linear?
 
 Times the whole command (start-up, parsing every file, coverage of the adaptor, classification,
 JSON output), best of --repeat runs, and prints seconds, CPU seconds, files, files per second and
@@ -26,6 +27,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -105,14 +107,50 @@ def _tree_pss_kb(pid: int) -> int:
     return total
 
 
+GLOBAL_PER_FILE = """import torch
+
+_STATE_{n} = torch.zeros(4, device="npu")
+
+
+def step_{n}(x):
+    _STATE_{n}.add_(x)
+    return _STATE_{n} * 2
+"""
+
+
+def scaling(sizes: list[int], doctor: str, repeat: int) -> None:
+    """Packages of N files with one device global each: the audit's time should grow as N does
+    (judging each global once looked up its name in every file of its package: quadratic)."""
+    print(f"scaling: N files, one global each (best of {repeat})")
+    print(f"{'files':>6}{'seconds':>9}{'CPU s':>8}{'ms/file':>9}{'x parse-all':>13}{'x previous':>12}")
+    previous = None
+    with tempfile.TemporaryDirectory() as scratch:
+        for size in sizes:
+            package = Path(scratch) / f"scaled{size}"
+            package.mkdir()
+            (package / "__init__.py").write_text("")
+            for n in range(size):
+                (package / f"m{n}.py").write_text(GLOBAL_PER_FILE.format(n=n))
+            runs = [timed([doctor, "audit", str(package), "--format", "json"]) for _ in range(repeat)]
+            seconds, cpu, _, _ = min(runs, key=lambda run: run[0])
+            baseline = parse_all_seconds([package], repeat)
+            growth = f"{seconds / previous:12.2f}" if previous else f"{'':>12}"
+            print(f"{size:>6}{seconds:>9.2f}{cpu:>8.2f}{seconds * 1000 / size:>9.2f}{seconds / baseline:>13.2f}{growth}")
+            previous = seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", type=Path, action="append", help="a tree to audit, repeatable (default: megatron/core)")
     parser.add_argument("--adaptor", type=Path, default=LEGACY_ADAPTOR, help="adaptor file (default: the FAQ's legacy sample)")
     parser.add_argument("--repeat", type=int, default=3, help="runs; the best counts")
+    parser.add_argument("--scaling", help="instead: packages of these many files, one global each (500,1000,2000)")
     args = parser.parse_args()
-    paths = args.path or [installed_megatron_core()]
     doctor = shutil.which("unsafe-doctor") or str(Path(sys.executable).with_name("unsafe-doctor"))
+    if args.scaling:
+        scaling([int(size) for size in args.scaling.split(",")], doctor, args.repeat)
+        return
+    paths = args.path or [installed_megatron_core()]
 
     def command(trees: list[Path]) -> list[str]:
         return [doctor, "audit", *map(str, trees), "--adaptor", str(args.adaptor), "--format", "json"]

@@ -23,12 +23,12 @@ import re
 import sys
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar, cast
 
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.files import (
@@ -53,6 +53,8 @@ from unsafe_doctor.source.syntax import (
     names_bound,
     word_lines,
 )
+
+T = TypeVar("T")
 
 RECENT_SOURCES = 64  # parsed files kept for reuse beyond those something else keeps: every tree of a large job is too much
 
@@ -193,7 +195,7 @@ class Workspace:
         self._bound_imports: dict[Path, dict[str, ImportedName]] = {}  # of every file parsed, kept without its tree
         self._outlines: dict[Path, _Outline] = {}  # of every file parsed
         self._listings: dict[Path, tuple[Path, ...]] = {}
-        self._spelling: dict[str, dict[Path, bool]] = {}  # text -> whether each file searched holds it
+        self._once: dict[Hashable, object] = {}
 
     @cached_property
     def env_roots(self) -> tuple[Path, ...]:
@@ -386,19 +388,12 @@ class Workspace:
             self._texts[path] = read_source(path)
         return self._texts[path]
 
-    def spelling(self, text: str, paths: Iterable[Path]) -> list[Path]:
-        """The paths whose file holds `text`, in their order; each file searched once per text: the
-        heuristics search every file in scope for the names of each global they judge, and for the
-        callers of its resets, which many globals share."""
-        known = self._spelling.setdefault(text, {})
-        found = []
-        for path in paths:
-            holds = known.get(path)
-            if holds is None:
-                holds = known[path] = text in (self.text(path) or "")
-            if holds:
-                found.append(path)
-        return found
+    def once(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """`compute()`, once per workspace and key: what the heuristics derive from the files in
+        scope of a package, the same for every global of it that an audit judges."""
+        if key not in self._once:
+            self._once[key] = compute()
+        return cast(T, self._once[key])
 
     def size(self, path: Path) -> int | None:
         """The file's size in bytes, looked up once; None when it cannot be."""

@@ -1,5 +1,6 @@
 """Gathering what to study about one tensor: the files in scope (the defining module, the culprit's
-file, then the module's package and the source roots, at most `MAX_FILES`), the accessors and the
+file, then the module's package and the source roots, at most `MAX_FILES`; which of them spell a
+name is looked up in a word index made once per run, not searched per global), the accessors and the
 `lru_cache` of the defining module, the events the file studies record, and who calls a function
 (up to `MAX_CALLER_DEPTH` calls up) to tell whether a reset runs every iteration."""
 
@@ -22,6 +23,75 @@ MAX_FILE_BYTES = 2_000_000
 MAX_CALLER_DEPTH = 3
 
 
+_WORD = re.compile(r"\w+")
+
+
+class _Words:
+    """Which files spell each word (as `\\b` bounds it), a file added when a scope first lists it,
+    once per workspace: a study looks a name up instead of searching every file in scope for it,
+    so that judging every global of a large tree stays linear in its files."""
+
+    def __init__(self, workspace: Workspace):
+        self.workspace = workspace
+        self.ids: dict[Path, int] = {}
+        self.postings: dict[str, list[int]] = {}
+
+    def id_of(self, path: Path) -> int:
+        found = self.ids.get(path)
+        if found is None:
+            found = self.ids[path] = len(self.ids)
+            for word in set(_WORD.findall(_readable(self.workspace, path) or "")):
+                self.postings.setdefault(word, []).append(found)
+        return found
+
+
+class _Folders:
+    """The files of the folders a study reads, in order; made once per workspace for every global
+    whose scope they are."""
+
+    def __init__(self, workspace: Workspace, folders: tuple[Path, ...], room: int):
+        files: list[Path] = []
+        self.truncated = False
+        for folder in folders:
+            for path in workspace.python_files(folder):
+                if len(files) >= room:
+                    self.truncated = True
+                    break
+                files.append(path)
+        self.files = tuple(dict.fromkeys(files))
+        self.words: _Words = workspace.once("heuristics words", partial(_Words, workspace))
+        self.position = {self.words.id_of(path): at for at, path in enumerate(self.files)}
+
+    def spelling(self, name: str) -> list[int]:
+        """The positions in `files` of the files that spell `name` as a word."""
+        return [at for at in map(self.position.get, self.words.postings.get(name, ())) if at is not None]
+
+
+class _InScope:
+    """The files a study reads: the defining module and the culprit's file first, then its folders'."""
+
+    def __init__(self, workspace: Workspace, first: tuple[Path, ...], folders: _Folders):
+        self.workspace = workspace
+        self.first = first
+        self.folders = folders
+        self.truncated = folders.truncated
+        self._first_resolved = {path.resolve() for path in first}  # folder files are listed resolved
+
+    def spelling(self, names: tuple[str, ...]) -> list[Path]:
+        """The files that spell any of `names` as a word, in scope order."""
+        texts = [(path, _readable(self.workspace, path) or "") for path in self.first]
+        found = [path for path, text in texts if any(next(word_starts(text, name), None) is not None for name in names)]
+        positions = sorted({at for name in names for at in self.folders.spelling(name)})
+        files = self.folders.files
+        return found + [files[at] for at in positions if files[at] not in self._first_resolved]
+
+
+def _readable(workspace: Workspace, path: Path) -> str | None:
+    """The file's text; None when it is unreadable or too large to study."""
+    size = workspace.size(path)
+    return workspace.text(path) if size is not None and size <= MAX_FILE_BYTES else None
+
+
 class Study:
     """Evidence about one tensor, gathered over the files in scope."""
 
@@ -34,7 +104,7 @@ class Study:
         self.workspace = workspace
         self.module = tensor.module
         self.events: dict[tuple[Kind, Path, int], Event] = {}
-        self.texts: dict[Path, str] = {}  # the files in scope ("" when unreadable or too large)
+        self.scope: _InScope | None = None
         self.truncated = False
         self.unparsed: list[Path] = []  # files in scope nested too deeply to study
         self.referencing: list[Path] = []
@@ -59,8 +129,9 @@ class Study:
             return None
         return found.parent if found.name == "__init__.py" else found
 
-    def _scope(self) -> list[Path]:
-        """Defining module, culprit file, then the module's package and the studied folders, bounded."""
+    def _scope(self) -> _InScope:
+        """Defining module, culprit file, then the module's package and the studied folders, bounded;
+        made once per workspace for every global whose scope it is."""
         first = []
         defining = self.workspace.module_path(self.module) if self.module else None
         for path in (defining, self._culprit_path()):
@@ -69,24 +140,13 @@ class Study:
         culprit = self._culprit_path()
         culprit_module = self.workspace.find(str(culprit)).module if culprit else None
         folders = [self._package_dir(self.module), self._package_dir(culprit_module), *self.workspace.studied]
-        files = list(first)
-        seen = {path.resolve() for path in first}
-        for folder in dict.fromkeys(folder.resolve() for folder in folders if folder is not None):
-            for path in self.workspace.python_files(folder):  # under a resolved folder: compared as they are
-                if len(files) >= MAX_FILES:
-                    self.truncated = True
-                    return files
-                if path not in seen:
-                    seen.add(path)
-                    files.append(path)
-        return files
+        resolved = tuple(dict.fromkeys(folder.resolve() for folder in folders if folder is not None))
+        room = MAX_FILES - len(first)
+        shared = self.workspace.once(("heuristics folders", resolved, room), partial(_Folders, self.workspace, resolved, room))
+        return _InScope(self.workspace, tuple(first), shared)
 
     def _read(self, path: Path) -> str | None:
-        if path not in self.texts:
-            size = self.workspace.size(path)
-            small = size is not None and size <= MAX_FILE_BYTES
-            self.texts[path] = (self.workspace.text(path) if small else None) or ""
-        return self.texts[path] or None
+        return _readable(self.workspace, path)
 
     def parse(self, path: Path) -> SourceFile | None:
         """A file in scope, parsed once by the workspace; None when unreadable, too large or invalid."""
@@ -114,9 +174,8 @@ class Study:
     # gathering
 
     def gather(self) -> None:
-        files = self._scope()
-        for path in files:
-            self._read(path)  # all read first: a reset's callers may be in any of them
+        self.scope = self._scope()
+        self.truncated = self.scope.truncated
         defining = self.workspace.module_path(self.module) if self.module else None
         self.defining = self.parse(defining) if defining is not None and defining.is_file() else None
         if self.defining is not None:
@@ -126,11 +185,8 @@ class Study:
                 self.accessors = self._accessors(self.defining)
                 self._lru_cache(self.defining)
         names = (self.variable, *sorted(self.accessors))
-        spelled = {path for name in names for path in self.workspace.spelling(name, files)}  # searched once per name and run
-        for path in files:
-            text = self.texts[path]
-            named = path in spelled and any(next(word_starts(text, name), None) is not None for name in names)
-            parsed = self._studied(path, names) if named else None
+        for path in self.scope.spelling(names):
+            parsed = self._studied(path, names)
             if parsed is not None:
                 try:
                     FileStudy(self, parsed).run()
@@ -177,8 +233,9 @@ class Study:
 
     def _call_sites(self, callee: str) -> list[CallSite]:
         found: list[CallSite] = []
-        for path in self.workspace.spelling(callee, self.texts):  # searched once per callee and run
-            lines = _calling_lines(self.texts[path], callee)
+        assert self.scope is not None  # gathered first
+        for path in self.scope.spelling((callee,)):
+            lines = _calling_lines(self._read(path) or "", callee)
             if lines:  # files that cannot call it are not parsed for it, and of those that can only what spans the lines
                 sites = self.workspace.derived(path, f"call sites of {callee}", partial(_call_sites_of, path, callee, lines),
                                                partial(_spans_line, lines))
