@@ -5,6 +5,7 @@
 Makes a new virtual environment with `pip install .` only (no torch, no megatron-core: a login
 node), then, each best of 15 runs:
   python -c pass                                     the interpreter's own start, the floor
+  unsafe-doctor -V, --help, diagnose --help          start-up alone (-V loads no library)
   unsafe-doctor diagnose samples/logs/<log>          whole command, wall (target: under 0.3 s)
 and, inside that Python, diagnose() of the same log with the shipped index and with an empty one
 (target: the index adds at most 50 ms). Logs: the two bundled Megatron samples.
@@ -60,6 +61,9 @@ def main() -> int:
         python, tool = str(venv / "bin" / "python"), str(venv / "bin" / "unsafe-doctor")
         floor = best_wall([python, "-c", "pass"], Path(scratch))
         print(f"bare install, best of {REPEAT}; python -c pass: {floor * 1000:.0f} ms")
+        for words in (["-V"], ["--help"], ["diagnose", "--help"]):
+            start = best_wall([tool, *words], Path(scratch))
+            print(f"unsafe-doctor {' '.join(words):<16} {start * 1000:6.0f} ms  {start / floor:5.1f} x python -c pass")
         print(f"{'log':<26} {'wall':>8} {'diagnose()':>11} {'no index':>9} {'index adds':>11}")
         worst_wall = worst_cost = 0.0
         for log in LOGS:

@@ -18,7 +18,8 @@ from conftest import ROUTER_MODULE
 
 from unsafe_doctor.adaptor.audit_fixes import plan_fixes
 from unsafe_doctor.adaptor.fix import apply
-from unsafe_doctor.audit import Audit, AuditedHolder, audit
+from unsafe_doctor.audit.model import Audit, AuditedHolder
+from unsafe_doctor.audit.run import audit
 from unsafe_doctor.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent

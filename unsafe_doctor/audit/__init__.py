@@ -24,9 +24,5 @@ The pipeline, one module each:
 * `stale`: the adaptor's existing resets that name a global the framework no longer has.
 
 Imports `errors`, `log`, `source` and `knowledge`: diagnose and the fixer build on it, never the reverse.
+The package re-exports nothing: diagnose reads `stale` alone, without the scan's modules.
 """
-
-from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Site
-from unsafe_doctor.audit.run import audit
-
-__all__ = ["Audit", "AuditedHolder", "Coverage", "Holder", "Site", "audit"]

@@ -1,127 +1,28 @@
 """Command line: parse options, call the core, render. No diagnosis logic lives here.
 
 One module per command (`diagnose`, `fix`, `audit`, `verify`, `rules`, `sentinel`), each returning its exit
-code; `workflow` holds the interactive diagnose -> fix -> verify path and its questions, `streams`
+code; `app` builds the commands and turns a command's exit code, or a refusal, into the process
+exit; `workflow` holds the interactive diagnose -> fix -> verify path and its questions, `streams`
 the input and output helpers, `options` the options several commands share, `conventions` the
 -o/-q/-v/--exit-zero/--format github every reporting command takes, `config` the settings of
-pyproject.toml. `main` turns a command's exit code, or a refusal, into the process exit.
+pyproject.toml. A command module loads the core it runs only when it runs: `--help` and `-V`
+load none of it.
 
 The top stage: it may import any other; none imports it but the entry points.
 """
 
 from __future__ import annotations
 
-import difflib
-import os
-import re
 import sys
-from pathlib import Path
-from typing import Annotated, NoReturn
-
-import click
-import typer
-from click.core import ParameterSource
 
 from unsafe_doctor import __version__
-from unsafe_doctor.cli import audit, config, diagnose, fix, rules, sentinel, verify
-from unsafe_doctor.cli.conventions import reporting
-from unsafe_doctor.errors import UsageError
-
-app = typer.Typer(
-    pretty_exceptions_enable=False,
-    suggest_commands=False,  # click suggests already: once is enough
-    context_settings={"help_option_names": ["-h", "--help"]},
-    help="Find, explain and fix the global tensor that MindIO recovery left unsafe.",
-)
-app.command("diagnose")(reporting(diagnose.command))
-app.command("fix")(reporting(fix.command))
-app.command("audit")(reporting(audit.command))
-app.command("verify")(reporting(verify.command))
-app.add_typer(rules.app, name="rules")
-app.add_typer(sentinel.app, name="sentinel")
-
-
-def _show_version(value: bool) -> None:
-    if value:
-        print(f"unsafe-doctor {__version__}")
-        raise typer.Exit(0)
-
-
-@app.callback()
-def _top(
-    version: Annotated[
-        bool, typer.Option("--version", "-V", help="Show the version and exit.", callback=_show_version, is_eager=True)
-    ] = False,
-) -> None:
-    """Find, explain and fix the global tensor that MindIO recovery left unsafe."""
-
-
-_TOP_OPTIONS = ("--help", "-h", "--version", "-V", "--install-completion", "--show-completion")
-
-
-def _with_default_command(argv: list[str]) -> list[str]:
-    """`unsafe-doctor train.log` and `... | unsafe-doctor` mean `diagnose`; a first word that is no
-    file and reads like a command misspelt is refused, not taken for a missing log."""
-    commands = [command.name or "" for command in app.registered_commands] + [group.name or "" for group in app.registered_groups]
-    if argv and (argv[0] in commands or argv[0].split("=")[0] in _TOP_OPTIONS):
-        return argv
-    if argv and re.fullmatch(r"[a-z]+", argv[0]) and not os.path.lexists(argv[0]):  # a word, not `fix.log`; no OSError
-        close = difflib.get_close_matches(argv[0], commands, n=1)
-        if close:
-            raise UsageError(f"unknown command '{argv[0]}'; did you mean '{close[0]}'?")
-    return ["diagnose", *argv]
 
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        settings = config.find(Path.cwd())
-        code = app(
-            args=_with_default_command(args),
-            prog_name="unsafe-doctor",
-            standalone_mode=False,
-            obj=settings,
-            default_map=config.default_map(settings) if settings else None,
-        )
-    except click.exceptions.NoArgsIsHelpError:  # `unsafe-doctor rules`: the help was asked for by asking nothing
+    if args in (["-V"], ["--version"]):  # answered before the command line's libraries load
+        print(f"unsafe-doctor {__version__}")
         sys.exit(0)
-    except UsageError as error:
-        print(f"unsafe-doctor: {error}", file=sys.stderr)
-        sys.exit(2)
-    except click.ClickException as error:  # a bad option or argument, an unsupported format: one line, not a box
-        print(f"unsafe-doctor: {error.format_message()}{_where_from(error)} (see --help)", file=sys.stderr)
-        sys.exit(error.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(0)
-    if argv is None:
-        _leave(code or 0)
-    sys.exit(code or 0)
+    from unsafe_doctor.cli.app import run
 
-
-def _leave(code: int) -> NoReturn:
-    """The program's end, once its output is flushed: without the interpreter freeing every object
-    one by one first (half a second after an audit of a job's code, for nothing). Nothing of ours
-    waits for exit handlers: temporary folders and bars are closed by the commands themselves."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BrokenPipeError:  # a reader that left early (`| head`): its end, not an error
-        pass
-    os._exit(code)
-
-
-def _where_from(error: click.ClickException) -> str:
-    """A bad value the command line did not give: say whether a variable or pyproject.toml did."""
-    if not isinstance(error, click.BadParameter) or error.ctx is None or error.param is None or error.param.name is None:
-        return ""
-    source = error.ctx.get_parameter_source(error.param.name)
-    if source is ParameterSource.ENVIRONMENT:
-        return f" (from {error.param.envvar})"
-    if source is ParameterSource.DEFAULT_MAP:
-        settings = error.ctx.find_object(config.Settings)
-        return f" (from {settings.file if settings else 'pyproject.toml'} [tool.unsafe-doctor])"
-    return ""
+    run(args, leave=argv is None)

@@ -22,14 +22,12 @@ from unsafe_doctor.cli.options import (
     YesOption,
 )
 from unsafe_doctor.cli.streams import print_json, print_rich, say, stages_bar
-from unsafe_doctor.cli.workflow import write_if_accepted
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.report import audit as report
-from unsafe_doctor.report.common import NextStep, printable
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Plan
-    from unsafe_doctor.audit import Audit, AuditedHolder
+    from unsafe_doctor.audit.model import Audit, AuditedHolder
+    from unsafe_doctor.report.common import NextStep
 
 
 def command(
@@ -65,8 +63,9 @@ def command(
     Exit 0: every global covered (with --fix: once the fixes are written); 1: a global left
     uncovered or reset unsafely; 2: bad input.
     """
-    from unsafe_doctor import audit as audits
     from unsafe_doctor.adaptor.audit_fixes import plan_fixes, plan_fixes_per_holder
+    from unsafe_doctor.audit.run import audit as run_audit
+    from unsafe_doctor.report import audit as report
 
     if not paths:
         raise UsageError("nothing to audit: name source folders, or set source-roots in pyproject.toml's [tool.unsafe-doctor]")
@@ -78,7 +77,7 @@ def command(
     # A bar at a terminal only: not in a log of stderr, nor while JSON or SARIF go to a pipe.
     shown = sys.stderr.isatty() and (output_format is LocatedFormat.text or sys.stdout.isatty())
     with stages_bar(shown, _STAGES) as progress:
-        result = audits.audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or (),
+        result = run_audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or (),
                               progress=progress)
     elapsed = time.perf_counter() - started
     plan = plan_fixes(result) if fix else None  # refused before any output
@@ -96,6 +95,8 @@ def command(
 
 def _with_fix(paths: list[Path], adaptor: str, rules: Sequence[Path]) -> NextStep:
     """This audit again, with --fix: the command a report with fixes ends with."""
+    from unsafe_doctor.report.common import NextStep, printable
+
     words = ["unsafe-doctor", "audit", *map(str, paths)]
     words += [] if adaptor == "auto" else ["--adaptor", adaptor]
     for path in rules:
@@ -108,6 +109,8 @@ _STAGES = {"reading": "reading files", "scanning": "scanning files", "judging": 
 
 def _write_fixes(result: Audit, plan: Plan, *, dry_run: bool, yes: bool, no_input: bool) -> tuple[AuditedHolder, ...]:
     """The audit's fixes as one diff, applied like `fix` does; the holders whose fix was written."""
+    from unsafe_doctor.cli.workflow import write_if_accepted
+
     fixable = result.fixable
     if not fixable:
         say("no uncovered global has a fix to write")

@@ -22,7 +22,6 @@ from unsafe_doctor.cli import options
 from unsafe_doctor.cli.config import Settings
 from unsafe_doctor.cli.streams import say
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.report import github
 
 Command = Callable[..., int]
 
@@ -86,7 +85,9 @@ def _annotated(command: Command, **kwargs: Any) -> int:
     with contextlib.redirect_stdout(captured):
         code = command(**kwargs)
     document = json.loads(captured.getvalue() or "{}")
-    for line in github.from_sarif(document, Path.cwd()):
+    from unsafe_doctor.report.github import from_sarif
+
+    for line in from_sarif(document, Path.cwd()):
         print(line)
     return code
 

@@ -17,14 +17,10 @@ from unsafe_doctor.cli.options import (
     YesOption,
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, progress_bar, warn_skipped
-from unsafe_doctor.cli.workflow import Invocation, offer_fixes, suggest_for_untraced
-from unsafe_doctor.diagnose.pipeline import Diagnosis, diagnose
-from unsafe_doctor.knowledge.classify import Classified, FixPlan
-from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.report import diagnosis as report
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Preview
+    from unsafe_doctor.diagnose.pipeline import Diagnosis
 
 
 def command(
@@ -38,6 +34,11 @@ def command(
     adaptor: AdaptorOption = None,
 ) -> int:
     """Find the unsafe-data errors in a failure log, the global tensor each one read, and the fix."""
+    from unsafe_doctor.cli.workflow import Invocation, offer_fixes, suggest_for_untraced
+    from unsafe_doctor.diagnose.pipeline import diagnose
+    from unsafe_doctor.knowledge.context import groundwork
+    from unsafe_doctor.report import diagnosis as report
+
     paths = log_paths(logs)
     started = time.perf_counter()
     setup = groundwork(rules or (), source_root or (), log_only=log_only)
@@ -59,6 +60,8 @@ def command(
 
 def _previews(diagnosis: Diagnosis) -> list[tuple[Preview, ...]]:
     """Each finding's fix blocks as `fix` writes them; libcst is loaded only when a finding has one."""
+    from unsafe_doctor.knowledge.classify import Classified, FixPlan
+
     if not any(isinstance(item.classification, Classified) and isinstance(item.classification.fix, FixPlan)
                for item in diagnosis.findings):
         return []

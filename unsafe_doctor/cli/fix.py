@@ -23,15 +23,12 @@ from unsafe_doctor.cli.options import (
     YesOption,
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, say, warn_skipped
-from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
-from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis, diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.report import fix as report
-from unsafe_doctor.report.common import NextStep
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Plan, Written
+    from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
+    from unsafe_doctor.report.common import NextStep
 
 
 def command(
@@ -65,6 +62,10 @@ def command(
     Exit 0: written, nothing to do, or --dry-run; 1: a fix left unwritten; 2: refused.
     """
     from unsafe_doctor.adaptor import fix as fixes  # libcst takes a second to load: diagnose does without it
+    from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
+    from unsafe_doctor.diagnose.pipeline import diagnose
+    from unsafe_doctor.knowledge.context import groundwork
+    from unsafe_doctor.report import fix as report
 
     overrides = fixes.function_overrides(function or [])
     roles = fixes.parameter_roles(parameter or [])
@@ -119,26 +120,32 @@ def _chosen_suspects(diagnosis: Diagnosis, numbers: list[int]) -> list[Diagnosed
 def print_document(document: dict[str, Any], written: tuple[Written, ...]) -> None:
     """The JSON report on stdout; when stdout cannot take it (a full disk), stderr says so and what
     was written: the exit code stays the write's, not the printing's."""
+    from unsafe_doctor.report.fix import written_lines
+
     try:
         print_json(document)
     except UsageError as error:  # streams: the report could not be written
         say(str(error))
-        for line in report.written_lines(written):
+        for line in written_lines(written):
             say(line)
 
 
 def show_plan(plan: Plan, findings: int, revert: bool) -> None:
     """The diff on stdout (it can be saved as a patch), what was decided on stderr."""
+    from unsafe_doctor.report.fix import decisions
+
     sys.stdout.write(plan.diff())
     sys.stdout.flush()
-    for line in report.decisions(plan, findings, revert):
+    for line in decisions(plan, findings, revert):
         say(line)
 
 
 def tell_outcome(
     plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool, apply: NextStep | None = None
 ) -> None:
-    for line in report.outcome(plan, written, dry_run, interactive, apply):
+    from unsafe_doctor.report.fix import outcome
+
+    for line in outcome(plan, written, dry_run, interactive, apply):
         say(line)
 
 

@@ -12,9 +12,6 @@ from unsafe_doctor.cli.conventions import printing
 from unsafe_doctor.cli.options import Format, FormatOption, RulesOption
 from unsafe_doctor.cli.streams import print_json, print_rich
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.loading import load_knowledge, validate_files
-from unsafe_doctor.knowledge.rules import Rule
-from unsafe_doctor.report import rules as report
 
 app = typer.Typer(help="List, show and validate knowledge-base rules.", no_args_is_help=True, suggest_commands=False)
 
@@ -23,6 +20,9 @@ app = typer.Typer(help="List, show and validate knowledge-base rules.", no_args_
 @printing
 def list_rules(rules: RulesOption = None, output_format: FormatOption = Format.text) -> int:
     """Every rule: id, scenario, framework versions, title."""
+    from unsafe_doctor.knowledge.loading import load_knowledge
+    from unsafe_doctor.report import rules as report
+
     knowledge = load_knowledge(rules or ())
     if output_format is Format.json:
         print_json({
@@ -42,6 +42,10 @@ def show_rule(
     output_format: FormatOption = Format.text,
 ) -> int:
     """One rule or template in full: what it matches, why, and the fix it writes."""
+    from unsafe_doctor.knowledge.loading import load_knowledge
+    from unsafe_doctor.knowledge.rules import Rule
+    from unsafe_doctor.report import rules as report
+
     knowledge = load_knowledge(rules or ())
     rule = knowledge.rule(rule_id) or knowledge.template(rule_id)
     if rule is None:
@@ -58,6 +62,8 @@ def validate_rules(
     files: Annotated[list[Path], typer.Argument(help="Rule files or folders to check.", exists=True)],
 ) -> int:
     """Check rule files against the schema; every problem as file:line: what is wrong."""
+    from unsafe_doctor.knowledge.loading import validate_files
+
     problems = validate_files(files)
     for problem in problems:
         print(problem, file=sys.stderr)

@@ -23,11 +23,7 @@ from unsafe_doctor.cli.options import (
     YesOption,
 )
 from unsafe_doctor.cli.streams import say
-from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
-from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.log.sentinel_lines import MODES, Mode
-from unsafe_doctor.report import fix as fix_report
-from unsafe_doctor.report import sentinel as report
 
 app = typer.Typer(
     help="Install the sentinel: a check at the end of the rollback that names every tensor the recovery left unsafe.",
@@ -65,6 +61,10 @@ def install(
     """
     from unsafe_doctor.adaptor import fix as fixes  # libcst takes a second to load
     from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
+    from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
+    from unsafe_doctor.knowledge.context import groundwork
+    from unsafe_doctor.report import fix as fix_report
+    from unsafe_doctor.report import sentinel as report
 
     overrides = fixes.function_overrides(function or [])
     roles = fixes.parameter_roles(parameter or [])

@@ -8,13 +8,15 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
-
-from rich.console import Console, RenderableType
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from unsafe_doctor.errors import UsageError, os_reason
-from unsafe_doctor.log import inputs
-from unsafe_doctor.log.inputs import SkippedInput
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from unsafe_doctor.log.inputs import SkippedInput
 
 PROGRESS_FROM = 50 << 20  # inputs smaller than this finish before a bar would be worth drawing
 
@@ -51,7 +53,7 @@ def print_rich(renderable: RenderableType) -> None:
     """Colour only on a terminal, and never under NO_COLOR (rich reads both itself). Not cropped at
     the width: code to copy is printed whole (report.common.CodeToCopy); all else fits the width."""
     with _reader_may_leave():
-        _Console(highlight=False).print(renderable, crop=False)
+        _console()(highlight=False).print(renderable, crop=False)
         sys.stdout.flush()
 
 
@@ -74,15 +76,23 @@ def _output_nowhere() -> None:
     os.close(nowhere)
 
 
-class _Console(Console):
-    def on_broken_pipe(self) -> None:
-        """rich's own raises SystemExit(1) here."""
-        self.quiet = True
-        _output_nowhere()
+@cache
+def _console() -> type:
+    """rich's console, loaded when a report is rendered (not for `--help`)."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            """rich's own raises SystemExit(1) here."""
+            self.quiet = True
+            _output_nowhere()
+
+    return _Console
 
 
 def _transient_bar(*columns: Any) -> Any:
     """A rich Progress on stderr, described and barred, then `columns`; gone once stopped."""
+    from rich.console import Console
     from rich.progress import BarColumn, Progress
 
     return Progress("[progress.description]{task.description}", BarColumn(), *columns,
@@ -96,7 +106,9 @@ class progress_bar:
         self.bar: Any = None  # a rich Progress, imported only when a bar is drawn
         if not sys.stderr.isatty():
             return
-        total = inputs.total_size(paths) if paths else _stdin_size()
+        from unsafe_doctor.log.inputs import total_size
+
+        total = total_size(paths) if paths else _stdin_size()
         if total is not None and total >= PROGRESS_FROM:
             from rich.progress import DownloadColumn, TransferSpeedColumn
 

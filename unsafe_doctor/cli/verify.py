@@ -24,12 +24,7 @@ from unsafe_doctor.cli.options import (
     SourceRootOption,
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, warn_skipped
-from unsafe_doctor.cli.workflow import Invocation
-from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.replay.quiet import framework_warnings_silenced
-from unsafe_doctor.report.common import NextStep, printable
 
 if TYPE_CHECKING:
     from unsafe_doctor.replay.results import Milestone
@@ -69,9 +64,14 @@ def command(
     import importlib.util
 
     from unsafe_doctor.adaptor import fix as fixes
+    from unsafe_doctor.cli.workflow import Invocation
+    from unsafe_doctor.diagnose.pipeline import diagnose
+    from unsafe_doctor.knowledge.context import groundwork
     from unsafe_doctor.replay import verify as verification
     from unsafe_doctor.replay.launch import torchrun_world_size, under_torchrun
+    from unsafe_doctor.replay.quiet import framework_warnings_silenced
     from unsafe_doctor.report import verification as report
+    from unsafe_doctor.report.common import NextStep, printable
 
     if importlib.util.find_spec("torch") is None:
         raise UsageError("verify replays on torch, which is not installed: pip install 'unsafe-doctor[replay]' "

@@ -23,7 +23,7 @@ from unsafe_doctor.report.sarif import artifact_change, file_uri, location, sari
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Plan
-    from unsafe_doctor.audit import Audit, AuditedHolder, Site
+    from unsafe_doctor.audit.model import Audit, AuditedHolder, Site
 
 SCHEMA = "unsafe-doctor/audit/v1"
 SARIF_RULES = {
