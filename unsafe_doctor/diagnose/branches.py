@@ -1,6 +1,6 @@
 """The values a local (or `self.attr`) can hold at the culprit line, when its function binds it on
 more than one path: `total_input = all_gather_buffer` under `if sequence_parallel:`, else
-`total_input = input`. Each is a `Path`: the value bound (None: the parameter as the caller passed
+`total_input = input`. Each is a `Route`: the value bound (None: the parameter as the caller passed
 it, or the attribute as another method set it) and the `if` test that leads there.
 
 With the function's source, a binding counts when it can reach the line: the latest binding whose
@@ -24,7 +24,7 @@ _FALSE_VALUES = frozenset({"False", "None", "0", "0.0", "", "[]", "{}"})
 
 
 @dataclass(frozen=True)
-class Path:
+class Route:
     value: ast.expr | None  # None: as the caller passed it (a parameter) or another method set it (self.attr)
     test: ast.expr | None  # the `if` test on the way to this binding; None when unconditional or unknown
     holds: bool = True  # the binding is under the test being true (False: in its `else`)
@@ -36,7 +36,7 @@ class Path:
         return f"when {test}" if self.holds else f"when not ({test})"
 
 
-def paths_to(function: Function, target: ast.expr, line: int, skeleton: bool) -> list[Path]:
+def paths_to(function: Function, target: ast.expr, line: int, skeleton: bool) -> list[Route]:
     """The values `target` (a name, or `self.attr`) can hold when `line` runs; [] when the function
     binds it on one path only (the resolver's own reading then stands)."""
     bindings = [(statement, value) for statement, value in _bindings(function, target) if statement.lineno < line]
@@ -47,16 +47,16 @@ def paths_to(function: Function, target: ast.expr, line: int, skeleton: bool) ->
         return _skeleton_paths(bindings)
     blocks = _blocks(function)
     held = blocks.get(line, _holding(function, line))
-    paths: list[Path] = []
+    paths: list[Route] = []
     for statement, value in reversed(bindings):
         own = blocks.get(statement.lineno, ())
         if all(block in held for block in own):
-            paths.append(Path(value, None))
+            paths.append(Route(value, None))
             break
         test, holds = _deciding_test(own, held)
-        paths.append(Path(value, test, holds))
+        paths.append(Route(value, test, holds))
     else:
-        paths.append(Path(None, None))  # no binding runs on every path: the value it came in with
+        paths.append(Route(None, None))  # no binding runs on every path: the value it came in with
     if isinstance(target, ast.Name) and target.id not in parameter_names(function) and paths[-1].value is None:
         paths.pop()  # a plain local bound on some paths only: unbound on the others
     return paths if len(paths) > 1 or (paths and not isinstance(target, ast.Name)) else []
@@ -69,7 +69,7 @@ def earlier_values(function: Function, name: str, line: int) -> list[ast.expr]:
     return [value for _, value in sorted(found, key=lambda binding: -binding[0].lineno)]
 
 
-def decided(paths: list[Path], arguments: Mapping[str, str]) -> tuple[list[Path], str | None]:
+def decided(paths: list[Route], arguments: Mapping[str, str]) -> tuple[list[Route], str | None]:
     """The paths the arguments dump allows, and the fact that decided (None: nothing did)."""
     kept, because = [], None
     for path in paths:
@@ -154,9 +154,9 @@ def _deciding_test(own: tuple[_Block, ...], held: tuple[_Block, ...]) -> tuple[a
     return None, True
 
 
-def _skeleton_paths(bindings: list[tuple[ast.stmt, ast.expr]]) -> list[Path]:
+def _skeleton_paths(bindings: list[tuple[ast.stmt, ast.expr]]) -> list[Route]:
     """An index skeleton keeps no `if`: every binding before the line is a path, latest first."""
-    return [Path(value, None) for _, value in reversed(bindings)] if len(bindings) > 1 else []
+    return [Route(value, None) for _, value in reversed(bindings)] if len(bindings) > 1 else []
 
 
 def _switch(test: ast.expr) -> tuple[str, bool] | None:

@@ -69,7 +69,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
-from unsafe_doctor.diagnose.branches import Path, decided, earlier_values, paths_to
+from unsafe_doctor.diagnose.branches import Route, decided, earlier_values, paths_to
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame, Traceback
@@ -630,7 +630,7 @@ class _Option:
     parts: list[ast.expr]
     resolved: Resolved
     caller: _FrameView | None
-    path: Path | None = None
+    path: Route | None = None
     because: str | None = None  # what chose the path: the arguments dump
     undecided: tuple[_Option, ...] = ()  # the paths' globals the log cannot choose between
     operand: str | None = None  # for an option of a path: the operand as the line reads it
@@ -690,17 +690,17 @@ def _is_self(parts: list[ast.expr]) -> bool:
     return isinstance(parts[0], ast.Name) and parts[0].id in ("self", "cls") and len(parts) > 1
 
 
-def _shown(path: Path | None) -> str:
+def _shown(path: Route | None) -> str:
     if path is None or path.value is None:
         return "the value passed in"
     return f"`{one_line(ast.unparse(path.value))}`{_when(path)}"
 
 
-def _when(path: Path | None) -> str:
+def _when(path: Route | None) -> str:
     return f" ({path.describe()})" if path is not None and path.test is not None else ""
 
 
-def _paths(view: _FrameView, parts: list[ast.expr], resolved: Resolved) -> list[Path]:
+def _paths(view: _FrameView, parts: list[ast.expr], resolved: Resolved) -> list[Route]:
     """The paths a local, parameter or `self.attr` was bound on before the line, when several."""
     functions = view.scope.functions
     if not functions or view.scope.line is None or view.statement is None:

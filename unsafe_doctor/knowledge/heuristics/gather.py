@@ -145,19 +145,16 @@ class Study:
         shared = self.workspace.once(("heuristics folders", resolved, room), partial(_Folders, self.workspace, resolved, room))
         return _InScope(self.workspace, tuple(first), shared)
 
-    def _read(self, path: Path) -> str | None:
-        return _readable(self.workspace, path)
-
     def parse(self, path: Path) -> SourceFile | None:
         """A file in scope, parsed once by the workspace; None when unreadable, too large or invalid."""
-        if self._read(path) is None:
+        if _readable(self.workspace, path) is None:
             return None
         return self.workspace.source(path, self.workspace.find(str(path)).module)
 
     def _studied(self, path: Path, names: tuple[str, ...]) -> SourceFile | None:
         """A file in scope as its study reads it: its module level, and the functions and classes
         that spell a name of the tensor (no other function is studied)."""
-        if self._read(path) is None:
+        if _readable(self.workspace, path) is None:
             return None
         if self.defining is not None and path == self.defining.path:
             return self.defining
@@ -235,7 +232,7 @@ class Study:
         found: list[CallSite] = []
         assert self.scope is not None  # gathered first
         for path in self.scope.spelling((callee,)):
-            lines = _calling_lines(self._read(path) or "", callee)
+            lines = _calling_lines(_readable(self.workspace, path) or "", callee)
             if lines:  # files that cannot call it are not parsed for it, and of those that can only what spans the lines
                 sites = self.workspace.derived(path, f"call sites of {callee}", partial(_call_sites_of, path, callee, lines),
                                                partial(_spans_line, lines))
