@@ -7,6 +7,7 @@ import io
 import os
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unsafe_doctor.log import inputs
+from unsafe_doctor.log import inputs, reading
 from unsafe_doctor.errors import UsageError
 
 ERROR_LINE = "RuntimeError: There is unsafe data in the input tensor.\n"
@@ -42,7 +43,7 @@ def test_window_holds_whole_lines_around_the_hit_and_nothing_far_away(tmp_path):
     assert scan.hits == 1
     [window] = scan.windows
     assert ERROR_LINE in window.text and "Traceback (most recent call last):\n" in window.text
-    assert len(window.text.encode()) <= inputs.BEFORE + inputs.AFTER
+    assert len(window.text.encode()) <= reading.BEFORE + reading.AFTER
     assert window.text.startswith(" iteration") and window.text.endswith("|\n")  # no cut lines
     assert text.encode().index(window.text.encode()) == window.start
 
@@ -75,8 +76,8 @@ def test_an_input_without_the_error_gives_the_fact_lines_at_its_end(tmp_path):
 
 
 def test_a_fact_line_cut_by_the_searched_span_is_dropped(tmp_path, monkeypatch):
-    monkeypatch.setattr(inputs, "CONTEXT_SPAN", 1000)
-    monkeypatch.setattr(inputs, "BEFORE", 1000)
+    monkeypatch.setattr(reading, "CONTEXT_SPAN", 1000)
+    monkeypatch.setattr(reading, "BEFORE", 1000)
     long_line = "x" * 2500 + " | loss scale: 65536.0 |\n"  # begins before the 2000 bytes searched
     text = noise(100) + iteration(1, "1.0") + long_line + ERROR_LINE
     scan = inputs.scan([write(tmp_path / "x.log", text)], MARKERS, fact_markers=FACT_MARKERS)
@@ -84,7 +85,7 @@ def test_a_fact_line_cut_by_the_searched_span_is_dropped(tmp_path, monkeypatch):
 
 
 def test_an_input_past_the_budget_is_counted_without_facts(tmp_path, monkeypatch):
-    monkeypatch.setattr(inputs, "EXCERPT_BUDGET", inputs.BEFORE + inputs.AFTER)
+    monkeypatch.setattr(reading, "EXCERPT_BUDGET", reading.BEFORE + reading.AFTER)
     text = "rank 3 check uce memory result: 3\n" + iteration(1, "65536.0") + ERROR_LINE
     paths = [write(tmp_path / f"rank_{rank}.log", text) for rank in (0, 1)]
     scan = inputs.scan(paths, MARKERS, fact_markers=FACT_MARKERS)
@@ -98,7 +99,7 @@ def test_input_without_the_error_keeps_only_its_tail(tmp_path):
     assert scan.hits == 0 and not scan.windows
     [tail] = scan.tails
     assert tail.text.endswith("RuntimeError: HCCL timeout\n")
-    assert len(tail.text) <= inputs.TAIL
+    assert len(tail.text) <= reading.TAIL
 
 
 def test_gzip_is_recognised_by_magic_bytes_not_name(tmp_path):
@@ -159,8 +160,8 @@ def test_a_line_of_many_megabytes_without_newline_is_read_in_bounded_pieces(tmp_
 
 
 def test_hits_beyond_the_budget_are_counted_not_kept(tmp_path, monkeypatch):
-    monkeypatch.setattr(inputs, "EXCERPT_BUDGET", inputs.BEFORE + inputs.AFTER)
-    monkeypatch.setattr(inputs, "WINDOW_MAX", inputs.BEFORE + inputs.AFTER)
+    monkeypatch.setattr(reading, "EXCERPT_BUDGET", reading.BEFORE + reading.AFTER)
+    monkeypatch.setattr(reading, "WINDOW_MAX", reading.BEFORE + reading.AFTER)
     block = noise(60_000)
     text = (ERROR_LINE + block) * 3
     scan = inputs.scan([write(tmp_path / "x.log", text)], MARKERS)
@@ -171,7 +172,7 @@ def test_hits_beyond_the_budget_are_counted_not_kept(tmp_path, monkeypatch):
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
-        st.sampled_from(["noise", "error", "uce", "long", "scale", "fp16"]),
+        st.sampled_from(["noise", "error", "uce", "long", "scale", "fp16", "record"]),
         min_size=1,
         max_size=40,
     ),
@@ -186,25 +187,29 @@ def test_stdin_and_file_give_the_same_scan(tmp_path_factory, pieces, chunk):
         "long": "y" * 5000 + "\n",
         "scale": iteration(7, "65536.0"),
         "fp16": "  fp16 ............................................ True\n",
+        "record": "[unsafe-doctor sentinel] rank 3 [unsafe-doctor sentinel] {}\n",
     }
     data = "".join(parts[p] for p in pieces).encode()
     path = tmp_path_factory.mktemp("same") / "x.log"
     path.write_bytes(data)
     small = dict(BEFORE=300, AFTER=200, CONTEXT_SPAN=2000, TAIL=500, WINDOW_MAX=900, CHUNK=chunk)
-    saved = {name: getattr(inputs, name) for name in small}
+    saved = {name: getattr(reading, name) for name in small}
     try:
         for name, value in small.items():
-            setattr(inputs, name, value)
-        from_file = inputs.scan([str(path)], MARKERS, fact_markers=FACT_MARKERS)
-        from_stdin = inputs.scan(["-"], MARKERS, fact_markers=FACT_MARKERS, stdin=io.BytesIO(data))
+            setattr(reading, name, value)
+        records = (b"[unsafe-doctor sentinel]",)
+        from_file = inputs.scan([str(path)], MARKERS, fact_markers=FACT_MARKERS, record_markers=records)
+        from_stdin = inputs.scan(["-"], MARKERS, fact_markers=FACT_MARKERS, record_markers=records, stdin=io.BytesIO(data))
     finally:
         for name, value in saved.items():
-            setattr(inputs, name, value)
-    assert from_stdin.hits == from_file.hits == data.count(inputs.ERROR_MARKER)
+            setattr(reading, name, value)
+    assert from_stdin.hits == from_file.hits == data.count(reading.ERROR_MARKER)
     assert [(w.start, w.text) for w in from_stdin.windows] == [(w.start, w.text) for w in from_file.windows]
     assert [(c.start, c.text) for c in from_stdin.context] == [(c.start, c.text) for c in from_file.context]
     assert [t.text for t in from_stdin.tails] == [t.text for t in from_file.tails]
     assert [(f.start, f.text) for f in from_stdin.facts] == [(f.start, f.text) for f in from_file.facts]
+    assert [(r.start, r.text) for r in from_stdin.records] == [(r.start, r.text) for r in from_file.records]
+    assert len(from_file.records) == pieces.count("record")
 
 
 def test_missing_file_is_a_usage_error(tmp_path):
@@ -280,3 +285,110 @@ def test_unreadable_file_is_a_usage_error(open_folder):
     assert unprivileged(lambda: inputs.scan([str(path)], MARKERS)) == ""
     path.chmod(0)
     assert unprivileged(lambda: inputs.scan([str(path)], MARKERS)) == f"UsageError: {path}: permission denied"
+
+
+# --- reading in worker processes -----------------------------------------------------------------
+
+
+RECORD = "[unsafe-doctor sentinel] rank 3: unsafe x {\"schema\": \"unsafe-doctor/sentinel/v1\"}\n"
+DUMP = "------------------------ arguments ------------------------\n  fp16 ............................................ True\n"
+
+
+def _everything(scan: inputs.Scan) -> tuple[object, ...]:
+    return (
+        scan.inputs, scan.hits, scan.hits_not_parsed, scan.skipped, scan.records_not_kept,
+        [(e.source, e.start, e.text) for group in (scan.windows, scan.context, scan.facts, scan.tails, scan.records, scan.dumps) for e in group],
+    )
+
+
+def _scan_all(paths: list[str]) -> inputs.Scan:
+    return inputs.scan(paths, MARKERS, fact_markers=FACT_MARKERS, record_markers=(b"[unsafe-doctor sentinel]",),
+                       dump_markers=(b"........ ", b"rguments ----"))
+
+
+@pytest.mark.parametrize("layout", ["one file", "a folder", "a folder with a broken gzip"])
+def test_worker_processes_keep_exactly_what_one_process_keeps(tmp_path, monkeypatch, layout):
+    """Forced into workers (one file's two passes apart, or one file each), the scan is the same to the byte."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for rank in range(3 if layout != "one file" else 1):
+        text = DUMP + noise(2000) + "rank 3 check uce memory result: 3\n" + RECORD + iteration(9, "4096.0")
+        text += "Traceback (most recent call last):\n" + ERROR_LINE + noise(50) + RECORD * 2 + "no newline at the end"
+        (logs / f"rank_{rank}.log").write_text(text)
+    if layout == "a folder with a broken gzip":
+        (logs / "rank_9.log.gz").write_bytes(gzip.compress(noise(2000).encode())[:500])
+    paths = [str(logs / "rank_0.log")] if layout == "one file" else [str(logs)]
+    monkeypatch.setattr(reading, "CHUNK", 4096)  # workers are forked: they read with the same settings
+    alone = _scan_all(paths)
+    monkeypatch.setattr(inputs, "PARALLEL_MIN", 1)
+    monkeypatch.setattr(inputs, "PART_MIN", 1000)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    in_workers = _scan_all(paths)
+    assert _everything(in_workers) == _everything(alone)
+    assert len(alone.records) == 3 * len(alone.inputs) and alone.hits == len(alone.inputs)
+    assert len(alone.skipped) == (layout == "a folder with a broken gzip")
+
+
+def _window_lines(scan: inputs.Scan) -> Counter[tuple[int, str]]:
+    """Each line the windows hold, with its offset, as often as the windows hold it."""
+    counted: Counter[tuple[int, str]] = Counter()
+    for window in scan.windows:
+        offset = window.start
+        for line in window.text.splitlines(keepends=True):
+            counted[(offset, line)] += 1
+            offset += len(line.encode())
+    return counted
+
+
+@pytest.mark.parametrize("cores", [2, 3, 5, 16])
+def test_a_file_read_in_parts_keeps_what_one_reader_keeps(tmp_path, monkeypatch, cores):
+    """Windows that meet across a part's edge are cut again as one (no line parsed twice); a line
+    across the edge is kept once; hits, context, facts, records and dumps are the one reader's."""
+    for name, value in dict(BEFORE=300, AFTER=200, CONTEXT_SPAN=2000, WINDOW_MAX=900, CHUNK=512, RECORD_LINE_MAX=400).items():
+        monkeypatch.setattr(reading, name, value)
+    two_tags = "[unsafe-doctor sentinel] rank 3 [unsafe-doctor sentinel] {}\n"
+    text = "".join(
+        noise(step % 3) + ("rank 3 check uce memory result: 3\n" if step % 7 == 0 else "") + two_tags
+        + ("Traceback (most recent call last):\n" + ERROR_LINE if step % 2 == 0 and step < 150 else "")
+        for step in range(300)
+    ) + "[unsafe-doctor sentinel] " + "x" * 1000 + "\n"
+    path = write(tmp_path / "x.log", text)
+    alone = _scan_all([path])
+    monkeypatch.setattr(inputs, "PARALLEL_MIN", 1)
+    monkeypatch.setattr(inputs, "PART_MIN", 1000)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert len(inputs._tasks([(path, path, None)], cores)) == cores
+    in_parts = _scan_all([path])
+    in_parts_lines, alone_lines = _window_lines(in_parts), _window_lines(alone)
+    assert set(in_parts_lines) == set(alone_lines)
+    assert all(in_parts_lines[line] <= alone_lines[line] for line in in_parts_lines)
+    assert (in_parts.hits, in_parts.hits_not_parsed, in_parts.context, in_parts.facts) == (alone.hits, alone.hits_not_parsed, alone.context, alone.facts)
+    assert (in_parts.records, in_parts.records_not_kept, in_parts.dumps) == (alone.records, alone.records_not_kept, alone.dumps)
+    assert alone.hits == 75 and len(alone.records) == 300 and alone.records_not_kept == 1
+
+
+def test_the_excerpt_budget_is_spent_in_input_order_when_workers_read_the_inputs(tmp_path, monkeypatch):
+    monkeypatch.setattr(reading, "EXCERPT_BUDGET", reading.BEFORE + reading.AFTER)
+    paths = [write(tmp_path / f"rank_{rank}.log", noise(10) + ERROR_LINE) for rank in range(4)]
+    monkeypatch.setattr(inputs, "PARALLEL_MIN", 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    scan = inputs.scan(paths, MARKERS)
+    assert [window.source for window in scan.windows] == [paths[0]]
+    assert scan.hits == 4 and scan.hits_not_parsed == 3
+
+
+def test_a_line_packed_with_record_tags_is_one_line(tmp_path):
+    packed = "[unsafe-doctor sentinel]" * 1000 + "\n"
+    too_long = "[unsafe-doctor sentinel]" * (reading.RECORD_LINE_MAX // 10) + "\n"
+    scan = inputs.scan([write(tmp_path / "x.log", packed + too_long + RECORD)], (), record_markers=(b"[unsafe-doctor sentinel]",))
+    assert [excerpt.text for excerpt in scan.records] == [packed, RECORD]
+    assert scan.records_not_kept == 1  # the line too long to keep, once, not once per tag
+
+
+def test_past_the_count_of_hits_parsed_hits_are_counted_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(reading, "HITS_PARSED", 10)
+    count = 2 * reading.AFTER // len(ERROR_LINE)  # the window reaches AFTER bytes past the tenth hit, not to the end
+    scan = inputs.scan([write(tmp_path / "x.log", ERROR_LINE * count)], MARKERS)
+    assert scan.hits == count
+    assert scan.hits_not_parsed == count - 10
+    assert sum(window.text.count(ERROR_LINE) for window in scan.windows) < count * 0.6

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.log import inputs
+from unsafe_doctor.log import inputs, reading
 
 ROOT = Path(__file__).resolve().parent.parent
 ERROR_LOG = ROOT / "samples" / "logs" / "megatron_moe_tracker.log"
@@ -181,6 +181,7 @@ def test_closed_stdin_is_a_one_line_usage_error(arguments, phrase):
 TRUNCATE_WHILE_READING = """
 import sys
 from unsafe_doctor.log import inputs
+inputs.PARALLEL_MIN = 1 << 62  # read here, where the progress callback runs between two reads
 path = sys.argv[1]
 truncated = []
 def progress(count):
@@ -260,21 +261,21 @@ def test_a_file_nested_too_deeply_is_left_out_of_the_heuristics_in_diagnose_and_
 
 
 def test_a_marker_on_every_line_keeps_no_more_than_the_excerpt_budget_and_counts_the_rest(tmp_path, monkeypatch):
-    monkeypatch.setattr(inputs, "EXCERPT_BUDGET", 2 << 20)
+    monkeypatch.setattr(reading, "EXCERPT_BUDGET", 2 << 20)
     log = tmp_path / "flood.log"
     log.write_bytes(UNSAFE_LINE * ((24 << 20) // len(UNSAFE_LINE)))
     scan = inputs.scan([str(log)], ())
     kept = sum(len(window.text) for window in scan.windows)
-    assert kept <= inputs.EXCERPT_BUDGET + inputs.BEFORE + inputs.AFTER
+    assert kept <= reading.EXCERPT_BUDGET + reading.BEFORE + reading.AFTER
     assert scan.hits == log.stat().st_size // len(UNSAFE_LINE)
     assert scan.hits_not_parsed > scan.hits * 0.8
 
 
 FLOOD = """
 import sys
-from unsafe_doctor.log import inputs
-inputs.EXCERPT_BUDGET = 2 << 20  # the budget and the windows scaled down with the input, so the test stays fast
-inputs.BEFORE = inputs.AFTER = 4 << 10
+from unsafe_doctor.log import reading
+reading.EXCERPT_BUDGET = 2 << 20  # the budget and the windows scaled down with the input, so the test stays fast
+reading.BEFORE = reading.AFTER = 4 << 10
 from unsafe_doctor.cli import main
 main(["diagnose", sys.argv[1], "--format", "json"])
 """

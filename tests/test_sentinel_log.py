@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unsafe_doctor.log import inputs
+from unsafe_doctor.log import inputs, reading
 from unsafe_doctor.log.sentinel_lines import JSON_START, MARKER, Summary, UnsafeGlobal, format_line, parse_line
 
 ROOT = Path(__file__).parents[1]
@@ -134,7 +134,7 @@ def test_a_summary_written_before_the_walk_counted_what_it_could_not_read_reads_
 
 @pytest.mark.parametrize("chunk", [7, 23, 64, 4096])
 def test_every_record_line_is_kept_once_wherever_the_reads_cut_it(tmp_path, monkeypatch, chunk):
-    monkeypatch.setattr(inputs, "CHUNK", chunk)
+    monkeypatch.setattr(reading, "CHUNK", chunk)
     lines = [format_line(record) for record in records(1)]
     text = "".join(f"noise {n}\n{line}\n" for n, line in enumerate(lines)) + lines[0]  # the last one without a newline
     log = tmp_path / "train.log"
@@ -146,9 +146,9 @@ def test_every_record_line_is_kept_once_wherever_the_reads_cut_it(tmp_path, monk
 
 def test_record_lines_past_the_budget_or_too_long_are_counted_not_kept(tmp_path, monkeypatch):
     line = format_line(records(1)[0])
-    monkeypatch.setattr(inputs, "RECORD_BUDGET", 2 * (len(line) + 1))
+    monkeypatch.setattr(reading, "RECORD_BUDGET", 2 * (len(line) + 1))
     log = tmp_path / "train.log"
-    log.write_text(f"{line}\n{line}\n{line}\n[unsafe-doctor sentinel] {'x' * (inputs.RECORD_LINE_MAX + 10)}\n")
+    log.write_text(f"{line}\n{line}\n{line}\n[unsafe-doctor sentinel] {'x' * (reading.RECORD_LINE_MAX + 10)}\n")
     scan = inputs.scan([str(log)], (), record_markers=(MARKER,))
     assert len(scan.records) == 2
     assert scan.records_not_kept == 2

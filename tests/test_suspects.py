@@ -17,7 +17,7 @@ import pytest
 
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.log import inputs
+from unsafe_doctor.log import inputs, reading
 from unsafe_doctor.log.arguments import DUMP_MARKERS, read_arguments
 from unsafe_doctor.log.lines import split_lines
 from unsafe_doctor.report.diagnosis import to_json
@@ -93,7 +93,7 @@ def test_a_dump_cut_before_its_end_line_is_not_read():
 
 def test_the_dump_is_kept_however_far_from_the_error_it_stands(tmp_path):
     """The dump comes at start-up, the error hours later: past the span searched for recovery lines."""
-    filler = ["iteration 1 | lm loss: 2.0 | loss scale: 1.0 |" + " " * 60] * ((inputs.CONTEXT_SPAN // 100) + 1000)
+    filler = ["iteration 1 | lm loss: 2.0 | loss scale: 1.0 |" + " " * 60] * ((reading.CONTEXT_SPAN // 100) + 1000)
     log = write_log(tmp_path, dump(MOE), filler, [CATCH_V26, PTA_ERROR])
     scan = inputs.scan([str(log)], (), dump_markers=DUMP_MARKERS)
     arguments = read_arguments(line for excerpt in scan.dumps for line in lines_of(excerpt.text, excerpt.source, excerpt.start))
