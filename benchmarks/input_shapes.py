@@ -71,7 +71,7 @@ def dense(doctor: str, workdir: Path, repeat: int) -> bool:
         write_repeated(log, UNSAFE * 1000, megabytes << 20)
         subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL, check=True)
         (grep_s, _), (doctor_s, rss) = rounds(repeat, [["grep", "-c", "-F", "unsafe data", str(log)], [doctor, "diagnose", str(log)]])
-        print(f"  {megabytes} MB: grep {grep_s:.2f} s, unsafe-doctor {doctor_s:.2f} s ({doctor_s / grep_s:.1f}x), peak RSS {rss / 1024:.0f} MB")
+        print(f"  {megabytes} MB: grep {grep_s:.3f} s, unsafe-doctor {doctor_s:.2f} s ({doctor_s / grep_s:.1f}x), peak RSS {rss / 1024:.0f} MB")
         peaks.append(rss)
         log.unlink()
     ok = max(peaks) <= 200 * 1024

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unsafe_doctor.log import inputs, reading
+from unsafe_doctor.log.arguments import DUMP_MARKERS
 from unsafe_doctor.errors import UsageError
 
 ERROR_LINE = "RuntimeError: There is unsafe data in the input tensor.\n"
@@ -303,7 +304,7 @@ def _everything(scan: inputs.Scan) -> tuple[object, ...]:
 
 def _scan_all(paths: list[str]) -> inputs.Scan:
     return inputs.scan(paths, MARKERS, fact_markers=FACT_MARKERS, record_markers=(b"[unsafe-doctor sentinel]",),
-                       dump_markers=(b"........ ", b"rguments ----"))
+                       dump_markers=DUMP_MARKERS)
 
 
 @pytest.mark.parametrize("layout", ["one file", "a folder", "a folder with a broken gzip"])
@@ -392,3 +393,31 @@ def test_past_the_count_of_hits_parsed_hits_are_counted_only(tmp_path, monkeypat
     assert scan.hits == count
     assert scan.hits_not_parsed == count - 10
     assert sum(window.text.count(ERROR_LINE) for window in scan.windows) < count * 0.6
+
+
+def test_a_worker_that_dies_loses_no_input(tmp_path, monkeypatch):
+    """A worker killed mid-read (out of memory, kill -9): what it had not sent back is read here."""
+    paths = [write(tmp_path / f"rank_{rank}.log", noise(100) + ERROR_LINE + RECORD) for rank in range(4)]
+    alone = _scan_all(paths)
+    here, real_read = os.getpid(), reading.read
+
+    def dying_read(stream, one, **options):
+        if os.getpid() != here and one.name == paths[2]:
+            os._exit(9)
+        return real_read(stream, one, **options)
+
+    monkeypatch.setattr(reading, "read", dying_read)
+    monkeypatch.setattr(inputs, "PARALLEL_MIN", 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert _everything(_scan_all(paths)) == _everything(alone)
+
+
+def test_the_progress_of_a_file_read_in_parts_adds_up_to_its_size(tmp_path, monkeypatch):
+    path = write(tmp_path / "x.log", noise(20_000) + ERROR_LINE + noise(20_000))
+    monkeypatch.setattr(inputs, "PARALLEL_MIN", 1)
+    monkeypatch.setattr(inputs, "PART_MIN", 100_000)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert len(inputs._tasks([(path, path, None)], 3)) == 3
+    counted: list[int] = []
+    inputs.scan([path], MARKERS, progress=counted.append)
+    assert sum(counted) == os.path.getsize(path)

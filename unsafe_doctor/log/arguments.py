@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from unsafe_doctor.log.lines import LogLine
 
-# Bytes every line of a dump holds: the argument lines' dots (eight or more: names of up to 40
-# characters, every feature switch read here; dots are rare in a log, so the search stays cheap), and
-# the title and end lines' rule.
-DUMP_MARKERS: tuple[bytes, ...] = (b"........ ", b"rguments ----")
+# What the input stage looks for, in a log's first bytes: the argument lines' dots (eight or more:
+# names of up to 40 characters, every feature switch read here), looked for only between a title and
+# an end line; the rule both of those hold; and what tells the end line from the title.
+DUMP_MARKERS: tuple[bytes, bytes, bytes] = (b"........ ", b"rguments ----", b"end of ")
 _TITLE = re.compile(r"-{8,} (?!end of )(.*?rguments) -{8,}\s*$")
 _END = re.compile(r"-{8,} end of .*?rguments -{8,}\s*$")
 _ARGUMENT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*) \.{3,} (.*?)\s*$")

@@ -80,7 +80,7 @@ def scan(
     *,
     fact_markers: Sequence[bytes] = (),
     record_markers: Sequence[bytes] = (),
-    dump_markers: Sequence[bytes] = (),
+    dump_markers: tuple[bytes, bytes, bytes] | tuple[()] = (),
     stdin: BinaryIO | None = None,
     progress: Progress | None = None,
 ) -> Scan:
@@ -89,7 +89,7 @@ def scan(
     `fact_markers` mark a setting the run logs at start-up or every step: only the latest line of
     each is worth keeping. `record_markers` mark lines that each tell something on their own
     (the sentinel's): every one is kept, wherever it stands. `dump_markers` mark the lines of a
-    start-up dump (Megatron's arguments), kept the same way under a budget of their own. An input
+    start-up dump (Megatron's arguments: its frame and what lies between), kept the same way under a budget of their own. An input
     that cannot be read is skipped with its reason; a UsageError only when none can be.
     """
     sources = _expand(paths) if paths else [("<stdin>", None, None)]

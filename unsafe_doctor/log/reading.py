@@ -72,7 +72,7 @@ class Reading:
     markers: Sequence[bytes] = ()  # recovery markers, looked for before the first hit
     fact_markers: Sequence[bytes] = ()
     record_markers: Sequence[bytes] = ()
-    dump_markers: Sequence[bytes] = ()
+    dump_markers: tuple[bytes, bytes, bytes] | tuple[()] = ()  # a dump's argument lines', frame lines', and end line's words
     progress: Progress | None = None
 
 
@@ -146,7 +146,7 @@ def _read(
     first, stop = (part.first, part.stop) if part else (0, None)
     windows = _Windows(reading, first, stop)
     records = _MarkedLines(reading, reading.record_markers, RECORD_BUDGET, first, stop)
-    dumps = _MarkedLines(reading, reading.dump_markers, DUMP_BUDGET, first, min(stop or DUMP_SPAN, DUMP_SPAN))
+    dumps = _DumpLines(reading, DUMP_BUDGET, first, min(stop or DUMP_SPAN, DUMP_SPAN))
     keepers = [keeper for keeper in (records, dumps) if keeper.markers and not keeper.done]
     # A window or the context is cut from the bytes held, unless the file can be read again there.
     history = _History(CONTEXT_SPAN + 2 * BEFORE + WINDOW_MAX if file is None else 2 * RECORD_LINE_MAX, file)
@@ -158,8 +158,8 @@ def _read(
     while (not part or history.end < read_until) and (chunk := history.read(stream)) is not None:
         if chunk.start == 0:
             _refuse_binary(chunk.data[LEAD : LEAD + min(chunk.size, 65536)])
-        if reading.progress:
-            reading.progress(chunk.size)
+        if reading.progress:  # a part's own bytes only: the bars of all parts add up to the file
+            reading.progress(max(0, min(chunk.end, stop or chunk.end) - max(chunk.start, first)))
         windows.feed(chunk, history)
         for keeper in keepers:
             keeper.feed(history, at_end=False)
@@ -171,9 +171,12 @@ def _read(
     return windows.finish(history, size), LinesRead(records.kept, records.not_kept, dumps.kept, size)
 
 
+_CONTROL = bytes(b for b in range(32) if b not in (9, 10, 13, 27))  # no text log holds many of these
+
+
 def _refuse_binary(head: bytes | bytearray) -> None:
     """A log may carry a few NULs or bad bytes; a file that is mostly control bytes is not a log."""
-    control = sum(1 for b in head if b < 32 and b not in (9, 10, 13, 27))
+    control = len(head) - len(head.translate(None, _CONTROL))
     if control > len(head) // 10:
         raise Unreadable("not a text log (binary data)")
 
@@ -458,6 +461,7 @@ class _MarkedLines:
             return True
         end = history.end if newline == -1 else newline + 1
         self.searched = end
+        self._found(line_start, end, history)
         if end - line_start > self.budget_left:
             self.not_kept += 1
             return True
@@ -465,6 +469,9 @@ class _MarkedLines:
         text = history.slice(line_start, end).decode("utf-8", "replace")
         self.kept.append(Excerpt(self.reading.name, self.reading.rank_hint, line_start, text))
         return True
+
+    def _found(self, start: int, end: int, history: _History) -> None:
+        """A whole line [start, end) holding a marker, kept or not."""
 
     def _skip(self, history: _History) -> bool:
         """Move past the end of the long line; False: it goes on in bytes not read yet."""
@@ -474,6 +481,22 @@ class _MarkedLines:
             return False
         self.searched, self.skipping = newline + 1, False
         return True
+
+
+class _DumpLines(_MarkedLines):
+    """A start-up dump: its title and end lines, which hold the frame marker, and between them the
+    lines holding the argument marker. Outside a dump that marker is not looked for: runs of dots
+    stand elsewhere in a log too, and a second search of every byte costs more than the first."""
+
+    def __init__(self, reading: Reading, budget: int, first: int, stop: int | None) -> None:
+        self.argument, self.frame, self.end = reading.dump_markers or (b"", b"", b"")
+        super().__init__(reading, (self.frame,) if self.frame else (), budget, first, stop)
+
+    def _found(self, start: int, end: int, history: _History) -> None:
+        if history.find(self.frame, start, end) == -1:
+            return  # an argument line
+        inside = history.find(self.end, start, end) == -1  # a title opens a dump, its end line closes it
+        self.markers = (self.frame, self.argument) if inside else (self.frame,)
 
 
 # --- excerpts -----------------------------------------------------------------------------------

@@ -1,13 +1,16 @@
 """Tasks run in worker processes, one per core, with the bytes they read added up for a progress bar.
 
-Workers are forked where the system can (they start at once, with what is loaded); the tasks and
-their results travel pickled. Only `inputs` uses this, and only for inputs large enough to pay.
+Workers are forked (they start at once, with what is loaded); the tasks and their results travel
+pickled. A worker that dies (killed, out of memory) loses no task: what it had not sent back is run
+again in this process. Only `inputs` uses this, and only for inputs large enough to pay.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.sharedctypes import Synchronized
 from typing import Any, TypeVar
 
@@ -23,19 +26,28 @@ def run(
 ) -> list[Result]:
     """`task(*arguments[i], None, add)` for every i, in `processes` workers; results in order."""
     global _read_so_far
-    context = multiprocessing.get_context("fork")  # Linux and macOS; spawn would re-import everything
+    context = multiprocessing.get_context("fork")  # Linux and macOS; spawn would import everything again
     _read_so_far = context.Value("q", 0)
     reported = 0
-    with context.Pool(processes) as pool:
-        pending = pool.starmap_async(_counted, [(task, *each) for each in arguments], chunksize=1)
-        while not pending.ready():
-            pending.wait(0.1)
+    with ProcessPoolExecutor(processes, mp_context=context) as pool:
+        futures = [pool.submit(_counted, task, *each) for each in arguments]
+        while wait(futures, timeout=0.1, return_when=FIRST_EXCEPTION).not_done:
             if progress is not None:
                 reported = _report(progress, reported)
-        results = pending.get()
+            if any(future.done() and future.exception() for future in futures):
+                break
+    results = [_result(future, task, each, progress) for future, each in zip(futures, arguments, strict=True)]
     if progress is not None:
         _report(progress, reported)
     return results
+
+
+def _result(future: Future[Result], task: Callable[..., Result], arguments: tuple[Any, ...], progress: Progress | None) -> Result:
+    """The worker's result; the task run here when its worker died before sending one."""
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        return task(*arguments, None, progress)
 
 
 def _counted(task: Callable[..., Result], *arguments: Any) -> Result:
