@@ -76,17 +76,20 @@ def generate(path: Path, size: int) -> None:
 
 def timed(command: list[str], stdin_from: Path | None = None) -> tuple[float, int, int]:
     """(seconds, exit code, peak RSS in KB) of one run of the last process in the pipeline."""
+    # Output into a file, not /dev/null: GNU grep stops at its first match when its output is /dev/null.
+    sink = tempfile.TemporaryFile()
     started = time.perf_counter()
     feeder = None
     if stdin_from is not None:
         feeder = subprocess.Popen(["cat", str(stdin_from)], stdout=subprocess.PIPE)
-        process = subprocess.Popen(command, stdin=feeder.stdout, stdout=subprocess.DEVNULL)
+        process = subprocess.Popen(command, stdin=feeder.stdout, stdout=sink)
         feeder.stdout.close()
     else:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        process = subprocess.Popen(command, stdout=sink)
     _, status, usage = os.wait4(process.pid, 0)
     if feeder is not None:
         feeder.wait()
+    sink.close()
     return time.perf_counter() - started, os.waitstatus_to_exitcode(status), usage.ru_maxrss
 
 

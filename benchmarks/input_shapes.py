@@ -48,9 +48,12 @@ def write_repeated(path: Path, block: str, size: int) -> None:
 
 def timed(command: list[str]) -> tuple[float, int]:
     """(seconds, peak RSS in KB of the process and the children it waited for)."""
+    # Output into a file, not /dev/null: GNU grep stops at its first match when its output is /dev/null.
+    sink = tempfile.TemporaryFile()
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(command, stdout=sink, stderr=subprocess.DEVNULL)
     _, _, usage = os.wait4(process.pid, 0)
+    sink.close()
     return time.perf_counter() - started, usage.ru_maxrss
 
 

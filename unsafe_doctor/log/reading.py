@@ -1,13 +1,15 @@
 """One input, read front to back once: the windows around unsafe-data hits, and the marked lines.
 
 Parsing every line of a multi-gigabyte log in Python would be far slower than `grep`, so this stage
-only searches bytes, with `bytes.find` (fast search in C), in buffers that are read into and reused:
-no chunk is copied, no fresh memory is touched per chunk. Two passes share each read:
+only searches bytes, with `bytes.find` (fast search in C), in small buffers that are read into and
+reused: no fresh memory is touched per chunk, and a regular file's chunks are never copied (a pipe's
+are, once, into the history a window may be cut from). Two passes share each read:
 
 - the windows pass finds the unsafe-data marker, cuts a window of text around each hit, and looks
   for recovery markers in a bounded span before the first hit. Lines that state a setting of the run
   are searched backwards (`rfind`) in the same span, or at the end of an input without a hit: only
-  the last of each counts. It keeps a rolling history of recent bytes to cut windows from.
+  the last of each counts. It cuts windows from a rolling history of recent bytes, or, in a
+  regular file, reads them again with `pread`.
 - the lines pass keeps the whole lines holding a record marker (the sentinel's), wherever they
   stand, and the lines of a start-up dump (the arguments Megatron prints) in the input's first
   DUMP_SPAN bytes. After a hit it goes on from the end of that line: a line packed with markers is
