@@ -197,11 +197,12 @@ def _joined(parts: Sequence[_Found], path: str | None, one: Reading) -> _Found:
             windows[-1] = window
             continue
         windows.append(window)
+    # The context and facts before the first hit; with no hit, the facts and tail at the end of the last part.
     first = next((found for found, _ in reads if found.windows), reads[-1][0])
     hits = sum(found.hits for found, _ in reads)
     joined_windows = WindowsRead(
-        windows, first.context, first.facts if hits or first is reads[-1][0] else reads[-1][0].facts,
-        reads[-1][0].tail if not hits else None, hits, sum(found.hits_not_parsed for found, _ in reads), size,
+        windows, first.context, first.facts, reads[-1][0].tail if not hits else None, hits,
+        sum(found.hits_not_parsed for found, _ in reads), size,
     )
     lines = LinesRead(_once([line for _, found in reads for line in found.records]),
                       sum(found.records_not_kept for _, found in reads),
@@ -210,9 +211,11 @@ def _joined(parts: Sequence[_Found], path: str | None, one: Reading) -> _Found:
 
 
 def _once(lines: list[Excerpt]) -> list[Excerpt]:
-    """A line across the edge of two parts is found by both."""
-    seen: set[int] = set()
-    return [line for line in lines if not (line.start in seen or seen.add(line.start))]  # type: ignore[func-returns-value]
+    """A line across the edge of two parts is found by both: kept once, where it first came."""
+    kept: dict[int, Excerpt] = {}
+    for line in lines:
+        kept.setdefault(line.start, line)
+    return list(kept.values())
 
 
 def _stdin(stdin: BinaryIO | None) -> BinaryIO:
