@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import sys
@@ -57,6 +56,8 @@ def _with_default_command(argv: list[str]) -> list[str]:
     if argv and (argv[0] in commands or argv[0].split("=")[0] in _TOP_OPTIONS):
         return argv
     if argv and re.fullmatch(r"[a-z]+", argv[0]) and not os.path.lexists(argv[0]):  # a word, not `fix.log`; no OSError
+        import difflib  # only for a word that is no command
+
         close = difflib.get_close_matches(argv[0], commands, n=1)
         if close:
             raise UsageError(f"unknown command '{argv[0]}'; did you mean '{close[0]}'?")

@@ -16,11 +16,6 @@ from typing import Any
 
 from unsafe_doctor.errors import UsageError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
-
 TABLE = "unsafe-doctor"
 
 
@@ -49,6 +44,10 @@ def find(start: Path) -> Settings | None:
 
 
 def _table(file: Path) -> dict[str, Any] | None:
+    if sys.version_info >= (3, 11):  # loaded only where a pyproject.toml is found
+        import tomllib
+    else:
+        import tomli as tomllib
     try:
         document = tomllib.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
