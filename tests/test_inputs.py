@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
+import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -421,3 +423,32 @@ def test_the_progress_of_a_file_read_in_parts_adds_up_to_its_size(tmp_path, monk
     counted: list[int] = []
     inputs.scan([path], MARKERS, progress=counted.append)
     assert sum(counted) == os.path.getsize(path)
+
+
+STDIN_IN_PARTS = """
+import os, sys
+from unsafe_doctor.log import inputs
+inputs.PARALLEL_MIN = inputs.PART_MIN = 1000
+os.sched_getaffinity = lambda pid: {0, 1}
+planned = inputs._tasks
+def tasks(sources, cores):
+    found = planned(sources, cores)
+    print([(task.path, task.part is not None) for task in found], file=sys.stderr)
+    return found
+inputs._tasks = tasks
+from unsafe_doctor.cli import main
+main(["diagnose", "--format", "json", *sys.argv[1:]])
+"""
+
+
+def test_a_file_redirected_into_stdin_is_read_as_that_file_in_parts(tmp_path):
+    """`unsafe-doctor < train.log`: the same findings as the file named, read in parts (a pipe cannot be)."""
+    log = write(tmp_path / "train.log", noise(5000) + "Traceback (most recent call last):\n" + ERROR_LINE + noise(5000))
+    with open(log, "rb") as stdin:
+        redirected = subprocess.run([sys.executable, "-c", STDIN_IN_PARTS], stdin=stdin, capture_output=True, text=True)
+    named = subprocess.run([sys.executable, "-c", STDIN_IN_PARTS, log], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert redirected.returncode == named.returncode == 1, redirected.stderr
+    assert f"[('{inputs.STDIN_FILE}', True), ('{inputs.STDIN_FILE}', True)]" in redirected.stderr
+    from_stdin, from_file = json.loads(redirected.stdout), json.loads(named.stdout)
+    assert from_stdin["findings"] == from_file["findings"] and from_stdin["summary"] == from_file["summary"]
+    assert [each["name"] for each in from_stdin["inputs"]] == ["<stdin>"]

@@ -33,6 +33,7 @@ __all__ = ["Excerpt", "InputInfo", "Progress", "Scan", "SkippedInput", "scan"]
 PIPE_SIZE = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 PARALLEL_MIN = 64 << 20  # regular files smaller than this together are read in this process: forking costs more
 PART_MIN = 32 << 20  # a file is read in parts no smaller than this
+STDIN_FILE = "/proc/self/fd/0"  # opened, a new reader of what stdin reads, from its start (each worker its own)
 LOG_SUFFIXES = (".log", ".txt", ".out")
 
 
@@ -93,6 +94,8 @@ def scan(
     that cannot be read is skipped with its reason; a UsageError only when none can be.
     """
     sources = _expand(paths) if paths else [("<stdin>", None, None)]
+    if stdin is None:
+        sources = [_stdin_source() if path is None else (name, path, rank) for name, path, rank in sources]
     markers = Reading("", None, context_markers, fact_markers, record_markers, dump_markers)
     return _within_budgets(sources, _read_all(sources, markers, stdin, progress))
 
@@ -218,6 +221,20 @@ def _once(lines: list[Excerpt]) -> list[Excerpt]:
     return list(kept.values())
 
 
+def _stdin_source() -> _Source:
+    """Stdin; a regular file a shell redirected into it (`< train.log`), still at its start, is read
+    as that file (in parts, again where a window needs): Linux reopens it through STDIN_FILE."""
+    try:
+        if (
+            sys.stdin is not None and sys.stdin.fileno() == 0 and stat.S_ISREG(os.fstat(0).st_mode)
+            and os.lseek(0, 0, os.SEEK_CUR) == 0 and os.path.exists(STDIN_FILE)
+        ):
+            return ("<stdin>", STDIN_FILE, None)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # no descriptor (a test's replacement), or none to seek: a stream
+    return ("<stdin>", None, None)
+
+
 def _stdin(stdin: BinaryIO | None) -> BinaryIO:
     stream = stdin if stdin is not None else (sys.stdin.buffer if sys.stdin is not None else None)
     if stream is None:
@@ -278,7 +295,7 @@ def _within_budgets(sources: Sequence[_Source], found: Sequence[_Found]) -> Scan
     if not infos:
         raise UsageError(_nothing_readable(skipped))
     if sum(info.bytes for info in infos) == 0:
-        raise UsageError("no log text to read: " + ("stdin is empty" if sources[0][1] is None else "the inputs are empty"))
+        raise UsageError("no log text to read: " + ("stdin is empty" if sources[0][0] == "<stdin>" else "the inputs are empty"))
     return Scan(
         inputs=tuple(infos),
         windows=tuple(windows),
