@@ -209,7 +209,7 @@ def _joined(parts: Sequence[_Found], path: str | None, one: Reading) -> _Found:
     )
     lines = LinesRead(_once([line for _, found in reads for line in found.records]),
                       sum(found.records_not_kept for _, found in reads),
-                      _once([line for _, found in reads for line in found.dumps]), size)
+                      _once([line for _, found in reads for line in found.dumps]))
     return joined_windows, lines
 
 

@@ -119,7 +119,6 @@ class LinesRead:
     records: list[Excerpt] = field(default_factory=list)
     records_not_kept: int = 0  # past RECORD_BUDGET, or longer than RECORD_LINE_MAX
     dumps: list[Excerpt] = field(default_factory=list)
-    size: int = 0
 
 
 def read(stream: BinaryIO, reading: Reading, *, regular: bool = False, part: Part | None = None) -> tuple[WindowsRead, LinesRead]:
@@ -170,7 +169,7 @@ def _read(
     for keeper in keepers:
         keeper.feed(history, at_end=True)
     size = part.size if part and history.end >= read_until else history.end  # a file that shrank ends where reading did
-    return windows.finish(history, size), LinesRead(records.kept, records.not_kept, dumps.kept, size)
+    return windows.finish(history, size), LinesRead(records.kept, records.not_kept, dumps.kept)
 
 
 _CONTROL = bytes(b for b in range(32) if b not in (9, 10, 13, 27))  # no text log holds many of these
