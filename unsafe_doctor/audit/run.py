@@ -4,6 +4,7 @@ holder's coverage, classify it."""
 from __future__ import annotations
 
 import gc
+import stat
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -53,6 +54,8 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
     knowledge = load_knowledge(rule_paths)
     given = _given(paths)
     files = audited_files(given)
+    if not files:
+        raise UsageError(f"no Python file (*.py) to audit under {', '.join(map(str, given))}")
     import_roots = ImportRoots()
     root_of = {path: import_roots.of(path) for path in files}
     roots = list(dict.fromkeys([*root_of.values(), *(import_roots.of(path) for path in given)]))
@@ -202,11 +205,13 @@ def _given(paths: Sequence[Path]) -> list[Path]:
         raise UsageError("no path to audit: name one or more source folders or files")
     for path in given:
         try:
-            path.stat()
+            mode = path.stat().st_mode
         except FileNotFoundError:
             raise UsageError(f"{path}: no such file or folder") from None
         except (OSError, ValueError) as error:  # a loop of links, `file.py/x`, a name too long
             raise UsageError(f"{path}: {os_reason(error)}") from None
+        if not stat.S_ISDIR(mode) and not (stat.S_ISREG(mode) and path.suffix == ".py"):
+            raise UsageError(f"{path}: not a Python file (*.py) nor a folder of them")
     return given
 
 

@@ -15,10 +15,11 @@ from click.core import ParameterSource
 from unsafe_doctor import __version__
 from unsafe_doctor.cli import audit, config, diagnose, fix, rules, sentinel, verify
 from unsafe_doctor.cli.conventions import reporting
-from unsafe_doctor.errors import UsageError
+from unsafe_doctor.errors import UsageError, os_reason
 
 app = typer.Typer(
     pretty_exceptions_enable=False,
+    add_completion=False,  # typer's reads no shell name: `_top` has options that do
     suggest_commands=False,  # click suggests already: once is enough
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Find, explain and fix the global tensor that MindIO recovery left unsafe.",
@@ -35,6 +36,58 @@ def _show_version(value: bool) -> None:
     if value:
         print(f"unsafe-doctor {__version__}")
         raise typer.Exit(0)
+
+
+SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
+_DETECTED = "the shell this runs in"
+
+
+def _completion(value: str | None, install: bool) -> None:
+    """`--install-completion [SHELL]` and `--show-completion [SHELL]`: the shell named, else the one
+    this runs in (typer's own options take no name). The scripts are typer's."""
+    if value is None:
+        return
+    from typer._completion_shared import _get_shell_name, get_completion_script
+    from typer._completion_shared import install as install_script
+
+    shell = _get_shell_name() if value == _DETECTED else value.lower()
+    if shell not in SHELLS:
+        named = "cannot tell which shell this runs in" if value == _DETECTED else f"no completion for {value!r}"
+        raise UsageError(f"{named}: name one of {', '.join(SHELLS[:4])} (e.g. --install-completion zsh)")
+    if not install:
+        print(get_completion_script(prog_name="unsafe-doctor", complete_var="_UNSAFE_DOCTOR_COMPLETE", shell=shell))
+        raise typer.Exit(0)
+    try:
+        shell, path = install_script(shell=shell, prog_name="unsafe-doctor")
+    except OSError as error:  # a read-only home, a full disk
+        where = f" ({error.filename})" if error.filename else ""
+        raise UsageError(f"cannot install {shell} completion{where}: {os_reason(error)}") from None
+    print(f"{shell} completion installed in {path}: it works in shells started from now on")
+    raise typer.Exit(0)
+
+
+_SHELL_HELP = "bash, zsh, fish or powershell; the shell this runs in when not named"
+
+
+def _completion_option(name: str, install: bool, help: str) -> click.Option:
+    """A click option, as typer's cannot take a value that may be left out (`--show-completion [SHELL]`)."""
+    return click.Option(
+        [name], metavar="[SHELL]", is_flag=False, flag_value=_DETECTED, is_eager=True, expose_value=False, help=help,
+        callback=lambda context, parameter, value: _completion(value, install),
+    )
+
+
+def _command() -> click.Command:
+    from typer.completion import completion_init
+
+    completion_init()  # typer's completers, which its scripts call (without it, click's answer a format they do not read)
+    command = typer.main.get_command(app)
+    command.params += [
+        _completion_option("--install-completion", True, f"Install completion for a shell ({_SHELL_HELP})."),
+        _completion_option("--show-completion", False,
+                           f"Print the completion script for a shell ({_SHELL_HELP}), to install it yourself."),
+    ]
+    return command
 
 
 @app.callback()
@@ -67,8 +120,8 @@ def _with_default_command(argv: list[str]) -> list[str]:
 def run(args: list[str], leave: bool) -> None:
     """Run the command line `args`; `leave`: end the process without freeing its objects (`_leave`)."""
     try:
-        settings = config.find(Path.cwd())
-        code = app(
+        settings = config.find(_working_folder())
+        code = _command().main(
             args=_with_default_command(args),
             prog_name="unsafe-doctor",
             standalone_mode=False,
@@ -92,6 +145,13 @@ def run(args: list[str], leave: bool) -> None:
     if leave:
         _leave(code or 0)
     sys.exit(code or 0)
+
+
+def _working_folder() -> Path:
+    try:
+        return Path.cwd()
+    except FileNotFoundError:
+        raise UsageError("the working folder no longer exists (deleted?): cd to one that does") from None
 
 
 def _leave(code: int) -> NoReturn:

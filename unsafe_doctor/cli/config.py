@@ -52,7 +52,10 @@ def _table(file: Path) -> dict[str, Any] | None:
         document = tomllib.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise UsageError(f"{file}: {error}") from None
-    table = document.get("tool", {}).get(TABLE)
+    except RecursionError:
+        raise UsageError(f"{file}: values nested too deep to read") from None
+    tools = document.get("tool")
+    table = tools.get(TABLE) if isinstance(tools, dict) else None  # `tool = "x"` holds no tool's table
     if table is not None and not isinstance(table, dict):
         raise UsageError(f"{file}: [tool.{TABLE}] must be a table")
     return table
@@ -61,7 +64,11 @@ def _table(file: Path) -> dict[str, Any] | None:
 def _settings(file: Path, table: dict[str, Any]) -> Settings:
     unknown = sorted(set(table) - _KEYS)
     if unknown:
-        raise UsageError(f"{file}: [tool.{TABLE}] has no key {unknown[0]!r} (keys: {', '.join(sorted(_KEYS))})")
+        import difflib  # only for a table with a mistake in it
+
+        close = difflib.get_close_matches(unknown[0], _KEYS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UsageError(f"{file}: [tool.{TABLE}] has no key {unknown[0]!r} ({hint}keys: {', '.join(sorted(_KEYS))})")
     base = file.parent
 
     def paths(key: str) -> tuple[Path, ...]:
@@ -70,6 +77,8 @@ def _settings(file: Path, table: dict[str, Any]) -> Settings:
     adaptor = table.get("adaptor")
     if adaptor is not None and not isinstance(adaptor, str):
         raise UsageError(f"{file}: [tool.{TABLE}] adaptor must be a path (a string)")
+    if adaptor is not None:
+        _path_text(file, "adaptor", adaptor)
     return Settings(
         file=file,
         source_roots=paths("source-roots"),
@@ -85,10 +94,17 @@ _KEYS = {"source-roots", "adaptor", "rules", "functions", "parameters"}
 
 def _strings(file: Path, key: str, value: object) -> list[str]:
     if isinstance(value, str):
-        return [value]
+        return [_path_text(file, key, value)]
     if isinstance(value, list) and all(isinstance(item, str) for item in value):
-        return value
+        return [_path_text(file, key, item) for item in value]
     raise UsageError(f"{file}: [tool.{TABLE}] {key} must be a string or a list of strings")
+
+
+def _path_text(file: Path, key: str, value: str) -> str:
+    """A value that names a file or a function: no NUL byte, which no file name or name can hold."""
+    if "\0" in value:
+        raise UsageError(f"{file}: [tool.{TABLE}] {key} holds a NUL byte (\\0)")
+    return value
 
 
 def _roles(file: Path, key: str, value: object) -> tuple[str, ...]:

@@ -3,6 +3,7 @@ stderr, and a progress bar on stderr for large inputs and long audits."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import sys
@@ -44,8 +45,10 @@ def say(line: str) -> None:
 
 
 def print_json(document: dict[str, Any]) -> None:
+    """UTF-8 as is; to an ASCII or Latin-1 stdout as \\u escapes, which every JSON reader takes."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
     with _reader_may_leave():
-        sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=codecs.lookup(encoding).name != "utf-8") + "\n")
         sys.stdout.flush()
 
 

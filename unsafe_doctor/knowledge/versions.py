@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from unsafe_doctor.errors import UsageError
+from unsafe_doctor.errors import UsageError, os_reason
 from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase, role_parameter
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, import_root, is_file, is_internal_file, read_source
@@ -80,8 +80,8 @@ def detect_environment(
     for root in roots:
         if not root.is_dir():
             raise UsageError(f"source root {root} is not a directory")
-    if adaptor is not None and not Path(adaptor).is_file():
-        raise UsageError(f"adaptor {adaptor}: no such file")
+    if adaptor is not None and not is_file(Path(adaptor)):
+        raise UsageError(f"adaptor {adaptor}: {_why_not_a_file(Path(adaptor))}")
     frame_roots = [] if workspace.log_only else _frame_roots(frames, workspace)
     found: dict[str, tuple[Version, str]] = {}
     for root in (*roots, *frame_roots):
@@ -142,6 +142,14 @@ def profiles_in_log(knowledge: KnowledgeBase, texts: Iterable[str]) -> tuple[Ada
 
 
 # --- versions ------------------------------------------------------------------------------------
+
+
+def _why_not_a_file(path: Path) -> str:
+    try:
+        path.stat()
+    except (OSError, ValueError) as error:  # too long a name, a NUL byte, no such file
+        return os_reason(error)
+    return "not a file"
 
 
 def _frame_roots(frames: Sequence[Frame], workspace: Workspace) -> list[Path]:

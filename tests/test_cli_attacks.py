@@ -1,0 +1,153 @@
+"""The attack list of issue 26, at the command line: each case once ended in a traceback, the wrong
+exit code or the wrong shell's script, and now gets what the issue asks. Run for real, in a
+subprocess: closed standard streams, an ASCII terminal, a deleted working folder, hostile
+pyproject.toml files, a read-only home, names too long for the file system, audits of what is
+not Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FAQ_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"
+FRAMEWORK = ROOT / "samples" / "framework"
+COMMANDS = [["-V"], ["--help"], [str(FAQ_LOG)], ["rules", "list"], ["audit", str(FRAMEWORK)], ["fix", "--help"]]
+
+
+def run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, close: int | None = None,
+        encoding: str = "utf-8") -> subprocess.CompletedProcess[str]:
+    """The command in a fresh process; `close`: the standard stream (1 or 2) it starts without;
+    `encoding`: the one its output is read in."""
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("UNSAFE_DOCTOR_")}
+    environment.update({"COLUMNS": "120", "PYTHONPATH": str(ROOT), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, encoding=encoding, cwd=cwd, env=environment,
+        stdin=subprocess.DEVNULL, timeout=120, preexec_fn=None if close is None else lambda: os.close(close),
+    )
+
+
+def refused(result: subprocess.CompletedProcess[str], fragment: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stdout[-500:], result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and fragment in result.stderr, result.stderr
+
+
+# --- standard streams ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", COMMANDS, ids=" ".join)
+def test_a_closed_stdout_is_one_line_and_exit_2_for_every_command(args):
+    refused(run(*args, close=1), "standard output is closed")
+
+
+def test_a_closed_stderr_keeps_each_outcomes_exit_code():
+    assert run(str(ROOT / "no-such.log"), close=2).returncode == 2
+    found = run(str(FAQ_LOG), close=2)
+    assert found.returncode == 1 and "Finding 1" in found.stdout
+    assert run("-V", close=2).returncode == 0
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_an_output_encoding_that_is_not_utf8_escapes_instead_of_failing(encoding):
+    text = run(str(FAQ_LOG), env={"PYTHONIOENCODING": encoding}, encoding=encoding)
+    assert text.returncode == 1 and "Traceback" not in text.stderr, text.stderr
+    assert "_MOE_AUX_LOSSES_LOGGING_TRACKER" in text.stdout
+    escaped = run(str(FAQ_LOG), "--format", "json", env={"PYTHONIOENCODING": encoding}, encoding=encoding)
+    plain = run(str(FAQ_LOG), "--format", "json")
+    assert escaped.returncode == 1 and escaped.stdout.isascii()
+    assert json.loads(escaped.stdout)["findings"] == json.loads(plain.stdout)["findings"]
+
+
+# --- where it runs ------------------------------------------------------------------------------------
+
+def test_a_deleted_working_folder_is_one_line_and_exit_2(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    # started in the folder, which is then removed under it: as a user's shell is left in a folder deleted by `rm -rf`
+    script = f"import os, sys, runpy; os.rmdir({str(gone)!r}); sys.argv = ['unsafe-doctor', *sys.argv[1:]]; " \
+             "runpy.run_module('unsafe_doctor', run_name='__main__')"
+    for args in (["--help"], [str(FAQ_LOG)], ["audit", str(FRAMEWORK)], ["rules", "list"]):
+        result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=gone,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+        refused(result, "the working folder no longer exists")
+        gone.mkdir()
+
+
+@pytest.mark.parametrize(("table", "fragment"), [
+    ('[tool.unsafe-doctor]\nrules = ' + "[" * 20000 + "]" * 20000 + "\n", "nested too deep"),
+    ('[tool.unsafe-doctor]\nsource-roots = ["a\\u0000b"]\n', "source-roots holds a NUL byte"),
+    ('[tool.unsafe-doctor]\nadaptor = "recovery\\u0000.py"\n', "adaptor holds a NUL byte"),
+    ('[tool.unsafe-doctor]\nfunctions = {rollback = "a\\u0000b"}\n', "functions.rollback holds a NUL byte"),
+    ('[tool.unsafe-doctor]\nsource-root = "src"\n', "did you mean 'source-roots'?"),
+], ids=["deep", "nul-root", "nul-adaptor", "nul-function", "misspelt-key"])
+def test_a_hostile_pyproject_above_the_working_folder_is_one_line(tmp_path, table, fragment):
+    (tmp_path / "pyproject.toml").write_text(table)
+    inner = tmp_path / "job"
+    inner.mkdir()
+    refused(run(str(FAQ_LOG), cwd=inner), fragment)
+
+
+def test_a_pyproject_whose_tool_is_no_table_holds_no_settings(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('tool = "x"\n')
+    result = run(str(FAQ_LOG), "--format", "json", cwd=tmp_path)
+    assert result.returncode == 1 and json.loads(result.stdout)["findings"], result.stderr
+
+
+# --- shell completion ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("shell", "marker"), [
+    ("bash", "complete_bash"), ("zsh", "#compdef unsafe-doctor"), ("fish", "complete_fish"),
+    ("powershell", "complete_powershell"),
+])
+def test_show_completion_prints_the_named_shells_script(shell, marker):
+    for args in (["--show-completion", shell], [f"--show-completion={shell}"]):
+        result = run(*args)
+        assert result.returncode == 0 and marker in result.stdout, result.stderr
+
+
+def test_install_completion_installs_the_named_shells_script(tmp_path):
+    result = run("--install-completion", "zsh", env={"HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert "zsh completion installed" in result.stdout
+    assert "#compdef unsafe-doctor" in (tmp_path / ".zfunc" / "_unsafe-doctor").read_text()
+    assert ".zfunc" in (tmp_path / ".zshrc").read_text()
+    assert not (tmp_path / ".bashrc").exists()
+
+
+def test_install_completion_into_a_home_it_cannot_write_is_one_line(tmp_path):
+    refused(run("--install-completion", "bash", env={"HOME": os.devnull}), "cannot install bash completion")
+    refused(run("--show-completion", "tcsh"), "no completion for 'tcsh'")
+
+
+# --- names and inputs -------------------------------------------------------------------------------
+
+LONG = "a" * 300
+
+
+def test_an_adaptor_name_too_long_for_the_file_system_is_one_line(tmp_path):
+    refused(run("audit", str(FRAMEWORK), "--adaptor", LONG), "file name too long")
+    refused(run("audit", str(FRAMEWORK), env={"UNSAFE_DOCTOR_ADAPTOR": LONG}), "file name too long")
+    (tmp_path / "pyproject.toml").write_text(f'[tool.unsafe-doctor]\nadaptor = "{LONG}"\n')
+    refused(run("audit", str(FRAMEWORK), cwd=tmp_path), "file name too long")
+
+
+def test_an_audit_with_no_python_file_to_read_is_a_usage_error(tmp_path):
+    notes = tmp_path / "notes.md"
+    notes.write_text("# x\n")
+    archive = tmp_path / "code.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(FRAMEWORK / "toytrain" / "recovery.py", arcname="recovery.py")
+    for given in (os.devnull, str(notes), str(archive)):
+        refused(run("audit", given), "not a Python file")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    shutil.copy(notes, empty)
+    refused(run("audit", str(empty)), "no Python file (*.py) to audit")
