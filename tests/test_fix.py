@@ -720,7 +720,7 @@ def test_cli_json(tmp_path):
     assert document["schema"] == "unsafe-doctor/fix/v1"
     assert [item["path"] for item in document["files"]] == [str(adaptor)]
     assert document["files"][0]["diff"].startswith(f"--- a{adaptor}")
-    assert document["written"] == [{"path": str(adaptor), "backup": f"{adaptor}{BACKUP_SUFFIX}"}]
+    assert document["written"] == [{"path": str(adaptor), "backup": f"{adaptor}{BACKUP_SUFFIX}", "links": 1}]
 
 
 def test_cli_refusals_are_one_line_and_exit_2(tmp_path):

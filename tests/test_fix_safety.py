@@ -387,3 +387,52 @@ def test_a_sticky_folder_that_refuses_the_rename_is_one_line_and_changes_nothing
     assert result.stderr.splitlines()[-1] == f"unsafe-doctor: cannot write {adaptor}: Operation not permitted: nothing written"
     assert adaptor.read_bytes() == ORIGINAL
     assert sorted(path.name for path in folder.iterdir()) == ["recovery.py"]  # no backup, no temporary file left
+
+
+def test_a_report_lost_on_a_full_disk_says_what_was_written_and_keeps_the_old_report(tmp_path, full_tmpfs):
+    """Issue 26: `fix --yes --format json -o <full disk>` wrote the adaptor, then said nothing was."""
+    folder, mounted = full_tmpfs
+    if not mounted:
+        pytest.skip("needs a tmpfs to fill (root)")
+    report = folder / "fix.json"
+    report.write_text("the last report\n")
+    fill(folder, leave=0)
+    adaptor = adaptor_in(tmp_path / "job")
+
+    result = fix_ema(adaptor, "--yes", "--format", "json", "-o", str(report))
+
+    assert result.returncode == 0, result.stderr
+    assert f"cannot write the report to {report}: no space left on device" in result.stderr
+    assert f"wrote {adaptor} (backup: {backup(adaptor)})" in result.stderr
+    assert adaptor.read_bytes() != ORIGINAL and backup(adaptor).read_bytes() == ORIGINAL
+    assert report.read_text() == "the last report\n"
+    assert sorted(path.name for path in folder.iterdir()) == ["filler", "fix.json"]
+
+
+def test_a_fix_keeps_the_adaptors_extended_attributes(tmp_path):
+    adaptor = adaptor_in(tmp_path)
+    os.setxattr(adaptor, "user.owner-team", b"recovery")
+    if os.geteuid() == 0:
+        os.setxattr(adaptor, "trusted.label", b"kept")  # as a security label would be
+
+    assert fix_ema(adaptor, "--yes").returncode == 0
+    assert adaptor.read_bytes() != ORIGINAL
+    assert os.getxattr(adaptor, "user.owner-team") == b"recovery"
+    if os.geteuid() == 0:
+        assert os.getxattr(adaptor, "trusted.label") == b"kept"
+
+
+def test_a_hard_linked_adaptor_is_written_in_place_so_every_name_sees_the_fix(tmp_path):
+    adaptor = adaptor_in(tmp_path / "job")
+    other_name = tmp_path / "vendored_recovery.py"
+    os.link(adaptor, other_name)
+    inode = adaptor.stat().st_ino
+
+    result = fix_ema(adaptor, "--yes")
+
+    assert result.returncode == 0, result.stderr
+    assert "in place, as it has 2 hard links" in result.stderr
+    assert adaptor.stat().st_ino == inode and os.path.samefile(adaptor, other_name)
+    assert other_name.read_bytes() == adaptor.read_bytes() != ORIGINAL
+    assert backup(adaptor).read_bytes() == ORIGINAL
+    assert sorted(path.name for path in adaptor.parent.iterdir()) == ["recovery.py", backup(adaptor).name]

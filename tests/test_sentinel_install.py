@@ -355,3 +355,32 @@ def test_cli_takes_the_adaptor_function_and_parameter_from_pyproject(tmp_path):
     assert result.returncode == 0, result.stderr
     assert '+    _ud_sentinel_check(ctx, mode="report")\n' in result.stdout
     assert adaptor.read_bytes() == (TOYTRAIN / "recovery.py").read_bytes()
+
+
+QUOTED_BLOCKS = f'''
+
+HOW_TO = """What unsafe-doctor writes looks like this:
+    # unsafe-doctor: begin {SENTINEL_KEY}
+    _ud_sentinel_check(train_args)
+    # unsafe-doctor: end {SENTINEL_KEY}
+    # unsafe-doctor: begin generic.reinitialise:toytrain.state.LOSS_LOG
+    # unsafe-doctor: end generic.reinitialise:toytrain.state.LOSS_LOG
+"""
+'''
+
+
+def test_markers_quoted_in_a_string_are_no_block_to_install_over_or_revert(tmp_path, toytrain_loss_log):
+    """Issue 26: a docstring quoting the markers made install say "already installed", and each
+    revert deleted those lines from the user's string."""
+    adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
+    adaptor.write_text(adaptor.read_text() + QUOTED_BLOCKS)
+
+    apply(sentinel_plan(adaptor))
+    write_fix(toytrain_loss_log, adaptor, [tmp_path])
+    installed = adaptor.read_bytes()
+    assert markers(installed).count(SENTINEL_KEY) == 2  # the quoted one and the block written
+    assert markers(installed).count(LOSS_LOG_KEY) == 2
+
+    revert(adaptor, sentinel=True)
+    revert(adaptor, sentinel=False)
+    assert adaptor.read_text() == (TOYTRAIN / "recovery.py").read_text() + QUOTED_BLOCKS  # the string whole

@@ -24,7 +24,7 @@ from unsafe_doctor.adaptor.scope import FunctionNames, ModuleNames, find_functio
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.versions import Environment, profile_files
 from unsafe_doctor.source.files import package_of
-from unsafe_doctor.source.markers import MARKER_BEGIN, MARKER_END, SENTINEL_KEY
+from unsafe_doctor.source.markers import MARKER_END, SENTINEL_KEY, markers
 from unsafe_doctor.source.workspace import module_from_path
 
 Role = Literal["rollback", "send", "recv"]
@@ -72,13 +72,6 @@ class AdaptorSource:
     newline: str
     lines: tuple[bytes, ...]  # with their line endings
     functions: tuple[AdaptorFunction, ...]
-
-    def text_line(self, index: int) -> str:
-        return self.lines[index].decode(self.encoding)
-
-    def decoded(self, line: bytes) -> str:
-        """A line of this file (or of an edit of it) as text, stripped."""
-        return line.decode(self.encoding).strip()
 
     def encode(self, text: str) -> bytes:
         """Text for the middle of the file: a BOM belongs only at its start."""
@@ -291,22 +284,20 @@ def block_spans(source: AdaptorSource) -> list[BlockSpan]:
     spans: list[BlockSpan] = []
     open_key: str | None = None
     opened = 0
-    for index in range(len(source.lines)):
-        text = source.decoded(source.lines[index])
-        where = f"{source.shown}:{index + 1}"
-        if text.startswith(MARKER_BEGIN):
+    for marker in markers(source.data.decode(source.encoding)):
+        where = f"{source.shown}:{marker.line + 1}"
+        if marker.begins:
             if open_key is not None:
                 raise UsageError(f"{where}: a begin marker inside block {open_key} (line {opened + 1}), whose end is missing: "
                                  "mend the markers by hand")
-            open_key, opened = text[len(MARKER_BEGIN):], index
-        elif text.startswith(MARKER_END):
-            key = text[len(MARKER_END):]
+            open_key, opened = marker.key, marker.line
+        else:
             if open_key is None:
-                raise UsageError(f"{where}: end marker of block {key} without its begin: mend the markers by hand")
-            if key != open_key:
-                raise UsageError(f"{where}: end marker of block {key} inside block {open_key} (line {opened + 1}): "
+                raise UsageError(f"{where}: end marker of block {marker.key} without its begin: mend the markers by hand")
+            if marker.key != open_key:
+                raise UsageError(f"{where}: end marker of block {marker.key} inside block {open_key} (line {opened + 1}): "
                                  "mend the markers by hand")
-            spans.append(BlockSpan(key, opened, index))
+            spans.append(BlockSpan(marker.key, opened, marker.line))
             open_key = None
     if open_key is not None:
         raise UsageError(f"{source.shown}:{opened + 1}: block {open_key} has no end marker ({MARKER_END}{open_key}): "

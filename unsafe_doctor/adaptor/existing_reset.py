@@ -14,7 +14,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from unsafe_doctor.adaptor.code import adaptor_files
+from unsafe_doctor.adaptor.code import adaptor_files, block_spans, read_source
 from unsafe_doctor.audit.coverage import AdaptorCoverage
 from unsafe_doctor.audit.model import Coverage
 from unsafe_doctor.audit.refs import HolderKey
@@ -22,7 +22,6 @@ from unsafe_doctor.knowledge.classify import Classified
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import KnowledgeBase
 from unsafe_doctor.knowledge.subject import Subject
-from unsafe_doctor.source.markers import MARKER_BEGIN
 from unsafe_doctor.source.syntax import callee_name
 
 
@@ -54,7 +53,7 @@ def existing_reset(
     environment = context.environment
     if environment.adaptor is None or adaptor_coverage is None:
         return ()
-    if any((MARKER_BEGIN + key).encode() in path.read_bytes() for path in adaptor_files(environment) if path.is_file()):
+    if any(span.key == key for path in adaptor_files(environment) if path.is_file() for span in block_spans(read_source(path))):
         return ()
     for holder in _globals_of(subject, classification, context.knowledge):
         coverage = adaptor_coverage.of(holder)

@@ -30,6 +30,7 @@ name of its own. Nothing here prints or exits: refusals raise UsageError.
 from __future__ import annotations
 
 import difflib
+import errno
 import hashlib
 import itertools
 import keyword
@@ -45,8 +46,6 @@ import libcst as cst
 
 from unsafe_doctor.adaptor.code import (
     INDENT,
-    MARKER_BEGIN,
-    MARKER_END,
     ROLES,
     Adaptor,
     AdaptorFunction,
@@ -84,7 +83,7 @@ from unsafe_doctor.knowledge.rules import (
 )
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import Environment
-from unsafe_doctor.source.markers import SENTINEL_KEY
+from unsafe_doctor.source.markers import MARKER_BEGIN, MARKER_END, SENTINEL_KEY
 
 BACKUP_SUFFIX = ".unsafe-doctor.bak"
 
@@ -179,6 +178,7 @@ class Plan:
 class Written:
     path: Path
     backup: Path  # the file as it was before this write
+    links: int = 1  # names the file has; above 1 it was written in place, so that they all see the fix
 
 
 # --- planning a fix ------------------------------------------------------------------------------
@@ -500,10 +500,7 @@ def _reindent(line: str, function: AdaptorFunction) -> str:
 
 
 def _has_block(source: AdaptorSource, function: AdaptorFunction, key: str) -> bool:
-    marker = MARKER_BEGIN + key
-    return any(
-        source.text_line(index).strip() == marker for index in range(function.first_line - 1, function.last_line)
-    )
+    return any(span.key == key and function.first_line - 1 <= span.begin < function.last_line for span in block_spans(source))
 
 
 def _insertion_point(source: AdaptorSource, function: AdaptorFunction, key: str) -> int:
@@ -647,15 +644,37 @@ def _replace_all(staged: Sequence[_Staged]) -> tuple[Written, ...]:
     written: list[Written] = []
     for index, item in enumerate(staged):
         try:
-            os.replace(item.temporary, item.target)
+            links = os.stat(item.target).st_nlink
+            if links > 1:
+                _write_in_place(item.target, item.edit.updated)
+                item.temporary.unlink()
+            else:
+                os.replace(item.temporary, item.target)
         except OSError as error:
             for other in staged[index:]:
                 other.discard()
             done = "".join(f"; {earlier.path} was written (backup: {earlier.backup})" for earlier in written)
             raise UsageError(f"cannot replace {item.edit.path}: {error.strerror or error}: left as it was{done}") from None
         _sync_folder(item.target.parent)
-        written.append(Written(item.edit.path, shown_path(item.backup)))
+        written.append(Written(item.edit.path, shown_path(item.backup), links))
     return tuple(written)
+
+
+def _write_in_place(target: Path, data: bytes) -> None:
+    """A hard-linked file's new content written into it, not renamed over it (which would leave
+    the other names on the old file). Its space is taken first: a full disk fails before a byte
+    changes; the backup is already on disk."""
+    handle = os.open(target, os.O_WRONLY)
+    try:
+        if data:
+            os.posix_fallocate(handle, 0, len(data))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(handle, view):]
+        os.ftruncate(handle, len(data))
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 def _check_writable(edit: FileEdit) -> None:
@@ -719,10 +738,24 @@ def _whole_file(target: Path, data: bytes, status: os.stat_result) -> Path:
         if os.geteuid() == 0:
             os.chown(temporary, status.st_uid, status.st_gid)
         os.chmod(temporary, stat.S_IMODE(status.st_mode))  # after chown, which clears set-id bits
+        _copy_attributes(target, temporary)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
     return temporary
+
+
+def _copy_attributes(source: Path, copy: Path) -> None:
+    """The file's extended attributes (its ACL and security label among them) on the copy; one that
+    cannot be kept stops the write (OSError), as losing it silently would change who may read the file."""
+    try:
+        names = os.listxattr(source)
+    except OSError as error:
+        if error.errno in (errno.ENOTSUP, errno.ENOSYS):  # a file system without them
+            return
+        raise
+    for name in names:
+        os.setxattr(copy, name, os.getxattr(source, name))
 
 
 def _sync_folder(folder: Path) -> None:

@@ -28,7 +28,7 @@ from unsafe_doctor.knowledge.rules import Rule
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import detect_environment
 from unsafe_doctor.source.files import ImportRoots
-from unsafe_doctor.source.markers import MARKER_BEGIN
+from unsafe_doctor.source.markers import MARKER_BEGIN, markers
 from unsafe_doctor.source.workspace import Parsed
 
 _STATUS_ORDER = {"uncovered": 0, "unsafe": 1, "covered": 2}
@@ -87,9 +87,10 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
                 holder = _without_adaptor_uses(holder, judge.shown)
             judged.append((holder, judge.judge(holder) if judge is not None else _NO_ADAPTOR))
         audited = []
+        ours = _our_blocks(judge.files) if judge is not None else {}
         for (holder, verdict), (subject, classified) in zip(judged, _classified(judged, context, progress), strict=True):
             if judge is not None and verdict.status == "uncovered":
-                verdict = _our_block(classified, judge.files) or verdict
+                verdict = _our_block(classified, ours) or verdict
             audited.append(AuditedHolder(holder, verdict, classified, subject))
     audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
     stale = stale_resets(environment.adaptor, environment.profile, environment, index.workspace) if environment.adaptor else []
@@ -179,24 +180,30 @@ def _classified(
     return [merged[number] for number in range(len(judged))]
 
 
-def _our_block(classified: Classification | None, adaptor_files: Sequence[Path]) -> Coverage | None:
+def _our_blocks(adaptor_files: Sequence[Path]) -> dict[str, Site]:
+    """The first block unsafe-doctor wrote for each rule in the adaptor's files (a key is the rule's
+    id, or `rule:global` for a named global), where its begin marker is."""
+    found: dict[str, Site] = {}
+    for path in adaptor_files:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for marker in markers(text):
+            if marker.begins:
+                found.setdefault(marker.key.split(":")[0], Site(str(path), marker.line + 1, None, MARKER_BEGIN + marker.key))
+    return found
+
+
+def _our_block(classified: Classification | None, ours: dict[str, Site]) -> Coverage | None:
     """Covered by the block unsafe-doctor wrote for the holder's rule: the rule's fix is made for
     what the rule names, even where it reaches it in ways the coverage reading cannot follow (the
     model's modules walked for `inv_freq`, the optimizer in `train_args` for the grad scaler)."""
     rule = classified.rule if isinstance(classified, Classified) else None
-    if rule is None:
+    site = ours.get(rule) if rule is not None else None
+    if site is None:
         return None
-    marker = MARKER_BEGIN + rule
-    for path in adaptor_files:
-        try:
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            continue
-        for number, line in enumerate(lines, 1):
-            if line.strip() == marker or line.strip().startswith(marker + ":"):
-                site = Site(str(path), number, None, line.strip())
-                return Coverage("covered", "rebuilt", None, (), (site,), f"by unsafe-doctor's block for rule {rule}")
-    return None
+    return Coverage("covered", "rebuilt", None, (), (site,), f"by unsafe-doctor's block for rule {rule}")
 
 
 def _given(paths: Sequence[Path]) -> list[Path]:

@@ -12,16 +12,16 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
 from unsafe_doctor.cli import options
 from unsafe_doctor.cli.config import Settings
-from unsafe_doctor.cli.streams import say
-from unsafe_doctor.errors import UsageError
+from unsafe_doctor.cli.streams import output_lost, say, stdout_names
+from unsafe_doctor.errors import UsageError, os_reason
 
 Command = Callable[..., int]
 
@@ -39,7 +39,7 @@ def reporting(command: Command) -> Command:
         annotate = kwargs.get("output_format") is options.LocatedFormat.github
         if annotate:  # written as SARIF, then each result rewritten as a workflow command
             kwargs["output_format"] = options.LocatedFormat.sarif
-        with _stdout_to(output), _silenced(quiet):
+        with _stdout_to(output, kwargs), _silenced(quiet):
             if annotate:
                 code = _annotated(command, **kwargs)
             else:
@@ -61,7 +61,7 @@ def printing(command: Command) -> Command:
 
     @functools.wraps(command)
     def run(*, output: Path | None, **kwargs: Any) -> int:
-        with _stdout_to(output):
+        with _stdout_to(output, kwargs):
             return command(**kwargs)
 
     return _with_options(run, command, output=options.OutputOption)
@@ -111,31 +111,75 @@ def _silenced(quiet: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _stdout_to(output: Path | None) -> Iterator[None]:
-    """stdout into `output`, written beside it and renamed over it only once the command returns:
-    a reader never sees half a report, and a refusal leaves the old file as it was."""
+def _stdout_to(output: Path | None, arguments: Mapping[str, Any]) -> Iterator[None]:
+    """stdout into `output`, as `>` would, but never into the command's own input. A regular file
+    (a symlink's target, the link kept) is written beside and renamed over only once the command
+    returns: a reader never sees half a report, and a refusal leaves the old file as it was. A
+    device or a FIFO is written through: it is not replaced by a file."""
     if output is None:
         yield
         return
+    _refuse_own_input(output, arguments)
+    target = Path(os.path.realpath(output))
+    if os.path.exists(target) and not os.path.isfile(target):
+        with _written_through(output, target) as stream, contextlib.redirect_stdout(stream), stdout_names(str(output)):
+            yield
+        return
     try:
-        descriptor, temporary = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+        descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as error:
-        raise UsageError(f"cannot write {output}: {error.strerror}") from None
+        raise UsageError(f"cannot write {output}: {os_reason(error)}") from None
     stream = open(descriptor, "w", encoding="utf-8")
     try:
-        with contextlib.redirect_stdout(stream):
+        with contextlib.redirect_stdout(stream), stdout_names(str(output)):
             yield
+        if output_lost(stream):  # said by the command, which went on (`fix` had written the adaptor)
+            return
         try:
             stream.flush()
             os.fsync(stream.fileno())
-            os.chmod(temporary, _mode_for(output))
-            os.replace(temporary, output)
+            os.chmod(temporary, _mode_for(target))
+            os.replace(temporary, target)
         except OSError as error:
-            raise UsageError(f"cannot write {output}: {error.strerror}") from None
+            raise UsageError(f"cannot write {output}: {os_reason(error)}") from None
     finally:
         stream.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
+
+
+@contextlib.contextmanager
+def _written_through(output: Path, target: Path) -> Iterator[TextIO]:
+    try:
+        with open(target, "w", encoding="utf-8") as stream:
+            yield stream
+    except OSError as error:  # /dev/full; a FIFO whose reader left
+        raise UsageError(f"cannot write {output}: {os_reason(error)}") from None
+
+
+def _refuse_own_input(output: Path, arguments: Mapping[str, Any]) -> None:
+    """`-o` naming a file the command reads (`fix --adaptor A -o A`, `diagnose LOG -o LOG`), or one
+    it would read in a folder it was given (`audit PKG -o PKG/x.py`): the report would replace it."""
+    target = os.path.realpath(output)
+    for name, read_there in _read_in_folders().items():
+        value = arguments.get(name)
+        for given in value if isinstance(value, list | tuple) else [value] if value is not None else []:
+            real = os.path.realpath(given)
+            inside = os.path.isdir(real) and target.startswith(real.rstrip(os.sep) + os.sep)
+            if target == real or (inside and read_there(os.path.basename(target))):
+                raise UsageError(f"-o {output} would replace the command's own input ({given}): write the report elsewhere")
+
+
+def _read_in_folders() -> dict[str, Callable[[str], bool]]:
+    """The options that name inputs, each with the files the command reads in a folder it names."""
+    from unsafe_doctor.knowledge.loading import KNOWLEDGE_SUFFIXES
+    from unsafe_doctor.log.inputs import is_log_name
+
+    def python(name: str) -> bool:
+        return name.endswith(".py")
+
+    return {"logs": is_log_name, "paths": python, "source_root": python, "adaptor": python,
+            "rules": lambda name: name.endswith(KNOWLEDGE_SUFFIXES)}
 
 
 def _mode_for(output: Path) -> int:

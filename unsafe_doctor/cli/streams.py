@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from unsafe_doctor.errors import UsageError, os_reason
 
@@ -70,7 +70,25 @@ def _reader_may_leave() -> Iterator[None]:
         _output_nowhere()
     except OSError as error:  # a full disk, a quota: the report is lost, and the person must know
         _output_nowhere()
-        raise UsageError(f"cannot write the report to standard output: {os_reason(error)}") from None
+        raise UsageError(f"cannot write the report to {_destination[-1]}: {os_reason(error)}") from None
+
+
+_destination = ["standard output"]  # where stdout goes, as the person named it (`-o FILE`)
+
+
+@contextmanager
+def stdout_names(destination: str) -> Iterator[None]:
+    """While stdout is redirected to `destination`: a report that cannot be written names it."""
+    _destination.append(destination)
+    try:
+        yield
+    finally:
+        _destination.pop()
+
+
+def output_lost(stream: TextIO) -> bool:
+    """Whether a write to `stream` failed, and its descriptor now leads nowhere (`_output_nowhere`)."""
+    return os.path.samestat(os.fstat(stream.fileno()), os.stat(os.devnull))
 
 
 def _output_nowhere() -> None:

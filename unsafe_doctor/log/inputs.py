@@ -395,10 +395,14 @@ def _logs_under(folder: Path) -> Iterator[Path]:
     loop), subfolders that cannot be listed are passed over, FIFOs and devices never opened."""
     for parent, _, names in os.walk(folder):
         for name in names:
-            lower = name.lower().removesuffix(".gz")
             path = Path(parent, name)
-            if lower.endswith(LOG_SUFFIXES) and is_regular(path):
+            if is_log_name(name) and is_regular(path):
                 yield path
+
+
+def is_log_name(name: str) -> bool:
+    """A file a folder's walk reads: named like a log, gzipped or not."""
+    return name.lower().removesuffix(".gz").endswith(LOG_SUFFIXES)
 
 
 def _natural_key(path: Path) -> list[object]:

@@ -32,7 +32,7 @@ def to_json(plan: Plan, written: tuple[Written, ...], dry_run: bool) -> dict[str
         "notes": list(plan.notes),
         "profile": {"id": plan.profile, "why": plan.profile_why} if plan.profile else None,
         "dry_run": dry_run,
-        "written": [{"path": str(item.path), "backup": str(item.backup)} for item in written],
+        "written": [{"path": str(item.path), "backup": str(item.backup), "links": item.links} for item in written],
     }
 
 
@@ -76,4 +76,8 @@ def outcome(
 
 
 def written_lines(written: tuple[Written, ...]) -> list[str]:
-    return [printable(f"wrote {item.path} (backup: {item.backup})") for item in written]
+    return [printable(f"wrote {item.path} (backup: {item.backup})" + _in_place(item)) for item in written]
+
+
+def _in_place(item: Written) -> str:
+    return f"; in place, as it has {item.links} hard links, which all see the change" if item.links > 1 else ""
