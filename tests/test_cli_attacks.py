@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -151,3 +152,101 @@ def test_an_audit_with_no_python_file_to_read_is_a_usage_error(tmp_path):
     empty.mkdir()
     shutil.copy(notes, empty)
     refused(run("audit", str(empty)), "no Python file (*.py) to audit")
+
+
+# --- -o: where the report goes ------------------------------------------------------------------------
+
+def test_output_to_a_device_or_fifo_is_written_through_not_replaced(tmp_path):
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
+    result = run(str(FAQ_LOG), "--format", "json", "-o", str(fifo))
+    assert result.returncode == 1, result.stderr
+    assert json.loads(reader.communicate(timeout=60)[0])["findings"]
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    if os.geteuid() == 0:  # device nodes of our own (/dev/null, /dev/full), so that a failure replaces no system file
+        null, full = tmp_path / "null", tmp_path / "full"
+        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+        assert run(str(FAQ_LOG), "-o", str(null)).returncode == 1
+        refused(run(str(FAQ_LOG), "-o", str(full)), f"cannot write the report to {full}: no space left on device")
+        assert stat.S_ISCHR(null.lstat().st_mode) and stat.S_ISCHR(full.lstat().st_mode)
+
+
+def test_output_through_a_symlink_replaces_its_target_and_keeps_the_link(tmp_path):
+    target = tmp_path / "reports" / "latest.json"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    link = tmp_path / "report.json"
+    link.symlink_to(target)
+    assert run(str(FAQ_LOG), "--format", "json", "-o", str(link)).returncode == 1
+    assert link.is_symlink() and json.loads(target.read_text())["findings"]
+    assert sorted(path.name for path in target.parent.iterdir()) == ["latest.json"]
+
+
+def test_output_naming_the_commands_own_input_is_refused_and_the_input_kept(tmp_path):
+    log = tmp_path / "train.log"
+    shutil.copy(FAQ_LOG, log)
+    refused(run(str(log), "-o", str(log)), "would replace the command's own input")
+    refused(run(str(tmp_path), "-o", str(tmp_path / "report.log")), "would replace the command's own input")
+    assert log.read_bytes() == FAQ_LOG.read_bytes() and not (tmp_path / "report.log").exists()
+
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    fix = ["fix", str(ROOT / "samples" / "logs" / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--yes"]
+    refused(run(*fix, "--adaptor", str(adaptor), "-o", str(adaptor)), "would replace the command's own input")
+    assert adaptor.read_bytes() == (FRAMEWORK / "toytrain" / "recovery.py").read_bytes()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["recovery.py", "train.log"]  # no backup: nothing written
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    shutil.copy(adaptor, package / "x.py")
+    refused(run("audit", str(package), "-o", str(package / "x.py")), "would replace the command's own input")
+    assert (package / "x.py").read_bytes() == adaptor.read_bytes()
+    assert run("audit", str(package), "-o", str(tmp_path / "audit.txt")).returncode in (0, 1)  # beside it: written
+
+
+# --- injection: names and fields that would start a line or drive the terminal ---------------------------
+
+INJECTED = "\n::error file=x.py,line=1::injected"
+
+
+def no_injected_line(*outputs: str) -> None:
+    for output in outputs:
+        assert "\x1b" not in output and "\x07" not in output, output
+        assert not [line for line in output.splitlines() if "injected" in line and line.startswith("::")], output
+
+
+def test_a_log_name_cannot_start_a_workflow_command_or_a_line_of_its_own(tmp_path):
+    folder = tmp_path / f"job{INJECTED}"
+    folder.mkdir()
+    shutil.copy(FAQ_LOG, folder / f"rank3{INJECTED}.log")
+    (folder / f"rank9{INJECTED}.log.gz").write_bytes(b"\x1f\x8b\x08\x00 a broken gzip")
+    for args in ([str(folder), "--format", "github"], [str(folder)], [str(folder), "--format", "sarif"]):
+        result = run(*args)
+        assert result.returncode == 1 and "skipped" in result.stderr, result.stderr
+        no_injected_line(result.stdout, result.stderr)
+    missing = run(str(tmp_path / f"gone\x1b]0;title\x07{INJECTED}.log"))
+    refused(missing, "no such file or directory")
+    no_injected_line(missing.stderr)
+
+
+def test_a_sentinel_field_cannot_start_a_line_of_the_text_report(tmp_path):
+    record = {"schema": "unsafe-doctor/sentinel/v1", "rank": 0, "backend": "emulated", "mode": "raise",
+              "tensors_checked": 18, "unsafe_tensors": 0, "unsafe_globals": 0, "seconds": 0.003,
+              "stopped_early": f"budget\x1b[2J{INJECTED}", "event": "summary"}
+    log = tmp_path / "train.log"
+    log.write_text(f"WARNING unsafe_doctor.sentinel: [unsafe-doctor sentinel] rank 0: clean {json.dumps(record)}\n"
+                   + FAQ_LOG.read_text())
+    result = run(str(log))
+    assert "stopped early: budget" in result.stdout, result.stdout
+    no_injected_line(result.stdout, result.stderr)
+
+
+def test_an_audited_file_name_cannot_drive_the_terminal(tmp_path):
+    hostile = tmp_path / "pkg" / "a\x1b]0;title\x07\x1b[2Jx.py"
+    hostile.parent.mkdir()
+    shutil.copy(FRAMEWORK / "toytrain" / "state.py", hostile)
+    result = run("audit", str(hostile.parent))
+    assert result.returncode == 1 and "LOSS_LOG" in result.stdout, result.stderr
+    no_injected_line(result.stdout, result.stderr)

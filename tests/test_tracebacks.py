@@ -700,3 +700,10 @@ def test_round_trip_of_python_formatted_tracebacks(specs, module, name, first_li
     assert tb.exception_type == (f"{module}.{name}" if module else name)
     assert tb.message == message
     assert not tb.truncated
+
+
+@pytest.mark.parametrize("marker", ["    ^^^^^^^^", "  ~~^~~", "^"])
+def test_a_marker_line_right_after_the_header_is_no_frame_and_no_crash(marker):
+    """Issue 26: a `^^^^` line with no frame above it raised IndexError from a plain log."""
+    [tb] = parse(f"Traceback (most recent call last):\n{marker}\nRuntimeError: There is unsafe data in the input tensor.\n")
+    assert tb.frames == () and tb.exception_type == "RuntimeError"

@@ -15,6 +15,7 @@ from click.core import ParameterSource
 from unsafe_doctor import __version__
 from unsafe_doctor.cli import audit, config, diagnose, fix, rules, sentinel, verify
 from unsafe_doctor.cli.conventions import reporting
+from unsafe_doctor.cli.streams import say
 from unsafe_doctor.errors import UsageError, os_reason
 
 app = typer.Typer(
@@ -131,10 +132,10 @@ def run(args: list[str], leave: bool) -> None:
     except click.exceptions.NoArgsIsHelpError:  # `unsafe-doctor rules`: the help was asked for by asking nothing
         sys.exit(0)
     except UsageError as error:
-        print(f"unsafe-doctor: {error}", file=sys.stderr)
+        say(str(error))
         sys.exit(2)
     except click.ClickException as error:  # a bad option or argument, an unsupported format: one line, not a box
-        print(f"unsafe-doctor: {error.format_message()}{_where_from(error)} (see --help)", file=sys.stderr)
+        say(f"{error.format_message()}{_where_from(error)} (see --help)")
         sys.exit(error.exit_code)
     except click.exceptions.Abort:
         sys.exit(130)

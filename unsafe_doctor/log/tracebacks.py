@@ -231,7 +231,7 @@ class _Block:
     def add_marker(self, text: str) -> None:
         """Keep the marker line right under a source line, when it fits under that line."""
         indent, self.marker_indent = self.marker_indent, None
-        source = self.frames[-1].source
+        source = self.frames[-1].source if self.frames else None  # a marker line right after the header
         stripped = text.strip()
         if indent is None or source is None or not stripped.startswith(("~", "^")):
             return

@@ -188,7 +188,7 @@ def to_text(audit: Audit, elapsed: float, write_fixes: NextStep | None = None) -
 
 def _holder_cells(item: AuditedHolder) -> tuple[Text, Text, Text, Text]:
     holder, coverage, verdict = item.holder, item.coverage, item.classification
-    name = Text(holder.name, style="bold magenta")
+    name = Text(printable(holder.name), style="bold magenta")
     name.append(f"\n{holder.kind}, {_PLACEMENT_TEXT[holder.placement]}", style="dim")
     name.append(f"\ndefined {_site_text(holder.definition)}", style="cyan")
     uses = Text()

@@ -28,12 +28,23 @@ def _python_lexer() -> Any:
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but tab and newline, DEL, C1
+_CONTROL_OR_NEWLINE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")  # and the line separators
 
 
 def printable(text: str) -> str:
-    """Text from a log or a file name, every control character written as an escape (ESC becomes
-    \\x1b): a hostile log must not set the terminal's title or clear its screen."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+    """A name or a field from a log or a file name, on one line, every control character written
+    as an escape (ESC becomes \\x1b, a line feed \\x0a): a hostile log must not set the terminal's
+    title or clear its screen, nor start a line of its own (a CI runner reads `::error::` lines)."""
+    return _CONTROL_OR_NEWLINE.sub(_escape, text)
+
+
+def printable_lines(text: str) -> str:
+    """Text of several lines (code to copy), its line feeds kept, every other control character escaped."""
+    return _CONTROL.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()):02x}" if ord(match.group()) < 0x100 else f"\\u{ord(match.group()):04x}"
 
 
 def counted(count: int, noun: str) -> str:
@@ -76,7 +87,7 @@ class CodeToCopy:
     nor cropped)."""
 
     def __init__(self, code: str, *, python: bool = True) -> None:
-        self.code, self.python = printable(code), python
+        self.code, self.python = printable_lines(code), python
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         if console.color_system and self.python:
@@ -93,7 +104,7 @@ class PythonCode:
     not (a pipe, a file, NO_COLOR), which then needs no lexer."""
 
     def __init__(self, code: str, **options: Any):
-        self.code = printable(code)
+        self.code = printable_lines(code)
         self.options = options
 
     def _syntax(self, console: Console) -> Syntax:

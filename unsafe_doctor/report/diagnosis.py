@@ -491,7 +491,7 @@ def _sentinel_checks(diagnosis: Diagnosis) -> Text:
             named = next((check.not_walked_first[0] for check in checks if check.not_walked_first), None)
             first = f", the first {printable(named)}" if named else ""
             gaps.append(f"could not walk up to {counted(unread, 'object')}{first}")
-        text.append(f"\n  {who}: {checked} tensors checked ({_backends((backend,))}), mode {mode}, {found}; ")
+        text.append(f"\n  {who}: {checked} tensors checked ({_backends((backend,))}), mode {printable(mode)}, {found}; ")
         text.append("; ".join(gaps) or "walk complete", style="yellow" if gaps else "default")
     if diagnosis.sentinel_lines_ignored:
         text.append(

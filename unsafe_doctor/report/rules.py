@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from unsafe_doctor.knowledge.rules import KnowledgeBase, Rule, Template
-from unsafe_doctor.report.common import CodeToCopy, printable, title
+from unsafe_doctor.report.common import CodeToCopy, printable, printable_lines, title
 
 
 def rule_json(rule: Rule) -> dict[str, Any]:
@@ -70,7 +70,7 @@ def rule_panel(rule: Rule | Template, knowledge: KnowledgeBase) -> Group:
     grid.add_row("Title", Text(printable(rule.title)))
     if isinstance(rule, Rule):
         blocks = [", ".join(f"{key}={value}" for key, value in asdict(match).items() if value) for match in rule.matches]
-        grid.add_row("Matches", Text(printable("\nor ".join(blocks))))
+        grid.add_row("Matches", Text(printable_lines("\nor ".join(blocks))))
         grid.add_row("Versions", Text(printable(f"{rule.framework} {rule.versions}" if rule.framework else "any")))
     else:
         kinds = " or ".join("an lru-cached function" if kind == "lru-cache" else "a value" for kind in rule.applies_to)
