@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -12,11 +15,13 @@ from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import FixPlan
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.knowledge.loading import load_knowledge, validate_files
+from unsafe_doctor.knowledge import matching
 from unsafe_doctor.knowledge.matching import rule_matches
 from unsafe_doctor.knowledge.rules import is_safe_dotted
 from unsafe_doctor.source.index import FrameworkIndex
 from unsafe_doctor.source.workspace import Origin
 
+ROOT = Path(__file__).resolve().parent.parent
 GOOD_RULE = """\
 rules:
   - id: acme.loss-log
@@ -407,3 +412,71 @@ def test_rules_that_cannot_match_one_global_need_no_priority(tmp_path):
     assert validate_files([write(tmp_path, "rules:\n" + "".join(frames), "frames.yaml")]) == []
     same = write(tmp_path, "rules:\n" + frames[0] + frames[0].replace("acme.log", "acme.log-2"), "same.yaml")
     assert "ties with rule acme.log" in validate_files([same])[0]
+
+
+# --- issue 26: hostile rule files, bounded ------------------------------------------------------------
+
+def regex_rule(rule_id: str, regex: str, module: str = "acme.state") -> str:
+    body = GOOD_RULE.split("rules:\n", 1)[1]
+    return body.replace("acme.loss-log", rule_id).replace("variable: _LOSS_LOG", f"variable_regex: '{regex}'").replace(
+        "module: acme.state", f"module: {module}")
+
+
+def validate_in_a_child(path: Path, memory: int = 1 << 30) -> subprocess.CompletedProcess[str]:
+    """`rules validate` in a process held to `memory` bytes of address space."""
+    limit = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))"
+    code = f"{limit}; import sys; from unsafe_doctor.cli import main; main(['rules', 'validate', {str(path)!r}])"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_a_tie_between_regexes_of_a_million_names_is_decided_without_listing_them(tmp_path):
+    """`(a|b)` 24 times is 16 million names: listed, 58 s and 2.9 GB; now in a 1 GB process, at once."""
+    crossing = write(tmp_path, "rules:\n" + regex_rule("acme.first", "(a|b)" * 24) + regex_rule("acme.second", "(b|c)" * 24))
+    result = validate_in_a_child(crossing)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "rule acme.second: ties with rule acme.first" in result.stdout + result.stderr
+    apart = write(tmp_path, "rules:\n" + regex_rule("acme.first", "(a|b)" * 24) + regex_rule("acme.second", "(b|c)" * 24, "acme.other"),
+                  "apart.yaml")
+    assert validate_in_a_child(apart).returncode == 0
+
+
+def test_rules_naming_different_variables_are_never_compared(tmp_path, monkeypatch):
+    """2,000 rules compared pair by pair took 24-30 s; blocks of different variables cannot meet."""
+    compared = []
+    original = matching._may_overlap
+    monkeypatch.setattr(matching, "_may_overlap", lambda a, b: compared.append((a, b)) or original(a, b))
+    body = GOOD_RULE.split("rules:\n", 1)[1]
+    many = "".join(body.replace("acme.loss-log", f"acme.r{index}").replace("_LOSS_LOG", f"_LOG_{index}") for index in range(2000))
+    again = body.replace("acme.loss-log", "acme.again").replace("_LOSS_LOG", "_LOG_7")
+    [problem] = validate_files([write(tmp_path, "rules:\n" + many + again)])
+    assert "rule acme.again: ties with rule acme.r7 (" in problem
+    assert len(compared) == 1
+
+
+@pytest.mark.parametrize(("regex", "problem"), [
+    ("(?=_LOSS)_LOSS_LOG", "no lookaround"),
+    (r"(_LOSS)\1", "no backreference"),
+])
+def test_a_regex_that_needs_backtracking_is_refused_with_its_line(tmp_path, regex, problem):
+    [line] = validate_files([write(tmp_path, "rules:\n" + regex_rule("acme.look", regex))])
+    assert line.startswith(f"{tmp_path / 'rules.yaml'}:2: rule acme.look: variable_regex: ") and problem in line
+
+
+def test_a_regex_nested_500_deep_is_read_without_recursion(tmp_path):
+    deep = write(tmp_path, "rules:\n" + regex_rule("acme.deep", "(" * 500 + "_LOSS_LOG" + ")" * 500))
+    result = validate_in_a_child(deep)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_backtracking_regex_cannot_hang_an_audit(tmp_path):
+    """`(x+x+)+y` against a run of 40 x's is 2^40 steps for a backtracking engine; RE2's are linear."""
+    rules = write(tmp_path, "rules:\n" + regex_rule("acme.slow", "(x+x+)+y|KEEP_ME", "'*'"))
+    package = tmp_path / "pkg"
+    package.mkdir()
+    name = "KEEP_ME"
+    (package / "m.py").write_text(f"import torch\n\n{'x' * 40} = 1\n{name} = torch.zeros(4)\n")
+    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "audit", str(package), "--rules", str(rules)],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode in (0, 1) and "Traceback" not in result.stderr, result.stderr
+    assert name in result.stdout

@@ -9,7 +9,6 @@ CPU follows its module to the device: unknown."""
 from __future__ import annotations
 
 import ast
-import re
 from collections import deque
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
@@ -24,7 +23,7 @@ from unsafe_doctor.audit.scope import Place, Scope, functions_of
 from unsafe_doctor.audit.uses import Use, shortened, sites
 from unsafe_doctor.audit.vocabulary import COMMUNICATION_INTO, CONTAINER_ADD, CONTAINER_REMOVE, updates_data_in_place
 from unsafe_doctor.audit.walk import Walker
-from unsafe_doctor.knowledge.rules import Rule, RuleMatch
+from unsafe_doctor.knowledge.rules import Rule, RuleMatch, variable_pattern
 from unsafe_doctor.source.syntax import child_nodes, source_segment
 
 Evidence = tuple[Place, Use]  # a tensor's placement, and the statement that puts it there
@@ -286,7 +285,7 @@ def _may_name(block: RuleMatch, text: str) -> bool:
     if pattern is None or any(char in pattern for char in "^$\\"):
         return True
     # Unbounded first: a search that starts with `\b` tries every position, five times slower.
-    return re.search(pattern, text) is not None and re.search(rf"\b(?:{pattern})\b", text) is not None
+    return variable_pattern(pattern).search(text) is not None and variable_pattern(rf"\b(?:{pattern})\b").search(text) is not None
 
 
 def _named_in(info: ModuleInfo, owner: str | None) -> list[tuple[HolderKey, ast.stmt | ast.expr | Span, HolderKind]]:

@@ -3,13 +3,12 @@ schema-checked (`yaml_file`), built into rules, templates, profiles and conditio
 
 Every problem is one line with its file and line. What loading refuses: an unknown condition, slot
 or probe, a duplicate id in one file, a kind of global no template covers, and two rules that could
-tie for one global (`matching.may_tie`), so that file order never decides.
+tie for one global (`matching.ties`), so that file order never decides.
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -21,7 +20,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.matching import may_tie
+from unsafe_doctor.knowledge.matching import ties
 from unsafe_doctor.knowledge.rules import (
     BASE_KINDS,
     EVERY_ROLE,
@@ -34,6 +33,7 @@ from unsafe_doctor.knowledge.rules import (
     GlobalKind,
     KnowledgeBase,
     ParameterRole,
+    PatternError,
     Rule,
     RuleMatch,
     Scenario,
@@ -41,6 +41,7 @@ from unsafe_doctor.knowledge.rules import (
     Template,
     map_parameters,
     template_slots,
+    variable_pattern,
 )
 from unsafe_doctor.knowledge.yaml_file import line_of, parse, schema_problems
 
@@ -164,14 +165,11 @@ class _FileKnowledge:
                         f"{template.origin}: template {template.id}: scenario {template.scenario} for {kind} is "
                         f"already template {other.id}'s ({other.origin})"
                     )
-        rules = list(self.rules.values())
-        for index, rule in enumerate(rules):
-            problems.extend(
-                f"{rule.origin}: rule {rule.id}: ties with rule {other.id} ({other.origin}): both can match one global with "
-                f"the same specificity and the same priority ({rule.priority}); give one a higher priority"
-                for other in rules[:index]
-                if may_tie(other, rule)
-            )
+        problems.extend(
+            f"{rule.origin}: rule {rule.id}: ties with rule {other.id} ({other.origin}): both can match one global with "
+            f"the same specificity and the same priority ({rule.priority}); give one a higher priority"
+            for rule, other in ties(list(self.rules.values()))
+        )
         return problems
 
 
@@ -260,8 +258,8 @@ def _matches(item: dict[str, Any], what: str, problems: list[str]) -> list[RuleM
     for match in matches:
         if match.variable_regex is not None:
             try:
-                re.compile(match.variable_regex)
-            except re.error as error:
+                variable_pattern(match.variable_regex)
+            except PatternError as error:
                 problems.append(f"{what}: variable_regex: {error}")
     return matches
 

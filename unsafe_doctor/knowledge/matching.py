@@ -2,18 +2,20 @@
 
 A block fits when every field it names fits (globs for module, file and function; a regex for the
 variable; a loss scaling when the log shows one). Among fitting rules the most specific wins, then
-the higher declared priority (`precedence`). `may_tie` says, before any finding, whether two rules
+the higher declared priority (`precedence`). `ties` says, before any finding, which two rules
 could ever fit one global with the same precedence: the knowledge refuses such pairs, so file order
 never decides. It errs towards yes; only fields that surely differ tell two blocks apart.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from unsafe_doctor.knowledge.rules import Rule, RuleMatch
+from unsafe_doctor.knowledge.rules import Rule, RuleMatch, variable_pattern
 from unsafe_doctor.log.recovery import LossScaling
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.files import import_root
@@ -135,11 +137,43 @@ def precedence(rule: Rule, match: RuleMatch) -> tuple[int, int]:
     return specificity(rule, match), rule.priority
 
 
-def may_tie(first: Rule, second: Rule) -> bool:
-    """Whether one global could match both rules with the same precedence (erring towards yes)."""
-    return first.priority == second.priority and any(
-        specificity(first, a) == specificity(second, b) and _may_overlap(a, b) for a in first.matches for b in second.matches
-    )
+def ties(rules: Sequence[Rule]) -> list[tuple[Rule, Rule]]:
+    """Each pair of rules (later, earlier) that one global could match with the same precedence, in
+    the rules' order. Not every pair is compared: only blocks of one priority and specificity can
+    tie, and a block naming a variable meets only blocks of that variable or of none, or, when both
+    name a file and a function, any such block (a line naming no variable fits both)."""
+    groups: dict[tuple[int, int], _TieGroup] = {}
+    found: set[tuple[int, int]] = set()
+    for index, rule in enumerate(rules):
+        for block in rule.matches:
+            group = groups.setdefault((rule.priority, specificity(rule, block)), _TieGroup())
+            found.update((index, other) for other, other_block in group.candidates(block)
+                         if other != index and _may_overlap(other_block, block))
+            group.add(index, block)
+    return [(rules[index], rules[other]) for index, other in sorted(found)]
+
+
+class _TieGroup:
+    """The blocks of one priority and specificity seen so far, by the variable they name."""
+
+    def __init__(self) -> None:
+        self.by_variable: dict[str | None, list[tuple[int, RuleMatch]]] = {}
+        self.framed: list[tuple[int, RuleMatch]] = []
+
+    def candidates(self, block: RuleMatch) -> list[tuple[int, RuleMatch]]:
+        if block.variable is None:
+            return [entry for entries in self.by_variable.values() for entry in entries]
+        return [*self.by_variable.get(block.variable, []), *self.by_variable.get(None, []),
+                *(self.framed if _framed(block) else [])]
+
+    def add(self, index: int, block: RuleMatch) -> None:
+        self.by_variable.setdefault(block.variable, []).append((index, block))
+        if _framed(block) and block.variable is not None:
+            self.framed.append((index, block))
+
+
+def _framed(block: RuleMatch) -> bool:
+    return block.file is not None and block.function is not None
 
 
 def _may_overlap(a: RuleMatch, b: RuleMatch) -> bool:
@@ -148,8 +182,7 @@ def _may_overlap(a: RuleMatch, b: RuleMatch) -> bool:
         return False
     if not (_globs_may_meet(a.file, b.file) and _globs_may_meet(a.function, b.function)):
         return False
-    frames_only = a.file is not None and a.function is not None and b.file is not None and b.function is not None
-    return frames_only or (  # a line naming no variable fits any two frame blocks whose frames meet
+    return (_framed(a) and _framed(b)) or (  # a line naming no variable fits any two frame blocks whose frames meet
         _names_may_meet(a, b)
         and _globs_may_meet(a.module, b.module)
         and (a.owner is None or b.owner is None or a.owner == b.owner)
@@ -162,34 +195,46 @@ def _names_may_meet(a: RuleMatch, b: RuleMatch) -> bool:
     for named, other in ((a, b), (b, a)):
         names = {named.variable} if named.variable is not None else _finite_names(named.variable_regex)
         if names is not None and other.variable_regex is not None:
-            return any(re.fullmatch(other.variable_regex, name) for name in names)
+            pattern = variable_pattern(other.variable_regex)
+            return any(pattern.fullmatch(name) for name in names)
     return True
 
 
-def _finite_names(regex: str | None) -> set[str] | None:
-    """The names a regex of literal alternatives (`A|B_(C|D)`) matches; None for any other regex."""
+FINITE_NAMES = 1024  # past this many names, a regex of alternatives is taken as one that may match any
+
+
+@functools.cache
+def _finite_names(regex: str | None) -> frozenset[str] | None:
+    """The names a regex of literal alternatives (`A|B_(C|D)`) matches; None for any other regex,
+    and for one of more than FINITE_NAMES names (`(a|b)` twenty times is a million): read with a
+    stack, not by recursion, so that no nesting or size of pattern costs more than its length."""
     if regex is None or not re.fullmatch(r"[\w|()]*", regex):
         return None
-    names, rest = _alternatives(regex)
-    return None if rest else names
-
-
-def _alternatives(text: str) -> tuple[set[str], str]:
-    """The strings of `text` up to its first unopened `)`, and what follows."""
-    options: list[set[str]] = []
-    current = {""}
-    while text and text[0] != ")":
-        char, text = text[0], text[1:]
+    stack: list[tuple[list[set[str]], set[str]]] = [([], {""})]  # per open group: its alternatives, the current one
+    for char in regex:
+        alternatives, current = stack[-1]
         if char == "|":
-            options.append(current)
-            current = {""}
+            alternatives.append(current)
+            if sum(map(len, alternatives)) > FINITE_NAMES:
+                return None
+            stack[-1] = (alternatives, {""})
         elif char == "(":
-            inner, text = _alternatives(text)
-            text = text[1:]
-            current = {start + end for start in current for end in inner}
+            stack.append(([], {""}))
+        elif char == ")":
+            if len(stack) == 1:
+                return None
+            stack.pop()
+            inner = set().union(current, *alternatives)
+            outer_alternatives, outer = stack[-1]
+            if len(outer) * len(inner) > FINITE_NAMES:
+                return None
+            stack[-1] = (outer_alternatives, {start + end for start in outer for end in inner})
         else:
-            current = {start + char for start in current}
-    return set().union(current, *options), text
+            stack[-1] = (alternatives, {start + char for start in current})
+    if len(stack) != 1:
+        return None
+    alternatives, current = stack[0]
+    return frozenset(set().union(current, *alternatives))
 
 
 def _globs_may_meet(a: str | None, b: str | None) -> bool:

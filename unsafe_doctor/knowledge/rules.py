@@ -19,13 +19,13 @@ fits rules to a global.
 
 from __future__ import annotations
 
+import functools
 import keyword
-import re
 import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -61,6 +61,26 @@ READ_STAGES: tuple[ReadStage, ...] = get_args(ReadStage)
 PROBE_NAMES = frozenset({"megatron-layer-wise-tracker", "megatron-aux-losses-tracker", "megatron-router-expert-bias"})
 
 
+class PatternError(ValueError):
+    """A variable_regex that RE2 does not take; the message says why."""
+
+
+@functools.cache
+def variable_pattern(regex: str) -> Any:
+    """A rule's `variable_regex`, compiled by RE2: matching takes time linear in the text whatever
+    the pattern (a user's `(x+x+)+y` cannot hang an audit), and RE2 refuses what would need
+    backtracking (lookaround, backreferences) with a PatternError."""
+    import re2  # type: ignore[import-untyped]  # loaded with the first rule that has a regex
+
+    options = re2.Options()
+    options.log_errors = False  # RE2 would print its own line on stderr
+    try:
+        return re2.compile(regex, options)
+    except re2.error as error:
+        reason = error.args[0].decode(errors="replace") if error.args and isinstance(error.args[0], bytes) else str(error)
+        raise PatternError(f"{reason} (RE2 syntax: no lookaround, no backreference)") from None
+
+
 @dataclass(frozen=True, slots=True)
 class RuleMatch:
     variable: str | None = None
@@ -75,7 +95,7 @@ class RuleMatch:
         """Whether the block's variable, module and owner fields fit a global (its frame fields aside)."""
         if self.variable is not None and variable != self.variable:
             return False
-        if self.variable_regex is not None and not re.fullmatch(self.variable_regex, variable):
+        if self.variable_regex is not None and not variable_pattern(self.variable_regex).fullmatch(variable):
             return False
         if self.module is not None and (module is None or not fnmatchcase(module, self.module)):
             return False
