@@ -20,6 +20,7 @@ from unsafe_doctor.report.common import (
     stale_text,
 )
 from unsafe_doctor.report.sarif import artifact_change, file_uri, location, sarif_log
+from unsafe_doctor.source.files import MAX_SOURCE_TOKENS
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Plan
@@ -180,6 +181,10 @@ def to_text(audit: Audit, elapsed: float, write_fixes: NextStep | None = None) -
         parts.append(stale_text(audit.stale))
     for note in audit.notes:
         parts.append(Text(f"note: {printable(note)}", style="yellow"))
+    if audit.unreadable:
+        shown = ", ".join(printable(str(path)) for path in audit.unreadable[:3]) + (", …" if len(audit.unreadable) > 3 else "")
+        parts.append(Text(f"note: {counted(len(audit.unreadable), 'file')} not scanned (unreadable, not Python, or more "
+                          f"than {MAX_SOURCE_TOKENS:,} tokens): {shown}", style="yellow"))
     parts.append(_summary(audit, elapsed))
     if write_fixes is not None and _counts(audit)["fixable"]:
         parts.append(Text(write_fixes.line("to write the fixes")))

@@ -85,6 +85,11 @@ def python_files(path: Path) -> Iterator[Path]:
 # Megatron's largest module is about 200 KB; a "source" file past this is generated data, and a
 # frame pointing at one must not make the run read gigabytes.
 MAX_SOURCE_BYTES = 16 << 20
+# What is built from a file grows with its tokens, not its bytes: Python's tree takes about 540 bytes
+# a node, and a generated 4 MB module of 1.5 M tokens made an 880 MB tree (2.1 GB for the whole
+# diagnose). Megatron's largest module has 30,000 tokens, torch's largest test table 270,000.
+MAX_SOURCE_TOKENS = 300_000
+_TOKEN = re.compile(r"\w+|[^\s\w]")
 
 
 def read_source(path: Path) -> str | None:
@@ -103,7 +108,17 @@ def read_source(path: Path) -> str | None:
             data = handle.read(MAX_SOURCE_BYTES + 1)  # it may have grown since the fstat
     except OSError:
         return None
-    return python_text(data) if len(data) <= MAX_SOURCE_BYTES else None
+    if len(data) > MAX_SOURCE_BYTES:
+        return None
+    text = python_text(data)
+    return None if _too_many_tokens(text) else text
+
+
+def _too_many_tokens(text: str) -> bool:
+    """More than MAX_SOURCE_TOKENS words and symbols; counted only in a file long enough to hold them."""
+    if len(text) <= MAX_SOURCE_TOKENS:
+        return False
+    return any(count > MAX_SOURCE_TOKENS for count, _ in enumerate(_TOKEN.finditer(text), 1))
 
 
 def python_text(data: bytes) -> str:
@@ -127,6 +142,8 @@ def why_not_read(path: Path) -> str:
         return "is not a regular file: not read"
     if status.st_size > MAX_SOURCE_BYTES:
         return f"is larger than {MAX_SOURCE_BYTES >> 20} MB: not read, the log's text is used"
+    if status.st_size > MAX_SOURCE_TOKENS and read_source(path) is None:
+        return f"has more than {MAX_SOURCE_TOKENS:,} tokens (generated code?): not parsed, the log's text is used"
     return "could not be read or parsed"
 
 
