@@ -56,8 +56,14 @@ def step(device):
     if state._EMA_GRAD_NORM is None:
         state.init_state(device)
         if os.environ["RANK"] == "1":
-            child = subprocess.Popen(["sleep", "300"])
+            child = subprocess.Popen(["sleep", "300"], start_new_session=bool(os.environ.get("NEW_SESSION")))
             Path(os.environ["SPAWNED"], str(child.pid)).touch()
+        if os.environ.get("FLOOD") == os.environ["RANK"]:  # then dies unreported: verify reads what it printed
+            line = "x" * 1023 + "\\n"
+            for _ in range(int(os.environ["FLOOD_MB"]) << 10):
+                os.write(1, line.encode())
+            os.write(1, b"flooded\\n")
+            os._exit(3)
     if os.environ.get("BLOCK"):
         Path(os.environ["BLOCK"], "rank" + os.environ["RANK"]).touch()
         time.sleep(300)
@@ -167,10 +173,13 @@ def spawning_probe(tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "probes", tmp_path / "spawned"
 
 
-def test_what_a_rank_starts_does_not_outlive_a_verify_that_ends_normally(toytrain, tmp_path):
+@pytest.mark.parametrize("session", ["its group", "a session of its own"])
+def test_what_a_rank_starts_does_not_outlive_a_verify_that_ends_normally(toytrain, tmp_path, session):
+    """Issue 26: a `sleep` started with start_new_session=True is out of the ranks' group, and 8 were
+    left running after verify; now verify adopts and kills what its ranks leave."""
     probes, spawned = spawning_probe(tmp_path)
     result = verify(*on_toytrain(toytrain, "--source-root", str(probes), "--probe", "spawning_probe:step"),
-                    env={"SPAWNED": str(spawned)})
+                    env={"SPAWNED": str(spawned), **({"NEW_SESSION": "1"} if session != "its group" else {})})
     assert result.returncode == 1, result.stdout + result.stderr  # reproduced, no fix present
     pids = [int(path.name) for path in spawned.iterdir()]
     assert pids  # rank 1 started one in each run
@@ -204,6 +213,41 @@ def test_a_signal_to_verify_stops_its_ranks_and_what_they_started(toytrain, tmp_
         process.kill()
         process.wait()
     assert gone(group), alive_in_group(group)
+
+
+PEAK_AT_EXIT = """
+import atexit, os, sys
+def _peak():
+    with open(os.environ["PEAK_FILE"], "w") as out:
+        out.write(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM")))
+atexit.register(_peak)
+sys.argv[0] = "unsafe-doctor"
+from unsafe_doctor.cli import main
+main(sys.argv[1:])
+"""
+
+
+def verify_peak(toytrain: Path, tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, int]:
+    """A verify run with the spawning probe, and its own peak memory in MB (not its ranks')."""
+    run = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
+    run.mkdir()
+    probes, spawned = spawning_probe(run)
+    peak = run / "peak"
+    result = subprocess.run([sys.executable, "-c", PEAK_AT_EXIT, "verify", *on_toytrain(
+        toytrain, "--source-root", str(probes), "--probe", "spawning_probe:step")], capture_output=True, text=True,
+        timeout=600, cwd=ROOT, env={**os.environ, "COLUMNS": "300", "SPAWNED": str(spawned), "PEAK_FILE": str(peak), **env})
+    return result, int(peak.read_text()) // 1024
+
+
+def test_a_rank_that_floods_its_output_costs_verify_no_more_memory(toytrain, tmp_path):
+    """Issue 26: each rank's output went to a file read whole on failure: 300 MB per rank took
+    verify to 839 MB. Now it is read from a pipe, and only its last 8 KB kept."""
+    plain, baseline = verify_peak(toytrain, tmp_path, {})
+    assert plain.returncode == 1, plain.stdout + plain.stderr
+    flooded, peak = verify_peak(toytrain, tmp_path, {"FLOOD": "1", "FLOOD_MB": "300"})
+    assert "ended with exit status 3 before reporting" in one_line(flooded.stdout), flooded.stdout + flooded.stderr
+    assert "Traceback" not in flooded.stderr
+    assert peak < baseline + 100, (baseline, peak)
 
 
 # --- numbers -----------------------------------------------------------------------------------------

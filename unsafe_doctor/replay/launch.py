@@ -33,6 +33,7 @@ from typing import Literal, NoReturn
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.replay.plan import ReplayPlan
+from unsafe_doctor.replay.processes import OutputTails, adopting_orphans
 from unsafe_doctor.replay.results import Blame, Milestone, RankCrash, RankResult
 
 
@@ -81,20 +82,24 @@ def fork_ranks(plan: ReplayPlan, progress: Callable[[Milestone], None] | None = 
     import torch  # noqa: F401  (imported once here, before the fork, for every rank)
 
     port = _free_port()
-    with _sigterm_raises(), tempfile.TemporaryDirectory(prefix="unsafe-doctor-replay-") as folder:
+    outputs = OutputTails(["launcher", *(f"rank{rank}" for rank in range(plan.world_size))])
+    with _sigterm_raises(), tempfile.TemporaryDirectory(prefix="unsafe-doctor-replay-") as folder, adopting_orphans():
         work = Path(folder)
         start = time.monotonic()
         launcher = os.fork()
         if launcher == 0:  # pragma: no cover (the child's coverage is its results)
-            _forked(work / "launcher.out", lambda: _launcher(plan, port, work))
+            _forked(outputs, "launcher", lambda: _launcher(plan, port, work, outputs))
         with contextlib.suppress(OSError):  # the launcher does it too: whichever comes first
             os.setpgid(launcher, launcher)
+        outputs.start_reading()
         try:
-            failed = _watch(launcher, harness_timeout(plan) + 5, work, _ProgressReader(work, plan.faulty, progress))
+            failed = _watch(launcher, harness_timeout(plan) + 5, work, _ProgressReader(work, plan.faulty, progress), outputs)
         finally:
             _end_group(launcher)
+            outputs.read(0)  # what the pipes still hold
+            outputs.close()
         seconds = time.monotonic() - start
-        return _collect(plan, work, failed, seconds)
+        return _collect(plan, work, failed, seconds, outputs)
 
 
 class _Terminated(BaseException):
@@ -126,7 +131,7 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated
 
 
-def _launcher(plan: ReplayPlan, port: int, work: Path) -> int:
+def _launcher(plan: ReplayPlan, port: int, work: Path, outputs: OutputTails) -> int:
     """The launcher process: imports the user's modules once, forks the ranks, reaps them."""
     os.setpgid(0, 0)
     for number in (signal.SIGINT, signal.SIGTERM):  # this group ends by SIGKILL from the parent, never by a handler
@@ -138,18 +143,23 @@ def _launcher(plan: ReplayPlan, port: int, work: Path) -> int:
     for rank in range(plan.world_size):
         pid = os.fork()
         if pid == 0:
-            _forked(work / f"rank{rank}.out", functools.partial(_child, plan, rank, port, work))
+            _forked(outputs, f"rank{rank}", functools.partial(_child, plan, rank, port, work))
         children[pid] = rank
+    outputs.close_writers()  # the ranks have theirs
     _reap(children, work, parent)
     return 0
 
 
-def _forked(output: Path, body: Callable[[], int]) -> NoReturn:
-    """The rest of a forked process: its output into a file, then ``body``, whose result is the exit
+def _forked(outputs: OutputTails, name: str, body: Callable[[], int]) -> NoReturn:
+    """The rest of a forked process: its output into its pipe, then ``body``, whose result is the exit
     code (1, with the traceback in the output, when anything escapes it: the parent reports it)."""
     code = 1
     try:
-        _redirect_output(output)
+        outputs.write_here(name)
+        if name != "launcher":
+            outputs.close_writers()  # the other ranks'
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
         code = body()
     except BaseException:  # noqa: BLE001 (anything: the parent reports the output)
         traceback.print_exc()
@@ -196,14 +206,6 @@ def _never_started(work: Path, failed: str | None, seconds: float) -> str | None
     if failed == "timeout":
         return f"importing {last['importing']} did not return within {seconds:.0f} s"
     return f"importing {last['importing']} ended the process"
-
-
-def _redirect_output(path: Path) -> None:
-    output = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(output, 1)
-    os.dup2(output, 2)
-    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
 
 
 def _child(plan: ReplayPlan, rank: int, port: int, work: Path) -> int:
@@ -298,7 +300,7 @@ def _reap(children: dict[int, int], work: Path, parent: int, grace: float = 3.0)
         os.waitpid(pid, 0)
 
 
-def _watch(launcher: int, idle: float, work: Path, progress: _ProgressReader) -> str | None:
+def _watch(launcher: int, idle: float, work: Path, progress: _ProgressReader, outputs: OutputTails) -> str | None:
     """Wait for the launcher (without reaping it, so that its group's id stays its own) until no
     rank (nor the launcher's imports) has made progress for ``idle`` seconds: a slow machine only
     makes the replay slower, a stuck phase ends it. What went wrong, if anything."""
@@ -311,7 +313,7 @@ def _watch(launcher: int, idle: float, work: Path, progress: _ProgressReader) ->
         last = max((path.stat().st_mtime for path in work.glob("*.progress")), default=started)
         if time.time() - max(started, last) > idle:
             return "timeout"
-        time.sleep(0.02)
+        outputs.read(0.02)
 
 
 def _end_group(launcher: int) -> None:
@@ -336,7 +338,7 @@ class _ProgressReader:
         self.done = len(lines)
 
 
-def _collect(plan: ReplayPlan, work: Path, failed: str | None, seconds: float) -> list[RankResult]:
+def _collect(plan: ReplayPlan, work: Path, failed: str | None, seconds: float, outputs: OutputTails) -> list[RankResult]:
     results = {}
     crashes = {}
     for rank in range(plan.world_size):
@@ -347,7 +349,7 @@ def _collect(plan: ReplayPlan, work: Path, failed: str | None, seconds: float) -
             crashes[rank] = RankCrash.from_json((work / f"rank{rank}.crash").read_text(encoding="utf-8"))
     if failed or len(results) < plan.world_size:
         histories = {rank: _milestones(work / f"rank{rank}.progress") for rank in range(plan.world_size)}
-        output = "".join(_tail(work / name) for name in ("launcher.out", *(f"rank{rank}.out" for rank in range(plan.world_size))))
+        output = "".join(outputs.text(name, 2000) for name in ("launcher", *(f"rank{rank}" for rank in range(plan.world_size))))
         exits = {}
         for rank in range(plan.world_size):
             with contextlib.suppress(OSError, ValueError):
@@ -424,10 +426,3 @@ def _milestones(path: Path) -> tuple[Milestone, ...]:
     except OSError:
         return ()
     return tuple(Milestone.from_json(line) for line in lines if line.endswith("}"))  # not a line cut by a kill
-
-
-def _tail(path: Path, limit: int = 2000) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")[-limit:]
-    except OSError:
-        return ""
