@@ -15,6 +15,7 @@ from click.core import ParameterSource
 from unsafe_doctor import __version__
 from unsafe_doctor.cli import audit, config, diagnose, fix, rules, sentinel, verify
 from unsafe_doctor.cli.conventions import reporting
+from unsafe_doctor.cli.options import examples
 from unsafe_doctor.cli.streams import say
 from unsafe_doctor.errors import UsageError, os_reason
 
@@ -25,10 +26,10 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Find, explain and fix the global tensor that MindIO recovery left unsafe.",
 )
-app.command("diagnose")(reporting(diagnose.command))
-app.command("fix")(reporting(fix.command))
-app.command("audit")(reporting(audit.command))
-app.command("verify")(reporting(verify.command))
+app.command("diagnose", epilog=examples("diagnose"))(reporting(diagnose.command))
+app.command("fix", epilog=examples("fix"))(reporting(fix.command))
+app.command("audit", epilog=examples("audit"))(reporting(audit.command))
+app.command("verify", epilog=examples("verify"))(reporting(verify.command))
 app.add_typer(rules.app, name="rules")
 app.add_typer(sentinel.app, name="sentinel")
 

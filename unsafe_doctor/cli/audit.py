@@ -35,7 +35,7 @@ def command(
         list[Path] | None,
         typer.Argument(
             help="Framework source folders or files to scan; none: the source roots of pyproject.toml's "
-            "[tool.unsafe-doctor] table. Env: UNSAFE_DOCTOR_SOURCE_ROOT.",
+            "\\[tool.unsafe-doctor] table. Env: UNSAFE_DOCTOR_SOURCE_ROOT.",  # \\[: rich would read a markup tag
             show_default=False,
             envvar=SOURCE_ROOT_VARIABLE,
             show_envvar=False,

@@ -33,7 +33,10 @@ def command(
     rules: RulesOption = None,
     adaptor: AdaptorOption = None,
 ) -> int:
-    """Find the unsafe-data errors in a failure log, the global tensor each one read, and the fix."""
+    """Find the unsafe-data errors in a failure log, the global tensor each one read, and the fix.
+
+    Exit 0: no unsafe-data error in the log; 1: one or more found; 2: bad input.
+    """
     from unsafe_doctor.cli.workflow import Invocation, offer_fixes, suggest_for_untraced
     from unsafe_doctor.diagnose.pipeline import diagnose
     from unsafe_doctor.knowledge.context import groundwork

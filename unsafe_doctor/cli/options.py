@@ -61,7 +61,8 @@ SourceRootOption = Annotated[
     list[Path] | None,
     typer.Option(
         "--source-root",
-        help="Folder holding the training code or frameworks named in the log (repeatable). Env: UNSAFE_DOCTOR_SOURCE_ROOT.",
+        help="Folder holding the training code and its frameworks, where the adaptor is looked for (repeatable). "
+        "Env: UNSAFE_DOCTOR_SOURCE_ROOT.",
         exists=True,
         file_okay=False,
         dir_okay=True,
@@ -144,4 +145,26 @@ QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print the repo
 VerboseOption = Annotated[
     bool, typer.Option("--verbose", "-v", help="Also say which settings apply: pyproject.toml and UNSAFE_DOCTOR_* variables.")
 ]
-ExitZeroOption = Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even when there are findings (bad usage is still 2).")]
+ExitZeroOption = Annotated[
+    bool,
+    typer.Option("--exit-zero", help="Exit 0 where the command would exit 1 (findings, a block not written); bad usage: 2."),
+]
+
+
+EXAMPLES = {  # shown under each command's help
+    "diagnose": ["unsafe-doctor train.log", "unsafe-doctor logs/ --source-root ~/job --format json -o findings.json",
+                 "kubectl logs job/llm | unsafe-doctor"],
+    "fix": ["unsafe-doctor fix train.log --source-root ~/job --dry-run > fix.patch",
+            "unsafe-doctor fix train.log --adaptor ~/job/recovery.py --yes",
+            "unsafe-doctor fix --revert --adaptor ~/job/recovery.py"],
+    "audit": ["unsafe-doctor audit ~/job/src", "unsafe-doctor audit ~/job/src --fix --yes",
+              "unsafe-doctor audit --format github"],
+    "verify": ["unsafe-doctor verify train.log --source-root ~/job", "unsafe-doctor verify train.log --mode block --ranks 8"],
+    "sentinel install": ["unsafe-doctor sentinel install --source-root ~/job --dry-run",
+                         "unsafe-doctor sentinel install --adaptor ~/job/recovery.py --mode raise --yes"],
+}
+
+
+def examples(command: str) -> str:
+    """The epilog of a command's help."""
+    return "Examples:\n\n" + "\n\n".join(f"  {line}" for line in EXAMPLES[command])

@@ -21,6 +21,7 @@ from unsafe_doctor.cli.options import (
     RulesOption,
     SourceRootOption,
     YesOption,
+    examples,
 )
 from unsafe_doctor.cli.streams import say
 from unsafe_doctor.log.sentinel_lines import MODES, Mode
@@ -94,4 +95,4 @@ def install(
     return 0 if dry_run or not plan.edits or written else 1
 
 
-app.command("install")(reporting(install))
+app.command("install", epilog=examples("sentinel install"))(reporting(install))
