@@ -250,7 +250,11 @@ def test_audit_scans_the_configured_source_roots_and_the_pre_commit_hook_runs_it
     named = run("audit", str(tmp_path / "framework" / "toytrain"), "--format", "json", cwd=tmp_path)
     assert configured.returncode == named.returncode == 1
     assert json.loads(configured.stdout)["holders"] == json.loads(named.stdout)["holders"]
-    assert_one_line_error(run("audit", cwd=ROOT / "tests"), "nothing to audit")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'job'\n")  # as the snippet in docs/configuration.md finds it
+    bare = run(*hook["entry"].split()[1:], "--format", "json", cwd=tmp_path / "framework" / "toytrain")
+    assert bare.returncode == 1 and "auditing the current folder" in bare.stderr
+    assert [holder["name"] for holder in json.loads(bare.stdout)["holders"]] == [
+        holder["name"] for holder in json.loads(named.stdout)["holders"]]
 
 
 def test_format_github_writes_one_workflow_command_per_finding():

@@ -35,7 +35,8 @@ def command(
         list[Path] | None,
         typer.Argument(
             help="Framework source folders or files to scan; none: the source roots of pyproject.toml's "
-            "\\[tool.unsafe-doctor] table. Env: UNSAFE_DOCTOR_SOURCE_ROOT.",  # \\[: rich would read a markup tag
+            "\\[tool.unsafe-doctor] table, else the current folder. "
+            "Env: UNSAFE_DOCTOR_SOURCE_ROOT.",  # \\[: rich would read a markup tag
             show_default=False,
             envvar=SOURCE_ROOT_VARIABLE,
             show_envvar=False,
@@ -67,8 +68,9 @@ def command(
     from unsafe_doctor.audit.run import audit as run_audit
     from unsafe_doctor.report import audit as report
 
-    if not paths:
-        raise UsageError("nothing to audit: name source folders, or set source-roots in pyproject.toml's [tool.unsafe-doctor]")
+    if not paths:  # as the pre-commit hook runs it, at a repository's root
+        say("no folder named and no source-roots in pyproject.toml's [tool.unsafe-doctor]: auditing the current folder")
+        paths = [Path(".")]
     if dry_run and not fix:
         raise UsageError("--dry-run goes with --fix")
     if fix and output_format is not LocatedFormat.text:

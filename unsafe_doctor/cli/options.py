@@ -35,6 +35,7 @@ FormatOption = Annotated[
         "--format",
         "-f",
         help="text for people, json for tools. Env: UNSAFE_DOCTOR_FORMAT.",
+        case_sensitive=False,  # UNSAFE_DOCTOR_FORMAT=JSON
         envvar=FORMAT_VARIABLE,
         show_envvar=False,
     ),
@@ -45,6 +46,7 @@ LocatedFormatOption = Annotated[
         "--format",
         "-f",
         help="text for people; json or sarif for tools; github: GitHub Actions annotations. Env: UNSAFE_DOCTOR_FORMAT.",
+        case_sensitive=False,
         envvar=FORMAT_VARIABLE,
         show_envvar=False,
     ),

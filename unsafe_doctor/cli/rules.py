@@ -49,7 +49,12 @@ def show_rule(
     knowledge = load_knowledge(rules or ())
     rule = knowledge.rule(rule_id) or knowledge.template(rule_id)
     if rule is None:
-        raise UsageError(f"no rule '{rule_id}' (see `unsafe-doctor rules list`)")
+        import difflib
+
+        known = [rule.id for rule in knowledge.rules] + [template.id for template in knowledge.templates]
+        close = difflib.get_close_matches(rule_id, known, n=1, cutoff=0.7)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise UsageError(f"no rule '{rule_id}' ({hint}see `unsafe-doctor rules list`)")
     if output_format is Format.json:
         print_json(report.rule_json(rule) if isinstance(rule, Rule) else report.template_json(rule))
     else:

@@ -31,17 +31,18 @@ def log_paths(logs: list[str] | None) -> list[str]:
 
 
 def warn_skipped(skipped: Sequence[SkippedInput]) -> None:
-    """One line per input that could not be read; the rest were diagnosed."""
+    """One line per input that could not be read; the rest were diagnosed. Said even under -q: an
+    input left out is not noise."""
     for item in skipped:
-        say(f"skipped {item.name}: {item.reason}")
+        say(f"skipped {item.name}: {item.reason}", stream=sys.__stderr__ or sys.stderr)
 
 
-def say(line: str) -> None:
+def say(line: str, stream: TextIO | None = None) -> None:
     """A note for the person (what was decided or done) on stderr, apart from the output proper;
     control characters escaped, since notes name files and log text."""
     from unsafe_doctor.report.common import printable
 
-    print(f"unsafe-doctor: {printable(line)}", file=sys.stderr)
+    print(f"unsafe-doctor: {printable(line)}", file=stream or sys.stderr)
 
 
 def print_json(document: dict[str, Any]) -> None:
