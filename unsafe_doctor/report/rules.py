@@ -6,6 +6,7 @@ from dataclasses import asdict
 from typing import Any
 
 from rich.console import Group
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -57,8 +58,8 @@ def rules_table(knowledge: KnowledgeBase) -> Table:
     entries: list[Rule | Template] = [*knowledge.rules, *knowledge.templates]
     for rule in sorted(entries, key=lambda entry: entry.id):
         versions = f"{rule.framework} {rule.versions}" if isinstance(rule, Rule) and rule.framework else "any"
-        entry = Text(printable(rule.id), style="bold").append(f"\n  {printable(rule.title)}", style="dim")
-        table.add_row(entry, str(rule.scenario), Text(printable(versions)))
+        described = Padding(Text(printable(rule.title), style="dim"), (0, 0, 0, 2))  # wrapped lines indented too
+        table.add_row(Group(Text(printable(rule.id), style="bold"), described), str(rule.scenario), Text(printable(versions)))
     return table
 
 

@@ -347,8 +347,9 @@ def _guess_module(alias: str, frame_module: str | None, workspace: Workspace) ->
         path = workspace.module_path(candidate)
         if path is not None:
             return candidate, f"`{alias}` taken as {candidate}, found at {path}"
-    where = f"near {frame_module}" if frame_module else "beside the frame's file, whose module is unknown"
-    return alias, f"module `{alias}` was not found {where}: its full name is unknown"
+    if frame_module is None:
+        return alias, f"module `{alias}` was not found, nor the frame's own module: its full name is unknown"
+    return alias, f"module `{alias}` was not found near {frame_module}: its full name is unknown"
 
 
 def _class_member(parts: list[ast.expr], index: int, owner: str, module: str | None, tier: Tier) -> Resolved | None:
