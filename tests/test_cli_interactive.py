@@ -104,7 +104,7 @@ def test_fix_with_the_log_on_stdin_asks_at_the_terminal(tmp_path):
     log = tmp_path / "train.log"
     log.write_bytes(gzip.decompress((LOG / "none_sample" / "attempt_0" / "1" / "stderr.log.gz").read_bytes()))
     args = ["fix", "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
-    code, screen = converse(args, log, [(b"Apply? [y/N]:", b"y\n")])
+    code, screen = converse(args, log, [(b"? [y/N]:", b"y\n")])
     assert code == 0, screen
     assert "unsafe-doctor: begin generic.replica-copy:toytrain.state._EMA_GRAD_NORM" in adaptor.read_text()
 

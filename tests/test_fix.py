@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from terminal import at_terminal
 from conftest import load_rules_generator
 
 from unsafe_doctor.knowledge.context import groundwork
@@ -761,7 +762,7 @@ def test_cli_asks_at_a_terminal(tmp_path):
         controller, terminal = pty.openpty()
         process = subprocess.Popen(command, stdin=terminal, stdout=terminal, stderr=terminal, cwd=ROOT)
         os.close(terminal)
-        seen = read_until(controller, b"Apply? [y/N]: ")
+        seen = read_until(controller, b"? [y/N]: ")
         os.write(controller, answer)
         seen += read_until(controller, None)
         assert process.wait(timeout=60) == code, seen
@@ -786,3 +787,16 @@ def read_until(fd: int, wanted: bytes | None, timeout: float = 60) -> bytes:
             break
         seen += chunk
     return seen
+
+
+def test_the_question_names_the_file_asks_again_and_ctrl_c_says_nothing_was_written(tmp_path):
+    """Issue 26: `Apply? [y/N]` named no file, took any other answer for a no, and Ctrl-C left the
+    shell's prompt on the question's line, saying nothing."""
+    adaptor = toytrain_copy(tmp_path)
+    args = ["fix", str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
+    code, screen = at_terminal(args, answers=[(b"? [y/N]: ", b"maybe\n"), (b"(Enter: no)", b"\x03")])
+    assert code == 130, screen
+    assert f"Write this into {adaptor}? [y/N]: " in screen
+    assert screen.count("? [y/N]: ") == 2  # asked again
+    assert "\r\nunsafe-doctor: stopped at the question: what it asked about was not written" in screen, screen
+    assert not markers(adaptor.read_bytes()) and not adaptor.with_name(adaptor.name + BACKUP_SUFFIX).exists()

@@ -337,10 +337,10 @@ def test_cli_refusals_are_one_line_and_exit_2(tmp_path):
 def test_cli_asks_at_a_terminal(tmp_path):
     adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
     before = adaptor.read_bytes()
-    code, screen = at_terminal(["sentinel", "install", "--adaptor", str(adaptor)], answers=[(b"Apply? [y/N]: ", b"n\n")])
+    code, screen = at_terminal(["sentinel", "install", "--adaptor", str(adaptor)], answers=[(b"? [y/N]: ", b"n\n")])
     assert code == 1 and "_ud_sentinel_check(train_args, mode=" in screen
     assert adaptor.read_bytes() == before
-    code, screen = at_terminal(["sentinel", "install", "--adaptor", str(adaptor)], answers=[(b"Apply? [y/N]: ", b"y\n")])
+    code, screen = at_terminal(["sentinel", "install", "--adaptor", str(adaptor)], answers=[(b"? [y/N]: ", b"y\n")])
     assert code == 0 and f"(backup: {adaptor}{BACKUP_SUFFIX})" in screen
     assert markers(adaptor.read_bytes()) == [SENTINEL_KEY]
 

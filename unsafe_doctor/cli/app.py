@@ -138,7 +138,8 @@ def run(args: list[str], leave: bool) -> None:
     except click.ClickException as error:  # a bad option or argument, an unsupported format: one line, not a box
         say(f"{error.format_message()}{_where_from(error)} (see --help)")
         sys.exit(error.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort:  # Ctrl-C or Ctrl-D at a question (prompts.Terminal)
+        say("stopped at the question: what it asked about was not written")
         sys.exit(130)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -3,7 +3,8 @@
 Questions are read from stdin when it is a terminal, else from the controlling terminal (/dev/tty),
 so they are asked while the log arrives on stdin (`cat train.log | unsafe-doctor fix ...`). None is asked with --yes or
 --no-input, or when stdout is not a terminal (the output is being saved or read by a program).
-End of input (Ctrl-D) or Ctrl-C at a question stops the command with exit 130, as an interrupt.
+End of input (Ctrl-D) or Ctrl-C at a question stops the command with exit 130, as an interrupt,
+on a line of its own and saying that what was asked about was not written.
 """
 
 from __future__ import annotations
@@ -30,14 +31,22 @@ class Terminal:
     def answer(self, prompt: str) -> str:
         """The line typed after the prompt, stripped; end of input is an interrupt, not a "no"."""
         self.tell(prompt)
-        line = self.reader.readline()
+        try:
+            line = self.reader.readline()
+        except KeyboardInterrupt:
+            line = ""
         if not line:
-            self.tell("\n")
+            self.tell("\n")  # the shell's prompt on a line of its own
             raise click.exceptions.Abort()
         return line.strip()
 
     def confirm(self, question: str) -> bool:
-        return self.answer(f"{question} [y/N]: ").lower() in ("y", "yes")
+        """Yes or no, no by default (Enter); anything else is asked again, not taken for a no."""
+        while True:
+            reply = self.answer(f"{question} [y/N]: ").lower()
+            if reply in ("y", "yes", "n", "no", ""):
+                return reply in ("y", "yes")
+            self.tell("answer y or n (Enter: no)\n")
 
 
 @contextlib.contextmanager

@@ -139,8 +139,9 @@ def write_if_accepted(plan: Plan, *, dry_run: bool, yes: bool, interactive: bool
         return ()
     if yes:
         return fixes.apply(plan)
+    files = ", ".join(dict.fromkeys(printable(str(edit.path)) for edit in plan.edits))
     with prompts.terminal(ask=interactive) as terminal:
-        if terminal is not None and terminal.confirm("Apply?"):
+        if terminal is not None and terminal.confirm(f"Write this into {files}?"):
             return fixes.apply(plan)
     return ()
 
