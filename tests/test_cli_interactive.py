@@ -135,3 +135,12 @@ def test_a_scenario_given_for_a_finding_with_no_global_says_why_nothing_follows(
     code, screen = converse(["diagnose", str(log), "--adaptor", str(adaptor)], None, [(b"Scenario [1/2/skip]:", b"1\n")])
     assert code == 1
     assert "no fix for a in scenario 1: no fix rendered" in screen
+
+
+def test_a_log_pasted_at_the_terminal_is_asked_for_and_ends_at_one_ctrl_d():
+    """Issue 26: `unsafe-doctor -` at a terminal waited without a word, and took two Ctrl-D."""
+    pasted = (ROOT / "samples" / "logs" / "faq_modellink.log").read_bytes().replace(b"\r\n", b"\n")
+    code, screen = at_terminal(["-", "--no-input"], answers=[(b"Ctrl-D on an empty line", pasted + b"\x04")])
+    assert code == 1, screen
+    assert "reading the log from this terminal: paste it, then press Ctrl-D on an empty line" in screen
+    assert "_MOE_AUX_LOSSES_LOGGING_TRACKER" in screen.split("Ctrl-D on an empty line", 1)[1].split("RuntimeError", 1)[1]

@@ -23,10 +23,13 @@ PROGRESS_FROM = 50 << 20  # inputs smaller than this finish before a bar would b
 
 
 def log_paths(logs: list[str] | None) -> list[str]:
-    """The logs named; none means stdin, which must then be piped in, not a terminal (nor closed: `<&-`)."""
+    """The logs named; none means stdin, which must then be piped in, not a terminal (nor closed: `<&-`).
+    `-` reads stdin even at a terminal, which is then told how to end the log it pastes."""
     paths = logs or []
     if not paths and (sys.stdin is None or sys.stdin.isatty()):
         raise UsageError("no input: name a log file or folder, or pipe a log in (see --help)")
+    if "-" in paths and sys.stdin is not None and sys.stdin.isatty():
+        say("reading the log from this terminal: paste it, then press Ctrl-D on an empty line")
     return paths
 
 

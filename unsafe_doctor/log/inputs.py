@@ -239,6 +239,8 @@ def _stdin(stdin: BinaryIO | None) -> BinaryIO:
     stream = stdin if stdin is not None else (sys.stdin.buffer if sys.stdin is not None else None)
     if stream is None:
         raise UsageError("stdin is closed: name a log file or folder, or pipe a log in")
+    if stream.isatty():  # each Ctrl-D ends one read: read up to the first, then from memory (a pasted log)
+        return io.BufferedReader(io.BytesIO(stream.read()))
     _widen_pipe(stream)
     return stream if hasattr(stream, "peek") else io.BufferedReader(stream)  # type: ignore[type-var]
 
