@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -144,3 +146,15 @@ def test_a_log_pasted_at_the_terminal_is_asked_for_and_ends_at_one_ctrl_d():
     assert code == 1, screen
     assert "reading the log from this terminal: paste it, then press Ctrl-D on an empty line" in screen
     assert "_MOE_AUX_LOSSES_LOGGING_TRACKER" in screen.split("Ctrl-D on an empty line", 1)[1].split("RuntimeError", 1)[1]
+
+
+def test_a_diff_is_coloured_at_a_terminal_and_a_plain_patch_elsewhere():
+    args = ["fix", "samples/logs/toytrain_ema", "--source-root", "samples/framework", "--adaptor",
+            "samples/framework/toytrain/recovery.py", "--dry-run"]
+    code, screen = at_terminal(args, cwd=ROOT)
+    assert code == 0, screen
+    assert "\x1b[32m+    # unsafe-doctor: begin " in screen and "\x1b[1m--- a/" in screen
+    piped = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert "\x1b" not in piped.stdout and piped.stdout.startswith("--- a/")
+    assert re.sub(r"\x1b\[[0-9;]*m", "", screen).replace("\r\n", "\n").startswith(piped.stdout)

@@ -22,7 +22,7 @@ from unsafe_doctor.cli.options import (
     SourceRootOption,
     YesOption,
 )
-from unsafe_doctor.cli.streams import log_paths, print_json, say, warn_skipped
+from unsafe_doctor.cli.streams import log_paths, print_diff, print_json, say, warn_skipped
 from unsafe_doctor.errors import UsageError
 
 if TYPE_CHECKING:
@@ -134,8 +134,7 @@ def show_plan(plan: Plan, findings: int, revert: bool) -> None:
     """The diff on stdout (it can be saved as a patch), what was decided on stderr."""
     from unsafe_doctor.report.fix import decisions
 
-    sys.stdout.write(plan.diff())
-    sys.stdout.flush()
+    print_diff(plan.diff())
     for line in decisions(plan, findings, revert):
         say(line)
 

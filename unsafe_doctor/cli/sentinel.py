@@ -23,7 +23,7 @@ from unsafe_doctor.cli.options import (
     YesOption,
     examples,
 )
-from unsafe_doctor.cli.streams import say
+from unsafe_doctor.cli.streams import print_diff, say
 from unsafe_doctor.log.sentinel_lines import MODES, Mode
 
 app = typer.Typer(
@@ -77,8 +77,7 @@ def install(
     text = output_format is Format.text
     interactive = text and not no_input and sys.stdout.isatty()
     if text:
-        sys.stdout.write(plan.diff())
-        sys.stdout.flush()
+        print_diff(plan.diff())
         for line in fix_report.plan_lines(plan):
             say(line)
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)

@@ -64,6 +64,25 @@ def print_rich(renderable: RenderableType) -> None:
         sys.stdout.flush()
 
 
+_DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("+", "green"), ("-", "red"), ("@@", "cyan"))
+
+
+def print_diff(diff: str) -> None:
+    """A unified diff on stdout: as it is to a file or a pipe (it is a patch to apply), coloured at a
+    terminal (not under NO_COLOR), every line whole."""
+    with _reader_may_leave():
+        if not sys.stdout.isatty() or os.environ.get("NO_COLOR"):
+            sys.stdout.write(diff)
+        else:
+            from rich.text import Text
+
+            text = Text(no_wrap=True, overflow="ignore")
+            for line in diff.splitlines(keepends=True):
+                text.append(line, style=next((style for start, style in _DIFF_STYLES if line.startswith(start)), ""))
+            _console()(highlight=False).print(text, crop=False, end="")
+        sys.stdout.flush()
+
+
 @contextmanager
 def _reader_may_leave() -> Iterator[None]:
     """`… | head -c1` closes the pipe early: the rest of the output goes nowhere, silently, and the

@@ -10,14 +10,13 @@ suggested is one that runs as printed: quoted, and with '-' for a log that came 
 from __future__ import annotations
 
 import shlex
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unsafe_doctor.cli import prompts
-from unsafe_doctor.cli.streams import print_rich, say
+from unsafe_doctor.cli.streams import print_diff, print_rich, say
 from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge.classify import Classified, FixPlan, Unclassified, classify_as
 from unsafe_doctor.knowledge.context import RunContext
@@ -107,8 +106,7 @@ def _fix_each(
             for line in (*plan.present, *map(str, plan.skipped), *plan.notes):
                 say(printable(line))
             continue
-        sys.stdout.write(plan.diff())
-        sys.stdout.flush()
+        print_diff(plan.diff())
         functions = " and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name)
         question = f"Apply scenario-{item.classification.scenario} fix to {printable(functions)}?"
         if yes or (terminal is not None and terminal.confirm(question)):

@@ -93,6 +93,10 @@ def to_text(verification: Verification, write_fix: NextStep | None = None,
         parts.append(text.append(":" if fix_others else hint))
         if fix_others:
             parts.append(CodeToCopy(fix_others.command, python=False))
+    elif any(verdict.outcome in ("proven", "block-proven") for verdict in verification.verdicts):
+        parts.append(Text("Proven: the fixes of this log's globals. Other globals the recovery leaves unsafe are not "
+                          "checked here: `unsafe-doctor audit SOURCE --adaptor ADAPTOR` finds them before a fault does.",
+                          style="dim"))
     return Group(*parts)
 
 
