@@ -20,7 +20,7 @@ from unsafe_doctor.adaptor.fix import preview
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report import diagnosis as diagnosis_report
-from unsafe_doctor.report.common import counted, printable, rank_ranges
+from unsafe_doctor.report.common import counted, printable, printable_lines, rank_ranges
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG = ROOT / "samples" / "logs" / "toytrain_ema"
@@ -156,8 +156,9 @@ def test_json_from_a_hostile_log_is_valid_utf8_with_the_text_kept(tmp_path):
     assert document["findings"][0]["culprit"]["file"] == "/srv/job/evil\x9b\x07/train.py"
 
 
-def test_printable_escapes_c0_del_and_c1_but_keeps_newlines_and_tabs():
-    assert printable("a\x1b[2Jb\x07\x7f\x9b\x85\tc\nd") == "a\\x1b[2Jb\\x07\\x7f\\x9b\\x85\tc\nd"
+def test_printable_escapes_c0_del_c1_and_line_ends_but_keeps_tabs_and_code_keeps_its_lines():
+    assert printable("a\x1b[2Jb\x07\x7f\x9b\x85\tc\nd\re\u2028f") == "a\\x1b[2Jb\\x07\\x7f\\x9b\\x85\tc\\x0ad\\x0de\\u2028f"
+    assert printable_lines("a\x1b[2Jb\tc\nd") == "a\\x1b[2Jb\tc\nd"
 
 
 def test_with_the_log_on_stdin_the_suggested_fix_runs_as_printed(tmp_path):

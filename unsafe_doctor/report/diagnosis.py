@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -250,7 +251,7 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
         grid.add_row("Sentinel", _seen_text(finding.sentinel, also=unsafe is not None))
     grid.add_row("Phase", Text(_phase_text(item, diagnosis)))
     if finding.culprit is not None:
-        grid.add_row("Culprit", _frame_text(finding.culprit))
+        grid.add_row("Culprit", _FrameText(finding.culprit))
         if finding.culprit.source:
             start = finding.culprit.line or 1
             grid.add_row("", PythonCode(finding.culprit.source, line_numbers=True, start_line=start, word_wrap=True))
@@ -258,11 +259,9 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
     if frames:
         own = [frame for frame in frames if not is_internal_file(frame.file)] or list(frames)
         shown = own[-SHORT_STACK:]
-        stack = Text()
-        if len(frames) > len(shown):
-            stack.append(f"… {counted(len(frames) - len(shown), 'more frame')} (outer, or torch internals)\n", style="dim")
-        stack.append(Text("\n").join(_frame_text(frame) for frame in shown))
-        grid.add_row("Stack", stack)
+        outer = len(frames) - len(shown)
+        more = [Text(f"… {counted(outer, 'more frame')} (outer, or torch internals)", style="dim")] if outer else []
+        grid.add_row("Stack", Group(*more, *map(_FrameText, shown)))
     if unsafe is not None and unsafe.truncated:
         grid.add_row("", Text("The traceback is cut short in the log; what is shown is what it holds.", style="yellow"))
     _add_classification(grid, item.classification)
@@ -387,12 +386,24 @@ def _phase_text(item: DiagnosedFinding, diagnosis: Diagnosis) -> str:
     }[item.phase]
 
 
-def _frame_text(frame: Frame) -> Text:
-    text = Text(printable(short_path(frame.file)), style="cyan")
-    if frame.line is not None:
-        text.append(f":{frame.line}", style="cyan")
-    text.append(f" in {printable(frame.function)}")
-    return text
+class _FrameText:
+    """`path:line in function`: the whole path where the width allows it, else its tail (`short_path`)."""
+
+    def __init__(self, frame: Frame) -> None:
+        self.whole, self.short = self._text(frame.file.replace("\\", "/"), frame), self._text(short_path(frame.file), frame)
+
+    @staticmethod
+    def _text(path: str, frame: Frame) -> Text:
+        text = Text(printable(path), style="cyan")
+        if frame.line is not None:
+            text.append(f":{frame.line}", style="cyan")
+        return text.append(f" in {printable(frame.function)}")
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.whole if self.whole.cell_len <= options.max_width else self.short
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(min(self.short.cell_len, options.max_width), min(self.whole.cell_len, options.max_width))
 
 
 def short_path(path: str) -> str:
