@@ -24,7 +24,7 @@ from unsafe_doctor.source.files import MAX_SOURCE_TOKENS
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Plan
-    from unsafe_doctor.audit.model import Audit, AuditedHolder, Site
+    from unsafe_doctor.audit.model import Audit, AuditedHolder, Holder, Site
 
 SCHEMA = "unsafe-doctor/audit/v1"
 SARIF_RULES = {
@@ -35,7 +35,7 @@ SARIF_RULES = {
 _STATUS_STYLE = {"uncovered": "bold red", "unsafe": "bold yellow", "covered": "green"}
 SARIF_RELATED = 10  # writers listed with each result
 _PLACEMENT_TEXT = {"device": "on the device", "unknown": "device unknown"}
-NAME_WIDTH = 48  # the global column's widest: a qualified name longer than this ends in "…"
+NAME_WIDTH = 48  # the global column's widest: a name longer than this folds
 
 
 def to_json(audit: Audit) -> dict[str, Any]:
@@ -164,11 +164,12 @@ def to_text(audit: Audit, elapsed: float, write_fixes: NextStep | None = None) -
     """`write_fixes`: the command that writes the fixes, shown last when some global has one."""
     parts: list[RenderableType] = []
     if audit.holders:
-        # A name is never split: its column is as wide as the longest (up to NAME_WIDTH), a longer one
-        # ends in "…"; in the other columns too a word too long is cut with "…", never folded.
-        longest = max(len(item.holder.name) for item in audit.holders)
+        # A global's own name (Owner.variable) is never cut: its column is as wide as the longest (up
+        # to NAME_WIDTH), and a longer one folds; its module, on the line below, folds too. In the
+        # other columns a word too long is cut with "…".
+        longest = max(max(len(_own_name(item.holder)), len(_kind_text(item.holder))) for item in audit.holders)
         table = Table(header_style="bold", show_lines=True)
-        table.add_column("global", overflow="ellipsis", ratio=4, min_width=min(longest, NAME_WIDTH))
+        table.add_column("global", overflow="fold", ratio=4, min_width=min(longest, NAME_WIDTH))
         table.add_column("written · read", overflow="ellipsis", ratio=2)
         table.add_column("recovery", overflow="ellipsis", ratio=3)
         table.add_column("scenario", overflow="ellipsis", ratio=3)
@@ -191,10 +192,19 @@ def to_text(audit: Audit, elapsed: float, write_fixes: NextStep | None = None) -
     return Group(*parts)
 
 
+def _kind_text(holder: Holder) -> str:
+    return f"{holder.kind}, {_PLACEMENT_TEXT[holder.placement]}"
+
+
+def _own_name(holder: Holder) -> str:
+    return f"{holder.owner}.{holder.variable}" if holder.owner else holder.variable
+
+
 def _holder_cells(item: AuditedHolder) -> tuple[Text, Text, Text, Text]:
     holder, coverage, verdict = item.holder, item.coverage, item.classification
-    name = Text(printable(holder.name), style="bold magenta")
-    name.append(f"\n{holder.kind}, {_PLACEMENT_TEXT[holder.placement]}", style="dim")
+    name = Text(printable(_own_name(holder)), style="bold magenta")
+    name.append(f"\nin {printable(holder.module)}", style="magenta")
+    name.append(f"\n{_kind_text(holder)}", style="dim")
     name.append(f"\ndefined {_site_text(holder.definition)}", style="cyan")
     uses = Text()
     for label, sites in (("w", holder.writers), ("r", holder.readers)):
