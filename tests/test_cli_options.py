@@ -270,6 +270,18 @@ def test_format_github_writes_one_workflow_command_per_finding():
     assert audit.returncode == 1 and lines and all(line.startswith("::error file=samples/framework/toytrain/") for line in lines)
 
 
+def test_a_log_mapped_to_local_source_is_annotated_on_the_local_repo_relative_file():
+    """Issue 26: with --source-root the text report read samples/framework/toytrain/train.py, but
+    github and sarif still gave the cluster's /home/user/job/... path, which no pull request has."""
+    mapped = run(str(EMA_LOG), "--source-root", str(FRAMEWORK), "--format", "github")
+    assert mapped.stdout.startswith("::error file=samples/framework/toytrain/train.py,line=62,"), mapped.stdout
+    sarif = json.loads(run(str(EMA_LOG), "--source-root", str(FRAMEWORK), "--format", "sarif").stdout)
+    [result] = sarif["runs"][0]["results"]
+    assert result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "samples/framework/toytrain/train.py"
+    unmapped = run(str(EMA_LOG), "--format", "github")
+    assert unmapped.stdout.startswith("::error file=/home/user/job/toytrain/train.py,line=62,")
+
+
 def test_github_escaping_follows_the_actions_toolkit():
     assert escape_data("50% done\r\nnext: a, b") == "50%25 done%0D%0Anext: a, b"
     assert escape_property("C:\\x,y%\n") == "C%3A\\x%2Cy%25%0A"

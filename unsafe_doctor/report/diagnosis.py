@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -33,7 +34,7 @@ from unsafe_doctor.report.common import (
     stale_text,
     title,
 )
-from unsafe_doctor.report.sarif import location, sarif_log
+from unsafe_doctor.report.sarif import file_uri, location, sarif_log
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin
 
@@ -191,7 +192,9 @@ def _last_error_json(diagnosis: Diagnosis) -> dict[str, Any] | None:
 
 
 def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
-    """SARIF 2.1.0: one result per finding, located at its culprit line (the path as the log gives it)."""
+    """SARIF 2.1.0: one result per finding, located at its culprit line: in the job's own file read
+    through --source-root (relative to the working folder when under it, so that a CI annotation
+    lands on the pull request's line), else at the path the log gives."""
     results = []
     for item in diagnosis.findings:
         finding = item.finding
@@ -204,7 +207,7 @@ def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
             "message": {"text": f"{what} {state} (ranks {rank_ranges(finding.ranks)})"},
         }
         if finding.culprit is not None:
-            result["locations"] = [location(finding.culprit.file, finding.culprit.line)]
+            result["locations"] = [location(_culprit_file(finding), finding.culprit.line)]
         evidence = item.classification.evidence
         if evidence:  # what the heuristics saw, each where it stands
             result["relatedLocations"] = [
@@ -213,6 +216,18 @@ def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
             ]
         results.append(result)
     return sarif_log({"unsafe-data-after-recovery": "Global tensor left unsafe by process-level online recovery"}, results)
+
+
+def _culprit_file(finding: Finding) -> str:
+    """The local copy of the culprit's file where it is the job's own with the log's lines, else the log's path."""
+    assert finding.culprit is not None
+    if finding.origin is not Origin.JOB or finding.source_file is None or finding.source_differs:
+        return finding.culprit.file
+    try:
+        relative = os.path.relpath(finding.source_file)
+    except ValueError:  # another drive (Windows)
+        return file_uri(finding.source_file)
+    return file_uri(finding.source_file if relative.startswith("..") else relative)
 
 
 def to_text(diagnosis: Diagnosis, elapsed: float, previews: Sequence[tuple[Preview, ...]] = ()) -> RenderableType:
