@@ -17,6 +17,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from terminal import at_terminal
 
 ROOT = Path(__file__).resolve().parent.parent
 FAQ_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"
@@ -250,3 +251,51 @@ def test_an_audited_file_name_cannot_drive_the_terminal(tmp_path):
     result = run("audit", str(hostile.parent))
     assert result.returncode == 1 and "LOSS_LOG" in result.stdout, result.stderr
     no_injected_line(result.stdout, result.stderr)
+
+
+# --- one adaptor discovery for every command ---------------------------------------------------------
+
+def test_every_command_finds_the_adaptor_under_the_source_root_and_says_how(tmp_path):
+    """Issue 26: audit found toytrain's recovery.py by its functions, while fix and sentinel install
+    said "no adaptor file found" under the same --source-root."""
+    shutil.copytree(FRAMEWORK, tmp_path / "framework")
+    root = tmp_path / "framework"
+    adaptor = root / "toytrain" / "recovery.py"
+    said = f"adaptor {adaptor} (found under the source roots as the module that defines the rollback and repair functions)"
+    for args in (["fix", str(ROOT / "samples" / "logs" / "toytrain_ema"), "--source-root", str(root), "--dry-run"],
+                 ["sentinel", "install", "--source-root", str(root), "--dry-run"]):
+        result = run(*args)
+        assert result.returncode == 0 and said in result.stderr, result.stderr
+        assert f"+++ b{adaptor}" in result.stdout
+    audit = run("audit", str(root / "toytrain"))
+    assert f"adaptor {adaptor}: found under the source roots as the module" in " ".join(audit.stdout.split())
+
+
+def two_adaptors(tmp_path: Path) -> tuple[Path, Path]:
+    """A team's toytrain with its recovery.py, and a vendored copy of it elsewhere in the repository."""
+    shutil.copytree(FRAMEWORK / "toytrain", tmp_path / "toytrain", ignore=shutil.ignore_patterns("__pycache__"))
+    vendored = tmp_path / "third_party" / "vendor" / "recovery.py"
+    vendored.parent.mkdir(parents=True)
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", vendored)
+    return tmp_path / "toytrain" / "recovery.py", vendored
+
+
+def test_two_adaptors_are_never_chosen_between_silently(tmp_path):
+    """Issue 26: `audit --fix --yes` wrote into the vendored copy, and the next audit said "covered"."""
+    team, vendored = two_adaptors(tmp_path)
+    before = team.read_bytes()
+    for args in (["audit", ".", "--fix", "--yes"], ["fix", str(ROOT / "samples" / "logs" / "toytrain_ema"), "--source-root", ".",
+                                                     "--yes"], ["sentinel", "install", "--source-root", ".", "--no-input"]):
+        refused(run(*args, cwd=tmp_path), "several recovery adaptors under the source roots "
+                                          "(third_party/vendor/recovery.py, toytrain/recovery.py): name the one to use with --adaptor FILE")
+    assert team.read_bytes() == vendored.read_bytes() == before
+
+
+def test_at_a_terminal_the_person_picks_the_adaptor_among_two(tmp_path):
+    team, vendored = two_adaptors(tmp_path)
+    before = vendored.read_bytes()
+    code, screen = at_terminal(["audit", ".", "--fix"], cwd=tmp_path,
+                               answers=[(b"Which is yours? [1-2]: ", b"2\n"), (b"? [y/N]: ", b"y\n")])
+    assert code == 0, screen
+    assert "1 = third_party/vendor/recovery.py" in screen and "2 = toytrain/recovery.py" in screen
+    assert "unsafe-doctor: begin " in team.read_text() and vendored.read_bytes() == before

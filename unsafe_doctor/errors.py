@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class UsageError(Exception):
     """Bad usage or unreadable input. The message is shown to the user as one line."""
+
+
+class AmbiguousAdaptor(UsageError):
+    """Several files under the source roots hold a rollback function: which is the adaptor is the
+    person's to say (--adaptor, or an answer at the terminal), never guessed."""
+
+    def __init__(self, candidates: tuple[Path, ...]) -> None:
+        shown = ", ".join(map(str, candidates[:5])) + (", ..." if len(candidates) > 5 else "")
+        super().__init__(f"several recovery adaptors under the source roots ({shown}): name the one to use with --adaptor FILE")
+        self.candidates = candidates
 
 
 def os_reason(error: OSError | ValueError) -> str:

@@ -23,7 +23,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from unsafe_doctor.adaptor.scope import FunctionNames, ModuleNames, find_function, function_names, module_names
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.versions import Environment, profile_files
-from unsafe_doctor.source.files import package_of
+from unsafe_doctor.source.files import package_of, shown_path
 from unsafe_doctor.source.markers import MARKER_END, SENTINEL_KEY, markers
 from unsafe_doctor.source.workspace import module_from_path
 
@@ -39,14 +39,6 @@ def adaptor_files(environment: Environment) -> list[Path]:
         raise UsageError(f"no adaptor file found ({globs} under the source roots): give --adaptor FILE or --source-root DIR")
     siblings = [path for path in profile_files(environment.profile, adaptor) if path != adaptor.resolve()]
     return [adaptor, *(shown_path(path) for path in siblings)]
-
-
-def shown_path(path: Path) -> Path:
-    """Relative to the working folder when inside it, as the user typed the adaptor's path."""
-    try:
-        return path.relative_to(Path.cwd())
-    except ValueError:
-        return path
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,6 @@ from unsafe_doctor.adaptor.code import (
     block_spans,
     detached_site,
     read_source,
-    shown_path,
     without_blocks,
 )
 from unsafe_doctor.adaptor.existing_reset import AlreadyReset, existing_reset
@@ -83,6 +82,7 @@ from unsafe_doctor.knowledge.rules import (
 )
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import Environment
+from unsafe_doctor.source.files import shown_path
 from unsafe_doctor.source.markers import MARKER_BEGIN, MARKER_END, SENTINEL_KEY
 
 BACKUP_SUFFIX = ".unsafe-doctor.bak"

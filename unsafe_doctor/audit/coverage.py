@@ -28,7 +28,7 @@ from unsafe_doctor.audit.scope import Scope
 from unsafe_doctor.audit.uses import Use, sites
 from unsafe_doctor.audit.vocabulary import COMMUNICATION_FROM, COMMUNICATION_INTO, RESETS
 from unsafe_doctor.audit.walk import Walker
-from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase
+from unsafe_doctor.knowledge.rules import AdaptorProfile
 from unsafe_doctor.knowledge.versions import profile_files
 from unsafe_doctor.source.files import ImportRoots
 from unsafe_doctor.source.syntax import Function
@@ -38,20 +38,6 @@ MAX_CALL_DEPTH = 4  # helper calls followed from an adaptor function
 _HOW_ORDER = {"reset": 0, "rebuilt": 1, "repaired": 2}
 
 Effect = tuple[How, None] | tuple[None, str]  # (how it covers, None), or (None, why it is unsafe)
-
-
-def adaptor_in_tree(index: Index, knowledge: KnowledgeBase) -> Path | None:
-    """When no profile's file path matches under the roots, an audited module that defines a
-    profile's rollback, send and receive functions."""
-    for root in index.roots:
-        for profile in knowledge.profiles:
-            if any(next(root.glob(pattern), None) for pattern in profile.files):
-                return None  # versions.py finds it by its path
-    for info in index.scanned:
-        for profile in knowledge.profiles:
-            if all(name in info.function_sizes for name in (profile.rollback, profile.send, profile.recv)):
-                return Path(index.display(info.path))
-    return None
 
 
 class RecoveryReader(Walker):

@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 
 from unsafe_doctor.audit.bridge import classification
-from unsafe_doctor.audit.coverage import CoverageJudge, adaptor_in_tree
+from unsafe_doctor.audit.coverage import CoverageJudge
 from unsafe_doctor.audit.halves import Worker, shared_out
 from unsafe_doctor.audit.holders import ScanFindings, holders, named_by_rules, scan_module
 from unsafe_doctor.audit.index import Index, ModuleInfo, audited_files
@@ -71,13 +71,12 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
         framework += named_by_rules(found, framework)
         index.let_go()
         collection.scanned()
-        if adaptor is None:
-            adaptor = adaptor_in_tree(index, knowledge)
-        context = RunContext(knowledge, index.workspace, detect_environment(knowledge, index.workspace, adaptor=adaptor))
-        environment = context.environment
+        environment = detect_environment(knowledge, index.workspace, adaptor=adaptor, search_under=given)
+        context = RunContext(knowledge, index.workspace, environment)
         notes: list[str] = []
         judge = None
         if environment.adaptor is not None:
+            notes.append(f"adaptor {environment.adaptor}: {environment.adaptor_why}")
             judge = CoverageJudge(index, accessors, environment.adaptor, environment.profile, notes)
         else:
             notes.append("no recovery adaptor found under the paths (give --adaptor FILE): nothing covers any global")

@@ -21,7 +21,7 @@ import click
 from unsafe_doctor.cli import options
 from unsafe_doctor.cli.config import Settings
 from unsafe_doctor.cli.streams import output_lost, say, stdout_names
-from unsafe_doctor.errors import UsageError, os_reason
+from unsafe_doctor.errors import AmbiguousAdaptor, UsageError, os_reason
 
 Command = Callable[..., int]
 
@@ -40,10 +40,11 @@ def reporting(command: Command) -> Command:
         if annotate:  # written as SARIF, then each result rewritten as a workflow command
             kwargs["output_format"] = options.LocatedFormat.sarif
         with _stdout_to(output, kwargs), _silenced(quiet):
-            if annotate:
-                code = _annotated(command, **kwargs)
-            else:
-                code = command(**kwargs)
+            try:
+                code = _annotated(command, **kwargs) if annotate else command(**kwargs)
+            except AmbiguousAdaptor as error:  # asked at a terminal, else refused: never one picked silently
+                kwargs["adaptor"] = _chosen_adaptor(error, kwargs)
+                code = _annotated(command, **kwargs) if annotate else command(**kwargs)
         return 0 if exit_zero and code == 1 else code
 
     return _with_options(
@@ -78,6 +79,26 @@ def _with_options(run: Command, command: Command, **added: Any) -> Command:
     run.__signature__ = signature.replace(parameters=[*parameters, *extra])  # type: ignore[attr-defined]
     run.__annotations__ = {**{p.name: p.annotation for p in parameters}, **added, "return": int}
     return run
+
+
+def _chosen_adaptor(error: AmbiguousAdaptor, arguments: Mapping[str, Any]) -> Any:
+    """The candidate the person picks at the terminal, as the command's --adaptor takes it; the
+    refusal itself where no one can be asked (--no-input, --yes, no terminal, a command that asks nothing)."""
+    from unsafe_doctor.cli import prompts
+
+    ask = "no_input" in arguments and not arguments["no_input"] and not arguments.get("yes")
+    with prompts.terminal(ask=ask) as terminal:
+        if terminal is None:
+            raise error
+        terminal.tell("Several recovery adaptors are under the source roots:\n")
+        for number, candidate in enumerate(error.candidates, 1):
+            terminal.tell(f"  {number} = {candidate}\n")
+        while (answer := terminal.answer(f"Which is yours? [1-{len(error.candidates)}]: ")) not in {
+            str(number) for number in range(1, len(error.candidates) + 1)
+        }:
+            terminal.tell("answer with one of the numbers\n")
+    chosen = error.candidates[int(answer) - 1]
+    return str(chosen) if isinstance(arguments.get("adaptor"), str) else chosen
 
 
 def _annotated(command: Command, **kwargs: Any) -> int:

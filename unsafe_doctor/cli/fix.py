@@ -22,7 +22,7 @@ from unsafe_doctor.cli.options import (
     SourceRootOption,
     YesOption,
 )
-from unsafe_doctor.cli.streams import log_paths, print_diff, print_json, say, warn_skipped
+from unsafe_doctor.cli.streams import log_paths, print_diff, print_json, say, say_adaptor, warn_skipped
 from unsafe_doctor.errors import UsageError
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ def command(
                 "choose whose fix to write with --suspect N (diagnose lists them)")
     text = output_format is Format.text
     interactive = text and not no_input and sys.stdout.isatty()  # asked at /dev/tty: stdin may be the log
+    say_adaptor(environment)
     if text:
         show_plan(plan, findings, revert)
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)

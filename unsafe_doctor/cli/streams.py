@@ -17,6 +17,7 @@ from unsafe_doctor.errors import UsageError, os_reason
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
+    from unsafe_doctor.knowledge.versions import Environment
     from unsafe_doctor.log.inputs import SkippedInput
 
 PROGRESS_FROM = 50 << 20  # inputs smaller than this finish before a bar would be worth drawing
@@ -38,6 +39,12 @@ def warn_skipped(skipped: Sequence[SkippedInput]) -> None:
     input left out is not noise."""
     for item in skipped:
         say(f"skipped {item.name}: {item.reason}", stream=sys.__stderr__ or sys.stderr)
+
+
+def say_adaptor(environment: Environment) -> None:
+    """Which adaptor file the command reads or writes, and how it came to be the one."""
+    if environment.adaptor is not None:
+        say(f"adaptor {environment.adaptor} ({environment.adaptor_why})")
 
 
 def say(line: str, stream: TextIO | None = None) -> None:

@@ -38,10 +38,18 @@ from typing import TYPE_CHECKING, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from unsafe_doctor.errors import UsageError, os_reason
+from unsafe_doctor.errors import AmbiguousAdaptor, UsageError, os_reason
 from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase, role_parameter
 from unsafe_doctor.log.tracebacks import Frame
-from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, import_root, is_file, is_internal_file, read_source
+from unsafe_doctor.source.files import (
+    FRAMEWORK_DISTRIBUTIONS,
+    import_root,
+    is_file,
+    is_internal_file,
+    python_files,
+    read_source,
+    shown_path,
+)
 from unsafe_doctor.source.syntax import Function, ImportedName, import_bindings, same_target
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 
@@ -64,6 +72,7 @@ class Environment:
     profile_from: ProfileSource = "default"
     profile_why: str = ""  # what in the adaptor, the log or the version chose it
     tied: tuple[AdaptorProfile, ...] = ()  # other profiles the adaptor fits exactly as well
+    adaptor_why: str = "given"  # how the adaptor was found (given; found under the roots, by what)
 
 
 def detect_environment(
@@ -73,9 +82,12 @@ def detect_environment(
     adaptor: Path | None = None,
     logged: Sequence[AdaptorProfile] = (),
     chosen: AdaptorProfile | None = None,
+    search_under: Sequence[Path] = (),
 ) -> Environment:
     """`workspace`: the command's, over the source roots (`context.Groundwork`); `logged`: the
-    generations the log shows (`profiles_in_log`); `chosen`: the profile the user named (--profile)."""
+    generations the log shows (`profiles_in_log`); `chosen`: the profile the user named (--profile);
+    `search_under`: where a module defining the recovery functions is looked for (default: the
+    source roots; an audit: the folders it audits, not their import roots)."""
     roots = workspace.source_roots
     for root in roots:
         if not root.is_dir():
@@ -100,10 +112,11 @@ def detect_environment(
     origins = {name: origin for name, (_, origin) in found.items()}
     chooser = _ProfileChooser(knowledge, workspace, versions.get(ADAPTOR_FRAMEWORK))
     search_roots = (*roots, *frame_roots, *workspace.env_roots)
-    adaptor_file, choice = _adaptor_and_profile(chooser, adaptor, search_roots, logged)
+    adaptor_file, adaptor_why, choice = _adaptor_and_profile(chooser, adaptor, search_roots, search_under or roots, logged)
     if chosen is not None:
         choice = _Choice(chosen, "option", "named with --profile")
-    return Environment(versions, origins, roots, choice.profile, adaptor_file, choice.source, choice.why, choice.tied)
+    return Environment(versions, origins, roots, choice.profile, adaptor_file, choice.source, choice.why, choice.tied,
+                       adaptor_why)
 
 
 @dataclass(frozen=True)
@@ -115,17 +128,20 @@ class _Choice:
 
 
 def _adaptor_and_profile(
-    chooser: _ProfileChooser, adaptor: Path | None, roots: Sequence[Path], logged: Sequence[AdaptorProfile]
-) -> tuple[Path | None, _Choice]:
-    """The adaptor given, else the one found under the roots, and its profile; with none, the
+    chooser: _ProfileChooser, adaptor: Path | None, roots: Sequence[Path], own_roots: Sequence[Path],
+    logged: Sequence[AdaptorProfile],
+) -> tuple[Path | None, str, _Choice]:
+    """The adaptor given, else the one found under the roots, how, and its profile; with none, the
     generation the log shows, the version's, or the default."""
-    found = Path(adaptor) if adaptor is not None else chooser.search(roots)
+    if adaptor is not None:
+        return Path(adaptor), "given", chooser.best_for(Path(adaptor))
+    found = chooser.search(roots, own_roots)
     if found is not None:
-        return found, chooser.best_for(found)
+        return found[0], f"found under the source roots {found[1]}", chooser.best_for(found[0])
     profile, source = chooser.fallback(logged)
     why = {"log": "the log's lines show this generation", "version": "the MindSpeed-LLM version found",
            "default": "nothing else told: the current in-tree adaptor"}[source]
-    return None, _Choice(profile, source, why)
+    return None, "none found under the source roots", _Choice(profile, source, why)
 
 
 def profiles_in_log(knowledge: KnowledgeBase, texts: Iterable[str]) -> tuple[AdaptorProfile, ...]:
@@ -295,18 +311,47 @@ class _ProfileChooser:
         self.version = version
         self._workspace = workspace
 
-    def search(self, roots: Sequence[Path]) -> Path | None:
-        """The best-fitting adaptor file under the roots."""
+    def search(self, roots: Sequence[Path], own_roots: Sequence[Path]) -> tuple[Path, str] | None:
+        """The adaptor file under the roots, and how it was found: by a profile's file names, else,
+        in the user's own roots only (`own_roots`), as the module that defines a profile's rollback,
+        send and receive functions. Two files that each hold a rollback function (a team's adaptor
+        and a vendored copy) are not chosen between: AmbiguousAdaptor."""
+        how = "by its generation's file name"
+        candidates = list(self._candidates(roots))
+        if not candidates:
+            how = "as the module that defines the rollback and repair functions"
+            candidates = list(self._defining(own_roots))
         best: tuple[tuple, Path] | None = None
-        for path in self._candidates(roots):
+        holders: list[Path] = []
+        for path in candidates:
             choice = self.best_for(path)
             functions = self._functions(path)
             profile = choice.profile
             own = (profile.rollback in functions, sum(name in functions for name in (profile.send, profile.recv)))
+            if own[0]:
+                holders.append(path)
             key = (self._key(profile, path, self.profiles.index(profile)), own)
             if best is None or key > best[0]:
                 best = (key, path)
-        return best[1] if best is not None else None
+        if len(holders) > 1:
+            raise AmbiguousAdaptor(tuple(holders))
+        return (best[1], how) if best is not None else None
+
+    def _defining(self, roots: Sequence[Path]) -> Iterator[Path]:
+        """Python files under the roots that define some profile's rollback, send and receive
+        functions (a `def` of each name is looked for in the text before the file is parsed)."""
+        wanted = [(profile.rollback, profile.send, profile.recv) for profile in self.profiles]
+        seen: set[Path] = set()
+        for root in roots:
+            for path in python_files(root):
+                if path.resolve() in seen:
+                    continue
+                seen.add(path.resolve())
+                text = read_source(path)
+                if text is not None and any(all(f"def {name}(" in text for name in names) for names in wanted):
+                    functions = self._functions(path)
+                    if any(all(name in functions for name in names) for names in wanted):
+                        yield shown_path(path)
 
     def best_for(self, adaptor: Path) -> _Choice:
         """The profile the adaptor fits best; profiles that fit it exactly as well are `tied`: the

@@ -37,6 +37,14 @@ def is_internal_file(path: str) -> bool:
     )
 
 
+def shown_path(path: Path) -> Path:
+    """Relative to the working folder when inside it, as the user typed the adaptor's path."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
 def is_file(path: Path) -> bool:
     try:
         return path.is_file()
