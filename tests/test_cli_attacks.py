@@ -240,7 +240,7 @@ def test_a_sentinel_field_cannot_start_a_line_of_the_text_report(tmp_path):
     log.write_text(f"WARNING unsafe_doctor.sentinel: [unsafe-doctor sentinel] rank 0: clean {json.dumps(record)}\n"
                    + FAQ_LOG.read_text())
     result = run(str(log))
-    assert "stopped early: budget" in result.stdout, result.stdout
+    assert "stopped early: budget" in " ".join(result.stdout.split()), result.stdout
     no_injected_line(result.stdout, result.stderr)
 
 
@@ -268,7 +268,7 @@ def test_every_command_finds_the_adaptor_under_the_source_root_and_says_how(tmp_
         assert result.returncode == 0 and said in result.stderr, result.stderr
         assert f"+++ b{adaptor}" in result.stdout
     audit = run("audit", str(root / "toytrain"))
-    assert f"adaptor {adaptor}: found under the source roots as the module" in " ".join(audit.stdout.split())
+    assert f"adaptor {adaptor} (mindspeed-llm-26; found under the source roots as the module" in " ".join(audit.stdout.split())
 
 
 def two_adaptors(tmp_path: Path) -> tuple[Path, Path]:

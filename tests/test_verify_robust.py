@@ -296,7 +296,8 @@ def test_adaptor_mode_names_the_global_the_next_step_dies_on(toytrain):
 
 def test_progress_goes_to_stderr_on_a_terminal_and_nowhere_else(toytrain):
     quiet = verify(*on_toytrain(toytrain))
-    assert quiet.returncode == 1 and quiet.stderr == ""
+    adaptor = toytrain / "toytrain" / "recovery.py"
+    assert quiet.returncode == 1 and quiet.stderr == f"unsafe-doctor: adaptor {adaptor} (given)\n"  # no progress
     reader, writer = pty.openpty()
     process = subprocess.Popen([sys.executable, "-m", "unsafe_doctor", "verify", *on_toytrain(toytrain)], cwd=ROOT,
                                env={**os.environ, "TERM": "xterm"}, stdout=subprocess.PIPE, stderr=writer)

@@ -76,7 +76,6 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
         notes: list[str] = []
         judge = None
         if environment.adaptor is not None:
-            notes.append(f"adaptor {environment.adaptor}: {environment.adaptor_why}")
             judge = CoverageJudge(index, accessors, environment.adaptor, environment.profile, notes)
         else:
             notes.append("no recovery adaptor found under the paths (give --adaptor FILE): nothing covers any global")

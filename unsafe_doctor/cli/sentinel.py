@@ -70,13 +70,13 @@ def install(
     overrides = fixes.function_overrides(function or [])
     roles = fixes.parameter_roles(parameter or [])
     environment = groundwork(rules or (), source_root or ()).detect(adaptor=adaptor).environment
-    say_adaptor(environment)
     if revert:
         plan = fixes.plan_revert(environment, sentinel=True)
     else:
         plan = plan_sentinel(environment, cast(Mode, mode), overrides, roles)
     text = output_format is Format.text
     interactive = text and not no_input and sys.stdout.isatty()
+    say_adaptor(environment)
     if text:
         print_diff(plan.diff())
         for line in fix_report.plan_lines(plan):

@@ -81,13 +81,13 @@ def command(
         ranks = torchrun_world_size()
     diagnosis = diagnose(paths, groundwork(rules or (), source_root or (), log_only=log_only, profile=profile), adaptor=adaptor)
     warn_skipped(diagnosis.skipped)
-    say_adaptor(diagnosis.context.environment)
     functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
     with framework_warnings_silenced():  # megatron-core's import-time Apex/TE warnings, in the ranks too (forked)
         plan, skipped = verification.plan_replay(
             diagnosis, diagnosis.context.knowledge, ranks=4 if ranks is None else ranks, mode=mode.value, probe=probe,
             timeout=timeout, functions=functions, parameters=fixes.parameter_roles(parameter or []),
         )
+        say_adaptor(diagnosis.context.environment)
         with _phases_on_terminal(plan.world_size) as progress:
             outcome = verification.verify(plan, skipped, progress)
     if outcome is None:  # a torchrun rank other than 0: rank 0 reports

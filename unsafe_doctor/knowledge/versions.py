@@ -141,7 +141,7 @@ def _adaptor_and_profile(
     profile, source = chooser.fallback(logged)
     why = {"log": "the log's lines show this generation", "version": "the MindSpeed-LLM version found",
            "default": "nothing else told: the current in-tree adaptor"}[source]
-    return None, "none found under the source roots", _Choice(profile, source, why)
+    return None, "none under the source roots" if own_roots else "no source root to look under", _Choice(profile, source, why)
 
 
 def profiles_in_log(knowledge: KnowledgeBase, texts: Iterable[str]) -> tuple[AdaptorProfile, ...]:

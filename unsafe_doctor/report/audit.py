@@ -247,7 +247,7 @@ def _summary(audit: Audit, elapsed: float) -> Text:
         pieces.append(f"{counts['fixable']} with a fix (--fix)")
     pieces.append(counted(audit.files, "file"))
     if environment.adaptor is not None:
-        pieces.append(f"adaptor {printable(str(environment.adaptor))} ({environment.profile.id})")
+        pieces.append(f"adaptor {printable(str(environment.adaptor))} ({environment.profile.id}; {environment.adaptor_why})")
     for name, version in environment.versions.items():
         pieces.append(f"{name} {version}")
     pieces.append(f"{elapsed:.2f} s")

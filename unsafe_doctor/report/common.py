@@ -140,6 +140,7 @@ def frameworks_json(environment: Environment) -> dict[str, dict[str, str]]:
 def adaptor_json(environment: Environment) -> dict[str, str | None]:
     return {
         "file": str(environment.adaptor) if environment.adaptor else None,
+        "found": environment.adaptor_why,
         "profile": environment.profile.id,
         "profile_from": environment.profile_from,
     }
