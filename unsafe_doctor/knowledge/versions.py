@@ -48,7 +48,6 @@ from unsafe_doctor.source.files import (
     is_internal_file,
     python_files,
     read_source,
-    shown_path,
 )
 from unsafe_doctor.source.syntax import Function, ImportedName, import_bindings, same_target
 from unsafe_doctor.source.workspace import SourceFile, Workspace
@@ -351,7 +350,7 @@ class _ProfileChooser:
                 if text is not None and any(all(f"def {name}(" in text for name in names) for names in wanted):
                     functions = self._functions(path)
                     if any(all(name in functions for name in names) for names in wanted):
-                        yield shown_path(path)
+                        yield path  # as the root was given: relative, or absolute
 
     def best_for(self, adaptor: Path) -> _Choice:
         """The profile the adaptor fits best; profiles that fit it exactly as well are `tied`: the
