@@ -9,18 +9,21 @@ negatives (a CPU tensor, a local variable, a constant) that must not be reported
 from __future__ import annotations
 
 import importlib.util
+import io
 import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
 from conftest import ROUTER_MODULE
+from rich.console import Console
 
 from unsafe_doctor.adaptor.audit_fixes import plan_fixes
 from unsafe_doctor.adaptor.fix import apply
 from unsafe_doctor.audit.model import Audit, AuditedHolder
 from unsafe_doctor.audit.run import audit
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.report import audit as audit_report
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
@@ -250,6 +253,66 @@ def test_global_assigned_in_a_function(tmp_path):
     result = audit([tree])
     assert names(result) == {"pkg.state._EMA"}
     assert held(result, "pkg.state._EMA").holder.placement == "unknown"  # device is a parameter
+
+
+def test_a_global_only_a_checkpoint_converter_uses_is_left_out_and_said(tmp_path):
+    """As MindSpeed-LLM's convert_hf2mg: the converter keeps the embedding between two of its own
+    steps; training imports the converter to convert at load, never reads the global in a step."""
+    tree = package(tmp_path, {
+        "convert_hf2mg.py": """
+            import torch
+
+            OUTPUT_WEIGHTS = None
+
+            class Hf2Mg:
+                def pre(self, weights):
+                    global OUTPUT_WEIGHTS
+                    OUTPUT_WEIGHTS = weights.pop("emb").to("npu").clone()
+
+                def post(self):
+                    return OUTPUT_WEIGHTS.clone()
+            """,
+        "convert_shared.py": """
+            import torch
+
+            SHARED = torch.zeros(4, device="npu")
+            """,
+        "checkpointing.py": """
+            from pkg.convert_hf2mg import Hf2Mg
+            from pkg.convert_shared import SHARED
+
+            def load(weights):
+                Hf2Mg().pre(weights)
+
+            def step(x):
+                return x + SHARED
+            """,
+    })
+    result = audit([tree])
+    assert result.conversion_only == ("pkg.convert_hf2mg.OUTPUT_WEIGHTS",)
+    assert names(result) == {"pkg.convert_shared.SHARED"}  # read by training: kept, converter or not
+    console = Console(width=300, file=io.StringIO(), record=True)
+    console.print(audit_report.to_text(result, 0.0))
+    text = console.export_text()
+    assert "left out 1 global that only a checkpoint converter writes and reads" in text
+    assert "pkg.convert_hf2mg.OUTPUT_WEIGHTS" in text
+    assert audit_report.to_json(result)["conversion_only"] == ["pkg.convert_hf2mg.OUTPUT_WEIGHTS"]
+    rules = tmp_path / "converter_rule.yaml"
+    rules.write_text(textwrap.dedent("""\
+        rules:
+          - id: team.converter
+            title: Our converter's weights do live across steps
+            match: {variable: OUTPUT_WEIGHTS}
+            scenario: 1
+            phase: rollback
+            fix:
+              code: |
+                OUTPUT_WEIGHTS = None
+            reason: Named by the team.
+        """))
+    named = audit([tree], rule_paths=[rules])
+    assert named.conversion_only == ()
+    assert names(named) == {"pkg.convert_shared.SHARED", "pkg.convert_hf2mg.OUTPUT_WEIGHTS"}
 
 
 def test_placement_of_each_way_a_tensor_is_made(tmp_path):

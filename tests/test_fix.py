@@ -221,6 +221,26 @@ def test_block_goes_before_a_trailing_return_and_its_comment(tmp_path, produced_
     assert plan.notes == ()
 
 
+def test_a_comment_closing_the_block_before_the_return_stays_with_that_block(tmp_path, produced_logs):
+    """A comment as deep as the `else:` body ends that body; the lines after it, the return's own
+    comment among them, still come after the fix."""
+    adaptor = custom_adaptor(tmp_path, '''\
+        def feature_rollback(args=None):
+            if args:
+                args.reset()
+            else:
+                pass
+                # nothing to reset without args
+
+            # report success
+            return args
+        ''')
+    plan = plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
+    text = plan.edits[0].updated.decode()
+    assert "        # nothing to reset without args\n    # unsafe-doctor: begin" in text
+    assert "# unsafe-doctor: end generic.reinitialise:toytrain.state.LOSS_LOG\n\n    # report success\n    return args\n" in text
+
+
 def test_a_second_fix_into_a_function_goes_after_the_first_block(tmp_path, produced_logs):
     """A later run's block goes after the end marker of a block already at the function's end, not
     inside it (where the markers would nest and the file could no longer be reverted)."""
@@ -800,3 +820,25 @@ def test_the_question_names_the_file_asks_again_and_ctrl_c_says_nothing_was_writ
     assert screen.count("? [y/N]: ") == 2  # asked again
     assert "\r\nunsafe-doctor: stopped at the question: what it asked about was not written" in screen, screen
     assert not markers(adaptor.read_bytes()) and not adaptor.with_name(adaptor.name + BACKUP_SUFFIX).exists()
+
+
+def test_a_local_the_function_keeps_is_renamed_in_the_block_a_lambdas_parameter_too(tmp_path):
+    rules = tmp_path / "lambda_rule.yaml"
+    rules.write_text(textwrap.dedent("""\
+        rules:
+          - id: team.ema
+            title: A rule whose code assigns a name the function reads after it
+            match: {variable: _EMA_GRAD_NORM}
+            scenario: 1
+            phase: rollback
+            fix:
+              code: |
+                seed = 1  # a comment kept
+                _EMA_GRAD_NORM.fill_((lambda seed: seed)(seed))
+            reason: The block's seed is not the function's.
+        """))
+    adaptor = custom_adaptor(tmp_path, "def feature_rollback():\n    seed = 0\n    return seed\n")
+    plan = plan_for(EMA, adaptor, source_roots=(FRAMEWORK,), rules=(rules,))
+    text = plan.edits[0].updated.decode()
+    assert "    seed_ = 1  # a comment kept\n    _EMA_GRAD_NORM.fill_((lambda seed_: seed_)(seed_))\n" in text
+    assert text.endswith("    return seed\n")

@@ -231,7 +231,7 @@ def test_only_plain_dotted_names_reach_generated_code(name, safe):
 
 
 def test_every_shipped_knowledge_file_meets_the_schema():
-    """load_knowledge skips the schema for shipped files, so this test is what holds them to it."""
+    """load_knowledge skips the schema and the alias bound for shipped files, so this test is what holds them to both."""
     from unsafe_doctor.knowledge.loading import shipped_knowledge_dir
 
     assert validate_files([shipped_knowledge_dir()]) == []

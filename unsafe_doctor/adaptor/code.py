@@ -1,7 +1,7 @@
 """The user's recovery adaptor as code: its files, their functions, the blocks unsafe-doctor wrote.
 
 The adaptor is the file given (or found by the adaptor profile) and the profile's sibling files
-beside it. Each is read once as bytes and parsed with libcst, so that an edit can be spliced in at
+beside it. Each is read once as bytes and parsed with `ast`, so that an edit can be spliced in at
 a line boundary: for every function, the line a block goes before (a trailing `return`, else the
 end of the body), its indentation, parameters, early returns and the process group it builds
 itself. Blocks are read back between their `# unsafe-doctor: begin/end <key>` markers.
@@ -12,15 +12,13 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
-
-from unsafe_doctor.adaptor.scope import FunctionNames, ModuleNames, find_function, function_names, module_names
+from unsafe_doctor.adaptor.scope import Function, FunctionNames, ModuleNames, find_function, function_names, module_names
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.versions import Environment, profile_files
 from unsafe_doctor.source.files import package_of, shown_path
@@ -149,15 +147,12 @@ def _parsed_source(path: Path, data: bytes) -> AdaptorSource:
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
         text = data.decode(encoding)
-        wrapper = MetadataWrapper(cst.parse_module(text))
-    except (SyntaxError, UnicodeDecodeError, LookupError, cst.ParserSyntaxError) as error:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, UnicodeDecodeError, LookupError, RecursionError, MemoryError) as error:
         raise UsageError(f"adaptor {path} is not valid Python: {str(error).splitlines()[0]}") from None
     lines = tuple(data.splitlines(keepends=True))
-    positions = wrapper.resolve(PositionProvider)
-    collector = _FunctionCollector()
-    wrapper.module.visit(collector)
     text_lines = [line.decode(encoding) for line in lines]
-    functions = tuple(_describe(node, positions, text_lines, path) for node in collector.found)
+    functions = tuple(_describe(node, text_lines, path) for node in _functions(tree))
     return AdaptorSource(path, str(path), data, encoding, _newline(lines), lines, functions)
 
 
@@ -169,95 +164,140 @@ def _newline(lines: Sequence[bytes]) -> str:
     return "\n"
 
 
-class _FunctionCollector(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.found: list[cst.FunctionDef] = []
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.found.append(node)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_TRY = (ast.Try, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))  # try/except* from Python 3.11
 
 
-class _ReturnCollector(cst.CSTVisitor):
+def _functions(node: ast.AST) -> Iterator[Function]:
+    """Every function of the tree, top to bottom (a function before those it defines)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield child
+        yield from _functions(child)
+
+
+def _returns(node: ast.AST) -> Iterator[ast.Return]:
     """Returns of one function, not those of the functions and classes it defines."""
-
-    def __init__(self) -> None:
-        self.found: list[cst.Return] = []
-
-    def visit_Return(self, node: cst.Return) -> None:
-        self.found.append(node)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        return False
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.Return):
+            yield child
+        elif not isinstance(child, _SCOPES):
+            yield from _returns(child)
 
 
-def _describe(
-    node: cst.FunctionDef, positions: Mapping[cst.CSTNode, CodeRange], text_lines: list[str], path: Path
-) -> AdaptorFunction:
+def _describe(node: Function, text_lines: list[str], path: Path) -> AdaptorFunction:
     """Where a block goes in this function, how it is indented, what the function takes."""
-    start, end = positions[node].start, positions[node].end
-    parameters = frozenset(_parameter_names(node.params))
-    if not isinstance(node.body, cst.IndentedBlock):
-        return AdaptorFunction(node.name.value, path, start.line, end.line, parameters, "", INDENT, None, (), None)
-    body = node.body.body
-    first = positions[body[0]].start
-    indent = text_lines[first.line - 1][: first.column]
-    def_indent = text_lines[start.line - 1][: start.column]
+    parameters = frozenset(_parameter_names(node.args))
+    first_line, last_line = node.lineno, node.end_lineno or node.lineno
+    body = node.body
+    if _shares_line(body[0], text_lines):  # `def f(): pass`: no line of its own to put a block before
+        return AdaptorFunction(node.name, path, first_line, last_line, parameters, "", INDENT, None, (), None)
+    indent = _indent(text_lines[body[0].lineno - 1])
+    def_indent = _indent(text_lines[first_line - 1])
     unit = indent[len(def_indent):] if indent.startswith(def_indent) and len(indent) > len(def_indent) else INDENT
-    last = body[-1]
-    trailing_return = _as_return(last)
-    if trailing_return is not None:
-        insert_at = positions[last].start.line - 1 - len(trailing_return.leading_lines)
+    last_row = [statement for statement in body if statement.lineno == body[-1].lineno]
+    trailing = [statement for statement in last_row if isinstance(statement, ast.Return)]
+    if trailing:
+        before = body[len(body) - len(last_row) - 1] if len(body) > len(last_row) else None
+        insert_at = last_row[0].lineno - 1 - _leading_lines(text_lines, last_row[0].lineno, before)
     else:
-        insert_at = positions[last].end.line
-    returns = _ReturnCollector()
-    node.body.visit(returns)
-    trailing = set(trailing_return.body) if trailing_return is not None else set()
-    early = tuple(positions[ret].start.line for ret in returns.found if ret not in trailing)
+        insert_at = body[-1].end_lineno or body[-1].lineno
+    early = tuple(ret.lineno for ret in _returns(node) if ret not in trailing)
     group = _own_group(body)
-    return AdaptorFunction(node.name.value, path, start.line, end.line, parameters, indent, unit, insert_at, early, group)
+    return AdaptorFunction(node.name, path, first_line, last_line, parameters, indent, unit, insert_at, early, group)
 
 
-def _parameter_names(params: cst.Parameters) -> Iterable[str]:
-    for param in (*params.posonly_params, *params.params, *params.kwonly_params):
-        yield param.name.value
-    for star in (params.star_arg, params.star_kwarg):
-        if isinstance(star, cst.Param):
-            yield star.name.value
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
 
 
-def _as_return(statement: cst.BaseStatement) -> cst.SimpleStatementLine | None:
-    """The statement when it is a line that returns."""
-    if isinstance(statement, cst.SimpleStatementLine) and any(isinstance(small, cst.Return) for small in statement.body):
-        return statement
-    return None
+def _shares_line(statement: ast.stmt, text_lines: list[str]) -> bool:
+    """Whether code comes before the statement on its line (the `def` or another statement)."""
+    prefix = text_lines[statement.lineno - 1].encode()[: statement.col_offset]  # ast counts UTF-8 bytes
+    return bool(prefix.strip())
 
 
-def _own_group(body: Sequence[cst.BaseStatement]) -> str | None:
+def _leading_lines(text_lines: list[str], line: int, before: ast.stmt | None) -> int:
+    """How many blank and comment lines just above `line` (1-based) go with the statement there, not
+    with the block the statement before it ends in: a comment indented as deep as that block, and
+    all above it, stay with the block, so that a fix goes between the block and the return's own
+    comments."""
+    if before is not None:
+        first = before.end_lineno or before.lineno  # 0-based index of the line after it
+    else:
+        first = line - 1
+        while first > 0 and _blank_or_comment(text_lines[first - 1]):
+            first -= 1
+    between = range(first, line - 1)
+    depth = _last_block_indent(before, text_lines) if before is not None else None
+    if depth is not None:
+        deep = [index for index in between if _as_deep(text_lines[index], depth)]
+        if deep:
+            return line - 2 - deep[-1]
+    return len(between)
+
+
+def _as_deep(line: str, depth: str) -> bool:
+    """A comment, or a line of spaces alone, indented at least `depth`."""
+    content = line.rstrip("\r\n")
+    code = content.lstrip()
+    return (code.startswith("#") or (not code and bool(content))) and len(content) - len(code) >= len(depth)
+
+
+def _blank_or_comment(line: str) -> bool:
+    stripped = line.strip()
+    return not stripped or stripped.startswith("#")
+
+
+def _last_block_indent(statement: ast.stmt, text_lines: list[str]) -> str | None:
+    """The indentation of the indented block a compound statement ends in (`else:`'s for an if that
+    has one); None for a simple statement or one whose last block sits on its header's line."""
+    block: list[ast.stmt] | None = None
+    if isinstance(statement, ast.If):
+        if statement.orelse and text_lines[statement.orelse[0].lineno - 1].lstrip().startswith("elif"):
+            return _last_block_indent(statement.orelse[0], text_lines)
+        block = statement.orelse or statement.body
+    elif isinstance(statement, (ast.For, ast.AsyncFor, ast.While)):
+        block = statement.orelse or statement.body
+    elif isinstance(statement, _TRY):
+        block = statement.finalbody or statement.orelse or (statement.handlers[-1].body if statement.handlers else statement.body)
+    elif isinstance(statement, ast.Match):  # its block is that of the `case` lines
+        return _indent(text_lines[statement.cases[0].pattern.lineno - 1])
+    elif isinstance(statement, (ast.With, ast.AsyncWith, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        block = statement.body
+    if not block or _shares_line(block[0], text_lines):
+        return None
+    return _indent(text_lines[block[0].lineno - 1])
+
+
+def _parameter_names(arguments: ast.arguments) -> Iterable[str]:
+    for argument in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg):
+        if argument is not None:
+            yield argument.arg
+
+
+def _own_group(body: Sequence[ast.stmt]) -> str | None:
     """The local a function binds to a process group it builds itself (`g = dist.new_group(...)`):
     the repair traffic of that adaptor goes over it, whatever the profile's group getter says."""
+    rows = Counter(statement.lineno for statement in body)
     names = []
     for statement in body:
-        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-            continue
-        assign = statement.body[0]
         if (
-            isinstance(assign, cst.Assign)
-            and len(assign.targets) == 1
-            and isinstance(assign.targets[0].target, cst.Name)
-            and isinstance(assign.value, cst.Call)
-            and _callee_name(assign.value.func) == "new_group"
+            isinstance(statement, ast.Assign)
+            and rows[statement.lineno] == 1
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+            and isinstance(statement.value, ast.Call)
+            and _callee_name(statement.value.func) == "new_group"
         ):
-            names.append(assign.targets[0].target.value)
+            names.append(statement.targets[0].id)
     return names[-1] if names else None
 
 
-def _callee_name(callee: cst.BaseExpression) -> str | None:
-    if isinstance(callee, cst.Name):
-        return callee.value
-    return callee.attr.value if isinstance(callee, cst.Attribute) else None
+def _callee_name(callee: ast.expr) -> str | None:
+    if isinstance(callee, ast.Name):
+        return callee.id
+    return callee.attr if isinstance(callee, ast.Attribute) else None
 
 
 @dataclass(frozen=True)

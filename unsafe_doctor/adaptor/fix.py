@@ -42,8 +42,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-import libcst as cst
-
 from unsafe_doctor.adaptor.code import (
     INDENT,
     ROLES,
@@ -556,9 +554,8 @@ def _checked_edit(
 ) -> FileEdit:
     """The edit, once the new content parses and compiles."""
     try:
-        cst.parse_module(updated.decode(source.encoding))
         compile(updated, str(source.path), "exec", dont_inherit=True)
-    except (SyntaxError, ValueError, cst.ParserSyntaxError) as error:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
         reason = f"{error.msg}, line {error.lineno}" if isinstance(error, SyntaxError) else str(error).splitlines()[0]
         raise UsageError(f"{source.shown}: the edited file would not compile ({reason}): nothing written") from None
     digest = hashlib.sha256(source.data).hexdigest()

@@ -13,17 +13,17 @@ The rule's code names its roles (`train_args`, `src_ranks`), the profile's repai
   makes it local to the function, so a name the function reads otherwise gets another name;
 * a name the block assigns that the function still needs (`kept`) gets another name too.
 
-Nothing here reads or writes files: `fix` hands in what it parsed.
+The code is edited as text, where `ast` places the names and expressions to replace, so that the
+rule's own layout and comments stay as written. Nothing here reads or writes files: `fix` hands in
+what it parsed.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-
-import libcst as cst
 
 from unsafe_doctor.adaptor.code import INDENT, AdaptorFunction, Site
 from unsafe_doctor.errors import UsageError
@@ -53,33 +53,30 @@ def render(
 ) -> Rendered:
     """`what` names the block in refusals (its marker key)."""
     notes: list[str] = []
-    tree = _parse(code, imports, what)
+    _parse(code, imports, what)
     needed = _needed(imports)
     own_group: str | None = None
     if scenario == 2:
         expression, own_group, note = _group(site, profile, group)
         if expression != profile.repair_group:
-            tree = _replace_expression(tree, profile.repair_group, expression)
+            code = _replace_expression(code, profile.repair_group, expression)
             needed = {name: target for name, target in needed.items() if not _is_group_import(name, target, profile)}
         if note:
             notes.append(note)
-    tree = _roles(tree, site.function, profile, what)
-    body = tree.code.rstrip("\n").split("\n")
+    code = _roles(code, site.function, profile, what)
     if scenario == 2:
-        body = _rank_loop(body, site, profile)
-        tree = cst.parse_module("\n".join(body) + "\n")
-    tree, needed = _from_file(tree, needed, site)
-    tree, import_lines = _imports(tree, needed, site)
-    tree = _own_locals(tree, site, set(needed) | _names_outside(site, profile))
-    lines = [*import_lines, *tree.code.rstrip("\n").split("\n")]
+        code = "\n".join(_rank_loop(code.rstrip("\n").split("\n"), site, profile)) + "\n"
+    code, needed = _from_file(code, needed, site)
+    code, import_lines = _imports(code, needed, site)
+    code = _own_locals(code, site, set(needed) | _names_outside(site, profile))
+    lines = [*import_lines, *code.rstrip("\n").split("\n")]
     return Rendered(lines, tuple(notes), own_group)
 
 
-def _parse(code: str, imports: Iterable[str], what: str) -> cst.Module:
+def _parse(code: str, imports: Iterable[str], what: str) -> None:
     try:
         ast.parse("\n".join([*imports, code]))
-        return cst.parse_module(code)
-    except (SyntaxError, cst.ParserSyntaxError) as error:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
         raise UsageError(f"the fix {what} is not valid Python: {str(error).splitlines()[0]}") from None
 
 
@@ -147,30 +144,31 @@ def _group_local(site: Site) -> str | None:
     return found
 
 
-def _replace_expression(tree: cst.Module, expression: str, replacement: str) -> cst.Module:
-    wanted = cst.parse_expression(expression)
-    new = cst.parse_expression(replacement)
+def _replace_expression(code: str, expression: str, replacement: str) -> str:
+    """Every occurrence of the expression (the same tree: `get_repair_group()`) replaced."""
+    wanted = ast.dump(ast.parse(expression, mode="eval").body)
 
-    class Replacer(cst.CSTTransformer):
-        def on_leave(self, original_node, updated_node):
-            if isinstance(original_node, cst.BaseExpression) and original_node.deep_equals(wanted):
-                return new
-            return updated_node
+    def found(node: ast.AST) -> Iterator[ast.expr]:
+        if isinstance(node, ast.expr) and ast.dump(node) == wanted:
+            yield node
+            return
+        for child in ast.iter_child_nodes(node):
+            yield from found(child)
 
-    return tree.visit(Replacer())
+    return _edited(code, [(_span(node), replacement) for node in found(ast.parse(code))])
 
 
 # --- roles and ranks -------------------------------------------------------------------------------
 
 
-def _roles(tree: cst.Module, function: AdaptorFunction, profile: AdaptorProfile, what: str) -> cst.Module:
+def _roles(code: str, function: AdaptorFunction, profile: AdaptorProfile, what: str) -> str:
     """Each role the code reads (`train_args`) replaced by the function's parameter for it."""
-    read = _names_read(tree)
+    read = _names_read(code)
     mapping = {}
     for role in PARAMETER_ROLES:
         if role in read:
             mapping[role] = _parameter(profile, role, function, what)
-    return _rename(tree, {role: name for role, name in mapping.items() if name != role})
+    return _rename(code, {role: name for role, name in mapping.items() if name != role})
 
 
 def _parameter(profile: AdaptorProfile, role: str, function: AdaptorFunction, what: str) -> str:
@@ -191,8 +189,7 @@ def _rank_loop(body: list[str], site: Site, profile: AdaptorProfile) -> list[str
     source = _parameter(profile, "src_ranks", site.function, "a replica copy")
     destination = _parameter(profile, "dest_ranks", site.function, "a replica copy")
     if not profile.ranks_are_lists:
-        tree = _rename(cst.parse_module("\n".join(body) + "\n"), {SOURCE_RANK: source, DEST_RANK: destination})
-        return tree.code.rstrip("\n").split("\n")
+        return _rename("\n".join(body) + "\n", {SOURCE_RANK: source, DEST_RANK: destination}).rstrip("\n").split("\n")
     shadowed = [name for name in PAIR_LOOP_NAMES if name in site.module.bound or name in site.names.assigned]
     if shadowed:
         raise UsageError(f"{site.function.path}: the file binds {', '.join(shadowed)}, which the block's rank loop reads "
@@ -204,7 +201,7 @@ def _rank_loop(body: list[str], site: Site, profile: AdaptorProfile) -> list[str
 # --- names from the file, imports, the block's own locals ------------------------------------------
 
 
-def _from_file(tree: cst.Module, needed: dict[str, str], site: Site) -> tuple[cst.Module, dict[str, str]]:
+def _from_file(code: str, needed: dict[str, str], site: Site) -> tuple[str, dict[str, str]]:
     """Every dotted name the code reads through an import, read from the file's module-level name for
     its longest part the file binds (`torch.distributed.send` -> `dist.send`); the imports still read."""
     module, assigned = site.module, site.names.assigned
@@ -213,30 +210,27 @@ def _from_file(tree: cst.Module, needed: dict[str, str], site: Site) -> tuple[cs
         name = module.local_for(dotted)
         return name if name is not None and name not in assigned else None
 
-    class FromFile(cst.CSTTransformer):
-        def leave_Attribute(self, original_node, updated_node):
-            dotted = _dotted(original_node)
-            if dotted is not None and dotted.split(".")[0] in needed:
-                root, _, rest = dotted.partition(".")
-                local = bound(f"{needed[root]}.{rest}")
-                if local is not None:
-                    return cst.Name(local)
-            return updated_node.with_changes(attr=original_node.attr)
+    def read_through_import(node: ast.Name | ast.Attribute) -> str | None:
+        root, _, rest = (_dotted(node) or "").partition(".")
+        if root not in needed:
+            return None
+        return bound(f"{needed[root]}.{rest}" if rest else needed[root])
 
-        def leave_Name(self, original_node, updated_node):
-            target = needed.get(original_node.value)
-            local = bound(target) if target is not None else None
-            return cst.Name(local) if local is not None else updated_node
+    def replaced(node: ast.AST) -> Iterator[tuple[_Span, str]]:
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            local = read_through_import(node)
+            if local is not None:
+                yield _span(node), local
+                return
+        for child in ast.iter_child_nodes(node):
+            yield from replaced(child)
 
-        def leave_Arg(self, original_node, updated_node):
-            return updated_node.with_changes(keyword=original_node.keyword)
-
-    tree = tree.visit(FromFile())
-    read = _names_read(tree)
-    return tree, {name: target for name, target in needed.items() if name in read and bound(target) is None}
+    code = _edited(code, list(replaced(ast.parse(code))))
+    read = _names_read(code)
+    return code, {name: target for name, target in needed.items() if name in read and bound(target) is None}
 
 
-def _imports(tree: cst.Module, needed: dict[str, str], site: Site) -> tuple[cst.Module, list[str]]:
+def _imports(code: str, needed: dict[str, str], site: Site) -> tuple[str, list[str]]:
     """An import line for each name the file does not bind; one the function reads or keeps otherwise is
     imported under another name (`as torch_`), since an import in a function binds a local."""
     lines, renamed = [], {}
@@ -251,15 +245,15 @@ def _imports(tree: cst.Module, needed: dict[str, str], site: Site) -> tuple[cst.
             lines.append(f"from {module} import {last}" + (f" as {alias}" if alias != name else ""))
         else:
             lines.append(f"import {target} as {alias}")
-    return _rename(tree, renamed), lines
+    return _rename(code, renamed), lines
 
 
-def _own_locals(tree: cst.Module, site: Site, outside: set[str]) -> cst.Module:
+def _own_locals(code: str, site: Site, outside: set[str]) -> str:
     """The names the block assigns, renamed where the function still needs them."""
-    nodes = ast.walk(ast.parse(tree.code))
+    nodes = ast.walk(ast.parse(code))
     assigned = {node.id for node in nodes if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)}
     renamed = {name: _free_name(name, site, outside) for name in assigned if name in site.names.kept or name in outside}
-    return _rename(tree, renamed)
+    return _rename(code, renamed)
 
 
 def _names_outside(site: Site, profile: AdaptorProfile) -> set[str]:
@@ -275,36 +269,62 @@ def _free_name(name: str, site: Site, also: set[str] = frozenset()) -> str:  # t
     return candidate
 
 
-# --- libcst helpers --------------------------------------------------------------------------------
+# --- editing the code where ast places it ----------------------------------------------------------
 
 
-def _names_read(tree: cst.Module) -> set[str]:
-    return {node.id for node in ast.walk(ast.parse(tree.code)) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+def _names_read(code: str) -> set[str]:
+    return {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
 
 
-def _dotted(node: cst.BaseExpression) -> str | None:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
         base = _dotted(node.value)
-        return f"{base}.{node.attr.value}" if base is not None else None
+        return f"{base}.{node.attr}" if base is not None else None
     return None
 
 
-def _rename(tree: cst.Module, mapping: dict[str, str]) -> cst.Module:
-    """Names (not attributes, not keywords) renamed; a value may be an expression (`args.src_ranks`)."""
+def _rename(code: str, mapping: dict[str, str]) -> str:
+    """Names (not attributes, not keywords) renamed, a lambda's parameters too; a value may be an
+    expression (`args.src_ranks`)."""
     if not mapping:
-        return tree
+        return code
+    edits: list[tuple[_Span, str]] = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name) and node.id in mapping:
+            edits.append((_span(node), mapping[node.id]))
+        elif isinstance(node, ast.arg) and node.arg in mapping:
+            edits.append((_Span(node.lineno, node.col_offset, node.lineno, node.col_offset + len(node.arg.encode())),
+                          mapping[node.arg]))
+    return _edited(code, edits)
 
-    class Renamer(cst.CSTTransformer):
-        def leave_Name(self, original_node, updated_node):
-            new = mapping.get(original_node.value)
-            return cst.parse_expression(new) if new is not None else updated_node
 
-        def leave_Attribute(self, original_node, updated_node):
-            return updated_node.with_changes(attr=original_node.attr)
+@dataclass(frozen=True)
+class _Span:
+    """Where a part of a node is: ast's positions (1-based lines, UTF-8 byte columns)."""
 
-        def leave_Arg(self, original_node, updated_node):
-            return updated_node.with_changes(keyword=original_node.keyword)
+    lineno: int
+    col_offset: int
+    end_lineno: int
+    end_col_offset: int
 
-    return tree.visit(Renamer())
+
+def _span(node: ast.expr | ast.stmt) -> _Span:
+    assert node.end_lineno is not None and node.end_col_offset is not None, "ast.parse places every node it makes"
+    return _Span(node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
+
+
+def _edited(code: str, edits: list[tuple[_Span, str]]) -> str:
+    """The code with each node's text replaced; the nodes do not overlap."""
+    lines = code.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def offset(line: int, column: int) -> int:  # ast's byte column -> index into `code`
+        return starts[line - 1] + len(lines[line - 1].encode()[:column].decode())
+
+    for span, text in sorted(edits, key=lambda edit: (edit[0].lineno, edit[0].col_offset), reverse=True):
+        code = code[: offset(span.lineno, span.col_offset)] + text + code[offset(span.end_lineno, span.end_col_offset) :]
+    return code

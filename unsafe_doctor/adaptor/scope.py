@@ -116,8 +116,7 @@ def function_names(function: Function, insert_line: int) -> FunctionNames:
 
 
 def find_function(tree: ast.Module, name: str, first_line: int) -> Function:
-    """The function `name` whose `def` is at `first_line` (libcst and ast agree on the `def` line
-    when there are no decorators; with decorators libcst starts at the first one)."""
+    """The function `name` whose `def` (or one of its decorators) is at `first_line`."""
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             start = min([node.lineno, *(decorator.lineno for decorator in node.decorator_list)])

@@ -243,6 +243,21 @@ def _writes(use: Use) -> bool:
     return False
 
 
+def conversion_only(holder: Holder, rules: Sequence[Rule]) -> bool:
+    """A global of a checkpoint converter (`convert.py`, `convert_*.py`) that only its own module
+    writes and reads, none imports and no rule names: conversion runs at load or offline, never in
+    a training step, so recovery never meets what it keeps (MindSpeed-LLM's `convert_hf2mg`, which
+    `training/checkpointing.py` calls when it loads Hugging Face weights)."""
+    name = holder.module.rpartition(".")[2]
+    if name != "convert" and not name.startswith("convert_"):
+        return False
+    named = (match for rule in rules for match in rule.matches if match.variable or match.variable_regex)  # not a frame's
+    if any(match.names(holder.variable, holder.module, holder.owner) for match in named):
+        return False
+    home = holder.definition.file
+    return not holder.importers and all(site.file == home for site in (*holder.evidence, *holder.writers, *holder.readers))
+
+
 def named_by_rules(found: ScanFindings, holders: Sequence[Holder]) -> list[Holder]:
     """Globals of the audited modules that a rule names (by name or pattern, in a module or a module
     glob; module globals, and attributes of a class, its own or set on `self`) and the scan did not

@@ -79,6 +79,7 @@ class Audit:
     context: RunContext  # the knowledge, the scan's workspace and the environment the holders were judged with
     stale: tuple[StaleReset, ...]
     notes: tuple[str, ...]
+    conversion_only: tuple[str, ...]  # globals left out: only a checkpoint converter uses them (`holders.conversion_only`)
 
     @property
     def uncovered(self) -> tuple[AuditedHolder, ...]:

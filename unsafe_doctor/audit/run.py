@@ -15,7 +15,7 @@ from pathlib import Path
 from unsafe_doctor.audit.bridge import classification
 from unsafe_doctor.audit.coverage import CoverageJudge
 from unsafe_doctor.audit.halves import Worker, shared_out
-from unsafe_doctor.audit.holders import ScanFindings, holders, named_by_rules, scan_module
+from unsafe_doctor.audit.holders import ScanFindings, conversion_only, holders, named_by_rules, scan_module
 from unsafe_doctor.audit.index import Index, ModuleInfo, audited_files
 from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Progress, Site, Stage
 from unsafe_doctor.audit.resolve import Accessors
@@ -67,7 +67,9 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
             progress("reading", done, len(files))
         found = ScanFindings()
         unreadable = _scan(files, index, accessors, knowledge.rules, found, progress)
-        framework = holders(found, index)
+        scanned = holders(found, index)
+        conversion = tuple(holder.name for holder in scanned if conversion_only(holder, knowledge.rules))
+        framework = [holder for holder in scanned if holder.name not in conversion]
         framework += named_by_rules(found, framework)
         index.let_go()
         collection.scanned()
@@ -92,7 +94,7 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
             audited.append(AuditedHolder(holder, verdict, classified, subject))
     audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
     stale = stale_resets(environment.adaptor, environment.profile, environment, index.workspace) if environment.adaptor else []
-    return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), context, tuple(stale), tuple(notes))
+    return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), context, tuple(stale), tuple(notes), conversion)
 
 
 @dataclass

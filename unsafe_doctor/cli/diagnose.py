@@ -62,7 +62,7 @@ def command(
 
 
 def _previews(diagnosis: Diagnosis) -> list[tuple[Preview, ...]]:
-    """Each finding's fix blocks as `fix` writes them; libcst is loaded only when a finding has one."""
+    """Each finding's fix blocks as `fix` writes them; the adaptor code is loaded only when a finding has one."""
     from unsafe_doctor.knowledge.classify import Classified, FixPlan
 
     if not any(isinstance(item.classification, Classified) and isinstance(item.classification.fix, FixPlan)

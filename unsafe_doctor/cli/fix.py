@@ -61,7 +61,7 @@ def command(
 
     Exit 0: written, nothing to do, or --dry-run; 1: a fix left unwritten; 2: refused.
     """
-    from unsafe_doctor.adaptor import fix as fixes  # libcst takes a second to load: diagnose does without it
+    from unsafe_doctor.adaptor import fix as fixes
     from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
     from unsafe_doctor.diagnose.pipeline import diagnose
     from unsafe_doctor.knowledge.context import groundwork

@@ -60,7 +60,7 @@ def install(
 
     Exit 0: written, already there, or --dry-run; 1: not applied; 2: refused.
     """
-    from unsafe_doctor.adaptor import fix as fixes  # libcst takes a second to load
+    from unsafe_doctor.adaptor import fix as fixes
     from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
     from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
     from unsafe_doctor.knowledge.context import groundwork

@@ -97,7 +97,7 @@ def _fix_each(
     diagnosis: Diagnosis, invocation: Invocation, adaptor: Path, terminal: prompts.Terminal | None, *, yes: bool
 ) -> list[DiagnosedFinding]:
     """Each finding's fix shown, then written or not; the findings whose fix was written."""
-    from unsafe_doctor.adaptor import fix as fixes  # libcst is loaded only when a fix is offered
+    from unsafe_doctor.adaptor import fix as fixes  # loaded only when a fix is offered
 
     applied = []
     for item, fix in _fixable(diagnosis, terminal):

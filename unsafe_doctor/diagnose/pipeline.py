@@ -8,12 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-from unsafe_doctor.audit.stale import StaleReset, stale_resets
 from unsafe_doctor.diagnose import sentinel_findings
 from unsafe_doctor.diagnose.locate import Finding, is_unsafe_error, locate
-from unsafe_doctor.diagnose.suspects import Shortlist, shortlist
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import Classification, classify, classify_cache
 from unsafe_doctor.knowledge.context import Groundwork, RunContext
@@ -28,6 +26,10 @@ from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.recovery import LossScaling, MindioForm, Phase, RecoveryContext
 from unsafe_doctor.log.sentinel_lines import MARKER, Summary
 from unsafe_doctor.log.tracebacks import Traceback, parse_tracebacks
+
+if TYPE_CHECKING:  # loaded when needed: an adaptor to check, an error without a traceback
+    from unsafe_doctor.audit.stale import StaleReset
+    from unsafe_doctor.diagnose.suspects import Shortlist
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,11 @@ def diagnose(
         DiagnosedFinding(finding, _phase(finding, context), _classify(finding, run, loss_scaling)) for finding in findings
     )
     environment = run.environment
-    stale = stale_resets(environment.adaptor, environment.profile, environment, run.workspace) if environment.adaptor else []
+    stale = []
+    if environment.adaptor:
+        from unsafe_doctor.audit.stale import stale_resets
+
+        stale = stale_resets(environment.adaptor, environment.profile, environment, run.workspace)
     tail_lines = [_lines(excerpt) for excerpt in scan.tails]
     last_error = None
     if not findings:
@@ -177,6 +183,8 @@ def _untraced(
     """The suspects, with the generation the adaptor file or the log shows (a default profile is no evidence)."""
     environment = run.environment
     generation = environment.profile if environment.profile_from in ("adaptor", "log") else None
+    from unsafe_doctor.diagnose.suspects import shortlist
+
     return Untraced(ranks, form, shortlist(run, arguments, generation, loss_scaling))
 
 

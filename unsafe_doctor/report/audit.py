@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
@@ -53,6 +53,7 @@ def to_json(audit: Audit) -> dict[str, Any]:
             for item in audit.stale
         ],
         "notes": list(audit.notes),
+        "conversion_only": list(audit.conversion_only),
         "summary": _counts(audit),
     }
 
@@ -182,14 +183,21 @@ def to_text(audit: Audit, elapsed: float, write_fixes: NextStep | None = None) -
         parts.append(stale_text(audit.stale))
     for note in audit.notes:
         parts.append(Text(f"note: {printable(note)}", style="yellow"))
+    if audit.conversion_only:
+        parts.append(Text(f"note: left out {counted(len(audit.conversion_only), 'global')} that only a checkpoint converter "
+                          f"writes and reads (conversion runs at load or offline, not in a training step): "
+                          f"{_first_three(audit.conversion_only)}", style="yellow"))
     if audit.unreadable:
-        shown = ", ".join(printable(str(path)) for path in audit.unreadable[:3]) + (", …" if len(audit.unreadable) > 3 else "")
         parts.append(Text(f"note: {counted(len(audit.unreadable), 'file')} not scanned (unreadable, not Python, or more "
-                          f"than {MAX_SOURCE_TOKENS:,} tokens): {shown}", style="yellow"))
+                          f"than {MAX_SOURCE_TOKENS:,} tokens): {_first_three(audit.unreadable)}", style="yellow"))
     parts.append(_summary(audit, elapsed))
     if write_fixes is not None and _counts(audit)["fixable"]:
         parts.append(Text(write_fixes.line("to write the fixes")))
     return Group(*parts)
+
+
+def _first_three(names: Sequence[str]) -> str:
+    return ", ".join(printable(name) for name in names[:3]) + (", …" if len(names) > 3 else "")
 
 
 def _kind_text(holder: Holder) -> str:

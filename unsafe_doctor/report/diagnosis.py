@@ -39,7 +39,7 @@ from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin
 
 if TYPE_CHECKING:
-    from unsafe_doctor.adaptor.fix import Preview  # fix loads libcst: a diagnosis without fixes does without it
+    from unsafe_doctor.adaptor.fix import Preview  # for types only: a diagnosis without fixes loads no adaptor code
 
 SCHEMA = "unsafe-doctor/diagnosis/v1"
 SHORT_STACK = 6  # frames shown in a panel, innermost last

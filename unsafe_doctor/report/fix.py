@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from unsafe_doctor.report.common import NextStep, printable
 
 if TYPE_CHECKING:
-    from unsafe_doctor.adaptor.fix import Plan, Written  # fix loads libcst: diagnose's output does without it
+    from unsafe_doctor.adaptor.fix import Plan, Written  # for types only: the report loads no adaptor code
 
 SCHEMA = "unsafe-doctor/fix/v1"
 

@@ -12,7 +12,7 @@ from rich.text import Text
 from unsafe_doctor.report.common import CodeToCopy, NextStep, printable, title
 
 if TYPE_CHECKING:
-    from unsafe_doctor.replay.verify import Verification  # verify loads libcst: diagnose's output does without it
+    from unsafe_doctor.replay.verify import Verification  # for types only: the report loads no replay code
 
 SCHEMA = "unsafe-doctor/verification/v1"
 _OUTCOME_STYLE = {"proven": "green", "block-proven": "yellow", "failed": "red", "no-fix": "red", "not-modelled": "yellow"}

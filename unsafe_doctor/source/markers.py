@@ -1,7 +1,7 @@
 """The comment lines around each block unsafe-doctor writes into an adaptor, and reading them back.
 
-Kept apart from `adaptor` (which loads libcst) so that `audit` can recognise its own blocks
-without that cost."""
+Kept apart from `adaptor` so that `audit` and `diagnose` recognise its blocks without loading
+the code that writes them."""
 
 from __future__ import annotations
 
