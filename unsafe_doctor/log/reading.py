@@ -23,13 +23,14 @@ and a pipe, `<(cmd)` or `/dev/stdin` cannot be mapped or rewound at all.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from unsafe_doctor.errors import os_reason
 
@@ -503,13 +504,6 @@ class _DumpLines(_MarkedLines):
 # --- excerpts -----------------------------------------------------------------------------------
 
 
-def _find_all(buf: bytes, needle: bytes, start: int, end: int) -> Iterator[int]:
-    position = buf.find(needle, start, end)
-    while position != -1:
-        yield position
-        position = buf.find(needle, position + len(needle), end)
-
-
 def _excerpt(buf: bytes, size: int, reading: Reading, *, offset: int) -> Excerpt:
     """Whole lines of buf: a line cut by the window's edge is dropped, not half-parsed.
 
@@ -527,11 +521,12 @@ def _excerpt(buf: bytes, size: int, reading: Reading, *, offset: int) -> Excerpt
 
 
 def _marker_lines(buf: bytes, offset: int, end: int, reading: Reading) -> list[Excerpt]:
-    """The whole line around every marker hit in buf[:end], once each, in input order."""
+    """The whole line around every marker hit in buf[:end], once each, in input order. All markers are
+    looked for in one pass, by RE2 (a search per marker, over the 32 MB before a hit, took twice as long)."""
     line_starts: set[int] = set()
-    for marker in reading.markers:
-        for hit in _find_all(buf, marker, 0, end):
-            line_starts.add(buf.rfind(b"\n", 0, hit) + 1)
+    if reading.markers:
+        for hit in _any_of(tuple(reading.markers)).finditer(buf, 0, end):
+            line_starts.add(buf.rfind(b"\n", 0, hit.start()) + 1)  # markers hold no newline: one hit per line is enough
     lines = []
     for line_start in sorted(line_starts):
         line_end = buf.find(b"\n", line_start)
@@ -539,6 +534,14 @@ def _marker_lines(buf: bytes, offset: int, end: int, reading: Reading) -> list[E
         text = buf[line_start:line_end].decode("utf-8", "replace")
         lines.append(Excerpt(reading.name, reading.rank_hint, offset + line_start, text))
     return lines
+
+
+@functools.cache
+def _any_of(markers: tuple[bytes, ...]) -> Any:
+    """One RE2 pattern for all the markers, found wherever one starts (leftmost first)."""
+    import re2  # type: ignore[import-untyped]
+
+    return re2.compile(b"|".join(re2.escape(marker) for marker in markers))
 
 
 def _fact_lines(buf: bytes, offset: int, reading: Reading, *, at_input_end: bool) -> list[Excerpt]:
