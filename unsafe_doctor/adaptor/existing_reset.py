@@ -13,16 +13,19 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from unsafe_doctor.adaptor.code import adaptor_files, block_spans, read_source
-from unsafe_doctor.audit.coverage import AdaptorCoverage
-from unsafe_doctor.audit.model import Coverage
 from unsafe_doctor.audit.refs import HolderKey
 from unsafe_doctor.knowledge.classify import Classified
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import KnowledgeBase
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.source.syntax import callee_name
+
+if TYPE_CHECKING:  # for types only: `fix` reads the adaptor's coverage only where a finding has a fix to place
+    from unsafe_doctor.audit.coverage import AdaptorCoverage
+    from unsafe_doctor.audit.model import Coverage
 
 
 @dataclass(frozen=True)

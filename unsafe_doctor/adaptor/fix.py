@@ -40,7 +40,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from unsafe_doctor.adaptor.code import (
     INDENT,
@@ -58,7 +58,6 @@ from unsafe_doctor.adaptor.code import (
 )
 from unsafe_doctor.adaptor.existing_reset import AlreadyReset, existing_reset
 from unsafe_doctor.adaptor.render import render
-from unsafe_doctor.audit.coverage import AdaptorCoverage
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import (
     Classified,
@@ -82,6 +81,9 @@ from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.source.files import shown_path
 from unsafe_doctor.source.markers import MARKER_BEGIN, MARKER_END, SENTINEL_KEY
+
+if TYPE_CHECKING:
+    from unsafe_doctor.audit.coverage import AdaptorCoverage
 
 BACKUP_SUFFIX = ".unsafe-doctor.bak"
 
@@ -218,6 +220,8 @@ def plan_fix(
         else:
             key = marker_key(item.subject, classification, context.knowledge)
             if coverage is None and environment.adaptor is not None:
+                from unsafe_doctor.audit.coverage import AdaptorCoverage  # the audit's walker: only with an adaptor
+
                 coverage = AdaptorCoverage(environment.adaptor, environment.profile, context.workspace)
             existing = existing_reset(item.subject, classification, key, context, coverage)
             if isinstance(existing, AlreadyReset):

@@ -7,16 +7,18 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
 from rich.syntax import Syntax
 from rich.text import Text
 
-from unsafe_doctor.audit.stale import StaleReset
 from unsafe_doctor.knowledge.classify import FixPlan, NoFix
 from unsafe_doctor.knowledge.versions import Environment
+
+if TYPE_CHECKING:  # for types only: a report loads none of the adaptor's reading
+    from unsafe_doctor.audit.stale import StaleReset
 
 
 @cache
