@@ -172,13 +172,15 @@ def main() -> None:
     print(f"{'parse-all baseline (s)':<24}{baseline:>8.2f}   (ast.parse of every file, one process, best of {args.repeat})")
     print(f"{'x parse-all':<24}{seconds / baseline:>8.2f}")
     print(f"{'CPU seconds':<24}{cpu_seconds:>8.2f}")
+    print(f"{'CPU x parse-all':<24}{cpu_seconds / baseline:>8.2f}   (target <= 2.0: the baseline is one process, its CPU its wall)")
     print(f"{'files':<24}{files:>8}")
     print(f"{'files/s':<24}{files / seconds:>8.0f}")
     print(f"{'peak PSS (MB, summed)':<24}{peak_mb:>8.0f}   (the audit and its forked copy)")
     print(f"{'peak RSS (MB, main)':<24}{main_rss_mb:>8.0f}   (the audit's own process, GNU time)")
     print(f"globals: {summary['holders']} ({', '.join(f'{count} {kind}' for kind, count in sorted(kinds.items()))}); "
           f"{summary['uncovered']} uncovered, {summary['unsafe']} unsafe, {summary['covered']} covered, "
-          f"{summary['fixable']} with a fix; {len(audit['stale_resets'])} stale reset(s)")
+          f"{summary['fixable']} with a fix; {len(audit['stale_resets'])} stale reset(s); "
+          f"{len(audit['conversion_only'])} left out (only a checkpoint converter uses them)")
     if len(paths) > 1:
         print("growth (one run each):")
         for count in range(1, len(paths) + 1):

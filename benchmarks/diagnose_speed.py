@@ -84,13 +84,13 @@ def timed(command: list[str], stdin_from: Path | None = None, redirect: bool = F
     feeder = None
     if stdin_from is not None and redirect:
         with stdin_from.open("rb") as stdin:
-            process = subprocess.Popen(command, stdin=stdin, stdout=sink)
+            process = subprocess.Popen(command, stdin=stdin, stdout=sink, stderr=subprocess.DEVNULL)
     elif stdin_from is not None:
         feeder = subprocess.Popen(["cat", str(stdin_from)], stdout=subprocess.PIPE)
-        process = subprocess.Popen(command, stdin=feeder.stdout, stdout=sink)
+        process = subprocess.Popen(command, stdin=feeder.stdout, stdout=sink, stderr=subprocess.DEVNULL)
         feeder.stdout.close()
     else:
-        process = subprocess.Popen(command, stdout=sink)
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.DEVNULL)  # the fix offer's line is no figure
     _, status, usage = os.wait4(process.pid, 0)
     if feeder is not None:
         feeder.wait()

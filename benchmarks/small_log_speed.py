@@ -6,7 +6,7 @@ Makes a new virtual environment with `pip install .` only (no torch, no megatron
 node), then, each best of 15 runs:
   python -c pass                                     the interpreter's own start, the floor
   unsafe-doctor -V, --help, diagnose --help          start-up alone (-V loads no library)
-  unsafe-doctor diagnose samples/logs/<log>          whole command, wall (target: under 0.3 s)
+  unsafe-doctor diagnose samples/logs/<log>          whole command, wall (target: under 0.15 s; --help under 0.1 s)
 and, inside that Python, diagnose() of the same log with the shipped index and with an empty one
 (target: the index adds at most 50 ms). Logs: the two bundled Megatron samples.
 """
@@ -61,9 +61,11 @@ def main() -> int:
         python, tool = str(venv / "bin" / "python"), str(venv / "bin" / "unsafe-doctor")
         floor = best_wall([python, "-c", "pass"], Path(scratch))
         print(f"bare install, best of {REPEAT}; python -c pass: {floor * 1000:.0f} ms")
+        starts = {}
         for words in (["-V"], ["--help"], ["diagnose", "--help"]):
-            start = best_wall([tool, *words], Path(scratch))
+            starts[" ".join(words)] = start = best_wall([tool, *words], Path(scratch))
             print(f"unsafe-doctor {' '.join(words):<16} {start * 1000:6.0f} ms  {start / floor:5.1f} x python -c pass")
+        worst_help = max(starts["--help"], starts["diagnose --help"])
         print(f"{'log':<26} {'wall':>8} {'diagnose()':>11} {'no index':>9} {'index adds':>11}")
         worst_wall = worst_cost = 0.0
         for log in LOGS:
@@ -74,9 +76,9 @@ def main() -> int:
             worst_wall, worst_cost = max(worst_wall, wall), max(worst_cost, cost)
             print(f"{log.name:<26} {wall * 1000:6.0f} ms {with_index * 1000:8.1f} ms "
                   f"{without * 1000:6.1f} ms {cost * 1000:8.1f} ms")
-    print(f"\nworst wall {worst_wall * 1000:.0f} ms (target < 300 ms); "
+    print(f"\nworst wall {worst_wall * 1000:.0f} ms (target < 150 ms); --help {worst_help * 1000:.0f} ms (target < 100 ms); "
           f"worst index cost {worst_cost * 1000:.1f} ms (target <= 50 ms)")
-    return 0 if worst_wall < 0.3 and worst_cost <= 0.05 else 1
+    return 0 if worst_wall < 0.15 and worst_help < 0.1 and worst_cost <= 0.05 else 1
 
 
 if __name__ == "__main__":
