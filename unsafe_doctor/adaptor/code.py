@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from unsafe_doctor.adaptor.scope import Function, FunctionNames, ModuleNames, find_function, function_names, module_names
+from unsafe_doctor.adaptor.scope import FunctionNames, ModuleNames, find_function, function_names, module_names
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.versions import Environment, profile_files
 from unsafe_doctor.source.files import package_of, shown_path
 from unsafe_doctor.source.markers import MARKER_END, SENTINEL_KEY, markers
+from unsafe_doctor.source.syntax import SCOPES, Function
 from unsafe_doctor.source.workspace import module_from_path
 
 Role = Literal["rollback", "send", "recv"]
@@ -164,7 +165,6 @@ def _newline(lines: Sequence[bytes]) -> str:
     return "\n"
 
 
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _TRY = (ast.Try, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))  # try/except* from Python 3.11
 
 
@@ -181,7 +181,7 @@ def _returns(node: ast.AST) -> Iterator[ast.Return]:
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.Return):
             yield child
-        elif not isinstance(child, _SCOPES):
+        elif not isinstance(child, SCOPES):
             yield from _returns(child)
 
 
