@@ -842,3 +842,24 @@ def test_a_local_the_function_keeps_is_renamed_in_the_block_a_lambdas_parameter_
     text = plan.edits[0].updated.decode()
     assert "    seed_ = 1  # a comment kept\n    _EMA_GRAD_NORM.fill_((lambda seed_: seed_)(seed_))\n" in text
     assert text.endswith("    return seed\n")
+
+
+def test_a_name_a_closure_made_before_the_block_reads_is_not_clobbered_by_the_block(tmp_path):
+    """`report` reads `seed` when called, after the block ran: the block's own `seed` gets another name."""
+    rules = tmp_path / "seed_rule.yaml"
+    rules.write_text(textwrap.dedent("""\
+        rules:
+          - id: team.ema
+            title: A rule whose code assigns a name a closure of the function reads
+            match: {variable: _EMA_GRAD_NORM}
+            scenario: 1
+            phase: rollback
+            fix:
+              code: |
+                seed = 1
+                _EMA_GRAD_NORM.fill_(seed)
+            reason: The block's seed is not the function's.
+        """))
+    adaptor = custom_adaptor(tmp_path, "def feature_rollback():\n    seed = 0\n    report = lambda: seed\n    return report\n")
+    text = plan_for(EMA, adaptor, source_roots=(FRAMEWORK,), rules=(rules,)).edits[0].updated.decode()
+    assert "    seed_ = 1\n    _EMA_GRAD_NORM.fill_(seed_)\n" in text

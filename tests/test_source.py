@@ -10,7 +10,7 @@ from pathlib import Path
 from unsafe_doctor.source.files import package_folder, python_files
 from unsafe_doctor.source.imports import Imports, module_member, module_named
 from unsafe_doctor.source.resolve import Scope, Tier, resolve
-from unsafe_doctor.source.syntax import Function, is_empty_container, is_empty_value, loop_iterable
+from unsafe_doctor.source.syntax import Function, is_empty_container, is_empty_value, loop_iterable, walk_scope
 from unsafe_doctor.source.workspace import RECENT_SOURCES, Workspace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +49,23 @@ def test_package_folder_is_the_top_package_and_none_for_a_top_level_module(tmp_p
     module = write(tmp_path / "pkg" / "sub" / "mod.py", "")
     assert package_folder(module, "pkg.sub.mod") == (tmp_path / "pkg").resolve()
     assert package_folder(write(tmp_path / "alone.py", ""), "alone") is None
+
+
+def test_a_scope_walk_yields_nested_functions_classes_and_lambdas_but_not_what_is_inside_them():
+    function = ast.parse(textwrap.dedent("""\
+        def outer(x):
+            def first():
+                return 1
+            if x:
+                class Inner:
+                    y = 2
+                key = lambda item: item.z
+            return 3
+        """)).body[0]
+    nodes = list(walk_scope(function))
+    assert sorted(node.lineno for node in nodes if isinstance(node, ast.Return)) == [8]
+    assert {type(node).__name__ for node in nodes} >= {"FunctionDef", "ClassDef", "Lambda"}
+    assert not [node for node in nodes if isinstance(node, ast.Name) and node.id in ("item", "y")]
 
 
 def test_empty_values_and_empty_containers():

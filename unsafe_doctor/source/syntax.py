@@ -93,14 +93,14 @@ def compound_header(statement: ast.stmt) -> list[ast.expr] | None:
 
 
 def walk_scope(function: Function) -> Iterator[ast.AST]:
-    """The nodes of a function's own scope (not of nested functions, classes or lambdas)."""
+    """The nodes of a function's own scope: a nested function, class or lambda is yielded (it binds
+    a name, or is a value, here), what is inside it is not."""
     pending: list[ast.AST] = list(function.body)
     while pending:
         node = pending.pop()
         yield node
-        for child in child_nodes(node):
-            if not isinstance(child, _OWN_SCOPES):
-                pending.append(child)
+        if not isinstance(node, _OWN_SCOPES):
+            pending.extend(child_nodes(node))
 
 
 _OWN_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
