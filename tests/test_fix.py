@@ -863,3 +863,22 @@ def test_a_name_a_closure_made_before_the_block_reads_is_not_clobbered_by_the_bl
     adaptor = custom_adaptor(tmp_path, "def feature_rollback():\n    seed = 0\n    report = lambda: seed\n    return report\n")
     text = plan_for(EMA, adaptor, source_roots=(FRAMEWORK,), rules=(rules,)).edits[0].updated.decode()
     assert "    seed_ = 1\n    _EMA_GRAD_NORM.fill_(seed_)\n" in text
+
+
+def test_a_line_separator_inside_a_string_of_the_rule_does_not_shift_the_names_after_it(tmp_path):
+    """U+2028 in a string literal is no line to Python (nor to `ast`'s positions): the renames after it land."""
+    rules = tmp_path / "separator_rule.yaml"
+    rules.write_text(textwrap.dedent("""\
+        rules:
+          - id: team.ema
+            title: A rule whose code holds a line separator in a string
+            match: {variable: _EMA_GRAD_NORM}
+            scenario: 1
+            phase: rollback
+            fix:
+              code: "seed = len('a\\Lb')\\n_EMA_GRAD_NORM.fill_(seed)\\n"
+            reason: The block's seed is not the function's.
+        """))
+    adaptor = custom_adaptor(tmp_path, "def feature_rollback():\n    seed = 0\n    return seed\n")
+    text = plan_for(EMA, adaptor, source_roots=(FRAMEWORK,), rules=(rules,)).edits[0].updated.decode()
+    assert "    seed_ = len('a\u2028b')\n    _EMA_GRAD_NORM.fill_(seed_)\n" in text

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import io
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -317,7 +318,7 @@ def _span(node: ast.expr | ast.stmt) -> _Span:
 
 def _edited(code: str, edits: list[tuple[_Span, str]]) -> str:
     """The code with each node's text replaced; the nodes do not overlap."""
-    lines = code.splitlines(keepends=True)
+    lines = io.StringIO(code, newline="").readlines()  # split where Python counts lines, not at \x0c or U+2028
     starts = [0]
     for line in lines:
         starts.append(starts[-1] + len(line))
