@@ -23,7 +23,7 @@ from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.versions import Environment, profile_files
 from unsafe_doctor.source.files import package_of, shown_path
 from unsafe_doctor.source.markers import MARKER_END, SENTINEL_KEY, markers
-from unsafe_doctor.source.syntax import SCOPES, Function
+from unsafe_doctor.source.syntax import SCOPES, Function, callee_name
 from unsafe_doctor.source.workspace import module_from_path
 
 Role = Literal["rollback", "send", "recv"]
@@ -288,16 +288,10 @@ def _own_group(body: Sequence[ast.stmt]) -> str | None:
             and len(statement.targets) == 1
             and isinstance(statement.targets[0], ast.Name)
             and isinstance(statement.value, ast.Call)
-            and _callee_name(statement.value.func) == "new_group"
+            and callee_name(statement.value.func) == "new_group"
         ):
             names.append(statement.targets[0].id)
     return names[-1] if names else None
-
-
-def _callee_name(callee: ast.expr) -> str | None:
-    if isinstance(callee, ast.Name):
-        return callee.id
-    return callee.attr if isinstance(callee, ast.Attribute) else None
 
 
 @dataclass(frozen=True)
