@@ -4,13 +4,17 @@ of modules (no log frame)."""
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from unsafe_doctor.source.files import package_folder, python_files
 from unsafe_doctor.source.imports import Imports, module_member, module_named
 from unsafe_doctor.source.resolve import Scope, Tier, resolve
-from unsafe_doctor.source.syntax import Function, is_empty_container, is_empty_value, loop_iterable, walk_scope
+from unsafe_doctor.source.syntax import Function, is_empty_container, is_empty_value, loop_iterable, walk_scope, words
 from unsafe_doctor.source.workspace import RECENT_SOURCES, Workspace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -221,3 +225,12 @@ def test_imports_of_a_function_take_its_last_import_before_the_line(tmp_path):
     imports = Imports.of(source, function, second)
     assert imports.target("mpu") == "fw.other_state"
     assert imports.dotted(ast.parse("mpu._X.y", mode="eval").body) == "fw.other_state._X.y"
+
+
+@given(st.text(alphabet=st.sampled_from("ab_9 \t\n.,(=\u00e9\u4e2d\uff0c\u00a0\u2028\ud800\x1c") | st.characters()))
+def test_words_are_what_the_word_expression_finds_in_any_text(text):
+    assert words(text) == set(re.findall(r"\w+", text))
+
+
+def test_words_cut_a_piece_of_chinese_at_its_punctuation():
+    assert words("x = 1  # 中文，abc_1 é\u00a0y") == {"x", "1", "中文", "abc_1", "é", "y"}

@@ -15,15 +15,20 @@ from unsafe_doctor.knowledge.heuristics.events import CallSite, Event, FileStudy
 from unsafe_doctor.knowledge.heuristics.vocabulary import runs_per_step
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.source.files import is_file
-from unsafe_doctor.source.syntax import callee_name, child_nodes, child_statements, is_cache_decorator, walk_scope, word_starts
+from unsafe_doctor.source.syntax import (
+    callee_name,
+    child_nodes,
+    child_statements,
+    is_cache_decorator,
+    walk_scope,
+    word_starts,
+    words,
+)
 from unsafe_doctor.source.workspace import SourceFile, TopStatement, Workspace
 
 MAX_FILES = 2000
 MAX_FILE_BYTES = 2_000_000
 MAX_CALLER_DEPTH = 3
-
-
-_WORD = re.compile(r"\w+")
 
 
 class _Words:
@@ -40,7 +45,7 @@ class _Words:
         found = self.ids.get(path)
         if found is None:
             found = self.ids[path] = len(self.ids)
-            for word in set(_WORD.findall(_readable(self.workspace, path) or "")):
+            for word in words(_readable(self.workspace, path) or ""):
                 self.postings.setdefault(word, []).append(found)
         return found
 
