@@ -309,7 +309,9 @@ def _proved(plan: ReplayPlan, results: list[RankResult], transport: str) -> str:
     own = [name for name in functions if name not in alone and plan.mode == "adaptor"]
     ran = []
     if own:
-        ran.append("the patched adaptor's own " + ", ".join(f"{name}()" for name in own))
+        named = ", ".join(f"{name}()" for name in own)
+        ran.append(f"the patched adaptor's own {named}" if plan.blocks else
+                   f"the adaptor's own {named} (it holds no fix block: nothing was patched)")
     blocked = [name for name in functions if name not in own and any(block.function == name for block in plan.blocks)]
     if blocked:
         why = "" if plan.mode == "block" else f" (their own code cannot run here: {next(iter(alone.values()))})"
