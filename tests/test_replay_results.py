@@ -6,6 +6,8 @@ rule is checked alone. tests/test_verify.py replays the same situations on real 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from unsafe_doctor.replay.launch import ReplayStopped
 from unsafe_doctor.replay.plan import AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import FixFailure, Milestone, RankResult, RunResult, StepOutcome
@@ -73,6 +75,16 @@ def test_a_function_whose_own_code_could_not_run_makes_the_verdict_block_proven_
         "ran the patched adaptor's own send_rank_repair(), feature_rollback() and the fix blocks alone in "
         "recv_rank_repair() (their own code cannot run here: AttributeError: 'NoneType' object has no attribute 'to' "
         "at /job/recovery.py:38); no stand-ins; emulated backend (CPU, gloo)")
+
+
+def test_the_proof_of_an_adaptor_with_no_fix_block_does_not_call_it_patched():
+    """Issue 36: NO-FIX's proof line said "the patched adaptor's own" where nothing was patched."""
+    unfixed = replace(plan(), blocks=())
+    results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(), red())]
+    verification = judge(unfixed, (), results, "gloo", 1.0)
+    assert verification.verdicts[0].outcome == "no-fix"
+    assert verification.proved == ("ran the adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback() "
+                                   "(it holds no fix block: nothing was patched); no stand-ins; emulated backend (CPU, gloo)")
 
 
 def test_transfers_whose_sides_differ_fail_the_fix():

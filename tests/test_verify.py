@@ -100,6 +100,8 @@ def test_before_any_fix_the_replay_reproduces_the_error_and_says_no_fix_is_prese
     assert verdict.outcome == "no-fix"
     assert verdict.unpatched.startswith("reproduced `There is unsafe data in the input tensor.` on rank 1")
     assert verdict.patched == "reproduced, no fix present"
+    assert result.proved.startswith("ran the adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback() "
+                                    "(it holds no fix block: nothing was patched);")  # never "the patched adaptor"
     assert result.exit_code == 1
     assert (result.backend, result.transport, result.mode, result.world_size) == ("emulated", "gloo", "adaptor", 4)
 

@@ -20,6 +20,7 @@ from unsafe_doctor.cli.options import (
     ProfileOption,
     RulesOption,
     SourceRootOption,
+    SuspectOption,
     YesOption,
 )
 from unsafe_doctor.cli.streams import log_paths, print_diff, print_json, say, say_adaptor, warn_skipped
@@ -27,7 +28,6 @@ from unsafe_doctor.errors import UsageError
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Plan, Written
-    from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
     from unsafe_doctor.report.common import NextStep
 
 
@@ -41,15 +41,7 @@ def command(
     revert: Annotated[
         bool, typer.Option("--revert", help="Remove every fix block unsafe-doctor wrote into the adaptor (not the sentinel's).")
     ] = False,
-    suspect: Annotated[
-        list[int] | None,
-        typer.Option(
-            "--suspect",
-            metavar="N",
-            help="Also write the fix of suspect N of the log's shortlist (an error logged without a traceback; "
-            "repeatable). Never implied: without it no suspect's fix is written.",
-        ),
-    ] = None,
+    suspect: SuspectOption = None,
     yes: YesOption = False,
     no_input: NoInputOption = False,
     source_root: SourceRootOption = None,
@@ -82,7 +74,7 @@ def command(
         diagnosis = diagnose(paths, setup, adaptor=adaptor)
         warn_skipped(diagnosis.skipped)
         environment = diagnosis.context.environment
-        chosen = _chosen_suspects(diagnosis, suspect or [])
+        chosen = diagnosis.chosen_suspects(suspect or ())
         plan = fixes.plan_fix([*diagnosis.findings, *chosen], diagnosis.context, overrides, roles)
         findings = len(diagnosis.findings) + len(chosen)
         if diagnosis.untraced and diagnosis.untraced.shortlist.suspects and not chosen and output_format is Format.text:
@@ -110,12 +102,6 @@ def command(
         print_document(report.to_json(plan, written, dry_run), written)
     unapplied = bool(plan.edits) and not written
     return 0 if dry_run or not (unapplied or plan.skipped) else 1
-
-
-def _chosen_suspects(diagnosis: Diagnosis, numbers: list[int]) -> list[DiagnosedFinding]:
-    if numbers and diagnosis.untraced is None:
-        raise UsageError("--suspect: the log has no error without a traceback, so no shortlist of suspects")
-    return [diagnosis.untraced.suspect_finding(number) for number in dict.fromkeys(numbers)] if diagnosis.untraced else []
 
 
 def print_document(document: dict[str, Any], written: tuple[Written, ...]) -> None:

@@ -134,6 +134,16 @@ FunctionOption = Annotated[
         show_envvar=False,
     ),
 ]
+SuspectOption = Annotated[
+    list[int] | None,
+    typer.Option(
+        "--suspect",
+        metavar="N",
+        help="Take suspect N of the log's shortlist as a finding (an error logged without a traceback: diagnose "
+        "lists the suspects; repeatable): fix writes its fix, verify proves that fix for that suspect, not that it "
+        "is the culprit. Never implied.",
+    ),
+]
 OutputOption = Annotated[
     Path | None,
     typer.Option(

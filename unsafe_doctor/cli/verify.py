@@ -22,6 +22,7 @@ from unsafe_doctor.cli.options import (
     ProfileOption,
     RulesOption,
     SourceRootOption,
+    SuspectOption,
 )
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, say_adaptor, warn_skipped
 from unsafe_doctor.errors import UsageError
@@ -44,6 +45,7 @@ def command(
     function: FunctionOption = None,
     parameter: ParameterOption = None,
     profile: ProfileOption = None,
+    suspect: SuspectOption = None,
     ranks: Annotated[int | None, typer.Option("--ranks", help="Ranks to replay on (2-16; default 4, or torchrun's).")] = None,
     mode: Annotated[
         ReplayMode,
@@ -64,6 +66,7 @@ def command(
     import importlib.util
 
     from unsafe_doctor.adaptor import fix as fixes
+    from unsafe_doctor.cli.fix import repeated
     from unsafe_doctor.cli.workflow import Invocation
     from unsafe_doctor.diagnose.pipeline import diagnose
     from unsafe_doctor.knowledge.context import groundwork
@@ -84,8 +87,9 @@ def command(
     functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
     with framework_warnings_silenced():  # megatron-core's import-time Apex/TE warnings, in the ranks too (forked)
         plan, skipped = verification.plan_replay(
-            diagnosis, diagnosis.context.knowledge, ranks=4 if ranks is None else ranks, mode=mode.value, probe=probe,
-            timeout=timeout, functions=functions, parameters=fixes.parameter_roles(parameter or []),
+            diagnosis, diagnosis.context.knowledge, suspects=diagnosis.chosen_suspects(suspect or ()),
+            ranks=4 if ranks is None else ranks, mode=mode.value, probe=probe, timeout=timeout, functions=functions,
+            parameters=fixes.parameter_roles(parameter or []),
         )
         say_adaptor(diagnosis.context.environment)
         with _phases_on_terminal(plan.world_size) as progress:
@@ -102,7 +106,9 @@ def command(
             named = ["--adaptor", str(adaptor_path)] if adaptor_path else []
             audit = ["unsafe-doctor", "audit", *map(str, source_root), *named, "--fix"]
             others = NextStep(printable(shlex.join(audit)))
-        print_rich(report.to_text(outcome, write_fix=invocation.command("fix", adaptor_path, "--yes"), fix_others=others))
+        chosen = repeated("--suspect", [str(number) for number in dict.fromkeys(suspect or ())])
+        write_fix = invocation.command("fix", adaptor_path, *chosen, "--yes")
+        print_rich(report.to_text(outcome, write_fix=write_fix, fix_others=others))
     return outcome.exit_code
 
 

@@ -37,6 +37,7 @@ class DiagnosedFinding:
     finding: Finding
     phase: Phase
     classification: Classification
+    suspect: int | None = None  # the number of the suspect a person chose it as (fix/verify --suspect); None: the log names it
 
     @property
     def subject(self) -> Subject:
@@ -59,7 +60,7 @@ class Untraced:
             raise UsageError(f"--suspect {number}: the log's shortlist has suspects 1 to {len(suspects)}")
         suspect = suspects[number - 1]
         finding = Finding(self.ranks, None, None, None, suspect.tensor, None, (f"suspect {number} of an untraced error, chosen",))
-        return DiagnosedFinding(finding, "after-recovery", suspect.classification)
+        return DiagnosedFinding(finding, "after-recovery", suspect.classification, number)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,13 @@ class Diagnosis:
     mindio: MindioForm | None = None  # the form of MindIO's catch lines: tells the release, and whether it logs a traceback
     arguments: RunArguments | None = None  # the arguments dump the job printed at start-up
     untraced: Untraced | None = None  # present when untraced_ranks is not empty
+
+    def chosen_suspects(self, numbers: Sequence[int]) -> tuple[DiagnosedFinding, ...]:
+        """The suspects `--suspect N` chose (fix writes their fixes, verify proves them), each once."""
+        if numbers and self.untraced is None:
+            raise UsageError("--suspect: the log has no error without a traceback, so no shortlist of suspects")
+        untraced = self.untraced
+        return tuple(untraced.suspect_finding(number) for number in dict.fromkeys(numbers)) if untraced else ()
 
 
 def diagnose(

@@ -34,6 +34,16 @@ class Target:
     probe: str | None = None  # the rule's probe, by name (replay/probes.py); None: the generic probe
     releases: str | None = None  # the framework releases the rule holds for (a specifier, ">=0.8,<0.13"); None: any
     as_main: bool = False  # the global is the entry script's: the job holds it in __main__, not under its module's name
+    suspect: int | None = None  # the suspect number a person chose it as (verify --suspect); None: the log names the global
+
+    def names(self, name: str) -> bool:
+        """`name` (what the sentinel or a dying step calls a global) is this target's global: its label,
+        or, where the target has no owner (a suspect's rule names no class), a class of its module
+        holding an attribute of its name, as `TopKRouter.expert_bias` is."""
+        if name == self.label:
+            return True
+        owner, _, variable = name.removeprefix(f"{self.module}.").rpartition(".")
+        return self.owner is None and name.startswith(f"{self.module}.") and owner.isidentifier() and variable == self.variable
 
 
 @dataclass(frozen=True)

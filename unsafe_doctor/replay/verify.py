@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Literal
 
 from unsafe_doctor.adaptor.code import ROLES, AdaptorFile, read_adaptor
 from unsafe_doctor.adaptor.fix import marker_key
-from unsafe_doctor.diagnose.pipeline import Diagnosis
+from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.classify import Unclassified
+from unsafe_doctor.knowledge.classify import Classified, Unclassified
 from unsafe_doctor.knowledge.rules import GROUP_PARAMETERS, AdaptorProfile, KnowledgeBase, map_parameters
 from unsafe_doctor.replay.plan import MAX_RANKS, MAX_TIMEOUT, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import Milestone, RankResult, RunResult, StepOutcome
@@ -71,6 +71,7 @@ def plan_replay(
     diagnosis: Diagnosis,
     knowledge: KnowledgeBase,
     *,
+    suspects: Sequence[DiagnosedFinding] = (),
     ranks: int = 4,
     mode: str = "adaptor",
     probe: str | None = None,
@@ -78,8 +79,10 @@ def plan_replay(
     functions: dict[str, str] | None = None,
     parameters: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[ReplayPlan, tuple[str, ...]]:
-    """The replay of every classified finding, and the findings left out with why; `parameters` as
-    `fix` took them (`--parameter`), so that the blocks get the values their roles stand for."""
+    """The replay of every classified finding and chosen suspect (`Diagnosis.chosen_suspects`: each
+    replayed as the global the recovery left unsafe), and the findings left out with why;
+    `parameters` as `fix` took them (`--parameter`), so that the blocks get the values their roles
+    stand for."""
     if not 2 <= ranks <= MAX_RANKS:
         raise UsageError(f"--ranks must be between 2 and {MAX_RANKS} on this machine, not {ranks}")
     if mode not in MODES:
@@ -88,8 +91,11 @@ def plan_replay(
         raise UsageError(f"--probe {probe!r} is not MODULE:FUNCTION")
     if not 0 < timeout <= MAX_TIMEOUT:  # also refuses nan, which compares false with everything
         raise UsageError(f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT:g}, not {timeout:g}")
+    for suspect in suspects:
+        _check_replayable(suspect)
     targets, skipped = [], []
-    for number, item in enumerate(diagnosis.findings, 1):
+    items = [*enumerate(diagnosis.findings, 1), *((item.suspect, item) for item in suspects)]
+    for number, item in items:
         tensor, classification = item.finding.tensor, item.classification
         if isinstance(classification, Unclassified):
             skipped.append(f"finding {number}: unclassified, so no fix to prove")
@@ -103,9 +109,9 @@ def plan_replay(
                                   tensor.module, tensor.variable, tensor.owner,
                                   knowledge.switches(rule) if rule else (), rule.probe if rule else None,
                                   str(rule.versions) if rule and rule.versions is not None else None,
-                                  tensor.runs_as_main))
+                                  tensor.runs_as_main, item.suspect))
     if not targets:
-        raise UsageError("nothing to verify: " + ("; ".join(skipped) if skipped else "the log has no unsafe-data finding"))
+        raise UsageError("nothing to verify: " + ("; ".join(skipped) if skipped else _no_finding(diagnosis)))
     environment = diagnosis.context.environment
     files = read_adaptor(environment)
     mapped = dict(parameters or {})
@@ -114,7 +120,7 @@ def plan_replay(
         raise UsageError(f"--parameter group: one parameter, not {', '.join(groups)}")
     profile = map_parameters(environment.profile, mapped)
     functions = {role: (functions or {}).get(role, getattr(profile, role)) for role in ROLES}
-    faulty, notes = _faulty_rank(diagnosis, ranks)
+    faulty, notes = _faulty_rank(diagnosis, [item for _, item in items], ranks)
     blocks = _blocks(files, functions)
     _check_bound(blocks, profile, groups[0] if groups else None)
     replicas = _replicas(faulty, ranks)
@@ -147,10 +153,33 @@ def plan_replay(
     return plan, tuple(skipped)
 
 
-def _faulty_rank(diagnosis: Diagnosis, ranks: int) -> tuple[int, list[str]]:
+def _check_replayable(suspect: DiagnosedFinding) -> None:
+    """A suspect is replayed because a person chose it: one that cannot be is refused, not skipped."""
+    tensor, classification = suspect.finding.tensor, suspect.classification
+    assert tensor is not None and isinstance(classification, Classified), "a suspect is a rule's global, classified by it"
+    shown, rule = tensor.dotted or tensor.expression, classification.rule
+    if tensor.variable is None or tensor.module is None:
+        named = "by a pattern, not a name" if tensor.variable is None else "without the one module that holds it"
+        raise UsageError(f"--suspect {suspect.suspect}: the replay cannot build {shown}: rule {rule} names it {named}")
+
+
+def _no_finding(diagnosis: Diagnosis) -> str:
+    """Why a log gives nothing to replay: an error without a traceback gives suspects, to choose from."""
+    untraced = diagnosis.untraced
+    if untraced is None:
+        return "the log has no unsafe-data finding"
+    count = len(untraced.shortlist.suspects)
+    if not count:
+        return ("the log's unsafe-data error has no traceback and no suspect fits "
+                "(unsafe-doctor sentinel install names the tensor at the next fault)")
+    return (f"the log's unsafe-data error has no traceback: choose which of its {count} suspect{'s' if count != 1 else ''} "
+            "to replay with --suspect N (diagnose lists them)")
+
+
+def _faulty_rank(diagnosis: Diagnosis, items: list[DiagnosedFinding], ranks: int) -> tuple[int, list[str]]:
     logged = diagnosis.first_failed_rank
     if logged is None:
-        logged = min((rank for item in diagnosis.findings for rank in item.finding.ranks), default=0)
+        logged = min((rank for item in items for rank in item.finding.ranks), default=0)
     if logged < ranks:
         return logged, []
     return logged % ranks, [f"the log's faulty rank {logged} is replayed as rank {logged % ranks} of {ranks}"]
@@ -309,7 +338,9 @@ def _proved(plan: ReplayPlan, results: list[RankResult], transport: str) -> str:
     own = [name for name in functions if name not in alone and plan.mode == "adaptor"]
     ran = []
     if own:
-        ran.append("the patched adaptor's own " + ", ".join(f"{name}()" for name in own))
+        named = ", ".join(f"{name}()" for name in own)
+        ran.append(f"the patched adaptor's own {named}" if plan.blocks else
+                   f"the adaptor's own {named} (it holds no fix block: nothing was patched)")
     blocked = [name for name in functions if name not in own and any(block.function == name for block in plan.blocks)]
     if blocked:
         why = "" if plan.mode == "block" else f" (their own code cannot run here: {next(iter(alone.values()))})"
@@ -340,7 +371,7 @@ def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Ver
                        "the replay does not model this failure", None, ())
     where = f" at {reproduced.where}" if reproduced.where else f" reading {target.label}"
     unpatched = f"reproduced `{reproduced.error}` on rank {plan.faulty}{where}"
-    if reproduced.unsafe_global not in (None, target.label):  # the probe's step reached another unsafe global first
+    if reproduced.unsafe_global is not None and not target.names(reproduced.unsafe_global):  # the step reached another first
         unpatched += f", reading {reproduced.unsafe_global}"
     red_errors = [failure for failure in red.fix_failures if failure.kind == "unsafe-data"]
     if red_errors:
@@ -394,11 +425,11 @@ def _step_death(plan: ReplayPlan, target: Target, outcome: StepOutcome, green: R
     then named, and the target's own fix said to have held when the checks found nothing left."""
     at = f" at {outcome.where}" if outcome.where else ""
     died_on = outcome.unsafe_global
-    if died_on is None or died_on == target.label:
+    if died_on is None or target.names(died_on):
         return f"the first step after recovery still fails reading {target.label}{at}"
     held = not green.unsafe_left.get(target.key) and green.equal.get(target.key) is not False
     fix = f"the fix of {target.label} held, but " if held else ""
-    if died_on in {other.label for other in plan.targets}:
+    if any(other.names(died_on) for other in plan.targets):
         return f"{fix}the first step after recovery dies on {died_on}{at}, another finding's global (see its verdict)"
     return (f"{fix}the first step after recovery dies on {died_on}{at}, a global the log does not name "
             "and no fix covers: fix it too (the replay stops at the first unsafe read)")

@@ -12,7 +12,7 @@ from rich.text import Text
 from unsafe_doctor.report.common import CodeToCopy, NextStep, printable, title
 
 if TYPE_CHECKING:
-    from unsafe_doctor.replay.verify import Verification  # for types only: the report loads no replay code
+    from unsafe_doctor.replay.verify import Verdict, Verification  # for types only: the report loads no replay code
 
 SCHEMA = "unsafe-doctor/verification/v1"
 _OUTCOME_STYLE = {"proven": "green", "block-proven": "yellow", "failed": "red", "no-fix": "red", "not-modelled": "yellow"}
@@ -41,6 +41,7 @@ def to_json(verification: Verification) -> dict[str, Any]:
                 "unpatched": verdict.unpatched,
                 "patched": verdict.patched,
                 "problems": list(verdict.problems),
+                "suspect": _suspect_json(verdict),
             }
             for verdict in verification.verdicts
         ],
@@ -72,7 +73,8 @@ def to_text(verification: Verification, write_fix: NextStep | None = None,
             grid.add_row("patched", Text(printable(verdict.patched), style=style))
         for problem in verdict.problems[1:]:
             grid.add_row("", Text(printable(problem), style=style))
-        heading = title(f"{verdict.outcome.upper()} · {verdict.target.label} · scenario {verdict.target.scenario}")
+        chosen = f"suspect {verdict.target.suspect} · " if verdict.target.suspect is not None else ""
+        heading = title(f"{verdict.outcome.upper()} · {chosen}{verdict.target.label} · scenario {verdict.target.scenario}")
         parts.append(Panel(grid, title=heading, title_align="left", border_style=style))
     for run, names in verification.sentinel.items():
         named = ", ".join(names) if names else "nothing"
@@ -82,6 +84,7 @@ def to_text(verification: Verification, write_fix: NextStep | None = None,
     for line in (*verification.skipped, *(note for note in verification.notes if not note.startswith("stand-ins"))):
         parts.append(Text(f"note: {printable(line)}", style="dim"))
     parts.append(Text(footer, style="dim"))
+    parts.extend(_suspects_scope(verification))
     missing = [verdict.target.label for verdict in verification.verdicts if verdict.outcome == "no-fix"]
     if missing:
         parts.extend(_write_the_fix(missing, write_fix))
@@ -93,7 +96,7 @@ def to_text(verification: Verification, write_fix: NextStep | None = None,
         parts.append(text.append(":" if fix_others else hint))
         if fix_others:
             parts.append(CodeToCopy(fix_others.command, python=False))
-    elif any(verdict.outcome in ("proven", "block-proven") for verdict in verification.verdicts):
+    elif any(_proven(verdict) and verdict.target.suspect is None for verdict in verification.verdicts):
         parts.append(Text("Proven: the fixes of this log's globals. Other globals the recovery leaves unsafe are not "
                           "checked here: `unsafe-doctor audit SOURCE --adaptor ADAPTOR` finds them before a fault does.",
                           style="dim"))
@@ -102,8 +105,8 @@ def to_text(verification: Verification, write_fix: NextStep | None = None,
 
 def unfixed_globals(verification: Verification) -> tuple[str, ...]:
     """What the sentinel names after the patched rollback that no verdict is about."""
-    targets = {verdict.target.label for verdict in verification.verdicts}
-    return tuple(name for name in verification.sentinel.get("patched", ()) if name not in targets)
+    targets = [verdict.target for verdict in verification.verdicts]
+    return tuple(name for name in verification.sentinel.get("patched", ()) if not any(target.names(name) for target in targets))
 
 
 def _write_the_fix(missing: list[str], write_fix: NextStep | None) -> list[RenderableType]:
@@ -113,3 +116,37 @@ def _write_the_fix(missing: list[str], write_fix: NextStep | None) -> list[Rende
         return [text.append(" (unsafe-doctor fix, with this command's log and options, and --yes).")]
     text.append(" (pipe the same log in again):" if write_fix.piped else ":")
     return [text, CodeToCopy(write_fix.command, python=False)]
+
+
+def _proven(verdict: Verdict) -> bool:
+    return verdict.outcome in ("proven", "block-proven")
+
+
+def _suspect_json(verdict: Verdict) -> dict[str, Any] | None:
+    """A suspect's verdict: what its proof shows, and what it does not."""
+    if verdict.target.suspect is None:
+        return None
+    return {"number": verdict.target.suspect, "proves": _suspect_proves(verdict), "does_not_prove": _suspect_leaves(verdict)}
+
+
+def _suspects_scope(verification: Verification) -> list[RenderableType]:
+    """A line per suspect's verdict, so that a PROVEN is not read as "this suspect is the culprit"."""
+    lines: list[RenderableType] = []
+    for verdict in verification.verdicts:
+        number = verdict.target.suspect
+        if number is not None:
+            head = f"Proven for suspect {number} only" if _proven(verdict) else f"Suspect {number}"
+            line = f"{head}: {_suspect_proves(verdict)}. Not shown: {_suspect_leaves(verdict)}."
+            lines.append(Text(printable(line), style="bold" if _proven(verdict) else ""))
+    return lines
+
+
+def _suspect_proves(verdict: Verdict) -> str:
+    label = verdict.target.label
+    replayed = f"the replay made {label} the global the recovery left unsafe (marked as a UCE on it would be)"
+    return f"{replayed}; its fix brings the first step after recovery back clean" if _proven(verdict) else replayed
+
+
+def _suspect_leaves(verdict: Verdict) -> str:
+    return (f"that suspect {verdict.target.suspect} is the global this log's fault left unsafe (the log has no "
+            "traceback): `unsafe-doctor sentinel install` names that one at the next fault")
