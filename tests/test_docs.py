@@ -7,7 +7,9 @@ Marks a page may carry, each an HTML comment on the line before a fence or a tab
   `\\` continuations; comments and blank lines aside) runs in bash, in order, with the venv's
   `unsafe-doctor` on PATH, in a temporary folder holding a copy of `samples/`; the numbers are the
   exit codes of the commands, one each. A page's blocks run in one folder, in page order, as a
-  reader following the page would run them.
+  reader following the page would run them; and every page's blocks run again in one shared
+  folder, page after page (README first), as a reader following them all from one folder would:
+  a page's files and folders are its own (a second `cp -r` into an existing folder nests).
 * `<!-- output -->` before a fence: what the last run block printed on stdout, or on stderr,
   whitespace and timings normalised: the stream's lines as printed, from its first to its last,
   except where a line `[…]` of its own stands for printed lines left out (at the top, between
@@ -387,6 +389,15 @@ def run_page(path: Path, folder: Path, environment: dict[str, str]) -> list[str]
 def test_the_commands_a_page_marks_to_run_exit_and_print_as_it_says(path, tmp_path):
     """A reader who follows one page from a fresh clone."""
     not_compared = run_page(path, tmp_path, reader_folder(tmp_path))
+    if not_compared:
+        pytest.skip(f"every other block held; not compared: {'; '.join(not_compared)}")
+
+
+def test_the_pages_run_one_after_another_in_one_folder_as_each_says(tmp_path):
+    """A reader who follows the README, then each page, from one folder: no page's files are
+    another's (a second `cp -r` into an existing folder nests, a patched copy is not a fresh one)."""
+    environment = reader_folder(tmp_path)
+    not_compared = [where for path in runnable_pages() for where in run_page(path, tmp_path, environment)]
     if not_compared:
         pytest.skip(f"every other block held; not compared: {'; '.join(not_compared)}")
 
