@@ -20,10 +20,14 @@ Marks a page may carry, each an HTML comment on the line before a fence or a tab
   `<!-- options: shared -->` is the table of the options several commands share, one column per
   command (tests/test_cli_options.py holds it against every --help).
 * `<!-- test-command -->` before the README's test-command fence.
+
+A count of what ships is written `N rules ship` or `N templates ship` (the noun may be bold), and
+is what `unsafe-doctor rules list` lists.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -148,13 +152,17 @@ def test_the_readme_links_every_docs_page():
 # --- options tables --------------------------------------------------------------------------------
 
 
-def run_help(words: list[str]) -> str:
+def run_cli(words: list[str]) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", *words, "--help"],
+        [sys.executable, "-m", "unsafe_doctor", *words],
         capture_output=True, text=True, timeout=60, env={**clean_environment(), "COLUMNS": "250"}, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def run_help(words: list[str]) -> str:
+    return run_cli([*words, "--help"])
 
 
 def help_options(text: str) -> set[str]:
@@ -218,6 +226,23 @@ def test_every_command_has_an_options_table_and_the_shared_table_agrees_with_the
 
 def option_names_of(path: Path, index: int) -> set[str]:
     return set().union(*(option_names(row[0]) for row in table_after(read_page(path), index)))
+
+
+# --- counts ----------------------------------------------------------------------------------------
+
+_NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
+_SHIPPED = re.compile(rf"\b(\d+|{'|'.join(_NUMBER_WORDS)}) (?:\*\*)?(rules|templates)(?:\*\*)? ship\b", re.IGNORECASE)
+
+
+def test_a_page_that_counts_the_shipped_rules_and_templates_counts_what_rules_list_lists():
+    """"N rules ship", "N templates ship": N is what `rules list` lists (its templates are the
+    `generic.*` rows), so a rule added to the knowledge base cannot leave the count behind."""
+    listed = json.loads(run_cli(["rules", "list", "--format", "json"]))
+    shipped = {"rules": len(listed["rules"]), "templates": len(listed["templates"])}
+    said = [(page_id(path), kind.lower(), int(number) if number.isdigit() else _NUMBER_WORDS.index(number.lower()))
+            for path in PAGES for number, kind in _SHIPPED.findall(" ".join(read_page(path).prose))]
+    assert {kind for _, kind, _ in said} == set(shipped), said  # docs/knowledge-base.md says both
+    assert [(page, kind, count) for page, kind, count in said if count != shipped[kind]] == [], shipped
 
 
 # --- commands run as printed -----------------------------------------------------------------------
