@@ -550,3 +550,22 @@ def test_install_says_what_the_training_image_needs(tmp_path):
     for args in ((), ("--revert",)):  # nothing written: nothing needed
         document = json.loads(run("--adaptor", str(adaptor), "--yes", "--format", "json", *args).stdout)
         assert document["training_image"] is None
+
+
+def test_an_unguarded_report_block_of_an_earlier_install_is_named_with_the_way_to_guard_it(tmp_path):
+    adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
+    apply(sentinel_plan(adaptor))
+    guarded = adaptor.read_text()
+    start, end = guarded.index("    try:  # never"), guarded.index("    # unsafe-doctor: end")
+    earlier = [line.removeprefix("    ") for line in guarded[start:end].splitlines(keepends=True)[1:5]]
+    adaptor.write_text(guarded[:start] + "".join(earlier) + guarded[end:])  # as installs before issue 36 wrote it
+    compile(adaptor.read_text(), str(adaptor), "exec")
+
+    again = sentinel_plan(adaptor)
+    assert again.edits == ()
+    assert again.notes == ("it is unguarded in mode report (an earlier unsafe-doctor wrote it): a rank that cannot import "
+                           "unsafe-doctor fails the rollback there; to guard it: sentinel install --revert, then install again",)
+    revert(adaptor, sentinel=True)
+    apply(sentinel_plan(adaptor))
+    assert adaptor.read_text() == guarded
+    assert sentinel_plan(adaptor).notes == ("to write another mode or move it: sentinel install --revert, then install again",)

@@ -131,7 +131,13 @@ def plan_sentinel(
     profile = map_parameters(environment.profile, parameters or {})
     installed = _installed(environment)
     if installed is not None:  # one sentinel per adaptor, wherever it is: a second would check it all again
-        return Plan((), (installed,), (), ("to write another mode or move it: sentinel install --revert, then install again",))
+        present, unguarded = installed
+        again = "sentinel install --revert, then install again"
+        note = f"to write another mode or move it: {again}"
+        if unguarded:  # written before the guard: the failure this module's report block exists to prevent
+            note = (f"it is unguarded in mode report (an earlier unsafe-doctor wrote it): a rank that cannot import "
+                    f"unsafe-doctor fails the rollback there; to guard it: {again}")
+        return Plan((), (present,), (), (note,))
     return plan_blocks([SentinelRequest(_end_of_rollback(environment, profile, functions or {}), mode)], environment, profile)
 
 
@@ -145,13 +151,16 @@ def _end_of_rollback(environment: Environment, profile: AdaptorProfile, function
     return callback if callback in names else profile.rollback
 
 
-def _installed(environment: Environment) -> str | None:
-    """Where the adaptor's files hold the sentinel's block already, as `fix.Plan.present` says it."""
+def _installed(environment: Environment) -> tuple[str, bool] | None:
+    """Where the adaptor's files hold the sentinel's block already, as `fix.Plan.present` says it, and
+    whether it is a report-mode block without the guard."""
     for path in adaptor_files(environment):
         source = read_source(path)
         for span in block_spans(source):
             if span.key == SENTINEL_KEY:
                 function = enclosing_function(source, span.begin + 1)
                 where = f"{function.name}()" if function else f"line {span.begin + 1}"
-                return f"{source.shown}: {SENTINEL_KEY} already in {where}"
+                block = b"".join(source.lines[span.begin : span.end + 1])
+                unguarded = b'mode="report"' in block and b"except Exception as _ud_error:" not in block
+                return f"{source.shown}: {SENTINEL_KEY} already in {where}", unguarded
     return None
