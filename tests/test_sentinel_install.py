@@ -5,7 +5,8 @@ The adaptors are the real MindSpeed-LLM and mind-cluster files (../shared/real/,
 adaptors (samples/adaptors/) and toytrain's recovery.py, each copied under tmp_path. Each install is
 checked for its exact lines, a file that compiles with the call as the function's last statement,
 a second run that changes nothing and a revert that gives the original bytes back; then the order
-with `fix` both ways, the modes, the command line, and `verify` proving a fix beside the sentinel.
+with `fix` both ways, the modes, the command line, and `verify` proving a fix beside the sentinel;
+last, the block in training ranks that cannot import unsafe-doctor (issue 36).
 """
 
 from __future__ import annotations
