@@ -5,7 +5,8 @@ The adaptors are the real MindSpeed-LLM and mind-cluster files (../shared/real/,
 adaptors (samples/adaptors/) and toytrain's recovery.py, each copied under tmp_path. Each install is
 checked for its exact lines, a file that compiles with the call as the function's last statement,
 a second run that changes nothing and a revert that gives the original bytes back; then the order
-with `fix` both ways, the modes, the command line, and `verify` proving a fix beside the sentinel.
+with `fix` both ways, the modes, the command line, and `verify` proving a fix beside the sentinel;
+last, the block in training ranks that cannot import unsafe-doctor (issue 36).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 from terminal import at_terminal
 
+from unsafe_doctor import __version__
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
@@ -81,16 +83,37 @@ def revert(adaptor: Path, *, sentinel: bool) -> None:
     apply(plan_revert(groundwork().detect(adaptor=adaptor).environment, sentinel=sentinel))
 
 
-def expected_block(indent: str, arguments: str, what: str = "report: log them and go on") -> list[str]:
+def expected_block(indent: str, arguments: str, what: str = "report: log them and go on", unit: str = "    ") -> list[str]:
+    """The block as a mode writes it: report's guarded by try/except, raise's and heal's bare."""
+    calls = [
+        "from unsafe_doctor.sentinel import check as _ud_sentinel_check",
+        "from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks",
+        "_ud_keep_tracebacks()  # MindIO logs the next unsafe-data error with its traceback",
+        f"_ud_sentinel_check({arguments})",
+    ]
+    if what.startswith("report"):
+        calls = [
+            "try:  # never fails the rollback: where it cannot run, one line says why",
+            *(unit + line for line in calls),
+            "except Exception as _ud_error:",
+            unit + "import logging as _ud_logging",
+            unit + '_ud_logging.getLogger("unsafe_doctor.sentinel").warning("[unsafe-doctor sentinel] failed, the rollback goes '
+            'on: %r", _ud_error)',
+        ]
     return [
         f"{indent}# unsafe-doctor: begin {SENTINEL_KEY}",
         f"{indent}# last in the rollback: name every tensor still unsafe (mode {what})",
-        f"{indent}from unsafe_doctor.sentinel import check as _ud_sentinel_check",
-        f"{indent}from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks",
-        f"{indent}_ud_keep_tracebacks()  # MindIO logs the next unsafe-data error with its traceback",
-        f"{indent}_ud_sentinel_check({arguments})",
+        *(indent + line for line in calls),
         f"{indent}# unsafe-doctor: end {SENTINEL_KEY}",
     ]
+
+
+def sentinel_call(statement: ast.stmt) -> str:
+    """The sentinel's call in the block's last statement: itself, or the last of its `try`."""
+    if isinstance(statement, ast.Try):
+        statement = statement.body[-1]
+    assert isinstance(statement, ast.Expr)
+    return ast.unparse(statement)
 
 
 def added_lines(plan: Plan) -> list[str]:
@@ -128,8 +151,7 @@ def test_install_then_idempotent_then_revert_on_real_adaptors(case, tmp_path, re
     [written] = apply(plan)
     after = adaptor.read_bytes()
     compile(after, str(adaptor), "exec")
-    call = last_statement(after, case.function)
-    assert isinstance(call, ast.Expr) and ast.unparse(call) == f"_ud_sentinel_check({passed}mode='report')"
+    assert sentinel_call(last_statement(after, case.function)) == f"_ud_sentinel_check({passed}mode='report')"
     assert written.backup.read_bytes() == before
 
     again = sentinel_plan(adaptor, functions=case.functions)
@@ -140,6 +162,11 @@ def test_install_then_idempotent_then_revert_on_real_adaptors(case, tmp_path, re
     assert adaptor.read_bytes() == before
     nothing = plan_revert(groundwork().detect(adaptor=adaptor).environment, sentinel=True)
     assert nothing.edits == () and f"{adaptor}: no sentinel block" in nothing.notes
+    for mode in ("raise", "heal"):  # the bare block, which the modes that stop the recovery write
+        apply(sentinel_plan(adaptor, mode, functions=case.functions))
+        assert sentinel_call(last_statement(adaptor.read_bytes(), case.function)) == f"_ud_sentinel_check({passed}mode='{mode}')"
+        revert(adaptor, sentinel=True)
+        assert adaptor.read_bytes() == before, mode
 
 
 def test_mindspeed_llms_rollback_callback_passes_its_train_args(tmp_path, real):
@@ -151,8 +178,8 @@ def test_mindspeed_llms_rollback_callback_passes_its_train_args(tmp_path, real):
     assert added_lines(plan) == expected_block("    ", 'train_args, mode="report"')
     assert not any(NO_TRAIN_ARGS in note for note in plan.notes)
     apply(plan)
-    call = last_statement(adaptor.read_bytes(), "rollback_callback")
-    assert ast.unparse(call) == "_ud_sentinel_check(train_args, mode='report')"
+    call = sentinel_call(last_statement(adaptor.read_bytes(), "rollback_callback"))
+    assert call == "_ud_sentinel_check(train_args, mode='report')"
 
 
 def test_the_train_args_parameter_is_passed_and_each_mode_written(tmp_path):
@@ -209,7 +236,7 @@ def test_the_sentinel_stays_last_whichever_comes_first_and_each_revert_takes_its
 
     assert markers(fix_first.read_bytes()) == [LOSS_LOG_KEY, SENTINEL_KEY]
     assert fix_first.read_bytes() == sentinel_first.read_bytes()  # one file, whichever came first
-    assert ast.unparse(last_statement(fix_first.read_bytes(), "feature_rollback")) == "_ud_sentinel_check(mode='report')"
+    assert sentinel_call(last_statement(fix_first.read_bytes(), "feature_rollback")) == "_ud_sentinel_check(mode='report')"
 
     revert(fix_first, sentinel=False)  # fix --revert: the fixes only
     assert markers(fix_first.read_bytes()) == [SENTINEL_KEY]
@@ -239,13 +266,8 @@ def test_before_a_trailing_return_a_fix_still_goes_before_the_sentinel(tmp_path,
     write_fix(toytrain_loss_log, adaptor, [TOYTRAIN.parent], functions="rollback=reset")
     text = adaptor.read_text()
     assert markers(text.encode()) == [LOSS_LOG_KEY, SENTINEL_KEY]
-    assert text.endswith(f"# unsafe-doctor: end {LOSS_LOG_KEY}\n    # unsafe-doctor: begin {SENTINEL_KEY}\n"
-                         "    # last in the rollback: name every tensor still unsafe (mode report: log them and go on)\n"
-                         "    from unsafe_doctor.sentinel import check as _ud_sentinel_check\n"
-                         "    from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks\n"
-                         "    _ud_keep_tracebacks()  # MindIO logs the next unsafe-data error with its traceback\n"
-                         '    _ud_sentinel_check(train_args, mode="report")\n'
-                         f"    # unsafe-doctor: end {SENTINEL_KEY}\n\n    return 0\n")
+    block = "".join(line + "\n" for line in expected_block("    ", 'train_args, mode="report"'))
+    assert text.endswith(f"# unsafe-doctor: end {LOSS_LOG_KEY}\n{block}\n    return 0\n")
     compile(text, str(adaptor), "exec")
     revert(adaptor, sentinel=True)
     revert(adaptor, sentinel=False)
@@ -353,7 +375,7 @@ def test_cli_takes_the_adaptor_function_and_parameter_from_pyproject(tmp_path):
     )
     result = run("--dry-run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert '+    _ud_sentinel_check(ctx, mode="report")\n' in result.stdout
+    assert '+        _ud_sentinel_check(ctx, mode="report")\n' in result.stdout
     assert adaptor.read_bytes() == (TOYTRAIN / "recovery.py").read_bytes()
 
 
@@ -384,3 +406,167 @@ def test_markers_quoted_in_a_string_are_no_block_to_install_over_or_revert(tmp_p
     revert(adaptor, sentinel=True)
     revert(adaptor, sentinel=False)
     assert adaptor.read_text() == (TOYTRAIN / "recovery.py").read_text() + QUOTED_BLOCKS  # the string whole
+
+
+# --- a training image without unsafe-doctor ---------------------------------------------------------
+
+WORKERS = SAMPLES / "workers"
+SENTINEL_LOG = SAMPLES / "logs" / "toytrain_sentinel.log"
+FAILED_LINE = "[unsafe-doctor sentinel] failed, the rollback goes on: "
+WITHOUT_THE_SENTINEL = '''\
+"""Run a sample worker in a Python that cannot import unsafe_doctor.sentinel, as in a training image
+without unsafe-doctor (the worker's emulated torch_npu is unsafe_doctor.npu, so the package itself is
+there: its sentinel is what the adaptor's block imports)."""
+import runpy
+import sys
+
+
+class NoSentinel:
+    def find_spec(self, name, path=None, target=None):
+        if name == "unsafe_doctor.sentinel" or name.startswith("unsafe_doctor.sentinel."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NoSentinel())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+def toytrain_without_the_sentinel(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
+    """toytrain's 2-rank torchrun job under emulated MindIO and torch_npu, an HBM ECC fault on rank 1 at
+    step 21, in ranks whose Python cannot import unsafe_doctor.sentinel. Its adaptor holds the fixes
+    of both globals the recovery leaves unsafe (so the first step after it can run) and the sentinel
+    in `mode`. The job's console output is its stdout."""
+    framework = tmp_path / "framework"
+    shutil.copytree(SAMPLES / "framework", framework, ignore=shutil.ignore_patterns("__pycache__"))
+    adaptor = framework / "toytrain" / "recovery.py"
+    write_fix(SENTINEL_LOG, adaptor, [framework])
+    apply(sentinel_plan(adaptor, mode))
+    launcher = tmp_path / "without_the_sentinel.py"
+    launcher.write_text(WITHOUT_THE_SENTINEL)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(WORKERS), str(framework), str(ROOT)]),
+                   "SAMPLE_FAULT": "21:1:hbm:forward", "SAMPLE_TRAIN_ITERS": "23", "OMP_NUM_THREADS": "1",
+                   "PYTHONUNBUFFERED": "1"}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun), "--standalone", "--nproc-per-node", "2", str(launcher), str(WORKERS / "train_toy.py"),
+               "--case", "ema"]
+    return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240, cwd=ROOT,
+                          env=environment, stdin=subprocess.DEVNULL)
+
+
+def test_in_report_mode_ranks_without_the_package_log_one_line_and_the_recovery_completes(tmp_path):
+    """Issue 36: the block's import failed the rollback on every rank, and MindIO gave up the recovery."""
+    job = toytrain_without_the_sentinel(tmp_path, "report")
+    output = job.stdout
+    assert job.returncode == 0, output[-3000:]
+    said = [line for line in output.splitlines() if FAILED_LINE in line]
+    assert len(said) == 2, said  # one line on each rank
+    assert all(line.endswith(FAILED_LINE + "ModuleNotFoundError(\"No module named 'unsafe_doctor.sentinel'\")")
+               for line in said), said
+    assert "rollback failed" not in output
+    assert output.count("rolled back to step 20") == 2
+    assert output.index("toytrain step     21 |") > output.rindex("rolled back to step 20")  # the first step after it ran
+
+
+def test_in_raise_mode_ranks_without_the_package_stop_the_recovery(tmp_path):
+    """Raise mode was asked to stop the recovery rather than let a step run unchecked: it still does."""
+    job = toytrain_without_the_sentinel(tmp_path, "raise")
+    output = job.stdout
+    assert job.returncode != 0, output[-3000:]
+    assert "An error occurred: No module named 'unsafe_doctor.sentinel'" in output
+    assert "rank:1 rollback failed, ret: 1" in output
+    assert "toytrain step     21 |" not in output and FAILED_LINE not in output
+
+
+OLD_SENTINEL = "def check(*roots):\n    return None\n"  # an unsafe-doctor in the image older than the block: no mode
+OLD_KEEPER = "def keep_tracebacks():\n    return None\n"
+IMAGES = {  # what the training image holds, as files of its site-packages: what the block meets there
+    "nothing": {},
+    "no keeper": {"unsafe_doctor/__init__.py": "", "unsafe_doctor/sentinel/__init__.py": OLD_SENTINEL},
+    "an older check": {"unsafe_doctor/__init__.py": "", "unsafe_doctor/sentinel/__init__.py": OLD_SENTINEL,
+                       "unsafe_doctor/sentinel/keeper.py": OLD_KEEPER},
+}
+ERRORS = {
+    "nothing": "ModuleNotFoundError(\"No module named 'unsafe_doctor'\")",
+    "no keeper": "ModuleNotFoundError(\"No module named 'unsafe_doctor.sentinel.keeper'\")",
+    "an older check": "TypeError(\"check() got an unexpected keyword argument 'mode'\")",
+}
+
+
+def rollback_in_an_image(tmp_path: Path, mode: str, image: str) -> subprocess.CompletedProcess[str]:
+    """An adaptor with the sentinel in `mode`, its rollback run by a Python without site-packages (-S:
+    no unsafe-doctor, whatever this venv holds) beside the files of `image`."""
+    adaptor = tmp_path / "recovery.py"
+    adaptor.write_text('STATE = {"loss": 1}\n\n\ndef feature_rollback():\n    STATE.clear()\n')
+    apply(sentinel_plan(adaptor, mode))
+    site = tmp_path / "site-packages"
+    for name, text in IMAGES[image].items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    driver = (f"import logging, sys; sys.path[:0] = [{str(tmp_path)!r}, {str(site)!r}]; logging.basicConfig(); "
+              "import recovery; recovery.feature_rollback(); print('rolled back', recovery.STATE)")
+    return subprocess.run([sys.executable, "-I", "-S", "-c", driver], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("image", list(IMAGES))
+def test_in_report_mode_nothing_the_image_lacks_or_holds_fails_the_rollback(tmp_path, image):
+    """No package, an older one without the keeper, one whose check takes no mode: the rollback runs
+    to its end and one line says why the sentinel did not check."""
+    result = rollback_in_an_image(tmp_path, "report", image)
+    assert (result.returncode, result.stdout) == (0, "rolled back {}\n"), result.stderr
+    assert result.stderr == f"WARNING:unsafe_doctor.sentinel:{FAILED_LINE}{ERRORS[image]}\n"
+
+
+@pytest.mark.parametrize("mode", ["raise", "heal"])
+def test_modes_that_stop_the_recovery_raise_where_the_package_is_missing(tmp_path, mode):
+    result = rollback_in_an_image(tmp_path, mode, "nothing")
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.endswith("ModuleNotFoundError: No module named 'unsafe_doctor'\n"), result.stderr
+    assert FAILED_LINE not in result.stderr
+
+
+def test_the_line_goes_to_the_sentinels_own_logger():
+    from unsafe_doctor.adaptor.sentinel_install import LOGGER
+    from unsafe_doctor.sentinel import logger
+
+    assert logger.name == LOGGER
+
+
+def test_install_says_what_the_training_image_needs(tmp_path):
+    adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
+    where = f"the training image needs unsafe-doctor=={__version__} importable in every rank's Python: where it is not, "
+    report = run("--adaptor", str(adaptor), "--dry-run")
+    assert report.returncode == 0, report.stderr
+    assert f"{where}the block logs one line and the rollback goes on without the sentinel\n" in report.stderr
+    stopping = run("--adaptor", str(adaptor), "--mode", "raise", "--dry-run")
+    assert (f"{where}the rollback raises there and MindIO gives up the online recovery, as it does for an unsafe tensor "
+            "in this mode\n") in stopping.stderr
+
+    written = json.loads(run("--adaptor", str(adaptor), "--mode", "heal", "--yes", "--format", "json").stdout)
+    assert written["training_image"] == {"needs": f"unsafe-doctor=={__version__}", "where": "importable in every rank's Python",
+                                         "if_missing": "raised"}
+    for args in ((), ("--revert",)):  # nothing written: nothing needed
+        document = json.loads(run("--adaptor", str(adaptor), "--yes", "--format", "json", *args).stdout)
+        assert document["training_image"] is None
+
+
+def test_an_unguarded_report_block_of_an_earlier_install_is_named_with_the_way_to_guard_it(tmp_path):
+    adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
+    apply(sentinel_plan(adaptor))
+    guarded = adaptor.read_text()
+    start, end = guarded.index("    try:  # never"), guarded.index("    # unsafe-doctor: end")
+    earlier = [line.removeprefix("    ") for line in guarded[start:end].splitlines(keepends=True)[1:5]]
+    adaptor.write_text(guarded[:start] + "".join(earlier) + guarded[end:])  # as installs before issue 36 wrote it
+    compile(adaptor.read_text(), str(adaptor), "exec")
+
+    again = sentinel_plan(adaptor)
+    assert again.edits == ()
+    assert again.notes == ("it is unguarded in mode report (an earlier unsafe-doctor wrote it): a rank that cannot import "
+                           "unsafe-doctor fails the rollback there; to guard it: sentinel install --revert, then install again",)
+    revert(adaptor, sentinel=True)
+    apply(sentinel_plan(adaptor))
+    assert adaptor.read_text() == guarded
+    assert sentinel_plan(adaptor).notes == ("to write another mode or move it: sentinel install --revert, then install again",)

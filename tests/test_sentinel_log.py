@@ -358,3 +358,22 @@ def test_the_real_sentinel_sample_log_gives_both_globals_with_no_traceback():
     assert {name: (finding["scenario"], finding["ranks"], finding["found_by"]) for name, finding in found.items()} == {
         "LOSS_LOG": (1, [1], ["sentinel"]), "_EMA_GRAD_NORM": (2, [1], ["sentinel"])}
     assert sorted((check["rank"], check["unsafe_globals"]) for check in report["sentinel"]) == [(0, 0), (1, 2), (2, 0), (3, 0)]
+
+
+def test_a_check_of_no_tensor_is_never_called_clean_in_its_line_or_the_report(tmp_path):
+    """Issue 36: "clean; 0 tensors checked" claimed a safety nothing was checked for."""
+    none = Summary(1, "none", "report", 0, 0, 0, 0.0, "nothing checked: no unsafe backend here (no NPU; no emulation active)")
+    empty, clean = Summary(2, "emulated", "report", 0, 0, 0, 0.0, None), Summary(3, "emulated", "report", 14, 0, 0, 0.03, None)
+    assert format_line(none).startswith("[unsafe-doctor sentinel] rank 1: no tensors checked in 0.00 s (none backend, ")
+    assert format_line(empty).startswith("[unsafe-doctor sentinel] rank 2: no tensors checked in 0.00 s (emulated backend, ")
+    assert format_line(clean).startswith("[unsafe-doctor sentinel] rank 3: clean; 14 tensors checked in 0.03 s ")
+    older = format_line(none).replace("no tensors checked", "clean; 0 tensors checked")  # as lines before issue 36 read
+    assert parse_line(older) == parse_line(format_line(none)) == none  # the JSON is the contract: both read the same
+
+    log = tmp_path / "train.log"
+    log.write_text(prefixed(1, [older]) + prefixed(2, [format_line(empty)]) + prefixed(3, [format_line(clean)]))
+    out = " ".join(run("diagnose", str(log), "--no-input").stdout.decode().split())
+    assert "rank 1: 0 tensors checked (none backend), mode report, safety unknown; stopped early: nothing checked" in out
+    assert ("ranks 2-3: 0–14 tensors checked (emulated backend, no NPU check), mode report, clean on the ranks that "
+            "checked any; walk complete") in out
+    assert ", clean;" not in out

@@ -3,7 +3,8 @@
 ``--case ema``: under emulated MindIO with toytrain's own recovery adaptor; the fault planned in
 ``SAMPLE_FAULT`` strikes, recovery restores parameters and optimizer state, and the first step
 after it reads ``toytrain.state._EMA_GRAD_NORM``. C++ stack traces are on, as with
-``TORCH_SHOW_CPP_STACKTRACES=1``.
+``TORCH_SHOW_CPP_STACKTRACES=1``. ``SAMPLE_TRAIN_ITERS`` ends the job sooner than its 1,000 steps (a
+test needs only the steps past the recovery).
 
 ``--case hccl-timeout``: no MindIO; at step ``HANG_STEP`` every rank but ``TIMEOUT_RANK`` hangs
 before the gradient all-reduce, and ``TIMEOUT_RANK``'s all-reduce times out. The timeout is a
@@ -14,6 +15,7 @@ timeout (ProcessGroupNCCL's message with "HCCL"), with torch_npu's DIST error co
 import argparse
 import datetime
 import logging
+import os
 import time
 
 import torch
@@ -94,7 +96,7 @@ def main() -> None:
     model = toytrain.train.build_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     state.init_state("cpu")
-    config = TrainConfig(iteration=0, train_iters=1000)
+    config = TrainConfig(iteration=0, train_iters=int(os.environ.get("SAMPLE_TRAIN_ITERS", "1000")))
     data_iterator = DataIterator(features, labels, config)
     if case == "ema":
         with_mindio(model, optimizer, data_iterator, config)

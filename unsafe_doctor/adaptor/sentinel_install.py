@@ -1,17 +1,28 @@
 """`sentinel install`: the sentinel's call and the traceback keeper written at the end of the adaptor's
 rollback function.
 
-The block, planned and written by the fixer (`fix.plan_blocks`: diff, backup, idempotent, revert):
+The block, planned and written by the fixer (`fix.plan_blocks`: diff, backup, idempotent, revert),
+in mode report:
 
     # unsafe-doctor: begin unsafe_doctor.sentinel
     # <what it does>
-    from unsafe_doctor.sentinel import check as _ud_sentinel_check
-    from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks
-    _ud_keep_tracebacks()  # MindIO logs the next unsafe-data error with its traceback
-    _ud_sentinel_check(train_args, mode="report")
+    try:  # <why: the rollback never fails because of this block>
+        from unsafe_doctor.sentinel import check as _ud_sentinel_check
+        from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks
+        _ud_keep_tracebacks()  # MindIO logs the next unsafe-data error with its traceback
+        _ud_sentinel_check(train_args, mode="report")
+    except Exception as _ud_error:
+        import logging as _ud_logging
+        _ud_logging.getLogger("unsafe_doctor.sentinel").warning("[unsafe-doctor sentinel] failed, ...: %r", _ud_error)
     # unsafe-doctor: end unsafe_doctor.sentinel
 
-Its imports are bound to names of their own (`_ud_`), which nothing else in the function reads.
+It runs in the training process, where unsafe-doctor may not be installed (`needs`): in mode
+report nothing it imports or calls can fail the rollback; one log line says why it did not check,
+and the recovery goes on. Modes raise and heal were asked to stop the recovery rather than let a
+step run on state nobody vouched for, so their block is the same four lines unguarded: a package
+the ranks cannot import stops the recovery there, as an unsafe tensor would.
+
+Its names are bound to names of their own (`_ud_`), which nothing else in the function reads.
 `train_args` is the rollback function's parameter for the profile's train_args role, when it has
 one: through it the sentinel also checks the models' buffers and the optimizers' state. The keeper
 (`sentinel.keeper`) makes MindIO's log line for the next unsafe-data error carry its traceback,
@@ -21,14 +32,21 @@ recovery. One block for both: they are installed and reverted together. The bloc
 of the function (a later `fix` goes before it), so the sentinel sees the rollback's repairs; `fix
 --revert` leaves it, `sentinel install --revert` takes it out. This module only names
 `unsafe_doctor.sentinel`: it runs in the training process, not here.
+
+No block without the import is offered: the walk that finds what a step reaches without running
+its code is the package (`sentinel.walk`), and a few lines that stand in for it would either miss
+the globals a recovery leaves unsafe (nested in dicts, objects, closures, caches) or run code of the
+objects they read inside the rollback (docs/sentinel.md, "What the training image needs").
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
-from unsafe_doctor.adaptor.code import Role, Site, adaptor_files, block_spans, enclosing_function, read_source
+from unsafe_doctor import __version__
+from unsafe_doctor.adaptor.code import INDENT, Role, Site, adaptor_files, block_spans, enclosing_function, read_source
 from unsafe_doctor.adaptor.fix import Plan, marked_block, plan_blocks
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import AdaptorProfile, map_parameters, role_parameter
@@ -41,6 +59,9 @@ IMPORTS = (
     "from unsafe_doctor.sentinel import check as _ud_sentinel_check",
     "from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks",
 )
+GUARD_COMMENT = "never fails the rollback: where it cannot run, one line says why"
+FAILED = "[unsafe-doctor sentinel] failed, the rollback goes on:"  # the one line, then the error's repr
+LOGGER = "unsafe_doctor.sentinel"  # the sentinel's own logger (`logging.getLogger(__name__)` there)
 KEEPER_COMMENT = "MindIO logs the next unsafe-data error with its traceback"
 WHAT = {  # what each mode does, as the block's comment says it
     "report": "log them and go on",
@@ -70,9 +91,30 @@ class SentinelRequest:
                 "the models and optimizers, so their buffers and state are not checked; pass them to it yourself",
             )
         arguments = ", ".join([*([passed] if passed else []), f'mode="{self.mode}"'])
-        code = [f"_ud_keep_tracebacks()  # {KEEPER_COMMENT}", f"_ud_sentinel_check({arguments})"]
+        code = [*IMPORTS, f"_ud_keep_tracebacks()  # {KEEPER_COMMENT}", f"_ud_sentinel_check({arguments})"]
+        if self.mode == "report":
+            code = [
+                f"try:  # {GUARD_COMMENT}",
+                *(INDENT + line for line in code),
+                "except Exception as _ud_error:",
+                INDENT + "import logging as _ud_logging",
+                INDENT + f'_ud_logging.getLogger("{LOGGER}").warning("{FAILED} %r", _ud_error)',
+            ]
         comment = f"last in the rollback: name every tensor still unsafe (mode {self.mode}: {WHAT[self.mode]})"
-        return marked_block(self.key, comment, [*IMPORTS, *code], function), notes
+        return marked_block(self.key, comment, code, function), notes
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the training image needs for the block: unsafe-doctor, this version, importable in every
+    rank's Python; and what the block does on a rank where it is not."""
+
+    version: str
+    missing: Literal["logged", "raised"]  # one log line and the rollback goes on (report), or the rollback raises
+
+
+def needs(mode: Mode) -> Needs:
+    return Needs(__version__, "logged" if mode == "report" else "raised")
 
 
 def plan_sentinel(
@@ -89,7 +131,13 @@ def plan_sentinel(
     profile = map_parameters(environment.profile, parameters or {})
     installed = _installed(environment)
     if installed is not None:  # one sentinel per adaptor, wherever it is: a second would check it all again
-        return Plan((), (installed,), (), ("to write another mode or move it: sentinel install --revert, then install again",))
+        present, unguarded = installed
+        again = "sentinel install --revert, then install again"
+        note = f"to write another mode or move it: {again}"
+        if unguarded:  # written before the guard: the failure this module's report block exists to prevent
+            note = (f"it is unguarded in mode report (an earlier unsafe-doctor wrote it): a rank that cannot import "
+                    f"unsafe-doctor fails the rollback there; to guard it: {again}")
+        return Plan((), (present,), (), (note,))
     return plan_blocks([SentinelRequest(_end_of_rollback(environment, profile, functions or {}), mode)], environment, profile)
 
 
@@ -103,13 +151,16 @@ def _end_of_rollback(environment: Environment, profile: AdaptorProfile, function
     return callback if callback in names else profile.rollback
 
 
-def _installed(environment: Environment) -> str | None:
-    """Where the adaptor's files hold the sentinel's block already, as `fix.Plan.present` says it."""
+def _installed(environment: Environment) -> tuple[str, bool] | None:
+    """Where the adaptor's files hold the sentinel's block already, as `fix.Plan.present` says it, and
+    whether it is a report-mode block without the guard."""
     for path in adaptor_files(environment):
         source = read_source(path)
         for span in block_spans(source):
             if span.key == SENTINEL_KEY:
                 function = enclosing_function(source, span.begin + 1)
                 where = f"{function.name}()" if function else f"line {span.begin + 1}"
-                return f"{source.shown}: {SENTINEL_KEY} already in {where}"
+                block = b"".join(source.lines[span.begin : span.end + 1])
+                unguarded = b'mode="report"' in block and b"except Exception as _ud_error:" not in block
+                return f"{source.shown}: {SENTINEL_KEY} already in {where}", unguarded
     return None

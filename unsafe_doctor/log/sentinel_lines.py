@@ -120,18 +120,20 @@ def _well_typed(record: Record) -> bool:
 def _words(record: Record) -> str:
     where = f"rank {record.rank}" if record.rank is not None else "this process"
     if isinstance(record, Summary):
-        verdict = "clean"
+        checked = f"{_counted(record.tensors_checked, 'tensor')} checked"
         if record.unsafe_globals:
-            verdict = f"{_counted(record.unsafe_globals, 'unsafe global')}, {_counted(record.unsafe_tensors, 'tensor')}"
+            unsafe = f"{_counted(record.unsafe_globals, 'unsafe global')}, {_counted(record.unsafe_tensors, 'tensor')}"
+            checked = f"{unsafe}; {checked}"
+        elif record.tensors_checked == 0:  # nothing is known safe: "clean" would claim it
+            checked = "no tensors checked"
+        else:
+            checked = f"clean; {checked}"
         early = f"; stopped early: {record.stopped_early}" if record.stopped_early else ""
         unread = ""
         if record.not_walked:
             first = f", the first {record.not_walked_first[0]}" if record.not_walked_first else ""
             unread = f"; could not walk {_counted(record.not_walked, 'object')}{first}"
-        return (
-            f"{where}: {verdict}; {_counted(record.tensors_checked, 'tensor')} checked in {record.seconds:.2f} s "
-            f"({record.backend} backend, mode {record.mode}){early}{unread}"
-        )
+        return f"{where}: {checked} in {record.seconds:.2f} s ({record.backend} backend, mode {record.mode}){early}{unread}"
     state = "healed" if record.healed else "unsafe"
     scenario = f", scenario {record.scenario}" if record.scenario else ", no rule"
     if record.written_by_step:

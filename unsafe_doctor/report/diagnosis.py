@@ -511,6 +511,8 @@ def _sentinel_checks(diagnosis: Diagnosis) -> Text:
         checked = f"{counts[0]:,}" if counts[0] == counts[-1] else f"{counts[0]:,}–{counts[-1]:,}"
         unsafe = max(check.unsafe_globals for check in checks)
         found = f"up to {counted(unsafe, 'unsafe global')}" if unsafe else "clean"
+        if not unsafe and counts[0] == 0:  # a check of no tensor vouches for nothing
+            found = "safety unknown" if counts[-1] == 0 else "clean on the ranks that checked any"
         gaps = [f"stopped early: {printable(early)}, so globals past it were not checked"] if early else []
         unread = max(check.not_walked for check in checks)
         if unread:

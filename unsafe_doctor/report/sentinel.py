@@ -1,4 +1,5 @@
-"""`sentinel install`'s JSON document: fix's, less what only findings have, with the mode written."""
+"""`sentinel install`'s JSON document: fix's, less what only findings have, with the mode written and
+what the training image needs; and that need in words."""
 
 from __future__ import annotations
 
@@ -8,13 +9,30 @@ from unsafe_doctor.report import fix
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Plan, Written
+    from unsafe_doctor.adaptor.sentinel_install import Needs
     from unsafe_doctor.log.sentinel_lines import Mode
 
 SCHEMA = "unsafe-doctor/sentinel-install/v1"
 
 
-def to_json(plan: Plan, written: tuple[Written, ...], dry_run: bool, mode: Mode | None) -> dict[str, Any]:
-    """`mode`: the one written; None for --revert."""
+WHERE = "importable in every rank's Python"
+IF_MISSING = {
+    "logged": "where it is not, the block logs one line and the rollback goes on without the sentinel",
+    "raised": "where it is not, the rollback raises there and MindIO gives up the online recovery, as it does for "
+    "an unsafe tensor in this mode",
+}
+
+
+def to_json(plan: Plan, written: tuple[Written, ...], dry_run: bool, mode: Mode | None, needs: Needs | None) -> dict[str, Any]:
+    """`mode`: the one written; None for --revert. `needs`: the block's, where the plan writes one."""
     document = fix.to_json(plan, written, dry_run)
     del document["skipped"], document["already_reset"]  # a sentinel answers no finding
-    return {**document, "schema": SCHEMA, "mode": mode}
+    training_image = None
+    if needs is not None:
+        training_image = {"needs": f"unsafe-doctor=={needs.version}", "where": WHERE, "if_missing": needs.missing}
+    return {**document, "schema": SCHEMA, "mode": mode, "training_image": training_image}
+
+
+def needs_line(needs: Needs) -> str:
+    """What the training image needs, and what the block does where it lacks it."""
+    return f"the training image needs unsafe-doctor=={needs.version} {WHERE}: {IF_MISSING[needs.missing]}"
