@@ -29,7 +29,8 @@ def test_yes_at_the_terminal_applies_the_fix_while_the_log_comes_on_stdin(tmp_pa
     gz = LOG / "none_sample" / "attempt_0" / "1" / "stderr.log.gz"
     answers = [(b"[y/N]", b"y\n"), (VERIFY_QUESTION, b"n\n")]
     code, screen = converse(["--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], gz, answers)
-    assert f"Apply scenario-2 fix to {adaptor}::recv_rank_repair and {adaptor}::send_rank_repair?" in screen  # both patched
+    shown = " ".join(screen.split())  # the question wrapped at the terminal's width
+    assert f"Apply scenario-2 fix to {adaptor}::recv_rank_repair and {adaptor}::send_rank_repair?" in shown  # both patched
     assert code == 1  # findings
     assert "unsafe-doctor: begin generic.replica-copy:toytrain.state._EMA_GRAD_NORM" in adaptor.read_text()
     assert Path(str(adaptor) + ".unsafe-doctor.bak").read_bytes() == (FRAMEWORK / "toytrain" / "recovery.py").read_bytes()
@@ -159,3 +160,15 @@ def test_a_diff_is_coloured_at_a_terminal_and_a_plain_patch_elsewhere():
     assert "\x1b" not in piped.stdout and piped.stdout.startswith("--- a/")
     shown = re.sub(r"\x1b\[[0-9;]*m", "", screen).replace("\r\n", "\n")
     assert shown[shown.index("--- a/"):].startswith(piped.stdout)
+
+
+def test_a_question_wider_than_the_terminal_is_wrapped_between_words_never_inside_its_choice(tmp_path):
+    """Issue 36: at 120 columns the terminal cut the question as `[y/` and `N]`."""
+    adaptor = tmp_path / "recovery.py"  # named twice in the question: wider than 120 columns
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
+    _, screen = at_terminal(args, answers=[(b"[y/N]: ", b"n\n")], columns=120)
+    question = screen[screen.rindex("\r\n", 0, screen.index("Apply scenario-2 fix")):screen.index("[y/N]: ") + 7]
+    lines = question.lstrip().split("\r\n")
+    assert len(lines) > 1 and all(len(line) <= 120 for line in lines), lines
+    assert lines[-1].endswith("[y/N]: ")

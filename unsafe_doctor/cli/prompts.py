@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shutil
 import sys
+import textwrap
 from collections.abc import Iterator
 from typing import TextIO
 
@@ -30,7 +32,7 @@ class Terminal:
 
     def answer(self, prompt: str) -> str:
         """The line typed after the prompt, stripped; end of input is an interrupt, not a "no"."""
-        self.tell(prompt)
+        self.tell(fitted(prompt))
         try:
             line = self.reader.readline()
         except KeyboardInterrupt:
@@ -47,6 +49,14 @@ class Terminal:
             if reply in ("y", "yes", "n", "no", ""):
                 return reply in ("y", "yes")
             self.tell("answer y or n (Enter: no)\n")
+
+
+def fitted(prompt: str) -> str:
+    """The prompt wrapped between words at the terminal's width, its choice (`[y/N]:`) and every
+    path whole: the terminal itself would cut a long line anywhere, `[y/` on one line, `N]` on the next."""
+    width = shutil.get_terminal_size().columns - 1  # the answer's first character fits after the prompt
+    words = prompt.rstrip(" ")
+    return textwrap.fill(words, width, break_long_words=False, break_on_hyphens=False) + prompt[len(words):]
 
 
 @contextlib.contextmanager
