@@ -172,3 +172,14 @@ def test_a_question_wider_than_the_terminal_is_wrapped_between_words_never_insid
     lines = question.lstrip().split("\r\n")
     assert len(lines) > 1 and all(len(line) <= 120 for line in lines), lines
     assert lines[-1].endswith("[y/N]: ")
+
+
+def test_without_a_terminal_each_fix_block_is_printed_once_as_the_diff(tmp_path):
+    """Issue 36: with a known adaptor, each block came twice: as code under the box, then in the diff."""
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
+    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120)
+    assert result.stdout.count("# scenario 2, replica rank: send toytrain.state._EMA_GRAD_NORM") == 1
+    assert result.stdout.count("# scenario 2, faulty rank: receive toytrain.state._EMA_GRAD_NORM") == 1
+    assert "+    # scenario 2, replica rank: send toytrain.state._EMA_GRAD_NORM" in result.stdout  # in the diff
