@@ -183,3 +183,14 @@ def test_without_a_terminal_each_fix_block_is_printed_once_as_the_diff(tmp_path)
     assert result.stdout.count("# scenario 2, replica rank: send toytrain.state._EMA_GRAD_NORM") == 1
     assert result.stdout.count("# scenario 2, faulty rank: receive toytrain.state._EMA_GRAD_NORM") == 1
     assert "+    # scenario 2, replica rank: send toytrain.state._EMA_GRAD_NORM" in result.stdout  # in the diff
+
+
+def test_the_readme_first_command_ends_with_the_fix_command_for_its_log_not_no_fix_written():
+    """Issue 36: a diagnosis that worked ended with "no fix written", as if something had failed."""
+    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "samples/logs/megatron_moe_tracker.log"],
+                            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "no fix written" not in result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("unsafe-doctor: to write the fix into your recovery adaptor"), last
+    assert last.endswith(": unsafe-doctor fix samples/logs/megatron_moe_tracker.log --adaptor ADAPTOR.py --yes"), last

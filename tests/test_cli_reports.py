@@ -187,7 +187,7 @@ def test_diagnose_yes_without_an_adaptor_says_what_is_missing():
     result = run("diagnose", str(CORPUS / "logs" / "megatron-router-expert-bias.log"), "--yes")
     assert result.returncode == 1
     assert "no recovery adaptor is known" in result.stderr
-    assert "--adaptor FILE" in result.stderr and "--source-root DIR" in result.stderr
+    assert "--adaptor ADAPTOR.py" in result.stderr and "--source-root DIR" in result.stderr
 
 
 def test_fix_dry_run_ends_with_the_command_that_writes_it(tmp_path):

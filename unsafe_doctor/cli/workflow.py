@@ -81,8 +81,10 @@ def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_i
     adaptor = diagnosis.context.environment.adaptor
     if adaptor is None:
         if any(isinstance(item.classification.fix, FixPlan) for item in diagnosis.findings):
-            say("no fix written: no recovery adaptor is known; name it (--adaptor FILE) or the folder that holds it "
-                f"(--source-root DIR), {invocation.command('fix', Path('ADAPTOR.py'), '--yes').line('e.g.')}")
+            missing = "no fix written: no recovery adaptor is known; " if yes else ""  # --yes asked for a write
+            write = invocation.command("fix", Path("ADAPTOR.py"), "--yes")
+            say(write.line(f"{missing}to write the fix into your recovery adaptor (its file for ADAPTOR.py, or "
+                           "--source-root DIR, the folder that holds it)"))
         return
     with prompts.terminal(ask=not (yes or no_input)) as terminal:
         applied = _fix_each(diagnosis, invocation, adaptor, terminal, yes=yes)
