@@ -34,7 +34,7 @@ def run(*args: str, columns: int = 80, stdin: bytes | None = None) -> subprocess
     return subprocess.run(
         [sys.executable, "-m", "unsafe_doctor", *args],
         capture_output=True, text=True, timeout=180, input=stdin.decode() if stdin is not None else None,
-        env={"COLUMNS": str(columns), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+        env={"COLUMNS": str(columns), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
         stdin=None if stdin is not None else subprocess.DEVNULL,
     )  # fmt: skip
 
