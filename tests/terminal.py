@@ -16,26 +16,36 @@ def at_terminal(
     *,
     answers: Sequence[tuple[bytes, bytes]] = (),
     stdin_file: Path | None = None,
+    stdin_piped: bytes | None = None,
     stdout_to_file: bool = False,
     columns: int = 200,
     cwd: Path | None = None,
     quiet_seconds: float = 300,
 ) -> tuple[int, str]:
     """Run `unsafe-doctor ARGS` with a pty as its controlling terminal (stdout, stderr and /dev/tty;
-    stdin from `stdin_file` and stdout to /dev/null when asked); answer each prompt (bytes awaited,
-    bytes sent) once it is on the screen and the program waits at the terminal for the answer, as a
-    person does: a Ctrl-C typed then reaches a program that is reading, however loaded the machine.
+    stdin from `stdin_file`, or a pipe holding `stdin_piped` as `cat log |` gives it, read once; stdout to
+    /dev/null when asked); answer each prompt (bytes awaited, bytes sent) once it is on the screen and
+    the program waits at the terminal for the answer, as a person does: a Ctrl-C typed then reaches a
+    program that is reading, however loaded the machine.
     A run silent for `quiet_seconds` (a safety net, not a timing) is killed: exit -9. Exit code and screen."""
+    if stdin_piped is not None:
+        reading, writing = os.pipe()
+        os.write(writing, stdin_piped)  # within a pipe's buffer (64 KiB on Linux): written whole before the run
+        os.close(writing)
     pid, fd = pty.fork()
     if pid == 0:
         if stdin_file is not None:
             os.dup2(os.open(stdin_file, os.O_RDONLY), 0)
+        if stdin_piped is not None:
+            os.dup2(reading, 0)
         if stdout_to_file:
             os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
         if cwd is not None:
             os.chdir(cwd)
         os.environ["COLUMNS"] = str(columns)
         os.execv(sys.executable, [sys.executable, "-m", "unsafe_doctor", *args])
+    if stdin_piped is not None:
+        os.close(reading)
     screen, pending = b"", list(answers)
     while True:
         if not select.select([fd], [], [], quiet_seconds)[0]:

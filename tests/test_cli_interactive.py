@@ -194,3 +194,22 @@ def test_the_readme_first_command_ends_with_the_fix_command_for_its_log_not_no_f
     last = result.stderr.splitlines()[-1]
     assert last.startswith("unsafe-doctor: to write the fix into your recovery adaptor"), last
     assert last.endswith(": unsafe-doctor fix samples/logs/megatron_moe_tracker.log --adaptor ADAPTOR.py --yes"), last
+
+
+def test_two_adaptors_at_a_terminal_the_answer_continues_the_run_on_the_log_from_stdin(tmp_path):
+    """Issue 36: the command ran again with the answer, on a stdin already read: "stdin is empty".
+    And the folder names in the list of candidates reach the terminal escaped, not as an OSC title or a clear screen."""
+    shutil.copytree(FRAMEWORK / "toytrain", tmp_path / "toytrain", ignore=shutil.ignore_patterns("__pycache__"))
+    hostile = tmp_path / "vendor\x1b]0;owned\x07\x1b[2J"
+    hostile.mkdir()
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", hostile / "recovery.py")
+    team = tmp_path / "toytrain" / "recovery.py"
+    gz = LOG / "none_sample" / "attempt_0" / "1" / "stderr.log.gz"
+    answers = [(b"Which is yours? [1-2]: ", b"1\n"), (b"[y/N]: ", b"y\n"), (VERIFY_QUESTION, b"n\n")]
+    code, screen = at_terminal(["--source-root", "."], stdin_piped=gz.read_bytes(), cwd=tmp_path, answers=answers)
+    assert "stdin is empty" not in screen
+    assert code == 1, screen
+    assert "1 = toytrain/recovery.py" in screen and "2 = vendor\\x1b]0;owned\\x07\\x1b[2J/recovery.py" in screen
+    assert "\x1b]0;" not in screen and "\x1b[2J" not in screen
+    assert "unsafe-doctor: begin generic.replica-copy:toytrain.state._EMA_GRAD_NORM" in team.read_text()
+    assert "unsafe-doctor: begin" not in (hostile / "recovery.py").read_text()

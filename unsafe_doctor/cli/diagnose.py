@@ -19,8 +19,11 @@ from unsafe_doctor.cli.options import (
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, progress_bar, warn_skipped
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from unsafe_doctor.adaptor.fix import Preview
     from unsafe_doctor.diagnose.pipeline import Diagnosis
+    from unsafe_doctor.errors import AmbiguousAdaptor
 
 
 def command(
@@ -37,6 +40,7 @@ def command(
 
     Exit 0: no unsafe-data error in the log; 1: one or more found; 2: bad input.
     """
+    from unsafe_doctor.cli import prompts
     from unsafe_doctor.cli.workflow import Invocation, offer_fixes, suggest_for_untraced
     from unsafe_doctor.diagnose.pipeline import diagnose
     from unsafe_doctor.knowledge.context import groundwork
@@ -45,8 +49,14 @@ def command(
     paths = log_paths(logs)
     started = time.perf_counter()
     setup = groundwork(rules or (), source_root or (), log_only=log_only)
-    with progress_bar(paths) as progress:
-        diagnosis = diagnose(paths, setup, adaptor=adaptor, progress=progress)
+    bar = progress_bar(paths)
+
+    def choose_adaptor(error: AmbiguousAdaptor) -> Path:
+        bar.stop()
+        return prompts.chosen_adaptor(error, ask=not (yes or no_input))
+
+    with bar as progress:
+        diagnosis = diagnose(paths, setup, adaptor=adaptor, progress=progress, choose_adaptor=choose_adaptor)
         warn_skipped(diagnosis.skipped)
     elapsed = time.perf_counter() - started
     if output_format is LocatedFormat.json:

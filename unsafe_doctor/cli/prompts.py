@@ -15,9 +15,13 @@ import shutil
 import sys
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TextIO
 
 import click
+
+from unsafe_doctor.errors import AmbiguousAdaptor
+from unsafe_doctor.report.common import printable
 
 
 class Terminal:
@@ -76,3 +80,18 @@ def terminal(*, ask: bool) -> Iterator[Terminal | None]:
         return
     with io.TextIOWrapper(raw, encoding="utf-8", errors="replace", write_through=True) as stream:
         yield Terminal(stream, stream)
+
+
+def chosen_adaptor(error: AmbiguousAdaptor, *, ask: bool) -> Path:
+    """The adaptor the person picks at the terminal among those found (each path escaped: a folder's
+    name must not set the terminal's title or clear it); the refusal itself where no one can be asked."""
+    with terminal(ask=ask) as person:
+        if person is None:
+            raise error
+        person.tell("Several recovery adaptors are under the source roots:\n")
+        for number, candidate in enumerate(error.candidates, 1):
+            person.tell(f"  {number} = {printable(str(candidate))}\n")
+        numbers = {str(number) for number in range(1, len(error.candidates) + 1)}
+        while (answer := person.answer(f"Which is yours? [1-{len(error.candidates)}]: ")) not in numbers:
+            person.tell("answer with one of the numbers\n")
+    return error.candidates[int(answer) - 1]
