@@ -36,6 +36,7 @@ def test_yes_at_the_terminal_applies_the_fix_while_the_log_comes_on_stdin(tmp_pa
     assert Path(str(adaptor) + ".unsafe-doctor.bak").read_bytes() == (FRAMEWORK / "toytrain" / "recovery.py").read_bytes()
     again = "to prove it (pipe the same log in again): unsafe-doctor verify -"
     assert f"{again} --source-root {FRAMEWORK} --adaptor {adaptor}" in screen  # verify declined
+    assert f"done: 1 finding fixed in {adaptor}, not proven: not replayed (verify, above)" in shown  # and exit 1
 
 
 VERIFY_QUESTION = b"unpatched then patched)? [y/N]"
@@ -49,7 +50,8 @@ def test_after_a_fix_the_terminal_is_offered_verify_and_it_proves_the_fix(tmp_pa
     assert VERIFY_QUESTION.decode() in screen
     assert "PROVEN" in screen and "bit-identical to replica rank 3" in screen
     assert "backend: emulated (CPU, gloo)" in screen
-    assert code == 1  # diagnose's own exit: the log has findings
+    assert f"done: 1 finding fixed in {adaptor}, proven by the replay above (verify)" in " ".join(screen.split())
+    assert code == 0  # issue 36: every finding fixed and proven (it exited 1, as if nothing had been done)
 
 
 def test_no_at_the_terminal_leaves_the_adaptor_untouched(tmp_path):
@@ -81,6 +83,8 @@ def test_yes_flag_applies_and_verifies_without_asking(tmp_path):
     assert "unsafe-doctor: begin generic.replica-copy" in adaptor.read_text()
     assert "PROVEN · toytrain.state._EMA_GRAD_NORM" in result.stdout  # --yes accepts the verify offer too
     compile(adaptor.read_text(), str(adaptor), "exec")
+    assert result.stderr.splitlines()[-1] == f"unsafe-doctor: done: 1 finding fixed in {adaptor}, proven by the replay above (verify)"
+    assert result.returncode == 0  # issue 36: every finding fixed and proven
 
 
 CORPUS = ROOT / "tests" / "corpus"

@@ -38,7 +38,8 @@ def command(
 ) -> int:
     """Find the unsafe-data errors in a failure log, the global tensor each one read, and the fix.
 
-    Exit 0: no unsafe-data error in the log; 1: one or more found; 2: bad input.
+    Exit 0: no unsafe-data error in the log, or every one fixed and proven by this run (--yes, or y
+    at the terminal); 1: one or more found and not all fixed and proven; 2: bad input.
     """
     from unsafe_doctor.cli import prompts
     from unsafe_doctor.cli.workflow import Invocation, offer_fixes, suggest_for_untraced
@@ -66,8 +67,10 @@ def command(
     else:
         print_rich(report.to_text(diagnosis, elapsed, _previews(diagnosis)))
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
-        offer_fixes(diagnosis, invocation, yes=yes, no_input=no_input)
+        repair = offer_fixes(diagnosis, invocation, yes=yes, no_input=no_input)
         suggest_for_untraced(diagnosis, invocation)
+        if repair.settles(diagnosis):
+            return 0
     return 1 if diagnosis.findings or diagnosis.hits else 0
 
 

@@ -22,7 +22,7 @@ from unsafe_doctor.knowledge.classify import Classified, FixPlan, Unclassified, 
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import KnowledgeBase, Scenario
 from unsafe_doctor.replay.quiet import framework_warnings_silenced
-from unsafe_doctor.report.common import NextStep, printable
+from unsafe_doctor.report.common import NextStep, counted, printable
 from unsafe_doctor.report.fix import written_lines
 
 if TYPE_CHECKING:
@@ -73,11 +73,36 @@ def suggest_for_untraced(diagnosis: Diagnosis, invocation: Invocation) -> None:
     )
 
 
-def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_input: bool) -> None:
+@dataclass(frozen=True)
+class Repair:
+    """What diagnose did after its report: the findings whose fix it wrote, the files it wrote them
+    into, and whether a replay proved those fixes (None: not replayed)."""
+
+    fixed: tuple[DiagnosedFinding, ...] = ()
+    files: tuple[Path, ...] = ()
+    proven: bool | None = None
+
+    def settles(self, diagnosis: Diagnosis) -> bool:
+        """Every error of the log fixed and proven in this run: nothing left for an exit 1 to report."""
+        untold = diagnosis.untraced_ranks or diagnosis.hits_not_parsed
+        return bool(self.proven) and len(self.fixed) == len(diagnosis.findings) and not untold
+
+    def summary(self, findings: int) -> str:
+        """One closing line: what was fixed, where, and whether it is proven."""
+        fixed = counted(findings, "finding")
+        fixed = fixed if len(self.fixed) == findings else f"{len(self.fixed)} of {fixed}"
+        files = ", ".join(printable(str(path)) for path in self.files)
+        proof = {True: "proven by the replay above (verify)", False: "not proven: the replay above says why",
+                 None: "not proven: not replayed (verify, above)"}[self.proven]
+        return f"done: {fixed} fixed in {files}, {proof}"
+
+
+def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_input: bool) -> Repair:
     """After the report: each finding's fix as a diff, applied on --yes or when the person says so;
-    then, for the fixes written, a replay that proves them. Ends with what to run next."""
+    then, for the fixes written, a replay that proves them. Ends with what to run next, or with
+    what was done."""
     if not diagnosis.findings:
-        return
+        return Repair()
     adaptor = diagnosis.context.environment.adaptor
     if adaptor is None:
         if any(isinstance(item.classification.fix, FixPlan) for item in diagnosis.findings):
@@ -85,23 +110,28 @@ def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_i
             write = invocation.command("fix", Path("ADAPTOR.py"), "--yes")
             say(write.line(f"{missing}to write the fix into your recovery adaptor (its file for ADAPTOR.py, or "
                            "--source-root DIR, the folder that holds it)"))
-        return
+        return Repair()
     with prompts.terminal(ask=not (yes or no_input)) as terminal:
-        applied = _fix_each(diagnosis, invocation, adaptor, terminal, yes=yes)
-        if applied:
-            if yes or (terminal is not None and terminal.confirm(VERIFY_QUESTION)):
-                _verify_now(replace(diagnosis, findings=tuple(applied)), diagnosis.context.knowledge, invocation, adaptor)
-            else:
-                say(invocation.command("verify", adaptor).line("to prove it"))
+        repair = _fix_each(diagnosis, invocation, adaptor, terminal, yes=yes)
+        if not repair.fixed:
+            return repair
+        proven = None
+        if yes or (terminal is not None and terminal.confirm(VERIFY_QUESTION)):
+            proven = _verify_now(replace(diagnosis, findings=repair.fixed), diagnosis.context.knowledge, invocation, adaptor)
+        else:
+            say(invocation.command("verify", adaptor).line("to prove it"))
+    repair = replace(repair, proven=proven)
+    say(repair.summary(len(diagnosis.findings)))
+    return repair
 
 
 def _fix_each(
     diagnosis: Diagnosis, invocation: Invocation, adaptor: Path, terminal: prompts.Terminal | None, *, yes: bool
-) -> list[DiagnosedFinding]:
-    """Each finding's fix shown, then written or not; the findings whose fix was written."""
+) -> Repair:
+    """Each finding's fix shown, then written or not; the findings whose fix was written, and the files."""
     from unsafe_doctor.adaptor import fix as fixes  # loaded only when a fix is offered
 
-    applied = []
+    applied, files = [], []
     for item, fix in _fixable(diagnosis, terminal):
         plan = fixes.plan_fix([item], diagnosis.context)
         if not plan.edits:
@@ -112,12 +142,14 @@ def _fix_each(
         functions = " and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name)
         question = f"Apply scenario-{item.classification.scenario} fix to {printable(functions)}?"
         if yes or (terminal is not None and terminal.confirm(question)):
-            for line in written_lines(fixes.apply(plan)):
+            written = fixes.apply(plan)
+            for line in written_lines(written):
                 say(line)
             applied.append(item)
+            files += [each.path for each in written]
         else:
             say(invocation.command("fix", adaptor, "--yes").line("not applied; to apply"))
-    return applied
+    return Repair(tuple(applied), tuple(dict.fromkeys(files)))
 
 
 def _fixable(diagnosis: Diagnosis, terminal: prompts.Terminal | None) -> list[tuple[DiagnosedFinding, FixPlan]]:
@@ -146,7 +178,8 @@ def write_if_accepted(plan: Plan, *, dry_run: bool, yes: bool, interactive: bool
     return ()
 
 
-def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invocation, adaptor: Path) -> None:
+def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invocation, adaptor: Path) -> bool | None:
+    """The fixes written, replayed: whether every one was proven; None where no replay ran."""
     import importlib.util
 
     from unsafe_doctor.replay import verify as verification
@@ -154,12 +187,14 @@ def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invo
 
     if importlib.util.find_spec("torch") is None:
         say("not verified: verify replays on torch, which is not installed (pip install 'unsafe-doctor[replay]')")
-        return
+        return None
     with framework_warnings_silenced():
         plan, skipped = verification.plan_replay(diagnosis, knowledge)
         outcome = verification.verify(plan, skipped)
-    if outcome is not None:
-        print_rich(to_text(outcome, write_fix=invocation.command("fix", adaptor, "--yes")))
+    if outcome is None:
+        return None
+    print_rich(to_text(outcome, write_fix=invocation.command("fix", adaptor, "--yes")))
+    return outcome.exit_code == 0
 
 
 def _ask_scenario(terminal: prompts.Terminal, item: DiagnosedFinding, context: RunContext) -> DiagnosedFinding:
