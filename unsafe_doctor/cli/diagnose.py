@@ -42,7 +42,7 @@ def command(
     at the terminal); 1: one or more found and not all fixed and proven; 2: bad input.
     """
     from unsafe_doctor.cli import prompts
-    from unsafe_doctor.cli.workflow import Invocation, offer_fixes, suggest_for_untraced
+    from unsafe_doctor.cli.workflow import Invocation, offer_fixes, offer_for_untraced
     from unsafe_doctor.diagnose.pipeline import diagnose
     from unsafe_doctor.knowledge.context import groundwork
     from unsafe_doctor.report import diagnosis as report
@@ -68,7 +68,7 @@ def command(
         print_rich(report.to_text(diagnosis, elapsed, _previews(diagnosis)))
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         repair = offer_fixes(diagnosis, invocation, yes=yes, no_input=no_input)
-        suggest_for_untraced(diagnosis, invocation)
+        offer_for_untraced(diagnosis, invocation, yes=yes, no_input=no_input)
         if repair.settles(diagnosis):
             return 0
     return 1 if diagnosis.findings or diagnosis.hits else 0

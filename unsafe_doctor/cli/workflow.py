@@ -27,6 +27,7 @@ from unsafe_doctor.report.fix import written_lines
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Plan, Written
+    from unsafe_doctor.diagnose.pipeline import Untraced
 
 VERIFY_QUESTION = "Verify the fix now (replay the fault and the recovery on 4 ranks, unpatched then patched)?"
 
@@ -54,23 +55,97 @@ class Invocation:
         return NextStep(printable(shlex.join([*words, *extra])), piped)
 
 
-def suggest_for_untraced(diagnosis: Diagnosis, invocation: Invocation) -> None:
-    """An error logged without a traceback: the commands that write a suspect's fix, and that name
-    the exact tensor at the next fault (the sentinel and the traceback keeper, into the adaptor)."""
+def offer_for_untraced(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_input: bool) -> None:
+    """An error logged without a traceback. At a terminal, with the adaptor known: a suspect's fix
+    (the person picks which) and the sentinel, each shown as a diff and written when the person says
+    so. Elsewhere (and for what was declined): the commands that write them. --yes picks no suspect:
+    which one it is, is a guess only the person may make."""
     untraced = diagnosis.untraced
     if untraced is None:
         return
     adaptor = diagnosis.context.environment.adaptor
-    if untraced.shortlist.suspects:
-        say(invocation.command("fix", adaptor or Path("ADAPTOR.py"), "--suspect", "1").line("to write suspect 1's fix"))
-    install = invocation.command("sentinel install", adaptor or Path("ADAPTOR.py"), "--yes", log=False)
-    where = "" if adaptor else " (name your recovery adaptor: no adaptor file is known here)"
-    say(install.line(f"to name the exact tensor at the next fault{where}"))
+    with prompts.terminal(ask=adaptor is not None and not (yes or no_input)) as terminal:
+        if adaptor is not None and terminal is not None:
+            if untraced.shortlist.suspects:
+                _offer_suspect(diagnosis, untraced, invocation, adaptor, terminal)
+            _offer_sentinel(diagnosis, invocation, adaptor, terminal)
+        else:
+            if untraced.shortlist.suspects:
+                say(invocation.command("fix", adaptor or Path("ADAPTOR.py"), "--suspect", "1").line("to write suspect 1's fix"))
+            where = "" if adaptor else " (name your recovery adaptor: no adaptor file is known here)"
+            say(_install_sentinel(invocation, adaptor).line(f"to name the exact tensor at the next fault{where}"))
     say(
         "at the next fault the sentinel logs every global the recovery left unsafe before the first step reads it, "
         "and MindIO's own log (logs/ttp_log.log.<pid>, or stdout with TTP_LOG_STDOUT=1) holds the error's full "
         "traceback; run diagnose on those logs"
     )
+
+
+def _install_sentinel(invocation: Invocation, adaptor: Path | None) -> NextStep:
+    return invocation.command("sentinel install", adaptor or Path("ADAPTOR.py"), "--yes", log=False)
+
+
+def _offer_suspect(
+    diagnosis: Diagnosis, untraced: Untraced, invocation: Invocation, adaptor: Path, terminal: prompts.Terminal
+) -> None:
+    """The person picks a suspect (the only one: no question), sees its fix's diff, and says whether to write it."""
+    from unsafe_doctor.adaptor import fix as fixes
+
+    count = len(untraced.shortlist.suspects)
+    number = 1
+    if count > 1:
+        choices = {str(choice) for choice in range(1, count + 1)}
+        while (answer := terminal.answer(f"Which suspect's fix to write? [1-{count}/skip]: ").lower()) not in choices:
+            if answer in ("", "skip"):
+                say(invocation.command("fix", adaptor, "--suspect", "N").line("no suspect's fix written; to write suspect N's"))
+                return
+            terminal.tell(f"answer with a number from 1 to {count}, or skip (Enter)\n")
+        number = int(answer)
+    item = untraced.suspect_finding(number)
+    fix = item.classification.fix
+    if not isinstance(fix, FixPlan):
+        say(printable(f"suspect {number} has no fix to write: {fix.reason if fix else item.classification.reason}"))
+        return
+    functions = " and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name)
+    question = f"Apply suspect {number}'s scenario-{item.classification.scenario} fix to {printable(functions)}?"
+    declined = invocation.command("fix", adaptor, "--suspect", str(number), "--yes")
+    _offer_plan(fixes.plan_fix([item], diagnosis.context), question, declined, terminal, yes=False)
+
+
+def _offer_sentinel(diagnosis: Diagnosis, invocation: Invocation, adaptor: Path, terminal: prompts.Terminal) -> None:
+    """The sentinel's block, shown as a diff, and written into the rollback when the person says so."""
+    from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
+    from unsafe_doctor.errors import UsageError
+
+    try:
+        plan = plan_sentinel(diagnosis.context.environment, "report")
+    except UsageError as refused:  # what `sentinel install` would say: the diagnosis stands
+        say(f"no sentinel offered: {refused}")
+        return
+    files = ", ".join(dict.fromkeys(printable(str(edit.path)) for edit in plan.edits))
+    question = f"Install the sentinel into {files} (it names the exact tensor at the next fault)?"
+    _offer_plan(plan, question, _install_sentinel(invocation, adaptor), terminal, yes=False)
+
+
+def _offer_plan(
+    plan: Plan, question: str, declined: NextStep, terminal: prompts.Terminal | None, *, yes: bool
+) -> tuple[Written, ...]:
+    """A plan's diff, then written on --yes or when the person says so; what was written. Nothing to
+    write (already there, or skipped): why, and no question."""
+    from unsafe_doctor.adaptor import fix as fixes
+
+    if not plan.edits:
+        for line in (*plan.present, *map(str, plan.skipped), *plan.notes):
+            say(printable(line))
+        return ()
+    print_diff(plan.diff())
+    if not (yes or (terminal is not None and terminal.confirm(question))):
+        say(declined.line("not applied; to apply"))
+        return ()
+    written = fixes.apply(plan)
+    for line in written_lines(written):
+        say(line)
+    return written
 
 
 @dataclass(frozen=True)
@@ -133,22 +208,13 @@ def _fix_each(
 
     applied, files = [], []
     for item, fix in _fixable(diagnosis, terminal):
-        plan = fixes.plan_fix([item], diagnosis.context)
-        if not plan.edits:
-            for line in (*plan.present, *map(str, plan.skipped), *plan.notes):
-                say(printable(line))
-            continue
-        print_diff(plan.diff())
         functions = " and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name)
         question = f"Apply scenario-{item.classification.scenario} fix to {printable(functions)}?"
-        if yes or (terminal is not None and terminal.confirm(question)):
-            written = fixes.apply(plan)
-            for line in written_lines(written):
-                say(line)
+        declined = invocation.command("fix", adaptor, "--yes")
+        written = _offer_plan(fixes.plan_fix([item], diagnosis.context), question, declined, terminal, yes=yes)
+        if written:
             applied.append(item)
             files += [each.path for each in written]
-        else:
-            say(invocation.command("fix", adaptor, "--yes").line("not applied; to apply"))
     return Repair(tuple(applied), tuple(dict.fromkeys(files)))
 
 
