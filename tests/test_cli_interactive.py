@@ -83,7 +83,8 @@ def test_yes_flag_applies_and_verifies_without_asking(tmp_path):
     assert "unsafe-doctor: begin generic.replica-copy" in adaptor.read_text()
     assert "PROVEN · toytrain.state._EMA_GRAD_NORM" in result.stdout  # --yes accepts the verify offer too
     compile(adaptor.read_text(), str(adaptor), "exec")
-    assert result.stderr.splitlines()[-1] == f"unsafe-doctor: done: 1 finding fixed in {adaptor}, proven by the replay above (verify)"
+    done = f"unsafe-doctor: done: 1 finding fixed in {adaptor}, proven by the replay above (verify)"
+    assert result.stderr.splitlines()[-1] == done
     assert result.returncode == 0  # issue 36: every finding fixed and proven
 
 

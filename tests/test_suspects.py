@@ -220,7 +220,8 @@ def test_at_a_terminal_the_untraced_report_offers_a_suspects_fix_then_the_sentin
     adaptor = tree / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
     rollback = adaptor.parent / "tft_rollback.py"
     log = write_log(tmp_path, dump(MOE), IN_TREE_LINES, [CATCH_V26, PTA_ERROR])
-    answers = [(b"Which suspect's fix to write? [1-", b"1\n"), (b"? [y/N]: ", b"y\n"), (b"at the next fault)? [y/N]: ", b"y\n")]
+    answers = [(b"Which suspect's fix to write? [1-", b"1\n"), (b"? [y/N]: ", b"y\n"),
+               (b"at the next fault)? [y/N]: ", b"y\n")]
     code, screen = at_terminal([str(log), "--adaptor", str(adaptor)], answers=answers, columns=400)
     shown = " ".join(screen.split())
     assert f"Apply suspect 1's scenario-2 fix to {adaptor}::recv_rank_repair and {adaptor}::send_rank_repair? [y/N]: y" in shown
@@ -238,5 +239,6 @@ def test_without_a_terminal_the_untraced_report_writes_nothing_and_says_the_comm
     result = run_cli(str(log), "--adaptor", str(adaptor), "--yes")  # --yes picks no suspect: the person does
     assert result.returncode == 1
     assert f"to write suspect 1's fix: unsafe-doctor fix {log} --adaptor {adaptor} --suspect 1" in result.stderr
-    assert f"to name the exact tensor at the next fault: unsafe-doctor sentinel install --adaptor {adaptor} --yes" in result.stderr
+    install = f"unsafe-doctor sentinel install --adaptor {adaptor} --yes"
+    assert f"to name the exact tensor at the next fault: {install}" in result.stderr
     assert {path: path.read_bytes() for path in adaptor.parent.glob("*.py")} == before
