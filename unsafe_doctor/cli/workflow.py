@@ -2,8 +2,10 @@
 
 After diagnose's report each finding's fix is shown as a diff and written on --yes or when the
 person says so; a finding nothing classified is put to them first; a written fix is offered a
-replay. Questions are asked through cli.prompts (the controlling terminal, so they work while the
-log arrives on stdin). `fix` and `audit --fix` ask their one question here too. Every command
+replay, and one closing line says what was done. An error logged without a traceback gets, at a
+terminal, a suspect's fix (the person picks which) and the sentinel offered the same way.
+Questions are asked through cli.prompts (the controlling terminal, so they work while the log
+arrives on stdin). `fix` and `audit --fix` ask their one question here too. Every command
 suggested is one that runs as printed: quoted, and with '-' for a log that came on stdin.
 """
 
