@@ -16,26 +16,33 @@ def at_terminal(
     *,
     answers: Sequence[tuple[bytes, bytes]] = (),
     stdin_file: Path | None = None,
+    stdin_piped: bytes | None = None,
     stdout_to_file: bool = False,
     columns: int = 200,
     cwd: Path | None = None,
     quiet_seconds: float = 300,
 ) -> tuple[int, str]:
     """Run `unsafe-doctor ARGS` with a pty as its controlling terminal (stdout, stderr and /dev/tty;
-    stdin from `stdin_file` and stdout to /dev/null when asked); answer each prompt (bytes awaited,
-    bytes sent) once it is on the screen and the program waits at the terminal for the answer, as a
-    person does: a Ctrl-C typed then reaches a program that is reading, however loaded the machine.
+    stdin from `stdin_file`, or a pipe holding `stdin_piped` as `cat log |` gives it, read once; stdout to
+    /dev/null when asked); answer each prompt (bytes awaited, bytes sent) once it is on the screen and
+    the program waits at the terminal for the answer, as a person does: a Ctrl-C typed then reaches a
+    program that is reading, however loaded the machine.
     A run silent for `quiet_seconds` (a safety net, not a timing) is killed: exit -9. Exit code and screen."""
+    stdin = _pipe_holding(stdin_piped) if stdin_piped is not None else None
+    if stdin_file is not None:
+        stdin = os.open(stdin_file, os.O_RDONLY)
     pid, fd = pty.fork()
     if pid == 0:
-        if stdin_file is not None:
-            os.dup2(os.open(stdin_file, os.O_RDONLY), 0)
+        if stdin is not None:
+            os.dup2(stdin, 0)
         if stdout_to_file:
             os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
         if cwd is not None:
             os.chdir(cwd)
         os.environ["COLUMNS"] = str(columns)
         os.execv(sys.executable, [sys.executable, "-m", "unsafe_doctor", *args])
+    if stdin is not None:
+        os.close(stdin)
     screen, pending = b"", list(answers)
     while True:
         if not select.select([fd], [], [], quiet_seconds)[0]:
@@ -53,6 +60,14 @@ def at_terminal(
             os.write(fd, pending.pop(0)[1])
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), screen.decode(errors="replace")
+
+
+def _pipe_holding(data: bytes) -> int:
+    """The reading end of a pipe that holds `data`, then its end (within a pipe's buffer, 64 KiB on Linux)."""
+    reading, writing = os.pipe()
+    os.write(writing, data)
+    os.close(writing)
+    return reading
 
 
 def _wait_until_reading(pid: int, seconds: float) -> None:

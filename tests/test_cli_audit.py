@@ -21,7 +21,8 @@ MARKER = "# unsafe-doctor: begin "
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "unsafe_doctor", "audit", *args],
-        capture_output=True, text=True, cwd=cwd, timeout=120, env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, cwd=cwd, timeout=120,
+        env={"COLUMNS": "120", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},  # this tree, not an installed copy
     )
 
 
@@ -248,3 +249,14 @@ def test_a_report_with_fixes_ends_with_the_command_that_writes_them(framework):
     words = shlex.split(last.partition(": ")[2])
     assert run(*words[2:], "--yes", cwd=framework).returncode == 0
     assert run("toytrain", cwd=framework).returncode == 0
+
+
+def test_an_audit_with_no_adaptor_found_says_to_name_one_not_to_rerun_with_fix_alone(framework):
+    """Issue 36: it suggested `--fix`, which then exits 2 after a second scan."""
+    (framework / "toytrain" / "recovery.py").unlink()
+    result = run("toytrain", cwd=framework)
+    assert result.returncode == 1, result.stderr
+    assert "no recovery adaptor found under the paths" in " ".join(result.stdout.split())
+    assert "(--fix)" not in result.stdout
+    last = result.stdout.strip().splitlines()[-1]
+    assert last == "to write the fixes: unsafe-doctor audit toytrain --adaptor ADAPTOR.py --fix"

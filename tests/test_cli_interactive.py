@@ -29,12 +29,14 @@ def test_yes_at_the_terminal_applies_the_fix_while_the_log_comes_on_stdin(tmp_pa
     gz = LOG / "none_sample" / "attempt_0" / "1" / "stderr.log.gz"
     answers = [(b"[y/N]", b"y\n"), (VERIFY_QUESTION, b"n\n")]
     code, screen = converse(["--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], gz, answers)
-    assert f"Apply scenario-2 fix to {adaptor}::recv_rank_repair and {adaptor}::send_rank_repair?" in screen  # both patched
+    shown = " ".join(screen.split())  # the question wrapped at the terminal's width
+    assert f"Apply scenario-2 fix to {adaptor}::recv_rank_repair and {adaptor}::send_rank_repair?" in shown  # both patched
     assert code == 1  # findings
     assert "unsafe-doctor: begin generic.replica-copy:toytrain.state._EMA_GRAD_NORM" in adaptor.read_text()
     assert Path(str(adaptor) + ".unsafe-doctor.bak").read_bytes() == (FRAMEWORK / "toytrain" / "recovery.py").read_bytes()
     again = "to prove it (pipe the same log in again): unsafe-doctor verify -"
     assert f"{again} --source-root {FRAMEWORK} --adaptor {adaptor}" in screen  # verify declined
+    assert f"done: 1 finding fixed in {adaptor}, not proven: not replayed (verify, above)" in shown  # and exit 1
 
 
 VERIFY_QUESTION = b"unpatched then patched)? [y/N]"
@@ -48,7 +50,8 @@ def test_after_a_fix_the_terminal_is_offered_verify_and_it_proves_the_fix(tmp_pa
     assert VERIFY_QUESTION.decode() in screen
     assert "PROVEN" in screen and "bit-identical to replica rank 3" in screen
     assert "backend: emulated (CPU, gloo)" in screen
-    assert code == 1  # diagnose's own exit: the log has findings
+    assert f"done: 1 finding fixed in {adaptor}, proven by the replay above (verify)" in " ".join(screen.split())
+    assert code == 0  # issue 36: every finding fixed and proven (it exited 1, as if nothing had been done)
 
 
 def test_no_at_the_terminal_leaves_the_adaptor_untouched(tmp_path):
@@ -80,6 +83,9 @@ def test_yes_flag_applies_and_verifies_without_asking(tmp_path):
     assert "unsafe-doctor: begin generic.replica-copy" in adaptor.read_text()
     assert "PROVEN · toytrain.state._EMA_GRAD_NORM" in result.stdout  # --yes accepts the verify offer too
     compile(adaptor.read_text(), str(adaptor), "exec")
+    done = f"unsafe-doctor: done: 1 finding fixed in {adaptor}, proven by the replay above (verify)"
+    assert result.stderr.splitlines()[-1] == done
+    assert result.returncode == 0  # issue 36: every finding fixed and proven
 
 
 CORPUS = ROOT / "tests" / "corpus"
@@ -159,3 +165,56 @@ def test_a_diff_is_coloured_at_a_terminal_and_a_plain_patch_elsewhere():
     assert "\x1b" not in piped.stdout and piped.stdout.startswith("--- a/")
     shown = re.sub(r"\x1b\[[0-9;]*m", "", screen).replace("\r\n", "\n")
     assert shown[shown.index("--- a/"):].startswith(piped.stdout)
+
+
+def test_a_question_wider_than_the_terminal_is_wrapped_between_words_never_inside_its_choice(tmp_path):
+    """Issue 36: at 120 columns the terminal cut the question as `[y/` and `N]`."""
+    adaptor = tmp_path / "recovery.py"  # named twice in the question: wider than 120 columns
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
+    _, screen = at_terminal(args, answers=[(b"[y/N]: ", b"n\n")], columns=120)
+    question = screen[screen.rindex("\r\n", 0, screen.index("Apply scenario-2 fix")):screen.index("[y/N]: ") + 7]
+    lines = question.lstrip().split("\r\n")
+    assert len(lines) > 1 and all(len(line) <= 120 for line in lines), lines
+    assert lines[-1].endswith("[y/N]: ")
+
+
+def test_without_a_terminal_each_fix_block_is_printed_once_as_the_diff(tmp_path):
+    """Issue 36: with a known adaptor, each block came twice: as code under the box, then in the diff."""
+    adaptor = tmp_path / "recovery.py"
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
+    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120)
+    assert result.stdout.count("# scenario 2, replica rank: send toytrain.state._EMA_GRAD_NORM") == 1
+    assert result.stdout.count("# scenario 2, faulty rank: receive toytrain.state._EMA_GRAD_NORM") == 1
+    assert "+    # scenario 2, replica rank: send toytrain.state._EMA_GRAD_NORM" in result.stdout  # in the diff
+
+
+def test_the_readme_first_command_ends_with_the_fix_command_for_its_log_not_no_fix_written():
+    """Issue 36: a diagnosis that worked ended with "no fix written", as if something had failed."""
+    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "samples/logs/megatron_moe_tracker.log"],
+                            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "no fix written" not in result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("unsafe-doctor: to write the fix into your recovery adaptor"), last
+    assert last.endswith(": unsafe-doctor fix samples/logs/megatron_moe_tracker.log --adaptor ADAPTOR.py --yes"), last
+
+
+def test_two_adaptors_at_a_terminal_the_answer_continues_the_run_on_the_log_from_stdin(tmp_path):
+    """Issue 36: the command ran again with the answer, on a stdin already read: "stdin is empty".
+    And the folder names in the list of candidates reach the terminal escaped, not as an OSC title or a clear screen."""
+    shutil.copytree(FRAMEWORK / "toytrain", tmp_path / "toytrain", ignore=shutil.ignore_patterns("__pycache__"))
+    hostile = tmp_path / "vendor\x1b]0;owned\x07\x1b[2J"
+    hostile.mkdir()
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", hostile / "recovery.py")
+    team = tmp_path / "toytrain" / "recovery.py"
+    gz = LOG / "none_sample" / "attempt_0" / "1" / "stderr.log.gz"
+    answers = [(b"Which is yours? [1-2]: ", b"1\n"), (b"[y/N]: ", b"y\n"), (VERIFY_QUESTION, b"n\n")]
+    code, screen = at_terminal(["--source-root", "."], stdin_piped=gz.read_bytes(), cwd=tmp_path, answers=answers)
+    assert "stdin is empty" not in screen
+    assert code == 1, screen
+    assert "1 = toytrain/recovery.py" in screen and "2 = vendor\\x1b]0;owned\\x07\\x1b[2J/recovery.py" in screen
+    assert "\x1b]0;" not in screen and "\x1b[2J" not in screen
+    assert "unsafe-doctor: begin generic.replica-copy:toytrain.state._EMA_GRAD_NORM" in team.read_text()
+    assert "unsafe-doctor: begin" not in (hostile / "recovery.py").read_text()

@@ -122,6 +122,16 @@ def test_dash_h_is_help_and_dash_upper_v_the_version():
     assert version.returncode == 0 and re.fullmatch(r"unsafe-doctor \d+\.\d+\.\d+\S*\n", version.stdout)
 
 
+def test_the_top_level_help_says_a_log_alone_or_piped_is_diagnosed_and_ends_with_examples():
+    """Issue 36: `unsafe-doctor --help` had no examples, nor a word of `unsafe-doctor LOG` or a pipe."""
+    result = run("--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "unsafe-doctor LOG, or a log piped in, runs diagnose" in text
+    examples = text.split("Examples:", 1)[1]
+    assert "unsafe-doctor train.log" in examples and "kubectl logs job/llm | unsafe-doctor" in examples
+
+
 def test_rules_without_a_subcommand_prints_its_help_and_exits_0():
     result = run("rules")
     assert result.returncode == 0 and "validate" in result.stdout and result.stderr == ""

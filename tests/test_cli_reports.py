@@ -34,7 +34,7 @@ def run(*args: str, columns: int = 80, stdin: bytes | None = None) -> subprocess
     return subprocess.run(
         [sys.executable, "-m", "unsafe_doctor", *args],
         capture_output=True, text=True, timeout=180, input=stdin.decode() if stdin is not None else None,
-        env={"COLUMNS": str(columns), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+        env={"COLUMNS": str(columns), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
         stdin=None if stdin is not None else subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -48,10 +48,13 @@ def fix_code_lines(diagnosis) -> list[str]:
     return [line for line in lines if line.strip()]
 
 
+PASTED = ROOT / "samples" / "logs" / "megatron_moe_tracker.log"
+
+
 @pytest.mark.parametrize("columns", [60, 80])
 def test_every_generated_code_line_appears_whole_in_the_text_report(columns):
-    args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--no-input"]
-    lines = fix_code_lines(diagnose([str(LOG)], groundwork((), (FRAMEWORK,))))
+    args = ["diagnose", str(PASTED), "--no-input"]  # no adaptor known: the code to paste is under the box
+    lines = fix_code_lines(diagnose([str(PASTED)], groundwork((), ())))
     assert any(len(line) > 100 for line in lines)  # wider than either terminal: it would be wrapped in a box
     shown = run(*args, columns=columns).stdout.splitlines()
     for line in lines:
@@ -60,7 +63,7 @@ def test_every_generated_code_line_appears_whole_in_the_text_report(columns):
 
 @pytest.mark.parametrize("columns", [60, 80])
 def test_highlighted_code_on_a_colour_terminal_is_whole_too(columns):
-    diagnosis = diagnose([str(LOG)], groundwork((), (FRAMEWORK,)))
+    diagnosis = diagnose([str(PASTED)], groundwork((), ()))
     lines = fix_code_lines(diagnosis)
     console = Console(width=columns, force_terminal=True, color_system="truecolor", record=False)
     previews = [preview(item, diagnosis.context) for item in diagnosis.findings]
@@ -184,7 +187,7 @@ def test_diagnose_yes_without_an_adaptor_says_what_is_missing():
     result = run("diagnose", str(CORPUS / "logs" / "megatron-router-expert-bias.log"), "--yes")
     assert result.returncode == 1
     assert "no recovery adaptor is known" in result.stderr
-    assert "--adaptor FILE" in result.stderr and "--source-root DIR" in result.stderr
+    assert "--adaptor ADAPTOR.py" in result.stderr and "--source-root DIR" in result.stderr
 
 
 def test_fix_dry_run_ends_with_the_command_that_writes_it(tmp_path):

@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -276,7 +275,7 @@ def unsafe_doctor(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
                           env=environment, timeout=300, cwd=ROOT)
 
 
-def test_diagnose_prints_exactly_the_blocks_fix_writes_into_the_adaptor_it_knows(legacy):
+def test_diagnose_shows_exactly_the_blocks_fix_writes_into_the_adaptor_it_knows_as_its_diff(legacy):
     adaptor, roots = legacy
     shown = unsafe_doctor("diagnose", EMA_LOG, "--source-root", roots[0], "--source-root", roots[1],
                           "--adaptor", adaptor, "--no-input").stdout
@@ -286,8 +285,9 @@ def test_diagnose_prints_exactly_the_blocks_fix_writes_into_the_adaptor_it_knows
     blocks = [written[start:written.index("# unsafe-doctor: end", start)] for start in
               (index for index in range(len(written)) if written.startswith("    # unsafe-doctor: begin", index))]
     assert len(blocks) == 2
-    for block in blocks:
-        assert textwrap.dedent(block) in shown  # line for line, at the function's indentation less its own
+    for block in blocks:  # line for line, at the function's indentation: once, in the diff (issue 36)
+        assert "".join(f"+{line}\n" for line in block.rstrip().splitlines()) in shown
+        assert shown.count(block.splitlines()[1].strip()) == 1
 
 
 def test_without_an_adaptor_the_printed_block_runs_pasted_at_the_end_of_a_function_that_reads_torch(tmp_path,

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from terminal import at_terminal
 
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
@@ -211,3 +212,33 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     if "--format" in args and "json" in args:
         json.loads(result.stdout)
     return result
+
+
+def test_at_a_terminal_the_untraced_report_offers_a_suspects_fix_then_the_sentinel(tmp_path):
+    """Issue 36: the report of an error without a traceback asked nothing at a terminal, where a traced one offers its fix."""
+    tree = shutil.copytree(IN_TREE, tmp_path / "tree")
+    adaptor = tree / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
+    rollback = adaptor.parent / "tft_rollback.py"
+    log = write_log(tmp_path, dump(MOE), IN_TREE_LINES, [CATCH_V26, PTA_ERROR])
+    answers = [(b"Which suspect's fix to write? [1-", b"1\n"), (b"? [y/N]: ", b"y\n"),
+               (b"at the next fault)? [y/N]: ", b"y\n")]
+    code, screen = at_terminal([str(log), "--adaptor", str(adaptor)], answers=answers, columns=400)
+    shown = " ".join(screen.split())
+    assert f"Apply suspect 1's scenario-2 fix to {adaptor}::recv_rank_repair and {adaptor}::send_rank_repair? [y/N]: y" in shown
+    assert f"Install the sentinel into {rollback} (it names the exact tensor at the next fault)? [y/N]: y" in shown
+    assert "# unsafe-doctor: begin megatron.router-expert-bias" in adaptor.read_text()
+    assert "# unsafe-doctor: begin unsafe_doctor.sentinel" in rollback.read_text()
+    assert code == 1  # a suspect's fix is a guess until a fault proves it
+
+
+def test_without_a_terminal_the_untraced_report_writes_nothing_and_says_the_commands(tmp_path):
+    tree = shutil.copytree(IN_TREE, tmp_path / "tree")
+    adaptor = tree / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
+    before = {path: path.read_bytes() for path in adaptor.parent.glob("*.py")}
+    log = write_log(tmp_path, dump(MOE), IN_TREE_LINES, [CATCH_V26, PTA_ERROR])
+    result = run_cli(str(log), "--adaptor", str(adaptor), "--yes")  # --yes picks no suspect: the person does
+    assert result.returncode == 1
+    assert f"to write suspect 1's fix: unsafe-doctor fix {log} --adaptor {adaptor} --suspect 1" in result.stderr
+    install = f"unsafe-doctor sentinel install --adaptor {adaptor} --yes"
+    assert f"to name the exact tensor at the next fault: {install}" in result.stderr
+    assert {path: path.read_bytes() for path in adaptor.parent.glob("*.py")} == before

@@ -282,19 +282,18 @@ def _companions(
 
 @dataclass(frozen=True)
 class Preview:
-    """A finding's block as `fix` would write it, for `diagnose` to print under the finding."""
+    """A finding's block to paste, for `diagnose` to print under the finding where `fix` cannot write it."""
 
     function: str
     side: str  # "on the faulty rank" | "on the replica rank" | "" (a rollback)
     lines: tuple[str, ...]  # the block, markers included, at its function's indentation
-    adaptor: Path | None  # the file `fix` writes it into; None: to be pasted at the end of the function
-    imports: tuple[str, ...] = ()  # to paste: what goes at the top of the file (an import in the function makes a local)
+    imports: tuple[str, ...] = ()  # what goes at the top of the file (an import in the function makes a local)
 
 
 def preview(item: ClassifiedSubject, context: RunContext) -> tuple[Preview, ...]:
-    """The finding's fix block by block (its companions' too): as `fix` writes it into the adaptor it knows, or, with no
-    adaptor (or one `fix` would refuse), to paste at the end of a function with the profile's
-    parameters: its imports apart, for the top of the file, where they make no local of the function."""
+    """The finding's fix block by block (its companions' too), to paste at the end of a function with the
+    profile's parameters, its imports apart, for the top of the file, where they make no local of the
+    function. None where `fix` can write them into the adaptor it knows: its diff shows them where they go."""
     classification = item.classification
     if not isinstance(classification, Classified) or not isinstance(classification.fix, FixPlan):
         return ()
@@ -306,10 +305,9 @@ def preview(item: ClassifiedSubject, context: RunContext) -> tuple[Preview, ...]
     if environment.adaptor is not None:
         try:
             adaptor = Adaptor(adaptor_files(environment), environment.source_roots)
-            placed = [(request, adaptor.function(request.function, request.role)) for request in requests]
-            return tuple(Preview(function.name, sides.get(request.role, ""),
-                                 tuple(request.block(adaptor.site(function), profile, None)[0]), function.path)
-                         for request, function in placed)
+            for request in requests:
+                adaptor.function(request.function, request.role)
+            return ()
         except UsageError:
             pass  # what `fix` would say; the block below is still right at the end of the function
     parameters = sorted({name.split(".")[0] for names in profile.parameters.values() for name in names})
@@ -318,7 +316,7 @@ def preview(item: ClassifiedSubject, context: RunContext) -> tuple[Preview, ...]
         lines, _ = request.block(detached_site(request.function, parameters), profile, None)
         imports = list(itertools.takewhile(lambda line: line.lstrip().startswith(("import ", "from ")), lines[2:]))
         body = (*lines[:2], *lines[2 + len(imports):])
-        previews.append(Preview(request.function, sides.get(request.role, ""), body, None,
+        previews.append(Preview(request.function, sides.get(request.role, ""), body,
                                 tuple(line.strip() for line in imports)))
     return tuple(previews)
 

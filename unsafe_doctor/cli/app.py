@@ -24,7 +24,9 @@ app = typer.Typer(
     add_completion=False,  # typer's reads no shell name: `_top` has options that do
     suggest_commands=False,  # click suggests already: once is enough
     context_settings={"help_option_names": ["-h", "--help"]},
-    help="Find, explain and fix the global tensor that MindIO recovery left unsafe.",
+    help="Find, explain and fix the global tensor that MindIO recovery left unsafe. "
+    "unsafe-doctor LOG, or a log piped in, runs diagnose.",
+    epilog=examples("unsafe-doctor"),
 )
 app.command("diagnose", epilog=examples("diagnose"))(reporting(diagnose.command))
 app.command("fix", epilog=examples("fix"))(reporting(fix.command))

@@ -88,19 +88,21 @@ def command(
     elif output_format is LocatedFormat.sarif:
         print_json(report.to_sarif(result, plan_fixes_per_holder(result)))
     else:
-        print_rich(report.to_text(result, elapsed, None if fix else _with_fix(paths, adaptor, rules or ())))
+        print_rich(report.to_text(result, elapsed, None if fix else _with_fix(paths, adaptor, rules or (), result)))
     left = len(result.uncovered)
     if plan is not None:
         left -= len(_write_fixes(result, plan, dry_run=dry_run, yes=yes, no_input=no_input))
     return 1 if left else 0
 
 
-def _with_fix(paths: list[Path], adaptor: str, rules: Sequence[Path]) -> NextStep:
-    """This audit again, with --fix: the command a report with fixes ends with."""
+def _with_fix(paths: list[Path], adaptor: str, rules: Sequence[Path], result: Audit) -> NextStep:
+    """This audit again, with --fix: the command a report with fixes ends with. With no adaptor found,
+    --fix alone would be refused: the command names one to give (ADAPTOR.py)."""
     from unsafe_doctor.report.common import NextStep, printable
 
     words = ["unsafe-doctor", "audit", *map(str, paths)]
-    words += [] if adaptor == "auto" else ["--adaptor", adaptor]
+    if adaptor != "auto" or result.context.environment.adaptor is None:
+        words += ["--adaptor", "ADAPTOR.py" if adaptor == "auto" else adaptor]
     for path in rules:
         words += ["--rules", str(path)]
     return NextStep(printable(shlex.join([*words, "--fix"])))

@@ -87,17 +87,7 @@ def _chosen_adaptor(error: AmbiguousAdaptor, arguments: Mapping[str, Any]) -> An
     from unsafe_doctor.cli import prompts
 
     ask = "no_input" in arguments and not arguments["no_input"] and not arguments.get("yes")
-    with prompts.terminal(ask=ask) as terminal:
-        if terminal is None:
-            raise error
-        terminal.tell("Several recovery adaptors are under the source roots:\n")
-        for number, candidate in enumerate(error.candidates, 1):
-            terminal.tell(f"  {number} = {candidate}\n")
-        while (answer := terminal.answer(f"Which is yours? [1-{len(error.candidates)}]: ")) not in {
-            str(number) for number in range(1, len(error.candidates) + 1)
-        }:
-            terminal.tell("answer with one of the numbers\n")
-    chosen = error.candidates[int(answer) - 1]
+    chosen = prompts.chosen_adaptor(error, ask=ask)
     return str(chosen) if isinstance(arguments.get("adaptor"), str) else chosen
 
 

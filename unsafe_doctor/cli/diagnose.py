@@ -19,8 +19,11 @@ from unsafe_doctor.cli.options import (
 from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, progress_bar, warn_skipped
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from unsafe_doctor.adaptor.fix import Preview
     from unsafe_doctor.diagnose.pipeline import Diagnosis
+    from unsafe_doctor.errors import AmbiguousAdaptor
 
 
 def command(
@@ -35,9 +38,11 @@ def command(
 ) -> int:
     """Find the unsafe-data errors in a failure log, the global tensor each one read, and the fix.
 
-    Exit 0: no unsafe-data error in the log; 1: one or more found; 2: bad input.
+    Exit 0: no unsafe-data error in the log, or every one fixed and proven by this run (--yes, or y
+    at the terminal); 1: one or more found and not all fixed and proven; 2: bad input.
     """
-    from unsafe_doctor.cli.workflow import Invocation, offer_fixes, suggest_for_untraced
+    from unsafe_doctor.cli import prompts
+    from unsafe_doctor.cli.workflow import Invocation, offer_fixes, offer_for_untraced
     from unsafe_doctor.diagnose.pipeline import diagnose
     from unsafe_doctor.knowledge.context import groundwork
     from unsafe_doctor.report import diagnosis as report
@@ -45,8 +50,14 @@ def command(
     paths = log_paths(logs)
     started = time.perf_counter()
     setup = groundwork(rules or (), source_root or (), log_only=log_only)
-    with progress_bar(paths) as progress:
-        diagnosis = diagnose(paths, setup, adaptor=adaptor, progress=progress)
+    bar = progress_bar(paths)
+
+    def choose_adaptor(error: AmbiguousAdaptor) -> Path:
+        bar.stop()
+        return prompts.chosen_adaptor(error, ask=not (yes or no_input))
+
+    with bar as progress:
+        diagnosis = diagnose(paths, setup, adaptor=adaptor, progress=progress, choose_adaptor=choose_adaptor)
         warn_skipped(diagnosis.skipped)
     elapsed = time.perf_counter() - started
     if output_format is LocatedFormat.json:
@@ -56,8 +67,10 @@ def command(
     else:
         print_rich(report.to_text(diagnosis, elapsed, _previews(diagnosis)))
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
-        offer_fixes(diagnosis, invocation, yes=yes, no_input=no_input)
-        suggest_for_untraced(diagnosis, invocation)
+        repair = offer_fixes(diagnosis, invocation, yes=yes, no_input=no_input)
+        offer_for_untraced(diagnosis, invocation, yes=yes, no_input=no_input)
+        if repair.settles(diagnosis):
+            return 0
     return 1 if diagnosis.findings or diagnosis.hits else 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -54,6 +55,7 @@ def command(
     Exit 0: written, nothing to do, or --dry-run; 1: a fix left unwritten; 2: refused.
     """
     from unsafe_doctor.adaptor import fix as fixes
+    from unsafe_doctor.cli import prompts
     from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
     from unsafe_doctor.diagnose.pipeline import diagnose
     from unsafe_doctor.knowledge.context import groundwork
@@ -71,7 +73,8 @@ def command(
         findings = 0
     else:
         paths = log_paths(logs)
-        diagnosis = diagnose(paths, setup, adaptor=adaptor)
+        diagnosis = diagnose(paths, setup, adaptor=adaptor,
+                             choose_adaptor=functools.partial(prompts.chosen_adaptor, ask=not (yes or no_input)))
         warn_skipped(diagnosis.skipped)
         environment = diagnosis.context.environment
         chosen = diagnosis.chosen_suspects(suspect or ())

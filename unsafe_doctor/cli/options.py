@@ -163,7 +163,10 @@ ExitZeroOption = Annotated[
 ]
 
 
-EXAMPLES = {  # shown under each command's help
+EXAMPLES = {  # shown under each command's help; "unsafe-doctor": under the top-level help
+    "unsafe-doctor": ["unsafe-doctor train.log", "kubectl logs job/llm | unsafe-doctor",
+                      "unsafe-doctor fix train.log --adaptor ~/job/recovery.py --yes",
+                      "unsafe-doctor verify train.log --adaptor ~/job/recovery.py", "unsafe-doctor audit ~/job/src"],
     "diagnose": ["unsafe-doctor train.log", "unsafe-doctor logs/ --source-root ~/job --format json -o findings.json",
                  "kubectl logs job/llm | unsafe-doctor"],
     "fix": ["unsafe-doctor fix train.log --source-root ~/job --dry-run > fix.patch",

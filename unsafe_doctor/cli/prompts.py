@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shutil
 import sys
+import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TextIO
 
 import click
+
+from unsafe_doctor.errors import AmbiguousAdaptor
+from unsafe_doctor.report.common import printable
 
 
 class Terminal:
@@ -30,7 +36,7 @@ class Terminal:
 
     def answer(self, prompt: str) -> str:
         """The line typed after the prompt, stripped; end of input is an interrupt, not a "no"."""
-        self.tell(prompt)
+        self.tell(fitted(prompt))
         try:
             line = self.reader.readline()
         except KeyboardInterrupt:
@@ -47,6 +53,14 @@ class Terminal:
             if reply in ("y", "yes", "n", "no", ""):
                 return reply in ("y", "yes")
             self.tell("answer y or n (Enter: no)\n")
+
+
+def fitted(prompt: str) -> str:
+    """The prompt wrapped between words at the terminal's width, its choice (`[y/N]:`) and every
+    path whole: the terminal itself would cut a long line anywhere, `[y/` on one line, `N]` on the next."""
+    width = shutil.get_terminal_size().columns - 1  # the answer's first character fits after the prompt
+    words = prompt.rstrip(" ")
+    return textwrap.fill(words, width, break_long_words=False, break_on_hyphens=False) + prompt[len(words):]
 
 
 @contextlib.contextmanager
@@ -66,3 +80,18 @@ def terminal(*, ask: bool) -> Iterator[Terminal | None]:
         return
     with io.TextIOWrapper(raw, encoding="utf-8", errors="replace", write_through=True) as stream:
         yield Terminal(stream, stream)
+
+
+def chosen_adaptor(error: AmbiguousAdaptor, *, ask: bool) -> Path:
+    """The adaptor the person picks at the terminal among those found (each path escaped: a folder's
+    name must not set the terminal's title or clear it); the refusal itself where no one can be asked."""
+    with terminal(ask=ask) as person:
+        if person is None:
+            raise error
+        person.tell("Several recovery adaptors are under the source roots:\n")
+        for number, candidate in enumerate(error.candidates, 1):
+            person.tell(f"  {number} = {printable(str(candidate))}\n")
+        numbers = {str(number) for number in range(1, len(error.candidates) + 1)}
+        while (answer := person.answer(f"Which is yours? [1-{len(error.candidates)}]: ")) not in numbers:
+            person.tell("answer with one of the numbers\n")
+    return error.candidates[int(answer) - 1]

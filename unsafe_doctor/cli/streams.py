@@ -173,6 +173,10 @@ class progress_bar:
         return lambda count: self.bar.advance(self.task, count)
 
     def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """The bar gone now, the logs read: a question is to be asked at the terminal it was drawn on."""
         if self.bar is not None:
             self.bar.stop()
 

@@ -2,8 +2,10 @@
 
 After diagnose's report each finding's fix is shown as a diff and written on --yes or when the
 person says so; a finding nothing classified is put to them first; a written fix is offered a
-replay. Questions are asked through cli.prompts (the controlling terminal, so they work while the
-log arrives on stdin). `fix` and `audit --fix` ask their one question here too. Every command
+replay, and one closing line says what was done. An error logged without a traceback gets, at a
+terminal, a suspect's fix (the person picks which) and the sentinel offered the same way.
+Questions are asked through cli.prompts (the controlling terminal, so they work while the log
+arrives on stdin). `fix` and `audit --fix` ask their one question here too. Every command
 suggested is one that runs as printed: quoted, and with '-' for a log that came on stdin.
 """
 
@@ -22,11 +24,12 @@ from unsafe_doctor.knowledge.classify import Classified, FixPlan, Unclassified, 
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import KnowledgeBase, Scenario
 from unsafe_doctor.replay.quiet import framework_warnings_silenced
-from unsafe_doctor.report.common import NextStep, printable
+from unsafe_doctor.report.common import NextStep, counted, printable
 from unsafe_doctor.report.fix import written_lines
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Plan, Written
+    from unsafe_doctor.diagnose.pipeline import Untraced
 
 VERIFY_QUESTION = "Verify the fix now (replay the fault and the recovery on 4 ranks, unpatched then patched)?"
 
@@ -54,18 +57,25 @@ class Invocation:
         return NextStep(printable(shlex.join([*words, *extra])), piped)
 
 
-def suggest_for_untraced(diagnosis: Diagnosis, invocation: Invocation) -> None:
-    """An error logged without a traceback: the commands that write a suspect's fix, and that name
-    the exact tensor at the next fault (the sentinel and the traceback keeper, into the adaptor)."""
+def offer_for_untraced(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_input: bool) -> None:
+    """An error logged without a traceback. At a terminal, with the adaptor known: a suspect's fix
+    (the person picks which) and the sentinel, each shown as a diff and written when the person says
+    so. Elsewhere (and for what was declined): the commands that write them. --yes picks no suspect:
+    which one it is, is a guess only the person may make."""
     untraced = diagnosis.untraced
     if untraced is None:
         return
     adaptor = diagnosis.context.environment.adaptor
-    if untraced.shortlist.suspects:
-        say(invocation.command("fix", adaptor or Path("ADAPTOR.py"), "--suspect", "1").line("to write suspect 1's fix"))
-    install = invocation.command("sentinel install", adaptor or Path("ADAPTOR.py"), "--yes", log=False)
-    where = "" if adaptor else " (name your recovery adaptor: no adaptor file is known here)"
-    say(install.line(f"to name the exact tensor at the next fault{where}"))
+    with prompts.terminal(ask=adaptor is not None and not (yes or no_input)) as terminal:
+        if adaptor is not None and terminal is not None:
+            if untraced.shortlist.suspects:
+                _offer_suspect(diagnosis, untraced, invocation, adaptor, terminal)
+            _offer_sentinel(diagnosis, invocation, adaptor, terminal)
+        else:
+            if untraced.shortlist.suspects:
+                say(invocation.command("fix", adaptor or Path("ADAPTOR.py"), "--suspect", "1").line("to write suspect 1's fix"))
+            where = "" if adaptor else " (name your recovery adaptor: no adaptor file is known here)"
+            say(_install_sentinel(invocation, adaptor).line(f"to name the exact tensor at the next fault{where}"))
     say(
         "at the next fault the sentinel logs every global the recovery left unsafe before the first step reads it, "
         "and MindIO's own log (logs/ttp_log.log.<pid>, or stdout with TTP_LOG_STDOUT=1) holds the error's full "
@@ -73,49 +83,141 @@ def suggest_for_untraced(diagnosis: Diagnosis, invocation: Invocation) -> None:
     )
 
 
-def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_input: bool) -> None:
-    """After the report: each finding's fix as a diff, applied on --yes or when the person says so;
-    then, for the fixes written, a replay that proves them. Ends with what to run next."""
-    if not diagnosis.findings:
+def _install_sentinel(invocation: Invocation, adaptor: Path | None) -> NextStep:
+    return invocation.command("sentinel install", adaptor or Path("ADAPTOR.py"), "--yes", log=False)
+
+
+def _offer_suspect(
+    diagnosis: Diagnosis, untraced: Untraced, invocation: Invocation, adaptor: Path, terminal: prompts.Terminal
+) -> None:
+    """The person picks a suspect (the only one: no question), sees its fix's diff, and says whether to write it."""
+    from unsafe_doctor.adaptor import fix as fixes
+
+    count = len(untraced.shortlist.suspects)
+    number = 1
+    if count > 1:
+        choices = {str(choice) for choice in range(1, count + 1)}
+        while (answer := terminal.answer(f"Which suspect's fix to write? [1-{count}/skip]: ").lower()) not in choices:
+            if answer in ("", "skip"):
+                say(invocation.command("fix", adaptor, "--suspect", "N").line("no suspect's fix written; to write suspect N's"))
+                return
+            terminal.tell(f"answer with a number from 1 to {count}, or skip (Enter)\n")
+        number = int(answer)
+    item = untraced.suspect_finding(number)
+    fix = item.classification.fix
+    if not isinstance(fix, FixPlan):
+        say(printable(f"suspect {number} has no fix to write: {fix.reason if fix else item.classification.reason}"))
         return
+    functions = " and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name)
+    question = f"Apply suspect {number}'s scenario-{item.classification.scenario} fix to {printable(functions)}?"
+    declined = invocation.command("fix", adaptor, "--suspect", str(number), "--yes")
+    _offer_plan(fixes.plan_fix([item], diagnosis.context), question, declined, terminal, yes=False)
+
+
+def _offer_sentinel(diagnosis: Diagnosis, invocation: Invocation, adaptor: Path, terminal: prompts.Terminal) -> None:
+    """The sentinel's block, shown as a diff, and written into the rollback when the person says so."""
+    from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
+    from unsafe_doctor.errors import UsageError
+
+    try:
+        plan = plan_sentinel(diagnosis.context.environment, "report")
+    except UsageError as refused:  # what `sentinel install` would say: the diagnosis stands
+        say(f"no sentinel offered: {refused}")
+        return
+    files = ", ".join(dict.fromkeys(printable(str(edit.path)) for edit in plan.edits))
+    question = f"Install the sentinel into {files} (it names the exact tensor at the next fault)?"
+    _offer_plan(plan, question, _install_sentinel(invocation, adaptor), terminal, yes=False)
+
+
+def _offer_plan(
+    plan: Plan, question: str, declined: NextStep, terminal: prompts.Terminal | None, *, yes: bool
+) -> tuple[Written, ...]:
+    """A plan's diff, then written on --yes or when the person says so; what was written. Nothing to
+    write (already there, or skipped): why, and no question."""
+    from unsafe_doctor.adaptor import fix as fixes
+
+    if not plan.edits:
+        for line in (*plan.present, *map(str, plan.skipped), *plan.notes):
+            say(printable(line))
+        return ()
+    print_diff(plan.diff())
+    if not (yes or (terminal is not None and terminal.confirm(question))):
+        say(declined.line("not applied; to apply"))
+        return ()
+    written = fixes.apply(plan)
+    for line in written_lines(written):
+        say(line)
+    return written
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What diagnose did after its report: the findings whose fix it wrote, the files it wrote them
+    into, and whether a replay proved those fixes (None: not replayed)."""
+
+    fixed: tuple[DiagnosedFinding, ...] = ()
+    files: tuple[Path, ...] = ()
+    proven: bool | None = None
+
+    def settles(self, diagnosis: Diagnosis) -> bool:
+        """Every error of the log fixed and proven in this run: nothing left for an exit 1 to report."""
+        untold = diagnosis.untraced_ranks or diagnosis.hits_not_parsed
+        return bool(self.proven) and len(self.fixed) == len(diagnosis.findings) and not untold
+
+    def summary(self, findings: int) -> str:
+        """One closing line: what was fixed, where, and whether it is proven."""
+        fixed = counted(findings, "finding")
+        fixed = fixed if len(self.fixed) == findings else f"{len(self.fixed)} of {fixed}"
+        files = ", ".join(printable(str(path)) for path in self.files)
+        proof = {True: "proven by the replay above (verify)", False: "not proven: the replay above says why",
+                 None: "not proven: not replayed (verify, above)"}[self.proven]
+        return f"done: {fixed} fixed in {files}, {proof}"
+
+
+def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_input: bool) -> Repair:
+    """After the report: each finding's fix as a diff, applied on --yes or when the person says so;
+    then, for the fixes written, a replay that proves them. Ends with what to run next, or with
+    what was done."""
+    if not diagnosis.findings:
+        return Repair()
     adaptor = diagnosis.context.environment.adaptor
     if adaptor is None:
         if any(isinstance(item.classification.fix, FixPlan) for item in diagnosis.findings):
-            say("no fix written: no recovery adaptor is known; name it (--adaptor FILE) or the folder that holds it "
-                f"(--source-root DIR), {invocation.command('fix', Path('ADAPTOR.py'), '--yes').line('e.g.')}")
-        return
+            missing = "no fix written: no recovery adaptor is known; " if yes else ""  # --yes asked for a write
+            write = invocation.command("fix", Path("ADAPTOR.py"), "--yes")
+            say(write.line(f"{missing}to write the fix into your recovery adaptor (its file for ADAPTOR.py, or "
+                           "--source-root DIR, the folder that holds it)"))
+        return Repair()
     with prompts.terminal(ask=not (yes or no_input)) as terminal:
-        applied = _fix_each(diagnosis, invocation, adaptor, terminal, yes=yes)
-        if applied:
-            if yes or (terminal is not None and terminal.confirm(VERIFY_QUESTION)):
-                _verify_now(replace(diagnosis, findings=tuple(applied)), diagnosis.context.knowledge, invocation, adaptor)
-            else:
-                say(invocation.command("verify", adaptor).line("to prove it"))
+        repair = _fix_each(diagnosis, invocation, adaptor, terminal, yes=yes)
+        if not repair.fixed:
+            return repair
+        proven = None
+        if yes or (terminal is not None and terminal.confirm(VERIFY_QUESTION)):
+            proven = _verify_now(replace(diagnosis, findings=repair.fixed), diagnosis.context.knowledge, invocation, adaptor)
+        else:
+            say(invocation.command("verify", adaptor).line("to prove it"))
+    repair = replace(repair, proven=proven)
+    say(repair.summary(len(diagnosis.findings)))
+    return repair
 
 
 def _fix_each(
     diagnosis: Diagnosis, invocation: Invocation, adaptor: Path, terminal: prompts.Terminal | None, *, yes: bool
-) -> list[DiagnosedFinding]:
-    """Each finding's fix shown, then written or not; the findings whose fix was written."""
+) -> Repair:
+    """Each finding's fix shown, then written or not; the findings whose fix was written, and the files."""
     from unsafe_doctor.adaptor import fix as fixes  # loaded only when a fix is offered
 
-    applied = []
+    applied, files = [], []
     for item, fix in _fixable(diagnosis, terminal):
-        plan = fixes.plan_fix([item], diagnosis.context)
-        if not plan.edits:
-            for line in (*plan.present, *map(str, plan.skipped), *plan.notes):
-                say(printable(line))
-            continue
-        print_diff(plan.diff())
         functions = " and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name)
         question = f"Apply scenario-{item.classification.scenario} fix to {printable(functions)}?"
-        if yes or (terminal is not None and terminal.confirm(question)):
-            for line in written_lines(fixes.apply(plan)):
-                say(line)
+        declined = invocation.command("fix", adaptor, "--yes")
+        written = _offer_plan(fixes.plan_fix([item], diagnosis.context), question, declined, terminal, yes=yes)
+        if written:
             applied.append(item)
-        else:
-            say(invocation.command("fix", adaptor, "--yes").line("not applied; to apply"))
-    return applied
+            files += [each.path for each in written]
+    return Repair(tuple(applied), tuple(dict.fromkeys(files)))
 
 
 def _fixable(diagnosis: Diagnosis, terminal: prompts.Terminal | None) -> list[tuple[DiagnosedFinding, FixPlan]]:
@@ -144,7 +246,8 @@ def write_if_accepted(plan: Plan, *, dry_run: bool, yes: bool, interactive: bool
     return ()
 
 
-def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invocation, adaptor: Path) -> None:
+def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invocation, adaptor: Path) -> bool | None:
+    """The fixes written, replayed: whether every one was proven; None where no replay ran."""
     import importlib.util
 
     from unsafe_doctor.replay import verify as verification
@@ -152,12 +255,14 @@ def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invo
 
     if importlib.util.find_spec("torch") is None:
         say("not verified: verify replays on torch, which is not installed (pip install 'unsafe-doctor[replay]')")
-        return
+        return None
     with framework_warnings_silenced():
         plan, skipped = verification.plan_replay(diagnosis, knowledge)
         outcome = verification.verify(plan, skipped)
-    if outcome is not None:
-        print_rich(to_text(outcome, write_fix=invocation.command("fix", adaptor, "--yes")))
+    if outcome is None:
+        return None
+    print_rich(to_text(outcome, write_fix=invocation.command("fix", adaptor, "--yes")))
+    return outcome.exit_code == 0
 
 
 def _ask_scenario(terminal: prompts.Terminal, item: DiagnosedFinding, context: RunContext) -> DiagnosedFinding:

@@ -252,7 +252,8 @@ def _summary(audit: Audit, elapsed: float) -> Text:
         f"{counts['unsafe']} unsafe, {counts['covered']} covered"
     ]
     if counts["fixable"]:
-        pieces.append(f"{counts['fixable']} with a fix (--fix)")
+        how = " (--fix)" if environment.adaptor else ""  # with no adaptor, the command below says what to give
+        pieces.append(f"{counts['fixable']} with a fix{how}")
     pieces.append(counted(audit.files, "file"))
     if environment.adaptor is not None:
         pieces.append(f"adaptor {printable(str(environment.adaptor))} ({environment.profile.id}; {environment.adaptor_why})")

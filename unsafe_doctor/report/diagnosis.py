@@ -369,16 +369,15 @@ def _fix_blocks(fix: FixPlan) -> list[tuple[str, str, str]]:
 
 def _fix_code(previews: tuple[Preview, ...]) -> list[RenderableType]:
     """A finding's fix printed outside its box, so that every line can be copied whole at any width:
-    each block as `fix` writes it into the adaptor, or to paste at the end of the function."""
+    each block to paste at the end of its function (`fix` shows a diff of those it can write)."""
     parts: list[RenderableType] = []
     for block in previews:
         side = f"{block.side}, " if block.side else ""
-        where = f"written into {short_path(str(block.adaptor))} by `unsafe-doctor fix`" if block.adaptor else "paste it"
         if block.imports:
             top = Text(f"# at the top of {block.function}()'s file, what it does not import yet:", style="bold",
                        overflow="ignore")
             parts.extend([top, CodeToCopy("\n".join(block.imports)), Text("")])
-        heading = Text(f"# {side}at the end of {block.function}() ({where}):", style="bold", overflow="ignore")
+        heading = Text(f"# {side}at the end of {block.function}() (paste it):", style="bold", overflow="ignore")
         parts.extend([heading, CodeToCopy(textwrap.dedent("\n".join(block.lines))), Text("")])
     return parts
 
