@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from packaging.version import Version
 
 from unsafe_doctor.knowledge.classify import Classified, Confidence, classify_with_rule
-from unsafe_doctor.knowledge.rules import READ_STAGES, AdaptorProfile, Rule
+from unsafe_doctor.knowledge.rules import READ_STAGES, AdaptorProfile, Rule, RuleMatch
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.arguments import RunArguments
 from unsafe_doctor.log.recovery import LossScaling
@@ -39,6 +39,11 @@ class Suspect:
     why: tuple[str, ...]  # the evidence, one fact a line: which argument, which release, which generation
     confidence: Confidence
     alternatives: tuple[str, ...] = ()  # ids of the rules for the same global in other releases (release unknown)
+
+    @property
+    def block(self) -> RuleMatch:
+        """The rule's match block that names the global (`tensor` is made from it)."""
+        return _named_block(self.rule)
 
 
 @dataclass(frozen=True)
@@ -199,10 +204,15 @@ def _lowest_version(rule: Rule) -> tuple[int, ...]:
     return max((tuple(int(part) for part in bound.split(".") if part.isdigit()) for bound in bounds), default=())
 
 
+def _named_block(rule: Rule) -> RuleMatch:
+    """A rule's first match block that names a variable, else its first."""
+    return next((block for block in rule.matches if block.variable), rule.match)
+
+
 def _tensor(rule: Rule) -> TensorRef:
-    """The global a rule names: its first match block that names a variable (else its first), with its
-    module (when not a pattern) and owner; a block naming none gives its pattern as the expression."""
-    block = next((block for block in rule.matches if block.variable), rule.match)
+    """The global a rule names (`_named_block`), with its module (when not a pattern) and owner; a
+    block naming none gives its pattern as the expression."""
+    block = _named_block(rule)
     module = block.module if block.module is not None and "*" not in block.module else None
     variable = block.variable
     expression = ".".join(part for part in (block.owner, variable) if part) or block.variable_regex or rule.title

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from rich._wrap import divide_line  # Text.wrap folds a word wider than the width; this keeps it whole
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
 from rich.syntax import Syntax
@@ -81,6 +82,28 @@ class NextStep:
 def title(text: str) -> Text:
     """A panel's title: cut with an ellipsis when it is wider than the panel, never parsed as markup."""
     return Text(printable(text), overflow="ellipsis")
+
+
+class Hanging:
+    """`lead` then `text`, every line the text wraps into starting under its first character, at any
+    width. A word wider than the room left (a long dotted module) stands whole on its own line, past
+    the width: a name split over two lines cannot be copied."""
+
+    def __init__(self, lead: str, text: Text) -> None:
+        self.lead, self.text = lead, text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        indent = len(self.lead)
+        width = max(options.max_width - indent, 16)
+        lines = [piece for part in self.text.split() for piece in part.divide(divide_line(part.plain, width, fold=False))]
+        for number, line in enumerate(lines):
+            line.rstrip()
+            shown = Text(self.lead if number == 0 else " " * indent).append_text(line)
+            shown.no_wrap, shown.overflow = True, "ignore"
+            yield shown
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.text).with_maximum(options.max_width)
 
 
 class CodeToCopy:
