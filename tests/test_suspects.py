@@ -7,6 +7,7 @@ tests/corpus/ holds the same from real torchrun runs.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -301,3 +302,19 @@ def test_a_suspects_wrapped_lines_start_under_the_text_they_continue(columns):
             assert indent == (label_at if label_at is not None else header_text), (entry, line)
             wrapped += label_at is not None
     assert wrapped  # some why or fix line did wrap at this width
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="the stale check reads an installed megatron-core")
+def test_the_stale_resets_and_the_suspects_reason_with_the_same_release():
+    """Issue 36: with megatron-core 0.16 installed here and a log of the mindspeed-llm-26 generation
+    (which runs on core_r0.12.1), the stale section cited the installed release and the suspects the
+    paired one. Both take `Environment.job_releases`; the stale check reads that release's module."""
+    rollback = IN_TREE / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
+    result = run_cli("diagnose", str(ONE_SUSPECT), "--adaptor", str(rollback), "--format", "json")
+    report = json.loads(result.stdout)
+    (stale,) = report["summary"]["stale_resets"]
+    (suspect,) = report["findings"][0]["suspects"]
+    (said,) = [why for why in suspect["why"] if why.startswith("megatron-core ")]
+    release = said.split(" (")[0]
+    assert release == "megatron-core 0.12.1"
+    assert stale["why"].startswith(f"{release} (the release the mindspeed-llm-26 adaptor runs with) has no ")

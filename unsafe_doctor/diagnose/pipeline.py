@@ -182,11 +182,9 @@ def _untraced(
     loss_scaling: LossScaling | None,
 ) -> Untraced:
     """The suspects, with the generation the adaptor file or the log shows (a default profile is no evidence)."""
-    environment = run.environment
-    generation = environment.profile if environment.profile_from in ("adaptor", "log") else None
     from unsafe_doctor.diagnose.suspects import shortlist
 
-    return Untraced(ranks, form, shortlist(run, arguments, generation, loss_scaling))
+    return Untraced(ranks, form, shortlist(run, arguments, loss_scaling))
 
 
 def _phase(finding: Finding, context: RecoveryContext) -> Phase:

@@ -60,14 +60,12 @@ class Shortlist:
     generation: AdaptorProfile | None  # the adaptor generation the log shows; None: it does not tell
 
 
-def shortlist(
-    context: RunContext,
-    arguments: RunArguments | None,
-    generation: AdaptorProfile | None,
-    loss_scaling: LossScaling | None,
-) -> Shortlist:
-    """The suspects of an untraced unsafe-data error, most likely first."""
-    evidence = _Evidence(context, arguments, generation, loss_scaling, _releases(context, generation))
+def shortlist(context: RunContext, arguments: RunArguments | None, loss_scaling: LossScaling | None) -> Shortlist:
+    """The suspects of an untraced unsafe-data error, most likely first, for the generation and the
+    releases the environment shows (`Environment.generation`, `Environment.job_releases`)."""
+    environment = context.environment
+    generation = environment.generation
+    evidence = _Evidence(context, arguments, generation, loss_scaling, environment.job_releases())
     kept: list[_Kept] = []
     excluded: list[Excluded] = []
     for rule in context.knowledge.rules:
@@ -128,25 +126,6 @@ class _Evidence:
     def release_known(self, rule: Rule) -> bool:
         """One release of the rule's framework, or a rule that holds for all."""
         return rule.framework is None or rule.versions is None or len(self.releases.get(rule.framework, ((),))[0]) == 1
-
-
-def _releases(context: RunContext, generation: AdaptorProfile | None) -> dict[str, tuple[tuple[Version, ...], str]]:
-    """The frameworks' releases the job may have run: what the environment found, unless it is only
-    this machine's installation and the generation the log shows runs with other releases (its
-    `pairs_with`): then those."""
-    environment = context.environment
-    paired = generation.pairs_with if generation is not None else {}
-    found: dict[str, tuple[tuple[Version, ...], str]] = {}
-    for framework in {*environment.versions, *paired}:
-        version = environment.versions.get(framework)
-        pairs = paired.get(framework, ())
-        installed_elsewhere = environment.origins.get(framework) == "installed" and pairs and version not in pairs
-        if version is not None and not installed_elsewhere:
-            found[framework] = ((version,), environment.origins[framework])
-        elif pairs and generation is not None:
-            releases = "the release" if len(pairs) == 1 else "the releases"
-            found[framework] = (pairs, f"{releases} the {generation.id} adaptor runs with")
-    return found
 
 
 def _listed(versions: tuple[Version, ...]) -> str:
