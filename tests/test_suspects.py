@@ -318,3 +318,13 @@ def test_the_stale_resets_and_the_suspects_reason_with_the_same_release():
     release = said.split(" (")[0]
     assert release == "megatron-core 0.12.1"
     assert stale["why"].startswith(f"{release} (the release the mindspeed-llm-26 adaptor runs with) has no ")
+
+
+@pytest.mark.parametrize("columns", [80, 100, 120])
+def test_a_stale_resets_wrapped_lines_start_under_the_text_they_continue(columns):
+    rollback = IN_TREE / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
+    lines = report_at(columns, str(ONE_SUSPECT), "--adaptor", str(rollback)).stdout.splitlines()
+    start = lines.index("Stale resets in the adaptor's rollback:")
+    section = lines[start + 1 : lines.index("", start)]
+    assert len(section) > 2 and all(line.startswith("  ") for line in section), section  # none at column 0
+    assert section[0].startswith(f"  {rollback}:") and section[-1].startswith("    ")

@@ -10,7 +10,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from rich._wrap import divide_line  # Text.wrap folds a word wider than the width; this keeps it whole
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.measure import Measurement
 from rich.syntax import Syntax
 from rich.text import Text
@@ -171,10 +171,11 @@ def adaptor_json(environment: Environment) -> dict[str, str | None]:
     }
 
 
-def stale_text(stale: Sequence[StaleReset]) -> Text:
-    text = Text("Stale resets in the adaptor's rollback:\n", style="bold yellow")
+def stale_text(stale: Sequence[StaleReset]) -> Group:
+    """Each stale reset where it stands and why, every wrapped line under the text it continues."""
+    parts: list[Hanging | Text] = [Text("Stale resets in the adaptor's rollback:", style="bold yellow")]
     for item in stale:
-        text.append(f"  {printable(str(item.file))}:{item.line}  ", style="cyan")
-        text.append(f"{printable(item.statement)}\n    {item.why}\n")
-    return text
-
+        where = Text(f"{printable(str(item.file))}:{item.line}  ", style="cyan")
+        where.append(printable(item.statement), style="default")
+        parts += [Hanging("  ", where), Hanging("    ", Text(printable(item.why)))]
+    return Group(*parts, Text(""))
