@@ -322,9 +322,11 @@ class _RankTags:
     however little of it is parsed. Each chunk is searched, in C, by one RE2 pattern that matches
     only the tags not seen yet: a chunk of known ranks costs one linear scan, about what the search
     for the error's marker costs. Only a chunk holding a new tag is searched for all of its tags.
-    The pattern is built again when the tags seen have doubled since, or when it matched only tags
-    seen since: compiling it for thousands of ranks takes a tenth of a second. Past TAGS_SEEN
-    spellings (no job has so many ranks) the search stops."""
+    The pattern is built again when the tags seen have doubled since, or when chunks it matched for
+    tags seen since have cost about what building it costs (compiling it for thousands of ranks
+    takes a tenth of a second; a chunk searched for all its tags, some milliseconds): a log however
+    made costs time linear in its size. Past TAGS_SEEN spellings (no job has so many ranks) this
+    reader's search stops."""
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
@@ -332,6 +334,7 @@ class _RankTags:
         self.any_tag = _tags_but(frozenset())
         self.new_tag: Any = self.any_tag
         self.excluded = 0  # how many spellings `new_tag` leaves out
+        self.wasted = 0  # chunks `new_tag` matched for tags seen since it was built
         self.first = True
 
     def feed(self, chunk: _Chunk) -> None:
@@ -343,10 +346,11 @@ class _RankTags:
         found = set(self.any_tag.findall(bytes(view))) - self.spelled
         self.spelled |= found
         self.seen |= {int(digits) for digits in found}
+        self.wasted += not found
         if len(self.spelled) > TAGS_SEEN:
             self.new_tag = None
-        elif not found or len(self.spelled) >= 2 * self.excluded:
-            self.new_tag, self.excluded = _tags_but(frozenset(self.spelled)), len(self.spelled)
+        elif len(self.spelled) >= 2 * self.excluded or self.wasted > len(self.spelled) // 256:
+            self.new_tag, self.excluded, self.wasted = _tags_but(frozenset(self.spelled)), len(self.spelled), 0
 
 
 RANK_DIGITS = 6  # a rank tag of more digits is no rank (and a number of thousands of digits costs to read)
