@@ -474,12 +474,11 @@ def _suspect_name(suspect: Suspect) -> Text:
     if not names or len(names) > SUSPECT_NAMES:
         return Text(printable(suspect.rule.title), style="bold cyan")
     line = Text(printable(", ".join(names)), style="bold cyan")
-    where = [".".join(part for part in (block.module, block.owner) if part)]
-    if block.module is None and block.file:
-        where.append(f"read in {block.file.removeprefix('*/')}")
-    shown = ", ".join(part for part in where if part)
-    if shown:
-        line.append(f"  {'' if shown.startswith('read in') else 'in '}{printable(shown)}", style="cyan")
+    holder = ".".join(part for part in (block.module, block.owner) if part)
+    if holder:
+        line.append(f"  in {printable(holder)}", style="cyan")
+    if block.module is None and block.file:  # no module: the file the rule knows it is read in
+        line.append(f"{',' if holder else ' '} read in {printable(block.file.removeprefix('*/'))}", style="cyan")
     return line
 
 
