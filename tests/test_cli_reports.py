@@ -124,6 +124,21 @@ def test_one_rank_one_frame_reads_in_the_singular(tmp_path):
     assert "1 finding on 1 rank · 1 rank seen" in single and "1 ranks" not in single
 
 
+def test_the_ranks_seen_in_a_large_log_are_counted_over_all_of_it(tmp_path):
+    """Issue 36: an 8-rank log grown past the span parsed around its error (a long run of rank 0's
+    iterations between the start-up and the fault) reported only the ranks in that span."""
+    log = tmp_path / "train.log"
+    iteration = "[rank0]: iteration {:8d}/  200000 | lm loss: 2.500000E+00 | loss scale: 1.0 | grad norm: 1.000 |\n"
+    with log.open("w") as out:
+        out.write("".join(f"[rank{rank}]: > initialized, world size 8\n" for rank in range(8)))
+        for start in range(0, 400_000, 10_000):  # about 40 MB: past the 33 MB before an error that is parsed
+            out.write("".join(iteration.format(step) for step in range(start, start + 10_000)))
+        out.write(traceback_on(3))
+    text, as_json = run("diagnose", str(log), "--no-input", columns=120), run("diagnose", str(log), "--format", "json")
+    assert "8 ranks seen" in text.stdout, text.stdout
+    assert json.loads(as_json.stdout)["summary"]["ranks_seen"] == list(range(8))
+
+
 HOSTILE = "\x1b]0;title\x07", "\x1b[2J", "\x9b"
 
 

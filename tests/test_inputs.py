@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -452,3 +453,28 @@ def test_a_file_redirected_into_stdin_is_read_as_that_file_in_parts(tmp_path):
     from_stdin, from_file = json.loads(redirected.stdout), json.loads(named.stdout)
     assert from_stdin["findings"] == from_file["findings"] and from_stdin["summary"] == from_file["summary"]
     assert [each["name"] for each in from_stdin["inputs"]] == ["<stdin>"]
+
+
+@pytest.mark.parametrize("cores", [1, 3])
+def test_every_rank_tag_in_the_input_is_counted_however_little_of_it_is_parsed(tmp_path, monkeypatch, cores):
+    """Issue 36: a large log's ranks were counted in its parsed windows only. Thousands of ranks (the
+    pattern of the ranks not seen yet is built again as they come), one that speaks once far from
+    any window, tags across the reader's chunk edges, and a file read in parts."""
+    for name, value in dict(BEFORE=300, AFTER=200, CONTEXT_SPAN=2000, CHUNK=512, RECORD_LINE_MAX=400).items():
+        monkeypatch.setattr(reading, name, value)
+    ranks = list(range(3000))
+    random.Random(36).shuffle(ranks)
+    head = "".join(f"[rank{rank}]: starting\n" for rank in ranks)
+    text = (
+        head + noise(2000) + "[rank4095]: one line, far from the error\n" + noise(2000)
+        + "[rank1234567]: no rank has seven digits\n" + noise(500) + "[rank3]: " + ERROR_LINE
+    )
+    path = write(tmp_path / "x.log", text)
+    monkeypatch.setattr(inputs, "PARALLEL_MIN", 1)
+    monkeypatch.setattr(inputs, "PART_MIN", 10_000)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert len(inputs._tasks([(path, path, None)], cores)) == cores
+    scan = _scan_all([path])
+    parsed = "".join(window.text for window in (*scan.windows, *scan.context))
+    assert "[rank3]:" in parsed and all(f"[rank{rank}]:" not in parsed for rank in (0, 4095))
+    assert scan.ranks_tagged == {*range(3000), 4095}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import textwrap
 from pathlib import Path
 
@@ -31,9 +32,14 @@ def line_of(path: Path, text: str) -> int:
     return next(number for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip() == text)
 
 
-def resets(adaptor: Path, *source_roots: Path) -> list[StaleReset]:
+def resets(adaptor: Path, *source_roots: Path, paired: bool = False) -> list[StaleReset]:
+    """The adaptor's stale resets against the framework found here (installed, or under the roots):
+    its profile named as --profile names it. `paired`: as detected from the adaptor's names, whose
+    generation then says which releases the job ran (`Environment.job_releases`)."""
+    detected = detect_environment(KNOWLEDGE, Workspace(source_roots), adaptor=adaptor)
     workspace = Workspace(source_roots)
-    environment = detect_environment(KNOWLEDGE, workspace, adaptor=adaptor)
+    chosen = None if paired else detected.profile
+    environment = detect_environment(KNOWLEDGE, workspace, adaptor=adaptor, chosen=chosen)
     return stale_resets(adaptor, environment.profile, environment, workspace)
 
 
@@ -78,6 +84,18 @@ def test_faq_legacy_adaptor_resets_a_tracker_megatron_core_0_16_no_longer_has():
             ),
         )
     ]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="the stale check reads an installed megatron-core")
+def test_a_generation_that_runs_with_other_releases_is_checked_against_those_releases():
+    """Issue 36: megatron-core 0.16.1 is installed here, but the legacy adaptor's generation runs on
+    0.6.0, 0.7.0, 0.8.0 or 0.12.1: the job ran one of those, as the suspects assume, so the reset is
+    compared with their modules in the shipped index; 0.6.0 and 0.7.0 still had the tracker."""
+    [reset] = [reset for reset in resets(LEGACY, paired=True) if reset.symbol == TRACKER]
+    assert reset.why == (
+        f"megatron-core 0.8.0 and 0.12.1 (the releases the mindio-ttp-legacy adaptor runs with) have no {TRACKER} "
+        "in megatron.core.parallel_state"
+    )
 
 
 def test_in_tree_26_adaptor_has_the_same_stale_reset():

@@ -7,7 +7,9 @@ tests/corpus/ holds the same from real torchrun runs.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -242,3 +244,118 @@ def test_without_a_terminal_the_untraced_report_writes_nothing_and_says_the_comm
     install = f"unsafe-doctor sentinel install --adaptor {adaptor} --yes"
     assert f"to name the exact tensor at the next fault: {install}" in result.stderr
     assert {path: path.read_bytes() for path in adaptor.parent.glob("*.py")} == before
+
+
+# --- the suspects as the text report shows them (issue 36) ----------------------------------------
+
+CORPUS_LOGS = ROOT / "tests" / "corpus" / "logs"
+NO_DUMP = CORPUS_LOGS / "untraced-v26-mindspeed-llm-26-mtp-loss-tracker-no-dump.log"  # 16 suspects, every rule shape
+ONE_SUSPECT = CORPUS_LOGS / "untraced-v26-mindspeed-llm-26-mtp-loss-tracker.log"
+
+
+def report_at(columns: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI's text report at a fixed terminal width, as a pipe sees it (no colour)."""
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "diagnose", *args, "--no-input"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        env={"COLUMNS": str(columns), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+    )  # fmt: skip
+
+
+def suspect_entries(stdout: str) -> list[list[str]]:
+    """Each suspect's lines: its numbered header, its why, alternatives and fix, with their wrapped lines."""
+    lines = stdout.splitlines()
+    heading = next(index for index, line in enumerate(lines) if line.startswith("Suspects, most likely first"))
+    start = next(index for index in range(heading, len(lines)) if re.match(r"\s+1\. ", lines[index]))
+    entries: list[list[str]] = []
+    for line in lines[start:]:
+        if re.match(r"\s+\d+\. ", line):
+            entries.append([line])
+        elif entries and line.startswith(" "):
+            entries[-1].append(line)
+        else:
+            break
+    return entries
+
+
+@pytest.mark.parametrize("log, kind", [(ONE_SUSPECT, "suspects only, no traceback"), (NO_DUMP, "suspects only, no traceback")])
+def test_the_summary_counts_the_finding_the_json_lists_and_says_it_has_suspects_only(log, kind):
+    text, as_json = report_at(100, str(log)), report_at(100, str(log), "--format", "json")
+    assert text.returncode == as_json.returncode == 1
+    findings = json.loads(as_json.stdout)["findings"]
+    assert len(findings) == 1 and findings[0]["suspects"]
+    summary = " ".join(text.stdout.split())
+    assert f"1 finding ({kind}) on 1 rank ·" in summary
+    assert "0 findings" not in summary
+
+
+@pytest.mark.parametrize("columns", [80, 100, 120])
+def test_each_suspect_is_shown_by_name_then_where_it_lives_once_and_never_as_a_regex(columns):
+    entries = suspect_entries(report_at(columns, str(NO_DUMP)).stdout)
+    headers = [" ".join(" ".join(entry).split("why:")[0].split()) for entry in entries]
+    names = [re.sub(r"^\d+\. ", "", header).split("  scenario ")[0].split(" scenario ")[0] for header in headers]
+    assert len(entries) == 16
+    assert len(set(names)) == len(names), names  # the same global name of two modules reads as two places
+    shown = " ".join(headers)
+    assert "(INPUT|OUTPUT)" not in shown and "AsyncAll2All_INPUT, AsyncAll2All_OUTPUT in *fb_overlap" in shown
+    assert "CACHED_(" not in shown
+    # a name first, then its module, as a finding's Tensor row: never module-qualified for some and bare for others
+    assert "expert_bias in megatron.core.transformer.moe.router" in shown
+    assert "megatron.core.transformer.moe.router.expert_bias" not in shown
+    assert "inv_freq in megatron.core.models.common.embeddings.rotary_pos_embedding.RotaryEmbedding" in shown
+
+
+def test_a_suspect_with_no_fix_says_in_plain_words_why_and_what_names_it():
+    entries = suspect_entries(report_at(120, str(NO_DUMP)).stdout)
+    fixes = [" ".join(" ".join(entry).split(" fix: ", 1)[1].split()) for entry in entries]
+    unfixed = [fix for fix in fixes if not fix.startswith("in ")]
+    assert len(unfixed) == 3
+    for fix in unfixed:
+        assert "plain Python name" not in fix
+        assert "without a traceback the log does not say which module" in fix and "the sentinel names it" in fix
+    assert any("the pattern mindspeed.*" in fix for fix in unfixed)
+
+
+@pytest.mark.parametrize("columns", [80, 100, 120])
+def test_a_suspects_wrapped_lines_start_under_the_text_they_continue(columns):
+    entries = suspect_entries(report_at(columns, str(NO_DUMP)).stdout)
+    wrapped = 0
+    for entry in entries:
+        header_text = re.match(r"\s+\d+\. ", entry[0]).end()
+        label_at = None
+        for line in entry[1:]:
+            assert len(line) <= columns or len(line.split()) == 1  # a name wider than the room stands whole
+            label = re.match(r"(\s+)(why|fix|or, by release): ", line)
+            if label:
+                label_at = label.end()
+                continue
+            indent = len(line) - len(line.lstrip())
+            assert indent == (label_at if label_at is not None else header_text), (entry, line)
+            wrapped += label_at is not None
+    assert wrapped  # some why or fix line did wrap at this width
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="the stale check reads an installed megatron-core")
+def test_the_stale_resets_and_the_suspects_reason_with_the_same_release():
+    """Issue 36: with megatron-core 0.16 installed here and a log of the mindspeed-llm-26 generation
+    (which runs on core_r0.12.1), the stale section cited the installed release and the suspects the
+    paired one. Both take `Environment.job_releases`; the stale check reads that release's module."""
+    rollback = IN_TREE / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
+    result = run_cli("diagnose", str(ONE_SUSPECT), "--adaptor", str(rollback), "--format", "json")
+    report = json.loads(result.stdout)
+    (stale,) = report["summary"]["stale_resets"]
+    (suspect,) = report["findings"][0]["suspects"]
+    (said,) = [why for why in suspect["why"] if why.startswith("megatron-core ")]
+    release = said.split(" (")[0]
+    assert release == "megatron-core 0.12.1"
+    assert stale["why"].startswith(f"{release} (the release the mindspeed-llm-26 adaptor runs with) has no ")
+
+
+@pytest.mark.parametrize("columns", [80, 100, 120])
+def test_a_stale_resets_wrapped_lines_start_under_the_text_they_continue(columns):
+    rollback = IN_TREE / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
+    lines = report_at(columns, str(ONE_SUSPECT), "--adaptor", str(rollback)).stdout.splitlines()
+    start = lines.index("Stale resets in the adaptor's rollback:")
+    section = lines[start + 1 : lines.index("", start)]
+    assert len(section) > 2 and all(line.startswith("  ") for line in section), section  # none at column 0
+    assert section[0].startswith(f"  {rollback}:") and section[-1].startswith("    ")

@@ -32,6 +32,8 @@ from difflib import SequenceMatcher
 from pathlib import Path
 from typing import Literal
 
+from packaging.version import Version
+
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import AdaptorProfile
 from unsafe_doctor.knowledge.versions import Environment
@@ -145,6 +147,18 @@ class _Checker:
             return None  # a namespace folder, or unreadable: nothing to compare with
         if holder.path.name == "__init__.py" and rest:
             return None  # `pkg.sub.X`: `sub` may be a submodule this tree lacks, not a stale name
+        ran = self._releases_run(module)
+        if ran is not None:  # the job ran other releases than this machine's: their modules, from the index
+            distribution, releases, why = ran
+            held = {release: self.workspace.module_source_at(module, distribution, str(release)) for release in releases}
+            lacking = [str(release) for release, source in held.items() if source is not None and not _defines(source, symbol)]
+            if not lacking:
+                return None  # every release that can be compared (the index holds it) defines it
+            some = len(lacking) < len(releases)  # the others define it: the reset is stale on these only
+            verb = "have" if some and len(lacking) > 1 else "has"
+            listed = (" and " if some else " or ").join(lacking)
+            why = f"{distribution} {listed} ({why}) {verb} no {symbol} in {module}"
+            return self._stale(statement, symbol, module, "missing", why)
         if not _defines(holder, symbol):
             return self._stale(statement, symbol, module, "missing", self._missing_why(holder, module, symbol))
         if rebinds and not rest and is_empty_container(target.value):
@@ -163,8 +177,17 @@ class _Checker:
         imported = Imports.of(self.adaptor, self.rollback, line).target(target.root)
         return module_member(imported, target.attributes, self.workspace) if imported is not None else None
 
+    def _releases_run(self, module: str) -> tuple[str, tuple[Version, ...], str] | None:
+        """(framework, releases, where they come from) when the job ran other releases of the module's
+        framework than the one read here (`Environment.job_releases`, as the suspects reason); else None."""
+        distribution = _distribution(module)
+        ran = self.environment.job_releases().get(distribution or "")
+        if distribution is None or ran is None or ran[1] == self.environment.origins.get(distribution):
+            return None
+        return distribution, ran[0], ran[1]
+
     def _missing_why(self, holder: SourceFile, module: str, symbol: str) -> str:
-        distribution = next((name for name, top in FRAMEWORK_DISTRIBUTIONS.items() if module.split(".")[0] == top), None)
+        distribution = _distribution(module)
         version = self.environment.versions.get(distribution) if distribution else None
         where = f"{distribution} {version}" if version is not None else f"{module} at {holder.path}"
         why = f"{where} has no {symbol} in {module}"
@@ -238,6 +261,11 @@ class _Checker:
     def _stale(self, statement: ast.stmt, symbol: str, module: str, kind: Kind, why: str) -> StaleReset:
         text = source_segment(self.adaptor.text, statement) or ast.unparse(statement)
         return StaleReset(self.adaptor.path, statement.lineno, " ".join(text.split()), symbol, module, kind, why)
+
+
+def _distribution(module: str) -> str | None:
+    """The framework distribution a module belongs to (`megatron-core` for `megatron.core.…`)."""
+    return next((name for name, top in FRAMEWORK_DISTRIBUTIONS.items() if module.split(".")[0] == top), None)
 
 
 def _defines(source: SourceFile, symbol: str) -> bool:

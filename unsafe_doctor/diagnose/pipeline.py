@@ -68,7 +68,7 @@ class Diagnosis:
     inputs: tuple[InputInfo, ...]
     findings: tuple[DiagnosedFinding, ...]
     recovery: RecoveryContext
-    ranks_seen: tuple[int, ...]  # ranks that printed lines in what was read, or named by file
+    ranks_seen: tuple[int, ...]  # ranks that printed lines in what was parsed or tagged a line anywhere, or named by file
     first_failed_rank: int | None  # None when failures come from several inputs (no common clock)
     hits: int  # unsafe-data messages in the log, with or without a traceback
     hits_not_parsed: int  # past the excerpt budget: counted, not parsed
@@ -166,6 +166,7 @@ def diagnose(
     seen += [line.rank for lines in window_lines + tail_lines for line in lines]
     seen += [line.rank for line in context_lines]
     seen += [check.rank for check in sentinel.checks]
+    seen += scan.ranks_tagged  # counted over the whole of each input, not only what was parsed
     ranks = located | untraced | {rank for rank in seen if rank is not None}
     form = recovery.mindio_form(context)
     return Diagnosis(
@@ -198,11 +199,9 @@ def _untraced(
     loss_scaling: LossScaling | None,
 ) -> Untraced:
     """The suspects, with the generation the adaptor file or the log shows (a default profile is no evidence)."""
-    environment = run.environment
-    generation = environment.profile if environment.profile_from in ("adaptor", "log") else None
     from unsafe_doctor.diagnose.suspects import shortlist
 
-    return Untraced(ranks, form, shortlist(run, arguments, generation, loss_scaling))
+    return Untraced(ranks, form, shortlist(run, arguments, loss_scaling))
 
 
 def _phase(finding: Finding, context: RecoveryContext) -> Phase:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from packaging.version import Version
 
 from unsafe_doctor.knowledge.classify import Classified, Confidence, classify_with_rule
-from unsafe_doctor.knowledge.rules import READ_STAGES, AdaptorProfile, Rule
+from unsafe_doctor.knowledge.rules import READ_STAGES, AdaptorProfile, Rule, RuleMatch
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.arguments import RunArguments
 from unsafe_doctor.log.recovery import LossScaling
@@ -40,6 +40,11 @@ class Suspect:
     confidence: Confidence
     alternatives: tuple[str, ...] = ()  # ids of the rules for the same global in other releases (release unknown)
 
+    @property
+    def block(self) -> RuleMatch:
+        """The rule's match block that names the global (`tensor` is made from it)."""
+        return _named_block(self.rule)
+
 
 @dataclass(frozen=True)
 class Excluded:
@@ -55,14 +60,12 @@ class Shortlist:
     generation: AdaptorProfile | None  # the adaptor generation the log shows; None: it does not tell
 
 
-def shortlist(
-    context: RunContext,
-    arguments: RunArguments | None,
-    generation: AdaptorProfile | None,
-    loss_scaling: LossScaling | None,
-) -> Shortlist:
-    """The suspects of an untraced unsafe-data error, most likely first."""
-    evidence = _Evidence(context, arguments, generation, loss_scaling, _releases(context, generation))
+def shortlist(context: RunContext, arguments: RunArguments | None, loss_scaling: LossScaling | None) -> Shortlist:
+    """The suspects of an untraced unsafe-data error, most likely first, for the generation and the
+    releases the environment shows (`Environment.generation`, `Environment.job_releases`)."""
+    environment = context.environment
+    generation = environment.generation
+    evidence = _Evidence(context, arguments, generation, loss_scaling, environment.job_releases())
     kept: list[_Kept] = []
     excluded: list[Excluded] = []
     for rule in context.knowledge.rules:
@@ -125,25 +128,6 @@ class _Evidence:
         return rule.framework is None or rule.versions is None or len(self.releases.get(rule.framework, ((),))[0]) == 1
 
 
-def _releases(context: RunContext, generation: AdaptorProfile | None) -> dict[str, tuple[tuple[Version, ...], str]]:
-    """The frameworks' releases the job may have run: what the environment found, unless it is only
-    this machine's installation and the generation the log shows runs with other releases (its
-    `pairs_with`): then those."""
-    environment = context.environment
-    paired = generation.pairs_with if generation is not None else {}
-    found: dict[str, tuple[tuple[Version, ...], str]] = {}
-    for framework in {*environment.versions, *paired}:
-        version = environment.versions.get(framework)
-        pairs = paired.get(framework, ())
-        installed_elsewhere = environment.origins.get(framework) == "installed" and pairs and version not in pairs
-        if version is not None and not installed_elsewhere:
-            found[framework] = ((version,), environment.origins[framework])
-        elif pairs and generation is not None:
-            releases = "the release" if len(pairs) == 1 else "the releases"
-            found[framework] = (pairs, f"{releases} the {generation.id} adaptor runs with")
-    return found
-
-
 def _listed(versions: tuple[Version, ...]) -> str:
     return " or ".join(map(str, versions))
 
@@ -199,10 +183,15 @@ def _lowest_version(rule: Rule) -> tuple[int, ...]:
     return max((tuple(int(part) for part in bound.split(".") if part.isdigit()) for bound in bounds), default=())
 
 
+def _named_block(rule: Rule) -> RuleMatch:
+    """A rule's first match block that names a variable, else its first."""
+    return next((block for block in rule.matches if block.variable), rule.match)
+
+
 def _tensor(rule: Rule) -> TensorRef:
-    """The global a rule names: its first match block that names a variable (else its first), with its
-    module (when not a pattern) and owner; a block naming none gives its pattern as the expression."""
-    block = next((block for block in rule.matches if block.variable), rule.match)
+    """The global a rule names (`_named_block`), with its module (when not a pattern) and owner; a
+    block naming none gives its pattern as the expression."""
+    block = _named_block(rule)
     module = block.module if block.module is not None and "*" not in block.module else None
     variable = block.variable
     expression = ".".join(part for part in (block.owner, variable) if part) or block.variable_regex or rule.title

@@ -63,6 +63,7 @@ class NoFix:
     """The scenario is known but no fix can be written for it."""
 
     reason: str
+    missing: tuple[str, ...] = ()  # the template slots nothing known could fill (`module`: no module was named)
 
 
 @dataclass(frozen=True)
@@ -346,7 +347,8 @@ def _render(
         slots = _free_alias(slots, taken)
     missing = set().union(*(template_slots(template) for template in templates)) - set(slots)
     if missing:
-        return NoFix(f"no fix rendered: the log does not give a plain Python name for {', '.join(sorted(missing))}")
+        named = ", ".join(sorted(missing))
+        return NoFix(f"no fix rendered: the log does not give a plain Python name for {named}", tuple(sorted(missing)))
     def fill(template: str | None) -> string.Template:  # the schema requires the templates of the rule's scenario
         return string.Template(template or "")
 

@@ -193,7 +193,7 @@ def _names_may_meet(a: RuleMatch, b: RuleMatch) -> bool:
     if a.variable is not None and b.variable is not None:
         return a.variable == b.variable
     for named, other in ((a, b), (b, a)):
-        names = {named.variable} if named.variable is not None else _finite_names(named.variable_regex)
+        names = {named.variable} if named.variable is not None else finite_names(named.variable_regex)
         if names is not None and other.variable_regex is not None:
             pattern = variable_pattern(other.variable_regex)
             return any(pattern.fullmatch(name) for name in names)
@@ -204,7 +204,7 @@ FINITE_NAMES = 1024  # past this many names, a regex of alternatives is taken as
 
 
 @functools.cache
-def _finite_names(regex: str | None) -> frozenset[str] | None:
+def finite_names(regex: str | None) -> frozenset[str] | None:
     """The names a regex of literal alternatives (`A|B_(C|D)`) matches; None for any other regex,
     and for one of more than FINITE_NAMES names (`(a|b)` twenty times is a million): read with a
     stack, not by recursion, so that no nesting or size of pattern costs more than its length."""

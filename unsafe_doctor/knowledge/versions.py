@@ -73,6 +73,30 @@ class Environment:
     tied: tuple[AdaptorProfile, ...] = ()  # other profiles the adaptor fits exactly as well
     adaptor_why: str = "given"  # how the adaptor was found (given; found under the roots, by what)
 
+    @property
+    def generation(self) -> AdaptorProfile | None:
+        """The adaptor generation the adaptor file or the log shows; a default profile is no evidence."""
+        return self.profile if self.profile_from in ("adaptor", "log") else None
+
+    def job_releases(self) -> dict[str, tuple[tuple[Version, ...], str]]:
+        """The frameworks' releases the job may have run, with where that comes from: what was found,
+        unless it is only this machine's installation and the generation shown runs with other
+        releases (its `pairs_with`): then those. The one decision every report reasons with (the
+        suspects, the stale resets)."""
+        generation = self.generation
+        paired = generation.pairs_with if generation is not None else {}
+        found: dict[str, tuple[tuple[Version, ...], str]] = {}
+        for framework in {*self.versions, *paired}:
+            version = self.versions.get(framework)
+            pairs = paired.get(framework, ())
+            installed_elsewhere = self.origins.get(framework) == "installed" and pairs and version not in pairs
+            if version is not None and not installed_elsewhere:
+                found[framework] = ((version,), self.origins[framework])
+            elif pairs and generation is not None:
+                releases = "the release" if len(pairs) == 1 else "the releases"
+                found[framework] = (pairs, f"{releases} the {generation.id} adaptor runs with")
+        return found
+
 
 def detect_environment(
     knowledge: KnowledgeBase,

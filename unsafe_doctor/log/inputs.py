@@ -73,6 +73,7 @@ class Scan:
     records: tuple[Excerpt, ...] = ()  # every whole line holding a record marker, anywhere, in input order
     records_not_kept: int = 0  # record lines past RECORD_BUDGET, or longer than RECORD_LINE_MAX
     dumps: tuple[Excerpt, ...] = ()  # every whole line holding a dump marker, anywhere, in input order
+    ranks_tagged: frozenset[int] = frozenset()  # the N of every `[rankN]:` in the whole of every input
 
 
 def scan(
@@ -205,7 +206,7 @@ def _joined(parts: Sequence[_Found], path: str | None, one: Reading) -> _Found:
     hits = sum(found.hits for found, _ in reads)
     joined_windows = WindowsRead(
         windows, first.context, first.facts, reads[-1][0].tail if not hits else None, hits,
-        sum(found.hits_not_parsed for found, _ in reads), size,
+        sum(found.hits_not_parsed for found, _ in reads), size, set().union(*(found.ranks for found, _ in reads)),
     )
     lines = LinesRead(_once([line for _, found in reads for line in found.records]),
                       sum(found.records_not_kept for _, found in reads),
@@ -266,6 +267,7 @@ def _within_budgets(sources: Sequence[_Source], found: Sequence[_Found]) -> Scan
     facts: list[Excerpt] = []
     tails: list[Excerpt] = []
     hits = hits_not_parsed = 0
+    ranks: set[int] = set()
     excerpt_left, hits_left = reading.EXCERPT_BUDGET, reading.HITS_PARSED
     records = _Spender(reading.RECORD_BUDGET)
     dumps = _Spender(reading.DUMP_BUDGET)
@@ -277,6 +279,7 @@ def _within_budgets(sources: Sequence[_Source], found: Sequence[_Found]) -> Scan
         infos.append(InputInfo(name, windows_read.size, rank_hint))
         hits += windows_read.hits
         hits_not_parsed += windows_read.hits_not_parsed
+        ranks |= windows_read.ranks
         if not windows_read.windows:
             facts += windows_read.facts  # an input without a hit: the facts at its end
         for index, window in enumerate(windows_read.windows):
@@ -310,6 +313,7 @@ def _within_budgets(sources: Sequence[_Source], found: Sequence[_Found]) -> Scan
         records=tuple(records.kept),
         records_not_kept=records.not_kept,
         dumps=tuple(dumps.kept),
+        ranks_tagged=frozenset(ranks),
     )
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import importlib
 import os
 import zlib
 from collections import deque
@@ -111,6 +112,7 @@ class WindowsRead:
     hits: int = 0
     hits_not_parsed: int = 0
     size: int = 0
+    ranks: set[int] = field(default_factory=set)  # every `[rankN]:` tag in the bytes read (`_RankTags`)
 
 
 @dataclass
@@ -150,6 +152,7 @@ def _read(
     records = _MarkedLines(reading, reading.record_markers, RECORD_BUDGET, first, stop)
     dumps = _DumpLines(reading, DUMP_BUDGET, first, min(stop or DUMP_SPAN, DUMP_SPAN))
     keepers = [keeper for keeper in (records, dumps) if keeper.markers and not keeper.done]
+    ranks = _RankTags()
     # A window or the context is cut from the bytes held, unless the file can be read again there.
     history = _History(CONTEXT_SPAN + 2 * BEFORE + WINDOW_MAX if file is None else 2 * RECORD_LINE_MAX, file)
     read_until = 0
@@ -163,6 +166,7 @@ def _read(
         if reading.progress:  # a part's own bytes only: the bars of all parts add up to the file
             reading.progress(max(0, min(chunk.end, stop or chunk.end) - max(chunk.start, first)))
         windows.feed(chunk, history)
+        ranks.feed(chunk)
         for keeper in keepers:
             keeper.feed(history, at_end=False)
         keepers = [keeper for keeper in keepers if not keeper.done]
@@ -170,7 +174,9 @@ def _read(
     for keeper in keepers:
         keeper.feed(history, at_end=True)
     size = part.size if part and history.end >= read_until else history.end  # a file that shrank ends where reading did
-    return windows.finish(history, size), LinesRead(records.kept, records.not_kept, dumps.kept)
+    found = windows.finish(history, size)
+    found.ranks = ranks.seen
+    return found, LinesRead(records.kept, records.not_kept, dumps.kept)
 
 
 _CONTROL = bytes(b for b in range(32) if b not in (9, 10, 13, 27))  # no text log holds many of these
@@ -306,6 +312,77 @@ def _fill(stream: BinaryIO | gzip.GzipFile, buffer: bytearray | memoryview) -> i
                 break
             filled += count
     return filled
+
+
+# --- the ranks that tagged their lines ------------------------------------------------------------
+
+
+class _RankTags:
+    """The N of every `[rankN]:` tag (PyTorch's line prefix, as `lines` reads it) in the whole input,
+    however little of it is parsed. Each chunk is searched, in C, by one RE2 pattern that matches
+    only the tags not seen yet: a chunk of known ranks costs one linear scan, about what the search
+    for the error's marker costs. Only a chunk holding a new tag is searched for all of its tags.
+    The pattern is built again when the tags seen have doubled since, or when chunks it matched for
+    tags seen since have cost about what building it costs (compiling it for thousands of ranks
+    takes a tenth of a second; a chunk searched for all its tags, some milliseconds): a log however
+    made costs time linear in its size. Past TAGS_SEEN spellings (no job has so many ranks) this
+    reader's search stops."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.spelled: set[bytes] = set()  # the tags' digits as written (`03` is not `3`)
+        self.any_tag = _tags_but(frozenset())
+        self.new_tag: Any = self.any_tag
+        self.excluded = 0  # how many spellings `new_tag` leaves out
+        self.wasted = 0  # chunks `new_tag` matched for tags seen since it was built
+        self.first = True
+
+    def feed(self, chunk: _Chunk) -> None:
+        start = LEAD if self.first else 0  # before the first chunk, data[:LEAD] holds no bytes of the input
+        self.first = False
+        view = memoryview(chunk.data)[start : LEAD + chunk.size]
+        if self.new_tag is None or self.new_tag.search(view) is None:
+            return
+        found = set(self.any_tag.findall(bytes(view))) - self.spelled
+        self.spelled |= found
+        self.seen |= {int(digits) for digits in found}
+        self.wasted += not found
+        if len(self.spelled) > TAGS_SEEN:
+            self.new_tag = None
+        elif len(self.spelled) >= 2 * self.excluded or self.wasted > len(self.spelled) // 256:
+            self.new_tag, self.excluded, self.wasted = _tags_but(frozenset(self.spelled)), len(self.spelled), 0
+
+
+RANK_DIGITS = 6  # a rank tag of more digits is no rank (and a number of thousands of digits costs to read)
+TAGS_SEEN = 1 << 14
+
+
+def _tags_but(spelled: frozenset[bytes]) -> Any:
+    """An RE2 pattern for a `[rankN]:` tag whose N is none of `spelled`, N captured. The numbers not
+    in a finite set are written as a trie of its digits, each branch closed by the digits it lacks."""
+    re2 = importlib.import_module("re2")  # loaded here, as `_any_of` loads it
+
+    def other(node: dict[int, list[Any]], depth: int, spelled_here: bool) -> str:
+        branches = [] if spelled_here or not depth else [""]
+        if depth < RANK_DIGITS:
+            free = "".join(chr(digit) for digit in b"0123456789" if digit not in node)
+            rest = f"\\d{{0,{RANK_DIGITS - depth - 1}}}" if depth < RANK_DIGITS - 1 else ""
+            if free:
+                branches.append(f"[{free}]{rest}")
+            branches += [chr(digit) + other(child, depth + 1, ends) for digit, (child, ends) in sorted(node.items())]
+        return f"(?:{'|'.join(branches)})" if branches else "[^\\d\\D]"  # nothing: every number here is spelled
+
+    trie: dict[int, list[Any]] = {}
+    for digits in spelled:
+        node, entry = trie, None
+        for digit in digits:
+            entry = node.setdefault(digit, [{}, False])
+            node = entry[0]
+        if entry is not None:
+            entry[1] = True
+    options = re2.Options()
+    options.max_mem = 64 << 20  # the pattern of many thousand ranks needs more than the default 8 MB
+    return re2.compile(rb"\[rank(" + other(trie, 0, False).encode() + rb")\]:", options)
 
 
 # --- the windows pass ---------------------------------------------------------------------------

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich._wrap import divide_line  # Text.wrap folds a word wider than the width; this keeps it whole
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.measure import Measurement
 from rich.syntax import Syntax
 from rich.text import Text
@@ -83,6 +84,28 @@ def title(text: str) -> Text:
     return Text(printable(text), overflow="ellipsis")
 
 
+class Hanging:
+    """`lead` then `text`, every line the text wraps into starting under its first character, at any
+    width. A word wider than the room left (a long dotted module) stands whole on its own line, past
+    the width: a name split over two lines cannot be copied."""
+
+    def __init__(self, lead: str, text: Text) -> None:
+        self.lead, self.text = lead, text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        indent = len(self.lead)
+        width = max(options.max_width - indent, 16)
+        lines = [piece for part in self.text.split() for piece in part.divide(divide_line(part.plain, width, fold=False))]
+        for number, line in enumerate(lines):
+            line.rstrip()
+            shown = Text(self.lead if number == 0 else " " * indent).append_text(line)
+            shown.no_wrap, shown.overflow = True, "ignore"
+            yield shown
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.text).with_maximum(options.max_width)
+
+
 class CodeToCopy:
     """Code meant to be copied (a fix block, a rule's template, an address), printed outside any box:
     Python highlighted where the console shows colour, every line whole at any width (never wrapped
@@ -148,10 +171,11 @@ def adaptor_json(environment: Environment) -> dict[str, str | None]:
     }
 
 
-def stale_text(stale: Sequence[StaleReset]) -> Text:
-    text = Text("Stale resets in the adaptor's rollback:\n", style="bold yellow")
+def stale_text(stale: Sequence[StaleReset]) -> Group:
+    """Each stale reset where it stands and why, every wrapped line under the text it continues."""
+    parts: list[Hanging | Text] = [Text("Stale resets in the adaptor's rollback:", style="bold yellow")]
     for item in stale:
-        text.append(f"  {printable(str(item.file))}:{item.line}  ", style="cyan")
-        text.append(f"{printable(item.statement)}\n    {item.why}\n")
-    return text
-
+        where = Text(f"{printable(str(item.file))}:{item.line}  ", style="cyan")
+        where.append(printable(item.statement), style="default")
+        parts += [Hanging("  ", where), Hanging("    ", Text(printable(item.why)))]
+    return Group(*parts, Text(""))

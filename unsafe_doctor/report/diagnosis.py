@@ -18,12 +18,14 @@ from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
 from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis, Untraced
 from unsafe_doctor.diagnose.suspects import Suspect
 from unsafe_doctor.knowledge.classify import Classification, FixPlan, NoFix
+from unsafe_doctor.knowledge.matching import finite_names
 from unsafe_doctor.knowledge.subject import TensorRef
 from unsafe_doctor.log.recovery import MINDIO_RELEASES, UNTRACED_FORMS
 from unsafe_doctor.log.sentinel_lines import Summary
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.report.common import (
     CodeToCopy,
+    Hanging,
     PythonCode,
     adaptor_json,
     counted,
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
 SCHEMA = "unsafe-doctor/diagnosis/v1"
 SHORT_STACK = 6  # frames shown in a panel, innermost last
+SUSPECT_NAMES = 4  # a suspect's pattern is shown as the names it matches up to this many, else as its rule's title
 
 
 def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
@@ -444,12 +447,38 @@ def _untraced_reason(untraced: Untraced) -> str:
     return f"{who} in this log (it may be cut or filtered): look in the rank's own stderr or per-rank log"
 
 
-def _fix_place(fix: FixPlan | NoFix, number: int) -> str:
-    """Where a suspect's fix goes, and the option that writes it."""
-    if isinstance(fix, NoFix):
-        return fix.reason
-    where = f"{fix.peer_function}() and {fix.function}()" if fix.peer_function else f"{fix.function}()"
-    return f"in {where} ({fix.profile} adaptor), written by fix --suspect {number}"
+def _fix_place(suspect: Suspect, number: int) -> str:
+    """Where a suspect's fix goes, and the option that writes it; or, in plain words, why none is shown."""
+    fix = suspect.classification.fix
+    if isinstance(fix, FixPlan):
+        where = f"{fix.peer_function}() and {fix.function}()" if fix.peer_function else f"{fix.function}()"
+        return f"in {where} ({fix.profile} adaptor), written by fix --suspect {number}"
+    if isinstance(fix, NoFix) and "module" in fix.missing:
+        pattern = suspect.block.module
+        known = f"the rule knows it only by the pattern {pattern}" if pattern else "the rule does not name its module"
+        return (
+            f"none shown: the fix must import the module that holds the global, and without a traceback the log "
+            f"does not say which module that is ({known}); the sentinel names it at the next fault, and diagnose "
+            "of that log writes the fix"
+        )
+    return fix.reason if isinstance(fix, NoFix) else "none shown"
+
+
+def _suspect_name(suspect: Suspect) -> Text:
+    """A suspect as a finding's Tensor row shows a tensor: its name, then where it lives. A rule that
+    names its globals by a pattern shows the names the pattern matches (its title when they are many
+    or not a plain list), and a module known only by a pattern is shown as that pattern."""
+    block, tensor = suspect.block, suspect.tensor
+    names = sorted(finite_names(block.variable_regex) or ()) if tensor.variable is None else [tensor.variable]
+    if not names or len(names) > SUSPECT_NAMES:
+        return Text(printable(suspect.rule.title), style="bold cyan")
+    line = Text(printable(", ".join(names)), style="bold cyan")
+    holder = ".".join(part for part in (block.module, block.owner) if part)
+    if holder:
+        line.append(f"  in {printable(holder)}", style="cyan")
+    if block.module is None and block.file:  # no module: the file the rule knows it is read in
+        line.append(f"{',' if holder else ' '} read in {printable(block.file.removeprefix('*/'))}", style="cyan")
+    return line
 
 
 def _untraced(untraced: Untraced) -> RenderableType:
@@ -467,16 +496,17 @@ def _untraced(untraced: Untraced) -> RenderableType:
     basis = ["the arguments dump" if shortlist.arguments else "no arguments dump (features unknown)"]
     basis.append(f"the {shortlist.generation.id} adaptor" if shortlist.generation else "adaptor generation unknown")
     parts.append(Text(f"Suspects, most likely first ({', '.join(basis)}):", style="bold"))
+    width = len(f"{len(shortlist.suspects)}.")  # the numbers right-aligned, their lines under one column
     for number, suspect in enumerate(shortlist.suspects, 1):
         verdict = suspect.classification
-        line = Text(f"  {number}. ")
-        line.append(printable(suspect.tensor.dotted or suspect.tensor.expression), style="bold cyan")
-        line.append(f"  scenario {verdict.scenario}, rule {suspect.rule.id}, confidence {suspect.confidence}")
-        line.append(f"\n     why: {printable('; '.join(suspect.why))}")
+        header = _suspect_name(suspect)
+        header.append(f"  scenario {verdict.scenario}, rule {suspect.rule.id}, confidence {suspect.confidence}")
+        indent = " " * (width + 3)
+        parts.append(Hanging(f"  {f'{number}.':>{width}} ", header))
+        parts.append(Hanging(f"{indent}why: ", Text(printable("; ".join(suspect.why)))))
         if suspect.alternatives:
-            line.append(f"\n     or, by release: {', '.join(suspect.alternatives)}")
-        line.append(f"\n     fix: {printable(_fix_place(verdict.fix, number))}")
-        parts.append(line)
+            parts.append(Hanging(f"{indent}or, by release: ", Text(", ".join(suspect.alternatives))))
+        parts.append(Hanging(f"{indent}fix: ", Text(printable(_fix_place(suspect, number)))))
     return Group(*parts)
 
 
@@ -531,8 +561,9 @@ def _sentinel_checks(diagnosis: Diagnosis) -> Text:
 
 def _summary(diagnosis: Diagnosis, elapsed: float) -> Text:
     ranks = {rank for item in diagnosis.findings for rank in item.finding.ranks}
+    ranks |= set(diagnosis.untraced.ranks if diagnosis.untraced else ())
     size = sum(info.bytes for info in diagnosis.inputs)
-    pieces = [counted(len(diagnosis.findings), "finding")]
+    pieces = [_findings_count(diagnosis)]
     if ranks:
         pieces[0] += f" on {counted(len(ranks), 'rank')}"
     if diagnosis.ranks_seen:
@@ -547,6 +578,16 @@ def _summary(diagnosis: Diagnosis, elapsed: float) -> Text:
     pieces.append(f"{counted(len(diagnosis.inputs), 'input')}, {_size(size)}")
     pieces.append(f"{elapsed:.2f} s")
     return Text(printable(" · ".join(pieces)), style="bold")
+
+
+def _findings_count(diagnosis: Diagnosis) -> str:
+    """The findings the JSON lists: the located ones, and one for the ranks whose error came with no
+    traceback, which names no tensor: suspects at most."""
+    located = len(diagnosis.findings)
+    if diagnosis.untraced is None:
+        return counted(located, "finding")
+    kind = "suspects only, no traceback" if diagnosis.untraced.shortlist.suspects else "no traceback, no suspect"
+    return f"1 finding ({kind})" if not located else f"{counted(located + 1, 'finding')} (1 with {kind})"
 
 
 def _size(count: int) -> str:

@@ -481,6 +481,20 @@ class Workspace:
             return None
         return self.source(path, dotted_name)
 
+    def module_source_at(self, dotted_name: str, framework: str, release: str) -> SourceFile | None:
+        """A framework module as the shipped index holds it in one release (`0.12.1`): what the job
+        ran when this machine has another release installed. None when the index does not hold it."""
+        indexed = next((each for each in self.index.frameworks if each.name == framework), None)
+        at = next((at for at, each in enumerate(indexed.releases) if each.name == release), None) if indexed else None
+        if indexed is None or at is None:
+            return None
+        folder = "/".join(dotted_name.split("."))
+        for candidate in (folder + ".py", folder + "/__init__.py"):
+            if candidate in indexed.paths:
+                shown = self._indexed(candidate, ReleaseMatch(indexed, (at,), 0, 0))
+                return self.source(shown, dotted_name) if shown is not None else None
+        return None
+
     def imported_name(self, dotted_name: str, name: str) -> ImportedName | None:
         """What a module binds `name` to when an import binds it (`SourceFile.binding`); the module
         is parsed only if it was not before: following re-exports reads many modules' imports."""
