@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -46,9 +48,8 @@ def fix_ema(adaptor: Path, *extra: str, cwd: Path = ROOT, **options) -> subproce
     return run(str(EMA_LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), *extra, cwd=cwd, **options)
 
 
-def backup(adaptor: Path, number: int = 0) -> Path:
-    suffix = BACKUP_SUFFIX if number == 0 else f".unsafe-doctor.{number}.bak"
-    return adaptor.with_name(adaptor.name + suffix)
+def backup(adaptor: Path) -> Path:
+    return adaptor.with_name(adaptor.name + BACKUP_SUFFIX)
 
 
 def refused_in_one_line(result: subprocess.CompletedProcess, fragment: str) -> None:
@@ -71,23 +72,27 @@ def test_a_symlink_planted_at_the_backup_name_is_not_followed(tmp_path):
 
     assert result.returncode == 0, result.stderr
     assert victim.read_bytes() == b"precious\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
-    assert backup(adaptor).is_symlink() and backup(adaptor).readlink() == victim
-    assert backup(adaptor, 1).read_bytes() == ORIGINAL
-    assert f"wrote {adaptor} (backup: {backup(adaptor, 1)})" in result.stderr
+    assert not backup(adaptor).is_symlink() and backup(adaptor).read_bytes() == ORIGINAL  # the link replaced, not followed
+    assert f"wrote {adaptor} (backup: {backup(adaptor)})" in result.stderr
 
 
-def test_a_second_fix_and_a_revert_keep_the_first_backup_the_original(tmp_path):
+def test_fix_revert_install_revert_leave_one_backup_the_file_before_the_last_write(tmp_path):
+    """Issue 36: four writes left four backups beside the adaptor, untracked in the user's git tree."""
     adaptor = adaptor_in(tmp_path)
+    sentinel = [sys.executable, "-m", "unsafe_doctor", "sentinel", "install", "--adaptor", str(adaptor), "--yes"]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     assert fix_ema(adaptor, "--yes").returncode == 0
-    patched = adaptor.read_bytes()
-    reverted = run("--revert", "--adaptor", str(adaptor), "--yes")
+    assert run("--revert", "--adaptor", str(adaptor), "--yes").returncode == 0
+    installed = subprocess.run(sentinel, capture_output=True, text=True, env=environment, timeout=120)
+    assert installed.returncode == 0, installed.stderr
+    with_sentinel = adaptor.read_bytes()
+    reverted = subprocess.run([*sentinel, "--revert"], capture_output=True, text=True, env=environment, timeout=120)
     assert reverted.returncode == 0, reverted.stderr
-    assert fix_ema(adaptor, "--yes").returncode == 0
 
-    assert backup(adaptor).read_bytes() == ORIGINAL  # never overwritten
-    assert backup(adaptor, 1).read_bytes() == patched  # what the revert replaced
-    assert backup(adaptor, 2).read_bytes() == ORIGINAL  # what the second fix replaced
-    assert f"(backup: {backup(adaptor, 1)})" in reverted.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["recovery.py", "recovery.py" + BACKUP_SUFFIX]
+    assert backup(adaptor).read_bytes() == with_sentinel  # what the last write replaced
+    assert adaptor.read_bytes() == ORIGINAL
+    assert f"(backup: {backup(adaptor)})" in reverted.stderr
 
 
 @pytest.fixture
@@ -367,26 +372,71 @@ def test_json_to_a_full_stdout_still_reports_the_write(tmp_path):
 
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv")
+needs_setpriv = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv")
+
+
+def as_user(user: int, group: int, groups: tuple[int, ...], *args: str) -> subprocess.CompletedProcess:
+    """`unsafe-doctor fix ARGS` run by another user (setpriv), without root's capabilities."""
+    command = ["/usr/bin/setpriv", f"--reuid={user}", f"--regid={group}",
+               f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups",
+               "--bounding-set", "-all", "--inh-caps", "-all", sys.executable, "-m", "unsafe_doctor", "fix", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.fixture
+def shared_folder():
+    """A folder other users can reach: tmp_path's parents are root's alone."""
+    folder = Path(tempfile.mkdtemp(prefix="unsafe-doctor-test-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+@needs_setpriv
 def test_a_sticky_folder_that_refuses_the_rename_is_one_line_and_changes_nothing(tmp_path):
-    """A sticky folder owned by another user, holding a writable file owned by a third: its content
-    may be written, but not replaced by a rename. Root without its capabilities is such a user."""
+    """A sticky folder owned by another user, holding the file's old backup owned by a third: the
+    backup may not be replaced by a rename. Root without its capabilities is such a user."""
     folder = tmp_path / "sticky"
     adaptor = adaptor_in(folder)
+    backup(adaptor).write_bytes(b"an old backup\n")
     os.chmod(tmp_path, 0o755)
     os.chmod(folder, 0o1777)
     os.chown(folder, 4343, 4343)
-    os.chown(adaptor, 4242, 4242)
-    os.chmod(adaptor, 0o666)
-    command = ["/usr/bin/setpriv", "--bounding-set", "-all", "--inh-caps", "-all", sys.executable, "-m", "unsafe_doctor",
-               "fix", str(EMA_LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--yes"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    os.chown(backup(adaptor), 4242, 4242)
+
+    result = as_user(0, 0, (), str(EMA_LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--yes")
+
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
-    assert result.stderr.splitlines()[-1] == f"unsafe-doctor: cannot write {adaptor}: Operation not permitted: nothing written"
-    assert adaptor.read_bytes() == ORIGINAL
-    assert sorted(path.name for path in folder.iterdir()) == ["recovery.py"]  # no backup, no temporary file left
+    assert result.stderr.splitlines()[-1] == f"unsafe-doctor: cannot replace {adaptor}: Operation not permitted: left as it was"
+    assert adaptor.read_bytes() == ORIGINAL and backup(adaptor).read_bytes() == b"an old backup\n"
+    assert sorted(path.name for path in folder.iterdir()) == ["recovery.py", backup(adaptor).name]  # no temporary file left
+
+
+@needs_setpriv
+def test_a_group_members_fix_leaves_the_adaptor_its_owners_and_keeps_the_backup_in_its_group(shared_folder):
+    """Issue 36: alice's 660 alice:team adaptor in a 775 folder became bob:bob, file and backup, when
+    bob (in team) ran `fix --yes`. Written in place, it stays alice's; the backup keeps the group
+    and mode, and the output says it is bob's."""
+    alice, bob, team = 4242, 4343, 5000
+    folder = shared_folder / "job"
+    adaptor = adaptor_in(folder)
+    os.chown(folder, alice, team)
+    folder.chmod(0o775)
+    os.chown(adaptor, alice, team)
+    adaptor.chmod(0o660)
+
+    result = as_user(bob, bob, (team,), str(EMA_LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--yes")
+
+    assert result.returncode == 0, result.stderr
+    assert adaptor.read_bytes() != ORIGINAL and backup(adaptor).read_bytes() == ORIGINAL
+    status = adaptor.stat()
+    assert (status.st_uid, status.st_gid, stat.S_IMODE(status.st_mode)) == (alice, team, 0o660)
+    status = backup(adaptor).stat()
+    assert (status.st_uid, status.st_gid, stat.S_IMODE(status.st_mode)) == (bob, team, 0o660)
+    assert "; in place, to keep its owner " in result.stderr
+    assert "; warning: the backup belongs to " in result.stderr
 
 
 def test_a_report_lost_on_a_full_disk_says_what_was_written_and_keeps_the_old_report(tmp_path, full_tmpfs):

@@ -335,11 +335,12 @@ def test_cli_dry_run_unasked_yes_again_json_and_revert(tmp_path):
         "unsafe-doctor/sentinel-install/v1", "report", [], [])
     assert document["present"] == [f"{adaptor}: {SENTINEL_KEY} already in rollback_callback()"]
 
+    installed = adaptor.read_bytes()
     reverted = run("--adaptor", str(adaptor), "--revert", "--yes")
     assert reverted.returncode == 0, reverted.stderr
-    assert f"wrote {adaptor} (backup: {adaptor}.unsafe-doctor.1.bak)" in reverted.stderr
+    assert f"wrote {adaptor} (backup: {adaptor}{BACKUP_SUFFIX})" in reverted.stderr
     assert adaptor.read_bytes() == before
-    assert (adaptor.parent / f"recovery.py{BACKUP_SUFFIX}").read_bytes() == before
+    assert (adaptor.parent / f"recovery.py{BACKUP_SUFFIX}").read_bytes() == installed  # the file before the last write
 
 
 def test_cli_refusals_are_one_line_and_exit_2(tmp_path):

@@ -23,14 +23,17 @@ last block of its function, so a fix written later goes before it; `fix --revert
 
 Edits are spliced into the original bytes at line boundaries, so every other byte stays as it was
 (line endings, tabs, encoding); the result is parsed again and compiled before it may be written,
-and a file that changed since it was read is never overwritten; each write keeps a backup under a
-name of its own. Nothing here prints or exits: refusals raise UsageError.
+and a file that changed since it was read, or that another writer holds locked, is never
+overwritten; each write keeps the file as it was in one backup beside it (`backup_of`). Nothing here
+prints or exits: refusals raise UsageError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import errno
+import fcntl
 import hashlib
 import itertools
 import keyword
@@ -58,7 +61,7 @@ from unsafe_doctor.adaptor.code import (
 )
 from unsafe_doctor.adaptor.existing_reset import AlreadyReset, existing_reset
 from unsafe_doctor.adaptor.render import render
-from unsafe_doctor.errors import UsageError
+from unsafe_doctor.errors import UsageError, os_reason
 from unsafe_doctor.knowledge.classify import (
     Classified,
     ClassifiedSubject,
@@ -79,7 +82,7 @@ from unsafe_doctor.knowledge.rules import (
 )
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import Environment
-from unsafe_doctor.source.files import shown_path
+from unsafe_doctor.source.files import shown_path, write_over
 from unsafe_doctor.source.markers import MARKER_BEGIN, MARKER_END, SENTINEL_KEY
 
 if TYPE_CHECKING:
@@ -177,8 +180,11 @@ class Plan:
 @dataclass(frozen=True)
 class Written:
     path: Path
-    backup: Path  # the file as it was before this write
-    links: int = 1  # names the file has; above 1 it was written in place, so that they all see the fix
+    backup: Path  # the file as it was before this write (`backup_of`)
+    links: int  # names the file has; above 1 it was written in place, so that they all see the fix
+    in_place: bool  # written into the file, not renamed over it: other links, or an owner only the file could keep
+    owner: tuple[int, int]  # the file's user and group id, kept
+    backup_owner: tuple[int, int]  # the backup's: the file's, unless this user may not give them to a new file
 
 
 # --- planning a fix ------------------------------------------------------------------------------
@@ -585,26 +591,61 @@ def plan_revert(environment: Environment, *, sentinel: bool = False) -> Plan:
 # --- writing --------------------------------------------------------------------------------------
 
 
-def apply(plan: Plan) -> tuple[Written, ...]:
-    """Write every edit: atomic replace, a new backup beside each file, the file's owner and mode kept.
+def backup_of(path: Path) -> Path:
+    """Where a write keeps the file as it was just before it: `x.py.unsafe-doctor.bak` beside the file
+    (symlinks resolved), one per file, which the next write replaces; one `.gitignore` line,
+    `*.unsafe-doctor.bak`, keeps them all out of git."""
+    target = path.resolve()
+    return target.with_name(target.name + BACKUP_SUFFIX)
 
-    Refuses (before writing anything) a read-only file, and refuses any file whose content is no
-    longer what was read when the plan was made. Every backup and every new content is on disk
-    before the first file is replaced, so a full disk leaves every file and backup as it was."""
-    for edit in plan.edits:
-        _check_unchanged(edit)
-        _check_writable(edit)
-    staged: list[_Staged] = []
-    try:
+
+def apply(plan: Plan) -> tuple[Written, ...]:
+    """Write every edit: each file's backup beside it, then its new content by an atomic rename, or in
+    place where a rename would lose something (`_replace_all`); the file's owner, group, mode and
+    extended attributes kept.
+
+    Each file is locked (flock) from the last look at its content to its write, so a second writer
+    (another fix, a sentinel install) is refused rather than interleaved. Refuses (before writing
+    anything) a read-only file, and any file whose content is no longer what was read when the plan
+    was made. Every backup and every new content is on disk before the first file is replaced, so a
+    full disk leaves every file and backup as it was."""
+    with contextlib.ExitStack() as locks:
         for edit in plan.edits:
-            staged.append(_stage(edit))
-        for item in staged:
-            _check_unchanged(item.edit)  # last look, right before the replace
-    except BaseException:
-        for item in staged:
-            item.discard()
-        raise
-    return _replace_all(staged)
+            locks.enter_context(_locked(edit))
+            _check_unchanged(edit)
+            _check_writable(edit)
+        staged: list[_Staged] = []
+        try:
+            for edit in plan.edits:
+                staged.append(_stage(edit))
+            for item in staged:
+                _check_unchanged(item.edit)  # last look, right before the replace
+        except BaseException:
+            for item in staged:
+                item.discard()
+            raise
+        return _replace_all(staged)
+
+
+@contextlib.contextmanager
+def _locked(edit: FileEdit) -> Iterator[None]:
+    """The file locked (flock, an exclusive lock every unsafe-doctor that writes it takes) until the
+    `with` ends; refused at once when another holds it: its write may be half done."""
+    try:
+        handle = os.open(edit.path.resolve(), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise UsageError(f"cannot read {edit.path} again: {os_reason(error)}") from None
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(
+                f"{edit.path} is being written by another command (it holds the file's lock): nothing written; "
+                "run this one again once that one ends"
+            ) from None
+        yield
+    finally:
+        os.close(handle)
 
 
 @dataclass(frozen=True)
@@ -613,7 +654,8 @@ class _Staged:
 
     edit: FileEdit
     target: Path  # the file itself, symlinks resolved
-    backup: Path
+    owner: tuple[int, int]  # the file's user and group
+    backup: Path  # temporary names, until `_replace_all`
     temporary: Path
 
     def discard(self) -> None:
@@ -622,11 +664,11 @@ class _Staged:
 
 
 def _stage(edit: FileEdit) -> _Staged:
-    """The backup first, whole, under a name of its own; then the new content, whole, beside the file."""
+    """The backup first, whole; then the new content, whole; both beside the file under temporary names."""
     target = edit.path.resolve()
     try:
         status = target.stat()
-        backup = _new_backup(target, edit.original, status)
+        backup = _whole_file(target, edit.original, status)
         try:
             temporary = _whole_file(target, edit.updated, status)
         except BaseException:
@@ -634,17 +676,23 @@ def _stage(edit: FileEdit) -> _Staged:
             raise
     except OSError as error:
         raise UsageError(f"cannot write {edit.path}: {error.strerror or error}: nothing written") from None
-    return _Staged(edit, target, backup, temporary)
+    return _Staged(edit, target, _owner(status), backup, temporary)
 
 
 def _replace_all(staged: Sequence[_Staged]) -> tuple[Written, ...]:
-    """Each new content in place of its file (a rename: it needs no space); where the folder refuses
-    it (a sticky folder, another user's file), that file and those after it are left as they were."""
+    """Each backup, then each new content, renamed into its place (a rename needs no space). A file
+    is written in place instead when a rename would lose something: the file's other hard links, or
+    an owner or group this user cannot give a new file (a group member's fix keeps the file its
+    owner's). Where a rename is refused (a sticky folder), that file and those after it are left as
+    they were."""
     written: list[Written] = []
     for index, item in enumerate(staged):
+        backup = backup_of(item.target)
         try:
             links = os.stat(item.target).st_nlink
-            if links > 1:
+            in_place = links > 1 or _owner(os.stat(item.temporary)) != item.owner
+            os.replace(item.backup, backup)
+            if in_place:
                 _write_in_place(item.target, item.edit.updated)
                 item.temporary.unlink()
             else:
@@ -655,25 +703,22 @@ def _replace_all(staged: Sequence[_Staged]) -> tuple[Written, ...]:
             done = "".join(f"; {earlier.path} was written (backup: {earlier.backup})" for earlier in written)
             raise UsageError(f"cannot replace {item.edit.path}: {error.strerror or error}: left as it was{done}") from None
         _sync_folder(item.target.parent)
-        written.append(Written(item.edit.path, shown_path(item.backup), links))
+        written.append(Written(item.edit.path, shown_path(backup), links, in_place, item.owner, _owner(os.stat(backup))))
     return tuple(written)
 
 
 def _write_in_place(target: Path, data: bytes) -> None:
-    """A hard-linked file's new content written into it, not renamed over it (which would leave
-    the other names on the old file). Its space is taken first: a full disk fails before a byte
-    changes; the backup is already on disk."""
-    handle = os.open(target, os.O_WRONLY)
+    """The new content written into the file (`write_over`): a full disk fails before a byte
+    changes, and the backup is already on disk."""
+    handle = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        if data:
-            os.posix_fallocate(handle, 0, len(data))
-        view = memoryview(data)
-        while view:
-            view = view[os.write(handle, view):]
-        os.ftruncate(handle, len(data))
-        os.fsync(handle)
+        write_over(handle, data)
     finally:
         os.close(handle)
+
+
+def _owner(status: os.stat_result) -> tuple[int, int]:
+    return status.st_uid, status.st_gid
 
 
 def _check_writable(edit: FileEdit) -> None:
@@ -681,7 +726,7 @@ def _check_writable(edit: FileEdit) -> None:
     if not target.stat().st_mode & stat.S_IWUSR or not os.access(target, os.W_OK):
         raise UsageError(f"{edit.path} is read-only: nothing written")
     if not os.access(target.parent, os.W_OK):
-        raise UsageError(f"{target.parent} is not writable (the edit is written beside the file): nothing written")
+        raise UsageError(f"{target.parent} is not writable (the backup is written beside the file): nothing written")
 
 
 def _check_unchanged(edit: FileEdit) -> None:
@@ -693,40 +738,10 @@ def _check_unchanged(edit: FileEdit) -> None:
         raise UsageError(f"{edit.path} changed since it was read: nothing written; run the command again")
 
 
-def _backup_names(target: Path) -> Iterator[Path]:
-    """`x.py.unsafe-doctor.bak`, then `x.py.unsafe-doctor.1.bak`, `.2.bak`, ...: the first is the
-    file as it was before unsafe-doctor first wrote it, each later one the file before a later write."""
-    yield target.with_name(target.name + BACKUP_SUFFIX)
-    for number in itertools.count(1):
-        yield target.with_name(f"{target.name}.unsafe-doctor.{number}.bak")
-
-
-def _new_backup(target: Path, data: bytes, status: os.stat_result) -> Path:
-    """The backup written whole into a temporary file, then linked to the first name not yet taken.
-
-    A link never replaces what is there: an earlier backup is never overwritten, and a symlink
-    planted at a backup's name is never followed (its name is passed over like any other)."""
-    temporary = _whole_file(target, data, status)
-    try:
-        return next(name for name in _backup_names(target) if _linked(temporary, name))
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
-def _linked(source: Path, name: Path) -> bool:
-    """Whether `name` now names `source`; False when the name was taken."""
-    try:
-        os.link(source, name)
-    except FileExistsError:
-        return False
-    return True
-
-
 def _whole_file(target: Path, data: bytes, status: os.stat_result) -> Path:
-    """`data` in a new temporary file beside `target`, on disk (fsync), with its owner and mode.
-
-    Only root may give a file to another user: when root edits someone else's adaptor, the owner
-    and group stay the file's, not root's."""
+    """`data` in a new temporary file beside `target`, on disk (fsync), with its mode, and its owner
+    and group where this user may give them: root both, a member of the file's group that group
+    (`_replace_all` compares what it got)."""
     handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     temporary = Path(name)
     try:
@@ -734,8 +749,8 @@ def _whole_file(target: Path, data: bytes, status: os.stat_result) -> Path:
             stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
-        if os.geteuid() == 0:
-            os.chown(temporary, status.st_uid, status.st_gid)
+        with contextlib.suppress(PermissionError):
+            os.chown(temporary, status.st_uid if os.geteuid() == 0 else -1, status.st_gid)
         os.chmod(temporary, stat.S_IMODE(status.st_mode))  # after chown, which clears set-id bits
         _copy_attributes(target, temporary)
     except BaseException:

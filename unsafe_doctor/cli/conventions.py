@@ -11,6 +11,8 @@ import inspect
 import io
 import json
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -20,7 +22,7 @@ import click
 
 from unsafe_doctor.cli import options
 from unsafe_doctor.cli.config import Settings
-from unsafe_doctor.cli.streams import output_lost, say, stdout_names
+from unsafe_doctor.cli.streams import output_lost, same_file, say, stdout_names
 from unsafe_doctor.errors import AmbiguousAdaptor, UsageError, os_reason
 
 Command = Callable[..., int]
@@ -123,22 +125,36 @@ def _silenced(quiet: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _stdout_to(output: Path | None, arguments: Mapping[str, Any]) -> Iterator[None]:
-    """stdout into `output`, as `>` would, but never into the command's own input. A regular file
-    (a symlink's target, the link kept) is written beside and renamed over only once the command
-    returns: a reader never sees half a report, and a refusal leaves the old file as it was. A
-    device or a FIFO is written through: it is not replaced by a file."""
+    """stdout into `output`, as `>` would, but never over a file the command reads or writes.
+
+    A descriptor named as a file (`/dev/stdout`, `/dev/fd/N`) is written itself, as the shell
+    writes it: an appending stdout goes on appending. A device or a FIFO is written through. The
+    report for a regular file is written whole beside it first, so a refusal or a full disk leaves
+    the old report as it was; once the command returns, it goes into an existing file in place (a
+    symlink's target, the link kept), which keeps its inode, hard links, owner, group and mode, and
+    is renamed into place where there was no file."""
     if output is None:
         yield
         return
-    _refuse_own_input(output, arguments)
-    target = Path(os.path.realpath(output))
-    if os.path.exists(target) and not os.path.isfile(target):
-        with _written_through(output, target) as stream, contextlib.redirect_stdout(stream), stdout_names(str(output)):
+    named = _descriptor_named(output)
+    if named is not None:
+        with _written_through(output, lambda: os.dup(named)) as stream, contextlib.redirect_stdout(stream), \
+                stdout_names(str(output), file=False):
             yield
         return
+    _refuse_own_input(output, arguments)
+    existing = _existing_file(output)
+    if existing is None and os.path.exists(output):  # a device, a FIFO
+        with _written_through(output, lambda: os.open(output, os.O_WRONLY | os.O_CLOEXEC)) as stream, \
+                contextlib.redirect_stdout(stream), stdout_names(str(output)):
+            yield
+        return
+    target = Path(os.path.realpath(output))
     try:
         descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as error:
+        if existing is not None:
+            os.close(existing)
         raise UsageError(f"cannot write {output}: {os_reason(error)}") from None
     stream = open(descriptor, "w", encoding="utf-8")
     try:
@@ -148,37 +164,103 @@ def _stdout_to(output: Path | None, arguments: Mapping[str, Any]) -> Iterator[No
             return
         try:
             stream.flush()
-            os.fsync(stream.fileno())
-            os.chmod(temporary, _mode_for(target))
-            os.replace(temporary, target)
+            if existing is not None:
+                from unsafe_doctor.source.files import write_over
+
+                report = Path(temporary).read_bytes()
+                os.unlink(temporary)  # its space, for the file's
+                write_over(existing, report)
+            else:
+                os.fsync(stream.fileno())
+                os.chmod(temporary, _new_file_mode())
+                os.replace(temporary, target)
         except OSError as error:
-            raise UsageError(f"cannot write {output}: {os_reason(error)}") from None
+            raise UsageError(f"cannot write {output}: {os_reason(error)}: the old report is left as it was") from None
     finally:
         stream.close()
+        if existing is not None:
+            os.close(existing)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
 
 
-@contextlib.contextmanager
-def _written_through(output: Path, target: Path) -> Iterator[TextIO]:
+_DESCRIPTOR_PATH = re.compile(r"/(?:dev/fd|proc/(?:self|thread-self|(?P<pid>\d+))/fd)/(?P<descriptor>\d+)")
+
+
+def _descriptor_named(output: Path) -> int | None:
+    """The descriptor of this process that `output` names: `/dev/fd/N`, `/proc/self/fd/N`, or a
+    symlink to one (`/dev/stdout`, `/dev/stderr`). Opening such a name opens the file behind the
+    descriptor anew, so a report written there would replace what an appending stdout holds."""
+    path = os.path.abspath(output)
+    for _ in range(40):  # the kernel's own limit on symlinks followed
+        named = _DESCRIPTOR_PATH.fullmatch(path)
+        if named and named["pid"] in (None, str(os.getpid())):
+            return int(named["descriptor"])
+        try:
+            link = os.readlink(path)
+        except (OSError, ValueError):
+            return None
+        path = os.path.normpath(os.path.join(os.path.dirname(path), link))
+    return None
+
+
+def _existing_file(output: Path) -> int | None:
+    """The regular file `output` names, opened for writing, as `>` opens it: before the command runs,
+    so that a file that cannot be written (its mode, a symlink loop) is refused before anything else
+    is; None where there is no file yet, or something else (a device, a FIFO)."""
     try:
-        with open(target, "w", encoding="utf-8") as stream:
+        status = os.stat(output)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise UsageError(f"cannot write {output}: {os_reason(error)}") from None
+    if not stat.S_ISREG(status.st_mode):
+        return None
+    try:
+        return os.open(output, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError as error:
+        raise UsageError(f"cannot write {output}: {os_reason(error)}") from None
+
+
+@contextlib.contextmanager
+def _written_through(output: Path, opened: Callable[[], int]) -> Iterator[TextIO]:
+    """stdout into the descriptor `opened` gives, as it is (not truncated, not replaced)."""
+    try:
+        stream = open(opened(), "w", encoding="utf-8")
+    except OSError as error:  # a descriptor not open
+        raise UsageError(f"cannot write {output}: {os_reason(error)}") from None
+    try:
+        with stream:
             yield stream
     except OSError as error:  # /dev/full; a FIFO whose reader left
         raise UsageError(f"cannot write {output}: {os_reason(error)}") from None
 
 
 def _refuse_own_input(output: Path, arguments: Mapping[str, Any]) -> None:
-    """`-o` naming a file the command reads (`fix --adaptor A -o A`, `diagnose LOG -o LOG`), or one
-    it would read in a folder it was given (`audit PKG -o PKG/x.py`): the report would replace it."""
+    """`-o` naming a file the command reads (`fix --adaptor A -o A`, `diagnose LOG -o LOG`, a log
+    piped in, `diagnose -o LOG < LOG`), or one it would read in a folder it was given (`audit PKG -o
+    PKG/x.py`): the report would replace it."""
     target = os.path.realpath(output)
     for name, read_there in _read_in_folders().items():
         value = arguments.get(name)
         for given in value if isinstance(value, list | tuple) else [value] if value is not None else []:
             real = os.path.realpath(given)
             inside = os.path.isdir(real) and target.startswith(real.rstrip(os.sep) + os.sep)
-            if target == real or (inside and read_there(os.path.basename(target))):
+            if same_file(output, given) or (inside and read_there(os.path.basename(target))):
                 raise UsageError(f"-o {output} would replace the command's own input ({given}): write the report elsewhere")
+    logs = arguments.get("logs", None)
+    if "logs" in arguments and (not logs or "-" in logs) and _is_stdin(output):
+        raise UsageError(f"-o {output} would replace the command's own input (the log on standard input): "
+                         "write the report elsewhere")
+
+
+def _is_stdin(output: Path) -> bool:
+    """Whether stdin is the regular file `output` names (`< job.log`)."""
+    try:
+        status = os.fstat(0)
+        return stat.S_ISREG(status.st_mode) and os.path.samestat(status, os.stat(output))
+    except (OSError, ValueError):
+        return False
 
 
 def _read_in_folders() -> dict[str, Callable[[str], bool]]:
@@ -193,11 +275,8 @@ def _read_in_folders() -> dict[str, Callable[[str], bool]]:
             "rules": lambda name: name.endswith(KNOWLEDGE_SUFFIXES)}
 
 
-def _mode_for(output: Path) -> int:
-    """The mode the file has, or the one a plain `>` would give it."""
-    try:
-        return output.stat().st_mode & 0o7777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+def _new_file_mode() -> int:
+    """The mode a plain `>` gives a new file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask

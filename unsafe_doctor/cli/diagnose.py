@@ -16,7 +16,7 @@ from unsafe_doctor.cli.options import (
     SourceRootOption,
     YesOption,
 )
-from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, progress_bar, warn_skipped
+from unsafe_doctor.cli.streams import adaptor_not_output, log_paths, print_json, print_rich, progress_bar, warn_skipped
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -59,6 +59,7 @@ def command(
     with bar as progress:
         diagnosis = diagnose(paths, setup, adaptor=adaptor, progress=progress, choose_adaptor=choose_adaptor)
         warn_skipped(diagnosis.skipped)
+    adaptor_not_output(diagnosis.context.environment)
     elapsed = time.perf_counter() - started
     if output_format is LocatedFormat.json:
         print_json(report.to_json(diagnosis))

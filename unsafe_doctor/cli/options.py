@@ -149,7 +149,7 @@ OutputOption = Annotated[
     typer.Option(
         "--output",
         "-o",
-        help="Write the report to this file (replaced whole, only once complete) instead of stdout.",
+        help="Write the report to this file (once complete, in place as > writes it) instead of stdout.",
         dir_okay=False,
     ),
 ]

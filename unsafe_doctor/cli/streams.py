@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from unsafe_doctor.errors import UsageError, os_reason
@@ -42,9 +43,44 @@ def warn_skipped(skipped: Sequence[SkippedInput]) -> None:
 
 
 def say_adaptor(environment: Environment) -> None:
-    """Which adaptor file the command reads or writes, and how it came to be the one."""
+    """Which adaptor file the command reads or writes, and how it came to be the one; `-o` may not name it."""
+    adaptor_not_output(environment)
     if environment.adaptor is not None:
         say(f"adaptor {environment.adaptor} ({environment.adaptor_why})")
+
+
+def adaptor_not_output(environment: Environment) -> None:
+    """`-o` naming one of the adaptor's files (its sibling too, which no option names) is refused."""
+    if _output_files and environment.adaptor is not None:
+        from unsafe_doctor.adaptor.code import adaptor_files
+
+        output_not_over(adaptor_files(environment))
+
+
+def output_not_over(adaptor_files: Sequence[Path]) -> None:
+    """`-o` naming an adaptor file the command reads or writes, or the backup a write keeps of one, is
+    refused before anything is written: the report would replace it."""
+    if not _output_files:
+        return
+    from unsafe_doctor.adaptor.fix import backup_of
+    from unsafe_doctor.source.files import shown_path
+
+    output = _output_files[-1]
+    for path in adaptor_files:
+        for what, file in (("adaptor file", path), ("adaptor file's backup", backup_of(path))):
+            if same_file(output, file):
+                raise UsageError(
+                    f"-o {output} would replace the command's own {what} ({shown_path(file)}): write the report elsewhere"
+                )
+
+
+def same_file(one: str | Path, other: str | Path) -> bool:
+    """Whether two names are one file: the same inode (hard links too), or the same path once
+    symlinks are resolved (a file not there yet)."""
+    try:
+        return os.path.samefile(one, other)
+    except (OSError, ValueError):
+        return os.path.realpath(one) == os.path.realpath(other)
 
 
 def say(line: str, stream: TextIO | None = None) -> None:
@@ -104,16 +140,22 @@ def _reader_may_leave() -> Iterator[None]:
 
 
 _destination = ["standard output"]  # where stdout goes, as the person named it (`-o FILE`)
+_output_files: list[str] = []  # `-o FILE` while stdout goes there: no file the command reads or writes
 
 
 @contextmanager
-def stdout_names(destination: str) -> Iterator[None]:
-    """While stdout is redirected to `destination`: a report that cannot be written names it."""
+def stdout_names(destination: str, file: bool = True) -> Iterator[None]:
+    """While stdout is redirected to `destination` (a `file`, not a descriptor): a report that cannot
+    be written names it, and the command refuses to read or write the file (`output_not_over`)."""
     _destination.append(destination)
+    if file:
+        _output_files.append(destination)
     try:
         yield
     finally:
         _destination.pop()
+        if file:
+            _output_files.pop()
 
 
 def output_lost(stream: TextIO) -> bool:

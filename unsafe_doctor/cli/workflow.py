@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unsafe_doctor.cli import prompts
-from unsafe_doctor.cli.streams import print_diff, print_rich, say
+from unsafe_doctor.cli.streams import output_not_over, print_diff, print_rich, say
 from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge.classify import Classified, FixPlan, Unclassified, classify_as
 from unsafe_doctor.knowledge.context import RunContext
@@ -237,6 +237,7 @@ def write_if_accepted(plan: Plan, *, dry_run: bool, yes: bool, interactive: bool
 
     if not plan.edits or dry_run:
         return ()
+    output_not_over([edit.path for edit in plan.edits])
     if yes:
         return fixes.apply(plan)
     files = ", ".join(dict.fromkeys(printable(str(edit.path)) for edit in plan.edits))

@@ -76,8 +76,34 @@ def outcome(
 
 
 def written_lines(written: tuple[Written, ...]) -> list[str]:
-    return [printable(f"wrote {item.path} (backup: {item.backup})" + _in_place(item)) for item in written]
+    return [printable(f"wrote {item.path} (backup: {item.backup})" + _in_place(item) + _backup_owner(item)) for item in written]
 
 
 def _in_place(item: Written) -> str:
-    return f"; in place, as it has {item.links} hard links, which all see the change" if item.links > 1 else ""
+    if item.links > 1:
+        return f"; in place, as it has {item.links} hard links, which all see the change"
+    return f"; in place, to keep its owner {_owner_name(item.owner)}" if item.in_place else ""
+
+
+def _backup_owner(item: Written) -> str:
+    if item.backup_owner == item.owner:
+        return ""
+    return (f"; warning: the backup belongs to {_owner_name(item.backup_owner)}, not to {_owner_name(item.owner)} as the file "
+            "does (only root may give a file away)")
+
+
+def _owner_name(owner: tuple[int, int]) -> str:
+    """`alice:team`, or the ids where the system has no name for them."""
+    import grp
+    import pwd
+
+    user, group = owner
+    try:
+        user_name = pwd.getpwuid(user).pw_name
+    except KeyError:
+        user_name = str(user)
+    try:
+        group_name = grp.getgrgid(group).gr_name
+    except KeyError:
+        group_name = str(group)
+    return f"{user_name}:{group_name}"

@@ -1,5 +1,6 @@
 """Files and module names: which files are internal, which Python files a folder holds, how a
-source file is read, the framework packages, import roots and dotted names. Nothing here parses a file."""
+source file is read and a file written in place, the framework packages, import roots and dotted
+names. Nothing here parses a file."""
 
 from __future__ import annotations
 
@@ -153,6 +154,23 @@ def why_not_read(path: Path) -> str:
     if status.st_size > MAX_SOURCE_TOKENS and read_source(path) is None:
         return f"has more than {MAX_SOURCE_TOKENS:,} tokens (generated code?): not parsed, the log's text is used"
     return "could not be read or parsed"
+
+
+# --- writing a file in place ----------------------------------------------------------------------
+
+
+def write_over(descriptor: int, data: bytes) -> None:
+    """`data` as the whole content of the file open (for writing) at `descriptor`, written into it as
+    `>` does, not renamed over it: the file keeps its inode, hard links, owner, group, mode and
+    attributes. Its space is taken first, so a full disk fails before a byte changes."""
+    if data:
+        os.posix_fallocate(descriptor, 0, len(data))
+    view = memoryview(data)
+    offset = 0
+    while offset < len(view):
+        offset += os.pwrite(descriptor, view[offset:], offset)
+    os.ftruncate(descriptor, len(data))
+    os.fsync(descriptor)
 
 
 # --- import roots and module names -----------------------------------------------------------------
