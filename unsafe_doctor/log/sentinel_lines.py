@@ -7,7 +7,10 @@ ends with a JSON object whose ``schema`` is ``unsafe-doctor/sentinel/v1``::
 
 The words are for people and may change; the JSON is the contract. A reader finds the schema key
 anywhere in a line, so log prefixes (``[rank3]:``, timestamps, kubectl's pod names) do not matter.
-No torch here: the log path imports this module.
+
+One line has no JSON: the one the adaptor's block logs where the sentinel could not run at all
+(unsafe-doctor missing or broken in the rank's Python), ``FAILED_LINE``, written with ``logging``
+alone. No torch here: the log path imports this module.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ JSON_START = '{"schema": "' + SCHEMA + '"'  # how every record's JSON begins, as
 MARKER = TAG.encode()  # what the log scanner looks for
 Mode = Literal["report", "raise", "heal"]
 MODES: tuple[Mode, ...] = ("report", "raise", "heal")
+FAILED = "failed, the rollback goes on: "  # then the error's repr
+FAILED_LINE = f"{TAG} rank %s: {FAILED}%r"  # as the block logs it: torchrun's RANK ("?" where unset), the error
 
 
 @dataclass(frozen=True)
