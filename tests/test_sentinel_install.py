@@ -463,8 +463,9 @@ def toytrain_without_the_sentinel(tmp_path: Path, mode: str) -> subprocess.Compl
                           env=environment, stdin=subprocess.DEVNULL)
 
 
-def test_in_report_mode_ranks_without_the_package_log_one_line_and_the_recovery_completes(tmp_path):
-    """Issue 36: the block's import failed the rollback on every rank, and MindIO gave up the recovery."""
+def test_in_report_mode_ranks_without_the_package_log_one_line_the_recovery_completes_and_diagnose_says_so(tmp_path):
+    """Issue 36: the block's import failed the rollback on every rank, and MindIO gave up the recovery;
+    then the one line each rank logged instead had no JSON, and diagnose said nothing of it."""
     job = toytrain_without_the_sentinel(tmp_path, "report")
     output = job.stdout
     assert job.returncode == 0, output[-3000:]
@@ -474,6 +475,21 @@ def test_in_report_mode_ranks_without_the_package_log_one_line_and_the_recovery_
     assert "rollback failed" not in output
     assert output.count("rolled back to step 20") == 2
     assert output.index("toytrain step     21 |") > output.rindex("rolled back to step 20")  # the first step after it ran
+
+    log = tmp_path / "job.log"
+    log.write_text(output)
+    report = diagnosed(log, "json")
+    failures = sorted(json.loads(report.stdout)["sentinel_failures"], key=lambda failure: failure["rank"])  # in the log's order
+    assert failures == [{"rank": 0, "error": error}, {"rank": 1, "error": error}]
+    assert f"\n  the sentinel could not run on ranks 0-1: {error}\n" in diagnosed(log, "text").stdout
+
+
+def diagnosed(log: Path, fmt: str) -> subprocess.CompletedProcess[str]:
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("UNSAFE_DOCTOR_")}
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    environment["COLUMNS"] = "200"
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", str(log), "--format", fmt], capture_output=True,
+                          text=True, cwd=ROOT, env=environment, timeout=120, stdin=subprocess.DEVNULL)
 
 
 def test_in_raise_mode_ranks_without_the_package_stop_the_recovery(tmp_path):

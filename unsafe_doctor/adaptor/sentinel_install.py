@@ -19,13 +19,13 @@ in mode report:
     # unsafe-doctor: end unsafe_doctor.sentinel
 
 It runs in the training process, where unsafe-doctor may not be installed (`needs`): nothing it
-imports or calls can fail the rollback; one log line (`log.sentinel_lines.FAILED_LINE`) says on
-which rank it did not check and why, and the recovery goes on. Mode heal writes the same block, and
-lets through the one error it was asked to raise: `UnsafeStateError`, for tensors it could not heal
-(named, not imported: where the package is missing there is no class to name). Mode raise was asked
-to stop the recovery rather than let a step run on state nobody vouched for, so its block is the
-same four lines unguarded: a package the ranks cannot import stops the recovery there, as an unsafe
-tensor would.
+imports or calls can fail the rollback; one log line, which `diagnose` reads
+(`log.sentinel_lines.FAILED_LINE`), says on which rank it did not check and why, and the recovery
+goes on. Mode heal writes the same block, and lets through the one error it was asked to raise:
+`UnsafeStateError`, for tensors it could not heal (named, not imported: where the package is missing
+there is no class to name). Mode raise was asked to stop the recovery rather than let a step run on
+state nobody vouched for, so its block is the same four lines unguarded: a package the ranks cannot
+import stops the recovery there, as an unsafe tensor would.
 
 Its names are bound to names of their own (`_ud_`), which nothing else in the function reads.
 `train_args` is the rollback function's parameter for the profile's train_args role, when it has
