@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import importable_package
 from terminal import at_terminal
 
 from unsafe_doctor import __version__
@@ -32,6 +33,8 @@ from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX, Plan, apply, function_overr
 from unsafe_doctor.source.markers import SENTINEL_KEY
 from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
 from unsafe_doctor.log.sentinel_lines import MODES
+from unsafe_doctor.npu.backend import EmulatedBackend
+from unsafe_doctor.sentinel import UnsafeStateError
 from unsafe_doctor.replay.verify import plan_replay, verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,26 +86,31 @@ def revert(adaptor: Path, *, sentinel: bool) -> None:
     apply(plan_revert(groundwork().detect(adaptor=adaptor).environment, sentinel=sentinel))
 
 
-def expected_block(indent: str, arguments: str, what: str = "report: log them and go on", unit: str = "    ") -> list[str]:
-    """The block as a mode writes it: report's guarded by try/except, raise's and heal's bare."""
+def expected_block(indent: str, arguments: str, what: str = "go on", unit: str = "    ") -> list[str]:
+    """The block as a mode writes it: report's and heal's guarded by try/except (heal's letting its
+    UnsafeStateError through), raise's bare."""
     calls = [
         "from unsafe_doctor.sentinel import check as _ud_sentinel_check",
         "from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks",
         "_ud_keep_tracebacks()  # MindIO logs the next unsafe-data error with its traceback",
         f"_ud_sentinel_check({arguments})",
     ]
-    if what.startswith("report"):
+    if 'mode="raise"' not in arguments:
+        stop = ['if type(_ud_error).__name__ == "UnsafeStateError":',
+                unit + "raise  # tensors heal left unsafe: stop the recovery, as mode heal asks"]
         calls = [
             "try:  # never fails the rollback: where it cannot run, one line says why",
             *(unit + line for line in calls),
             "except Exception as _ud_error:",
-            unit + "import logging as _ud_logging",
-            unit + '_ud_logging.getLogger("unsafe_doctor.sentinel").warning("[unsafe-doctor sentinel] failed, the rollback goes '
-            'on: %r", _ud_error)',
+            *(unit + line for line in (stop if 'mode="heal"' in arguments else [])),
+            unit + "import logging as _ud_logging, os as _ud_os",
+            unit + '_ud_log = _ud_logging.getLogger("unsafe_doctor.sentinel")',
+            unit + '_ud_log.warning("[unsafe-doctor sentinel] rank %s: failed, the rollback goes on: %r",',
+            unit * 5 + '_ud_os.getenv("RANK", "?"), _ud_error)',
         ]
     return [
         f"{indent}# unsafe-doctor: begin {SENTINEL_KEY}",
-        f"{indent}# last in the rollback: name every tensor still unsafe (mode {what})",
+        f"{indent}# last in the rollback: name every unsafe tensor, then {what}",
         *(indent + line for line in calls),
         f"{indent}# unsafe-doctor: end {SENTINEL_KEY}",
     ]
@@ -162,7 +170,7 @@ def test_install_then_idempotent_then_revert_on_real_adaptors(case, tmp_path, re
     assert adaptor.read_bytes() == before
     nothing = plan_revert(groundwork().detect(adaptor=adaptor).environment, sentinel=True)
     assert nothing.edits == () and f"{adaptor}: no sentinel block" in nothing.notes
-    for mode in ("raise", "heal"):  # the bare block, which the modes that stop the recovery write
+    for mode in ("raise", "heal"):  # raise's bare block, and heal's guarded one
         apply(sentinel_plan(adaptor, mode, functions=case.functions))
         assert sentinel_call(last_statement(adaptor.read_bytes(), case.function)) == f"_ud_sentinel_check({passed}mode='{mode}')"
         revert(adaptor, sentinel=True)
@@ -185,8 +193,7 @@ def test_mindspeed_llms_rollback_callback_passes_its_train_args(tmp_path, real):
 def test_the_train_args_parameter_is_passed_and_each_mode_written(tmp_path):
     """toytrain's rollback_callback(step, train_args, ctx) holds the models and optimizers."""
     adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
-    whats = {"report": "report: log them and go on", "raise": "raise: stop the recovery, naming them all",
-             "heal": "heal: re-initialise those a scenario-1 rule covers, then check again"}
+    whats = {"report": "go on", "raise": "stop the recovery", "heal": "re-initialise scenario-1 ones, else stop"}
     assert set(whats) == set(MODES)
     for mode, what in whats.items():
         plan = sentinel_plan(adaptor, mode, functions="rollback=rollback_callback")
@@ -209,7 +216,7 @@ def test_a_train_args_parameter_by_another_name_is_passed(tmp_path):
     adaptor = tmp_path / "recovery.py"
     adaptor.write_text("def feature_rollback(state, ctx):\n\tstate.reset()\n\treturn 0\n")
     plan = sentinel_plan(adaptor, "raise", parameters="train_args=state")
-    assert added_lines(plan) == expected_block("\t", 'state, mode="raise"', "raise: stop the recovery, naming them all")
+    assert added_lines(plan) == expected_block("\t", 'state, mode="raise"', "stop the recovery")
     apply(plan)
     ending = f'\t_ud_sentinel_check(state, mode="raise")\n\t# unsafe-doctor: end {SENTINEL_KEY}\n\treturn 0\n'
     assert adaptor.read_text().endswith(ending)
@@ -413,7 +420,7 @@ def test_markers_quoted_in_a_string_are_no_block_to_install_over_or_revert(tmp_p
 
 WORKERS = SAMPLES / "workers"
 SENTINEL_LOG = SAMPLES / "logs" / "toytrain_sentinel.log"
-FAILED_LINE = "[unsafe-doctor sentinel] failed, the rollback goes on: "
+FAILED_LINE = "failed, the rollback goes on: "
 WITHOUT_THE_SENTINEL = '''\
 """Run a sample worker in a Python that cannot import unsafe_doctor.sentinel, as in a training image
 without unsafe-doctor (the worker's emulated torch_npu is unsafe_doctor.npu, so the package itself is
@@ -457,18 +464,33 @@ def toytrain_without_the_sentinel(tmp_path: Path, mode: str) -> subprocess.Compl
                           env=environment, stdin=subprocess.DEVNULL)
 
 
-def test_in_report_mode_ranks_without_the_package_log_one_line_and_the_recovery_completes(tmp_path):
-    """Issue 36: the block's import failed the rollback on every rank, and MindIO gave up the recovery."""
+def test_in_report_mode_ranks_without_the_package_log_one_line_the_recovery_completes_and_diagnose_says_so(tmp_path):
+    """Issue 36: the block's import failed the rollback on every rank, and MindIO gave up the recovery;
+    then the one line each rank logged instead had no JSON, and diagnose said nothing of it."""
     job = toytrain_without_the_sentinel(tmp_path, "report")
     output = job.stdout
     assert job.returncode == 0, output[-3000:]
-    said = [line for line in output.splitlines() if FAILED_LINE in line]
-    assert len(said) == 2, said  # one line on each rank
-    assert all(line.endswith(FAILED_LINE + "ModuleNotFoundError(\"No module named 'unsafe_doctor.sentinel'\")")
-               for line in said), said
+    said = sorted(line[line.index("[unsafe-doctor sentinel]"):] for line in output.splitlines() if FAILED_LINE in line)
+    error = "ModuleNotFoundError(\"No module named 'unsafe_doctor.sentinel'\")"
+    assert said == [f"[unsafe-doctor sentinel] rank {rank}: {FAILED_LINE}{error}" for rank in (0, 1)]  # one line on each rank
     assert "rollback failed" not in output
     assert output.count("rolled back to step 20") == 2
     assert output.index("toytrain step     21 |") > output.rindex("rolled back to step 20")  # the first step after it ran
+
+    log = tmp_path / "job.log"
+    log.write_text(output)
+    report = diagnosed(log, "json")
+    failures = sorted(json.loads(report.stdout)["sentinel_failures"], key=lambda failure: failure["rank"])  # in the log's order
+    assert failures == [{"rank": 0, "error": error}, {"rank": 1, "error": error}]
+    assert f"\n  the sentinel could not run on ranks 0-1: {error}\n" in diagnosed(log, "text").stdout
+
+
+def diagnosed(log: Path, fmt: str) -> subprocess.CompletedProcess[str]:
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("UNSAFE_DOCTOR_")}
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    environment["COLUMNS"] = "200"
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", str(log), "--format", fmt], capture_output=True,
+                          text=True, cwd=ROOT, env=environment, timeout=120, stdin=subprocess.DEVNULL)
 
 
 def test_in_raise_mode_ranks_without_the_package_stop_the_recovery(tmp_path):
@@ -509,24 +531,48 @@ def rollback_in_an_image(tmp_path: Path, mode: str, image: str) -> subprocess.Co
     driver = (f"import logging, sys; sys.path[:0] = [{str(tmp_path)!r}, {str(site)!r}]; logging.basicConfig(); "
               "import recovery; recovery.feature_rollback(); print('rolled back', recovery.STATE)")
     return subprocess.run([sys.executable, "-I", "-S", "-c", driver], capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, env={**os.environ, "RANK": "3"})
 
 
+@pytest.mark.parametrize("mode", ["report", "heal"])
 @pytest.mark.parametrize("image", list(IMAGES))
-def test_in_report_mode_nothing_the_image_lacks_or_holds_fails_the_rollback(tmp_path, image):
+def test_in_report_and_heal_mode_nothing_the_image_lacks_or_holds_fails_the_rollback(tmp_path, image, mode):
     """No package, an older one without the keeper, one whose check takes no mode: the rollback runs
-    to its end and one line says why the sentinel did not check."""
-    result = rollback_in_an_image(tmp_path, "report", image)
+    to its end and one line says on which rank the sentinel did not check, and why."""
+    result = rollback_in_an_image(tmp_path, mode, image)
     assert (result.returncode, result.stdout) == (0, "rolled back {}\n"), result.stderr
-    assert result.stderr == f"WARNING:unsafe_doctor.sentinel:{FAILED_LINE}{ERRORS[image]}\n"
+    assert result.stderr == f"WARNING:unsafe_doctor.sentinel:[unsafe-doctor sentinel] rank 3: {FAILED_LINE}{ERRORS[image]}\n"
 
 
-@pytest.mark.parametrize("mode", ["raise", "heal"])
-def test_modes_that_stop_the_recovery_raise_where_the_package_is_missing(tmp_path, mode):
-    result = rollback_in_an_image(tmp_path, mode, "nothing")
+def test_raise_mode_raises_where_the_package_is_missing(tmp_path):
+    """The one mode that stops the recovery for want of the package: the user asked it to stop
+    rather than let a step run unchecked."""
+    result = rollback_in_an_image(tmp_path, "raise", "nothing")
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.endswith("ModuleNotFoundError: No module named 'unsafe_doctor'\n"), result.stderr
     assert FAILED_LINE not in result.stderr
+
+
+def test_heal_mode_still_stops_the_recovery_for_what_it_could_not_heal(tmp_path, monkeypatch):
+    """The guard lets heal's own verdict through: a global no scenario-1 rule covers is still unsafe
+    after heal, so the rollback raises UnsafeStateError, as heal was asked to."""
+    with importable_package(tmp_path, monkeypatch, "healjob", {"recovery.py": """\
+            import torch
+
+            EMA = torch.ones(2)
+
+
+            def feature_rollback():
+                pass
+            """}) as package:
+        adaptor = package / "recovery.py"
+        apply(sentinel_plan(adaptor, "heal", functions="rollback=feature_rollback"))
+        from healjob import recovery
+
+        backend = EmulatedBackend()
+        with backend.activate(), pytest.raises(UnsafeStateError, match="healjob.recovery.EMA"):
+            backend.mark_unsafe(recovery.EMA)
+            recovery.feature_rollback()
 
 
 def test_the_line_goes_to_the_sentinels_own_logger():
@@ -546,17 +592,20 @@ def test_install_says_what_the_training_image_needs(tmp_path):
     assert (f"{where}the rollback raises there and MindIO gives up the online recovery, as it does for an unsafe tensor "
             "in this mode\n") in stopping.stderr
 
+    healing = run("--adaptor", str(adaptor), "--mode", "heal", "--dry-run")
+    assert f"{where}the block logs one line and the rollback goes on without the sentinel\n" in healing.stderr
     written = json.loads(run("--adaptor", str(adaptor), "--mode", "heal", "--yes", "--format", "json").stdout)
     assert written["training_image"] == {"needs": f"unsafe-doctor=={__version__}", "where": "importable in every rank's Python",
-                                         "if_missing": "raised"}
+                                         "if_missing": "logged"}
     for args in ((), ("--revert",)):  # nothing written: nothing needed
         document = json.loads(run("--adaptor", str(adaptor), "--yes", "--format", "json", *args).stdout)
         assert document["training_image"] is None
 
 
-def test_an_unguarded_report_block_of_an_earlier_install_is_named_with_the_way_to_guard_it(tmp_path):
+@pytest.mark.parametrize("mode", ["report", "heal"])
+def test_an_unguarded_block_of_an_earlier_install_is_named_with_the_way_to_guard_it(tmp_path, mode):
     adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
-    apply(sentinel_plan(adaptor))
+    apply(sentinel_plan(adaptor, mode))
     guarded = adaptor.read_text()
     start, end = guarded.index("    try:  # never"), guarded.index("    # unsafe-doctor: end")
     earlier = [line.removeprefix("    ") for line in guarded[start:end].splitlines(keepends=True)[1:5]]
@@ -565,9 +614,9 @@ def test_an_unguarded_report_block_of_an_earlier_install_is_named_with_the_way_t
 
     again = sentinel_plan(adaptor)
     assert again.edits == ()
-    assert again.notes == ("it is unguarded in mode report (an earlier unsafe-doctor wrote it): a rank that cannot import "
+    assert again.notes == (f"it is unguarded in mode {mode} (an earlier unsafe-doctor wrote it): a rank that cannot import "
                            "unsafe-doctor fails the rollback there; to guard it: sentinel install --revert, then install again",)
     revert(adaptor, sentinel=True)
-    apply(sentinel_plan(adaptor))
+    apply(sentinel_plan(adaptor, mode))
     assert adaptor.read_text() == guarded
     assert sentinel_plan(adaptor).notes == ("to write another mode or move it: sentinel install --revert, then install again",)

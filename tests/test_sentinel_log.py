@@ -15,7 +15,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unsafe_doctor.log import inputs, reading
-from unsafe_doctor.log.sentinel_lines import JSON_START, MARKER, Summary, UnsafeGlobal, format_line, parse_line
+from unsafe_doctor.log.sentinel_lines import (
+    FAILED,
+    FAILED_LINE,
+    JSON_START,
+    MARKER,
+    Failure,
+    Summary,
+    UnsafeGlobal,
+    format_line,
+    parse_failure,
+    parse_line,
+)
 
 ROOT = Path(__file__).parents[1]
 FRAMEWORK = ROOT / "samples" / "framework"
@@ -377,3 +388,29 @@ def test_a_check_of_no_tensor_is_never_called_clean_in_its_line_or_the_report(tm
     assert ("ranks 2-3: 0–14 tensors checked (emulated backend, no NPU check), mode report, clean on the ranks that "
             "checked any; walk complete") in out
     assert ", clean;" not in out
+
+
+def test_the_blocks_line_where_the_sentinel_could_not_run_is_reported_per_rank(tmp_path):
+    """Issue 36: the adaptor's block logs one line, with no JSON, where it cannot run the sentinel;
+    diagnose skipped it, so a rank nothing checked read as a rank with no sentinel line at all. The
+    rank is the line's own (the block's `RANK`), else its prefix's, as a block written before the
+    rank gave it."""
+    missing, older = ModuleNotFoundError("No module named 'unsafe_doctor'"), TypeError("check() got an unexpected keyword")
+    lines = [
+        FAILED_LINE % ("2", missing),
+        f"[rank4]: WARNING:unsafe_doctor.sentinel:{FAILED_LINE % ('?', missing)}",
+        f"[rank5]: [unsafe-doctor sentinel] {FAILED}{missing!r}",  # a block written before the rank
+        FAILED_LINE % ("2", missing),  # the next recovery's: the same failure
+        f"[rank6]: {FAILED_LINE % ('7', older)}",  # the line's own rank wins
+    ]
+    missing, older = repr(missing), repr(older)
+    assert [parse_failure(line) for line in lines] == [
+        Failure(2, missing), Failure(None, missing), Failure(None, missing), Failure(2, missing), Failure(7, older)]
+    log = tmp_path / "train.log"
+    log.write_text("".join(line + "\n" for line in lines))
+    report, code = diagnosed(str(log))
+    assert code == 0 and report["findings"] == [] and report["summary"]["sentinel_lines_ignored"] == 0
+    assert report["sentinel_failures"] == [
+        {"rank": 2, "error": missing}, {"rank": 4, "error": missing}, {"rank": 5, "error": missing}, {"rank": 7, "error": older}]
+    out = " ".join(run("diagnose", str(log), "--no-input").stdout.decode().split())
+    assert f"Sentinel checks: the sentinel could not run on ranks 2, 4-5: {missing} the sentinel could not run on rank 7: " in out

@@ -12,15 +12,20 @@ in mode report:
         _ud_keep_tracebacks()  # MindIO logs the next unsafe-data error with its traceback
         _ud_sentinel_check(train_args, mode="report")
     except Exception as _ud_error:
-        import logging as _ud_logging
-        _ud_logging.getLogger("unsafe_doctor.sentinel").warning("[unsafe-doctor sentinel] failed, ...: %r", _ud_error)
+        import logging as _ud_logging, os as _ud_os
+        _ud_log = _ud_logging.getLogger("unsafe_doctor.sentinel")
+        _ud_log.warning("[unsafe-doctor sentinel] rank %s: failed, the rollback goes on: %r",
+                        _ud_os.getenv("RANK", "?"), _ud_error)
     # unsafe-doctor: end unsafe_doctor.sentinel
 
-It runs in the training process, where unsafe-doctor may not be installed (`needs`): in mode
-report nothing it imports or calls can fail the rollback; one log line says why it did not check,
-and the recovery goes on. Modes raise and heal were asked to stop the recovery rather than let a
-step run on state nobody vouched for, so their block is the same four lines unguarded: a package
-the ranks cannot import stops the recovery there, as an unsafe tensor would.
+It runs in the training process, where unsafe-doctor may not be installed (`needs`): nothing it
+imports or calls can fail the rollback; one log line, which `diagnose` reads
+(`log.sentinel_lines.FAILED_LINE`), says on which rank it did not check and why, and the recovery
+goes on. Mode heal writes the same block, and lets through the one error it was asked to raise:
+`UnsafeStateError`, for tensors it could not heal (named, not imported: where the package is missing
+there is no class to name). Mode raise was asked to stop the recovery rather than let a step run on
+state nobody vouched for, so its block is the same four lines unguarded: a package the ranks cannot
+import stops the recovery there, as an unsafe tensor would.
 
 Its names are bound to names of their own (`_ud_`), which nothing else in the function reads.
 `train_args` is the rollback function's parameter for the profile's train_args role, when it has
@@ -51,7 +56,7 @@ from unsafe_doctor.adaptor.fix import Plan, marked_block, plan_blocks
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import AdaptorProfile, map_parameters, role_parameter
 from unsafe_doctor.knowledge.versions import Environment
-from unsafe_doctor.log.sentinel_lines import MODES, Mode
+from unsafe_doctor.log.sentinel_lines import FAILED_LINE, MODES, Mode
 from unsafe_doctor.source.markers import SENTINEL_KEY
 
 # under names of their own, which nothing else in a function reads
@@ -60,13 +65,14 @@ IMPORTS = (
     "from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks",
 )
 GUARD_COMMENT = "never fails the rollback: where it cannot run, one line says why"
-FAILED = "[unsafe-doctor sentinel] failed, the rollback goes on:"  # the one line, then the error's repr
+GUARDED: tuple[Mode, ...] = ("report", "heal")  # the modes whose block never fails the rollback because of itself
+HEAL_STOPS = "tensors heal left unsafe: stop the recovery, as mode heal asks"
 LOGGER = "unsafe_doctor.sentinel"  # the sentinel's own logger (`logging.getLogger(__name__)` there)
 KEEPER_COMMENT = "MindIO logs the next unsafe-data error with its traceback"
-WHAT = {  # what each mode does, as the block's comment says it
-    "report": "log them and go on",
-    "raise": "stop the recovery, naming them all",
-    "heal": "re-initialise those a scenario-1 rule covers, then check again",
+WHAT = {  # what each mode does after naming them, as the block's comment says it
+    "report": "go on",
+    "raise": "stop the recovery",
+    "heal": "re-initialise scenario-1 ones, else stop",
 }
 
 
@@ -92,15 +98,19 @@ class SentinelRequest:
             )
         arguments = ", ".join([*([passed] if passed else []), f'mode="{self.mode}"'])
         code = [*IMPORTS, f"_ud_keep_tracebacks()  # {KEEPER_COMMENT}", f"_ud_sentinel_check({arguments})"]
-        if self.mode == "report":
+        if self.mode in GUARDED:
+            stop = ['if type(_ud_error).__name__ == "UnsafeStateError":', INDENT + f"raise  # {HEAL_STOPS}"]
             code = [
                 f"try:  # {GUARD_COMMENT}",
                 *(INDENT + line for line in code),
                 "except Exception as _ud_error:",
-                INDENT + "import logging as _ud_logging",
-                INDENT + f'_ud_logging.getLogger("{LOGGER}").warning("{FAILED} %r", _ud_error)',
+                *(INDENT + line for line in (stop if self.mode == "heal" else [])),
+                INDENT + "import logging as _ud_logging, os as _ud_os",
+                INDENT + f'_ud_log = _ud_logging.getLogger("{LOGGER}")',
+                INDENT + f'_ud_log.warning("{FAILED_LINE}",',
+                INDENT * 5 + '_ud_os.getenv("RANK", "?"), _ud_error)',
             ]
-        comment = f"last in the rollback: name every tensor still unsafe (mode {self.mode}: {WHAT[self.mode]})"
+        comment = f"last in the rollback: name every unsafe tensor, then {WHAT[self.mode]}"
         return marked_block(self.key, comment, code, function), notes
 
 
@@ -110,11 +120,11 @@ class Needs:
     rank's Python; and what the block does on a rank where it is not."""
 
     version: str
-    missing: Literal["logged", "raised"]  # one log line and the rollback goes on (report), or the rollback raises
+    missing: Literal["logged", "raised"]  # one log line and the rollback goes on (report, heal), or the rollback raises
 
 
 def needs(mode: Mode) -> Needs:
-    return Needs(__version__, "logged" if mode == "report" else "raised")
+    return Needs(__version__, "logged" if mode in GUARDED else "raised")
 
 
 def plan_sentinel(
@@ -134,8 +144,8 @@ def plan_sentinel(
         present, unguarded = installed
         again = "sentinel install --revert, then install again"
         note = f"to write another mode or move it: {again}"
-        if unguarded:  # written before the guard: the failure this module's report block exists to prevent
-            note = (f"it is unguarded in mode report (an earlier unsafe-doctor wrote it): a rank that cannot import "
+        if unguarded:  # written before the guard: the failure this module's guarded block exists to prevent
+            note = (f"it is unguarded in mode {unguarded} (an earlier unsafe-doctor wrote it): a rank that cannot import "
                     f"unsafe-doctor fails the rollback there; to guard it: {again}")
         return Plan((), (present,), (), (note,))
     return plan_blocks([SentinelRequest(_end_of_rollback(environment, profile, functions or {}), mode)], environment, profile)
@@ -151,9 +161,9 @@ def _end_of_rollback(environment: Environment, profile: AdaptorProfile, function
     return callback if callback in names else profile.rollback
 
 
-def _installed(environment: Environment) -> tuple[str, bool] | None:
+def _installed(environment: Environment) -> tuple[str, Mode | None] | None:
     """Where the adaptor's files hold the sentinel's block already, as `fix.Plan.present` says it, and
-    whether it is a report-mode block without the guard."""
+    its mode where that is report or heal and the block has no guard."""
     for path in adaptor_files(environment):
         source = read_source(path)
         for span in block_spans(source):
@@ -161,6 +171,7 @@ def _installed(environment: Environment) -> tuple[str, bool] | None:
                 function = enclosing_function(source, span.begin + 1)
                 where = f"{function.name}()" if function else f"line {span.begin + 1}"
                 block = b"".join(source.lines[span.begin : span.end + 1])
-                unguarded = b'mode="report"' in block and b"except Exception as _ud_error:" not in block
+                guarded = b"except Exception as _ud_error:" in block
+                unguarded = next((mode for mode in GUARDED if f'mode="{mode}"'.encode() in block and not guarded), None)
                 return f"{source.shown}: {SENTINEL_KEY} already in {where}", unguarded
     return None

@@ -24,7 +24,7 @@ from unsafe_doctor.log.arguments import DUMP_MARKERS, RunArguments, read_argumen
 from unsafe_doctor.log.inputs import Excerpt, InputInfo, Progress, SkippedInput
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.recovery import LossScaling, MindioForm, Phase, RecoveryContext
-from unsafe_doctor.log.sentinel_lines import MARKER, Summary
+from unsafe_doctor.log.sentinel_lines import MARKER, Failure, Summary
 from unsafe_doctor.log.tracebacks import Traceback, parse_tracebacks
 
 if TYPE_CHECKING:  # loaded when needed: an adaptor to check, an error without a traceback
@@ -80,6 +80,7 @@ class Diagnosis:
     skipped: tuple[SkippedInput, ...] = ()  # inputs that could not be read (a truncated .gz, a core dump), with why
     sentinel_checks: tuple[Summary, ...] = ()  # the sentinel's summary of each check it logged (rank, backend, mode)
     sentinel_lines_ignored: int = 0  # its lines not read: damaged, unsafe names, or past the reading budget
+    sentinel_failures: tuple[Failure, ...] = ()  # where the adaptor's block could not run the sentinel, and why
     mindio: MindioForm | None = None  # the form of MindIO's catch lines: tells the release, and whether it logs a traceback
     arguments: RunArguments | None = None  # the arguments dump the job printed at start-up
     untraced: Untraced | None = None  # present when untraced_ranks is not empty
@@ -166,6 +167,7 @@ def diagnose(
     seen += [line.rank for lines in window_lines + tail_lines for line in lines]
     seen += [line.rank for line in context_lines]
     seen += [check.rank for check in sentinel.checks]
+    seen += [failure.rank for failure in sentinel.failures]
     seen += scan.ranks_tagged  # counted over the whole of each input, not only what was parsed
     ranks = located | untraced | {rank for rank in seen if rank is not None}
     form = recovery.mindio_form(context)
@@ -185,6 +187,7 @@ def diagnose(
         skipped=scan.skipped,
         sentinel_checks=sentinel.checks,
         sentinel_lines_ignored=sentinel.ignored + scan.records_not_kept,
+        sentinel_failures=sentinel.failures,
         mindio=form,
         arguments=arguments,
         untraced=_untraced(tuple(sorted(untraced)), form, run, arguments, loss_scaling) if untraced else None,

@@ -7,7 +7,9 @@ A log is untrusted: a record that is damaged, names something that is no plain d
 (`knowledge.is_safe_dotted`, the fixer's own check), gives a count or rank no job has, or a backend
 that is no plain word, is not read, only counted. Only what the record says happened is taken
 (which global, ranks, backend, counts, healed); the scenario and rule it claims are not: `classify`
-decides those from the knowledge base.
+decides those from the knowledge base. Where the adaptor's block could not run the sentinel at all
+(unsafe-doctor missing or broken in a rank), its one line is kept as a failure: no check vouches
+for that rank.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
 from unsafe_doctor.knowledge.rules import is_safe_dotted
 from unsafe_doctor.knowledge.subject import TensorRef
 from unsafe_doctor.log.lines import LogLine
-from unsafe_doctor.log.sentinel_lines import MODES, SCHEMA, Record, Summary, UnsafeGlobal, parse_line
+from unsafe_doctor.log.sentinel_lines import MODES, SCHEMA, Failure, Record, Summary, UnsafeGlobal, parse_failure, parse_line
 from unsafe_doctor.source.workspace import Origin
 
 MAX_RANK = 1 << 20  # no job has more ranks: a larger number is no rank
@@ -35,22 +37,27 @@ class SentinelLines:
     findings: tuple[Finding, ...]  # one per global, in the order the log first names them
     checks: tuple[Summary, ...]  # one per check logged (each once), with the line's rank when the record has none
     ignored: int  # lines with the sentinel's schema whose record is damaged or not safe to use
+    failures: tuple[Failure, ...] = ()  # where the adaptor's block could not run it (each once), with the line's rank
 
 
 def read(lines: Iterable[LogLine]) -> SentinelLines:
     """The records of the sentinel's lines (`inputs.Scan.records`, split into lines)."""
     named: dict[tuple[bool, str | None, str | None, str], list[UnsafeGlobal]] = {}
     checks: dict[Summary, None] = {}
+    failures: dict[Failure, None] = {}
     ignored = 0
     for line in lines:
         record = _checked(parse_line(line.text), line.rank)
-        if record is None:
+        failure = _checked_failure(parse_failure(line.text), line.rank) if record is None else None
+        if failure is not None:
+            failures[failure] = None
+        elif record is None:
             ignored += int(SCHEMA in line.text)  # a line of the sentinel, not read
         elif isinstance(record, Summary):
             checks[record] = None
         elif record.written_by_step is None:  # else harmless by the sentinel's knowledge: the step writes it first
             named.setdefault((record.cached, record.module, record.owner, record.variable), []).append(record)
-    return SentinelLines(tuple(_finding(records) for records in named.values()), tuple(checks), ignored)
+    return SentinelLines(tuple(_finding(records) for records in named.values()), tuple(checks), ignored, tuple(failures))
 
 
 def merge(located: Sequence[Finding], sentinel: Sequence[Finding]) -> list[Finding]:
@@ -86,6 +93,14 @@ def _checked(record: Record | None, line_rank: int | None) -> Record | None:
     if not _count(record.tensors) or not flags_ok or not isinstance(record.written_by_step, str | None):
         return None
     return replace(record, paths=tuple(path[:MAX_TEXT] for path in record.paths[:MAX_PATHS]))
+
+
+def _checked_failure(failure: Failure | None, line_rank: int | None) -> Failure | None:
+    """The failure with the line's rank when it gives none, its error cut short; None past MAX_RANK."""
+    if failure is None:
+        return None
+    rank = failure.rank if failure.rank is not None else line_rank
+    return Failure(rank, failure.error[:MAX_TEXT]) if rank is None or rank < MAX_RANK else None
 
 
 def _checked_summary(summary: Summary) -> Summary | None:

@@ -7,7 +7,11 @@ ends with a JSON object whose ``schema`` is ``unsafe-doctor/sentinel/v1``::
 
 The words are for people and may change; the JSON is the contract. A reader finds the schema key
 anywhere in a line, so log prefixes (``[rank3]:``, timestamps, kubectl's pod names) do not matter.
-No torch here: the log path imports this module.
+
+One line has no JSON: the one the adaptor's block logs where the sentinel could not run at all
+(unsafe-doctor missing or broken in the rank's Python), ``FAILED_LINE``. The block writes it with
+``logging`` alone, so its words are its contract (``parse_failure``); blocks written before it gave
+a rank say ``[unsafe-doctor sentinel] failed, …``. No torch here: the log path imports this module.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ JSON_START = '{"schema": "' + SCHEMA + '"'  # how every record's JSON begins, as
 MARKER = TAG.encode()  # what the log scanner looks for
 Mode = Literal["report", "raise", "heal"]
 MODES: tuple[Mode, ...] = ("report", "raise", "heal")
+FAILED = "failed, the rollback goes on: "  # then the error's repr
+FAILED_LINE = f"{TAG} rank %s: {FAILED}%r"  # as the block logs it: torchrun's RANK ("?" where unset), the error
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,14 @@ class Summary:
     event: Literal["summary"] = "summary"
 
 
+@dataclass(frozen=True)
+class Failure:
+    """The adaptor's block could not run the sentinel: an import or call of it raised (`FAILED_LINE`)."""
+
+    rank: int | None
+    error: str  # the exception's repr, as the block logged it
+
+
 Record = UnsafeGlobal | Summary
 _KINDS: dict[str, type[UnsafeGlobal] | type[Summary]] = {"unsafe": UnsafeGlobal, "summary": Summary}
 
@@ -87,6 +101,20 @@ def parse_line(line: str) -> Record | None:
     except (ValueError, RecursionError):  # damaged, or nested deeper than the decoder recurses
         return None
     return _record(payload) if isinstance(payload, dict) else None
+
+
+def parse_failure(line: str) -> Failure | None:
+    """The block's failure in a line, or None when the line holds none; its rank None when the line
+    gives none (a block written before the rank, or RANK unset)."""
+    start = line.find(TAG)
+    if start < 0:
+        return None
+    rest = line[start + len(TAG) + 1 :]
+    rank = None
+    if rest.startswith("rank "):
+        said, _, rest = rest[len("rank ") :].partition(": ")
+        rank = int(said) if said.isascii() and said.isdigit() and len(said) < 10 else None
+    return Failure(rank, rest.removeprefix(FAILED)) if rest.startswith(FAILED) else None
 
 
 def _record(payload: dict[str, Any]) -> Record | None:

@@ -58,6 +58,7 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
             *([_untraced_json(diagnosis.untraced, diagnosis)] if diagnosis.untraced else []),
         ],
         "sentinel": [_check_json(check) for check in diagnosis.sentinel_checks],
+        "sentinel_failures": [{"rank": failure.rank, "error": failure.error} for failure in diagnosis.sentinel_failures],
         "summary": {
             "ranks_seen": list(diagnosis.ranks_seen),
             "first_failed_rank": diagnosis.first_failed_rank,
@@ -245,7 +246,7 @@ def to_text(diagnosis: Diagnosis, elapsed: float, previews: Sequence[tuple[Previ
         parts.append(_untraced(diagnosis.untraced))
     if not diagnosis.findings and not diagnosis.untraced_ranks:
         parts.append(_no_finding(diagnosis))
-    if diagnosis.sentinel_checks or diagnosis.sentinel_lines_ignored:
+    if diagnosis.sentinel_checks or diagnosis.sentinel_lines_ignored or diagnosis.sentinel_failures:
         parts.append(_sentinel_checks(diagnosis))
     parts.append(_summary(diagnosis, elapsed))
     return Group(*parts)
@@ -528,14 +529,14 @@ def _no_finding(diagnosis: Diagnosis) -> RenderableType:
 
 
 def _sentinel_checks(diagnosis: Diagnosis) -> Text:
-    """Per rank, what the sentinel checked, with which backend, and whether its walk stopped early."""
+    """Per rank, what the sentinel checked, with which backend, and whether its walk stopped early;
+    where the adaptor's block could not run it, and why."""
     groups: dict[tuple[str, str, str | None], list[Summary]] = {}
     for check in diagnosis.sentinel_checks:
         groups.setdefault((check.backend, check.mode, check.stopped_early), []).append(check)
     text = Text("Sentinel checks:", style="bold")
     for (backend, mode, early), checks in groups.items():
-        ranks = sorted({check.rank for check in checks if check.rank is not None})
-        who = f"rank{'s' if len(ranks) != 1 else ''} {rank_ranges(ranks)}" if ranks else "a process with no rank"
+        who = _who([check.rank for check in checks])
         counts = sorted(check.tensors_checked for check in checks)
         checked = f"{counts[0]:,}" if counts[0] == counts[-1] else f"{counts[0]:,}–{counts[-1]:,}"
         unsafe = max(check.unsafe_globals for check in checks)
@@ -550,6 +551,11 @@ def _sentinel_checks(diagnosis: Diagnosis) -> Text:
             gaps.append(f"could not walk up to {counted(unread, 'object')}{first}")
         text.append(f"\n  {who}: {checked} tensors checked ({_backends((backend,))}), mode {printable(mode)}, {found}; ")
         text.append("; ".join(gaps) or "walk complete", style="yellow" if gaps else "default")
+    failed: dict[str, list[int | None]] = {}
+    for failure in diagnosis.sentinel_failures:
+        failed.setdefault(failure.error, []).append(failure.rank)
+    for error, where in failed.items():
+        text.append(f"\n  the sentinel could not run on {_who(where)}: {printable(error)}", style="yellow")
     if diagnosis.sentinel_lines_ignored:
         text.append(
             f"\n  {counted(diagnosis.sentinel_lines_ignored, 'sentinel line')} not read: damaged, naming no plain Python "
@@ -557,6 +563,11 @@ def _sentinel_checks(diagnosis: Diagnosis) -> Text:
             style="yellow",
         )
     return text
+
+
+def _who(ranks: Sequence[int | None]) -> str:
+    known = sorted({rank for rank in ranks if rank is not None})
+    return f"rank{'s' if len(known) != 1 else ''} {rank_ranges(known)}" if known else "a process with no rank"
 
 
 def _summary(diagnosis: Diagnosis, elapsed: float) -> Text:
