@@ -1,0 +1,86 @@
+"""Log lines built to hang or crash the log stage (issue 36): runs that make a backtracking pattern
+quadratic, and numbers longer than `int` converts. Each runs the CLI on a real log file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from unsafe_doctor.log.arguments import read_arguments
+from unsafe_doctor.log.lines import LogLine, normalise
+from unsafe_doctor.log.recovery import catch_form
+
+ROOT = Path(__file__).resolve().parent.parent
+ERROR_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+RUN = 1 << 20  # a 1 MB run: linear work is milliseconds, quadratic work is an hour
+HUGE = "9" * 5000  # past `int`'s 4,300 digits
+
+
+def diagnose(tmp_path: Path, *lines: str) -> subprocess.CompletedProcess[str]:
+    """The CLI on the sample error log with `lines` before it; 60 s is far above what linear work takes."""
+    log = tmp_path / "job.log"
+    log.write_text("".join(line + "\n" for line in lines) + ERROR_LOG.read_text())
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", str(log)],
+                          capture_output=True, text=True, env=ENV, timeout=60)
+
+
+DUMP_TITLE = "-------------------- arguments --------------------"
+DUMP_END = "-------------------- end of arguments --------------------"
+
+
+@pytest.mark.parametrize("lines", [
+    pytest.param((DUMP_TITLE, "  fp16 ........ False" + " " * RUN + "x", DUMP_END), id="value-then-spaces"),
+    pytest.param((DUMP_TITLE, "-" * RUN + " x", DUMP_END), id="a-run-of-dashes"),
+    pytest.param((DUMP_TITLE, "-------- " * (RUN // 9), DUMP_END), id="rule-openings"),
+    pytest.param(("rank:0 catch E exception, error_code:" * (RUN // 37) + " There is unsafe data in the input tensor.",),
+                 id="v26-catch-without-its-end"),
+    pytest.param(("[a" + "0" * RUN + "x]: rank 0 UCE ERROR",), id="role-prefix-digits"),
+])
+def test_a_hostile_line_is_read_in_linear_time(tmp_path, lines):
+    result = diagnose(tmp_path, *lines)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "1 finding" in result.stdout
+
+
+@pytest.mark.parametrize("line", [
+    pytest.param(f'  File "/job/train.py", line {HUGE}, in step', id="frame-line"),
+    pytest.param(f"[rank{HUGE}]: hello", id="rank-prefix"),
+    pytest.param(f"[worker{HUGE}]: hello", id="role-prefix"),
+    pytest.param(f"[pod/job-{HUGE}/main] hello", id="pod-ordinal"),
+    pytest.param(f"rank:{HUGE} start to rollback callback", id="rank-colon"),
+    pytest.param(f"[repair] rank 3, step:{HUGE}", id="step"),
+    pytest.param(f"rank:3 successfully gather and rollback at iteration {HUGE}", id="iteration"),
+])
+def test_a_number_past_ints_limit_is_no_number(tmp_path, line):
+    result = diagnose(tmp_path, line)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_number_past_ints_limit_in_the_error_lines_is_no_number(tmp_path):
+    """The frame and the NPU error line of the traceback diagnose reads, not lines before it."""
+    log = tmp_path / "job.log"
+    text = ERROR_LOG.read_text().replace("line 172, in", f"line {HUGE}, in").replace("RankID:3", f"RankID:{HUGE}")
+    log.write_text(text)
+    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", str(log)],
+                            capture_output=True, text=True, env=ENV, timeout=60)
+    assert result.returncode in (0, 1) and "Traceback" not in result.stderr, result.stderr
+
+
+def test_the_linear_readers_read_what_the_patterns_read():
+    """The rewritten readers keep their meaning: a dump's title, values and end; v26's catch line; a role's rank."""
+    texts = ["x ------ no", "------------ MindSpeed-LLM Arguments ------------  ", "  fp16 ........ False   ",
+             "  seq_length ... 4096", "-------- end of MindSpeed-LLM Arguments --------"]
+    lines = [LogLine(0, text, "log", offset) for offset, text in enumerate(texts)]
+    arguments = read_arguments(lines)
+    assert arguments is not None and arguments.title == "MindSpeed-LLM Arguments"
+    assert arguments.values == {"fp16": "False", "seq_length": "4096"}
+    assert read_arguments(lines[1:4]) is None  # no end line
+    assert catch_form("rank:1 catch RuntimeError exception, error_code:1003， ex instance: unsafe") == "v26"
+    assert catch_form("rank:1 catch RuntimeError exception, error_code:1003 ex instance: unsafe") is None
+    assert normalise("[worker12]:text") == (12, "text")
+    assert normalise("[worker12x]: text") == (None, "[worker12x]: text")
