@@ -1,5 +1,6 @@
-"""Log lines built to hang or crash the log stage (issue 36): runs that make a backtracking pattern
-quadratic, and numbers longer than `int` converts. Each runs the CLI on a real log file."""
+"""Input built to hang or crash reading it (issue 36): log lines with runs that make a backtracking
+pattern quadratic, and numbers longer than `int` converts (4,300 digits) in a log, a rules file or
+pyproject.toml. Each runs the CLI on real files."""
 
 from __future__ import annotations
 
@@ -21,12 +22,16 @@ RUN = 1 << 20  # a 1 MB run: linear work is milliseconds, quadratic work is an h
 HUGE = "9" * 5000  # past `int`'s 4,300 digits
 
 
+def doctor(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, env=ENV,
+                          timeout=60, cwd=cwd)
+
+
 def diagnose(tmp_path: Path, *lines: str) -> subprocess.CompletedProcess[str]:
     """The CLI on the sample error log with `lines` before it; 60 s is far above what linear work takes."""
     log = tmp_path / "job.log"
     log.write_text("".join(line + "\n" for line in lines) + ERROR_LOG.read_text())
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", str(log)],
-                          capture_output=True, text=True, env=ENV, timeout=60)
+    return doctor("diagnose", str(log))
 
 
 DUMP_TITLE = "-------------------- arguments --------------------"
@@ -66,8 +71,7 @@ def test_a_number_past_ints_limit_in_the_error_lines_is_no_number(tmp_path):
     log = tmp_path / "job.log"
     text = ERROR_LOG.read_text().replace("line 172, in", f"line {HUGE}, in").replace("RankID:3", f"RankID:{HUGE}")
     log.write_text(text)
-    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", str(log)],
-                            capture_output=True, text=True, env=ENV, timeout=60)
+    result = doctor("diagnose", str(log))
     assert result.returncode in (0, 1) and "Traceback" not in result.stderr, result.stderr
 
 
@@ -84,3 +88,29 @@ def test_the_linear_readers_read_what_the_patterns_read():
     assert catch_form("rank:1 catch RuntimeError exception, error_code:1003 ex instance: unsafe") is None
     assert normalise("[worker12]:text") == (12, "text")
     assert normalise("[worker12x]: text") == (None, "[worker12x]: text")
+
+
+def test_a_number_past_ints_limit_in_a_rules_file_is_one_line_with_its_line(tmp_path):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(f"rules:\n  - id: acme.x\n    title: x\n    match: {{variable: X}}\n    scenario: {HUGE}\n")
+    result = doctor("rules", "validate", str(rules))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines() == [f"{rules}:5: invalid YAML: an integer of 5000 characters is out of range"]
+
+
+def test_a_number_past_ints_limit_in_another_tools_table_breaks_nothing(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(f'[tool.other]\nn = {HUGE}\n\n[tool.unsafe-doctor]\nrules = ["mine.yaml"]\n')
+    result = doctor("rules", "list", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "mine.yaml" in result.stderr  # our table was read: the rules file it names is missing
+    (tmp_path / "pyproject.toml").write_text(f"[tool.other]\nn = {HUGE}\n")
+    result = doctor("rules", "list", cwd=tmp_path)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_number_past_ints_limit_in_our_table_is_one_line(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(f"[tool.unsafe-doctor]\nadaptor = {HUGE}\n")
+    result = doctor("rules", "list", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    pyproject = tmp_path / "pyproject.toml"
+    assert result.stderr.splitlines() == [f"unsafe-doctor: {pyproject}: [tool.unsafe-doctor] adaptor must be a path (a string)"]
