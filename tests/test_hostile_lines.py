@@ -114,3 +114,11 @@ def test_a_number_past_ints_limit_in_our_table_is_one_line(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     pyproject = tmp_path / "pyproject.toml"
     assert result.stderr.splitlines() == [f"unsafe-doctor: {pyproject}: [tool.unsafe-doctor] adaptor must be a path (a string)"]
+
+
+def test_an_expression_holding_a_long_run_of_spaces_is_put_on_one_line_in_linear_time():
+    """Not a log line but a framework file's text (a global's value in a report): a string of spaces."""
+    code = ("from unsafe_doctor.source.syntax import one_line\n"
+            f"print(one_line('x = \"' + ' ' * {RUN} + '\"  \\n\\n   + y').endswith('\" + y'))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert result.stdout == "True\n", result.stderr
