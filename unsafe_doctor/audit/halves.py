@@ -133,7 +133,7 @@ class _Claims:
 
     def _lock(self) -> bool:
         """Take the lock; False when the other process ended holding it (killed): none is needed then."""
-        while not select.select([self.lock_read], [], [], 1.0)[0]:
+        while not _readable(self.lock_read, 1.0):
             if self.other_gone():
                 return False
         os.read(self.lock_read, 1)
@@ -143,6 +143,14 @@ class _Claims:
         self.taken.close()
         os.close(self.lock_read)
         os.close(self.lock_write)
+
+
+def _readable(descriptor: int, seconds: float) -> bool:
+    """Whether the descriptor can be read within `seconds`: by poll, as select takes no descriptor
+    past 1,023 (a process that inherited many has those only)."""
+    waiting = select.poll()
+    waiting.register(descriptor, select.POLLIN)
+    return bool(waiting.poll(seconds * 1000))
 
 
 def _has_ended(pid: int) -> bool:
@@ -185,7 +193,7 @@ class _Copy:
 
     def poll(self) -> int:
         """Items done so far, read without waiting."""
-        while not self.ended and select.select([self.stream], [], [], 0)[0]:
+        while not self.ended and _readable(self.stream, 0):
             self._read()
         return self._ticks()
 

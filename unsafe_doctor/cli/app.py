@@ -51,22 +51,26 @@ def _completion(value: str | None, install: bool) -> None:
     this runs in (typer's own options take no name). The scripts are typer's."""
     if value is None:
         return
-    from typer._completion_shared import _get_shell_name, get_completion_script
-    from typer._completion_shared import install as install_script
+    from typer._completion_shared import _get_shell_name
+
+    from unsafe_doctor.cli import completion
 
     shell = _get_shell_name() if value == _DETECTED else value.lower()
     if shell not in SHELLS:
         named = "cannot tell which shell this runs in" if value == _DETECTED else f"no completion for {value!r}"
         raise UsageError(f"{named}: name one of {', '.join(SHELLS[:4])} (e.g. --install-completion zsh)")
     if not install:
-        print(get_completion_script(prog_name="unsafe-doctor", complete_var="_UNSAFE_DOCTOR_COMPLETE", shell=shell))
+        print(completion.script(shell))
         raise typer.Exit(0)
     try:
-        shell, path = install_script(shell=shell, prog_name="unsafe-doctor")
+        installed = completion.install(shell)
     except OSError as error:  # a read-only home, a full disk
         where = f" ({error.filename})" if error.filename else ""
         raise UsageError(f"cannot install {shell} completion{where}: {os_reason(error)}") from None
-    print(f"{shell} completion installed in {path}: it works in shells started from now on")
+    appended = f" (a line added at the end of {installed.appended_to})" if installed.appended_to else ""
+    print(f"{shell} completion installed in {installed.script}{appended}: it works in shells started from now on")
+    if installed.advice:
+        print(installed.advice)
     raise typer.Exit(0)
 
 

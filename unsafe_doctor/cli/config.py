@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,13 @@ def _table(file: Path) -> dict[str, Any] | None:
     else:
         import tomli as tomllib
     try:
-        document = tomllib.loads(file.read_text(encoding="utf-8"))
+        text = file.read_text(encoding="utf-8")
+        try:
+            document = tomllib.loads(text)
+        except ValueError as error:
+            if isinstance(error, tomllib.TOMLDecodeError):
+                raise
+            document = _without_digit_limit(tomllib.loads, text)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise UsageError(f"{file}: {error}") from None
     except RecursionError:
@@ -59,6 +66,18 @@ def _table(file: Path) -> dict[str, Any] | None:
     if table is not None and not isinstance(table, dict):
         raise UsageError(f"{file}: [tool.{TABLE}] must be a table")
     return table
+
+
+def _without_digit_limit(loads: Callable[[str], dict[str, Any]], text: str) -> dict[str, Any]:
+    """The document read without `int`'s 4,300-digit limit: tomllib reads every table, and another
+    tool's huge number must not break every command run in the folder (the file is the project's
+    own, and no key of ours takes a number)."""
+    default = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        return loads(text)
+    finally:
+        sys.set_int_max_str_digits(default)
 
 
 def _settings(file: Path, table: dict[str, Any]) -> Settings:

@@ -112,18 +112,29 @@ _DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("+", "green"), ("-", "red"), 
 
 def print_diff(diff: str) -> None:
     """A unified diff on stdout: as it is to a file or a pipe (it is a patch to apply), coloured at a
-    terminal (not under NO_COLOR), every line whole."""
+    terminal (not under NO_COLOR). There every line stays whole, never folded into a line without its
+    `+`, `-` or space (the terminal wraps what is wider), and a control character (a folder name's
+    escape sequence) is shown as an escape, not acted on."""
     with _reader_may_leave():
         if not sys.stdout.isatty() or os.environ.get("NO_COLOR"):
             sys.stdout.write(diff)
         else:
             from rich.text import Text
 
-            text = Text(no_wrap=True, overflow="ignore")
-            for line in diff.splitlines(keepends=True):
-                text.append(line, style=next((style for start, style in _DIFF_STYLES if line.startswith(start)), ""))
-            _console()(highlight=False).print(text, crop=False, end="")
+            from unsafe_doctor.report.common import printable_lines
+
+            text = Text()
+            for line in _diff_lines(diff):
+                shown = printable_lines(line)
+                text.append(shown + "\n", style=next((style for start, style in _DIFF_STYLES if shown.startswith(start)), ""))
+            _console()(highlight=False).print(text, soft_wrap=True, end="")
         sys.stdout.flush()
+
+
+def _diff_lines(diff: str) -> list[str]:
+    """The diff's lines without their ends (LF, CRLF or CR, as the file's lines end)."""
+    lines = diff.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
 
 
 @contextmanager

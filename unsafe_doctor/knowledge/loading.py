@@ -40,6 +40,7 @@ from unsafe_doctor.knowledge.rules import (
     StepWritten,
     Template,
     map_parameters,
+    stray_dollar,
     template_slots,
     variable_pattern,
 )
@@ -247,8 +248,11 @@ def _fix(item: dict[str, Any], what: str, problems: list[str]) -> FixTemplate:
     )
     allowed = SLOTS_SCENARIO_2 if item["scenario"] == 2 else SLOTS_SCENARIO_1
     for part in (*fix.imports, fix.code, fix.send, fix.recv):
-        unknown = template_slots(part) - allowed if part is not None else set()
-        if unknown:
+        if part is None:
+            continue
+        if (stray := stray_dollar(part)) is not None:
+            problems.append(f"{what}: a '$' that starts no slot in {stray!r} (write $$ for a dollar sign)")
+        elif unknown := template_slots(part) - allowed:
             problems.append(f"{what}: unknown template slot(s) {', '.join(sorted(unknown))}")
     return fix
 

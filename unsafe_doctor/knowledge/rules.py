@@ -301,6 +301,17 @@ def template_slots(template: str) -> set[str]:
     }
 
 
+def stray_dollar(template: str) -> str | None:
+    """The line of a template that holds a `$` starting no slot (`$5`, a lone `$`, an unclosed
+    `${name`), which `string.Template` cannot fill; None when every `$` is a slot or `$$`, the escape."""
+    for found in string.Template.pattern.finditer(template):
+        if found.start("invalid") >= 0:
+            start = template.rfind("\n", 0, found.start()) + 1
+            end = template.find("\n", found.start())
+            return template[start : end if end >= 0 else len(template)].strip()
+    return None
+
+
 def is_safe_dotted(name: str | None) -> bool:
     """A dotted Python name with no keywords and no dunder parts: safe to place in generated code.
 

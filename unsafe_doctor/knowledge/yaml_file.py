@@ -17,7 +17,22 @@ from typing import Any
 
 import yaml
 
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it: 10x faster
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]  # libyaml when PyYAML has it: 10x faster
+    """The safe loader, with an integer longer than `int` converts (4,300 digits) a YAML error at its line."""
+
+
+def _integer(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    try:
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+    except ValueError:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"an integer of {len(node.value)} characters is out of range", node.start_mark
+        ) from None
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _integer)
+
 MAX_FILE_BYTES = 4 << 20  # the shipped knowledge base is under 50 KB in all
 MAX_EXPANDED_NODES = 200_000  # YAML nodes once aliases are expanded; the shipped files hold a few thousand
 MAX_SCHEMA_PROBLEMS = 50  # schema problems reported per file
@@ -39,7 +54,7 @@ def parse(path: Path, problems: list[str], *, bound_aliases: bool = True) -> tup
     if text is None:
         return None
     try:
-        loader = SAFE_LOADER(text)
+        loader = _Loader(text)
         try:
             node = loader.get_single_node()
             if bound_aliases and node is not None and (refused := _alias_bomb(node)):

@@ -20,9 +20,11 @@ from unsafe_doctor.log.lines import LogLine
 # names of up to 40 characters, every feature switch read here), looked for only between a title and
 # an end line; the rule both of those hold; and what tells the end line from the title.
 DUMP_MARKERS: tuple[bytes, bytes, bytes] = (b"........ ", b"rguments ----", b"end of ")
-_TITLE = re.compile(r"-{8,} (?!end of )(.*?rguments) -{8,}\s*$")
-_END = re.compile(r"-{8,} end of .*?rguments -{8,}\s*$")
-_ARGUMENT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*) \.{3,} (.*?)\s*$")
+# Patterns over a line stay linear in its length (a log is untrusted: a regex's `(.*?)\s*$` or
+# `-{8,} … -{8,}` searched over a 64 KB run of spaces or dashes takes seconds): a rule's dashes and
+# a value's trailing spaces are found with str methods, and a run of dashes opens a rule only at its start.
+_RULE_OPENING = re.compile(r"(?<!-)-{8,} ")
+_ARGUMENT = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*) \.{3,} ")
 
 
 @dataclass(frozen=True)
@@ -45,14 +47,33 @@ def read_arguments(lines: Iterable[LogLine]) -> RunArguments | None:
     for line in lines:
         text = line.text
         current = open_dumps.get(line.source)
-        if m := _TITLE.search(text):
-            open_dumps[line.source] = RunArguments(m[1], {}, line.source, line.offset)
+        title, end = _frame_line(text)
+        if title is not None:
+            open_dumps[line.source] = RunArguments(title, {}, line.source, line.offset)
         elif current is None:
             continue
-        elif _END.search(text):
+        elif end:
             if current.values:
                 return current
             del open_dumps[line.source]
         elif m := _ARGUMENT.match(text):
-            current.values.setdefault(m[1], m[2])
+            current.values.setdefault(m[1], text[m.end() :].rstrip())
     return None
+
+
+def _frame_line(text: str) -> tuple[str | None, bool]:
+    """(the title, whether an end line) of a line `-------- TITLE --------`, TITLE ending in "rguments"
+    and the end line's starting with "end of "; (None, False) for any other line."""
+    inner = text.rstrip()
+    dashes = len(inner) - len(inner.rstrip("-"))
+    inner = inner[: len(inner) - dashes]
+    if dashes < 8 or not inner.endswith("rguments "):
+        return None, False
+    inner = inner[:-1]
+    end = False
+    for opening in _RULE_OPENING.finditer(inner, 0, len(inner) - len("rguments")):
+        title = inner[opening.end() :]
+        if not title.startswith("end of "):
+            return title, False
+        end = end or len(title) >= len("end of rguments")
+    return None, end

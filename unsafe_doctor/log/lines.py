@@ -57,11 +57,12 @@ _DATE_TIME = r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)
 _LEVEL = r"(?i:trace|debug|info|warn|warning|error|critical|fatal)"
 
 # Rank prefixes, with the specificity used when several stack on one line.
-_RANK_PREFIX = re.compile(r"\[rank(\d+)\]:")
-_ROLE_PREFIX = re.compile(r"\[[A-Za-z_][\w-]*?(\d+)\]:")
+# A rank is at most nine digits: a longer run is no rank (and `int` refuses 4,300 digits).
+_RANK_PREFIX = re.compile(r"\[rank(\d{1,9})\]:")
+_ROLE_PREFIX = re.compile(r"\[[A-Za-z_][\w-]*\]:")  # the role's number ends its name: `_role_rank` reads it
 _NUMERIC_PREFIX = re.compile(r"(\d{1,6}):(?= .)")
 _POD_PREFIX = re.compile(r"\[pod/([^/\]\s]+)/[^\]\s]+\]")
-_POD_ORDINAL = re.compile(r"-(\d+)$")
+_POD_ORDINAL = re.compile(r"-(\d{1,9})$")
 _RANK_SPECIFICITY, _ROLE_SPECIFICITY, _NUMERIC_SPECIFICITY, _POD_SPECIFICITY = 4, 3, 2, 1
 
 # A container runtime's log line (CRI format, as containerd and CRI-O write it): time, stream, tag, one space.
@@ -92,8 +93,8 @@ def _match_prefix(text: str, pos: int, numeric_allowed: bool) -> tuple[re.Match[
     if first == "[":
         if m := _RANK_PREFIX.match(text, pos):
             return m, _RANK_SPECIFICITY, int(m[1])
-        if m := _ROLE_PREFIX.match(text, pos):
-            return m, _ROLE_SPECIFICITY, int(m[1])
+        if (m := _ROLE_PREFIX.match(text, pos)) and (rank := _role_rank(m[0])) is not None:
+            return m, _ROLE_SPECIFICITY, rank
         if m := _POD_PREFIX.match(text, pos):
             ordinal = _POD_ORDINAL.search(m[1])
             return m, _POD_SPECIFICITY, int(ordinal[1]) if ordinal else None
@@ -105,6 +106,14 @@ def _match_prefix(text: str, pos: int, numeric_allowed: bool) -> tuple[re.Match[
     if numeric_allowed and (m := _NUMERIC_PREFIX.match(text, pos)):
         return m, _NUMERIC_SPECIFICITY, int(m[1])
     return None, 0, None
+
+
+def _role_rank(prefix: str) -> int | None:
+    """The number that ends a role prefix's name (`[worker12]:` is 12), read backwards: a lazy
+    `[\\w-]*?(\\d+)` takes time quadratic in a run of digits."""
+    name = prefix[1:-2]
+    digits = len(name) - len(name.rstrip("0123456789"))
+    return int(name[-digits:]) if 0 < digits <= 9 else None
 
 
 def _peel(text: str) -> tuple[int, int | None, str]:

@@ -145,18 +145,20 @@ _KIND_TEXTS: tuple[tuple[EventKind, tuple[str, ...]], ...] = (
 _UCE_MEMORY_RESULT = re.compile(r"check uce memory result:\s*([1-9])")
 # MindIO decorator's catch line, newest form first: v26 "rank:%s catch %s exception, error_code:%s， ex
 # instance:%s" (full-width comma), v7.3 "rank:{r} catch {exc} exception, ex instance:{err}", and the first
-# public "other exception str is : {err}" logged after the traceback.
-_CATCH_FORMS: tuple[tuple[MindioForm, re.Pattern[str]], ...] = (
-    ("v26", re.compile(r"catch \S+ exception, error_code:.*?[，,] ?ex instance:")),
-    ("v7.3", re.compile(r"catch \S+ exception, ex instance:")),
-    ("first-public", re.compile(r"other exception str is : ")),
+# public "other exception str is : {err}" logged after the traceback. Each form is its start, and for v26
+# what follows it somewhere after: one `.*?` between them searched from every start is quadratic.
+_CATCH_FORMS: tuple[tuple[MindioForm, re.Pattern[str], re.Pattern[str] | None], ...] = (
+    ("v26", re.compile(r"catch \S+ exception, error_code:"), re.compile(r"[，,] ?ex instance:")),
+    ("v7.3", re.compile(r"catch \S+ exception, ex instance:"), None),
+    ("first-public", re.compile(r"other exception str is : "), None),
 )
 _UNSAFE = "unsafe data in the input tensor"
 _ANY_MARKER = re.compile("|".join(re.escape(marker.decode()) for marker in MARKERS))
 # "rank:3", "rank 3", "[rank3]" left mid-line, torch_npu's "RankID:3" (-1 when RANK was unset).
-_RANK = re.compile(r"\brank(?:id)?[: ]?\s*(-?\d+)", re.IGNORECASE)
+# A rank is at most nine digits and a step eighteen: a longer run is none (and `int` refuses 4,300 digits).
+_RANK = re.compile(r"\brank(?:id)?[: ]?\s*(-?\d{1,9})(?!\d)", re.IGNORECASE)
 # "[repair] rank 3, …, step:1200", "rank:3 successfully gather and rollback at iteration 1200".
-_STEP = re.compile(r"\bstep:\s*(\d+)|\bat iteration (\d+)")
+_STEP = re.compile(r"\bstep:\s*(\d{1,18})(?!\d)|\bat iteration (\d{1,18})(?!\d)")
 
 
 def _kind_of(text: str) -> EventKind | None:
@@ -174,13 +176,16 @@ def _kind_of(text: str) -> EventKind | None:
 
 def catch_form(text: str) -> MindioForm | None:
     """Which release's catch line this is, or None for any other line."""
-    return next((form for form, pattern in _CATCH_FORMS if pattern.search(text)), None)
+    for form, start, then in _CATCH_FORMS:
+        if (found := start.search(text)) and (then is None or then.search(text, found.end())):
+            return form
+    return None
 
 
 def mindio_form(context: RecoveryContext) -> MindioForm | None:
     """The form of the log's catch lines of the unsafe-data error; the newest when inputs mix releases."""
     forms = {catch_form(event.text) for event in context.events if event.kind == "caught"}
-    return next((form for form, _ in _CATCH_FORMS if form in forms), None)
+    return next((form for form, _, _ in _CATCH_FORMS if form in forms), None)
 
 
 def _rank_of(line: LogLine) -> int | None:

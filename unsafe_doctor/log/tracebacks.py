@@ -116,13 +116,14 @@ _SEPARATORS: dict[str, Literal["cause", "context"]] = {
     "The above exception was the direct cause of the following exception:": "cause",
     "During handling of the above exception, another exception occurred:": "context",
 }
-_FRAME = re.compile(r'File "(?P<file>.*)", line (?P<line>\d+|None), in (?P<function>.*)')
+# Numbers read are at most nine digits: a longer run is no line or rank (and `int` refuses 4,300 digits).
+_FRAME = re.compile(r'File "(?P<file>.*)", line (?P<line>\d{1,9}|None), in (?P<function>.*)')
 _SYNTAX_ERROR_LOCATION = re.compile(r'File ".*", line \d+')  # SyntaxError's own location, no frame
 _MARKER = re.compile(r"[~^][~^ ]*|\[Previous line repeated \d+ more times?\]")
 _PRIMARY = re.compile(r"\^[\^ ]*\^|\^")
 _EXCEPTION = re.compile(r"(?P<type>[^\W\d][\w.<>]*)(?:: (?P<message>.*)|:? *)")
 _NPU_ERROR = re.compile(
-    r"\[ERROR\] [0-9\-\:]* \(PID:\d*, Device:(?P<device>-?\d*), RankID:(?P<rank>-?\d*)\) (?P<code>ERR\d{5})"
+    r"\[ERROR\] [0-9\-\:]* \(PID:\d*, Device:(?P<device>-?\d{0,9}), RankID:(?P<rank>-?\d{0,9})\) (?P<code>ERR\d{5})"
 )
 _NPU_COMPACT_ERROR = re.compile(r"(?P<code>ERR\d{5}) [A-Z]+\b")
 _CPP_STACK = re.compile(r"Exception raised from .* \(most recent call first\):|frame #\d+: ")

@@ -57,8 +57,10 @@ class OutputTails:
     def read(self, wait: float) -> None:
         """What the processes wrote since the last read, waiting at most `wait` seconds for any."""
         readers = {reading: name for name, (reading, _) in self._pipes.items()}
-        ready, _, _ = select.select(list(readers), [], [], wait)
-        for reading in ready:
+        waiting = select.poll()  # not select.select: it takes no descriptor past 1,023, and many may be inherited
+        for reading in readers:
+            waiting.register(reading, select.POLLIN)
+        for reading, _ in waiting.poll(wait * 1000):
             tail = self._tails[readers[reading]]
             with contextlib.suppress(BlockingIOError, OSError):
                 while chunk := os.read(reading, 1 << 16):

@@ -36,7 +36,7 @@ from unsafe_doctor.report.common import (
     stale_text,
     title,
 )
-from unsafe_doctor.report.sarif import file_uri, location, sarif_log
+from unsafe_doctor.report.sarif import file_uri, location, path_reference, sarif_log
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin
 
@@ -215,7 +215,7 @@ def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
         evidence = item.classification.evidence
         if evidence:  # what the heuristics saw, each where it stands
             result["relatedLocations"] = [
-                {**location(seen.file, seen.line), "id": number, "message": {"text": seen.text}}
+                {**location(file_uri(seen.file), seen.line), "id": number, "message": {"text": seen.text}}
                 for number, seen in enumerate(evidence)
             ]
         results.append(result)
@@ -223,10 +223,11 @@ def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
 
 
 def _culprit_file(finding: Finding) -> str:
-    """The local copy of the culprit's file where it is the job's own with the log's lines, else the log's path."""
+    """The URI of the local copy of the culprit's file where it is the job's own with the log's lines,
+    else of the log's path."""
     assert finding.culprit is not None
     if finding.origin is not Origin.JOB or finding.source_file is None or finding.source_differs:
-        return finding.culprit.file
+        return path_reference(finding.culprit.file)
     try:
         relative = os.path.relpath(finding.source_file)
     except ValueError:  # another drive (Windows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from unsafe_doctor import __version__
 
@@ -29,7 +30,13 @@ def sarif_log(rules: dict[str, str], results: list[dict[str, Any]]) -> dict[str,
 def file_uri(file: str) -> str:
     """A local file as SARIF wants it: a file URI when absolute, a relative reference otherwise."""
     path = Path(file)
-    return path.as_uri() if path.is_absolute() else path.as_posix()
+    return path.as_uri() if path.is_absolute() else path_reference(file)
+
+
+def path_reference(file: str) -> str:
+    """A path as a URI reference, percent-encoded (a folder `w#1 %41` is not the file `w` with a
+    fragment): a relative one, or a path of another machine (a log's)."""
+    return quote(Path(file).as_posix(), safe="/")
 
 
 def location(uri: str, line: int | None) -> dict[str, Any]:

@@ -375,8 +375,12 @@ def source_segment(text: str, node: object) -> str | None:
 
 
 def one_line(text: str) -> str:
-    """A multi-line expression's text on one line."""
-    return re.sub(r"\s*\n\s*", " ", text)
+    """A multi-line expression's text on one line: each line break, with the blank space around it, one
+    space. Cut at the breaks, as a regular expression searched over a long run of spaces (in a string) is quadratic."""
+    if "\n" not in text:
+        return text
+    first, *middle, last = text.split("\n")
+    return " ".join([first.rstrip(), *(line.strip() for line in middle if not line.isspace() and line), last.lstrip()])
 
 
 def word_starts(text: str, word: str) -> Iterator[int]:
