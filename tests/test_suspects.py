@@ -228,6 +228,7 @@ def test_at_a_terminal_the_untraced_report_offers_a_suspects_fix_then_the_sentin
     shown = " ".join(screen.split())
     assert f"Apply suspect 1's scenario-2 fix to {adaptor}::recv_rank_repair and {adaptor}::send_rank_repair? [y/N]: y" in shown
     assert f"Install the sentinel into {rollback} (it names the exact tensor at the next fault)? [y/N]: y" in shown
+    assert "the training image needs unsafe-doctor==" in shown  # said before the question, as sentinel install says it
     assert "# unsafe-doctor: begin megatron.router-expert-bias" in adaptor.read_text()
     assert "# unsafe-doctor: begin unsafe_doctor.sentinel" in rollback.read_text()
     assert code == 1  # a suspect's fix is a guess until a fault proves it
