@@ -206,6 +206,10 @@ def broken(adaptor: Path, how: str) -> int:
         del lines[begins[1] : ends[1] + 1]
         lines[ends[0]:ends[0]] = block
         line = ends[0] + 1
+    elif how == "send end and recv begin lost":  # the same key on both sides: the two left pair up across a def
+        del lines[begins[1]]
+        del lines[ends[0]]
+        line = begins[0] + 1
     else:  # interleaved: the first block's end moved after the second block's begin
         lines.insert(begins[1], lines.pop(ends[0]))
         line = begins[1]
@@ -213,7 +217,8 @@ def broken(adaptor: Path, how: str) -> int:
     return line
 
 
-@pytest.mark.parametrize("how", ["first end lost", "last end lost", "begin lost", "nested", "interleaved"])
+@pytest.mark.parametrize("how", ["first end lost", "last end lost", "begin lost", "nested", "interleaved",
+                                 "send end and recv begin lost"])
 def test_revert_refuses_markers_out_of_place_and_changes_nothing(tmp_path, how):
     adaptor = adaptor_in(tmp_path)
     assert fix_ema(adaptor, "--yes").returncode == 0
@@ -225,6 +230,35 @@ def test_revert_refuses_markers_out_of_place_and_changes_nothing(tmp_path, how):
     refused_in_one_line(result, f"{adaptor}:{line}: ")
     assert "mend the markers by hand" in result.stderr
     assert (sorted(tmp_path.iterdir()), adaptor.read_bytes()) == before
+
+
+def test_markers_paired_across_a_function_boundary_are_refused_by_every_command_that_pairs_them(tmp_path):
+    """The send block's end and the receive block's begin of one key lost: the begin left in
+    send_rank_repair() and the end left in recv_rank_repair() must not make one block, which would
+    take recv_rank_repair() out whole (the file still compiles)."""
+    adaptor = adaptor_in(tmp_path)
+    assert fix_ema(adaptor, "--yes").returncode == 0
+    line = broken(adaptor, "send end and recv begin lost")
+    text = adaptor.read_text().splitlines()
+    end = next(index for index, row in enumerate(text) if row.strip().startswith(END)) + 1
+    recv = next(index for index, row in enumerate(text) if row.startswith("def recv_rank_repair(")) + 1
+    before = sorted(tmp_path.iterdir()), adaptor.read_bytes()
+
+    for result in (
+        run("--revert", "--adaptor", str(adaptor), "--yes"),
+        fix_ema(adaptor, "--yes"),
+        sentinel("install", "--adaptor", str(adaptor), "--yes"),
+        sentinel("install", "--revert", "--adaptor", str(adaptor), "--yes"),
+    ):
+        refused_in_one_line(result, f"{adaptor}:{line}: block generic.replica-copy:toytrain.state._EMA_GRAD_NORM "
+                                    f"(lines {line}-{end}) runs across the boundary of recv_rank_repair() (line {recv})")
+        assert (sorted(tmp_path.iterdir()), adaptor.read_bytes()) == before
+
+
+def sentinel(*args: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "sentinel", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=environment, timeout=120, stdin=subprocess.DEVNULL)
 
 
 # --- the dry run's patch -------------------------------------------------------------------------------
