@@ -347,7 +347,7 @@ def test_a_module_named_like_a_name_the_block_needs_is_bound_under_another_and_t
     if module == "state":
         assert "    from team import state\n" in text and 'getattr(state, "_TEAM_BUFFER", None)' in text
     else:
-        assert f"    import team.{module} as team_{module}\n" in text
+        assert f"    from team import {module} as team_{module}\n" in text  # the rule's form, under a free name
         assert f'getattr(team_{module}, "_TEAM_BUFFER", None)' in text
     program = (f"import sys, torch\nsys.path.insert(0, {str(tmp_path / 'src')!r})\n" + text +
                f"import team.{module}\nteam.{module}._TEAM_BUFFER.fill_(7)\nfeature_rollback()\n"
