@@ -365,23 +365,36 @@ def test_names_that_python_reads_as_other_names_are_not_safe(name):
 # --- encodings -------------------------------------------------------------------------------------------
 
 
+def fixed_then_reverted(tmp_path: Path, data: bytes) -> bytes:
+    """The adaptor `data` (valid Python) fixed through the CLI, then reverted to the same bytes: what the fix wrote."""
+    compile(data, "recovery.py", "exec")
+    adaptor = tmp_path / "recovery.py"
+    adaptor.write_bytes(data)
+    result = fix_ema(adaptor, "--yes")
+    assert result.returncode == 0, result.stderr
+    patched = adaptor.read_bytes()
+    compile(patched, "recovery.py", "exec")
+    assert run("--revert", "--adaptor", str(adaptor), "--yes").returncode == 0
+    assert adaptor.read_bytes() == data
+    return patched
+
+
 @pytest.mark.parametrize("encoding", ["cp932", "shift_jis"])
 def test_a_cp932_adaptor_is_fixed_and_reverted_in_its_own_encoding_and_line_endings(tmp_path, encoding):
     # ソ and 表 end in byte 0x5c (a backslash in ASCII): read as UTF-8 the string's quote is escaped
     text = f"# -*- coding: {encoding} -*-\n# 復旧アダプタ ソ表\n" + ORIGINAL.decode() + "\nMESSAGE = '回復 ソ表 能'\n"
-    data = text.replace("\n", "\r\n").encode(encoding)
-    compile(data, "recovery.py", "exec")
-    adaptor = tmp_path / "recovery.py"
-    adaptor.write_bytes(data)
-
-    result = fix_ema(adaptor, "--yes")
-
-    assert result.returncode == 0, result.stderr
-    patched = adaptor.read_bytes()
-    compile(patched, "recovery.py", "exec")
+    patched = fixed_then_reverted(tmp_path, text.replace("\n", "\r\n").encode(encoding))
     assert patched.count(b"\r\n") == patched.count(b"\n") and "'回復 ソ表 能'".encode(encoding) in patched
-    assert run("--revert", "--adaptor", str(adaptor), "--yes").returncode == 0
-    assert adaptor.read_bytes() == data
+
+
+@pytest.mark.parametrize("head", ["# -*- coding: latin-1 -*-\n", "#!/usr/bin/env python\n# coding: latin-1\n"])
+def test_an_adaptor_with_cr_only_line_endings_and_a_coding_line_is_fixed_and_reverted_byte_identical(tmp_path, head):
+    """Python reads a lone CR as a line end, the coding line's too: the file is valid Python, and its
+    block is written with CR endings."""
+    text = head + "# adaptateur de reprise, café\n" + ORIGINAL.decode() + "\nMESSAGE = 'déjà'\n"
+    patched = fixed_then_reverted(tmp_path, text.replace("\n", "\r").encode("latin-1"))
+    assert b"\n" not in patched and f"\r    {BEGIN}generic.replica-copy:".encode() in patched
+    assert "'déjà'".encode("latin-1") in patched
 
 
 # --- the outcome is the write's ---------------------------------------------------------------------------

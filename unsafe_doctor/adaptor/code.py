@@ -10,7 +10,6 @@ itself. Blocks are read back between their `# unsafe-doctor: begin/end <key>` ma
 from __future__ import annotations
 
 import ast
-import io
 import tokenize
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -157,13 +156,14 @@ def detached_site(name: str, parameters: Sequence[str]) -> Site:
 
 
 def _parsed_source(path: Path, data: bytes) -> AdaptorSource:
+    lines = tuple(data.splitlines(keepends=True))  # where Python ends lines: LF, CRLF and a lone CR
     try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        # the coding line looked for in the lines as Python counts them (a BytesIO splits at LF alone)
+        encoding, _ = tokenize.detect_encoding(iter(lines).__next__)
         text = data.decode(encoding)
         tree = ast.parse(text)
     except (SyntaxError, ValueError, UnicodeDecodeError, LookupError, RecursionError, MemoryError) as error:
         raise UsageError(f"adaptor {path} is not valid Python: {str(error).splitlines()[0]}") from None
-    lines = tuple(data.splitlines(keepends=True))
     text_lines = [line.decode(encoding) for line in lines]
     functions = tuple(_describe(node, text_lines, path) for node in _functions(tree))
     scopes = tuple(_scope(node, text_lines) for node in ast.walk(tree) if isinstance(node, SCOPES))
