@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FAQ_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"
@@ -148,3 +152,78 @@ def test_rules_list_and_show_give_the_generic_templates_apart_from_the_rules():
 def test_rules_show_gives_a_rules_probe():
     document = json.loads(run("rules", "show", "megatron.router-expert-bias", "--format", "json").stdout)
     assert (document["probe"], document["priority"]) == ("megatron-router-expert-bias", 0)
+
+
+# --- the text layout at common terminal widths ------------------------------------------------------
+
+
+def at_width(columns: int, *args: str) -> str:
+    environment = {**os.environ, "COLUMNS": str(columns)}
+    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120,
+                            env=environment)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def shipped_entries() -> list[dict]:
+    document = json.loads(run("rules", "list", "--format", "json").stdout)
+    return [*document["rules"], *document["templates"]]
+
+
+@pytest.mark.parametrize("columns", [80, 100, 120])
+def test_rules_list_gives_every_id_whole_its_columns_aligned_and_its_title_across_the_width(columns):
+    """An id is what `rules show` takes: never cut. A title wraps at the terminal's edge, not inside
+    the id's column (at 100 columns titles broke at 60, beside an empty versions column)."""
+    lines = at_width(columns, "rules", "list").splitlines()
+    header, rows = lines[0], lines[1:]
+    assert header.split() == ["rule", "scenario", "versions"] and "…" not in "".join(lines)
+    assert all(len(line) <= columns for line in lines)
+    starts = [index for index, line in enumerate(rows) if not line.startswith(" ")]
+    entries = {entry["id"]: entry for entry in shipped_entries()}
+    assert [rows[index].split()[0] for index in starts] == sorted(entries)
+    for number, index in enumerate(starts):
+        identifier, scenario, *versions = rows[index].split(maxsplit=2)
+        entry = entries[identifier]
+        assert rows[index].index(scenario, len(identifier)) == header.index("scenario") + len("scenario") // 2 - 1
+        assert rows[index].index(versions[0], len(identifier) + 1 + len(scenario)) == header.index("versions")
+        assert int(scenario) == entry["scenario"]
+        following = rows[index + 1 : starts[number + 1] if number + 1 < len(starts) else len(rows)]
+        title = [line.strip() for line in following if line.startswith("  ") and line.strip()]
+        assert " ".join(title).endswith(entry["title"]), (identifier, following)
+        if len(entry["title"]) <= columns - 2:
+            assert title[-1] == entry["title"], (identifier, following)
+
+
+def test_rules_list_folds_an_id_too_long_for_the_terminal_and_keeps_within_it(tmp_path):
+    rules = tmp_path / "long.yaml"
+    identifier = "acme." + "-".join(["long"] * 16)
+    rules.write_text(textwrap.dedent(f"""\
+        rules:
+          - id: {identifier}
+            title: A rule with a long id
+            match: {{variable: _LOSS_LOG}}
+            scenario: 1
+            phase: rollback
+            fix: {{code: "_LOSS_LOG.clear()"}}
+            reason: Emptied every step.
+        """))
+    lines = at_width(80, "rules", "list", "--rules", str(rules)).splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in "".join(lines)
+    first = next(index for index, line in enumerate(lines) if line.startswith("acme."))
+    width = lines[0].index("scenario") - 1
+    assert "".join(line[:width].strip() for line in lines[first : first + 2]) == identifier
+
+
+def test_no_shipped_rule_text_holds_a_word_split_at_a_hyphen():
+    """A folded YAML line that ends in a hyphen joins the next with a space: "data- parallel"."""
+    split = [(entry["id"], field, match.group()) for entry in shipped_entries() for field in ("title", "reason")
+             for match in re.finditer(r"\w+- \w+", entry[field])]
+    assert split == []
+
+
+@pytest.mark.parametrize("columns", [80, 100, 120])
+def test_rules_show_keeps_a_hyphenated_word_whole(columns):
+    shown = at_width(columns, "rules", "show", "megatron.router-expert-bias")
+    text = " ".join(line.strip("│ ") for line in shown.splitlines())
+    assert "equal across data-parallel replicas" in " ".join(text.split())
+    assert "data- parallel" not in text

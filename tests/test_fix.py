@@ -882,3 +882,33 @@ def test_a_line_separator_inside_a_string_of_the_rule_does_not_shift_the_names_a
     adaptor = custom_adaptor(tmp_path, "def feature_rollback():\n    seed = 0\n    return seed\n")
     text = plan_for(EMA, adaptor, source_roots=(FRAMEWORK,), rules=(rules,)).edits[0].updated.decode()
     assert "    seed_ = len('a\u2028b')\n    _EMA_GRAD_NORM.fill_(seed_)\n" in text
+
+
+def test_a_rules_aliased_from_import_of_a_variable_is_written_as_a_from_import_and_the_block_runs(tmp_path):
+    """`from M import NAME as A` of a module-level variable stays a from-import in the block: written
+    as `import M.NAME as A`, it raised ModuleNotFoundError in the rollback at the next fault."""
+    (tmp_path / "acme_settings.py").write_text("RESET_VALUE = 42\n")
+    rules = tmp_path / "aliased_rule.yaml"
+    rules.write_text(textwrap.dedent("""\
+        rules:
+          - id: team.ema
+            title: A rule that imports a module-level variable under another name
+            match: {variable: _EMA_GRAD_NORM}
+            scenario: 1
+            phase: rollback
+            fix:
+              imports: ["from acme_settings import RESET_VALUE as reset_value"]
+              code: |
+                SEEN.append(reset_value)
+            reason: The reset value is the team's setting.
+        """))
+    adaptor = custom_adaptor(tmp_path, "SEEN = []\n\n\ndef feature_rollback():\n    return SEEN\n")
+
+    result = run(str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor),
+                 "--rules", str(rules), "--yes")
+
+    assert result.returncode == 0, result.stderr
+    assert "    from acme_settings import RESET_VALUE as reset_value\n    SEEN.append(reset_value)\n" in adaptor.read_text()
+    rollback = subprocess.run([sys.executable, "-c", "import adaptor; print(adaptor.feature_rollback())"],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert (rollback.returncode, rollback.stdout) == (0, "[42]\n"), rollback.stderr

@@ -211,6 +211,10 @@ def broken(adaptor: Path, how: str) -> int:
         del lines[begins[1] : ends[1] + 1]
         lines[ends[0]:ends[0]] = block
         line = ends[0] + 1
+    elif how == "send end and recv begin lost":  # the same key on both sides: the two left pair up across a def
+        del lines[begins[1]]
+        del lines[ends[0]]
+        line = begins[0] + 1
     else:  # interleaved: the first block's end moved after the second block's begin
         lines.insert(begins[1], lines.pop(ends[0]))
         line = begins[1]
@@ -218,7 +222,8 @@ def broken(adaptor: Path, how: str) -> int:
     return line
 
 
-@pytest.mark.parametrize("how", ["first end lost", "last end lost", "begin lost", "nested", "interleaved"])
+@pytest.mark.parametrize("how", ["first end lost", "last end lost", "begin lost", "nested", "interleaved",
+                                 "send end and recv begin lost"])
 def test_revert_refuses_markers_out_of_place_and_changes_nothing(tmp_path, how):
     adaptor = adaptor_in(tmp_path)
     assert fix_ema(adaptor, "--yes").returncode == 0
@@ -230,6 +235,35 @@ def test_revert_refuses_markers_out_of_place_and_changes_nothing(tmp_path, how):
     refused_in_one_line(result, f"{adaptor}:{line}: ")
     assert "mend the markers by hand" in result.stderr
     assert (sorted(tmp_path.iterdir()), adaptor.read_bytes()) == before
+
+
+def test_markers_paired_across_a_function_boundary_are_refused_by_every_command_that_pairs_them(tmp_path):
+    """The send block's end and the receive block's begin of one key lost: the begin left in
+    send_rank_repair() and the end left in recv_rank_repair() must not make one block, which would
+    take recv_rank_repair() out whole (the file still compiles)."""
+    adaptor = adaptor_in(tmp_path)
+    assert fix_ema(adaptor, "--yes").returncode == 0
+    line = broken(adaptor, "send end and recv begin lost")
+    text = adaptor.read_text().splitlines()
+    end = next(index for index, row in enumerate(text) if row.strip().startswith(END)) + 1
+    recv = next(index for index, row in enumerate(text) if row.startswith("def recv_rank_repair(")) + 1
+    before = sorted(tmp_path.iterdir()), adaptor.read_bytes()
+
+    for result in (
+        run("--revert", "--adaptor", str(adaptor), "--yes"),
+        fix_ema(adaptor, "--yes"),
+        sentinel("install", "--adaptor", str(adaptor), "--yes"),
+        sentinel("install", "--revert", "--adaptor", str(adaptor), "--yes"),
+    ):
+        refused_in_one_line(result, f"{adaptor}:{line}: block generic.replica-copy:toytrain.state._EMA_GRAD_NORM "
+                                    f"(lines {line}-{end}) runs across the boundary of recv_rank_repair() (line {recv})")
+        assert (sorted(tmp_path.iterdir()), adaptor.read_bytes()) == before
+
+
+def sentinel(*args: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "sentinel", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=environment, timeout=120, stdin=subprocess.DEVNULL)
 
 
 # --- the dry run's patch -------------------------------------------------------------------------------
@@ -318,7 +352,7 @@ def test_a_module_named_like_a_name_the_block_needs_is_bound_under_another_and_t
     if module == "state":
         assert "    from team import state\n" in text and 'getattr(state, "_TEAM_BUFFER", None)' in text
     else:
-        assert f"    import team.{module} as team_{module}\n" in text
+        assert f"    from team import {module} as team_{module}\n" in text  # the rule's form, under a free name
         assert f'getattr(team_{module}, "_TEAM_BUFFER", None)' in text
     program = (f"import sys, torch\nsys.path.insert(0, {str(tmp_path / 'src')!r})\n" + text +
                f"import team.{module}\nteam.{module}._TEAM_BUFFER.fill_(7)\nfeature_rollback()\n"
@@ -336,23 +370,36 @@ def test_names_that_python_reads_as_other_names_are_not_safe(name):
 # --- encodings -------------------------------------------------------------------------------------------
 
 
+def fixed_then_reverted(tmp_path: Path, data: bytes) -> bytes:
+    """The adaptor `data` (valid Python) fixed through the CLI, then reverted to the same bytes: what the fix wrote."""
+    compile(data, "recovery.py", "exec")
+    adaptor = tmp_path / "recovery.py"
+    adaptor.write_bytes(data)
+    result = fix_ema(adaptor, "--yes")
+    assert result.returncode == 0, result.stderr
+    patched = adaptor.read_bytes()
+    compile(patched, "recovery.py", "exec")
+    assert run("--revert", "--adaptor", str(adaptor), "--yes").returncode == 0
+    assert adaptor.read_bytes() == data
+    return patched
+
+
 @pytest.mark.parametrize("encoding", ["cp932", "shift_jis"])
 def test_a_cp932_adaptor_is_fixed_and_reverted_in_its_own_encoding_and_line_endings(tmp_path, encoding):
     # ソ and 表 end in byte 0x5c (a backslash in ASCII): read as UTF-8 the string's quote is escaped
     text = f"# -*- coding: {encoding} -*-\n# 復旧アダプタ ソ表\n" + ORIGINAL.decode() + "\nMESSAGE = '回復 ソ表 能'\n"
-    data = text.replace("\n", "\r\n").encode(encoding)
-    compile(data, "recovery.py", "exec")
-    adaptor = tmp_path / "recovery.py"
-    adaptor.write_bytes(data)
-
-    result = fix_ema(adaptor, "--yes")
-
-    assert result.returncode == 0, result.stderr
-    patched = adaptor.read_bytes()
-    compile(patched, "recovery.py", "exec")
+    patched = fixed_then_reverted(tmp_path, text.replace("\n", "\r\n").encode(encoding))
     assert patched.count(b"\r\n") == patched.count(b"\n") and "'回復 ソ表 能'".encode(encoding) in patched
-    assert run("--revert", "--adaptor", str(adaptor), "--yes").returncode == 0
-    assert adaptor.read_bytes() == data
+
+
+@pytest.mark.parametrize("head", ["# -*- coding: latin-1 -*-\n", "#!/usr/bin/env python\n# coding: latin-1\n"])
+def test_an_adaptor_with_cr_only_line_endings_and_a_coding_line_is_fixed_and_reverted_byte_identical(tmp_path, head):
+    """Python reads a lone CR as a line end, the coding line's too: the file is valid Python, and its
+    block is written with CR endings."""
+    text = head + "# adaptateur de reprise, café\n" + ORIGINAL.decode() + "\nMESSAGE = 'déjà'\n"
+    patched = fixed_then_reverted(tmp_path, text.replace("\n", "\r").encode("latin-1"))
+    assert b"\n" not in patched and f"\r    {BEGIN}generic.replica-copy:".encode() in patched
+    assert "'déjà'".encode("latin-1") in patched
 
 
 # --- the outcome is the write's ---------------------------------------------------------------------------

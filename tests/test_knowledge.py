@@ -480,3 +480,65 @@ def test_a_backtracking_regex_cannot_hang_an_audit(tmp_path):
                             capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode in (0, 1) and "Traceback" not in result.stderr, result.stderr
     assert name in result.stdout
+
+
+# --- a value ending in a line feed (Python's `$` matches before one) ----------------------------------
+
+
+def schema_patterns(node) -> list[str]:
+    if isinstance(node, dict):
+        return [*([node["pattern"]] if isinstance(node.get("pattern"), str) else []),
+                *(pattern for value in node.values() for pattern in schema_patterns(value))]
+    return [pattern for value in node for pattern in schema_patterns(value)] if isinstance(node, list) else []
+
+
+def test_no_schema_pattern_takes_a_value_with_a_line_feed_after_one_it_takes():
+    """jsonschema searches with Python's `re`, whose `$` also matches before a final line feed."""
+    import json
+    import re
+
+    schema = json.loads((ROOT / "unsafe_doctor" / "knowledge" / "knowledge.schema.json").read_text())
+    patterns = schema_patterns(schema)
+    assert len(patterns) >= 7
+    for pattern in patterns:
+        taken = next(value for value in ("acme.loss-log", "acme", "1.2", "import torch", "_LOSS_LOG") if re.search(pattern, value))
+        assert re.search(pattern, taken + "\n") is None, pattern
+
+
+@pytest.mark.parametrize(("field", "old", "new"), [
+    ("rules.0.id", "id: acme.loss-log", 'id: "acme.loss-log\\n"'),
+    ("rules.0.match.variable", "variable: _LOSS_LOG", 'variable: "_LOSS_LOG\\n"'),
+    ("rules.0.fix.imports.0", '"from $parent import $alias"', '"from $parent import $alias\\n"'),
+    ("rules.0.framework.package", "    scenario: 1\n", '    framework: {package: "acme\\n", versions: ">=1"}\n    scenario: 1\n'),
+    ("rules.0.repair_with.0", "    scenario: 1\n", '    repair_with: ["acme.other\\n"]\n    scenario: 1\n'),
+])
+def test_rules_validate_refuses_a_value_that_ends_in_a_line_feed(tmp_path, field, old, new):
+    path = write(tmp_path, GOOD_RULE.replace(old, new))
+    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "rules", "validate", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert f": {field}: " in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_rule_id_ending_in_a_line_feed_is_refused_before_fix_writes_its_block(tmp_path):
+    """With the id taken, every `fix --yes` wrote the block again: its marker, read back, never held that id."""
+    rules = write(tmp_path, """\
+        rules:
+          - id: "team.ema\\n"
+            title: A rule whose id ends in a line feed
+            match: {variable: _EMA_GRAD_NORM}
+            scenario: 1
+            phase: rollback
+            fix:
+              code: |
+                _EMA_GRAD_NORM.zero_()
+            reason: Reset every step.
+        """)
+    adaptor = tmp_path / "adaptor.py"
+    adaptor.write_text("def feature_rollback():\n    return None\n")
+    command = [sys.executable, "-m", "unsafe_doctor", "fix", str(ROOT / "samples" / "logs" / "toytrain_ema"),
+               "--source-root", str(ROOT / "samples" / "framework"), "--adaptor", str(adaptor), "--rules", str(rules), "--yes"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and f"{rules}:2: rules.0.id: " in result.stderr, result.stderr
+    assert adaptor.read_text() == "def feature_rollback():\n    return None\n"

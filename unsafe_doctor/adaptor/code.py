@@ -10,7 +10,6 @@ itself. Blocks are read back between their `# unsafe-doctor: begin/end <key>` ma
 from __future__ import annotations
 
 import ast
-import io
 import tokenize
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -55,6 +54,17 @@ class AdaptorFunction:
 
 
 @dataclass(frozen=True)
+class Scope:
+    """A `def` or `class` statement's lines, and the comments after its body that are indented into
+    it: a block's end marker trails the body's last statement."""
+
+    name: str
+    function: bool  # a def; else a class
+    first: int  # 0-based index of its `def` or `class` line
+    last: int  # 0-based index of its last line, trailing comments indented into it included
+
+
+@dataclass(frozen=True)
 class AdaptorSource:
     path: Path
     shown: str
@@ -63,6 +73,7 @@ class AdaptorSource:
     newline: str
     lines: tuple[bytes, ...]  # with their line endings
     functions: tuple[AdaptorFunction, ...]
+    scopes: tuple[Scope, ...]  # every def and class, top to bottom: a block lies inside one function
 
     def encode(self, text: str) -> bytes:
         """Text for the middle of the file: a BOM belongs only at its start."""
@@ -145,16 +156,32 @@ def detached_site(name: str, parameters: Sequence[str]) -> Site:
 
 
 def _parsed_source(path: Path, data: bytes) -> AdaptorSource:
+    lines = tuple(data.splitlines(keepends=True))  # where Python ends lines: LF, CRLF and a lone CR
     try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        # the coding line looked for in the lines as Python counts them (a BytesIO splits at LF alone)
+        encoding, _ = tokenize.detect_encoding(iter(lines).__next__)
         text = data.decode(encoding)
         tree = ast.parse(text)
     except (SyntaxError, ValueError, UnicodeDecodeError, LookupError, RecursionError, MemoryError) as error:
         raise UsageError(f"adaptor {path} is not valid Python: {str(error).splitlines()[0]}") from None
-    lines = tuple(data.splitlines(keepends=True))
     text_lines = [line.decode(encoding) for line in lines]
     functions = tuple(_describe(node, text_lines, path) for node in _functions(tree))
-    return AdaptorSource(path, str(path), data, encoding, _newline(lines), lines, functions)
+    scopes = tuple(_scope(node, text_lines) for node in ast.walk(tree) if isinstance(node, SCOPES))
+    return AdaptorSource(path, str(path), data, encoding, _newline(lines), lines, functions,
+                         tuple(sorted(scopes, key=lambda scope: scope.first)))
+
+
+def _scope(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef, text_lines: list[str]) -> Scope:
+    depth = len(_indent(text_lines[node.lineno - 1]))
+    last = (node.end_lineno or node.lineno) - 1
+    for index in range(last + 1, len(text_lines)):
+        line = text_lines[index]
+        if not line.strip():
+            continue
+        if not line.lstrip().startswith("#") or len(_indent(line)) <= depth:
+            break
+        last = index
+    return Scope(node.name, not isinstance(node, ast.ClassDef), node.lineno - 1, last)
 
 
 def _newline(lines: Sequence[bytes]) -> str:
@@ -323,12 +350,35 @@ def block_spans(source: AdaptorSource) -> list[BlockSpan]:
             if marker.key != open_key:
                 raise UsageError(f"{where}: end marker of block {marker.key} inside block {open_key} (line {opened + 1}): "
                                  "mend the markers by hand")
+            _check_inside_one_function(source, marker.key, opened, marker.line)
             spans.append(BlockSpan(marker.key, opened, marker.line))
             open_key = None
     if open_key is not None:
         raise UsageError(f"{source.shown}:{opened + 1}: block {open_key} has no end marker ({MARKER_END}{open_key}): "
                          "mend the markers by hand")
     return spans
+
+
+def _check_inside_one_function(source: AdaptorSource, key: str, begin: int, end: int) -> None:
+    """Refuses a begin and an end marker that pair up across a `def` or `class` line: a block is
+    written inside one function's body, and markers lost on both sides of a boundary (the send
+    block's end, the receive block's begin of the same key) must not take the code between out."""
+    where = f"{source.shown}:{begin + 1}: block {key} (lines {begin + 1}-{end + 1})"
+    holder = _innermost_scope(source, begin)
+    if holder is None or not holder.function:
+        raise UsageError(f"{where} is outside any function: mend the markers by hand")
+    if _innermost_scope(source, end) != holder:
+        starts = [scope for scope in source.scopes if begin < scope.first <= end]
+        crossed = starts[0] if starts else holder  # a def or class that starts between, else the one that ends there
+        kind = f"{crossed.name}()" if crossed.function else f"class {crossed.name}"
+        raise UsageError(f"{where} runs across the boundary of {kind} (line {crossed.first + 1}): its markers belong "
+                         "to different blocks; mend the markers by hand")
+
+
+def _innermost_scope(source: AdaptorSource, line: int) -> Scope | None:
+    """The innermost def or class whose lines hold `line` (0-based)."""
+    holders = [scope for scope in source.scopes if scope.first <= line <= scope.last]
+    return max(holders, key=lambda scope: scope.first, default=None)
 
 
 def without_blocks(

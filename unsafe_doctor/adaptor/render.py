@@ -68,7 +68,7 @@ def render(
     if scenario == 2:
         code = "\n".join(_rank_loop(code.rstrip("\n").split("\n"), site, profile)) + "\n"
     code, needed = _from_file(code, needed, site)
-    code, import_lines = _imports(code, needed, site)
+    code, import_lines = _imports(code, needed, _from_imported(imports), site)
     code = _own_locals(code, site, set(needed) | _names_outside(site, profile))
     lines = [*import_lines, *code.rstrip("\n").split("\n")]
     return Rendered(lines, tuple(notes), own_group)
@@ -93,6 +93,14 @@ def _needed(imports: Iterable[str]) -> dict[str, str]:
         else:
             needed.update({name: imported.target for name, imported in import_bindings(statement, None).items()})
     return needed
+
+
+def _from_imported(imports: Iterable[str]) -> frozenset[str]:
+    """The names a template binds with `from M import NAME`: written back in that form, as `NAME`
+    may be a variable of M, which `import M.NAME` cannot import."""
+    statements = (ast.parse(line).body[0] for line in imports)
+    return frozenset(alias.asname or alias.name for statement in statements if isinstance(statement, ast.ImportFrom)
+                     for alias in statement.names)
 
 
 def _is_group_import(name: str, target: str, profile: AdaptorProfile) -> bool:
@@ -231,19 +239,20 @@ def _from_file(code: str, needed: dict[str, str], site: Site) -> tuple[str, dict
     return code, {name: target for name, target in needed.items() if name in read and bound(target) is None}
 
 
-def _imports(code: str, needed: dict[str, str], site: Site) -> tuple[str, list[str]]:
-    """An import line for each name the file does not bind; one the function reads or keeps otherwise is
-    imported under another name (`as torch_`), since an import in a function binds a local."""
+def _imports(code: str, needed: dict[str, str], from_imported: frozenset[str], site: Site) -> tuple[str, list[str]]:
+    """An import line for each name the file does not bind, in the template's form (`from M import
+    NAME` or `import M`); one the function reads or keeps otherwise is imported under another name
+    (`as torch_`), since an import in a function binds a local."""
     lines, renamed = [], {}
     for name, target in needed.items():
         alias = _free_name(name, site) if name in site.names.assigned or name in site.names.kept else name
         module, _, last = target.rpartition(".")
         if alias != name:
             renamed[name] = alias
-        if name == target.split(".")[0] and ("." not in target or alias == name):
+        if name in from_imported and module:
+            lines.append(f"from {module} import {last}" + (f" as {alias}" if alias != last else ""))
+        elif name == target.split(".")[0] and ("." not in target or alias == name):
             lines.append(f"import {target}" + (f" as {alias}" if alias != name else ""))
-        elif module and last == name:
-            lines.append(f"from {module} import {last}" + (f" as {alias}" if alias != name else ""))
         else:
             lines.append(f"import {target} as {alias}")
     return _rename(code, renamed), lines

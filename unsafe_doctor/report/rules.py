@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from rich.console import Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
@@ -49,18 +49,44 @@ def template_json(template: Template) -> dict[str, Any]:
     }
 
 
-def rules_table(knowledge: KnowledgeBase) -> Table:
-    """id, scenario and versions on one line, the title under the id: readable in 80 columns."""
-    table = Table(box=None, header_style="bold")
-    table.add_column("rule", ratio=1, overflow="ellipsis")
-    table.add_column("scenario", justify="center")
-    table.add_column("versions", no_wrap=True)
-    entries: list[Rule | Template] = [*knowledge.rules, *knowledge.templates]
-    for rule in sorted(entries, key=lambda entry: entry.id):
-        versions = f"{rule.framework} {rule.versions}" if isinstance(rule, Rule) and rule.framework else "any"
-        described = Padding(Text(printable(rule.title), style="dim"), (0, 0, 0, 2))  # wrapped lines indented too
-        table.add_row(Group(Text(printable(rule.id), style="bold"), described), str(rule.scenario), Text(printable(versions)))
-    return table
+def rules_table(knowledge: KnowledgeBase) -> RulesTable:
+    entries: list[Rule | Template] = sorted([*knowledge.rules, *knowledge.templates], key=lambda entry: entry.id)
+    return RulesTable(tuple(
+        (printable(entry.id), str(entry.scenario),
+         printable(f"{entry.framework} {entry.versions}" if isinstance(entry, Rule) and entry.framework else "any"),
+         printable(entry.title))
+        for entry in entries
+    ))
+
+
+@dataclass(frozen=True)
+class RulesTable:
+    """Each rule's id, scenario and versions on one line, aligned down the list, its title under it
+    across the whole width. An id is what `rules show` takes: its column is as wide as the longest,
+    and only where the terminal has no room for that are ids folded (never cut)."""
+
+    rows: tuple[tuple[str, str, str, str], ...]  # id, scenario, versions, title
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        versions = max(len(row[2]) for row in (*self.rows, ("", "", "versions", "")))
+        room = options.max_width - len("scenario") - 4  # the id's and the versions' columns, two gaps of 2 out
+        width = max(min(max(len(row[0]) for row in self.rows), room - min(versions, _VERSIONS_KEPT)), 1)
+
+        def line(rule: Text, scenario: Text, versions: Text) -> Table:
+            table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=False)
+            table.add_column(width=width, overflow="fold")
+            table.add_column(width=len("scenario"), justify="center")
+            table.add_column(overflow="fold")
+            table.add_row(rule, scenario, versions)
+            return table
+
+        yield line(*(Text(label, style="bold") for label in ("rule", "scenario", "versions")))
+        for identifier, scenario, framework, described in self.rows:
+            yield line(Text(identifier, style="bold"), Text(scenario), Text(framework))
+            yield Padding(Text(described, style="dim"), (0, 0, 0, 2), expand=False)  # wrapped lines indented too
+
+
+_VERSIONS_KEPT = 16  # columns the versions keep beside a long id ("megatron-core" and a range on the next line)
 
 
 def rule_panel(rule: Rule | Template, knowledge: KnowledgeBase) -> Group:
