@@ -350,6 +350,9 @@ def test_the_stale_resets_and_the_suspects_reason_with_the_same_release():
     release = said.split(" (")[0]
     assert release == "megatron-core 0.12.1"
     assert stale["why"].startswith(f"{release} (the release the mindspeed-llm-26 adaptor runs with) has no ")
+    text = report_at(400, str(ONE_SUSPECT), "--adaptor", str(rollback)).stdout
+    (summary,) = [line for line in text.splitlines() if line.startswith("1 finding")]
+    assert f" · {release} (the release the mindspeed-llm-26 adaptor runs with) · " in summary  # not the installed one
 
 
 @pytest.mark.parametrize("columns", [80, 100, 120])

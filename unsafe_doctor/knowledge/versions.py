@@ -86,7 +86,7 @@ class Environment:
         generation = self.generation
         paired = generation.pairs_with if generation is not None else {}
         found: dict[str, tuple[tuple[Version, ...], str]] = {}
-        for framework in {*self.versions, *paired}:
+        for framework in dict.fromkeys([*self.versions, *paired]):  # in a fixed order: a report lists them
             version = self.versions.get(framework)
             pairs = paired.get(framework, ())
             installed_elsewhere = self.origins.get(framework) == "installed" and pairs and version not in pairs

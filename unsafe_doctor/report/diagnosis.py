@@ -582,14 +582,31 @@ def _summary(diagnosis: Diagnosis, elapsed: float) -> Text:
         pieces.append(f"{counted(len(diagnosis.ranks_seen), 'rank')} seen")
     if diagnosis.first_failed_rank is not None:
         pieces.append(f"first failure: rank {diagnosis.first_failed_rank}")
-    releases = diagnosis.context.workspace.releases
-    for name, version in diagnosis.context.environment.versions.items():
-        pieces.append(releases[name].describe() if name in releases else f"{name} {version}")
+    pieces += _releases(diagnosis)
     if diagnosis.hits_not_parsed:
         pieces.append(f"{counted(diagnosis.hits_not_parsed, 'more unsafe-data message')} counted, not parsed")
     pieces.append(f"{counted(len(diagnosis.inputs), 'input')}, {_size(size)}")
     pieces.append(f"{elapsed:.2f} s")
     return Text(printable(" · ".join(pieces)), style="bold")
+
+
+def _releases(diagnosis: Diagnosis) -> list[str]:
+    """The releases the report reasons with (the suspects and stale resets too), each with how it
+    is known: the log's frames, the adaptor generation's pairing, or only this machine's install."""
+    fingerprinted = diagnosis.context.workspace.releases
+    environment = diagnosis.context.environment
+    pieces = []
+    for name, (versions, origin) in environment.job_releases().items():
+        if name in fingerprinted:
+            pieces.append(fingerprinted[name].describe())
+            continue
+        shown = f"{name} {', '.join(map(str, versions))}"
+        if origin == "installed":
+            shown += " (installed here)"
+        elif origin != environment.origins.get(name):  # not read anywhere: the generation's pairing
+            shown += f" ({origin})"
+        pieces.append(shown)
+    return pieces
 
 
 def _findings_count(diagnosis: Diagnosis) -> str:
