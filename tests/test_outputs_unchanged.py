@@ -26,7 +26,7 @@ CORPUS = Path("tests") / "corpus"
 sys.path.insert(0, str(ROOT / CORPUS))
 from scoring import load_entries  # noqa: E402  (tests/corpus is no package)
 
-_WALL_TIME = re.compile(r"\b\d+(?:\.\d+)? s\b")
+_WALL_TIME = re.compile(r"\b\d+(?:\.\d+)?[ \n]+s\b")  # the summary may wrap before its unit
 _JSON_SECONDS = re.compile(r'("\w*seconds\w*": )[\d.e-]+')
 
 
