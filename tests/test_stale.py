@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -95,6 +96,46 @@ def test_a_generation_that_runs_with_other_releases_is_checked_against_those_rel
     assert reset.why == (
         f"megatron-core 0.8.0 and 0.12.1 (the releases the mindio-ttp-legacy adaptor runs with) have no {TRACKER} "
         "in megatron.core.parallel_state"
+    )
+
+
+def legacy_adaptor_with(tmp_path: Path, imports: str, statements: str) -> Path:
+    """A copy of the legacy adaptor (its generation runs with megatron-core 0.6.0 to 0.12.1) whose
+    rollback function also runs `statements` first."""
+    shutil.copytree(ADAPTORS / "legacy", tmp_path / "legacy")
+    adaptor = tmp_path / "legacy" / LEGACY.relative_to(ADAPTORS / "legacy")
+    text = adaptor.read_text().replace("from megatron.core import mpu\n", f"from megatron.core import mpu\n{imports}")
+    adaptor.write_text(
+        text.replace("def feature_rollback():\n", "def feature_rollback():\n" + textwrap.indent(statements, "    "))
+    )
+    return adaptor
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="the stale check reads an installed megatron-core")
+def test_a_rebinding_is_flagged_when_the_job_ran_other_releases_that_define_the_name(tmp_path):
+    """Issue 36: the index holds trtllm_layers in 0.12.1 only, with the list defined; the installed
+    megatron-core imports it by name elsewhere, so rebinding it still splits the two."""
+    adaptor = legacy_adaptor_with(
+        tmp_path, "from megatron.core.export.trtllm import trtllm_layers\n", "trtllm_layers.NON_TRANSFORMER_LAYERS_NAMES = []\n"
+    )
+    [reset] = [reset for reset in resets(adaptor, paired=True) if reset.symbol == "NON_TRANSFORMER_LAYERS_NAMES"]
+    assert (reset.kind, reset.module) == ("rebinding", "megatron.core.export.trtllm.trtllm_layers")
+    assert reset.why.endswith("empty it in place with trtllm_layers.NON_TRANSFORMER_LAYERS_NAMES.clear()")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="the stale check reads an installed megatron-core")
+def test_releases_whose_module_the_index_lacks_are_named_unchecked_not_counted_as_defining(tmp_path):
+    """Issue 36: num_microbatches_calculator is in megatron-core from 0.8.0 on: the index holds it in
+    0.8.0 and 0.12.1, which both lack the name; 0.6.0 and 0.7.0 were not compared, not 'fine'."""
+    adaptor = legacy_adaptor_with(
+        tmp_path,
+        "from megatron.core import num_microbatches_calculator\n",
+        "num_microbatches_calculator._GLOBAL_NUM_MICROBATCHES = None\n",
+    )
+    [reset] = [reset for reset in resets(adaptor, paired=True) if reset.symbol == "_GLOBAL_NUM_MICROBATCHES"]
+    assert reset.why == (
+        "megatron-core 0.8.0 or 0.12.1 (the releases the mindio-ttp-legacy adaptor runs with) has no _GLOBAL_NUM_MICROBATCHES "
+        "in megatron.core.num_microbatches_calculator; not checked on 0.6.0 and 0.7.0 (the index does not hold the module there)"
     )
 
 

@@ -149,18 +149,11 @@ class _Checker:
             return None  # `pkg.sub.X`: `sub` may be a submodule this tree lacks, not a stale name
         ran = self._releases_run(module)
         if ran is not None:  # the job ran other releases than this machine's: their modules, from the index
-            distribution, releases, why = ran
-            held = {release: self.workspace.module_source_at(module, distribution, str(release)) for release in releases}
-            lacking = [str(release) for release, source in held.items() if source is not None and not _defines(source, symbol)]
-            if not lacking:
-                return None  # every release that can be compared (the index holds it) defines it
-            some = len(lacking) < len(releases)  # the others define it: the reset is stale on these only
-            verb = "have" if some and len(lacking) > 1 else "has"
-            listed = (" and " if some else " or ").join(lacking)
-            why = f"{distribution} {listed} ({why}) {verb} no {symbol} in {module}"
-            return self._stale(statement, symbol, module, "missing", why)
-        if not _defines(holder, symbol):
-            return self._stale(statement, symbol, module, "missing", self._missing_why(holder, module, symbol))
+            missing = self._missing_in_releases(module, symbol, *ran)
+        else:
+            missing = None if _defines(holder, symbol) else self._missing_why(holder, module, symbol)
+        if missing is not None:
+            return self._stale(statement, symbol, module, "missing", missing)
         if rebinds and not rest and is_empty_container(target.value):
             importer = self._importer(holder, module, symbol)
             if importer is not None:
@@ -185,6 +178,26 @@ class _Checker:
         if distribution is None or ran is None or ran[1] == self.environment.origins.get(distribution):
             return None
         return distribution, ran[0], ran[1]
+
+    def _missing_in_releases(
+        self, module: str, symbol: str, distribution: str, releases: tuple[Version, ...], why: str
+    ) -> str | None:
+        """Why the reset is stale on the releases the job ran (their modules, from the shipped index),
+        or None when every one the index holds defines the name; those it does not hold are named
+        unchecked, never counted as defining it."""
+        held = {str(release): self.workspace.module_source_at(module, distribution, str(release)) for release in releases}
+        compared = {release: source for release, source in held.items() if source is not None}
+        lacking = [release for release, source in compared.items() if not _defines(source, symbol)]
+        if not lacking:
+            return None
+        some = len(lacking) < len(compared)  # the others define it: the reset is stale on these only
+        verb = "have" if some and len(lacking) > 1 else "has"
+        listed = (" and " if some else " or ").join(lacking)
+        unchecked = [release for release in held if release not in compared]
+        not_checked = (
+            f"; not checked on {' and '.join(unchecked)} (the index does not hold the module there)" if unchecked else ""
+        )
+        return f"{distribution} {listed} ({why}) {verb} no {symbol} in {module}{not_checked}"
 
     def _missing_why(self, holder: SourceFile, module: str, symbol: str) -> str:
         distribution = _distribution(module)
