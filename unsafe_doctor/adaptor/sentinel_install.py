@@ -6,16 +6,17 @@ in mode report:
 
     # unsafe-doctor: begin unsafe_doctor.sentinel
     # <what it does>
-    try:  # <why: the rollback never fails because of this block>
+    try:  # <why: unsafe-doctor missing or broken never fails the rollback>
         from unsafe_doctor.sentinel import check as _ud_sentinel_check
         from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks
         _ud_keep_tracebacks()  # MindIO logs the next unsafe-data error with its traceback
         _ud_sentinel_check(train_args, mode="report")
     except Exception as _ud_error:
-        import logging as _ud_logging, os as _ud_os
-        _ud_log = _ud_logging.getLogger("unsafe_doctor.sentinel")
-        _ud_log.warning("[unsafe-doctor sentinel] rank %s: failed, the rollback goes on: %r",
-                        _ud_os.getenv("RANK", "?"), _ud_error)
+        import logging as _ud_logging
+        import os as _ud_os
+        _ud_logging.getLogger("unsafe_doctor.sentinel").warning(
+            "[unsafe-doctor sentinel] rank %s: failed, the rollback goes on: %r",
+            _ud_os.getenv("RANK", "?"), _ud_error)
     # unsafe-doctor: end unsafe_doctor.sentinel
 
 It runs in the training process, where unsafe-doctor may not be installed (`needs`): nothing it
@@ -64,7 +65,7 @@ IMPORTS = (
     "from unsafe_doctor.sentinel import check as _ud_sentinel_check",
     "from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks",
 )
-GUARD_COMMENT = "never fails the rollback: where it cannot run, one line says why"
+GUARD_COMMENT = "unsafe-doctor missing or broken never fails the rollback: one line says why"
 GUARDED: tuple[Mode, ...] = ("report", "heal")  # the modes whose block never fails the rollback because of itself
 HEAL_STOPS = "tensors heal left unsafe: stop the recovery, as mode heal asks"
 LOGGER = "unsafe_doctor.sentinel"  # the sentinel's own logger (`logging.getLogger(__name__)` there)
@@ -100,15 +101,18 @@ class SentinelRequest:
         code = [*IMPORTS, f"_ud_keep_tracebacks()  # {KEEPER_COMMENT}", f"_ud_sentinel_check({arguments})"]
         if self.mode in GUARDED:
             stop = ['if type(_ud_error).__name__ == "UnsafeStateError":', INDENT + f"raise  # {HEAL_STOPS}"]
+            log = [
+                "import logging as _ud_logging",
+                "import os as _ud_os",
+                f'_ud_logging.getLogger("{LOGGER}").warning(',
+                INDENT + f'"{FAILED_LINE}",',
+                INDENT + '_ud_os.getenv("RANK", "?"), _ud_error)',
+            ]
             code = [
                 f"try:  # {GUARD_COMMENT}",
                 *(INDENT + line for line in code),
                 "except Exception as _ud_error:",
-                *(INDENT + line for line in (stop if self.mode == "heal" else [])),
-                INDENT + "import logging as _ud_logging, os as _ud_os",
-                INDENT + f'_ud_log = _ud_logging.getLogger("{LOGGER}")',
-                INDENT + f'_ud_log.warning("{FAILED_LINE}",',
-                INDENT * 5 + '_ud_os.getenv("RANK", "?"), _ud_error)',
+                *(INDENT + line for line in [*(stop if self.mode == "heal" else []), *log]),
             ]
         comment = f"last in the rollback: name every unsafe tensor, then {WHAT[self.mode]}"
         return marked_block(self.key, comment, code, function), notes
