@@ -600,6 +600,15 @@ def test_each_modes_block_is_short_one_import_a_line_and_binds_only_its_imports_
         assert bound == {"_ud_sentinel_check", "_ud_keep_tracebacks", *logging}, mode
 
 
+def test_what_the_image_needs_follows_from_the_mode():
+    from unsafe_doctor.report.sentinel import needs_line
+
+    logged, raised = needs_line("report"), needs_line("raise")
+    assert needs_line("heal") == logged != raised
+    assert all(f"unsafe-doctor=={__version__} " in line for line in (logged, raised))
+    assert "the block logs one line and the rollback goes on" in logged and "the rollback raises there" in raised
+
+
 def test_install_says_what_the_training_image_needs(tmp_path):
     adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
     where = f"the training image needs unsafe-doctor=={__version__} importable in every rank's Python: where it is not, "

@@ -19,8 +19,9 @@ in mode report:
             _ud_os.getenv("RANK", "?"), _ud_error)
     # unsafe-doctor: end unsafe_doctor.sentinel
 
-It runs in the training process, where unsafe-doctor may not be installed (`needs`): nothing it
-imports or calls can fail the rollback; one log line, which `diagnose` reads
+It runs in the training process, where unsafe-doctor may not be installed (`sentinel install` says
+what the image needs: `report.sentinel.needs_line`): in the modes `log.sentinel_lines.GUARDED`,
+nothing it imports or calls can fail the rollback; one log line, which `diagnose` reads
 (`log.sentinel_lines.FAILED_LINE`), says on which rank it did not check and why, and the recovery
 goes on. Mode heal writes the same block, and lets through the one error it was asked to raise:
 `UnsafeStateError`, for tensors it could not heal (named, not imported: where the package is missing
@@ -49,15 +50,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-from unsafe_doctor import __version__
 from unsafe_doctor.adaptor.code import INDENT, Role, Site, adaptor_files, block_spans, enclosing_function, read_source
 from unsafe_doctor.adaptor.fix import Plan, marked_block, plan_blocks
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import AdaptorProfile, map_parameters, role_parameter
 from unsafe_doctor.knowledge.versions import Environment
-from unsafe_doctor.log.sentinel_lines import FAILED_LINE, MODES, Mode
+from unsafe_doctor.log.sentinel_lines import FAILED_LINE, GUARDED, MODES, Mode
 from unsafe_doctor.source.markers import SENTINEL_KEY
 
 # under names of their own, which nothing else in a function reads
@@ -66,7 +65,6 @@ IMPORTS = (
     "from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks",
 )
 GUARD_COMMENT = "unsafe-doctor missing or broken never fails the rollback: one line says why"
-GUARDED: tuple[Mode, ...] = ("report", "heal")  # the modes whose block never fails the rollback because of itself
 HEAL_STOPS = "tensors heal left unsafe: stop the recovery, as mode heal asks"
 LOGGER = "unsafe_doctor.sentinel"  # the sentinel's own logger (`logging.getLogger(__name__)` there)
 KEEPER_COMMENT = "MindIO logs the next unsafe-data error with its traceback"
@@ -116,19 +114,6 @@ class SentinelRequest:
             ]
         comment = f"last in the rollback: name every unsafe tensor, then {WHAT[self.mode]}"
         return marked_block(self.key, comment, code, function), notes
-
-
-@dataclass(frozen=True)
-class Needs:
-    """What the training image needs for the block: unsafe-doctor, this version, importable in every
-    rank's Python; and what the block does on a rank where it is not."""
-
-    version: str
-    missing: Literal["logged", "raised"]  # one log line and the rollback goes on (report, heal), or the rollback raises
-
-
-def needs(mode: Mode) -> Needs:
-    return Needs(__version__, "logged" if mode in GUARDED else "raised")
 
 
 def plan_sentinel(
