@@ -99,14 +99,15 @@ def expected_block(indent: str, arguments: str, what: str = "go on", unit: str =
         stop = ['if type(_ud_error).__name__ == "UnsafeStateError":',
                 unit + "raise  # tensors heal left unsafe: stop the recovery, as mode heal asks"]
         calls = [
-            "try:  # never fails the rollback: where it cannot run, one line says why",
+            "try:  # unsafe-doctor missing or broken never fails the rollback: one line says why",
             *(unit + line for line in calls),
             "except Exception as _ud_error:",
             *(unit + line for line in (stop if 'mode="heal"' in arguments else [])),
-            unit + "import logging as _ud_logging, os as _ud_os",
-            unit + '_ud_log = _ud_logging.getLogger("unsafe_doctor.sentinel")',
-            unit + '_ud_log.warning("[unsafe-doctor sentinel] rank %s: failed, the rollback goes on: %r",',
-            unit * 5 + '_ud_os.getenv("RANK", "?"), _ud_error)',
+            unit + "import logging as _ud_logging",
+            unit + "import os as _ud_os",
+            unit + '_ud_logging.getLogger("unsafe_doctor.sentinel").warning(',
+            unit * 2 + '"[unsafe-doctor sentinel] rank %s: failed, the rollback goes on: %r",',
+            unit * 2 + '_ud_os.getenv("RANK", "?"), _ud_error)',
         ]
     return [
         f"{indent}# unsafe-doctor: begin {SENTINEL_KEY}",
@@ -582,6 +583,32 @@ def test_the_line_goes_to_the_sentinels_own_logger():
     assert logger.name == LOGGER
 
 
+def test_each_modes_block_is_short_one_import_a_line_and_binds_only_its_imports_and_error(tmp_path):
+    """What the adaptor's maintainer reads: lines within 100 columns, one module per import, and no
+    local beyond the names imported and the error caught."""
+    adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
+    for mode in MODES:
+        lines = added_lines(sentinel_plan(adaptor, mode, functions="rollback=rollback_callback"))
+        assert max(len(line) for line in lines) <= 100, mode
+        block = ast.parse(textwrap.dedent("\n".join(lines)))
+        assert all(len(node.names) == 1 for node in ast.walk(block) if isinstance(node, ast.Import)), mode
+        bound = {node.id for node in ast.walk(block) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+        bound |= {alias.asname for node in ast.walk(block) if isinstance(node, ast.Import | ast.ImportFrom)
+                  for alias in node.names}
+        bound |= {node.name for node in ast.walk(block) if isinstance(node, ast.ExceptHandler) and node.name}
+        logging = {"_ud_error", "_ud_logging", "_ud_os"} if mode != "raise" else set()
+        assert bound == {"_ud_sentinel_check", "_ud_keep_tracebacks", *logging}, mode
+
+
+def test_what_the_image_needs_follows_from_the_mode():
+    from unsafe_doctor.report.sentinel import needs_line
+
+    logged, raised = needs_line("report"), needs_line("raise")
+    assert needs_line("heal") == logged != raised
+    assert all(f"unsafe-doctor=={__version__} " in line for line in (logged, raised))
+    assert "the block logs one line and the rollback goes on" in logged and "the rollback raises there" in raised
+
+
 def test_install_says_what_the_training_image_needs(tmp_path):
     adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
     where = f"the training image needs unsafe-doctor=={__version__} importable in every rank's Python: where it is not, "
@@ -607,7 +634,7 @@ def test_an_unguarded_block_of_an_earlier_install_is_named_with_the_way_to_guard
     adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
     apply(sentinel_plan(adaptor, mode))
     guarded = adaptor.read_text()
-    start, end = guarded.index("    try:  # never"), guarded.index("    # unsafe-doctor: end")
+    start, end = guarded.index("    try:  # unsafe-doctor"), guarded.index("    # unsafe-doctor: end")
     earlier = [line.removeprefix("    ") for line in guarded[start:end].splitlines(keepends=True)[1:5]]
     adaptor.write_text(guarded[:start] + "".join(earlier) + guarded[end:])  # as installs before issue 36 wrote it
     compile(adaptor.read_text(), str(adaptor), "exec")

@@ -6,20 +6,22 @@ in mode report:
 
     # unsafe-doctor: begin unsafe_doctor.sentinel
     # <what it does>
-    try:  # <why: the rollback never fails because of this block>
+    try:  # <why: unsafe-doctor missing or broken never fails the rollback>
         from unsafe_doctor.sentinel import check as _ud_sentinel_check
         from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks
         _ud_keep_tracebacks()  # MindIO logs the next unsafe-data error with its traceback
         _ud_sentinel_check(train_args, mode="report")
     except Exception as _ud_error:
-        import logging as _ud_logging, os as _ud_os
-        _ud_log = _ud_logging.getLogger("unsafe_doctor.sentinel")
-        _ud_log.warning("[unsafe-doctor sentinel] rank %s: failed, the rollback goes on: %r",
-                        _ud_os.getenv("RANK", "?"), _ud_error)
+        import logging as _ud_logging
+        import os as _ud_os
+        _ud_logging.getLogger("unsafe_doctor.sentinel").warning(
+            "[unsafe-doctor sentinel] rank %s: failed, the rollback goes on: %r",
+            _ud_os.getenv("RANK", "?"), _ud_error)
     # unsafe-doctor: end unsafe_doctor.sentinel
 
-It runs in the training process, where unsafe-doctor may not be installed (`needs`): nothing it
-imports or calls can fail the rollback; one log line, which `diagnose` reads
+It runs in the training process, where unsafe-doctor may not be installed (`sentinel install` says
+what the image needs: `report.sentinel.needs_line`): in the modes `log.sentinel_lines.GUARDED`,
+nothing it imports or calls can fail the rollback; one log line, which `diagnose` reads
 (`log.sentinel_lines.FAILED_LINE`), says on which rank it did not check and why, and the recovery
 goes on. Mode heal writes the same block, and lets through the one error it was asked to raise:
 `UnsafeStateError`, for tensors it could not heal (named, not imported: where the package is missing
@@ -48,15 +50,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-from unsafe_doctor import __version__
 from unsafe_doctor.adaptor.code import INDENT, Role, Site, adaptor_files, block_spans, enclosing_function, read_source
 from unsafe_doctor.adaptor.fix import Plan, marked_block, plan_blocks
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import AdaptorProfile, map_parameters, role_parameter
 from unsafe_doctor.knowledge.versions import Environment
-from unsafe_doctor.log.sentinel_lines import FAILED_LINE, MODES, Mode
+from unsafe_doctor.log.sentinel_lines import FAILED_LINE, GUARDED, MODES, Mode
 from unsafe_doctor.source.markers import SENTINEL_KEY
 
 # under names of their own, which nothing else in a function reads
@@ -64,8 +64,7 @@ IMPORTS = (
     "from unsafe_doctor.sentinel import check as _ud_sentinel_check",
     "from unsafe_doctor.sentinel.keeper import keep_tracebacks as _ud_keep_tracebacks",
 )
-GUARD_COMMENT = "never fails the rollback: where it cannot run, one line says why"
-GUARDED: tuple[Mode, ...] = ("report", "heal")  # the modes whose block never fails the rollback because of itself
+GUARD_COMMENT = "unsafe-doctor missing or broken never fails the rollback: one line says why"
 HEAL_STOPS = "tensors heal left unsafe: stop the recovery, as mode heal asks"
 LOGGER = "unsafe_doctor.sentinel"  # the sentinel's own logger (`logging.getLogger(__name__)` there)
 KEEPER_COMMENT = "MindIO logs the next unsafe-data error with its traceback"
@@ -100,31 +99,21 @@ class SentinelRequest:
         code = [*IMPORTS, f"_ud_keep_tracebacks()  # {KEEPER_COMMENT}", f"_ud_sentinel_check({arguments})"]
         if self.mode in GUARDED:
             stop = ['if type(_ud_error).__name__ == "UnsafeStateError":', INDENT + f"raise  # {HEAL_STOPS}"]
+            log = [
+                "import logging as _ud_logging",
+                "import os as _ud_os",
+                f'_ud_logging.getLogger("{LOGGER}").warning(',
+                INDENT + f'"{FAILED_LINE}",',
+                INDENT + '_ud_os.getenv("RANK", "?"), _ud_error)',
+            ]
             code = [
                 f"try:  # {GUARD_COMMENT}",
                 *(INDENT + line for line in code),
                 "except Exception as _ud_error:",
-                *(INDENT + line for line in (stop if self.mode == "heal" else [])),
-                INDENT + "import logging as _ud_logging, os as _ud_os",
-                INDENT + f'_ud_log = _ud_logging.getLogger("{LOGGER}")',
-                INDENT + f'_ud_log.warning("{FAILED_LINE}",',
-                INDENT * 5 + '_ud_os.getenv("RANK", "?"), _ud_error)',
+                *(INDENT + line for line in [*(stop if self.mode == "heal" else []), *log]),
             ]
         comment = f"last in the rollback: name every unsafe tensor, then {WHAT[self.mode]}"
         return marked_block(self.key, comment, code, function), notes
-
-
-@dataclass(frozen=True)
-class Needs:
-    """What the training image needs for the block: unsafe-doctor, this version, importable in every
-    rank's Python; and what the block does on a rank where it is not."""
-
-    version: str
-    missing: Literal["logged", "raised"]  # one log line and the rollback goes on (report, heal), or the rollback raises
-
-
-def needs(mode: Mode) -> Needs:
-    return Needs(__version__, "logged" if mode in GUARDED else "raised")
 
 
 def plan_sentinel(

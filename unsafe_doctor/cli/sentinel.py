@@ -61,7 +61,7 @@ def install(
     Exit 0: written, already there, or --dry-run; 1: not applied; 2: refused.
     """
     from unsafe_doctor.adaptor import fix as fixes
-    from unsafe_doctor.adaptor.sentinel_install import needs, plan_sentinel
+    from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
     from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
     from unsafe_doctor.knowledge.context import groundwork
     from unsafe_doctor.report import fix as fix_report
@@ -74,7 +74,6 @@ def install(
         plan = fixes.plan_revert(environment, sentinel=True)
     else:
         plan = plan_sentinel(environment, cast(Mode, mode), overrides, roles)
-    needed = needs(cast(Mode, mode)) if plan.edits and not revert else None
     text = output_format is Format.text
     interactive = text and not no_input and sys.stdout.isatty()
     say_adaptor(environment)
@@ -82,8 +81,8 @@ def install(
         print_diff(plan.diff())
         for line in fix_report.plan_lines(plan):
             say(line)
-        if needed is not None:
-            say(report.needs_line(needed))
+        if plan.edits and not revert:
+            say(report.needs_line(cast(Mode, mode)))
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
     if text:
         options = ["--revert"] if revert else ["--mode", mode]
@@ -94,7 +93,7 @@ def install(
         for line in fix_report.outcome(plan, written, dry_run, interactive, apply, done=done):
             say(line)
     else:
-        print_document(report.to_json(plan, written, dry_run, None if revert else cast(Mode, mode), needed), written)
+        print_document(report.to_json(plan, written, dry_run, None if revert else cast(Mode, mode)), written)
     return 0 if dry_run or not plan.edits or written else 1
 
 

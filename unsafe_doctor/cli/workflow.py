@@ -116,7 +116,7 @@ def _offer_suspect(
 
 def _offer_sentinel(diagnosis: Diagnosis, invocation: Invocation, adaptor: Path, terminal: prompts.Terminal) -> None:
     """The sentinel's block, shown as a diff, and written into the rollback when the person says so."""
-    from unsafe_doctor.adaptor.sentinel_install import needs, plan_sentinel
+    from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
     from unsafe_doctor.errors import UsageError
     from unsafe_doctor.report.sentinel import needs_line
 
@@ -126,7 +126,7 @@ def _offer_sentinel(diagnosis: Diagnosis, invocation: Invocation, adaptor: Path,
         say(f"no sentinel offered: {refused}")
         return
     if plan.edits:  # said before the question, as `sentinel install` says it
-        say(needs_line(needs("report")))
+        say(needs_line("report"))
     files = ", ".join(dict.fromkeys(printable(str(edit.path)) for edit in plan.edits))
     question = f"Install the sentinel into {files} (it names the exact tensor at the next fault)?"
     _offer_plan(plan, question, _install_sentinel(invocation, adaptor), terminal, yes=False)

@@ -3,13 +3,14 @@ what the training image needs; and that need in words."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from unsafe_doctor import __version__
+from unsafe_doctor.log.sentinel_lines import GUARDED
 from unsafe_doctor.report import fix
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Plan, Written
-    from unsafe_doctor.adaptor.sentinel_install import Needs
     from unsafe_doctor.log.sentinel_lines import Mode
 
 SCHEMA = "unsafe-doctor/sentinel-install/v1"
@@ -23,16 +24,21 @@ IF_MISSING = {
 }
 
 
-def to_json(plan: Plan, written: tuple[Written, ...], dry_run: bool, mode: Mode | None, needs: Needs | None) -> dict[str, Any]:
-    """`mode`: the one written; None for --revert. `needs`: the block's, where the plan writes one."""
+def to_json(plan: Plan, written: tuple[Written, ...], dry_run: bool, mode: Mode | None) -> dict[str, Any]:
+    """`mode`: the one written; None for --revert. The training image's need where the plan writes a block."""
     document = fix.to_json(plan, written, dry_run)
     del document["skipped"], document["already_reset"]  # a sentinel answers no finding
     training_image = None
-    if needs is not None:
-        training_image = {"needs": f"unsafe-doctor=={needs.version}", "where": WHERE, "if_missing": needs.missing}
+    if mode is not None and plan.edits:
+        training_image = {"needs": f"unsafe-doctor=={__version__}", "where": WHERE, "if_missing": _if_missing(mode)}
     return {**document, "schema": SCHEMA, "mode": mode, "training_image": training_image}
 
 
-def needs_line(needs: Needs) -> str:
-    """What the training image needs, and what the block does where it lacks it."""
-    return f"the training image needs unsafe-doctor=={needs.version} {WHERE}: {IF_MISSING[needs.missing]}"
+def needs_line(mode: Mode) -> str:
+    """What the training image needs for a block of `mode`, and what the block does where it lacks it."""
+    return f"the training image needs unsafe-doctor=={__version__} {WHERE}: {IF_MISSING[_if_missing(mode)]}"
+
+
+def _if_missing(mode: Mode) -> Literal["logged", "raised"]:
+    """One log line and the rollback goes on (the guarded modes), or the rollback raises."""
+    return "logged" if mode in GUARDED else "raised"
