@@ -114,3 +114,16 @@ def test_the_checks_see_an_upward_import_and_a_circle():
     }
     assert _upward(graph) == ["unsafe_doctor.log.lines -> unsafe_doctor.cli.main"]
     assert _circles(graph) == ["unsafe_doctor.knowledge.a -> unsafe_doctor.knowledge.b -> unsafe_doctor.knowledge.a"]
+
+
+
+def test_no_module_imports_a_private_module_of_rich():
+    """rich's private modules (rich._wrap) may change in any release the pins allow (rich>=13)."""
+    private = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                private += [f"{name} imports {alias.name}" for alias in node.names if alias.name.startswith("rich._")]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rich._"):
+                private.append(f"{name} imports {node.module}")
+    assert private == []

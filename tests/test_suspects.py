@@ -8,6 +8,7 @@ tests/corpus/ holds the same from real torchrun runs.
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import re
 import shutil
@@ -16,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+from rich.text import Text
 from terminal import at_terminal
 
 from unsafe_doctor.diagnose.pipeline import diagnose
@@ -23,6 +26,7 @@ from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.log import inputs, reading
 from unsafe_doctor.log.arguments import DUMP_MARKERS, read_arguments
 from unsafe_doctor.log.lines import split_lines
+from unsafe_doctor.report.common import Hanging
 from unsafe_doctor.report.diagnosis import to_json
 
 ROOT = Path(__file__).parents[1]
@@ -334,6 +338,19 @@ def test_a_suspects_wrapped_lines_start_under_the_text_they_continue(columns):
             assert indent == (label_at if label_at is not None else header_text), (entry, line)
             wrapped += label_at is not None
     assert wrapped  # some why or fix line did wrap at this width
+
+
+def test_a_wrapped_line_counts_terminal_cells_and_keeps_a_name_wider_than_the_room_whole():
+    """A wide character takes two cells; a dotted name that cannot fit stands whole on its own line."""
+    shown = []
+    for text in ("日志日志 模块模块 训练训练 适配器适配器 完成完成", "see megatron.core.transformer.moe.router_gate for it"):
+        console = Console(width=30, file=io.StringIO(), color_system=None)
+        console.print(Hanging("why: ", Text(text)), crop=False)
+        shown.append(console.file.getvalue().splitlines())
+    assert shown == [
+        ["why: 日志日志 模块模块", "     训练训练 适配器适配器", "     完成完成"],
+        ["why: see", "     megatron.core.transformer.moe.router_gate", "     for it"],
+    ]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="the stale check reads an installed megatron-core")

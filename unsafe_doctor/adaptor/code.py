@@ -44,7 +44,7 @@ class AdaptorFunction:
     name: str
     path: Path
     first_line: int  # 1-based, the `def` line
-    last_line: int
+    last_line: int  # 1-based, the comments after the body indented into it included: a block's end marker trails the body
     parameters: frozenset[str]
     indent: str  # the body's indentation
     unit: str  # one indentation level of this function
@@ -54,14 +54,12 @@ class AdaptorFunction:
 
 
 @dataclass(frozen=True)
-class Scope:
-    """A `def` or `class` statement's lines, and the comments after its body that are indented into
-    it: a block's end marker trails the body's last statement."""
+class AdaptorClass:
+    """A `class` statement's lines, counted as a function's are: a block never crosses one."""
 
     name: str
-    function: bool  # a def; else a class
-    first: int  # 0-based index of its `def` or `class` line
-    last: int  # 0-based index of its last line, trailing comments indented into it included
+    first_line: int  # 1-based, the `class` line
+    last_line: int  # 1-based, the comments after the body indented into it included
 
 
 @dataclass(frozen=True)
@@ -72,8 +70,13 @@ class AdaptorSource:
     encoding: str  # as Python reads the file: PEP 263 coding line, BOM (utf-8-sig), else utf-8
     newline: str
     lines: tuple[bytes, ...]  # with their line endings
-    functions: tuple[AdaptorFunction, ...]
-    scopes: tuple[Scope, ...]  # every def and class, top to bottom: a block lies inside one function
+    functions: tuple[AdaptorFunction, ...]  # top to bottom
+    classes: tuple[AdaptorClass, ...]  # top to bottom
+
+    @property
+    def scopes(self) -> tuple[AdaptorFunction | AdaptorClass, ...]:
+        """Every def and class: a block lies in one function's body and crosses no def or class line."""
+        return (*self.functions, *self.classes)
 
     def encode(self, text: str) -> bytes:
         """Text for the middle of the file: a BOM belongs only at its start."""
@@ -165,23 +168,27 @@ def _parsed_source(path: Path, data: bytes) -> AdaptorSource:
     except (SyntaxError, ValueError, UnicodeDecodeError, LookupError, RecursionError, MemoryError) as error:
         raise UsageError(f"adaptor {path} is not valid Python: {str(error).splitlines()[0]}") from None
     text_lines = [line.decode(encoding) for line in lines]
-    functions = tuple(_describe(node, text_lines, path) for node in _functions(tree))
-    scopes = tuple(_scope(node, text_lines) for node in ast.walk(tree) if isinstance(node, SCOPES))
-    return AdaptorSource(path, str(path), data, encoding, _newline(lines), lines, functions,
-                         tuple(sorted(scopes, key=lambda scope: scope.first)))
+    scopes = list(_scopes(tree))
+    functions = tuple(_describe(node, text_lines, path) for node in scopes if not isinstance(node, ast.ClassDef))
+    classes = tuple(
+        AdaptorClass(node.name, node.lineno, _last_line(node, text_lines)) for node in scopes if isinstance(node, ast.ClassDef)
+    )
+    return AdaptorSource(path, str(path), data, encoding, _newline(lines), lines, functions, classes)
 
 
-def _scope(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef, text_lines: list[str]) -> Scope:
+def _last_line(node: Function | ast.ClassDef, text_lines: list[str]) -> int:
+    """The 1-based last line of a def or class, with the comment lines after its body that are
+    indented deeper than its header: a block's end marker trails the body's last statement."""
     depth = len(_indent(text_lines[node.lineno - 1]))
-    last = (node.end_lineno or node.lineno) - 1
-    for index in range(last + 1, len(text_lines)):
+    last = node.end_lineno or node.lineno
+    for index in range(last, len(text_lines)):
         line = text_lines[index]
         if not line.strip():
             continue
         if not line.lstrip().startswith("#") or len(_indent(line)) <= depth:
             break
-        last = index
-    return Scope(node.name, not isinstance(node, ast.ClassDef), node.lineno - 1, last)
+        last = index + 1
+    return last
 
 
 def _newline(lines: Sequence[bytes]) -> str:
@@ -195,12 +202,12 @@ def _newline(lines: Sequence[bytes]) -> str:
 _TRY = (ast.Try, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))  # try/except* from Python 3.11
 
 
-def _functions(node: ast.AST) -> Iterator[Function]:
-    """Every function of the tree, top to bottom (a function before those it defines)."""
+def _scopes(node: ast.AST) -> Iterator[Function | ast.ClassDef]:
+    """Every def and class of the tree, top to bottom (one before those it defines)."""
     for child in ast.iter_child_nodes(node):
-        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(child, SCOPES):
             yield child
-        yield from _functions(child)
+        yield from _scopes(child)
 
 
 def _returns(node: ast.AST) -> Iterator[ast.Return]:
@@ -215,7 +222,7 @@ def _returns(node: ast.AST) -> Iterator[ast.Return]:
 def _describe(node: Function, text_lines: list[str], path: Path) -> AdaptorFunction:
     """Where a block goes in this function, how it is indented, what the function takes."""
     parameters = frozenset(_parameter_names(node.args))
-    first_line, last_line = node.lineno, node.end_lineno or node.lineno
+    first_line, last_line = node.lineno, _last_line(node, text_lines)
     body = node.body
     if _shares_line(body[0], text_lines):  # `def f(): pass`: no line of its own to put a block before
         return AdaptorFunction(node.name, path, first_line, last_line, parameters, "", INDENT, None, (), None)
@@ -364,21 +371,16 @@ def _check_inside_one_function(source: AdaptorSource, key: str, begin: int, end:
     written inside one function's body, and markers lost on both sides of a boundary (the send
     block's end, the receive block's begin of the same key) must not take the code between out."""
     where = f"{source.shown}:{begin + 1}: block {key} (lines {begin + 1}-{end + 1})"
-    holder = _innermost_scope(source, begin)
-    if holder is None or not holder.function:
+    holder = enclosing_function(source, begin + 1)
+    if holder is None:
         raise UsageError(f"{where} is outside any function: mend the markers by hand")
-    if _innermost_scope(source, end) != holder:
-        starts = [scope for scope in source.scopes if begin < scope.first <= end]
-        crossed = starts[0] if starts else holder  # a def or class that starts between, else the one that ends there
-        kind = f"{crossed.name}()" if crossed.function else f"class {crossed.name}"
-        raise UsageError(f"{where} runs across the boundary of {kind} (line {crossed.first + 1}): its markers belong "
+    if _innermost(source, end + 1) != holder:
+        starts = [scope for scope in source.scopes if begin + 1 < scope.first_line <= end + 1]
+        # a def or class that starts between, else the one that ends there
+        crossed = min(starts, key=lambda scope: scope.first_line, default=holder)
+        kind = f"{crossed.name}()" if isinstance(crossed, AdaptorFunction) else f"class {crossed.name}"
+        raise UsageError(f"{where} runs across the boundary of {kind} (line {crossed.first_line}): its markers belong "
                          "to different blocks; mend the markers by hand")
-
-
-def _innermost_scope(source: AdaptorSource, line: int) -> Scope | None:
-    """The innermost def or class whose lines hold `line` (0-based)."""
-    holders = [scope for scope in source.scopes if scope.first <= line <= scope.last]
-    return max(holders, key=lambda scope: scope.first, default=None)
 
 
 def without_blocks(
@@ -447,9 +449,16 @@ def read_adaptor(environment: Environment) -> tuple[AdaptorFile, ...]:
 
 
 def enclosing_function(source: AdaptorSource, line: int) -> AdaptorFunction | None:
-    """The innermost function whose lines hold `line` (1-based); None outside every function."""
-    holders = [function for function in source.functions if function.first_line <= line <= function.last_line]
-    return max(holders, key=lambda function: function.first_line, default=None)
+    """The innermost function whose lines hold `line` (1-based); None outside every function, or in
+    the body of a class that is innermost there."""
+    holder = _innermost(source, line)
+    return holder if isinstance(holder, AdaptorFunction) else None
+
+
+def _innermost(source: AdaptorSource, line: int) -> AdaptorFunction | AdaptorClass | None:
+    """The innermost def or class whose lines hold `line` (1-based)."""
+    holders = [scope for scope in source.scopes if scope.first_line <= line <= scope.last_line]
+    return max(holders, key=lambda scope: scope.first_line, default=None)
 
 
 def _marked_blocks(source: AdaptorSource) -> Iterable[MarkedBlock]:

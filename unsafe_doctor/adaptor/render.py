@@ -55,7 +55,7 @@ def render(
     """`what` names the block in refusals (its marker key)."""
     notes: list[str] = []
     _parse(code, imports, what)
-    needed = _needed(imports)
+    needed, from_imported = _needed(imports)
     own_group: str | None = None
     if scenario == 2:
         expression, own_group, note = _group(site, profile, group)
@@ -68,7 +68,7 @@ def render(
     if scenario == 2:
         code = "\n".join(_rank_loop(code.rstrip("\n").split("\n"), site, profile)) + "\n"
     code, needed = _from_file(code, needed, site)
-    code, import_lines = _imports(code, needed, _from_imported(imports), site)
+    code, import_lines = _imports(code, needed, from_imported, site)
     code = _own_locals(code, site, set(needed) | _names_outside(site, profile))
     lines = [*import_lines, *code.rstrip("\n").split("\n")]
     return Rendered(lines, tuple(notes), own_group)
@@ -81,9 +81,12 @@ def _parse(code: str, imports: Iterable[str], what: str) -> None:
         raise UsageError(f"the fix {what} is not valid Python: {str(error).splitlines()[0]}") from None
 
 
-def _needed(imports: Iterable[str]) -> dict[str, str]:
-    """What each template import binds: name -> the dotted name it imports."""
+def _needed(imports: Iterable[str]) -> tuple[dict[str, str], frozenset[str]]:
+    """What each template import binds (name -> the dotted name it imports), and the names it binds
+    with `from M import NAME`: written back in that form, as `NAME` may be a variable of M, which
+    `import M.NAME` cannot import."""
     needed: dict[str, str] = {}
+    from_imported: set[str] = set()
     for line in imports:
         statement = ast.parse(line).body[0]
         if not isinstance(statement, (ast.Import, ast.ImportFrom)):
@@ -91,20 +94,14 @@ def _needed(imports: Iterable[str]) -> dict[str, str]:
         if isinstance(statement, ast.Import):  # `import a.b.c` binds `a`, and loads a.b.c: keep the whole name
             needed.update({alias.asname or alias.name.split(".")[0]: alias.name for alias in statement.names})
         else:
-            needed.update({name: imported.target for name, imported in import_bindings(statement, None).items()})
-    return needed
-
-
-def _from_imported(imports: Iterable[str]) -> frozenset[str]:
-    """The names a template binds with `from M import NAME`: written back in that form, as `NAME`
-    may be a variable of M, which `import M.NAME` cannot import."""
-    statements = (ast.parse(line).body[0] for line in imports)
-    return frozenset(alias.asname or alias.name for statement in statements if isinstance(statement, ast.ImportFrom)
-                     for alias in statement.names)
+            bound = import_bindings(statement, None)
+            needed.update({name: imported.target for name, imported in bound.items()})
+            from_imported.update(bound)
+    return needed, frozenset(from_imported)
 
 
 def _is_group_import(name: str, target: str, profile: AdaptorProfile) -> bool:
-    return any(_needed([line]).get(name) == target for line in profile.repair_group_imports)
+    return any(_needed([line])[0].get(name) == target for line in profile.repair_group_imports)
 
 
 # --- the repair group ------------------------------------------------------------------------------
@@ -127,7 +124,7 @@ def _group(site: Site, profile: AdaptorProfile, given: str | None) -> tuple[str,
     if local is not None:
         return local, local, f"{function.name}() keeps its repair group in {local}: the block uses it"
     getter_name = profile.repair_group.split("(")[0]
-    wanted = _needed(profile.repair_group_imports).get(getter_name)
+    wanted = _needed(profile.repair_group_imports)[0].get(getter_name)
     bound = site.module.local_for(wanted) if wanted else None
     if bound is None:  # the same getter imported from another generation's module
         bound = next((name for name, target in site.module.imports.items() if target.endswith("." + getter_name)), None)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from rich._wrap import divide_line  # Text.wrap folds a word wider than the width; this keeps it whole
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.measure import Measurement
 from rich.syntax import Syntax
@@ -95,7 +95,7 @@ class Hanging:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         indent = len(self.lead)
         width = max(options.max_width - indent, 16)
-        lines = [piece for part in self.text.split() for piece in part.divide(divide_line(part.plain, width, fold=False))]
+        lines = [piece for part in self.text.split() for piece in part.divide(_breaks(part.plain, width))]
         for number, line in enumerate(lines):
             line.rstrip()
             shown = Text(self.lead if number == 0 else " " * indent).append_text(line)
@@ -104,6 +104,21 @@ class Hanging:
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         return Measurement.get(console, options, self.text).with_maximum(options.max_width)
+
+
+_WORD = re.compile(r"\s*\S+\s*")  # a word and the spaces after it (the first, also those before it)
+
+
+def _breaks(text: str, width: int) -> list[int]:
+    """Where one line of text breaks to fit `width` cells: before each word that would pass it. A
+    word wider than the width stands whole on a line of its own (Text.wrap would fold it)."""
+    breaks, used = [], 0
+    for word in _WORD.finditer(text):
+        if word.start() and used + cell_len(word.group().rstrip()) > width:
+            breaks.append(word.start())
+            used = 0
+        used += cell_len(word.group())
+    return breaks
 
 
 class CodeToCopy:
