@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unsafe_doctor.cli import prompts
-from unsafe_doctor.cli.streams import output_not_over, print_diff, print_rich, say
+from unsafe_doctor.cli.streams import print_diff, print_rich, say
 from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge.classify import Classified, FixPlan, Unclassified, classify_as
 from unsafe_doctor.knowledge.context import RunContext
@@ -235,12 +235,12 @@ def _fixable(diagnosis: Diagnosis, terminal: prompts.Terminal | None) -> list[tu
 
 
 def write_if_accepted(plan: Plan, *, dry_run: bool, yes: bool, interactive: bool) -> tuple[Written, ...]:
-    """`fix` and `audit --fix`: the plan written on --yes or when the person at the terminal accepts it."""
+    """`fix`, `sentinel install` and `audit --fix`: the plan written on --yes or when the person at the
+    terminal accepts it (`-o` was checked against the adaptor's files when the adaptor became known)."""
     from unsafe_doctor.adaptor import fix as fixes
 
     if not plan.edits or dry_run:
         return ()
-    output_not_over([edit.path for edit in plan.edits])
     if yes:
         return fixes.apply(plan)
     files = ", ".join(dict.fromkeys(printable(str(edit.path)) for edit in plan.edits))
