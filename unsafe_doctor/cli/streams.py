@@ -114,11 +114,11 @@ def print_diff(diff: str) -> None:
         else:
             from rich.text import Text
 
-            from unsafe_doctor.report.common import printable_lines
+            from unsafe_doctor.report.common import printable
 
             text = Text()
             for line in _diff_lines(diff):
-                shown = printable_lines(line)
+                shown = printable(line)
                 text.append(shown + "\n", style=next((style for start, style in _DIFF_STYLES if shown.startswith(start)), ""))
             _console()(highlight=False).print(text, soft_wrap=True, end="")
         sys.stdout.flush()
