@@ -167,8 +167,9 @@ class Repair:
         untold = diagnosis.untraced_ranks or diagnosis.hits_not_parsed
         return bool(self.proven) and len(self.fixed) == len(diagnosis.findings) and not untold
 
-    def summary(self, findings: int) -> str:
-        """One closing line: what was fixed, where, and whether it is proven."""
+    def summary(self, diagnosis: Diagnosis) -> str:
+        """One closing line: what was fixed of the diagnosis's findings, where, and whether it is proven."""
+        findings = len(diagnosis.findings)
         fixed = counted(findings, "finding")
         fixed = fixed if len(self.fixed) == findings else f"{len(self.fixed)} of {fixed}"
         files = ", ".join(printable(str(path)) for path in self.files)
@@ -201,7 +202,7 @@ def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_i
         else:
             say(invocation.command("verify", adaptor).line("to prove it"))
     repair = replace(repair, proven=proven)
-    say(repair.summary(len(diagnosis.findings)))
+    say(repair.summary(diagnosis))
     return repair
 
 
