@@ -16,14 +16,20 @@ HOSTILE = "w\x1b]0;owned\x07\x1b[2J"  # sets the terminal's title, then clears t
 SGR = re.compile(r"\x1b\[[0-9;]*m")  # the diff's own colours
 
 
-def test_the_diff_at_an_80_column_terminal_is_whole_lines_with_names_escaped(tmp_path):
-    toy = tmp_path / HOSTILE
+def dry_run_at_80_columns(tmp_path: Path, folder: str) -> tuple[str, list[str]]:
+    """`fix --dry-run` at an 80-column terminal, the framework copied into `folder`: the screen, and its
+    lines without the diff's colours."""
+    toy = tmp_path / folder
     shutil.copytree(SAMPLES / "framework", toy)
     code, screen = at_terminal(["fix", str(SAMPLES / "logs" / "toytrain_ema"), "--source-root", str(toy),
                                 "--adaptor", str(toy / "toytrain" / "recovery.py"), "--dry-run"],
                                columns=80, cwd=tmp_path)
     assert code == 0, screen
-    lines = [SGR.sub("", line) for line in screen.replace("\r\n", "\n").split("\n")]
+    return screen, [SGR.sub("", line) for line in screen.replace("\r\n", "\n").split("\n")]
+
+
+def test_the_diff_at_an_80_column_terminal_is_whole_lines_with_names_escaped(tmp_path):
+    screen, lines = dry_run_at_80_columns(tmp_path, HOSTILE)
     start = next(index for index, line in enumerate(lines) if line.startswith("--- "))
     end = next(index for index in range(start, len(lines)) if lines[index].startswith("unsafe-doctor: "))
     diff = lines[start:end]
@@ -33,3 +39,10 @@ def test_the_diff_at_an_80_column_terminal_is_whole_lines_with_names_escaped(tmp
     assert all(line[:1] in (" ", "+", "-", "@") for line in diff), "\n".join(diff)
     assert sum(line.startswith("+") for line in diff) == 1 + 18 + 20  # the +++ header, then each block's lines
     assert "\x1b]" not in screen and "\x1b[2J" not in screen
+
+
+def test_a_line_separator_in_a_diff_line_is_shown_escaped(tmp_path):
+    """U+2028 in a folder name: a terminal may start a new line there, splitting the `---` header."""
+    screen, lines = dry_run_at_80_columns(tmp_path, "w\u2028x")
+    assert "--- a/w\\u2028x/toytrain/recovery.py" in lines, screen
+    assert "+++ b/w\\u2028x/toytrain/recovery.py" in lines, screen

@@ -102,6 +102,23 @@ def test_output_over_the_adaptors_sibling_file_is_refused_and_the_file_kept(tmp_
     assert sorted(path.name for path in folder.iterdir()) == ["tft_optimizer_data_repair.py", "tft_rollback.py"]
 
 
+def test_audit_output_over_the_adaptors_sibling_is_refused_and_the_file_kept(tmp_path):
+    """An audit reads the adaptor it is given and its sibling, outside the folder audited: `-o` over
+    the sibling replaced it, as only the files a fix edited were checked."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "model.py").write_text("import torch\n_CACHE = torch.zeros(3)\n")
+    folder = tmp_path / "mindspeed_llm" / "core" / "high_availability"
+    folder.mkdir(parents=True)
+    rollback, repair = folder / "tft_rollback.py", folder / "tft_optimizer_data_repair.py"
+    rollback.write_text("def feature_rollback(step, train_args):\n    pass\n")
+    repair.write_text("# the job's own repair code\n")
+
+    result = run("audit", "pkg", "--adaptor", str(rollback), "-o", str(repair), cwd=tmp_path)
+
+    refused(result, f"-o {repair} would replace the command's own adaptor file")
+    assert repair.read_text() == "# the job's own repair code\n"
+
+
 def test_output_over_the_log_on_stdin_is_refused_and_the_log_kept(tmp_path):
     log = tmp_path / "job.log"
     shutil.copy(FAQ_LOG, log)

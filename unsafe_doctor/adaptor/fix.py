@@ -299,7 +299,8 @@ class Preview:
 def preview(item: ClassifiedSubject, context: RunContext) -> tuple[Preview, ...]:
     """The finding's fix block by block (its companions' too), to paste at the end of a function with the
     profile's parameters, its imports apart, for the top of the file, where they make no local of the
-    function. None where `fix` can write them into the adaptor it knows: its diff shows them where they go."""
+    function. Empty where `fix` can write them into the adaptor it knows (its diff shows them where they
+    go), and for a finding with no fix."""
     classification = item.classification
     if not isinstance(classification, Classified) or not isinstance(classification.fix, FixPlan):
         return ()

@@ -21,7 +21,7 @@ from unsafe_doctor.cli.options import (
     RulesOption,
     YesOption,
 )
-from unsafe_doctor.cli.streams import print_json, print_rich, say, stages_bar
+from unsafe_doctor.cli.streams import adaptor_not_output, print_json, print_rich, say, stages_bar
 from unsafe_doctor.errors import UsageError
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ def command(
     with stages_bar(shown, _STAGES) as progress:
         result = run_audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or (),
                               progress=progress)
+    adaptor_not_output(result.context.environment)  # read, and with --fix written
     elapsed = time.perf_counter() - started
     plan = plan_fixes(result) if fix else None  # refused before any output
     if output_format is LocatedFormat.json:

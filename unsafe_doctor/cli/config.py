@@ -53,9 +53,9 @@ def _table(file: Path) -> dict[str, Any] | None:
         text = file.read_text(encoding="utf-8")
         try:
             document = tomllib.loads(text)
-        except ValueError as error:
-            if isinstance(error, tomllib.TOMLDecodeError):
-                raise
+        except tomllib.TOMLDecodeError:  # a ValueError too: told below, not read again
+            raise
+        except ValueError:  # a number past int's digit limit
             document = _without_digit_limit(tomllib.loads, text)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise UsageError(f"{file}: {error}") from None

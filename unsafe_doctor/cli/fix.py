@@ -24,7 +24,7 @@ from unsafe_doctor.cli.options import (
     SuspectOption,
     YesOption,
 )
-from unsafe_doctor.cli.streams import log_paths, print_diff, print_json, say, say_adaptor, warn_skipped
+from unsafe_doctor.cli.streams import adaptor_not_output, log_paths, print_diff, print_json, say, say_adaptor, warn_skipped
 from unsafe_doctor.errors import UsageError
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ def command(
         if logs or suspect:
             raise UsageError("--revert takes no logs or suspects: it removes every unsafe-doctor fix block from the adaptor")
         environment = setup.detect(adaptor=adaptor).environment
+        adaptor_not_output(environment)
         plan = fixes.plan_revert(environment)
         findings = 0
     else:
@@ -77,6 +78,7 @@ def command(
                              choose_adaptor=functools.partial(prompts.chosen_adaptor, ask=not (yes or no_input)))
         warn_skipped(diagnosis.skipped)
         environment = diagnosis.context.environment
+        adaptor_not_output(environment)
         chosen = diagnosis.chosen_suspects(suspect or ())
         plan = fixes.plan_fix([*diagnosis.findings, *chosen], diagnosis.context, overrides, roles)
         findings = len(diagnosis.findings) + len(chosen)

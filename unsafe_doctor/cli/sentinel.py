@@ -23,7 +23,7 @@ from unsafe_doctor.cli.options import (
     YesOption,
     examples,
 )
-from unsafe_doctor.cli.streams import print_diff, say, say_adaptor
+from unsafe_doctor.cli.streams import adaptor_not_output, print_diff, say, say_adaptor
 from unsafe_doctor.log.sentinel_lines import MODES, Mode
 
 app = typer.Typer(
@@ -70,6 +70,7 @@ def install(
     overrides = fixes.function_overrides(function or [])
     roles = fixes.parameter_roles(parameter or [])
     environment = groundwork(rules or (), source_root or ()).detect(adaptor=adaptor).environment
+    adaptor_not_output(environment)
     if revert:
         plan = fixes.plan_revert(environment, sentinel=True)
     else:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from unsafe_doctor.errors import UsageError, os_reason
 
@@ -43,30 +43,23 @@ def warn_skipped(skipped: Sequence[SkippedInput]) -> None:
 
 
 def say_adaptor(environment: Environment) -> None:
-    """Which adaptor file the command reads or writes, and how it came to be the one; `-o` may not name it."""
-    adaptor_not_output(environment)
+    """Which adaptor file the command reads or writes, and how it came to be the one."""
     if environment.adaptor is not None:
         say(f"adaptor {environment.adaptor} ({environment.adaptor_why})")
 
 
 def adaptor_not_output(environment: Environment) -> None:
-    """`-o` naming one of the adaptor's files (its sibling too, which no option names) is refused."""
-    if _output_files and environment.adaptor is not None:
-        from unsafe_doctor.adaptor.code import adaptor_files
-
-        output_not_over(adaptor_files(environment))
-
-
-def output_not_over(adaptor_files: Sequence[Path]) -> None:
-    """`-o` naming an adaptor file the command reads or writes, or the backup a write keeps of one, is
-    refused before anything is written: the report would replace it."""
-    if not _output_files:
+    """`-o` naming one of the adaptor's files (its sibling too, which no option names), or the backup a
+    write keeps of one, is refused once the adaptor is known, before anything is written: the report
+    would replace it."""
+    output = _output_file()
+    if output is None or environment.adaptor is None:
         return
+    from unsafe_doctor.adaptor.code import adaptor_files
     from unsafe_doctor.adaptor.fix import backup_of
     from unsafe_doctor.source.files import shown_path
 
-    output = _output_files[-1]
-    for path in adaptor_files:
+    for path in adaptor_files(environment):
         for what, file in (("adaptor file", path), ("adaptor file's backup", backup_of(path))):
             if same_file(output, file):
                 raise UsageError(
@@ -121,11 +114,11 @@ def print_diff(diff: str) -> None:
         else:
             from rich.text import Text
 
-            from unsafe_doctor.report.common import printable_lines
+            from unsafe_doctor.report.common import printable
 
             text = Text()
             for line in _diff_lines(diff):
-                shown = printable_lines(line)
+                shown = printable(line)
                 text.append(shown + "\n", style=next((style for start, style in _DIFF_STYLES if shown.startswith(start)), ""))
             _console()(highlight=False).print(text, soft_wrap=True, end="")
         sys.stdout.flush()
@@ -147,26 +140,34 @@ def _reader_may_leave() -> Iterator[None]:
         _output_nowhere()
     except OSError as error:  # a full disk, a quota: the report is lost, and the person must know
         _output_nowhere()
-        raise UsageError(f"cannot write the report to {_destination[-1]}: {os_reason(error)}") from None
+        raise UsageError(f"cannot write the report to {_destinations[-1].name}: {os_reason(error)}") from None
 
 
-_destination = ["standard output"]  # where stdout goes, as the person named it (`-o FILE`)
-_output_files: list[str] = []  # `-o FILE` while stdout goes there: no file the command reads or writes
+class _Destination(NamedTuple):
+    """Where stdout goes, as the person named it (`-o FILE`)."""
+
+    name: str
+    file: bool  # a file, not a descriptor: the command may not read or write it
+
+
+_destinations = [_Destination("standard output", file=False)]
 
 
 @contextmanager
 def stdout_names(destination: str, file: bool = True) -> Iterator[None]:
     """While stdout is redirected to `destination` (a `file`, not a descriptor): a report that cannot
-    be written names it, and the command refuses to read or write the file (`output_not_over`)."""
-    _destination.append(destination)
-    if file:
-        _output_files.append(destination)
+    be written names it, and the command refuses to read or write the file (`adaptor_not_output`)."""
+    _destinations.append(_Destination(destination, file))
     try:
         yield
     finally:
-        _destination.pop()
-        if file:
-            _output_files.pop()
+        _destinations.pop()
+
+
+def _output_file() -> str | None:
+    """The file `-o` named while stdout goes there; None for stdout itself or a descriptor."""
+    destination = _destinations[-1]
+    return destination.name if destination.file else None
 
 
 def output_lost(stream: TextIO) -> bool:

@@ -24,7 +24,7 @@ from unsafe_doctor.cli.options import (
     SourceRootOption,
     SuspectOption,
 )
-from unsafe_doctor.cli.streams import log_paths, print_json, print_rich, say_adaptor, warn_skipped
+from unsafe_doctor.cli.streams import adaptor_not_output, log_paths, print_json, print_rich, say_adaptor, warn_skipped
 from unsafe_doctor.errors import UsageError
 
 if TYPE_CHECKING:
@@ -84,6 +84,7 @@ def command(
         ranks = torchrun_world_size()
     diagnosis = diagnose(paths, groundwork(rules or (), source_root or (), log_only=log_only, profile=profile), adaptor=adaptor)
     warn_skipped(diagnosis.skipped)
+    adaptor_not_output(diagnosis.context.environment)
     functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
     with framework_warnings_silenced():  # megatron-core's import-time Apex/TE warnings, in the ranks too (forked)
         plan, skipped = verification.plan_replay(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unsafe_doctor.cli import prompts
-from unsafe_doctor.cli.streams import output_not_over, print_diff, print_rich, say
+from unsafe_doctor.cli.streams import print_diff, print_rich, say
 from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
 from unsafe_doctor.knowledge.classify import Classified, FixPlan, Unclassified, classify_as
 from unsafe_doctor.knowledge.context import RunContext
@@ -167,8 +167,9 @@ class Repair:
         untold = diagnosis.untraced_ranks or diagnosis.hits_not_parsed
         return bool(self.proven) and len(self.fixed) == len(diagnosis.findings) and not untold
 
-    def summary(self, findings: int) -> str:
-        """One closing line: what was fixed, where, and whether it is proven."""
+    def summary(self, diagnosis: Diagnosis) -> str:
+        """One closing line: what was fixed of the diagnosis's findings, where, and whether it is proven."""
+        findings = len(diagnosis.findings)
         fixed = counted(findings, "finding")
         fixed = fixed if len(self.fixed) == findings else f"{len(self.fixed)} of {fixed}"
         files = ", ".join(printable(str(path)) for path in self.files)
@@ -201,7 +202,7 @@ def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_i
         else:
             say(invocation.command("verify", adaptor).line("to prove it"))
     repair = replace(repair, proven=proven)
-    say(repair.summary(len(diagnosis.findings)))
+    say(repair.summary(diagnosis))
     return repair
 
 
@@ -235,12 +236,12 @@ def _fixable(diagnosis: Diagnosis, terminal: prompts.Terminal | None) -> list[tu
 
 
 def write_if_accepted(plan: Plan, *, dry_run: bool, yes: bool, interactive: bool) -> tuple[Written, ...]:
-    """`fix` and `audit --fix`: the plan written on --yes or when the person at the terminal accepts it."""
+    """`fix`, `sentinel install` and `audit --fix`: the plan written on --yes or when the person at the
+    terminal accepts it (`-o` was checked against the adaptor's files when the adaptor became known)."""
     from unsafe_doctor.adaptor import fix as fixes
 
     if not plan.edits or dry_run:
         return ()
-    output_not_over([edit.path for edit in plan.edits])
     if yes:
         return fixes.apply(plan)
     files = ", ".join(dict.fromkeys(printable(str(edit.path)) for edit in plan.edits))
