@@ -228,6 +228,9 @@ class RotaryCache(MegatronCase):
     def block(self):
         return RotaryAttention(self.config())
 
+    def arguments(self):
+        return {**super().arguments(), "position_embedding_type": "rope"}
+
 
 class RotaryInvFreq(RotaryCache):
     """The adaptor already empties the rotary cache in rollback: the next step recomputes the
@@ -298,6 +301,19 @@ class RouterLocalTokens(RouterExpertBias):
 
     def repaired(self, model):
         return [model.block.router.expert_bias]
+
+
+class RouterExpertBiasAuxCoeff(RouterExpertBias):
+    """An aux-loss coefficient is set, but the load-balancing type "none" computes no aux loss, so
+    the router records nothing in the MoE tracker: the expert bias is what the step reads."""
+
+    def moe_config(self):
+        return self.config(num_moe_experts=4, moe_router_topk=2, moe_router_load_balancing_type="none",
+                           moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+                           moe_aux_loss_coeff=1e-2)
+
+    def arguments(self):
+        return {**super().arguments(), "moe_aux_loss_coeff": 1e-2}
 
 
 class MoeLayer(torch.nn.Module):
@@ -654,6 +670,23 @@ class FrameworkCase(Case):
         return step(model, optimizer, batch, iteration)
 
 
+class FrameworkWithFlashMask(FrameworkCase):
+    """A user framework in a MindSpeed-LLM job with flash attention on: MindSpeed's cached mask (the
+    stand-in) is built and read every step, after the user's own step, so the fault leaves it on
+    the device, unsafe; but the user's global is read first and raises."""
+
+    def train_step(self, model, optimizer, batch, iteration):
+        from mindspeed.core.transformer.flash_attention.generate_mask import generate_mask
+
+        loss = super().train_step(model, optimizer, batch, iteration)
+        seq = batch[0].shape[-1]
+        generate_mask.masked_softmax(torch.zeros(1, seq, seq, device=loss.device))
+        return loss
+
+    def arguments(self):
+        return {**super().arguments(), "use_flash_attn": True}
+
+
 # --- negatives -----------------------------------------------------------------------------------------
 
 
@@ -693,6 +726,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "rotary-inv-freq": RotaryInvFreq,
     "router-expert-bias": RouterExpertBias,
     "router-local-tokens": RouterLocalTokens,
+    "router-expert-bias-aux-coeff": RouterExpertBiasAuxCoeff,
     "optimizer-scale-one": OptimizerScaleOne,
     "optimizer-found-inf": OptimizerFoundInf,
     "grad-scaler": GradScaler,
@@ -722,6 +756,9 @@ CASES: dict[str, Callable[[], Case]] = {
     "warmupstep": lambda: FrameworkCase("warmupstep"),
     "amaxscale": lambda: FrameworkCase("amaxscale"),
     "postable": lambda: FrameworkCase("postable"),
+    "maskcache-flash-attn": lambda: FrameworkWithFlashMask("maskcache"),
+    "tokencount-flash-attn": lambda: FrameworkWithFlashMask("tokencount"),
+    "packer-flash-attn": lambda: FrameworkWithFlashMask("packer"),
     # one per shape of Python 3.11's position markers, each line naming another global next to the tensor
     "runstats-binary-op": lambda: FrameworkCase("runstats", "step_scaled"),
     "runstats-call": lambda: FrameworkCase("runstats", "step_excess"),

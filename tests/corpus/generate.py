@@ -4,6 +4,7 @@ Usage, from the repository root::
 
     .venv/bin/python tests/corpus/generate.py                 # every run (about 25 minutes on 2 cores)
     .venv/bin/python tests/corpus/generate.py mtp-loss-tracker lossbook
+    .venv/bin/python tests/corpus/generate.py --twin NAME...   # an untraced run's twin, with its traceback, in /tmp
 
 Each run is a torchrun job on gloo/CPU (4 to 8 ranks) of `worker.py` with one case of `cases.py`,
 under the emulated torch_npu and MindIO of samples/workers/ (the unsafe-data rules are the replay's,
@@ -34,7 +35,8 @@ import socket
 import subprocess
 import sys
 import sysconfig
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -51,6 +53,7 @@ MAX_BYTES = 250_000
 TIMEOUT = 300
 UNSAFE = "RuntimeError: There is unsafe data in the input tensor."
 UNTRACED = ("catch OTHER exception", "ex instance:There is unsafe data in the input tensor.", "receive exit message")
+CAUGHT_OUT_OF_MEMORY = ("catch OTHER exception", "ex instance:NPU out of memory", "receive exit message")
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,55 @@ RUNS: dict[str, Run] = {
         ("mtp-loss-tracker", Run("mtp-loss-tracker", "121:2:uce:forward", megatron="0.12.1", mindio="first-public",
                                  generation="mindspeed-llm-2.3", expect=(UNSAFE, "catch other exception"))),
     )},
+    # issue 37's measure of the suspects: MindSpeed-LLM 26 buffers, user code under every generation,
+    # an aux-loss coefficient that records nothing, and a caught error that is not unsafe data
+    **{f"untraced-{run.mindio}-{run.generation}-{name}": run for name, run in (
+        ("rotary-inv-freq", Run("rotary-inv-freq", "121:1:uce:forward", mindio="v26", generation="mindspeed-llm-26",
+                                expect=UNTRACED)),
+        ("rotary-inv-freq", Run("rotary-inv-freq", "121:3:hbm:forward", ranks=6, style="tee-default", mindio="v7.3",
+                                generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("rotary-emb-cache", Run("rotary-emb-cache", "121:2:uce:forward", style="tee-default", mindio="v26",
+                                 generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("router-expert-bias", Run("router-expert-bias", "121:2:hbm:forward", style="tee", mindio="v7.3",
+                                   generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("router-local-tokens", Run("router-local-tokens", "121:0:uce:forward", mindio="v26",
+                                    generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("router-expert-bias-aux-coeff", Run("router-expert-bias-aux-coeff", "121:3:uce:forward", style="tee",
+                                             mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("maskcache-lru-mask", Run("maskcache", "121:1:uce:forward", style="tee", framework="maskcache", mindio="v26",
+                                   generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("tokencount-counter", Run("tokencount", "121:3:hbm:forward", ranks=6, framework="tokencount", mindio="v7.3",
+                                   generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("emashadow-weights", Run("emashadow", "121:3:uce:forward", style="tee-default", framework="emashadow",
+                                  mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("warmupstep-counter", Run("warmupstep", "121:1:uce:forward", framework="warmupstep", mindio="v7.3",
+                                   generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("amaxscale-running-max", Run("amaxscale", "121:0:hbm:forward", style="tee", framework="amaxscale",
+                                      mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("packer-buffer", Run("packer", "121:1:uce:forward", style="tee", framework="packer", mindio="v26",
+                              generation="mindspeed-llm-2.3", expect=UNTRACED)),
+        ("packer-buffer", Run("packer", "121:0:hbm:forward", framework="packer", mindio="v7.3",
+                              generation="mindio-ttp-legacy", expect=UNTRACED)),
+        ("mtp-loss-tracker", Run("mtp-loss-tracker", "121:2:uce:forward", style="tee-default", megatron="0.12.1",
+                                 mindio="v7.3", generation="mindio-ttp-legacy", expect=UNTRACED)),
+        ("layer-wise-tracker", Run("legacy-moe-tracker", "121:1:hbm:forward", style="tee", megatron="0.12.1",
+                                   mindio="v26", generation="taskd-elastic", expect=UNTRACED)),
+        ("causal-mask", Run("legacy-causal-mask", "121:3:uce:forward", megatron="0.12.1", mindio="v7.3",
+                            generation="mindspeed-llm-2.3", expect=UNTRACED)),
+        ("flash-attention-mask", Run("standin-flash-attention-mask", "121:4:uce:forward", ranks=6, style="tee",
+                                     mindio="v26", generation="mindspeed-llm-2.3", expect=UNTRACED)),
+        ("maskcache-flash-attn", Run("maskcache-flash-attn", "121:2:hbm:forward", framework="maskcache", mindio="v7.3",
+                                     generation="mindspeed-llm-26", expect=UNTRACED)),
+        ("tokencount-flash-attn", Run("tokencount-flash-attn", "121:0:uce:forward", style="tee",
+                                      framework="tokencount", mindio="v26", generation="mindspeed-llm-26",
+                                      expect=UNTRACED)),
+        ("packer-flash-attn", Run("packer-flash-attn", "121:3:uce:forward", style="tee-default", framework="packer",
+                                  mindio="v26", generation="mindspeed-llm-2.3", expect=UNTRACED)),
+        ("out-of-memory", Run("out-of-memory", "121:1:uce:forward", mindio="v26", generation="mindspeed-llm-26",
+                              expect=CAUGHT_OUT_OF_MEMORY)),
+        ("out-of-memory", Run("out-of-memory", "121:3:hbm:forward", style="tee-default", mindio="v7.3",
+                              generation="taskd-elastic", expect=CAUGHT_OUT_OF_MEMORY)),
+    )},
     "untraced-v26-mindspeed-llm-26-mtp-loss-tracker-no-dump": Run(
         "mtp-loss-tracker", "121:0:hbm:forward", style="tee", megatron="0.12.1", mindio="v26",
         generation="mindspeed-llm-26", arguments_dump=False, expect=UNTRACED),
@@ -215,11 +267,11 @@ FOLDERS = [  # the environment first: it may be a folder of the checkout (.venv)
 SITE_PACKAGES_IN_REPO = os.path.relpath(sysconfig.get_paths()["purelib"], REPO) + "/"
 
 
-def generate(name: str, run: Run) -> None:
+def generate(name: str, run: Run, folder: Path = LOGS) -> None:
     text = cluster_paths(launch(run), FOLDERS)
     if not SITE_PACKAGES_IN_REPO.startswith(".."):
         text = text.replace(SITE_PACKAGES_IN_REPO, "")
-    path = LOGS / f"{name}.log"
+    path = folder / f"{name}.log"
     missing = [needle for needle in run.expect if needle not in text]
     if missing:
         kept = Path("/tmp") / f"{name}.log.failed"
@@ -228,16 +280,27 @@ def generate(name: str, run: Run) -> None:
     if len(text.encode()) > MAX_BYTES:
         raise SystemExit(f"{name}: {len(text.encode())} bytes, over the {MAX_BYTES} limit")
     path.write_text(text)
-    print(f"wrote {path.relative_to(REPO)} ({len(text.encode())} bytes)", flush=True)
+    print(f"wrote {path} ({len(text.encode())} bytes)", flush=True)
+
+
+def twin(run: Run) -> Run:
+    """The same case, fault and generation with the samples' MindIO, which lets the traceback show:
+    what checks an untraced log's culprit (README.md, "Untraced logs")."""
+    return replace(run, mindio=None, expect=(UNSAFE,))
 
 
 def main(names: list[str]) -> None:
+    twins = names[:1] == ["--twin"]
+    names = names[twins:]
     unknown = sorted(set(names) - set(RUNS))
     if unknown:
         raise SystemExit(f"unknown run(s) {unknown}; choose from {sorted(RUNS)}")
     LOGS.mkdir(exist_ok=True)
     for name in names or RUNS:
-        generate(name, RUNS[name])
+        if twins:
+            generate(f"{name}.twin", twin(RUNS[name]), Path(tempfile.gettempdir()))
+        else:
+            generate(name, RUNS[name])
 
 
 if __name__ == "__main__":

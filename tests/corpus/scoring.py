@@ -27,6 +27,7 @@ ENTRY_KEYS = {"log", "origin", "source_roots", "rules", "findings", "last_error"
 FINDING_KEYS = {"variable", "ranks", "scenario", "rule", "confidence"}
 REQUIRED_FINDING_KEYS = {"variable", "ranks", "scenario", "rule"}
 UNTRACED_KEYS = {"ranks", "mindio", "generation", "culprit", "determined"}
+OPTIONAL_UNTRACED_KEYS = {"error", "benchmark"}
 MINDIO_FORMS = {"first-public", "v7.3", "v26"}
 
 
@@ -55,9 +56,11 @@ def load_entries() -> list[Entry]:
             if set(finding) - FINDING_KEYS or REQUIRED_FINDING_KEYS - set(finding):
                 raise ValueError(f"{item['log']}: a finding needs {sorted(REQUIRED_FINDING_KEYS)}, may add confidence")
         untraced = item.get("untraced")
-        if untraced is not None and (set(untraced) != UNTRACED_KEYS or untraced["mindio"] not in MINDIO_FORMS):
-            raise ValueError(f"{item['log']}: untraced needs exactly {sorted(UNTRACED_KEYS)}, mindio one of "
-                             f"{sorted(MINDIO_FORMS)}")
+        if untraced is not None and (not UNTRACED_KEYS <= set(untraced) <= UNTRACED_KEYS | OPTIONAL_UNTRACED_KEYS
+                                     or untraced["mindio"] not in MINDIO_FORMS
+                                     or untraced.get("error", "other") != "other"):
+            raise ValueError(f"{item['log']}: untraced needs {sorted(UNTRACED_KEYS)}, may add "
+                             f"{sorted(OPTIONAL_UNTRACED_KEYS)}; mindio one of {sorted(MINDIO_FORMS)}; error: other")
         entries.append(Entry(
             log=item["log"], origin=item["origin"], source_roots=tuple(item.get("source_roots", [])),
             rules=tuple(item.get("rules", [])), findings=tuple(item.get("findings", [])),
