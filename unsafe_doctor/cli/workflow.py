@@ -106,7 +106,7 @@ def _offer_suspect(
     item = untraced.suspect_finding(number)
     fix = item.classification.fix
     if not isinstance(fix, FixPlan):
-        say(printable(f"suspect {number} has no fix to write: {fix.reason if fix else item.classification.reason}"))
+        say(printable(f"suspect {number}: {fix.reason if fix else item.classification.reason}"))
         return
     functions = " and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name)
     question = f"Apply suspect {number}'s scenario-{item.classification.scenario} fix to {printable(functions)}?"
@@ -287,5 +287,5 @@ def _ask_scenario(terminal: prompts.Terminal, item: DiagnosedFinding, context: R
     scenario: Scenario = 1 if answer == "1" else 2
     verdict = classify_as(item.subject, scenario, context, item.classification.evidence)
     if not isinstance(verdict.fix, FixPlan):
-        terminal.tell(f"no fix for {name} in scenario {scenario}: {printable(verdict.fix.reason)}\n")
+        terminal.tell(f"{name}, scenario {scenario}: {printable(verdict.fix.reason)}\n")
     return replace(item, classification=verdict)
