@@ -90,6 +90,13 @@ def test_diagnose_fix_and_verify_give_one_reason_why_a_suspect_has_no_fix(adapto
     assert f"fix: {reason}" in " ".join(diagnosed.stdout.split())
 
 
+def test_fix_gives_a_suspect_chosen_twice_once_in_the_command_it_names_as_verify_does(adaptor):
+    result = unsafe_doctor("fix", str(ROUTER_LOG), "--adaptor", str(adaptor), "--suspect", "1", "--suspect", "1", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if "to write it: unsafe-doctor fix " in line]
+    assert line.endswith(" --suspect 1 --yes") and line.count("--suspect") == 1
+
+
 def test_a_suspects_fix_goes_red_then_green_and_is_proven_for_that_suspect_only(adaptor):
     options = [str(ROUTER_LOG), "--adaptor", str(adaptor), "--suspect", "1"]
     red = unsafe_doctor("verify", *options)

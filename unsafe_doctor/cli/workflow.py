@@ -108,8 +108,7 @@ def _offer_suspect(
     if not isinstance(fix, FixPlan):
         say(printable(f"suspect {number}: {fix.reason if fix else item.classification.reason}"))
         return
-    functions = " and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name)
-    question = f"Apply suspect {number}'s scenario-{item.classification.scenario} fix to {printable(functions)}?"
+    question = f"Apply suspect {number}'s scenario-{item.classification.scenario} fix to {_functions(adaptor, fix)}?"
     declined = invocation.command("fix", adaptor, "--suspect", str(number), "--yes")
     _offer_plan(fixes.plan_fix([item], diagnosis.context), question, declined, terminal, yes=False)
 
@@ -213,8 +212,7 @@ def _fix_each(
 
     applied, files = [], []
     for item, fix in _fixable(diagnosis, terminal):
-        functions = " and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name)
-        question = f"Apply scenario-{item.classification.scenario} fix to {printable(functions)}?"
+        question = f"Apply scenario-{item.classification.scenario} fix to {_functions(adaptor, fix)}?"
         declined = invocation.command("fix", adaptor, "--yes")
         written = _offer_plan(fixes.plan_fix([item], diagnosis.context), question, declined, terminal, yes=yes)
         if written:
@@ -232,6 +230,11 @@ def _fixable(diagnosis: Diagnosis, terminal: prompts.Terminal | None) -> list[tu
         if isinstance(item.classification, Classified) and isinstance(item.classification.fix, FixPlan):
             fixable.append((item, item.classification.fix))
     return fixable
+
+
+def _functions(adaptor: Path, fix: FixPlan) -> str:
+    """The adaptor functions a fix goes into, as its question names them: `adaptor.py::rollback`."""
+    return printable(" and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name))
 
 
 def write_if_accepted(plan: Plan, *, dry_run: bool, yes: bool, interactive: bool) -> tuple[Written, ...]:
