@@ -142,7 +142,7 @@ def test_a_scenario_given_for_a_finding_with_no_global_says_why_nothing_follows(
     )
     code, screen = converse(["diagnose", str(log), "--adaptor", str(adaptor)], None, [(b"Scenario [1/2/skip]:", b"1\n")])
     assert code == 1
-    assert "no fix for a in scenario 1: no fix rendered" in screen
+    assert "a, scenario 1: no fix can be shown: the fix must import the module that holds the global" in screen
 
 
 def test_a_log_pasted_at_the_terminal_is_asked_for_and_ends_at_one_ctrl_d():

@@ -20,6 +20,7 @@ class Item:
 
     subject: Subject
     classification: Classification
+    suspect: None = None  # an audited holder is never a chosen suspect
 
 
 def test_a_subject_from_the_source_names_the_global_as_locate_would():
@@ -49,7 +50,9 @@ def test_a_fix_the_names_cannot_fill_is_skipped_with_its_own_reason_not_a_parsed
     subject = Subject(TensorRef("tracker[name]", "tracker", None, None), None, None)  # no module: no import to write
     classification = classify_as(subject, 1, context, ())
     assert isinstance(classification.fix, NoFix)
-    assert classification.fix.reason.startswith("no fix rendered: the log does not give a plain Python name for")
+    assert classification.fix.reason.startswith("no fix can be shown: the fix must import the module that holds the "
+                                                "global, and the log does not say which module that is (nothing in "
+                                                "the log names it)")
     assert classification.notes == (classification.fix.reason,)
     unclassified = Unclassified("nothing decided", (), ())
     plan = plan_fix([Item(subject, classification), Item(subject, unclassified)], context)

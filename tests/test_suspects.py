@@ -317,7 +317,7 @@ def test_a_suspect_with_no_fix_says_in_plain_words_why_and_what_names_it():
     assert len(unfixed) == 3
     for fix in unfixed:
         assert "plain Python name" not in fix
-        assert "without a traceback the log does not say which module" in fix and "the sentinel names it" in fix
+        assert "the log does not say which module that is" in fix and "a traceback names it, as the sentinel" in fix
     assert any("the pattern mindspeed.*" in fix for fix in unfixed)
 
 

@@ -62,8 +62,10 @@ def test_plain_verify_of_a_log_without_a_traceback_says_to_choose_a_suspect(adap
         (ROUTER_LOG, "4", "--suspect 4: the log's shortlist has suspects 1 to 3"),  # fix's own words
         (ROUTER_LOG, "3", "--suspect 3: the replay cannot build _MOE_LAYER_WISE_LOGGING_TRACKER: rule "
                           "megatron.moe-layer-wise-tracker names it without the one module that holds it"),
-        (FLASH_LOG, "1", "--suspect 1: the replay cannot build _GLOBAL_ATTN_MASK: rule mindspeed.global-attn-mask "
-                         "names it without the one module that holds it"),
+        (FLASH_LOG, "1", "--suspect 1: no fix can be shown: the fix must import the module that holds the global, and "
+                         "the log does not say which module that is (the rule knows it only by the pattern "
+                         "mindspeed.*); a traceback names it, as the sentinel does at the next fault: diagnose of "
+                         "that log writes the fix"),
         (ROOT / "samples" / "logs" / "megatron_moe_tracker.log", "1", "--suspect: the log has no error without a "
                                                                       "traceback, so no shortlist of suspects"),
     ],
@@ -73,6 +75,26 @@ def test_a_suspect_out_of_range_unbuildable_or_without_a_shortlist_is_refused_in
     assert line == f"unsafe-doctor: {message}"
     if number == "4" or "no shortlist" in message:  # the same option and resolution as fix's: the same refusal
         assert one_line_refusal(unsafe_doctor("fix", str(log), "--adaptor", str(adaptor), "--suspect", number)) == line
+
+
+def test_diagnose_fix_and_verify_give_one_reason_why_a_suspect_has_no_fix(adaptor):
+    """The reason is made once, where the classification finds the module unnamed: each command shows it."""
+    refused = one_line_refusal(unsafe_doctor("verify", str(FLASH_LOG), "--adaptor", str(adaptor), "--suspect", "1"))
+    reason = refused.removeprefix("unsafe-doctor: --suspect 1: ")
+    assert reason.startswith("no fix can be shown: the fix must import the module that holds the global")
+    assert "the pattern mindspeed.*" in reason and "the sentinel" in reason
+    fixed = unsafe_doctor("fix", str(FLASH_LOG), "--adaptor", str(adaptor), "--suspect", "1")
+    assert fixed.returncode == 1, fixed.stderr
+    assert f"unsafe-doctor: suspect 1: {reason}" in fixed.stderr.splitlines()  # the suspect's number, not "finding 1"
+    diagnosed = unsafe_doctor("diagnose", str(FLASH_LOG), "--adaptor", str(adaptor))
+    assert f"fix: {reason}" in " ".join(diagnosed.stdout.split())
+
+
+def test_fix_gives_a_suspect_chosen_twice_once_in_the_command_it_names_as_verify_does(adaptor):
+    result = unsafe_doctor("fix", str(ROUTER_LOG), "--adaptor", str(adaptor), "--suspect", "1", "--suspect", "1", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if "to write it: unsafe-doctor fix " in line]
+    assert line.endswith(" --suspect 1 --yes") and line.count("--suspect") == 1
 
 
 def test_a_suspects_fix_goes_red_then_green_and_is_proven_for_that_suspect_only(adaptor):

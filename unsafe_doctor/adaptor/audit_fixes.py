@@ -19,6 +19,11 @@ class _Fixable:
     subject: Subject
     classification: Classified
 
+    @property
+    def suspect(self) -> None:
+        """An audited holder is read from the source, never a suspect chosen from a shortlist."""
+        return None
+
 
 def _fixable(result: Audit) -> dict[str, _Fixable]:
     """The fixable holders, by name."""

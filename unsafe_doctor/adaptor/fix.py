@@ -144,9 +144,11 @@ class Skipped:
 
     finding: int
     reason: str
+    suspect: int | None = None  # the suspect's number when a person chose it (`--suspect N`): how they know it
 
     def __str__(self) -> str:
-        return f"finding {self.finding}: {self.reason}"
+        named = f"finding {self.finding}" if self.suspect is None else f"suspect {self.suspect}"
+        return f"{named}: {self.reason}"
 
 
 # A fix that must not be written (a log's name that is no Python name, an adaptor function missing or
@@ -218,11 +220,12 @@ def plan_fix(
     for number, item in enumerate(findings, 1):
         classification = item.classification
         if isinstance(classification, Unclassified):
-            outcomes.append(Skipped(number, "unclassified: scenario 1 or 2 is not known, so there is no fix to write"))
+            outcomes.append(Skipped(number, "unclassified: scenario 1 or 2 is not known, so there is no fix to write",
+                                    item.suspect))
         elif isinstance(classification.fix, NoFix):
-            outcomes.append(Skipped(number, classification.fix.reason))
+            outcomes.append(Skipped(number, classification.fix.reason, item.suspect))
         elif (unresolved := _unresolved_module(item.subject)) is not None:
-            outcomes.append(Skipped(number, unresolved))
+            outcomes.append(Skipped(number, unresolved, item.suspect))
         else:
             key = marker_key(item.subject, classification, context.knowledge)
             if coverage is None and environment.adaptor is not None:

@@ -28,7 +28,10 @@ from unsafe_doctor.cli.streams import adaptor_not_output, log_paths, print_diff,
 from unsafe_doctor.errors import UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from unsafe_doctor.adaptor.fix import Plan, Written
+    from unsafe_doctor.diagnose.pipeline import DiagnosedFinding
     from unsafe_doctor.report.common import NextStep
 
 
@@ -60,11 +63,13 @@ def command(
     from unsafe_doctor.diagnose.pipeline import diagnose
     from unsafe_doctor.knowledge.context import groundwork
     from unsafe_doctor.report import fix as report
+    from unsafe_doctor.report.common import counted
 
     overrides = fixes.function_overrides(function or [])
     roles = fixes.parameter_roles(parameter or [])
     setup = groundwork(rules or (), source_root or (), log_only=log_only, profile=profile)
     paths: list[str] = []
+    chosen: Sequence[DiagnosedFinding] = ()
     if revert:
         if logs or suspect:
             raise UsageError("--revert takes no logs or suspects: it removes every unsafe-doctor fix block from the adaptor")
@@ -83,8 +88,8 @@ def command(
         plan = fixes.plan_fix([*diagnosis.findings, *chosen], diagnosis.context, overrides, roles)
         findings = len(diagnosis.findings) + len(chosen)
         if diagnosis.untraced and diagnosis.untraced.shortlist.suspects and not chosen and output_format is Format.text:
-            count = len(diagnosis.untraced.shortlist.suspects)
-            say(f"{count} suspect{'s' if count != 1 else ''} for the error logged without a traceback: "
+            suspects = counted(len(diagnosis.untraced.shortlist.suspects), "suspect")
+            say(f"{suspects} for the error logged without a traceback: "
                 "choose whose fix to write with --suspect N (diagnose lists them)")
     text = output_format is Format.text
     interactive = text and not no_input and sys.stdout.isatty()  # asked at /dev/tty: stdin may be the log
@@ -98,7 +103,7 @@ def command(
             *repeated("--function", function),
             *repeated("--parameter", parameter),
             *(("--profile", profile) if profile else ()),
-            *repeated("--suspect", [str(number) for number in suspect or ()]),
+            *suspect_options(chosen),
         ]
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         apply = invocation.command("fix", environment.adaptor, *options, "--yes", log=not revert)
@@ -142,3 +147,8 @@ def tell_outcome(
 
 def repeated(option: str, values: list[str] | None) -> list[str]:
     return [word for value in values or () for word in (option, value)]
+
+
+def suspect_options(chosen: Sequence[DiagnosedFinding]) -> list[str]:
+    """`--suspect N` for each suspect chosen, once each as `Diagnosis.chosen_suspects` chose them."""
+    return repeated("--suspect", [str(item.suspect) for item in chosen])

@@ -66,7 +66,7 @@ def command(
     import importlib.util
 
     from unsafe_doctor.adaptor import fix as fixes
-    from unsafe_doctor.cli.fix import repeated
+    from unsafe_doctor.cli.fix import suspect_options
     from unsafe_doctor.cli.workflow import Invocation
     from unsafe_doctor.diagnose.pipeline import diagnose
     from unsafe_doctor.knowledge.context import groundwork
@@ -87,8 +87,9 @@ def command(
     adaptor_not_output(diagnosis.context.environment)
     functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
     with framework_warnings_silenced():  # megatron-core's import-time Apex/TE warnings, in the ranks too (forked)
+        chosen = diagnosis.chosen_suspects(suspect or ())
         plan, skipped = verification.plan_replay(
-            diagnosis, diagnosis.context.knowledge, suspects=diagnosis.chosen_suspects(suspect or ()),
+            diagnosis, diagnosis.context.knowledge, suspects=chosen,
             ranks=4 if ranks is None else ranks, mode=mode.value, probe=probe, timeout=timeout, functions=functions,
             parameters=fixes.parameter_roles(parameter or []),
         )
@@ -107,8 +108,7 @@ def command(
             named = ["--adaptor", str(adaptor_path)] if adaptor_path else []
             audit = ["unsafe-doctor", "audit", *map(str, source_root), *named, "--fix"]
             others = NextStep(printable(shlex.join(audit)))
-        chosen = repeated("--suspect", [str(number) for number in dict.fromkeys(suspect or ())])
-        write_fix = invocation.command("fix", adaptor_path, *chosen, "--yes")
+        write_fix = invocation.command("fix", adaptor_path, *suspect_options(chosen), "--yes")
         print_rich(report.to_text(outcome, write_fix=write_fix, fix_others=others))
     return outcome.exit_code
 

@@ -106,10 +106,9 @@ def _offer_suspect(
     item = untraced.suspect_finding(number)
     fix = item.classification.fix
     if not isinstance(fix, FixPlan):
-        say(printable(f"suspect {number} has no fix to write: {fix.reason if fix else item.classification.reason}"))
+        say(printable(f"suspect {number}: {fix.reason if fix else item.classification.reason}"))
         return
-    functions = " and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name)
-    question = f"Apply suspect {number}'s scenario-{item.classification.scenario} fix to {printable(functions)}?"
+    question = f"Apply suspect {number}'s scenario-{item.classification.scenario} fix to {_functions(adaptor, fix)}?"
     declined = invocation.command("fix", adaptor, "--suspect", str(number), "--yes")
     _offer_plan(fixes.plan_fix([item], diagnosis.context), question, declined, terminal, yes=False)
 
@@ -214,8 +213,7 @@ def _fix_each(
 
     applied, files = [], []
     for item, fix in _fixable(diagnosis, terminal):
-        functions = " and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name)
-        question = f"Apply scenario-{item.classification.scenario} fix to {printable(functions)}?"
+        question = f"Apply scenario-{item.classification.scenario} fix to {_functions(adaptor, fix)}?"
         declined = invocation.command("fix", adaptor, "--yes")
         written = _offer_plan(fixes.plan_fix([item], diagnosis.context), question, declined, terminal, yes=yes)
         if written:
@@ -233,6 +231,11 @@ def _fixable(diagnosis: Diagnosis, terminal: prompts.Terminal | None) -> list[tu
         if isinstance(item.classification, Classified) and isinstance(item.classification.fix, FixPlan):
             fixable.append((item, item.classification.fix))
     return fixable
+
+
+def _functions(adaptor: Path, fix: FixPlan) -> str:
+    """The adaptor functions a fix goes into, as its question names them: `adaptor.py::rollback`."""
+    return printable(" and ".join(f"{adaptor}::{name}" for name in (fix.function, fix.peer_function) if name))
 
 
 def write_if_accepted(plan: Plan, *, dry_run: bool, yes: bool, interactive: bool) -> tuple[Written, ...]:
@@ -288,5 +291,5 @@ def _ask_scenario(terminal: prompts.Terminal, item: DiagnosedFinding, context: R
     scenario: Scenario = 1 if answer == "1" else 2
     verdict = classify_as(item.subject, scenario, context, item.classification.evidence)
     if not isinstance(verdict.fix, FixPlan):
-        terminal.tell(f"no fix for {name} in scenario {scenario}: {printable(verdict.fix.reason)}\n")
+        terminal.tell(f"{name}, scenario {scenario}: {printable(verdict.fix.reason)}\n")
     return replace(item, classification=verdict)

@@ -62,8 +62,7 @@ class FixPlan:
 class NoFix:
     """The scenario is known but no fix can be written for it."""
 
-    reason: str
-    missing: tuple[str, ...] = ()  # the template slots nothing known could fill (`module`: no module was named)
+    reason: str  # in plain words, as every command shows it
 
 
 @dataclass(frozen=True)
@@ -103,6 +102,11 @@ class ClassifiedSubject(Protocol):
 
     @property
     def classification(self) -> Classification: ...
+
+    @property
+    def suspect(self) -> int | None:
+        """The suspect's number when a person chose it (`--suspect N`): what they know it by."""
+        ...
 
 
 def classify(subject: Subject, context: RunContext, loss_scaling: LossScaling | None = None) -> Classification:
@@ -337,7 +341,8 @@ def _render(
     *,
     guarded: bool = True,
 ) -> FixPlan | NoFix:
-    slots = _slots(rule, subject, profile, block or (rule.match if isinstance(rule, Rule) else None))
+    block = block or (rule.match if isinstance(rule, Rule) else None)
+    slots = _slots(rule, subject, profile, block)
     templates = [*rule.fix.imports, *(part for part in (rule.fix.code, rule.fix.send, rule.fix.recv) if part)]
     conditions = [knowledge.conditions[name] for name in (rule.conditions if isinstance(rule, Rule) else ())]
     module_name = slots.get("alias")
@@ -347,8 +352,7 @@ def _render(
         slots = _free_alias(slots, taken)
     missing = set().union(*(template_slots(template) for template in templates)) - set(slots)
     if missing:
-        named = ", ".join(sorted(missing))
-        return NoFix(f"no fix rendered: the log does not give a plain Python name for {named}", tuple(sorted(missing)))
+        return NoFix(_unnamed(missing, slots, subject, block))
     def fill(template: str | None) -> string.Template:  # the schema requires the templates of the rule's scenario
         return string.Template(template or "")
 
@@ -365,6 +369,28 @@ def _render(
     recv = _guarded(fill(rule.fix.recv).substitute(slots), guards)
     send = _guarded(fill(rule.fix.send).substitute(slots), guards)
     return FixPlan("repair", profile.recv, recv, tuple(dict.fromkeys(imports)), profile.send, send, profile.id)
+
+
+def _unnamed(missing: set[str], slots: dict[str, str], subject: Subject, block: RuleMatch | None) -> str:
+    """Why no fix can be shown, said once for every command: what the fix must name that the log
+    does not (the global's module, or the global itself), and what would name it."""
+    names = "the sentinel names it" if subject.frame else "a traceback names it, as the sentinel does"
+    then = f"{names} at the next fault: diagnose of that log writes the fix"
+    tensor = subject.tensor
+    if "alias" not in slots and missing & {"module", "alias", "parent", "holder", "tensor"}:
+        if tensor is not None and tensor.module is not None:
+            known = "the log's name for it is not a plain Python name"
+        elif block is not None and block.module is not None:
+            known = f"the rule knows it only by the pattern {block.module}"
+        else:
+            known = "the rule does not name it" if block is not None else "nothing in the log names it"
+        return (f"no fix can be shown: the fix must import the module that holds the global, and the log does not say "
+                f"which module that is ({known}); {then}")
+    if "variable" not in slots and missing & {"variable", "tensor"}:
+        pattern = block.variable_regex if block is not None else None
+        known = f"the rule knows it only by the pattern {pattern}" if pattern else "its name is not a plain Python name"
+        return f"no fix can be shown: the fix must name the global, and the log does not say which one it is ({known}); {then}"
+    return f"no fix can be shown: the log does not give a plain Python name for {', '.join(sorted(missing))}"
 
 
 # names a fix's code reads besides the template's own: the roles, the rank loop's, a hook's group

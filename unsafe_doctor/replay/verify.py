@@ -19,7 +19,7 @@ from unsafe_doctor.adaptor.code import ROLES, AdaptorFile, read_adaptor
 from unsafe_doctor.adaptor.fix import marker_key
 from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.classify import Classified, Unclassified
+from unsafe_doctor.knowledge.classify import Classified, NoFix, Unclassified
 from unsafe_doctor.knowledge.rules import GROUP_PARAMETERS, AdaptorProfile, KnowledgeBase, map_parameters
 from unsafe_doctor.replay.plan import MAX_RANKS, MAX_TIMEOUT, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import Milestone, RankResult, RunResult, StepOutcome
@@ -157,6 +157,8 @@ def _check_replayable(suspect: DiagnosedFinding) -> None:
     """A suspect is replayed because a person chose it: one that cannot be is refused, not skipped."""
     tensor, classification = suspect.finding.tensor, suspect.classification
     assert tensor is not None and isinstance(classification, Classified), "a suspect is a rule's global, classified by it"
+    if isinstance(classification.fix, NoFix):  # in the words diagnose and fix use for it
+        raise UsageError(f"--suspect {suspect.suspect}: {classification.fix.reason}")
     shown, rule = tensor.dotted or tensor.expression, classification.rule
     if tensor.variable is None or tensor.module is None:
         named = "by a pattern, not a name" if tensor.variable is None else "without the one module that holds it"

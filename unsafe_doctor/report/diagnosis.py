@@ -455,14 +455,6 @@ def _fix_place(suspect: Suspect, number: int) -> str:
     if isinstance(fix, FixPlan):
         where = f"{fix.peer_function}() and {fix.function}()" if fix.peer_function else f"{fix.function}()"
         return f"in {where} ({fix.profile} adaptor), written by fix --suspect {number}"
-    if isinstance(fix, NoFix) and "module" in fix.missing:
-        pattern = suspect.block.module
-        known = f"the rule knows it only by the pattern {pattern}" if pattern else "the rule does not name its module"
-        return (
-            f"none shown: the fix must import the module that holds the global, and without a traceback the log "
-            f"does not say which module that is ({known}); the sentinel names it at the next fault, and diagnose "
-            "of that log writes the fix"
-        )
     return fix.reason if isinstance(fix, NoFix) else "none shown"
 
 
