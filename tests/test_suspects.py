@@ -251,6 +251,15 @@ def test_without_a_terminal_the_untraced_report_writes_nothing_and_says_the_comm
     assert {path: path.read_bytes() for path in adaptor.parent.glob("*.py")} == before
 
 
+def test_a_suspect_with_no_fix_to_write_is_not_offered_a_fix_command():
+    """The flash-attention mask's rule names its module only by a pattern: its suspect has no fix, so
+    the report's closing lines name the sentinel, not a `fix --suspect 1` that would be refused."""
+    log = Path(__file__).parent / "corpus" / "logs" / "untraced-v26-mindspeed-llm-26-flash-attention-mask.log"
+    result = run_cli(str(log), "--no-input")
+    assert "no fix can be shown" in result.stdout
+    assert "--suspect" not in result.stderr and "to name the exact tensor at the next fault" in result.stderr
+
+
 # --- the suspects as the text report shows them (issue 36) ----------------------------------------
 
 CORPUS_LOGS = ROOT / "tests" / "corpus" / "logs"

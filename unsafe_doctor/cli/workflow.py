@@ -72,8 +72,12 @@ def offer_for_untraced(diagnosis: Diagnosis, invocation: Invocation, *, yes: boo
                 _offer_suspect(diagnosis, untraced, invocation, adaptor, terminal)
             _offer_sentinel(diagnosis, invocation, adaptor, terminal)
         else:
-            if untraced.shortlist.suspects:
-                say(invocation.command("fix", adaptor or Path("ADAPTOR.py"), "--suspect", "1").line("to write suspect 1's fix"))
+            fixable = [number for number, suspect in enumerate(untraced.shortlist.suspects, 1)
+                       if isinstance(suspect.classification.fix, FixPlan)]
+            if fixable:  # the first suspect with a fix to write: the report says why the others have none
+                number = str(fixable[0])
+                say(invocation.command("fix", adaptor or Path("ADAPTOR.py"), "--suspect", number)
+                    .line(f"to write suspect {number}'s fix"))
             where = "" if adaptor else " (name your recovery adaptor: no adaptor file is known here)"
             say(_install_sentinel(invocation, adaptor).line(f"to name the exact tensor at the next fault{where}"))
     say(
