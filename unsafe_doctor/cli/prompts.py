@@ -14,14 +14,17 @@ import io
 import shutil
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import click
 
 from unsafe_doctor.errors import AmbiguousAdaptor
 from unsafe_doctor.report.common import printable
+
+if TYPE_CHECKING:
+    from unsafe_doctor.knowledge.versions import AdaptorChooser
 
 
 class Terminal:
@@ -82,16 +85,23 @@ def terminal(*, ask: bool) -> Iterator[Terminal | None]:
         yield Terminal(stream, stream)
 
 
-def chosen_adaptor(error: AmbiguousAdaptor, *, ask: bool) -> Path:
-    """The adaptor the person picks at the terminal among those found (each path escaped: a folder's
-    name must not set the terminal's title or clear it); the refusal itself where no one can be asked."""
-    with terminal(ask=ask) as person:
-        if person is None:
-            raise error
-        person.tell("Several recovery adaptors are under the source roots:\n")
-        for number, candidate in enumerate(error.candidates, 1):
-            person.tell(f"  {number} = {printable(str(candidate))}\n")
-        numbers = {str(number) for number in range(1, len(error.candidates) + 1)}
-        while (answer := person.answer(f"Which is yours? [1-{len(error.candidates)}]: ")) not in numbers:
-            person.tell("answer with one of the numbers\n")
-    return error.candidates[int(answer) - 1]
+def adaptor_chooser(*, yes: bool, no_input: bool, before_asking: Callable[[], None] = lambda: None) -> AdaptorChooser:
+    """How a command's detection settles several adaptors found: the one the person picks at the
+    terminal (each path escaped: a folder's name must not set the terminal's title or clear it),
+    `before_asking` first (a progress bar stopped); the refusal itself where no one can be asked
+    (--yes, --no-input, no terminal)."""
+
+    def chosen(error: AmbiguousAdaptor) -> Path:
+        before_asking()
+        with terminal(ask=not (yes or no_input)) as person:
+            if person is None:
+                raise error
+            person.tell("Several recovery adaptors are under the source roots:\n")
+            for number, candidate in enumerate(error.candidates, 1):
+                person.tell(f"  {number} = {printable(str(candidate))}\n")
+            numbers = {str(number) for number in range(1, len(error.candidates) + 1)}
+            while (answer := person.answer(f"Which is yours? [1-{len(error.candidates)}]: ")) not in numbers:
+                person.tell("answer with one of the numbers\n")
+        return error.candidates[int(answer) - 1]
+
+    return chosen
