@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 import sys
 import textwrap
@@ -39,7 +40,7 @@ class Terminal:
 
     def answer(self, prompt: str) -> str:
         """The line typed after the prompt, stripped; end of input is an interrupt, not a "no"."""
-        self.tell(fitted(prompt))
+        self.tell(fitted(prompt, self._columns()))
         try:
             line = self.reader.readline()
         except KeyboardInterrupt:
@@ -48,6 +49,15 @@ class Terminal:
             self.tell("\n")  # the shell's prompt on a line of its own
             raise click.exceptions.Abort()
         return line.strip()
+
+    def _columns(self) -> int:
+        """The width of this terminal, the one the prompt is written to (stdout may be another, and
+        COLUMNS may say what stdout was); where it tells none (a window size of 0), COLUMNS or 80."""
+        try:
+            columns = os.get_terminal_size(self.writer.fileno()).columns
+        except (OSError, ValueError):  # io.UnsupportedOperation is both
+            columns = 0
+        return columns or shutil.get_terminal_size().columns
 
     def confirm(self, question: str) -> bool:
         """Yes or no, no by default (Enter); anything else is asked again, not taken for a no."""
@@ -58,10 +68,10 @@ class Terminal:
             self.tell("answer y or n (Enter: no)\n")
 
 
-def fitted(prompt: str) -> str:
+def fitted(prompt: str, columns: int) -> str:
     """The prompt wrapped between words at the terminal's width, its choice (`[y/N]:`) and every
     path whole: the terminal itself would cut a long line anywhere, `[y/` on one line, `N]` on the next."""
-    width = shutil.get_terminal_size().columns - 1  # the answer's first character fits after the prompt
+    width = columns - 1  # the answer's first character fits after the prompt
     words = prompt.rstrip(" ")
     return textwrap.fill(words, width, break_long_words=False, break_on_hyphens=False) + prompt[len(words):]
 
