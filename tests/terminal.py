@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import select
+import struct
 import sys
+import termios
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,12 +22,14 @@ def at_terminal(
     stdin_piped: bytes | None = None,
     stdout_to_file: bool = False,
     columns: int = 200,
+    tty_columns: int | None = None,
     cwd: Path | None = None,
     quiet_seconds: float = 300,
 ) -> tuple[int, str]:
     """Run `unsafe-doctor ARGS` with a pty as its controlling terminal (stdout, stderr and /dev/tty;
     stdin from `stdin_file`, or a pipe holding `stdin_piped` as `cat log |` gives it, read once; stdout to
-    /dev/null when asked); answer each prompt (bytes awaited, bytes sent) once it is on the screen and
+    /dev/null when asked; COLUMNS=`columns`, and the pty's own window `tty_columns` wide where given, else
+    none, as a bare pty's); answer each prompt (bytes awaited, bytes sent) once it is on the screen and
     the program waits at the terminal for the answer, as a person does: a Ctrl-C typed then reaches a
     program that is reading, however loaded the machine.
     A run silent for `quiet_seconds` (a safety net, not a timing) is killed: exit -9. Exit code and screen."""
@@ -40,6 +45,7 @@ def at_terminal(
         if cwd is not None:
             os.chdir(cwd)
         os.environ["COLUMNS"] = str(columns)
+        _window(tty_columns)
         os.execv(sys.executable, [sys.executable, "-m", "unsafe_doctor", *args])
     if stdin is not None:
         os.close(stdin)
@@ -60,6 +66,12 @@ def at_terminal(
             os.write(fd, pending.pop(0)[1])
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), screen.decode(errors="replace")
+
+
+def _window(columns: int | None) -> None:
+    """The pty's window `columns` wide (24 rows), as a terminal emulator sets it; None: left 0 by 0."""
+    if columns is not None:  # stderr is the pty in every run
+        fcntl.ioctl(2, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
 
 
 def _pipe_holding(data: bytes) -> int:

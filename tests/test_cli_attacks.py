@@ -299,3 +299,20 @@ def test_at_a_terminal_the_person_picks_the_adaptor_among_two(tmp_path):
     assert code == 0, screen
     assert "1 = third_party/vendor/recovery.py" in screen and "2 = toytrain/recovery.py" in screen
     assert "unsafe-doctor: begin " in team.read_text() and vendored.read_bytes() == before
+
+
+def test_sentinel_install_and_audit_at_a_terminal_ask_which_adaptor_once_and_go_on_with_it(tmp_path):
+    """Issue 36: every command settles two adaptors found the one way, in its own run: asked once,
+    the answer used, nothing run again (sentinel install and audit ran twice, on the answer)."""
+    team, vendored = two_adaptors(tmp_path)
+    before = vendored.read_bytes()
+    which = (b"Which is yours? [1-2]: ", b"2\n")
+    code, screen = at_terminal(["sentinel", "install", "--source-root", "."], cwd=tmp_path,
+                               answers=[which, (b"? [y/N]: ", b"y\n")])
+    assert code == 0, screen
+    assert screen.count("Which is yours?") == 1 and "adaptor toytrain/recovery.py (given)" in screen
+    assert "# unsafe-doctor: begin unsafe_doctor.sentinel" in team.read_text() and vendored.read_bytes() == before
+    code, screen = at_terminal(["audit", "."], cwd=tmp_path, answers=[which])
+    assert code == 1, screen
+    assert screen.count("Which is yours?") == 1
+    assert "unsafe-doctor audit . --adaptor toytrain/recovery.py --fix" in screen  # runs as printed, not asked again

@@ -26,7 +26,7 @@ from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.loading import load_knowledge
 from unsafe_doctor.knowledge.rules import Rule
 from unsafe_doctor.knowledge.subject import Subject
-from unsafe_doctor.knowledge.versions import detect_environment
+from unsafe_doctor.knowledge.versions import AdaptorChooser, detect_environment
 from unsafe_doctor.source.files import ImportRoots
 from unsafe_doctor.source.markers import MARKER_BEGIN, markers
 from unsafe_doctor.source.workspace import Parsed
@@ -36,21 +36,26 @@ _NO_ADAPTOR = Coverage("uncovered", None, None, (), (), "no adaptor was found")
 
 
 def audit(
-    paths: Sequence[Path], *, adaptor: Path | None = None, rule_paths: Sequence[Path] = (), progress: Progress | None = None
+    paths: Sequence[Path], *, adaptor: Path | None = None, rule_paths: Sequence[Path] = (), progress: Progress | None = None,
+    choose_adaptor: AdaptorChooser | None = None,
 ) -> Audit:
-    """Scan the source trees, find the adaptor (given, or under the paths), judge each holder;
-    `progress` is told how far each stage got (a command line draws it: the core never prints)."""
+    """Scan the source trees, find the adaptor (given, or under the paths: of several, the one
+    `choose_adaptor` names, else refused), judge each holder; `progress` is told how far each stage
+    got (a command line draws it: the core never prints)."""
     with warnings.catch_warnings():  # invalid escapes and the like in the framework are not ours to report
         warnings.simplefilter("ignore", SyntaxWarning)
         warnings.filterwarnings("ignore", "invalid escape sequence", DeprecationWarning)
-        return _audit(paths, adaptor, rule_paths, progress or _unwatched)
+        return _audit(paths, adaptor, rule_paths, progress or _unwatched, choose_adaptor)
 
 
 def _unwatched(stage: Stage, done: int, total: int) -> None:
     """No one follows the progress."""
 
 
-def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Path], progress: Progress) -> Audit:
+def _audit(
+    paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Path], progress: Progress,
+    choose_adaptor: AdaptorChooser | None,
+) -> Audit:
     knowledge = load_knowledge(rule_paths)
     given = _given(paths)
     files = audited_files(given)
@@ -73,7 +78,8 @@ def _audit(paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Pat
         framework += named_by_rules(found, framework)
         index.let_go()
         collection.scanned()
-        environment = detect_environment(knowledge, index.workspace, adaptor=adaptor, search_under=given)
+        environment = detect_environment(knowledge, index.workspace, adaptor=adaptor, search_under=given,
+                                         choose_adaptor=choose_adaptor)
         context = RunContext(knowledge, index.workspace, environment)
         notes: list[str] = []
         judge = None

@@ -66,6 +66,7 @@ def command(
     """
     from unsafe_doctor.adaptor.audit_fixes import plan_fixes, plan_fixes_per_holder
     from unsafe_doctor.audit.run import audit as run_audit
+    from unsafe_doctor.cli import prompts
     from unsafe_doctor.report import audit as report
 
     if not paths:  # as the pre-commit hook runs it, at a repository's root
@@ -78,9 +79,10 @@ def command(
     started = time.perf_counter()
     # A bar at a terminal only: not in a log of stderr, nor while JSON or SARIF go to a pipe.
     shown = sys.stderr.isatty() and (output_format is LocatedFormat.text or sys.stdout.isatty())
-    with stages_bar(shown, _STAGES) as progress:
-        result = run_audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or (),
-                              progress=progress)
+    bar = stages_bar(shown, _STAGES)
+    with bar as progress:
+        result = run_audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or (), progress=progress,
+                           choose_adaptor=prompts.adaptor_chooser(yes=yes, no_input=no_input, before_asking=bar.stop))
     adaptor_not_output(result.context.environment)  # read, and with --fix written
     elapsed = time.perf_counter() - started
     plan = plan_fixes(result) if fix else None  # refused before any output
@@ -98,12 +100,16 @@ def command(
 
 def _with_fix(paths: list[Path], adaptor: str, rules: Sequence[Path], result: Audit) -> NextStep:
     """This audit again, with --fix: the command a report with fixes ends with. With no adaptor found,
-    --fix alone would be refused: the command names one to give (ADAPTOR.py)."""
+    --fix alone would be refused: the command names one to give (ADAPTOR.py); one the person picked
+    among several is named."""
     from unsafe_doctor.report.common import NextStep, printable
 
     words = ["unsafe-doctor", "audit", *map(str, paths)]
-    if adaptor != "auto" or result.context.environment.adaptor is None:
+    found = result.context.environment.adaptor
+    if adaptor != "auto" or found is None:
         words += ["--adaptor", "ADAPTOR.py" if adaptor == "auto" else adaptor]
+    elif result.context.environment.adaptor_why == "given":  # picked at the terminal among several: not asked again
+        words += ["--adaptor", str(found)]
     for path in rules:
         words += ["--rules", str(path)]
     return NextStep(printable(shlex.join([*words, "--fix"])))

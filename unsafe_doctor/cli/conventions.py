@@ -23,7 +23,7 @@ import click
 from unsafe_doctor.cli import options
 from unsafe_doctor.cli.config import Settings
 from unsafe_doctor.cli.streams import output_lost, same_file, say, stdout_names
-from unsafe_doctor.errors import AmbiguousAdaptor, UsageError, os_reason
+from unsafe_doctor.errors import UsageError, os_reason
 
 Command = Callable[..., int]
 
@@ -42,11 +42,7 @@ def reporting(command: Command) -> Command:
         if annotate:  # written as SARIF, then each result rewritten as a workflow command
             kwargs["output_format"] = options.LocatedFormat.sarif
         with _stdout_to(output, kwargs), _silenced(quiet):
-            try:
-                code = _annotated(command, **kwargs) if annotate else command(**kwargs)
-            except AmbiguousAdaptor as error:  # asked at a terminal, else refused: never one picked silently
-                kwargs["adaptor"] = _chosen_adaptor(error, kwargs)
-                code = _annotated(command, **kwargs) if annotate else command(**kwargs)
+            code = _annotated(command, **kwargs) if annotate else command(**kwargs)
         return 0 if exit_zero and code == 1 else code
 
     return _with_options(
@@ -81,16 +77,6 @@ def _with_options(run: Command, command: Command, **added: Any) -> Command:
     run.__signature__ = signature.replace(parameters=[*parameters, *extra])  # type: ignore[attr-defined]
     run.__annotations__ = {**{p.name: p.annotation for p in parameters}, **added, "return": int}
     return run
-
-
-def _chosen_adaptor(error: AmbiguousAdaptor, arguments: Mapping[str, Any]) -> Any:
-    """The candidate the person picks at the terminal, as the command's --adaptor takes it; the
-    refusal itself where no one can be asked (--no-input, --yes, no terminal, a command that asks nothing)."""
-    from unsafe_doctor.cli import prompts
-
-    ask = "no_input" in arguments and not arguments["no_input"] and not arguments.get("yes")
-    chosen = prompts.chosen_adaptor(error, ask=ask)
-    return str(chosen) if isinstance(arguments.get("adaptor"), str) else chosen
 
 
 def _annotated(command: Command, **kwargs: Any) -> int:

@@ -19,11 +19,8 @@ from unsafe_doctor.cli.options import (
 from unsafe_doctor.cli.streams import adaptor_not_output, log_paths, print_json, print_rich, progress_bar, warn_skipped
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from unsafe_doctor.adaptor.fix import Preview
     from unsafe_doctor.diagnose.pipeline import Diagnosis
-    from unsafe_doctor.errors import AmbiguousAdaptor
 
 
 def command(
@@ -49,15 +46,12 @@ def command(
 
     paths = log_paths(logs)
     started = time.perf_counter()
-    setup = groundwork(rules or (), source_root or (), log_only=log_only)
+    # the bar is made once the rules load (a bad rule file is refused first), and stopped before a question
+    choose_adaptor = prompts.adaptor_chooser(yes=yes, no_input=no_input, before_asking=lambda: bar.stop())
+    setup = groundwork(rules or (), source_root or (), log_only=log_only, choose_adaptor=choose_adaptor)
     bar = progress_bar(paths)
-
-    def choose_adaptor(error: AmbiguousAdaptor) -> Path:
-        bar.stop()
-        return prompts.chosen_adaptor(error, ask=not (yes or no_input))
-
     with bar as progress:
-        diagnosis = diagnose(paths, setup, adaptor=adaptor, progress=progress, choose_adaptor=choose_adaptor)
+        diagnosis = diagnose(paths, setup, adaptor=adaptor, progress=progress)
         warn_skipped(diagnosis.skipped)
     adaptor_not_output(diagnosis.context.environment)
     elapsed = time.perf_counter() - started

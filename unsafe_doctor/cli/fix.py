@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -67,7 +66,8 @@ def command(
 
     overrides = fixes.function_overrides(function or [])
     roles = fixes.parameter_roles(parameter or [])
-    setup = groundwork(rules or (), source_root or (), log_only=log_only, profile=profile)
+    setup = groundwork(rules or (), source_root or (), log_only=log_only, profile=profile,
+                       choose_adaptor=prompts.adaptor_chooser(yes=yes, no_input=no_input))
     paths: list[str] = []
     chosen: Sequence[DiagnosedFinding] = ()
     if revert:
@@ -79,8 +79,7 @@ def command(
         findings = 0
     else:
         paths = log_paths(logs)
-        diagnosis = diagnose(paths, setup, adaptor=adaptor,
-                             choose_adaptor=functools.partial(prompts.chosen_adaptor, ask=not (yes or no_input)))
+        diagnosis = diagnose(paths, setup, adaptor=adaptor)
         warn_skipped(diagnosis.skipped)
         environment = diagnosis.context.environment
         adaptor_not_output(environment)

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import click
 
 from unsafe_doctor.errors import AmbiguousAdaptor
 from unsafe_doctor.report.common import printable
+
+if TYPE_CHECKING:
+    from unsafe_doctor.knowledge.versions import AdaptorChooser
 
 
 class Terminal:
@@ -36,7 +40,7 @@ class Terminal:
 
     def answer(self, prompt: str) -> str:
         """The line typed after the prompt, stripped; end of input is an interrupt, not a "no"."""
-        self.tell(fitted(prompt))
+        self.tell(fitted(prompt, self._columns()))
         try:
             line = self.reader.readline()
         except KeyboardInterrupt:
@@ -45,6 +49,15 @@ class Terminal:
             self.tell("\n")  # the shell's prompt on a line of its own
             raise click.exceptions.Abort()
         return line.strip()
+
+    def _columns(self) -> int:
+        """The width of this terminal, the one the prompt is written to (stdout may be another, and
+        COLUMNS may say what stdout was); where it tells none (a window size of 0), COLUMNS or 80."""
+        try:
+            columns = os.get_terminal_size(self.writer.fileno()).columns
+        except (OSError, ValueError):  # io.UnsupportedOperation is both
+            columns = 0
+        return columns or shutil.get_terminal_size().columns
 
     def confirm(self, question: str) -> bool:
         """Yes or no, no by default (Enter); anything else is asked again, not taken for a no."""
@@ -55,10 +68,10 @@ class Terminal:
             self.tell("answer y or n (Enter: no)\n")
 
 
-def fitted(prompt: str) -> str:
+def fitted(prompt: str, columns: int) -> str:
     """The prompt wrapped between words at the terminal's width, its choice (`[y/N]:`) and every
     path whole: the terminal itself would cut a long line anywhere, `[y/` on one line, `N]` on the next."""
-    width = shutil.get_terminal_size().columns - 1  # the answer's first character fits after the prompt
+    width = columns - 1  # the answer's first character fits after the prompt
     words = prompt.rstrip(" ")
     return textwrap.fill(words, width, break_long_words=False, break_on_hyphens=False) + prompt[len(words):]
 
@@ -82,16 +95,23 @@ def terminal(*, ask: bool) -> Iterator[Terminal | None]:
         yield Terminal(stream, stream)
 
 
-def chosen_adaptor(error: AmbiguousAdaptor, *, ask: bool) -> Path:
-    """The adaptor the person picks at the terminal among those found (each path escaped: a folder's
-    name must not set the terminal's title or clear it); the refusal itself where no one can be asked."""
-    with terminal(ask=ask) as person:
-        if person is None:
-            raise error
-        person.tell("Several recovery adaptors are under the source roots:\n")
-        for number, candidate in enumerate(error.candidates, 1):
-            person.tell(f"  {number} = {printable(str(candidate))}\n")
-        numbers = {str(number) for number in range(1, len(error.candidates) + 1)}
-        while (answer := person.answer(f"Which is yours? [1-{len(error.candidates)}]: ")) not in numbers:
-            person.tell("answer with one of the numbers\n")
-    return error.candidates[int(answer) - 1]
+def adaptor_chooser(*, yes: bool, no_input: bool, before_asking: Callable[[], None] = lambda: None) -> AdaptorChooser:
+    """How a command's detection settles several adaptors found: the one the person picks at the
+    terminal (each path escaped: a folder's name must not set the terminal's title or clear it),
+    `before_asking` first (a progress bar stopped); the refusal itself where no one can be asked
+    (--yes, --no-input, no terminal)."""
+
+    def chosen(error: AmbiguousAdaptor) -> Path:
+        before_asking()
+        with terminal(ask=not (yes or no_input)) as person:
+            if person is None:
+                raise error
+            person.tell("Several recovery adaptors are under the source roots:\n")
+            for number, candidate in enumerate(error.candidates, 1):
+                person.tell(f"  {number} = {printable(str(candidate))}\n")
+            numbers = {str(number) for number in range(1, len(error.candidates) + 1)}
+            while (answer := person.answer(f"Which is yours? [1-{len(error.candidates)}]: ")) not in numbers:
+                person.tell("answer with one of the numbers\n")
+        return error.candidates[int(answer) - 1]
+
+    return chosen

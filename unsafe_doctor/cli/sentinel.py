@@ -62,6 +62,7 @@ def install(
     """
     from unsafe_doctor.adaptor import fix as fixes
     from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
+    from unsafe_doctor.cli import prompts
     from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
     from unsafe_doctor.knowledge.context import groundwork
     from unsafe_doctor.report import fix as fix_report
@@ -69,7 +70,8 @@ def install(
 
     overrides = fixes.function_overrides(function or [])
     roles = fixes.parameter_roles(parameter or [])
-    environment = groundwork(rules or (), source_root or ()).detect(adaptor=adaptor).environment
+    chooser = prompts.adaptor_chooser(yes=yes, no_input=no_input)
+    environment = groundwork(rules or (), source_root or (), choose_adaptor=chooser).detect(adaptor=adaptor).environment
     adaptor_not_output(environment)
     if revert:
         plan = fixes.plan_revert(environment, sentinel=True)

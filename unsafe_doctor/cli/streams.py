@@ -262,6 +262,10 @@ class stages_bar:
         self.bar.update(self.task, completed=done)
 
     def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """The bar gone now: a question is to be asked at the terminal it was drawn on."""
         if self.bar is not None:
             self.bar.stop()
 

@@ -5,14 +5,14 @@ from the arguments dump, the releases and the adaptor generation the log shows."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from unsafe_doctor.diagnose import sentinel_findings
 from unsafe_doctor.diagnose.locate import Finding, is_unsafe_error, locate
-from unsafe_doctor.errors import AmbiguousAdaptor, UsageError
+from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import Classification, classify, classify_cache
 from unsafe_doctor.knowledge.context import Groundwork, RunContext
 from unsafe_doctor.knowledge.matching import frame_named
@@ -100,11 +100,8 @@ def diagnose(
     adaptor: Path | None = None,
     stdin: BinaryIO | None = None,
     progress: Progress | None = None,
-    choose_adaptor: Callable[[AmbiguousAdaptor], Path] | None = None,
 ) -> Diagnosis:
-    """`groundwork`: the command's knowledge and workspace; the environment is detected here, from the log's frames.
-    `choose_adaptor`: which of several adaptors found is the one (the person's answer, in this same run: the
-    log may have come on stdin, which cannot be read twice), or the refusal; None: the refusal."""
+    """`groundwork`: the command's knowledge and workspace; the environment is detected here, from the log's frames."""
     scan = inputs.scan(
         paths,
         recovery.MARKERS,
@@ -137,12 +134,7 @@ def diagnose(
         *(frame.file for frame in frames),
     ]
     logged = profiles_in_log(groundwork.knowledge, texts)
-    try:
-        run = groundwork.detect(frames, adaptor, logged)
-    except AmbiguousAdaptor as ambiguous:
-        if choose_adaptor is None:
-            raise
-        run = groundwork.detect(frames, choose_adaptor(ambiguous), logged)
+    run = groundwork.detect(frames, adaptor, logged)
     diagnosed = tuple(
         DiagnosedFinding(finding, _phase(finding, context), _classify(finding, run, loss_scaling)) for finding in findings
     )

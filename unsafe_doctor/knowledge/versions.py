@@ -30,7 +30,7 @@ else the default; `Environment.profile_from` says which.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from types import ModuleType
@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 DEFAULT_PROFILE = "mindspeed-llm-26"  # the current in-tree adaptor, used when nothing says otherwise
 # What chose the adaptor profile: the adaptor file's names, the log's lines, the MindSpeed-LLM version, nothing.
 ProfileSource = Literal["option", "adaptor", "log", "version", "default"]
+# Which of several adaptors found is the one: the person's answer, or the refusal raised again.
+AdaptorChooser = Callable[[AmbiguousAdaptor], Path]
 ADAPTOR_FRAMEWORK = "mindspeed-llm"  # the distribution whose version the profiles' `versions` constrain
 
 
@@ -106,11 +108,13 @@ def detect_environment(
     logged: Sequence[AdaptorProfile] = (),
     chosen: AdaptorProfile | None = None,
     search_under: Sequence[Path] = (),
+    choose_adaptor: AdaptorChooser | None = None,
 ) -> Environment:
     """`workspace`: the command's, over the source roots (`context.Groundwork`); `logged`: the
     generations the log shows (`profiles_in_log`); `chosen`: the profile the user named (--profile);
     `search_under`: where a module defining the recovery functions is looked for (default: the
-    source roots; an audit: the folders it audits, not their import roots)."""
+    source roots; an audit: the folders it audits, not their import roots); `choose_adaptor`: which
+    of several adaptors found is the one, or the refusal (None: the refusal)."""
     roots = workspace.source_roots
     for root in roots:
         if not root.is_dir():
@@ -135,7 +139,8 @@ def detect_environment(
     origins = {name: origin for name, (_, origin) in found.items()}
     chooser = _ProfileChooser(knowledge, workspace, versions.get(ADAPTOR_FRAMEWORK))
     search_roots = (*roots, *frame_roots, *workspace.env_roots)
-    adaptor_file, adaptor_why, choice = _adaptor_and_profile(chooser, adaptor, search_roots, search_under or roots, logged)
+    adaptor_file, adaptor_why, choice = _adaptor_and_profile(chooser, adaptor, search_roots, search_under or roots, logged,
+                                                             choose_adaptor)
     if chosen is not None:
         choice = _Choice(chosen, "option", "named with --profile")
     return Environment(versions, origins, roots, choice.profile, adaptor_file, choice.source, choice.why, choice.tied,
@@ -152,13 +157,21 @@ class _Choice:
 
 def _adaptor_and_profile(
     chooser: _ProfileChooser, adaptor: Path | None, roots: Sequence[Path], own_roots: Sequence[Path],
-    logged: Sequence[AdaptorProfile],
+    logged: Sequence[AdaptorProfile], choose_adaptor: AdaptorChooser | None,
 ) -> tuple[Path | None, str, _Choice]:
-    """The adaptor given, else the one found under the roots, how, and its profile; with none, the
-    generation the log shows, the version's, or the default."""
+    """The adaptor given, else the one found under the roots (of several, the one `choose_adaptor`
+    names: given, as if by --adaptor), how, and its profile; with none, the generation the log
+    shows, the version's, or the default."""
+    found = None
+    if adaptor is None:
+        try:
+            found = chooser.search(roots, own_roots)
+        except AmbiguousAdaptor as ambiguous:
+            if choose_adaptor is None:
+                raise
+            adaptor = choose_adaptor(ambiguous)
     if adaptor is not None:
         return Path(adaptor), "given", chooser.best_for(Path(adaptor))
-    found = chooser.search(roots, own_roots)
     if found is not None:
         return found[0], f"found under the source roots {found[1]}", chooser.best_for(found[0])
     profile, source = chooser.fallback(logged)
