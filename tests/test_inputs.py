@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from unsafe_doctor.log import inputs, reading
 from unsafe_doctor.log.arguments import DUMP_MARKERS
+from unsafe_doctor.log.lines import split_lines
 from unsafe_doctor.errors import UsageError
 
 ERROR_LINE = "RuntimeError: There is unsafe data in the input tensor.\n"
@@ -467,7 +468,7 @@ def test_every_rank_tag_in_the_input_is_counted_however_little_of_it_is_parsed(t
     head = "".join(f"[rank{rank}]: starting\n" for rank in ranks)
     text = (
         head + noise(2000) + "[rank4095]: one line, far from the error\n" + noise(2000)
-        + "[rank1234567]: no rank has seven digits\n" + noise(500) + "[rank3]: " + ERROR_LINE
+        + "[rank1234567890]: no rank has ten digits\n" + noise(500) + "[rank3]: " + ERROR_LINE
     )
     path = write(tmp_path / "x.log", text)
     monkeypatch.setattr(inputs, "PARALLEL_MIN", 1)
@@ -478,3 +479,18 @@ def test_every_rank_tag_in_the_input_is_counted_however_little_of_it_is_parsed(t
     parsed = "".join(window.text for window in (*scan.windows, *scan.context))
     assert "[rank3]:" in parsed and all(f"[rank{rank}]:" not in parsed for rank in (0, 4095))
     assert scan.ranks_tagged == {*range(3000), 4095}
+
+
+def test_a_rank_tag_is_counted_over_the_whole_input_as_far_as_a_parsed_line_names_its_rank(tmp_path):
+    """Issue 36 review: the count took six digits at most, the lines' parser nine: `[rank1234567]:` named
+    its line's rank where parsed but was not counted. Parsed or not, a tag counts when its line names a rank."""
+    tags = ["[rank1234567]:", "[rank123456789]:", "[rank1234567890]:"]  # seven, nine and ten digits
+    far = "".join(f"{tag} far from the error\n" for tag in tags)
+    near = "".join(f"{tag} next to the error\n" for tag in tags)
+    path = write(tmp_path / "x.log", far + noise(60_000) + near + "[rank3]: " + ERROR_LINE)
+    scan = _scan_all([path])
+    parsed = [line for window in scan.windows for line in split_lines(window.text, source="x.log", base_offset=0, rank_hint=None)]
+    assert "far from the error" not in "".join(line.text for line in parsed)
+    named = {line.rank for line in parsed if "next to the error" in line.text}
+    assert named == {1234567, 123456789, None}
+    assert scan.ranks_tagged == {1234567, 123456789, 3}

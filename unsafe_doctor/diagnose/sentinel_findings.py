@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
 from unsafe_doctor.knowledge.rules import is_safe_dotted
 from unsafe_doctor.knowledge.subject import TensorRef
-from unsafe_doctor.log.lines import LogLine
+from unsafe_doctor.log.lines import RANK_DIGITS, LogLine
 from unsafe_doctor.log.sentinel_lines import MODES, SCHEMA, Failure, Record, Summary, UnsafeGlobal, parse_failure, parse_line
 from unsafe_doctor.source.workspace import Origin
 
-MAX_RANK = 1 << 20  # no job has more ranks: a larger number is no rank
+MAX_RANK = 10**RANK_DIGITS  # past any rank a log line can name: a larger number is no rank
 MAX_COUNT = 1 << 40  # tensors, entries, globals: a larger number is no count
 MAX_PATHS = 8  # readable paths kept per global
 MAX_TEXT = 300  # characters kept of a path, or of why a walk stopped early

@@ -56,13 +56,18 @@ _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@
 _DATE_TIME = r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
 _LEVEL = r"(?i:trace|debug|info|warn|warning|error|critical|fatal)"
 
+# A rank is at most RANK_DIGITS digits, in every pattern that reads one (here, in `recovery`,
+# `sentinel_lines` and `reading`'s count of the ranks tagged): a longer run is no rank (and `int`
+# refuses 4,300 digits).
+RANK_DIGITS = 9
+RANK_NUMBER = rf"\d{{1,{RANK_DIGITS}}}"
+
 # Rank prefixes, with the specificity used when several stack on one line.
-# A rank is at most nine digits: a longer run is no rank (and `int` refuses 4,300 digits).
-_RANK_PREFIX = re.compile(r"\[rank(\d{1,9})\]:")
+_RANK_PREFIX = re.compile(rf"\[rank({RANK_NUMBER})\]:")
 _ROLE_PREFIX = re.compile(r"\[[A-Za-z_][\w-]*\]:")  # the role's number ends its name: `_role_rank` reads it
-_NUMERIC_PREFIX = re.compile(r"(\d{1,6}):(?= .)")
+_NUMERIC_PREFIX = re.compile(rf"({RANK_NUMBER}):(?= .)")
 _POD_PREFIX = re.compile(r"\[pod/([^/\]\s]+)/[^\]\s]+\]")
-_POD_ORDINAL = re.compile(r"-(\d{1,9})$")
+_POD_ORDINAL = re.compile(rf"-({RANK_NUMBER})$")
 _RANK_SPECIFICITY, _ROLE_SPECIFICITY, _NUMERIC_SPECIFICITY, _POD_SPECIFICITY = 4, 3, 2, 1
 
 # A container runtime's log line (CRI format, as containerd and CRI-O write it): time, stream, tag, one space.
@@ -113,7 +118,7 @@ def _role_rank(prefix: str) -> int | None:
     `[\\w-]*?(\\d+)` takes time quadratic in a run of digits."""
     name = prefix[1:-2]
     digits = len(name) - len(name.rstrip("0123456789"))
-    return int(name[-digits:]) if 0 < digits <= 9 else None
+    return int(name[-digits:]) if 0 < digits <= RANK_DIGITS else None
 
 
 def _peel(text: str) -> tuple[int, int | None, str]:

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from unsafe_doctor.log.lines import LogLine
+from unsafe_doctor.log.lines import RANK_NUMBER, LogLine
 from unsafe_doctor.log.tracebacks import Frame, Traceback
 
 Phase = Literal["after-recovery", "rollback", "repair", "none"]
@@ -155,8 +155,8 @@ _CATCH_FORMS: tuple[tuple[MindioForm, re.Pattern[str], re.Pattern[str] | None], 
 _UNSAFE = "unsafe data in the input tensor"
 _ANY_MARKER = re.compile("|".join(re.escape(marker.decode()) for marker in MARKERS))
 # "rank:3", "rank 3", "[rank3]" left mid-line, torch_npu's "RankID:3" (-1 when RANK was unset).
-# A rank is at most nine digits and a step eighteen: a longer run is none (and `int` refuses 4,300 digits).
-_RANK = re.compile(r"\brank(?:id)?[: ]?\s*(-?\d{1,9})(?!\d)", re.IGNORECASE)
+# A rank is at most RANK_DIGITS digits and a step eighteen: a longer run is none (and `int` refuses 4,300 digits).
+_RANK = re.compile(rf"\brank(?:id)?[: ]?\s*(-?{RANK_NUMBER})(?!\d)", re.IGNORECASE)
 # "[repair] rank 3, …, step:1200", "rank:3 successfully gather and rollback at iteration 1200".
 _STEP = re.compile(r"\bstep:\s*(\d{1,18})(?!\d)|\bat iteration (\d{1,18})(?!\d)")
 

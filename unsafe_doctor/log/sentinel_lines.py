@@ -20,6 +20,8 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+from unsafe_doctor.log.lines import RANK_DIGITS
+
 TAG = "[unsafe-doctor sentinel]"
 SCHEMA = "unsafe-doctor/sentinel/v1"
 JSON_START = '{"schema": "' + SCHEMA + '"'  # how every record's JSON begins, as `format_line` writes it
@@ -114,7 +116,7 @@ def parse_failure(line: str) -> Failure | None:
     rank = None
     if rest.startswith("rank "):
         said, _, rest = rest[len("rank ") :].partition(": ")
-        rank = int(said) if said.isascii() and said.isdigit() and len(said) < 10 else None
+        rank = int(said) if said.isascii() and said.isdigit() and len(said) <= RANK_DIGITS else None
     return Failure(rank, rest.removeprefix(FAILED)) if rest.startswith(FAILED) else None
 
 
