@@ -183,11 +183,13 @@ def test_a_question_asked_at_dev_tty_is_wrapped_at_that_terminals_width_not_at_s
     """Issue 36 review: the width was stdout's as shutil reads it (COLUMNS first, here 200), while the
     question goes to the controlling terminal (the log on stdin), which is 100 columns wide: the
     terminal cut the question itself, anywhere."""
-    adaptor = tmp_path / "recovery.py"
-    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
+    adaptor = Path("a_recovery_adaptor_folder_of_forty_letters") / "recovery.py"  # relative: each path fits in 100
+    (tmp_path / adaptor.parent).mkdir()
+    shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", tmp_path / adaptor)
     gz = LOG / "none_sample" / "attempt_0" / "1" / "stderr.log.gz"
     args = ["diagnose", "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
-    _, screen = at_terminal(args, stdin_piped=gz.read_bytes(), answers=[(b"[y/N]: ", b"n\n")], columns=200, tty_columns=100)
+    _, screen = at_terminal(args, stdin_piped=gz.read_bytes(), answers=[(b"[y/N]: ", b"n\n")], columns=200, tty_columns=100,
+                            cwd=tmp_path)
     question = screen[screen.rindex("\r\n", 0, screen.index("Apply scenario-2 fix")):screen.index("[y/N]: ") + 7]
     lines = question.lstrip().split("\r\n")
     assert len(lines) > 1 and all(len(line) <= 100 for line in lines), lines
