@@ -912,3 +912,36 @@ def test_a_rules_aliased_from_import_of_a_variable_is_written_as_a_from_import_a
     rollback = subprocess.run([sys.executable, "-c", "import adaptor; print(adaptor.feature_rollback())"],
                               capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert (rollback.returncode, rollback.stdout) == (0, "[42]\n"), rollback.stderr
+
+
+def test_a_rules_dotted_import_of_a_name_the_function_binds_is_read_through_its_alias_and_the_block_runs(tmp_path):
+    """`import pkgx.sub` where the function binds `pkgx` is written `import pkgx.sub as pkgx_`, which binds
+    the module pkgx.sub: the reads of `pkgx.sub.VALUE` become `pkgx_.VALUE` (as `pkgx_.sub.VALUE` they
+    raised AttributeError at the next fault)."""
+    (tmp_path / "pkgx").mkdir()
+    (tmp_path / "pkgx" / "__init__.py").write_text("")
+    (tmp_path / "pkgx" / "sub.py").write_text("VALUE = 42\n")
+    rules = tmp_path / "dotted_rule.yaml"
+    rules.write_text(textwrap.dedent("""\
+        rules:
+          - id: team.ema
+            title: A rule that reads a submodule's variable through its dotted import
+            match: {variable: _EMA_GRAD_NORM}
+            scenario: 1
+            phase: rollback
+            fix:
+              imports: ["import pkgx.sub"]
+              code: |
+                SEEN.append(pkgx.sub.VALUE)
+            reason: The reset value is the team's setting.
+        """))
+    adaptor = custom_adaptor(tmp_path, "SEEN = []\n\n\ndef feature_rollback():\n    pkgx = 'local'\n    return SEEN, pkgx\n")
+
+    result = run(str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor),
+                 "--rules", str(rules), "--yes")
+
+    assert result.returncode == 0, result.stderr
+    assert "    import pkgx.sub as pkgx_\n    SEEN.append(pkgx_.VALUE)\n" in adaptor.read_text()
+    rollback = subprocess.run([sys.executable, "-c", "import adaptor; print(adaptor.feature_rollback())"],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert (rollback.returncode, rollback.stdout) == (0, "([42], 'local')\n"), rollback.stderr

@@ -251,6 +251,8 @@ def _imports(code: str, needed: dict[str, str], from_imported: frozenset[str], s
         elif name == target.split(".")[0] and ("." not in target or alias == name):
             lines.append(f"import {target}" + (f" as {alias}" if alias != name else ""))
         else:
+            if name == target.split(".")[0]:  # `import a.b as a_` binds a.b: `a.b.x` is read as `a_.x`
+                code = _replace_expression(code, target, alias)
             lines.append(f"import {target} as {alias}")
     return _rename(code, renamed), lines
 
