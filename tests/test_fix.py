@@ -904,13 +904,9 @@ def test_a_rules_aliased_from_import_of_a_variable_is_written_as_a_from_import_a
         """))
     adaptor = custom_adaptor(tmp_path, "SEEN = []\n\n\ndef feature_rollback():\n    return SEEN\n")
 
-    result = run(str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor),
-                 "--rules", str(rules), "--yes")
+    rollback = _fixed_then_rolled_back(tmp_path, rules, adaptor)
 
-    assert result.returncode == 0, result.stderr
     assert "    from acme_settings import RESET_VALUE as reset_value\n    SEEN.append(reset_value)\n" in adaptor.read_text()
-    rollback = subprocess.run([sys.executable, "-c", "import adaptor; print(adaptor.feature_rollback())"],
-                              capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert (rollback.returncode, rollback.stdout) == (0, "[42]\n"), rollback.stderr
 
 
@@ -937,11 +933,16 @@ def test_a_rules_dotted_import_of_a_name_the_function_binds_is_read_through_its_
         """))
     adaptor = custom_adaptor(tmp_path, "SEEN = []\n\n\ndef feature_rollback():\n    pkgx = 'local'\n    return SEEN, pkgx\n")
 
+    rollback = _fixed_then_rolled_back(tmp_path, rules, adaptor)
+
+    assert "    import pkgx.sub as pkgx_\n    SEEN.append(pkgx_.VALUE)\n" in adaptor.read_text()
+    assert (rollback.returncode, rollback.stdout) == (0, "([42], 'local')\n"), rollback.stderr
+
+
+def _fixed_then_rolled_back(tmp_path: Path, rules: Path, adaptor: Path) -> subprocess.CompletedProcess[str]:
+    """`fix --yes` with the team's rule into the adaptor, then its feature_rollback() called in a fresh Python."""
     result = run(str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor),
                  "--rules", str(rules), "--yes")
-
     assert result.returncode == 0, result.stderr
-    assert "    import pkgx.sub as pkgx_\n    SEEN.append(pkgx_.VALUE)\n" in adaptor.read_text()
-    rollback = subprocess.run([sys.executable, "-c", "import adaptor; print(adaptor.feature_rollback())"],
-                              capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert (rollback.returncode, rollback.stdout) == (0, "([42], 'local')\n"), rollback.stderr
+    return subprocess.run([sys.executable, "-c", "import adaptor; print(adaptor.feature_rollback())"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
