@@ -74,6 +74,9 @@ class Environment:
     profile_why: str = ""  # what in the adaptor, the log or the version chose it
     tied: tuple[AdaptorProfile, ...] = ()  # other profiles the adaptor fits exactly as well
     adaptor_why: str = "given"  # how the adaptor was found (given; found under the roots, by what)
+    # the generations the job may have run: the one an adaptor file or --profile names, the log's (several
+    # when its evidence ties), else every generation the MindSpeed-LLM version found admits, else all
+    possible: tuple[AdaptorProfile, ...] = ()
 
     @property
     def generation(self) -> AdaptorProfile | None:
@@ -144,7 +147,7 @@ def detect_environment(
     if chosen is not None:
         choice = _Choice(chosen, "option", "named with --profile")
     return Environment(versions, origins, roots, choice.profile, adaptor_file, choice.source, choice.why, choice.tied,
-                       adaptor_why)
+                       adaptor_why, chooser.possible(choice, logged))
 
 
 @dataclass(frozen=True)
@@ -469,6 +472,14 @@ class _ProfileChooser:
         candidates = fitting or pool
         profile = next((profile for profile in candidates if profile.id == DEFAULT_PROFILE), candidates[0])
         return profile, "log" if logged else "version" if fitting else "default"
+
+    def possible(self, choice: _Choice, logged: Sequence[AdaptorProfile]) -> tuple[AdaptorProfile, ...]:
+        """`Environment.possible` for the profile chosen."""
+        if choice.source in ("option", "adaptor"):
+            return (choice.profile,)
+        if logged:
+            return tuple(logged)
+        return tuple(profile for profile in self.profiles if self._fits_version(profile)) or tuple(self.profiles)
 
     def _fits_version(self, profile: AdaptorProfile) -> bool:
         return (
