@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -183,3 +184,36 @@ def test_the_develop_corpus_logs_show_their_generation(log, generation):
     diagnosis = _diagnosed(CORPUS / "logs" / log)
     assert diagnosis.generation is not None
     assert (diagnosis.generation.decision, diagnosis.generation.generations) == ("decided", (generation,))
+
+
+# --- shown ---------------------------------------------------------------------------------------------
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+
+
+def test_diagnose_verbose_shows_the_decision_and_each_possible_generations_lines(tmp_path):
+    result = _cli("diagnose", "--log-only", "--no-input", "--verbose", str(_log(tmp_path, *SHARED)))
+    text = " ".join(result.stdout.split())
+    assert "Adaptor generation: the log's adaptor lines tie between mindspeed-llm-2.3, mindspeed-llm-26" in text
+    assert "mindspeed-llm-2.3: 2 messages" in text and "mindspeed-llm-26: 2 messages" in text
+    assert f"{tmp_path / 'train.log'}:0" in text
+    assert "message: [clean] rank:{}, type:{}, cost:{}s, ret:{} (Ascend/MindSpeed-LLM v2.3.0" in text
+
+
+def test_diagnose_without_verbose_keeps_its_report(tmp_path):
+    result = _cli("diagnose", "--log-only", "--no-input", str(_log(tmp_path, *SHARED)))
+    assert "Adaptor generation:" not in result.stdout
+
+
+def test_the_json_report_holds_the_decision_and_the_evidence(tmp_path):
+    result = _cli("diagnose", "--log-only", "--format", "json", str(_log(tmp_path, *SHARED)))
+    generation = json.loads(result.stdout)["summary"]["generation"]
+    assert (generation["decision"], generation["read"], generation["possible"]) == (
+        "tie", ["mindspeed-llm-2.3", "mindspeed-llm-26"], ["mindspeed-llm-2.3", "mindspeed-llm-26"])
+    first = generation["evidence"]["mindspeed-llm-26"][0]
+    assert first["message"] == "[clean] rank:{}, type:{}, cost:{}s, ret:{}"
+    assert (first["source"], first["offset"], first["lines"]) == (str(tmp_path / "train.log"), 0, 1)
+    assert first["line"] == SHARED[0].rstrip("\n")
