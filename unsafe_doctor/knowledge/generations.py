@@ -117,7 +117,10 @@ def read_generation(messages: Sequence[AdaptorMessage], lines: Iterable[tuple[st
         if (source, offset) in seen:
             continue
         seen.add((source, offset))
-        best = _best(as_written, [known[index] for index in matcher.Match(text) or ()], modules)
+        matched = matcher.Match(text)
+        if not matched:  # most lines: no logger to read
+            continue
+        best = _best(as_written, [known[index] for index in matched], modules)
         evidence.extend(Evidence(as_written.rstrip("\r\n"), source, offset, message) for message in best)
     evidence.sort(key=lambda item: (item.source, item.offset))
     counts = {generation: len({item.message for item in evidence if generation in item.message.generations})
