@@ -41,6 +41,8 @@ def reporting(command: Command) -> Command:
         annotate = kwargs.get("output_format") is options.LocatedFormat.github
         if annotate:  # written as SARIF, then each result rewritten as a workflow command
             kwargs["output_format"] = options.LocatedFormat.sarif
+        if "verbose" in inspect.signature(command).parameters:  # the command says more too (diagnose: the evidence)
+            kwargs["verbose"] = verbose
         with _stdout_to(output, kwargs), _silenced(quiet):
             code = _annotated(command, **kwargs) if annotate else command(**kwargs)
         return 0 if exit_zero and code == 1 else code
@@ -72,6 +74,7 @@ def _with_options(run: Command, command: Command, **added: Any) -> Command:
     extra = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None if name == "output" else False, annotation=kind)
         for name, kind in added.items()
+        if name not in signature.parameters
     ]
     parameters = [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY) for parameter in signature.parameters.values()]
     run.__signature__ = signature.replace(parameters=[*parameters, *extra])  # type: ignore[attr-defined]

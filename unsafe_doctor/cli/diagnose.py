@@ -14,6 +14,7 @@ from unsafe_doctor.cli.options import (
     NoInputOption,
     RulesOption,
     SourceRootOption,
+    VerboseOption,
     YesOption,
 )
 from unsafe_doctor.cli.streams import adaptor_not_output, log_paths, print_json, print_rich, progress_bar, warn_skipped
@@ -32,6 +33,7 @@ def command(
     log_only: LogOnlyOption = False,
     rules: RulesOption = None,
     adaptor: AdaptorOption = None,
+    verbose: VerboseOption = False,
 ) -> int:
     """Find the unsafe-data errors in a failure log, the global tensor each one read, and the fix.
 
@@ -60,7 +62,7 @@ def command(
     elif output_format is LocatedFormat.sarif:
         print_json(report.to_sarif(diagnosis))
     else:
-        print_rich(report.to_text(diagnosis, elapsed, _previews(diagnosis)))
+        print_rich(report.to_text(diagnosis, elapsed, _previews(diagnosis), verbose=verbose))
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         repair = offer_fixes(diagnosis, invocation, yes=yes, no_input=no_input)
         offer_for_untraced(diagnosis, invocation, yes=yes, no_input=no_input)

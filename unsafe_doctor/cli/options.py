@@ -155,7 +155,9 @@ OutputOption = Annotated[
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print the report only: no notes or progress on stderr.")]
 VerboseOption = Annotated[
-    bool, typer.Option("--verbose", "-v", help="Also say which settings apply: pyproject.toml and UNSAFE_DOCTOR_* variables.")
+    bool,
+    typer.Option("--verbose", "-v", help="Also say which settings apply: pyproject.toml and UNSAFE_DOCTOR_* variables; "
+                 "diagnose: also the adaptor generation the log shows, with its lines."),
 ]
 ExitZeroOption = Annotated[
     bool,

@@ -15,9 +15,9 @@ from unsafe_doctor.diagnose.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import Classification, classify, classify_cache
 from unsafe_doctor.knowledge.context import Groundwork, RunContext
+from unsafe_doctor.knowledge.generations import GenerationEvidence, needles, read_generation, shipped_messages
 from unsafe_doctor.knowledge.matching import frame_named
 from unsafe_doctor.knowledge.subject import Subject
-from unsafe_doctor.knowledge.versions import profiles_in_log
 from unsafe_doctor.log import inputs, recovery
 from unsafe_doctor.log import lines as logs
 from unsafe_doctor.log.arguments import DUMP_MARKERS, RunArguments, read_arguments
@@ -84,6 +84,7 @@ class Diagnosis:
     mindio: MindioForm | None = None  # the form of MindIO's catch lines: tells the release, and whether it logs a traceback
     arguments: RunArguments | None = None  # the arguments dump the job printed at start-up
     untraced: Untraced | None = None  # present when untraced_ranks is not empty
+    generation: GenerationEvidence | None = None  # the adaptor generation the log's own lines show, and those lines
 
     def chosen_suspects(self, numbers: Sequence[int]) -> tuple[DiagnosedFinding, ...]:
         """The suspects `--suspect N` chose (fix writes their fixes, verify proves them), each once."""
@@ -102,9 +103,10 @@ def diagnose(
     progress: Progress | None = None,
 ) -> Diagnosis:
     """`groundwork`: the command's knowledge and workspace; the environment is detected here, from the log's frames."""
+    messages = shipped_messages()
     scan = inputs.scan(
         paths,
-        recovery.MARKERS,
+        (*recovery.MARKERS, *needles(messages)),  # the adaptor's own lines tell its generation
         fact_markers=recovery.LOSS_SCALING_MARKERS,
         record_markers=(MARKER,),
         dump_markers=DUMP_MARKERS,
@@ -126,15 +128,18 @@ def diagnose(
     switches = arguments.values if arguments else {}
     findings = sentinel_findings.merge(locate(unsafe, groundwork.workspace, switches), sentinel.findings)
     frames = [frame for finding in findings if finding.unsafe for frame in finding.unsafe.frames]
-    # the lines as normalised (a CRI writer's pieces joined) and as written (MindIO's `[PYH tft_rollback.py:52]`
-    # prefix tells a generation too)
-    texts = [
-        *(line.text for line in (*context_lines, *all_window_lines)),
-        *(excerpt.text for excerpt in (*scan.context, *scan.windows)),
-        *(frame.file for frame in frames),
-    ]
-    logged = profiles_in_log(groundwork.knowledge, texts)
-    run = groundwork.detect(frames, adaptor, logged)
+    # each line normalised (a CRI writer's pieces joined) and as written: the logger it names (MindIO's
+    # `[PYH tft_rollback.py:52]`, a module's) tells a generation too
+    written = {(excerpt.source, offset): text for excerpt in (*scan.context, *scan.windows)
+               for offset, text in logs.written_lines(excerpt.text, excerpt.start)}
+    profiles = groundwork.knowledge.profiles
+    generation = read_generation(
+        messages,
+        ((line.text, written.get((line.source, line.offset), line.text), line.source, line.offset)
+         for line in (*context_lines, *all_window_lines)),
+        [profile.id for profile in profiles],
+    )
+    run = groundwork.detect(frames, adaptor, tuple(profile for profile in profiles if profile.id in generation.generations))
     diagnosed = tuple(
         DiagnosedFinding(finding, _phase(finding, context), _classify(finding, run, loss_scaling)) for finding in findings
     )
@@ -183,6 +188,7 @@ def diagnose(
         mindio=form,
         arguments=arguments,
         untraced=_untraced(tuple(sorted(untraced)), form, run, arguments, loss_scaling) if untraced else None,
+        generation=generation,
     )
 
 

@@ -194,7 +194,6 @@ class AdaptorProfile:
     repair_group_imports: tuple[str, ...]
     origin: str
     resets: tuple[str, ...] = ()  # ids of the rules whose global the shipped rollback and repair already reset or repair
-    log_evidence: tuple[str, ...] = ()  # texts only this generation's adaptor logs: a log holding one shows it ran
     # framework -> the releases this generation runs with (MindSpeed-LLM 26 pairs with megatron core_r0.12.1)
     pairs_with: dict[str, tuple[Version, ...]] = field(default_factory=dict)
     # recovery rebuilds the model (or makes all of it safe); False: only the optimizer's state and the

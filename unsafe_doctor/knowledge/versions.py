@@ -22,15 +22,15 @@ installed metadata, so no versions; an adaptor given on the command line is stil
 Adaptor profile: the profile whose function and parameter names best fit the adaptor file (given,
 or found by the profiles' `files` globs under the source roots, the frames' import roots and
 `sys.path`); ties go to the profile whose MindSpeed-LLM versions hold the detected version, then to
-`DEFAULT_PROFILE`. With no adaptor file, the generations the log shows (`profiles_in_log`: a line
-holding one of a profile's `log_evidence` texts) pick, then the detected MindSpeed-LLM version,
+`DEFAULT_PROFILE`. With no adaptor file, the generations the log shows (`generations.read_generation`:
+whose derived messages the log's lines match most) pick, then the detected MindSpeed-LLM version,
 else the default; `Environment.profile_from` says which.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from types import ModuleType
@@ -114,7 +114,7 @@ def detect_environment(
     choose_adaptor: AdaptorChooser | None = None,
 ) -> Environment:
     """`workspace`: the command's, over the source roots (`context.Groundwork`); `logged`: the
-    generations the log shows (`profiles_in_log`); `chosen`: the profile the user named (--profile);
+    generations the log shows (`generations.read_generation`); `chosen`: the profile the user named (--profile);
     `search_under`: where a module defining the recovery functions is looked for (default: the
     source roots; an audit: the folders it audits, not their import roots); `choose_adaptor`: which
     of several adaptors found is the one, or the refusal (None: the refusal)."""
@@ -181,19 +181,6 @@ def _adaptor_and_profile(
     why = {"log": "the log's lines show this generation", "version": "the MindSpeed-LLM version found",
            "default": "nothing else told: the current in-tree adaptor"}[source]
     return None, "none under the source roots" if own_roots else "no source root to look under", _Choice(profile, source, why)
-
-
-def profiles_in_log(knowledge: KnowledgeBase, texts: Iterable[str]) -> tuple[AdaptorProfile, ...]:
-    """The generations whose `log_evidence` the texts (log lines, frame paths) hold most of, in
-    knowledge order: generations share some texts (MindSpeed-LLM 2.3 and 26 log the same repair
-    line), so the one that also shows its own wins, and a tie keeps them all."""
-    wanted = [(profile.id, text) for profile in knowledge.profiles for text in profile.log_evidence]
-    seen: set[tuple[str, str]] = set()
-    for line in texts:
-        seen.update(pair for pair in wanted if pair[1] in line)
-    counts = {profile.id: sum(pair[0] == profile.id for pair in seen) for profile in knowledge.profiles}
-    most = max(counts.values(), default=0)
-    return tuple(profile for profile in knowledge.profiles if most and counts[profile.id] == most)
 
 
 # --- versions ------------------------------------------------------------------------------------

@@ -170,9 +170,7 @@ def split_lines(text: str, *, source: str, base_offset: int, rank_hint: int | No
     byte offsets, but stay monotonic, which is all they are used for: ordering the lines of one
     input and interleaving ranks.
     """
-    pieces = text.split("\n")
-    if pieces[-1] == "":
-        pieces.pop()  # the excerpt ended with a newline; there is no line after it
+    pieces = _pieces(text)
     offsets = _offsets(pieces, base_offset, text.isascii())
     if " stdout P " in text or " stderr P " in text:
         offsets, pieces = _join_partial_lines(offsets, pieces)
@@ -181,6 +179,20 @@ def split_lines(text: str, *, source: str, base_offset: int, rank_hint: int | No
         rank, clean = normalise(piece)
         lines.append(LogLine(rank if rank is not None else rank_hint, clean, source, offset))
     return lines
+
+
+def written_lines(text: str, base_offset: int) -> list[tuple[int, str]]:
+    """An excerpt's lines as written (their logger and rank prefixes kept), each with its offset as
+    `split_lines` counts it."""
+    pieces = _pieces(text)
+    return list(zip(_offsets(pieces, base_offset, text.isascii()), pieces, strict=True))
+
+
+def _pieces(text: str) -> list[str]:
+    pieces = text.split("\n")
+    if pieces[-1] == "":
+        pieces.pop()  # the excerpt ended with a newline; there is no line after it
+    return pieces
 
 
 def _offsets(pieces: list[str], offset: int, ascii_only: bool) -> list[int]:

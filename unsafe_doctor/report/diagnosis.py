@@ -18,7 +18,9 @@ from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
 from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis, Untraced
 from unsafe_doctor.diagnose.suspects import Suspect
 from unsafe_doctor.knowledge.classify import Classification, FixPlan, NoFix
+from unsafe_doctor.knowledge.generations import GenerationEvidence
 from unsafe_doctor.knowledge.matching import finite_names
+from unsafe_doctor.knowledge.rules import AdaptorProfile
 from unsafe_doctor.knowledge.subject import TensorRef
 from unsafe_doctor.log.recovery import MINDIO_RELEASES, UNTRACED_FORMS
 from unsafe_doctor.log.sentinel_lines import Summary
@@ -72,10 +74,33 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
             "loss_scaling": diagnosis.loss_scaling,  # "none", "grad-scaler", or null when the log does not say
             "frameworks": frameworks_json(diagnosis.context.environment),
             "adaptor": adaptor_json(diagnosis.context.environment),
+            "generation": _generation_json(diagnosis),
             "stale_resets": [
                 {"file": str(item.file), "line": item.line, "statement": item.statement, "why": item.why}
                 for item in diagnosis.stale
             ],
+        },
+    }
+
+
+def _generation_json(diagnosis: Diagnosis) -> dict[str, Any] | None:
+    """The generation the log's adaptor lines show, and for each generation still possible, its lines."""
+    read = diagnosis.generation
+    if read is None:
+        return None
+    possible = [profile.id for profile in diagnosis.context.environment.possible]
+    return {
+        "decision": read.decision,
+        "read": list(read.generations),
+        "messages_matched": {generation: count for generation, count in read.counts.items() if count},
+        "possible": possible,
+        "evidence": {  # each message once: its first line, and how many lines show it
+            generation: [
+                {"message": item.message.text, "from": item.message.where, "line": item.line, "source": item.source,
+                 "offset": item.offset, "lines": count}
+                for item, count in read.shown_for(generation)
+            ]
+            for generation in possible
         },
     }
 
@@ -235,8 +260,10 @@ def _culprit_file(finding: Finding) -> str:
     return file_uri(finding.source_file if relative.startswith("..") else relative)
 
 
-def to_text(diagnosis: Diagnosis, elapsed: float, previews: Sequence[tuple[Preview, ...]] = ()) -> RenderableType:
-    """`previews`: each finding's blocks as `fix` writes them (adaptor.fix.preview), printed under it."""
+def to_text(diagnosis: Diagnosis, elapsed: float, previews: Sequence[tuple[Preview, ...]] = (), *,
+            verbose: bool = False) -> RenderableType:
+    """`previews`: each finding's blocks as `fix` writes them (adaptor.fix.preview), printed under it;
+    `verbose`: also the adaptor generation the log's lines show, and those lines."""
     parts: list[RenderableType] = []
     for number, item in enumerate(diagnosis.findings, 1):
         parts.append(_panel(number, item, diagnosis))
@@ -249,6 +276,8 @@ def to_text(diagnosis: Diagnosis, elapsed: float, previews: Sequence[tuple[Previ
         parts.append(_no_finding(diagnosis))
     if diagnosis.sentinel_checks or diagnosis.sentinel_lines_ignored or diagnosis.sentinel_failures:
         parts.append(_sentinel_checks(diagnosis))
+    if verbose and diagnosis.generation is not None:
+        parts.append(_generation_text(diagnosis.generation, diagnosis.context.environment.possible))
     parts.append(_summary(diagnosis, elapsed))
     return Group(*parts)
 
@@ -501,6 +530,29 @@ def _untraced(untraced: Untraced) -> RenderableType:
         if suspect.alternatives:
             parts.append(Hanging(f"{indent}or, by release: ", Text(", ".join(suspect.alternatives))))
         parts.append(Hanging(f"{indent}fix: ", Text(printable(_fix_place(suspect, number)))))
+    return Group(*parts)
+
+
+def _generation_text(read: GenerationEvidence, possible: Sequence[AdaptorProfile]) -> RenderableType:
+    """The decision, then per generation still possible each message it matched, shown by its first line."""
+    matched = ", ".join(f"{generation} {count}" for generation, count in read.counts.items() if count)
+    decision = {
+        "decided": f"the log's adaptor lines show {read.generations[0]}",
+        "tie": f"the log's adaptor lines tie between {', '.join(read.generations)}",
+        "none": "the log holds no line an adaptor generation logs",
+    }[read.decision]
+    parts: list[RenderableType] = [
+        Text(printable(f"Adaptor generation: {decision}" + (f" (messages matched: {matched})" if matched else "")),
+             style="bold")
+    ]
+    for profile in possible:
+        shown = read.shown_for(profile.id)
+        parts.append(Text(f"  {profile.id}: " + (counted(len(shown), "message") if shown else "no line of its own")))
+        for first, count in shown:
+            more = f" (and {counted(count - 1, 'more line')})" if count > 1 else ""
+            parts.append(Hanging("    ", Text(printable(f"{first.source}:{first.offset}  {first.line.strip()}{more}"))))
+            parts.append(Hanging("      message: ", Text(printable(f"{first.message.text}  ({first.message.where})"),
+                                                        style="dim")))
     return Group(*parts)
 
 

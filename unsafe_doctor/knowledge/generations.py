@@ -1,0 +1,164 @@
+"""Which adaptor generation ran, read from the messages its adaptor logged.
+
+`knowledge_base/adaptor_messages.json` holds every message each generation's adaptor files can log,
+derived from their real files by `scripts/derive_messages.py` (the legacy wheel's, never published,
+are recorded with where each is known from). Each message is a pattern anchored on its literal text,
+its holes wildcards; all of them are looked for in each line at once (an RE2 set).
+
+A line counts for the message it matches most specifically (the most literal text: MindSpeed-LLM
+2.3's receive line also fits 26's shorter one), and only where the line's logger agrees: a line of
+MindIO's logger (`[PYH tft_rollback.py:52]`) is the message of an adaptor that logs through MindIO
+from that file, a line naming a Python logger is that module's. The generation whose messages the
+log matches most (distinct messages; one shared by several generations counts for each) is the one;
+several with as many tie, and none matched says nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import re2  # type: ignore[import-untyped]
+
+from unsafe_doctor.knowledge.loading import shipped_knowledge_dir
+
+MESSAGES_FILE = "adaptor_messages.json"
+MINDIO_LOGGER = "mindio"  # an adaptor that logs through MindIO's logger: its lines name the file
+_MINDIO_FILE = re.compile(r"\]\[PYH ([\w.-]+\.py):\d+\]")
+# decided: one generation matched most; tie: several as many; none: no adaptor message in the log
+Decision = Literal["decided", "tie", "none"]
+
+
+@dataclass(frozen=True)
+class AdaptorMessage:
+    text: str  # the format, `{}` for each hole, literal braces doubled
+    logger: str  # the module's name, MINDIO_LOGGER, "root" or "unknown"
+    file: str  # the adaptor file that logs it (its name is in MindIO's lines)
+    generations: tuple[str, ...]  # profile ids of adaptors.yaml
+    where: str  # where it comes from: a release's file and line, or what records it
+
+    @property
+    def literal(self) -> tuple[str, ...]:
+        """Its literal runs: a hole lies between each two (a leading or trailing one needs no pattern)."""
+        return tuple(literal for literal, _, _, _ in string.Formatter().parse(self.text) if literal)
+
+    @property
+    def needle(self) -> str:
+        """Its longest literal part: what the scan looks for to keep the line."""
+        return max(self.literal, key=len)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    line: str  # the log line as written (a CRI writer's: its first piece)
+    source: str  # the input it is in
+    offset: int  # its byte offset there
+    message: AdaptorMessage
+
+
+@dataclass(frozen=True)
+class GenerationEvidence:
+    """What the log's adaptor lines say of the generation that ran."""
+
+    decision: Decision
+    generations: tuple[str, ...]  # the one decided, or those tied; empty for none
+    counts: dict[str, int]  # per generation, the distinct messages of it the log shows
+    evidence: tuple[Evidence, ...]  # each line that matched, by input and offset
+
+    def lines_of(self, generation: str) -> tuple[Evidence, ...]:
+        return tuple(item for item in self.evidence if generation in item.message.generations)
+
+    def shown_for(self, generation: str) -> tuple[tuple[Evidence, int], ...]:
+        """Each of the generation's messages the log shows, by its first line, with how many lines show it."""
+        lines = self.lines_of(generation)
+        return tuple((next(item for item in lines if item.message == message), count)
+                     for message, count in Counter(item.message for item in lines).items())
+
+
+@functools.cache
+def shipped_messages() -> tuple[AdaptorMessage, ...]:
+    """The derived messages, then the recorded ones."""
+    data = json.loads((shipped_knowledge_dir() / MESSAGES_FILE).read_text(encoding="utf-8"))
+    return (*map(_derived, data["messages"]), *map(_recorded, data["recorded"]))
+
+
+def _derived(item: dict[str, Any]) -> AdaptorMessage:
+    first = item["found"][0]
+    where = f"{first['repo']} {first['refs'][0]} {first['path']}:{first['line']}"
+    return AdaptorMessage(item["text"], item["logger"], item["file"], tuple(item["generations"]), where)
+
+
+def _recorded(item: dict[str, Any]) -> AdaptorMessage:
+    return AdaptorMessage(item["text"], item["logger"], item["file"], tuple(item["generations"]),
+                          f"recorded: {item['known_from']}")
+
+
+def needles(messages: Sequence[AdaptorMessage]) -> tuple[bytes, ...]:
+    """The literal parts the scan keeps lines by: each message's longest, once each."""
+    return tuple(dict.fromkeys(message.needle.encode() for message in messages))
+
+
+def read_generation(messages: Sequence[AdaptorMessage], lines: Iterable[tuple[str, str, str, int]],
+                    generations: Sequence[str]) -> GenerationEvidence:
+    """The generation the lines (text normalised, as written, input, offset) show, among
+    `generations` (the knowledge's profiles, in its order: ties are listed in it). A message is
+    matched in the normalised text, its logger in the text as written."""
+    known = tuple(message for message in messages if set(message.generations) & set(generations))
+    matcher, modules = _matcher(known), _module_names(known)
+    evidence: list[Evidence] = []
+    seen: set[tuple[str, int]] = set()
+    for text, as_written, source, offset in lines:
+        if (source, offset) in seen:
+            continue
+        seen.add((source, offset))
+        matched = matcher.Match(text)
+        if not matched:  # most lines: no logger to read
+            continue
+        best = _best(as_written, [known[index] for index in matched], modules)
+        evidence.extend(Evidence(as_written.rstrip("\r\n"), source, offset, message) for message in best)
+    evidence.sort(key=lambda item: (item.source, item.offset))
+    counts = {generation: len({item.message for item in evidence if generation in item.message.generations})
+              for generation in generations}
+    most = max(counts.values(), default=0)
+    winners = tuple(generation for generation in generations if most and counts[generation] == most)
+    decision: Decision = "none" if not winners else "decided" if len(winners) == 1 else "tie"
+    return GenerationEvidence(decision, winners, counts, tuple(evidence))
+
+
+def _best(text: str, matched: list[AdaptorMessage], modules: Any) -> list[AdaptorMessage]:
+    """The matched messages the line's logger allows, those with the most literal text."""
+    shown = _MINDIO_FILE.search(text)
+    mindio_file = shown.group(1) if shown else None
+    named = modules.search(text) if modules is not None and mindio_file is None else None
+    logger = named.group(1) if named else None
+    allowed = [
+        message for message in matched
+        if (message.file == mindio_file if message.logger == MINDIO_LOGGER else
+            mindio_file is None and logger in (None, message.logger))
+    ]
+    if not allowed:
+        return []
+    most = max(sum(map(len, message.literal)) for message in allowed)
+    return [message for message in allowed if sum(map(len, message.literal)) == most]
+
+
+@functools.cache
+def _matcher(messages: tuple[AdaptorMessage, ...]) -> Any:
+    matcher = re2.Set.SearchSet()
+    for message in messages:
+        matcher.Add(".*".join(re2.escape(part) for part in message.literal))
+    matcher.Compile()
+    return matcher
+
+
+@functools.cache
+def _module_names(messages: tuple[AdaptorMessage, ...]) -> Any:
+    """A pattern for the Python logger names the messages are logged under, as a log line names one."""
+    names = sorted({message.logger for message in messages if "." in message.logger}, key=len, reverse=True)
+    return re2.compile(f"({'|'.join(map(re2.escape, names))})(?:[^\\w.]|$)") if names else None
