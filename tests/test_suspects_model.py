@@ -149,6 +149,16 @@ def test_an_error_after_a_fault_that_marks_nothing_points_elsewhere(tmp_path):
     assert any("points elsewhere" in note for note in finding["notes"])
 
 
+def test_a_fault_whose_memory_check_the_log_lacks_is_said_and_ranks_by_first_read(tmp_path):
+    log = write_log(tmp_path, dump(BIG_MOE), IN_TREE_LINES, [UCE_ONLY, CATCH_V26, PTA_ERROR])
+    _, shortlist = shortlist_of(log)
+    assert shortlist.fault.marking == "unknown"
+    assert shortlist.suspects[0].rule.id == "megatron.rotary-emb-cache"  # embedding: read first
+    result = run_cli("diagnose", str(log), "--no-input")
+    assert ("The log does not show what the fault (rank 3: UCE ERROR) marked unsafe (no memory check result, no restart "
+            "line): the suspects are ranked by where the step first reads them.") in result.stdout
+
+
 def test_only_a_lone_survivor_of_a_fault_that_marked_every_tensor_is_high(tmp_path):
     dense_flash = {**DENSE, "use_flash_attn": "True", "seq_length": "4096"}
     everything = write_log(tmp_path, dump(dense_flash), [LLM_23, PERSISTENT_UCE, RESTART_ALL, CATCH_V26, PTA_ERROR],

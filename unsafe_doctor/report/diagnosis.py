@@ -462,7 +462,7 @@ def _fault_said(fault: FaultReading) -> str:
     if fault.marking == "none-marked":
         return (f"The fault before the error marks no memory unsafe{shown}: the unsafe data points elsewhere (an "
                 "earlier fault, or not this recovery), so no suspect is what this fault left")
-    return (f"What the fault marked unsafe is not in the log{shown} (no memory check result, no restart "
+    return (f"The log does not show what the fault{shown} marked unsafe (no memory check result, no restart "
             "line): the suspects are ranked by where the step first reads them")
 
 
