@@ -22,6 +22,7 @@ lowers the confidence; it is said, never guessed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from unsafe_doctor.knowledge.context import RunContext
 
 SHORT = 3  # the suspects worth a fix first: the target puts the culprit among them
-_CONFIDENCES: tuple[Confidence, ...] = ("low", "medium", "high")
 
 
 @dataclass(frozen=True)
@@ -171,9 +171,10 @@ class _Evidence:
         its release and the generation known; else "medium" up to the third and "low" after; "low" for
         all without a dump or when the fault marked nothing."""
         marking = self.fault.marking
+        known = self.release_known(suspect.rule) and self.generation is not None and len(self.generations) == 1
         if self.arguments is None or marking == "none-marked":
             confidence: Confidence = "low"
-        elif count == 1 and marking == "all-marked" and suspect.confidence == "high":
+        elif count == 1 and marking == "all-marked" and known:
             confidence = "high"
         else:
             confidence = "medium" if position < SHORT else "low"
@@ -181,11 +182,11 @@ class _Evidence:
 
 
 def _either(generations: tuple[AdaptorProfile, ...]) -> str:
-    return " or ".join(profile.id for profile in generations)
+    return _listed(profile.id for profile in generations)
 
 
-def _listed(versions: tuple[Version, ...]) -> str:
-    return " or ".join(map(str, versions))
+def _listed(items: Iterable[object]) -> str:
+    return " or ".join(map(str, items))
 
 
 def _with_own_switches(ordered: list[_Kept]) -> list[_Kept]:
@@ -221,10 +222,9 @@ def _suspect(kept: _Kept, alternatives: tuple[str, ...], evidence: _Evidence) ->
     why.append(_survives(rule, evidence))
     if evidence.fault.marking == "partial" and evidence.arguments is not None:  # no dump: no size, said above
         why.append(_size_said(kept))
-    complete = evidence.release_known(rule) and evidence.generation is not None and len(evidence.generations) == 1
     tensor = _tensor(rule)
     verdict = classify_with_rule(rule, Subject(tensor, None, None), evidence.context)
-    return Suspect(rule, tensor, verdict, tuple(why), "high" if complete else "medium", alternatives)
+    return Suspect(rule, tensor, verdict, tuple(why), "low", alternatives)  # its confidence: `_Evidence.ranked`
 
 
 def _survives(rule: Rule, evidence: _Evidence) -> str:
