@@ -156,12 +156,13 @@ def test_release_unknown_makes_one_suspect_of_a_global_renamed_across_releases(t
     assert trackers[0].confidence != "high"
 
 
-def test_first_suspect_alone_may_be_high_and_those_after_the_third_are_low(tmp_path):
+def test_several_suspects_are_medium_up_to_the_third_and_low_after(tmp_path):
+    """Issue 37: "high" is for a lone survivor (tests/test_suspects_model.py); several are never."""
     log = write_log(tmp_path, dump({**MOE, "bf16": "True", "position_embedding_type": "rope"}), IN_TREE_LINES, [CATCH_V26])
     _, shortlist = shortlist_of(log)
     confidences = [suspect.confidence for suspect in shortlist.suspects]
-    assert confidences[0] == "high" and "high" not in confidences[1:]
-    assert set(confidences[3:]) == {"low"}
+    assert len(confidences) > 3
+    assert set(confidences[:3]) == {"medium"} and set(confidences[3:]) == {"low"}
 
 
 @pytest.mark.parametrize("catch, release", [(CATCH_V73, "v7.3.0 to v7.3.2"), (CATCH_V26, "v26.0.0 or later")])

@@ -23,7 +23,7 @@ from unsafe_doctor.log import lines as logs
 from unsafe_doctor.log.arguments import DUMP_MARKERS, RunArguments, read_arguments
 from unsafe_doctor.log.inputs import Excerpt, InputInfo, Progress, SkippedInput
 from unsafe_doctor.log.lines import LogLine
-from unsafe_doctor.log.recovery import LossScaling, MindioForm, Phase, RecoveryContext
+from unsafe_doctor.log.recovery import FaultReading, LossScaling, MindioForm, Phase, RecoveryContext
 from unsafe_doctor.log.sentinel_lines import MARKER, Failure, Summary
 from unsafe_doctor.log.tracebacks import Traceback, parse_tracebacks
 
@@ -187,7 +187,8 @@ def diagnose(
         sentinel_failures=sentinel.failures,
         mindio=form,
         arguments=arguments,
-        untraced=_untraced(tuple(sorted(untraced)), form, run, arguments, loss_scaling) if untraced else None,
+        untraced=_untraced(tuple(sorted(untraced)), form, run, arguments, loss_scaling, recovery.read_fault(context))
+        if untraced else None,
         generation=generation,
     )
 
@@ -198,11 +199,12 @@ def _untraced(
     run: RunContext,
     arguments: RunArguments | None,
     loss_scaling: LossScaling | None,
+    fault: FaultReading,
 ) -> Untraced:
-    """The suspects, with the generation the adaptor file or the log shows (a default profile is no evidence)."""
+    """The suspects, with the generations the job may have run and the fault the log shows."""
     from unsafe_doctor.diagnose.suspects import shortlist
 
-    return Untraced(ranks, form, shortlist(run, arguments, loss_scaling))
+    return Untraced(ranks, form, shortlist(run, arguments, loss_scaling, fault))
 
 
 def _phase(finding: Finding, context: RecoveryContext) -> Phase:

@@ -1,34 +1,43 @@
 """Suspects: for an unsafe-data error logged without a traceback, the globals it most likely read.
 
-Since mind-cluster v7.3.0 MindIO logs only the error's message, so no frame names the tensor. What
-the log still tells narrows it down: the arguments dump says which features the job ran (each rule
-says, through its conditions, which features make its global exist), the framework releases say
-which of a global's names and modules the job had, and the adaptor generation that ran says what
-its rollback and repair already reset (its profile's `resets`). A rule is a suspect when its global
-exists in such a job and nothing resets it; suspects come in the order a step first reads them
-(`first_read`: the first unsafe read is the one that raises), the more specific features first
-within a stage. What the log does not tell (no dump, no release, no generation) widens the list
-and lowers the confidence; it is said, never guessed.
+Since mind-cluster v7.3.0 MindIO logs only the error's message, so no frame names the tensor. The
+suspects follow the model written down in docs/diagnose.md (#how-suspects-are-ranked), step by step:
+
+1. exists in this run: the arguments dump shows the features that make the rule's global exist
+   (its conditions), and the releases the job ran name it (`Environment.job_releases`);
+2. survives the recovery: not every generation the job may have run (`Environment.possible`) resets
+   it (its profile's `resets`), and the fault the log shows marked memory unsafe (`read_fault`);
+3. which one raised: after a UCE that marked only the blocks it hit, the more device memory a global
+   holds (its rule's `device_bytes`, from the dump) the likelier it was hit; otherwise, and between
+   equals, the step's first read (`first_read`) decides. The first three always carry the globals of
+   the run's own switches (features that are not `common`), so a larger generic global cannot push
+   them out;
+4. confidence: "high" only for a lone survivor of a fault that marked every tensor; two or more, or a
+   fault that marks only some blocks, are "medium" up to the third and "low" after; no dump, or a
+   fault that marked nothing, "low".
+
+What the log does not tell (no dump, no release, no generation, no fault kind) widens the list and
+lowers the confidence; it is said, never guessed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
 from unsafe_doctor.knowledge.classify import Classified, Confidence, classify_with_rule
-from unsafe_doctor.knowledge.rules import READ_STAGES, AdaptorProfile, Rule, RuleMatch
+from unsafe_doctor.knowledge.rules import READ_STAGES, AdaptorProfile, Rule, RuleMatch, device_bytes
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.arguments import RunArguments
-from unsafe_doctor.log.recovery import LossScaling
+from unsafe_doctor.log.recovery import FaultReading, LossScaling
 
 if TYPE_CHECKING:
     from unsafe_doctor.knowledge.context import RunContext
 
 SHORT = 3  # the suspects worth a fix first: the target puts the culprit among them
-_CONFIDENCES: tuple[Confidence, ...] = ("low", "medium", "high")
 
 
 @dataclass(frozen=True)
@@ -58,14 +67,19 @@ class Shortlist:
     excluded: tuple[Excluded, ...]  # rules with a first read that the evidence ruled out, each with why
     arguments: RunArguments | None  # the dump read; None: the features are unknown
     generation: AdaptorProfile | None  # the adaptor generation the log shows; None: it does not tell
+    fault: FaultReading = FaultReading("unknown")  # what the fault before the error marked unsafe
+    generations: tuple[AdaptorProfile, ...] = ()  # the generations whose resets were weighed (`Environment.possible`)
 
 
-def shortlist(context: RunContext, arguments: RunArguments | None, loss_scaling: LossScaling | None) -> Shortlist:
-    """The suspects of an untraced unsafe-data error, most likely first, for the generation and the
-    releases the environment shows (`Environment.generation`, `Environment.job_releases`)."""
+def shortlist(
+    context: RunContext, arguments: RunArguments | None, loss_scaling: LossScaling | None, fault: FaultReading
+) -> Shortlist:
+    """The suspects of an untraced unsafe-data error, most likely first, for the generations the job may
+    have run, the releases the environment shows and the fault the log shows (`read_fault`)."""
     environment = context.environment
     generation = environment.generation
-    evidence = _Evidence(context, arguments, generation, loss_scaling, environment.job_releases())
+    generations = environment.possible or ((generation,) if generation is not None else ())
+    evidence = _Evidence(context, arguments, generation, generations, loss_scaling, environment.job_releases(), fault)
     kept: list[_Kept] = []
     excluded: list[Excluded] = []
     for rule in context.knowledge.rules:
@@ -75,11 +89,17 @@ def shortlist(context: RunContext, arguments: RunArguments | None, loss_scaling:
         if reason is not None:
             excluded.append(Excluded(rule.id, reason))
             continue
-        kept.append(_Kept(rule, evidence.features_on(rule), len(context.knowledge.features(rule))))
-    groups = _by_global(kept, evidence)
-    ordered = sorted(groups, key=lambda group: _read_order(group[0], context))
-    suspects = [_suspect(group, evidence) for group in ordered]
-    return Shortlist(tuple(map(_ranked, suspects, range(len(suspects)))), tuple(excluded), arguments, generation)
+        kept.append(evidence.kept(rule))
+    alternatives: dict[str, tuple[str, ...]] = {}
+    chosen = []
+    for group in _by_global(kept, evidence):
+        newest = max(group, key=lambda item: _lowest_version(item.rule))  # release not known: the newest names it
+        alternatives[newest.rule.id] = tuple(item.rule.id for item in group if item is not newest)
+        chosen.append(newest)
+    ordered = _with_own_switches(sorted(chosen, key=evidence.order))
+    suspects = [_suspect(item, alternatives[item.rule.id], evidence) for item in ordered]
+    ranked = tuple(evidence.ranked(suspect, position, len(suspects)) for position, suspect in enumerate(suspects))
+    return Shortlist(ranked, tuple(excluded), arguments, generation, fault, generations)
 
 
 @dataclass(frozen=True)
@@ -87,6 +107,8 @@ class _Kept:
     rule: Rule
     features: tuple[str, ...]  # the arguments that make its global exist, as printed
     specificity: int  # how many conditions it needs
+    size: float | None  # the device memory it holds, in bytes, from the dump; None: not known
+    own: bool  # a switch of the run's own (a feature the dump shows on that is not `common`) creates it
 
 
 @dataclass(frozen=True)
@@ -94,14 +116,16 @@ class _Evidence:
     context: RunContext
     arguments: RunArguments | None
     generation: AdaptorProfile | None
+    generations: tuple[AdaptorProfile, ...]  # the generations the job may have run: a reset counts when all do it
     loss_scaling: LossScaling | None
     # framework -> the releases the job may have run, and where that comes from; absent: unknown
     releases: dict[str, tuple[tuple[Version, ...], str]]
+    fault: FaultReading
 
     def ruled_out(self, rule: Rule) -> str | None:
         """Why the rule's global cannot be the one, or None when the log leaves it possible."""
-        if self.generation is not None and rule.id in self.generation.resets:
-            return f"the {self.generation.id} adaptor's rollback and repair already reset it"
+        if self.generations and all(rule.id in profile.resets for profile in self.generations):
+            return f"the {_either(self.generations)} adaptor's rollback and repair already reset it"
         found = self.releases.get(rule.framework or "")
         if found and rule.versions is not None and not any(rule.versions.contains(v, prereleases=True) for v in found[0]):
             return f"{rule.framework} {_listed(found[0])} ({found[1]}) is not {rule.versions}"
@@ -116,33 +140,62 @@ class _Evidence:
                 return f"{condition.switch} is {printed if printed is not None else 'not in the arguments'}: {name} is off"
         return None
 
-    def features_on(self, rule: Rule) -> tuple[str, ...]:
-        if self.arguments is None:
-            return ()
-        conditions = self.context.knowledge.conditions
-        switches = (conditions[name].switch for name in self.context.knowledge.features(rule))
-        return tuple(f"{switch} = {self.arguments.get(switch)}" for switch in switches if switch is not None)
+    def kept(self, rule: Rule) -> _Kept:
+        """A rule the log leaves possible, with what the dump says of it."""
+        knowledge = self.context.knowledge
+        names = knowledge.features(rule)
+        values = self.arguments.values if self.arguments is not None else None
+        switches = (knowledge.conditions[name].switch for name in names)
+        features = tuple(f"{switch} = {values.get(switch)}" for switch in switches if switch is not None) if values else ()
+        size = device_bytes(rule.device_bytes, values) if rule.device_bytes and values is not None else None
+        own = values is not None and any(not knowledge.conditions[name].common for name in names)
+        return _Kept(rule, features, len(names), size, own)
+
+    def order(self, kept: _Kept) -> tuple:
+        """Step 3: after a UCE that marked only the blocks it hit, the larger global first (sizes not known
+        after those known); then, and alone after any other fault, where the step first reads it; then
+        the more specific features first; then knowledge order."""
+        rule = kept.rule
+        stage = READ_STAGES.index(rule.first_read or READ_STAGES[-1])
+        read = (stage, -kept.specificity, self.context.knowledge.rules.index(rule))
+        if self.fault.marking == "partial":
+            return (kept.size is None, -(kept.size or 0), *read)
+        return read
 
     def release_known(self, rule: Rule) -> bool:
         """One release of the rule's framework, or a rule that holds for all."""
         return rule.framework is None or rule.versions is None or len(self.releases.get(rule.framework, ((),))[0]) == 1
 
+    def ranked(self, suspect: Suspect, position: int, count: int) -> Suspect:
+        """Step 4. "high": the only survivor, of a fault that marked every device tensor, with the dump,
+        its release and the generation known; else "medium" up to the third and "low" after; "low" for
+        all without a dump or when the fault marked nothing."""
+        marking = self.fault.marking
+        known = self.release_known(suspect.rule) and self.generation is not None and len(self.generations) == 1
+        if self.arguments is None or marking == "none-marked":
+            confidence: Confidence = "low"
+        elif count == 1 and marking == "all-marked" and known:
+            confidence = "high"
+        else:
+            confidence = "medium" if position < SHORT else "low"
+        return replace(suspect, confidence=confidence)
 
-def _listed(versions: tuple[Version, ...]) -> str:
-    return " or ".join(map(str, versions))
+
+def _either(generations: tuple[AdaptorProfile, ...]) -> str:
+    return _listed(profile.id for profile in generations)
 
 
-def _ranked(suspect: Suspect, position: int) -> Suspect:
-    """Confidence that this is the tensor, not only that it exists: the evidence's, capped by how many
-    come before it (the step reads them first: had one been unsafe, it would have raised)."""
-    cap: Confidence = "high" if position == 0 else "medium" if position < SHORT else "low"
-    return replace(suspect, confidence=min(suspect.confidence, cap, key=_CONFIDENCES.index))
+def _listed(items: Iterable[object]) -> str:
+    return " or ".join(map(str, items))
 
 
-def _read_order(kept: _Kept, context: RunContext) -> tuple[int, int, int]:
-    """Where the step first reads the global; then the more specific features first; then knowledge order."""
-    rule = kept.rule
-    return READ_STAGES.index(rule.first_read or READ_STAGES[-1]), -kept.specificity, context.knowledge.rules.index(rule)
+def _with_own_switches(ordered: list[_Kept]) -> list[_Kept]:
+    """The most likely first, then the globals of the run's own switches up to the third place: a larger
+    generic global (one every run of the stack has) leads, but never pushes them out of the first three."""
+    if not ordered:
+        return ordered
+    own = [item for item in ordered[1:] if item.own][: SHORT - 1]
+    return [ordered[0], *own, *(item for item in ordered[1:] if item not in own)]
 
 
 def _by_global(kept: list[_Kept], evidence: _Evidence) -> list[list[_Kept]]:
@@ -157,8 +210,7 @@ def _by_global(kept: list[_Kept], evidence: _Evidence) -> list[list[_Kept]]:
     return list(groups.values())
 
 
-def _suspect(group: list[_Kept], evidence: _Evidence) -> Suspect:
-    kept = max(group, key=lambda item: _lowest_version(item.rule))  # release not known: the newest names it
+def _suspect(kept: _Kept, alternatives: tuple[str, ...], evidence: _Evidence) -> Suspect:
     rule = kept.rule
     why = list(kept.features)
     if evidence.arguments is None:
@@ -167,14 +219,45 @@ def _suspect(group: list[_Kept], evidence: _Evidence) -> Suspect:
     if rule.framework is not None and rule.versions is not None:
         release = f"{_listed(found[0])} ({found[1]})" if found else f"release unknown: named as in {rule.versions}"
         why.append(f"{rule.framework} {release}")
-    generation = evidence.generation
-    why.append(f"not reset by the {generation.id} adaptor" if generation else "adaptor generation not shown by the log")
-    complete = evidence.release_known(rule) and generation is not None
-    confidence: Confidence = "low" if evidence.arguments is None else "high" if complete else "medium"
+    why.append(_survives(rule, evidence))
+    if evidence.fault.marking == "partial" and evidence.arguments is not None:  # no dump: no size, said above
+        why.append(_size_said(kept))
     tensor = _tensor(rule)
     verdict = classify_with_rule(rule, Subject(tensor, None, None), evidence.context)
-    alternatives = tuple(item.rule.id for item in group if item.rule is not rule)
-    return Suspect(rule, tensor, verdict, tuple(why), confidence, alternatives)
+    return Suspect(rule, tensor, verdict, tuple(why), "low", alternatives)  # its confidence: `_Evidence.ranked`
+
+
+def _survives(rule: Rule, evidence: _Evidence) -> str:
+    """Step 2 in words: the generations weighed that leave the global unsafe, and which were weighed."""
+    generations = evidence.generations
+    if not generations:
+        return "adaptor generation not shown by the log"
+    keep = tuple(profile for profile in generations if rule.id not in profile.resets)
+    considered = ", ".join(profile.id for profile in generations)
+    if len(generations) == 1:
+        said = f"not reset by the {generations[0].id} adaptor"
+    elif keep == generations:
+        said = f"not reset by any generation the job may have run ({considered})"
+    else:
+        said = f"not reset by the {_either(keep)} adaptor, which the job may have run (generations considered: {considered})"
+    return said if evidence.generation is not None else f"adaptor generation not shown by the log: {said}"
+
+
+def _size_said(kept: _Kept) -> str:
+    """Step 3's weight in words: the device memory the global holds, or that it is not known."""
+    expression = kept.rule.device_bytes
+    if kept.size is None:
+        why = f"{expression} not in the dump" if expression else "the rule gives no size"
+        return f"device memory it holds not known ({why}): ranked after those whose size is known"
+    return f"holds about {_bytes(kept.size)} of device memory ({expression})"
+
+
+def _bytes(size: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
 
 
 def _lowest_version(rule: Rule) -> tuple[int, ...]:

@@ -40,6 +40,7 @@ from unsafe_doctor.knowledge.rules import (
     StepWritten,
     Template,
     map_parameters,
+    size_problem,
     stray_dollar,
     template_slots,
     variable_pattern,
@@ -284,6 +285,9 @@ def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None
     framework = item.get("framework") or {}
     versions = _specifier(framework.get("versions"), origin, problems)
     fix = _fix(item, f"{origin}: rule {item['id']}", problems)
+    size = item.get("device_bytes")
+    if size is not None and (problem := size_problem(size)) is not None:
+        problems.append(f"{origin}: rule {item['id']}: device_bytes {size!r}: {problem}")
     probe = item.get("probe")
     if probe is not None and probe not in PROBE_NAMES:
         known = ", ".join(sorted(PROBE_NAMES))
@@ -308,6 +312,7 @@ def _rule(item: dict[str, Any], origin: str, problems: list[str]) -> Rule | None
         priority=item.get("priority", 0),
         exists_when=tuple(item.get("exists_when", ())),
         first_read=item.get("first_read"),
+        device_bytes=item.get("device_bytes"),
         repair_with=tuple(item.get("repair_with", ())),
     )
 
@@ -388,7 +393,7 @@ def _condition(item: dict[str, Any]) -> Condition:
         guard = f"str({guard}) in {values!r}"
     elif above is not None:
         guard = f"({guard} or 0) > {above}"
-    return Condition(guard, SWITCH_IMPORTS, item["description"], switch, values, above)
+    return Condition(guard, SWITCH_IMPORTS, item["description"], switch, values, above, item.get("common", False))
 
 
 def _is_expression(text: str) -> bool:

@@ -19,8 +19,11 @@ fits rules to a global.
 
 from __future__ import annotations
 
+import ast
 import functools
 import keyword
+import math
+import operator
 import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -131,6 +134,9 @@ class Rule:
     # (which also guard the fix): what an arguments dump is read against.
     exists_when: tuple[str, ...] = ()
     first_read: ReadStage | None = None  # None: the step writes it before reading, or where is not known
+    # the device memory the global holds, in bytes: arithmetic over the arguments dump's names
+    # (`seq_length * seq_length`); None: not known
+    device_bytes: str | None = None
     # rules whose global the same step reads right after this one's (TopKRouter's local_tokens_per_expert
     # after expert_bias): repaired with it wherever the adaptor's generation does not repair them itself
     repair_with: tuple[str, ...] = ()
@@ -201,6 +207,42 @@ class AdaptorProfile:
     rebuilds_model: bool = True
 
 
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def size_problem(expression: str) -> str | None:
+    """Why a rule's `device_bytes` is not arithmetic over names and numbers, or None when it is."""
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as error:
+        return f"not an expression: {error.msg}"
+    for node in ast.walk(tree.body):
+        allowed = isinstance(node, (ast.Name, ast.Load)) or type(node) in _ARITHMETIC
+        allowed |= isinstance(node, ast.BinOp) or (isinstance(node, ast.Constant) and type(node.value) in (int, float))
+        if not allowed:
+            return f"only + - * /, numbers and argument names are allowed, not {type(node).__name__}"
+    return None
+
+
+def device_bytes(expression: str, values: Mapping[str, str]) -> float | None:
+    """A rule's `device_bytes` for the values an arguments dump printed; None when a name is missing,
+    not a number, or the arithmetic fails (a division by zero)."""
+
+    def value(node: ast.expr) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return float(node.value)
+        if isinstance(node, ast.Name):
+            return float(values[node.id])  # KeyError, ValueError ("None"): not known
+        assert isinstance(node, ast.BinOp)  # size_problem allowed nothing else
+        return _ARITHMETIC[type(node.op)](value(node.left), value(node.right))
+
+    try:
+        result = value(ast.parse(expression, mode="eval").body)
+    except (KeyError, ValueError, ZeroDivisionError, OverflowError, SyntaxError):
+        return None
+    return result if math.isfinite(result) and result >= 0 else None
+
+
 # How an arguments dump prints a switch that is off: None, False, zero, an empty string or list.
 _OFF_VALUES = frozenset({"None", "False", "0", "0.0", "", "[]", "{}"})
 
@@ -213,6 +255,7 @@ class Condition:
     switch: str | None = None  # the framework argument the guard tests (rendered from it); None for a free guard
     values: tuple[str, ...] = ()  # the switch's printed values that turn the feature on (none: any true value)
     above: int | None = None  # the feature is on when the switch's value is greater than this
+    common: bool = False  # on in most runs of the stacks: what it alone creates is generic, not the run's own
 
     def holds_for(self, printed: str) -> bool:
         """Whether the switch's value, as an arguments dump prints it (`str(value)`), turns the feature on."""

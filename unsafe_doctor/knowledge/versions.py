@@ -85,11 +85,15 @@ class Environment:
 
     def job_releases(self) -> dict[str, tuple[tuple[Version, ...], str]]:
         """The frameworks' releases the job may have run, with where that comes from: what was found,
-        unless it is only this machine's installation and the generation shown runs with other
-        releases (its `pairs_with`): then those. The one decision every report reasons with (the
-        suspects, the stale resets)."""
-        generation = self.generation
-        paired = generation.pairs_with if generation is not None else {}
+        unless it is only this machine's installation and the generations the job may have run (those
+        `possible` when the adaptor or the log shows one) run with other releases (their `pairs_with`):
+        then those of every such generation. The one decision every report reasons with (the suspects,
+        the stale resets)."""
+        shown = self.shown_generations()
+        paired: dict[str, tuple[Version, ...]] = {}
+        for profile in shown:
+            for framework, pairs in profile.pairs_with.items():
+                paired[framework] = tuple(sorted({*paired.get(framework, ()), *pairs}))
         found: dict[str, tuple[tuple[Version, ...], str]] = {}
         for framework in dict.fromkeys([*self.versions, *paired]):  # in a fixed order: a report lists them
             version = self.versions.get(framework)
@@ -97,10 +101,19 @@ class Environment:
             installed_elsewhere = self.origins.get(framework) == "installed" and pairs and version not in pairs
             if version is not None and not installed_elsewhere:
                 found[framework] = ((version,), self.origins[framework])
-            elif pairs and generation is not None:
+            elif pairs:
                 releases = "the release" if len(pairs) == 1 else "the releases"
-                found[framework] = (pairs, f"{releases} the {generation.id} adaptor runs with")
+                names = [profile.id for profile in shown if framework in profile.pairs_with]
+                runs = "adaptor runs" if len(names) == 1 else "adaptors run"
+                found[framework] = (pairs, f"{releases} the {' or '.join(names)} {runs} with")
         return found
+
+    def shown_generations(self) -> tuple[AdaptorProfile, ...]:
+        """The generations the job may have run, when the adaptor file or the log shows one (`generation`):
+        that one, or every one the log's evidence ties with it; none when nothing shows a generation."""
+        if self.generation is None:
+            return ()
+        return self.possible if self.generation in self.possible else (self.generation,)
 
 
 def detect_environment(

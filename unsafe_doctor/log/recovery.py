@@ -49,8 +49,10 @@ MARKERS: tuple[bytes, ...] = (
     b"[clean] rank",  # adaptor: "[clean] rank:3, type:retry, …"
     b"repair",  # repair callback, "[repair] rank 3, … step:1200", "repair failed", "do repair operation ok"
     b"rollback",  # rollback callback, "… gather and rollback at iteration 1200", "rollback failed"
-    b"ex instance:",  # decorator: "rank:3 catch OTHER exception, [error_code:， ]ex instance:…" (v7.3 on)
+    b"ex instance:",  # decorator: "rank:3 catch OTHER exception, [error_code:， ]ex instance:…" (v7.3 on), and
+    # so the catch lines of the faults that mark no memory ("catch UB LINK ERROR exception, …")
     b"other exception str is",  # first public decorator, after its traceback: "other exception str is : …"
+    b"restart device start",  # torch_npu 26.1 `torch_npu.recovery` logger: "restart device start, … rebuild_all_resources=…"
 )
 
 # Byte strings of the lines that tell the run's loss scaling; `inputs.py` keeps the last line
@@ -121,13 +123,16 @@ class RecoveryContext:
     events: tuple[RecoveryEvent, ...]  # in the order of the lines given
 
 
+# Faults MindIO retries or repairs by relinking, which leave no memory unsafe: the catch lines' exception
+# names (mind-cluster v26.1.0 `fault_handles`; PRECISION ERROR is MindSpeed-LLM's registered pattern).
+_RETRIED_FAULTS = ("UB LINK ERROR", "HCCS LINK ERROR", "HCCL OP RETRY FAILED", "PRECISION ERROR")
 # Substrings per kind, tried in this order (the first kind that matches wins). Failures and the
 # success marker come before the generic repair/rollback texts that they also contain.
 _KIND_TEXTS: tuple[tuple[EventKind, tuple[str, ...]], ...] = (
     ("repair-failed", ("repair failed, ret:",)),
     ("rollback-failed", ("rollback failed, ret:",)),
     ("recovered", ("do repair operation ok",)),
-    ("fault", ("UCE ERROR", "MULTI BIT ECC", "device error type")),
+    ("fault", ("UCE ERROR", "MULTI BIT ECC", "device error type", *_RETRIED_FAULTS)),
     (
         "rollback",
         ("start to rollback callback", "and rollback at iteration", "[rollback] rank", "start rollback",
@@ -137,7 +142,7 @@ _KIND_TEXTS: tuple[tuple[EventKind, tuple[str, ...]], ...] = (
         "repair",
         ("start to repair callback", "[repair] rank", "receive repair message", "reply repair result"),
     ),
-    ("clean", ("[clean] rank", "check uce memory result")),
+    ("clean", ("[clean] rank", "check uce memory result", "restart device start")),
     ("stop", ("[stop] rank", "device stop")),
 )
 # check_uce_in_memory: 0 = no UCE on this device (the line then only shows that clean ran);
@@ -223,6 +228,57 @@ def read_recovery(lines: Iterable[LogLine]) -> RecoveryContext:
         step=steps[-1] if steps else None,
         events=tuple(events),
     )
+
+
+# What the fault before the error left unsafe (torch_npu's allocator, domain notes §3): "partial", only the
+# blocks a UCE in persistent memory hit (`check_uce_in_memory` 3; an HBM ECC error always reports 3);
+# "all-marked", every device tensor (`restart_device(rebuild_all_resources=True)`); "none-marked", nothing
+# (a UCE in temporary memory only, result 2, or a link, HCCL-retry or precision fault); "unknown".
+FaultMarking = Literal["partial", "all-marked", "none-marked", "unknown"]
+
+
+@dataclass(frozen=True)
+class FaultReading:
+    marking: FaultMarking
+    evidence: str | None = None  # what the line that tells says ("check uce memory result: 3"); None: no line tells
+    rank: int | None = None  # the rank that logged it
+
+
+_STRONGEST_FIRST: tuple[FaultMarking, ...] = ("all-marked", "partial", "unknown", "none-marked")
+_RESTART = re.compile(r"restart device start\b.*")
+_REBUILD_ALL = re.compile(r"rebuild_all_resources\s*[=:]\s*True")
+_UNSAFE_CHECK_OFF = re.compile(r"disable_tensor_unsafe_check\s*[=:]\s*True")
+_UCE_NAMES = ("UCE ERROR", "device error type")  # a UCE whose memory check is not in the line
+
+
+def read_fault(context: RecoveryContext) -> FaultReading:
+    """What the log's faults marked unsafe, the strongest marking first: a restart that rebuilds all
+    resources (and does not disable the check), then a UCE in persistent memory, then a UCE whose
+    memory check the log does not show (unknown), then the faults that mark nothing."""
+    found: dict[FaultMarking, FaultReading] = {}
+    unchecked: FaultReading | None = None
+    checked = False
+    for event in context.events:
+        text = event.text
+        if event.kind == "clean" and (restart := _RESTART.search(text)):
+            if _REBUILD_ALL.search(text) and not _UNSAFE_CHECK_OFF.search(text):
+                found.setdefault("all-marked", FaultReading("all-marked", restart[0].strip(), event.rank))
+            continue
+        if event.kind != "fault":
+            continue
+        if (result := _UCE_MEMORY_RESULT.search(text)) is not None:
+            checked = True
+            marking: FaultMarking = "partial" if result[1] == "3" else "none-marked" if result[1] == "2" else "unknown"
+            found.setdefault(marking, FaultReading(marking, result[0], event.rank))
+        elif "MULTI BIT ECC" in text:  # check_uce_in_memory always reports an HBM ECC error as persistent (3)
+            found.setdefault("partial", FaultReading("partial", "HBM MULTI BIT ECC", event.rank))
+        elif retried := next((name for name in _RETRIED_FAULTS if name in text), None):
+            found.setdefault("none-marked", FaultReading("none-marked", retried, event.rank))
+        elif unchecked is None and (name := next((name for name in _UCE_NAMES if name in text), None)):
+            unchecked = FaultReading("unknown", name, event.rank)
+    if unchecked is not None and not checked:  # it may have hit persistent memory: a fault that marks nothing does not say
+        found.setdefault("unknown", unchecked)
+    return next((found[marking] for marking in _STRONGEST_FIRST if marking in found), FaultReading("unknown"))
 
 
 def _frame_phase(frame: Frame) -> Phase | None:

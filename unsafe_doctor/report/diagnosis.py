@@ -22,7 +22,7 @@ from unsafe_doctor.knowledge.generations import GenerationEvidence
 from unsafe_doctor.knowledge.matching import finite_names
 from unsafe_doctor.knowledge.rules import AdaptorProfile
 from unsafe_doctor.knowledge.subject import TensorRef
-from unsafe_doctor.log.recovery import MINDIO_RELEASES, UNTRACED_FORMS
+from unsafe_doctor.log.recovery import MINDIO_RELEASES, UNTRACED_FORMS, FaultReading
 from unsafe_doctor.log.sentinel_lines import Summary
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.report.common import (
@@ -158,7 +158,7 @@ def _untraced_json(untraced: Untraced, diagnosis: Diagnosis) -> dict[str, Any]:
         "source_confidence": None,
         "truncated": False,
         "alternatives": [],
-        "notes": [_untraced_reason(untraced)],
+        "notes": [_untraced_reason(untraced), _fault_said(untraced.shortlist.fault)],
         "scenario": None,
         "rule": None,
         "confidence": None,
@@ -478,6 +478,23 @@ def _untraced_reason(untraced: Untraced) -> str:
     return f"{who} in this log (it may be cut or filtered): look in the rank's own stderr or per-rank log"
 
 
+def _fault_said(fault: FaultReading) -> str:
+    """What the fault before the error marked unsafe (step 2 of the suspects' model), as the log shows it."""
+    where = f"rank {fault.rank}: " if fault.rank is not None else ""
+    shown = f" ({where}{fault.evidence})" if fault.evidence else ""
+    if fault.marking == "partial":
+        return (f"The fault marked only the device memory it hit, a UCE in persistent memory{shown}: the more memory "
+                "a global holds, the likelier it is the one")
+    if fault.marking == "all-marked":
+        return (f"The recovery marked every device tensor unsafe{shown}: every surviving global is unsafe, "
+                "and the first one the step reads raised")
+    if fault.marking == "none-marked":
+        return (f"The fault before the error marks no memory unsafe{shown}: the unsafe data points elsewhere (an "
+                "earlier fault, or not this recovery), so no suspect is what this fault left")
+    return (f"The log does not show what the fault{shown} marked unsafe (no memory check result, no restart "
+            "line): the suspects are ranked by where the step first reads them")
+
+
 def _fix_place(suspect: Suspect, number: int) -> str:
     """Where a suspect's fix goes, and the option that writes it; or, in plain words, why none is shown."""
     fix = suspect.classification.fix
@@ -507,6 +524,7 @@ def _suspect_name(suspect: Suspect) -> Text:
 def _untraced(untraced: Untraced) -> RenderableType:
     shortlist = untraced.shortlist
     parts: list[RenderableType] = [Text(_untraced_reason(untraced) + ".", style="yellow")]
+    parts.append(Text(printable(_fault_said(shortlist.fault)) + "."))
     if not shortlist.suspects:
         parts.append(
             Text(
@@ -517,7 +535,8 @@ def _untraced(untraced: Untraced) -> RenderableType:
         )
         return Group(*parts)
     basis = ["the arguments dump" if shortlist.arguments else "no arguments dump (features unknown)"]
-    basis.append(f"the {shortlist.generation.id} adaptor" if shortlist.generation else "adaptor generation unknown")
+    weighed = " or ".join(profile.id for profile in shortlist.generations)
+    basis.append(f"the {weighed} adaptor" if shortlist.generation else "adaptor generation unknown")
     parts.append(Text(f"Suspects, most likely first ({', '.join(basis)}):", style="bold"))
     width = len(f"{len(shortlist.suspects)}.")  # the numbers right-aligned, their lines under one column
     for number, suspect in enumerate(shortlist.suspects, 1):
@@ -530,6 +549,9 @@ def _untraced(untraced: Untraced) -> RenderableType:
         if suspect.alternatives:
             parts.append(Hanging(f"{indent}or, by release: ", Text(", ".join(suspect.alternatives))))
         parts.append(Hanging(f"{indent}fix: ", Text(printable(_fix_place(suspect, number)))))
+    if len(shortlist.suspects) > 1:
+        parts.append(Text(f"{len(shortlist.suspects)} suspects survive and the log cannot tell them apart: the sentinel "
+                          "names the one at the next fault (unsafe-doctor sentinel install)."))
     return Group(*parts)
 
 
