@@ -163,7 +163,7 @@ def test_a_line_naming_another_module_is_not_that_modules_message():
 def test_each_matched_line_says_where_its_message_comes_from(tmp_path):
     diagnosis = _diagnosed(_log(tmp_path, *SHARED))
     assert diagnosis.generation is not None
-    shown = diagnosis.generation.shown_for("mindspeed-llm-26")
+    shown = diagnosis.generation.shown(["mindspeed-llm-26"])
     assert [first.message.text for first, _ in shown] == ["[clean] rank:{}, type:{}, cost:{}s, ret:{}",
                                                           "rank:{} successfully gather and rollback at iteration {}"]
     first, count = shown[0]
@@ -194,13 +194,14 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT)
 
 
-def test_diagnose_verbose_shows_the_decision_and_each_possible_generations_lines(tmp_path):
+def test_diagnose_verbose_shows_the_decision_and_each_matched_message_once(tmp_path):
     result = _cli("diagnose", "--log-only", "--no-input", "--verbose", str(_log(tmp_path, *SHARED)))
     text = " ".join(result.stdout.split())
     assert "Adaptor generation: the log's adaptor lines tie between mindspeed-llm-2.3, mindspeed-llm-26" in text
-    assert "mindspeed-llm-2.3: 2 messages" in text and "mindspeed-llm-26: 2 messages" in text
+    assert "(messages matched: mindspeed-llm-2.3 2, mindspeed-llm-26 2)" in text
     assert f"{tmp_path / 'train.log'}:0" in text
-    assert "message: [clean] rank:{}, type:{}, cost:{}s, ret:{} (Ascend/MindSpeed-LLM v2.3.0" in text
+    assert text.count("message: [clean] rank:{}, type:{}, cost:{}s, ret:{} (Ascend/MindSpeed-LLM v2.3.0") == 1
+    assert "logged by mindspeed-llm-2.3, mindspeed-llm-26)" in text
 
 
 def test_diagnose_without_verbose_keeps_its_report(tmp_path):
@@ -213,7 +214,8 @@ def test_the_json_report_holds_the_decision_and_the_evidence(tmp_path):
     generation = json.loads(result.stdout)["summary"]["generation"]
     assert (generation["decision"], generation["read"], generation["possible"]) == (
         "tie", ["mindspeed-llm-2.3", "mindspeed-llm-26"], ["mindspeed-llm-2.3", "mindspeed-llm-26"])
-    first = generation["evidence"]["mindspeed-llm-26"][0]
+    first = generation["evidence"][0]
     assert first["message"] == "[clean] rank:{}, type:{}, cost:{}s, ret:{}"
+    assert first["generations"] == ["mindspeed-llm-2.3", "mindspeed-llm-26"]
     assert (first["source"], first["offset"], first["lines"]) == (str(tmp_path / "train.log"), 0, 1)
     assert first["line"] == SHARED[0].rstrip("\n")

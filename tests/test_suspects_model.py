@@ -39,8 +39,9 @@ RESTART_ALL = ("2026-07-30 10:00:01,000 - torch_npu.recovery - INFO - restart de
                "rebuild_all_resources=True, disable_tensor_unsafe_check=False")
 RESTART_UNCHECKED = RESTART_ALL.replace("disable_tensor_unsafe_check=False", "disable_tensor_unsafe_check=True")
 RESTART_KEEP = RESTART_ALL.replace("rebuild_all_resources=True", "rebuild_all_resources=False")
-# MindSpeed-LLM 2.3's receive summary: the one text 26 does not log (tests/test_suspects_real.py)
-LLM_23 = "[repair] rank 3 recv total time consumed:0.100s, build repair group:0.001s, recv ckpt:0.099s"
+# MindSpeed-LLM 2.3's receive summary: 26's has no `build repair group:` time (knowledge_base/adaptor_messages.json)
+LLM_23 = ("[repair] rank 3 recv total time consumed:0.120s, build repair group:0.001s, rebuild:0.000s, recv ckpt:0.099s, "
+          "load ckpt:0.010s, recv optim:0.009s, recv log args:0.001s.")
 # A MindSpeed-LLM MoE run with flash attention and rotary embeddings, in the sizes of a real model
 BIG_MOE = {**MOE, "use_flash_attn": "True", "position_embedding_type": "rope", "bf16": "True", "seq_length": "4096",
            "kv_channels": "128", "num_layers": "4", "rotary_percent": "1.0", "micro_batch_size": "1", "hidden_size": "4096"}
@@ -75,7 +76,7 @@ def test_the_log_tells_what_the_fault_marked_unsafe(lines, marking, evidence, ra
 
 def test_a_reset_rules_a_global_out_only_when_every_generation_the_job_may_have_run_does_it(tmp_path):
     """No adaptor line: every generation is possible. All of them rebuild the memory buffer; 26 keeps the router's bias."""
-    log = write_log(tmp_path, dump(MOE), [PERSISTENT_UCE, CATCH_V26, PTA_ERROR])
+    log = write_log(tmp_path, dump(MOE), [HBM_ECC, CATCH_V26, PTA_ERROR])
     diagnosis, shortlist = shortlist_of(log)
     assert diagnosis.context.environment.generation is None
     assert len(shortlist.generations) == 4
@@ -88,18 +89,32 @@ def test_a_reset_rules_a_global_out_only_when_every_generation_the_job_may_have_
 
 
 def test_a_tie_in_the_logs_evidence_weighs_every_tied_generation_and_its_releases(tmp_path):
-    """The in-tree adaptor's two shared lines fit 2.3, 26 and the legacy wheel alike: 26 keeps the router's buffers."""
+    """The in-tree adaptor's lines fit 2.3 and 26 alike: 26 keeps the router's buffers."""
     log = write_log(tmp_path, dump(MOE), IN_TREE_LINES, [PERSISTENT_UCE, CATCH_V26, PTA_ERROR])
     _, shortlist = shortlist_of(log)
-    assert [profile.id for profile in shortlist.generations] == ["mindio-ttp-legacy", "mindspeed-llm-2.3", "mindspeed-llm-26"]
+    assert [profile.id for profile in shortlist.generations] == ["mindspeed-llm-2.3", "mindspeed-llm-26"]
     bias = next(suspect for suspect in shortlist.suspects if suspect.rule.id == "megatron.router-expert-bias")
     assert "not reset by the mindspeed-llm-26 adaptor, which the job may have run (generations considered: " \
-           "mindio-ttp-legacy, mindspeed-llm-2.3, mindspeed-llm-26)" in bias.why
+           "mindspeed-llm-2.3, mindspeed-llm-26)" in bias.why
     tracker = next(suspect for suspect in shortlist.suspects if "layer-wise-tracker" in suspect.rule.id)
-    assert "not reset by any generation the job may have run (mindio-ttp-legacy, mindspeed-llm-2.3, mindspeed-llm-26)" \
-        in tracker.why
-    assert ("megatron-core 0.6.0 or 0.7.0 or 0.8.0 or 0.12.1 (the releases the mindio-ttp-legacy or mindspeed-llm-2.3 or "
-            "mindspeed-llm-26 adaptors run with)") in bias.why
+    assert "not reset by any generation the job may have run (mindspeed-llm-2.3, mindspeed-llm-26)" in tracker.why
+    assert "megatron-core 0.12.1 (the release the mindspeed-llm-26 adaptor runs with)" in bias.why  # 2.3's too
+
+
+def test_tied_generations_that_run_with_other_releases_bring_them_all():
+    """A tie between the legacy wheel (core 0.6 to 0.12.1) and 2.3 (0.12.1): the releases of both count."""
+    from packaging.version import Version
+
+    from unsafe_doctor.knowledge.loading import load_knowledge
+    from unsafe_doctor.knowledge.versions import Environment
+
+    profiles = {profile.id: profile for profile in load_knowledge().profiles}
+    tied = (profiles["mindio-ttp-legacy"], profiles["mindspeed-llm-2.3"])
+    environment = Environment({"megatron-core": Version("0.16.1")}, {"megatron-core": "installed"}, (), tied[1], None,
+                              "log", possible=tied)
+    releases, origin = environment.job_releases()["megatron-core"]
+    assert releases == tuple(map(Version, ("0.6.0", "0.7.0", "0.8.0", "0.12.1")))
+    assert origin == "the releases the mindio-ttp-legacy or mindspeed-llm-2.3 adaptors run with"
 
 
 def test_after_a_partial_uce_the_largest_global_leads_and_the_runs_own_stay_in_the_first_three(tmp_path):

@@ -240,7 +240,8 @@ def _survives(rule: Rule, evidence: _Evidence) -> str:
         said = f"not reset by any generation the job may have run ({considered})"
     else:
         said = f"not reset by the {_either(keep)} adaptor, which the job may have run (generations considered: {considered})"
-    return said if evidence.generation is not None else f"adaptor generation not shown by the log: {said}"
+    shown = evidence.context.environment.shown_generations()  # one decided, or a tie of the log's lines
+    return said if shown else f"adaptor generation not shown by the log: {said}"
 
 
 def _size_said(kept: _Kept) -> str:

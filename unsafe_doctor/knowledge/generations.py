@@ -71,12 +71,10 @@ class GenerationEvidence:
     counts: dict[str, int]  # per generation, the distinct messages of it the log shows
     evidence: tuple[Evidence, ...]  # each line that matched, by input and offset
 
-    def lines_of(self, generation: str) -> tuple[Evidence, ...]:
-        return tuple(item for item in self.evidence if generation in item.message.generations)
-
-    def shown_for(self, generation: str) -> tuple[tuple[Evidence, int], ...]:
-        """Each of the generation's messages the log shows, by its first line, with how many lines show it."""
-        lines = self.lines_of(generation)
+    def shown(self, possible: Sequence[str]) -> tuple[tuple[Evidence, int], ...]:
+        """Each message a generation still `possible` logs that the log shows, once, by its first line,
+        with how many lines show it."""
+        lines = [item for item in self.evidence if set(item.message.generations) & set(possible)]
         return tuple((next(item for item in lines if item.message == message), count)
                      for message, count in Counter(item.message for item in lines).items())
 

@@ -80,8 +80,9 @@ class Environment:
 
     @property
     def generation(self) -> AdaptorProfile | None:
-        """The adaptor generation the adaptor file or the log shows; a default profile is no evidence."""
-        return self.profile if self.profile_from in ("adaptor", "log") else None
+        """The adaptor generation the adaptor file or the log shows; a default profile, or a profile picked
+        among the generations the log's lines tie between, is no evidence."""
+        return self.profile if self.profile_from == "adaptor" or self.profile_from == "log" and len(self.possible) == 1 else None
 
     def job_releases(self) -> dict[str, tuple[tuple[Version, ...], str]]:
         """The frameworks' releases the job may have run, with where that comes from: what was found,
@@ -104,16 +105,18 @@ class Environment:
             elif pairs:
                 releases = "the release" if len(pairs) == 1 else "the releases"
                 names = [profile.id for profile in shown if framework in profile.pairs_with]
+                if self.profile in shown and self.profile.pairs_with.get(framework) == pairs:
+                    names = [self.profile.id]  # the generation fixes are written for runs with all of them
                 runs = "adaptor runs" if len(names) == 1 else "adaptors run"
                 found[framework] = (pairs, f"{releases} the {' or '.join(names)} {runs} with")
         return found
 
     def shown_generations(self) -> tuple[AdaptorProfile, ...]:
-        """The generations the job may have run, when the adaptor file or the log shows one (`generation`):
-        that one, or every one the log's evidence ties with it; none when nothing shows a generation."""
-        if self.generation is None:
-            return ()
-        return self.possible if self.generation in self.possible else (self.generation,)
+        """The generations the adaptor file or the log's lines show: the adaptor's, or the one the lines
+        decide or every one they tie between; none when nothing shows a generation."""
+        if self.profile_from == "adaptor":
+            return (self.profile,)
+        return self.possible if self.profile_from == "log" else ()
 
 
 def detect_environment(

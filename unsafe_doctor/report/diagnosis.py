@@ -84,7 +84,7 @@ def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
 
 
 def _generation_json(diagnosis: Diagnosis) -> dict[str, Any] | None:
-    """The generation the log's adaptor lines show, and for each generation still possible, its lines."""
+    """The generation the log's adaptor lines show, and the messages of those still possible that it shows."""
     read = diagnosis.generation
     if read is None:
         return None
@@ -94,14 +94,12 @@ def _generation_json(diagnosis: Diagnosis) -> dict[str, Any] | None:
         "read": list(read.generations),
         "messages_matched": {generation: count for generation, count in read.counts.items() if count},
         "possible": possible,
-        "evidence": {  # each message once: its first line, and how many lines show it
-            generation: [
-                {"message": item.message.text, "from": item.message.where, "line": item.line, "source": item.source,
-                 "offset": item.offset, "lines": count}
-                for item, count in read.shown_for(generation)
-            ]
-            for generation in possible
-        },
+        "evidence": [  # each message once: its first line, how many lines show it, the generations that log it
+            {"message": item.message.text, "generations": list(item.message.generations),
+             "from": item.message.where, "line": item.line, "source": item.source, "offset": item.offset,
+             "lines": count}
+            for item, count in read.shown(possible)
+        ],
     }
 
 
@@ -556,7 +554,7 @@ def _untraced(untraced: Untraced) -> RenderableType:
 
 
 def _generation_text(read: GenerationEvidence, possible: Sequence[AdaptorProfile]) -> RenderableType:
-    """The decision, then per generation still possible each message it matched, shown by its first line."""
+    """The decision, then each message of a generation still possible that the log shows, by its first line."""
     matched = ", ".join(f"{generation} {count}" for generation, count in read.counts.items() if count)
     decision = {
         "decided": f"the log's adaptor lines show {read.generations[0]}",
@@ -567,14 +565,12 @@ def _generation_text(read: GenerationEvidence, possible: Sequence[AdaptorProfile
         Text(printable(f"Adaptor generation: {decision}" + (f" (messages matched: {matched})" if matched else "")),
              style="bold")
     ]
-    for profile in possible:
-        shown = read.shown_for(profile.id)
-        parts.append(Text(f"  {profile.id}: " + (counted(len(shown), "message") if shown else "no line of its own")))
-        for first, count in shown:
-            more = f" (and {counted(count - 1, 'more line')})" if count > 1 else ""
-            parts.append(Hanging("    ", Text(printable(f"{first.source}:{first.offset}  {first.line.strip()}{more}"))))
-            parts.append(Hanging("      message: ", Text(printable(f"{first.message.text}  ({first.message.where})"),
-                                                        style="dim")))
+    for first, count in read.shown([profile.id for profile in possible]):
+        more = f" (and {counted(count - 1, 'more line')})" if count > 1 else ""
+        parts.append(Hanging("  ", Text(printable(f"{first.source}:{first.offset}  {first.line.strip()}{more}"))))
+        logged_by = ", ".join(first.message.generations)
+        parts.append(Hanging("    message: ", Text(printable(f"{first.message.text}  ({first.message.where}; "
+                                                            f"logged by {logged_by})"), style="dim")))
     return Group(*parts)
 
 
