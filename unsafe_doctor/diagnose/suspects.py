@@ -47,7 +47,7 @@ class Suspect:
     classification: Classified  # the rule's scenario and its fix in the adaptor's generation
     why: tuple[str, ...]  # the evidence, one fact a line: which argument, which release, which generation
     confidence: Confidence
-    alternatives: tuple[str, ...] = ()  # ids of the rules for the same global in other releases (release unknown)
+    alternatives: tuple[str, ...] = ()  # ids of the rules for the same global in other releases or modules (`_by_global`)
 
     @property
     def block(self) -> RuleMatch:
@@ -199,13 +199,22 @@ def _with_own_switches(ordered: list[_Kept]) -> list[_Kept]:
 
 
 def _by_global(kept: list[_Kept], evidence: _Evidence) -> list[list[_Kept]]:
-    """Rules that name one global in different releases (same framework, features and first read),
-    together: when the release is not known to one, they are one suspect, not several."""
+    """Rules that name one global, together, so that it is listed once: rules for different releases
+    (same framework, features and first read) when the release is not known to one, and rules for one
+    name in two modules of a release (same name, features, first read and scenario: MindSpeed keeps
+    AG_SHARED_EXPERTS_INPUTS in moe_utils and, for its features-manager path, in moe_common; a
+    MindSpeed-LLM release imports both, so neither the log nor the index tells which the step read)."""
     groups: dict[tuple, list[_Kept]] = {}
     for item in kept:
         rule = item.rule
-        features = evidence.context.knowledge.features(rule)
-        key = (rule.id,) if evidence.release_known(rule) else (rule.framework, features, rule.first_read, rule.scenario)
+        shared = (rule.framework, evidence.context.knowledge.features(rule), rule.first_read, rule.scenario)
+        variable = _named_block(rule).variable
+        if not evidence.release_known(rule):
+            key: tuple = ("release", *shared)
+        elif variable is not None:
+            key = ("name", variable, *shared)
+        else:
+            key = ("rule", rule.id)
         groups.setdefault(key, []).append(item)
     return list(groups.values())
 

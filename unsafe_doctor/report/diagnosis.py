@@ -545,7 +545,7 @@ def _untraced(untraced: Untraced) -> RenderableType:
         parts.append(Hanging(f"  {f'{number}.':>{width}} ", header))
         parts.append(Hanging(f"{indent}why: ", Text(printable("; ".join(suspect.why)))))
         if suspect.alternatives:
-            parts.append(Hanging(f"{indent}or, by release: ", Text(", ".join(suspect.alternatives))))
+            parts.append(Hanging(f"{indent}or, by release or module: ", Text(", ".join(suspect.alternatives))))
         parts.append(Hanging(f"{indent}fix: ", Text(printable(_fix_place(suspect, number)))))
     if len(shortlist.suspects) > 1:
         parts.append(Text(f"{len(shortlist.suspects)} suspects survive and the log cannot tell them apart: the sentinel "
