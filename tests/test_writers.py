@@ -109,9 +109,10 @@ def _excluded(tmp_path: Path, values: dict[str, str]) -> dict[str, str]:
     return {item.rule: item.why for item in shortlist.excluded} | {s.rule.id: "" for s in shortlist.suspects}
 
 
-def test_no_load_balancing_and_no_z_loss_rule_the_tracker_out_naming_the_guards(tmp_path):
-    why = _excluded(tmp_path, NO_AUX_LOSS)[TRACKER]
-    assert why.startswith("moe_router_load_balancing_type is none and moe_z_loss_coeff is None")
+@pytest.mark.parametrize("balancing", ["none", "sinkhorn"])
+def test_no_aux_loss_balancing_and_no_z_loss_rule_the_tracker_out_naming_the_guards(tmp_path, balancing):
+    why = _excluded(tmp_path, {**NO_AUX_LOSS, "moe_router_load_balancing_type": balancing})[TRACKER]
+    assert why.startswith(f"moe_router_load_balancing_type is {balancing} and moe_z_loss_coeff is None")
     assert "megatron-core 0.12.1 megatron/core/transformer/moe/router.py:" in why
 
 
