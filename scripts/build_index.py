@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from packaging.version import Version
@@ -35,14 +35,17 @@ def _is_indexed(path: str, framework: str) -> bool:
     return path.endswith(".py") and path.startswith(FRAMEWORK_FOLDERS[framework]) and "/tests/" not in path
 
 
-def megatron_releases(cache: Path) -> Iterator[tuple[Release, dict[str, bytes]]]:
-    """Every megatron-core release from FIRST_MEGATRON on, as its wheel's Python files."""
+def megatron_releases(
+    cache: Path, wanted: Callable[[Version], bool] = lambda version: True
+) -> Iterator[tuple[Release, dict[str, bytes]]]:
+    """Every megatron-core release from FIRST_MEGATRON on (that `wanted` takes), as its wheel's Python files."""
     listed = subprocess.run(
         [sys.executable, "-m", "pip", "index", "versions", "megatron-core"], capture_output=True, text=True, check=True
     ).stdout
     line = next(line for line in listed.splitlines() if line.startswith("Available versions:"))
     versions = sorted(Version(text.strip()) for text in line.split(":", 1)[1].split(","))
-    for version in (version for version in versions if version >= FIRST_MEGATRON and not version.is_prerelease):
+    chosen = (version for version in versions if version >= FIRST_MEGATRON and not version.is_prerelease and wanted(version))
+    for version in chosen:
         wheels = sorted(cache.glob(f"megatron_core-{version}-*.whl"))
         if not wheels:
             subprocess.run(

@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING
 from packaging.version import Version
 
 from unsafe_doctor.knowledge.classify import Classified, Confidence, classify_with_rule
+from unsafe_doctor.knowledge.loading import shipped_knowledge_dir
 from unsafe_doctor.knowledge.rules import READ_STAGES, AdaptorProfile, Rule, RuleMatch, device_bytes
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
+from unsafe_doctor.knowledge.writers import load_writers
 from unsafe_doctor.log.arguments import RunArguments
 from unsafe_doctor.log.recovery import FaultReading, LossScaling
 
@@ -138,7 +140,15 @@ class _Evidence:
             printed = self.arguments.get(condition.switch) if self.arguments else None
             if printed is None or not condition.holds_for(printed):
                 return f"{condition.switch} is {printed if printed is not None else 'not in the arguments'}: {name} is off"
-        return None
+        return self.unwritten(rule)
+
+    def unwritten(self, rule: Rule) -> str | None:
+        """Why no code the step runs in this configuration writes the global (`knowledge.writers`)."""
+        if self.arguments is None:
+            return None
+        releases = {framework: found[0] for framework, found in self.releases.items()}
+        writers = load_writers(shipped_knowledge_dir())
+        return writers.unwritten(rule.id, rule.versions, rule.framework, self.arguments.values, releases)
 
     def kept(self, rule: Rule) -> _Kept:
         """A rule the log leaves possible, with what the dump says of it."""

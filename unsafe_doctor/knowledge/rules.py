@@ -247,6 +247,11 @@ def device_bytes(expression: str, values: Mapping[str, str]) -> float | None:
 _OFF_VALUES = frozenset({"None", "False", "0", "0.0", "", "[]", "{}"})
 
 
+def is_on(printed: str) -> bool:
+    """Whether a value as an arguments dump prints it is true (not one of the printed off values)."""
+    return printed not in _OFF_VALUES
+
+
 @dataclass(frozen=True)
 class Condition:
     guard: str  # Python expression; the fix runs only when it is true
@@ -266,7 +271,7 @@ class Condition:
                 return float(printed) > self.above
             except ValueError:
                 return False
-        return printed not in _OFF_VALUES
+        return is_on(printed)
 
 
 @dataclass(frozen=True)
