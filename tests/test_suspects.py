@@ -402,3 +402,9 @@ def test_a_name_kept_in_two_modules_of_one_release_is_one_suspect(tmp_path):
     assert [(suspect.rule.id, suspect.alternatives) for suspect in named] == [
         ("mindspeed.ag-shared-experts-inputs", ("mindspeed.ag-shared-experts-inputs-moe-common",))]
     assert "mindspeed.ag-shared-experts-inputs-moe-common" not in {item.rule for item in shortlist.excluded}
+
+
+def test_a_tie_of_the_adaptor_lines_names_the_tied_generations_above_the_suspects(tmp_path):
+    log = write_log(tmp_path, dump(MOE), IN_TREE_LINES, [CATCH_V26, PTA_ERROR])
+    text = " ".join(report_at(100, str(log)).stdout.split())
+    assert "Suspects, most likely first (the arguments dump, the mindspeed-llm-2.3 or mindspeed-llm-26 adaptor):" in text

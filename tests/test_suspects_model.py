@@ -33,6 +33,8 @@ HBM_ECC = DECORATOR + ("rank:3 catch HBM MULTI BIT ECC can repair exception, err
 UCE_ONLY = DECORATOR + "rank:3 catch UCE ERROR exception, ex instance:UCE ERROR, "
 LINK = DECORATOR + "rank:3 catch UB LINK ERROR exception, error_code:， ex instance:UB LINK ERROR"
 RETRY = DECORATOR + "rank:3 catch HCCL OP RETRY FAILED exception, error_code:， ex instance:x"
+REMOTE = DECORATOR + "rank:3 catch SUSPECT REMOTE ERROR exception, error_code:， ex instance:x"
+OTHER_RANK_TEMPORARY = CLEAN + "rank 2 check uce memory result: 2"
 PRECISION = DECORATOR + "rank:3 catch PRECISION ERROR exception, error_code:， ex instance:x"
 # torch_npu 26.1's `torch_npu.recovery` logger (its field layout inferred from the API: docs/diagnose.md says so)
 RESTART_ALL = ("2026-07-30 10:00:01,000 - torch_npu.recovery - INFO - restart device start, device_id=3, "
@@ -60,6 +62,8 @@ def fault_of(*lines: str):
         ([LINK], "none-marked", "UB LINK ERROR", 3),
         ([RETRY], "none-marked", "HCCL OP RETRY FAILED", 3),
         ([PRECISION], "none-marked", "PRECISION ERROR", 3),
+        ([REMOTE], "none-marked", "SUSPECT REMOTE ERROR", 3),
+        ([UCE_ONLY, OTHER_RANK_TEMPORARY], "unknown", "UCE ERROR", 3),  # rank 2's check says nothing of rank 3's UCE
         ([PERSISTENT_UCE, RESTART_ALL], "all-marked", RESTART_ALL.split(" - INFO - ")[1], None),  # the line names a device
         ([LINK, PERSISTENT_UCE], "partial", "check uce memory result: 3", 3),  # the fault that marks wins
         ([UCE_ONLY], "unknown", "UCE ERROR", 3),  # which memory it hit is not in the log
@@ -126,7 +130,7 @@ def test_after_a_partial_uce_the_largest_global_leads_and_the_runs_own_stay_in_t
     generic = ["megatron.rotary-emb-cache", "megatron.rotary-inv-freq", "megatron.optimizer-scale-one"]
     assert sorted(generic, key=rules.index) == generic
     mask = shortlist.suspects[0]
-    assert "holds about 16.0 MiB of device memory (seq_length * seq_length)" in mask.why
+    assert "holds about 4.0 MiB of device memory (2048 * 2048)" in mask.why  # MindSpeed compresses it to 2048 x 2048
     assert {suspect.confidence for suspect in shortlist.suspects[:3]} == {"medium"}
 
 
@@ -144,11 +148,11 @@ def test_a_size_the_dump_does_not_give_is_said_not_guessed(tmp_path):
     values = {name: value for name, value in BIG_MOE.items() if name != "seq_length"}
     log = write_log(tmp_path, dump(values), IN_TREE_LINES, [PERSISTENT_UCE, CATCH_V26, PTA_ERROR])
     _, shortlist = shortlist_of(log)
-    mask = next(suspect for suspect in shortlist.suspects if suspect.rule.id == "mindspeed.global-attn-mask")
-    assert ("device memory it holds not known (seq_length * seq_length not in the dump): ranked after those whose size "
-            "is known") in mask.why
+    cache = next(suspect for suspect in shortlist.suspects if suspect.rule.id == "megatron.rotary-emb-cache")
+    assert ("device memory it holds not known (seq_length * kv_channels * rotary_percent * 4 not in the dump): ranked "
+            "after those whose size is known") in cache.why
     rules = [suspect.rule.id for suspect in shortlist.suspects]
-    assert rules.index("megatron.rotary-inv-freq") < rules.index("mindspeed.global-attn-mask")
+    assert rules.index("megatron.rotary-inv-freq") < rules.index("megatron.rotary-emb-cache")
 
 
 def test_an_error_after_a_fault_that_marks_nothing_points_elsewhere(tmp_path):
@@ -175,13 +179,21 @@ def test_a_fault_whose_memory_check_the_log_lacks_is_said_and_ranks_by_first_rea
 
 
 def test_only_a_lone_survivor_of_a_fault_that_marked_every_tensor_is_high(tmp_path):
-    dense_flash = {**DENSE, "use_flash_attn": "True", "seq_length": "4096"}
-    everything = write_log(tmp_path, dump(dense_flash), [LLM_23, PERSISTENT_UCE, RESTART_ALL, CATCH_V26, PTA_ERROR],
+    mtp = {**DENSE, "mtp_num_layers": "1", "sequence_parallel": "False", "create_attention_mask_in_dataloader": "True"}
+    everything = write_log(tmp_path, dump(mtp), [LLM_23, PERSISTENT_UCE, RESTART_ALL, CATCH_V26, PTA_ERROR],
                            name="restart.log")
     _, shortlist = shortlist_of(everything)
-    assert [(suspect.rule.id, suspect.confidence) for suspect in shortlist.suspects] == [("mindspeed.global-attn-mask", "high")]
-    some_blocks = write_log(tmp_path, dump(dense_flash), [LLM_23, PERSISTENT_UCE, CATCH_V26, PTA_ERROR], name="uce.log")
+    assert [(suspect.rule.id, suspect.confidence) for suspect in shortlist.suspects] == [("megatron.mtp-loss-tracker", "high")]
+    some_blocks = write_log(tmp_path, dump(mtp), [LLM_23, PERSISTENT_UCE, CATCH_V26, PTA_ERROR], name="uce.log")
     _, shortlist = shortlist_of(some_blocks)
+    assert [(suspect.rule.id, suspect.confidence) for suspect in shortlist.suspects] == [("megatron.mtp-loss-tracker", "medium")]
+
+
+def test_a_lone_survivor_that_most_runs_of_the_stack_have_is_never_high(tmp_path):
+    """Every MindSpeed-LLM run with flash attention has the mask: a run whose state is in its own code has it too."""
+    dense_flash = {**DENSE, "use_flash_attn": "True", "seq_length": "4096"}
+    everything = write_log(tmp_path, dump(dense_flash), [LLM_23, PERSISTENT_UCE, RESTART_ALL, CATCH_V26, PTA_ERROR])
+    _, shortlist = shortlist_of(everything)
     assert [(suspect.rule.id, suspect.confidence) for suspect in shortlist.suspects] == [("mindspeed.global-attn-mask", "medium")]
 
 

@@ -71,6 +71,7 @@ class Shortlist:
     generation: AdaptorProfile | None  # the adaptor generation the log shows; None: it does not tell
     fault: FaultReading = FaultReading("unknown")  # what the fault before the error marked unsafe
     generations: tuple[AdaptorProfile, ...] = ()  # the generations whose resets were weighed (`Environment.possible`)
+    shown: tuple[AdaptorProfile, ...] = ()  # those the adaptor or the log's lines show: one, or a tie; none: not shown
 
 
 def shortlist(
@@ -100,8 +101,9 @@ def shortlist(
         chosen.append(newest)
     ordered = _with_own_switches(sorted(chosen, key=evidence.order))
     suspects = [_suspect(item, alternatives[item.rule.id], evidence) for item in ordered]
-    ranked = tuple(evidence.ranked(suspect, position, len(suspects)) for position, suspect in enumerate(suspects))
-    return Shortlist(ranked, tuple(excluded), arguments, generation, fault, generations)
+    ranked = tuple(evidence.ranked(suspect, item.own, position, len(suspects))
+                   for position, (suspect, item) in enumerate(zip(suspects, ordered, strict=True)))
+    return Shortlist(ranked, tuple(excluded), arguments, generation, fault, generations, environment.shown_generations())
 
 
 @dataclass(frozen=True)
@@ -176,15 +178,17 @@ class _Evidence:
         """One release of the rule's framework, or a rule that holds for all."""
         return rule.framework is None or rule.versions is None or len(self.releases.get(rule.framework, ((),))[0]) == 1
 
-    def ranked(self, suspect: Suspect, position: int, count: int) -> Suspect:
-        """Step 4. "high": the only survivor, of a fault that marked every device tensor, with the dump,
-        its release and the generation known; else "medium" up to the third and "low" after; "low" for
-        all without a dump or when the fault marked nothing."""
+    def ranked(self, suspect: Suspect, own: bool, position: int, count: int) -> Suspect:
+        """Step 4. "high": the only survivor, of a fault that marked every device tensor, created by a
+        switch of the run's own (not one most runs of the stack turn on: a run whose state is in its own
+        code has those too, and a log never rules that state out), with the dump, its release and the
+        generation known; else "medium" up to the third and "low" after; "low" for all without a dump or
+        when the fault marked nothing."""
         marking = self.fault.marking
         known = self.release_known(suspect.rule) and self.generation is not None and len(self.generations) == 1
         if self.arguments is None or marking == "none-marked":
             confidence: Confidence = "low"
-        elif count == 1 and marking == "all-marked" and known:
+        elif count == 1 and marking == "all-marked" and own and known:
             confidence = "high"
         else:
             confidence = "medium" if position < SHORT else "low"

@@ -124,8 +124,9 @@ class RecoveryContext:
 
 
 # Faults MindIO retries or repairs by relinking, which leave no memory unsafe: the catch lines' exception
-# names (mind-cluster v26.1.0 `fault_handles`; PRECISION ERROR is MindSpeed-LLM's registered pattern).
-_RETRIED_FAULTS = ("UB LINK ERROR", "HCCS LINK ERROR", "HCCL OP RETRY FAILED", "PRECISION ERROR")
+# names (mind-cluster v26.1.0 `fault_handles`: the link errors and SUSPECT REMOTE ERROR go the HCCL-failure
+# way; PRECISION ERROR is MindSpeed-LLM's registered pattern).
+_RETRIED_FAULTS = ("UB LINK ERROR", "HCCS LINK ERROR", "HCCL OP RETRY FAILED", "SUSPECT REMOTE ERROR", "PRECISION ERROR")
 # Substrings per kind, tried in this order (the first kind that matches wins). Failures and the
 # success marker come before the generic repair/rollback texts that they also contain.
 _KIND_TEXTS: tuple[tuple[EventKind, tuple[str, ...]], ...] = (
@@ -256,8 +257,8 @@ def read_fault(context: RecoveryContext) -> FaultReading:
     resources (and does not disable the check), then a UCE in persistent memory, then a UCE whose
     memory check the log does not show (unknown), then the faults that mark nothing."""
     found: dict[FaultMarking, FaultReading] = {}
-    unchecked: FaultReading | None = None
-    checked = False
+    unchecked: list[FaultReading] = []
+    checked: set[int | None] = set()  # the ranks whose memory check the log shows
     for event in context.events:
         text = event.text
         if event.kind == "clean" and (restart := _RESTART.search(text)):
@@ -267,17 +268,19 @@ def read_fault(context: RecoveryContext) -> FaultReading:
         if event.kind != "fault":
             continue
         if (result := _UCE_MEMORY_RESULT.search(text)) is not None:
-            checked = True
+            checked.add(event.rank)
             marking: FaultMarking = "partial" if result[1] == "3" else "none-marked" if result[1] == "2" else "unknown"
             found.setdefault(marking, FaultReading(marking, result[0], event.rank))
         elif "MULTI BIT ECC" in text:  # check_uce_in_memory always reports an HBM ECC error as persistent (3)
             found.setdefault("partial", FaultReading("partial", "HBM MULTI BIT ECC", event.rank))
         elif retried := next((name for name in _RETRIED_FAULTS if name in text), None):
             found.setdefault("none-marked", FaultReading("none-marked", retried, event.rank))
-        elif unchecked is None and (name := next((name for name in _UCE_NAMES if name in text), None)):
-            unchecked = FaultReading("unknown", name, event.rank)
-    if unchecked is not None and not checked:  # it may have hit persistent memory: a fault that marks nothing does not say
-        found.setdefault("unknown", unchecked)
+        elif name := next((name for name in _UCE_NAMES if name in text), None):
+            unchecked.append(FaultReading("unknown", name, event.rank))
+    # a UCE on a rank whose check the log lacks may have hit persistent memory: another rank's check does not say
+    if reading := next((each for each in unchecked if each.rank not in checked and (each.rank is not None or not checked)),
+                       None):
+        found.setdefault("unknown", reading)
     return next((found[marking] for marking in _STRONGEST_FIRST if marking in found), FaultReading("unknown"))
 
 

@@ -533,8 +533,8 @@ def _untraced(untraced: Untraced) -> RenderableType:
         )
         return Group(*parts)
     basis = ["the arguments dump" if shortlist.arguments else "no arguments dump (features unknown)"]
-    weighed = " or ".join(profile.id for profile in shortlist.generations)
-    basis.append(f"the {weighed} adaptor" if shortlist.generation else "adaptor generation unknown")
+    shown = " or ".join(profile.id for profile in shortlist.shown)
+    basis.append(f"the {shown} adaptor" if shown else "adaptor generation unknown")
     parts.append(Text(f"Suspects, most likely first ({', '.join(basis)}):", style="bold"))
     width = len(f"{len(shortlist.suspects)}.")  # the numbers right-aligned, their lines under one column
     for number, suspect in enumerate(shortlist.suspects, 1):
