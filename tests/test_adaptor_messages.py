@@ -237,6 +237,46 @@ def test_a_traced_logs_frame_in_an_adaptors_file_tells_its_generation(tmp_path):
     assert first.message.where == "the profile's files (mindio-ttp-legacy): mindio_ttp/adaptor/*.py"
 
 
+# --- a user's profile --------------------------------------------------------------------------------------
+
+
+def test_the_shipped_profiles_list_no_log_evidence_their_messages_are_derived():
+    assert all(profile.log_evidence == () for profile in load_knowledge().profiles)
+
+
+def test_a_users_profile_with_log_evidence_loads_and_its_text_tells_the_generation(tmp_path):
+    rules = tmp_path / "acme.yaml"
+    rules.write_text(
+        "profiles:\n"
+        "  - id: acme-adaptor\n"
+        "    title: Acme adaptor\n"
+        "    files: [acme/recovery.py]\n"
+        "    rollback: rollback\n"
+        "    send: send\n"
+        "    recv: recv\n"
+        "    parameters: {src_ranks: sources, dest_ranks: destinations}\n"
+        "    repair_group: {expression: get_group()}\n"
+        "    log_evidence: ['acme rollback {done} for rank']\n"
+    )
+    path = _log(tmp_path, "[rank1]:2026-12-06 07:29:38,114 - acme.recovery - INFO - acme rollback {done} for rank 1\n")
+    diagnosis = diagnose([str(path)], groundwork((rules,), (), log_only=True))
+    assert diagnosis.generation is not None
+    assert (diagnosis.generation.decision, diagnosis.generation.generations) == ("decided", ("acme-adaptor",))
+    [(first, _)] = diagnosis.generation.shown(["acme-adaptor"])
+    assert first.message.where == f"the profile's log_evidence in {rules}"
+
+
+def test_each_matched_line_says_where_its_message_comes_from(tmp_path):
+    diagnosis = _diagnosed(_log(tmp_path, *SHARED))
+    assert diagnosis.generation is not None
+    shown = diagnosis.generation.shown(["mindspeed-llm-26"])
+    assert [first.message.text for first, _ in shown] == ["[clean] rank:{}, type:{}, cost:{}s, ret:{}",
+                                                          "rank:{} successfully gather and rollback at iteration {}"]
+    first, count = shown[0]
+    assert (first.source, first.offset, count) == (str(tmp_path / "train.log"), 0, 1)
+    assert first.message.where.startswith("Ascend/MindSpeed-LLM v2.3.0 mindspeed_llm/core/high_availability/tft_stop_clean.py:")
+
+
 def _develop_untraced() -> list[tuple[str, str]]:
     """(log, labelled generation) of the develop half's untraced logs that hold the error (issue 37's split)."""
     split = yaml.safe_load((CORPUS / "untraced_split.yaml").read_text())["logs"]

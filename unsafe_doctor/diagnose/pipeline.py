@@ -15,7 +15,13 @@ from unsafe_doctor.diagnose.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import Classification, classify, classify_cache
 from unsafe_doctor.knowledge.context import Groundwork, RunContext
-from unsafe_doctor.knowledge.generations import GenerationEvidence, needles, read_generation, shipped_messages
+from unsafe_doctor.knowledge.generations import (
+    GenerationEvidence,
+    needles,
+    profile_messages,
+    read_generation,
+    shipped_messages,
+)
 from unsafe_doctor.knowledge.matching import frame_named
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.log import inputs, recovery
@@ -104,7 +110,7 @@ def diagnose(
 ) -> Diagnosis:
     """`groundwork`: the command's knowledge and workspace; the environment is detected here, from the log's frames."""
     profiles = groundwork.knowledge.profiles
-    messages = shipped_messages()
+    messages = (*shipped_messages(), *profile_messages(profiles))
     scan = inputs.scan(
         paths,
         (*recovery.MARKERS, *needles(messages)),  # the adaptor's own lines tell its generation

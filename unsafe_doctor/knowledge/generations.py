@@ -13,7 +13,8 @@ log matches most (distinct messages; one shared by several generations counts fo
 several with as many tie, and none matched says nothing.
 
 Two more kinds of evidence come from the knowledge's profiles, not the derived file: a traceback
-frame in a file a profile's `files` globs match is that profile's (one message per glob).
+frame in a file a profile's `files` globs match is that profile's (one message per glob), and a
+user's profile may list `log_evidence` texts, each a message of that profile whoever logs it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from unsafe_doctor.log.tracebacks import Traceback
 
 MESSAGES_FILE = "adaptor_messages.json"
 MINDIO_LOGGER = "mindio"  # an adaptor that logs through MindIO's logger: its lines name the file
+ANY_LOGGER = "any"  # a user's profile's log_evidence: its text counts whoever logs it
 FRAME_LOGGER = "traceback frame"  # no message: a frame in one of a profile's files
 WORD = re.compile(r"[A-Za-z]{2,}")  # a word of a message: what tells it from others
 # decided: one generation matched most; tie: several as many; none: no adaptor message in the log
@@ -47,7 +49,7 @@ Decision = Literal["decided", "tie", "none"]
 @dataclass(frozen=True)
 class AdaptorMessage:
     text: str  # the format, `{}` for each hole, literal braces doubled
-    logger: str  # the module's name, MINDIO_LOGGER, "root", "unknown" or FRAME_LOGGER
+    logger: str  # the module's name, MINDIO_LOGGER, "root", "unknown", ANY_LOGGER or FRAME_LOGGER
     files: tuple[str, ...]  # the adaptor files known to log it (their names are in MindIO's lines)
     generations: tuple[str, ...]  # profile ids of adaptors.yaml
     where: str  # where it comes from: a release's file and line, or what records it
@@ -105,6 +107,15 @@ def _recorded(item: dict[str, Any]) -> AdaptorMessage:
     files = " or ".join(f"{file} ({known_from})" for file, known_from in item["files"].items())
     return AdaptorMessage(item["text"], item["logger"], tuple(item["files"]), tuple(item["generations"]),
                           f"recorded: {item['known_from']}; from {files}")
+
+
+def profile_messages(profiles: Sequence[AdaptorProfile]) -> tuple[AdaptorMessage, ...]:
+    """Each `log_evidence` text of a (user's) profile, as a message of that profile, whoever logs it."""
+    return tuple(
+        AdaptorMessage(text.replace("{", "{{").replace("}", "}}"), ANY_LOGGER, (), (profile.id,),
+                       f"the profile's log_evidence in {profile.origin.rpartition(':')[0]}")
+        for profile in profiles for text in profile.log_evidence
+    )
 
 
 def needles(messages: Sequence[AdaptorMessage]) -> tuple[bytes, ...]:
@@ -166,7 +177,8 @@ def _best(text: str, matched: list[AdaptorMessage], modules: Any) -> list[Adapto
     logger = named.group(1) if named else None
     allowed = [
         message for message in matched
-        if (named_file in message.files if message.logger == MINDIO_LOGGER else
+        if message.logger == ANY_LOGGER or (
+            named_file in message.files if message.logger == MINDIO_LOGGER else
             named_file is None and logger in (None, message.logger))
     ]
     if not allowed:
