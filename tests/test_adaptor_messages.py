@@ -15,8 +15,9 @@ import yaml
 
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.knowledge.generations import MESSAGES_FILE, read_generation, shipped_messages
+from unsafe_doctor.knowledge.generations import MESSAGES_FILE, NEEDLE_CHARS, WORD, needles, read_generation, shipped_messages
 from unsafe_doctor.knowledge.loading import load_knowledge, shipped_knowledge_dir
+from unsafe_doctor.log import inputs, recovery
 from unsafe_doctor.log.lines import mindio_file, split_lines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,6 +236,35 @@ def test_a_traced_logs_frame_in_an_adaptors_file_tells_its_generation(tmp_path):
                           "line 120, in feature_rollback")
     assert (first.source, count) == (str(path), 1)
     assert first.message.where == "the profile's files (mindio-ttp-legacy): mindio_ttp/adaptor/*.py"
+
+
+# --- the scan's needles ---------------------------------------------------------------------------------------
+
+
+def test_each_needle_the_scan_keeps_lines_by_has_two_words_and_enough_characters():
+    found = needles(shipped_messages())
+    assert found and b" not supported" not in found and b"not supported" not in found
+    assert all(len(needle.strip()) >= NEEDLE_CHARS and len(WORD.findall(needle.decode())) >= 2 for needle in found)
+
+
+def test_a_message_whose_needle_is_too_generic_still_matches_in_a_line_other_markers_keep():
+    line = _in_tree("elastic_training_repair", "rank:1 repair type retry not supported")
+    read = read_generation(shipped_messages(), split_lines(line, source="x.log", base_offset=0, rank_hint=None), (),
+                           _in_tree_profiles())
+    assert [item.message.text for item in read.evidence] == ["rank:{} repair type {} not supported"]
+
+
+def test_a_log_of_many_generic_lines_keeps_no_more_lines_than_the_recovery_markers_do(tmp_path):
+    """torch_npu prints `... not supported ...` on every line of some logs: none of them is an adaptor's. They
+    stand over a MiB before the error, outside the window the scan keeps around it."""
+    generic = (f"[W compiler_depend.ts:{n}] Warning: The operator 'aten::x' is not supported now.\n" for n in range(3000))
+    path = _log(tmp_path, *generic, "iteration 1 | lm loss: 2.5 | padding\n" * 40_000)
+
+    def kept(markers):
+        scan = inputs.scan([str(path)], markers)
+        return sum(excerpt.text.count("\n") for excerpt in (*scan.context, *scan.windows))
+
+    assert kept((*recovery.MARKERS, *needles(shipped_messages()))) == kept(recovery.MARKERS)
 
 
 # --- a user's profile --------------------------------------------------------------------------------------

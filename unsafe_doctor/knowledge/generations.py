@@ -41,6 +41,11 @@ MESSAGES_FILE = "adaptor_messages.json"
 MINDIO_LOGGER = "mindio"  # an adaptor that logs through MindIO's logger: its lines name the file
 ANY_LOGGER = "any"  # a user's profile's log_evidence: its text counts whoever logs it
 FRAME_LOGGER = "traceback frame"  # no message: a frame in one of a profile's files
+# A message's needle goes to the scan only with NEEDLE_WORDS words (runs of two letters) or more and
+# NEEDLE_CHARS characters or more beside its outer spaces: a shorter one is phrasing any library prints
+# (torch_npu writes `not supported` on every line of some logs). Its message still matches in lines
+# other markers keep.
+NEEDLE_WORDS, NEEDLE_CHARS = 2, 14
 WORD = re.compile(r"[A-Za-z]{2,}")  # a word of a message: what tells it from others
 # decided: one generation matched most; tie: several as many; none: no adaptor message in the log
 Decision = Literal["decided", "tie", "none"]
@@ -63,6 +68,12 @@ class AdaptorMessage:
     def needle(self) -> str:
         """Its longest literal part: what the scan looks for to keep the line."""
         return max(self.literal, key=len)
+
+    @property
+    def scanned(self) -> bool:
+        """Whether its needle is specific enough for the scan to keep lines by (NEEDLE_WORDS, NEEDLE_CHARS)."""
+        needle = self.needle.strip()
+        return len(needle) >= NEEDLE_CHARS and len(WORD.findall(needle)) >= NEEDLE_WORDS
 
 
 @dataclass(frozen=True)
@@ -119,8 +130,8 @@ def profile_messages(profiles: Sequence[AdaptorProfile]) -> tuple[AdaptorMessage
 
 
 def needles(messages: Sequence[AdaptorMessage]) -> tuple[bytes, ...]:
-    """The literal parts the scan keeps lines by: each message's longest, once each."""
-    return tuple(dict.fromkeys(message.needle.encode() for message in messages))
+    """The literal parts the scan keeps lines by: each message's longest, where specific enough, once each."""
+    return tuple(dict.fromkeys(message.needle.encode() for message in messages if message.scanned))
 
 
 def read_generation(messages: Sequence[AdaptorMessage], lines: Iterable[LogLine], tracebacks: Iterable[Traceback],
