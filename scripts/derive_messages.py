@@ -17,7 +17,8 @@ come from the generations' real files, never from strings picked by hand:
   more in its literal text; a format MindIO's own Python (`MINDIO_SOURCE`, under every generation) can
   log; a print (the adaptors print only what Megatron's checkpoint loader prints in every run);
 - the legacy `mindio_ttp` wheel's adaptor was never published: its lines, as far as they are known,
-  are `RECORDED`, each with where it is known from, kept apart from the derived ones.
+  are `RECORDED`, each with where it is known from and the wheel's files known to log it (each with
+  where that is known from), kept apart from the derived ones.
 
 Each message records where it comes from (repo, tag, commit, path, line). Run it again after a new
 release; tests/test_adaptor_messages.py holds the shipped file to what this script derives.
@@ -35,10 +36,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from unsafe_doctor.knowledge.generations import MINDIO_LOGGER, WORD
+
 OUTPUT = Path(__file__).resolve().parents[1] / "knowledge_base" / "adaptor_messages.json"
 MIN_WORDS = 3  # words of two letters or more in a message's literal text: fewer tell no generation apart
 LEVELS = frozenset({"info", "warning", "warn", "error", "debug", "exception", "critical", "log"})
-MINDIO_LOGGER = "mindio"  # MindIO's own logger: its lines carry `[<tid>][PYH <file>.py:<line>]`
 
 
 @dataclass(frozen=True)
@@ -68,20 +70,22 @@ MINDIO_SOURCE = Source("Ascend/mind-cluster", "mind_cluster", ("v7.3.0", "v7.3.2
 
 # The legacy wheel's lines as far as they are known (its source was never published). The texts are
 # those MindSpeed-LLM's commit 5dd34295 ("move mindio_ttp adaptor to MindSpeed", 2025-11-10) carried
-# in-tree, in the wheel's file names; the wheel logs through MindIO's logger, as taskd's copy of its
-# code does (`ttp_logger.LOGGER`, mind-cluster v7.2.RC1), so each line names its file.
-_MOVED = "MindSpeed-LLM 5dd34295 moved the wheel's adaptor in-tree with this text (adaptors.yaml notes)"
+# in-tree; the wheel logs through MindIO's logger, as taskd's copy of its code does (`ttp_logger.LOGGER`,
+# mind-cluster v7.2.RC1), so each line names its file: the file the commit moved it from, or the one
+# file the FAQ names for the whole adaptor of older wheels.
+_KNOWN_FROM = "domain notes §4; MindSpeed-LLM 5dd34295 moved the wheel's adaptor in-tree with this text (adaptors.yaml notes)"
+_MOVED = "the wheel's file 5dd34295 moved it from"
+_FAQ = "the one adaptor file of older wheels the FAQ names"
 RECORDED = (
-    ("rank {} check uce memory result: {}", "tft_stop_clean.py", f"domain notes §4; {_MOVED}"),
-    ("[clean] rank:{}, type:{}, cost:{}s, ret:{}", "tft_stop_clean.py", f"domain notes §4; {_MOVED}"),
+    ("rank {} check uce memory result: {}", "tft_stop_clean.py"),
+    ("[clean] rank:{}, type:{}, cost:{}s, ret:{}", "tft_stop_clean.py"),
     ("[repair] rank {}, repair type:{}, src ranks:{}, dst ranks:{}, rank list:{}, optim idxs:{}, step:{}",
-     "tft_optimizer_data_repair.py", f"domain notes §4; {_MOVED}"),
-    ("rank:{} successfully gather and rollback at iteration {}", "tft_rollback.py", f"domain notes §4; {_MOVED}"),
-    ("[rollback] rank {} rollback total time consumed:{}", "tft_rollback.py", f"domain notes §4; {_MOVED}"),
+     "tft_optimizer_data_repair.py"),
+    ("rank:{} successfully gather and rollback at iteration {}", "tft_rollback.py"),
+    ("[rollback] rank {} rollback total time consumed:{}", "tft_rollback.py"),
 )
 
 _PERCENT = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(?:\*|\d+)?(?:\.(?:\*|\d+))?[hlL]?[diouxXeEfFgGcrsab%]")
-_WORD = re.compile(r"[A-Za-z]{2,}")
 HOLE = None  # a wildcard among a message's parts
 
 
@@ -129,8 +133,8 @@ def messages_in(source: str, module: str) -> list[Message]:
 
 def is_specific(text: str) -> bool:
     """Whether a message's literal text is enough to tell a generation: MIN_WORDS words or more."""
-    literal = "".join(part for part in _split(text) if part is not HOLE)
-    return len(_WORD.findall(literal)) >= MIN_WORDS
+    literal = "".join(part for part in _braces(text) if part is not HOLE)
+    return len(WORD.findall(literal)) >= MIN_WORDS
 
 
 def _loggers(tree: ast.Module, module: str) -> dict[str, str]:
@@ -223,10 +227,6 @@ def _format(parts: list[str | None]) -> str:
     return text
 
 
-def _split(text: str) -> list[str | None]:
-    return _braces(text)
-
-
 # --- the whole file --------------------------------------------------------------------------------
 
 
@@ -285,8 +285,8 @@ def derive(repos: dict[str, Path]) -> dict:
                             "lines, printed in every run)", **dropped},
         "read": read,
         "messages": sorted(messages.values(), key=lambda entry: (entry["generations"][0], entry["file"], entry["text"])),
-        "recorded": [{"text": text, "logger": MINDIO_LOGGER, "file": file, "generations": ["mindio-ttp-legacy"],
-                      "known_from": known_from} for text, file, known_from in RECORDED],
+        "recorded": [{"text": text, "logger": MINDIO_LOGGER, "files": {file: _MOVED, "modellink_adaptor.py": _FAQ},
+                      "generations": ["mindio-ttp-legacy"], "known_from": _KNOWN_FROM} for text, file in RECORDED],
     }
 
 

@@ -15,8 +15,10 @@ import yaml
 
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.knowledge.generations import MESSAGES_FILE, read_generation, shipped_messages
+from unsafe_doctor.knowledge.generations import MESSAGES_FILE, NEEDLE_CHARS, WORD, needles, read_generation, shipped_messages
 from unsafe_doctor.knowledge.loading import load_knowledge, shipped_knowledge_dir
+from unsafe_doctor.log import inputs, recovery
+from unsafe_doctor.log.lines import mindio_file, split_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 MIRRORS = ROOT.parent / ".mirror"  # bare clones of the public repositories, where this machine has them
@@ -153,11 +155,145 @@ def test_the_in_tree_texts_through_mindios_logger_are_the_legacy_wheels(tmp_path
     assert diagnosis.generation is not None and diagnosis.generation.generations == ("mindio-ttp-legacy",)
 
 
+def _in_tree_profiles():
+    return [profile for profile in load_knowledge().profiles if profile.id in ("mindspeed-llm-2.3", "mindspeed-llm-26")]
+
+
 def test_a_line_naming_another_module_is_not_that_modules_message():
-    line = "[clean] rank:1, type:retry, cost:0.000s, ret:0"
-    as_written = f"2026-12-06 07:29:38,114 - {IN_TREE}.tft_rollback - INFO - {line}"
-    read = read_generation(shipped_messages(), [(line, as_written, "x.log", 0)], ["mindspeed-llm-2.3", "mindspeed-llm-26"])
+    written = f"2026-12-06 07:29:38,114 - {IN_TREE}.tft_rollback - INFO - [clean] rank:1, type:retry, cost:0.000s, ret:0"
+    read = read_generation(shipped_messages(), split_lines(written, source="x.log", base_offset=0, rank_hint=None), (),
+                           _in_tree_profiles())
     assert read.decision == "none"
+
+
+def test_the_counts_cannot_be_changed_after_the_reading():
+    read = read_generation(shipped_messages(), split_lines(SHARED[0], source="x.log", base_offset=0, rank_hint=None), (),
+                           _in_tree_profiles())
+    assert dict(read.counts) == {"mindspeed-llm-2.3": 1, "mindspeed-llm-26": 1}
+    with pytest.raises(TypeError):
+        read.counts["mindspeed-llm-26"] = 5  # type: ignore[index]
+
+
+def test_a_line_keeps_what_its_writer_wrote():
+    [line] = split_lines(SHARED[0], source="x.log", base_offset=0, rank_hint=None)
+    assert (line.text, line.written) == ("[clean] rank:1, type:retry, cost:0.000s, ret:0", SHARED[0].rstrip("\n"))
+
+
+# --- MindIO's logger names the file ---------------------------------------------------------------------
+
+
+def test_mindios_older_python_format_names_the_module_as_the_file():
+    """mind-cluster's faultdiag sample ttp_log.log.1 (domain notes §4): `[time][tid][LEVEL][module:line]`."""
+    assert mindio_file("[2024-12-24 11:56:59,095][10][ERROR][ttp_mindx_api:56] remove broken link") == "ttp_mindx_api.py"
+    assert mindio_file("2026-12-02 16:47:07.504934 info 17864 [34912][PYH tft_stop_clean.py:58] x") == "tft_stop_clean.py"
+    assert mindio_file("2026-12-06 07:29:38,114 - mindspeed_llm.x - INFO - [clean] rank:1") is None
+
+
+def test_a_legacy_line_in_mindios_older_python_format_is_the_legacy_wheels(tmp_path):
+    """Read as a line naming no logger, it tied 2.3 with 26, which log the same text through Python logging."""
+    line = "[2024-12-24 11:56:59,095][10][INFO][tft_rollback:52] rank:1 successfully gather and rollback at iteration 120\n"
+    diagnosis = _diagnosed(_log(tmp_path, line))
+    assert diagnosis.generation is not None
+    assert (diagnosis.generation.decision, diagnosis.generation.generations) == ("decided", ("mindio-ttp-legacy",))
+
+
+def test_a_legacy_line_from_the_faqs_modellink_adaptor_file_is_the_legacy_wheels(tmp_path):
+    """The FAQ names mindio_ttp/adaptor/modellink_adaptor.py as the older wheel's adaptor file."""
+    line = ("[rank1]:2024-12-02 16:47:07.504934 info 17864 [34912][PYH modellink_adaptor.py:210] "
+            "[clean] rank:1, type:retry, cost:0.000s, ret:0\n")
+    diagnosis = _diagnosed(_log(tmp_path, line))
+    assert diagnosis.generation is not None and diagnosis.generation.generations == ("mindio-ttp-legacy",)
+    [(first, _)] = diagnosis.generation.shown(["mindio-ttp-legacy"])
+    assert "modellink_adaptor.py (the one adaptor file of older wheels the FAQ names)" in first.message.where
+
+
+def test_each_recorded_legacy_line_holds_for_the_wheels_known_files_each_with_where_it_is_known_from():
+    recorded = json.loads((shipped_knowledge_dir() / MESSAGES_FILE).read_text(encoding="utf-8"))["recorded"]
+    for item in recorded:
+        assert "modellink_adaptor.py" in item["files"] and len(item["files"]) == 2
+        assert all(known_from for known_from in item["files"].values())
+    assert {file for item in recorded for file in item["files"]} >= {"tft_rollback.py", "tft_optimizer_data_repair.py"}
+
+
+# --- traceback frames in a profile's files ----------------------------------------------------------------------
+
+
+def test_a_traced_logs_frame_in_an_adaptors_file_tells_its_generation(tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.8/site-packages/mindio_ttp/adaptor/modellink_adaptor.py", line 120, in feature_rollback\n'
+        "    train_step()\n"
+        '  File "/work/megatron/core/transformer/moe/moe_utils.py", line 172, in save_to_aux_losses_tracker\n'
+        "    tracker[name][layer_number - 1] += loss.detach()\n"
+        "RuntimeError: There is unsafe data in the input tensor.\n"
+    )
+    diagnosis = _diagnosed(path)
+    assert diagnosis.generation is not None
+    assert (diagnosis.generation.decision, diagnosis.generation.generations) == ("decided", ("mindio-ttp-legacy",))
+    [(first, count)] = diagnosis.generation.shown(["mindio-ttp-legacy"])
+    assert first.line == ('File "/usr/local/lib/python3.8/site-packages/mindio_ttp/adaptor/modellink_adaptor.py", '
+                          "line 120, in feature_rollback")
+    assert (first.source, count) == (str(path), 1)
+    assert first.message.where == "the profile's files (mindio-ttp-legacy): mindio_ttp/adaptor/*.py"
+
+
+# --- the scan's needles ---------------------------------------------------------------------------------------
+
+
+def test_each_needle_the_scan_keeps_lines_by_has_two_words_and_enough_characters():
+    found = needles(shipped_messages())
+    assert found and b" not supported" not in found and b"not supported" not in found
+    assert all(len(needle.strip()) >= NEEDLE_CHARS and len(WORD.findall(needle.decode())) >= 2 for needle in found)
+
+
+def test_a_message_whose_needle_is_too_generic_still_matches_in_a_line_other_markers_keep():
+    line = _in_tree("elastic_training_repair", "rank:1 repair type retry not supported")
+    read = read_generation(shipped_messages(), split_lines(line, source="x.log", base_offset=0, rank_hint=None), (),
+                           _in_tree_profiles())
+    assert [item.message.text for item in read.evidence] == ["rank:{} repair type {} not supported"]
+
+
+def test_a_log_of_many_generic_lines_keeps_no_more_lines_than_the_recovery_markers_do(tmp_path):
+    """torch_npu prints `... not supported ...` on every line of some logs: none of them is an adaptor's. They
+    stand over a MiB before the error, outside the window the scan keeps around it."""
+    generic = (f"[W compiler_depend.ts:{n}] Warning: The operator 'aten::x' is not supported now.\n" for n in range(3000))
+    path = _log(tmp_path, *generic, "iteration 1 | lm loss: 2.5 | padding\n" * 40_000)
+
+    def kept(markers):
+        scan = inputs.scan([str(path)], markers)
+        return sum(excerpt.text.count("\n") for excerpt in (*scan.context, *scan.windows))
+
+    assert kept((*recovery.MARKERS, *needles(shipped_messages()))) == kept(recovery.MARKERS)
+
+
+# --- a user's profile --------------------------------------------------------------------------------------
+
+
+def test_the_shipped_profiles_list_no_log_evidence_their_messages_are_derived():
+    assert all(profile.log_evidence == () for profile in load_knowledge().profiles)
+
+
+def test_a_users_profile_with_log_evidence_loads_and_its_text_tells_the_generation(tmp_path):
+    rules = tmp_path / "acme.yaml"
+    rules.write_text(
+        "profiles:\n"
+        "  - id: acme-adaptor\n"
+        "    title: Acme adaptor\n"
+        "    files: [acme/recovery.py]\n"
+        "    rollback: rollback\n"
+        "    send: send\n"
+        "    recv: recv\n"
+        "    parameters: {src_ranks: sources, dest_ranks: destinations}\n"
+        "    repair_group: {expression: get_group()}\n"
+        "    log_evidence: ['acme rollback {done} for rank']\n"
+    )
+    path = _log(tmp_path, "[rank1]:2026-12-06 07:29:38,114 - acme.recovery - INFO - acme rollback {done} for rank 1\n")
+    diagnosis = diagnose([str(path)], groundwork((rules,), (), log_only=True))
+    assert diagnosis.generation is not None
+    assert (diagnosis.generation.decision, diagnosis.generation.generations) == ("decided", ("acme-adaptor",))
+    [(first, _)] = diagnosis.generation.shown(["acme-adaptor"])
+    assert first.message.where == f"the profile's log_evidence in {rules}"
 
 
 def test_each_matched_line_says_where_its_message_comes_from(tmp_path):

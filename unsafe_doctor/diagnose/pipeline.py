@@ -15,7 +15,13 @@ from unsafe_doctor.diagnose.locate import Finding, is_unsafe_error, locate
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import Classification, classify, classify_cache
 from unsafe_doctor.knowledge.context import Groundwork, RunContext
-from unsafe_doctor.knowledge.generations import GenerationEvidence, needles, read_generation, shipped_messages
+from unsafe_doctor.knowledge.generations import (
+    GenerationEvidence,
+    needles,
+    profile_messages,
+    read_generation,
+    shipped_messages,
+)
 from unsafe_doctor.knowledge.matching import frame_named
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.log import inputs, recovery
@@ -103,7 +109,8 @@ def diagnose(
     progress: Progress | None = None,
 ) -> Diagnosis:
     """`groundwork`: the command's knowledge and workspace; the environment is detected here, from the log's frames."""
-    messages = shipped_messages()
+    profiles = groundwork.knowledge.profiles
+    messages = (*shipped_messages(), *profile_messages(profiles))
     scan = inputs.scan(
         paths,
         (*recovery.MARKERS, *needles(messages)),  # the adaptor's own lines tell its generation
@@ -127,18 +134,11 @@ def diagnose(
     arguments = read_arguments(line for excerpt in scan.dumps for line in _lines(excerpt))
     switches = arguments.values if arguments else {}
     findings = sentinel_findings.merge(locate(unsafe, groundwork.workspace, switches), sentinel.findings)
-    frames = [frame for finding in findings if finding.unsafe for frame in finding.unsafe.frames]
-    # each line normalised (a CRI writer's pieces joined) and as written: the logger it names (MindIO's
-    # `[PYH tft_rollback.py:52]`, a module's) tells a generation too
-    written = {(excerpt.source, offset): text for excerpt in (*scan.context, *scan.windows)
-               for offset, text in logs.written_lines(excerpt.text, excerpt.start)}
-    profiles = groundwork.knowledge.profiles
-    generation = read_generation(
-        messages,
-        ((line.text, written.get((line.source, line.offset), line.text), line.source, line.offset)
-         for line in (*context_lines, *all_window_lines)),
-        [profile.id for profile in profiles],
-    )
+    traced = [finding.unsafe for finding in findings if finding.unsafe]
+    frames = [frame for traceback in traced for frame in traceback.frames]
+    # the adaptor's lines (the logger each names: MindIO's `[PYH tft_rollback.py:52]`, a module's) and
+    # the frames in its files tell its generation
+    generation = read_generation(messages, (*context_lines, *all_window_lines), traced, profiles)
     run = groundwork.detect(frames, adaptor, tuple(profile for profile in profiles if profile.id in generation.generations))
     diagnosed = tuple(
         DiagnosedFinding(finding, _phase(finding, context), _classify(finding, run, loss_scaling)) for finding in findings

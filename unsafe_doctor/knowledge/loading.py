@@ -371,6 +371,7 @@ def _profile(item: dict[str, Any], origin: str, problems: list[str]) -> AdaptorP
         repair_group_imports=tuple(item["repair_group"].get("imports", ())),
         origin=origin,
         resets=tuple(item.get("resets", ())),
+        log_evidence=tuple(item.get("log_evidence", ())),
         pairs_with={name: tuple(Version(str(v)) for v in versions) for name, versions in item.get("pairs_with", {}).items()},
     )
     mapping = {role: _alternatives(name) for role, name in parameters.items() if role in MAPPING_ROLES}

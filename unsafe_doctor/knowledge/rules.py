@@ -200,6 +200,8 @@ class AdaptorProfile:
     repair_group_imports: tuple[str, ...]
     origin: str
     resets: tuple[str, ...] = ()  # ids of the rules whose global the shipped rollback and repair already reset or repair
+    # a user's profile: texts only its adaptor logs, each a message of it (shipped ones use adaptor_messages.json)
+    log_evidence: tuple[str, ...] = ()
     # framework -> the releases this generation runs with (MindSpeed-LLM 26 pairs with megatron core_r0.12.1)
     pairs_with: dict[str, tuple[Version, ...]] = field(default_factory=dict)
     # recovery rebuilds the model (or makes all of it safe); False: only the optimizer's state and the

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 
@@ -48,6 +48,9 @@ class LogLine:
     text: str  # the line without colour codes, CR, timestamps, logger/launcher/rank prefixes
     source: str  # name of the input it came from
     offset: int  # byte offset of the line in that input: orders lines of one input
+    # the line as written, prefixes kept (a CRI writer's: its first piece): the logger it names tells who
+    # wrote it; "" where it was not kept (a line made by a later stage)
+    written: str = field(default="", compare=False)
 
 
 # CSI (`ESC [ … final`), OSC (`ESC ] … BEL|ST`) and two-byte escapes; a stray ESC goes too.
@@ -87,7 +90,11 @@ _SYSLOG_HEADER = re.compile(
     r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]?\d \d\d:\d\d:\d\d(?: [\w.-]+)?? [\w./-]+(?:\[\d+\])?:"
 )
 # MindIO source tags: C++ `[TTP controller.cpp:2510]`, Python-origin `[12345][PYH tft_rollback.py:88]`.
-_MINDIO_TAG = re.compile(r"\[TTP [^\]\s]+:\d+\]|\[\d+\]\[PYH [^\]\s]+:\d+\]")
+_PYH_TAG = r"\[PYH ([^\]\s]+):\d+\]"  # the Python file MindIO's logger was called from
+_MINDIO_TAG = re.compile(rf"\[TTP [^\]\s]+:\d+\]|\[\d+\]{_PYH_TAG}")
+# The file a line of MindIO's Python logger names: today's `[12345][PYH tft_rollback.py:88]`, or the older
+# Python format's `[10][ERROR][ttp_mindx_api:56]` (its module, no `.py`), as MindIO's own level names read.
+_MINDIO_FILE = re.compile(rf"\]{_PYH_TAG}|\]\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\]\[([\w.]+):\d+\]")
 
 _PREFIX_START = frozenset("[0123456789JFMASOND")  # a bracket, a digit, a month's initial
 
@@ -162,6 +169,12 @@ def normalise(raw: str) -> tuple[int | None, str]:
     return rank, text
 
 
+def mindio_file(written: str) -> str | None:
+    """The Python file a line of MindIO's logger names (`tft_rollback.py`), None on any other line."""
+    shown = _MINDIO_FILE.search(written)
+    return None if shown is None else shown[1] or f"{shown[2]}.py"
+
+
 def split_lines(text: str, *, source: str, base_offset: int, rank_hint: int | None) -> list[LogLine]:
     """Split an excerpt of one input into normalised lines, CRI partial lines joined.
 
@@ -172,20 +185,14 @@ def split_lines(text: str, *, source: str, base_offset: int, rank_hint: int | No
     """
     pieces = _pieces(text)
     offsets = _offsets(pieces, base_offset, text.isascii())
+    written = pieces
     if " stdout P " in text or " stderr P " in text:
-        offsets, pieces = _join_partial_lines(offsets, pieces)
+        offsets, pieces, written = _join_partial_lines(offsets, pieces)
     lines = []
-    for offset, piece in zip(offsets, pieces, strict=True):
+    for offset, piece, as_written in zip(offsets, pieces, written, strict=True):
         rank, clean = normalise(piece)
-        lines.append(LogLine(rank if rank is not None else rank_hint, clean, source, offset))
+        lines.append(LogLine(rank if rank is not None else rank_hint, clean, source, offset, as_written.rstrip("\r\n")))
     return lines
-
-
-def written_lines(text: str, base_offset: int) -> list[tuple[int, str]]:
-    """An excerpt's lines as written (their logger and rank prefixes kept), each with its offset as
-    `split_lines` counts it."""
-    pieces = _pieces(text)
-    return list(zip(_offsets(pieces, base_offset, text.isascii()), pieces, strict=True))
 
 
 def _pieces(text: str) -> list[str]:
@@ -209,20 +216,23 @@ def _offsets(pieces: list[str], offset: int, ascii_only: bool) -> list[int]:
 _CRI_SEARCH_SPAN = 400  # how far into a line its CRI header may start, after prefixes added outside it
 
 
-def _join_partial_lines(offsets: list[int], pieces: list[str]) -> tuple[list[int], list[str]]:
+def _join_partial_lines(offsets: list[int], pieces: list[str]) -> tuple[list[int], list[str], list[str]]:
     """Join each CRI `P` piece with the lines of its stream that continue it, up to the `F` one.
 
     The joined line stands where its first piece stood. A run still open at the excerpt's end is
-    kept as far as it goes: the window cut it, the runtime did not finish it here.
+    kept as far as it goes: the window cut it, the runtime did not finish it here. Returned: the
+    offsets, the lines, and each line's first piece.
     """
     joined_offsets: list[int] = []
     joined: list[str] = []
+    firsts: list[str] = []
     open_runs: dict[str, tuple[int, list[str]]] = {}  # stream -> (index in joined, pieces so far)
     for offset, piece in zip(offsets, pieces, strict=True):
         header = _CRI_HEADER.search(piece, 0, _CRI_SEARCH_SPAN)
         if header is None:
             joined_offsets.append(offset)
             joined.append(piece)
+            firsts.append(piece)
             continue
         stream = header[1]
         run = open_runs.pop(stream, None)
@@ -230,6 +240,7 @@ def _join_partial_lines(offsets: list[int], pieces: list[str]) -> tuple[list[int
             run = (len(joined), [piece])
             joined_offsets.append(offset)
             joined.append(piece)
+            firsts.append(piece)
         else:
             run[1].append(piece[header.end() :])
         if header[2] == "P":
@@ -238,7 +249,7 @@ def _join_partial_lines(offsets: list[int], pieces: list[str]) -> tuple[list[int
             joined[run[0]] = "".join(run[1])
     for index, parts in open_runs.values():
         joined[index] = "".join(parts)
-    return joined_offsets, joined
+    return joined_offsets, joined, firsts
 
 
 def by_rank(lines: Iterable[LogLine]) -> dict[int | None, list[LogLine]]:
