@@ -25,7 +25,8 @@ from unsafe_doctor.report.verification import to_json, unfixed_globals
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "tests" / "corpus" / "logs"
-ROUTER_LOG = LOGS / "untraced-v26-mindspeed-llm-26-router-expert-bias.log"  # suspects: expert_bias, local tokens, tracker
+ROUTER_LOG = LOGS / "untraced-v26-mindspeed-llm-26-router-expert-bias.log"  # suspects: expert_bias, local tokens
+TRACKER_LOG = LOGS / "untraced-v26-taskd-elastic-layer-wise-tracker.log"  # suspect 1: the tracker, module not named
 FLASH_LOG = LOGS / "untraced-v26-mindspeed-llm-26-flash-attention-mask.log"  # suspect 1: no module the log names
 REPAIR = Path("mindspeed_llm", "core", "high_availability", "tft_optimizer_data_repair.py")
 ROUTER = "megatron.core.transformer.moe.router"
@@ -53,15 +54,15 @@ def test_plain_verify_of_a_log_without_a_traceback_says_to_choose_a_suspect(adap
     line = one_line_refusal(unsafe_doctor("verify", str(ROUTER_LOG), "--adaptor", str(adaptor)))
     assert "no unsafe-data finding" not in line
     assert line == ("unsafe-doctor: nothing to verify: the log's unsafe-data error has no traceback: choose which of "
-                    "its 3 suspects to replay with --suspect N (diagnose lists them)")
+                    "its 2 suspects to replay with --suspect N (diagnose lists them)")
 
 
 @pytest.mark.parametrize(
     ("log", "number", "message"),
     [
-        (ROUTER_LOG, "4", "--suspect 4: the log's shortlist has suspects 1 to 3"),  # fix's own words
-        (ROUTER_LOG, "3", "--suspect 3: the replay cannot build _MOE_LAYER_WISE_LOGGING_TRACKER: rule "
-                          "megatron.moe-layer-wise-tracker names it without the one module that holds it"),
+        (ROUTER_LOG, "4", "--suspect 4: the log's shortlist has suspects 1 to 2"),  # fix's own words
+        (TRACKER_LOG, "1", "--suspect 1: the replay cannot build _MOE_LAYER_WISE_LOGGING_TRACKER: rule "
+                           "megatron.moe-layer-wise-tracker names it without the one module that holds it"),
         (FLASH_LOG, "1", "--suspect 1: no fix can be shown: the fix must import the module that holds the global, and "
                          "the log does not say which module that is (the rule knows it only by the pattern "
                          "mindspeed.*); a traceback names it, as the sentinel does at the next fault: diagnose of "
