@@ -170,10 +170,11 @@ def test_force_stopped_ranks_are_no_fault_ranks(ref):
 
 @pytest.mark.parametrize("ref", [ref for ref in REFS if ref != "492fde0c"])  # the first public one never prints OTHER
 def test_an_other_line_tells_by_its_message(ref):
-    (other,) = _lines(ref, "OTHER", "NPU function error: x")
+    (other,) = _lines(ref, "OTHER", "NPU function error: EZ9999")
     assert read_recovery([LogLine(3, other, "a.log", 0)]).events == ()
-    (uce_with_retry_off,) = read_recovery([LogLine(3, other.replace("error: x", "UCE ERROR."), "a.log", 0)]).events
-    assert (uce_with_retry_off.kind, uce_with_retry_off.catch_kind) == ("fault", "other")
+    for fault, kind in (("UCE ERROR", "memory-fault"), ("UB LINK ERROR", "link-fault")):  # retry off: OTHER
+        (event,) = read_recovery([LogLine(3, other.replace("EZ9999", f"{fault}."), "a.log", 0)]).events
+        assert (event.kind, event.catch_kind, catch_name(event.text)) == ("fault", kind, fault)
 
 
 @pytest.mark.parametrize("name", sorted(name for name, kind in CATCH_NAMES.items() if kind in ("link-fault", "precision-retry")))

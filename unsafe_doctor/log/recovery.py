@@ -156,7 +156,7 @@ CATCH_NAMES: dict[str, CatchKind] = {
     "FORCE STOP": "force-stop",
     "STEP FINISH": "step-pause",
     "ARF FINISH": "rescheduled",
-    "OTHER": "other",  # a handler's answer when retry is off, or no name matched
+    "OTHER": "other",  # a handler's answer when retry is off (`catch_name` reads the fault in its message), or no match
     "other": "other",  # the handler's generic `except Exception`
 }
 # The event a catch line's kind is; "other" tells nothing by itself (its message may: the unsafe-data error, a UCE).
@@ -169,12 +169,19 @@ _CATCH_EVENTS: dict[CatchKind, EventKind | None] = {
     "rescheduled": "repair",
     "other": None,
 }
+# The kinds that are a fault of the line's rank.
+_FAULT_KINDS: frozenset[CatchKind] = frozenset({"memory-fault", "link-fault", "precision-retry"})
 # The faults that leave no memory unsafe: MindIO retries the step or relinks, and no device memory was hit.
 _UNMARKING_FAULTS: frozenset[CatchKind] = frozenset({"link-fault", "precision-retry"})
 # The names are fixed texts: one alternation of them, longest first, runs in time linear in the line.
 _CATCH_NAME = re.compile(
     r"\bcatch (" + "|".join(re.escape(name) for name in sorted(CATCH_NAMES, key=len, reverse=True)) + r") exception\b"
 )
+# The fault names an OTHER line's message may hold (MindIO answers OTHER for them when retry is off), as MindIO
+# matches them: anywhere in the error's text (not the first public version's bare "HBM", no pattern of MindIO's).
+_FAULT_IN_MESSAGE = re.compile("|".join(
+    re.escape(name) for name in sorted(CATCH_NAMES, key=len, reverse=True) if CATCH_NAMES[name] in _FAULT_KINDS and name != "HBM"
+))
 # Substrings per kind, tried in this order (the first kind that matches wins). Failures and the
 # success marker come before the generic repair/rollback texts that they also contain.
 _KIND_TEXTS: tuple[tuple[EventKind, tuple[str, ...]], ...] = (
@@ -239,9 +246,13 @@ def catch_form(text: str) -> MindioForm | None:
 
 
 def catch_name(text: str) -> str | None:
-    """The exception name of a MindIO catch line (a key of `CATCH_NAMES`), or None for any other line."""
-    m = _CATCH_NAME.search(text)
-    return m[1] if m else None
+    """The name of what a MindIO catch line reports (a key of `CATCH_NAMES`): its exception name, but for an
+    OTHER line the fault name its error's message holds where it holds one; None for any other line."""
+    if (m := _CATCH_NAME.search(text)) is None:
+        return None
+    if CATCH_NAMES[m[1]] == "other" and (fault := _FAULT_IN_MESSAGE.search(text, m.end())):
+        return fault[0]
+    return m[1]
 
 
 def mindio_form(context: RecoveryContext) -> MindioForm | None:
