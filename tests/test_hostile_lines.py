@@ -44,6 +44,7 @@ DUMP_END = "-------------------- end of arguments --------------------"
     pytest.param((DUMP_TITLE, "-------- " * (RUN // 9), DUMP_END), id="rule-openings"),
     pytest.param(("rank:0 catch E exception, error_code:" * (RUN // 37) + " There is unsafe data in the input tensor.",),
                  id="v26-catch-without-its-end"),
+    pytest.param(("rank:0 catch HBM MULTI BIT ECC " * (RUN // 31) + "ex instance:x",), id="catch-names-without-exception"),
     pytest.param(("[a" + "0" * RUN + "x]: rank 0 UCE ERROR",), id="role-prefix-digits"),
 ])
 def test_a_hostile_line_is_read_in_linear_time(tmp_path, lines):

@@ -50,7 +50,7 @@ MARKERS: tuple[bytes, ...] = (
     b"repair",  # repair callback, "[repair] rank 3, … step:1200", "repair failed", "do repair operation ok"
     b"rollback",  # rollback callback, "… gather and rollback at iteration 1200", "rollback failed"
     b"ex instance:",  # decorator: "rank:3 catch OTHER exception, [error_code:， ]ex instance:…" (v7.3 on), and
-    # so the catch lines of the faults that mark no memory ("catch UB LINK ERROR exception, …")
+    # so every catch line that names its exception, of every release ("catch FORCE STOP exception, …")
     b"other exception str is",  # first public decorator, after its traceback: "other exception str is : …"
     b"restart device start",  # torch_npu 26.1 `torch_npu.recovery` logger: "restart device start, … rebuild_all_resources=…"
 )
@@ -114,26 +114,81 @@ class RecoveryEvent:
     offset: int
     text: str
 
+    @property
+    def catch_kind(self) -> CatchKind | None:
+        """What the line's MindIO catch name says happened on its rank; None for a line that is no catch line."""
+        name = catch_name(self.text)
+        return CATCH_NAMES[name] if name is not None else None
+
 
 @dataclass(frozen=True)
 class RecoveryContext:
     seen: bool  # the recovery flow ran (any stop/clean/repair/rollback event, failed or not)
-    fault_ranks: tuple[int, ...]  # ranks with a hardware-fault event, sorted
+    fault_ranks: tuple[int, ...]  # ranks with a fault event, sorted (not the ranks MindIO stopped because another faulted)
     step: int | None  # the last recovery step logged
     events: tuple[RecoveryEvent, ...]  # in the order of the lines given
 
 
-# Faults MindIO retries or repairs by relinking, which leave no memory unsafe: the catch lines' exception
-# names (mind-cluster v26.1.0 `fault_handles`: the link errors and SUSPECT REMOTE ERROR go the HCCL-failure
-# way; PRECISION ERROR is MindSpeed-LLM's registered pattern).
-_RETRIED_FAULTS = ("UB LINK ERROR", "HCCS LINK ERROR", "HCCL OP RETRY FAILED", "SUSPECT REMOTE ERROR", "PRECISION ERROR")
+# What a MindIO catch line `rank:N catch <NAME> exception, …` says happened on rank N, by the report state
+# MindIO sends for NAME (mind-cluster `framework_ttp/ttp_decorator.py`, `fault_types`; the ReportState API page):
+# "memory-fault", a UCE or HBM ECC error (RS_UCE, RS_UCE_CORRUPTED); "link-fault", a link or HCCL fault MindIO
+# retries or repairs by relinking (RS_HCCL_FAILED); "precision-retry", a precision error retried from a
+# checkpoint step (RS_RETRY); "force-stop", the error MindIO's stop handler raises on a rank that did not fault,
+# so that the decorator takes over its main thread for the recovery (RS_NORMAL); "step-pause", a step-level pause
+# of a sub-health hot switch (RS_STEP_FINISH); "rescheduled", a newly launched rank (ARF) done with its
+# pre-repair (RS_PREREPAIR_FINISH); "other", an error MindIO cannot classify (RS_UNKNOWN: the unsafe-data error).
+CatchKind = Literal["memory-fault", "link-fault", "precision-retry", "force-stop", "step-pause", "rescheduled", "other"]
+# Every NAME a catch line carries, of every release: the names the handlers of `fault_handles` return (`fault_dict`'s
+# keys in the first public version), the literal names of its format strings, and MindSpeed-LLM's registered
+# `PRECISION ERROR` (`mindspeed_llm/core/high_availability/tft_train_initialize.py`, 26.0.0 on: its handler in
+# `tft_precision_error_handler.py` returns that name). tests/test_catch_names.py holds it to the real files.
+CATCH_NAMES: dict[str, CatchKind] = {
+    "UCE ERROR": "memory-fault",
+    "HBM MULTI BIT ECC": "memory-fault",  # first public
+    "HBM MULTI BIT ECC can repair": "memory-fault",  # v7.3.0 on
+    "HBM MULTI BIT ECC can't repair": "memory-fault",  # v7.3.0 on (RS_UCE_CORRUPTED)
+    "HBM": "memory-fault",  # first public: "catch HBM exception, but can't repair ex instance:…"
+    "HCCL OP RETRY FAILED": "link-fault",
+    "SUSPECT REMOTE ERROR": "link-fault",
+    "UB LINK ERROR": "link-fault",  # v26.1.0 on
+    "HCCS LINK ERROR": "link-fault",  # v26.1.0 on
+    "PRECISION ERROR": "precision-retry",
+    "FORCE STOP": "force-stop",
+    "STEP FINISH": "step-pause",
+    "ARF FINISH": "rescheduled",
+    "OTHER": "other",  # a handler's answer when retry is off (`catch_name` reads the fault in its message), or no match
+    "other": "other",  # the handler's generic `except Exception`
+}
+# The event a catch line's kind is; "other" tells nothing by itself (its message may: the unsafe-data error, a UCE).
+_CATCH_EVENTS: dict[CatchKind, EventKind | None] = {
+    "memory-fault": "fault",
+    "link-fault": "fault",
+    "precision-retry": "fault",
+    "force-stop": "stop",
+    "step-pause": "stop",
+    "rescheduled": "repair",
+    "other": None,
+}
+# The kinds that are a fault of the line's rank.
+_FAULT_KINDS: frozenset[CatchKind] = frozenset({"memory-fault", "link-fault", "precision-retry"})
+# The faults that leave no memory unsafe: MindIO retries the step or relinks, and no device memory was hit.
+_UNMARKING_FAULTS: frozenset[CatchKind] = frozenset({"link-fault", "precision-retry"})
+# The names are fixed texts: one alternation of them, longest first, runs in time linear in the line.
+_CATCH_NAME = re.compile(
+    r"\bcatch (" + "|".join(re.escape(name) for name in sorted(CATCH_NAMES, key=len, reverse=True)) + r") exception\b"
+)
+# The fault names an OTHER line's message may hold (MindIO answers OTHER for them when retry is off), as MindIO
+# matches them: anywhere in the error's text (not the first public version's bare "HBM", no pattern of MindIO's).
+_FAULT_IN_MESSAGE = re.compile("|".join(
+    re.escape(name) for name in sorted(CATCH_NAMES, key=len, reverse=True) if CATCH_NAMES[name] in _FAULT_KINDS and name != "HBM"
+))
 # Substrings per kind, tried in this order (the first kind that matches wins). Failures and the
 # success marker come before the generic repair/rollback texts that they also contain.
 _KIND_TEXTS: tuple[tuple[EventKind, tuple[str, ...]], ...] = (
     ("repair-failed", ("repair failed, ret:",)),
     ("rollback-failed", ("rollback failed, ret:",)),
     ("recovered", ("do repair operation ok",)),
-    ("fault", ("UCE ERROR", "MULTI BIT ECC", "device error type", *_RETRIED_FAULTS)),
+    ("fault", ("UCE ERROR", "MULTI BIT ECC", "device error type")),
     (
         "rollback",
         ("start to rollback callback", "and rollback at iteration", "[rollback] rank", "start rollback",
@@ -174,6 +229,8 @@ def _kind_of(text: str) -> EventKind | None:
         return "caught"
     if _UCE_MEMORY_RESULT.search(text):
         return "fault"
+    if (name := catch_name(text)) is not None and (kind := _CATCH_EVENTS[CATCH_NAMES[name]]) is not None:
+        return kind
     for kind, needles in _KIND_TEXTS:
         if any(needle in text for needle in needles):
             return kind
@@ -186,6 +243,16 @@ def catch_form(text: str) -> MindioForm | None:
         if (found := start.search(text)) and (then is None or then.search(text, found.end())):
             return form
     return None
+
+
+def catch_name(text: str) -> str | None:
+    """The name of what a MindIO catch line reports (a key of `CATCH_NAMES`): its exception name, but for an
+    OTHER line the fault name its error's message holds where it holds one; None for any other line."""
+    if (m := _CATCH_NAME.search(text)) is None:
+        return None
+    if CATCH_NAMES[m[1]] == "other" and (fault := _FAULT_IN_MESSAGE.search(text, m.end())):
+        return fault[0]
+    return m[1]
 
 
 def mindio_form(context: RecoveryContext) -> MindioForm | None:
@@ -273,8 +340,8 @@ def read_fault(context: RecoveryContext) -> FaultReading:
             found.setdefault(marking, FaultReading(marking, result[0], event.rank))
         elif "MULTI BIT ECC" in text:  # check_uce_in_memory always reports an HBM ECC error as persistent (3)
             found.setdefault("partial", FaultReading("partial", "HBM MULTI BIT ECC", event.rank))
-        elif retried := next((name for name in _RETRIED_FAULTS if name in text), None):
-            found.setdefault("none-marked", FaultReading("none-marked", retried, event.rank))
+        elif event.catch_kind in _UNMARKING_FAULTS:
+            found.setdefault("none-marked", FaultReading("none-marked", catch_name(text), event.rank))
         elif name := next((name for name in _UCE_NAMES if name in text), None):
             unchecked.append(FaultReading("unknown", name, event.rank))
     # a UCE on a rank whose check the log lacks may have hit persistent memory: another rank's check does not say
