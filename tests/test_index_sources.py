@@ -16,14 +16,35 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.source.index import IndexedFramework, pinned_releases
+from unsafe_doctor.source.index import FRAMEWORK_FOLDERS, IndexedFramework, index_folder, pinned_releases
 
 ROOT = Path(__file__).resolve().parents[1]
+SOURCES = index_folder() / "sources.yaml"
 
 
 def build_index(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "build_index.py"), *map(str, arguments)],
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORK_FOLDERS))
+def test_the_shipped_zip_holds_exactly_the_pinned_releases(framework):
+    """Every listed release, with its source and digest, in the list's order; nothing else."""
+    shipped = IndexedFramework(framework, index_folder() / f"{framework}.zip")
+    assert shipped.releases == pinned_releases(framework, SOURCES)
+
+
+def test_the_list_pins_every_megatron_core_release_to_0_19():
+    names = [release.name for release in pinned_releases("megatron-core", SOURCES)]
+    assert names[0] == "0.5.0" and names[-1] == "0.19.2"
+    assert {"0.17.0", "0.17.1", "0.18.0", "0.18.2", "0.19.0"} <= set(names)
+
+
+def test_the_list_pins_mindspeeds_newer_branches():
+    names = [release.name for release in pinned_releases("mindspeed", SOURCES)]
+    for branch in ("core_r0.16.0@", "core_r0.17.0@", "core_r0.18.0@", "26.1.0_core_r0.12.1@"):
+        assert any(name.startswith(branch) for name in names), branch
+    assert "26.1.0" in [release.name for release in pinned_releases("mindspeed-llm", SOURCES)]
 
 
 def git(repo: Path, *arguments: str) -> str:
