@@ -1,15 +1,15 @@
-"""Build the framework index shipped in knowledge_base/index/ from the real releases.
+"""Build the framework index shipped in knowledge_base/index/ from the releases its sources.yaml pins.
 
-    python scripts/build_index.py megatron-core                       # every release on the package index
-    python scripts/build_index.py mindspeed --repo PATH_TO_GIT_DIR   # every tag of a clone, and its HEAD
+    python scripts/build_index.py megatron-core                       # downloads the pinned wheels
+    python scripts/build_index.py mindspeed --repo PATH_TO_GIT_DIR   # the pinned commits of a clone
     python scripts/build_index.py mindspeed-llm --repo PATH_TO_GIT_DIR
 
-megatron-core releases are the wheels `pip download` fetches (0.5.0 and newer: older ones predate
-the MoE and memory-buffer globals the rules name); MindSpeed and MindSpeed-LLM publish no wheels, so
-their releases are the tags of a clone of their public repositories (github.com/Ascend/MindSpeed,
-github.com/Ascend/MindSpeed-LLM), plus the clone's HEAD, each recorded with its commit id.
-The output records, per release, where it came from; per file version, its sha256 and the
-releases that ship it. See `unsafe_doctor.source.index` for the format.
+megatron-core releases are wheels of the package index (0.5.0 and newer: older ones predate the MoE
+and memory-buffer globals the rules name), each checked against its pinned sha256; MindSpeed and
+MindSpeed-LLM publish no wheels, so their releases are commits of their public repositories
+(github.com/Ascend/MindSpeed, github.com/Ascend/MindSpeed-LLM): tags, branches, master.
+The same pinned sources give the same bytes. The output records, per release, where it came from;
+per file version, its sha256 and the releases that ship it. See `unsafe_doctor.source.index` for the format.
 """
 
 from __future__ import annotations
@@ -23,12 +23,20 @@ import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from unsafe_doctor.source.index import FRAMEWORK_FOLDERS, INDEX_FOLDER, FileVersion, Release, write_index
+from unsafe_doctor.source.index import (
+    FRAMEWORK_FOLDERS,
+    INDEX_FOLDER,
+    FileVersion,
+    Release,
+    pinned_releases,
+    write_index,
+)
 from unsafe_doctor.source.skeleton import line_hashes, skeleton
 
-FIRST_MEGATRON = Version("0.5.0")
+SOURCES = INDEX_FOLDER / "sources.yaml"
 
 
 def _is_indexed(path: str, framework: str) -> bool:
@@ -36,48 +44,43 @@ def _is_indexed(path: str, framework: str) -> bool:
 
 
 def megatron_releases(
-    cache: Path, wanted: Callable[[Version], bool] = lambda version: True
+    cache: Path, wanted: Callable[[Version], bool] = lambda version: True, sources: Path = SOURCES
 ) -> Iterator[tuple[Release, dict[str, bytes]]]:
-    """Every megatron-core release from FIRST_MEGATRON on (that `wanted` takes), as its wheel's Python files."""
-    listed = subprocess.run(
-        [sys.executable, "-m", "pip", "index", "versions", "megatron-core"], capture_output=True, text=True, check=True
-    ).stdout
-    line = next(line for line in listed.splitlines() if line.startswith("Available versions:"))
-    versions = sorted(Version(text.strip()) for text in line.split(":", 1)[1].split(","))
-    chosen = (version for version in versions if version >= FIRST_MEGATRON and not version.is_prerelease and wanted(version))
-    for version in chosen:
-        wheels = sorted(cache.glob(f"megatron_core-{version}-*.whl"))
-        if not wheels:
+    """Every pinned megatron-core release (that `wanted` takes), as its wheel's Python files; a wheel not
+    in `cache` is downloaded for the Python its name is built for (0.17 and newer declare Python >= 3.12)."""
+    for release in pinned_releases("megatron-core", sources):
+        if not wanted(Version(release.name)):
+            continue
+        wheel = cache / release.source.removeprefix("pypi:")
+        if not wheel.is_file():
+            interpreter = next(iter(parse_wheel_filename(wheel.name)[3])).interpreter  # cp312
             subprocess.run(
                 [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                 f"megatron-core=={version}", "-d", str(cache)],
+                 "--python-version", f"{interpreter[2]}.{interpreter[3:]}", f"megatron-core=={release.name}",
+                 "-d", str(cache)],
                 check=True,
             )
-            wheels = sorted(cache.glob(f"megatron_core-{version}-*.whl"))
-        wheel = wheels[0]
+        if not wheel.is_file():
+            raise ValueError(f"megatron-core {release.name}: pip did not fetch {wheel.name}")
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        if digest != release.digest:
+            raise ValueError(f"{wheel}: sha256 {digest}, but {sources} pins {release.digest}")
         with zipfile.ZipFile(wheel) as archive:
             files = {name: archive.read(name) for name in archive.namelist() if _is_indexed(name, "megatron-core")}
-        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        yield Release(str(version), f"pypi:{wheel.name}", digest), files
+        yield release, files
 
 
-def git_releases(repo: Path, framework: str) -> Iterator[tuple[Release, dict[str, bytes]]]:
-    """Every tag of the clone, oldest first, then HEAD when no tag names it."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "--git-dir", str(repo), *args], capture_output=True, text=True, check=True).stdout
+def git_releases(repo: Path, framework: str, sources: Path = SOURCES) -> Iterator[tuple[Release, dict[str, bytes]]]:
+    """Every pinned release of the framework, read from its commit in the clone's git directory."""
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "--git-dir", str(repo), *args], capture_output=True, text=True)
 
-    tags = git("for-each-ref", "--sort=creatordate", "--format=%(refname:short) %(objectname) %(*objectname)", "refs/tags")
-    named: list[tuple[str, str]] = []
-    for row in tags.splitlines():
-        tag, obj, peeled = (row.split() + [""])[:3]
-        named.append((tag.removeprefix("v"), peeled or obj))
-    head = git("rev-parse", "HEAD").strip()
-    if head not in {commit for _, commit in named}:
-        named.append((f"master@{head[:8]}", head))
-    for name, commit in named:
-        listing = git("ls-tree", "-r", commit)
+    for release in pinned_releases(framework, sources):
+        listing = git("ls-tree", "-r", release.digest)
+        if listing.returncode != 0:
+            raise ValueError(f"{framework} {release.name}: {repo} has no commit {release.digest}")
         blobs = {}
-        for row in listing.splitlines():
+        for row in listing.stdout.splitlines():
             meta, path = row.split("\t", 1)
             if _is_indexed(path, framework):
                 blobs[path] = meta.split()[2]
@@ -85,7 +88,7 @@ def git_releases(repo: Path, framework: str) -> Iterator[tuple[Release, dict[str
             ["git", "--git-dir", str(repo), "cat-file", "--batch"],
             input="\n".join(blobs.values()).encode() + b"\n", capture_output=True, check=True,
         ).stdout
-        yield Release(name, f"git:{framework}@{commit}", commit), dict(zip(blobs, _batch_blobs(contents), strict=True))
+        yield release, dict(zip(blobs, _batch_blobs(contents), strict=True))
 
 
 def _batch_blobs(output: bytes) -> Iterator[bytes]:
@@ -128,16 +131,21 @@ def main() -> None:
     parser.add_argument("framework", choices=sorted(FRAMEWORK_FOLDERS))
     parser.add_argument("--repo", type=Path, help="git directory of a clone (mindspeed, mindspeed-llm)")
     parser.add_argument("--cache", type=Path, help="where downloaded wheels are kept (megatron-core)")
+    parser.add_argument("--sources", type=Path, default=SOURCES, help="the pinned list of releases")
     parser.add_argument("--out", type=Path, default=INDEX_FOLDER)
     arguments = parser.parse_args()
     out = arguments.out / f"{arguments.framework}.zip"
     if arguments.framework == "megatron-core":
         cache = arguments.cache or Path(tempfile.mkdtemp(prefix="megatron-core-wheels-"))
-        build(arguments.framework, megatron_releases(cache), out)
+        releases = megatron_releases(cache, sources=arguments.sources)
     elif arguments.repo is None:
         parser.error(f"{arguments.framework} is built from a clone: give --repo")
     else:
-        build(arguments.framework, git_releases(arguments.repo, arguments.framework), out)
+        releases = git_releases(arguments.repo, arguments.framework, arguments.sources)
+    try:
+        build(arguments.framework, releases, out)
+    except ValueError as error:
+        parser.exit(2, f"build_index: {error}\n")
 
 
 if __name__ == "__main__":

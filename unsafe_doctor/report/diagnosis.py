@@ -654,11 +654,13 @@ def _summary(diagnosis: Diagnosis, elapsed: float) -> Text:
 
 def _releases(diagnosis: Diagnosis) -> list[str]:
     """The releases the report reasons with (the suspects and stale resets too), each with how it
-    is known: the log's frames, the adaptor generation's pairing, or only this machine's install."""
+    is known: the log's frames, the adaptor generation's pairing, or only this machine's install;
+    then the frames' releases that name no version (a branch, master), as the findings' sources name them."""
     fingerprinted = diagnosis.context.workspace.releases
     environment = diagnosis.context.environment
     pieces = []
-    for name, (versions, origin) in environment.job_releases().items():
+    job_releases = environment.job_releases()
+    for name, (versions, origin) in job_releases.items():
         if name in fingerprinted:
             pieces.append(fingerprinted[name].describe())
             continue
@@ -668,7 +670,7 @@ def _releases(diagnosis: Diagnosis) -> list[str]:
         elif origin != environment.origins.get(name):  # not read anywhere: the generation's pairing
             shown += f" ({origin})"
         pieces.append(shown)
-    return pieces
+    return pieces + [match.describe() for name, match in fingerprinted.items() if name not in job_releases]
 
 
 def _findings_count(diagnosis: Diagnosis) -> str:

@@ -2,8 +2,9 @@
 
 Most logs are read where the job's framework is not installed, or another release of it is. The
 index stands in for the job's files: per framework one zip in `knowledge_base/index/`, written by
-`scripts/build_index.py` from the real releases (megatron-core wheels from the package index,
-MindSpeed and MindSpeed-LLM tags of their public repositories).
+`scripts/build_index.py` from the real releases pinned in `knowledge_base/index/sources.yaml`
+(`pinned_releases`: megatron-core wheels from the package index with their sha256, MindSpeed and
+MindSpeed-LLM commits of their public repositories).
 
 Format (`FORMAT`), per zip:
 
@@ -29,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+
+import yaml
 
 FORMAT = 1
 INDEX_FOLDER = Path(__file__).resolve().parents[2] / "knowledge_base" / "index"  # in a checkout; see `index_folder`
@@ -60,6 +63,25 @@ def index_folder() -> Path:
     if INDEX_FOLDER.is_dir():
         return INDEX_FOLDER
     return Path(__file__).resolve().parents[1] / "knowledge_base" / "index"
+
+
+def pinned_releases(framework: str, sources: Path) -> tuple[Release, ...]:
+    """The releases `sources` (`sources.yaml`) pins for a framework, in index order, as its zip records them:
+    a wheel by file name and sha256, a commit by its id. A malformed list raises ValueError."""
+    try:
+        listed = yaml.safe_load(sources.read_text(encoding="utf-8"))[framework]
+        releases = tuple(
+            Release(entry["release"], f"pypi:{entry['wheel']}", entry["sha256"])
+            if "wheel" in entry
+            else Release(entry["release"], f"git:{framework}@{entry['commit']}", entry["commit"])
+            for entry in listed
+        )
+    except (OSError, yaml.YAMLError, TypeError, KeyError) as error:
+        raise ValueError(f"{sources}: no list of {framework} releases ({error!r})") from error
+    unquoted = [release.name for release in releases if not all(isinstance(text, str) for text in vars(release).values())]
+    if unquoted:  # YAML reads 0.10 or a digits-only id as a number: quote them
+        raise ValueError(f"{sources}: {framework} release {unquoted[0]!r}: every value must be a string")
+    return releases
 
 
 def write_index(out: Path, framework: str, releases: Sequence[Release], files: dict[str, list[FileVersion]]) -> None:
