@@ -43,15 +43,16 @@ KNOWLEDGE = load_knowledge()
 PROFILE = KNOWLEDGE.profile("mindspeed-llm-26")
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location("rules_fixture_generator", FIXTURES / "generate.py")
+def _load_fixture(name: str, file: str):
+    spec = importlib.util.spec_from_file_location(name, FIXTURES / file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-GENERATOR = _load_generator()
+GENERATOR = _load_fixture("rules_fixture_generator", "generate.py")
 capture, emulated_npu = GENERATOR.capture, GENERATOR.emulated_npu
+release_root = _load_fixture("rules_fixture_release", "release.py").release_root
 
 
 # --- the pipeline ---------------------------------------------------------------------------------
@@ -467,6 +468,7 @@ class Case:
     versions: dict[str, str] = field(default_factory=dict)
     fix: tuple[str, ...] = ()  # fragments of the rendered fix (either side)
     standin: bool = False  # locate reads the stand-in written under tmp_path
+    release: str | None = None  # locate reads this unpacked megatron-core release (fixtures/rules/release.py)
 
 
 def real(action: Callable) -> Callable[[Path], str]:
@@ -489,7 +491,7 @@ CASES = {
     ),
     "mtp tracker": Case(
         "megatron.mtp-loss-tracker", real(save_mtp_loss_twice), MEGATRON_0_16,
-        ('tracker["values"] = torch.zeros(values.shape',),
+        ('tracker[name] = torch.zeros(values.shape',),
     ),
     "global memory buffer": Case(
         "megatron.global-memory-buffer", real(attend_with_stale_buffer), MEGATRON_0_16,
@@ -547,10 +549,19 @@ CASES = {
         "megatron.default-causal-mask-cache", committed("megatron-core-0.12.1-causal-mask.log"), {"megatron-core": "0.12.1"},
         ("from megatron.core.transformer import utils as megatron_transformer_utils",),
     ),
+    "0.19 moe metrics tracker": Case(
+        "megatron.moe-metrics-tracker", committed("megatron-core-0.19.2-record-moe-metric.log"), {"megatron-core": "0.19.2"},
+        ('getattr(moe_logging, "_MOE_METRICS_TRACKER", None)', "entry.values = torch.zeros(values.shape"),
+    ),
+    # the class of `tracker` is read in the release's source
+    "0.19 mtp metrics tracker": Case(
+        "megatron.mtp-loss-tracker", committed("megatron-core-0.19.2-save-mtp-metrics.log"), {"megatron-core": "0.19.2"},
+        ("for name, values in list(tracker.items())", "tracker[name] = torch.zeros(values.shape"), release="0.19.2",
+    ),
     # written by hand: Megatron-LM main, MindSpeed, MindSpeed-LLM
     "main moe metrics tracker": Case(
         "megatron.moe-metrics-tracker", committed("hand-megatron-lm-main-moe-metrics-tracker.log"), {"megatron-core": "0.18.0"},
-        ("destroy_moe_metrics_tracker()",),
+        ("for entry in tracker.metrics.values() if tracker is not None else []:",),
     ),
     "AG_SHARED_EXPERTS_INPUTS, moe_utils": Case(
         "mindspeed.ag-shared-experts-inputs", committed("hand-mindspeed-ag-shared-experts-inputs.log"),
@@ -609,7 +620,13 @@ def test_every_shipped_rule_has_a_case():
 def test_rule_classifies_its_traceback(name, tmp_path):
     case = CASES[name]
     rule = KNOWLEDGE.rule(case.rule)
-    finding, result = diagnose(case.log(tmp_path), case.versions, (tmp_path,) if case.standin else ())
+    roots: tuple[Path, ...] = (tmp_path,) if case.standin else ()
+    if case.release is not None:
+        root = release_root(case.release)
+        if root is None:
+            pytest.skip(f"megatron-core {case.release} cannot be had here")
+        roots = (root,)
+    finding, result = diagnose(case.log(tmp_path), case.versions, roots)
 
     assert (result.rule, result.scenario, result.confidence) == (case.rule, rule.scenario, "high")
     assert isinstance(result.fix, FixPlan), result.notes

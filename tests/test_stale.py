@@ -41,7 +41,7 @@ def resets(adaptor: Path, *source_roots: Path, paired: bool = False) -> list[Sta
     workspace = Workspace(source_roots)
     chosen = None if paired else detected.profile
     environment = detect_environment(KNOWLEDGE, workspace, adaptor=adaptor, chosen=chosen)
-    return stale_resets(adaptor, environment.profile, environment, workspace)
+    return stale_resets(adaptor, environment.profile, environment, workspace, KNOWLEDGE.rules)
 
 
 def rollback(tmp_path: Path, body: str, imports: str = "") -> Path:
@@ -81,7 +81,8 @@ def test_faq_legacy_adaptor_resets_a_tracker_megatron_core_0_16_no_longer_has():
             kind="missing",
             why=(
                 f"megatron-core 0.16.1 has no {TRACKER} in megatron.core.parallel_state; its likely successor is "
-                "_MOE_LAYER_WISE_LOGGING_TRACKER in megatron.core.transformer.moe.moe_utils"
+                "_MOE_LAYER_WISE_LOGGING_TRACKER in megatron.core.transformer.moe.moe_utils; the right reset is rule "
+                "megatron.moe-layer-wise-tracker-moe-utils's fix (unsafe-doctor fix writes it)"
             ),
         )
     ]
@@ -213,7 +214,8 @@ def test_name_that_moved_to_another_module_says_where_it_is_now(tmp_path):
     [reset] = resets(adaptor)
     assert reset.why == (
         "megatron-core 0.16.1 has no _MOE_LAYER_WISE_LOGGING_TRACKER in megatron.core.parallel_state; "
-        "it is now in megatron.core.transformer.moe.moe_utils"
+        "it is now in megatron.core.transformer.moe.moe_utils; the right reset is rule "
+        "megatron.moe-layer-wise-tracker-moe-utils's fix (unsafe-doctor fix writes it)"
     )
 
 
@@ -277,11 +279,58 @@ def test_function_local_import_shadows_the_module_level_one(tmp_path):
 def test_adaptor_without_the_rollback_function_has_nothing_to_report(tmp_path):
     adaptor = write(tmp_path / "adaptor.py", "def something_else():\n    pass\n")
     environment = detect_environment(KNOWLEDGE, Workspace(()))
-    assert stale_resets(adaptor, environment.profile, environment, Workspace(environment.source_roots)) == []
+    assert stale_resets(adaptor, environment.profile, environment, Workspace(environment.source_roots), KNOWLEDGE.rules) == []
 
 
 def test_unparseable_adaptor_is_a_usage_error(tmp_path):
     adaptor = write(tmp_path / "adaptor.py", "def feature_rollback(:\n")
     environment = detect_environment(KNOWLEDGE, Workspace(()))
     with pytest.raises(UsageError, match="not valid Python"):
-        stale_resets(adaptor, environment.profile, environment, Workspace(environment.source_roots))
+        stale_resets(adaptor, environment.profile, environment, Workspace(environment.source_roots), KNOWLEDGE.rules)
+
+
+# --- megatron-core 0.18: the tracker became an object; the old name and the getter's copy reset nothing
+
+
+def release_tree(version: str) -> Path:
+    """The unpacked real release (tests/fixtures/rules/release.py), as a source root."""
+    spec = importlib.util.spec_from_file_location("rules_fixture_release", Path(__file__).parent / "fixtures" / "rules" / "release.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    root = module.release_root(version)
+    if root is None:
+        pytest.skip(f"megatron-core {version} cannot be had here")
+    return root
+
+
+OLD_TRACKER_RESETS = """
+    moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER.clear()
+    moe_utils.get_moe_layer_wise_logging_tracker().clear()
+"""
+METRICS_RESET = "the right reset is rule megatron.moe-metrics-tracker's fix"
+
+
+def test_on_0_18_the_old_tracker_name_and_the_getters_copy_are_named_with_the_right_reset(tmp_path):
+    adaptor = rollback(tmp_path, OLD_TRACKER_RESETS, "from megatron.core.transformer.moe import moe_utils")
+    found = resets(adaptor, release_tree("0.18.2"))
+    assert [(reset.kind, reset.symbol, reset.module) for reset in found] == [
+        ("missing", "_MOE_LAYER_WISE_LOGGING_TRACKER", "megatron.core.transformer.moe.moe_utils"),
+        ("copy", "get_moe_layer_wise_logging_tracker", "megatron.core.transformer.moe.moe_utils"),
+    ]
+    for reset in found:
+        assert reset.why.startswith("megatron-core 0.18.2")
+        assert reset.why.endswith(METRICS_RESET + " (unsafe-doctor fix writes it)"), reset.why
+    assert "_MOE_METRICS_TRACKER in megatron.core.transformer.moe.moe_logging" in found[0].why
+    assert "returns a new container on each call" in found[1].why
+
+
+def test_on_0_17_the_same_resets_reach_the_tracker(tmp_path):
+    adaptor = rollback(tmp_path, OLD_TRACKER_RESETS, "from megatron.core.transformer.moe import moe_utils")
+    assert resets(adaptor, release_tree("0.17.1")) == []
+
+
+def test_the_aux_losses_name_is_missing_on_0_18_too(tmp_path):
+    adaptor = rollback(tmp_path, f"mpu.{TRACKER} = {{}}\n", "from megatron.core import parallel_state as mpu")
+    [found] = resets(adaptor, release_tree("0.18.2"))
+    assert (found.kind, found.symbol) == ("missing", TRACKER)
+    assert found.why.startswith(f"megatron-core 0.18.2 has no {TRACKER} in megatron.core.parallel_state")

@@ -208,8 +208,8 @@ def test_detection_never_imports_torch_or_the_frameworks():
         "import sys; from pathlib import Path; import unsafe_doctor.knowledge.versions, unsafe_doctor.audit.stale; "
         "from unsafe_doctor.knowledge.loading import load_knowledge; from unsafe_doctor.knowledge.versions import detect_environment; "
         "from unsafe_doctor.audit.stale import stale_resets; from unsafe_doctor.source.workspace import Workspace; "
-        f"e = detect_environment(load_knowledge(), Workspace(()), adaptor=Path({str(LEGACY)!r})); "
-        "stale_resets(e.adaptor, e.profile, e, Workspace(())); "
+        f"k = load_knowledge(); e = detect_environment(k, Workspace(()), adaptor=Path({str(LEGACY)!r})); "
+        "stale_resets(e.adaptor, e.profile, e, Workspace(()), k.rules); "
         "assert not {'torch', 'megatron', 'mindspeed', 'mindio_ttp'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -99,7 +99,10 @@ def _audit(
                 verdict = _our_block(classified, ours) or verdict
             audited.append(AuditedHolder(holder, verdict, classified, subject))
     audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
-    stale = stale_resets(environment.adaptor, environment.profile, environment, index.workspace) if environment.adaptor else []
+    stale = (
+        stale_resets(environment.adaptor, environment.profile, environment, index.workspace, knowledge.rules)
+        if environment.adaptor else []
+    )
     return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), context, tuple(stale), tuple(notes), conversion)
 
 

@@ -16,6 +16,12 @@ then `sys.path`) and reports:
 * **rebinding**: `mod.X = []` (or `{}`, `set()`, ...) where another module of the same package did
   `from mod import X` at module level: that importer keeps the old object, so the reset splits them;
   the container must be emptied in place with `.clear()`.
+* **copy**: `mod.get_x().clear()` (any method on what a call returns) where that function returns a
+  new container built on each call (megatron-core 0.18's `get_moe_layer_wise_logging_tracker()`):
+  the method empties the copy, the framework's own state keeps its tensors.
+
+Where the release names the global that took the reset's place (the successor, or for a copy the
+global the getter's name says), the rule whose fix resets it for that release is named too.
 
 Reset statements: `mod.X = ...`, `mod.X[k] = ...`, `mod.X.attr = ...`, `setattr(mod, "X", ...)` and
 method calls on a module attribute (`mod.X.clear()`). Calls of module functions (`mpu.f()`) are not
@@ -26,7 +32,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from pathlib import Path
@@ -35,7 +41,7 @@ from typing import Literal
 from packaging.version import Version
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.rules import AdaptorProfile
+from unsafe_doctor.knowledge.rules import AdaptorProfile, Rule
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, package_folder, python_files
 from unsafe_doctor.source.imports import Imports, ModuleMember, module_member, module_named
@@ -48,7 +54,7 @@ from unsafe_doctor.source.syntax import (
 )
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 
-Kind = Literal["missing", "rebinding"]
+Kind = Literal["missing", "rebinding", "copy"]
 _MODULE_LEVEL_NAME = re.compile(r"^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
 
 
@@ -63,10 +69,13 @@ class StaleReset:
     why: str
 
 
-def stale_resets(adaptor: Path, profile: AdaptorProfile, environment: Environment, workspace: Workspace) -> list[StaleReset]:
+def stale_resets(
+    adaptor: Path, profile: AdaptorProfile, environment: Environment, workspace: Workspace, rules: Sequence[Rule]
+) -> list[StaleReset]:
     """Reset statements in the adaptor's rollback function that miss the detected framework.
 
-    `workspace`: the command's (`context.Groundwork`), over the environment's source roots."""
+    `workspace`: the command's (`context.Groundwork`), over the environment's source roots; `rules`:
+    the knowledge's, to name the right reset."""
     adaptor = Path(adaptor)
     source = workspace.local_source(adaptor)
     if source is None:
@@ -74,11 +83,16 @@ def stale_resets(adaptor: Path, profile: AdaptorProfile, environment: Environmen
     rollback = source.bindings.get(profile.rollback)
     if not isinstance(rollback, Function):
         return []
-    checker = _Checker(workspace, source, rollback, environment)
+    checker = _Checker(workspace, source, rollback, environment, rules)
     found: list[StaleReset] = []
     for statement in scope_statements(rollback.body):
         for target, rebinds in _reset_targets(statement):
             stale = checker.check(statement, target, rebinds)
+            if stale is not None:
+                found.append(stale)
+        getter = _method_on_a_call(statement)
+        if getter is not None:
+            stale = checker.check_copy(statement, getter)
             if stale is not None:
                 found.append(stale)
     return found
@@ -115,6 +129,16 @@ def _reset_targets(statement: ast.stmt) -> Iterator[tuple[_Target, bool]]:
                 yield chain, False  # a method of a module attribute: `mod.X.clear()`
 
 
+def _method_on_a_call(statement: ast.stmt) -> _Target | None:
+    """`mod.get_x().clear()` -> the called chain `mod.get_x` (a method of what a call returns)."""
+    if not (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call)):
+        return None
+    method = statement.value.func
+    if not (isinstance(method, ast.Attribute) and isinstance(method.value, ast.Call)):
+        return None
+    return _chain(method.value.func, None)
+
+
 def _chain(node: ast.expr, value: ast.expr | None) -> _Target | None:
     """`mod.X[k].y` -> root 'mod', attributes ('X', None, 'y'); None when not rooted at a name."""
     attributes: list[str | None] = []
@@ -130,11 +154,14 @@ def _chain(node: ast.expr, value: ast.expr | None) -> _Target | None:
 
 
 class _Checker:
-    def __init__(self, workspace: Workspace, adaptor: SourceFile, rollback: Function, environment: Environment):
+    def __init__(
+        self, workspace: Workspace, adaptor: SourceFile, rollback: Function, environment: Environment, rules: Sequence[Rule]
+    ):
         self.workspace = workspace
         self.adaptor = adaptor
         self.rollback = rollback
         self.environment = environment
+        self.rules = rules
         self._names: dict[Path, list[tuple[str, str]]] = {}  # package folder -> (module, name) defined there
 
     def check(self, statement: ast.stmt, target: _Target, rebinds: bool) -> StaleReset | None:
@@ -163,6 +190,41 @@ class _Checker:
                 )
                 return self._stale(statement, symbol, module, "rebinding", why)
         return None
+
+    def check_copy(self, statement: ast.stmt, getter: _Target) -> StaleReset | None:
+        """A method called on what a module function returns, where that function builds a new
+        container on each call: the method changes the copy only."""
+        member = self._resolve(getter, statement.lineno)
+        if member is None or member.rest:
+            return None
+        holder = self.workspace.module_source(member.module)
+        function = holder.bindings.get(member.name) if holder is not None else None
+        if holder is None or not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or not _returns_new(function):
+            return None
+        why = (
+            f"{self._release(member.module, holder)}: {member.name}() in {member.module} returns a new container on each "
+            "call, so this empties a copy and the framework's own state keeps its tensors"
+        )
+        successor = self._successor(holder, member.module, "_" + member.name.removeprefix("get_").upper())
+        if successor is not None:
+            why += self._right_reset(*successor)
+        return self._stale(statement, member.name, member.module, "copy", why)
+
+    def _release(self, module: str, holder: SourceFile) -> str:
+        """`megatron-core 0.18.2`, or the module's file when its release is not known."""
+        distribution = _distribution(module)
+        version = self.environment.versions.get(distribution) if distribution else None
+        return f"{distribution} {version}" if version is not None else f"{module} at {holder.path}"
+
+    def _right_reset(self, module: str, symbol: str) -> str:
+        """'; the right reset is rule X's fix', for the rule that names the global in this release."""
+        distribution = _distribution(module)
+        version = self.environment.versions.get(distribution) if distribution else None
+        for rule in self.rules:
+            claims = rule.versions is None or version is None or version in rule.versions
+            if claims and any(match.module is not None and match.names(symbol, module, None) for match in rule.matches):
+                return f"; the right reset is rule {rule.id}'s fix (unsafe-doctor fix writes it)"
+        return ""
 
     def _resolve(self, target: _Target, line: int) -> ModuleMember | None:
         """The module member a chain rooted at an imported name writes (an import in the rollback
@@ -200,15 +262,14 @@ class _Checker:
         return f"{distribution} {listed} ({why}) {verb} no {symbol} in {module}{not_checked}"
 
     def _missing_why(self, holder: SourceFile, module: str, symbol: str) -> str:
-        distribution = _distribution(module)
-        version = self.environment.versions.get(distribution) if distribution else None
-        where = f"{distribution} {version}" if version is not None else f"{module} at {holder.path}"
-        why = f"{where} has no {symbol} in {module}"
+        why = f"{self._release(module, holder)} has no {symbol} in {module}"
         successor = self._successor(holder, module, symbol)
         if successor is not None and successor[1] == symbol:
             why += f"; it is now in {successor[0]}"
         elif successor is not None:
             why += f"; its likely successor is {successor[1]} in {successor[0]}"
+        if successor is not None:
+            why += self._right_reset(*successor)
         return why
 
     def _successor(self, holder: SourceFile, module: str, symbol: str) -> tuple[str, str] | None:
@@ -279,6 +340,13 @@ class _Checker:
 def _distribution(module: str) -> str | None:
     """The framework distribution a module belongs to (`megatron-core` for `megatron.core.…`)."""
     return next((name for name, top in FRAMEWORK_DISTRIBUTIONS.items() if module.split(".")[0] == top), None)
+
+
+def _returns_new(function: Function) -> bool:
+    """Whether every `return` of the function builds a new dict, list or set (a literal or comprehension)."""
+    returned = [node.value for node in ast.walk(function) if isinstance(node, ast.Return)]
+    new = (ast.Dict, ast.DictComp, ast.List, ast.ListComp, ast.Set, ast.SetComp)
+    return bool(returned) and all(isinstance(value, new) for value in returned)
 
 
 def _defines(source: SourceFile, symbol: str) -> bool:

@@ -148,7 +148,7 @@ def diagnose(
     if environment.adaptor:
         from unsafe_doctor.audit.stale import stale_resets
 
-        stale = stale_resets(environment.adaptor, environment.profile, environment, run.workspace)
+        stale = stale_resets(environment.adaptor, environment.profile, environment, run.workspace, run.knowledge.rules)
     tail_lines = [_lines(excerpt) for excerpt in scan.tails]
     last_error = None
     if not findings:
