@@ -561,7 +561,7 @@ CASES = {
     # written by hand: Megatron-LM main, MindSpeed, MindSpeed-LLM
     "main moe metrics tracker": Case(
         "megatron.moe-metrics-tracker", committed("hand-megatron-lm-main-moe-metrics-tracker.log"), {"megatron-core": "0.18.0"},
-        ("for entry in tracker.metrics.values() if tracker is not None else []:",),
+        ("for entry in getattr(tracker, \"metrics\", {}).values():",),
     ),
     "AG_SHARED_EXPERTS_INPUTS, moe_utils": Case(
         "mindspeed.ag-shared-experts-inputs", committed("hand-mindspeed-ag-shared-experts-inputs.log"),

@@ -46,6 +46,7 @@ from unsafe_doctor.knowledge.rules import (
     variable_pattern,
 )
 from unsafe_doctor.knowledge.yaml_file import line_of, parse, schema_problems
+from unsafe_doctor.source.index import INDEX_FOLDER
 
 REQUIRED_ROLES: tuple[ParameterRole, ...] = ("src_ranks", "dest_ranks")
 # A condition's switch is one of Megatron's parsed arguments, read with getattr so that an argument
@@ -118,10 +119,13 @@ def validate_files(paths: Sequence[Path]) -> list[str]:
 
 
 def _knowledge_files(paths: Iterable[Path]) -> list[Path]:
+    """The YAML files given and under the folders given, less the framework index's folder (its pinned
+    release list, `index/sources.yaml`, is the index's data, not knowledge)."""
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            files.extend(sorted(p for p in path.rglob("*") if p.suffix in KNOWLEDGE_SUFFIXES and p.is_file()))
+            files.extend(sorted(p for p in path.rglob("*") if p.suffix in KNOWLEDGE_SUFFIXES and p.is_file()
+                                and p.relative_to(path).parts[0] != INDEX_FOLDER.name))
         elif path.exists():
             files.append(path)
         else:
