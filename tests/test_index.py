@@ -150,10 +150,10 @@ def test_a_frame_no_release_holds_narrows_nothing():
 
 
 def test_the_faq_log_fingerprints_megatron_core_0_6():
-    """The FAQ's ModelLink job ran a Megatron checkout: two of its five megatron frames are 0.6.0's lines."""
+    """The FAQ's ModelLink job ran a Megatron checkout: two of its six megatron frames (five in megatron/core, one in megatron/training) are 0.6.0's lines."""
     report = diagnose([str(SAMPLES / "faq_modellink.log")], groundwork(log_only=True))
     match = report.context.workspace.releases["megatron-core"]
-    assert match.describe() == "megatron-core 0.6.0, from 2 of 5 frames"
+    assert match.describe() == "megatron-core 0.6.0, from 2 of 6 frames"
 
 
 # Frames of a router's z-loss reaching the 0.18 metrics tracker, at each release's own lines (read in the

@@ -37,7 +37,7 @@ FORMAT = 1
 INDEX_FOLDER = Path(__file__).resolve().parents[2] / "knowledge_base" / "index"  # in a checkout; see `index_folder`
 # The package folders each framework's release holds, as a printed path shows them.
 FRAMEWORK_FOLDERS: dict[str, tuple[str, ...]] = {
-    "megatron-core": ("megatron/core/",),
+    "megatron-core": ("megatron/core/", "megatron/training/"),  # training/: in the wheels of 0.17 and newer
     "mindspeed": ("mindspeed/",),
     "mindspeed-llm": ("mindspeed_llm/", "modellink/"),
 }
