@@ -11,7 +11,11 @@ format string, read from the file too. MindSpeed-LLM's `PRECISION ERROR` is regi
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import SHARED_REAL
@@ -19,6 +23,7 @@ from conftest import SHARED_REAL
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.recovery import CATCH_NAMES, MARKERS, FaultReading, catch_name, read_fault, read_recovery
 
+REPO = Path(__file__).resolve().parents[1]
 REFS = ("492fde0c", "v7.3.0", "v7.3.2", "v26.0.0", "v26.1.0", "22bb3d98")
 MINDIO = SHARED_REAL / "mind-cluster-mindio"
 # A literal name in a format string: "rank:%s catch other exception", "catch HBM exception, but can't repair "
@@ -195,3 +200,26 @@ def test_a_name_is_read_whole_not_its_prefix():
         "HBM MULTI BIT ECC can't repair")
     assert catch_name("rank:1 catch HBM exception, but can't repair ex instance:x") == "HBM"
     assert catch_name("rank:1 catch UCE ERRORS exception, ex instance:x") is None
+
+
+def test_each_fault_rank_keeps_the_kind_its_lines_name():
+    memory, link, precision = (_lines("v26.1.0", name, name)[0] for name in ("UCE ERROR", "UB LINK ERROR", "PRECISION ERROR"))
+    lines = [LogLine(None, memory.replace("rank:5", "rank:3"), "a.log", 0),
+             LogLine(None, link.replace("rank:5", "rank:1"), "a.log", 1),
+             LogLine(None, precision.replace("rank:5", "rank:2"), "a.log", 2),
+             LogLine(None, link.replace("rank:5", "rank:3"), "a.log", 3)]  # rank 3's UCE is not undone by a link line
+    assert read_recovery(lines).fault_kinds() == {1: "link-fault", 2: "precision-retry", 3: "memory-fault"}
+
+
+def test_the_report_names_a_link_fault_as_a_link_fault(tmp_path):
+    """A corpus run whose ECC recovery stopped rank 1 for a v26.1 link error: the phase names each fault's kind."""
+    log = (REPO / "tests" / "corpus" / "logs" / "megatron-global-memory-buffer.log").read_text(encoding="utf-8")
+    stopped = "rank:1 catch FORCE STOP exception, error_code:， ex instance:FORCE STOP, "
+    assert stopped in log
+    linked = tmp_path / "link.log"
+    linked.write_text(log.replace(stopped, "rank:1 catch UB LINK ERROR exception, error_code:， ex instance:UB LINK ERROR"),
+                      encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", "--log-only", str(linked)],
+                            capture_output=True, text=True, cwd=REPO, env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 1, result.stderr
+    assert "(link fault on rank 1, hardware fault on rank 3, recovery at step 120)" in result.stdout

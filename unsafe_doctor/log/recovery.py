@@ -128,6 +128,18 @@ class RecoveryContext:
     step: int | None  # the last recovery step logged
     events: tuple[RecoveryEvent, ...]  # in the order of the lines given
 
+    def fault_kinds(self) -> dict[int, CatchKind]:
+        """Each fault rank's kind of fault, as its lines name it: a memory fault where a line names none
+        (MindIO's older fault lines, `UCE ERROR` in any message), a link fault or a precision retry only
+        where every fault line of the rank says so."""
+        kinds: dict[int, CatchKind] = {}
+        for event in self.events:
+            if event.kind != "fault" or event.rank is None:
+                continue
+            kind = event.catch_kind if event.catch_kind in _FAULT_KINDS else "memory-fault"
+            kinds[event.rank] = kind if kinds.get(event.rank, kind) == kind else "memory-fault"
+        return kinds
+
 
 # What a MindIO catch line `rank:N catch <NAME> exception, …` says happened on rank N, by the report state
 # MindIO sends for NAME (mind-cluster `framework_ttp/ttp_decorator.py`, `fault_types`; the ReportState API page):

@@ -22,7 +22,7 @@ from unsafe_doctor.knowledge.generations import GenerationEvidence
 from unsafe_doctor.knowledge.matching import finite_names
 from unsafe_doctor.knowledge.rules import AdaptorProfile
 from unsafe_doctor.knowledge.subject import TensorRef
-from unsafe_doctor.log.recovery import MINDIO_RELEASES, UNTRACED_FORMS, FaultReading
+from unsafe_doctor.log.recovery import MINDIO_RELEASES, UNTRACED_FORMS, CatchKind, FaultReading
 from unsafe_doctor.log.sentinel_lines import Summary
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.report.common import (
@@ -414,11 +414,20 @@ def _fix_code(previews: tuple[Preview, ...]) -> list[RenderableType]:
     return parts
 
 
+# What the phase line calls each kind of fault (`log.recovery.CatchKind`): a UCE or ECC error is the hardware fault.
+_FAULT_WORDS: dict[CatchKind, str] = {
+    "memory-fault": "hardware fault", "link-fault": "link fault", "precision-retry": "precision error",
+}
+
+
 def _phase_text(item: DiagnosedFinding, diagnosis: Diagnosis) -> str:
     context = diagnosis.recovery
     detail = []
-    if context.fault_ranks:
-        detail.append(f"hardware fault on rank{'s' if len(context.fault_ranks) != 1 else ''} {rank_ranges(context.fault_ranks)}")
+    by_kind: dict[str, list[int]] = {}
+    for rank, kind in sorted(context.fault_kinds().items()):
+        by_kind.setdefault(_FAULT_WORDS[kind], []).append(rank)
+    for words, ranks in by_kind.items():
+        detail.append(f"{words} on rank{'s' if len(ranks) != 1 else ''} {rank_ranges(ranks)}")
     if context.step is not None:
         detail.append(f"recovery at step {context.step}")
     suffix = f" ({', '.join(detail)})" if detail else ""
