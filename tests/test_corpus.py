@@ -134,8 +134,9 @@ def test_every_log_in_the_folder_is_labelled():
 
 def test_every_release_log_is_on_one_side_of_its_split_each_culprit_and_shape_on_both():
     """releases_split.yaml, fixed before any release log was diagnosed: every `release-*` log is on
-    it; the halves differ by at most one; a culprit with two logs has one on each side; each side has
-    logs with a traceback and logs with MindIO's catch line alone; no held-back log is tested here."""
+    it; the halves differ by at most one; a culprit with two logs or more has logs on each side; each
+    side has logs with a traceback and logs with MindIO's catch line alone; no held-back log is tested
+    here."""
     split = scoring.releases_split()
     entries = {Path(entry.log).name: entry for entry in scoring.load_entries(held_back=True) if entry.release}
     assert set(split) == set(entries) == {path.name for path in (scoring.HERE / "logs").glob("release-*.log")}
@@ -148,7 +149,7 @@ def test_every_release_log_is_on_one_side_of_its_split_each_culprit_and_shape_on
     by_culprit = {}
     for name, entry in entries.items():
         by_culprit.setdefault(culprit(entry), []).append(split[name])
-    assert all(sorted(found) == ["develop", "held_back"] for found in by_culprit.values() if len(found) == 2)
+    assert all(set(found) == {"develop", "held_back"} for found in by_culprit.values() if len(found) > 1)
     for side in ("develop", "held_back"):
         assert {bool(entries[name].untraced) for name, where in split.items() if where == side} == {True, False}
     assert not {Path(entry.log).name for entry in ENTRIES} & {name for name, side in split.items() if side == "held_back"}

@@ -210,8 +210,9 @@ RUNS: dict[str, Run] = {
     "untraced-v26-mindspeed-llm-26-mtp-loss-tracker-no-dump": Run(
         "mtp-loss-tracker", "121:0:hbm:forward", style="tee", megatron="0.12.1", mindio="v26",
         generation="mindspeed-llm-26", arguments_dump=False, expect=UNTRACED),
-    # megatron-core 0.17 to 0.19, the real releases (issue 38): with the traceback (the samples' MindIO)
-    # and with MindIO v7.3+'s catch line alone under MindSpeed-LLM 26's adaptor, which rebuilds nothing
+    # megatron-core 0.17 to 0.19, the real releases (issue 38): with the traceback (the samples' MindIO),
+    # and with MindIO v7.3+'s catch line alone under taskd's adaptor for Megatron-LM jobs (MindSpeed-LLM's
+    # runs only on core 0.12.1), which rebuilds the model and optimizer: a module global is the culprit
     **{f"release-{run.megatron}-{run.mindio or 'traced'}-{name}": run for name, run in (
         ("layer-wise-tracker", Run("legacy-moe-tracker", "121:2:uce:forward", megatron="0.17.0")),
         ("moe-metrics-tracker", Run("moe-metrics-tracker", "121:1,3:uce:forward", style="tee", megatron="0.18.0")),
@@ -223,17 +224,17 @@ RUNS: dict[str, Run] = {
         ("optimizer-found-inf", Run("optimizer-found-inf", "121:1:hbm:forward", style="tee-default",
                                     megatron="0.18.2")),
         ("mtp-metrics-tracker", Run("mtp-metrics-tracker", "121:2:uce:forward", style="tee", megatron="0.19.2",
-                                    mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED)),
+                                    mindio="v26", generation="taskd-elastic", expect=UNTRACED)),
         ("moe-metrics-tracker", Run("moe-metrics-tracker", "121:0:uce:forward", megatron="0.18.2", mindio="v7.3",
-                                    generation="mindspeed-llm-26", expect=UNTRACED)),
+                                    generation="taskd-elastic", expect=UNTRACED)),
         ("seqlen-stats", Run("seqlen-stats", "121:1:hbm:forward", style="tee-default", megatron="0.19.0",
-                             mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("router-local-tokens", Run("router-local-tokens", "121:3:uce:forward", megatron="0.17.0", mindio="v26",
-                                    generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("grad-scaler", Run("grad-scaler", "121:2:uce:forward", style="tee", megatron="0.18.0", mindio="v7.3",
-                            generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("rotary-inv-freq", Run("rotary-inv-freq", "121:0:hbm:forward", megatron="0.19.2", mindio="v26",
-                                generation="mindspeed-llm-26", expect=UNTRACED)),
+                             mindio="v26", generation="taskd-elastic", expect=UNTRACED)),
+        ("layer-wise-tracker", Run("legacy-moe-tracker", "121:3:uce:forward", megatron="0.17.0", mindio="v26",
+                                   generation="taskd-elastic", expect=UNTRACED)),
+        ("mtp-loss-tracker", Run("mtp-loss-tracker", "121:2:uce:forward", style="tee", megatron="0.17.1",
+                                 mindio="v7.3", generation="taskd-elastic", expect=UNTRACED)),
+        ("moe-metrics-tracker", Run("moe-metrics-tracker", "121:1:hbm:forward", megatron="0.19.0", mindio="v7.3",
+                                    generation="taskd-elastic", expect=UNTRACED)),
     )},
     # negatives
     "negative-out-of-memory": Run("out-of-memory", "121:1:uce:forward",
@@ -265,10 +266,11 @@ def environment(run: Run) -> dict[str, str]:
         paths.insert(0, str(target))
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(paths), SAMPLE_FAULT=run.fault)
     for name in ("EMULATED_MINDIO_RELEASE", "EMULATED_ADAPTOR_GENERATION", "CORPUS_ARGUMENTS_DUMP",
-                 "CORPUS_RELEASE_STANDINS"):
+                 "CORPUS_RELEASE_STANDINS", "CORPUS_MEGATRON_ARGUMENTS"):
         env.pop(name, None)
     if run.megatron in NEWER_RELEASES:
         env["CORPUS_RELEASE_STANDINS"] = "1"
+        env["CORPUS_MEGATRON_ARGUMENTS"] = f"megatron-lm-core_v{run.megatron}"  # arguments/from_release.py
     if run.mindio:
         env["EMULATED_MINDIO_RELEASE"] = run.mindio
     if run.generation:
