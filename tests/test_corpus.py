@@ -37,8 +37,17 @@ from hidden import run_without_megatron  # noqa: E402  (tests/corpus is no packa
 
 
 def _param(entry):
-    marks = [pytest.mark.xfail(strict=True, reason=entry.known_failure)] if entry.known_failure else []
+    """An entry whose findings are checked: an untraced log's known failure is its culprit's (`_culprit`)."""
+    failing = entry.known_failure if not entry.untraced else None
+    marks = [pytest.mark.xfail(strict=True, reason=failing)] if failing else []
     return pytest.param(entry, id=" ".join([entry.log, *entry.rules]), marks=marks)
+
+
+def _culprit(entry, *, log_only: bool = False):
+    """An untraced entry whose culprit is checked, with its sources or from the log alone."""
+    failing = entry.known_failure or (entry.log_only_failure if log_only else None)
+    marks = [pytest.mark.xfail(strict=True, reason=failing)] if failing else []
+    return pytest.param(entry, id=entry.log, marks=marks)
 
 
 def _run(entry):
@@ -68,11 +77,19 @@ def test_an_untraced_log_tells_its_mindio_release_its_ranks_and_its_adaptor_gene
 
 # The suspects of issue 37's logs (`benchmark`) are its measure, scored by benchmarks/untraced_accuracy.py
 ASSERTED = [entry for entry in UNTRACED if not entry.untraced.get("benchmark")]
-DETERMINED = [entry for entry in ASSERTED if entry.untraced["determined"] and entry.untraced["ranks"]]
+DETERMINED = [entry for entry in ASSERTED if entry.untraced["determined"] and entry.untraced["ranks"] and not entry.release]
+# issue 38's megatron-core 0.17-0.19 logs (the develop half): every culprit, determined or not
+RELEASE_UNTRACED = [entry for entry in ASSERTED if entry.release]
 
 
-@pytest.mark.parametrize("entry", [_param(entry) for entry in DETERMINED])
+@pytest.mark.parametrize("entry", [_culprit(entry) for entry in DETERMINED])
 def test_the_culprit_is_among_the_first_three_suspects_where_the_log_determines_it(entry):
+    outcome = _run(entry)
+    assert outcome.culprit_rank() is not None and outcome.culprit_rank() <= 3, outcome.suspects
+
+
+@pytest.mark.parametrize("entry", [_culprit(entry) for entry in RELEASE_UNTRACED])
+def test_a_release_logs_culprit_is_among_the_first_three_suspects_with_the_release_as_source(entry):
     outcome = _run(entry)
     assert outcome.culprit_rank() is not None and outcome.culprit_rank() <= 3, outcome.suspects
 
@@ -184,6 +201,12 @@ def test_every_label_a_shipped_rule_covers_holds_from_the_log_alone(log_only_out
     assert failing == []
     covered = [label for outcome in log_only_outcomes for label in outcome.entry.findings if label["rule"] in shipped]
     assert len(covered) >= 25  # the exemption above leaves most of the corpus to check
+
+
+@pytest.mark.parametrize("entry", [_culprit(entry, log_only=True) for entry in RELEASE_UNTRACED])
+def test_a_release_logs_culprit_is_among_the_first_three_suspects_from_the_log_alone(entry, log_only_outcomes):
+    outcome = next(outcome for outcome in log_only_outcomes if outcome.entry.log == entry.log)
+    assert outcome.culprit_rank() is not None and outcome.culprit_rank() <= 3, outcome.suspects
 
 
 def test_log_only_labels_with_no_finding_stay_without_one(log_only_outcomes):

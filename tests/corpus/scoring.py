@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 LABELS = HERE / "labels.yaml"
 RELEASES_SPLIT = HERE / "releases_split.yaml"
 ENTRY_KEYS = {"log", "origin", "source_roots", "rules", "findings", "last_error", "known_failure", "untraced",
-              "release"}
+              "release", "log_only_failure"}
 FINDING_KEYS = {"variable", "ranks", "scenario", "rule", "confidence"}
 REQUIRED_FINDING_KEYS = {"variable", "ranks", "scenario", "rule"}
 UNTRACED_KEYS = {"ranks", "mindio", "generation", "culprit", "determined"}
@@ -48,6 +48,7 @@ class Entry:
     known_failure: str | None  # why the tool, not the label, is wrong
     untraced: dict | None = None  # a log of MindIO's catch line without a traceback: its answer (labels.yaml)
     release: str | None = None  # the megatron-core release the run imported, unpacked outside the checkout
+    log_only_failure: str | None = None  # why the tool misses the label from the log alone (it holds with the sources)
 
     def path(self, relative: str) -> Path:
         return (HERE / relative).resolve()
@@ -82,7 +83,7 @@ def load_entries(*, held_back: bool = False) -> list[Entry]:
             log=item["log"], origin=item["origin"], source_roots=tuple(item.get("source_roots", [])),
             rules=tuple(item.get("rules", [])), findings=tuple(item.get("findings", [])),
             last_error=item.get("last_error"), known_failure=item.get("known_failure"), untraced=untraced,
-            release=item.get("release"),
+            release=item.get("release"), log_only_failure=item.get("log_only_failure"),
         ))
     return entries
 
