@@ -33,9 +33,9 @@ CORPUS = ROOT / "tests" / "corpus"
 HALVES = ("develop", "held_back")
 
 
-def diagnose_bare(log: Path, scratch: Path) -> dict:
-    """The JSON report of `unsafe-doctor diagnose --log-only --format json LOG` where megatron-core is hidden."""
-    result = hidden.run_without_megatron(ROOT / "unsafe_doctor" / "__main__.py", "diagnose", "--log-only",
+def diagnose_bare(log: Path, scratch: Path, options: tuple[str, ...] = ("--log-only",)) -> dict:
+    """The JSON report of `unsafe-doctor diagnose OPTIONS --format json LOG` where megatron-core is hidden."""
+    result = hidden.run_without_megatron(ROOT / "unsafe_doctor" / "__main__.py", "diagnose", *options,
                                          "--format", "json", str(log), scratch=scratch)
     if not result.stdout.strip():
         raise SystemExit(f"{log.name}: no report (exit {result.returncode}): {result.stderr.strip()[-500:]}")
@@ -91,10 +91,15 @@ def main(halves: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run_halves(score_halves) -> None:
+    """Score the halves named on the command line (both when none), exit 2 on an unknown one."""
     chosen = sys.argv[1:] or list(HALVES)
     unknown = sorted(set(chosen) - set(HALVES))
     if unknown:
         print(f"unknown half {unknown}: choose from {list(HALVES)}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(chosen))
+    sys.exit(score_halves(chosen))
+
+
+if __name__ == "__main__":
+    run_halves(main)

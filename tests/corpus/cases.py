@@ -134,12 +134,29 @@ def _no_fuser(function):
     return function
 
 
+def python_312_standins() -> None:
+    """megatron-core 0.17 and newer declare Python >= 3.12 and run on 3.11 with two stand-ins, ours:
+    `typing.override` (3.12's no-op decorator, which megatron/training/models/ imports) and triton
+    (release_standins/: the 0.18+ kernels decorate with it at import time). torch settles "no triton"
+    first, so that its compiler keeps the path it takes without triton."""
+    import typing
+
+    import torch._dynamo.backends.debugging  # noqa: F401
+    import torch._inductor.runtime.triton_compat  # noqa: F401
+
+    if not hasattr(typing, "override"):
+        typing.override = lambda function: function
+    sys.path.append(str(HERE / "release_standins"))
+
+
 class MegatronCase(Case):
     """Megatron's model-parallel state (TP = PP = 1) and its CPU shims, set up once."""
 
     checkpoint = "gpt_moe_tiny"
 
     def initialize(self) -> None:
+        if os.environ.get("CORPUS_RELEASE_STANDINS") == "1":
+            python_312_standins()
         from megatron.core import jit
 
         jit.jit_fuser = _no_fuser  # before any module that decorates with it is imported
@@ -462,6 +479,59 @@ class CausalSoftmaxAttention(torch.nn.Module):
         return hidden + self.proj(context.reshape(seq, batch, HIDDEN_SIZE))
 
 
+# --- megatron-core 0.17 to 0.19 (generate.py puts the unpacked release first on PYTHONPATH) ---------------
+
+
+class MoeMetricsTracker(LegacyMoeTracker):
+    """megatron-core 0.18+: the router records its z-loss in moe_logging's MoEMetricsTracker object
+    (`_MOE_METRICS_TRACKER`, the tensors in its `_metrics` entries), cleared after each step."""
+
+    def after_step(self, model, iteration):
+        from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+
+        get_moe_metrics_tracker().clear()
+
+
+class MtpMetricsTracker(MtpLossTracker):
+    """megatron-core 0.19: the MTP head saves loss, correct and total counts in
+    MTPLossLoggingHelper.tracker; track_mtp_metrics adds the cumulative counts (five entries)."""
+
+    def block(self):
+        return MtpMetricsBlock()
+
+
+class MtpMetricsBlock(MtpBlock):
+    def forward(self, hidden):
+        from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+        hidden = hidden + torch.tanh(self.mlp(hidden))
+        mtp_hidden = self.mtp_head(hidden[:-1])
+        target = hidden[1:].detach()
+        mtp_loss = F.mse_loss(mtp_hidden, target)
+        correct = (mtp_hidden.argmax(-1) == target.argmax(-1)).sum().float()
+        MTPLossLoggingHelper.save_metrics_to_tracker(mtp_loss, correct, torch.tensor(float(target[..., 0].numel())),
+                                                     0, 1)
+        return hidden + 0.0 * mtp_loss
+
+
+class SeqlenStats(MegatronCase):
+    """megatron-core 0.18+ with packed sequences: every micro-batch adds its real sequence lengths to
+    training.py's `_seqlen_stats_in_iteration` (kept allocated across iterations), which the training
+    log consumes and zeroes after the step."""
+
+    def train_step(self, model, optimizer, batch, iteration):
+        from megatron.training import training
+
+        tokens, _ = batch
+        training.update_seqlen_stats_from_cu_seqlens(torch.tensor([0, 3, 6, tokens.shape[-1]], dtype=torch.int32))
+        return super().train_step(model, optimizer, batch, iteration)
+
+    def after_step(self, model, iteration):
+        from megatron.training import training
+
+        training.consume_seqlen_stats_in_iteration()
+
+
 # --- replays of committed hand-written tracebacks ----------------------------------------------------------
 
 _REPLAY_GATE: torch.Tensor | None = None
@@ -733,6 +803,10 @@ CASES: dict[str, Callable[[], Case]] = {
     # megatron-core 0.7.0 / 0.12.1 (generate.py puts the release first on PYTHONPATH)
     "legacy-moe-tracker": LegacyMoeTracker,
     "legacy-causal-mask": LegacyCausalMask,
+    # megatron-core 0.17 to 0.19 (their unpacked releases, first on PYTHONPATH)
+    "moe-metrics-tracker": MoeMetricsTracker,
+    "mtp-metrics-tracker": MtpMetricsTracker,
+    "seqlen-stats": SeqlenStats,
     # replays of hand-written tracebacks
     "replay-moe-metrics-tracker": lambda: Replay("hand-megatron-lm-main-moe-metrics-tracker.log"),
     "replay-ag-shared-experts-inputs": lambda: Replay("hand-mindspeed-ag-shared-experts-inputs.log"),

@@ -21,6 +21,9 @@ megatron-core 0.7.0 and 0.12.1 runs need those releases in pip targets, put firs
     .venv/bin/pip install --no-deps --target /tmp/corpus-mc07 megatron-core==0.7.0 'setuptools<81'
     .venv/bin/pip install --no-deps --target /tmp/corpus-mc012 megatron-core==0.12.1
 
+The `release-*` runs import megatron-core 0.17.0 to 0.19.2 from tests/fixtures/rules/release.py's
+folder of unpacked releases (fetched there when missing; README.md, "megatron-core 0.17 to 0.19").
+
 Paths of this checkout and of the environment are rewritten to a cluster's (site-packages under
 /usr/local/lib/python3.11, the job's code under /home/user/job, frameworks and stand-ins under
 /home/user), so the logs read the same wherever the checkout is and never name it; the labels pass
@@ -43,11 +46,17 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "samples"))
 
+sys.path.insert(0, str(REPO / "tests" / "fixtures" / "rules"))
+
 from make_logs import CLUSTER_BIN, CLUSTER_SITE_PACKAGES, JOB, cluster_paths  # noqa: E402
+from release import RELEASES, release_root  # noqa: E402
 
 LOGS = HERE / "logs"
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 MEGATRON_TARGETS = {"0.7.0": Path("/tmp/corpus-mc07"), "0.12.1": Path("/tmp/corpus-mc012")}
+# the releases after the environment's 0.16.1, unpacked where tests/test_rules_releases.py finds them
+# (tests/fixtures/rules/release.py); they run on this Python with python_312_standins (cases.py)
+NEWER_RELEASES = ("0.17.0", "0.17.1", "0.18.0", "0.18.2", "0.19.0", "0.19.2")
 CLUSTER_HOME = "/home/user"
 MAX_BYTES = 250_000
 TIMEOUT = 300
@@ -201,6 +210,32 @@ RUNS: dict[str, Run] = {
     "untraced-v26-mindspeed-llm-26-mtp-loss-tracker-no-dump": Run(
         "mtp-loss-tracker", "121:0:hbm:forward", style="tee", megatron="0.12.1", mindio="v26",
         generation="mindspeed-llm-26", arguments_dump=False, expect=UNTRACED),
+    # megatron-core 0.17 to 0.19, the real releases (issue 38): with the traceback (the samples' MindIO),
+    # and with MindIO v7.3+'s catch line alone under taskd's adaptor for Megatron-LM jobs (MindSpeed-LLM's
+    # runs only on core 0.12.1), which rebuilds the model and optimizer: a module global is the culprit
+    **{f"release-{run.megatron}-{run.mindio or 'traced'}-{name}": run for name, run in (
+        ("layer-wise-tracker", Run("legacy-moe-tracker", "121:2:uce:forward", megatron="0.17.0")),
+        ("moe-metrics-tracker", Run("moe-metrics-tracker", "121:1,3:uce:forward", style="tee", megatron="0.18.0")),
+        ("mtp-metrics-tracker", Run("mtp-metrics-tracker", "121:0:hbm:forward", style="tee-default",
+                                    megatron="0.19.2")),
+        ("seqlen-stats", Run("seqlen-stats", "121:2:uce:forward", megatron="0.18.2")),
+        ("router-expert-bias", Run("router-expert-bias", "121:1:uce:forward", style="tee", megatron="0.17.1")),
+        ("rotary-emb-cache", Run("rotary-emb-cache", "121:3:uce:forward", megatron="0.19.0")),
+        ("optimizer-found-inf", Run("optimizer-found-inf", "121:1:hbm:forward", style="tee-default",
+                                    megatron="0.18.2")),
+        ("mtp-metrics-tracker", Run("mtp-metrics-tracker", "121:2:uce:forward", style="tee", megatron="0.19.2",
+                                    mindio="v26", generation="taskd-elastic", expect=UNTRACED)),
+        ("moe-metrics-tracker", Run("moe-metrics-tracker", "121:0:uce:forward", megatron="0.18.2", mindio="v7.3",
+                                    generation="taskd-elastic", expect=UNTRACED)),
+        ("seqlen-stats", Run("seqlen-stats", "121:1:hbm:forward", style="tee-default", megatron="0.19.0",
+                             mindio="v26", generation="taskd-elastic", expect=UNTRACED)),
+        ("layer-wise-tracker", Run("legacy-moe-tracker", "121:3:uce:forward", megatron="0.17.0", mindio="v26",
+                                   generation="taskd-elastic", expect=UNTRACED)),
+        ("mtp-loss-tracker", Run("mtp-loss-tracker", "121:2:uce:forward", style="tee", megatron="0.17.1",
+                                 mindio="v7.3", generation="taskd-elastic", expect=UNTRACED)),
+        ("moe-metrics-tracker", Run("moe-metrics-tracker", "121:1:hbm:forward", megatron="0.19.0", mindio="v7.3",
+                                    generation="taskd-elastic", expect=UNTRACED)),
+    )},
     # negatives
     "negative-out-of-memory": Run("out-of-memory", "121:1:uce:forward",
                                   expect=("torch.OutOfMemoryError: NPU out of memory",)),
@@ -219,14 +254,23 @@ def environment(run: Run) -> dict[str, str]:
     paths = [str(REPO / "samples" / "workers"), str(HERE / "standins"), str(REPO)]
     if run.framework:
         paths.append(str(HERE / "frameworks" / run.framework))
-    if run.megatron:
+    if run.megatron in NEWER_RELEASES:
+        target = release_root(run.megatron)
+        if target is None:
+            raise SystemExit(f"megatron-core {run.megatron} cannot be had in {RELEASES}: see this script's docstring")
+        paths.insert(0, str(target))
+    elif run.megatron:
         target = MEGATRON_TARGETS[run.megatron]
         if not (target / "megatron").is_dir():
             raise SystemExit(f"megatron-core {run.megatron} is not in {target}: see this script's docstring")
         paths.insert(0, str(target))
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(paths), SAMPLE_FAULT=run.fault)
-    for name in ("EMULATED_MINDIO_RELEASE", "EMULATED_ADAPTOR_GENERATION", "CORPUS_ARGUMENTS_DUMP"):
+    for name in ("EMULATED_MINDIO_RELEASE", "EMULATED_ADAPTOR_GENERATION", "CORPUS_ARGUMENTS_DUMP",
+                 "CORPUS_RELEASE_STANDINS", "CORPUS_MEGATRON_ARGUMENTS"):
         env.pop(name, None)
+    if run.megatron in NEWER_RELEASES:
+        env["CORPUS_RELEASE_STANDINS"] = "1"
+        env["CORPUS_MEGATRON_ARGUMENTS"] = f"megatron-lm-core_v{run.megatron}"  # arguments/from_release.py
     if run.mindio:
         env["EMULATED_MINDIO_RELEASE"] = run.mindio
     if run.generation:
@@ -253,6 +297,7 @@ FOLDERS = [  # the environment first: it may be a folder of the checkout (.venv)
     (Path(sysconfig.get_paths()["purelib"]), CLUSTER_SITE_PACKAGES),
     (Path(sys.executable).parent, CLUSTER_BIN),
     *((target, CLUSTER_SITE_PACKAGES) for target in MEGATRON_TARGETS.values()),
+    *((RELEASES / version, CLUSTER_SITE_PACKAGES) for version in NEWER_RELEASES),
     (HERE / "standins" / "mindspeed_llm", f"{CLUSTER_HOME}/MindSpeed-LLM/mindspeed_llm"),
     (HERE / "standins" / "mindspeed", f"{CLUSTER_HOME}/MindSpeed/mindspeed"),
     (HERE / "frameworks", CLUSTER_HOME),

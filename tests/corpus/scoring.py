@@ -5,10 +5,14 @@ Shared by tests/test_corpus.py (every label must hold) and benchmarks/classifica
 the finding names: the resolved tensor's variable, else the one its rule names from the culprit
 frame), `ranks`, `scenario` (1, 2 or null), `rule` (null for a heuristic verdict or none) and,
 when given, `confidence`.
+
+The `held_back` half of releases_split.yaml is left out (`load_entries`), so that no test and no
+benchmark but the one that reports it ever diagnoses those logs.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -23,7 +27,9 @@ from unsafe_doctor.knowledge.rules import KnowledgeBase
 
 HERE = Path(__file__).resolve().parent
 LABELS = HERE / "labels.yaml"
-ENTRY_KEYS = {"log", "origin", "source_roots", "rules", "findings", "last_error", "known_failure", "untraced"}
+RELEASES_SPLIT = HERE / "releases_split.yaml"
+ENTRY_KEYS = {"log", "origin", "source_roots", "rules", "findings", "last_error", "known_failure", "untraced",
+              "release", "log_only_failure"}
 FINDING_KEYS = {"variable", "ranks", "scenario", "rule", "confidence"}
 REQUIRED_FINDING_KEYS = {"variable", "ranks", "scenario", "rule"}
 UNTRACED_KEYS = {"ranks", "mindio", "generation", "culprit", "determined"}
@@ -41,15 +47,27 @@ class Entry:
     last_error: str | None  # exception type the log ends with, when it has no finding
     known_failure: str | None  # why the tool, not the label, is wrong
     untraced: dict | None = None  # a log of MindIO's catch line without a traceback: its answer (labels.yaml)
+    release: str | None = None  # the megatron-core release the run imported, unpacked outside the checkout
+    log_only_failure: str | None = None  # why the tool misses the label from the log alone (it holds with the sources)
 
     def path(self, relative: str) -> Path:
         return (HERE / relative).resolve()
 
 
-def load_entries() -> list[Entry]:
+def releases_split() -> dict[str, str]:
+    """releases_split.yaml: each `release-*` log's side, `develop` or `held_back`."""
+    return yaml.safe_load(RELEASES_SPLIT.read_text())["logs"]
+
+
+def load_entries(*, held_back: bool = False) -> list[Entry]:
+    """Every labelled log; the held-back half of releases_split.yaml only when `held_back` (the
+    benchmark that reports it, and the check that every log is labelled)."""
     data = yaml.safe_load(LABELS.read_text())
+    hidden = set() if held_back else {name for name, side in releases_split().items() if side == "held_back"}
     entries = []
     for item in data["logs"]:
+        if Path(item["log"]).name in hidden:
+            continue
         if set(item) - ENTRY_KEYS:
             raise ValueError(f"{item.get('log')}: unknown keys {sorted(set(item) - ENTRY_KEYS)}")
         for finding in item.get("findings", []):
@@ -65,8 +83,21 @@ def load_entries() -> list[Entry]:
             log=item["log"], origin=item["origin"], source_roots=tuple(item.get("source_roots", [])),
             rules=tuple(item.get("rules", [])), findings=tuple(item.get("findings", [])),
             last_error=item.get("last_error"), known_failure=item.get("known_failure"), untraced=untraced,
+            release=item.get("release"), log_only_failure=item.get("log_only_failure"),
         ))
     return entries
+
+
+def release_root(entry: Entry) -> Path | None:
+    """The unpacked megatron-core release of a `release` entry, where tests/test_rules_releases.py
+    keeps them (tests/fixtures/rules/release.py: downloaded once when missing); None when it cannot
+    be had, or the entry names none."""
+    if entry.release is None:
+        return None
+    spec = importlib.util.spec_from_file_location("corpus_release", HERE.parent / "fixtures" / "rules" / "release.py")
+    release = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(release)
+    return release.release_root(entry.release)
 
 
 @dataclass(frozen=True)
@@ -107,8 +138,13 @@ def run(entry: Entry, *, log_only: bool = False) -> Outcome:
     """Diagnose the entry's log as the CLI would, timed; `log_only`: as `--log-only` would, without
     the entry's source roots (its `--rules` still apply: they are the user's knowledge, not source)."""
     rule_paths = [entry.path(path) for path in entry.rules]
-    started = time.perf_counter()
     roots = [] if log_only else [entry.path(root) for root in entry.source_roots]
+    if entry.release and not log_only:
+        root = release_root(entry)
+        if root is None:
+            raise LookupError(f"{entry.log}: megatron-core {entry.release} cannot be had here")
+        roots.append(root)
+    started = time.perf_counter()
     setup = groundwork(rule_paths, roots, log_only=log_only)
     diagnosis = diagnose([str(entry.path(entry.log))], setup)
     seconds = time.perf_counter() - started

@@ -290,10 +290,11 @@ def print_arguments(case: cases.Case, world_size: int) -> None:
     """Rank 0's dump of every argument (Megatron-LM's `_print_args`, or MindSpeed-LLM's `print_args`
     under its own title), after Megatron's parallel-sizes line; the release's arguments at their
     defaults but the job's and the case's settings."""
-    known = json.loads((ARGUMENTS / f"{GENERATION.arguments}.json").read_text())["arguments"]
+    release = dumped_release()
+    known = json.loads((ARGUMENTS / f"{release}.json").read_text())["arguments"]
     unknown = sorted(set(case.arguments()) - set(known))
     if unknown:
-        raise ValueError(f"{GENERATION.arguments} has no argument {unknown}")
+        raise ValueError(f"{release} has no argument {unknown}")
     job = {name: value for name, value in job_arguments(case, world_size).items() if name in known}
     values = {**known, **job, **case.arguments()}
     print(f"using world size: {world_size}, data-parallel size: {world_size}, context-parallel size: 1, "
@@ -305,6 +306,14 @@ def print_arguments(case: cases.Case, world_size: int) -> None:
     for line in sorted(lines, key=str.lower):
         print(line, flush=True)
     print(f"-------------------- end of {title} ---------------------", flush=True)
+
+
+def dumped_release() -> str:
+    """The file of arguments/ the dump prints: the generation's release, or, for a Megatron-LM dump,
+    the release the job runs when generate.py names it (`CORPUS_MEGATRON_ARGUMENTS`: megatron-core
+    0.17 and newer ship Megatron-LM's own arguments.py)."""
+    own = os.environ.get("CORPUS_MEGATRON_ARGUMENTS")
+    return own if own and GENERATION.dump_title == "arguments" else GENERATION.arguments
 
 
 def job_arguments(case: cases.Case, world_size: int) -> dict[str, object]:
