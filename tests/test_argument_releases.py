@@ -19,11 +19,15 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.argument_releases import ARGUMENTS_FILE, DumpFit, NoDecision, dump_releases
+from unsafe_doctor.knowledge.context import groundwork
+from unsafe_doctor.report.diagnosis import to_json
 from unsafe_doctor.source.index import index_folder, pinned_releases
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGUMENTS = ROOT / "tests" / "corpus" / "arguments"
+LOGS = ROOT / "tests" / "corpus" / "logs"
 SOURCES = index_folder() / "sources.yaml"
 WHEELS = Path("/tmp/mcwheels")  # the pinned wheels, where this machine keeps them
 MEGATRON_LM = Path("/work/.mirror/NVIDIA+Megatron-LM/repo")  # a Megatron-LM clone's git directory (its core_v tags)
@@ -205,3 +209,36 @@ def test_names_no_release_parser_adds_are_no_evidence():
 def test_a_dump_cut_to_a_few_lines_decides_nothing():
     assert isinstance(dump_releases(names_of("megatron-lm-core_v0.19.2.json")[:20]), NoDecision)
     assert isinstance(dump_releases([]), NoDecision)
+
+
+# --- the diagnosis --------------------------------------------------------------------------------
+
+
+def test_an_untraced_log_names_the_release_its_dump_fits_in_the_summary_json_and_suspects():
+    diagnosis = diagnose([str(LOGS / "release-0.17.0-v26-layer-wise-tracker.log")], groundwork(log_only=True))
+    assert diagnosis.context.environment.job_releases()["megatron-core"] == (
+        (Version("0.17.0"),), "the release the arguments dump fits")
+    report = to_json(diagnosis)
+    assert report["summary"]["frameworks"]["megatron-core"] == {
+        "version": "0.17.0", "from": "the arguments dump (megatron-core 0.17.0, from the arguments dump)"}
+    assert diagnosis.untraced is not None
+    assert diagnosis.untraced.shortlist.suspects[0].rule.id == "megatron.moe-layer-wise-tracker-moe-utils"
+
+
+def test_the_dump_outranks_the_release_installed_here(tmp_path):
+    """Without --log-only the installed megatron-core (this venv's) is found, but it did not run the job."""
+    diagnosis = diagnose([str(LOGS / "release-0.19.0-v7.3-moe-metrics-tracker.log")], groundwork())
+    releases, origin = diagnosis.context.environment.job_releases()["megatron-core"]
+    assert releases == (Version("0.19.0"), Version("0.19.2")) and origin == "the releases the arguments dump fits"
+
+
+def test_the_frames_win_over_the_dump(tmp_path):
+    """A 0.12 traceback with a 0.19.2 dump printed before it: the frames name the release."""
+    dump = ["------------------------ arguments ------------------------",
+            *(f"  {name} {'.' * (48 - len(name))} None" for name in sorted(names_of("megatron-lm-core_v0.19.2.json"))),
+            "-------------------- end of arguments ---------------------"]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(dump) + "\n" + (LOGS / "megatron-0.12-causal-mask.log").read_text())
+    diagnosis = diagnose([str(log)], groundwork(log_only=True))
+    assert isinstance(diagnosis.context.environment.dump_fit, DumpFit)
+    assert diagnosis.context.environment.origins["megatron-core"].startswith("the log's frames (megatron-core 0.12")
