@@ -139,7 +139,8 @@ def diagnose(
     # the adaptor's lines (the logger each names: MindIO's `[PYH tft_rollback.py:52]`, a module's) and
     # the frames in its files tell its generation
     generation = read_generation(messages, (*context_lines, *all_window_lines), traced, profiles)
-    run = groundwork.detect(frames, adaptor, tuple(profile for profile in profiles if profile.id in generation.generations))
+    logged = tuple(profile for profile in profiles if profile.id in generation.generations)
+    run = groundwork.detect(frames, adaptor, logged, arguments.values.keys() if arguments else None)
     diagnosed = tuple(
         DiagnosedFinding(finding, _phase(finding, context), _classify(finding, run, loss_scaling)) for finding in findings
     )

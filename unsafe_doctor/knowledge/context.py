@@ -9,7 +9,7 @@ before gigabytes of log are read; `RunContext` adds the environment once the log
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +29,14 @@ class Groundwork:
     choose_adaptor: AdaptorChooser | None = None  # which of several adaptors found is the one; None: the refusal
 
     def detect(
-        self, frames: Sequence[Frame] = (), adaptor: Path | None = None, logged: Sequence[AdaptorProfile] = ()
+        self, frames: Sequence[Frame] = (), adaptor: Path | None = None, logged: Sequence[AdaptorProfile] = (),
+        dumped: Collection[str] | None = None,
     ) -> RunContext:
         """The run context, with the environment read from the source roots, the frames' trees and the
-        adaptor; `logged`: the generations the log shows, which choose the profile when no adaptor is found."""
+        adaptor; `logged`: the generations the log shows, which choose the profile when no adaptor is found;
+        `dumped`: the names of the log's arguments dump, which tell the megatron-core release when nothing else does."""
         environment = detect_environment(self.knowledge, self.workspace, frames, adaptor, logged, self.profile,
-                                         choose_adaptor=self.choose_adaptor)
+                                         choose_adaptor=self.choose_adaptor, dumped=dumped)
         return RunContext(self.knowledge, self.workspace, environment)
 
 

@@ -16,6 +16,10 @@ Versions, first found wins (the resolution order of `source.workspace`):
 * then the metadata installed for this Python ("installed"), unless the frames fingerprint
   releases of that framework which the installed one is not: it did not run the job.
 
+Where neither a file nor the frames tell megatron-core's release, the job's arguments dump does
+(`argument_releases`): `Environment.job_releases` takes the releases it fits ahead of the adaptor
+generation's `pairs_with` and of the installed release.
+
 A log-only workspace (`--log-only`) has no source roots and no frames read here: no file, no
 installed metadata, so no versions; an adaptor given on the command line is still read.
 
@@ -30,7 +34,7 @@ else the default; `Environment.profile_from` says which.
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from types import ModuleType
@@ -39,6 +43,8 @@ from typing import TYPE_CHECKING, Literal
 from packaging.version import InvalidVersion, Version
 
 from unsafe_doctor.errors import AmbiguousAdaptor, UsageError, os_reason
+from unsafe_doctor.knowledge.argument_releases import FRAMEWORK as DUMPED_FRAMEWORK
+from unsafe_doctor.knowledge.argument_releases import DumpFit, NoDecision, dump_releases
 from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase, role_parameter
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.files import (
@@ -77,6 +83,8 @@ class Environment:
     # the generations the job may have run: the one an adaptor file or --profile names, the log's (several
     # when its evidence ties), else every generation the MindSpeed-LLM version found admits, else all
     possible: tuple[AdaptorProfile, ...] = ()
+    # what the log's arguments dump says of the megatron-core release (None: the log has no dump)
+    dump_fit: DumpFit | NoDecision | None = None
 
     @property
     def generation(self) -> AdaptorProfile | None:
@@ -88,17 +96,27 @@ class Environment:
         """The frameworks' releases the job may have run, with where that comes from: what was found,
         unless it is only this machine's installation and the generations the job may have run (those
         `possible` when the adaptor or the log shows one) run with other releases (their `pairs_with`):
-        then those of every such generation. The one decision every report reasons with (the suspects,
-        the stale resets)."""
+        then those of every such generation. Where no file or frame told megatron-core's release, the
+        releases its arguments dump fits come first: those of them the generations run with, else all
+        of them. The one decision every report reasons with (the suspects, the stale resets)."""
         shown = self.shown_generations()
         paired: dict[str, tuple[Version, ...]] = {}
         for profile in shown:
             for framework, pairs in profile.pairs_with.items():
                 paired[framework] = tuple(sorted({*paired.get(framework, ()), *pairs}))
+        dumped = self.dump_fit.releases if isinstance(self.dump_fit, DumpFit) else ()
         found: dict[str, tuple[tuple[Version, ...], str]] = {}
-        for framework in dict.fromkeys([*self.versions, *paired]):  # in a fixed order: a report lists them
+        for framework in dict.fromkeys([*self.versions, *paired, *([DUMPED_FRAMEWORK] if dumped else [])]):
             version = self.versions.get(framework)
             pairs = paired.get(framework, ())
+            narrowed = ""
+            if dumped and framework == DUMPED_FRAMEWORK and self.origins.get(framework, "installed") == "installed":
+                agreed = tuple(release for release in pairs if release in dumped)
+                if not agreed:
+                    found[framework] = (dumped, _dump_origin(len(dumped)))
+                    continue
+                narrowed = " and the arguments dump fits" if agreed != pairs else ""
+                pairs = agreed
             installed_elsewhere = self.origins.get(framework) == "installed" and pairs and version not in pairs
             if version is not None and not installed_elsewhere:
                 found[framework] = ((version,), self.origins[framework])
@@ -108,8 +126,15 @@ class Environment:
                 if self.profile in shown and self.profile.pairs_with.get(framework) == pairs:
                     names = [self.profile.id]  # the generation fixes are written for runs with all of them
                 runs = "adaptor runs" if len(names) == 1 else "adaptors run"
-                found[framework] = (pairs, f"{releases} the {' or '.join(names)} {runs} with")
+                found[framework] = (pairs, f"{releases} the {' or '.join(names)} {runs} with{narrowed}")
         return found
+
+    def dumped_release(self, framework: str) -> DumpFit | None:
+        """The arguments dump's fit, when the job's releases of the framework are all the releases it fits."""
+        fit = self.dump_fit
+        if not isinstance(fit, DumpFit) or framework != DUMPED_FRAMEWORK:
+            return None
+        return fit if self.job_releases().get(framework) == (fit.releases, _dump_origin(len(fit.releases))) else None
 
     def shown_generations(self) -> tuple[AdaptorProfile, ...]:
         """The generations the adaptor file or the log's lines show: the adaptor's, or the one the lines
@@ -128,12 +153,14 @@ def detect_environment(
     chosen: AdaptorProfile | None = None,
     search_under: Sequence[Path] = (),
     choose_adaptor: AdaptorChooser | None = None,
+    dumped: Collection[str] | None = None,
 ) -> Environment:
     """`workspace`: the command's, over the source roots (`context.Groundwork`); `logged`: the
     generations the log shows (`generations.read_generation`); `chosen`: the profile the user named (--profile);
     `search_under`: where a module defining the recovery functions is looked for (default: the
     source roots; an audit: the folders it audits, not their import roots); `choose_adaptor`: which
-    of several adaptors found is the one, or the refusal (None: the refusal)."""
+    of several adaptors found is the one, or the refusal (None: the refusal); `dumped`: the names of
+    the log's arguments dump (`log.arguments.RunArguments`), None when the log has none."""
     roots = workspace.source_roots
     for root in roots:
         if not root.is_dir():
@@ -163,7 +190,11 @@ def detect_environment(
     if chosen is not None:
         choice = _Choice(chosen, "option", "named with --profile")
     return Environment(versions, origins, roots, choice.profile, adaptor_file, choice.source, choice.why, choice.tied,
-                       adaptor_why, chooser.possible(choice, logged))
+                       adaptor_why, chooser.possible(choice, logged), None if dumped is None else dump_releases(dumped))
+
+
+def _dump_origin(releases: int) -> str:
+    return f"the release{'s' if releases > 1 else ''} the arguments dump fits"
 
 
 @dataclass(frozen=True)

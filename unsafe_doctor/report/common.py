@@ -172,9 +172,14 @@ def fix_plan_json(fix: FixPlan | NoFix | None) -> dict[str, Any] | None:
 
 
 def frameworks_json(environment: Environment) -> dict[str, dict[str, str]]:
-    return {
-        name: {"version": str(version), "from": environment.origins[name]} for name, version in environment.versions.items()
-    }
+    """Each version found and where from; where the job's releases are those its arguments dump fits,
+    the newest of them, as the frames' fingerprint gives its newest."""
+    found = {name: {"version": str(version), "from": environment.origins[name]} for name, version in environment.versions.items()}
+    for name in environment.job_releases():
+        dumped = environment.dumped_release(name)
+        if dumped is not None:
+            found[name] = {"version": str(dumped.releases[-1]), "from": f"the arguments dump ({dumped.describe()})"}
+    return found
 
 
 def adaptor_json(environment: Environment) -> dict[str, str | None]:

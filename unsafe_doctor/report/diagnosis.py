@@ -673,6 +673,10 @@ def _releases(diagnosis: Diagnosis) -> list[str]:
         if name in fingerprinted:
             pieces.append(fingerprinted[name].describe())
             continue
+        dumped = environment.dumped_release(name)
+        if dumped is not None:
+            pieces.append(dumped.describe())
+            continue
         shown = f"{name} {', '.join(map(str, versions))}"
         if origin == "installed":
             shown += " (installed here)"

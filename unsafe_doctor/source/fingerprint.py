@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
@@ -48,15 +48,19 @@ class ReleaseMatch:
 
     def describe(self) -> str:
         """`megatron-core 0.12.0–0.12.1, from 7 frames` (`0.12.0, 0.13.1` when not consecutive)."""
-        names = self.names
         consecutive = self.candidates == tuple(range(self.candidates[0], self.candidates[-1] + 1))
-        shown = names[0] if len(names) == 1 else (f"{names[0]}–{names[-1]}" if consecutive else ", ".join(names))
+        shown = releases_shown(self.names, consecutive)
         counted = f"{self.agreeing} of {self.frames} frames" if self.agreeing < self.frames else _frames(self.frames)
         return f"{self.framework.name} {shown}, from {counted}"
 
     def version_of(self, path: str) -> FileVersion | None:
         """The chosen release's version of a file of this framework."""
         return self.framework.version_in(path, self.chosen)
+
+
+def releases_shown(names: Sequence[str], consecutive: bool) -> str:
+    """`0.12.0–0.12.1` for releases one after another in the index, else `0.12.0, 0.13.1`."""
+    return names[0] if len(names) == 1 else (f"{names[0]}–{names[-1]}" if consecutive else ", ".join(names))
 
 
 def _frames(count: int) -> str:
