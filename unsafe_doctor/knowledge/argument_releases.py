@@ -64,9 +64,11 @@ class _Parsers:
 def _parsers() -> _Parsers:
     derived = json.loads((index_folder() / ARGUMENTS_FILE.name).read_text())
     releases = tuple(Version(entry["release"]) for entry in derived["releases"])
-    dests = tuple(frozenset(name for name, held in derived["arguments"].items() if index in held)
-                  for index in range(len(releases)))
-    return _Parsers(releases, dests, frozenset(derived["arguments"]))
+    dests: list[set[str]] = [set() for _ in releases]
+    for name, held in derived["arguments"].items():
+        for index in held:
+            dests[index].add(name)
+    return _Parsers(releases, tuple(map(frozenset, dests)), frozenset(derived["arguments"]))
 
 
 def _consecutive(releases: tuple[Version, ...]) -> bool:

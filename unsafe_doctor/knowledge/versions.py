@@ -36,6 +36,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path, PurePath
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal
@@ -83,8 +84,14 @@ class Environment:
     # the generations the job may have run: the one an adaptor file or --profile names, the log's (several
     # when its evidence ties), else every generation the MindSpeed-LLM version found admits, else all
     possible: tuple[AdaptorProfile, ...] = ()
-    # what the log's arguments dump says of the megatron-core release (None: the log has no dump)
-    dump_fit: DumpFit | NoDecision | None = None
+    # the names of the log's arguments dump (None: the log has no dump); see `dump_fit`
+    dumped: frozenset[str] | None = None
+
+    @cached_property
+    def dump_fit(self) -> DumpFit | NoDecision | None:
+        """What the log's arguments dump says of the megatron-core release (None: the log has no dump);
+        matched only when a report asks (the frames or a file tell the release in most logs)."""
+        return None if self.dumped is None else dump_releases(self.dumped)
 
     @property
     def generation(self) -> AdaptorProfile | None:
@@ -104,13 +111,14 @@ class Environment:
         for profile in shown:
             for framework, pairs in profile.pairs_with.items():
                 paired[framework] = tuple(sorted({*paired.get(framework, ()), *pairs}))
-        dumped = self.dump_fit.releases if isinstance(self.dump_fit, DumpFit) else ()
+        told = self.origins.get(DUMPED_FRAMEWORK, "installed") != "installed"  # by a file or the frames: no dump read
+        dumped = self.dump_fit.releases if not told and isinstance(self.dump_fit, DumpFit) else ()
         found: dict[str, tuple[tuple[Version, ...], str]] = {}
         for framework in dict.fromkeys([*self.versions, *paired, *([DUMPED_FRAMEWORK] if dumped else [])]):
             version = self.versions.get(framework)
             pairs = paired.get(framework, ())
             narrowed = ""
-            if dumped and framework == DUMPED_FRAMEWORK and self.origins.get(framework, "installed") == "installed":
+            if dumped and framework == DUMPED_FRAMEWORK:
                 agreed = tuple(release for release in pairs if release in dumped)
                 if not agreed:
                     found[framework] = (dumped, _dump_origin(len(dumped)))
@@ -131,8 +139,10 @@ class Environment:
 
     def dumped_release(self, framework: str) -> DumpFit | None:
         """The arguments dump's fit, when the job's releases of the framework are all the releases it fits."""
+        if framework != DUMPED_FRAMEWORK or self.origins.get(framework, "installed") != "installed":
+            return None
         fit = self.dump_fit
-        if not isinstance(fit, DumpFit) or framework != DUMPED_FRAMEWORK:
+        if not isinstance(fit, DumpFit):
             return None
         return fit if self.job_releases().get(framework) == (fit.releases, _dump_origin(len(fit.releases))) else None
 
@@ -190,7 +200,7 @@ def detect_environment(
     if chosen is not None:
         choice = _Choice(chosen, "option", "named with --profile")
     return Environment(versions, origins, roots, choice.profile, adaptor_file, choice.source, choice.why, choice.tied,
-                       adaptor_why, chooser.possible(choice, logged), None if dumped is None else dump_releases(dumped))
+                       adaptor_why, chooser.possible(choice, logged), None if dumped is None else frozenset(dumped))
 
 
 def _dump_origin(releases: int) -> str:
