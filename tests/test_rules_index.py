@@ -10,16 +10,19 @@ every release), the release's own modules are read:
   the variable, or the owner class's attribute (class level, a method of that name, or `self.X`
   set in a method). A glob module is any of the release's modules it selects; a `variable_regex`
   any name it matches (the names are alternatives: a release need not hold them all). A block
-  that names the culprit's file but no module names the owner in that file's module, where the
-  class is defined or imported.
+  naming the culprit frame's file names where the global is read: its owner is looked for in that
+  file's module (defined or imported there), unless another block names the same global by module.
 - **its fix**: the framework names the rendered fix imports (`from megatron.core.x import Y`,
   `import $module`) and reads through them (`module.Y`, `getattr(module, "Y", ...)`, a getter it
   calls) exist in that release.
 
 A release whose name carries no version (`core_r0.17.0@…`, `master@…`: a branch, pinned by commit)
 is claimed by every range, as diagnose applies a rule whenever the job's version is not known
-(`classify._fits_version`): what a log fingerprinted to a branch gets, the branch must hold.
-Tests are parametrized per rule and release, so a failure names both.
+(`classify._fits_version`): what a log fingerprinted to a branch gets, the branch must hold. A rule
+that knows its global only by the frame reading it (every block names a file) claims only the
+releases holding that file: no other release can print such a frame. A claimed release that lacks
+the global where no range could leave it out is listed in `NOT_BOUND` with why, and held to
+lacking it. Tests are parametrized per rule and release, so a failure names both.
 """
 
 from __future__ import annotations
@@ -93,7 +96,8 @@ def global_blocks(rule: Rule) -> list[RuleMatch]:
 # The test holds each entry: once the release binds the global, the entry must go.
 _BEFORE = ("before the feature: diagnose reads MindSpeed 1.0.RC2 and 1.0.RC3 as version 1.0, as it reads 1.0.0, "
            "which has it, so no range tells them apart")
-_OLD_1_1 = "MindSpeed 1.1.0 (July 2024) predates 1.0.RC2; its number sorts after every 1.0 release that has the feature"
+_OLD_1_1 = ("MindSpeed 1.1.0 (July 2024) predates 1.0.RC2 though its number sorts after 1.0.0: leaving it out "
+            "(!=1.1.*) would still leave 1.0.RC2 and 1.0.RC3 in")
 NOT_BOUND = {
     ("mindspeed.moe-overlap-saved-tensors", "1.1.0"): _OLD_1_1,
     ("mindspeed.moe-overlap-saved-tensors", "1.0.RC2"): _BEFORE,
