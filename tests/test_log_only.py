@@ -143,3 +143,48 @@ def test_a_constant_operand_is_never_named(tmp_path, with_source):
     [finding] = json.loads(result.stdout)["findings"]
     assert "CLIP_FACTOR" not in json.dumps(finding["tensor"])
     assert finding["source_from"] == ("job" if with_source else "log")
+
+
+# --- a class-held global, named with its class from the index alone --------------------------------
+
+SITE_312 = "/usr/local/lib/python3.12/site-packages/megatron/core/transformer/"
+MTP = ("MTPLossLoggingHelper", "tracker", "megatron.core.transformer.multi_token_prediction", "megatron.mtp-loss-tracker")
+METRICS = ("MoEMetricsTracker", "_metrics", "megatron.core.transformer.moe.moe_logging", "megatron.moe-metrics-tracker")
+# (release, file, line, function, the line as the real wheel prints it): methods that read the class's
+# tensors through `self._metrics[...]`, or through a local the method bound to the class attribute
+MTP_FILE, METRICS_FILE = "multi_token_prediction.py", "moe/moe_logging.py"
+CLASS_HELD = [
+    ("0.19.2", MTP_FILE, 380, "save_metrics_to_tracker", 'tracker["loss_values"][layer_number] += loss.detach()', MTP),
+    ("0.19.2", MTP_FILE, 391, "clean_metrics_in_tracker", 'tracker["loss_values"].zero_()', MTP),
+    ("0.19.2", MTP_FILE, 449, "track_mtp_metrics", 'tracker["cumulative_correct_values"] += mtp_corrects', MTP),
+    ("0.18.2", MTP_FILE, 367, "save_loss_to_tracker", 'tracker["values"][layer_number] += loss.detach()', MTP),
+    ("0.18.2", METRICS_FILE, 125, "record", "entry.values[layer_number - 1] += value.detach()", METRICS),
+    ("0.18.2", METRICS_FILE, 275, "_sync_metrics", "torch.distributed.all_reduce(v, group=entry.reduce_group)", METRICS),
+    ("0.18.2", METRICS_FILE, 326, "_aggregate", "values = self._metrics[name].values.float() * loss_scale", METRICS),
+    pytest.param("0.18.2", METRICS_FILE, 217, "clear", "entry.values.zero_()", METRICS, marks=pytest.mark.xfail(
+        strict=True, reason="`for entry in self._metrics.values()`: a loop target is not followed to its iterable "
+        "(syntax.OPAQUE), and the index's skeleton keeps it as `entry = None`")),
+]
+
+
+@pytest.mark.parametrize(("release", "path", "line", "function", "printed", "expected"), CLASS_HELD)
+def test_log_only_names_a_class_held_global_with_its_class(tmp_path, release, path, line, function, printed, expected):
+    """The frame prints neither the class nor its module; the release's skeleton in the index knows
+    the class the method is in. Read where megatron-core is not installed."""
+    log = tmp_path / "train.log"
+    log.write_text(f'[rank0]: Traceback (most recent call last):\n[rank0]:   File "{SITE_312}{path}", line {line}, in '
+                   f"{function}\n[rank0]:     {printed}\n[rank0]: {UNSAFE}\n")
+    script = tmp_path / "report.py"
+    script.write_text(
+        "import json, sys\n"
+        "from unsafe_doctor.knowledge.context import groundwork\n"
+        "from unsafe_doctor.diagnose.pipeline import diagnose\n"
+        "from unsafe_doctor.report.diagnosis import to_json\n"
+        "print(json.dumps(to_json(diagnose(sys.argv[1:], groundwork(log_only=True)))))\n"
+    )
+    result = run_without_megatron(script, str(log), scratch=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [finding] = json.loads(result.stdout)["findings"]
+    assert finding["source_release"].startswith(f"megatron-core {release[:4]}"), finding["source_release"]
+    tensor = finding["tensor"]
+    assert (tensor["owner"], tensor["variable"], tensor["module"], finding["rule"]) == expected

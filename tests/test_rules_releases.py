@@ -147,6 +147,14 @@ for value in MTPLossLoggingHelper.tracker.values():
 """
 
 
+# packed sequences: a micro-batch added its lengths, the step failed before the iteration's end read them
+UPDATE_SEQLEN_STATS = """
+from megatron.training import training
+training.update_seqlen_stats_from_cu_seqlens(torch.tensor([0, 3, 7], dtype=torch.int32))
+mark(training._seqlen_stats_in_iteration)
+"""
+
+
 @pytest.mark.parametrize(("case", "version", "setup", "retry"), [
     ("0.19 moe metrics tracker", "0.18.2", RECORD_MOE_METRIC,
      'get_moe_metrics_tracker().record("load_balancing_loss", aux_loss(), 1, 4)\nget_moe_metrics_tracker().clear()'),
@@ -155,9 +163,25 @@ for value in MTPLossLoggingHelper.tracker.values():
     ("0.19 mtp metrics tracker", "0.19.2", SAVE_MTP_METRICS,
      "MTPLossLoggingHelper.save_metrics_to_tracker(aux_loss(), torch.tensor(3.0), torch.tensor(4.0), 0, 2)\n"
      "MTPLossLoggingHelper.track_mtp_metrics(1.0, 2, None)\nMTPLossLoggingHelper.clean_metrics_in_tracker()"),
+    ("0.18 seqlen stats", "0.18.2", UPDATE_SEQLEN_STATS,
+     "training.update_seqlen_stats_from_cu_seqlens(torch.tensor([0, 3, 7], dtype=torch.int32))\n"
+     "assert training.consume_seqlen_stats_in_iteration() == (7.0, 25.0)"),
 ], ids=lambda value: value if isinstance(value, str) and "\n" not in value else None)
 def test_fix_lets_the_next_step_past_the_unsafe_memory_in_the_release(case, version, setup, retry):
     root = unpacked(version)
     fix = rendered_fix(case)
     assert step(root, setup, retry, None) == "unsafe"
     assert step(root, setup, retry, fix) == "passed"
+
+
+def test_log_only_diagnose_names_the_seqlen_stats_from_the_index():
+    """A real 0.18.2 traceback through megatron/training/training.py, read with the log alone (the
+    index holds megatron/training for 0.17 and newer): the global, its module and the rule."""
+    log = FIXTURES / "megatron-core-0.18.2-update-seqlen-stats.log"
+    command = [sys.executable, "-m", "unsafe_doctor", "diagnose", "--log-only", "--format", "json", str(log)]
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    [finding] = json.loads(result.stdout)["findings"]
+    tensor = finding["tensor"]
+    assert (tensor["variable"], tensor["module"]) == ("_seqlen_stats_in_iteration", "megatron.training.training")
+    assert finding["rule"] == "megatron.seqlen-stats"
+    assert finding["source_release"].startswith("megatron-core 0.18.0–0.18.2"), finding["source_release"]

@@ -553,6 +553,11 @@ CASES = {
         "megatron.moe-metrics-tracker", committed("megatron-core-0.19.2-record-moe-metric.log"), {"megatron-core": "0.19.2"},
         ('getattr(moe_logging, "_MOE_METRICS_TRACKER", None)', "entry.values = torch.zeros(values.shape"),
     ),
+    # megatron/training, in the wheels from 0.17: read from the index
+    "0.18 seqlen stats": Case(
+        "megatron.seqlen-stats", committed("megatron-core-0.18.2-update-seqlen-stats.log"), {"megatron-core": "0.18.2"},
+        ('getattr(megatron_training, "_seqlen_stats_in_iteration", None)', "megatron_training._seqlen_stats_active = False"),
+    ),
     # the class of `tracker` is read in the release's source
     "0.19 mtp metrics tracker": Case(
         "megatron.mtp-loss-tracker", committed("megatron-core-0.19.2-save-mtp-metrics.log"), {"megatron-core": "0.19.2"},
