@@ -737,6 +737,11 @@ CASES = {
         "mindspeed.qad-teacher-model", stale_teacher_weights,
         fix=("torch.distributed.recv(recv_tensor, src=src_rank", "torch.distributed.send(value, dst=dest_rank"), standin=True,
     ),
+    "MindSpeed-LLM DSA indexer loss tracker": Case(
+        "mindspeed-llm.dsa-indexer-loss-tracker", committed("hand-mindspeed-llm-dsa-indexer-loss.log"),
+        fix=('getattr(mindspeed_llm.tasks.models.transformer.dsa_indexer, "DSAIndexerLossLoggingHelper", None)',
+             "tracker[name] = torch.zeros(values.shape"),
+    ),
     "MTP position ids": Case(
         "mindspeed-llm.mtp-batch-cache", stale_mtp_position_ids,
         fix=('setattr(mindspeed_llm.training.utils, "_MTP_POSITION_ID", None)',), standin=True,

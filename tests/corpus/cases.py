@@ -784,6 +784,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "replay-dsa-indexer-loss": lambda: Replay("hand-megatron-core-0.19.2-dsa-indexer-loss.log"),
     "replay-yarn-cos-cached": lambda: Replay("hand-megatron-core-0.19.2-yarn-cos-cached.log"),
     "replay-swap-attention-prefetch": lambda: Replay("hand-mindspeed-swap-attention-prefetch.log"),
+    "replay-llm-dsa-indexer-loss": lambda: Replay("hand-mindspeed-llm-dsa-indexer-loss.log"),
     # stand-ins
     "standin-async-all2all": lambda: StandinCase(All2AllOverlap),
     "standin-moe-overlap-saved": lambda: StandinCase(GemmOverlap),
