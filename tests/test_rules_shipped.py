@@ -742,6 +742,10 @@ CASES = {
         fix=('getattr(mindspeed_llm.tasks.models.transformer.dsa_indexer, "DSAIndexerLossLoggingHelper", None)',
              "tracker[name] = torch.zeros(values.shape"),
     ),
+    "HunYuan rotary buffers": Case(
+        "mindspeed-llm.hunyuan-rotary", committed("hand-mindspeed-llm-hunyuan-rotary.log"),
+        fix=('rotary.register_buffer("inv_freq", inv_freq.bfloat16(), persistent=False)', "rotary._set_cos_sin_cache("),
+    ),
     "MTP position ids": Case(
         "mindspeed-llm.mtp-batch-cache", stale_mtp_position_ids,
         fix=('setattr(mindspeed_llm.training.utils, "_MTP_POSITION_ID", None)',), standin=True,

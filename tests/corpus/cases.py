@@ -785,6 +785,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "replay-yarn-cos-cached": lambda: Replay("hand-megatron-core-0.19.2-yarn-cos-cached.log"),
     "replay-swap-attention-prefetch": lambda: Replay("hand-mindspeed-swap-attention-prefetch.log"),
     "replay-llm-dsa-indexer-loss": lambda: Replay("hand-mindspeed-llm-dsa-indexer-loss.log"),
+    "replay-hunyuan-rotary": lambda: Replay("hand-mindspeed-llm-hunyuan-rotary.log"),
     # stand-ins
     "standin-async-all2all": lambda: StandinCase(All2AllOverlap),
     "standin-moe-overlap-saved": lambda: StandinCase(GemmOverlap),
