@@ -547,6 +547,33 @@ def stale_teacher_weights(tmp_path: Path) -> str:
         """, action)
 
 
+def stale_fsdp2_attention_mask(tmp_path: Path) -> str:
+    import torch
+
+    def action(module, mark):
+        mark(module.get_attention_mask_in_transformers())  # built by an earlier step
+        module.masked_scores(torch.ones(4, 4))
+
+    return run_standin(tmp_path, "mindspeed_llm/fsdp2/models/qwen3_next/modeling_qwen3_next.py", """
+        import torch
+
+        _GLOBAL_ATTN_MASK = None
+
+
+        def get_attention_mask_in_transformers():
+            global _GLOBAL_ATTN_MASK
+            if _GLOBAL_ATTN_MASK is not None:
+                return _GLOBAL_ATTN_MASK
+            _GLOBAL_ATTN_MASK = torch.triu(torch.ones((4, 4), dtype=torch.bool), diagonal=1)
+            return _GLOBAL_ATTN_MASK
+
+
+        def masked_scores(scores):
+            attention_mask = get_attention_mask_in_transformers()
+            return scores.masked_fill(attention_mask, float("-inf"))
+        """, action)
+
+
 
 # --- the cases ------------------------------------------------------------------------------------
 
@@ -745,6 +772,10 @@ CASES = {
     "HunYuan rotary buffers": Case(
         "mindspeed-llm.hunyuan-rotary", committed("hand-mindspeed-llm-hunyuan-rotary.log"),
         fix=('rotary.register_buffer("inv_freq", inv_freq.bfloat16(), persistent=False)', "rotary._set_cos_sin_cache("),
+    ),
+    "FSDP2 attention mask": Case(
+        "mindspeed-llm.fsdp2-attn-mask", stale_fsdp2_attention_mask,
+        fix=('setattr(mindspeed_llm.fsdp2.models.qwen3_next.modeling_qwen3_next, "_GLOBAL_ATTN_MASK", None)',), standin=True,
     ),
     "MTP position ids": Case(
         "mindspeed-llm.mtp-batch-cache", stale_mtp_position_ids,

@@ -671,6 +671,19 @@ class DistillationTeacher(torch.nn.Module):
         return self.linear(hidden) + 0.1 * qad_adapter.teacher_logits(hidden)
 
 
+class Fsdp2AttentionMask(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qk = torch.nn.Linear(HIDDEN_SIZE, 2 * HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from mindspeed_llm.fsdp2.models.qwen3_next import modeling_qwen3_next
+
+        query, key = self.qk(hidden).chunk(2, dim=-1)
+        probs = modeling_qwen3_next.masked_probs(torch.einsum("sbh,tbh->bst", query, key))
+        return hidden + torch.einsum("bst,tbh->sbh", probs, hidden)
+
+
 class LogArgsRepair(Case):
     """MindSpeed-LLM's adaptor keeps every step's reduced losses in LogArgs and replays the training
     log of the repaired step in rollback; this adaptor forgot to copy LogArgs from the replica."""
@@ -797,6 +810,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "standin-ampipe-slices": lambda: StandinCase(AmpipeSlices),
     "standin-alibi": lambda: StandinCase(AlibiScores),
     "standin-qad-teacher": lambda: StandinCase(DistillationTeacher),
+    "standin-fsdp2-attn-mask": lambda: StandinCase(Fsdp2AttentionMask),
     # user frameworks
     "lossbook": lambda: FrameworkCase("lossbook"),
     "packer": lambda: FrameworkCase("packer"),

@@ -113,6 +113,7 @@ RUNS: dict[str, Run] = {
     "standin-mindspeed-ampipe-slices": Run("standin-ampipe-slices", "121:2:uce:forward"),
     "standin-mindspeed-alibi": Run("standin-alibi", "121:3:hbm:forward"),
     "standin-mindspeed-qad-teacher": Run("standin-qad-teacher", "121:0:uce:forward", style="tee"),
+    "standin-mindspeed-llm-fsdp2-attn-mask": Run("standin-fsdp2-attn-mask", "121:2:uce:forward", style="tee-default"),
     # user frameworks
     "user-lossbook-meters": Run("lossbook", "123:1:uce:forward", framework="lossbook"),
     "user-packer-buffer": Run("packer", "121:2:hbm:forward", style="tee", framework="packer"),
