@@ -458,6 +458,123 @@ def stale_mtp_position_ids(tmp_path: Path) -> str:
         """, action)
 
 
+def stale_ampipe_slices(tmp_path: Path) -> str:
+    import torch
+
+    def action(module, mark):
+        stale = module.get_slice_indices_from_order_to_disorder(4, torch.device("cpu"))  # an earlier step built it
+        mark(stale)
+        module.reorder(torch.ones(4))
+
+    return run_standin(tmp_path, "mindspeed/moe/utils.py", """
+        import torch
+
+        ampipe_slices_map = {}
+
+
+        def get_slice_indices_from_order_to_disorder(seq_length, device):
+            if ampipe_slices_map.get('order_to_disorder') is not None:
+                return ampipe_slices_map.get('order_to_disorder')
+            output = torch.arange(seq_length, device=device).flip(0)
+            ampipe_slices_map['order_to_disorder'] = output
+            return output
+
+
+        def reorder(hidden):
+            indices = get_slice_indices_from_order_to_disorder(hidden.shape[0], hidden.device)
+            return torch.index_select(hidden, 0, indices)
+        """, action)
+
+
+def stale_alibi_bias(tmp_path: Path) -> str:
+    import torch
+
+    def action(module, mark):
+        mark(module.AlibiForFusionAttnSingleton.get_alibi_tensor_for_fusion_attn(4, 2))  # built by an earlier step
+        module.attention_scores(torch.ones(1, 2, 4, 4))
+
+    return run_standin(tmp_path, "mindspeed/model/alibi_mask.py", """
+        import torch
+
+
+        class AlibiForFusionAttnSingleton:
+            _alibi_tensor_args = None
+            _alibi_tensor = None
+
+            @classmethod
+            def get_alibi_tensor_for_fusion_attn(cls, max_seq_len, num_attention_heads):
+                if cls._alibi_tensor is None or cls._alibi_tensor_args != (max_seq_len, num_attention_heads):
+                    cls._alibi_tensor = torch.ones(1, num_attention_heads, max_seq_len, max_seq_len)
+                    cls._alibi_tensor_args = (max_seq_len, num_attention_heads)
+                return cls._alibi_tensor
+
+
+        def attention_scores(scores):
+            AlibiForFusionAttnSingleton.get_alibi_tensor_for_fusion_attn(scores.shape[-1], scores.shape[1])
+            return scores + AlibiForFusionAttnSingleton._alibi_tensor.sum()
+        """, action)
+
+
+def stale_teacher_weights(tmp_path: Path) -> str:
+    import torch
+
+    def action(module, mark):
+        teacher = module.get_teacher_manager()
+        mark(teacher.teacher_model.weight)
+        module.kl_loss(torch.ones(2, 2))
+
+    return run_standin(tmp_path, "mindspeed/core/distill/qad_adapter.py", """
+        import torch
+
+        _teacher_manager = None
+
+
+        class TeacherModelManager:
+            def __init__(self):
+                self.teacher_model = torch.nn.Linear(2, 2)
+
+
+        def get_teacher_manager():
+            global _teacher_manager
+            if _teacher_manager is None:
+                _teacher_manager = TeacherModelManager()
+            return _teacher_manager
+
+
+        def kl_loss(tokens):
+            teacher_logits = get_teacher_manager().teacher_model(tokens)
+            return teacher_logits.sum()
+        """, action)
+
+
+def stale_fsdp2_attention_mask(tmp_path: Path) -> str:
+    import torch
+
+    def action(module, mark):
+        mark(module.get_attention_mask_in_transformers())  # built by an earlier step
+        module.masked_scores(torch.ones(4, 4))
+
+    return run_standin(tmp_path, "mindspeed_llm/fsdp2/models/qwen3_next/modeling_qwen3_next.py", """
+        import torch
+
+        _GLOBAL_ATTN_MASK = None
+
+
+        def get_attention_mask_in_transformers():
+            global _GLOBAL_ATTN_MASK
+            if _GLOBAL_ATTN_MASK is not None:
+                return _GLOBAL_ATTN_MASK
+            _GLOBAL_ATTN_MASK = torch.triu(torch.ones((4, 4), dtype=torch.bool), diagonal=1)
+            return _GLOBAL_ATTN_MASK
+
+
+        def masked_scores(scores):
+            attention_mask = get_attention_mask_in_transformers()
+            return scores.masked_fill(attention_mask, float("-inf"))
+        """, action)
+
+
+
 # --- the cases ------------------------------------------------------------------------------------
 
 
@@ -610,6 +727,60 @@ CASES = {
     "CP actual sequence lengths": Case(
         "mindspeed.cp-batch-cache", stale_actual_seq_len,
         fix=('setattr(mindspeed.core.context_parallel.get_batch_utils, "_ACTUAL_SEQ_LEN", None)',), standin=True,
+    ),
+    # issue 38: releases after 0.16.1 (hand logs at 0.19.2's real lines) and MindSpeed's newer globals
+    "0.19 router global aux-loss counts": Case(
+        "megatron.router-global-aux-loss-counts", committed("hand-megatron-core-0.19.2-global-aux-loss.log"),
+        {"megatron-core": "0.19.2"},
+        ("gc.get_objects()", '("global_tokens_per_expert", "ga_steps")', "counts.copy_(torch.zeros("),
+    ),
+    "0.19 router qb_beta_accum": Case(
+        "megatron.router-qb-beta-accum", committed("hand-megatron-core-0.19.2-qb-beta-accum.log"), {"megatron-core": "0.19.2"},
+        ('("qb_beta_accum", "qb_beta_count")', "sums.copy_(torch.zeros("),
+    ),
+    "0.19 router qb_beta": Case(
+        "megatron.router-qb-beta", committed("hand-megatron-core-0.19.2-qb-beta.log"), {"megatron-core": "0.19.2"},
+        ('getattr(module, "qb_beta", None)', "global_tensor.data.copy_(recv_tensor)",
+         "torch.distributed.send(module.qb_beta, dst=dest_rank"),
+    ),
+    "0.19 DSA indexer loss tracker": Case(
+        "megatron.dsa-indexer-loss-tracker", committed("hand-megatron-core-0.19.2-dsa-indexer-loss.log"),
+        {"megatron-core": "0.19.2"},
+        ('getattr(DSAIndexerLossLoggingHelper, "tracker", None)', "tracker[name] = torch.zeros(values.shape"),
+    ),
+    "0.19 YaRN cos/sin cache": Case(
+        "megatron.yarn-rotary-cache", committed("hand-megatron-core-0.19.2-yarn-cos-cached.log"), {"megatron-core": "0.19.2"},
+        ("cache.cache_clear()", "rotary.max_seq_len_cached = -1"),
+    ),
+    "swap attention prefetch (2.1.0 on)": Case(
+        "mindspeed.swap-attention-prefetch", committed("hand-mindspeed-swap-attention-prefetch.log"),
+        fix=("from mindspeed.core.memory.swap_attention.prefetch import SwapPrefetch",
+             "prefetch.cur_micro_num, prefetch.remove_num"),
+    ),
+    "ampipe slices": Case(
+        "mindspeed.ampipe-slices-map", stale_ampipe_slices,
+        fix=('getattr(mindspeed.moe.utils, "ampipe_slices_map", None)', "slices.clear()"), standin=True,
+    ),
+    "ALiBi bias": Case(
+        "mindspeed.alibi-fusion-attn", stale_alibi_bias,
+        fix=('getattr(mindspeed.model.alibi_mask, "AlibiForFusionAttnSingleton", None)', "singleton._alibi_tensor"), standin=True,
+    ),
+    "QAD teacher": Case(
+        "mindspeed.qad-teacher-model", stale_teacher_weights,
+        fix=("torch.distributed.recv(recv_tensor, src=src_rank", "torch.distributed.send(value, dst=dest_rank"), standin=True,
+    ),
+    "MindSpeed-LLM DSA indexer loss tracker": Case(
+        "mindspeed-llm.dsa-indexer-loss-tracker", committed("hand-mindspeed-llm-dsa-indexer-loss.log"),
+        fix=('getattr(mindspeed_llm.tasks.models.transformer.dsa_indexer, "DSAIndexerLossLoggingHelper", None)',
+             "tracker[name] = torch.zeros(values.shape"),
+    ),
+    "HunYuan rotary buffers": Case(
+        "mindspeed-llm.hunyuan-rotary", committed("hand-mindspeed-llm-hunyuan-rotary.log"),
+        fix=('rotary.register_buffer("inv_freq", inv_freq.bfloat16(), persistent=False)', "rotary._set_cos_sin_cache("),
+    ),
+    "FSDP2 attention mask": Case(
+        "mindspeed-llm.fsdp2-attn-mask", stale_fsdp2_attention_mask,
+        fix=('setattr(mindspeed_llm.fsdp2.models.qwen3_next.modeling_qwen3_next, "_GLOBAL_ATTN_MASK", None)',), standin=True,
     ),
     "MTP position ids": Case(
         "mindspeed-llm.mtp-batch-cache", stale_mtp_position_ids,

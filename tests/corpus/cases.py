@@ -702,6 +702,58 @@ class MtpPositions(torch.nn.Module):
         return hidden + self.position_embedding(shifted).transpose(0, 1)
 
 
+class AmpipeSlices(torch.nn.Module):
+    """Ampipe reorders the sequence with an index tensor built at the first step and kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from mindspeed.moe import utils
+
+        return hidden + self.linear(utils.reorder(hidden))
+
+
+class AlibiScores(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qk = torch.nn.Linear(HIDDEN_SIZE, 2 * HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from mindspeed.model import alibi_mask
+
+        query, key = self.qk(hidden).chunk(2, dim=-1)
+        probs = alibi_mask.biased_scores(torch.einsum("sbh,tbh->bst", query, key)).softmax(dim=-1)
+        return hidden + torch.einsum("bst,tbh->sbh", probs, hidden)
+
+
+class DistillationTeacher(torch.nn.Module):
+    """Quantization-aware distillation: a frozen teacher beside the student, read every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from mindspeed.core.distill import qad_adapter
+
+        return self.linear(hidden) + 0.1 * qad_adapter.teacher_logits(hidden)
+
+
+class Fsdp2AttentionMask(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qk = torch.nn.Linear(HIDDEN_SIZE, 2 * HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from mindspeed_llm.fsdp2.models.qwen3_next import modeling_qwen3_next
+
+        query, key = self.qk(hidden).chunk(2, dim=-1)
+        probs = modeling_qwen3_next.masked_probs(torch.einsum("sbh,tbh->bst", query, key))
+        return hidden + torch.einsum("bst,tbh->sbh", probs, hidden)
+
+
 class LogArgsRepair(Case):
     """MindSpeed-LLM's adaptor keeps every step's reduced losses in LogArgs and replays the training
     log of the repaired step in rollback; this adaptor forgot to copy LogArgs from the replica."""
@@ -813,6 +865,14 @@ CASES: dict[str, Callable[[], Case]] = {
     "replay-ag-shared-experts-moe-common": lambda: Replay("hand-mindspeed-ag-shared-experts-inputs-moe-common.log"),
     "replay-kvallgather": lambda: Replay("hand-mindspeed-llm-kvallgather.log"),
     "replay-swap-prefetch": lambda: Replay("hand-mindspeed-swap-prefetch.log"),
+    "replay-global-aux-loss": lambda: Replay("hand-megatron-core-0.19.2-global-aux-loss.log"),
+    "replay-qb-beta-accum": lambda: Replay("hand-megatron-core-0.19.2-qb-beta-accum.log"),
+    "replay-qb-beta": lambda: Replay("hand-megatron-core-0.19.2-qb-beta.log"),
+    "replay-dsa-indexer-loss": lambda: Replay("hand-megatron-core-0.19.2-dsa-indexer-loss.log"),
+    "replay-yarn-cos-cached": lambda: Replay("hand-megatron-core-0.19.2-yarn-cos-cached.log"),
+    "replay-swap-attention-prefetch": lambda: Replay("hand-mindspeed-swap-attention-prefetch.log"),
+    "replay-llm-dsa-indexer-loss": lambda: Replay("hand-mindspeed-llm-dsa-indexer-loss.log"),
+    "replay-hunyuan-rotary": lambda: Replay("hand-mindspeed-llm-hunyuan-rotary.log"),
     # stand-ins
     "standin-async-all2all": lambda: StandinCase(All2AllOverlap),
     "standin-moe-overlap-saved": lambda: StandinCase(GemmOverlap),
@@ -821,6 +881,10 @@ CASES: dict[str, Callable[[], Case]] = {
     "standin-cp-actual-seq-len": lambda: StandinCase(ContextParallelBatch),
     "standin-mtp-position-ids": lambda: StandinCase(MtpPositions),
     "standin-log-args": LogArgsRepair,
+    "standin-ampipe-slices": lambda: StandinCase(AmpipeSlices),
+    "standin-alibi": lambda: StandinCase(AlibiScores),
+    "standin-qad-teacher": lambda: StandinCase(DistillationTeacher),
+    "standin-fsdp2-attn-mask": lambda: StandinCase(Fsdp2AttentionMask),
     # user frameworks
     "lossbook": lambda: FrameworkCase("lossbook"),
     "packer": lambda: FrameworkCase("packer"),

@@ -101,6 +101,14 @@ RUNS: dict[str, Run] = {
         "replay-ag-shared-experts-moe-common", "121:6:hbm:forward", ranks=8, style="tee-default"),
     "replay-mindspeed-llm-kvallgather": Run("replay-kvallgather", "121:1:uce:forward", style="tee"),
     "replay-mindspeed-swap-prefetch": Run("replay-swap-prefetch", "121:0:uce:forward"),
+    "replay-megatron-0.19-global-aux-loss": Run("replay-global-aux-loss", "121:2:uce:forward", style="tee"),
+    "replay-megatron-0.19-qb-beta-accum": Run("replay-qb-beta-accum", "121:1:uce:forward"),
+    "replay-megatron-0.19-qb-beta": Run("replay-qb-beta", "121:1:hbm:forward", style="tee"),
+    "replay-megatron-0.19-dsa-indexer-loss": Run("replay-dsa-indexer-loss", "121:0:uce:forward"),
+    "replay-megatron-0.19-yarn-cos-cached": Run("replay-yarn-cos-cached", "121:6:uce:forward", ranks=8, style="tee-default"),
+    "replay-mindspeed-swap-attention-prefetch": Run("replay-swap-attention-prefetch", "121:0:uce:forward", style="tee"),
+    "replay-mindspeed-llm-dsa-indexer-loss": Run("replay-llm-dsa-indexer-loss", "121:3:uce:forward"),
+    "replay-mindspeed-llm-hunyuan-rotary": Run("replay-hunyuan-rotary", "121:1:hbm:forward", style="tee"),
     # stand-ins at MindSpeed's / MindSpeed-LLM's import paths
     "standin-mindspeed-async-all2all": Run("standin-async-all2all", "121:1:uce:mid-forward", style="tee"),
     "standin-mindspeed-moe-overlap-saved": Run("standin-moe-overlap-saved", "121:3:uce:mid-forward"),
@@ -111,6 +119,10 @@ RUNS: dict[str, Run] = {
     "standin-mindspeed-llm-log-args": Run(
         "standin-log-args", "121:3:uce:after-optimizer",
         expect=("An error occurred: There is unsafe data in the input tensor.", "rollback failed, ret: 1")),
+    "standin-mindspeed-ampipe-slices": Run("standin-ampipe-slices", "121:2:uce:forward"),
+    "standin-mindspeed-alibi": Run("standin-alibi", "121:3:hbm:forward"),
+    "standin-mindspeed-qad-teacher": Run("standin-qad-teacher", "121:0:uce:forward", style="tee"),
+    "standin-mindspeed-llm-fsdp2-attn-mask": Run("standin-fsdp2-attn-mask", "121:2:uce:forward", style="tee-default"),
     # user frameworks
     "user-lossbook-meters": Run("lossbook", "123:1:uce:forward", framework="lossbook"),
     "user-packer-buffer": Run("packer", "121:2:hbm:forward", style="tee", framework="packer"),

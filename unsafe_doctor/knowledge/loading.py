@@ -55,6 +55,10 @@ SWITCH_IMPORTS = ("from megatron.training import get_args",)
 SLOTS_SCENARIO_1 = frozenset({"module", "variable", "owner", "alias", "parent", "holder", "tensor"})
 SLOTS_SCENARIO_2 = SLOTS_SCENARIO_1 | {"src", "dst", "group"}
 KNOWLEDGE_SUFFIXES = (".yaml", ".yml")
+# The globals of every indexed release that no rule claims, each reviewed (it needs none, or it is a hole
+# still to get one): what tests/test_coverage.py holds the audit's findings to. Validated with the
+# knowledge files; no diagnose or audit reads it, so none parses it.
+REVIEWED_FILE = "reviewed_globals.yaml"
 
 
 def shipped_knowledge_dir() -> Path:
@@ -67,7 +71,7 @@ def shipped_knowledge_dir() -> Path:
 def load_knowledge(extra: Sequence[Path] = ()) -> KnowledgeBase:
     """Shipped knowledge, then the user's files; a user's rule, template or profile replaces a shipped one by id."""
     problems: list[str] = []
-    shipped = _knowledge_files([shipped_knowledge_dir()])
+    shipped = [path for path in _knowledge_files([shipped_knowledge_dir()]) if path.name != REVIEWED_FILE]
     merged = _FileKnowledge()
     for path in [*shipped, *_knowledge_files(extra)]:
         # The test suite holds the shipped files to the schema and the alias bound; checking them again
