@@ -149,11 +149,22 @@ def test_a_frame_no_release_holds_narrows_nothing():
     assert fingerprint(frames, FrameworkIndex()) == {}
 
 
+def test_an_older_checkouts_training_frames_say_nothing_of_the_release():
+    """megatron/training/ is in the wheels of 0.17 on only; a Megatron-LM checkout's frames there, without
+    their lines or with a line no release holds there, neither vote nor count."""
+    core = frames_of("megatron/core/transformer/moe/router.py", 6)
+    alone = fingerprint(core, FrameworkIndex())["megatron-core"]
+    unprinted = [Frame(REMOTE + "megatron/training/training.py", line, "train", None) for line in (700, 1200, 2100)]
+    patched = [Frame(REMOTE + "megatron/training/training.py", 640, "pretrain", "iteration, flops_so_far = train(")]
+    match = fingerprint(core + unprinted + patched, FrameworkIndex())["megatron-core"]
+    assert (match.candidates, match.agreeing, match.frames) == (alone.candidates, alone.agreeing, alone.frames)
+
+
 def test_the_faq_log_fingerprints_megatron_core_0_6():
-    """The FAQ's ModelLink job ran a Megatron checkout: two of its six megatron frames (five in megatron/core, one in megatron/training) are 0.6.0's lines."""
+    """The FAQ's ModelLink job ran a Megatron checkout: two of its five megatron/core frames are 0.6.0's lines."""
     report = diagnose([str(SAMPLES / "faq_modellink.log")], groundwork(log_only=True))
     match = report.context.workspace.releases["megatron-core"]
-    assert match.describe() == "megatron-core 0.6.0, from 2 of 6 frames"
+    assert match.describe() == "megatron-core 0.6.0, from 2 of 5 frames"
 
 
 # Frames of a router's z-loss reaching the 0.18 metrics tracker, at each release's own lines (read in the

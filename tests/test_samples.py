@@ -110,7 +110,7 @@ def test_faq_log_without_rank_prefixes_takes_the_rank_from_torch_npu():
     assert (finding["scenario"], finding["rule"]) == (1, "megatron.moe-aux-losses-tracker")
     # The FAQ's ModelLink tree ran Megatron's 0.6 files: the index says so, whatever is installed here.
     assert (finding["source_from"], finding["source_confidence"]) == ("index", "high")
-    assert finding["source_release"] == "megatron-core 0.6.0, from 2 of 6 frames"
+    assert finding["source_release"] == "megatron-core 0.6.0, from 2 of 5 frames"
     assert finding["notes"] == []
 
 

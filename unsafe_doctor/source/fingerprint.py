@@ -8,7 +8,10 @@ are the job's candidates; the newest of them is the one the diagnosis reads (`ch
 file versions stand in for the job's files.
 
 A frame no release agrees with (a patched file, a release newer than the index) still counts in
-`frames` but narrows nothing; when no frame agrees with any release there is no match.
+`frames` but narrows nothing; when no frame agrees with any release there is no match. A frame in a
+package folder only newer releases ship (`megatron/training/`, in megatron-core's wheels from 0.17;
+every Megatron-LM checkout has it) counts only when its printed line agrees with a release: else it
+may be an older checkout's file, which says nothing of the release.
 """
 
 from __future__ import annotations
@@ -102,9 +105,12 @@ def fingerprint(frames: Iterable[Frame], index: FrameworkIndex) -> dict[str, Rel
         if located is None:
             continue
         framework, path = located
+        agreeing = agreeing_releases(framework, path, frame)
+        if not framework.ships_folder_everywhere(path) and (first_line(frame.source) is None or not agreeing):
+            continue  # a folder older releases do not ship: only a printed line one release holds tells anything
         frameworks[framework.name] = framework
         counted[framework.name] = counted.get(framework.name, 0) + 1
-        votes.setdefault(framework.name, Counter()).update(agreeing_releases(framework, path, frame))
+        votes.setdefault(framework.name, Counter()).update(agreeing)
     matches = {}
     for name, tally in votes.items():
         if not tally:

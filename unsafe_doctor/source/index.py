@@ -154,6 +154,16 @@ class IndexedFramework:
                 return normal[start:]
         return None
 
+    def ships_folder_everywhere(self, path: str) -> bool:
+        """Whether every release holds the package folder the path is in (megatron-core's wheels hold
+        `megatron/training/` from 0.17 only, though every Megatron-LM checkout has it): read from the
+        folder's `__init__.py`; a folder without one counts as held everywhere."""
+        folder = next((folder for folder in FRAMEWORK_FOLDERS[self.name] if path.startswith(folder)), None)
+        if folder is None or f"{folder}__init__.py" not in self.paths:
+            return True
+        held = {release for version in self.versions(f"{folder}__init__.py") for release in version.releases}
+        return len(held) == len(self.releases)
+
     def versions(self, path: str) -> list[FileVersion]:
         if path not in self._versions:
             rows = json.loads(self._archive.read(f"files/{path}")) if path in self.paths else []
