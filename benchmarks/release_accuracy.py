@@ -1,8 +1,8 @@
 """Issue 38's measure on our own megatron-core 0.17-0.19 logs (tests/corpus/logs/release-*.log), per
 half of tests/corpus/releases_split.yaml, two ways:
 
-    python benchmarks/release_accuracy.py            # both halves
-    python benchmarks/release_accuracy.py develop    # the half to tune on
+    python benchmarks/release_accuracy.py              # develop, the half to tune on (the default)
+    python benchmarks/release_accuracy.py held_back    # the half to report, once, when tuning is done
 
 1. **log only**: `unsafe-doctor diagnose --log-only --format json LOG` in a Python that cannot see
    megatron-core (tests/corpus/hidden.py), no `--source-root`: a bare install with the log alone;

@@ -54,12 +54,15 @@ def megatron_releases(
         wheel = cache / release.source.removeprefix("pypi:")
         if not wheel.is_file():
             interpreter = next(iter(parse_wheel_filename(wheel.name)[3])).interpreter  # cp312
-            subprocess.run(
+            fetched = subprocess.run(
                 [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
                  "--python-version", f"{interpreter[2]}.{interpreter[3:]}", f"megatron-core=={release.name}",
                  "-d", str(cache)],
-                check=True,
+                capture_output=True, text=True,
             )
+            if fetched.returncode != 0:
+                reason = (fetched.stderr.strip().splitlines() or ["no reason given"])[-1]
+                raise ValueError(f"megatron-core {release.name}: pip could not download {wheel.name} into {cache}: {reason}")
         if not wheel.is_file():
             raise ValueError(f"megatron-core {release.name}: pip did not fetch {wheel.name}")
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()

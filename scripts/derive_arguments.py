@@ -223,6 +223,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ARGUMENTS_FILE)
     arguments = parser.parse_args()
     cache = arguments.cache or Path(tempfile.mkdtemp(prefix="megatron-core-wheels-"))
+    if subprocess.run(["git", "--git-dir", str(arguments.repo), "rev-parse"], capture_output=True).returncode != 0:
+        parser.exit(2, f"derive_arguments: {arguments.repo} is no git directory (give a Megatron-LM clone's)\n")
     try:
         parsers = list(release_parsers(cache, arguments.repo, arguments.sources))
     except ValueError as error:

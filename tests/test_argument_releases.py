@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from packaging.version import Version
+from test_rules_shipped import release_root
 
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.argument_releases import ARGUMENTS_FILE, DumpFit, NoDecision, dump_releases
@@ -29,9 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ARGUMENTS = ROOT / "tests" / "corpus" / "arguments"
 LOGS = ROOT / "tests" / "corpus" / "logs"
 SOURCES = index_folder() / "sources.yaml"
-WHEELS = Path("/tmp/mcwheels")  # the pinned wheels, where this machine keeps them
-MEGATRON_LM = Path("/work/.mirror/NVIDIA+Megatron-LM/repo")  # a Megatron-LM clone's git directory (its core_v tags)
-UNPACKED = Path("/tmp/mc")  # releases unpacked (0.17.1, 0.18.2, 0.19.2), with a triton stand-in in stubs/
+# Where the pinned wheels are kept, and a Megatron-LM clone's git directory (its core_v tags): set them to
+# check the shipped file against a fresh derivation (tests/test_coverage.py reads the same wheels variable).
+WHEELS = Path(os.environ.get("UNSAFE_DOCTOR_WHEELS", "/nonexistent"))
+MEGATRON_LM = Path(os.environ.get("UNSAFE_DOCTOR_MEGATRON_LM", "/nonexistent"))
 
 
 def names_of(dump: str) -> list[str]:
@@ -61,7 +63,10 @@ def test_the_derived_file_holds_every_pinned_release_with_its_source():
     assert indices == set(range(len(pinned)))
 
 
-@pytest.mark.skipif(not (WHEELS.is_dir() and MEGATRON_LM.is_dir()), reason="no pinned wheels or Megatron-LM clone here")
+@pytest.mark.skipif(
+    not (MEGATRON_LM.is_dir() and all((WHEELS / release.source.removeprefix("pypi:")).is_file()
+                                      for release in pinned_releases("megatron-core", SOURCES))),
+    reason="set UNSAFE_DOCTOR_WHEELS (every pinned wheel) and UNSAFE_DOCTOR_MEGATRON_LM (a clone's git directory)")
 def test_the_shipped_file_is_what_the_pinned_sources_derive(tmp_path):
     done = derive("--cache", WHEELS, "--repo", MEGATRON_LM, "--out", tmp_path / "derived.json")
     assert done.returncode == 0, done.stderr
@@ -72,13 +77,14 @@ def test_the_shipped_file_is_what_the_pinned_sources_derive(tmp_path):
 def test_the_derived_dests_are_those_the_real_parser_adds(release):
     """The release's own add_megatron_arguments, run: the same dests, but for those it adds only when an
     optional package imports (NVIDIA Kitchen's: a dump without it lacks them, which the matcher tolerates)."""
-    if not (UNPACKED / release).is_dir():
-        pytest.skip(f"megatron-core {release} is not unpacked here")
+    root = release_root(release)
+    if root is None:
+        pytest.skip(f"megatron-core {release} cannot be had here")
     script = ("import argparse, json, sys; sys.path[:0] = sys.argv[1:]\n"
               "from cases import python_312_standins; python_312_standins()\n"  # as from_release.py runs the release
               "from megatron.training.arguments import add_megatron_arguments\n"
               "print(json.dumps(sorted(vars(add_megatron_arguments(argparse.ArgumentParser()).parse_args([])))))")
-    done = subprocess.run([sys.executable, "-c", script, str(UNPACKED / release), str(ROOT / "tests" / "corpus"),
+    done = subprocess.run([sys.executable, "-c", script, str(root), str(ROOT / "tests" / "corpus"),
                            str(ROOT / "samples" / "workers")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -211,6 +217,25 @@ def test_a_dump_cut_to_a_few_lines_decides_nothing():
     assert isinstance(dump_releases([]), NoDecision)
 
 
+def printed_dump(names: list[str]) -> str:
+    """A dump as Megatron-LM's `_print_args` prints it: each name padded with dots to column 48, sorted."""
+    return "\n".join(["------------------------ arguments ------------------------",
+                      *(f"  {name} {'.' * (48 - len(name))} None" for name in sorted(names)),
+                      "-------------------- end of arguments ---------------------"]) + "\n"
+
+
+def test_a_printed_dump_fits_as_its_names_do(tmp_path):
+    """Names too long for the dots the input stage looks for are never read from a log: the releases' names
+    leave them out too, so a printed dump is no worse evidence than its list of names."""
+    names = names_of("megatron-lm-core_v0.19.2.json")
+    assert any(len(name) > 40 for name in names)  # their lines carry fewer than eight dots
+    log = tmp_path / "train.log"
+    log.write_text(printed_dump(names))
+    read = diagnose([str(log)], groundwork(log_only=True)).context.environment.dump_fit
+    assert read == dump_releases(names) and isinstance(read, DumpFit)
+    assert [str(version) for version in read.releases] == ["0.19.0", "0.19.2"]
+
+
 # --- the diagnosis --------------------------------------------------------------------------------
 
 
@@ -225,20 +250,18 @@ def test_an_untraced_log_names_the_release_its_dump_fits_in_the_summary_json_and
     assert diagnosis.untraced.shortlist.suspects[0].rule.id == "megatron.moe-layer-wise-tracker-moe-utils"
 
 
-def test_the_dump_outranks_the_release_installed_here(tmp_path):
+def test_the_dump_outranks_the_release_installed_here():
     """Without --log-only the installed megatron-core (this venv's) is found, but it did not run the job."""
     diagnosis = diagnose([str(LOGS / "release-0.19.0-v7.3-moe-metrics-tracker.log")], groundwork())
+    assert diagnosis.context.environment.origins.get("megatron-core") == "installed"  # the test extra installs one
     releases, origin = diagnosis.context.environment.job_releases()["megatron-core"]
     assert releases == (Version("0.19.0"), Version("0.19.2")) and origin == "the releases the arguments dump fits"
 
 
 def test_the_frames_win_over_the_dump(tmp_path):
     """A 0.12 traceback with a 0.19.2 dump printed before it: the frames name the release."""
-    dump = ["------------------------ arguments ------------------------",
-            *(f"  {name} {'.' * (48 - len(name))} None" for name in sorted(names_of("megatron-lm-core_v0.19.2.json"))),
-            "-------------------- end of arguments ---------------------"]
     log = tmp_path / "train.log"
-    log.write_text("\n".join(dump) + "\n" + (LOGS / "megatron-0.12-causal-mask.log").read_text())
+    log.write_text(printed_dump(names_of("megatron-lm-core_v0.19.2.json")) + (LOGS / "megatron-0.12-causal-mask.log").read_text())
     diagnosis = diagnose([str(log)], groundwork(log_only=True))
     assert isinstance(diagnosis.context.environment.dump_fit, DumpFit)
     assert diagnosis.context.environment.origins["megatron-core"].startswith("the log's frames (megatron-core 0.12")

@@ -6,7 +6,8 @@ Megatron-LM's `_print_args` prints every attribute of the parsed arguments, so a
 by `scripts/derive_arguments.py`). A release's misfit is the count of its dests the dump lacks plus
 the count of printed names that only other releases' parsers add; the releases of least misfit fit.
 Names no release's parser adds (MindSpeed's and MindSpeed-LLM's own, the fields validate_args
-derives) are no evidence either way.
+derives) are no evidence either way, nor are names too long for the dump lines the input stage keeps
+(`log.arguments.LONGEST_NAME_READ`: 41 characters and more, fewer than eight dots).
 
 Thresholds, from the real parsers: consecutive releases with different parsers differ by 6 names
 (0.17.0 to 0.17.1) to 131 (0.15.3 to 0.16.0), so one name decides; a real dump misses only the
@@ -24,6 +25,7 @@ from functools import cache
 
 from packaging.version import Version
 
+from unsafe_doctor.log.arguments import LONGEST_NAME_READ
 from unsafe_doctor.source.fingerprint import releases_shown
 from unsafe_doctor.source.index import INDEX_FOLDER, index_folder
 
@@ -65,10 +67,11 @@ def _parsers() -> _Parsers:
     derived = json.loads((index_folder() / ARGUMENTS_FILE.name).read_text())
     releases = tuple(Version(entry["release"]) for entry in derived["releases"])
     dests: list[set[str]] = [set() for _ in releases]
-    for name, held in derived["arguments"].items():
+    readable = {name: held for name, held in derived["arguments"].items() if len(name) <= LONGEST_NAME_READ}
+    for name, held in readable.items():
         for index in held:
             dests[index].add(name)
-    return _Parsers(releases, tuple(map(frozenset, dests)), frozenset(derived["arguments"]))
+    return _Parsers(releases, tuple(map(frozenset, dests)), frozenset(readable))
 
 
 def _consecutive(releases: tuple[Version, ...]) -> bool:

@@ -20,6 +20,8 @@ from unsafe_doctor.log.lines import LogLine
 # names of up to 40 characters, every feature switch read here), looked for only between a title and
 # an end line; the rule both of those hold; and what tells the end line from the title.
 DUMP_MARKERS: tuple[bytes, bytes, bytes] = (b"........ ", b"rguments ----", b"end of ")
+# The longest name whose line the input stage keeps: `_print_args` pads each name with dots to column 48.
+LONGEST_NAME_READ = 48 - len(DUMP_MARKERS[0].rstrip())
 # Patterns over a line stay linear in its length (a log is untrusted: a regex's `(.*?)\s*$` or
 # `-{8,} … -{8,}` searched over a 64 KB run of spaces or dashes takes seconds): a rule's dashes and
 # a value's trailing spaces are found with str methods, and a run of dashes opens a rule only at its start.
