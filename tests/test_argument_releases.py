@@ -265,3 +265,21 @@ def test_the_frames_win_over_the_dump(tmp_path):
     diagnosis = diagnose([str(log)], groundwork(log_only=True))
     assert isinstance(diagnosis.context.environment.dump_fit, DumpFit)
     assert diagnosis.context.environment.origins["megatron-core"].startswith("the log's frames (megatron-core 0.12")
+
+
+def test_a_traced_finding_whose_frames_fit_no_release_takes_its_rule_for_the_dumps_release(tmp_path):
+    """The 0.7 corpus run with its megatron lines patched (no frame fingerprints a release), after a dump of
+    0.7.0's parser: the rule is chosen for the release the dump fits, and the finding says so."""
+    derived = json.loads(ARGUMENTS_FILE.read_text())
+    index = [entry["release"] for entry in derived["releases"]].index("0.7.0")
+    dump = printed_dump([name for name, held in derived["arguments"].items() if index in held])
+    lines = (LOGS / "megatron-0.7-aux-losses-tracker.log").read_text().splitlines()
+    patched = tmp_path / "patched.log"  # each megatron frame's printed line, changed
+    patched.write_text(dump + "\n".join(line + "  # patch" if 'File "' in before and "/megatron/core/" in before else line
+                                 for before, line in zip(["", *lines[:-1]], lines, strict=True)) + "\n")
+    diagnosis = diagnose([str(patched)], groundwork(log_only=True))
+    assert "megatron-core" not in diagnosis.context.workspace.releases  # no frame fits a release
+    (finding,) = to_json(diagnosis)["findings"]
+    assert finding["rule"] == "megatron.moe-aux-losses-tracker"
+    assert "rule chosen for megatron-core 0.7.0, from the arguments dump" in finding["notes"]
+    assert not any("version unknown" in note for note in finding["notes"])

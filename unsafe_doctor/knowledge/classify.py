@@ -177,6 +177,7 @@ def _rule_confidence(rule: Rule, subject: Subject, environment: Environment) -> 
         or frame is None
         or not subject.source_differs
         or environment.origins.get(framework) != "installed"
+        or environment.dumped_release(framework) is not None  # the rule was chosen for the dump's releases
     ):
         return "high", ()
     version = environment.versions[framework]
@@ -287,6 +288,12 @@ def _best_rule(
     fitting = [(rule, block) for rule, block in candidates if _fits_version(rule, environment)]
     chosen = max(fitting or candidates, key=lambda pair: precedence(*pair))
     rule = chosen[0]
+    dumped = environment.dumped_release(rule.framework) if rule.framework else None
+    if dumped is not None:
+        if not fitting:
+            return chosen, (f"the log's symbol belongs to {rule.framework} {rule.versions}, but the job ran "
+                            f"{dumped.describe()}",)
+        return chosen, (f"rule chosen for {dumped.describe()}",)
     if not fitting and rule.framework is not None:
         return chosen, (
             f"the log's symbol belongs to {rule.framework} {rule.versions}, but {environment.origins[rule.framework]} "
@@ -299,8 +306,13 @@ def _best_rule(
 
 
 def _fits_version(rule: Rule, environment: Environment) -> bool:
-    version = environment.versions.get(rule.framework) if rule.framework else None
-    return rule.versions is None or version is None or rule.versions.contains(version, prereleases=True)
+    """Whether the rule holds for the job's release: the one found, or one its arguments dump fits when
+    no file or frame told it (then the release installed here did not run the job)."""
+    if rule.versions is None or rule.framework is None:
+        return True
+    dumped = environment.dumped_release(rule.framework)
+    versions = dumped.releases if dumped is not None else (environment.versions.get(rule.framework),)
+    return any(version is None or rule.versions.contains(version, prereleases=True) for version in versions)
 
 
 def _slots(rule: Rule | Template, subject: Subject, profile: AdaptorProfile, block: RuleMatch | None) -> dict[str, str]:
