@@ -18,7 +18,7 @@ job may have run is decided false.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -172,7 +172,7 @@ def guard_to_json(guard: Guard) -> dict[str, Any]:
 class Writers:
     """The derived writers of the rules' globals: rule id -> the releases read, each with its paths."""
 
-    rules: dict[str, tuple[ReleaseWriters, ...]]
+    rules: Mapping[str, tuple[ReleaseWriters, ...]]
 
     def unwritten(self, rule_id: str, versions: SpecifierSet | None, framework: str | None,
                   printed: Mapping[str, str], releases: Mapping[str, tuple[Version, ...]]) -> str | None:
@@ -221,16 +221,32 @@ def _version(text: str) -> Version | None:
 def writers_from_json(data: dict[str, Any]) -> Writers:
     if data.get("format") != FORMAT:
         raise ValueError(f"{WRITERS_FILE}: format {data.get('format')!r}, this reader takes {FORMAT}")
-    rules = {
-        rule_id: tuple(
-            ReleaseWriters(entry["framework"], entry["release"], tuple(
-                WritePath(tuple(map(guard_from_json, path["guards"])), tuple(path["via"])) for path in entry["paths"]
-            ))
-            for entry in entries
-        )
-        for rule_id, entries in data["rules"].items()
-    }
-    return Writers(rules)
+    return Writers(_BuiltOnRead(data["rules"]))
+
+
+class _BuiltOnRead(Mapping[str, tuple[ReleaseWriters, ...]]):
+    """Each rule's releases built from the file's JSON when first read: a diagnose asks for the few rules
+    its suspects name, and building all of them costs more than reading the file."""
+
+    def __init__(self, rules: dict[str, list[dict[str, Any]]]):
+        self._json = rules
+        self._built: dict[str, tuple[ReleaseWriters, ...]] = {}
+
+    def __getitem__(self, rule_id: str) -> tuple[ReleaseWriters, ...]:
+        if rule_id not in self._built:
+            self._built[rule_id] = tuple(
+                ReleaseWriters(entry["framework"], entry["release"], tuple(
+                    WritePath(tuple(map(guard_from_json, path["guards"])), tuple(path["via"])) for path in entry["paths"]
+                ))
+                for entry in self._json[rule_id]
+            )
+        return self._built[rule_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._json)
+
+    def __len__(self) -> int:
+        return len(self._json)
 
 
 @cache
