@@ -4,7 +4,7 @@ Each log is a real multi-rank torchrun run (tests/corpus/generate.py, or samples
 the samples it reuses). A label whose log the tool gets wrong, not the label, carries
 `known_failure` and is expected to fail (strict: it must fail, so a fix shows up here). The held-back
 half of the megatron-core 0.17-0.19 logs (releases_split.yaml) is in no test here but the one that
-every log is labelled and on one side: the lead scores it (benchmarks/untraced_accuracy.py --releases).
+every log is labelled and on one side: the lead scores it (benchmarks/release_accuracy.py held_back).
 """
 
 from __future__ import annotations

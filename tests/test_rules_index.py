@@ -8,8 +8,10 @@ every release), the release's own modules are read:
 - **its global**: each match block that names a global (a module and a variable, or an owner class
   and its attribute) is bound in that release: a module-level binding that the resolver resolves to
   the variable, or the owner class's attribute (class level, a method of that name, or `self.X`
-  set in a method). A glob module is any of the release's modules it selects; a `variable_regex`
-  any name it matches (the names are alternatives: a release need not hold them all). A block
+  set in a method; a buffer, which the skeletons keep only from a `register_buffer` call written
+  over several lines, as the audit of the release's whole code found it: index/globals.json). A
+  glob module is any of the release's modules it selects; a `variable_regex` any name it matches
+  (the names are alternatives: a release need not hold them all). A block
   naming the culprit frame's file names where the global is read: its owner is looked for in that
   file's module (defined or imported there), unless another block names the same global by module.
 - **its fix**: the framework names the rendered fix imports (`from megatron.core.x import Y`,
@@ -28,9 +30,11 @@ lacking it. Tests are parametrized per rule and release, so a failure names both
 from __future__ import annotations
 
 import ast
+import json
 import re
 from collections.abc import Iterator
 from fnmatch import fnmatchcase
+from pathlib import Path
 
 import pytest
 
@@ -98,6 +102,11 @@ _BEFORE = ("before the feature: diagnose reads MindSpeed 1.0.RC2 and 1.0.RC3 as 
            "which has it, so no range tells them apart")
 _OLD_1_1 = ("MindSpeed 1.1.0 (July 2024) predates 1.0.RC2 though its number sorts after 1.0.0: leaving it out "
             "(!=1.1.*) would still leave 1.0.RC2 and 1.0.RC3 in")
+_SAME_NUMBER_0_6 = ("MindSpeed's core_r0.6.0 line never had ampipe (no mindspeed/moe/utils.py slice map); its release "
+                    "numbers are the core_r0.7.0 line's (1.0.RC3, 1.0.0), which has it, so no range tells them apart")
+_QAD = ("quantization-aware distillation is only on master (after 26.1.0): a MindSpeed install reads as the version its "
+        "setup.py declares, the megatron-core release it pairs with (0.12.1 on master as on 26.1.0 and 2.1.0-26.0.0, "
+        "0.16.0 on core_r0.16.0), so no range leaves the releases before it out")
 NOT_BOUND = {
     ("mindspeed.moe-overlap-saved-tensors", "1.1.0"): _OLD_1_1,
     ("mindspeed.moe-overlap-saved-tensors", "1.0.RC2"): _BEFORE,
@@ -111,6 +120,29 @@ NOT_BOUND = {
         "a branch names no version a range could leave out"),
     ("mindspeed.cp-batch-cache", "1.1.0"): _OLD_1_1,
     ("mindspeed.cp-batch-cache", "1.0.RC2"): _BEFORE,
+    ("mindspeed.alibi-fusion-attn", "1.1.0"): _OLD_1_1,
+    ("mindspeed.alibi-fusion-attn", "1.0.RC2"): _BEFORE,
+    ("mindspeed.ampipe-slices-map", "1.1.0"): _OLD_1_1,
+    ("mindspeed.ampipe-slices-map", "1.0.RC2"): _BEFORE,
+    ("mindspeed.ampipe-slices-map", "1.0.RC3_core_r0.6.0"): _SAME_NUMBER_0_6,
+    ("mindspeed.ampipe-slices-map", "1.0.0_core_r0.6.0"): _SAME_NUMBER_0_6,
+    **dict.fromkeys([("mindspeed.ampipe-slices-map", "core_r0.17.0@1f5feb86"),
+                     ("mindspeed.ampipe-slices-map", "core_r0.18.0@4213c913")], (
+        "the branch dropped mindspeed/moe and ampipe's slice map with it (its --ampipe-degree argument and a dangling "
+        "import in core/tensor_parallel/layers.py remain); a branch names no version a range could leave out")),
+    **{("mindspeed.qad-teacher-model", release): _QAD for release in (
+        "1.1.0", "1.0.RC2", "1.0.RC3_core_r0.7.0", "1.0.RC3_core_r0.6.0", "1.0.0_core_r0.6.0", "1.0.0_core_r0.7.0",
+        "2.0.0_core_r0.8.0", "2.1.0_core_r0.8.0", "2.1.0_core_r0.12.1", "2.2.0_core_r0.12.1", "2.3.0_core_r0.12.1",
+        "26.0.0_core_r0.12.1", "core_r0.16.0@e4772499", "core_r0.17.0@1f5feb86", "core_r0.18.0@4213c913",
+        "26.1.0_core_r0.12.1@57a33053")},
+    ("mindspeed-llm.dsa-indexer-loss-tracker", "26.0.0"): (
+        "the rule's two copies of the tracker came one release apart (the tasks' DSAIndexerLossLoggingHelper with "
+        "26.0.0, FSDP2's IndexerLossLoggingHelper with 26.1.0): 26.0.0 holds the first, and a range is the rule's, "
+        "not a block's"),
+    **{("megatron.yarn-rotary-cache", release): (
+        "YaRN's forward lru cache came with 0.10, its cos_cached and sin_cached buffers with 0.13: these releases "
+        "hold the first block's global, and a range is the rule's, not a block's (one rule, so one fix block "
+        "resets both)") for release in ("0.10.0", "0.11.0", "0.12.0", "0.12.1", "0.12.2", "0.12.3")},
 }
 
 CASES = [
@@ -255,6 +287,21 @@ def bound(workspace: Workspace, framework: IndexedFramework, at: int, block: Rul
         found = binds(workspace, module, block)
         if found is not None:
             return found
+    return audited_buffer(framework, at, block)
+
+
+AUDITED = json.loads((Path(__file__).resolve().parents[1] / "knowledge_base" / "index" / "globals.json").read_text())
+
+
+def audited_buffer(framework: IndexedFramework, at: int, block: RuleMatch) -> tuple[str, str, str | None] | None:
+    """(module, variable, owner) of a buffer the block names that the audit of the release's whole code
+    found: `self.register_buffer("x", ...)` on one line is no line of the index's skeletons."""
+    release = framework.releases[at].name
+    for found in AUDITED["globals"]:
+        if (found["framework"] == framework.name and found["kind"] == "buffer" and release in found["releases"]
+                and block.names(found["name"], found["module"], found["class"])
+                and (block.module is not None or found["module"] in modules_selected(framework, at, block))):
+            return found["module"], found["name"], found["class"]
     return None
 
 

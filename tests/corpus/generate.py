@@ -231,6 +231,8 @@ RUNS: dict[str, Run] = {
         ("mtp-metrics-tracker", Run("mtp-metrics-tracker", "121:0:hbm:forward", style="tee-default",
                                     megatron="0.19.2")),
         ("seqlen-stats", Run("seqlen-stats", "121:2:uce:forward", megatron="0.18.2")),
+        ("seqlen-stats", Run("seqlen-stats", "121:3:hbm:forward", style="tee", megatron="0.19.2")),
+        ("seqlen-stats", Run("seqlen-stats", "121:0:uce:forward", style="tee-default", megatron="0.19.0")),
         ("router-expert-bias", Run("router-expert-bias", "121:1:uce:forward", style="tee", megatron="0.17.1")),
         ("rotary-emb-cache", Run("rotary-emb-cache", "121:3:uce:forward", megatron="0.19.0")),
         ("optimizer-found-inf", Run("optimizer-found-inf", "121:1:hbm:forward", style="tee-default",
