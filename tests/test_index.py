@@ -15,7 +15,6 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.log.tracebacks import Frame, Traceback
 from unsafe_doctor.npu.messages import UNSAFE_DATA
-from unsafe_doctor.source.fingerprint import fingerprint, release_version
+from unsafe_doctor.source.fingerprint import fingerprint
 from unsafe_doctor.source.index import FrameworkIndex, index_folder
 from unsafe_doctor.source.skeleton import line_hashes, skeleton
 from unsafe_doctor.source.workspace import Origin, Workspace
@@ -259,78 +258,3 @@ def test_the_index_names_the_same_global_as_the_real_file_for_every_statement(re
         }
 
     assert named(indexed) == named(with_source)
-
-
-# --- the rules name what the releases hold ---------------------------------------------------------
-
-PACKAGES = {"megatron": "megatron-core", "mindspeed": "mindspeed", "mindspeed_llm": "mindspeed-llm", "modellink": "mindspeed-llm"}
-
-
-def holds(skeleton_text: str, variable: str, owner: str | None) -> bool:
-    """The skeleton binds `variable` at module level (or declares it `global`), or as an attribute
-    of a class (class-level, or `self.variable = ...` in a method): of `owner` when the rule names one."""
-    tree = ast.parse(skeleton_text)
-    if owner is None:
-        bound = {target.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-                 for target in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(target, ast.Name)}
-        declared = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
-        defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-        if variable in bound | declared | defined:
-            return True
-    for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and owner in (None, node.name)):
-        for node in ast.walk(cls):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-            for target in targets:
-                if (isinstance(target, ast.Name) and target.id == variable) or (
-                    isinstance(target, ast.Attribute) and target.attr == variable
-                ):
-                    return True
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == variable:
-                return True
-    return False
-
-
-def module_of(path: str) -> str:
-    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-
-
-def test_every_global_a_shipped_rule_names_is_in_a_release_the_rule_claims():
-    """Each rule block naming a variable in a module is checked against the index: some release in
-    the rule's version range defines it there (a glob module: one of its modules, in the newest
-    release claimed)."""
-    from unsafe_doctor.knowledge.loading import load_knowledge
-
-    index = FrameworkIndex()
-    frameworks = {framework.name: framework for framework in index.frameworks}
-    checked, beyond, missing = [], [], []
-    for rule in load_knowledge([]).rules:
-        for block in rule.matches:
-            if not block.variable or not block.module:
-                continue
-            name = PACKAGES.get(block.module.split(".")[0])
-            if name is None:
-                continue
-            framework = frameworks[name]
-            claimed = [
-                position for position, release in enumerate(framework.releases)
-                if rule.framework != name or rule.versions is None
-                or (version := release_version(release.name)) is not None and rule.versions.contains(version, prereleases=True)
-            ]
-            if not claimed:
-                beyond.append(rule.id)
-                continue
-            if any(char in block.module for char in "*?["):  # a glob: its modules in the newest release claimed
-                claimed = claimed[-1:]
-                paths = [path for path in framework.paths if fnmatchcase(module_of(path), block.module)]
-            else:
-                parts = block.module.split(".")
-                paths = ["/".join(parts) + ".py", "/".join(parts) + "/__init__.py"]
-            found = any(
-                (version := framework.version_in(path, position)) is not None and holds(version.skeleton, block.variable, block.owner)
-                for position in claimed
-                for path in paths
-            )
-            (checked if found else missing).append((rule.id, block.module, block.variable))
-    assert missing == []
-    assert len(checked) >= 10, checked
-    assert beyond == []  # every rule that names a module's global claims releases the index holds
