@@ -49,6 +49,15 @@ def importable_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: st
             del sys.modules[module]
 
 
+def script_module(name: str):
+    """A script of scripts/, imported as its own folder would run it (each imports build_index beside it)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+
+
 def pytest_xdist_auto_num_workers(config) -> int | None:
     """`-n auto` (addopts): a worker more than the cores this process may use (then --maxprocesses 4).
     Many tests wait, idle, on what they start (replays up to their timeout, a CLI run, a pip install),

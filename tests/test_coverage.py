@@ -9,7 +9,6 @@ except the last, which re-derives two releases from their wheels where they can 
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import script_module
 
 from unsafe_doctor.knowledge import loading
 from unsafe_doctor.knowledge.loading import load_knowledge, validate_files
@@ -25,16 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KNOWLEDGE = load_knowledge()
 
 
-def derive_globals():
-    """scripts/derive_globals.py, imported as its own folder would run it (it imports build_index beside it)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        return importlib.import_module("derive_globals")
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-
-
-SCRIPT = derive_globals()
+SCRIPT = script_module("derive_globals")
 SHIPPED = json.loads(SCRIPT.GLOBALS_FILE.read_text(encoding="utf-8"))
 
 

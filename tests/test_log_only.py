@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnose.pipeline import diagnose
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report.diagnosis import to_json
 
 sys.path.insert(0, str(Path(__file__).parent / "corpus"))
@@ -57,15 +57,19 @@ def test_the_installed_megatron_core_is_not_read_when_the_index_holds_the_log_re
     assert [item["source_from"] for item in report["findings"]] == ["index"]
 
 
-def test_log_only_gives_what_a_python_without_megatron_gives(tmp_path):
+def report_script(tmp_path: Path, report: str) -> Path:
+    """A script that prints, as JSON, the `report` expression over its arguments (the logs)."""
     script = tmp_path / "report.py"
-    script.write_text(
-        "import json, sys\n"
-        "from unsafe_doctor.knowledge.context import groundwork\n"
-        "from unsafe_doctor.diagnose.pipeline import diagnose\n"
-        "from unsafe_doctor.report.diagnosis import to_json\n"
-        "print(json.dumps([to_json(diagnose([log], groundwork())) for log in sys.argv[1:]]))\n"
-    )
+    script.write_text("import json, sys\n"
+                      "from unsafe_doctor.knowledge.context import groundwork\n"
+                      "from unsafe_doctor.diagnose.pipeline import diagnose\n"
+                      "from unsafe_doctor.report.diagnosis import to_json\n"
+                      f"print(json.dumps({report}))\n")
+    return script
+
+
+def test_log_only_gives_what_a_python_without_megatron_gives(tmp_path):
+    script = report_script(tmp_path, "[to_json(diagnose([log], groundwork())) for log in sys.argv[1:]]")
     result = run_without_megatron(script, *map(str, LOGS), scratch=tmp_path)
     assert result.returncode == 0, result.stderr
     bare = json.loads(result.stdout)
@@ -174,14 +178,7 @@ def test_log_only_names_a_class_held_global_with_its_class(tmp_path, release, pa
     log = tmp_path / "train.log"
     log.write_text(f'[rank0]: Traceback (most recent call last):\n[rank0]:   File "{SITE_312}{path}", line {line}, in '
                    f"{function}\n[rank0]:     {printed}\n[rank0]: {UNSAFE}\n")
-    script = tmp_path / "report.py"
-    script.write_text(
-        "import json, sys\n"
-        "from unsafe_doctor.knowledge.context import groundwork\n"
-        "from unsafe_doctor.diagnose.pipeline import diagnose\n"
-        "from unsafe_doctor.report.diagnosis import to_json\n"
-        "print(json.dumps(to_json(diagnose(sys.argv[1:], groundwork(log_only=True)))))\n"
-    )
+    script = report_script(tmp_path, "to_json(diagnose(sys.argv[1:], groundwork(log_only=True)))")
     result = run_without_megatron(script, str(log), scratch=tmp_path)
     assert result.returncode == 0, result.stderr
     [finding] = json.loads(result.stdout)["findings"]

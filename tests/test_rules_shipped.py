@@ -466,24 +466,8 @@ def stale_ampipe_slices(tmp_path: Path) -> str:
         mark(stale)
         module.reorder(torch.ones(4))
 
-    return run_standin(tmp_path, "mindspeed/moe/utils.py", """
-        import torch
-
-        ampipe_slices_map = {}
-
-
-        def get_slice_indices_from_order_to_disorder(seq_length, device):
-            if ampipe_slices_map.get('order_to_disorder') is not None:
-                return ampipe_slices_map.get('order_to_disorder')
-            output = torch.arange(seq_length, device=device).flip(0)
-            ampipe_slices_map['order_to_disorder'] = output
-            return output
-
-
-        def reorder(hidden):
-            indices = get_slice_indices_from_order_to_disorder(hidden.shape[0], hidden.device)
-            return torch.index_select(hidden, 0, indices)
-        """, action)
+    corpus_standin = Path(__file__).parent / "corpus" / "standins" / "mindspeed" / "moe" / "utils.py"  # the corpus run's
+    return run_standin(tmp_path, "mindspeed/moe/utils.py", corpus_standin.read_text(), action)
 
 
 def stale_alibi_bias(tmp_path: Path) -> str:

@@ -7,7 +7,6 @@ shipped, and applied to dumps written in Megatron-LM's format and to a develop l
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import script_module
 from test_suspects import CATCH_V73, MOE, PTA_ERROR, TASKD_LINES, dump, shortlist_of, write_log
 
 from unsafe_doctor.knowledge.loading import load_knowledge, shipped_knowledge_dir
@@ -42,12 +42,7 @@ def megatron_0_12_1(tmp_path_factory) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def derive_writers():
-    """scripts/derive_writers.py, imported as its own folder would run it (it imports build_index beside it)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        return importlib.import_module("derive_writers")
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    return script_module("derive_writers")
 
 
 def _leaves(paths) -> set[tuple[str, str, object]]:
