@@ -11,6 +11,7 @@ format string, read from the file too. MindSpeed-LLM's `PRECISION ERROR` is regi
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -223,3 +224,20 @@ def test_the_report_names_a_link_fault_as_a_link_fault(tmp_path):
                             capture_output=True, text=True, cwd=REPO, env={**os.environ, "COLUMNS": "200"})
     assert result.returncode == 1, result.stderr
     assert "(link fault on rank 1, hardware fault on rank 3, recovery at step 120)" in result.stdout
+
+
+def test_the_json_gives_each_fault_rank_its_kind_from_a_real_v26_1_link_error_line(tmp_path):
+    """The corpus run of the test above, rank 1's stop line replaced by the line v26.1.0's own catch format
+    writes for a UB link error: `recovery.faults` says what the text's phase line says."""
+    log = (REPO / "tests" / "corpus" / "logs" / "megatron-global-memory-buffer.log").read_text(encoding="utf-8")
+    stopped = "rank:1 catch FORCE STOP exception, error_code:， ex instance:FORCE STOP, "
+    (link,) = _lines("v26.1.0", "UB LINK ERROR", "UB LINK ERROR")
+    assert stopped in log and link.startswith("rank:5 catch UB LINK ERROR exception")
+    linked = tmp_path / "link.log"
+    linked.write_text(log.replace(stopped, link.replace("rank:5", "rank:1")), encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", "--log-only", "--format", "json", str(linked)],
+                            capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 1, result.stderr
+    (finding,) = json.loads(result.stdout)["findings"]
+    assert finding["recovery"]["fault_ranks"] == [1, 3]
+    assert finding["recovery"]["faults"] == [{"rank": 1, "kind": "link-fault"}, {"rank": 3, "kind": "memory-fault"}]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -344,20 +345,72 @@ def test_a_rule_names_its_probe_and_an_unknown_probe_is_reported_with_its_line(t
 
 def test_a_condition_carries_its_switch_and_renders_the_same_guard(tmp_path):
     conditions = load_knowledge().conditions
-    assert (conditions["moe"].switch, conditions["moe"].guard) == ("num_experts", 'getattr(get_args(), "num_experts", None)')
+    assert (conditions["moe"].switches, conditions["moe"].guard) == (("num_experts",), 'getattr(get_args(), "num_experts", None)')
     assert conditions["moe_expert_bias"].guard == 'getattr(get_args(), "moe_router_enable_expert_bias", False)'
     assert conditions["moe_expert_bias"].imports == ("from megatron.training import get_args",)
     free = write(tmp_path, "conditions:\n  acme_on:\n    guard: acme.enabled()\n    imports: [import acme]\n    description: x\n")
     condition = load_knowledge([free]).conditions["acme_on"]
-    assert (condition.guard, condition.imports, condition.switch) == ("acme.enabled()", ("import acme",), None)
+    assert (condition.guard, condition.imports, condition.switches) == ("acme.enabled()", ("import acme",), ())
 
 
 def test_a_condition_with_both_a_switch_and_a_guard_is_reported(tmp_path):
     path = write(tmp_path, "conditions:\n  acme_on:\n    switch: acme\n    guard: acme.enabled()\n    description: Acme is on.\n")
     assert validate_files([path]) == [
         f"{path}:3: conditions.acme_on: "
-        "a condition gives either a switch (and its default) or a guard (and its imports), not both"
+        "a condition gives one of a switch, an any_of list of switches (each with its default) or a guard (and its imports)"
     ]
+    both = write(tmp_path, "conditions:\n  acme_on:\n    switch: acme\n    any_of: [a, b]\n    description: x\n", "both.yaml")
+    assert validate_files([both]) == [
+        f"{both}:3: conditions.acme_on: "
+        "a condition gives one of a switch, an any_of list of switches (each with its default) or a guard (and its imports)"
+    ]
+
+
+ANY_OF_RULE = GOOD_RULE.replace("rules:\n", """\
+conditions:
+  acme_packed:
+    any_of: [acme_sft, acme_masking]
+    description: Acme packs sequences.
+  acme_logging:
+    switch: acme_log_losses
+    description: Acme logs losses.
+rules:
+""").replace("    phase: rollback\n", "    phase: rollback\n    conditions: [acme_packed, acme_logging]\n").replace(
+    "      module: acme.state\n", "")  # the traceback below names no module
+
+
+def test_an_any_of_condition_renders_an_or_of_its_switches_and_holds_when_any_is_on(tmp_path):
+    path = write(tmp_path, ANY_OF_RULE)
+    assert validate_files([path]) == []
+    condition = load_knowledge([path]).conditions["acme_packed"]
+    assert condition.switches == ("acme_sft", "acme_masking")
+    assert condition.guard == 'getattr(get_args(), "acme_sft", False) or getattr(get_args(), "acme_masking", False)'
+    assert condition.on_in({"acme_sft": "False", "acme_masking": "True"}) == ("acme_masking",)
+    assert condition.on_in({"acme_sft": "True", "acme_masking": "True"}) == ("acme_sft", "acme_masking")
+    assert condition.on_in({"acme_sft": "False", "acme_masking": "False"}) == ()
+    assert condition.on_in({"acme_sft": "False"}) == ()  # a switch the dump lacks reads as off
+
+
+@pytest.mark.parametrize(("sft", "masking", "log_losses", "runs"), [
+    (False, False, True, False), (True, False, True, True), (False, True, True, True), (True, True, False, False),
+])
+def test_an_any_of_guard_beside_another_condition_guards_the_fix_as_an_or_within_an_and(
+        tmp_path, sft, masking, log_losses, runs):
+    """`a or b and c` would run the fix whenever a is on: the any-of guard is one operand of the `and`."""
+    path = write(tmp_path, ANY_OF_RULE)
+    log = tmp_path / "train.log"
+    log.write_text(
+        '[rank0]: Traceback (most recent call last):\n[rank0]:   File "/opt/acme/train.py", line 3, in step\n'
+        "[rank0]:     state._LOSS_LOG.add_(loss)\n[rank0]: RuntimeError: There is unsafe data in the input tensor.\n"
+    )
+    [item] = diagnose([str(log)], groundwork(rule_paths=[path])).findings
+    fix = item.classification.fix
+    assert fix.code.splitlines()[0] == ('if (getattr(get_args(), "acme_sft", False) or getattr(get_args(), "acme_masking", '
+                                       'False)) and getattr(get_args(), "acme_log_losses", False):')
+    arguments = argparse.Namespace(acme_sft=sft, acme_masking=masking, acme_log_losses=log_losses)
+    ran = []
+    exec(fix.code, {"get_args": lambda: arguments, "state": argparse.Namespace(_LOSS_LOG=argparse.Namespace(clear=lambda: ran.append(1)))})
+    assert bool(ran) is runs
 
 
 def test_the_shipped_guards_are_the_switches_the_replay_turns_on():

@@ -48,7 +48,8 @@ def test_megatron_tracker_on_two_ranks_folds_into_one_finding():
     assert finding["ranks"] == [1, 3]
     assert finding["message"] == "There is unsafe data in the input tensor."
     assert finding["error_code"] == "ERR00003"
-    assert finding["recovery"] == {"seen": True, "fault_ranks": [1, 3], "step": 120, "phase": "after-recovery"}
+    assert finding["recovery"] == {"seen": True, "fault_ranks": [1, 3], "step": 120, "phase": "after-recovery",
+                                   "faults": [{"rank": 1, "kind": "memory-fault"}, {"rank": 3, "kind": "memory-fault"}]}
     culprit = finding["culprit"]
     assert culprit["file"].endswith("megatron/core/transformer/moe/moe_utils.py")
     assert (culprit["line"], culprit["function"]) == (897, "save_to_aux_losses_tracker")

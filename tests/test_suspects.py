@@ -408,3 +408,32 @@ def test_a_tie_of_the_adaptor_lines_names_the_tied_generations_above_the_suspect
     log = write_log(tmp_path, dump(MOE), IN_TREE_LINES, [CATCH_V26, PTA_ERROR])
     text = " ".join(report_at(100, str(log)).stdout.split())
     assert "Suspects, most likely first (the arguments dump, the mindspeed-llm-2.3 or mindspeed-llm-26 adaptor):" in text
+
+
+def release_dump(release: str, **settings: str) -> list[str]:
+    """Megatron-LM's dump of a release's own arguments (tests/corpus/arguments/, from its parser), defaults
+    but `settings`."""
+    arguments = json.loads((ROOT / "tests" / "corpus" / "arguments" / f"megatron-lm-core_v{release}.json").read_text())
+    return dump({**{name: str(value) for name, value in arguments["arguments"].items()}, **settings})
+
+
+@pytest.mark.parametrize("release", ["0.18.2", "0.19.0"])
+def test_an_untraced_job_whose_dump_has_no_packed_sequence_switch_on_does_not_suspect_the_seqlen_stats(tmp_path, release):
+    """Only packed batches (--sft, or 0.19's --dataloader-inter-document-masking) reach
+    update_seqlen_stats_from_cu_seqlens: with both off its tensor is never made."""
+    log = write_log(tmp_path, release_dump(release), TASKD_LINES, [CATCH_V26, PTA_ERROR])
+    _, shortlist = shortlist_of(log)
+    assert "megatron.seqlen-stats" not in [suspect.rule.id for suspect in shortlist.suspects]
+    masking = "False" if release == "0.19.0" else "not in the arguments"  # 0.18 has no such argument
+    assert {item.rule: item.why for item in shortlist.excluded}["megatron.seqlen-stats"] == (
+        f"sft is False, dataloader_inter_document_masking is {masking}: packed_sequences is off")
+
+
+@pytest.mark.parametrize(("release", "switch"), [
+    ("0.18.2", "sft"), ("0.19.0", "sft"), ("0.19.0", "dataloader_inter_document_masking"),
+])
+def test_an_untraced_job_with_either_packed_sequence_switch_on_suspects_the_seqlen_stats_first(tmp_path, release, switch):
+    log = write_log(tmp_path, release_dump(release, **{switch: "True"}), TASKD_LINES, [CATCH_V26, PTA_ERROR])
+    _, shortlist = shortlist_of(log)
+    first = shortlist.suspects[0]
+    assert (first.rule.id, first.why[0]) == ("megatron.seqlen-stats", f"{switch} = True")

@@ -20,6 +20,7 @@ global the step reads.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import os
@@ -515,21 +516,43 @@ class MtpMetricsBlock(MtpBlock):
 
 
 class SeqlenStats(MegatronCase):
-    """megatron-core 0.18+ with packed sequences: every micro-batch adds its real sequence lengths to
-    training.py's `_seqlen_stats_in_iteration` (kept allocated across iterations), which the training
-    log consumes and zeroes after the step."""
+    """megatron-core 0.18+ SFT on packed sequences (--sft): Megatron-LM's forward_step hands each
+    micro-batch's real cu_seqlens to training.py's update_seqlen_stats_from_cu_seqlens, which adds the
+    lengths into `_seqlen_stats_in_iteration` (kept allocated across iterations); the training log
+    consumes and zeroes it after the step."""
+
+    packing = "sft"  # the switch that makes the batches carry cu_seqlens (knowledge_base/conditions.yaml)
+
+    def initialize(self) -> None:
+        super().initialize()
+        from megatron.training.global_vars import set_args
+
+        set_args(argparse.Namespace(**self.arguments()))  # what pretrain_gpt's get_batch reads
+
+    def arguments(self):
+        return {**super().arguments(), self.packing: True}
 
     def train_step(self, model, optimizer, batch, iteration):
-        from megatron.training import training
+        from megatron.training import get_args, training
 
-        tokens, _ = batch
-        training.update_seqlen_stats_from_cu_seqlens(torch.tensor([0, 3, 6, tokens.shape[-1]], dtype=torch.int32))
+        args = get_args()
+        # pretrain_gpt.py's get_batch: `has_cu_seqlens = is_sft or args.dataloader_inter_document_masking`
+        if getattr(args, "sft", False) or getattr(args, "dataloader_inter_document_masking", False):
+            tokens, _ = batch
+            training.update_seqlen_stats_from_cu_seqlens(torch.tensor([0, 3, 6, tokens.shape[-1]], dtype=torch.int32))
         return super().train_step(model, optimizer, batch, iteration)
 
     def after_step(self, model, iteration):
         from megatron.training import training
 
         training.consume_seqlen_stats_in_iteration()
+
+
+class SeqlenStatsInterDocument(SeqlenStats):
+    """megatron-core 0.19 pretraining with --dataloader-inter-document-masking: GPTDataset packs each
+    sample's documents' cu_seqlens, and forward_step adds them up as for SFT."""
+
+    packing = "dataloader_inter_document_masking"
 
 
 # --- replays of committed hand-written tracebacks ----------------------------------------------------------
@@ -859,6 +882,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "moe-metrics-tracker": MoeMetricsTracker,
     "mtp-metrics-tracker": MtpMetricsTracker,
     "seqlen-stats": SeqlenStats,
+    "seqlen-stats-inter-document": SeqlenStatsInterDocument,
     # replays of hand-written tracebacks
     "replay-moe-metrics-tracker": lambda: Replay("hand-megatron-lm-main-moe-metrics-tracker.log"),
     "replay-ag-shared-experts-inputs": lambda: Replay("hand-mindspeed-ag-shared-experts-inputs.log"),

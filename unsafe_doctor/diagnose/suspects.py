@@ -135,13 +135,14 @@ class _Evidence:
             return f"{rule.framework} {_listed(found[0])} ({found[1]}) is not {rule.versions}"
         if self.loss_scaling is not None and any(block.loss_scaling not in (None, self.loss_scaling) for block in rule.matches):
             return "the log shows another loss scaling"
+        arguments = self.arguments.values if self.arguments is not None else {}
         for name in self.context.knowledge.features(rule) if self.arguments is not None else ():
             condition = self.context.knowledge.conditions[name]
-            if condition.switch is None:
-                continue
-            printed = self.arguments.get(condition.switch) if self.arguments else None
-            if printed is None or not condition.holds_for(printed):
-                return f"{condition.switch} is {printed if printed is not None else 'not in the arguments'}: {name} is off"
+            if condition.switches and not condition.on_in(arguments):
+                read = (arguments.get(switch) for switch in condition.switches)
+                printed = ", ".join(f"{switch} is {value if value is not None else 'not in the arguments'}"
+                                    for switch, value in zip(condition.switches, read, strict=True))
+                return f"{printed}: {name} is off"
         return self.unwritten(rule)
 
     def unwritten(self, rule: Rule) -> str | None:
@@ -157,8 +158,8 @@ class _Evidence:
         knowledge = self.context.knowledge
         names = knowledge.features(rule)
         values = self.arguments.values if self.arguments is not None else None
-        switches = (knowledge.conditions[name].switch for name in names)
-        features = tuple(f"{switch} = {values.get(switch)}" for switch in switches if switch is not None) if values else ()
+        switches = (switch for name in names for switch in knowledge.conditions[name].on_in(values or {}))
+        features = tuple(f"{switch} = {values.get(switch)}" for switch in switches) if values else ()
         size = device_bytes(rule.device_bytes, values) if rule.device_bytes and values is not None else None
         own = values is not None and any(not knowledge.conditions[name].common for name in names)
         return _Kept(rule, features, len(names), size, own)

@@ -441,4 +441,13 @@ def _guarded(code: str, guards: list[str]) -> str:
     code = textwrap.dedent(code).strip("\n") + "\n"
     if not guards:
         return code
-    return f"if {' and '.join(guards)}:\n" + textwrap.indent(code, "    ")
+    joined = guards[0] if len(guards) == 1 else " and ".join(_and_operand(guard) for guard in guards)
+    return f"if {joined}:\n" + textwrap.indent(code, "    ")
+
+
+def _and_operand(guard: str) -> str:
+    """The guard as one operand of `and`: an `or` (an any-of condition's) or a conditional expression
+    binds looser, so it is put in parentheses."""
+    node = ast.parse(guard, mode="eval").body
+    loose = isinstance(node, ast.IfExp) or (isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or))
+    return f"({guard})" if loose else guard

@@ -392,17 +392,22 @@ def _alternatives(names: str | list[str]) -> tuple[str, ...]:
 
 def _condition(item: dict[str, Any]) -> Condition:
     """A switch renders as `getattr(get_args(), "<switch>", <default>)`, compared with its `values` or
-    `above` when it has them; a free guard stays as written."""
-    switch = item.get("switch")
-    if switch is None:
+    `above` when it has them; `any_of` switches render as an `or` of such reads; a free guard stays as
+    written."""
+    switches = (item["switch"],) if "switch" in item else tuple(item.get("any_of", ()))
+    if not switches:
         return Condition(item["guard"], tuple(item.get("imports", ())), item["description"])
-    guard = f'getattr(get_args(), "{switch}", {item.get("default", False)!r})'
     values, above = tuple(item.get("values", ())), item.get("above")
-    if values:
-        guard = f"str({guard}) in {values!r}"
-    elif above is not None:
-        guard = f"({guard} or 0) > {above}"
-    return Condition(guard, SWITCH_IMPORTS, item["description"], switch, values, above, item.get("common", False))
+    reads = []
+    for switch in switches:
+        read = f'getattr(get_args(), "{switch}", {item.get("default", False)!r})'
+        if values:
+            read = f"str({read}) in {values!r}"
+        elif above is not None:
+            read = f"({read} or 0) > {above}"
+        reads.append(read)
+    return Condition(" or ".join(reads), SWITCH_IMPORTS, item["description"], switches, values, above,
+                     item.get("common", False))
 
 
 def _is_expression(text: str) -> bool:

@@ -9,9 +9,10 @@ builds its state. When several rules match, the most specific wins, then the hig
 two rules that could match one global with the same specificity and priority are refused, so file
 order never decides. A template is the fix for a global no rule knows, chosen by the scenario and
 by what the global is (a value, or an lru-cached function). A condition names the framework
-argument that switches a feature on; its guard is rendered from it. Adaptor profiles describe each
-generation of the recovery adaptor: where it lives, its rollback / send / receive functions and
-which parameter holds each role (`PARAMETER_ROLES`, the one list of them).
+argument that switches a feature on (or several, any of which does); its guard is rendered from
+it. Adaptor profiles describe each generation of the recovery adaptor: where it lives, its
+rollback / send / receive functions and which parameter holds each role (`PARAMETER_ROLES`, the
+one list of them).
 
 `loading` builds them from the files (`yaml_file` reads one, lines kept, schema checked); `matching`
 fits rules to a global.
@@ -259,13 +260,20 @@ class Condition:
     guard: str  # Python expression; the fix runs only when it is true
     imports: tuple[str, ...]
     description: str
-    switch: str | None = None  # the framework argument the guard tests (rendered from it); None for a free guard
+    # the framework arguments the guard tests (rendered from them), any of which turns the feature on;
+    # none for a free guard
+    switches: tuple[str, ...] = ()
     values: tuple[str, ...] = ()  # the switch's printed values that turn the feature on (none: any true value)
     above: int | None = None  # the feature is on when the switch's value is greater than this
     common: bool = False  # on in most runs of the stacks: what it alone creates is generic, not the run's own
 
+    def on_in(self, arguments: Mapping[str, str]) -> tuple[str, ...]:
+        """The switches an arguments dump shows on; one absent from it reads as off, as the guard reads it."""
+        return tuple(switch for switch in self.switches
+                     if (printed := arguments.get(switch)) is not None and self.holds_for(printed))
+
     def holds_for(self, printed: str) -> bool:
-        """Whether the switch's value, as an arguments dump prints it (`str(value)`), turns the feature on."""
+        """Whether a switch's value, as an arguments dump prints it (`str(value)`), turns the feature on."""
         if self.values:
             return printed in self.values
         if self.above is not None:
@@ -305,7 +313,7 @@ class KnowledgeBase:
 
     def switches(self, rule: Rule) -> tuple[str, ...]:
         """The framework arguments the rule's conditions test: what must be on for its fix to run."""
-        return tuple(switch for name in rule.conditions if (switch := self.conditions[name].switch) is not None)
+        return tuple(switch for name in rule.conditions for switch in self.conditions[name].switches)
 
     def profile(self, profile_id: str) -> AdaptorProfile | None:
         return next((profile for profile in self.profiles if profile.id == profile_id), None)

@@ -22,7 +22,7 @@ from unsafe_doctor.knowledge.generations import GenerationEvidence
 from unsafe_doctor.knowledge.matching import finite_names
 from unsafe_doctor.knowledge.rules import AdaptorProfile
 from unsafe_doctor.knowledge.subject import TensorRef
-from unsafe_doctor.log.recovery import MINDIO_RELEASES, UNTRACED_FORMS, CatchKind, FaultReading
+from unsafe_doctor.log.recovery import MINDIO_RELEASES, UNTRACED_FORMS, CatchKind, FaultReading, Phase, RecoveryContext
 from unsafe_doctor.log.sentinel_lines import Summary
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.report.common import (
@@ -110,12 +110,7 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
         "ranks": list(finding.ranks),
         "message": unsafe.message if unsafe else None,
         "error_code": unsafe.error_code if unsafe else None,
-        "recovery": {
-            "seen": context.seen,
-            "fault_ranks": list(context.fault_ranks),
-            "step": context.step,
-            "phase": item.phase,
-        },
+        "recovery": _recovery_json(context, item.phase),
         "culprit": _frame_json(finding.culprit) if finding.culprit else None,
         "frames": [_frame_json(frame) for frame in unsafe.frames] if unsafe else [],
         "tensor": None
@@ -140,6 +135,18 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
     }
 
 
+def _recovery_json(context: RecoveryContext, phase: Phase | None) -> dict[str, Any]:
+    """MindIO's recovery as a finding's JSON gives it: `faults` names each fault rank's kind, as the text's
+    phase line does (`fault_ranks`, the same ranks, stays for readers of the first contract)."""
+    return {
+        "seen": context.seen,
+        "fault_ranks": list(context.fault_ranks),
+        "faults": [{"rank": rank, "kind": kind} for rank, kind in sorted(context.fault_kinds().items())],
+        "step": context.step,
+        "phase": phase,
+    }
+
+
 def _untraced_json(untraced: Untraced, diagnosis: Diagnosis) -> dict[str, Any]:
     """The ranks that reported the error with no traceback: a finding with no tensor, and its suspects."""
     context = diagnosis.recovery
@@ -147,7 +154,7 @@ def _untraced_json(untraced: Untraced, diagnosis: Diagnosis) -> dict[str, Any]:
         "ranks": list(untraced.ranks),
         "message": "There is unsafe data in the input tensor.",
         "error_code": None,
-        "recovery": {"seen": context.seen, "fault_ranks": list(context.fault_ranks), "step": context.step, "phase": None},
+        "recovery": _recovery_json(context, None),
         "culprit": None,
         "frames": [],
         "tensor": None,
