@@ -143,6 +143,10 @@ NOT_BOUND = {
         "YaRN's forward lru cache came with 0.10, its cos_cached and sin_cached buffers with 0.13: these releases "
         "hold the first block's global, and a range is the rule's, not a block's (one rule, so one fix block "
         "resets both)") for release in ("0.10.0", "0.11.0", "0.12.0", "0.12.1", "0.12.2", "0.12.3")},
+    **{("mindspeed-llm.modellink-mask-cache", release): (
+        "only ModelLink 1.0.RC3.0 has mask_generator's _MASK_CACHE, but diagnose reads 1.0.RC1.0, 1.0.RC2.0 and "
+        "1.0.RC3.0 as version 1.0, which 1.0.0 equals, so no range tells them apart; a branch names no version")
+       for release in ("1.0.RC1.0", "1.0.RC2.0", "1.0.0", "master@c77308a1")},
 }
 
 CASES = [

@@ -559,6 +559,45 @@ def stale_fsdp2_attention_mask(tmp_path: Path) -> str:
 
 
 
+# ModelLink 1.0.RC3.0: get_attention_mask caches the mask in _MASK_CACHE; a function reads it through a
+# local (what the log can name), and FlashSelfAttention keeps it as self.attention_mask while it has one
+# (model/transformer.py). tests/test_rules_found_by_coverage_mindspeed_llm.py runs the fix on it.
+MODELLINK_MASK_GENERATOR = """
+import torch
+
+_MASK_CACHE = None
+
+
+def get_attention_mask():
+    global _MASK_CACHE
+    if _MASK_CACHE is None:
+        _MASK_CACHE = torch.triu(torch.ones((4, 4), dtype=torch.bool), diagonal=1)
+    return _MASK_CACHE
+
+
+def masked_scores(scores):
+    attention_mask = get_attention_mask()
+    return scores.masked_fill(attention_mask, float("-inf"))
+
+
+class FlashSelfAttention(torch.nn.Module):
+    def forward(self, scores):
+        if not hasattr(self, "attention_mask"):
+            self.attention_mask = get_attention_mask()
+        return scores.masked_fill(self.attention_mask, float("-inf"))
+"""
+
+
+def stale_modellink_mask(tmp_path: Path) -> str:
+    import torch
+
+    def action(module, mark):
+        mark(module.get_attention_mask())  # built by an earlier step
+        module.masked_scores(torch.ones(4, 4))
+
+    return run_standin(tmp_path, "modellink/core/transformer/mask_generator.py", MODELLINK_MASK_GENERATOR, action)
+
+
 # --- the cases ------------------------------------------------------------------------------------
 
 
@@ -769,6 +808,27 @@ CASES = {
     "MTP position ids": Case(
         "mindspeed-llm.mtp-batch-cache", stale_mtp_position_ids,
         fix=('setattr(mindspeed_llm.training.utils, "_MTP_POSITION_ID", None)',), standin=True,
+    ),
+    # issue 38: MindSpeed-LLM holes the coverage of every release found (hand logs at the releases' real lines)
+    "MindSpeed-LLM 2.1.0 MTP loss tracker": Case(
+        "mindspeed-llm.mtp-loss-tracker", committed("hand-mindspeed-llm-2.1.0-mtp-loss-tracker.log"),
+        {"mindspeed-llm": "2.1.0"},
+        ("from mindspeed_llm.core.transformer.multi_token_prediction import MTPLossLoggingHelper",
+         'tracker["values"] = torch.zeros(values.shape'),
+    ),
+    "FSDP2 GLM-MoE-DSA rotary inv_freq": Case(
+        "mindspeed-llm.fsdp2-rotary-inv-freq", committed("hand-mindspeed-llm-fsdp2-glm-rotary.log"), {"mindspeed-llm": "26.1.0"},
+        ('getattr(mindspeed_llm.fsdp2.models.glm52.modeling_glm_moe_dsa, "GlmMoeDsaRotaryEmbedding", None)',
+         'rotary.rope_init_fn(rotary.config, "cpu")'),
+    ),
+    "FSDP2 GPT-OSS rotary inv_freq": Case(
+        "mindspeed-llm.fsdp2-rotary-inv-freq", committed("hand-mindspeed-llm-fsdp2-gpt-oss-rotary.log"),
+        fix=('getattr(mindspeed_llm.fsdp2.models.gpt_oss.modeling_gpt_oss, "GptOssRotaryEmbedding", None)',),
+    ),
+    "ModelLink 1.0.RC3 mask cache": Case(
+        "mindspeed-llm.modellink-mask-cache", stale_modellink_mask,
+        fix=('setattr(modellink.core.transformer.mask_generator, "_MASK_CACHE", None)', "del attention.attention_mask"),
+        standin=True,
     ),
 }
 

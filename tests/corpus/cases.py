@@ -863,6 +863,18 @@ def allocate_activation_cache() -> torch.Tensor:
         ) from None
 
 
+class ModellinkMaskCache(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scores = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from modellink.core.transformer import mask_generator
+
+        probs = mask_generator.attention_probs(torch.einsum("sbh,tbh->bst", self.scores(hidden), hidden))
+        return hidden + torch.einsum("bst,tbh->sbh", probs, hidden)
+
+
 CASES: dict[str, Callable[[], Case]] = {
     # megatron-core 0.16.1
     "mtp-loss-tracker": MtpLossTracker,
@@ -897,6 +909,8 @@ CASES: dict[str, Callable[[], Case]] = {
     "replay-swap-attention-prefetch": lambda: Replay("hand-mindspeed-swap-attention-prefetch.log"),
     "replay-llm-dsa-indexer-loss": lambda: Replay("hand-mindspeed-llm-dsa-indexer-loss.log"),
     "replay-hunyuan-rotary": lambda: Replay("hand-mindspeed-llm-hunyuan-rotary.log"),
+    "replay-llm-mtp-loss-tracker": lambda: Replay("hand-mindspeed-llm-2.1.0-mtp-loss-tracker.log"),
+    "replay-fsdp2-rotary": lambda: Replay("hand-mindspeed-llm-fsdp2-glm-rotary.log"),
     # stand-ins
     "standin-async-all2all": lambda: StandinCase(All2AllOverlap),
     "standin-moe-overlap-saved": lambda: StandinCase(GemmOverlap),
@@ -909,6 +923,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "standin-alibi": lambda: StandinCase(AlibiScores),
     "standin-qad-teacher": lambda: StandinCase(DistillationTeacher),
     "standin-fsdp2-attn-mask": lambda: StandinCase(Fsdp2AttentionMask),
+    "standin-modellink-mask-cache": lambda: StandinCase(ModellinkMaskCache),
     # user frameworks
     "lossbook": lambda: FrameworkCase("lossbook"),
     "packer": lambda: FrameworkCase("packer"),
