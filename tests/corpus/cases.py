@@ -871,6 +871,10 @@ CASES: dict[str, Callable[[], Case]] = {
     "replay-dsa-indexer-loss": lambda: Replay("hand-megatron-core-0.19.2-dsa-indexer-loss.log"),
     "replay-yarn-cos-cached": lambda: Replay("hand-megatron-core-0.19.2-yarn-cos-cached.log"),
     "replay-swap-attention-prefetch": lambda: Replay("hand-mindspeed-swap-attention-prefetch.log"),
+    "replay-fsdp-global-memory-buffer": lambda: Replay("hand-megatron-core-0.19.2-fsdp-global-memory-buffer.log"),
+    "replay-activation-offload": lambda: Replay("hand-megatron-core-0.19.2-activation-offload.log"),
+    "replay-paged-stash": lambda: Replay("hand-megatron-core-0.19.2-paged-stash.log"),
+    "replay-dsa-tilelang-scratch": lambda: Replay("hand-megatron-core-0.19.2-dsa-tilelang-scratch.log"),
     "replay-llm-dsa-indexer-loss": lambda: Replay("hand-mindspeed-llm-dsa-indexer-loss.log"),
     "replay-hunyuan-rotary": lambda: Replay("hand-mindspeed-llm-hunyuan-rotary.log"),
     # stand-ins

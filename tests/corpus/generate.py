@@ -107,6 +107,10 @@ RUNS: dict[str, Run] = {
     "replay-megatron-0.19-dsa-indexer-loss": Run("replay-dsa-indexer-loss", "121:0:uce:forward"),
     "replay-megatron-0.19-yarn-cos-cached": Run("replay-yarn-cos-cached", "121:6:uce:forward", ranks=8, style="tee-default"),
     "replay-mindspeed-swap-attention-prefetch": Run("replay-swap-attention-prefetch", "121:0:uce:forward", style="tee"),
+    "replay-megatron-0.19-fsdp-global-memory-buffer": Run("replay-fsdp-global-memory-buffer", "121:3:uce:forward"),
+    "replay-megatron-0.19-activation-offload": Run("replay-activation-offload", "121:0:hbm:forward", style="tee"),
+    "replay-megatron-0.19-paged-stash": Run("replay-paged-stash", "121:1:uce:forward"),
+    "replay-megatron-0.19-dsa-tilelang-scratch": Run("replay-dsa-tilelang-scratch", "121:2:uce:forward", style="tee"),
     "replay-mindspeed-llm-dsa-indexer-loss": Run("replay-llm-dsa-indexer-loss", "121:3:uce:forward"),
     "replay-mindspeed-llm-hunyuan-rotary": Run("replay-hunyuan-rotary", "121:1:hbm:forward", style="tee"),
     # stand-ins at MindSpeed's / MindSpeed-LLM's import paths
