@@ -208,6 +208,8 @@ def binds(workspace: Workspace, module: str, block: RuleMatch) -> tuple[str, str
             found = resolve(ast.Name(name, ast.Load()), Scope.of(source), workspace)
             if found is not None and found.tier is Tier.GLOBAL and found.variable == name and found.owner is None:
                 return found.module or module, name, None
+            if name in source.declared_globals:  # bound only by a function's `global` (a lazy getter)
+                return module, name, None
         classes = [cls for cls, bound in source.bindings.items() if isinstance(bound, ast.ClassDef)]
         owners = [block.owner] if block.owner else classes
         for owner in owners:

@@ -830,6 +830,23 @@ CASES = {
         fix=('setattr(modellink.core.transformer.mask_generator, "_MASK_CACHE", None)', "del attention.attention_mask"),
         standin=True,
     ),
+    # issue 38: megatron-core's FSDP buffer, activation offload, paged stash and TileLang DSA scratch
+    "0.19 Megatron-FSDP global memory buffer": Case(
+        "megatron.fsdp-global-memory-buffer", committed("hand-megatron-core-0.19.2-fsdp-global-memory-buffer.log"),
+        {"megatron-core": "0.19.2"}, ("megatron_fsdp_utils._GLOBAL_MEMORY_BUFFER = None",),
+    ),
+    "0.19 activation offload manager": Case(
+        "megatron.activation-offload-manager", committed("hand-megatron-core-0.19.2-activation-offload.log"),
+        {"megatron-core": "0.19.2"}, ("PipelineOffloadManager.reset_instance()",),
+    ),
+    "0.19 MoE paged stash": Case(
+        "megatron.moe-paged-stash", committed("hand-megatron-core-0.19.2-paged-stash.log"), {"megatron-core": "0.19.2"},
+        ('getattr(PagedStashManager, "STASH_MGR", None)', "stash_manager.__init__()"),
+    ),
+    "0.19 TileLang DSA scratch": Case(
+        "megatron.dsa-tilelang-scratch", committed("hand-megatron-core-0.19.2-dsa-tilelang-scratch.log"),
+        {"megatron-core": "0.19.2"}, ("scratch.clear()", "tilelang_dsa._DSA_SCRATCH_CACHE_TOTAL_BYTES = 0"),
+    ),
 }
 
 def test_every_shipped_rule_has_a_case():
