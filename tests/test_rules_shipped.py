@@ -558,7 +558,6 @@ def stale_fsdp2_attention_mask(tmp_path: Path) -> str:
         """, action)
 
 
-
 # --- the cases ------------------------------------------------------------------------------------
 
 
@@ -769,6 +768,19 @@ CASES = {
     "MTP position ids": Case(
         "mindspeed-llm.mtp-batch-cache", stale_mtp_position_ids,
         fix=('setattr(mindspeed_llm.training.utils, "_MTP_POSITION_ID", None)',), standin=True,
+    ),
+    "nanopipe WeightGradStore": Case(
+        "mindspeed.nanopipe-weight-grad-store", committed("hand-mindspeed-nanopipe-weight-grad-store.log"),
+        fix=("import mindspeed.core.weight_grad_store", "store.cache, store.grad_store, store.ori_storage"),
+    ),
+    "fb-overlap WeightGradStore": Case(
+        "mindspeed.fb-overlap-weight-grad-store", committed("hand-mindspeed-fb-overlap-weight-grad-store.log"),
+        fix=("import mindspeed.core.transformer.moe.moe_feature.fb_overlap.modules.weight_grad_store",
+             "store.weight_grad_queue.get_nowait()"),
+    ),
+    "fb-overlap WeightGradStore, core_r0.8.0": Case(
+        "mindspeed.fb-overlap-weight-grad-store", committed("hand-mindspeed-fb-overlap-weight-grad-store-core-r0.8.log"),
+        fix=("import mindspeed.core.pipeline_parallel.fb_overlap.modules.weight_grad_store",),
     ),
 }
 

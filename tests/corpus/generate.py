@@ -109,6 +109,8 @@ RUNS: dict[str, Run] = {
     "replay-mindspeed-swap-attention-prefetch": Run("replay-swap-attention-prefetch", "121:0:uce:forward", style="tee"),
     "replay-mindspeed-llm-dsa-indexer-loss": Run("replay-llm-dsa-indexer-loss", "121:3:uce:forward"),
     "replay-mindspeed-llm-hunyuan-rotary": Run("replay-hunyuan-rotary", "121:1:hbm:forward", style="tee"),
+    "replay-mindspeed-nanopipe-weight-grad-store": Run("replay-nanopipe-weight-grad-store", "121:1:uce:forward"),
+    "replay-mindspeed-fb-overlap-weight-grad-store": Run("replay-fb-overlap-weight-grad-store", "121:2:hbm:forward", style="tee"),
     # stand-ins at MindSpeed's / MindSpeed-LLM's import paths
     "standin-mindspeed-async-all2all": Run("standin-async-all2all", "121:1:uce:mid-forward", style="tee"),
     "standin-mindspeed-moe-overlap-saved": Run("standin-moe-overlap-saved", "121:3:uce:mid-forward"),
