@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 from test_rules_releases import rendered_fix, step, unpacked
-from test_rules_shipped import CASES, UNSAFE_DATA, diagnose, emulated_npu, run_fix
+from test_rules_shipped import CASES, HOT_EXPERTS_MODULE, HOT_EXPERTS_STANDIN, UNSAFE_DATA, diagnose, emulated_npu, run_fix
 
 QB_ROUTER = """
 from megatron.core.process_groups_config import ProcessGroupCollection
@@ -172,3 +172,14 @@ def test_weight_grad_store_fix_lets_the_next_step_drain_only_its_own_entries(cas
     module = standin(relative, WEIGHT_GRAD_STORE)
     fails_without_and_passes_with_the_fix(case_name, tmp_path, module, left_by_the_fault, next_step)
 
+
+def test_balanced_moe_fix_gives_the_hot_expert_weights_fresh_memory(tmp_path, standin):
+    import torch
+
+    def setup(module, mark):
+        module.init_global_shared_params_for_hot_experts((4, 4), torch.device("cpu"))
+        mark(module.get_shared_params_for_hot_experts().shared_weight1)  # the broadcast writes it, unsafe still
+
+    module = standin(HOT_EXPERTS_MODULE, HOT_EXPERTS_STANDIN.read_text())
+    fails_without_and_passes_with_the_fix("balanced MoE hot-expert weights", tmp_path, module, setup,
+                                          lambda module: module.hot_experts_matmul(torch.ones(3, 4)))

@@ -558,6 +558,21 @@ def stale_fsdp2_attention_mask(tmp_path: Path) -> str:
         """, action)
 
 
+HOT_EXPERTS_MODULE = "mindspeed/core/transformer/moe/moe_feature/balanced_moe/modules/moe_layer.py"
+HOT_EXPERTS_STANDIN = Path(__file__).parent / "corpus" / "standins" / HOT_EXPERTS_MODULE  # the corpus run's
+
+
+def stale_hot_expert_weights(tmp_path: Path) -> str:
+    import torch
+
+    def action(module, mark):
+        module.init_global_shared_params_for_hot_experts((4, 4), torch.device("cpu"))
+        mark(module.get_shared_params_for_hot_experts().shared_weight1)  # memory the fault left unsafe
+        module.hot_experts_matmul(torch.ones(3, 4))
+
+    return run_standin(tmp_path, HOT_EXPERTS_MODULE, HOT_EXPERTS_STANDIN.read_text(), action)
+
+
 # --- the cases ------------------------------------------------------------------------------------
 
 
@@ -781,6 +796,12 @@ CASES = {
     "fb-overlap WeightGradStore, core_r0.8.0": Case(
         "mindspeed.fb-overlap-weight-grad-store", committed("hand-mindspeed-fb-overlap-weight-grad-store-core-r0.8.log"),
         fix=("import mindspeed.core.pipeline_parallel.fb_overlap.modules.weight_grad_store",),
+    ),
+    "balanced MoE hot-expert weights": Case(
+        "mindspeed.balanced-moe-hot-expert-params", stale_hot_expert_weights,
+        fix=('getattr(mindspeed.core.transformer.moe.moe_feature.balanced_moe.modules.moe_layer, '
+             '"_GLOBAL_SHARED_PARAMS_FOR_HOT_EXPERTS", None)', "tensor.data = torch.empty(tensor.shape"),
+        standin=True,
     ),
 }
 

@@ -741,6 +741,19 @@ class DistillationTeacher(torch.nn.Module):
         return self.linear(hidden) + 0.1 * qad_adapter.teacher_logits(hidden)
 
 
+class HotExpertsMatmul(torch.nn.Module):
+    """Balanced MoE: the hot experts compute on shared weights that live in a module global."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from mindspeed.core.transformer.moe.moe_feature.balanced_moe.modules import moe_layer
+
+        return self.linear(hidden) + moe_layer.hot_experts_matmul(hidden)
+
+
 class Fsdp2AttentionMask(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -887,6 +900,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "standin-alibi": lambda: StandinCase(AlibiScores),
     "standin-qad-teacher": lambda: StandinCase(DistillationTeacher),
     "standin-fsdp2-attn-mask": lambda: StandinCase(Fsdp2AttentionMask),
+    "standin-balanced-moe-hot-experts": lambda: StandinCase(HotExpertsMatmul),
     # user frameworks
     "lossbook": lambda: FrameworkCase("lossbook"),
     "packer": lambda: FrameworkCase("packer"),

@@ -125,6 +125,7 @@ RUNS: dict[str, Run] = {
     "standin-mindspeed-alibi": Run("standin-alibi", "121:3:hbm:forward"),
     "standin-mindspeed-qad-teacher": Run("standin-qad-teacher", "121:0:uce:forward", style="tee"),
     "standin-mindspeed-llm-fsdp2-attn-mask": Run("standin-fsdp2-attn-mask", "121:2:uce:forward", style="tee-default"),
+    "standin-mindspeed-balanced-moe-hot-experts": Run("standin-balanced-moe-hot-experts", "121:3:uce:forward", style="tee"),
     # user frameworks
     "user-lossbook-meters": Run("lossbook", "123:1:uce:forward", framework="lossbook"),
     "user-packer-buffer": Run("packer", "121:2:hbm:forward", style="tee", framework="packer"),
