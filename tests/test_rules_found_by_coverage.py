@@ -7,12 +7,20 @@ qb_beta (scenario 2, a replica's copy), the global aux-loss counts (their step a
 process group this test has not) and the activation offload manager (it offloads only tensors on a
 "cuda" device, and this machine has none) are held by their traceback cases in
 tests/test_rules_shipped.py only.
+
+MindSpeed cannot be installed here: its rules' fixes run on few-line stand-ins written at the real
+import path (ours, not MindSpeed's code), rendered from the rule's own traceback case.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
+import textwrap
+
 import pytest
 from test_rules_releases import rendered_fix, step, unpacked
+from test_rules_shipped import CASES, HOT_EXPERTS_MODULE, HOT_EXPERTS_STANDIN, UNSAFE_DATA, diagnose, emulated_npu, run_fix
 
 QB_ROUTER = """
 from megatron.core.process_groups_config import ProcessGroupCollection
@@ -92,3 +100,130 @@ def test_fix_lets_the_step_past_the_unsafe_memory_in_0_19(case, setup, retry):
     fix = rendered_fix(case)
     assert step(root, setup, retry, None) == "unsafe"
     assert step(root, setup, retry, fix) == "passed"
+
+
+# --- MindSpeed, on stand-ins at the real import paths ---------------------------------------------
+
+# The queue both WeightGradStore classes keep: backward puts entries (dualpipev flushes each chunk's
+# list to weight_grad_queue), pop() multiplies them into main_grad at the end of the step.
+WEIGHT_GRAD_STORE = """
+    import queue
+
+
+    class WeightGradStore:
+        cache = []
+        weight_grad_queue = queue.Queue()
+        store_grad_cache = None
+
+        @classmethod
+        def put(cls, total_input, grad_output, weight):
+            cls.cache.append((total_input, grad_output, weight))
+
+        @classmethod
+        def flush_chunk_grad(cls):
+            cls.weight_grad_queue.put(cls.cache)
+            cls.cache = []
+
+        @classmethod
+        def overlap_matmul(cls, grad_store_cache):
+            total_input, grad_output, weight = grad_store_cache
+            weight.main_grad.add_(grad_output.t().matmul(total_input))
+
+        @classmethod
+        def pop(cls):
+            while cls.cache:
+                cls.store_grad_cache = cls.cache.pop(0)
+                cls.overlap_matmul(cls.store_grad_cache)
+            cls.store_grad_cache = None
+
+        @classmethod
+        def pop_single(cls):
+            if not cls.weight_grad_queue.empty():
+                cls.cache = cls.weight_grad_queue.get()
+                cls.pop()
+    """
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    """Import a stand-in written at its real path under tmp_path; MindSpeed's modules forgotten after."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [name for name in sys.modules if name.partition(".")[0] == "mindspeed"]:
+        monkeypatch.delitem(sys.modules, name)
+
+    def load(relative, source):
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for folder in path.relative_to(tmp_path).parents[:-1]:
+            (tmp_path / folder / "__init__.py").touch()  # a package, ahead of any mindspeed later on sys.path
+        path.write_text(textwrap.dedent(source))
+        return importlib.import_module(relative.removesuffix(".py").replace("/", "."))
+
+    yield load
+    for name in [name for name in sys.modules if name.partition(".")[0] == "mindspeed"]:
+        del sys.modules[name]
+
+
+def fails_without_and_passes_with_the_fix(case_name, tmp_path, module, setup, retry):
+    """The next step meets the state the interrupted one left: unsafe without the rule's fix, past it with."""
+    case = CASES[case_name]
+    _, result = diagnose(case.log(tmp_path), case.versions, (tmp_path,) if case.standin else ())
+    for fixed in (False, True):
+        importlib.reload(module)  # the class and module state of a new process
+        with emulated_npu() as mark:
+            setup(module, mark)
+            if fixed:
+                run_fix(case.rule, result.fix)
+                retry(module)
+            else:
+                with pytest.raises(RuntimeError, match=UNSAFE_DATA):
+                    retry(module)
+
+
+def weight_with_main_grad():
+    import torch
+
+    weight = torch.nn.Parameter(torch.zeros(2, 3))
+    weight.main_grad = torch.zeros(2, 3)
+    return weight
+
+
+@pytest.mark.parametrize(("case_name", "relative", "flush", "drain"), [
+    ("nanopipe WeightGradStore", "mindspeed/core/weight_grad_store.py", False, "pop"),
+    ("fb-overlap WeightGradStore", "mindspeed/core/transformer/moe/moe_feature/fb_overlap/modules/weight_grad_store.py",
+     True, "pop_single"),  # dualpipev: the interrupted step's chunk waits in weight_grad_queue
+    ("fb-overlap WeightGradStore, core_r0.8.0", "mindspeed/core/pipeline_parallel/fb_overlap/modules/weight_grad_store.py",
+     False, "pop"),
+], ids=["nanopipe", "fb-overlap dualpipev", "fb-overlap core_r0.8.0"])
+def test_weight_grad_store_fix_lets_the_next_step_drain_only_its_own_entries(case_name, relative, flush, drain, tmp_path,
+                                                                            standin):
+    import torch
+
+    def left_by_the_fault(module, mark):
+        """The interrupted step queued an entry whose output gradient the fault left unsafe."""
+        stale = torch.ones(4, 2)
+        module.WeightGradStore.put(torch.ones(4, 3), stale, weight_with_main_grad())
+        if flush:
+            module.WeightGradStore.flush_chunk_grad()
+        mark(stale)
+
+    def next_step(module):
+        module.WeightGradStore.put(torch.ones(4, 3), torch.ones(4, 2), weight_with_main_grad())
+        if flush:
+            module.WeightGradStore.flush_chunk_grad()
+        getattr(module.WeightGradStore, drain)()
+
+    module = standin(relative, WEIGHT_GRAD_STORE)
+    fails_without_and_passes_with_the_fix(case_name, tmp_path, module, left_by_the_fault, next_step)
+
+
+def test_balanced_moe_fix_gives_the_hot_expert_weights_fresh_memory(tmp_path, standin):
+    import torch
+
+    def setup(module, mark):
+        module.init_global_shared_params_for_hot_experts((4, 4), torch.device("cpu"))
+        mark(module.get_shared_params_for_hot_experts().shared_weight1)  # the broadcast writes it, unsafe still
+
+    module = standin(HOT_EXPERTS_MODULE, HOT_EXPERTS_STANDIN.read_text())
+    fails_without_and_passes_with_the_fix("balanced MoE hot-expert weights", tmp_path, module, setup,
+                                          lambda module: module.hot_experts_matmul(torch.ones(3, 4)))

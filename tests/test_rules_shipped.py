@@ -558,6 +558,20 @@ def stale_fsdp2_attention_mask(tmp_path: Path) -> str:
         """, action)
 
 
+HOT_EXPERTS_MODULE = "mindspeed/core/transformer/moe/moe_feature/balanced_moe/modules/moe_layer.py"
+HOT_EXPERTS_STANDIN = Path(__file__).parent / "corpus" / "standins" / HOT_EXPERTS_MODULE  # the corpus run's
+
+
+def stale_hot_expert_weights(tmp_path: Path) -> str:
+    import torch
+
+    def action(module, mark):
+        module.init_global_shared_params_for_hot_experts((4, 4), torch.device("cpu"))
+        mark(module.get_shared_params_for_hot_experts().shared_weight1)  # memory the fault left unsafe
+        module.hot_experts_matmul(torch.ones(3, 4))
+
+    return run_standin(tmp_path, HOT_EXPERTS_MODULE, HOT_EXPERTS_STANDIN.read_text(), action)
+
 
 # ModelLink 1.0.RC3.0: get_attention_mask caches the mask in _MASK_CACHE; a function reads it through a
 # local (what the log can name), and FlashSelfAttention keeps it as self.attention_mask while it has one
@@ -846,6 +860,25 @@ CASES = {
     "0.19 TileLang DSA scratch": Case(
         "megatron.dsa-tilelang-scratch", committed("hand-megatron-core-0.19.2-dsa-tilelang-scratch.log"),
         {"megatron-core": "0.19.2"}, ("scratch.clear()", "tilelang_dsa._DSA_SCRATCH_CACHE_TOTAL_BYTES = 0"),
+    ),
+    "nanopipe WeightGradStore": Case(
+        "mindspeed.nanopipe-weight-grad-store", committed("hand-mindspeed-nanopipe-weight-grad-store.log"),
+        fix=("import mindspeed.core.weight_grad_store", "store.cache, store.grad_store, store.ori_storage"),
+    ),
+    "fb-overlap WeightGradStore": Case(
+        "mindspeed.fb-overlap-weight-grad-store", committed("hand-mindspeed-fb-overlap-weight-grad-store.log"),
+        fix=("import mindspeed.core.transformer.moe.moe_feature.fb_overlap.modules.weight_grad_store",
+             "store.weight_grad_queue.get_nowait()"),
+    ),
+    "fb-overlap WeightGradStore, core_r0.8.0": Case(
+        "mindspeed.fb-overlap-weight-grad-store", committed("hand-mindspeed-fb-overlap-weight-grad-store-core-r0.8.log"),
+        fix=("import mindspeed.core.pipeline_parallel.fb_overlap.modules.weight_grad_store",),
+    ),
+    "balanced MoE hot-expert weights": Case(
+        "mindspeed.balanced-moe-hot-expert-params", stale_hot_expert_weights,
+        fix=('getattr(mindspeed.core.transformer.moe.moe_feature.balanced_moe.modules.moe_layer, '
+             '"_GLOBAL_SHARED_PARAMS_FOR_HOT_EXPERTS", None)', "tensor.data = torch.empty(tensor.shape"),
+        standin=True,
     ),
 }
 

@@ -764,6 +764,19 @@ class DistillationTeacher(torch.nn.Module):
         return self.linear(hidden) + 0.1 * qad_adapter.teacher_logits(hidden)
 
 
+class HotExpertsMatmul(torch.nn.Module):
+    """Balanced MoE: the hot experts compute on shared weights that live in a module global."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+
+    def forward(self, hidden):
+        from mindspeed.core.transformer.moe.moe_feature.balanced_moe.modules import moe_layer
+
+        return self.linear(hidden) + moe_layer.hot_experts_matmul(hidden)
+
+
 class Fsdp2AttentionMask(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -915,6 +928,8 @@ CASES: dict[str, Callable[[], Case]] = {
     "replay-hunyuan-rotary": lambda: Replay("hand-mindspeed-llm-hunyuan-rotary.log"),
     "replay-llm-mtp-loss-tracker": lambda: Replay("hand-mindspeed-llm-2.1.0-mtp-loss-tracker.log"),
     "replay-fsdp2-rotary": lambda: Replay("hand-mindspeed-llm-fsdp2-glm-rotary.log"),
+    "replay-nanopipe-weight-grad-store": lambda: Replay("hand-mindspeed-nanopipe-weight-grad-store.log"),
+    "replay-fb-overlap-weight-grad-store": lambda: Replay("hand-mindspeed-fb-overlap-weight-grad-store.log"),
     # stand-ins
     "standin-async-all2all": lambda: StandinCase(All2AllOverlap),
     "standin-moe-overlap-saved": lambda: StandinCase(GemmOverlap),
@@ -928,6 +943,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "standin-qad-teacher": lambda: StandinCase(DistillationTeacher),
     "standin-fsdp2-attn-mask": lambda: StandinCase(Fsdp2AttentionMask),
     "standin-modellink-mask-cache": lambda: StandinCase(ModellinkMaskCache),
+    "standin-balanced-moe-hot-experts": lambda: StandinCase(HotExpertsMatmul),
     # user frameworks
     "lossbook": lambda: FrameworkCase("lossbook"),
     "packer": lambda: FrameworkCase("packer"),

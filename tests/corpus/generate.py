@@ -115,6 +115,8 @@ RUNS: dict[str, Run] = {
     "replay-mindspeed-llm-hunyuan-rotary": Run("replay-hunyuan-rotary", "121:1:hbm:forward", style="tee"),
     "replay-mindspeed-llm-mtp-loss-tracker": Run("replay-llm-mtp-loss-tracker", "121:2:uce:forward"),
     "replay-mindspeed-llm-fsdp2-rotary": Run("replay-fsdp2-rotary", "121:0:hbm:forward", style="tee"),
+    "replay-mindspeed-nanopipe-weight-grad-store": Run("replay-nanopipe-weight-grad-store", "121:1:uce:forward"),
+    "replay-mindspeed-fb-overlap-weight-grad-store": Run("replay-fb-overlap-weight-grad-store", "121:2:hbm:forward", style="tee"),
     # stand-ins at MindSpeed's / MindSpeed-LLM's import paths
     "standin-mindspeed-async-all2all": Run("standin-async-all2all", "121:1:uce:mid-forward", style="tee"),
     "standin-mindspeed-moe-overlap-saved": Run("standin-moe-overlap-saved", "121:3:uce:mid-forward"),
@@ -130,6 +132,7 @@ RUNS: dict[str, Run] = {
     "standin-mindspeed-qad-teacher": Run("standin-qad-teacher", "121:0:uce:forward", style="tee"),
     "standin-mindspeed-llm-fsdp2-attn-mask": Run("standin-fsdp2-attn-mask", "121:2:uce:forward", style="tee-default"),
     "standin-modellink-mask-cache": Run("standin-modellink-mask-cache", "121:1:uce:forward"),
+    "standin-mindspeed-balanced-moe-hot-experts": Run("standin-balanced-moe-hot-experts", "121:3:uce:forward", style="tee"),
     # user frameworks
     "user-lossbook-meters": Run("lossbook", "123:1:uce:forward", framework="lossbook"),
     "user-packer-buffer": Run("packer", "121:2:hbm:forward", style="tee", framework="packer"),
