@@ -1,7 +1,8 @@
-"""The fixes of the megatron rules added for globals the coverage of every release found
-(tests/test_coverage.py), run on megatron-core 0.19.2's real code under the emulated unsafe-data
-check: the step that failed fails again without the fix and passes with it. The release is unpacked
-as tests/test_rules_releases.py unpacks it; where it cannot be had, the tests skip.
+"""The fixes of the rules added for globals the coverage of every release found
+(tests/test_coverage.py), run under the emulated unsafe-data check: the step that failed fails again
+without the fix and passes with it. Megatron's run on megatron-core 0.19.2's real code, unpacked as
+tests/test_rules_releases.py unpacks it (where it cannot be had, the tests skip); MindSpeed's, which
+cannot be installed here, on few-line stand-ins of our own at its real import paths.
 
 qb_beta (scenario 2, a replica's copy) and the global aux-loss counts (their step all-reduces over a
 process group this test has not) are held by their traceback cases in tests/test_rules_shipped.py only.
@@ -9,8 +10,14 @@ process group this test has not) are held by their traceback cases in tests/test
 
 from __future__ import annotations
 
+import importlib
+import sys
+import textwrap
+
 import pytest
+import torch
 from test_rules_releases import rendered_fix, step, unpacked
+from test_rules_shipped import CASES, UNSAFE_DATA, diagnose, emulated_npu, run_fix
 
 QB_ROUTER = """
 from megatron.core.process_groups_config import ProcessGroupCollection
@@ -48,3 +55,82 @@ def test_fix_lets_the_step_past_the_unsafe_memory_in_0_19(case, setup, retry):
     fix = rendered_fix(case)
     assert step(root, setup, retry, None) == "unsafe"
     assert step(root, setup, retry, fix) == "passed"
+
+
+
+
+@pytest.fixture
+def mindspeed_standin(tmp_path, monkeypatch):
+    """Writes a stand-in module at MindSpeed's path for it and imports it by MindSpeed's name, as the
+    rendered fixes import it."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def imported(module: str, source: str):
+        path = tmp_path / (module.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('"""Stand-in written by tests/test_rules_found_by_coverage.py: not MindSpeed\'s code."""\n'
+                        + textwrap.dedent(source))
+        importlib.invalidate_caches()
+        return importlib.import_module(module)
+
+    yield imported
+    for name in [name for name in sys.modules if name == "mindspeed" or name.startswith("mindspeed.")]:
+        del sys.modules[name]
+
+
+def rule_fix(case: str):
+    return diagnose(CASES[case].log(None), CASES[case].versions)[1].fix
+
+
+# 26.1.0's mindspeed/te/pytorch/fp8/reuse.py, in brief: the pool keyed by the weight's storage, the BF16
+# storage freed after quantization and given back by the wrapper around the optimizer step.
+FP8_REUSE = """
+    _WEIGHT_REUSE_POOL = {}
+    _RELEASED_BF16_WEIGHT_POOL = {}
+
+
+    def reuse_or_quantize(weight, quantizer):
+        released = _RELEASED_BF16_WEIGHT_POOL.get(id(weight))
+        key = released[2] if released else weight.untyped_storage().data_ptr()
+        if key not in _WEIGHT_REUSE_POOL:
+            _WEIGHT_REUSE_POOL[key] = quantizer(weight)
+            _RELEASED_BF16_WEIGHT_POOL[id(weight)] = (weight, weight.untyped_storage().size(), key)
+            weight.untyped_storage().resize_(0)
+        return _WEIGHT_REUSE_POOL[key]
+
+
+    def optimizer_step_reuse_cleanup_wrapper(step):
+        def wrapper():
+            _WEIGHT_REUSE_POOL.clear()
+            for weight, size, _ in _RELEASED_BF16_WEIGHT_POOL.values():
+                weight.untyped_storage().resize_(size)
+            _RELEASED_BF16_WEIGHT_POOL.clear()
+            return step()
+        return wrapper
+    """
+
+
+def test_fp8_reuse_fix_gives_the_weights_back_and_quantizes_them_again(mindspeed_standin):
+    """The retried step reuses the interrupted step's quantized weight (unsafe) and the rollback would
+    write the weights from the main parameters into freed storage; after the fix the rollback's write
+    lands in the weight and the retried step quantizes it again."""
+    fix = rule_fix("MindSpeed FP8 weight reuse")
+
+    def interrupted_step(mark):
+        reuse = mindspeed_standin("mindspeed.te.pytorch.fp8.reuse", FP8_REUSE)
+        weight, main_param = torch.ones(4, 4), torch.full((4, 4), 3.0)
+        mark(reuse.reuse_or_quantize(weight, lambda w: w * 2))  # the fault hit the pooled quantized weight
+        return weight, main_param, lambda: torch.ones(2, 4) @ reuse.reuse_or_quantize(weight, lambda w: w * 2).t()
+
+    with emulated_npu() as mark:
+        weight, _, retried_forward = interrupted_step(mark)
+        assert weight.untyped_storage().size() == 0  # what the rollback's copy of the main parameters would write into
+        with pytest.raises(RuntimeError, match=UNSAFE_DATA):
+            retried_forward()
+    del sys.modules["mindspeed.te.pytorch.fp8.reuse"]
+    with emulated_npu() as mark:
+        weight, main_param, retried_forward = interrupted_step(mark)
+        run_fix("mindspeed.fp8-weight-reuse-pool", fix)
+        weight.data.copy_(main_param)  # the rollback: gather_model_params_from_optimizer
+        assert torch.equal(retried_forward(), torch.full((2, 4), 24.0))
+

@@ -770,6 +770,11 @@ CASES = {
         "mindspeed-llm.mtp-batch-cache", stale_mtp_position_ids,
         fix=('setattr(mindspeed_llm.training.utils, "_MTP_POSITION_ID", None)',), standin=True,
     ),
+    "MindSpeed FP8 weight reuse": Case(
+        "mindspeed.fp8-weight-reuse-pool", committed("hand-mindspeed-fp8-weight-reuse.log"),
+        fix=("from mindspeed.te.pytorch.fp8 import reuse as fp8_reuse",
+             "fp8_reuse.optimizer_step_reuse_cleanup_wrapper(lambda: None)()"),
+    ),
 }
 
 def test_every_shipped_rule_has_a_case():

@@ -109,6 +109,7 @@ RUNS: dict[str, Run] = {
     "replay-mindspeed-swap-attention-prefetch": Run("replay-swap-attention-prefetch", "121:0:uce:forward", style="tee"),
     "replay-mindspeed-llm-dsa-indexer-loss": Run("replay-llm-dsa-indexer-loss", "121:3:uce:forward"),
     "replay-mindspeed-llm-hunyuan-rotary": Run("replay-hunyuan-rotary", "121:1:hbm:forward", style="tee"),
+    "replay-mindspeed-fp8-weight-reuse": Run("replay-fp8-weight-reuse", "121:3:uce:forward"),
     # stand-ins at MindSpeed's / MindSpeed-LLM's import paths
     "standin-mindspeed-async-all2all": Run("standin-async-all2all", "121:1:uce:mid-forward", style="tee"),
     "standin-mindspeed-moe-overlap-saved": Run("standin-moe-overlap-saved", "121:3:uce:mid-forward"),
