@@ -4,8 +4,9 @@ without the fix and passes with it. Megatron's run on megatron-core 0.19.2's rea
 tests/test_rules_releases.py unpacks it (where it cannot be had, the tests skip); MindSpeed's, which
 cannot be installed here, on few-line stand-ins of our own at its real import paths.
 
-qb_beta (scenario 2, a replica's copy) and the global aux-loss counts (their step all-reduces over a
-process group this test has not) are held by their traceback cases in tests/test_rules_shipped.py only.
+qb_beta (scenario 2, a replica's copy), the global aux-loss counts (their step all-reduces over a
+process group this test has not) and the distillation logits saver (built from Megatron's parsed
+arguments and parallel state) are held by their traceback cases in tests/test_rules_shipped.py only.
 """
 
 from __future__ import annotations
@@ -134,3 +135,69 @@ def test_fp8_reuse_fix_gives_the_weights_back_and_quantizes_them_again(mindspeed
         weight.data.copy_(main_param)  # the rollback: gather_model_params_from_optimizer
         assert torch.equal(retried_forward(), torch.full((2, 4), 24.0))
 
+
+# 26.1.0's ScaleData and DelayedScalingRecipe, in brief: the recipe keeps a ScaleData and appends itself
+# to the class-level list; the scale comes from the amax history, rolled once it is full.
+SCALE_DATA = """
+    import torch
+
+
+    class ScaleData:
+        def __init__(self, history_len):
+            self.scale_shape, self.device, self.amax_history_len = [1], "cpu", history_len
+            self.scale = torch.ones(self.scale_shape, device=self.device)
+            self.amax_history = torch.zeros([history_len] + self.scale_shape, device=self.device)
+            self.amax = torch.zeros(self.scale_shape, device=self.device)
+            self.amax_history_current_len, self.current_interval = 0, 1
+
+        def delayed_recipe_update_amax(self, tensor):
+            if self.amax_history_current_len == self.amax_history_len:
+                self.amax_history = self.amax_history.roll(-1, 0)
+                self.amax_history_current_len -= 1
+            self.amax_history[self.amax_history_current_len] = tensor.abs().amax()
+            self.amax_history_current_len += 1
+            self.amax = self.amax_history.amax(0)
+            self.scale = self.amax / 448
+            return self.scale
+    """
+DELAYED_RECIPE = """
+    from mindspeed.te.pytorch.fp8.scale_data import ScaleData
+
+
+    class DelayedScalingRecipe:
+        ALL_SCALING = []
+
+        def __init__(self):
+            self.scale = ScaleData(2)
+            DelayedScalingRecipe.ALL_SCALING.append(self)
+
+        def quantization(self, tensor):
+            return tensor / self.scale.delayed_recipe_update_amax(tensor)
+    """
+
+
+def test_delayed_scaling_fix_starts_the_amax_history_again(mindspeed_standin):
+    """The next quantization rolls the full amax history the fault left unsafe; after the fix it
+    starts the history from its own amax, as a run's first step does."""
+    fix = rule_fix("MindSpeed FP8 delayed scaling")
+
+    def interrupted_step(mark):
+        mindspeed_standin("mindspeed.te.pytorch.fp8.scale_data", SCALE_DATA)
+        recipe = mindspeed_standin("mindspeed.te.pytorch.fp8.recipes.delayed_scaling_recipe", DELAYED_RECIPE).DelayedScalingRecipe()
+        for step in range(3):
+            recipe.quantization(torch.full((4,), float(step + 1)))
+        mark(recipe.scale.amax_history)
+        mark(recipe.scale.scale)
+        return recipe
+
+    with emulated_npu() as mark:
+        recipe = interrupted_step(mark)
+        with pytest.raises(RuntimeError, match=UNSAFE_DATA):
+            recipe.quantization(torch.full((4,), 448.0))
+    for name in ("mindspeed.te.pytorch.fp8.recipes.delayed_scaling_recipe", "mindspeed.te.pytorch.fp8.scale_data"):
+        del sys.modules[name]
+    with emulated_npu() as mark:
+        recipe = interrupted_step(mark)
+        run_fix("mindspeed.fp8-delayed-scaling", fix)
+        recipe.quantization(torch.full((4,), 448.0))
+        assert recipe.scale.amax_history_current_len == 1

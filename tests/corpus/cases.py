@@ -874,6 +874,8 @@ CASES: dict[str, Callable[[], Case]] = {
     "replay-llm-dsa-indexer-loss": lambda: Replay("hand-mindspeed-llm-dsa-indexer-loss.log"),
     "replay-hunyuan-rotary": lambda: Replay("hand-mindspeed-llm-hunyuan-rotary.log"),
     "replay-fp8-weight-reuse": lambda: Replay("hand-mindspeed-fp8-weight-reuse.log"),
+    "replay-fp8-delayed-scaling": lambda: Replay("hand-mindspeed-fp8-delayed-scaling.log"),
+    "replay-logits-saver": lambda: Replay("hand-megatron-core-0.19.2-logits-saver.log"),
     # stand-ins
     "standin-async-all2all": lambda: StandinCase(All2AllOverlap),
     "standin-moe-overlap-saved": lambda: StandinCase(GemmOverlap),
