@@ -438,6 +438,59 @@ def test_singleton_of_a_class_that_keeps_device_tensors(tmp_path):
     assert ("buffers.py", 9) in lines(pool.evidence)  # where Pool keeps its tensors
 
 
+def test_class_registry_of_instances_that_keep_device_tensors_through_a_member(tmp_path):
+    """MindSpeed's DelayedScalingRecipe.ALL_SCALING: each recipe appends itself to a class-level list
+    and keeps a ScaleData, whose methods keep the amax history on the device. A registry of objects
+    that keep no device tensor, or only CPU ones, is no holder."""
+    tree = package(tmp_path, {"scale_data.py": """
+        import torch
+
+        class ScaleData:
+            def __init__(self, length):
+                self.amax_history = torch.zeros([length, 1], device="npu:0")
+
+        class CpuData:
+            def __init__(self):
+                self.table = torch.zeros(4)
+        """, "recipes.py": """
+        from pkg.scale_data import CpuData, ScaleData
+
+        class DelayedRecipe:
+            ALL_SCALING = []
+
+            def __init__(self, length):
+                self.scale = ScaleData(length)
+                DelayedRecipe.ALL_SCALING.append(self)
+
+        class NamedRecipes:
+            BY_NAME = {}
+
+            @classmethod
+            def make(cls, name):
+                cls.BY_NAME[name] = DelayedRecipe(16)
+
+        class CpuRecipe:
+            ALL = []
+
+            def __init__(self):
+                self.data = CpuData()
+                CpuRecipe.ALL.append(self)
+
+        class Plain:
+            ALL = []
+
+            def __init__(self, name):
+                self.name = name
+                Plain.ALL.append(self)
+        """})
+    result = audit([tree])
+    assert names(result) == {"pkg.recipes.DelayedRecipe.ALL_SCALING", "pkg.recipes.NamedRecipes.BY_NAME"}
+    registry = held(result, "pkg.recipes.DelayedRecipe.ALL_SCALING").holder
+    assert (registry.kind, registry.placement) == ("class-attribute", "device")
+    assert {("recipes.py", 8), ("scale_data.py", 5)} <= lines(registry.evidence)  # the append, where ScaleData keeps it
+    assert held(result, "pkg.recipes.NamedRecipes.BY_NAME").holder.kind == "class-attribute"
+
+
 def test_cached_functions_returning_tensors(tmp_path):
     tree = package(tmp_path, {"masks.py": """
         import functools

@@ -1,15 +1,13 @@
-"""The fixes of the megatron rules added for globals the coverage of every release found
-(tests/test_coverage.py), run on megatron-core 0.19.2's real code under the emulated unsafe-data
-check: the step that failed fails again without the fix and passes with it. The release is unpacked
-as tests/test_rules_releases.py unpacks it; where it cannot be had, the tests skip.
+"""The fixes of the rules added for globals the coverage of every release found
+(tests/test_coverage.py), run under the emulated unsafe-data check: the step that failed fails again
+without the fix and passes with it. Megatron's run on megatron-core 0.19.2's real code, unpacked as
+tests/test_rules_releases.py unpacks it (where it cannot be had, the tests skip); MindSpeed's, which
+cannot be installed here, on few-line stand-ins of our own at its real import paths.
 
 qb_beta (scenario 2, a replica's copy), the global aux-loss counts (their step all-reduces over a
-process group this test has not) and the activation offload manager (it offloads only tensors on a
-"cuda" device, and this machine has none) are held by their traceback cases in
-tests/test_rules_shipped.py only.
-
-MindSpeed cannot be installed here: its rules' fixes run on few-line stand-ins written at the real
-import path (ours, not MindSpeed's code), rendered from the rule's own traceback case.
+process group this test has not), the activation offload manager (it offloads only tensors on a
+"cuda" device, and this machine has none) and the distillation logits saver (built from Megatron's parsed
+arguments and parallel state) are held by their traceback cases in tests/test_rules_shipped.py only.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 from test_rules_releases import rendered_fix, step, unpacked
 from test_rules_shipped import CASES, HOT_EXPERTS_MODULE, HOT_EXPERTS_STANDIN, UNSAFE_DATA, diagnose, emulated_npu, run_fix
 
@@ -227,3 +226,127 @@ def test_balanced_moe_fix_gives_the_hot_expert_weights_fresh_memory(tmp_path, st
     module = standin(HOT_EXPERTS_MODULE, HOT_EXPERTS_STANDIN.read_text())
     fails_without_and_passes_with_the_fix("balanced MoE hot-expert weights", tmp_path, module, setup,
                                           lambda module: module.hot_experts_matmul(torch.ones(3, 4)))
+
+
+def rule_fix(case: str):
+    return diagnose(CASES[case].log(None), CASES[case].versions)[1].fix
+
+
+# 26.1.0's mindspeed/te/pytorch/fp8/reuse.py, in brief: the pool keyed by the weight's storage, the BF16
+# storage freed after quantization and given back by the wrapper around the optimizer step.
+FP8_REUSE = """
+    _WEIGHT_REUSE_POOL = {}
+    _RELEASED_BF16_WEIGHT_POOL = {}
+
+
+    def reuse_or_quantize(weight, quantizer):
+        released = _RELEASED_BF16_WEIGHT_POOL.get(id(weight))
+        key = released[2] if released else weight.untyped_storage().data_ptr()
+        if key not in _WEIGHT_REUSE_POOL:
+            _WEIGHT_REUSE_POOL[key] = quantizer(weight)
+            _RELEASED_BF16_WEIGHT_POOL[id(weight)] = (weight, weight.untyped_storage().size(), key)
+            weight.untyped_storage().resize_(0)
+        return _WEIGHT_REUSE_POOL[key]
+
+
+    def optimizer_step_reuse_cleanup_wrapper(step):
+        def wrapper():
+            _WEIGHT_REUSE_POOL.clear()
+            for weight, size, _ in _RELEASED_BF16_WEIGHT_POOL.values():
+                weight.untyped_storage().resize_(size)
+            _RELEASED_BF16_WEIGHT_POOL.clear()
+            return step()
+        return wrapper
+    """
+
+
+def test_fp8_reuse_fix_gives_the_weights_back_and_quantizes_them_again(standin):
+    """The retried step reuses the interrupted step's quantized weight (unsafe) and the rollback would
+    write the weights from the main parameters into freed storage; after the fix the rollback's write
+    lands in the weight and the retried step quantizes it again."""
+    fix = rule_fix("MindSpeed FP8 weight reuse")
+
+    def interrupted_step(mark):
+        reuse = standin("mindspeed/te/pytorch/fp8/reuse.py", FP8_REUSE)
+        weight, main_param = torch.ones(4, 4), torch.full((4, 4), 3.0)
+        mark(reuse.reuse_or_quantize(weight, lambda w: w * 2))  # the fault hit the pooled quantized weight
+        return weight, main_param, lambda: torch.ones(2, 4) @ reuse.reuse_or_quantize(weight, lambda w: w * 2).t()
+
+    with emulated_npu() as mark:
+        weight, _, retried_forward = interrupted_step(mark)
+        assert weight.untyped_storage().size() == 0  # what the rollback's copy of the main parameters would write into
+        with pytest.raises(RuntimeError, match=UNSAFE_DATA):
+            retried_forward()
+    del sys.modules["mindspeed.te.pytorch.fp8.reuse"]
+    with emulated_npu() as mark:
+        weight, main_param, retried_forward = interrupted_step(mark)
+        run_fix("mindspeed.fp8-weight-reuse-pool", fix)
+        weight.data.copy_(main_param)  # the rollback: gather_model_params_from_optimizer
+        assert torch.equal(retried_forward(), torch.full((2, 4), 24.0))
+
+
+# 26.1.0's ScaleData and DelayedScalingRecipe, in brief: the recipe keeps a ScaleData and appends itself
+# to the class-level list; the scale comes from the amax history, rolled once it is full.
+SCALE_DATA = """
+    import torch
+
+
+    class ScaleData:
+        def __init__(self, history_len):
+            self.scale_shape, self.device, self.amax_history_len = [1], "cpu", history_len
+            self.scale = torch.ones(self.scale_shape, device=self.device)
+            self.amax_history = torch.zeros([history_len] + self.scale_shape, device=self.device)
+            self.amax = torch.zeros(self.scale_shape, device=self.device)
+            self.amax_history_current_len, self.current_interval = 0, 1
+
+        def delayed_recipe_update_amax(self, tensor):
+            if self.amax_history_current_len == self.amax_history_len:
+                self.amax_history = self.amax_history.roll(-1, 0)
+                self.amax_history_current_len -= 1
+            self.amax_history[self.amax_history_current_len] = tensor.abs().amax()
+            self.amax_history_current_len += 1
+            self.amax = self.amax_history.amax(0)
+            self.scale = self.amax / 448
+            return self.scale
+    """
+DELAYED_RECIPE = """
+    from mindspeed.te.pytorch.fp8.scale_data import ScaleData
+
+
+    class DelayedScalingRecipe:
+        ALL_SCALING = []
+
+        def __init__(self):
+            self.scale = ScaleData(2)
+            DelayedScalingRecipe.ALL_SCALING.append(self)
+
+        def quantization(self, tensor):
+            return tensor / self.scale.delayed_recipe_update_amax(tensor)
+    """
+
+
+def test_delayed_scaling_fix_starts_the_amax_history_again(standin):
+    """The next quantization rolls the full amax history the fault left unsafe; after the fix it
+    starts the history from its own amax, as a run's first step does."""
+    fix = rule_fix("MindSpeed FP8 delayed scaling")
+
+    def interrupted_step(mark):
+        standin("mindspeed/te/pytorch/fp8/scale_data.py", SCALE_DATA)
+        recipe = standin("mindspeed/te/pytorch/fp8/recipes/delayed_scaling_recipe.py", DELAYED_RECIPE).DelayedScalingRecipe()
+        for step in range(3):
+            recipe.quantization(torch.full((4,), float(step + 1)))
+        mark(recipe.scale.amax_history)
+        mark(recipe.scale.scale)
+        return recipe
+
+    with emulated_npu() as mark:
+        recipe = interrupted_step(mark)
+        with pytest.raises(RuntimeError, match=UNSAFE_DATA):
+            recipe.quantization(torch.full((4,), 448.0))
+    for name in ("mindspeed.te.pytorch.fp8.recipes.delayed_scaling_recipe", "mindspeed.te.pytorch.fp8.scale_data"):
+        del sys.modules[name]
+    with emulated_npu() as mark:
+        recipe = interrupted_step(mark)
+        run_fix("mindspeed.fp8-delayed-scaling", fix)
+        recipe.quantization(torch.full((4,), 448.0))
+        assert recipe.scale.amax_history_current_len == 1

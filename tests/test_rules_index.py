@@ -104,6 +104,12 @@ _OLD_1_1 = ("MindSpeed 1.1.0 (July 2024) predates 1.0.RC2 though its number sort
             "(!=1.1.*) would still leave 1.0.RC2 and 1.0.RC3 in")
 _SAME_NUMBER_0_6 = ("MindSpeed's core_r0.6.0 line never had ampipe (no mindspeed/moe/utils.py slice map); its release "
                     "numbers are the core_r0.7.0 line's (1.0.RC3, 1.0.0), which has it, so no range tells them apart")
+_FP8_REUSE = ("FP8 weight reuse (mindspeed/te/pytorch/fp8/reuse.py) came with 26.0.0 and is on the 26.x line only (26.1.0, "
+              "master), not on the core_r0.16.0-core_r0.18.0 branches: MindSpeed's versions are the megatron-core "
+              "releases they pair with (0.12.1 from 2.1.0 to master), so no range leaves the releases before it out")
+_FP8_DELAYED = ("MindSpeed's own FP8 modules (mindspeed/te/pytorch/fp8) came with 26.0.0 and core_r0.16.0; the core_r0.17.0 "
+                "and core_r0.18.0 branches dropped them for Megatron's: versions are the paired megatron-core releases "
+                "and branches name none, so no range leaves these out")
 _QAD = ("quantization-aware distillation is only on master (after 26.1.0): a MindSpeed install reads as the version its "
         "setup.py declares, the megatron-core release it pairs with (0.12.1 on master as on 26.1.0 and 2.1.0-26.0.0, "
         "0.16.0 on core_r0.16.0), so no range leaves the releases before it out")
@@ -135,6 +141,14 @@ NOT_BOUND = {
         "2.0.0_core_r0.8.0", "2.1.0_core_r0.8.0", "2.1.0_core_r0.12.1", "2.2.0_core_r0.12.1", "2.3.0_core_r0.12.1",
         "26.0.0_core_r0.12.1", "core_r0.16.0@e4772499", "core_r0.17.0@1f5feb86", "core_r0.18.0@4213c913",
         "26.1.0_core_r0.12.1@57a33053")},
+    **{("mindspeed.fp8-weight-reuse-pool", release): _FP8_REUSE for release in (
+        "1.1.0", "1.0.RC2", "1.0.RC3_core_r0.7.0", "1.0.RC3_core_r0.6.0", "1.0.0_core_r0.6.0", "1.0.0_core_r0.7.0",
+        "2.0.0_core_r0.8.0", "2.1.0_core_r0.8.0", "2.1.0_core_r0.12.1", "2.2.0_core_r0.12.1", "2.3.0_core_r0.12.1",
+        "core_r0.16.0@e4772499", "core_r0.17.0@1f5feb86", "core_r0.18.0@4213c913")},
+    **{("mindspeed.fp8-delayed-scaling", release): _FP8_DELAYED for release in (
+        "1.1.0", "1.0.RC2", "1.0.RC3_core_r0.7.0", "1.0.RC3_core_r0.6.0", "1.0.0_core_r0.6.0", "1.0.0_core_r0.7.0",
+        "2.0.0_core_r0.8.0", "2.1.0_core_r0.8.0", "2.1.0_core_r0.12.1", "2.2.0_core_r0.12.1", "2.3.0_core_r0.12.1",
+        "core_r0.17.0@1f5feb86", "core_r0.18.0@4213c913")},
     ("mindspeed-llm.dsa-indexer-loss-tracker", "26.0.0"): (
         "the rule's two copies of the tracker came one release apart (the tasks' DSAIndexerLossLoggingHelper with "
         "26.0.0, FSDP2's IndexerLossLoggingHelper with 26.1.0): 26.0.0 holds the first, and a range is the rule's, "

@@ -880,7 +880,22 @@ CASES = {
              '"_GLOBAL_SHARED_PARAMS_FOR_HOT_EXPERTS", None)', "tensor.data = torch.empty(tensor.shape"),
         standin=True,
     ),
+    "MindSpeed FP8 weight reuse": Case(
+        "mindspeed.fp8-weight-reuse-pool", committed("hand-mindspeed-fp8-weight-reuse.log"),
+        fix=("from mindspeed.te.pytorch.fp8 import reuse as fp8_reuse",
+             "fp8_reuse.optimizer_step_reuse_cleanup_wrapper(lambda: None)()"),
+    ),
+    "0.19 distillation logits saver": Case(
+        "megatron.logits-saver-accumulated", committed("hand-megatron-core-0.19.2-logits-saver.log"), {"megatron-core": "0.19.2"},
+        ('getattr(logits_saver, "_ACTIVE_LOGITS_SAVER", None)', "saver._accumulated_results.clear()"),
+    ),
+    "MindSpeed FP8 delayed scaling": Case(
+        "mindspeed.fp8-delayed-scaling", committed("hand-mindspeed-fp8-delayed-scaling.log"),
+        fix=('getattr(DelayedScalingRecipe, "ALL_SCALING", None)',
+             "data.amax_history = torch.zeros([data.amax_history_len] + data.scale_shape, device=data.device)"),
+    ),
 }
+
 
 def test_every_shipped_rule_has_a_case():
     assert {rule.id for rule in KNOWLEDGE.rules} == {case.rule for case in CASES.values()}

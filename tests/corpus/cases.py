@@ -930,6 +930,9 @@ CASES: dict[str, Callable[[], Case]] = {
     "replay-fsdp2-rotary": lambda: Replay("hand-mindspeed-llm-fsdp2-glm-rotary.log"),
     "replay-nanopipe-weight-grad-store": lambda: Replay("hand-mindspeed-nanopipe-weight-grad-store.log"),
     "replay-fb-overlap-weight-grad-store": lambda: Replay("hand-mindspeed-fb-overlap-weight-grad-store.log"),
+    "replay-fp8-weight-reuse": lambda: Replay("hand-mindspeed-fp8-weight-reuse.log"),
+    "replay-fp8-delayed-scaling": lambda: Replay("hand-mindspeed-fp8-delayed-scaling.log"),
+    "replay-logits-saver": lambda: Replay("hand-megatron-core-0.19.2-logits-saver.log"),
     # stand-ins
     "standin-async-all2all": lambda: StandinCase(All2AllOverlap),
     "standin-moe-overlap-saved": lambda: StandinCase(GemmOverlap),

@@ -117,6 +117,9 @@ RUNS: dict[str, Run] = {
     "replay-mindspeed-llm-fsdp2-rotary": Run("replay-fsdp2-rotary", "121:0:hbm:forward", style="tee"),
     "replay-mindspeed-nanopipe-weight-grad-store": Run("replay-nanopipe-weight-grad-store", "121:1:uce:forward"),
     "replay-mindspeed-fb-overlap-weight-grad-store": Run("replay-fb-overlap-weight-grad-store", "121:2:hbm:forward", style="tee"),
+    "replay-mindspeed-fp8-weight-reuse": Run("replay-fp8-weight-reuse", "121:3:uce:forward"),
+    "replay-mindspeed-fp8-delayed-scaling": Run("replay-fp8-delayed-scaling", "121:2:hbm:forward", style="tee"),
+    "replay-megatron-0.19-logits-saver": Run("replay-logits-saver", "121:0:uce:forward"),
     # stand-ins at MindSpeed's / MindSpeed-LLM's import paths
     "standin-mindspeed-async-all2all": Run("standin-async-all2all", "121:1:uce:mid-forward", style="tee"),
     "standin-mindspeed-moe-overlap-saved": Run("standin-moe-overlap-saved", "121:3:uce:mid-forward"),

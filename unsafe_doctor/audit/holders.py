@@ -35,6 +35,7 @@ class ScanFindings:
     def __init__(self) -> None:
         self.uses: dict[HolderKey, list[Use]] = {}
         self.classes: dict[ClassKey, list[Evidence]] = {}  # tensors a class's methods keep in `self`
+        self.members: dict[ClassKey, list[tuple[ClassKey, Use]]] = {}  # instances of other classes it keeps there
         self.returns: dict[HolderKey, list[Evidence]] = {}  # tensors cached functions return
         self.buffers: dict[HolderKey, tuple[Place | None, Use]] = {}  # register_buffer calls
         self.rule_named: list[tuple[Path, Holder]] = []  # what rules name in each module (`named_by_rules`)
@@ -47,12 +48,15 @@ class ScanFindings:
         for evidence in (*other.classes.values(), *other.returns.values()):
             self._adopted([use for _, use in evidence], modules)
         self._adopted([use for _, use in other.buffers.values()], modules)
+        self._adopted([use for members in other.members.values() for _, use in members], modules)
         for key, uses in other.uses.items():
             self.uses.setdefault(key, []).extend(uses)
         for owner, evidence in other.classes.items():
             self.classes.setdefault(owner, []).extend(evidence)
         for key, evidence in other.returns.items():
             self.returns.setdefault(key, []).extend(evidence)
+        for owner, members in other.members.items():
+            self.members.setdefault(owner, []).extend(members)
         for key, buffer in other.buffers.items():
             kept = self.buffers.setdefault(key, buffer)
             if position[buffer[1].module.path] < position[kept[1].module.path]:
@@ -71,6 +75,8 @@ class ScanFindings:
             uses.sort(key=lambda use: position[use.module.path])
         for evidence in (*self.classes.values(), *self.returns.values()):
             evidence.sort(key=lambda item: position[item[1].module.path])
+        for members in self.members.values():
+            members.sort(key=lambda item: position[item[1].module.path])
         self.rule_named.sort(key=lambda item: position[item[0]])
 
 
@@ -86,10 +92,16 @@ class FrameworkScanner(Walker):
         self.found.uses.setdefault(key, []).append(use)
 
     def stored_in_self(self, value: ast.expr | None) -> None:
+        if self.scope.owner is None:
+            return
+        owner = ClassKey(self.scope.module.name, self.scope.owner)
         place = self.places.of(value)
-        if place is not None and self.scope.owner is not None:
-            owner = ClassKey(self.scope.module.name, self.scope.owner)
+        if place is not None:
             self.found.classes.setdefault(owner, []).append((place, self.make("read")))
+            return
+        member = self.instance_class(value)
+        if member is not None and member != owner:
+            self.found.members.setdefault(owner, []).append((member, self.make("read")))
 
     def returning(self, value: ast.expr) -> None:
         """What a cached function returns: a tensor by its construction, or by the function's
@@ -200,14 +212,29 @@ def _stored_tensors(found: ScanFindings, uses: list[Use]) -> tuple[list[Evidence
     for use in uses:
         if use.kind in ("rebind", "store", "augment", "method") and use.place is not None:
             evidence.append((use.place, use))
-        if use.kind == "rebind" and use.instance_of is not None:
-            held = found.classes.get(use.instance_of, [])
+        if use.kind in ("rebind", "store", "method") and use.instance_of is not None:
+            held = _kept_in_instances(found, use.instance_of)
             place = combine([place for place, _ in held])
             if place is not None:
                 evidence.append((place, use))
                 evidence.append(next(item for item in held if item[0] == place))  # where the class keeps it
-                singleton = singleton or not use.element
+                singleton = singleton or (use.kind == "rebind" and not use.element)
     return evidence, singleton
+
+
+def _kept_in_instances(found: ScanFindings, cls: ClassKey) -> list[Evidence]:
+    """The tensors a class's instances keep: in `self`, or in instances of other classes they keep
+    there (a recipe's `self.scale = ScaleData(...)`, whose methods keep the amax history)."""
+    kept: list[Evidence] = []
+    pending, seen = [cls], {cls}
+    while pending:
+        current = pending.pop(0)
+        kept += found.classes.get(current, [])
+        for member, _ in found.members.get(current, []):
+            if member not in seen:
+                seen.add(member)
+                pending.append(member)
+    return kept
 
 
 def _definition(info: ModuleInfo, key: HolderKey, uses: list[Use], evidence: list[Evidence]) -> Site:

@@ -31,7 +31,7 @@ class Use:
     in_init: bool
     via: tuple[str, ...]  # helpers called on the way from a recovery function
     place: Place | None = None  # the tensor it stores, when it stores one
-    instance_of: ClassKey | None = None  # rebound to an instance of this class
+    instance_of: ClassKey | None = None  # rebound to, stored or added an instance of this class
     method: str | None = None
     callee: str | None = None  # the function it is passed to
     reads_data: bool = False  # the use reads the tensor's data (unsafe on unsafe memory)

@@ -319,10 +319,20 @@ class Walker:
         copied_from_holder = method == "copy_" and any(self.names.reads_holder(argument) for argument in arguments)
         reads = method in DATA_METHODS or (updates_data_in_place(method) and method != "copy_")
         place = self.places.added(method, node)
-        self.emit("method", base, method=method, place=place, reads_data=reads, value_reads_holder=copied_from_holder)
+        added = node.args[-1] if method in CONTAINER_ADD and node.args else None
+        self.emit("method", base, method=method, place=place, reads_data=reads, value_reads_holder=copied_from_holder,
+                  instance_of=self.instance_class(added))
         self.visit_inside(func.value)
         for argument in arguments:
             self.visit(argument)
+
+    def instance_class(self, value: ast.expr | None) -> ClassKey | None:
+        """The class `value` is an instance of, where the code says: `C(...)`, or `self` in C's methods."""
+        if isinstance(value, ast.Call):
+            made = self.resolve(value.func)
+            return ClassKey(made.module, made.name) if isinstance(made, ClassRef) else None
+        ref = self.resolve(value) if value is not None else None
+        return ClassKey(ref.module, ref.name) if isinstance(ref, SelfRef) else None
 
     def _callee(self, func: ast.expr) -> None:
         callee = self.resolve(func)
@@ -358,10 +368,7 @@ class Walker:
         if kind in ("rebind", "store") and value is not None:
             details.setdefault("value_reads_holder", self.stored_from_holder(value))
             details["empty"] = is_empty_value(value)
-            if isinstance(value, ast.Call):
-                callee = self.resolve(value.func)
-                if isinstance(callee, ClassRef):
-                    details["instance_of"] = ClassKey(callee.module, callee.name)
+            details["instance_of"] = self.instance_class(value)
         self.record(ref.key, self.make(kind, element=ref.element, **details))
 
 
