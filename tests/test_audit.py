@@ -23,6 +23,7 @@ from unsafe_doctor.adaptor.fix import apply
 from unsafe_doctor.audit.model import Audit, AuditedHolder
 from unsafe_doctor.audit.run import audit
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge.classify import NoFix
 from unsafe_doctor.report import audit as audit_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -486,9 +487,32 @@ def test_class_registry_of_instances_that_keep_device_tensors_through_a_member(t
     result = audit([tree])
     assert names(result) == {"pkg.recipes.DelayedRecipe.ALL_SCALING", "pkg.recipes.NamedRecipes.BY_NAME"}
     registry = held(result, "pkg.recipes.DelayedRecipe.ALL_SCALING").holder
-    assert (registry.kind, registry.placement) == ("class-attribute", "device")
+    assert (registry.kind, registry.placement) == ("registry", "device")
     assert {("recipes.py", 8), ("scale_data.py", 5)} <= lines(registry.evidence)  # the append, where ScaleData keeps it
-    assert held(result, "pkg.recipes.NamedRecipes.BY_NAME").holder.kind == "class-attribute"
+    assert held(result, "pkg.recipes.NamedRecipes.BY_NAME").holder.kind == "registry"
+
+
+def test_a_registry_no_rule_knows_gets_no_generic_fix(tmp_path):
+    """The generic fixes replace a list's or dict's tensor items: a registry's items are instances,
+    whose tensors they would never reach, so the audit offers no fix (found by review: it offered one,
+    and the next audit called the registry covered)."""
+    tree = package(tmp_path, {"recipes.py": """
+        import torch
+
+        class Recipe:
+            ALL = []
+
+            def __init__(self):
+                self.amax_history = torch.zeros(16, device="npu:0")
+                Recipe.ALL.append(self)
+
+        def clear_recipes():
+            Recipe.ALL.clear()
+        """})
+    recipes = held(audit([tree]), "pkg.recipes.Recipe.ALL")
+    assert (recipes.holder.kind, recipes.classification.scenario) == ("registry", 1)  # reset by clear_recipes()
+    assert isinstance(recipes.classification.fix, NoFix)
+    assert "not a registry" in recipes.classification.fix.reason
 
 
 def test_cached_functions_returning_tensors(tmp_path):

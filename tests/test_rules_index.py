@@ -153,6 +153,9 @@ NOT_BOUND = {
         "the rule's two copies of the tracker came one release apart (the tasks' DSAIndexerLossLoggingHelper with "
         "26.0.0, FSDP2's IndexerLossLoggingHelper with 26.1.0): 26.0.0 holds the first, and a range is the rule's, "
         "not a block's"),
+    ("mindspeed-llm.fsdp2-rotary-inv-freq", "26.0.0"): (
+        "the FSDP2 models came one release apart (GPT-OSS with 26.0.0, GLM-MoE-DSA with 26.1.0): 26.0.0 holds "
+        "GPT-OSS's inv_freq, and a range is the rule's, not a block's"),
     **{("megatron.yarn-rotary-cache", release): (
         "YaRN's forward lru cache came with 0.10, its cos_cached and sin_cached buffers with 0.13: these releases "
         "hold the first block's global, and a range is the rule's, not a block's (one rule, so one fix block "

@@ -7,6 +7,7 @@ fault finds it. Sources are parsed with `ast` (never imported).
 * *module-global*: a module-level name, or one a function declares `global`;
 * *class-attribute*: a name bound in a class body (reached as `Cls.x`, `cls.x`, `self.x`);
 * *singleton*: a module global assigned an instance of a class whose methods keep tensors in `self`;
+* *registry*: a class-level list or map such instances are added to (`X.append(self)`, `X[k] = C(...)`);
 * *lru-cache*: a function or method decorated with `lru_cache` / `cache` that returns a tensor;
 * *buffer*: a `register_buffer` of a module class that a method other than `__init__` updates in
   place (`+=`, an in-place method, `.data = ...`, `[k] = ...`).

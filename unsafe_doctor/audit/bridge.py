@@ -37,11 +37,11 @@ def classification(holder: Holder, coverage: Coverage, context: RunContext) -> t
 
 
 def _generic_fix_checked(verdict: Classification, holder: Holder) -> Classification:
-    """The generic fixes handle a tensor, dict, list or lru cache: a singleton or buffer that no rule
-    knows gets no fix."""
+    """The generic fixes handle a tensor, dict, list or lru cache: a singleton, registry or buffer that
+    no rule knows gets no fix."""
     if not isinstance(verdict, Classified) or verdict.rule is not None or not isinstance(verdict.fix, FixPlan):
         return verdict
-    if holder.kind not in ("singleton", "buffer"):
+    if holder.kind not in ("singleton", "registry", "buffer"):
         return verdict
     note = (
         f"no fix written: the generic fixes handle a tensor, dict, list or lru cache, not a {holder.kind}; "

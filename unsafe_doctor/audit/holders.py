@@ -15,7 +15,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from unsafe_doctor.audit.index import Index, ModuleInfo, Span, register_buffer_name
-from unsafe_doctor.audit.model import Holder, HolderKind, Placement, Site
+from unsafe_doctor.audit.model import Holder, HolderKind, InstanceHolderKind, Placement, Site
 from unsafe_doctor.audit.places import combine
 from unsafe_doctor.audit.refs import ClassKey, HolderKey
 from unsafe_doctor.audit.resolve import Accessors
@@ -180,8 +180,8 @@ def _holder(found: ScanFindings, info: ModuleInfo, key: HolderKey, uses: list[Us
         kind = "lru-cache"
         evidence = found.returns.get(key, [])
     else:
-        evidence, singleton = _stored_tensors(found, uses)
-        kind = "singleton" if singleton else "class-attribute" if key.owner else "module-global"
+        evidence, keeps = _stored_tensors(found, uses)
+        kind = keeps or ("class-attribute" if key.owner else "module-global")
     placement = combine([place for place, _ in evidence])
     if placement not in ("device", "unknown"):
         return None
@@ -204,11 +204,12 @@ def _placement(place: Place | None) -> Placement:
     return "device" if place == "device" else "unknown"
 
 
-def _stored_tensors(found: ScanFindings, uses: list[Use]) -> tuple[list[Evidence], bool]:
-    """The tensors stored into a global or class attribute, and whether it is a singleton (rebound to
-    an instance of a class whose methods keep tensors in `self`)."""
+def _stored_tensors(found: ScanFindings, uses: list[Use]) -> tuple[list[Evidence], InstanceHolderKind | None]:
+    """The tensors stored into a global or class attribute, and whether it keeps instances of a class
+    whose methods keep tensors in `self`: rebound to one (a singleton), or holding them as items (a
+    registry: `X.append(self)`, `X[k] = C(...)`); the generic fixes reach neither's tensors."""
     evidence: list[Evidence] = []
-    singleton = False
+    keeps: InstanceHolderKind | None = None
     for use in uses:
         if use.kind in ("rebind", "store", "augment", "method") and use.place is not None:
             evidence.append((use.place, use))
@@ -218,8 +219,11 @@ def _stored_tensors(found: ScanFindings, uses: list[Use]) -> tuple[list[Evidence
             if place is not None:
                 evidence.append((place, use))
                 evidence.append(next(item for item in held if item[0] == place))  # where the class keeps it
-                singleton = singleton or (use.kind == "rebind" and not use.element)
-    return evidence, singleton
+                if use.kind == "rebind" and not use.element:
+                    keeps = "singleton"
+                elif keeps is None:
+                    keeps = "registry"
+    return evidence, keeps
 
 
 def _kept_in_instances(found: ScanFindings, cls: ClassKey) -> list[Evidence]:

@@ -13,7 +13,8 @@ from unsafe_doctor.knowledge.classify import Classification, Classified, FixPlan
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.subject import Subject
 
-HolderKind = Literal["module-global", "class-attribute", "singleton", "lru-cache", "buffer"]
+InstanceHolderKind = Literal["singleton", "registry"]
+HolderKind = Literal["module-global", "class-attribute", InstanceHolderKind, "lru-cache", "buffer"]
 Placement = Literal["device", "unknown"]
 Status = Literal["covered", "unsafe", "uncovered"]
 How = Literal["reset", "rebuilt", "repaired"]
