@@ -10,7 +10,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Iterator, Mapping
+import types
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,35 @@ def importable_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: st
     finally:
         for module in [module for module in sys.modules if module.partition(".")[0] == name]:
             del sys.modules[module]
+
+
+STANDIN_PACKAGES = ("mindspeed", "mindspeed_llm", "modellink")  # frameworks that cannot be installed here
+
+
+@pytest.fixture
+def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, str], types.ModuleType]]:
+    """Writes a few-line stand-in of a framework module that cannot be installed here at its real
+    import path under tmp_path, and imports it by its real name, as a rendered fix imports it; the
+    stand-in frameworks' modules are forgotten before and after."""
+    root = tmp_path / "standins"
+    monkeypatch.syspath_prepend(str(root))
+
+    def forget() -> None:
+        for module in [module for module in sys.modules if module.partition(".")[0] in STANDIN_PACKAGES]:
+            del sys.modules[module]
+
+    def write(module: str, source: str) -> types.ModuleType:
+        path = root / (module.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for folder in path.relative_to(root).parents[:-1]:
+            (root / folder / "__init__.py").touch()  # a package, ahead of any installed one later on sys.path
+        path.write_text(textwrap.dedent(source))
+        importlib.invalidate_caches()
+        return importlib.import_module(module)
+
+    forget()
+    yield write
+    forget()
 
 
 def script_module(name: str):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -143,26 +142,6 @@ WEIGHT_GRAD_STORE = """
     """
 
 
-@pytest.fixture
-def standin(tmp_path, monkeypatch):
-    """Import a stand-in written at its real path under tmp_path; MindSpeed's modules forgotten after."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for name in [name for name in sys.modules if name.partition(".")[0] == "mindspeed"]:
-        monkeypatch.delitem(sys.modules, name)
-
-    def load(relative, source):
-        path = tmp_path / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for folder in path.relative_to(tmp_path).parents[:-1]:
-            (tmp_path / folder / "__init__.py").touch()  # a package, ahead of any mindspeed later on sys.path
-        path.write_text(textwrap.dedent(source))
-        return importlib.import_module(relative.removesuffix(".py").replace("/", "."))
-
-    yield load
-    for name in [name for name in sys.modules if name.partition(".")[0] == "mindspeed"]:
-        del sys.modules[name]
-
-
 def fails_without_and_passes_with_the_fix(case_name, tmp_path, module, setup, retry):
     """The next step meets the state the interrupted one left: unsafe without the rule's fix, past it with."""
     case = CASES[case_name]
@@ -187,14 +166,14 @@ def weight_with_main_grad():
     return weight
 
 
-@pytest.mark.parametrize(("case_name", "relative", "flush", "drain"), [
-    ("nanopipe WeightGradStore", "mindspeed/core/weight_grad_store.py", False, "pop"),
-    ("fb-overlap WeightGradStore", "mindspeed/core/transformer/moe/moe_feature/fb_overlap/modules/weight_grad_store.py",
+@pytest.mark.parametrize(("case_name", "module_name", "flush", "drain"), [
+    ("nanopipe WeightGradStore", "mindspeed.core.weight_grad_store", False, "pop"),
+    ("fb-overlap WeightGradStore", "mindspeed.core.transformer.moe.moe_feature.fb_overlap.modules.weight_grad_store",
      True, "pop_single"),  # dualpipev: the interrupted step's chunk waits in weight_grad_queue
-    ("fb-overlap WeightGradStore, core_r0.8.0", "mindspeed/core/pipeline_parallel/fb_overlap/modules/weight_grad_store.py",
+    ("fb-overlap WeightGradStore, core_r0.8.0", "mindspeed.core.pipeline_parallel.fb_overlap.modules.weight_grad_store",
      False, "pop"),
 ], ids=["nanopipe", "fb-overlap dualpipev", "fb-overlap core_r0.8.0"])
-def test_weight_grad_store_fix_lets_the_next_step_drain_only_its_own_entries(case_name, relative, flush, drain, tmp_path,
+def test_weight_grad_store_fix_lets_the_next_step_drain_only_its_own_entries(case_name, module_name, flush, drain, tmp_path,
                                                                             standin):
     import torch
 
@@ -212,7 +191,7 @@ def test_weight_grad_store_fix_lets_the_next_step_drain_only_its_own_entries(cas
             module.WeightGradStore.flush_chunk_grad()
         getattr(module.WeightGradStore, drain)()
 
-    module = standin(relative, WEIGHT_GRAD_STORE)
+    module = standin(module_name, WEIGHT_GRAD_STORE)
     fails_without_and_passes_with_the_fix(case_name, tmp_path, module, left_by_the_fault, next_step)
 
 
@@ -223,7 +202,7 @@ def test_balanced_moe_fix_gives_the_hot_expert_weights_fresh_memory(tmp_path, st
         module.init_global_shared_params_for_hot_experts((4, 4), torch.device("cpu"))
         mark(module.get_shared_params_for_hot_experts().shared_weight1)  # the broadcast writes it, unsafe still
 
-    module = standin(HOT_EXPERTS_MODULE, HOT_EXPERTS_STANDIN.read_text())
+    module = standin(HOT_EXPERTS_MODULE.removesuffix(".py").replace("/", "."), HOT_EXPERTS_STANDIN.read_text())
     fails_without_and_passes_with_the_fix("balanced MoE hot-expert weights", tmp_path, module, setup,
                                           lambda module: module.hot_experts_matmul(torch.ones(3, 4)))
 
@@ -267,7 +246,7 @@ def test_fp8_reuse_fix_gives_the_weights_back_and_quantizes_them_again(standin):
     fix = rule_fix("MindSpeed FP8 weight reuse")
 
     def interrupted_step(mark):
-        reuse = standin("mindspeed/te/pytorch/fp8/reuse.py", FP8_REUSE)
+        reuse = standin("mindspeed.te.pytorch.fp8.reuse", FP8_REUSE)
         weight, main_param = torch.ones(4, 4), torch.full((4, 4), 3.0)
         mark(reuse.reuse_or_quantize(weight, lambda w: w * 2))  # the fault hit the pooled quantized weight
         return weight, main_param, lambda: torch.ones(2, 4) @ reuse.reuse_or_quantize(weight, lambda w: w * 2).t()
@@ -331,10 +310,10 @@ def test_delayed_scaling_fix_starts_the_amax_history_again(standin):
     fix = rule_fix("MindSpeed FP8 delayed scaling")
 
     def interrupted_step(mark):
-        standin("mindspeed/te/pytorch/fp8/scale_data.py", SCALE_DATA)
-        recipe = standin("mindspeed/te/pytorch/fp8/recipes/delayed_scaling_recipe.py", DELAYED_RECIPE).DelayedScalingRecipe()
-        for step in range(3):
-            recipe.quantization(torch.full((4,), float(step + 1)))
+        standin("mindspeed.te.pytorch.fp8.scale_data", SCALE_DATA)
+        recipe = standin("mindspeed.te.pytorch.fp8.recipes.delayed_scaling_recipe", DELAYED_RECIPE).DelayedScalingRecipe()
+        for iteration in range(3):
+            recipe.quantization(torch.full((4,), float(iteration + 1)))
         mark(recipe.scale.amax_history)
         mark(recipe.scale.scale)
         return recipe

@@ -10,8 +10,6 @@ traceback case in tests/test_rules_shipped.py.
 
 from __future__ import annotations
 
-import sys
-import textwrap
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -62,29 +60,6 @@ class {name}(torch.nn.Module):
 GLM_ROTARY = ROTARY.format(name="GlmMoeDsaRotaryEmbedding",
                            original='self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)')
 GPT_OSS_ROTARY = ROTARY.format(name="GptOssRotaryEmbedding", original="self.original_inv_freq = self.inv_freq")
-@pytest.fixture
-def standin(tmp_path, monkeypatch) -> Callable[[str, str], types.ModuleType]:
-    """Writes a stand-in at its import path under tmp_path and imports it by its real name; the
-    frameworks' modules that other tests left in sys.modules are put back afterwards."""
-    root = tmp_path / "standins"
-    monkeypatch.syspath_prepend(str(root))
-    for name in [name for name in sys.modules if name.split(".")[0] in ("mindspeed_llm", "modellink")]:
-        monkeypatch.delitem(sys.modules, name)
-
-    def write(module: str, source: str) -> types.ModuleType:
-        path = root / (module.replace(".", "/") + ".py")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(source))
-        for parent in path.relative_to(root).parents:
-            (root / parent / "__init__.py").touch()
-        __import__(module)
-        return sys.modules[module]
-
-    yield write
-    for name in [name for name in sys.modules if name.split(".")[0] in ("mindspeed_llm", "modellink")]:
-        del sys.modules[name]
-
-
 def rendered_fix(case: str, tmp_path: Path) -> str:
     """The fix diagnose renders for the rule's traceback case, without its guards, imports first."""
     traceback_root = tmp_path / "traceback"
