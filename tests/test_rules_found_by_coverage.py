@@ -329,3 +329,96 @@ def test_delayed_scaling_fix_starts_the_amax_history_again(standin):
         run_fix("mindspeed.fp8-delayed-scaling", fix)
         recipe.quantization(torch.full((4,), 448.0))
         assert recipe.scale.amax_history_current_len == 1
+
+
+# 26.1.0's swap_layer_input_manager.py, in brief (no streams: each copy completes where it starts): an
+# entry is pushed before its host copy starts; a layer's backward hook pops its own entry once brought
+# back and brings back the previous layer's oldest entry that sits on the host.
+SWAP_LAYER_INPUT_MANAGER = """
+    import torch
+
+
+    class SwapTensors:
+        def __init__(self, tensors):
+            self.tensors = tensors
+            self.tensor_cpus = [torch.empty(t.shape, dtype=t.dtype, device="cpu") for t in tensors]
+            self.storage_sizes = [t.untyped_storage().size() for t in tensors]
+            self.stat = "device"
+
+        def swap_to_host(self):
+            if self.stat == "device":
+                for tensor, host in zip(self.tensors, self.tensor_cpus):
+                    host.copy_(tensor)
+                    tensor.untyped_storage().resize_(0)
+                self.stat = "host"
+
+        def swap_to_device(self):
+            if self.stat == "host":
+                for tensor, host, size in zip(self.tensors, self.tensor_cpus, self.storage_sizes):
+                    tensor.untyped_storage().resize_(size)
+                    tensor.copy_(host)
+                self.stat = "h2d"
+
+
+    class SwapLayerInputManager:
+        manager_map = {}
+
+        def __init__(self, module_tag="default"):
+            self.module_tag, self.batch_stack = module_tag, []
+            SwapLayerInputManager.manager_map.setdefault(module_tag, []).append(self)
+            self.layer_idx = SwapLayerInputManager.manager_map[module_tag].index(self)
+
+        @property
+        def num_layers(self):
+            return len(SwapLayerInputManager.manager_map[self.module_tag])
+
+        def swap_out_tensors(self, tensors):
+            if self.layer_idx + 1 < self.num_layers:
+                self.batch_stack.append(SwapTensors(tensors))
+                self.batch_stack[-1].swap_to_host()
+
+        def backward_hook(self, _):
+            if self.layer_idx + 1 < self.num_layers and self.batch_stack[0].stat == "h2d":
+                self.batch_stack.pop(0)
+            if self.layer_idx > 0:
+                prev_manager = SwapLayerInputManager.manager_map[self.module_tag][self.layer_idx - 1]
+                if prev_manager.batch_stack:
+                    prev_manager.batch_stack[0].swap_to_device()
+    """
+SWAP_LAYER_INPUT_MODULE = "mindspeed/core/memory/swap_layer_input/swap_layer_input_manager.py"
+
+
+def test_swap_layer_input_fix_lets_the_retried_backward_bring_back_its_own_input(standin):
+    """The interrupted step pushed an entry whose host copy read the unsafe layer input (the case's
+    log), and the entry heads the first layer's stack: the retried backward brings it back in place
+    of the retried step's own input, which stays released for the recompute to read; after the fix
+    the retried step's input comes back whole."""
+    fix = rule_fix("MindSpeed swap-layer-input stacks")
+
+    def retried_step(mark):
+        module = standin(SWAP_LAYER_INPUT_MODULE, SWAP_LAYER_INPUT_MANAGER)
+        first, last = module.SwapLayerInputManager(), module.SwapLayerInputManager()
+        layer_input = torch.ones(2, 4)
+        mark(layer_input)
+        with pytest.raises(RuntimeError, match=UNSAFE_DATA):
+            first.swap_out_tensors([layer_input])  # the interrupted step's recomputed forward
+        return lambda: retried_layer_input(first, last)
+
+    def retried_layer_input(first, last):
+        layer_input = torch.full((2, 4), 5.0)
+        first.swap_out_tensors([layer_input])  # forward
+        last.backward_hook(None)  # backward: the last layer brings the first one's input back
+        first.backward_hook(None)
+        return layer_input
+
+    with emulated_npu() as mark:
+        retry = retried_step(mark)
+        assert retry().untyped_storage().size() == 0  # the recompute would read a released input
+    del sys.modules["mindspeed.core.memory.swap_layer_input.swap_layer_input_manager"]
+    with emulated_npu() as mark:
+        retry = retried_step(mark)
+        run_fix("mindspeed.swap-layer-input-stacks", fix)
+        layer_input = retry()
+        released = layer_input.untyped_storage().size() == 0  # not in an assert: pytest's report would print it
+        assert not released
+        assert torch.equal(layer_input, torch.full((2, 4), 5.0))

@@ -894,6 +894,11 @@ CASES = {
         fix=('getattr(DelayedScalingRecipe, "ALL_SCALING", None)',
              "data.amax_history = torch.zeros([data.amax_history_len] + data.scale_shape, device=data.device)"),
     ),
+    "MindSpeed swap-layer-input stacks": Case(
+        "mindspeed.swap-layer-input-stacks", committed("hand-mindspeed-swap-layer-input.log"),
+        fix=("from mindspeed.core.memory.swap_layer_input.swap_layer_input_manager import SwapLayerInputManager",
+             "manager.batch_stack.clear()"),
+    ),
 }
 
 

@@ -933,6 +933,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "replay-fp8-weight-reuse": lambda: Replay("hand-mindspeed-fp8-weight-reuse.log"),
     "replay-fp8-delayed-scaling": lambda: Replay("hand-mindspeed-fp8-delayed-scaling.log"),
     "replay-logits-saver": lambda: Replay("hand-megatron-core-0.19.2-logits-saver.log"),
+    "replay-swap-layer-input": lambda: Replay("hand-mindspeed-swap-layer-input.log"),
     # stand-ins
     "standin-async-all2all": lambda: StandinCase(All2AllOverlap),
     "standin-moe-overlap-saved": lambda: StandinCase(GemmOverlap),

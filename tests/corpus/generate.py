@@ -120,6 +120,7 @@ RUNS: dict[str, Run] = {
     "replay-mindspeed-fp8-weight-reuse": Run("replay-fp8-weight-reuse", "121:3:uce:forward"),
     "replay-mindspeed-fp8-delayed-scaling": Run("replay-fp8-delayed-scaling", "121:2:hbm:forward", style="tee"),
     "replay-megatron-0.19-logits-saver": Run("replay-logits-saver", "121:0:uce:forward"),
+    "replay-mindspeed-swap-layer-input": Run("replay-swap-layer-input", "121:2:hbm:forward", style="tee"),
     # stand-ins at MindSpeed's / MindSpeed-LLM's import paths
     "standin-mindspeed-async-all2all": Run("standin-async-all2all", "121:1:uce:mid-forward", style="tee"),
     "standin-mindspeed-moe-overlap-saved": Run("standin-moe-overlap-saved", "121:3:uce:mid-forward"),
