@@ -385,7 +385,7 @@ SWAP_LAYER_INPUT_MANAGER = """
                 if prev_manager.batch_stack:
                     prev_manager.batch_stack[0].swap_to_device()
     """
-SWAP_LAYER_INPUT_MODULE = "mindspeed/core/memory/swap_layer_input/swap_layer_input_manager.py"
+SWAP_LAYER_INPUT_MODULE = "mindspeed.core.memory.swap_layer_input.swap_layer_input_manager"
 
 
 def test_swap_layer_input_fix_lets_the_retried_backward_bring_back_its_own_input(standin):
@@ -414,7 +414,7 @@ def test_swap_layer_input_fix_lets_the_retried_backward_bring_back_its_own_input
     with emulated_npu() as mark:
         retry = retried_step(mark)
         assert retry().untyped_storage().size() == 0  # the recompute would read a released input
-    del sys.modules["mindspeed.core.memory.swap_layer_input.swap_layer_input_manager"]
+    del sys.modules[SWAP_LAYER_INPUT_MODULE]
     with emulated_npu() as mark:
         retry = retried_step(mark)
         run_fix("mindspeed.swap-layer-input-stacks", fix)
