@@ -12,9 +12,8 @@ the peak memory (PSS, measured in one more run) with what the audit found. With 
 also audits the first one, then the first two, ... once each, and prints how the time and memory
 grow with the files. Targets: under 10 s and 250 MB on 2 cores. The audit scans and classifies in
 two processes where it may use two cores (the second a forked copy); the memory is their PSS
-summed. The machine's core count and load are printed because other work on it slows the run
-down (the CPU seconds say less about that load than the wall time), and the time is also given
-as a ratio to a baseline run in the same script: one process parsing every file once with `ast`.
+summed. It refuses to run on a loaded machine (quiet.py: other work slows the run down, and the
+CPU seconds say less about that load than the wall time), and the time is also given as a ratio to a baseline run in the same script: one process parsing every file once with `ast`.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -31,6 +29,8 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+
+from quiet import add_loaded_option, require_quiet
 
 ROOT = Path(__file__).resolve().parent.parent
 LEGACY_ADAPTOR = ROOT / "samples" / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
@@ -145,7 +145,9 @@ def main() -> None:
     parser.add_argument("--adaptor", type=Path, default=LEGACY_ADAPTOR, help="adaptor file (default: the FAQ's legacy sample)")
     parser.add_argument("--repeat", type=int, default=3, help="runs; the best counts")
     parser.add_argument("--scaling", help="instead: packages of these many files, one global each (500,1000,2000)")
+    add_loaded_option(parser)
     args = parser.parse_args()
+    require_quiet(args.loaded)
     doctor = shutil.which("unsafe-doctor") or str(Path(sys.executable).with_name("unsafe-doctor"))
     if args.scaling:
         scaling([int(size) for size in args.scaling.split(",")], doctor, args.repeat)
@@ -165,7 +167,6 @@ def main() -> None:
     kinds = Counter(holder["kind"] for holder in audit["holders"])
     summary = audit["summary"]
     print(f"trees: {', '.join(map(str, paths))}")
-    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     print(f"{'seconds (best of ' + str(args.repeat) + ')':<24}{seconds:>8.2f}")
     print(f"{'seconds (median)':<24}{statistics.median(run[0] for run in runs):>8.2f}")
     baseline = parse_all_seconds(paths, args.repeat)

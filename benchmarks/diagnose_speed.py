@@ -19,13 +19,15 @@ import argparse
 import json
 import os
 import random
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from quiet import add_loaded_option, require_quiet
 
 RANKS = 64
 FAULTY_RANK = 3
@@ -112,7 +114,9 @@ def main() -> None:
     parser.add_argument("--size", default="1G", help="log size, e.g. 2G, 500M (default 1G)")
     parser.add_argument("--repeat", type=int, default=5, help="rounds; the median counts")
     parser.add_argument("--keep", type=Path, help="write the log here and keep it")
+    add_loaded_option(parser)
     args = parser.parse_args()
+    require_quiet(args.loaded)
     doctor = shutil.which("unsafe-doctor") or str(Path(sys.executable).with_name("unsafe-doctor"))
     workdir = Path(tempfile.mkdtemp(prefix="unsafe-doctor-bench-"))
     log = args.keep or workdir / "train.log"

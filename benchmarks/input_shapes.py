@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from quiet import add_loaded_option, require_quiet
+
 PLAIN = (
     "[rank{rank}]: [2026-11-30 03:12:44] iteration {step:8d}/  200000 | consumed samples: {samples:12d} | "
     "elapsed time per iteration (ms): 851.3 | learning rate: 1.500000E-04 | global batch size: 512 | "
@@ -128,7 +130,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="rounds; the median counts")
     parser.add_argument("--only", choices=["dense", "packed", "folder"], help="one shape only")
+    add_loaded_option(parser)
     args = parser.parse_args()
+    require_quiet(args.loaded)
     doctor = shutil.which("unsafe-doctor") or str(Path(sys.executable).with_name("unsafe-doctor"))
     workdir = Path(tempfile.mkdtemp(prefix="unsafe-doctor-shapes-"))
     try:

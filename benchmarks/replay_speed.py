@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from quiet import add_loaded_option, require_quiet
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 TARGET_SECONDS = 20.0
@@ -44,7 +46,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=8)
+    add_loaded_option(parser)
     options = parser.parse_args()
+    require_quiet(options.loaded)
     total = 0.0
     proven = True
     with tempfile.TemporaryDirectory() as folder:

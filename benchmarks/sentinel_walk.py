@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "sentinel"))
 
 import megatron_gpt_moe as gpt  # noqa: E402  (a fixture module, found through the path above)
+from quiet import add_loaded_option, require_quiet  # noqa: E402
 
 TARGET_SECONDS = 1.0
 LARGE = gpt.Shape(layers=4, hidden=768, experts=8, expert_hidden=1536)  # 134 M parameters
@@ -56,7 +57,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--profile", action="store_true", help="print where the walk of the large model spends its time")
+    add_loaded_option(parser)
     options = parser.parse_args()
+    require_quiet(options.loaded)
     print(f"{LARGE}: training {LARGE_STEPS} steps on CPU...", flush=True)
     large = measure(LARGE, LARGE_STEPS, options.repeat, options.profile)
     print(f"parameters          {large.parameters:,}")

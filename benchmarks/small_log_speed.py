@@ -13,11 +13,14 @@ and, inside that Python, diagnose() of the same log with the shipped index and w
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from quiet import add_loaded_option, require_quiet
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = [ROOT / "samples" / "logs" / name for name in ("megatron_moe_tracker.log", "faq_modellink.log")]
@@ -54,6 +57,9 @@ def best_wall(command: list[str], cwd: Path) -> float:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_loaded_option(parser)
+    require_quiet(parser.parse_args().loaded)
     with tempfile.TemporaryDirectory() as scratch:
         venv = Path(scratch) / "venv"
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
