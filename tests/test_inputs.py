@@ -107,6 +107,25 @@ def test_input_without_the_error_keeps_only_its_tail(tmp_path):
     assert len(tail.text) <= reading.TAIL
 
 
+def test_a_files_end_is_cut_into_text_only_when_no_input_has_a_hit(tmp_path):
+    quiet = write(tmp_path / "rank_0.log", noise(5_000) + "RuntimeError: HCCL timeout\n")
+    with open(quiet, "rb") as handle:
+        found, _ = reading.read(handle, reading.Reading(quiet, 0), regular=True)
+    assert found.tail == reading.Unread(max(0, os.path.getsize(quiet) - reading.TAIL), os.path.getsize(quiet))
+    [tail] = inputs.scan([quiet], MARKERS).tails
+    piped = inputs.scan(["-"], MARKERS, stdin=io.BytesIO(Path(quiet).read_bytes()))
+    assert (tail.start, tail.text) == (piped.tails[0].start, piped.tails[0].text)
+    faulty = write(tmp_path / "rank_1.log", noise(10) + ERROR_LINE)
+    assert inputs.scan([quiet, faulty], MARKERS).tails == ()
+
+
+def test_the_end_of_a_file_gone_since_it_was_read_is_unreadable_not_a_crash(tmp_path):
+    gone = write(tmp_path / "rank_0.log", noise(100))
+    with pytest.raises(reading.Unreadable, match="read failed"):
+        os.unlink(gone)
+        reading.tail_of(gone, reading.Unread(0, 10), reading.Reading(gone, 0))
+
+
 def test_gzip_is_recognised_by_magic_bytes_not_name(tmp_path):
     path = tmp_path / "rank_5.txt"
     path.write_bytes(gzip.compress((noise(10) + ERROR_LINE).encode()))

@@ -106,6 +106,15 @@ class Part:
     size: int
 
 
+@dataclass(frozen=True, slots=True)
+class Unread:
+    """The end of a regular file without a hit, [start, end): cut into text only if no input has a hit
+    (`tail_of`), so that a folder of ranks does not decode and send back a tail per file for nothing."""
+
+    start: int
+    end: int
+
+
 @dataclass
 class WindowsRead:
     """What the windows pass found in one input."""
@@ -113,7 +122,7 @@ class WindowsRead:
     windows: list[Window] = field(default_factory=list)
     context: list[Excerpt] = field(default_factory=list)
     facts: list[Excerpt] = field(default_factory=list)
-    tail: Excerpt | None = None
+    tail: Excerpt | Unread | None = None  # the end of an input without a hit; a regular file's, unread
     hits: int = 0
     hits_not_parsed: int = 0
     size: int = 0
@@ -467,11 +476,24 @@ class _Windows:
             self._close(window, history, size)
         if not self.found.hits and size:
             tail_start = max(history.reach, size - TAIL)
-            tail = history.slice(tail_start, size)
-            self.found.tail = _excerpt(tail, len(tail), self.reading, offset=tail_start)
+            if history.file is not None:
+                self.found.tail = Unread(tail_start, size)
+            else:
+                tail = history.slice(tail_start, size)
+                self.found.tail = _excerpt(tail, len(tail), self.reading, offset=tail_start)
             last_start = max(history.reach, size - BEFORE)
             self.found.facts = _fact_lines(history.slice(last_start, size), last_start, self.reading, at_input_end=True)
         return self.found
+
+
+def tail_of(path: str, unread: Unread, reading: Reading) -> Excerpt:
+    """The text of a regular file's end, read again: the lines of [start, end) as the input was read."""
+    try:
+        with open(path, "rb") as handle:
+            data = os.pread(handle.fileno(), unread.end - unread.start, unread.start)
+    except OSError as error:  # it vanished or lost its mount since it was read
+        raise Unreadable(f"read failed ({os_reason(error)})") from None
+    return _excerpt(data, len(data), reading, offset=unread.start)
 
 
 def cut(data: bytes, start: int, size: int, reading: Reading) -> Excerpt:
