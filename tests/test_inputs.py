@@ -401,6 +401,21 @@ def test_the_excerpt_budget_is_spent_in_input_order_when_workers_read_the_inputs
     assert scan.hits == 4 and scan.hits_not_parsed == 3
 
 
+@pytest.mark.parametrize("marker", ["error", "record"])
+def test_a_marker_across_the_edge_of_two_reads_is_found_wherever_the_edge_cuts_it(tmp_path, monkeypatch, marker):
+    """A chunk is searched for a marker only if it holds the bytes all markers share (`unsafe`): one cut
+    by the edge must still be found, in the later chunk, for every place the edge can cut it."""
+    monkeypatch.setattr(reading, "CHUNK", 4096)
+    line = ERROR_LINE if marker == "error" else RECORD
+    shared = line.index("unsafe")
+    for cut in range(-len(line), len(line) + 1):
+        lead = "x" * (4096 - shared - 6 + cut) + "\n"  # the edge falls `cut` bytes into the line's `unsafe...`
+        data = (lead + line + noise(300)).encode()
+        path = write(tmp_path / f"cut_{cut}.log", data)
+        for scan in (_scan_all([path]), inputs.scan(["-"], MARKERS, record_markers=(b"[unsafe-doctor sentinel]",), stdin=io.BytesIO(data))):
+            assert (scan.hits, len(scan.records)) == ((1, 0) if marker == "error" else (0, 1)), cut
+
+
 def test_a_line_packed_with_record_tags_is_one_line(tmp_path):
     packed = "[unsafe-doctor sentinel]" * 1000 + "\n"
     too_long = "[unsafe-doctor sentinel]" * (reading.RECORD_LINE_MAX // 10) + "\n"

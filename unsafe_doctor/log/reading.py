@@ -168,7 +168,8 @@ def _read(
     keepers = [keeper for keeper in (records, dumps) if keeper.markers and not keeper.done]
     ranks = _RankTags()
     # A window or the context is cut from the bytes held, unless the file can be read again there.
-    history = _History(CONTEXT_SPAN + 2 * BEFORE + WINDOW_MAX if file is None else 2 * RECORD_LINE_MAX, file)
+    keep = CONTEXT_SPAN + 2 * BEFORE + WINDOW_MAX if file is None else 2 * RECORD_LINE_MAX
+    history = _History(keep, file, _shared_part((ERROR_MARKER, *reading.record_markers)) if reading.record_markers else b"")
     read_until = 0
     if part is not None:
         history.start = history.end = max(0, first - RECORD_LINE_MAX)
@@ -213,6 +214,7 @@ class _Chunk:
     data: bytearray  # a reused buffer; bytes past LEAD + size are stale
     size: int
     start: int
+    holds_shared: bool = True  # whether data holds the history's `shared` bytes: no marker holding them is in it if not
 
     @property
     def base(self) -> int:
@@ -229,12 +231,15 @@ class _History:
 
     Every chunk but the last is one full buffer, so the chunk holding an offset is found by division.
     Of a regular file (`file`: its descriptor) only a few chunks stay in memory: older bytes a window
-    or the context needs are read again with `pread`.
+    or the context needs are read again with `pread`. `shared`: bytes that the markers searched in
+    every chunk all hold (`unsafe`, of the error's and the sentinel's), looked for once per chunk: a
+    chunk without them, nearly every chunk of a log, is not searched for those markers at all.
     """
 
-    def __init__(self, keep: int, file: int | None) -> None:
+    def __init__(self, keep: int, file: int | None, shared: bytes = b"") -> None:
         self.keep = keep
         self.file = file
+        self.shared = shared
         self.size = CHUNK
         self.staging = bytearray(self.size if keep > HOT_RING else 0)
         self.chunks: deque[_Chunk] = deque()
@@ -255,7 +260,8 @@ class _History:
         if self.chunks:
             last = self.chunks[-1]
             buffer[:LEAD] = last.data[last.size : LEAD + last.size]
-        chunk = _Chunk(buffer, size, self.end)
+        holds_shared = not self.shared or stringzilla.find(buffer, self.shared, 0, LEAD + size) != -1
+        chunk = _Chunk(buffer, size, self.end, holds_shared)
         self.chunks.append(chunk)
         self.end += size
         return chunk
@@ -288,8 +294,11 @@ class _History:
 
     def find(self, needle: bytes, start: int, end: int) -> int:
         """The first `needle` wholly inside [start, end); -1 if none. One across two chunks is found in the later one."""
+        needs_shared = bool(self.shared) and self.shared in needle
         for index in self._held(start + len(needle) - 1, end):
             chunk = self.chunks[index]
+            if needs_shared and not chunk.holds_shared:
+                continue
             first = max(start, chunk.start - len(needle) + 1) - chunk.base
             at = stringzilla.find(chunk.data, needle, first, min(end, chunk.end) - chunk.base)
             if at != -1:
@@ -298,6 +307,7 @@ class _History:
 
     def count(self, needle: bytes, start: int, end: int) -> int:
         """How many `needle` lie wholly inside [start, end)."""
+        needs_shared = bool(self.shared) and self.shared in needle
         return sum(
             stringzilla.count(
                 self.chunks[index].data,
@@ -306,6 +316,7 @@ class _History:
                 min(end, self.chunks[index].end) - self.chunks[index].base,
             )
             for index in self._held(start + len(needle) - 1, end)
+            if not needs_shared or self.chunks[index].holds_shared
         )
 
     def rfind_newline(self, start: int, end: int) -> int:
@@ -316,6 +327,18 @@ class _History:
             if at != -1:
                 return chunk.base + at
         return -1
+
+
+def _shared_part(markers: Sequence[bytes]) -> bytes:
+    """The longest run of bytes that every marker holds, of 4 bytes or more (shorter ones are found
+    nearly everywhere); empty if there is none."""
+    shortest = min(markers, key=len)
+    for size in range(len(shortest), 3, -1):
+        for start in range(len(shortest) - size + 1):
+            part = shortest[start : start + size]
+            if all(part in marker for marker in markers):
+                return part
+    return b""
 
 
 def _fill(stream: BinaryIO | gzip.GzipFile, buffer: bytearray | memoryview) -> int:
