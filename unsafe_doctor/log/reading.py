@@ -2,9 +2,8 @@
 
 Parsing every line of a multi-gigabyte log in Python would be far slower than `grep`, so this stage
 only searches bytes, with StringZilla's SIMD substring search (four times `bytes.find`'s speed on a
-marker of some 30 bytes), in small buffers that are read into and reused: no fresh memory is touched
-per chunk, and a regular file's chunks are never copied (a pipe's are, once, into the history a
-window may be cut from). Two passes share each read:
+marker of some 30 bytes), in buffers of 512 KB that are read into and reused: no fresh memory is
+touched per chunk, and no chunk is copied. Two passes share each read:
 
 - the windows pass finds the unsafe-data marker, cuts a window of text around each hit, and looks
   for recovery markers in a bounded span before the first hit. Lines that state a setting of the run
@@ -54,7 +53,6 @@ DUMP_BUDGET = 4 << 20  # total dump-line bytes kept: a few thousand argument lin
 DUMP_SPAN = 64 << 20  # dumps are looked for in each input's first bytes only: a job prints them at start-up
 CHUNK = 512 << 10  # each read: 14% less CPU per GB than 128 KB; into a few MB, the kernel's copy is much slower (measured)
 LEAD = 64  # bytes of the previous chunk repeated before each: every marker is shorter
-HOT_RING = 512 << 10  # a history longer than this is read through one staging buffer, then copied
 GZIP_MAGIC = b"\x1f\x8b"
 
 Progress = Callable[[int], None]  # called with the number of bytes just read
@@ -241,7 +239,6 @@ class _History:
         self.file = file
         self.shared = shared
         self.size = CHUNK
-        self.staging = bytearray(self.size if keep > HOT_RING else 0)
         self.chunks: deque[_Chunk] = deque()
         self.spare: list[bytearray] = []  # buffers trimmed off, to read into again
         self.start = 0  # absolute offset of the first byte held
@@ -249,11 +246,7 @@ class _History:
 
     def read(self, stream: BinaryIO | gzip.GzipFile) -> _Chunk | None:
         buffer = self.spare.pop() if self.spare else bytearray(LEAD + self.size)
-        if self.keep > HOT_RING:  # the kernel copies fastest into a few buffers it has just copied into
-            size = _fill(stream, self.staging)
-            buffer[LEAD : LEAD + size] = memoryview(self.staging)[:size]
-        else:
-            size = _fill(stream, memoryview(buffer)[LEAD:])
+        size = _fill(stream, memoryview(buffer)[LEAD:])  # straight into the history: a staging copy cost more (measured)
         if not size:
             self.spare.append(buffer)
             return None
