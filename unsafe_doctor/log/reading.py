@@ -322,7 +322,8 @@ class _History:
         return -1
 
 
-def _shared_part(markers: Sequence[bytes]) -> bytes:
+@functools.cache
+def _shared_part(markers: tuple[bytes, ...]) -> bytes:
     """The longest run of bytes that every marker holds, of 4 bytes or more (shorter ones are found
     nearly everywhere); empty if there is none."""
     shortest = min(markers, key=len)
