@@ -372,8 +372,10 @@ class _RankTags:
     def feed(self, chunk: _Chunk) -> None:
         start = LEAD if self.first else 0  # before the first chunk, data[:LEAD] holds no bytes of the input
         self.first = False
+        if self.new_tag is None or (start := stringzilla.find(chunk.data, b"[rank", start, LEAD + chunk.size)) == -1:
+            return  # a chunk without a tag, as in a log each rank writes to a file of its own, is not searched twice
         view = memoryview(chunk.data)[start : LEAD + chunk.size]
-        if self.new_tag is None or self.new_tag.search(view) is None:
+        if self.new_tag.search(view) is None:
             return
         found = set(_RANK_TAG.findall(bytes(view))) - self.spelled
         self.spelled |= found
