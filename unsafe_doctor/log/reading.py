@@ -352,9 +352,10 @@ def _fill(stream: BinaryIO | gzip.GzipFile, buffer: bytearray | memoryview) -> i
 
 class _RankTags:
     """The N of every `[rankN]:` tag (PyTorch's line prefix, as `lines` reads it) in the whole input,
-    however little of it is parsed. Each chunk is searched, in C, by one RE2 pattern that matches
-    only the tags not seen yet: a chunk of known ranks costs one linear scan, about what the search
-    for the error's marker costs. Only a chunk holding a new tag is searched for all of its tags.
+    however little of it is parsed. Each chunk holding `[rank` is searched, in C, from there, by one
+    RE2 pattern that matches only the tags not seen yet: a chunk of known ranks costs one linear
+    scan, about twice what the search for the error's marker costs. Only a chunk holding a new tag
+    is searched for all of its tags.
     The pattern is built again when the tags seen have doubled since, or when chunks it matched for
     tags seen since have cost about what building it costs (compiling it for thousands of ranks
     takes a tenth of a second; a chunk searched for all its tags, some milliseconds): a log however
