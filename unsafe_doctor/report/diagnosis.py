@@ -16,7 +16,6 @@ from rich.text import Text
 
 from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
 from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis, Untraced
-from unsafe_doctor.diagnose.suspects import Suspect
 from unsafe_doctor.knowledge.classify import Classification, FixPlan, NoFix
 from unsafe_doctor.knowledge.generations import GenerationEvidence
 from unsafe_doctor.knowledge.matching import finite_names
@@ -42,8 +41,9 @@ from unsafe_doctor.report.sarif import file_uri, location, path_reference, sarif
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin
 
-if TYPE_CHECKING:
-    from unsafe_doctor.adaptor.fix import Preview  # for types only: a diagnosis without fixes loads no adaptor code
+if TYPE_CHECKING:  # for types only: a diagnosis without fixes loads no adaptor code, one with a traceback no suspects
+    from unsafe_doctor.adaptor.fix import Preview
+    from unsafe_doctor.diagnose.suspects import Suspect
 
 SCHEMA = "unsafe-doctor/diagnosis/v1"
 SHORT_STACK = 6  # frames shown in a panel, innermost last
