@@ -1,8 +1,8 @@
 """What a command loads before it answers (issue 39's start-up): `-V` none of the command line's
 libraries, `--help` none of the core's stages nor the libraries only they use, a log with a
-traceback none of the suspects' model, its JSON report none of the adaptor's code. Read from
-`python -X importtime`, which names every module a real process of the CLI imports: a list,
-the same on a loaded machine as on a quiet one, never a time."""
+traceback none of the suspects' model, its JSON or SARIF report no renderer (rich, pygments) and
+none of the adaptor's code. Read from `python -X importtime`, which names every module a real
+process of the CLI imports: a list, the same on a loaded machine as on a quiet one, never a time."""
 
 from __future__ import annotations
 
@@ -47,9 +47,17 @@ def test_version_loads_no_command_line_library(tmp_path):
     assert not stages(modules)
 
 
-def test_a_traced_log_as_json_loads_neither_the_suspects_nor_the_adaptor_code(tmp_path):
-    modules = imported(tmp_path, "diagnose", "--format", "json", str(TRACED_LOG))
+def test_a_traced_log_loads_no_suspects_model(tmp_path):
+    modules = imported(tmp_path, "diagnose", str(TRACED_LOG))
+    assert "unsafe_doctor.report.diagnosis_text" in modules  # it did render
+    assert not {"unsafe_doctor.diagnose.suspects", "unsafe_doctor.knowledge.writers"} & modules
+    assert not {"jsonschema", "markdown_it"} & {name.split(".")[0] for name in modules}
+
+
+@pytest.mark.parametrize("output_format", ["json", "sarif"])
+def test_a_traced_log_for_tools_loads_no_renderer_no_suspects_no_adaptor_code(tmp_path, output_format):
+    modules = imported(tmp_path, "diagnose", "--format", output_format, str(TRACED_LOG))
     assert "unsafe_doctor.diagnose.pipeline" in modules  # it did diagnose
+    assert not {"rich", "pygments", "jsonschema", "markdown_it"} & {name.split(".")[0] for name in modules}
     assert not {"unsafe_doctor.diagnose.suspects", "unsafe_doctor.knowledge.writers"} & modules
     assert not {name for name in modules if name.startswith("unsafe_doctor.adaptor")}
-    assert not {"jsonschema", "markdown_it"} & {name.split(".")[0] for name in modules}
