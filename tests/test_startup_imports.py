@@ -61,3 +61,10 @@ def test_a_traced_log_for_tools_loads_no_renderer_no_suspects_no_adaptor_code(tm
     assert not {"rich", "pygments", "jsonschema", "markdown_it"} & {name.split(".")[0] for name in modules}
     assert not {"unsafe_doctor.diagnose.suspects", "unsafe_doctor.knowledge.writers"} & modules
     assert not {name for name in modules if name.startswith("unsafe_doctor.adaptor")}
+
+
+@pytest.mark.parametrize("output_format", ["text", "json"])
+def test_a_small_log_without_rules_reads_the_knowledge_without_yaml_or_jsonschema(tmp_path, output_format):
+    modules = imported(tmp_path, "diagnose", "--format", output_format, str(TRACED_LOG))
+    assert "unsafe_doctor.knowledge.loading" in modules  # it did load the knowledge
+    assert not {"yaml", "jsonschema"} & {name.split(".")[0] for name in modules}
