@@ -19,7 +19,7 @@ from rich.console import Console
 from unsafe_doctor.adaptor.fix import preview
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.report import diagnosis as diagnosis_report
+from unsafe_doctor.report import diagnosis_text as diagnosis_report
 from unsafe_doctor.report.common import counted, printable, printable_lines, rank_ranges
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ in mode report:
     # unsafe-doctor: end unsafe_doctor.sentinel
 
 It runs in the training process, where unsafe-doctor may not be installed (`sentinel install` says
-what the image needs: `report.sentinel.needs_line`): in the modes `log.sentinel_lines.GUARDED`,
+what the image needs: `report.sentinel.needs_line`): in the modes `log.sentinel_modes.GUARDED`,
 nothing it imports or calls can fail the rollback; one log line, which `diagnose` reads
 (`log.sentinel_lines.FAILED_LINE`), says on which rank it did not check and why, and the recovery
 goes on. Mode heal writes the same block, and lets through the one error it was asked to raise:
@@ -56,7 +56,8 @@ from unsafe_doctor.adaptor.fix import Plan, marked_block, plan_blocks
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import AdaptorProfile, map_parameters, role_parameter
 from unsafe_doctor.knowledge.versions import Environment
-from unsafe_doctor.log.sentinel_lines import FAILED_LINE, GUARDED, MODES, Mode
+from unsafe_doctor.log.sentinel_lines import FAILED_LINE
+from unsafe_doctor.log.sentinel_modes import GUARDED, MODES, Mode
 from unsafe_doctor.source.markers import SENTINEL_KEY
 
 # under names of their own, which nothing else in a function reads

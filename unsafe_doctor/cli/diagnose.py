@@ -62,7 +62,9 @@ def command(
     elif output_format is LocatedFormat.sarif:
         print_json(report.to_sarif(diagnosis))
     else:
-        print_rich(report.to_text(diagnosis, elapsed, _previews(diagnosis), verbose=verbose))
+        from unsafe_doctor.report.diagnosis_text import to_text  # rich loads when a report is rendered
+
+        print_rich(to_text(diagnosis, elapsed, _previews(diagnosis), verbose=verbose))
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         repair = offer_fixes(diagnosis, invocation, yes=yes, no_input=no_input)
         offer_for_untraced(diagnosis, invocation, yes=yes, no_input=no_input)

@@ -24,7 +24,7 @@ from unsafe_doctor.cli.options import (
     examples,
 )
 from unsafe_doctor.cli.streams import adaptor_not_output, print_diff, say, say_adaptor
-from unsafe_doctor.log.sentinel_lines import MODES, Mode
+from unsafe_doctor.log.sentinel_modes import MODES, Mode
 
 app = typer.Typer(
     help="Install the sentinel: a check at the end of the rollback that names every tensor the recovery left unsafe.",

@@ -94,7 +94,7 @@ def print_json(document: dict[str, Any]) -> None:
 
 def print_rich(renderable: RenderableType) -> None:
     """Colour only on a terminal, and never under NO_COLOR (rich reads both itself). Not cropped at
-    the width: code to copy is printed whole (report.common.CodeToCopy); all else fits the width."""
+    the width: code to copy is printed whole (report.terminal.CodeToCopy); all else fits the width."""
     with _reader_may_leave():
         _console()(highlight=False).print(renderable, crop=False)
         sys.stdout.flush()

@@ -23,7 +23,8 @@ from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
 from unsafe_doctor.knowledge.rules import is_safe_dotted
 from unsafe_doctor.knowledge.subject import TensorRef
 from unsafe_doctor.log.lines import RANK_DIGITS, LogLine
-from unsafe_doctor.log.sentinel_lines import MODES, SCHEMA, Failure, Record, Summary, UnsafeGlobal, parse_failure, parse_line
+from unsafe_doctor.log.sentinel_lines import SCHEMA, Failure, Record, Summary, UnsafeGlobal, parse_failure, parse_line
+from unsafe_doctor.log.sentinel_modes import MODES
 from unsafe_doctor.source.workspace import Origin
 
 MAX_RANK = 10**RANK_DIGITS  # past any rank a log line can name: a larger number is no rank

@@ -1,5 +1,6 @@
-"""Knowledge files -> one `KnowledgeBase`: the shipped folder, then the user's files, each read and
-schema-checked (`yaml_file`), built into rules, templates, profiles and conditions, and merged by id.
+"""Knowledge files -> one `KnowledgeBase`: the shipped folder (from its JSON snapshot), then the user's
+files, each read and schema-checked (`yaml_file`), built into rules, templates, profiles and
+conditions, and merged by id.
 
 Every problem is one line with its file and line. What loading refuses: an unknown condition, slot
 or probe, a duplicate id in one file, a kind of global no template covers, and two rules that could
@@ -9,13 +10,13 @@ tie for one global (`matching.ties`), so that file order never decides.
 from __future__ import annotations
 
 import ast
+import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
-import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
@@ -45,7 +46,6 @@ from unsafe_doctor.knowledge.rules import (
     template_slots,
     variable_pattern,
 )
-from unsafe_doctor.knowledge.yaml_file import line_of, parse, schema_problems
 from unsafe_doctor.source.index import INDEX_FOLDER
 
 REQUIRED_ROLES: tuple[ParameterRole, ...] = ("src_ranks", "dest_ranks")
@@ -59,6 +59,12 @@ KNOWLEDGE_SUFFIXES = (".yaml", ".yml")
 # still to get one): what tests/test_coverage.py holds the audit's findings to. Validated with the
 # knowledge files; no diagnose or audit reads it, so none parses it.
 REVIEWED_FILE = "reviewed_globals.yaml"
+# The shipped files' data and the lines their items start on, as JSON: what a run without --rules
+# reads instead of their YAML (PyYAML's import and its building of Python objects were most of a
+# small log's start-up). `scripts/derive_snapshot.py` writes it, tests/test_knowledge_snapshot.py
+# holds it to the YAML.
+SNAPSHOT_FILE = "snapshot.json"
+LineOf = Callable[[Sequence[str | int]], int]  # the 1-based line of the value at a path in one file
 
 
 def shipped_knowledge_dir() -> Path:
@@ -71,14 +77,12 @@ def shipped_knowledge_dir() -> Path:
 def load_knowledge(extra: Sequence[Path] = ()) -> KnowledgeBase:
     """Shipped knowledge, then the user's files; a user's rule, template or profile replaces a shipped one by id."""
     problems: list[str] = []
-    shipped = [path for path in _knowledge_files([shipped_knowledge_dir()]) if path.name != REVIEWED_FILE]
     merged = _FileKnowledge()
-    for path in [*shipped, *_knowledge_files(extra)]:
-        # The test suite holds the shipped files to the schema and the alias bound; checking them again
-        # costs every run (the alias check: 7 ms of the 20 ms their parsing takes).
-        loaded = _load_file(path, problems, trusted=path in shipped)
-        if loaded is not None:
-            merged.add(loaded)
+    for loaded in _shipped_knowledge(problems):
+        merged.add(loaded)
+    for path in _knowledge_files(extra):
+        if (mine := _load_file(path, problems)) is not None:
+            merged.add(mine)
     for rule in merged.rules.values():
         problems.extend(
             f"{rule.origin}: rule {rule.id}: unknown condition '{name}'"
@@ -106,6 +110,30 @@ def load_knowledge(extra: Sequence[Path] = ()) -> KnowledgeBase:
         tuple(merged.templates.values()),
         tuple(merged.step_written.values()),
     )
+
+
+def shipped_files() -> list[Path]:
+    """The shipped knowledge files load_knowledge reads (not the reviewed globals: no run reads them)."""
+    return [path for path in _knowledge_files([shipped_knowledge_dir()]) if path.name != REVIEWED_FILE]
+
+
+def snapshot(files: Sequence[Path]) -> dict[str, Any]:
+    """The snapshot of these (shipped, valid) files: each one's data and the lines `_build` names.
+    Raises ValueError when a file has a problem or a value JSON would not give back as it is."""
+    from unsafe_doctor.knowledge.yaml_file import line_of, parse
+
+    entries = []
+    for path in files:
+        problems: list[str] = []
+        parsed = parse(path, problems)
+        if parsed is None:
+            raise ValueError(problems[0])
+        node, data = parsed
+        if repr(json.loads(json.dumps(data))) != repr(data):
+            raise ValueError(f"{path}: a value JSON does not give back as YAML read it (a date, a non-string key)")
+        lines = {"/".join(map(str, parts)): line_of(node, parts) for parts in _line_paths(data)}
+        entries.append({"file": path.relative_to(shipped_knowledge_dir()).as_posix(), "lines": lines, "data": data})
+    return {"generated_by": "python scripts/derive_snapshot.py (from the YAML beside it; do not edit)", "files": entries}
 
 
 def validate_files(paths: Sequence[Path]) -> list[str]:
@@ -187,8 +215,43 @@ class _FileKnowledge:
 # --- building one file's knowledge ----------------------------------------------------------------
 
 
+def _shipped_knowledge(problems: list[str]) -> list[_FileKnowledge]:
+    """The shipped files, built from the snapshot; from their YAML when the snapshot is missing or
+    unreadable (a broken install). The test suite holds the shipped files to the schema and the
+    alias bound, so neither is checked again here (the alias check alone was a third of their parsing)."""
+    before = len(problems)
+    try:
+        entries = json.loads((shipped_knowledge_dir() / SNAPSHOT_FILE).read_bytes())["files"]
+        built = [
+            _build(shipped_knowledge_dir() / entry["file"], entry["data"], _recorded(entry["lines"]), problems)
+            for entry in entries
+        ]
+    except (OSError, ValueError, LookupError, TypeError, AttributeError):
+        del problems[before:]
+        built = [_load_file(path, problems, trusted=True) for path in shipped_files()]
+    return [loaded for loaded in built if loaded is not None]
+
+
+def _recorded(lines: dict[str, int]) -> LineOf:
+    """A snapshot's line lookup: the line recorded for the path, or for its nearest recorded parent."""
+    def line(parts: Sequence[str | int]) -> int:
+        keys = ("/".join(map(str, parts[:end])) for end in range(len(parts), 0, -1))
+        return next((lines[key] for key in keys if key in lines), 1)
+
+    return line
+
+
+def _line_paths(data: dict[str, Any]) -> list[tuple[str | int, ...]]:
+    """Every path `_build` may ask the line of: each item of a section, each condition's guard."""
+    sections = ("rules", "templates", "profiles", "step_written")
+    return [*((section, index) for section in sections for index in range(len(data.get(section, [])))),
+            *(("conditions", name, "guard") for name in data.get("conditions", {}))]
+
+
 def _load_file(path: Path, problems: list[str], *, trusted: bool = False) -> _FileKnowledge | None:
     """Parse, schema-check (unless `trusted`) and build one file; every problem goes to `problems` with its line."""
+    from unsafe_doctor.knowledge.yaml_file import line_of, parse, schema_problems
+
     parsed = parse(path, problems, bound_aliases=not trusted)
     if parsed is None:
         return None
@@ -198,17 +261,23 @@ def _load_file(path: Path, problems: list[str], *, trusted: bool = False) -> _Fi
         problems.extend(schema_problems(path, node, data))
     if len(problems) > before:
         return None
+    return _build(path, data, lambda parts: line_of(node, parts), problems)
+
+
+def _build(path: Path, data: dict[str, Any], line_of: LineOf, problems: list[str]) -> _FileKnowledge | None:
+    """One checked file's knowledge; None when building it found a problem (each in `problems`, with its line)."""
+    before = len(problems)
     ids: set[str] = set()  # rules, templates and profiles share one id space per file
     loaded = _FileKnowledge(
-        rules=_section(path, node, data, "rules", _rule, ids, problems),
-        templates=_section(path, node, data, "templates", _template, ids, problems),
-        profiles=_section(path, node, data, "profiles", _profile, ids, problems),
-        step_written=_section(path, node, data, "step_written", _step_written, ids, problems),
+        rules=_section(path, line_of, data, "rules", _rule, ids, problems),
+        templates=_section(path, line_of, data, "templates", _template, ids, problems),
+        profiles=_section(path, line_of, data, "profiles", _profile, ids, problems),
+        step_written=_section(path, line_of, data, "step_written", _step_written, ids, problems),
     )
     for name, value in data.get("conditions", {}).items():
         loaded.conditions[name] = _condition(value)
         if not _is_expression(loaded.conditions[name].guard):
-            line = line_of(node, ["conditions", name, "guard"])
+            line = line_of(["conditions", name, "guard"])
             problems.append(f"{path}:{line}: condition {name}: guard is not a Python expression")
     return None if len(problems) > before else loaded
 
@@ -218,7 +287,7 @@ _Item = TypeVar("_Item", Rule, Template, AdaptorProfile, StepWritten)
 
 def _section(
     path: Path,
-    node: yaml.Node,
+    line_of: LineOf,
     data: dict[str, Any],
     section: str,
     build: Callable[[dict[str, Any], str, list[str]], _Item | None],
@@ -227,7 +296,7 @@ def _section(
 ) -> dict[str, _Item]:
     built: dict[str, _Item] = {}
     for index, item in enumerate(data.get(section, [])):
-        origin = f"{path}:{line_of(node, [section, index])}"
+        origin = f"{path}:{line_of([section, index])}"
         one = build(item, origin, problems)
         if one is not None and one.id in ids:
             problems.append(f"{origin}: duplicate id '{one.id}' in this file")

@@ -21,14 +21,12 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from unsafe_doctor.log.lines import RANK_DIGITS
+from unsafe_doctor.log.sentinel_modes import Mode
 
 TAG = "[unsafe-doctor sentinel]"
 SCHEMA = "unsafe-doctor/sentinel/v1"
 JSON_START = '{"schema": "' + SCHEMA + '"'  # how every record's JSON begins, as `format_line` writes it
 MARKER = TAG.encode()  # what the log scanner looks for
-Mode = Literal["report", "raise", "heal"]
-MODES: tuple[Mode, ...] = ("report", "raise", "heal")
-GUARDED: tuple[Mode, ...] = ("report", "heal")  # whose block logs a sentinel missing or broken, and goes on
 FAILED = "failed, the rollback goes on: "  # then the error's repr
 FAILED_LINE = f"{TAG} rank %s: {FAILED}%r"  # as the block logs it: torchrun's RANK ("?" where unset), the error
 

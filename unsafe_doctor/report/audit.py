@@ -17,9 +17,9 @@ from unsafe_doctor.report.common import (
     fix_plan_json,
     frameworks_json,
     printable,
-    stale_text,
 )
 from unsafe_doctor.report.sarif import artifact_change, file_uri, location, sarif_log
+from unsafe_doctor.report.terminal import stale_text
 from unsafe_doctor.source.files import MAX_SOURCE_TOKENS
 
 if TYPE_CHECKING:

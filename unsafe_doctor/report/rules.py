@@ -12,7 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from unsafe_doctor.knowledge.rules import KnowledgeBase, Rule, Template
-from unsafe_doctor.report.common import CodeToCopy, printable, printable_lines, title
+from unsafe_doctor.report.common import printable, printable_lines
+from unsafe_doctor.report.terminal import CodeToCopy, title
 
 
 def rule_json(rule: Rule) -> dict[str, Any]:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from unsafe_doctor import __version__
-from unsafe_doctor.log.sentinel_lines import GUARDED
+from unsafe_doctor.log.sentinel_modes import GUARDED
 from unsafe_doctor.report import fix
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Plan, Written
-    from unsafe_doctor.log.sentinel_lines import Mode
+    from unsafe_doctor.log.sentinel_modes import Mode
 
 SCHEMA = "unsafe-doctor/sentinel-install/v1"
 

@@ -9,7 +9,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from unsafe_doctor.report.common import CodeToCopy, NextStep, printable, title
+from unsafe_doctor.report.common import NextStep, printable
+from unsafe_doctor.report.terminal import CodeToCopy, title
 
 if TYPE_CHECKING:
     from unsafe_doctor.replay.verify import Verdict, Verification  # for types only: the report loads no replay code

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from unsafe_doctor.log.sentinel_lines import MODES, Mode, Record, Summary, UnsafeGlobal, format_line
+from unsafe_doctor.log.sentinel_lines import Record, Summary, UnsafeGlobal, format_line
+from unsafe_doctor.log.sentinel_modes import MODES, Mode
 from unsafe_doctor.npu.backend import UnsafeBackend, active_emulation, npu_unavailable_reason, select_backend
 from unsafe_doctor.sentinel import verdict
 from unsafe_doctor.sentinel.walk import Holder, Limits, Walk, walk

@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-import yaml
-
 FORMAT = 1
 INDEX_FOLDER = Path(__file__).resolve().parents[2] / "knowledge_base" / "index"  # in a checkout; see `index_folder`
 # The package folders each framework's release holds, as a printed path shows them.
@@ -68,6 +66,8 @@ def index_folder() -> Path:
 def pinned_releases(framework: str, sources: Path) -> tuple[Release, ...]:
     """The releases `sources` (`sources.yaml`) pins for a framework, in index order, as its zip records them:
     a wheel by file name and sha256, a commit by its id. A malformed list raises ValueError."""
+    import yaml  # here: the knowledge stage imports this module for INDEX_FOLDER, and a diagnosis needs no YAML
+
     try:
         listed = yaml.safe_load(sources.read_text(encoding="utf-8"))[framework]
         releases = tuple(

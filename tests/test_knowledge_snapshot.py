@@ -1,0 +1,61 @@
+"""The shipped knowledge as JSON (knowledge_base/snapshot.json, derived by scripts/derive_snapshot.py):
+what a run without --rules reads instead of the YAML, holding exactly what the YAML gives."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import script_module
+
+from unsafe_doctor.knowledge.loading import SNAPSHOT_FILE, _load_file, _shipped_knowledge, shipped_files, shipped_knowledge_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACED_LOG = ROOT / "samples" / "logs" / "megatron_moe_tracker.log"
+
+
+def test_the_committed_snapshot_is_what_the_script_derives_from_the_yaml():
+    committed = (shipped_knowledge_dir() / SNAPSHOT_FILE).read_text(encoding="utf-8")
+    stale = "knowledge_base/snapshot.json is stale: run python scripts/derive_snapshot.py"
+    assert script_module("derive_snapshot").render() == committed, stale
+
+
+def test_the_snapshot_builds_the_knowledge_the_yaml_builds_with_every_items_file_and_line():
+    from_yaml = [_load_file(path, [], trusted=True) for path in shipped_files()]
+    from_snapshot = _shipped_knowledge([])
+    assert from_snapshot == from_yaml
+    assert all(rule.origin.startswith(str(shipped_knowledge_dir())) for loaded in from_snapshot for rule in loaded.rules.values())
+
+
+def _run(cwd: Path, pythonpath: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(pythonpath)})
+
+
+@pytest.mark.parametrize("broken", ["missing", "truncated"])
+def test_an_install_with_a_broken_snapshot_lists_the_same_rules_from_the_yaml(tmp_path, broken):
+    tree = tmp_path / "tree"
+    shutil.copytree(ROOT / "unsafe_doctor", tree / "unsafe_doctor", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "knowledge_base", tree / "knowledge_base", ignore=shutil.ignore_patterns("index"))
+    shutil.copytree(ROOT / "knowledge_base" / "index", tree / "knowledge_base" / "index", copy_function=os.symlink)
+    snapshot = tree / "knowledge_base" / SNAPSHOT_FILE
+    if broken == "missing":
+        snapshot.unlink()
+    else:
+        snapshot.write_text(snapshot.read_text(encoding="utf-8")[:1000], encoding="utf-8")
+    result = _run(tmp_path, tree, "rules", "list", "--format", "json")
+    expected = _run(tmp_path, ROOT, "rules", "list", "--format", "json")
+    assert result.returncode == expected.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.replace(str(tree), str(ROOT)) == expected.stdout
+
+
+def test_a_user_rules_file_is_still_schema_checked_with_its_line(tmp_path):
+    rules = tmp_path / "mine.yaml"
+    rules.write_text("rules:\n  - id: mine.rule\n    title: 3\n", encoding="utf-8")
+    result = _run(tmp_path, ROOT, "diagnose", "--rules", str(rules), str(TRACED_LOG))
+    assert result.returncode == 2
+    assert f"{rules}:2: rules.0: 'match' is a required property" in result.stderr  # the schema's, with its line
