@@ -2,10 +2,11 @@
 
     python scripts/derive_snapshot.py
 
-A diagnosis without --rules reads the shipped rules, templates, profiles and conditions from this
-file, with the json module, instead of their YAML: importing PyYAML and building Python objects from
-its nodes were most of a small log's start-up. It holds each file's data as YAML reads it and the line
-each item starts on (a rule's `file:line`, as `rules list` shows it). Run it after editing a shipped
+Every run reads the shipped rules, templates, profiles and conditions from this file, with the json
+module, instead of their YAML (a user's --rules files are still YAML): importing PyYAML and building Python objects from
+its nodes were most of a small log's start-up. It holds each file's data as YAML reads it, the line
+each item starts on (a rule's `file:line`, as `rules list` shows it) and the file's CRC-32 (a YAML
+file edited since is read as YAML). Run it after editing a shipped
 .yaml file; tests/test_knowledge_snapshot.py holds the committed file to what this script writes.
 """
 

@@ -109,9 +109,10 @@ def test_input_without_the_error_keeps_only_its_tail(tmp_path):
 
 def test_a_files_end_is_cut_into_text_only_when_no_input_has_a_hit(tmp_path):
     quiet = write(tmp_path / "rank_0.log", noise(5_000) + "RuntimeError: HCCL timeout\n")
+    size, status = os.path.getsize(quiet), os.stat(quiet)
     with open(quiet, "rb") as handle:
         found, _ = reading.read(handle, reading.Reading(quiet, 0), regular=True)
-    assert found.tail == reading.Unread(max(0, os.path.getsize(quiet) - reading.TAIL), os.path.getsize(quiet))
+    assert found.tail == reading.Unread(max(0, size - reading.TAIL), size, (status.st_dev, status.st_ino))
     [tail] = inputs.scan([quiet], MARKERS).tails
     piped = inputs.scan(["-"], MARKERS, stdin=io.BytesIO(Path(quiet).read_bytes()))
     assert (tail.start, tail.text) == (piped.tails[0].start, piped.tails[0].text)
@@ -119,11 +120,32 @@ def test_a_files_end_is_cut_into_text_only_when_no_input_has_a_hit(tmp_path):
     assert inputs.scan([quiet, faulty], MARKERS).tails == ()
 
 
-def test_the_end_of_a_file_gone_since_it_was_read_is_unreadable_not_a_crash(tmp_path):
-    gone = write(tmp_path / "rank_0.log", noise(100))
-    with pytest.raises(reading.Unreadable, match="read failed"):
-        os.unlink(gone)
-        reading.tail_of(gone, reading.Unread(0, 10), reading.Reading(gone, 0))
+def test_a_file_named_twice_gives_each_tail_its_own_name(tmp_path):
+    """`-` with a file redirected into stdin is read as /proc/self/fd/0: named that way too, the same
+    path is two inputs, and each tail keeps its own name."""
+    log = write(tmp_path / "quiet.log", noise(100) + "RuntimeError: HCCL timeout\n")
+    script = ("from unsafe_doctor.log import inputs; "
+              "print([tail.source for tail in inputs.scan(['-', '/proc/self/fd/0'], (b'x',)).tails])")
+    with open(log, "rb") as stdin:
+        shown = subprocess.run([sys.executable, "-c", script], stdin=stdin, capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "['<stdin>', '/proc/self/fd/0']"
+
+
+@pytest.mark.parametrize("change", ["written anew in its place", "cut shorter", "removed"])
+def test_the_end_of_a_file_changed_since_it_was_read_is_not_taken_for_what_was_read(tmp_path, change):
+    path = write(tmp_path / "rank_0.log", noise(100) + "RuntimeError: HCCL timeout\n")
+    with open(path, "rb") as handle:
+        found, _ = reading.read(handle, reading.Reading(path, 0), regular=True)
+    assert isinstance(found.tail, reading.Unread)
+    if change == "written anew in its place":
+        os.unlink(path)
+        write(Path(path), noise(100) + "RuntimeError: another job\n")
+    elif change == "cut shorter":
+        os.truncate(path, 100)
+    else:
+        os.unlink(path)
+    with pytest.raises(reading.Unreadable, match="replaced or cut shorter|read failed"):
+        reading.tail_of(path, found.tail, reading.Reading(path, 0))
 
 
 def test_gzip_is_recognised_by_magic_bytes_not_name(tmp_path):

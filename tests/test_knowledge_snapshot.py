@@ -1,5 +1,5 @@
 """The shipped knowledge as JSON (knowledge_base/snapshot.json, derived by scripts/derive_snapshot.py):
-what a run without --rules reads instead of the YAML, holding exactly what the YAML gives."""
+what every run reads for the shipped files instead of their YAML, holding exactly what the YAML gives."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import script_module
 
-from unsafe_doctor.knowledge.loading import SNAPSHOT_FILE, _load_file, _shipped_knowledge, shipped_files, shipped_knowledge_dir
+from unsafe_doctor.knowledge.loading import SNAPSHOT_FILE, _load_file, shipped_files, shipped_knowledge_dir, snapshot_knowledge
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACED_LOG = ROOT / "samples" / "logs" / "megatron_moe_tracker.log"
@@ -26,7 +26,7 @@ def test_the_committed_snapshot_is_what_the_script_derives_from_the_yaml():
 
 def test_the_snapshot_builds_the_knowledge_the_yaml_builds_with_every_items_file_and_line():
     from_yaml = [_load_file(path, [], trusted=True) for path in shipped_files()]
-    from_snapshot = _shipped_knowledge([])
+    from_snapshot = snapshot_knowledge([])  # raises, rather than falling back to the YAML
     assert from_snapshot == from_yaml
     assert all(rule.origin.startswith(str(shipped_knowledge_dir())) for loaded in from_snapshot for rule in loaded.rules.values())
 
@@ -51,6 +51,21 @@ def test_an_install_with_a_broken_snapshot_lists_the_same_rules_from_the_yaml(tm
     expected = _run(tmp_path, ROOT, "rules", "list", "--format", "json")
     assert result.returncode == expected.returncode == 0, result.stderr[-2000:]
     assert result.stdout.replace(str(tree), str(ROOT)) == expected.stdout
+
+
+def test_a_yaml_file_edited_since_the_snapshot_is_read_as_yaml(tmp_path):
+    """A checkout whose rules were edited without running the script reads the edit, not the snapshot."""
+    tree = tmp_path / "tree"
+    shutil.copytree(ROOT / "unsafe_doctor", tree / "unsafe_doctor", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "knowledge_base", tree / "knowledge_base", ignore=shutil.ignore_patterns("index"))
+    shutil.copytree(ROOT / "knowledge_base" / "index", tree / "knowledge_base" / "index", copy_function=os.symlink)
+    rules = tree / "knowledge_base" / "rules" / "megatron.yaml"
+    text = rules.read_text(encoding="utf-8")
+    title = next(line for line in text.splitlines() if line.strip().startswith("title:"))
+    rules.write_text(text.replace(title, title.split("title:")[0] + "title: edited in the checkout", 1), encoding="utf-8")
+    listed = _run(tmp_path, tree, "rules", "list", "--format", "json")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "edited in the checkout" in listed.stdout
 
 
 def test_a_user_rules_file_is_still_schema_checked_with_its_line(tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -59,10 +60,11 @@ KNOWLEDGE_SUFFIXES = (".yaml", ".yml")
 # still to get one): what tests/test_coverage.py holds the audit's findings to. Validated with the
 # knowledge files; no diagnose or audit reads it, so none parses it.
 REVIEWED_FILE = "reviewed_globals.yaml"
-# The shipped files' data and the lines their items start on, as JSON: what a run without --rules
-# reads instead of their YAML (PyYAML's import and its building of Python objects were most of a
-# small log's start-up). `scripts/derive_snapshot.py` writes it, tests/test_knowledge_snapshot.py
-# holds it to the YAML.
+# The shipped files' data and the lines their items start on, as JSON: what every run reads for the
+# shipped files instead of their YAML (PyYAML's import and its building of Python objects were most
+# of a small log's start-up; a user's --rules files are still YAML). `scripts/derive_snapshot.py`
+# writes it with each YAML file's CRC-32, so that a YAML file edited since is read as YAML;
+# tests/test_knowledge_snapshot.py holds it to the YAML.
 SNAPSHOT_FILE = "snapshot.json"
 LineOf = Callable[[Sequence[str | int]], int]  # the 1-based line of the value at a path in one file
 
@@ -129,10 +131,15 @@ def snapshot(files: Sequence[Path]) -> dict[str, Any]:
         if parsed is None:
             raise ValueError(problems[0])
         node, data = parsed
-        if repr(json.loads(json.dumps(data))) != repr(data):
+        try:
+            same = repr(json.loads(json.dumps(data))) == repr(data)
+        except TypeError:  # a date, a set, bytes: no JSON value at all
+            same = False
+        if not same:
             raise ValueError(f"{path}: a value JSON does not give back as YAML read it (a date, a non-string key)")
         lines = {"/".join(map(str, parts)): line_of(node, parts) for parts in _line_paths(data)}
-        entries.append({"file": path.relative_to(shipped_knowledge_dir()).as_posix(), "lines": lines, "data": data})
+        entries.append({"file": path.relative_to(shipped_knowledge_dir()).as_posix(), "crc32": zlib.crc32(path.read_bytes()),
+                        "lines": lines, "data": data})
     return {"generated_by": "python scripts/derive_snapshot.py (from the YAML beside it; do not edit)", "files": entries}
 
 
@@ -216,19 +223,30 @@ class _FileKnowledge:
 
 
 def _shipped_knowledge(problems: list[str]) -> list[_FileKnowledge]:
-    """The shipped files, built from the snapshot; from their YAML when the snapshot is missing or
-    unreadable (a broken install). The test suite holds the shipped files to the schema and the
-    alias bound, so neither is checked again here (the alias check alone was a third of their parsing)."""
+    """The shipped files, built from the snapshot; from their YAML when the snapshot is missing,
+    unreadable (a broken install) or older than a YAML file (edited in a checkout). The test suite
+    holds the shipped files to the schema and the alias bound, so neither is checked again here (the
+    alias check alone was a third of their parsing)."""
     before = len(problems)
     try:
-        entries = json.loads((shipped_knowledge_dir() / SNAPSHOT_FILE).read_bytes())["files"]
-        built = [
-            _build(shipped_knowledge_dir() / entry["file"], entry["data"], _recorded(entry["lines"]), problems)
-            for entry in entries
-        ]
+        return snapshot_knowledge(problems)
     except (OSError, ValueError, LookupError, TypeError, AttributeError):
         del problems[before:]
         built = [_load_file(path, problems, trusted=True) for path in shipped_files()]
+        return [loaded for loaded in built if loaded is not None]
+
+
+def snapshot_knowledge(problems: list[str]) -> list[_FileKnowledge]:
+    """The shipped files as the snapshot gives them; ValueError when it does not hold the YAML files
+    there now, each as it is."""
+    folder = shipped_knowledge_dir()
+    entries = json.loads((folder / SNAPSHOT_FILE).read_bytes())["files"]
+    if [folder / entry["file"] for entry in entries] != shipped_files():
+        raise ValueError("the snapshot holds other files than the YAML beside it")
+    for entry in entries:
+        if zlib.crc32((folder / entry["file"]).read_bytes()) != entry["crc32"]:
+            raise ValueError(f"{entry['file']} was edited since the snapshot was made")
+    built = [_build(folder / entry["file"], entry["data"], _recorded(entry["lines"]), problems) for entry in entries]
     return [loaded for loaded in built if loaded is not None]
 
 

@@ -265,13 +265,14 @@ def _within_budgets(sources: Sequence[_Source], found: Sequence[_Found]) -> Scan
     windows: list[Excerpt] = []
     context: list[Excerpt] = []
     facts: list[Excerpt] = []
-    tails: list[tuple[str | None, Excerpt | reading.Unread]] = []
+    tails: list[tuple[_Source, Excerpt | reading.Unread]] = []
     hits = hits_not_parsed = 0
     ranks: set[int] = set()
     excerpt_left, hits_left = reading.EXCERPT_BUDGET, reading.HITS_PARSED
     records = _Spender(reading.RECORD_BUDGET)
     dumps = _Spender(reading.DUMP_BUDGET)
-    for (name, path, rank_hint), part in zip(sources, found, strict=True):
+    for source, part in zip(sources, found, strict=True):
+        name, _, rank_hint = source
         if isinstance(part, Unreadable):
             skipped.append(SkippedInput(name, str(part)))
             continue
@@ -293,7 +294,7 @@ def _within_budgets(sources: Sequence[_Source], found: Sequence[_Found]) -> Scan
             excerpt_left -= window.charge
             hits_left -= window.hits
         if windows_read.tail is not None:
-            tails.append((path, windows_read.tail))
+            tails.append((source, windows_read.tail))
         records.spend(lines_read.records)
         records.not_kept += lines_read.records_not_kept
         dumps.spend(lines_read.dumps)
@@ -305,7 +306,7 @@ def _within_budgets(sources: Sequence[_Source], found: Sequence[_Found]) -> Scan
         inputs=tuple(infos),
         windows=tuple(windows),
         context=tuple(context),
-        tails=() if hits else _tails(tails, sources),
+        tails=() if hits else _tails(tails),
         hits=hits,
         hits_not_parsed=hits_not_parsed,
         facts=tuple(facts),
@@ -317,17 +318,15 @@ def _within_budgets(sources: Sequence[_Source], found: Sequence[_Found]) -> Scan
     )
 
 
-def _tails(tails: Sequence[tuple[str | None, Excerpt | reading.Unread]], sources: Sequence[_Source]) -> tuple[Excerpt, ...]:
+def _tails(tails: Sequence[tuple[_Source, Excerpt | reading.Unread]]) -> tuple[Excerpt, ...]:
     """The ends of inputs without a hit, as text: a regular file's end is read now, once it is known
-    that no input has a hit; one that can no longer be read has none."""
-    names = {path: (name, rank_hint) for name, path, rank_hint in sources}
+    that no input has a hit; one that can no longer be read as it was has none."""
     text = []
-    for path, tail in tails:
+    for (name, path, rank_hint), tail in tails:
         if isinstance(tail, Excerpt):
             text.append(tail)
             continue
         assert path is not None  # only a file's end is left unread
-        name, rank_hint = names[path]
         try:
             text.append(reading.tail_of(path, tail, Reading(name, rank_hint)))
         except Unreadable:

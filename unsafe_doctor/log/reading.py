@@ -111,6 +111,7 @@ class Unread:
 
     start: int
     end: int
+    file: tuple[int, int]  # the file's device and inode: a file put in its place since is not read as its end
 
 
 @dataclass
@@ -497,7 +498,8 @@ class _Windows:
         if not self.found.hits and size:
             tail_start = max(history.reach, size - TAIL)
             if history.file is not None:
-                self.found.tail = Unread(tail_start, size)
+                status = os.fstat(history.file)
+                self.found.tail = Unread(tail_start, size, (status.st_dev, status.st_ino))
             else:
                 tail = history.slice(tail_start, size)
                 self.found.tail = _excerpt(tail, len(tail), self.reading, offset=tail_start)
@@ -507,9 +509,14 @@ class _Windows:
 
 
 def tail_of(path: str, unread: Unread, reading: Reading) -> Excerpt:
-    """The text of a regular file's end, read again: the lines of [start, end) as the input was read."""
+    """The text of a regular file's end, read again: the lines of [start, end) as the input was read.
+    A file that another took the place of (rotated, written anew) or that was cut shorter has no end
+    to give: the bytes there are not those the scan read."""
     try:
         with open(path, "rb") as handle:
+            status = os.fstat(handle.fileno())
+            if (status.st_dev, status.st_ino) != unread.file or status.st_size < unread.end:
+                raise Unreadable("replaced or cut shorter since it was read")
             data = os.pread(handle.fileno(), unread.end - unread.start, unread.start)
     except OSError as error:  # it vanished or lost its mount since it was read
         raise Unreadable(f"read failed ({os_reason(error)})") from None

@@ -93,5 +93,3 @@ def adaptor_json(environment: Environment) -> dict[str, str | None]:
         "profile": environment.profile.id,
         "profile_from": environment.profile_from,
     }
-
-
