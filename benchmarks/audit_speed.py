@@ -5,6 +5,7 @@
     python benchmarks/audit_speed.py --path ~/MindSpeed-LLM/mindspeed_llm --path ~/MindSpeed/mindspeed \
         --path .venv/lib/python3.11/site-packages/megatron/core        # a real job's three trees
     python benchmarks/audit_speed.py --scaling 500,1000,2000          # N files, one global each: linear?
+    python benchmarks/audit_speed.py --cache --path ... --path ...    # again from the cache; after one edit
 
 Times the whole command (start-up, parsing every file, coverage of the adaptor, classification,
 JSON output), best of --repeat runs, and prints seconds, CPU seconds, files, files per second and
@@ -13,7 +14,8 @@ also audits the first one, then the first two, ... once each, and prints how the
 grow with the files. Targets: under 10 s and 250 MB on 2 cores. The audit scans and classifies in
 two processes where it may use two cores (the second a forked copy); the memory is their PSS
 summed. It refuses to run on a loaded machine (quiet.py: other work slows the run down, and the
-CPU seconds say less about that load than the wall time), and the time is also given as a ratio to a baseline run in the same script: one process parsing every file once with `ast`.
+CPU seconds say less about that load than the wall time), and the time is also given as a ratio
+to a baseline run in the same script: one process parsing every file once with `ast`.
 """
 
 from __future__ import annotations
@@ -131,12 +133,46 @@ def scaling(sizes: list[int], doctor: str, repeat: int) -> None:
             (package / "__init__.py").write_text("")
             for n in range(size):
                 (package / f"m{n}.py").write_text(GLOBAL_PER_FILE.format(n=n))
-            runs = [timed([doctor, "audit", str(package), "--format", "json"]) for _ in range(repeat)]
+            runs = [timed([doctor, "audit", str(package), "--format", "json", "--no-cache"]) for _ in range(repeat)]
             seconds, cpu, _, _ = min(runs, key=lambda run: run[0])
             baseline = parse_all_seconds([package], repeat)
             growth = f"{seconds / previous:12.2f}" if previous else f"{'':>12}"
             print(f"{size:>6}{seconds:>9.2f}{cpu:>8.2f}{seconds * 1000 / size:>9.2f}{seconds / baseline:>13.2f}{growth}")
             previous = seconds
+
+
+def cached(paths: list[Path], adaptor: Path, doctor: str, repeat: int) -> None:
+    """The audit run again with its cache: on a copy of the trees (each under its import root's
+    layout, so modules keep their names), first with no cache, then again unchanged, then after
+    one line is added to one file; medians of `repeat` runs each, as ratios to the first."""
+    from unsafe_doctor.source.files import ImportRoots
+
+    with tempfile.TemporaryDirectory() as scratch:
+        copies = []
+        for number, path in enumerate(paths):
+            copy = Path(scratch) / str(number) / path.resolve().relative_to(ImportRoots().of(path))
+            shutil.copytree(path, copy, ignore=shutil.ignore_patterns("__pycache__"))
+            copies.append(copy)
+        cache = Path(scratch) / "cache"
+        audit = [doctor, "audit", *map(str, copies), "--adaptor", str(adaptor), "--format", "json"]
+        first = [timed([*audit, "--no-cache"]) for _ in range(repeat)]
+        timed([*audit, "--cache-dir", str(cache)])  # the entry
+        unchanged = [timed([*audit, "--cache-dir", str(cache)]) for _ in range(repeat)]
+        files = sorted(copies[0].rglob("*.py")) if copies[0].is_dir() else [copies[0]]
+        edited = files[len(files) // 2]
+        changed = []
+        for number in range(repeat):
+            with edited.open("a") as handle:
+                handle.write(f"\n# edit {number}\n")
+            changed.append(timed([*audit, "--cache-dir", str(cache)]))
+        outputs = {run[3].stdout for run in first[:1] + unchanged}
+        base = statistics.median(run[0] for run in first)
+        print(f"trees: {', '.join(map(str, paths))} (copied); medians of {repeat}")
+        print(f"{'first audit, no cache (s)':<34}{base:>8.2f}")
+        for name, runs, target in (("again, unchanged", unchanged, 0.10), ("after one file changed", changed, 0.20)):
+            seconds = statistics.median(run[0] for run in runs)
+            print(f"{name + ' (s)':<34}{seconds:>8.2f}   {seconds / base:6.1%} of the first (target <= {target:.0%})")
+        print(f"{'reports the same bytes':<34}{'yes' if len(outputs) == 1 else 'NO':>8}   (first audit and every unchanged run)")
 
 
 def main() -> None:
@@ -145,6 +181,7 @@ def main() -> None:
     parser.add_argument("--adaptor", type=Path, default=LEGACY_ADAPTOR, help="adaptor file (default: the FAQ's legacy sample)")
     parser.add_argument("--repeat", type=int, default=3, help="runs; the best counts")
     parser.add_argument("--scaling", help="instead: packages of these many files, one global each (500,1000,2000)")
+    parser.add_argument("--cache", action="store_true", help="instead: the audit again from its cache, on a copy of the trees")
     add_loaded_option(parser)
     args = parser.parse_args()
     require_quiet(args.loaded)
@@ -153,9 +190,12 @@ def main() -> None:
         scaling([int(size) for size in args.scaling.split(",")], doctor, args.repeat)
         return
     paths = args.path or [installed_megatron_core()]
+    if args.cache:
+        cached(paths, args.adaptor, doctor, args.repeat)
+        return
 
     def command(trees: list[Path]) -> list[str]:
-        return [doctor, "audit", *map(str, trees), "--adaptor", str(args.adaptor), "--format", "json"]
+        return [doctor, "audit", *map(str, trees), "--adaptor", str(args.adaptor), "--format", "json", "--no-cache"]
 
     runs = [timed(command(paths)) for _ in range(args.repeat)]
     seconds, cpu_seconds, main_rss_mb, result = min(runs, key=lambda run: run[0])

@@ -33,6 +33,13 @@ class Router(torch.nn.Module):
 """
 
 
+@pytest.fixture(autouse=True)
+def own_audit_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's audits, and the commands it starts that keep this environment, keep their cache
+    in a folder of the test's own: never the user's, never another test's."""
+    monkeypatch.setenv("UNSAFE_DOCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("audit-cache")))
+
+
 @pytest.hookimpl(optionalhook=True)
 @contextlib.contextmanager
 def importable_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, files: Mapping[str, str]) -> Iterator[Path]:

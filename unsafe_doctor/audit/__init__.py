@@ -22,6 +22,7 @@ The pipeline, one module each:
 * `bridge`: classification, through classify and the heuristics (`adaptor.audit_fixes` plans the fixes);
 * `halves`: the scan's files and the holders to judge, shared out with a forked copy on a second core;
 * `run`: one audit, start to end; `model`: what it reports;
+* `cache`: an audit kept whole, used again while nothing it read (`source.looked_at`) has changed;
 * `stale`: the adaptor's existing resets that name a global the framework no longer has.
 
 Imports `errors`, `log`, `source` and `knowledge`: diagnose and the fixer build on it, never the reverse.

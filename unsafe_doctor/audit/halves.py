@@ -1,7 +1,8 @@
 """One stage of the audit on two cores: this process and a forked copy of it share out the stage's
 items, each claiming an item before it works on it, so that neither waits for the other while
 items are left and none is done twice. The copy starts with everything this process has read, so
-it needs no setup; it sends back a byte per item done, for the progress, then its result, pickled.
+it needs no setup; it sends back a byte per item done, for the progress, then its result, pickled,
+with what it read while this process records it (`source.looked_at`).
 Where there is no `fork` or a single core, or where the copy fails, this process does the items
 the copy had claimed too: a result never depends on where it was computed."""
 
@@ -16,6 +17,8 @@ import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import NoReturn, TypeVar
+
+from unsafe_doctor.source import looked_at
 
 Result = TypeVar("Result")
 
@@ -78,7 +81,10 @@ def shared_out(count: int, work: Callable[[Worker], Result], progress: Callable[
     if payload is None:  # the copy failed: what it had claimed is done here, from the start
         again = _Alone(progress, done, worker.claimed, copy.poll())
         return [mine, work(again.worker())]
-    return [mine, pickle.loads(payload)]
+    theirs, read = pickle.loads(payload)
+    if read is not None and (here := looked_at.recorded()) is not None:
+        here.merge(read)
+    return [mine, theirs]
 
 
 def _two_cores() -> bool:
@@ -166,7 +172,7 @@ def _work_as_copy(worker: Worker, work: Callable[[Worker], Result], out: int) ->
     status = 1
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends the copy at once: the parent handles it
-        result = work(worker)
+        result = (work(worker), looked_at.recorded())
         _write_all(out, _RESULT + pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
         status = 0
     except BaseException:  # noqa: BLE001 - any failure is the parent's to redo; it knows nothing of the copy's

@@ -71,6 +71,17 @@ class AuditedHolder:
     subject: Subject  # the holder at the site classification read it: what classify and fix take
 
 
+CacheUse = Literal["off", "hit", "stored", "not stored"]
+
+
+@dataclass(frozen=True)
+class CacheOutcome:
+    """What the audit's cache did (`audit.cache`)."""
+
+    use: CacheUse
+    why: str = ""  # for "not stored": the reason, as a note's phrase
+
+
 @dataclass(frozen=True)
 class Audit:
     paths: tuple[Path, ...]
@@ -81,6 +92,7 @@ class Audit:
     stale: tuple[StaleReset, ...]
     notes: tuple[str, ...]
     conversion_only: tuple[str, ...]  # globals left out: only a checkpoint converter uses them (`holders.conversion_only`)
+    cache: CacheOutcome = CacheOutcome("off")
 
     @property
     def uncovered(self) -> tuple[AuditedHolder, ...]:

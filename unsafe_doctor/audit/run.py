@@ -7,27 +7,29 @@ import gc
 import stat
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
 from unsafe_doctor.audit.bridge import classification
+from unsafe_doctor.audit.cache import AuditCache
 from unsafe_doctor.audit.coverage import CoverageJudge
 from unsafe_doctor.audit.halves import Worker, shared_out
 from unsafe_doctor.audit.holders import ScanFindings, conversion_only, holders, named_by_rules, scan_module
 from unsafe_doctor.audit.index import Index, ModuleInfo, audited_files
-from unsafe_doctor.audit.model import Audit, AuditedHolder, Coverage, Holder, Progress, Site, Stage
+from unsafe_doctor.audit.model import Audit, AuditedHolder, CacheOutcome, Coverage, Holder, Progress, Site, Stage
 from unsafe_doctor.audit.resolve import Accessors
 from unsafe_doctor.audit.stale import stale_resets
-from unsafe_doctor.errors import UsageError, os_reason
+from unsafe_doctor.errors import AmbiguousAdaptor, UsageError, os_reason
 from unsafe_doctor.knowledge.classify import Classification, Classified
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.loading import load_knowledge
-from unsafe_doctor.knowledge.rules import Rule
+from unsafe_doctor.knowledge.rules import KnowledgeBase, Rule
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import AdaptorChooser, detect_environment
-from unsafe_doctor.source.files import ImportRoots
+from unsafe_doctor.source import looked_at
+from unsafe_doctor.source.files import ImportRoots, read_replacing
 from unsafe_doctor.source.markers import MARKER_BEGIN, markers
 from unsafe_doctor.source.workspace import Parsed
 
@@ -37,15 +39,44 @@ _NO_ADAPTOR = Coverage("uncovered", None, None, (), (), "no adaptor was found")
 
 def audit(
     paths: Sequence[Path], *, adaptor: Path | None = None, rule_paths: Sequence[Path] = (), progress: Progress | None = None,
-    choose_adaptor: AdaptorChooser | None = None,
+    choose_adaptor: AdaptorChooser | None = None, cache: Path | None = None,
 ) -> Audit:
     """Scan the source trees, find the adaptor (given, or under the paths: of several, the one
     `choose_adaptor` names, else refused), judge each holder; `progress` is told how far each stage
-    got (a command line draws it: the core never prints)."""
-    with warnings.catch_warnings():  # invalid escapes and the like in the framework are not ours to report
+    got (a command line draws it: the core never prints). `cache`: the folder of the audit's cache
+    (`audit.cache`), whose entry for this invocation stands for the audit while nothing it read has
+    changed, and takes this audit otherwise; None: no cache."""
+    knowledge = load_knowledge(rule_paths)  # first: a bad rule file fails before anything else is read
+    given = _given(paths)
+    store = AuditCache(cache) if cache is not None else None
+    key = store.key(given, adaptor, list(rule_paths)) if store is not None else ""
+    if store is not None and (remembered := store.load(key)) is not None:
+        return remembered
+    asked: list[AmbiguousAdaptor] = []
+    chooser = None
+    if choose_adaptor is not None:
+        ask = choose_adaptor
+
+        def chooser(error: AmbiguousAdaptor) -> Path:
+            asked.append(error)
+            return ask(error)
+
+    if store is not None:
+        store.prepare()
+    recording = looked_at.recording(unwatched=cache) if store is not None else nullcontext(looked_at.LookedAt())
+    with warnings.catch_warnings(), recording as looked:
+        # invalid escapes and the like in the framework are not ours to report
         warnings.simplefilter("ignore", SyntaxWarning)
         warnings.filterwarnings("ignore", "invalid escape sequence", DeprecationWarning)
-        return _audit(paths, adaptor, rule_paths, progress or _unwatched, choose_adaptor)
+        result = _audit(given, adaptor, knowledge, progress or _unwatched, chooser)
+    if store is None:
+        return result
+    if asked:  # the person's answer is not in the key: asked again next time
+        return replace(result, cache=CacheOutcome("not stored", "the adaptor was chosen at the terminal"))
+    if not looked.complete:
+        return replace(result, cache=CacheOutcome(
+            "not stored", f"an import root holds more than {looked_at.MAX_TREE_FOLDERS:,} folders to watch"))
+    return replace(result, cache=store.store(key, looked, result))
 
 
 def _unwatched(stage: Stage, done: int, total: int) -> None:
@@ -53,11 +84,8 @@ def _unwatched(stage: Stage, done: int, total: int) -> None:
 
 
 def _audit(
-    paths: Sequence[Path], adaptor: Path | None, rule_paths: Sequence[Path], progress: Progress,
-    choose_adaptor: AdaptorChooser | None,
+    given: list[Path], adaptor: Path | None, knowledge: KnowledgeBase, progress: Progress, choose_adaptor: AdaptorChooser | None,
 ) -> Audit:
-    knowledge = load_knowledge(rule_paths)
-    given = _given(paths)
     files = audited_files(given)
     if not files:
         raise UsageError(f"no Python file (*.py) to audit under {', '.join(map(str, given))}")
@@ -65,6 +93,10 @@ def _audit(
     root_of = {path: import_roots.of(path) for path in files}
     roots = list(dict.fromkeys([*root_of.values(), *(import_roots.of(path) for path in given)]))
     index = Index(given, roots)
+    for root in roots:  # where names lead: a module added there is found next time
+        looked_at.note_tree(root)
+    for entry in index.workspace.env_roots:  # a package installed or removed
+        looked_at.note_folder(entry)
     accessors = Accessors(index)
     with _collecting_by_hand() as collection:
         for done, path in enumerate(files, 1):
@@ -195,7 +227,7 @@ def _our_blocks(adaptor_files: Sequence[Path]) -> dict[str, Site]:
     found: dict[str, Site] = {}
     for path in adaptor_files:
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            text = read_replacing(path)
         except OSError:
             continue
         for marker in markers(text):

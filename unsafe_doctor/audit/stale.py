@@ -43,7 +43,7 @@ from packaging.version import Version
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import AdaptorProfile, Rule
 from unsafe_doctor.knowledge.versions import Environment
-from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, package_folder, python_files
+from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, package_folder, python_files, read_replacing
 from unsafe_doctor.source.imports import Imports, ModuleMember, module_member, module_named
 from unsafe_doctor.source.syntax import (
     Function,
@@ -299,7 +299,7 @@ class _Checker:
             names: list[tuple[str, str]] = []
             for path in sorted(python_files(top)):
                 try:
-                    text = path.read_text(encoding="utf-8", errors="replace")
+                    text = read_replacing(path)
                 except OSError:
                     continue
                 dotted = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
@@ -315,7 +315,7 @@ class _Checker:
         wanted = f"{module}.{symbol}"
         for path in sorted(python_files(top)):
             try:
-                if symbol not in path.read_text(encoding="utf-8", errors="replace"):
+                if symbol not in read_replacing(path):
                     continue
             except OSError:
                 continue

@@ -14,6 +14,7 @@ import typer
 from unsafe_doctor.cli.fix import show_plan, tell_outcome
 from unsafe_doctor.cli.options import (
     ADAPTOR_VARIABLE,
+    CACHE_VARIABLE,
     SOURCE_ROOT_VARIABLE,
     LocatedFormat,
     LocatedFormatOption,
@@ -58,6 +59,18 @@ def command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="With --fix: show the diff, write nothing.")] = False,
     yes: YesOption = False,
     no_input: NoInputOption = False,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--cache-dir",
+            help="Where the audit's cache is kept: the audit of these paths is used again while nothing it read "
+            "has changed. Default: the user's cache folder. Env: UNSAFE_DOCTOR_CACHE_DIR.",
+            envvar=CACHE_VARIABLE,
+            show_envvar=False,
+            file_okay=False,
+        ),
+    ] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Audit again, and keep nothing.")] = False,
 ) -> int:
     """Find the globals of a framework that hold device tensors, and check that recovery covers each.
 
@@ -82,7 +95,10 @@ def command(
     bar = stages_bar(shown, _STAGES)
     with bar as progress:
         result = run_audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or (), progress=progress,
-                           choose_adaptor=prompts.adaptor_chooser(yes=yes, no_input=no_input, before_asking=bar.stop))
+                           choose_adaptor=prompts.adaptor_chooser(yes=yes, no_input=no_input, before_asking=bar.stop),
+                           cache=None if no_cache else cache_dir or _user_cache())
+    if result.cache.use == "not stored":
+        say(f"the audit was not cached: {result.cache.why}")
     adaptor_not_output(result.context.environment)  # read, and with --fix written
     elapsed = time.perf_counter() - started
     plan = plan_fixes(result) if fix else None  # refused before any output
@@ -113,6 +129,12 @@ def _with_fix(paths: list[Path], adaptor: str, rules: Sequence[Path], result: Au
     for path in rules:
         words += ["--rules", str(path)]
     return NextStep(printable(shlex.join([*words, "--fix"])))
+
+
+def _user_cache() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("unsafe-doctor"))
 
 
 _STAGES = {"reading": "reading files", "scanning": "scanning files", "judging": "judging globals"}

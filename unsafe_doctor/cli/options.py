@@ -59,6 +59,7 @@ NoInputOption = Annotated[bool, typer.Option("--no-input", help="Never ask quest
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Accept every offer without asking.")]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Show the diff; write nothing.")]
 SOURCE_ROOT_VARIABLE = "UNSAFE_DOCTOR_SOURCE_ROOT"
+CACHE_VARIABLE = "UNSAFE_DOCTOR_CACHE_DIR"
 SourceRootOption = Annotated[
     list[Path] | None,
     typer.Option(

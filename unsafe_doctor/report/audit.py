@@ -259,5 +259,5 @@ def _summary(audit: Audit, elapsed: float) -> Text:
         pieces.append(f"adaptor {printable(str(environment.adaptor))} ({environment.profile.id}; {environment.adaptor_why})")
     for name, version in environment.versions.items():
         pieces.append(f"{name} {version}")
-    pieces.append(f"{elapsed:.2f} s")
+    pieces.append(f"{elapsed:.2f} s" + (", from the cache" if audit.cache.use == "hit" else ""))
     return Text(" · ".join(pieces), style="bold")

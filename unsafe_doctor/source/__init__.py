@@ -14,6 +14,8 @@ stage reads source through this package:
 * `imports`, `index`, `fingerprint`, `skeleton`: a file's imports; the shipped index of framework
   releases (names, lines, hashes, skeletons), and what tells one release from another.
 * `markers`: the comments that mark the blocks unsafe-doctor wrote into a file.
+* `looked_at`: what a run read of the file system (files' bytes, folders' entries), recorded while
+  the audit's cache needs it.
 
 Imports `errors` and `log` (`log.inputs` reads the user's paths): nothing that knows rules.
 """

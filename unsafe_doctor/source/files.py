@@ -12,6 +12,7 @@ from importlib.util import decode_source
 from pathlib import Path
 
 from unsafe_doctor.log.inputs import is_regular
+from unsafe_doctor.source.looked_at import note_folder, note_read
 
 # Distribution -> its top-level package: the frameworks whose versions are detected.
 FRAMEWORK_DISTRIBUTIONS = {"megatron-core": "megatron", "mindspeed": "mindspeed", "mindspeed-llm": "mindspeed_llm"}
@@ -83,6 +84,7 @@ def python_files(path: Path) -> Iterator[Path]:
         yield path
         return
     for folder, subfolders, names in os.walk(path):
+        note_folder(folder, subfolders + names)
         subfolders[:] = sorted(name for name in subfolders if not _skipped(name))
         for name in sorted(names):
             if name.endswith(".py") and is_regular(Path(folder, name)):
@@ -103,8 +105,19 @@ _TOKEN = re.compile(r"\w+|[^\s\w]")
 
 def read_source(path: Path) -> str | None:
     """The text of a regular file of at most MAX_SOURCE_BYTES (`python_text`), read at most
-    that far; None for anything else. Opened without blocking and checked once open: a FIFO in its
-    place would otherwise hang the run."""
+    that far; None for anything else."""
+    data = source_bytes(path)
+    note_read(path, data)
+    if data is None:
+        return None
+    text = python_text(data)
+    return None if _too_many_tokens(text) else text
+
+
+def source_bytes(path: str | os.PathLike[str]) -> bytes | None:
+    """The bytes of a regular file of at most MAX_SOURCE_BYTES, read at most that far; None for
+    anything else. Opened without blocking and checked once open: a FIFO in its place would
+    otherwise hang the run."""
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError):
@@ -117,10 +130,15 @@ def read_source(path: Path) -> str | None:
             data = handle.read(MAX_SOURCE_BYTES + 1)  # it may have grown since the fstat
     except OSError:
         return None
-    if len(data) > MAX_SOURCE_BYTES:
-        return None
-    text = python_text(data)
-    return None if _too_many_tokens(text) else text
+    return data if len(data) <= MAX_SOURCE_BYTES else None
+
+
+def read_replacing(path: Path) -> str:
+    """The file's text as UTF-8, undecodable bytes replaced, newlines made `\\n` (as `read_text(errors=
+    "replace")` reads it), recorded as read (`looked_at`); OSError when it cannot be read."""
+    data = path.read_bytes()
+    note_read(path, data)
+    return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _too_many_tokens(text: str) -> bool:

@@ -197,6 +197,11 @@ class Workspace:
         self._listings: dict[Path, tuple[Path, ...]] = {}
         self._once: dict[Hashable, object] = {}
 
+    def __reduce__(self) -> tuple[Callable[..., Workspace], tuple[object, ...]]:
+        """Pickled as a fresh workspace over the same roots that reads the frameworks as this one
+        does: what it read and parsed may have changed since (an audit's cache keeps its result)."""
+        return _fresh_workspace, (self.source_roots, self.studied, self.log_only, self.releases, self.fingerprinted)
+
     @cached_property
     def env_roots(self) -> tuple[Path, ...]:
         """The `sys.path` directories, read once; none when log only."""
@@ -548,6 +553,15 @@ class Workspace:
         resolved = path.resolve()
         module = self._module_of_local(resolved) if self.log_only else self.find(str(resolved)).module
         return self.source(resolved, module)
+
+
+def _fresh_workspace(
+    source_roots: tuple[Path, ...], studied: tuple[Path, ...], log_only: bool, releases: dict[str, ReleaseMatch],
+    fingerprinted: bool,
+) -> Workspace:
+    workspace = Workspace(source_roots, log_only=log_only, studied=studied)
+    workspace.releases, workspace.fingerprinted = releases, fingerprinted
+    return workspace
 
 
 def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
