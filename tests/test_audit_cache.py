@@ -13,9 +13,12 @@ import pytest
 from conftest import ROUTER_MODULE
 
 from unsafe_doctor.adaptor.audit_fixes import plan_fixes_per_holder
+from unsafe_doctor.audit import halves
 from unsafe_doctor.audit.cache import MAX_ENTRIES
 from unsafe_doctor.audit.run import audit
 from unsafe_doctor.report import audit as audit_report
+from unsafe_doctor.source import looked_at
+from unsafe_doctor.source.files import source_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 OLD = 1_000_000_000 * 1_000_000_000  # 2001-09-09 in ns: a time no file of the test is given by writing it
@@ -106,16 +109,78 @@ def test_an_edited_adaptor_outside_the_tree_is_read_again(tmp_path):
     assert again.cache.use == "stored" and report(again) == report(first)
 
 
-def test_a_file_the_forked_copy_scanned_is_watched_too(tmp_path):
-    """The copy scans from the last file back: what it read is sent back and recorded, so a change
-    to the last file is seen (on one core this process reads it itself)."""
+def test_what_the_forked_copy_reads_is_recorded_here(tmp_path):
+    """`shared_out`'s copy sends back what it read: its reads count as this process's."""
+    if not halves._two_cores():
+        pytest.skip("one core: no copy is forked")
+
+    def work(worker):
+        looked_at.note_read(tmp_path / ("copy.py" if worker.copy else "parent.py"), b"x = 1\n")
+        return [item for item in range(4) if worker.claim(item)]
+
+    with looked_at.recording() as looked:
+        shares = halves.shared_out(4, work, lambda done: None)
+    assert len(shares) == 2
+    assert {str(tmp_path / "copy.py"), str(tmp_path / "parent.py")} <= set(looked.files)
+
+
+def test_a_file_two_processes_read_differently_leaves_the_record_incomplete():
+    """Changed while the run read it: the entry would hold bytes the audit did not see."""
+    here, there = looked_at.LookedAt(files={"/a.py": b"1"}), looked_at.LookedAt(files={"/a.py": b"2", "/b.py": b"3"})
+    here.merge(there)
+    assert not here.complete and here.files == {"/a.py": b"1", "/b.py": b"3"}
+
+
+def test_a_path_entry_made_after_the_audit_is_a_change(tmp_path, monkeypatch):
     package = tree(tmp_path)
-    last = sorted(package.glob("*.py"))[-1]
-    assert last.name == "router.py"
+    later = tmp_path / "site" / "later"
+    monkeypatch.syspath_prepend(str(later))
     audit([package], cache=tmp_path / "cache")
-    written(last, ROUTER_MODULE.replace('"counts"', '"totals"').replace("self.counts", "self.totals"))
+    assert audit([package], cache=tmp_path / "cache").cache.use == "hit"
+    later.mkdir(parents=True)
+    assert audit([package], cache=tmp_path / "cache").cache.use == "stored"
+
+
+def test_an_init_added_above_the_import_root_renames_the_modules(tmp_path):
+    package = tree(tmp_path)
+    first = audit([package], cache=tmp_path / "cache")
+    (tmp_path / "src" / "__init__.py").write_text("")
     again = audit([package], cache=tmp_path / "cache")
-    assert again.cache.use == "stored" and "pkg.router.Router.totals" in names(again)
+    assert again.cache.use == "stored" and names(again) != names(first)
+    assert report(again) == report(audit([package]))
+
+
+def test_a_module_added_under_the_adaptors_import_root_is_a_change(tmp_path):
+    """Names lead into the adaptor's import root first: a module added there is watched."""
+    package = tree(tmp_path)
+    adaptor = tmp_path / "job" / "recovery.py"
+    adaptor.parent.mkdir()
+    adaptor.write_text((ROOT / "samples" / "framework" / "toytrain" / "recovery.py").read_text())
+    audit([package], adaptor=adaptor, cache=tmp_path / "cache")
+    assert audit([package], adaptor=adaptor, cache=tmp_path / "cache").cache.use == "hit"
+    (tmp_path / "job" / "megatron").mkdir()
+    assert audit([package], adaptor=adaptor, cache=tmp_path / "cache").cache.use == "stored"
+
+
+def test_a_link_pointed_at_another_file_with_the_same_bytes_is_a_change(tmp_path):
+    package = tree(tmp_path)
+    (tmp_path / "a.py").write_text(ROUTER_MODULE)
+    (tmp_path / "b.py").write_text(ROUTER_MODULE)
+    (package / "linked.py").symlink_to(tmp_path / "a.py")
+    audit([package], cache=tmp_path / "cache")
+    (package / "linked.py").unlink()
+    (package / "linked.py").symlink_to(tmp_path / "b.py")
+    assert audit([package], cache=tmp_path / "cache").cache.use == "stored"
+
+
+def test_a_file_read_whole_is_checked_whole(tmp_path):
+    big = tmp_path / "big.py"
+    big.write_bytes(b"x" * 100)
+    with looked_at.recording() as looked:
+        looked_at.note_read(big, big.read_bytes(), whole=True)
+    assert looked.unchanged(source_bytes)
+    big.write_bytes(b"y" * 100)
+    assert not looked.unchanged(source_bytes)
 
 
 def test_a_changed_rule_file_is_another_audit(tmp_path):
@@ -155,6 +220,23 @@ def test_an_unwritable_cache_says_why_and_changes_nothing_else(tmp_path):
     assert report(result) == report(audit([package]))
 
 
+def test_a_cache_folder_others_may_write_is_never_read(tmp_path):
+    package = tree(tmp_path)
+    audit([package], cache=tmp_path / "cache")
+    (tmp_path / "cache").chmod(0o777)
+    assert audit([package], cache=tmp_path / "cache").cache.use == "stored"
+
+
+def test_a_temporary_file_a_killed_audit_left_is_removed_an_hour_later(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / ".entry-old.tmp").write_bytes(b"")
+    os.utime(cache / ".entry-old.tmp", ns=(OLD, OLD))
+    (cache / ".entry-new.tmp").write_bytes(b"")  # another audit's, being written
+    audit([tree(tmp_path)], cache=cache)
+    assert not (cache / ".entry-old.tmp").exists() and (cache / ".entry-new.tmp").exists()
+
+
 def test_only_the_latest_entries_are_kept(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -185,6 +267,14 @@ def test_the_command_says_when_the_report_came_from_the_cache(tmp_path):
     assert "from the cache" in again.stdout
     assert cli("pkg", "--cache-dir", cache, "--format", "json", cwd=tmp_path / "src").stdout == \
         cli("pkg", "--no-cache", "--format", "json", cwd=tmp_path / "src").stdout
+
+
+def test_an_adaptor_that_is_a_link_loop_is_one_line_and_exit_2(tmp_path):
+    tree(tmp_path)
+    (tmp_path / "src" / "self.py").symlink_to("self.py")
+    result = cli("pkg", "--adaptor", "self.py", "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path / "src")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "self.py" in result.stderr
 
 
 def test_no_cache_writes_no_entry(tmp_path):

@@ -25,6 +25,7 @@ import pickle
 import stat
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -60,8 +61,8 @@ class AuditCache:
             "python": [sys.version, sys.implementation.cache_tag],
             "tool": [unsafe_doctor.__version__, _tool_files()],
             "cwd": os.getcwd(),
-            "paths": [[str(path), str(path.resolve())] for path in paths],
-            "adaptor": None if adaptor is None else [str(adaptor), str(adaptor.resolve())],
+            "paths": [[str(path), os.path.abspath(path)] for path in paths],
+            "adaptor": None if adaptor is None else [str(adaptor), os.path.abspath(adaptor)],
             "rules": [[str(path), _contents(path)] for path in rule_paths],
             "sys.path": sys.path,
         }
@@ -71,8 +72,7 @@ class AuditCache:
         """The entry's audit, when there is one that this user wrote and nothing it read has changed."""
         try:
             with open(self._entry(key), "rb") as handle:
-                status = os.fstat(handle.fileno())
-                if status.st_uid != os.getuid() or status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                if not (_trusted(os.fstat(handle.fileno())) and _trusted(os.stat(self.folder))):
                     return None
                 form, stored_key, looked = pickle.load(handle)  # what was read, checked before the audit is loaded
                 if form != ENTRY_FORMAT or stored_key != key or not looked.unchanged(source_bytes):
@@ -107,21 +107,30 @@ class AuditCache:
         return self.folder / f"audit-{key}.pickle"
 
     def _prune(self) -> None:
-        """Only the latest MAX_ENTRIES entries kept; another audit removing one first is no matter."""
+        """Only the latest MAX_ENTRIES entries kept, and no temporary file a killed audit left an
+        hour ago; another audit removing one first is no matter."""
         try:
             entries = [(path.stat().st_mtime_ns, path) for path in self.folder.glob("audit-*.pickle")]
+            hour_ago = time.time_ns() - 3600 * 10**9
+            left = [path for path in self.folder.glob(".entry-*.tmp") if path.stat().st_mtime_ns < hour_ago]
         except OSError:
             return
-        for _, path in sorted(entries, reverse=True)[MAX_ENTRIES:]:
+        for path in [path for _, path in sorted(entries, reverse=True)[MAX_ENTRIES:]] + left:
             try:
                 path.unlink()
             except OSError:
                 pass
 
 
-def _tool_files() -> list[tuple[str, int, int]]:
-    """Each file of this package and its shipped knowledge, with its size and time: a checkout or
-    an editable install changes without a new version."""
+def _trusted(status: os.stat_result) -> bool:
+    """Owned by this user, and writable by no one else."""
+    return status.st_uid == os.getuid() and not status.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _tool_files() -> list[tuple[str, str]]:
+    """A digest of each file of this package and its shipped knowledge: a checkout or an editable
+    install changes without a new version, and a fresh install of the same one (a CI job's) has
+    new times but the same bytes."""
     found = []
     for top in dict.fromkeys([Path(unsafe_doctor.__file__).parent, shipped_knowledge_dir()]):
         for folder, subfolders, names in os.walk(top):
@@ -129,10 +138,10 @@ def _tool_files() -> list[tuple[str, int, int]]:
             for name in sorted(names):
                 path = os.path.join(folder, name)
                 try:
-                    status = os.stat(path)
+                    with open(path, "rb") as handle:
+                        found.append((os.path.relpath(path, top), digest(handle.read()).hex()))
                 except OSError:
                     continue
-                found.append((path, status.st_size, status.st_mtime_ns))
     return found
 
 

@@ -7,6 +7,7 @@ Modules are named from the import root above each audited folder (the first fold
 from __future__ import annotations
 
 import ast
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey,
 from unsafe_doctor.audit.vocabulary import METADATA
 from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, dotted, is_dir, python_files
 from unsafe_doctor.source.imports import defined_member, module_named
+from unsafe_doctor.source.looked_at import note_link
 from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
@@ -37,8 +39,16 @@ MAX_AHEAD = 400  # audited modules read ahead of their scan (a name led there) w
 
 
 def audited_files(paths: Sequence[Path]) -> list[Path]:
-    """`*.py` under the paths (as `python_files` skips), resolved, once each."""
-    return list(dict.fromkeys(found.resolve() for path in paths for found in python_files(path)))
+    """`*.py` under the paths (as `python_files` skips), resolved, once each; a path that a link
+    made another file is recorded as such (`looked_at`)."""
+    audited: dict[Path, None] = {}
+    for path in paths:
+        for found in python_files(path):
+            resolved = found.resolve()
+            if os.path.abspath(found) != str(resolved):
+                note_link(os.path.abspath(found), resolved)
+            audited[resolved] = None
+    return list(audited)
 
 
 # --- what a module defines ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import stat
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -95,8 +96,9 @@ def _audit(
     index = Index(given, roots)
     for root in roots:  # where names lead: a module added there is found next time
         looked_at.note_tree(root)
-    for entry in index.workspace.env_roots:  # a package installed or removed
-        looked_at.note_folder(entry)
+        looked_at.note_folder(root.parent)  # an `__init__.py` there moves the root up
+    for entry in sys.path:  # a package installed or removed; an entry made since
+        looked_at.note_folder(entry or ".")
     accessors = Accessors(index)
     with _collecting_by_hand() as collection:
         for done, path in enumerate(files, 1):

@@ -34,6 +34,7 @@ else the default; `Environment.profile_from` says which.
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -48,6 +49,7 @@ from unsafe_doctor.knowledge.argument_releases import FRAMEWORK as DUMPED_FRAMEW
 from unsafe_doctor.knowledge.argument_releases import DumpFit, NoDecision, dump_releases
 from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase, role_parameter
 from unsafe_doctor.log.tracebacks import Frame
+from unsafe_doctor.source import looked_at
 from unsafe_doctor.source.files import (
     FRAMEWORK_DISTRIBUTIONS,
     import_root,
@@ -283,6 +285,7 @@ def _versions_under(root: Path) -> dict[str, tuple[Version, str]]:
         if not folder.name.lower().replace("-", "_").startswith(stems):
             continue  # site-packages holds hundreds of these
         metadata = _metadata().PathDistribution(folder).metadata
+        _note_metadata(folder)
         name = _canonical(_first_value(metadata, "Name"))
         version = _version(_first_value(metadata, "Version"))
         if name in FRAMEWORK_DISTRIBUTIONS and version is not None:
@@ -355,9 +358,21 @@ def _literal(node: ast.expr, constants: dict[str, object]) -> object:
 
 def _installed_version(distribution: str) -> Version | None:
     try:
-        return _version(_metadata().version(distribution))
+        found = _metadata().distribution(distribution)
     except _metadata().PackageNotFoundError:
         return None
+    folder = getattr(found, "_path", None)  # a PathDistribution's folder; other finders' are not recorded
+    _note_metadata(Path(folder) if isinstance(folder, (str, os.PathLike)) else None)
+    return _version(found.version)
+
+
+def _note_metadata(folder: Path | None) -> None:
+    """The files a distribution's metadata is read from, for the audit's cache (`source.looked_at`):
+    a `setup.py develop` checkout's `*.egg-info` keeps its name when its version changes."""
+    if folder is not None and looked_at.recorded() is not None:
+        for name in ("METADATA", "PKG-INFO"):
+            path = folder / name
+            looked_at.note_read(path, looked_at.whole_bytes(str(path)), whole=True)
 
 
 def _version(text: str) -> Version | None:

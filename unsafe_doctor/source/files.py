@@ -12,7 +12,7 @@ from importlib.util import decode_source
 from pathlib import Path
 
 from unsafe_doctor.log.inputs import is_regular
-from unsafe_doctor.source.looked_at import note_folder, note_read
+from unsafe_doctor.source.looked_at import note_folder, note_read, note_unlisted
 
 # Distribution -> its top-level package: the frameworks whose versions are detected.
 FRAMEWORK_DISTRIBUTIONS = {"megatron-core": "megatron", "mindspeed": "mindspeed", "mindspeed-llm": "mindspeed_llm"}
@@ -83,7 +83,7 @@ def python_files(path: Path) -> Iterator[Path]:
     if is_file(path):
         yield path
         return
-    for folder, subfolders, names in os.walk(path):
+    for folder, subfolders, names in os.walk(path, onerror=note_unlisted):
         note_folder(folder, subfolders + names)
         subfolders[:] = sorted(name for name in subfolders if not _skipped(name))
         for name in sorted(names):
@@ -136,8 +136,12 @@ def source_bytes(path: str | os.PathLike[str]) -> bytes | None:
 def read_replacing(path: Path) -> str:
     """The file's text as UTF-8, undecodable bytes replaced, newlines made `\\n` (as `read_text(errors=
     "replace")` reads it), recorded as read (`looked_at`); OSError when it cannot be read."""
-    data = path.read_bytes()
-    note_read(path, data)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        note_read(path, None, whole=True)
+        raise
+    note_read(path, data, whole=True)
     return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
 
 

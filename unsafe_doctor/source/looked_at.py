@@ -13,30 +13,51 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass
 class LookedAt:
-    files: dict[str, bytes | None] = field(default_factory=dict)  # path -> digest of the bytes read; None: unreadable
+    files: dict[str, bytes | None] = field(default_factory=dict)  # path -> digest of its bytes read as source; None: not
+    wholes: dict[str, bytes | None] = field(default_factory=dict)  # path -> digest of its bytes read whole; None: unreadable
+    sizes: dict[str, int | None] = field(default_factory=dict)  # path -> its size, where only the size was read
+    links: dict[str, str] = field(default_factory=dict)  # a path as found -> the file it resolved to
     folders: dict[str, bytes | None] = field(default_factory=dict)  # path -> digest of its entries (`entries_digest`)
-    complete: bool = True  # False once a tree had more than MAX_TREE_FOLDERS folders: not all were recorded
+    complete: bool = True  # False: something was not recorded (`MAX_TREE_FOLDERS`; a file read twice, differently)
     unwatched: str | None = None  # an absolute folder never recorded (the cache's own, which each run writes)
 
     def merge(self, other: LookedAt) -> None:
-        """What another process read (the first record of a path stands)."""
-        self.files = other.files | self.files
-        self.folders = other.folders | self.folders
-        self.complete = self.complete and other.complete
+        """What another process read; a file it read other bytes of than this one did changed while
+        the run read it: the record is incomplete."""
+        agreed = [
+            _merged(self.files, other.files), _merged(self.wholes, other.wholes), _merged(self.sizes, other.sizes),
+            _merged(self.links, other.links), _merged(self.folders, other.folders),
+        ]
+        self.complete = self.complete and other.complete and all(agreed)
 
-    def unchanged(self, read: Callable[[str], bytes | None]) -> bool:
-        """Whether every folder has the same entries and every file, as `read` reads it now, the
-        same bytes as recorded."""
-        return all(entries_digest(_entries(path)) == recorded for path, recorded in self.folders.items()) and all(
-            _digest_of(read(path)) == recorded for path, recorded in self.files.items()
+    def unchanged(self, read_source: Callable[[str], bytes | None]) -> bool:
+        """Whether every folder has the same entries, every link the same file, every file read as
+        source (`read_source`) or whole the same bytes, and every file only sized the same size."""
+        return (
+            all(entries_digest(_entries(path)) == recorded for path, recorded in self.folders.items())
+            and all(_resolved(path) == target for path, target in self.links.items())
+            and all(_size(path) == size for path, size in self.sizes.items())
+            and all(_digest_of(read_source(path)) == recorded for path, recorded in self.files.items())
+            and all(_digest_of(whole_bytes(path)) == recorded for path, recorded in self.wholes.items())
         )
+
+
+def _merged(mine: dict[str, T], theirs: dict[str, T]) -> bool:
+    """`theirs` added to `mine`; whether the two agree where both hold a path."""
+    agreed = all(mine[key] == value for key, value in theirs.items() if key in mine)
+    mine.update((key, value) for key, value in theirs.items() if key not in mine)
+    return agreed
 
 
 _recording: LookedAt | None = None
@@ -60,14 +81,29 @@ def recorded() -> LookedAt | None:
     return _recording
 
 
-def note_read(path: str | os.PathLike[str], data: bytes | None) -> None:
-    """A file read (None: it could not be), with its folder, while recording."""
+def note_read(path: str | os.PathLike[str], data: bytes | None, *, whole: bool = False) -> None:
+    """A file read (None: it could not be, or was not for its size), with its folder, while
+    recording; `whole`: read in full (else as source, up to its limit: `files.source_bytes`)."""
     if _recording is None:
         return
     name = os.fspath(path)
-    if name not in _recording.files:
-        _recording.files[name] = _digest_of(data)
+    kept = _recording.wholes if whole else _recording.files
+    if name not in kept:
+        kept[name] = _digest_of(data)
         note_folder(os.path.dirname(name) or ".")
+
+
+def note_size(path: str | os.PathLike[str], size: int | None) -> None:
+    """A file whose size alone was read (whether to read it at all), while recording."""
+    if _recording is not None:
+        _recording.sizes.setdefault(os.fspath(path), size)
+
+
+def note_link(path: str | os.PathLike[str], resolved: str | os.PathLike[str]) -> None:
+    """A path found that resolved to another, while recording: a link pointed elsewhere changes
+    which file it is, even where the bytes are the same."""
+    if _recording is not None:
+        _recording.links.setdefault(os.fspath(path), os.fspath(resolved))
 
 
 def note_folder(path: str | os.PathLike[str], entries: list[str] | None = None) -> None:
@@ -93,12 +129,33 @@ def note_tree(root: str | os.PathLike[str]) -> None:
     while recording: a module added anywhere under it changes what names resolve to."""
     if _recording is None:
         return
-    for count, (folder, subfolders, names) in enumerate(os.walk(root)):
+    for count, (folder, subfolders, names) in enumerate(os.walk(root, onerror=note_unlisted)):
         if count == MAX_TREE_FOLDERS:
             _recording.complete = False
             return
         note_folder(folder, subfolders + names)
         subfolders[:] = [name for name in subfolders if name.isidentifier() and name != "__pycache__"]
+
+
+def note_unlisted(error: OSError) -> None:
+    """A folder a walk could not list (`os.walk`'s onerror): recorded as such, so that it being
+    listable later is a change."""
+    if error.filename is not None:
+        note_folder(error.filename)
+
+
+def whole_bytes(path: str) -> bytes | None:
+    """All the bytes of a regular file; None for anything else (opened without blocking: a FIFO
+    in its place would hang the check)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        with os.fdopen(descriptor, "rb") as handle:
+            return handle.read() if stat.S_ISREG(os.fstat(descriptor).st_mode) else None
+    except OSError:
+        return None
 
 
 def digest(data: bytes) -> bytes:
@@ -116,6 +173,20 @@ def entries_digest(entries: list[str] | None) -> bytes | None:
         return None
     kept = sorted(name for name in entries if name != "__pycache__")
     return digest("\0".join(kept).encode("utf-8", "surrogateescape"))
+
+
+def _size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+
+
+def _resolved(path: str) -> str | None:
+    try:
+        return os.path.realpath(path)
+    except (OSError, RuntimeError):
+        return None
 
 
 def _entries(path: str) -> list[str] | None:

@@ -45,6 +45,7 @@ from unsafe_doctor.source.files import (
 )
 from unsafe_doctor.source.fingerprint import ReleaseMatch, agreeing_releases, fingerprint
 from unsafe_doctor.source.index import FrameworkIndex, IndexedFramework
+from unsafe_doctor.source.looked_at import note_size, note_tree
 from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
@@ -353,6 +354,7 @@ class Workspace:
         root = import_root(path, module) if module is not None else None
         if root is not None and root not in (*self.source_roots, *self.found_roots, *self.env_roots):
             self.found_roots.append(root)
+            note_tree(root)  # names now lead here first
             self._module_paths.clear()  # earlier misses may be found under the new root
 
     # modules
@@ -407,6 +409,7 @@ class Workspace:
                 self._sizes[path] = path.stat().st_size
             except OSError:
                 self._sizes[path] = None
+            note_size(path, self._sizes[path])
         return self._sizes[path]
 
     def source(self, path: Path, module: str | None) -> SourceFile | None:
