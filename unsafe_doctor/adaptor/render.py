@@ -200,8 +200,31 @@ def _rank_loop(body: list[str], site: Site, profile: AdaptorProfile) -> list[str
     if shadowed:
         raise UsageError(f"{site.function.path}: the file binds {', '.join(shadowed)}, which the block's rank loop reads "
                          "as the builtin: refusing to write it")
-    loop = f"for {SOURCE_RANK}, {DEST_RANK} in dict.fromkeys(zip({source}, {destination})):  # each pair once, not per optimizer"
-    return [loop, *(INDENT + line if line.strip() else "" for line in body)]
+    guard, inner = _outer_guard(body)
+    read = _names_read("\n".join(inner) + "\n")
+    pair = ", ".join(name if name in read else "_" + name for name in (SOURCE_RANK, DEST_RANK))  # one side reads one
+    loop = [f"for {pair} in dict.fromkeys(zip({source}, {destination})):  # each pair once, not per optimizer",
+            *_indented(inner)]
+    return [guard, *_indented(loop)] if guard is not None else loop
+
+
+def _outer_guard(body: list[str]) -> tuple[str | None, list[str]]:
+    """(`if GUARD:`, what it holds, dedented) when the code is one `if` on one line with no `else`
+    that reads no rank (a rule's conditions): checked once, outside the loop over the ranks; else
+    (None, the code)."""
+    statements = ast.parse("\n".join(body) + "\n").body
+    if len(statements) != 1 or not isinstance(statements[0], ast.If) or statements[0].orelse:
+        return None, body
+    test = statements[0].test
+    if test.lineno != 1 or test.end_lineno != 1 or {SOURCE_RANK, DEST_RANK} & _names_read(ast.unparse(test)):
+        return None, body
+    if not all(line.startswith(INDENT) or not line.strip() for line in body[1:]):
+        return None, body
+    return body[0], [line[len(INDENT):] for line in body[1:]]
+
+
+def _indented(lines: list[str]) -> list[str]:
+    return [INDENT + line if line.strip() else "" for line in lines]
 
 
 # --- names from the file, imports, the block's own locals ------------------------------------------
