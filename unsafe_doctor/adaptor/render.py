@@ -36,7 +36,7 @@ from unsafe_doctor.knowledge.rules import (
     AdaptorProfile,
     role_parameter,
 )
-from unsafe_doctor.source.syntax import import_bindings
+from unsafe_doctor.source.syntax import dotted_name, import_bindings
 
 GETTER_NAMES = frozenset({"get_repair_group", "new_group"})  # calls whose result a function keeps as its repair group
 PAIR_LOOP_NAMES = ("dict", "zip")  # builtins the rank loop reads
@@ -240,7 +240,7 @@ def _from_file(code: str, needed: dict[str, str], site: Site) -> tuple[str, dict
         return name if name is not None and name not in assigned else None
 
     def read_through_import(node: ast.Name | ast.Attribute) -> str | None:
-        root, _, rest = (_dotted(node) or "").partition(".")
+        root, _, rest = (dotted_name(node) or "").partition(".")
         if root not in needed:
             return None
         return bound(f"{needed[root]}.{rest}" if rest else needed[root])
@@ -306,15 +306,6 @@ def _free_name(name: str, site: Site, also: set[str] = frozenset()) -> str:  # t
 
 def _names_read(code: str) -> set[str]:
     return {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
-
-
-def _dotted(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base is not None else None
-    return None
 
 
 def _rename(code: str, mapping: dict[str, str]) -> str:

@@ -39,7 +39,7 @@ from unsafe_doctor.knowledge.rules import (
 from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.recovery import LossScaling
-from unsafe_doctor.source.syntax import scope_statements
+from unsafe_doctor.source.syntax import callee_name, dotted_name, scope_statements
 from unsafe_doctor.source.workspace import Workspace
 
 Confidence = Literal["high", "medium", "low"]
@@ -281,7 +281,7 @@ def _annotated_kind(annotation: ast.expr) -> GlobalKind | None:
         return None
     (part,) = parts
     base = part.value if isinstance(part, ast.Subscript) else part
-    name = _dotted_name(base)
+    name = dotted_name(base)
     if name in _TENSOR_TYPES:
         return "tensor"
     if name in _DICT_TYPES:
@@ -294,20 +294,11 @@ def _annotated_kind(annotation: ast.expr) -> GlobalKind | None:
 def _union_parts(annotation: ast.expr) -> list[ast.expr]:
     if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
         return [*_union_parts(annotation.left), *_union_parts(annotation.right)]
-    if isinstance(annotation, ast.Subscript) and _dotted_name(annotation.value) in ("Optional", "typing.Optional",
+    if isinstance(annotation, ast.Subscript) and dotted_name(annotation.value) in ("Optional", "typing.Optional",
                                                                                       "Union", "typing.Union"):
         inner = annotation.slice
         return [part for element in (inner.elts if isinstance(inner, ast.Tuple) else [inner]) for part in _union_parts(element)]
     return [annotation]
-
-
-def _dotted_name(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted_name(node.value)
-        return f"{base}.{node.attr}" if base is not None else None
-    return None
 
 
 def _value_kind(value: ast.expr) -> GlobalKind | None:
@@ -318,8 +309,7 @@ def _value_kind(value: ast.expr) -> GlobalKind | None:
     if isinstance(value, (ast.List, ast.ListComp)):
         return "list"
     if isinstance(value, ast.Call):
-        func = value.func
-        callee = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        callee = callee_name(value.func)
         if callee in ("dict", "OrderedDict", "defaultdict"):
             return "dict"
         if callee == "list":

@@ -122,6 +122,17 @@ class UnsafeBackend(ABC):
     def activate(self) -> contextlib.AbstractContextManager[UnsafeBackend]:
         """Context in which ops on this thread are checked."""
 
+    @contextlib.contextmanager
+    def unchecked(self) -> Iterator[None]:
+        """The check off for reads of our own (a harness looking at tensors must neither trip on
+        unsafe ones nor make them safe), then back as it was."""
+        was_on = self.check_enabled()
+        self.set_check(False)
+        try:
+            yield
+        finally:
+            self.set_check(was_on)
+
 
 def unsafe_data_error(device_index: int) -> RuntimeError:
     """The error torch_npu raises when an op reads an unsafe block, text for text."""
