@@ -36,7 +36,7 @@ from unsafe_doctor.knowledge.rules import (
     AdaptorProfile,
     role_parameter,
 )
-from unsafe_doctor.source.syntax import import_bindings
+from unsafe_doctor.source.syntax import dotted_name, import_bindings
 
 GETTER_NAMES = frozenset({"get_repair_group", "new_group"})  # calls whose result a function keeps as its repair group
 PAIR_LOOP_NAMES = ("dict", "zip")  # builtins the rank loop reads
@@ -200,8 +200,31 @@ def _rank_loop(body: list[str], site: Site, profile: AdaptorProfile) -> list[str
     if shadowed:
         raise UsageError(f"{site.function.path}: the file binds {', '.join(shadowed)}, which the block's rank loop reads "
                          "as the builtin: refusing to write it")
-    loop = f"for {SOURCE_RANK}, {DEST_RANK} in dict.fromkeys(zip({source}, {destination})):  # each pair once, not per optimizer"
-    return [loop, *(INDENT + line if line.strip() else "" for line in body)]
+    guard, inner = _outer_guard(body)
+    read = _names_read("\n".join(inner) + "\n")
+    pair = ", ".join(name if name in read else "_" + name for name in (SOURCE_RANK, DEST_RANK))  # one side reads one
+    loop = [f"for {pair} in dict.fromkeys(zip({source}, {destination})):  # each pair once, not per optimizer",
+            *_indented(inner)]
+    return [guard, *_indented(loop)] if guard is not None else loop
+
+
+def _outer_guard(body: list[str]) -> tuple[str | None, list[str]]:
+    """(`if GUARD:`, what it holds, dedented) when the code is one `if` on one line with no `else`
+    that reads no rank (a rule's conditions): checked once, outside the loop over the ranks; else
+    (None, the code)."""
+    statements = ast.parse("\n".join(body) + "\n").body
+    if len(statements) != 1 or not isinstance(statements[0], ast.If) or statements[0].orelse:
+        return None, body
+    test = statements[0].test
+    if test.lineno != 1 or test.end_lineno != 1 or {SOURCE_RANK, DEST_RANK} & _names_read(ast.unparse(test)):
+        return None, body
+    if not all(line.startswith(INDENT) or not line.strip() for line in body[1:]):
+        return None, body
+    return body[0], [line[len(INDENT):] for line in body[1:]]
+
+
+def _indented(lines: list[str]) -> list[str]:
+    return [INDENT + line if line.strip() else "" for line in lines]
 
 
 # --- names from the file, imports, the block's own locals ------------------------------------------
@@ -217,7 +240,7 @@ def _from_file(code: str, needed: dict[str, str], site: Site) -> tuple[str, dict
         return name if name is not None and name not in assigned else None
 
     def read_through_import(node: ast.Name | ast.Attribute) -> str | None:
-        root, _, rest = (_dotted(node) or "").partition(".")
+        root, _, rest = (dotted_name(node) or "").partition(".")
         if root not in needed:
             return None
         return bound(f"{needed[root]}.{rest}" if rest else needed[root])
@@ -283,15 +306,6 @@ def _free_name(name: str, site: Site, also: set[str] = frozenset()) -> str:  # t
 
 def _names_read(code: str) -> set[str]:
     return {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
-
-
-def _dotted(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base is not None else None
-    return None
 
 
 def _rename(code: str, mapping: dict[str, str]) -> str:

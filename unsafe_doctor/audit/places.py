@@ -22,6 +22,7 @@ from unsafe_doctor.audit.vocabulary import (
     TENSOR_NAME_TOKENS,
     TENSOR_SUBMODULES,
 )
+from unsafe_doctor.source.syntax import callee_name
 
 
 def combine(places: Sequence[Place | None]) -> Place | None:
@@ -142,8 +143,7 @@ class Places:
             return self.of(node.value)  # `x.device` of a local tensor whose placement is known
         if isinstance(node, ast.Call):
             func = node.func
-            attribute = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if attribute.startswith("current_device"):  # torch.cuda / torch.npu / get_accelerator()
+            if (callee_name(func) or "").startswith("current_device"):  # torch.cuda / torch.npu / get_accelerator()
                 return "device"
             if self.names.dotted(func) == "torch.device" and node.args:
                 return self.device_value(node.args[0])

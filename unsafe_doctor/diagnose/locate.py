@@ -81,6 +81,7 @@ from unsafe_doctor.source.syntax import (
     COMPREHENSION_FRAMES,
     SCOPES,
     Function,
+    callee_name,
     child_statements,
     compound_header,
     comprehension_body,
@@ -821,7 +822,7 @@ def _argument_for(caller: _FrameView, function: Function, name: str) -> ast.expr
     assert caller.statement is not None
     positional = [argument.arg for argument in (*function.args.posonlyargs, *function.args.args)]
     calls = [node for node in ast.walk(caller.statement) if isinstance(node, ast.Call)]
-    named = [node for node in calls if _callee_name(node) == function.name]
+    named = [node for node in calls if callee_name(node.func) == function.name]
     handed = {each for outer in caller.scope.functions for each in parameter_names(outer)}
     wrapped = [node for node in calls if isinstance(node.func, ast.Name) and node.func.id in handed]
     for node in named or (wrapped if len(wrapped) == 1 else []):
@@ -836,10 +837,6 @@ def _argument_for(caller: _FrameView, function: Function, name: str) -> ast.expr
             if 0 <= position < len(node.args) and not any(isinstance(argument, ast.Starred) for argument in before):
                 return node.args[position]
     return None
-
-
-def _callee_name(call: ast.Call) -> str | None:
-    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
 
 
 def _expression_text(parts: list[ast.expr], anchor: int, text: str | None) -> str:

@@ -15,6 +15,7 @@ import builtins
 import re
 import string
 import textwrap
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol, get_args
 
@@ -38,6 +39,7 @@ from unsafe_doctor.knowledge.rules import (
 from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.recovery import LossScaling
+from unsafe_doctor.source.syntax import callee_name, dotted_name, scope_statements
 from unsafe_doctor.source.workspace import Workspace
 
 Confidence = Literal["high", "medium", "low"]
@@ -209,6 +211,10 @@ TENSOR_FACTORIES = frozenset({"zeros", "ones", "empty", "full", "tensor", "zeros
 
 
 def global_kind(subject: Subject, workspace: Workspace | None) -> GlobalKind:
+    """What a module global is, from its annotation and every value it is given (at module level,
+    and in functions that declare it `global`): a tensor, a dict or a list where all of them agree
+    (None, a feature off, agrees with any; a value whose kind the source does not tell agrees only
+    with an annotation), else a value of a kind the source does not show."""
     tensor = subject.tensor
     if tensor is not None and tensor.cached:
         return "lru-cache"
@@ -216,22 +222,101 @@ def global_kind(subject: Subject, workspace: Workspace | None) -> GlobalKind:
         return "value"
     path = workspace.module_path(tensor.module)
     source = workspace.source(path, tensor.module) if path is not None and path.is_file() else None
-    binding = source.bindings.get(tensor.variable) if source is not None else None
-    value = binding.value if isinstance(binding, (ast.Assign, ast.AnnAssign)) else None
+    if source is None:
+        return "value"
+    annotated: list[GlobalKind | None] = []
+    given: list[GlobalKind | None] = []
+    for statement in _assignments(source.tree, tensor.variable):
+        if isinstance(statement, ast.AnnAssign):
+            annotated.append(_annotated_kind(statement.annotation))
+        if statement.value is not None and not _is_none(statement.value):
+            given.append(_value_kind(statement.value))
+    # a value the source does not tell the kind of leaves it to the annotation, if there is one
+    kinds = {kind for kind in (*annotated, *given) if kind is not None}
+    if len(kinds) != 1 or (None in given and not any(annotated)):
+        return "value"
+    return kinds.pop()
+
+
+def _assignments(tree: ast.Module, variable: str) -> Iterator[ast.Assign | ast.AnnAssign]:
+    """The statements that give the module global `variable` a value: at module level, and in the
+    functions that declare it `global` (not in a class, whose names are its own)."""
+    scopes: list[Sequence[ast.stmt]] = [tree.body]
+    scopes += [
+        node.body for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and any(isinstance(inner, ast.Global) and variable in inner.names for inner in scope_statements(node.body))
+    ]
+    for body in scopes:
+        for statement in scope_statements(body):
+            if isinstance(statement, (ast.Assign, ast.AnnAssign)) and _binds(statement, variable):
+                yield statement
+
+
+def _binds(statement: ast.Assign | ast.AnnAssign, variable: str) -> bool:
+    """Whether the statement gives the name itself its value (not through unpacking, which shows no kind)."""
+    targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+    return any(isinstance(target, ast.Name) and target.id == variable for target in targets)
+
+
+def _is_none(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+_TENSOR_TYPES = frozenset({"Tensor", "torch.Tensor"})
+_DICT_TYPES = frozenset({"dict", "Dict", "typing.Dict", "OrderedDict", "collections.OrderedDict", "defaultdict",
+                         "collections.defaultdict"})
+_LIST_TYPES = frozenset({"list", "List", "typing.List"})
+
+
+def _annotated_kind(annotation: ast.expr) -> GlobalKind | None:
+    """`torch.Tensor`, `torch.Tensor | None`, `Optional[Tensor]`, `dict[str, torch.Tensor]`, `"List[Tensor]"`;
+    None for anything else (it says nothing the templates use)."""
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        try:
+            annotation = ast.parse(annotation.value, mode="eval").body
+        except SyntaxError:
+            return None
+    parts = [part for part in _union_parts(annotation) if not _is_none(part)]
+    if len(parts) != 1:
+        return None
+    (part,) = parts
+    base = part.value if isinstance(part, ast.Subscript) else part
+    name = dotted_name(base)
+    if name in _TENSOR_TYPES:
+        return "tensor"
+    if name in _DICT_TYPES:
+        return "dict"
+    if name in _LIST_TYPES:
+        return "list"
+    return None
+
+
+def _union_parts(annotation: ast.expr) -> list[ast.expr]:
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        return [*_union_parts(annotation.left), *_union_parts(annotation.right)]
+    if isinstance(annotation, ast.Subscript) and dotted_name(annotation.value) in ("Optional", "typing.Optional",
+                                                                                      "Union", "typing.Union"):
+        inner = annotation.slice
+        return [part for element in (inner.elts if isinstance(inner, ast.Tuple) else [inner]) for part in _union_parts(element)]
+    return [annotation]
+
+
+def _value_kind(value: ast.expr) -> GlobalKind | None:
+    """What a value makes the global: a dict or list display or constructor, a torch factory's
+    tensor; None for a value the source does not tell."""
     if isinstance(value, (ast.Dict, ast.DictComp)):
         return "dict"
     if isinstance(value, (ast.List, ast.ListComp)):
         return "list"
     if isinstance(value, ast.Call):
-        func = value.func
-        callee = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        callee = callee_name(value.func)
         if callee in ("dict", "OrderedDict", "defaultdict"):
             return "dict"
         if callee == "list":
             return "list"
         if callee in TENSOR_FACTORIES and isinstance(value.func, ast.Attribute):
             return "tensor"
-    return "value"
+    return None
 
 
 def _why_not(fix: FixPlan | NoFix) -> tuple[str, ...]:

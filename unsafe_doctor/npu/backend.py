@@ -69,8 +69,9 @@ import importlib
 import itertools
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -121,6 +122,17 @@ class UnsafeBackend(ABC):
     @abstractmethod
     def activate(self) -> contextlib.AbstractContextManager[UnsafeBackend]:
         """Context in which ops on this thread are checked."""
+
+    @contextlib.contextmanager
+    def unchecked(self) -> Iterator[None]:
+        """The check off for reads of our own (a harness looking at tensors must neither trip on
+        unsafe ones nor make them safe), then back as it was."""
+        was_on = self.check_enabled()
+        self.set_check(False)
+        try:
+            yield
+        finally:
+            self.set_check(was_on)
 
 
 def unsafe_data_error(device_index: int) -> RuntimeError:
@@ -303,7 +315,7 @@ class EmulatedBackend(UnsafeBackend):
         if not self.is_safe(tensor):
             raise unsafe_data_error(self.device_index)
 
-    def _require_all_safe(self, values) -> None:
+    def _require_all_safe(self, values: Iterable[object]) -> None:
         """Check every tensor in ``values``, one level into lists (``Tensor[]``, ``Tensor?[]``)."""
         for value in values:
             if isinstance(value, torch.Tensor):
@@ -352,7 +364,7 @@ class _KernelCheck(TorchDispatchMode):
         the first op, for a compiler this mode never meets."""
         return False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         with torch._C.DisableTorchFunction():  # the storage lookups need no host-read check
             self.backend._before(func, args, kwargs)
@@ -369,7 +381,7 @@ class _HostReadCheck(TorchFunctionMode):
         super().__init__()
         self.backend = backend
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         reads_to_host = func in _HOST_READS or (func is torch.Tensor.to and _to_host(args, kwargs))
         if reads_to_host and self.backend.check_enabled():

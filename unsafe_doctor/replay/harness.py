@@ -192,14 +192,14 @@ class _Run:
         if self.rank == self.plan.replica:  # what recovery must give back to the faulty rank
             self.at_fault = {key: [_bytes(tensor) for tensor in probe.tensors()] for key, probe in self.probes.items()}
         if self.rank == self.plan.faulty:
-            self.backend.set_check(False)
-            for probe in self.probes.values():
-                _scramble(probe.tensors())
-            self.backend.mark_host(*_host_resident(self._train_args()))
-            self.backend.mark_all_unsafe()
-            if self.plan.mode == "block" or None in self._train_args():  # no adaptor code repairs them here
-                self._stand_for_own_repair()
-            self.backend.set_check(True)
+            with self.backend.unchecked():
+                for probe in self.probes.values():
+                    _scramble(probe.tensors())
+                self.backend.mark_host(*_host_resident(self._train_args()))
+                self.backend.mark_all_unsafe()
+                if self.plan.mode == "block" or None in self._train_args():  # no adaptor code repairs them here
+                    self._stand_for_own_repair()
+            self.backend.set_check(True)  # from here on, as after a real fault
         dist.barrier()
 
     def _stand_for_own_repair(self) -> None:
@@ -208,13 +208,11 @@ class _Run:
         and the optimizer's state only), and the globals stay unsafe."""
         if self.rank != self.plan.faulty:
             return
-        was_on = self.backend.check_enabled()
-        self.backend.set_check(False)
-        globals_memory = {_address(tensor) for probe in self.probes.values() for tensor in probe.tensors()}
-        for tensor in _repaired_by_the_adaptor(self._train_args(), self.plan.rebuilds_model):
-            if _address(tensor) not in globals_memory:
-                self.backend.mark_safe(tensor)
-        self.backend.set_check(was_on)
+        with self.backend.unchecked():
+            globals_memory = {_address(tensor) for probe in self.probes.values() for tensor in probe.tensors()}
+            for tensor in _repaired_by_the_adaptor(self._train_args(), self.plan.rebuilds_model):
+                if _address(tensor) not in globals_memory:
+                    self.backend.mark_safe(tensor)
 
     def _repair(self) -> None:
         """The repair on the faulty rank and its replicas, each with its own groups (device and
@@ -252,9 +250,7 @@ class _Run:
     def _check(self) -> None:
         """On the faulty rank: what is still unsafe, and (scenario 2) whether each global holds the
         bytes the replica had at the fault, the state training had reached on every healthy rank."""
-        was_on = self.backend.check_enabled()
-        self.backend.set_check(False)  # the harness's own reads must not trip, nor refresh anything
-        try:
+        with self.backend.unchecked():  # the harness's own reads must not trip, nor refresh anything
             mine = {}
             if self.rank == self.plan.faulty:
                 for key, probe in self.probes.items():
@@ -267,8 +263,6 @@ class _Run:
                 for target in self.plan.targets:
                     if target.scenario == 2 and target.key in mine:
                         self.equal[target.key] = mine[target.key] == reference.get(target.key)
-        finally:
-            self.backend.set_check(was_on)
 
     def _resume(self) -> None:
         for key, probe in self.probes.items():
@@ -286,17 +280,13 @@ class _Run:
         (innermost first) that are module-level, or reached through a module or a class, the first
         with an unsafe tensor behind it. It may be another global than the probe's: the next one
         no fix covers."""
-        was_on = self.backend.check_enabled()
-        self.backend.set_check(False)  # looking must not trip, nor refresh anything
-        try:
+        with self.backend.unchecked():  # looking must not trip, nor refresh anything
             for frame, line in reversed(list(traceback.walk_tb(error.__traceback__))):
                 if not _is_users(frame.f_code.co_filename):
                     continue
                 for label, value in _globals_on_line(linecache.getline(frame.f_code.co_filename, line), frame):
                     if any(not self.backend.is_safe(tensor) for tensor in reachable_tensors(value)):
                         return label
-        finally:
-            self.backend.set_check(was_on)
         return None
 
     # --- running the adaptor's code --------------------------------------------------------------

@@ -303,6 +303,17 @@ def callee_name(func: ast.expr) -> str | None:
     return func.id if isinstance(func, ast.Name) else None
 
 
+def dotted_name(node: ast.AST) -> str | None:
+    """`a.b.c` for a name or an attribute chain on one, as written (no import followed); None for
+    anything else (`f().x`, `a[0].x`)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted_name(node.value)
+        return f"{base}.{node.attr}" if base is not None else None
+    return None
+
+
 def decorator_name(decorator: ast.expr) -> str | None:
     """`lru_cache` for `@lru_cache`, `@functools.lru_cache(maxsize=8)` and `@cache`-like forms."""
     return callee_name(decorator.func if isinstance(decorator, ast.Call) else decorator)

@@ -73,7 +73,8 @@ class Study(Followed, Protocol):
 
     @property
     def defining(self) -> SourceFile | None: ...
-    def add(self, kind: Kind, path: Path, line: int, what: str, **flags) -> Event: ...
+    def add(self, kind: Kind, path: Path, line: int, what: str, *, function: str = "", detached: bool = False,
+            persistent: bool = False, for_logging: bool = False) -> Event: ...
     def every_iteration(self, function: str) -> list[CallSite] | None: ...
 
 
@@ -175,7 +176,7 @@ class FunctionStudy:
 
     # events
 
-    def add(self, kind: Kind, node: ast.stmt, what: str, **flags) -> Event:
+    def add(self, kind: Kind, node: ast.stmt, what: str, **flags: bool) -> Event:
         code = self.file.code(node)
         where = "at module level" if self.function is None else f"in {self.name}()"
         return self.file.study.add(kind, self.file.source.path, node.lineno, f"{what} {where}: `{code}`",
