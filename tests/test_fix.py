@@ -291,7 +291,7 @@ def test_crlf_and_tab_indentation_are_kept(tmp_path):
     block = [line for line in edit.updated.split(b"\r\n") if line not in original_lines]
     assert markers(edit.updated.replace(b"\r\n", b"\n")) == ["generic.replica-copy:toytrain.state._EMA_GRAD_NORM"] * 2
     assert all(line.startswith(b"\t") and b"    " not in line[: len(line) - len(line.lstrip())] for line in block)
-    assert b"\r\n\t\tfor global_tensor in global_tensors:" in edit.updated  # the pair loop, then the template's level
+    assert b"\r\n\t\tglobal_tensor = state._EMA_GRAD_NORM\r\n" in edit.updated  # the pair loop, then the template's level
     assert [insertion.line for insertion in edit.insertions] == [4, 7]  # before the blank line; before `return 0`
     assert spliced(edit) == edit.updated.decode()
     compile(edit.updated, "adaptor.py", "exec")
@@ -389,7 +389,7 @@ def test_profile_with_scalar_ranks_passes_them_in(tmp_path, produced_logs):
     assert "        for chunk in job.train_args[1]:\n" in text  # the role's parameter, in the function's names
     assert "torch.distributed.send(module.expert_bias, dst=target, group=job.group)" in text
     assert "torch.distributed.recv(recv_tensor, src=source, group=job.group)" in text
-    assert "for src_rank, dest_rank in" not in text  # called once per pair: no lists to walk
+    assert "dict.fromkeys(zip(" not in text  # called once per pair: no lists to walk
     compile(text, "adaptor.py", "exec")
 
 
@@ -399,7 +399,9 @@ def test_list_ranks_visit_each_pair_once_in_first_seen_order(tmp_path, produced_
     plan = plan_for(EMA, adaptor / "my_recovery.py", source_roots=(FRAMEWORK,), functions=CUSTOM_FUNCTIONS)
     namespace = {}
     exec("def pairs(src_ranks, dest_ranks):\n    return list(dict.fromkeys(zip(src_ranks, dest_ranks)))", namespace)
-    assert "for src_rank, dest_rank in dict.fromkeys(zip(src_ranks, dest_ranks)):" in plan.edits[0].updated.decode()
+    written = plan.edits[0].updated.decode()
+    assert "for _src_rank, dest_rank in dict.fromkeys(zip(src_ranks, dest_ranks)):" in written  # the send side
+    assert "for src_rank, _dest_rank in dict.fromkeys(zip(src_ranks, dest_ranks)):" in written  # the receive side
     assert namespace["pairs"]([4, 4, 5, 4], [1, 1, 2, 1]) == [(4, 1), (5, 2)]
 
 

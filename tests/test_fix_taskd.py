@@ -49,8 +49,9 @@ def test_scenario_2_reads_each_sides_ranks_from_its_own_named_tuple(callbacks):
     compile(written, str(repair), "exec")
     send = written[written.index("def send_rank_repair("): written.index("def save_and_send_ckpt(")]
     recv = written[written.index("def recv_rank_repair("): written.index("def build_model_and_optimizer(")]
-    pairs = "for src_rank, dest_rank in dict.fromkeys(zip({0}.src_ranks, {0}.dest_ranks)):"
-    assert pairs.format("send_rank_repair_args") in send and pairs.format("recv_rank_repair_args") in recv
+    pairs = "for {1} in dict.fromkeys(zip({0}.src_ranks, {0}.dest_ranks)):"  # each side names the rank it does not read _x
+    assert pairs.format("send_rank_repair_args", "_src_rank, dest_rank") in send
+    assert pairs.format("recv_rank_repair_args", "src_rank, _dest_rank") in recv
     # the functions' own `group = get_repair_group()`, their torch: nothing imported again
     assert "torch.distributed.send(module.expert_bias, dst=dest_rank, group=group)" in send
     assert "torch.distributed.recv(recv_tensor, src=src_rank, group=group)" in recv
