@@ -38,7 +38,8 @@ TRACEBACK = """Traceback (most recent call last):
     losses_reduced = forward_backward_func(
   File "/usr/local/lib/python3.10/site-packages/megatron/core/transformer/moe/router.py", line 272, in apply_z_loss
     save_to_aux_losses_tracker(
-  File "/usr/local/lib/python3.10/site-packages/megatron/core/transformer/moe/moe_utils.py", line 172, in save_to_aux_losses_tracker
+  File "/usr/local/lib/python3.10/site-packages/megatron/core/transformer/moe/moe_utils.py", line 172, \
+in save_to_aux_losses_tracker
     parallel_state._MOE_LAYER_WISE_LOGGING_TRACKER[name][layer_number - 1] += loss.detach()
 RuntimeError: There is unsafe data in the input tensor.
 [ERROR] 2026-11-30-03:40:12 (PID:991527, Device:3, RankID:3) ERR00003 PTA invalid value
@@ -101,7 +102,8 @@ def timed(command: list[str], stdin_from: Path | None = None, redirect: bool = F
 
 
 def paired(runs: int, commands: list[tuple[list[str], Path | None, bool]]) -> list[tuple[float, int, int]]:
-    """Per command (argv, stdin file, redirected): median seconds, last exit code, peak RSS; the commands run in turn, `runs` rounds."""
+    """Per command (argv, stdin file, redirected): median seconds, last exit code, peak RSS; the commands run in turn,
+    `runs` rounds."""
     results: list[list[tuple[float, int, int]]] = [[] for _ in commands]
     for _ in range(runs):
         for index, (command, stdin_from, redirect) in enumerate(commands):
@@ -138,20 +140,28 @@ def main() -> None:
         timings = paired(args.repeat, commands)
         (grep_s, _, _), (grep_pipe_s, _, _), (grep_redirect_s, _, _) = timings[:3]
         (file_s, file_rc, file_rss), (pipe_s, pipe_rc, pipe_rss), (redirect_s, _, redirect_rss) = timings[3:6]
-        found = json.loads(subprocess.run([doctor, "diagnose", str(log), "--format", "json"], capture_output=True, text=True).stdout)
+        found = json.loads(
+            subprocess.run([doctor, "diagnose", str(log), "--format", "json"], capture_output=True, text=True).stdout
+        )
         variables = [f["tensor"]["variable"] for f in found["findings"] if f["tensor"]]
         print(f"{'command':<34}{'seconds':>9}{'x grep':>8}{'GB/s':>7}{'peak RSS':>11}")
         print(f"{'grep -c -F':<34}{grep_s:>9.2f}{1:>8.2f}{size / grep_s / 1e9:>7.2f}{'':>11}")
         if rg:
             rg_s = timings[6][0]
             print(f"{'rg -c -F':<34}{rg_s:>9.2f}{rg_s / grep_s:>8.2f}{size / rg_s / 1e9:>7.2f}{'':>11}")
-        print(f"{'cat FILE | grep -c -F':<34}{grep_pipe_s:>9.2f}{grep_pipe_s / grep_s:>8.2f}{size / grep_pipe_s / 1e9:>7.2f}{'':>11}")
-        print(f"{'unsafe-doctor diagnose FILE':<34}{file_s:>9.2f}{file_s / grep_s:>8.2f}{size / file_s / 1e9:>7.2f}{file_rss / 1024:>8.0f} MB")
-        print(f"{'cat FILE | unsafe-doctor':<34}{pipe_s:>9.2f}{pipe_s / grep_s:>8.2f}{size / pipe_s / 1e9:>7.2f}{pipe_rss / 1024:>8.0f} MB")
-        print(f"{'grep -c -F < FILE':<34}{grep_redirect_s:>9.2f}{grep_redirect_s / grep_s:>8.2f}{size / grep_redirect_s / 1e9:>7.2f}{'':>11}")
-        print(f"{'unsafe-doctor < FILE':<34}{redirect_s:>9.2f}{redirect_s / grep_s:>8.2f}{size / redirect_s / 1e9:>7.2f}{redirect_rss / 1024:>8.0f} MB")
+        print(f"{'cat FILE | grep -c -F':<34}{grep_pipe_s:>9.2f}{grep_pipe_s / grep_s:>8.2f}"
+              f"{size / grep_pipe_s / 1e9:>7.2f}{'':>11}")
+        print(f"{'unsafe-doctor diagnose FILE':<34}{file_s:>9.2f}{file_s / grep_s:>8.2f}"
+              f"{size / file_s / 1e9:>7.2f}{file_rss / 1024:>8.0f} MB")
+        print(f"{'cat FILE | unsafe-doctor':<34}{pipe_s:>9.2f}{pipe_s / grep_s:>8.2f}"
+              f"{size / pipe_s / 1e9:>7.2f}{pipe_rss / 1024:>8.0f} MB")
+        print(f"{'grep -c -F < FILE':<34}{grep_redirect_s:>9.2f}{grep_redirect_s / grep_s:>8.2f}"
+              f"{size / grep_redirect_s / 1e9:>7.2f}{'':>11}")
+        print(f"{'unsafe-doctor < FILE':<34}{redirect_s:>9.2f}{redirect_s / grep_s:>8.2f}"
+              f"{size / redirect_s / 1e9:>7.2f}{redirect_rss / 1024:>8.0f} MB")
         print(f"findings: {variables} (exit codes {file_rc}, {pipe_rc})")
-        print(f"stdin against the same pipe into grep: {pipe_s / grep_pipe_s:.2f}x; a redirected file against grep's: {redirect_s / grep_redirect_s:.2f}x")
+        print(f"stdin against the same pipe into grep: {pipe_s / grep_pipe_s:.2f}x; "
+              f"a redirected file against grep's: {redirect_s / grep_redirect_s:.2f}x")
         if rg:
             print(f"file against rg: {file_s / rg_s:.2f}x")
         else:

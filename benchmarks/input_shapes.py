@@ -75,8 +75,11 @@ def dense(doctor: str, workdir: Path, repeat: int) -> bool:
         log = workdir / f"dense{megabytes}.log"
         write_repeated(log, UNSAFE * 1000, megabytes << 20)
         subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL, check=True)
-        (grep_s, _), (doctor_s, rss) = rounds(repeat, [["grep", "-c", "-F", "unsafe data", str(log)], [doctor, "diagnose", str(log)]])
-        print(f"  {megabytes} MB: grep {grep_s:.3f} s, unsafe-doctor {doctor_s:.2f} s ({doctor_s / grep_s:.1f}x), peak RSS {rss / 1024:.0f} MB")
+        (grep_s, _), (doctor_s, rss) = rounds(
+            repeat, [["grep", "-c", "-F", "unsafe data", str(log)], [doctor, "diagnose", str(log)]]
+        )
+        print(f"  {megabytes} MB: grep {grep_s:.3f} s, unsafe-doctor {doctor_s:.2f} s ({doctor_s / grep_s:.1f}x), "
+              f"peak RSS {rss / 1024:.0f} MB")
         peaks.append(rss)
         log.unlink()
     ok = max(peaks) <= 200 * 1024
@@ -97,7 +100,8 @@ def packed(doctor: str, workdir: Path, repeat: int) -> bool:
         repeat, [[doctor, "diagnose", str(workdir / "plain.log")], [doctor, "diagnose", str(workdir / "packed.log")]]
     )
     ratio = packed_s / plain_s
-    print(f"  plain {plain_s:.2f} s, packed {packed_s:.2f} s: {ratio:.2f}x (peak RSS {rss / 1024:.0f} MB); target <= 2x: {'met' if ratio <= 2 else 'MISSED'}")
+    print(f"  plain {plain_s:.2f} s, packed {packed_s:.2f} s: {ratio:.2f}x (peak RSS {rss / 1024:.0f} MB); "
+          f"target <= 2x: {'met' if ratio <= 2 else 'MISSED'}")
     for name in ("plain.log", "packed.log"):
         (workdir / name).unlink()
     return ratio <= 2
@@ -116,11 +120,15 @@ def folder(doctor: str, workdir: Path, repeat: int) -> bool:
                 out.write(UNSAFE)
     subprocess.run(["cat", *map(str, sorted(logs.iterdir()))], stdout=subprocess.DEVNULL, check=True)
     rg = shutil.which("rg")
-    baseline = [rg, "-c", "-F", "There is unsafe data", str(logs)] if rg else ["grep", "-r", "-c", "-F", "There is unsafe data", str(logs)]
+    baseline = (
+        [rg, "-c", "-F", "There is unsafe data", str(logs)] if rg
+        else ["grep", "-r", "-c", "-F", "There is unsafe data", str(logs)]
+    )
     (base_s, _), (doctor_s, rss) = rounds(repeat, [baseline, [doctor, "diagnose", str(logs)]])
     ratio = doctor_s / base_s
     name = "rg -c -F" if rg else "grep -r -c -F (rg is not installed)"
-    print(f"  {name} {base_s:.2f} s, unsafe-doctor {doctor_s:.2f} s: {ratio:.2f}x, peak RSS {rss / 1024:.0f} MB, {os.cpu_count()} cores")
+    print(f"  {name} {base_s:.2f} s, unsafe-doctor {doctor_s:.2f} s: {ratio:.2f}x, peak RSS {rss / 1024:.0f} MB, "
+          f"{os.cpu_count()} cores")
     print(f"  target <= 3.0x rg: {'met' if rg and ratio <= 3 else 'MISSED' if rg else 'not measurable here'}")
     shutil.rmtree(logs)
     return ratio <= 3
@@ -136,7 +144,8 @@ def main() -> None:
     doctor = shutil.which("unsafe-doctor") or str(Path(sys.executable).with_name("unsafe-doctor"))
     workdir = Path(tempfile.mkdtemp(prefix="unsafe-doctor-shapes-"))
     try:
-        results = [shape(doctor, workdir, args.repeat) for name, shape in (("dense", dense), ("packed", packed), ("folder", folder)) if args.only in (None, name)]
+        shapes = (("dense", dense), ("packed", packed), ("folder", folder))
+        results = [shape(doctor, workdir, args.repeat) for name, shape in shapes if args.only in (None, name)]
         print("result: " + ("within targets" if all(results) else "MISSED a target"))
     finally:
         shutil.rmtree(workdir)

@@ -550,7 +550,9 @@ def test_cached_functions_returning_tensors(tmp_path):
     assert mask.holder.kind == "lru-cache"
     assert (mask.classification.scenario, mask.classification.confidence) == (1, "medium")
     assert mask.classification.fix.function == "feature_rollback"
-    assert mask.classification.fix.code == 'cache = getattr(masks, "causal_mask", None)\nif hasattr(cache, "cache_clear"):\n    cache.cache_clear()\n'
+    assert mask.classification.fix.code == (
+        'cache = getattr(masks, "causal_mask", None)\nif hasattr(cache, "cache_clear"):\n    cache.cache_clear()\n'
+    )
     assert mask.classification.fix.imports == ("from pkg import masks",)
 
 

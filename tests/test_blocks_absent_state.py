@@ -66,7 +66,8 @@ class Case:
         owner = self.subject.tensor.owner if self.subject.tensor else None
         kind = "cached" if self.subject.tensor and self.subject.tensor.cached else ""
         variable = self.subject.tensor.variable if self.subject.tensor else None
-        return "-".join(part for part in (self.fixer.id, owner, kind, variable, self.side.replace("_code", ""), self.state) if part)
+        parts = (self.fixer.id, owner, kind, variable, self.side.replace("_code", ""), self.state)
+        return "-".join(part for part in parts if part)
 
 
 def concrete(glob: str | None, default: str) -> str:

@@ -287,7 +287,8 @@ def test_two_adaptors_are_never_chosen_between_silently(tmp_path):
     for args in (["audit", ".", "--fix", "--yes"], ["fix", str(ROOT / "samples" / "logs" / "toytrain_ema"), "--source-root", ".",
                                                      "--yes"], ["sentinel", "install", "--source-root", ".", "--no-input"]):
         refused(run(*args, cwd=tmp_path), "several recovery adaptors under the source roots "
-                                          "(third_party/vendor/recovery.py, toytrain/recovery.py): name the one to use with --adaptor FILE")
+                                          "(third_party/vendor/recovery.py, toytrain/recovery.py): "
+                                          "name the one to use with --adaptor FILE")
     assert team.read_bytes() == vendored.read_bytes() == before
 
 

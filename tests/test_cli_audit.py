@@ -198,12 +198,17 @@ def test_the_audit_pages_sample_commands_are_true(tmp_path):
     environment = {"COLUMNS": "100", "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
     outputs = []
     for command in commands:
-        result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120
+        )
         outputs.append(result)
     assert [result.returncode for result in outputs] == [1, 0, 0, 0], [result.stderr for result in outputs]
-    audits = [result for command, result in zip(commands, outputs) if "--fix" not in command and command.startswith("unsafe")]
+    audits = [
+        result for command, result in zip(commands, outputs, strict=True)
+        if "--fix" not in command and command.startswith("unsafe")
+    ]
     assert len(audits) == len(tables) == 2
-    for result, table in zip(audits, tables):
+    for result, table in zip(audits, tables, strict=True):
         assert _table_lines(result.stdout) == table
     fixed = outputs[2].stdout
     assert all(line[1:] in fixed for line in diff.splitlines()[1:] if line.startswith("+"))

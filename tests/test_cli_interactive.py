@@ -58,7 +58,9 @@ def test_no_at_the_terminal_leaves_the_adaptor_untouched(tmp_path):
     adaptor = tmp_path / "recovery.py"
     shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
     before = adaptor.read_bytes()
-    code, screen = converse(["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], None, [(b"[y/N]", b"n\n")])
+    code, screen = converse(
+        ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)], None, [(b"[y/N]", b"n\n")]
+    )
     assert "[y/N]" in screen
     assert adaptor.read_bytes() == before
 

@@ -83,7 +83,8 @@ def test_a_user_rule_file_classifies_a_global_no_shipped_rule_knows(tmp_path):
             fix:
               imports: ["import torch"]
               code: |
-                acme_state._SCRATCH = torch.zeros(acme_state._SCRATCH.shape, dtype=acme_state._SCRATCH.dtype, device=acme_state._SCRATCH.device)
+                acme_state._SCRATCH = torch.zeros(acme_state._SCRATCH.shape, dtype=acme_state._SCRATCH.dtype,
+                                                  device=acme_state._SCRATCH.device)
             reason: A scratch buffer rewritten before every use.
         """))
     result = run("diagnose", str(log), "--rules", str(rules), "--format", "json")

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from terminal import at_terminal
 from conftest import load_rules_generator
+from terminal import at_terminal
 
-from unsafe_doctor.knowledge.context import groundwork
+from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX, FileEdit, Plan, apply, function_overrides, plan_fix, plan_revert
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX, FileEdit, Plan, apply, function_overrides, plan_fix, plan_revert
+from unsafe_doctor.knowledge.context import groundwork
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
@@ -267,8 +267,12 @@ def test_early_returns_are_reported(tmp_path, produced_logs):
             args.reset()
         ''')
     plan = plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
-    assert plan.notes == (f"{adaptor}: feature_rollback() returns before its end (line 3): the block runs only on paths that reach the end",)
-    assert plan.edits[0].updated.decode().rstrip("\n").endswith("# unsafe-doctor: end generic.reinitialise:toytrain.state.LOSS_LOG")
+    assert plan.notes == (
+        f"{adaptor}: feature_rollback() returns before its end (line 3): the block runs only on paths that reach the end",
+    )
+    assert plan.edits[0].updated.decode().rstrip("\n").endswith(
+        "# unsafe-doctor: end generic.reinitialise:toytrain.state.LOSS_LOG"
+    )
 
 
 def test_crlf_and_tab_indentation_are_kept(tmp_path):
@@ -414,7 +418,8 @@ def refused(fragment: str):
 
 def test_no_such_function_lists_what_is_there(tmp_path):
     adaptor = custom_adaptor(tmp_path, "def rollback_all():\n    pass\n\n\ndef helper():\n    pass\n")
-    with refused(r"no recv function recv_rank_repair\(\) .* \(functions there: helper, rollback_all\); name it with --function recv=NAME"):
+    with refused(r"no recv function recv_rank_repair\(\) .* \(functions there: helper, rollback_all\); "
+                 r"name it with --function recv=NAME"):
         plan_for(EMA, adaptor, source_roots=(FRAMEWORK,))
 
 
@@ -466,7 +471,8 @@ def test_result_that_does_not_compile_is_refused(tmp_path):
             reason: Written to fail.
         """))
     adaptor = custom_adaptor(tmp_path, "def feature_rollback():\n    pass\n")
-    with refused(r"adaptor.py: the edited file would not compile \(no binding for nonlocal 'never_bound' found, line 5\): nothing written"):
+    with refused(r"adaptor.py: the edited file would not compile "
+                 r"\(no binding for nonlocal 'never_bound' found, line 5\): nothing written"):
         plan_for(EMA, adaptor, source_roots=(FRAMEWORK,), rules=(rules,))
     assert adaptor.read_bytes() == b"def feature_rollback():\n    pass\n"
 
@@ -717,7 +723,8 @@ def test_cli_dry_run_yes_again_and_revert(tmp_path):
     unasked = run(*common)
     assert unasked.returncode == 1
     assert unasked.stdout == dry.stdout
-    assert f"not applied: nothing is asked without a terminal or with --no-input; to apply: unsafe-doctor fix {' '.join(common)} --yes" in unasked.stderr
+    assert (f"not applied: nothing is asked without a terminal or with --no-input; "
+            f"to apply: unsafe-doctor fix {' '.join(common)} --yes") in unasked.stderr
     assert adaptor.read_bytes() == before
 
     applied = run(*common, "--yes")
@@ -737,7 +744,9 @@ def test_cli_dry_run_yes_again_and_revert(tmp_path):
 
 def test_cli_json(tmp_path):
     adaptor = toytrain_copy(tmp_path)
-    result = run(str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--format", "json", "--yes")
+    result = run(
+        str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--format", "json", "--yes"
+    )
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["schema"] == "unsafe-doctor/fix/v1"

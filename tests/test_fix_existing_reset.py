@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.adaptor.fix import AlreadyReset, Planned, plan_fix
-from unsafe_doctor.source.workspace import Workspace
+from unsafe_doctor.diagnose.pipeline import diagnose
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.log.tracebacks import Frame
+from unsafe_doctor.source.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "corpus" / "logs"

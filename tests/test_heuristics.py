@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from unsafe_doctor.diagnose.locate import locate
 from unsafe_doctor.knowledge.heuristics import Verdict, judge
 from unsafe_doctor.knowledge.heuristics.gather import MAX_FILES
-from unsafe_doctor.diagnose.locate import locate
-from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame, Traceback
+from unsafe_doctor.source.workspace import Workspace
 
 FIXTURES = Path(__file__).parent / "fixtures" / "heuristics"
 TOYTRAIN = Path(__file__).parents[1] / "samples" / "framework"

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unsafe_doctor.errors import UsageError
 from unsafe_doctor.log import inputs, reading
 from unsafe_doctor.log.arguments import DUMP_MARKERS
 from unsafe_doctor.log.lines import split_lines
-from unsafe_doctor.errors import UsageError
 
 ERROR_LINE = "RuntimeError: There is unsafe data in the input tensor.\n"
 MARKERS = (b"check uce memory result",)
@@ -343,7 +343,11 @@ DUMP = "------------------------ arguments ------------------------\n  fp16 ....
 def _everything(scan: inputs.Scan) -> tuple[object, ...]:
     return (
         scan.inputs, scan.hits, scan.hits_not_parsed, scan.skipped, scan.records_not_kept,
-        [(e.source, e.start, e.text) for group in (scan.windows, scan.context, scan.facts, scan.tails, scan.records, scan.dumps) for e in group],
+        [
+            (e.source, e.start, e.text)
+            for group in (scan.windows, scan.context, scan.facts, scan.tails, scan.records, scan.dumps)
+            for e in group
+        ],
     )
 
 
@@ -408,7 +412,9 @@ def test_a_file_read_in_parts_keeps_what_one_reader_keeps(tmp_path, monkeypatch,
     in_parts_lines, alone_lines = _window_lines(in_parts), _window_lines(alone)
     assert set(in_parts_lines) == set(alone_lines)
     assert all(in_parts_lines[line] <= alone_lines[line] for line in in_parts_lines)
-    assert (in_parts.hits, in_parts.hits_not_parsed, in_parts.context, in_parts.facts) == (alone.hits, alone.hits_not_parsed, alone.context, alone.facts)
+    assert (in_parts.hits, in_parts.hits_not_parsed, in_parts.context, in_parts.facts) == (
+        alone.hits, alone.hits_not_parsed, alone.context, alone.facts
+    )
     assert (in_parts.records, in_parts.records_not_kept, in_parts.dumps) == (alone.records, alone.records_not_kept, alone.dumps)
     assert alone.hits == 75 and len(alone.records) == 300 and alone.records_not_kept == 1
 
@@ -434,7 +440,9 @@ def test_a_marker_across_the_edge_of_two_reads_is_found_wherever_the_edge_cuts_i
         lead = "x" * (4096 - shared - 6 + cut) + "\n"  # the edge falls `cut` bytes into the line's `unsafe...`
         data = (lead + line + noise(300)).encode()
         path = write(tmp_path / f"cut_{cut}.log", data)
-        for scan in (_scan_all([path]), inputs.scan(["-"], MARKERS, record_markers=(b"[unsafe-doctor sentinel]",), stdin=io.BytesIO(data))):
+        from_file = _scan_all([path])
+        from_stdin = inputs.scan(["-"], MARKERS, record_markers=(b"[unsafe-doctor sentinel]",), stdin=io.BytesIO(data))
+        for scan in (from_file, from_stdin):
             assert (scan.hits, len(scan.records)) == ((1, 0) if marker == "error" else (0, 1)), cut
 
 

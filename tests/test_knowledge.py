@@ -13,10 +13,10 @@ import pytest
 
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge import matching
 from unsafe_doctor.knowledge.classify import FixPlan
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.knowledge.loading import load_knowledge, validate_files
-from unsafe_doctor.knowledge import matching
 from unsafe_doctor.knowledge.matching import rule_matches
 from unsafe_doctor.knowledge.rules import is_safe_dotted
 from unsafe_doctor.source.index import FrameworkIndex
@@ -209,7 +209,9 @@ def test_only_scale_loss_stands_for_the_grad_scaler_among_the_optimizers_frames(
     assert not rule_matches(rule, None, module, None, optimizer_py, "step_with_ready_grads", "grad-scaler")
     # the scaler's own tensors match whatever the log shows
     grad_scaler_py = "/site/megatron/core/optimizer/grad_scaler.py"
-    assert rule_matches(rule, "backoff_factor", "megatron.core.optimizer.grad_scaler", "DynamicGradScaler", grad_scaler_py, "update", "none")
+    assert rule_matches(
+        rule, "backoff_factor", "megatron.core.optimizer.grad_scaler", "DynamicGradScaler", grad_scaler_py, "update", "none"
+    )
 
 
 @pytest.mark.parametrize(
@@ -409,7 +411,8 @@ def test_an_any_of_guard_beside_another_condition_guards_the_fix_as_an_or_within
                                        'False)) and getattr(get_args(), "acme_log_losses", False):')
     arguments = argparse.Namespace(acme_sft=sft, acme_masking=masking, acme_log_losses=log_losses)
     ran = []
-    exec(fix.code, {"get_args": lambda: arguments, "state": argparse.Namespace(_LOSS_LOG=argparse.Namespace(clear=lambda: ran.append(1)))})
+    state = argparse.Namespace(_LOSS_LOG=argparse.Namespace(clear=lambda: ran.append(1)))
+    exec(fix.code, {"get_args": lambda: arguments, "state": state})
     assert bool(ran) is runs
 
 
@@ -425,7 +428,9 @@ def test_a_profile_names_only_known_parameter_roles(tmp_path):
     [problem] = validate_files([path])
     assert problem.startswith(f"{path}:2: profile acme-adaptor: unknown parameter role 'step_count' (roles: src_ranks, ")
     path = write(tmp_path, PROFILE.replace("src_ranks: sources, ", ""), "missing.yaml")
-    assert validate_files([path]) == [f"{path}:2: profile acme-adaptor: parameters: no parameter for the role src_ranks (or peer)"]
+    assert validate_files([path]) == [
+        f"{path}:2: profile acme-adaptor: parameters: no parameter for the role src_ranks (or peer)"
+    ]
 
 
 def test_two_rules_that_tie_need_a_priority_and_the_higher_one_wins(tmp_path):
@@ -489,7 +494,8 @@ def test_a_tie_between_regexes_of_a_million_names_is_decided_without_listing_the
     result = validate_in_a_child(crossing)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "rule acme.second: ties with rule acme.first" in result.stdout + result.stderr
-    apart = write(tmp_path, "rules:\n" + regex_rule("acme.first", "(a|b)" * 24) + regex_rule("acme.second", "(b|c)" * 24, "acme.other"),
+    apart = write(tmp_path,
+                  "rules:\n" + regex_rule("acme.first", "(a|b)" * 24) + regex_rule("acme.second", "(b|c)" * 24, "acme.other"),
                   "apart.yaml")
     assert validate_in_a_child(apart).returncode == 0
 
@@ -554,7 +560,9 @@ def test_no_schema_pattern_takes_a_value_with_a_line_feed_after_one_it_takes():
     patterns = schema_patterns(schema)
     assert len(patterns) >= 7
     for pattern in patterns:
-        taken = next(value for value in ("acme.loss-log", "acme", "1.2", "import torch", "_LOSS_LOG") if re.search(pattern, value))
+        taken = next(
+            value for value in ("acme.loss-log", "acme", "1.2", "import torch", "_LOSS_LOG") if re.search(pattern, value)
+        )
         assert re.search(pattern, taken + "\n") is None, pattern
 
 

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unsafe_doctor.errors import UsageError
 from unsafe_doctor.diagnose.locate import locate
+from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge.subject import TensorRef
 from unsafe_doctor.log.lines import LogLine
+from unsafe_doctor.log.tracebacks import Frame, Marker, Traceback, parse_tracebacks
 from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin, Workspace, module_from_path
-from unsafe_doctor.knowledge.subject import TensorRef
-from unsafe_doctor.log.tracebacks import Frame, Marker, Traceback, parse_tracebacks
 
 UNSAFE = "There is unsafe data in the input tensor."
 FIXTURES = Path(__file__).parent / "fixtures" / "locate"
@@ -484,7 +484,10 @@ def test_an_lru_cached_call_passed_inline_is_chosen_over_a_fresh_local():
 @pytest.mark.parametrize(
     ("imports", "decorator", "tensor"),
     [
-        ("import functools", "@functools.lru_cache(maxsize=None)", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None, cached=True)),
+        (
+            "import functools", "@functools.lru_cache(maxsize=None)",
+            TensorRef("make_mask(n)", "make_mask", "pkg.mask", None, cached=True),
+        ),
         ("from functools import lru_cache", "@lru_cache", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None, cached=True)),
         ("import functools", "@functools.cache", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None, cached=True)),
         # not cached: a fresh value, not an operand; the tensor is the parameter
@@ -826,7 +829,9 @@ def test_locate_never_raises_on_arbitrary_frames(frames):
 
 def test_the_source_of_a_copy_is_the_tensor_read_not_its_destination():
     """torch_npu checks only copy_'s source; the destination is written and marked safe."""
-    frame = Frame("/opt/acme/swap.py", 12, "swap_out", "self.tensor_cpu.storage().copy_(self.tensor.storage(), non_blocking=True)")
+    frame = Frame(
+        "/opt/acme/swap.py", 12, "swap_out", "self.tensor_cpu.storage().copy_(self.tensor.storage(), non_blocking=True)"
+    )
     traceback = Traceback(
         rank=0, source="x.log", offset=0, frames=(frame,), exception_type="RuntimeError",
         message="There is unsafe data in the input tensor.", error_code=None, npu_rank=None, device=None,

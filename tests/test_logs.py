@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from unsafe_doctor.diagnose.locate import locate
 from unsafe_doctor.log.lines import LogLine, by_rank, normalise, split_lines
-from unsafe_doctor.source.workspace import Workspace
 from unsafe_doctor.log.tracebacks import parse_tracebacks
+from unsafe_doctor.source.workspace import Workspace
 
 NPU_ERROR = "[ERROR] 2024-09-26-19:58:19 (PID:991527, Device:3, RankID:3) ERR00003 PTA invalid value"
 
@@ -243,7 +243,7 @@ def test_by_rank_recovers_each_ranks_lines_in_order(entries):
     assert {rank: [line.text for line in group] for rank, group in by_rank(lines).items()} == expected
 
     encoded = text.encode()
-    for line, raw in zip(lines, raw_lines):
+    for line, raw in zip(lines, raw_lines, strict=True):
         assert encoded[line.offset - 7 :].startswith(raw.encode())
 
 

@@ -662,8 +662,9 @@ CASES = {
     ),
     "router expert_bias": Case(
         "megatron.router-expert-bias", real(route_with_stale_bias), MEGATRON_0_16,
-        ("for chunk in train_args[1]:", "torch.distributed.recv(recv_tensor, src=src_rank", "global_tensor.data.copy_(recv_tensor)",
-         'getattr(module, "expert_bias", None)', "torch.distributed.send(module.expert_bias, dst=dest_rank"),
+        ("for chunk in train_args[1]:", "torch.distributed.recv(recv_tensor, src=src_rank",
+         "global_tensor.data.copy_(recv_tensor)", 'getattr(module, "expert_bias", None)',
+         "torch.distributed.send(module.expert_bias, dst=dest_rank"),
     ),
     "router local_tokens_per_expert": Case(
         "megatron.router-local-tokens-per-expert", real(count_tokens_into_stale_buffer), MEGATRON_0_16,
@@ -679,7 +680,8 @@ CASES = {
     ),
     "grad scaler": Case(
         "megatron.grad-scaler", real(back_off_stale_scale), MEGATRON_0_16,
-        ("train_args[2]", '"chained_optimizers"', "global_tensor.data.copy_(recv_tensor)", "torch.distributed.send(value, dst=dest_rank"),
+        ("train_args[2]", '"chained_optimizers"', "global_tensor.data.copy_(recv_tensor)",
+         "torch.distributed.send(value, dst=dest_rank"),
     ),
     # other megatron-core releases, run by generate.py
     "0.7 aux-loss tracker (the FAQ)": Case(

@@ -14,8 +14,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.diagnose.pipeline import diagnose
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report.diagnosis import to_json, to_sarif
 
 LOGS = Path(__file__).resolve().parent.parent / "samples" / "logs"
@@ -142,7 +142,9 @@ def test_stdin_gives_what_the_file_gives():
 
 
 def test_several_inputs_at_once():
-    _, report = findings_of("diagnose", str(LOGS / "faq_modellink.log"), str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK))
+    _, report = findings_of(
+        "diagnose", str(LOGS / "faq_modellink.log"), str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK)
+    )
     variables = [finding["tensor"]["variable"] for finding in report["findings"]]
     assert variables == ["_MOE_AUX_LOSSES_LOGGING_TRACKER", "_EMA_GRAD_NORM"]
 

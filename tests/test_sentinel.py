@@ -121,7 +121,9 @@ EXPECTED = {
     "sentinelpkg.state.HISTORY": ["sentinelpkg.state.HISTORY[0]"],
     "sentinelpkg.state.LIMITS": ["sentinelpkg.state.LIMITS[0]"],
     "sentinelpkg.state.SCRATCH": ["sentinelpkg.state.SCRATCH.buffer[('mpu', torch.bfloat16)]"],
-    "sentinelpkg.state.Tracker.totals": ["sentinelpkg.state.Tracker.totals['aux'][0]", "sentinelpkg.state.Tracker.totals['aux'][1]"],
+    "sentinelpkg.state.Tracker.totals": [
+        "sentinelpkg.state.Tracker.totals['aux'][0]", "sentinelpkg.state.Tracker.totals['aux'][1]"
+    ],
     "sentinelpkg.state.causal_mask": ["sentinelpkg.state.causal_mask(…)[0]"],
 }
 
@@ -253,7 +255,8 @@ def test_check_logs_one_line_per_record_that_diagnose_can_read_back(package, tra
     records = [parse_line(record.getMessage()) for record in caplog.records]
     assert records == [*report.unsafe, report.summary]
     by_name = {item.dotted: item for item in report.unsafe}
-    assert (by_name["sentinelpkg.state.LOSS_LOG"].scenario, by_name["sentinelpkg.state.LOSS_LOG"].rule) == (1, "sentinelpkg.loss-log")
+    loss_log = by_name["sentinelpkg.state.LOSS_LOG"]
+    assert (loss_log.scenario, loss_log.rule) == (1, "sentinelpkg.loss-log")
     assert by_name["sentinelpkg.state.EMA"].scenario == 2
     assert by_name["sentinelpkg.state.HISTORY"].scenario is None  # no rule: diagnose classifies it from the source
 

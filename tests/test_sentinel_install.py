@@ -26,16 +26,16 @@ from conftest import importable_package
 from terminal import at_terminal
 
 from unsafe_doctor import __version__
-from unsafe_doctor.knowledge.context import groundwork
+from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX, Plan, apply, function_overrides, parameter_roles, plan_fix, plan_revert
+from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX, Plan, apply, function_overrides, parameter_roles, plan_fix, plan_revert
-from unsafe_doctor.source.markers import SENTINEL_KEY
-from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.log.sentinel_modes import MODES
 from unsafe_doctor.npu.backend import EmulatedBackend
-from unsafe_doctor.sentinel import UnsafeStateError
 from unsafe_doctor.replay.verify import plan_replay, verify
+from unsafe_doctor.sentinel import UnsafeStateError
+from unsafe_doctor.source.markers import SENTINEL_KEY
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"

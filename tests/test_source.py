@@ -175,7 +175,8 @@ def test_a_class_parsed_again_in_part_keeps_only_the_methods_chosen(tmp_path):
     model, quiet, packed = part.tree.body[1:]
     assert [(type(inner).__name__, inner.lineno) for inner in model.body] == [("Expr", 4), ("Assign", 5), ("FunctionDef", 9)]
     assert part.lines[model.body[-1].body[0].lineno - 1].strip() == "BUF.zero_()"  # lines keep their numbers
-    assert [(type(inner).__name__, inner.lineno) for inner in quiet.body] == [("Pass", 15)]  # none chosen: a `pass` holds its place
+    # none chosen: a `pass` holds its place
+    assert [(type(inner).__name__, inner.lineno) for inner in quiet.body] == [("Pass", 15)]
     assert len(packed.body) == 2  # statements sharing a line are kept together
 
 

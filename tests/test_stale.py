@@ -294,7 +294,9 @@ def test_unparseable_adaptor_is_a_usage_error(tmp_path):
 
 def release_tree(version: str) -> Path:
     """The unpacked real release (tests/fixtures/rules/release.py), as a source root."""
-    spec = importlib.util.spec_from_file_location("rules_fixture_release", Path(__file__).parent / "fixtures" / "rules" / "release.py")
+    spec = importlib.util.spec_from_file_location(
+        "rules_fixture_release", Path(__file__).parent / "fixtures" / "rules" / "release.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     root = module.release_root(version)

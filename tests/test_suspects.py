@@ -26,8 +26,8 @@ from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.log import inputs, reading
 from unsafe_doctor.log.arguments import DUMP_MARKERS, read_arguments
 from unsafe_doctor.log.lines import split_lines
-from unsafe_doctor.report.terminal import Hanging
 from unsafe_doctor.report.diagnosis import to_json
+from unsafe_doctor.report.terminal import Hanging
 
 ROOT = Path(__file__).parents[1]
 IN_TREE = ROOT / "samples" / "adaptors" / "in_tree"

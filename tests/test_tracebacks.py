@@ -100,7 +100,7 @@ def raise_with_context():
     try:
         raise_runtime_error("first")
     except RuntimeError:
-        raise ValueError("second")
+        raise ValueError("second")  # noqa: B904 -- the implicit context ("During handling ...") is what this makes
 
 
 def raise_with_cause():
@@ -138,7 +138,7 @@ def raise_group():
     try:
         raise_runtime_error(UNSAFE)
     except RuntimeError as exc:
-        raise ExceptionGroup("step failed", [exc, ExceptionGroup("nested", [TypeError("t")])])  # noqa: F821
+        raise ExceptionGroup("step failed", [exc, ExceptionGroup("nested", [TypeError("t")])])  # noqa: B904, F821 -- chained as context on purpose
 
 
 def raise_syntax_error():

@@ -24,13 +24,13 @@ import torch.multiprocessing
 from torch.distributed import _functional_collectives as funcol
 
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.npu.messages import UNSAFE_DATA
 from unsafe_doctor.npu.backend import (
     BACKEND_NAMES,
     EmulatedBackend,
     npu_unavailable_reason,
     select_backend,
 )
+from unsafe_doctor.npu.messages import UNSAFE_DATA
 from unsafe_doctor.sentinel.reachable import reachable_tensors
 
 ERROR_LINE = re.compile(

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.knowledge.context import groundwork
+from unsafe_doctor.adaptor.fix import apply, function_overrides, plan_fix
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.adaptor.fix import apply, function_overrides, plan_fix
+from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.knowledge.rules import PROBE_NAMES
 from unsafe_doctor.replay.plan import ReplayPlan
 from unsafe_doctor.replay.verify import plan_replay, verify
@@ -275,7 +275,8 @@ def test_a_reset_with_zero_fails_because_zero_reads_the_unsafe_tensor(toytrain, 
     adaptor.write_text(adaptor.read_text().replace(block, zeroed))
     [verdict] = replay(loss_log, adaptor, [toytrain]).verdicts
     assert verdict.outcome == "failed"
-    assert re.search(r"rank 3: feature_rollback\(\) raised RuntimeError: There is unsafe data in the input tensor\. at \S+recovery\.py:\d+",
+    assert re.search(r"rank 3: feature_rollback\(\) raised RuntimeError: "
+                     r"There is unsafe data in the input tensor\. at \S+recovery\.py:\d+",
                      verdict.problems[0])
 
 

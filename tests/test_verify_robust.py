@@ -147,7 +147,8 @@ def test_a_globals_module_that_ends_or_blocks_at_import_is_not_modelled_and_name
 @pytest.mark.parametrize(
     ("ending", "code", "expected"),
     [
-        ("sys.exit", 2, "the unpatched adaptor does not import here, even with stand-ins for what this machine lacks (SystemExit: 0)"),
+        ("sys.exit", 2,
+         "the unpatched adaptor does not import here, even with stand-ins for what this machine lacks (SystemExit: 0)"),
         ("os._exit", 1, "then ended with exit status 0 before reporting"),
         ("endless loop", 1, "the replay stopped at the 20 s timeout"),
     ],

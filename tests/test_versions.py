@@ -153,7 +153,8 @@ def test_receive_with_need_rebuild_fits_the_2_3_profile(tmp_path):
         )
     )
     assert "need_rebuild" in repair.read_text()
-    assert detect_environment(KNOWLEDGE, Workspace(()), adaptor=tmp_path / HA / "tft_rollback.py").profile.id == "mindspeed-llm-2.3"
+    environment = detect_environment(KNOWLEDGE, Workspace(()), adaptor=tmp_path / HA / "tft_rollback.py")
+    assert environment.profile.id == "mindspeed-llm-2.3"
 
 
 def test_legacy_functions_in_a_users_own_file_fit_by_names_and_repair_group_import(tmp_path):
@@ -206,7 +207,8 @@ def test_adaptor_that_is_not_python_is_a_usage_error(tmp_path):
 def test_detection_never_imports_torch_or_the_frameworks():
     code = (
         "import sys; from pathlib import Path; import unsafe_doctor.knowledge.versions, unsafe_doctor.audit.stale; "
-        "from unsafe_doctor.knowledge.loading import load_knowledge; from unsafe_doctor.knowledge.versions import detect_environment; "
+        "from unsafe_doctor.knowledge.loading import load_knowledge; "
+        "from unsafe_doctor.knowledge.versions import detect_environment; "
         "from unsafe_doctor.audit.stale import stale_resets; from unsafe_doctor.source.workspace import Workspace; "
         f"k = load_knowledge(); e = detect_environment(k, Workspace(()), adaptor=Path({str(LEGACY)!r})); "
         "stale_resets(e.adaptor, e.profile, e, Workspace(()), k.rules); "

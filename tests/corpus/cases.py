@@ -29,12 +29,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import emulated_mindio as ttp
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-import emulated_mindio as ttp
 import torch_npu_standin
+
 from unsafe_doctor.npu.messages import ERR_MEMORY, UNSAFE_DATA, pta_error
 
 HERE = Path(__file__).resolve().parent

@@ -124,7 +124,7 @@ class Outcome:
         fields = {label["variable"]: set(label) for label in self.entry.findings}
         kept = [fields.get(finding["variable"], FINDING_KEYS) for finding in self.findings]
         return sorted(({key: value for key, value in finding.items() if key in keys}
-                       for finding, keys in zip(self.findings, kept)), key=_order)
+                       for finding, keys in zip(self.findings, kept, strict=True)), key=_order)
 
     def holds(self) -> bool:
         return self.got() == self.expected() and self.last_error == self.entry.last_error
@@ -153,7 +153,9 @@ def run(entry: Entry, *, log_only: bool = False) -> Outcome:
     generation = environment.profile.id if environment.profile_from == "log" else None
     untraced = diagnosis.untraced
     suspects = tuple(suspect.rule.id for suspect in untraced.shortlist.suspects) if untraced else ()
-    return Outcome(entry, findings, _last_error(diagnosis), seconds, diagnosis.untraced_ranks, diagnosis.mindio, generation, suspects)
+    return Outcome(
+        entry, findings, _last_error(diagnosis), seconds, diagnosis.untraced_ranks, diagnosis.mindio, generation, suspects
+    )
 
 
 def _fields(diagnosed: DiagnosedFinding, knowledge: KnowledgeBase) -> dict:
@@ -189,7 +191,7 @@ def pairs(outcome: Outcome) -> list[tuple[str, str, dict | None, dict | None]]:
             labels.remove(label)
             findings.remove(match)
             paired.append((label, match))
-    paired.extend(zip(labels, findings))
+    paired.extend(zip(labels, findings, strict=False))  # the longer one's rest is paired with None below
     paired.extend((label, None) for label in labels[len(findings):])
     paired.extend((None, finding) for finding in findings[len(labels):])
     if not paired:

@@ -37,14 +37,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
 import cases
 import emulated_mindio as ttp
 import generations
+import torch
+import torch.distributed as dist
 import torch_npu_standin
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 ARGUMENTS = Path(__file__).resolve().parent / "arguments"
 GENERATION = generations.current()
