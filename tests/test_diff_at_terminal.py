@@ -37,7 +37,7 @@ def test_the_diff_at_an_80_column_terminal_is_whole_lines_with_names_escaped(tmp
                         "+++ b/w\\x1b]0;owned\\x07\\x1b[2J/toytrain/recovery.py"]
     assert any(len(line) > 80 for line in diff)  # the block has lines wider than the terminal, left whole
     assert all(line[:1] in (" ", "+", "-", "@") for line in diff), "\n".join(diff)
-    assert sum(line.startswith("+") for line in diff) == 1 + 18 + 20  # the +++ header, then each block's lines
+    assert sum(line.startswith("+") for line in diff) == 1 + 8 + 10  # the +++ header, then each block's lines (tensor template)
     assert "\x1b]" not in screen and "\x1b[2J" not in screen
 
 
