@@ -12,7 +12,7 @@ from importlib.util import decode_source
 from pathlib import Path
 
 from unsafe_doctor.log.inputs import is_regular
-from unsafe_doctor.source.looked_at import note_folder, note_read, note_unlisted
+from unsafe_doctor.source.looked_at import note_folder, note_read, note_unlisted, regular_bytes
 
 # Distribution -> its top-level package: the frameworks whose versions are detected.
 FRAMEWORK_DISTRIBUTIONS = {"megatron-core": "megatron", "mindspeed": "mindspeed", "mindspeed-llm": "mindspeed_llm"}
@@ -116,21 +116,8 @@ def read_source(path: Path) -> str | None:
 
 def source_bytes(path: str | os.PathLike[str]) -> bytes | None:
     """The bytes of a regular file of at most MAX_SOURCE_BYTES, read at most that far; None for
-    anything else. Opened without blocking and checked once open: a FIFO in its place would
-    otherwise hang the run."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (OSError, ValueError):
-        return None
-    try:
-        with os.fdopen(descriptor, "rb") as handle:
-            status = os.fstat(descriptor)
-            if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_SOURCE_BYTES:
-                return None
-            data = handle.read(MAX_SOURCE_BYTES + 1)  # it may have grown since the fstat
-    except OSError:
-        return None
-    return data if len(data) <= MAX_SOURCE_BYTES else None
+    anything else."""
+    return regular_bytes(path, MAX_SOURCE_BYTES)
 
 
 def read_replacing(path: Path) -> str:

@@ -144,18 +144,28 @@ def note_unlisted(error: OSError) -> None:
         note_folder(error.filename)
 
 
-def whole_bytes(path: str) -> bytes | None:
-    """All the bytes of a regular file; None for anything else (opened without blocking: a FIFO
-    in its place would hang the check)."""
+def regular_bytes(path: str | os.PathLike[str], limit: int | None = None) -> bytes | None:
+    """The bytes of a regular file, read at most `limit` of them; None for anything else, or for a
+    file past the limit. Opened without blocking and checked once open: a FIFO in its place would
+    otherwise hang the run."""
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError):
         return None
     try:
         with os.fdopen(descriptor, "rb") as handle:
-            return handle.read() if stat.S_ISREG(os.fstat(descriptor).st_mode) else None
+            status = os.fstat(descriptor)
+            if not stat.S_ISREG(status.st_mode) or (limit is not None and status.st_size > limit):
+                return None
+            data = handle.read() if limit is None else handle.read(limit + 1)  # it may have grown since the fstat
     except OSError:
         return None
+    return data if limit is None or len(data) <= limit else None
+
+
+def whole_bytes(path: str) -> bytes | None:
+    """All the bytes of a regular file; None for anything else."""
+    return regular_bytes(path)
 
 
 def digest(data: bytes) -> bytes:
