@@ -372,7 +372,7 @@ def _note_metadata(folder: Path | None) -> None:
     if folder is not None and looked_at.recorded() is not None:
         for name in ("METADATA", "PKG-INFO"):
             path = folder / name
-            looked_at.note_read(path, looked_at.whole_bytes(str(path)), whole=True)
+            looked_at.note_read(path, looked_at.regular_bytes(path), whole=True)
 
 
 def _version(text: str) -> Version | None:

@@ -49,7 +49,7 @@ class LookedAt:
             and all(_resolved(path) == target for path, target in self.links.items())
             and all(_size(path) == size for path, size in self.sizes.items())
             and all(_digest_of(read_source(path)) == recorded for path, recorded in self.files.items())
-            and all(_digest_of(whole_bytes(path)) == recorded for path, recorded in self.wholes.items())
+            and all(_digest_of(regular_bytes(path)) == recorded for path, recorded in self.wholes.items())
         )
 
 
@@ -162,10 +162,6 @@ def regular_bytes(path: str | os.PathLike[str], limit: int | None = None) -> byt
         return None
     return data if limit is None or len(data) <= limit else None
 
-
-def whole_bytes(path: str) -> bytes | None:
-    """All the bytes of a regular file; None for anything else."""
-    return regular_bytes(path)
 
 
 def digest(data: bytes) -> bytes:
