@@ -37,11 +37,11 @@ import yaml
 from build_index import SOURCES, git_releases, megatron_releases  # scripts/ is the script's own folder on sys.path
 from packaging.version import Version
 
-from unsafe_doctor.audit.model import Holder
 from unsafe_doctor.audit.run import audit
 from unsafe_doctor.knowledge.loading import REVIEWED_FILE, load_knowledge, shipped_knowledge_dir, validate_files
 from unsafe_doctor.knowledge.matching import frame_named, rule_matches
 from unsafe_doctor.knowledge.rules import KnowledgeBase, Rule
+from unsafe_doctor.recovery_code.model import Holder
 from unsafe_doctor.source.fingerprint import release_version
 from unsafe_doctor.source.index import FRAMEWORK_FOLDERS, INDEX_FOLDER, Release
 

@@ -39,8 +39,6 @@ from pathlib import Path
 from build_index import git_releases, megatron_releases  # scripts/ is the script's own folder on sys.path
 from packaging.version import Version
 
-from unsafe_doctor.audit.index import register_buffer_name
-from unsafe_doctor.audit.vocabulary import CONTAINER_ADD
 from unsafe_doctor.knowledge.loading import load_knowledge, shipped_knowledge_dir
 from unsafe_doctor.knowledge.rules import Rule
 from unsafe_doctor.knowledge.writers import (
@@ -57,6 +55,8 @@ from unsafe_doctor.knowledge.writers import (
     negated,
     paths_json,
 )
+from unsafe_doctor.recovery_code.index import register_buffer_name
+from unsafe_doctor.recovery_code.vocabulary import CONTAINER_ADD
 from unsafe_doctor.source.syntax import Function, callee_name, is_empty_value, one_line
 
 Seed = tuple["Def", tuple[Guard, ...], tuple[str, ...]]  # a function, the guards from its entry to a write, where

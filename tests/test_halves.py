@@ -14,10 +14,10 @@ import pytest
 from conftest import ROUTER_MODULE
 
 from unsafe_doctor.audit.halves import Worker, _Claims, _has_ended, shared_out
-from unsafe_doctor.audit.index import Index, audited_files
-from unsafe_doctor.audit.refs import HolderKey
-from unsafe_doctor.audit.resolve import Accessors
 from unsafe_doctor.audit.run import _scan_share
+from unsafe_doctor.recovery_code.index import Index, audited_files
+from unsafe_doctor.recovery_code.names import Accessors
+from unsafe_doctor.recovery_code.refs import HolderKey
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 two_cores = pytest.mark.skipif(CORES < 2 or not hasattr(os, "fork"), reason="one core: no copy is forked")

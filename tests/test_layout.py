@@ -14,7 +14,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "unsafe_doctor"
 
 # Lowest first: a stage imports only the stages before it (and itself).
-STAGES = ("errors", "npu", "log", "source", "knowledge", "audit", "diagnose", "adaptor", "sentinel", "replay", "report", "cli")
+STAGES = ("errors", "npu", "log", "source", "knowledge", "recovery_code", "audit", "diagnose", "adaptor", "sentinel", "replay",
+          "report", "cli")
 # Entry points, not stages: `python -m unsafe_doctor` and the replay's `torchrun -m unsafe_doctor.replay` run the CLI.
 ENTRY_POINTS = {"unsafe_doctor.__main__", "unsafe_doctor.replay.__main__"}
 ROOT_MODULES = {"__init__.py", "__main__.py", "errors.py"}

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.audit.stale import StaleReset, stale_resets
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.loading import load_knowledge
 from unsafe_doctor.knowledge.versions import detect_environment
+from unsafe_doctor.recovery_code.stale import StaleReset, stale_resets
 from unsafe_doctor.source.workspace import Workspace
 
 ADAPTORS = Path(__file__).parent / "fixtures" / "adaptors"

@@ -206,10 +206,10 @@ def test_adaptor_that_is_not_python_is_a_usage_error(tmp_path):
 
 def test_detection_never_imports_torch_or_the_frameworks():
     code = (
-        "import sys; from pathlib import Path; import unsafe_doctor.knowledge.versions, unsafe_doctor.audit.stale; "
+        "import sys; from pathlib import Path; import unsafe_doctor.knowledge.versions, unsafe_doctor.recovery_code.stale; "
         "from unsafe_doctor.knowledge.loading import load_knowledge; "
         "from unsafe_doctor.knowledge.versions import detect_environment; "
-        "from unsafe_doctor.audit.stale import stale_resets; from unsafe_doctor.source.workspace import Workspace; "
+        "from unsafe_doctor.recovery_code.stale import stale_resets; from unsafe_doctor.source.workspace import Workspace; "
         f"k = load_knowledge(); e = detect_environment(k, Workspace(()), adaptor=Path({str(LEGACY)!r})); "
         "stale_resets(e.adaptor, e.profile, e, Workspace(()), k.rules); "
         "assert not {'torch', 'megatron', 'mindspeed', 'mindio_ttp'} & set(sys.modules), sorted(sys.modules)"

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from unsafe_doctor.adaptor.fix import Plan, plan_fix
-from unsafe_doctor.audit.model import Audit
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import Classified
 from unsafe_doctor.knowledge.subject import Subject
+from unsafe_doctor.recovery_code.model import Audit
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What the adaptor already does to a finding's global, before `fix` writes a block for it.
 
 The adaptor's recovery functions are judged with `audit`'s coverage model
-(`audit.coverage.AdaptorCoverage`). A global they already reset gets no second block: the log
+(`recovery_code.coverage.AdaptorCoverage`). A global they already reset gets no second block: the log
 proves that reset did not help, so `fix` says where it is and what can make it ineffective (the
 `if` it runs under, whether the job ran this file, a re-fill before the next step) and writes
 nothing. A block is still written, with a note, when the failure is established: the adaptor's
@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unsafe_doctor.adaptor.code import adaptor_files, block_spans, read_source
-from unsafe_doctor.audit.refs import HolderKey
 from unsafe_doctor.knowledge.classify import Classified
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import KnowledgeBase
 from unsafe_doctor.knowledge.subject import Subject
+from unsafe_doctor.recovery_code.refs import HolderKey
 from unsafe_doctor.source.syntax import callee_name
 
 if TYPE_CHECKING:  # for types only: `fix` reads the adaptor's coverage only where a finding has a fix to place
-    from unsafe_doctor.audit.coverage import AdaptorCoverage
-    from unsafe_doctor.audit.model import Coverage
+    from unsafe_doctor.recovery_code.coverage import AdaptorCoverage
+    from unsafe_doctor.recovery_code.model import Coverage
 
 
 @dataclass(frozen=True)

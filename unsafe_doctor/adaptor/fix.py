@@ -86,7 +86,7 @@ from unsafe_doctor.source.files import shown_path, write_over
 from unsafe_doctor.source.markers import MARKER_BEGIN, MARKER_END, SENTINEL_KEY
 
 if TYPE_CHECKING:
-    from unsafe_doctor.audit.coverage import AdaptorCoverage
+    from unsafe_doctor.recovery_code.coverage import AdaptorCoverage
 
 BACKUP_SUFFIX = ".unsafe-doctor.bak"
 
@@ -229,7 +229,7 @@ def plan_fix(
         else:
             key = marker_key(item.subject, classification, context.knowledge)
             if coverage is None and environment.adaptor is not None:
-                from unsafe_doctor.audit.coverage import AdaptorCoverage  # the audit's walker: only with an adaptor
+                from unsafe_doctor.recovery_code.coverage import AdaptorCoverage  # the audit's walker: only with an adaptor
 
                 coverage = AdaptorCoverage(environment.adaptor, environment.profile, context.workspace)
             existing = existing_reset(item.subject, classification, key, context, coverage)

@@ -12,19 +12,14 @@ fault finds it. Sources are parsed with `ast` (never imported).
 * *buffer*: a `register_buffer` of a module class that a method other than `__init__` updates in
   place (`+=`, an in-place method, `.data = ...`, `[k] = ...`).
 
-The pipeline, one module each:
+The audit's own modules (what it reads of source and recovery code is `unsafe_doctor.recovery_code`):
 
-* `index`: the files and modules read, what each defines, what a dotted name refers to;
-* `scope`, `resolve`, `places`: one scope's names, what an expression refers to, where a tensor lives;
-* `uses`, `walk`: the uses a scope's statements make of holders;
 * `holders`: framework code scanned for holders, with their writers and readers;
-* `coverage`: the adaptor's rollback, send and receive functions judged for each holder;
 * `bridge`: classification, through classify and the heuristics (`adaptor.audit_fixes` plans the fixes);
 * `halves`: the scan's files and the holders to judge, shared out with a forked copy on a second core;
-* `run`: one audit, start to end; `model`: what it reports;
-* `cache`: an audit kept whole, used again while nothing it read (`source.looked_at`) has changed;
-* `stale`: the adaptor's existing resets that name a global the framework no longer has.
+* `run`: one audit, start to end (it reports a `recovery_code.model.Audit`);
+* `cache`: an audit kept whole, used again while nothing it read (`source.looked_at`) has changed.
 
-Imports `errors`, `log`, `source` and `knowledge`: diagnose and the fixer build on it, never the reverse.
-The package re-exports nothing: diagnose reads `stale` alone, without the scan's modules.
+Imports `errors`, `log`, `source`, `knowledge` and `recovery_code`: the fixer and the CLI build on it,
+never the reverse. The package re-exports nothing.
 """

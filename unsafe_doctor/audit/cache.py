@@ -30,9 +30,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import unsafe_doctor
-from unsafe_doctor.audit.model import Audit, CacheOutcome
 from unsafe_doctor.errors import os_reason
 from unsafe_doctor.knowledge.loading import shipped_knowledge_dir
+from unsafe_doctor.recovery_code.model import Audit, CacheOutcome
 from unsafe_doctor.source.files import source_bytes
 from unsafe_doctor.source.looked_at import LookedAt, digest
 

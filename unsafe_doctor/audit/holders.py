@@ -14,16 +14,16 @@ from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from unsafe_doctor.audit.index import Index, ModuleInfo, Span, register_buffer_name
-from unsafe_doctor.audit.model import Holder, HolderKind, InstanceHolderKind, Placement, Site
-from unsafe_doctor.audit.places import combine
-from unsafe_doctor.audit.refs import ClassKey, HolderKey
-from unsafe_doctor.audit.resolve import Accessors
-from unsafe_doctor.audit.scope import Place, Scope, functions_of
-from unsafe_doctor.audit.uses import Use, shortened, sites
-from unsafe_doctor.audit.vocabulary import COMMUNICATION_INTO, CONTAINER_ADD, CONTAINER_REMOVE, updates_data_in_place
-from unsafe_doctor.audit.walk import Walker
 from unsafe_doctor.knowledge.rules import Rule, RuleMatch, variable_pattern
+from unsafe_doctor.recovery_code.flow_scope import Place, Scope, functions_of
+from unsafe_doctor.recovery_code.index import Index, ModuleInfo, Span, register_buffer_name
+from unsafe_doctor.recovery_code.model import Holder, HolderKind, InstanceHolderKind, Placement, Site
+from unsafe_doctor.recovery_code.names import Accessors
+from unsafe_doctor.recovery_code.places import combine
+from unsafe_doctor.recovery_code.refs import ClassKey, HolderKey
+from unsafe_doctor.recovery_code.uses import Use, shortened, sites
+from unsafe_doctor.recovery_code.vocabulary import COMMUNICATION_INTO, CONTAINER_ADD, CONTAINER_REMOVE, updates_data_in_place
+from unsafe_doctor.recovery_code.walk import Walker
 from unsafe_doctor.source.syntax import child_nodes, source_segment
 
 Evidence = tuple[Place, Use]  # a tensor's placement, and the statement that puts it there

@@ -15,13 +15,8 @@ from pathlib import Path
 
 from unsafe_doctor.audit.bridge import classification
 from unsafe_doctor.audit.cache import AuditCache
-from unsafe_doctor.audit.coverage import CoverageJudge
 from unsafe_doctor.audit.halves import Worker, shared_out
 from unsafe_doctor.audit.holders import ScanFindings, conversion_only, holders, named_by_rules, scan_module
-from unsafe_doctor.audit.index import Index, ModuleInfo, audited_files
-from unsafe_doctor.audit.model import Audit, AuditedHolder, CacheOutcome, Coverage, Holder, Progress, Site, Stage
-from unsafe_doctor.audit.resolve import Accessors
-from unsafe_doctor.audit.stale import stale_resets
 from unsafe_doctor.errors import AmbiguousAdaptor, UsageError, os_reason
 from unsafe_doctor.knowledge.classify import Classification, Classified
 from unsafe_doctor.knowledge.context import RunContext
@@ -29,6 +24,11 @@ from unsafe_doctor.knowledge.loading import load_knowledge
 from unsafe_doctor.knowledge.rules import KnowledgeBase, Rule
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import AdaptorChooser, detect_environment
+from unsafe_doctor.recovery_code.coverage import CoverageJudge
+from unsafe_doctor.recovery_code.index import Index, ModuleInfo, audited_files
+from unsafe_doctor.recovery_code.model import Audit, AuditedHolder, CacheOutcome, Coverage, Holder, Progress, Site, Stage
+from unsafe_doctor.recovery_code.names import Accessors
+from unsafe_doctor.recovery_code.stale import stale_resets
 from unsafe_doctor.source import looked_at
 from unsafe_doctor.source.files import ImportRoots, read_replacing
 from unsafe_doctor.source.markers import MARKER_BEGIN, markers

@@ -27,7 +27,7 @@ from unsafe_doctor.errors import UsageError
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Plan
-    from unsafe_doctor.audit.model import Audit, AuditedHolder
+    from unsafe_doctor.recovery_code.model import Audit, AuditedHolder
     from unsafe_doctor.report.common import NextStep
 
 

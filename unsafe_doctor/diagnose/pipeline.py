@@ -34,8 +34,8 @@ from unsafe_doctor.log.sentinel_lines import MARKER, Failure, Summary
 from unsafe_doctor.log.tracebacks import Traceback, parse_tracebacks
 
 if TYPE_CHECKING:  # loaded when needed: an adaptor to check, an error without a traceback
-    from unsafe_doctor.audit.stale import StaleReset
     from unsafe_doctor.diagnose.suspects import Shortlist
+    from unsafe_doctor.recovery_code.stale import StaleReset
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def diagnose(
     environment = run.environment
     stale = []
     if environment.adaptor:
-        from unsafe_doctor.audit.stale import stale_resets
+        from unsafe_doctor.recovery_code.stale import stale_resets
 
         stale = stale_resets(environment.adaptor, environment.profile, environment, run.workspace, run.knowledge.rules)
     tail_lines = [_lines(excerpt) for excerpt in scan.tails]

@@ -24,7 +24,7 @@ from unsafe_doctor.source.files import MAX_SOURCE_TOKENS
 
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.fix import Plan
-    from unsafe_doctor.audit.model import Audit, AuditedHolder, Holder, Site
+    from unsafe_doctor.recovery_code.model import Audit, AuditedHolder, Holder, Site
 
 SCHEMA = "unsafe-doctor/audit/v1"
 SARIF_RULES = {

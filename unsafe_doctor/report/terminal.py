@@ -18,7 +18,7 @@ from rich.text import Text
 from unsafe_doctor.report.common import printable, printable_lines
 
 if TYPE_CHECKING:  # for types only: a report loads none of the adaptor's reading
-    from unsafe_doctor.audit.stale import StaleReset
+    from unsafe_doctor.recovery_code.stale import StaleReset
 
 
 @cache

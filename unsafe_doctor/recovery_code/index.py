@@ -16,8 +16,8 @@ from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
-from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, ModuleRef, Ref, SelfRef
-from unsafe_doctor.audit.vocabulary import METADATA
+from unsafe_doctor.recovery_code.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, ModuleRef, Ref, SelfRef
+from unsafe_doctor.recovery_code.vocabulary import METADATA
 from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, dotted, is_dir, python_files
 from unsafe_doctor.source.imports import defined_member, module_named
 from unsafe_doctor.source.looked_at import note_link

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import ast
 
-from unsafe_doctor.audit.index import ACCESSOR_SIZE, Index
-from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, Ref, SelfRef
-from unsafe_doctor.audit.scope import Scope
-from unsafe_doctor.audit.vocabulary import METADATA, NOT_DATA_CALLS
+from unsafe_doctor.recovery_code.flow_scope import Scope
+from unsafe_doctor.recovery_code.index import ACCESSOR_SIZE, Index
+from unsafe_doctor.recovery_code.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, Ref, SelfRef
+from unsafe_doctor.recovery_code.vocabulary import METADATA, NOT_DATA_CALLS
 from unsafe_doctor.source.syntax import ImportedName, scope_statements
 
 

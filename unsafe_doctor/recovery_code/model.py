@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from unsafe_doctor.audit.refs import HolderKey
-from unsafe_doctor.audit.stale import StaleReset
 from unsafe_doctor.knowledge.classify import Classification, Classified, FixPlan
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.subject import Subject
+from unsafe_doctor.recovery_code.refs import HolderKey
+from unsafe_doctor.recovery_code.stale import StaleReset
 
 InstanceHolderKind = Literal["singleton", "registry"]
 HolderKind = Literal["module-global", "class-attribute", InstanceHolderKind, "lru-cache", "buffer"]

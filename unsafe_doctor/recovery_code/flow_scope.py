@@ -8,8 +8,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from unsafe_doctor.audit.index import ModuleInfo
-from unsafe_doctor.audit.refs import HolderRef
+from unsafe_doctor.recovery_code.index import ModuleInfo
+from unsafe_doctor.recovery_code.refs import HolderRef
 from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,

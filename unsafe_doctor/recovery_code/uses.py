@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from unsafe_doctor.audit.index import ModuleInfo, Span
-from unsafe_doctor.audit.model import Site
-from unsafe_doctor.audit.refs import ClassKey
-from unsafe_doctor.audit.scope import Place
+from unsafe_doctor.recovery_code.flow_scope import Place
+from unsafe_doctor.recovery_code.index import ModuleInfo, Span
+from unsafe_doctor.recovery_code.model import Site
+from unsafe_doctor.recovery_code.refs import ClassKey
 from unsafe_doctor.source.syntax import source_segment
 
 MAX_CODE = 100  # characters of a statement kept in a site

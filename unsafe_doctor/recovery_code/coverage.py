@@ -20,16 +20,16 @@ import ast
 from collections.abc import Sequence
 from pathlib import Path
 
-from unsafe_doctor.audit.index import Index, ModuleInfo
-from unsafe_doctor.audit.model import Coverage, Holder, HolderKind, How, Role, Site
-from unsafe_doctor.audit.refs import FunctionRef, HolderKey
-from unsafe_doctor.audit.resolve import Accessors
-from unsafe_doctor.audit.scope import Scope
-from unsafe_doctor.audit.uses import Use, sites
-from unsafe_doctor.audit.vocabulary import COMMUNICATION_FROM, COMMUNICATION_INTO, RESETS
-from unsafe_doctor.audit.walk import Walker
 from unsafe_doctor.knowledge.rules import AdaptorProfile
 from unsafe_doctor.knowledge.versions import profile_files
+from unsafe_doctor.recovery_code.flow_scope import Scope
+from unsafe_doctor.recovery_code.index import Index, ModuleInfo
+from unsafe_doctor.recovery_code.model import Coverage, Holder, HolderKind, How, Role, Site
+from unsafe_doctor.recovery_code.names import Accessors
+from unsafe_doctor.recovery_code.refs import FunctionRef, HolderKey
+from unsafe_doctor.recovery_code.uses import Use, sites
+from unsafe_doctor.recovery_code.vocabulary import COMMUNICATION_FROM, COMMUNICATION_INTO, RESETS
+from unsafe_doctor.recovery_code.walk import Walker
 from unsafe_doctor.source.files import ImportRoots
 from unsafe_doctor.source.syntax import Function
 from unsafe_doctor.source.workspace import Workspace

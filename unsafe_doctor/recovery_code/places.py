@@ -8,9 +8,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Sequence
 
-from unsafe_doctor.audit.resolve import Names
-from unsafe_doctor.audit.scope import Place
-from unsafe_doctor.audit.vocabulary import (
+from unsafe_doctor.recovery_code.flow_scope import Place
+from unsafe_doctor.recovery_code.names import Names
+from unsafe_doctor.recovery_code.vocabulary import (
     CONTAINER_ADD,
     DEVICE_WORDS,
     DTYPES,

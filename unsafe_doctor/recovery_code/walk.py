@@ -2,7 +2,7 @@
 
 A `Walker` follows local aliases of holders (`tracker = get_x()`, `for v in X.values()`) and the
 placements of local tensors, and hands every use it finds to `record`. It is the common part of two
-readings: `holders.FrameworkScanner` (what framework code stores where) and
+readings: `audit.holders.FrameworkScanner` (what framework code stores where) and
 `coverage.RecoveryReader` (what recovery code does to each holder, following the helpers it calls)."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import ast
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unsafe_doctor.audit.index import Index, Span
-from unsafe_doctor.audit.places import Places
-from unsafe_doctor.audit.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, SelfRef
-from unsafe_doctor.audit.resolve import Accessors, Names
-from unsafe_doctor.audit.scope import Scope
-from unsafe_doctor.audit.uses import Use, UseKind
-from unsafe_doctor.audit.vocabulary import CONTAINER_ADD, DATA_METHODS, NOT_DATA_CALLS, updates_data_in_place
+from unsafe_doctor.recovery_code.flow_scope import Scope
+from unsafe_doctor.recovery_code.index import Index, Span
+from unsafe_doctor.recovery_code.names import Accessors, Names
+from unsafe_doctor.recovery_code.places import Places
+from unsafe_doctor.recovery_code.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, SelfRef
+from unsafe_doctor.recovery_code.uses import Use, UseKind
+from unsafe_doctor.recovery_code.vocabulary import CONTAINER_ADD, DATA_METHODS, NOT_DATA_CALLS, updates_data_in_place
 from unsafe_doctor.source.syntax import (
     child_nodes,
     child_statements,
