@@ -13,9 +13,7 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from unsafe_doctor.source.syntax import import_bindings, names_bound, parameter_names, same_target, walk_scope
-
-Function = ast.FunctionDef | ast.AsyncFunctionDef
+from unsafe_doctor.source.syntax import Function, import_bindings, names_bound, parameter_names, same_target, walk_scope
 
 
 @dataclass(frozen=True)

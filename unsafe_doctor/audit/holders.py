@@ -15,7 +15,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from unsafe_doctor.knowledge.rules import Rule, RuleMatch, variable_pattern
-from unsafe_doctor.recovery_code.flow_scope import Place, Scope, functions_of
+from unsafe_doctor.recovery_code.flow_scope import FlowScope, Place, functions_of
 from unsafe_doctor.recovery_code.index import Index, ModuleInfo, Span, register_buffer_name
 from unsafe_doctor.recovery_code.model import Holder, HolderKind, InstanceHolderKind, Placement, Site
 from unsafe_doctor.recovery_code.names import Accessors
@@ -84,7 +84,7 @@ class FrameworkScanner(Walker):
     """Reads one scope of framework code: every use of a holder, and the tensors that classes keep,
     cached functions return and buffers are registered with."""
 
-    def __init__(self, index: Index, accessors: Accessors, scope: Scope, found: ScanFindings):
+    def __init__(self, index: Index, accessors: Accessors, scope: FlowScope, found: ScanFindings):
         super().__init__(index, accessors, scope)
         self.found = found
 
@@ -138,9 +138,9 @@ def scan_module(index: Index, accessors: Accessors, info: ModuleInfo, found: Sca
     and what the rules name in it, read from the same tree."""
     with info.kept():
         found.rule_named += [(info.path, holder) for holder in _named_by_rules_in(info, rules)]
-        FrameworkScanner(index, accessors, Scope.of_module(info), found).run(info.source.tree.body)
+        FrameworkScanner(index, accessors, FlowScope.of_module(info), found).run(info.source.tree.body)
         for node, owner, qualname in functions_of(info.source.tree.body, None, None):
-            scope = Scope.of_function(info, node, owner, qualname)
+            scope = FlowScope.of_function(info, node, owner, qualname)
             try:
                 FrameworkScanner(index, accessors, scope, found).run(node.body)
             except RecursionError:  # a generated expression thousands of terms deep

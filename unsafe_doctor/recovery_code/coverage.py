@@ -22,7 +22,7 @@ from pathlib import Path
 
 from unsafe_doctor.knowledge.rules import AdaptorProfile
 from unsafe_doctor.knowledge.versions import profile_files
-from unsafe_doctor.recovery_code.flow_scope import Scope
+from unsafe_doctor.recovery_code.flow_scope import FlowScope
 from unsafe_doctor.recovery_code.index import Index, ModuleInfo
 from unsafe_doctor.recovery_code.model import Coverage, Holder, HolderKind, How, Role, Site
 from unsafe_doctor.recovery_code.names import Accessors
@@ -48,7 +48,7 @@ class RecoveryReader(Walker):
         self,
         index: Index,
         accessors: Accessors,
-        scope: Scope,
+        scope: FlowScope,
         uses: dict[HolderKey, list[Use]],
         via: tuple[str, ...] = (),
         seen: frozenset[tuple[Path, int, int]] = frozenset(),
@@ -79,7 +79,7 @@ class RecoveryReader(Walker):
             return
         nested = callee.module == here.name and node.name in self.scope.nested
         qualname = node.name if nested else f"{module.name.rpartition('.')[2]}.{node.name}"
-        scope = Scope.of_function(module, node, callee.owner, node.name)
+        scope = FlowScope.of_function(module, node, callee.owner, node.name)
         via = self.via if nested else (*self.via, qualname)  # a nested helper (a fix block's) is part of its function
         try:
             RecoveryReader(self.index, self.accessors, scope, self.uses, via, self.seen).run(node.body)
@@ -112,7 +112,7 @@ class CoverageJudge:
                 continue
             info, node = found[0]
             uses: dict[HolderKey, list[Use]] = {}
-            RecoveryReader(index, accessors, Scope.of_function(info, node, None), uses).run(node.body)
+            RecoveryReader(index, accessors, FlowScope.of_function(info, node, None), uses).run(node.body)
             self.functions[role] = name
             self.uses[role] = uses
 

@@ -1,5 +1,11 @@
-"""One scope of code as the audit walks it: what its names mean (locals, globals, imports, nested
-functions, `self`) and what the walk has learnt so far (aliases of holders, placements of locals)."""
+"""One scope of code as the flow walk (`walk.Walker`) goes through it, statement by statement: what
+its names mean (locals, globals, imports, nested functions, `self`), read once from its statements,
+and what the walk has learnt so far (aliases of holders, placements of locals).
+
+It is not `source.resolve.Scope`, which places one expression at one line and asks, for that one
+name, what the function bound it to last (reading the function again for each name). The walk
+resolves every name of every function of whole trees in one forward pass, so a scope here keeps
+its names as sets and the walk's findings as it goes."""
 
 from __future__ import annotations
 
@@ -24,7 +30,9 @@ Place = Literal["device", "cpu", "unknown"]  # where a tensor lives, as far as t
 
 
 @dataclass
-class Scope:
+class FlowScope:
+    """A function's or the module body's names, and what the walk learnt of its locals so far."""
+
     module: ModuleInfo
     function: Function | None  # None: the module body
     owner: str | None  # the class of a method
@@ -42,7 +50,7 @@ class Scope:
     mentions: set[str] | None = None
 
     @classmethod
-    def of_function(cls, module: ModuleInfo, node: Function, owner: str | None, qualname: str | None = None) -> Scope:
+    def of_function(cls, module: ModuleInfo, node: Function, owner: str | None, qualname: str | None = None) -> FlowScope:
         locals_: set[str] = set(parameter_names(node))
         globals_: set[str] = set()
         imports: dict[str, ImportedName] = {}
@@ -64,7 +72,7 @@ class Scope:
         return cls(module, node, owner, qualname or node.name, self_name, self_is_class, locals_, globals_, imports, nested)
 
     @classmethod
-    def of_module(cls, module: ModuleInfo) -> Scope:
+    def of_module(cls, module: ModuleInfo) -> FlowScope:
         return cls(module, None, None, None, None, False, set(), set(), {}, {})
 
     def mentioned(self) -> set[str]:

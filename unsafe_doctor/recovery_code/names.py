@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from unsafe_doctor.recovery_code.flow_scope import Scope
+from unsafe_doctor.recovery_code.flow_scope import FlowScope
 from unsafe_doctor.recovery_code.index import ACCESSOR_SIZE, Index
 from unsafe_doctor.recovery_code.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, Ref, SelfRef
 from unsafe_doctor.recovery_code.vocabulary import METADATA, NOT_DATA_CALLS
@@ -33,7 +33,7 @@ class Accessors:
         node = function.node if small else None
         body = list(scope_statements(node.body)) if node is not None else []
         if info is not None and node is not None and len(body) <= ACCESSOR_SIZE:
-            names = Names(self.index, self, Scope.of_function(info, node, None))
+            names = Names(self.index, self, FlowScope.of_function(info, node, None))
             for inner in body:
                 if isinstance(inner, ast.Return) and inner.value is not None:
                     ref = names.resolve(inner.value)
@@ -47,7 +47,7 @@ class Accessors:
 class Names:
     """Name resolution inside one scope, with what the walk of that scope has learnt so far."""
 
-    def __init__(self, index: Index, accessors: Accessors, scope: Scope):
+    def __init__(self, index: Index, accessors: Accessors, scope: FlowScope):
         self.index = index
         self.accessors = accessors
         self.scope = scope

@@ -11,7 +11,7 @@ import ast
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unsafe_doctor.recovery_code.flow_scope import Scope
+from unsafe_doctor.recovery_code.flow_scope import FlowScope
 from unsafe_doctor.recovery_code.index import Index, Span
 from unsafe_doctor.recovery_code.names import Accessors, Names
 from unsafe_doctor.recovery_code.places import Places
@@ -34,7 +34,7 @@ class Walker:
     """One scope's statements, in order; every use of a holder goes to `record`. The hooks below
     do nothing here: each reading overrides the ones it needs."""
 
-    def __init__(self, index: Index, accessors: Accessors, scope: Scope, via: tuple[str, ...] = ()):
+    def __init__(self, index: Index, accessors: Accessors, scope: FlowScope, via: tuple[str, ...] = ()):
         self.index = index
         self.accessors = accessors
         self.scope = scope

@@ -142,7 +142,7 @@ class _Stop(Exception):
 
 def walk(roots: Sequence[object], packages: Iterable[str], limits: Limits = Limits()) -> Walk:
     """Every tensor reachable from ``roots`` and from the globals of ``packages``, each once, the first path kept."""
-    walker = _Walker(limits)
+    walker = _ObjectGraph(limits)
     budget = None
     try:
         walker.roots(roots)
@@ -178,7 +178,9 @@ def package_modules(packages: frozenset[str]) -> list[tuple[str, types.ModuleTyp
     return sorted(found, key=lambda item: (-item[0].count("."), item[0]))
 
 
-class _Walker:
+class _ObjectGraph:
+    """The live objects a step can reach, each visited once: a walk of the process's objects, not of source."""
+
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.deadline = time.perf_counter() + limits.seconds
