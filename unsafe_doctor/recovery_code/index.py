@@ -28,7 +28,7 @@ from unsafe_doctor.source.syntax import (
     decorator_name,
     is_cached,
     names_bound,
-    scope_statements,
+    returned_values,
     word_lines,
 )
 from unsafe_doctor.source.workspace import SourceFile, Workspace
@@ -189,10 +189,7 @@ class ModuleInfo:
 
 def _returns_reference(function: Function) -> bool:
     """Whether the function returns a name, attribute, item or call: what can lead to a holder."""
-    return any(
-        isinstance(statement, ast.Return) and isinstance(statement.value, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
-        for statement in scope_statements(function.body)
-    )
+    return any(isinstance(value, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)) for value in returned_values(function))
 
 
 def register_buffer_name(call: ast.Call) -> str | None:

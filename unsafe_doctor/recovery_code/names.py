@@ -9,7 +9,7 @@ from unsafe_doctor.recovery_code.flow_scope import FlowScope
 from unsafe_doctor.recovery_code.index import ACCESSOR_SIZE, Index
 from unsafe_doctor.recovery_code.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, Ref, SelfRef
 from unsafe_doctor.recovery_code.vocabulary import METADATA, NOT_DATA_CALLS
-from unsafe_doctor.source.syntax import ImportedName, scope_statements
+from unsafe_doctor.source.syntax import ImportedName, returned_values, scope_statements
 
 
 class Accessors:
@@ -31,15 +31,13 @@ class Accessors:
         small = function.owner is None and function.statements <= ACCESSOR_SIZE  # the node is read only then
         small = small and not (info is not None and function.place in info.no_accessors)
         node = function.node if small else None
-        body = list(scope_statements(node.body)) if node is not None else []
-        if info is not None and node is not None and len(body) <= ACCESSOR_SIZE:
+        if info is not None and node is not None and sum(1 for _ in scope_statements(node.body)) <= ACCESSOR_SIZE:
             names = Names(self.index, self, FlowScope.of_function(info, node, None))
-            for inner in body:
-                if isinstance(inner, ast.Return) and inner.value is not None:
-                    ref = names.resolve(inner.value)
-                    if isinstance(ref, HolderRef) and not ref.element:
-                        key = ref.key
-                        break
+            for value in returned_values(node):
+                ref = names.resolve(value)
+                if isinstance(ref, HolderRef) and not ref.element:
+                    key = ref.key
+                    break
         self._returned[place] = key
         return key
 

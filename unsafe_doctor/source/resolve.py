@@ -75,6 +75,7 @@ from unsafe_doctor.source.syntax import (
     loop_iterable,
     one_line,
     parameter_names,
+    returned_values,
     source_segment,
     walk_scope,
 )
@@ -473,12 +474,11 @@ def _returned_global(
     if source is None:
         return None
     scope = Scope(source.module, source, (function,), None, None)
-    for node in walk_scope(function):
-        if isinstance(node, ast.Return) and node.value is not None:
-            parts = flatten(node.value)
-            resolved = resolve_chain(parts, scope, workspace, depth + 1) if parts else None
-            if resolved is not None and resolved.tier >= Tier.GUESS and resolved.variable:
-                return resolved
+    for value in reversed(returned_values(function)):  # the last `return` first: the one after the guards
+        parts = flatten(value)
+        resolved = resolve_chain(parts, scope, workspace, depth + 1) if parts else None
+        if resolved is not None and resolved.tier >= Tier.GUESS and resolved.variable:
+            return resolved
     return None
 
 

@@ -106,6 +106,32 @@ def walk_scope(function: Function) -> Iterator[ast.AST]:
 _OWN_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
+def returned_values(function: Function) -> list[ast.expr]:
+    """What the function's own `return` statements hand back, in source order (a nested function's
+    returns are its own): the one reader of what an accessor returns, for the resolver, the
+    audit's index and walk, and the heuristics."""
+    return [
+        statement.value
+        for statement in _in_source_order(function.body)
+        if isinstance(statement, ast.Return) and statement.value is not None
+    ]
+
+
+def _in_source_order(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
+    """A scope's own statements as they are written (`try`'s handlers before its `else`, unlike
+    `scope_statements`); statements only, cheaper than `walk_scope`."""
+    for statement in body:
+        yield statement
+        if isinstance(statement, SCOPES):
+            continue
+        for name in statement._fields:
+            if name in ("body", "orelse", "finalbody"):
+                yield from _in_source_order(getattr(statement, name))
+            elif name in ("handlers", "cases"):
+                for part in getattr(statement, name):
+                    yield from _in_source_order(part.body)
+
+
 # --- bindings --------------------------------------------------------------------------------------
 
 

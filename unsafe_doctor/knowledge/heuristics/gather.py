@@ -20,7 +20,7 @@ from unsafe_doctor.source.syntax import (
     child_nodes,
     child_statements,
     is_cache_decorator,
-    walk_scope,
+    returned_values,
     word_starts,
     words,
 )
@@ -204,10 +204,8 @@ class Study:
         found = set()
         for statement in parsed.tree.body:
             if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for node in walk_scope(statement):
-                    returned = node.value if isinstance(node, ast.Return) else None
-                    if isinstance(returned, ast.Name) and returned.id == self.variable:
-                        found.add(statement.name)
+                if any(isinstance(value, ast.Name) and value.id == self.variable for value in returned_values(statement)):
+                    found.add(statement.name)
         return found
 
     def _lru_cache(self, parsed: SourceFile) -> None:
