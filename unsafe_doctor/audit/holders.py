@@ -139,7 +139,7 @@ def scan_module(index: Index, accessors: Accessors, info: ModuleInfo, found: Sca
     with info.kept():
         found.rule_named += [(info.path, holder) for holder in _named_by_rules_in(info, rules)]
         FrameworkScanner(index, accessors, FlowScope.of_module(info), found).run(info.source.tree.body)
-        for node, owner, qualname in functions_of(info.source.tree.body, None, None):
+        for node, owner, qualname in functions_of(info.source.tree.body):
             scope = FlowScope.of_function(info, node, owner, qualname)
             try:
                 FrameworkScanner(index, accessors, scope, found).run(node.body)

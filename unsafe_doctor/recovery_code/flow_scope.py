@@ -19,7 +19,7 @@ from unsafe_doctor.recovery_code.refs import HolderRef
 from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
-    child_statements,
+    functions_in,
     import_bindings,
     names_bound,
     parameter_names,
@@ -114,20 +114,12 @@ def _self_parameter(node: Function) -> tuple[str | None, bool]:
     return None, False
 
 
-def functions_of(body: Sequence[ast.stmt], owner: str | None, prefix: str | None) -> Iterator[tuple[Function, str | None, str]]:
-    """Every function and method in a block, with its class (methods of module-level classes only)
-    and qualified name."""
-    for statement in body:
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            qualname = f"{prefix}.{statement.name}" if prefix else statement.name
-            yield statement, owner, qualname
-            yield from functions_of(statement.body, None, qualname)  # nested functions: their own scope
-        elif isinstance(statement, ast.ClassDef):
-            # Methods of module-level classes know their class; deeper classes are walked as plain code.
-            inner_owner = statement.name if prefix is None else None
-            yield from functions_of(statement.body, inner_owner, f"{prefix}.{statement.name}" if prefix else statement.name)
-        else:
-            yield from functions_of(child_statements(statement), owner, prefix)
+def functions_of(body: Sequence[ast.stmt]) -> Iterator[tuple[Function, str | None, str]]:
+    """Every function and method in a block, with its class (methods of module-level classes only:
+    deeper classes, and functions nested in a method, are walked as plain code) and qualified name."""
+    for function, enclosing in functions_in(body):
+        owner = enclosing[0].name if len(enclosing) == 1 and isinstance(enclosing[0], ast.ClassDef) else None
+        yield function, owner, ".".join([*(scope.name for scope in enclosing), function.name])
 
 
 def _spelled(node: ast.Name | ast.Attribute | ast.alias) -> str:

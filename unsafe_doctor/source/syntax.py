@@ -78,6 +78,22 @@ def scope_statements(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
             yield from scope_statements(child_statements(statement))
 
 
+Enclosing = tuple[ast.ClassDef | Function, ...]  # the classes and functions around a function, outermost first
+
+
+def functions_in(body: Sequence[ast.stmt], enclosing: Enclosing = ()) -> Iterator[tuple[Function, Enclosing]]:
+    """Every function and method of a block, nested ones too, in source order, each with the classes
+    and functions around it (from which each reader takes the class of `self` it needs)."""
+    for statement in body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield statement, enclosing
+            yield from functions_in(statement.body, (*enclosing, statement))
+        elif isinstance(statement, ast.ClassDef):
+            yield from functions_in(statement.body, (*enclosing, statement))
+        else:
+            yield from functions_in(child_statements(statement), enclosing)
+
+
 def compound_header(statement: ast.stmt) -> list[ast.expr] | None:
     """What a loop, `if`, `while`, `with` or `match` evaluates on its own line, before its blocks;
     None for other statements."""

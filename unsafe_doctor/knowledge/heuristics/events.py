@@ -31,7 +31,15 @@ from unsafe_doctor.knowledge.heuristics.vocabulary import (
     target_name,
     tokens,
 )
-from unsafe_doctor.source.syntax import Function, callee_name, child_nodes, child_statements, compound_header, walk_scope
+from unsafe_doctor.source.syntax import (
+    Function,
+    callee_name,
+    child_nodes,
+    child_statements,
+    compound_header,
+    functions_in,
+    walk_scope,
+)
 from unsafe_doctor.source.workspace import SourceFile
 
 Kind = Literal[  # the kinds of evidence, as the rules of evidence name them
@@ -112,18 +120,6 @@ def _header(statement: ast.stmt) -> Sequence[ast.AST]:
     return [child for child in child_nodes(statement) if isinstance(child, ast.expr)]
 
 
-def _functions(body: Sequence[ast.stmt], class_name: str | None) -> Iterator[tuple[Function, str | None]]:
-    """Every function and method, nested ones too, with the class whose `self` it sees."""
-    for statement in body:
-        if isinstance(statement, ast.ClassDef):
-            yield from _functions(statement.body, statement.name)
-        elif isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield statement, class_name
-            yield from _functions(statement.body, class_name)
-        else:
-            yield from _functions(child_statements(statement), class_name)
-
-
 class FileStudy:
     """One file in scope: its module level, then each function that names the tensor or an accessor."""
 
@@ -137,7 +133,8 @@ class FileStudy:
         study = self.study
         names = (study.variable, *study.accessors)
         FunctionStudy(self, None, None, "<module>", self.source.tree.body).run()
-        for function, class_name in _functions(self.source.tree.body, None):
+        for function, enclosing in functions_in(self.source.tree.body):
+            class_name = next((scope.name for scope in reversed(enclosing) if isinstance(scope, ast.ClassDef)), None)
             text = "\n".join(self.lines[function.lineno - 1 : function.end_lineno])
             if any(name in text for name in names):
                 FunctionStudy(self, function, class_name, function.name, function.body).run()
