@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from unsafe_doctor.adaptor.scope import FunctionNames, ModuleNames, find_function, function_names, module_names
+from unsafe_doctor.adaptor.own_names import FunctionNames, ModuleNames, find_function, function_names, module_names
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.versions import Environment, profile_files
 from unsafe_doctor.source.files import package_of, shown_path
