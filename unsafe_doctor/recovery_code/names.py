@@ -1,5 +1,9 @@
 """What an expression in one scope refers to: a holder (or part of one), a function, a class, a
-module; and the holders that small accessor functions return (`def get_x(): return X`)."""
+module; and the holders that small accessor functions return (`def get_x(): return X`).
+
+The flow walk's name lookup, not `source.resolve`: it answers from the scope's names as the walk
+has learnt them (`flow_scope.FlowScope`) and from the index of modules, for every name of whole
+trees, where the resolver reads a function back for one expression at one line."""
 
 from __future__ import annotations
 

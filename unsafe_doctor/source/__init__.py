@@ -5,7 +5,8 @@ stage reads source through this package:
 
 * `files`: which files are internal (torch, the standard library), which Python files a folder
   holds (one skip policy), the framework packages, import roots and dotted module names.
-* `syntax`: small helpers over `ast` nodes: statements of a block, bindings, decorators, values.
+* `syntax`: small helpers over `ast` nodes: statements of a block, a module's functions and what
+  encloses each, what a function returns, bindings, decorators, values.
 * `workspace`: a printed path -> the local file and its module; a module -> its file; each file
   read and parsed once, with its module-level bindings typed.
 * `printed`: a traceback's printed source line parsed on its own, and its 3.11+ position markers

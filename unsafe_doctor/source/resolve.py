@@ -2,7 +2,8 @@
 
 Every stage that asks "which module global, class attribute or singleton field does this code
 name" asks here; nothing else walks imports to resolve a name. Files are read through a
-`Workspace`, never imported.
+`Workspace`, never imported. (The audit's flow walk, `unsafe_doctor.recovery_code.walk`, asks
+another question: what every statement of whole trees does to any holder, in one forward pass.)
 
 Entry points:
 

@@ -1,6 +1,10 @@
 """What stands for the tensor in one function (or the module level): the names that are the global,
 the accessors that return it, the locals holding it or an element of it, and the locals computed
-from it, followed statement by statement as the events walk them."""
+from it, followed statement by statement as the events walk them.
+
+Not `source.resolve` (which global one expression means, at one line) nor the audit's flow walk
+(`recovery_code.walk`: what code does to any holder): this follows one known tensor, and what is
+copied or computed from it, which neither of them tracks."""
 
 from __future__ import annotations
 
