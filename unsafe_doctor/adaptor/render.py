@@ -36,7 +36,8 @@ from unsafe_doctor.knowledge.rules import (
     AdaptorProfile,
     role_parameter,
 )
-from unsafe_doctor.source.syntax import dotted_name, import_bindings
+from unsafe_doctor.source.imports import through_imports
+from unsafe_doctor.source.syntax import import_bindings
 
 GETTER_NAMES = frozenset({"get_repair_group", "new_group"})  # calls whose result a function keeps as its repair group
 PAIR_LOOP_NAMES = ("dict", "zip")  # builtins the rank loop reads
@@ -240,10 +241,8 @@ def _from_file(code: str, needed: dict[str, str], site: Site) -> tuple[str, dict
         return name if name is not None and name not in assigned else None
 
     def read_through_import(node: ast.Name | ast.Attribute) -> str | None:
-        root, _, rest = (dotted_name(node) or "").partition(".")
-        if root not in needed:
-            return None
-        return bound(f"{needed[root]}.{rest}" if rest else needed[root])
+        dotted = through_imports(node, needed.get)
+        return bound(dotted) if dotted is not None else None
 
     def replaced(node: ast.AST) -> Iterator[tuple[_Span, str]]:
         if isinstance(node, (ast.Name, ast.Attribute)):

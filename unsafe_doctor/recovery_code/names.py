@@ -13,6 +13,7 @@ from unsafe_doctor.recovery_code.flow_scope import FlowScope
 from unsafe_doctor.recovery_code.index import ACCESSOR_SIZE, Index
 from unsafe_doctor.recovery_code.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, Ref, SelfRef
 from unsafe_doctor.recovery_code.vocabulary import METADATA, NOT_DATA_CALLS
+from unsafe_doctor.source.imports import through_imports
 from unsafe_doctor.source.syntax import ImportedName, returned_values, scope_statements
 
 
@@ -131,16 +132,15 @@ class Names:
 
     def dotted(self, node: ast.expr) -> str | None:
         """`torch.zeros`, `F.relu` -> 'torch.nn.functional.relu': the imported name a chain spells."""
-        parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name):
+        return through_imports(node, self._imported)
+
+    def _imported(self, name: str) -> str | None:
+        """What an import binds `name` to here: the function's own import, else the module's, unless
+        the function binds `name` otherwise."""
+        binding = self.scope.imports.get(name) or self.scope.module.source.bindings.get(name)
+        if not isinstance(binding, ImportedName) or (name in self.scope.locals and name not in self.scope.imports):
             return None
-        binding = self.scope.imports.get(node.id) or self.scope.module.source.bindings.get(node.id)
-        if not isinstance(binding, ImportedName) or (node.id in self.scope.locals and node.id not in self.scope.imports):
-            return None
-        return ".".join([binding.target, *reversed(parts)])
+        return binding.target
 
     def instance_attribute(self, target: ast.expr) -> bool:
         """`self.x` naming a class attribute (not a buffer)."""

@@ -8,7 +8,7 @@ import ast
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from unsafe_doctor.source.syntax import Function, ImportedName, import_bindings, scope_statements
+from unsafe_doctor.source.syntax import Function, ImportedName, dotted_name, import_bindings, scope_statements
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 
 MAX_HOPS = 6  # re-exports followed at most
@@ -42,12 +42,19 @@ class Imports:
     def dotted(self, node: ast.expr) -> str | None:
         """The dotted path a name or attribute chain names through the imports: `mpu._X` ->
         `megatron.core.parallel_state._X`; None when its root is not imported."""
-        if isinstance(node, ast.Name):
-            return self.target(node.id)
-        if isinstance(node, ast.Attribute):
-            head = self.dotted(node.value)
-            return f"{head}.{node.attr}" if head else None
+        return through_imports(node, self.target)
+
+
+def through_imports(node: ast.AST, target_of: Callable[[str], str | None]) -> str | None:
+    """The dotted path a name or attribute chain names through the import its root name is bound
+    to (`target_of(root)`, None for no import): `F.relu` with `F` bound to `torch.nn.functional` ->
+    `torch.nn.functional.relu`. None for a chain that is no dotted name (`f().x`, `a[0].x`). The
+    one reader of a chain through imports: each caller says what binds a root name in its scope."""
+    root, _, rest = (dotted_name(node) or "").partition(".")
+    target = target_of(root) if root else None
+    if target is None:
         return None
+    return f"{target}.{rest}" if rest else target
 
 
 def module_named(dotted: str, workspace: Workspace, hops: int = 0) -> str | None:
