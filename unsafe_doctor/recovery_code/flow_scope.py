@@ -16,11 +16,11 @@ from typing import Literal
 
 from unsafe_doctor.recovery_code.index import ModuleInfo
 from unsafe_doctor.recovery_code.refs import HolderRef
+from unsafe_doctor.source.imports import imports_bound
 from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
     functions_in,
-    import_bindings,
     names_bound,
     parameter_names,
     scope_statements,
@@ -53,7 +53,7 @@ class FlowScope:
     def of_function(cls, module: ModuleInfo, node: Function, owner: str | None, qualname: str | None = None) -> FlowScope:
         locals_: set[str] = set(parameter_names(node))
         globals_: set[str] = set()
-        imports: dict[str, ImportedName] = {}
+        imported: list[ast.Import | ast.ImportFrom] = []
         nested: dict[str, Function] = {}
         # Statements only: names bound inside expressions (comprehensions, `:=`) become local when
         # the walker meets them. Walking every expression here would double the audit's time.
@@ -61,11 +61,12 @@ class FlowScope:
             if isinstance(inner, ast.Global):
                 globals_.update(inner.names)
             elif isinstance(inner, (ast.Import, ast.ImportFrom)):
-                imports.update(import_bindings(inner, module.source.package))
+                imported.append(inner)
             elif isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 nested.setdefault(inner.name, inner)  # the walker moves on to later ones of a name
             else:
                 locals_.update(_bound_by(inner))
+        imports = imports_bound(imported, module.source.package) if imported else {}
         locals_.update(nested)
         locals_ -= globals_
         self_name, self_is_class = _self_parameter(node) if owner is not None else (None, False)

@@ -5,7 +5,7 @@ import half of `unsafe_doctor.source.resolve`, for callers that know the module 
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from unsafe_doctor.source.syntax import Function, ImportedName, dotted_name, import_bindings, scope_statements
@@ -31,8 +31,7 @@ class Imports:
                 for statement in scope_statements(function.body)
                 if isinstance(statement, (ast.Import, ast.ImportFrom)) and (line is None or statement.lineno <= line)
             ]
-            for statement in sorted(local, key=lambda statement: statement.lineno):
-                names.update(import_bindings(statement, source.package))
+            names.update(imports_bound(local, source.package))
         return cls(names)
 
     def target(self, name: str) -> str | None:
@@ -43,6 +42,15 @@ class Imports:
         """The dotted path a name or attribute chain names through the imports: `mpu._X` ->
         `megatron.core.parallel_state._X`; None when its root is not imported."""
         return through_imports(node, self.target)
+
+
+def imports_bound(statements: Iterable[ast.Import | ast.ImportFrom], package: str | None) -> dict[str, ImportedName]:
+    """The names a scope's import statements bind (relative ones against `package`), the last one
+    of a name by line winning: a function's own imports, for `Imports.of` and the audit's flow walk."""
+    names: dict[str, ImportedName] = {}
+    for statement in sorted(statements, key=lambda statement: statement.lineno):
+        names.update(import_bindings(statement, package))
+    return names
 
 
 def through_imports(node: ast.AST, target_of: Callable[[str], str | None]) -> str | None:
