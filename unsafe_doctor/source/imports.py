@@ -1,6 +1,9 @@
 """What imports bind, and which module on disk a dotted target means (through re-exports): the
 import half of `unsafe_doctor.source.resolve`, for callers that know the module they look for
-(stale's resets, heuristics' uses of one global, the audit's index of modules)."""
+(stale's resets, heuristics' uses of one global, the audit's index of modules). What a function's
+own imports bind (`imports_bound`) and the dotted path a chain names through them
+(`through_imports`) are read here for every stage, the audit's flow walk and the adaptor's
+blocks included."""
 
 from __future__ import annotations
 
