@@ -1,4 +1,4 @@
-"""Write each finding's fix into the user's recovery adaptor, and take it out again.
+"""Plan each finding's fix as blocks in the user's recovery adaptor, and plan taking them out again.
 
 A fix becomes one block at the end of an adaptor function, before a trailing `return`: the rollback
 function for scenario 1; for scenario 2 the send function (replica side) and the receive function
@@ -10,8 +10,8 @@ function for scenario 1; for scenario 2 the send function (replica side) and the
      (source, destination) rank pairs>
     # unsafe-doctor: end <key>
 
-The block is written inline, for the adaptor's maintainer to read (``adaptor.render``): it reads
-the names the file already binds (its `torch`, its `dist`, its repair group or the getter it
+The block is written inline, for the adaptor's maintainer to read (``knowledge.render.block``): it
+reads the names the file already binds (its `torch`, its `dist`, its repair group or the getter it
 imports), and imports only what the file lacks. A rule's `repair_with` adds the fixes of the state
 the same step reads next, unless the adaptor's generation resets it itself.
 
@@ -21,113 +21,48 @@ A function that already holds a block with the same key is left alone; a revert 
 marked lines. The sentinel's block (`sentinel_install`) is planned by the same code: it stays the
 last block of its function, so a fix written later goes before it; `fix --revert` leaves it.
 
-Edits are spliced into the original bytes at line boundaries, so every other byte stays as it was
-(line endings, tabs, encoding); the result is parsed again and compiled before it may be written,
-and a file that changed since it was read, or that another writer holds locked, is never
-overwritten; each write keeps the file as it was in one backup beside it (`backup_of`). Nothing here
-prints or exits: refusals raise UsageError.
+A plan reads files and writes none: `splice` places the blocks and checks that the result compiles,
+`write` writes it. Nothing here prints or exits: refusals raise UsageError.
 """
 
 from __future__ import annotations
 
-import contextlib
-import difflib
-import errno
-import fcntl
-import hashlib
 import itertools
-import keyword
-import os
-import stat
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from unsafe_doctor.adaptor.code import (
-    INDENT,
-    ROLES,
     Adaptor,
     AdaptorFunction,
-    AdaptorSource,
     Role,
     Site,
     adaptor_files,
-    block_spans,
     detached_site,
     read_source,
     without_blocks,
 )
 from unsafe_doctor.adaptor.existing_reset import AlreadyReset, existing_reset
-from unsafe_doctor.adaptor.render import render
-from unsafe_doctor.errors import UsageError, os_reason
+from unsafe_doctor.adaptor.splice import FileEdit, checked_edit, early_return_notes, has_block, insert_blocks, insertion_point
+from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import (
     Classified,
     ClassifiedSubject,
-    FixPlan,
-    NoFix,
     Unclassified,
     classify_with_rule,
     generic_template,
 )
 from unsafe_doctor.knowledge.context import RunContext
-from unsafe_doctor.knowledge.rules import (
-    EVERY_ROLE,
-    AdaptorProfile,
-    KnowledgeBase,
-    Rule,
-    is_safe_dotted,
-    map_parameters,
-)
+from unsafe_doctor.knowledge.render.block import marked_block, render
+from unsafe_doctor.knowledge.render.template import FixPlan, NoFix
+from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase, Rule, is_safe_dotted, map_parameters
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import Environment
-from unsafe_doctor.source.files import shown_path, write_over
-from unsafe_doctor.source.markers import MARKER_BEGIN, MARKER_END, SENTINEL_KEY
+from unsafe_doctor.source.markers import SENTINEL_KEY
 
 if TYPE_CHECKING:
     from unsafe_doctor.audit.coverage import AdaptorCoverage
-
-BACKUP_SUFFIX = ".unsafe-doctor.bak"
-
-
-@dataclass(frozen=True)
-class Insertion:
-    """Where a block went into the original file, so that SARIF can place it without a diff."""
-
-    line: int  # 0-based index of the original line the text goes before; the line count: at the end of the file
-    text: str  # what was spliced in there, line endings included
-
-
-@dataclass(frozen=True)
-class FileEdit:
-    path: Path  # as shown to the user
-    original: bytes
-    updated: bytes
-    encoding: str
-    digest: str  # sha256 of `original`: the file must still hold it when the edit is written
-    changes: tuple[str, ...]  # one line per block inserted or removed
-    insertions: tuple[Insertion, ...] = ()  # the blocks a fix inserts, top to bottom; none for a revert
-
-    def diff(self) -> str:
-        """Unified diff of this file, lines ending as in the file, as `git apply` and `patch -p1` take it."""
-        before = [line.decode(self.encoding, errors="replace") for line in self.original.splitlines(keepends=True)]
-        after = [line.decode(self.encoding, errors="replace") for line in self.updated.splitlines(keepends=True)]
-        name = patch_path(self.path)
-        lines = difflib.unified_diff(before, after, fromfile=f"a/{name}", tofile=f"b/{name}")
-        return "".join(line if line.endswith(("\n", "\r")) else line + "\n\\ No newline at end of file\n" for line in lines)
-
-
-def patch_path(path: Path) -> str:
-    """The file's path as a patch names it (after `a/` and `b/`): from the root of the git repository
-    around the working folder, else from the working folder; a file outside it from `/`."""
-    absolute = Path(os.path.abspath(path))
-    folder = Path.cwd()
-    base = next((parent for parent in (folder, *folder.parents) if (parent / ".git").exists()), folder)
-    try:
-        return absolute.relative_to(base).as_posix()
-    except ValueError:
-        return absolute.as_posix().lstrip("/")
 
 
 @dataclass(frozen=True)
@@ -177,16 +112,6 @@ class Plan:
 
     def diff(self) -> str:
         return "".join(edit.diff() for edit in self.edits)
-
-
-@dataclass(frozen=True)
-class Written:
-    path: Path
-    backup: Path  # the file as it was before this write (`backup_of`)
-    links: int  # names the file has; above 1 it was written in place, so that they all see the fix
-    in_place: bool  # written into the file, not renamed over it: other links, or an owner only the file could keep
-    owner: tuple[int, int]  # the file's user and group id, kept
-    backup_owner: tuple[int, int]  # the backup's: the file's, unless this user may not give them to a new file
 
 
 # --- planning a fix ------------------------------------------------------------------------------
@@ -365,15 +290,15 @@ def plan_blocks(
             continue
         seen.add(place)
         source = adaptor.source(function.path)
-        if _has_block(source, function, request.key):
+        if has_block(source, function, request.key):
             present.append(f"{source.shown}: {request.key} already in {function.name}()")
             continue
         lines, adapted = request.block(adaptor.site(function), profile, group)
         _refuse_a_tie(lines, environment, profile)
-        at = _insertion_point(source, function, request.key)
+        at = insertion_point(source, function, request.key)
         insertions.setdefault(function.path, []).append((at, function, lines, request.key))
-        notes.extend((*adapted, *_early_return_notes(source, function)))
-    edits = tuple(_insert(adaptor.source(path), items) for path, items in insertions.items())
+        notes.extend((*adapted, *early_return_notes(source, function)))
+    edits = tuple(insert_blocks(adaptor.source(path), items) for path, items in insertions.items())
     return Plan(edits, tuple(present), (), tuple(dict.fromkeys(notes)))
 
 
@@ -390,36 +315,6 @@ def _refuse_a_tie(lines: Sequence[str], environment: Environment, profile: Adapt
                          f"well, which get it from different modules: name its generation with --profile ({choices})")
 
 
-def parameter_roles(specs: Iterable[str]) -> dict[str, list[str]]:
-    """`role=name` items of `--parameter` (comma-separated or repeated) -> {role: parameter names}; a
-    role given twice has alternatives (the send and the receive function's names for it).
-    `knowledge.map_parameters` checks the roles and names."""
-    mapping: dict[str, list[str]] = {}
-    for spec in specs:
-        for item in filter(None, (part.strip() for part in spec.split(","))):
-            role, equals, name = (part.strip() for part in item.partition("="))
-            if not equals or role not in EVERY_ROLE:
-                raise UsageError(f"--parameter {item!r}: write role=name, role one of {', '.join(EVERY_ROLE)}")
-            mapping.setdefault(role, []).append(name)
-    return mapping
-
-
-def function_overrides(specs: Iterable[str]) -> dict[Role, str]:
-    """`role=name` items (comma-separated or repeated) -> {role: function name}."""
-    overrides: dict[Role, str] = {}
-    for spec in specs:
-        for item in filter(None, (part.strip() for part in spec.split(","))):
-            role, equals, name = (part.strip() for part in item.partition("="))
-            if not equals or role not in ROLES:
-                raise UsageError(f"--function {item!r}: write role=name, role one of {', '.join(ROLES)}")
-            if not name.isidentifier() or keyword.iskeyword(name):
-                raise UsageError(f"--function {item!r}: {name!r} is not a Python function name")
-            if overrides.get(role, name) != name:
-                raise UsageError(f"--function names two functions for {role}: {overrides[role]} and {name}")
-            overrides[role] = name
-    return overrides
-
-
 @dataclass(frozen=True)
 class _Request:
     """A finding's fix for one adaptor function."""
@@ -433,7 +328,9 @@ class _Request:
     scenario: int
 
     def block(self, site: Site, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
-        return _block_lines(self, site, profile, group)
+        """The block's lines, without line endings, indented for the function's body; notes on how it was written."""
+        rendered = render(self.code, self.imports, self.scenario, site, profile, group, self.key)
+        return marked_block(self.key, self.comment, rendered.lines, site.function), rendered.notes
 
 
 def _check_log_names(subject: Subject) -> None:
@@ -480,100 +377,6 @@ def _tensor_name(subject: Subject) -> str | None:
     return subject.tensor.dotted if subject.tensor else None
 
 
-# --- rendering a block ----------------------------------------------------------------------------
-
-
-def _block_lines(
-    request: _Request, site: Site, profile: AdaptorProfile, group: str | None = None
-) -> tuple[list[str], tuple[str, ...]]:
-    """The block's lines, without line endings, indented for the function's body; notes on how it was written."""
-    rendered = render(request.code, request.imports, request.scenario, site, profile, group, request.key)
-    return marked_block(request.key, request.comment, rendered.lines, site.function), rendered.notes
-
-
-def marked_block(key: str, comment: str, body: Sequence[str], function: AdaptorFunction) -> list[str]:
-    """`body` (template indentation) between the markers of `key`, after a comment, indented for `function`."""
-    lines = [MARKER_BEGIN + key, f"# {comment}", *body, MARKER_END + key]
-    return [_reindent(line, function) for line in lines]
-
-
-def _reindent(line: str, function: AdaptorFunction) -> str:
-    """Template indentation (four spaces a level) -> the function's own (tabs, two spaces, ...)."""
-    if not line:
-        return ""
-    stripped = line.lstrip(" ")
-    levels, rest = divmod(len(line) - len(stripped), len(INDENT))
-    return function.indent + function.unit * levels + " " * rest + stripped
-
-
-# --- splicing and checking ------------------------------------------------------------------------
-
-
-def _has_block(source: AdaptorSource, function: AdaptorFunction, key: str) -> bool:
-    return any(span.key == key and function.first_line - 1 <= span.begin < function.last_line for span in block_spans(source))
-
-
-def _insertion_point(source: AdaptorSource, function: AdaptorFunction, key: str) -> int:
-    """The 0-based line a new block goes before: the end of the function's body (before a trailing
-    `return`), after the blocks already there, and before the sentinel's block, which stays last."""
-    at = function.insert_at
-    assert at is not None, "Adaptor.function refuses a function whose body is on its `def` line"
-    spans = [span for span in block_spans(source) if function.first_line - 1 <= span.begin < function.last_line]
-    for span in spans:  # a block's end marker trails the body's last statement: the body ends after it
-        if span.begin < at <= span.end:
-            at = span.end + 1
-    sentinel = next((span for span in spans if span.key == SENTINEL_KEY), None)
-    if key != SENTINEL_KEY and sentinel is not None and sentinel.begin < at:
-        at = sentinel.begin
-    return at
-
-
-def _early_return_notes(source: AdaptorSource, function: AdaptorFunction) -> list[str]:
-    if not function.early_returns:
-        return []
-    lines = ", ".join(map(str, function.early_returns))
-    return [
-        f"{source.shown}: {function.name}() returns before its end (line {lines}): "
-        "the block runs only on paths that reach the end"
-    ]
-
-
-def _insert(source: AdaptorSource, items: list[tuple[int, AdaptorFunction, list[str], str]]) -> FileEdit:
-    """Every block for one file spliced in at once (one combined diff), each before its line; blocks
-    for one place keep their planned order, so the send and receive sides of several fixes pair up."""
-    lines = list(source.lines)
-    newline = source.encode(source.newline)
-    changes = []
-    insertions = []
-    # Bottom to top, so earlier positions stay valid; at one position, the last planned block first.
-    for _, (at, function, block, key) in sorted(enumerate(items), key=lambda item: (item[1][0], item[0]), reverse=True):
-        encoded = [source.encode(line) + newline for line in block]
-        text = "".join(line + source.newline for line in block)
-        if at == len(lines) and lines and not lines[-1].endswith((b"\n", b"\r")):
-            lines[-1] += newline  # the file ended without a line ending after the function:
-            encoded[-1] = encoded[-1][: -len(newline)]  # it still does, after the block
-            text = source.newline + text[: -len(source.newline)]
-        lines[at:at] = encoded
-        changes.append(f"{source.shown}:{at + 1}: insert {key} at the end of {function.name}()")
-        insertions.append(Insertion(at, text))
-    changes.reverse()
-    insertions.reverse()
-    return _checked_edit(source, b"".join(lines), tuple(changes), tuple(insertions))
-
-
-def _checked_edit(
-    source: AdaptorSource, updated: bytes, changes: tuple[str, ...], insertions: tuple[Insertion, ...] = ()
-) -> FileEdit:
-    """The edit, once the new content parses and compiles."""
-    try:
-        compile(updated, str(source.path), "exec", dont_inherit=True)
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
-        reason = f"{error.msg}, line {error.lineno}" if isinstance(error, SyntaxError) else str(error).splitlines()[0]
-        raise UsageError(f"{source.shown}: the edited file would not compile ({reason}): nothing written") from None
-    digest = hashlib.sha256(source.data).hexdigest()
-    return FileEdit(source.path, source.data, updated, source.encoding, digest, changes, insertions)
-
-
 # --- revert ---------------------------------------------------------------------------------------
 
 
@@ -588,198 +391,5 @@ def plan_revert(environment: Environment, *, sentinel: bool = False) -> Plan:
         if removed is None:
             notes.append(f"{source.shown}: no {'sentinel block' if sentinel else 'unsafe-doctor fix blocks'}")
         else:
-            edits.append(_checked_edit(source, *removed))
+            edits.append(checked_edit(source, *removed))
     return Plan(tuple(edits), (), (), tuple(notes))
-
-
-# --- writing --------------------------------------------------------------------------------------
-
-
-def backup_of(path: Path) -> Path:
-    """Where a write keeps the file as it was just before it: `x.py.unsafe-doctor.bak` beside the file
-    (symlinks resolved), one per file, which the next write replaces; one `.gitignore` line,
-    `*.unsafe-doctor.bak`, keeps them all out of git."""
-    target = path.resolve()
-    return target.with_name(target.name + BACKUP_SUFFIX)
-
-
-def apply(plan: Plan) -> tuple[Written, ...]:
-    """Write every edit: each file's backup beside it, then its new content by an atomic rename, or in
-    place where a rename would lose something (`_replace_all`); the file's owner, group, mode and
-    extended attributes kept.
-
-    Each file is locked (flock) from the last look at its content to its write, so a second writer
-    (another fix, a sentinel install) is refused rather than interleaved. Refuses (before writing
-    anything) a read-only file, and any file whose content is no longer what was read when the plan
-    was made. Every backup and every new content is on disk before the first file is replaced, so a
-    full disk leaves every file and backup as it was."""
-    with contextlib.ExitStack() as locks:
-        for edit in plan.edits:
-            locks.enter_context(_locked(edit))
-            _check_unchanged(edit)
-            _check_writable(edit)
-        staged: list[_Staged] = []
-        try:
-            for edit in plan.edits:
-                staged.append(_stage(edit))
-            for item in staged:
-                _check_unchanged(item.edit)  # last look, right before the replace
-        except BaseException:
-            for item in staged:
-                item.discard()
-            raise
-        return _replace_all(staged)
-
-
-@contextlib.contextmanager
-def _locked(edit: FileEdit) -> Iterator[None]:
-    """The file locked (flock, an exclusive lock every unsafe-doctor that writes it takes) until the
-    `with` ends; refused at once when another holds it: its write may be half done."""
-    try:
-        handle = os.open(edit.path.resolve(), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as error:
-        raise UsageError(f"cannot read {edit.path} again: {os_reason(error)}") from None
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(
-                f"{edit.path} is being written by another command (it holds the file's lock): nothing written; "
-                "run this one again once that one ends"
-            ) from None
-        yield
-    finally:
-        os.close(handle)
-
-
-@dataclass(frozen=True)
-class _Staged:
-    """An edit on disk beside its file, not yet in its place: the backup and the new content."""
-
-    edit: FileEdit
-    target: Path  # the file itself, symlinks resolved
-    owner: tuple[int, int]  # the file's user and group
-    backup: Path  # temporary names, until `_replace_all`
-    temporary: Path
-
-    def discard(self) -> None:
-        self.temporary.unlink(missing_ok=True)
-        self.backup.unlink(missing_ok=True)
-
-
-def _stage(edit: FileEdit) -> _Staged:
-    """The backup first, whole; then the new content, whole; both beside the file under temporary names."""
-    target = edit.path.resolve()
-    try:
-        status = target.stat()
-        backup = _whole_file(target, edit.original, status)
-        try:
-            temporary = _whole_file(target, edit.updated, status)
-        except BaseException:
-            backup.unlink(missing_ok=True)
-            raise
-    except OSError as error:
-        raise UsageError(f"cannot write {edit.path}: {error.strerror or error}: nothing written") from None
-    return _Staged(edit, target, _owner(status), backup, temporary)
-
-
-def _replace_all(staged: Sequence[_Staged]) -> tuple[Written, ...]:
-    """Each backup, then each new content, renamed into its place (a rename needs no space). A file
-    is written in place instead when a rename would lose something: the file's other hard links, or
-    an owner or group this user cannot give a new file (a group member's fix keeps the file its
-    owner's). Where a rename is refused (a sticky folder), that file and those after it are left as
-    they were."""
-    written: list[Written] = []
-    for index, item in enumerate(staged):
-        backup = backup_of(item.target)
-        try:
-            links = os.stat(item.target).st_nlink
-            in_place = links > 1 or _owner(os.stat(item.temporary)) != item.owner
-            os.replace(item.backup, backup)
-            if in_place:
-                _write_in_place(item.target, item.edit.updated)
-                item.temporary.unlink()
-            else:
-                os.replace(item.temporary, item.target)
-        except OSError as error:
-            for other in staged[index:]:
-                other.discard()
-            done = "".join(f"; {earlier.path} was written (backup: {earlier.backup})" for earlier in written)
-            raise UsageError(f"cannot replace {item.edit.path}: {error.strerror or error}: left as it was{done}") from None
-        _sync_folder(item.target.parent)
-        written.append(Written(item.edit.path, shown_path(backup), links, in_place, item.owner, _owner(os.stat(backup))))
-    return tuple(written)
-
-
-def _write_in_place(target: Path, data: bytes) -> None:
-    """The new content written into the file (`write_over`): a full disk fails before a byte
-    changes, and the backup is already on disk."""
-    handle = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        write_over(handle, data)
-    finally:
-        os.close(handle)
-
-
-def _owner(status: os.stat_result) -> tuple[int, int]:
-    return status.st_uid, status.st_gid
-
-
-def _check_writable(edit: FileEdit) -> None:
-    target = edit.path.resolve()
-    if not target.stat().st_mode & stat.S_IWUSR or not os.access(target, os.W_OK):
-        raise UsageError(f"{edit.path} is read-only: nothing written")
-    if not os.access(target.parent, os.W_OK):
-        raise UsageError(f"{target.parent} is not writable (the backup is written beside the file): nothing written")
-
-
-def _check_unchanged(edit: FileEdit) -> None:
-    try:
-        current = edit.path.resolve().read_bytes()
-    except OSError as error:
-        raise UsageError(f"cannot read {edit.path} again: {error.strerror or error}") from None
-    if hashlib.sha256(current).hexdigest() != edit.digest:
-        raise UsageError(f"{edit.path} changed since it was read: nothing written; run the command again")
-
-
-def _whole_file(target: Path, data: bytes, status: os.stat_result) -> Path:
-    """`data` in a new temporary file beside `target`, on disk (fsync), with its mode, and its owner
-    and group where this user may give them: root both, a member of the file's group that group
-    (`_replace_all` compares what it got)."""
-    handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    temporary = Path(name)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        with contextlib.suppress(PermissionError):
-            os.chown(temporary, status.st_uid if os.geteuid() == 0 else -1, status.st_gid)
-        os.chmod(temporary, stat.S_IMODE(status.st_mode))  # after chown, which clears set-id bits
-        _copy_attributes(target, temporary)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return temporary
-
-
-def _copy_attributes(source: Path, copy: Path) -> None:
-    """The file's extended attributes (its ACL and security label among them) on the copy; one that
-    cannot be kept stops the write (OSError), as losing it silently would change who may read the file."""
-    try:
-        names = os.listxattr(source)
-    except OSError as error:
-        if error.errno in (errno.ENOTSUP, errno.ENOSYS):  # a file system without them
-            return
-        raise
-    for name in names:
-        os.setxattr(copy, name, os.getxattr(source, name))
-
-
-def _sync_folder(folder: Path) -> None:
-    """The rename itself on disk."""
-    handle = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)

@@ -9,8 +9,9 @@ from typing import Literal
 
 from unsafe_doctor.audit.refs import HolderKey
 from unsafe_doctor.audit.stale import StaleReset
-from unsafe_doctor.knowledge.classify import Classification, Classified, FixPlan
+from unsafe_doctor.knowledge.classify import Classification, Classified
 from unsafe_doctor.knowledge.context import RunContext
+from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.subject import Subject
 
 InstanceHolderKind = Literal["singleton", "registry"]

@@ -26,7 +26,7 @@ from unsafe_doctor.cli.streams import adaptor_not_output, print_json, print_rich
 from unsafe_doctor.errors import UsageError
 
 if TYPE_CHECKING:
-    from unsafe_doctor.adaptor.fix import Plan
+    from unsafe_doctor.adaptor.plan import Plan
     from unsafe_doctor.audit.model import Audit, AuditedHolder
     from unsafe_doctor.report.common import NextStep
 

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 from unsafe_doctor.report.common import NextStep, printable
 
 if TYPE_CHECKING:
-    from unsafe_doctor.adaptor.fix import Plan, Written  # for types only: the report loads no adaptor code
+    from unsafe_doctor.adaptor.plan import Plan  # for types only: the report loads no adaptor code
+    from unsafe_doctor.adaptor.write import Written
 
 SCHEMA = "unsafe-doctor/fix/v1"
 
