@@ -151,5 +151,5 @@ def _write_fixes(result: Audit, plan: Plan, *, dry_run: bool, yes: bool, no_inpu
     show_plan(plan, len(fixable), revert=False)
     interactive = not no_input and sys.stdin.isatty() and sys.stdout.isatty()
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
-    tell_outcome(plan, written, dry_run, interactive)
+    tell_outcome(plan, written, dry_run=dry_run, interactive=interactive)
     return fixable if written else ()

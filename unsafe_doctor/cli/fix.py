@@ -96,7 +96,7 @@ def command(
     interactive = text and not no_input and sys.stdout.isatty()  # asked at /dev/tty: stdin may be the log
     say_adaptor(environment)
     if text:
-        show_plan(plan, findings, revert)
+        show_plan(plan, findings, revert=revert)
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
     if text:
         options = [
@@ -108,7 +108,7 @@ def command(
         ]
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         apply = invocation.command("fix", environment.adaptor, *options, "--yes", log=not revert)
-        tell_outcome(plan, written, dry_run, interactive, apply)
+        tell_outcome(plan, written, dry_run=dry_run, interactive=interactive, apply=apply)
     else:
         print_document(report.to_json(plan, written, dry_run), written)
     unapplied = bool(plan.edits) and not written
@@ -128,21 +128,21 @@ def print_document(document: dict[str, Any], written: tuple[Written, ...]) -> No
             say(line)
 
 
-def show_plan(plan: Plan, findings: int, revert: bool) -> None:
+def show_plan(plan: Plan, findings: int, *, revert: bool) -> None:
     """The diff on stdout (it can be saved as a patch), what was decided on stderr."""
     from unsafe_doctor.report.fix import decisions
 
     print_diff(plan.diff())
-    for line in decisions(plan, findings, revert):
+    for line in decisions(plan, findings, revert=revert):
         say(line)
 
 
 def tell_outcome(
-    plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool, apply: NextStep | None = None
+    plan: Plan, written: tuple[Written, ...], *, dry_run: bool, interactive: bool, apply: NextStep | None = None
 ) -> None:
     from unsafe_doctor.report.fix import outcome
 
-    for line in outcome(plan, written, dry_run, interactive, apply):
+    for line in outcome(plan, written, dry_run=dry_run, interactive=interactive, apply=apply):
         say(line)
 
 

@@ -94,7 +94,7 @@ def install(
         apply = Invocation((), source_root or (), rules or ()).command("sentinel install", environment.adaptor, *options, "--yes",
                                                                        log=False)
         done = "nothing to do: the sentinel is installed already"
-        for line in fix_report.outcome(plan, written, dry_run, interactive, apply, done=done):
+        for line in fix_report.outcome(plan, written, dry_run=dry_run, interactive=interactive, apply=apply, done=done):
             say(line)
     else:
         print_document(report.to_json(plan, written, dry_run, None if revert else cast(Mode, mode)), written)

@@ -37,7 +37,7 @@ def to_json(plan: Plan, written: tuple[Written, ...], dry_run: bool) -> dict[str
     }
 
 
-def decisions(plan: Plan, findings: int, revert: bool) -> list[str]:
+def decisions(plan: Plan, findings: int, *, revert: bool) -> list[str]:
     """What the plan decided, a line each: the blocks it changes, those already there, the findings it skips."""
     lines = [] if revert or findings else ["no unsafe-data finding in the log: nothing to fix"]
     return [*map(printable, lines), *plan_lines(plan)]
@@ -55,6 +55,7 @@ def plan_lines(plan: Plan) -> list[str]:
 def outcome(
     plan: Plan,
     written: tuple[Written, ...],
+    *,
     dry_run: bool,
     interactive: bool,
     apply: NextStep | None = None,
