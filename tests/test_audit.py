@@ -19,10 +19,10 @@ from conftest import ROUTER_MODULE
 from rich.console import Console
 
 from unsafe_doctor.adaptor.audit_fixes import plan_fixes
-from unsafe_doctor.adaptor.fix import apply
+from unsafe_doctor.adaptor.write import apply
 from unsafe_doctor.audit.run import audit
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.classify import NoFix
+from unsafe_doctor.knowledge.render.template import NoFix
 from unsafe_doctor.recovery_code.model import Audit, AuditedHolder
 from unsafe_doctor.report import audit as audit_report
 

@@ -28,9 +28,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from unsafe_doctor.knowledge.classify import Classified, FixPlan, classify, classify_as, generic_template
+from unsafe_doctor.knowledge.classify import Classified, classify, classify_as, generic_template
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.loading import load_knowledge
+from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.rules import DEST_RANK, SOURCE_RANK, Rule, RuleMatch, Template
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.knowledge.versions import Environment

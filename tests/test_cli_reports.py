@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from unsafe_doctor.adaptor.fix import preview
+from unsafe_doctor.adaptor.plan import preview
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report import diagnosis_text as diagnosis_report
@@ -40,7 +40,7 @@ def run(*args: str, columns: int = 80, stdin: bytes | None = None) -> subprocess
 
 
 def fix_code_lines(diagnosis) -> list[str]:
-    """Every line of every fix block the diagnosis offers, as `fix` would write it (adaptor.fix.preview)."""
+    """Every line of every fix block the diagnosis offers, as `fix` would write it (adaptor.plan.preview)."""
     lines = []
     for item in diagnosis.findings:
         for block in preview(item, diagnosis.context):

@@ -31,7 +31,10 @@ import pytest
 from conftest import load_rules_generator
 from terminal import at_terminal
 
-from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX, FileEdit, Plan, apply, function_overrides, plan_fix, plan_revert
+from unsafe_doctor.adaptor.overrides import function_overrides
+from unsafe_doctor.adaptor.plan import Plan, plan_fix, plan_revert
+from unsafe_doctor.adaptor.splice import FileEdit
+from unsafe_doctor.adaptor.write import BACKUP_SUFFIX, apply
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.context import groundwork

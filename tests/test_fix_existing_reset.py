@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.adaptor.fix import AlreadyReset, Planned, plan_fix
+from unsafe_doctor.adaptor.existing_reset import AlreadyReset
+from unsafe_doctor.adaptor.plan import Planned, plan_fix
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.log.tracebacks import Frame

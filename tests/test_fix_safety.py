@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX
+from unsafe_doctor.adaptor.write import BACKUP_SUFFIX
 from unsafe_doctor.knowledge.rules import is_safe_dotted
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,7 +146,9 @@ STAGE_TWO_FILES = """\
 import hashlib, sys
 from pathlib import Path
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.adaptor.fix import FileEdit, Plan, apply
+from unsafe_doctor.adaptor.plan import Plan
+from unsafe_doctor.adaptor.splice import FileEdit
+from unsafe_doctor.adaptor.write import apply
 edits = []
 for name, grown in (("first.py", 10), ("second.py", 20000)):
     original = Path(name).read_bytes()

@@ -20,7 +20,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from unsafe_doctor.adaptor.fix import apply, function_overrides, plan_fix
+from unsafe_doctor.adaptor.overrides import function_overrides
+from unsafe_doctor.adaptor.plan import plan_fix
+from unsafe_doctor.adaptor.write import apply
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
 

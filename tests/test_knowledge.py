@@ -14,10 +14,10 @@ import pytest
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge import matching
-from unsafe_doctor.knowledge.classify import FixPlan
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.knowledge.loading import load_knowledge, validate_files
 from unsafe_doctor.knowledge.matching import rule_matches
+from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.rules import is_safe_dotted
 from unsafe_doctor.source.index import FrameworkIndex
 from unsafe_doctor.source.workspace import Origin

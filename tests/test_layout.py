@@ -118,6 +118,51 @@ def test_the_checks_see_an_upward_import_and_a_circle():
 
 
 
+# The one home of code generation (knowledge/render/__init__.py says why it sits in the knowledge stage).
+RENDER_HOME = "unsafe_doctor.knowledge.render"
+
+
+def _generates_code(tree: ast.AST) -> list[str]:
+    """What in a module makes a fix's code: a `string.Template` made or filled, a block's marker lines
+    put together (one list or tuple holding `MARKER_BEGIN + key` and `MARKER_END + key`)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            if name in ("substitute", "safe_substitute") or (name == "Template" and ast.unparse(func) == "string.Template"):
+                found.append(f"line {node.lineno}: {ast.unparse(func)}()")
+        elif isinstance(node, ast.ImportFrom) and node.module == "string" and any(a.name == "Template" for a in node.names):
+            found.append(f"line {node.lineno}: from string import Template")
+        elif isinstance(node, (ast.List, ast.Tuple)):
+            marked = {element.left.id for element in node.elts if isinstance(element, ast.BinOp)
+                      and isinstance(element.op, ast.Add) and isinstance(element.left, ast.Name)}
+            if {"MARKER_BEGIN", "MARKER_END"} <= marked:
+                found.append(f"line {node.lineno}: a marked block")
+    return found
+
+
+def _outside_the_render_home(modules: dict[str, ast.AST]) -> list[str]:
+    return sorted(f"{name} {what}" for name, tree in modules.items()
+                  if name != RENDER_HOME and not name.startswith(RENDER_HOME + ".") for what in _generates_code(tree))
+
+
+def test_code_generation_lives_in_its_one_home():
+    modules = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
+    assert _outside_the_render_home(modules) == []
+    assert any(_generates_code(tree) for name, tree in modules.items() if name.startswith(RENDER_HOME + "."))
+
+
+def test_the_render_home_check_sees_a_template_and_a_marked_block():
+    sample = ast.parse("import string\nstring.Template(t).substitute(s)\nlines = [MARKER_BEGIN + key, *body, MARKER_END + key]\n")
+    assert _outside_the_render_home({"unsafe_doctor.adaptor.x": sample}) == [
+        "unsafe_doctor.adaptor.x line 2: string.Template()",
+        "unsafe_doctor.adaptor.x line 2: string.Template(t).substitute()",
+        "unsafe_doctor.adaptor.x line 3: a marked block",
+    ]
+    assert _outside_the_render_home({RENDER_HOME + ".block": sample}) == []
+
+
 def test_no_module_imports_a_private_module_of_rich():
     """rich's private modules (rich._wrap) may change in any release the pins allow (rich>=13)."""
     private = []

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from unsafe_doctor.adaptor.code import Adaptor
-from unsafe_doctor.adaptor.render import render
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.loading import load_knowledge
+from unsafe_doctor.knowledge.render.block import render
 
 LEGACY_ADAPTOR = """\
 import torch

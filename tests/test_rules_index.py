@@ -38,9 +38,10 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.knowledge.classify import FixPlan, classify_with_rule
+from unsafe_doctor.knowledge.classify import classify_with_rule
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.loading import load_knowledge
+from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.rules import Rule, RuleMatch, variable_pattern
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import Environment

@@ -30,9 +30,10 @@ import pytest
 from packaging.version import Version
 
 from unsafe_doctor.diagnose.locate import Finding, locate
-from unsafe_doctor.knowledge.classify import Classification, FixPlan, classify
+from unsafe_doctor.knowledge.classify import Classification, classify
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.loading import load_knowledge
+from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.lines import by_rank, split_lines
 from unsafe_doctor.log.tracebacks import parse_tracebacks

@@ -26,8 +26,10 @@ from conftest import importable_package
 from terminal import at_terminal
 
 from unsafe_doctor import __version__
-from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX, Plan, apply, function_overrides, parameter_roles, plan_fix, plan_revert
+from unsafe_doctor.adaptor.overrides import function_overrides, parameter_roles
+from unsafe_doctor.adaptor.plan import Plan, plan_fix, plan_revert
 from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
+from unsafe_doctor.adaptor.write import BACKUP_SUFFIX, apply
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.context import groundwork

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from unsafe_doctor.adaptor.fix import Planned, Skipped, plan_fix
-from unsafe_doctor.knowledge.classify import Classification, Classified, FixPlan, NoFix, Unclassified, classify_as
+from unsafe_doctor.adaptor.plan import Planned, Skipped, plan_fix
+from unsafe_doctor.knowledge.classify import Classification, Classified, Unclassified, classify_as
 from unsafe_doctor.knowledge.context import groundwork
+from unsafe_doctor.knowledge.render.template import FixPlan, NoFix
 from unsafe_doctor.knowledge.subject import Evidence, Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from unsafe_doctor.adaptor.fix import BACKUP_SUFFIX
+from unsafe_doctor.adaptor.write import BACKUP_SUFFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 FAQ_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from unsafe_doctor.adaptor.fix import Plan, plan_fix
+from unsafe_doctor.adaptor.plan import Plan, plan_fix
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import Classified
 from unsafe_doctor.knowledge.subject import Subject

@@ -19,6 +19,7 @@ from typing import Literal
 
 from unsafe_doctor.adaptor.own_names import FunctionNames, ModuleNames, find_function, function_names, module_names
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge.render.template import INDENT
 from unsafe_doctor.knowledge.versions import Environment, profile_files
 from unsafe_doctor.source.files import package_of, shown_path
 from unsafe_doctor.source.markers import MARKER_END, SENTINEL_KEY, markers
@@ -27,7 +28,6 @@ from unsafe_doctor.source.workspace import module_from_path
 
 Role = Literal["rollback", "send", "recv"]
 ROLES: tuple[Role, ...] = ("rollback", "send", "recv")
-INDENT = "    "  # one indentation level where a function shows none; the unit of the rule templates
 
 
 def adaptor_files(environment: Environment) -> list[Path]:

@@ -1,7 +1,7 @@
 """`sentinel install`: the sentinel's call and the traceback keeper written at the end of the adaptor's
 rollback function.
 
-The block, planned and written by the fixer (`fix.plan_blocks`: diff, backup, idempotent, revert),
+The block, planned and written by the fixer (`plan.plan_blocks`: diff, backup, idempotent, revert),
 in mode report:
 
     # unsafe-doctor: begin unsafe_doctor.sentinel
@@ -51,9 +51,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from unsafe_doctor.adaptor.code import INDENT, Role, Site, adaptor_files, block_spans, enclosing_function, read_source
-from unsafe_doctor.adaptor.fix import Plan, marked_block, plan_blocks
+from unsafe_doctor.adaptor.code import Role, Site, adaptor_files, block_spans, enclosing_function, read_source
+from unsafe_doctor.adaptor.plan import Plan, plan_blocks
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge.render.block import marked_block
+from unsafe_doctor.knowledge.render.template import INDENT
 from unsafe_doctor.knowledge.rules import AdaptorProfile, map_parameters, role_parameter
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.sentinel_lines import FAILED_LINE
@@ -124,7 +126,7 @@ def plan_sentinel(
     parameters: Mapping[str, Sequence[str]] | None = None,
 ) -> Plan:
     """The edit that writes the sentinel's block at the end of the rollback function; reads files,
-    writes nothing. `functions` and `parameters` as `fix.plan_fix` takes them: only the rollback
+    writes nothing. `functions` and `parameters` as `plan.plan_fix` takes them: only the rollback
     function and the train_args role matter here."""
     if mode not in MODES:
         raise UsageError(f"sentinel mode {mode!r}: one of {', '.join(MODES)}")

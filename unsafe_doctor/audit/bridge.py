@@ -14,9 +14,10 @@ from dataclasses import replace
 from itertools import chain
 from pathlib import Path
 
-from unsafe_doctor.knowledge.classify import Classification, Classified, FixPlan, NoFix, classify, classify_as
+from unsafe_doctor.knowledge.classify import Classification, Classified, classify, classify_as
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.matching import frame_named, rule_matches
+from unsafe_doctor.knowledge.render.template import FixPlan, NoFix
 from unsafe_doctor.knowledge.rules import Rule
 from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.log.tracebacks import Frame

@@ -26,7 +26,7 @@ from unsafe_doctor.cli.streams import adaptor_not_output, print_json, print_rich
 from unsafe_doctor.errors import UsageError
 
 if TYPE_CHECKING:
-    from unsafe_doctor.adaptor.fix import Plan
+    from unsafe_doctor.adaptor.plan import Plan
     from unsafe_doctor.recovery_code.model import Audit, AuditedHolder
     from unsafe_doctor.report.common import NextStep
 
@@ -151,5 +151,5 @@ def _write_fixes(result: Audit, plan: Plan, *, dry_run: bool, yes: bool, no_inpu
     show_plan(plan, len(fixable), revert=False)
     interactive = not no_input and sys.stdin.isatty() and sys.stdout.isatty()
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
-    tell_outcome(plan, written, dry_run, interactive)
+    tell_outcome(plan, written, dry_run=dry_run, interactive=interactive)
     return fixable if written else ()

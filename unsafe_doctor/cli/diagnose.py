@@ -20,7 +20,7 @@ from unsafe_doctor.cli.options import (
 from unsafe_doctor.cli.streams import adaptor_not_output, log_paths, print_json, print_rich, progress_bar, warn_skipped
 
 if TYPE_CHECKING:
-    from unsafe_doctor.adaptor.fix import Preview
+    from unsafe_doctor.adaptor.plan import Preview
     from unsafe_doctor.diagnose.pipeline import Diagnosis
 
 
@@ -75,11 +75,12 @@ def command(
 
 def _previews(diagnosis: Diagnosis) -> list[tuple[Preview, ...]]:
     """Each finding's fix blocks as `fix` writes them; the adaptor code is loaded only when a finding has one."""
-    from unsafe_doctor.knowledge.classify import Classified, FixPlan
+    from unsafe_doctor.knowledge.classify import Classified
+    from unsafe_doctor.knowledge.render.template import FixPlan
 
     if not any(isinstance(item.classification, Classified) and isinstance(item.classification.fix, FixPlan)
                for item in diagnosis.findings):
         return []
-    from unsafe_doctor.adaptor.fix import preview
+    from unsafe_doctor.adaptor.plan import preview
 
     return [preview(item, diagnosis.context) for item in diagnosis.findings]

@@ -29,7 +29,8 @@ from unsafe_doctor.errors import UsageError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from unsafe_doctor.adaptor.fix import Plan, Written
+    from unsafe_doctor.adaptor.plan import Plan
+    from unsafe_doctor.adaptor.write import Written
     from unsafe_doctor.diagnose.pipeline import DiagnosedFinding
     from unsafe_doctor.report.common import NextStep
 
@@ -56,7 +57,8 @@ def command(
 
     Exit 0: written, nothing to do, or --dry-run; 1: a fix left unwritten; 2: refused.
     """
-    from unsafe_doctor.adaptor import fix as fixes
+    from unsafe_doctor.adaptor.overrides import function_overrides, parameter_roles
+    from unsafe_doctor.adaptor.plan import plan_fix, plan_revert
     from unsafe_doctor.cli import prompts
     from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
     from unsafe_doctor.diagnose.pipeline import diagnose
@@ -64,8 +66,8 @@ def command(
     from unsafe_doctor.report import fix as report
     from unsafe_doctor.report.common import counted
 
-    overrides = fixes.function_overrides(function or [])
-    roles = fixes.parameter_roles(parameter or [])
+    overrides = function_overrides(function or [])
+    roles = parameter_roles(parameter or [])
     setup = groundwork(rules or (), source_root or (), log_only=log_only, profile=profile,
                        choose_adaptor=prompts.adaptor_chooser(yes=yes, no_input=no_input))
     paths: list[str] = []
@@ -75,7 +77,7 @@ def command(
             raise UsageError("--revert takes no logs or suspects: it removes every unsafe-doctor fix block from the adaptor")
         environment = setup.detect(adaptor=adaptor).environment
         adaptor_not_output(environment)
-        plan = fixes.plan_revert(environment)
+        plan = plan_revert(environment)
         findings = 0
     else:
         paths = log_paths(logs)
@@ -84,7 +86,7 @@ def command(
         environment = diagnosis.context.environment
         adaptor_not_output(environment)
         chosen = diagnosis.chosen_suspects(suspect or ())
-        plan = fixes.plan_fix([*diagnosis.findings, *chosen], diagnosis.context, overrides, roles)
+        plan = plan_fix([*diagnosis.findings, *chosen], diagnosis.context, overrides, roles)
         findings = len(diagnosis.findings) + len(chosen)
         if diagnosis.untraced and diagnosis.untraced.shortlist.suspects and not chosen and output_format is Format.text:
             suspects = counted(len(diagnosis.untraced.shortlist.suspects), "suspect")
@@ -94,7 +96,7 @@ def command(
     interactive = text and not no_input and sys.stdout.isatty()  # asked at /dev/tty: stdin may be the log
     say_adaptor(environment)
     if text:
-        show_plan(plan, findings, revert)
+        show_plan(plan, findings, revert=revert)
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
     if text:
         options = [
@@ -106,7 +108,7 @@ def command(
         ]
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         apply = invocation.command("fix", environment.adaptor, *options, "--yes", log=not revert)
-        tell_outcome(plan, written, dry_run, interactive, apply)
+        tell_outcome(plan, written, dry_run=dry_run, interactive=interactive, apply=apply)
     else:
         print_document(report.to_json(plan, written, dry_run), written)
     unapplied = bool(plan.edits) and not written
@@ -126,21 +128,21 @@ def print_document(document: dict[str, Any], written: tuple[Written, ...]) -> No
             say(line)
 
 
-def show_plan(plan: Plan, findings: int, revert: bool) -> None:
+def show_plan(plan: Plan, findings: int, *, revert: bool) -> None:
     """The diff on stdout (it can be saved as a patch), what was decided on stderr."""
     from unsafe_doctor.report.fix import decisions
 
     print_diff(plan.diff())
-    for line in decisions(plan, findings, revert):
+    for line in decisions(plan, findings, revert=revert):
         say(line)
 
 
 def tell_outcome(
-    plan: Plan, written: tuple[Written, ...], dry_run: bool, interactive: bool, apply: NextStep | None = None
+    plan: Plan, written: tuple[Written, ...], *, dry_run: bool, interactive: bool, apply: NextStep | None = None
 ) -> None:
     from unsafe_doctor.report.fix import outcome
 
-    for line in outcome(plan, written, dry_run, interactive, apply):
+    for line in outcome(plan, written, dry_run=dry_run, interactive=interactive, apply=apply):
         say(line)
 
 

@@ -60,7 +60,8 @@ def install(
 
     Exit 0: written, already there, or --dry-run; 1: not applied; 2: refused.
     """
-    from unsafe_doctor.adaptor import fix as fixes
+    from unsafe_doctor.adaptor.overrides import function_overrides, parameter_roles
+    from unsafe_doctor.adaptor.plan import plan_revert
     from unsafe_doctor.adaptor.sentinel_install import plan_sentinel
     from unsafe_doctor.cli import prompts
     from unsafe_doctor.cli.workflow import Invocation, write_if_accepted
@@ -68,13 +69,13 @@ def install(
     from unsafe_doctor.report import fix as fix_report
     from unsafe_doctor.report import sentinel as report
 
-    overrides = fixes.function_overrides(function or [])
-    roles = fixes.parameter_roles(parameter or [])
+    overrides = function_overrides(function or [])
+    roles = parameter_roles(parameter or [])
     chooser = prompts.adaptor_chooser(yes=yes, no_input=no_input)
     environment = groundwork(rules or (), source_root or (), choose_adaptor=chooser).detect(adaptor=adaptor).environment
     adaptor_not_output(environment)
     if revert:
-        plan = fixes.plan_revert(environment, sentinel=True)
+        plan = plan_revert(environment, sentinel=True)
     else:
         plan = plan_sentinel(environment, cast(Mode, mode), overrides, roles)
     text = output_format is Format.text
@@ -93,7 +94,7 @@ def install(
         apply = Invocation((), source_root or (), rules or ()).command("sentinel install", environment.adaptor, *options, "--yes",
                                                                        log=False)
         done = "nothing to do: the sentinel is installed already"
-        for line in fix_report.outcome(plan, written, dry_run, interactive, apply, done=done):
+        for line in fix_report.outcome(plan, written, dry_run=dry_run, interactive=interactive, apply=apply, done=done):
             say(line)
     else:
         print_document(report.to_json(plan, written, dry_run, None if revert else cast(Mode, mode)), written)

@@ -56,7 +56,7 @@ def adaptor_not_output(environment: Environment) -> None:
     if output is None or environment.adaptor is None:
         return
     from unsafe_doctor.adaptor.code import adaptor_files
-    from unsafe_doctor.adaptor.fix import backup_of
+    from unsafe_doctor.adaptor.write import backup_of
     from unsafe_doctor.source.files import shown_path
 
     for path in adaptor_files(environment):

@@ -65,7 +65,7 @@ def command(
     """
     import importlib.util
 
-    from unsafe_doctor.adaptor import fix as fixes
+    from unsafe_doctor.adaptor.overrides import function_overrides, parameter_roles
     from unsafe_doctor.cli.fix import suspect_options
     from unsafe_doctor.cli.workflow import Invocation
     from unsafe_doctor.diagnose.pipeline import diagnose
@@ -85,13 +85,13 @@ def command(
     diagnosis = diagnose(paths, groundwork(rules or (), source_root or (), log_only=log_only, profile=profile), adaptor=adaptor)
     warn_skipped(diagnosis.skipped)
     adaptor_not_output(diagnosis.context.environment)
-    functions: dict[str, str] = {role: name for role, name in fixes.function_overrides(function or []).items()}
+    functions: dict[str, str] = {role: name for role, name in function_overrides(function or []).items()}
     with framework_warnings_silenced():  # megatron-core's import-time Apex/TE warnings, in the ranks too (forked)
         chosen = diagnosis.chosen_suspects(suspect or ())
         plan, skipped = verification.plan_replay(
             diagnosis, diagnosis.context.knowledge, suspects=chosen,
             ranks=4 if ranks is None else ranks, mode=mode.value, probe=probe, timeout=timeout, functions=functions,
-            parameters=fixes.parameter_roles(parameter or []),
+            parameters=parameter_roles(parameter or []),
         )
         say_adaptor(diagnosis.context.environment)
         with _phases_on_terminal(plan.world_size) as progress:

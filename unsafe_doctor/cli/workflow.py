@@ -20,15 +20,17 @@ from typing import TYPE_CHECKING
 from unsafe_doctor.cli import prompts
 from unsafe_doctor.cli.streams import print_diff, print_rich, say
 from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
-from unsafe_doctor.knowledge.classify import Classified, FixPlan, Unclassified, classify_as
+from unsafe_doctor.knowledge.classify import Classified, Unclassified, classify_as
 from unsafe_doctor.knowledge.context import RunContext
+from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.rules import KnowledgeBase, Scenario
 from unsafe_doctor.replay.quiet import framework_warnings_silenced
 from unsafe_doctor.report.common import NextStep, counted, printable
 from unsafe_doctor.report.fix import written_lines
 
 if TYPE_CHECKING:
-    from unsafe_doctor.adaptor.fix import Plan, Written
+    from unsafe_doctor.adaptor.plan import Plan
+    from unsafe_doctor.adaptor.write import Written
     from unsafe_doctor.diagnose.pipeline import Untraced
 
 VERIFY_QUESTION = "Verify the fix now (replay the fault and the recovery on 4 ranks, unpatched then patched)?"
@@ -95,7 +97,7 @@ def _offer_suspect(
     diagnosis: Diagnosis, untraced: Untraced, invocation: Invocation, adaptor: Path, terminal: prompts.Terminal
 ) -> None:
     """The person picks a suspect (the only one: no question), sees its fix's diff, and says whether to write it."""
-    from unsafe_doctor.adaptor import fix as fixes
+    from unsafe_doctor.adaptor.plan import plan_fix
 
     count = len(untraced.shortlist.suspects)
     number = 1
@@ -114,7 +116,7 @@ def _offer_suspect(
         return
     question = f"Apply suspect {number}'s scenario-{item.classification.scenario} fix to {_functions(adaptor, fix)}?"
     declined = invocation.command("fix", adaptor, "--suspect", str(number), "--yes")
-    _offer_plan(fixes.plan_fix([item], diagnosis.context), question, declined, terminal, yes=False)
+    _offer_plan(plan_fix([item], diagnosis.context), question, declined, terminal, yes=False)
 
 
 def _offer_sentinel(diagnosis: Diagnosis, invocation: Invocation, adaptor: Path, terminal: prompts.Terminal) -> None:
@@ -140,7 +142,7 @@ def _offer_plan(
 ) -> tuple[Written, ...]:
     """A plan's diff, then written on --yes or when the person says so; what was written. Nothing to
     write (already there, or skipped): why, and no question."""
-    from unsafe_doctor.adaptor import fix as fixes
+    from unsafe_doctor.adaptor.write import apply
 
     if not plan.edits:
         for line in (*plan.present, *map(str, plan.skipped), *plan.notes):
@@ -150,7 +152,7 @@ def _offer_plan(
     if not (yes or (terminal is not None and terminal.confirm(question))):
         say(declined.line("not applied; to apply"))
         return ()
-    written = fixes.apply(plan)
+    written = apply(plan)
     for line in written_lines(written):
         say(line)
     return written
@@ -213,13 +215,13 @@ def _fix_each(
     diagnosis: Diagnosis, invocation: Invocation, adaptor: Path, terminal: prompts.Terminal | None, *, yes: bool
 ) -> Repair:
     """Each finding's fix shown, then written or not; the findings whose fix was written, and the files."""
-    from unsafe_doctor.adaptor import fix as fixes  # loaded only when a fix is offered
+    from unsafe_doctor.adaptor.plan import plan_fix  # loaded only when a fix is offered
 
     applied, files = [], []
     for item, fix in _fixable(diagnosis, terminal):
         question = f"Apply scenario-{item.classification.scenario} fix to {_functions(adaptor, fix)}?"
         declined = invocation.command("fix", adaptor, "--yes")
-        written = _offer_plan(fixes.plan_fix([item], diagnosis.context), question, declined, terminal, yes=yes)
+        written = _offer_plan(plan_fix([item], diagnosis.context), question, declined, terminal, yes=yes)
         if written:
             applied.append(item)
             files += [each.path for each in written]
@@ -245,16 +247,16 @@ def _functions(adaptor: Path, fix: FixPlan) -> str:
 def write_if_accepted(plan: Plan, *, dry_run: bool, yes: bool, interactive: bool) -> tuple[Written, ...]:
     """`fix`, `sentinel install` and `audit --fix`: the plan written on --yes or when the person at the
     terminal accepts it (`-o` was checked against the adaptor's files when the adaptor became known)."""
-    from unsafe_doctor.adaptor import fix as fixes
+    from unsafe_doctor.adaptor.write import apply
 
     if not plan.edits or dry_run:
         return ()
     if yes:
-        return fixes.apply(plan)
+        return apply(plan)
     files = ", ".join(dict.fromkeys(printable(str(edit.path)) for edit in plan.edits))
     with prompts.terminal(ask=interactive) as terminal:
         if terminal is not None and terminal.confirm(f"Write this into {files}?"):
-            return fixes.apply(plan)
+            return apply(plan)
     return ()
 
 

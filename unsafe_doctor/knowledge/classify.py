@@ -1,4 +1,5 @@
-"""A subject -> scenario, rule or heuristic evidence, and the fix rendered for the adaptor.
+"""A subject -> scenario, rule or heuristic evidence, and the fix rendered for the adaptor
+(`render.template`).
 
 A matching rule decides (confidence high). The run's loss scaling, when the log shows it, excludes
 the rules written for the other one; among several, the framework version detected in the user's
@@ -11,31 +12,14 @@ unclassified and says what to check.
 from __future__ import annotations
 
 import ast
-import builtins
-import re
-import string
-import textwrap
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol, get_args
 
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.matching import matching_block, precedence
-from unsafe_doctor.knowledge.rules import (
-    DEST_RANK,
-    GROUP_PARAMETERS,
-    PARAMETER_ROLES,
-    SOURCE_RANK,
-    AdaptorProfile,
-    GlobalKind,
-    KnowledgeBase,
-    Rule,
-    RuleMatch,
-    Scenario,
-    Template,
-    is_safe_dotted,
-    template_slots,
-)
+from unsafe_doctor.knowledge.render.template import FixPlan, NoFix, render_fix
+from unsafe_doctor.knowledge.rules import GlobalKind, KnowledgeBase, Rule, RuleMatch, Scenario, Template
 from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.recovery import LossScaling
@@ -47,24 +31,6 @@ Confidence = Literal["high", "medium", "low"]
 # LLM training; the classification then says which rule an fp16 run would get instead.
 ASSUMED_LOSS_SCALING: LossScaling = "none"
 LOSS_SCALING_WORDS: dict[LossScaling, str] = {"none": "no grad scaler (bf16)", "grad-scaler": "an fp16 grad scaler"}
-
-
-@dataclass(frozen=True)
-class FixPlan:
-    phase: Literal["rollback", "repair"]
-    function: str  # the rollback function (scenario 1) or the receive function on the faulty rank
-    code: str
-    imports: tuple[str, ...]
-    peer_function: str | None  # scenario 2: the send function on the replica rank
-    peer_code: str | None
-    profile: str  # adaptor profile whose names were used
-
-
-@dataclass(frozen=True)
-class NoFix:
-    """The scenario is known but no fix can be written for it."""
-
-    reason: str  # in plain words, as every command shows it
 
 
 @dataclass(frozen=True)
@@ -123,7 +89,7 @@ def classify(subject: Subject, context: RunContext, loss_scaling: LossScaling | 
     if verdict.scenario is None:
         return Unclassified(verdict.reason, verdict.evidence, notes)
     template = generic_template(knowledge, verdict.scenario, subject, context.workspace)
-    fix = _render(template, subject, knowledge, environment.profile)
+    fix = render_fix(template, subject, knowledge, environment.profile)
     return Classified(verdict.scenario, None, verdict.confidence, verdict.reason, verdict.evidence, fix, (*notes, *_why_not(fix)))
 
 
@@ -163,7 +129,7 @@ def _by_rule(
     rule: Rule, block: RuleMatch, subject: Subject, context: RunContext, notes: tuple[str, ...], *, guarded: bool = True
 ) -> Classified:
     environment = context.environment
-    fix = _render(rule, subject, context.knowledge, environment.profile, block, guarded=guarded)
+    fix = render_fix(rule, subject, context.knowledge, environment.profile, block, guarded=guarded)
     confidence, doubt = _rule_confidence(rule, subject, environment)
     return Classified(rule.scenario, rule.id, confidence, rule.reason, (), fix, (*notes, *_why_not(fix), *doubt))
 
@@ -194,7 +160,7 @@ def _rule_confidence(rule: Rule, subject: Subject, environment: Environment) -> 
 def classify_as(subject: Subject, scenario: Scenario, context: RunContext, evidence: tuple[Evidence, ...]) -> Classified:
     """The user's answer for a finding nothing could classify: the generic fix for that scenario."""
     template = generic_template(context.knowledge, scenario, subject, context.workspace)
-    fix = _render(template, subject, context.knowledge, context.environment.profile)
+    fix = render_fix(template, subject, context.knowledge, context.environment.profile)
     return Classified(scenario, None, None, "scenario given by the user", evidence, fix, _why_not(fix))
 
 
@@ -398,141 +364,3 @@ def _fits_version(rule: Rule, environment: Environment) -> bool:
     dumped = environment.dumped_release(rule.framework)
     versions = dumped.releases if dumped is not None else (environment.versions.get(rule.framework),)
     return any(version is None or rule.versions.contains(version, prereleases=True) for version in versions)
-
-
-def _slots(rule: Rule | Template, subject: Subject, profile: AdaptorProfile, block: RuleMatch | None) -> dict[str, str]:
-    """The slot values this finding can fill, each a plain Python name: a log is untrusted input.
-
-    A slot whose value is unknown or unsafe is left out; a template that needs it is not rendered.
-    `block` is the rule's match block that matched: it may name the variable the log does not.
-    """
-    tensor = subject.tensor
-    variable = (block.variable if block else None) or (tensor.variable if tensor else None)
-    module = tensor.module if tensor else None
-    owner = tensor.owner if tensor else None
-    slots: dict[str, str] = {}
-    if variable is not None and is_safe_dotted(variable):
-        slots["variable"] = variable
-    if owner is not None and is_safe_dotted(owner):
-        slots["owner"] = owner
-    if module is not None and is_safe_dotted(module):
-        parent, _, alias = module.rpartition(".")
-        if tensor is not None and tensor.runs_as_main:  # the job's entry script: `import name` would load a second copy
-            parent, alias = "", "__main__"
-        slots.update(module=module, alias=alias, parent=parent)
-        if owner is None or "owner" in slots:
-            slots["holder"] = ".".join(part for part in (alias, owner) if part)  # what the global is an attribute of
-            if "variable" in slots:
-                slots["tensor"] = f"{slots['holder']}.{variable}"
-    if rule.scenario == 2:
-        slots.update(src=SOURCE_RANK, dst=DEST_RANK, group=profile.repair_group)
-    return slots
-
-
-def _render(
-    rule: Rule | Template,
-    subject: Subject,
-    knowledge: KnowledgeBase,
-    profile: AdaptorProfile,
-    block: RuleMatch | None = None,
-    *,
-    guarded: bool = True,
-) -> FixPlan | NoFix:
-    block = block or (rule.match if isinstance(rule, Rule) else None)
-    slots = _slots(rule, subject, profile, block)
-    templates = [*rule.fix.imports, *(part for part in (rule.fix.code, rule.fix.send, rule.fix.recv) if part)]
-    conditions = [knowledge.conditions[name] for name in (rule.conditions if isinstance(rule, Rule) else ())]
-    module_name = slots.get("alias")
-    if module_name is not None:
-        taken = [*templates, *profile.repair_group_imports, profile.repair_group,
-                 *(part for condition in conditions for part in (condition.guard, *condition.imports))]
-        slots = _free_alias(slots, taken)
-    missing = set().union(*(template_slots(template) for template in templates)) - set(slots)
-    if missing:
-        return NoFix(_unnamed(missing, slots, subject, block))
-    def fill(template: str | None) -> string.Template:  # the schema requires the templates of the rule's scenario
-        return string.Template(template or "")
-
-    imports = [_import_line(fill(line).substitute(slots), module_name, slots.get("alias")) for line in rule.fix.imports]
-    guards = []
-    for name in rule.conditions if isinstance(rule, Rule) and guarded else ():
-        condition = knowledge.conditions[name]
-        guards.append(condition.guard)
-        imports.extend(condition.imports)
-    if rule.scenario == 1:
-        code = _guarded(fill(rule.fix.code).substitute(slots), guards)
-        return FixPlan("rollback", profile.rollback, code, tuple(dict.fromkeys(imports)), None, None, profile.id)
-    imports.extend(profile.repair_group_imports)
-    recv = _guarded(fill(rule.fix.recv).substitute(slots), guards)
-    send = _guarded(fill(rule.fix.send).substitute(slots), guards)
-    return FixPlan("repair", profile.recv, recv, tuple(dict.fromkeys(imports)), profile.send, send, profile.id)
-
-
-def _unnamed(missing: set[str], slots: dict[str, str], subject: Subject, block: RuleMatch | None) -> str:
-    """Why no fix can be shown, said once for every command: what the fix must name that the log
-    does not (the global's module, or the global itself), and what would name it."""
-    names = "the sentinel names it" if subject.frame else "a traceback names it, as the sentinel does"
-    then = f"{names} at the next fault: diagnose of that log writes the fix"
-    tensor = subject.tensor
-    if "alias" not in slots and missing & {"module", "alias", "parent", "holder", "tensor"}:
-        if tensor is not None and tensor.module is not None:
-            known = "the log's name for it is not a plain Python name"
-        elif block is not None and block.module is not None:
-            known = f"the rule knows it only by the pattern {block.module}"
-        else:
-            known = "the rule does not name it" if block is not None else "nothing in the log names it"
-        return (f"no fix can be shown: the fix must import the module that holds the global, and the log does not say "
-                f"which module that is ({known}); {then}")
-    if "variable" not in slots and missing & {"variable", "tensor"}:
-        pattern = block.variable_regex if block is not None else None
-        known = f"the rule knows it only by the pattern {pattern}" if pattern else "its name is not a plain Python name"
-        return f"no fix can be shown: the fix must name the global, and the log does not say which one it is ({known}); {then}"
-    return f"no fix can be shown: the log does not give a plain Python name for {', '.join(sorted(missing))}"
-
-
-# names a fix's code reads besides the template's own: the roles, the rank loop's, a hook's group
-_ROLE_NAMES = frozenset({*PARAMETER_ROLES, SOURCE_RANK, DEST_RANK, *GROUP_PARAMETERS})
-
-
-def _free_alias(slots: dict[str, str], templates: list[str]) -> dict[str, str]:
-    """The name the global's module is bound to in the block: its own (`state`), or, where that name
-    is one the block needs otherwise (a builtin, `torch`, a local of the template, a role), the
-    parent's and its own (`team_torch`), so that no binding of the block shadows another."""
-    alias = slots["alias"]
-    taken = set(dir(builtins)) | _ROLE_NAMES
-    for template in templates:
-        taken |= set(re.findall(r"(?<![$\w])[A-Za-z_]\w*", re.sub(r"#.*", "", template)))
-    if alias not in taken or alias == "__main__":
-        return slots
-    free = f"{slots['parent'].rpartition('.')[2]}_{alias}" if slots["parent"] else f"{alias}_module"
-    while free in taken:
-        free += "_"
-    holder = ".".join(part for part in (free, slots.get("owner")) if part)
-    updated = {**slots, "alias": free, "holder": holder}
-    if "tensor" in slots:
-        updated["tensor"] = f"{holder}.{slots['variable']}"
-    return updated
-
-
-def _import_line(line: str, module_name: str | None, alias: str | None) -> str:
-    """`from $parent import $alias` for a top-level module renders as `import alias`; a module bound
-    under another name than its own (`_free_alias`) is imported `as` that name."""
-    if module_name and alias and alias != module_name:
-        line = re.sub(rf"\bimport {re.escape(alias)}$", f"import {module_name} as {alias}", line)
-    return "import " + line.removeprefix("from  import ") if line.startswith("from  import ") else line
-
-
-def _guarded(code: str, guards: list[str]) -> str:
-    code = textwrap.dedent(code).strip("\n") + "\n"
-    if not guards:
-        return code
-    joined = guards[0] if len(guards) == 1 else " and ".join(_and_operand(guard) for guard in guards)
-    return f"if {joined}:\n" + textwrap.indent(code, "    ")
-
-
-def _and_operand(guard: str) -> str:
-    """The guard as one operand of `and`: an `or` (an any-of condition's) or a conditional expression
-    binds looser, so it is put in parentheses."""
-    node = ast.parse(guard, mode="eval").body
-    loose = isinstance(node, ast.IfExp) or (isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or))
-    return f"({guard})" if loose else guard

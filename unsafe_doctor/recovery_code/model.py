@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from unsafe_doctor.knowledge.classify import Classification, Classified, FixPlan
+from unsafe_doctor.knowledge.classify import Classification, Classified
 from unsafe_doctor.knowledge.context import RunContext
+from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.recovery_code.refs import HolderKey
 from unsafe_doctor.recovery_code.stale import StaleReset

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from unsafe_doctor.adaptor.code import ROLES, AdaptorFile, read_adaptor
-from unsafe_doctor.adaptor.fix import marker_key
+from unsafe_doctor.adaptor.plan import marker_key
 from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.knowledge.classify import Classified, NoFix, Unclassified
+from unsafe_doctor.knowledge.classify import Classified, Unclassified
+from unsafe_doctor.knowledge.render.template import NoFix
 from unsafe_doctor.knowledge.rules import GROUP_PARAMETERS, AdaptorProfile, KnowledgeBase, map_parameters
 from unsafe_doctor.replay.plan import MAX_RANKS, MAX_TIMEOUT, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import Milestone, RankResult, RunResult, StepOutcome

@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from unsafe_doctor.knowledge.classify import FixPlan
+from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.report.common import (
     NextStep,
     adaptor_json,
@@ -23,7 +23,7 @@ from unsafe_doctor.report.terminal import stale_text
 from unsafe_doctor.source.files import MAX_SOURCE_TOKENS
 
 if TYPE_CHECKING:
-    from unsafe_doctor.adaptor.fix import Plan
+    from unsafe_doctor.adaptor.plan import Plan
     from unsafe_doctor.recovery_code.model import Audit, AuditedHolder, Holder, Site
 
 SCHEMA = "unsafe-doctor/audit/v1"

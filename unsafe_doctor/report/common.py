@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from unsafe_doctor.knowledge.classify import FixPlan, NoFix
+from unsafe_doctor.knowledge.render.template import FixPlan, NoFix
 from unsafe_doctor.knowledge.versions import Environment
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but tab and newline, DEL, C1

@@ -15,9 +15,10 @@ from rich.text import Text
 
 from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
 from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis, Untraced
-from unsafe_doctor.knowledge.classify import Classification, FixPlan, NoFix
+from unsafe_doctor.knowledge.classify import Classification
 from unsafe_doctor.knowledge.generations import GenerationEvidence
 from unsafe_doctor.knowledge.matching import finite_names
+from unsafe_doctor.knowledge.render.template import FixPlan, NoFix
 from unsafe_doctor.knowledge.rules import AdaptorProfile
 from unsafe_doctor.knowledge.subject import TensorRef
 from unsafe_doctor.log.recovery import CatchKind
@@ -30,7 +31,7 @@ from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin
 
 if TYPE_CHECKING:  # for types only: a diagnosis without fixes loads no adaptor code, one with a traceback no suspects
-    from unsafe_doctor.adaptor.fix import Preview
+    from unsafe_doctor.adaptor.plan import Preview
     from unsafe_doctor.diagnose.suspects import Suspect
 
 SHORT_STACK = 6  # frames shown in a panel, innermost last
@@ -39,7 +40,7 @@ SUSPECT_NAMES = 4  # a suspect's pattern is shown as the names it matches up to 
 
 def to_text(diagnosis: Diagnosis, elapsed: float, previews: Sequence[tuple[Preview, ...]] = (), *,
             verbose: bool = False) -> RenderableType:
-    """`previews`: each finding's blocks as `fix` writes them (adaptor.fix.preview), printed under it;
+    """`previews`: each finding's blocks as `fix` writes them (adaptor.plan.preview), printed under it;
     `verbose`: also the adaptor generation the log's lines show, and those lines."""
     parts: list[RenderableType] = []
     for number, item in enumerate(diagnosis.findings, 1):

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 from unsafe_doctor.report.common import NextStep, printable
 
 if TYPE_CHECKING:
-    from unsafe_doctor.adaptor.fix import Plan, Written  # for types only: the report loads no adaptor code
+    from unsafe_doctor.adaptor.plan import Plan  # for types only: the report loads no adaptor code
+    from unsafe_doctor.adaptor.write import Written
 
 SCHEMA = "unsafe-doctor/fix/v1"
 
@@ -36,7 +37,7 @@ def to_json(plan: Plan, written: tuple[Written, ...], dry_run: bool) -> dict[str
     }
 
 
-def decisions(plan: Plan, findings: int, revert: bool) -> list[str]:
+def decisions(plan: Plan, findings: int, *, revert: bool) -> list[str]:
     """What the plan decided, a line each: the blocks it changes, those already there, the findings it skips."""
     lines = [] if revert or findings else ["no unsafe-data finding in the log: nothing to fix"]
     return [*map(printable, lines), *plan_lines(plan)]
@@ -54,6 +55,7 @@ def plan_lines(plan: Plan) -> list[str]:
 def outcome(
     plan: Plan,
     written: tuple[Written, ...],
+    *,
     dry_run: bool,
     interactive: bool,
     apply: NextStep | None = None,

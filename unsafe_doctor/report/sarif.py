@@ -10,7 +10,7 @@ from urllib.parse import quote
 from unsafe_doctor import __version__
 
 if TYPE_CHECKING:
-    from unsafe_doctor.adaptor.fix import FileEdit
+    from unsafe_doctor.adaptor.splice import FileEdit
 
 
 def sarif_log(rules: dict[str, str], results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -10,7 +10,8 @@ from unsafe_doctor.log.sentinel_modes import GUARDED
 from unsafe_doctor.report import fix
 
 if TYPE_CHECKING:
-    from unsafe_doctor.adaptor.fix import Plan, Written
+    from unsafe_doctor.adaptor.plan import Plan
+    from unsafe_doctor.adaptor.write import Written
     from unsafe_doctor.log.sentinel_modes import Mode
 
 SCHEMA = "unsafe-doctor/sentinel-install/v1"

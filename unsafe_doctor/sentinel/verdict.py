@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from unsafe_doctor.knowledge.classify import Classified, FixPlan, classify_by_rule
+from unsafe_doctor.knowledge.classify import Classified, classify_by_rule
 from unsafe_doctor.knowledge.context import Groundwork, RunContext, groundwork
+from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.sentinel.walk import Holder

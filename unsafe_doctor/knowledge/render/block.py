@@ -1,6 +1,6 @@
-"""A fix's code written into one adaptor function, in that function's own names.
+"""A fix's code written into one adaptor function, in that function's own names, between its markers.
 
-The rule's code names its roles (`train_args`, `src_ranks`), the profile's repair group
+The rule's code (`template.render_fix`) names its roles (`train_args`, `src_ranks`), the profile's repair group
 (`get_repair_group()`) and what its imports bind (`torch`, `TopKRouter`). Written into a function:
 
 * each role becomes the function's parameter for it (`send_rank_repair_args.src_ranks`);
@@ -11,11 +11,14 @@ The rule's code names its roles (`train_args`, `src_ranks`), the profile's repai
 * an imported name the file binds at module level is read from there (`torch`, `dist` for
   `torch.distributed`) and not imported again; what the file lacks is imported in the block, which
   makes it local to the function, so a name the function reads otherwise gets another name;
-* a name the block assigns that the function still needs (`kept`) gets another name too.
+* a name the block assigns that the function still needs (`kept`) gets another name too;
+* the lines go between the block's markers, after its comment, at the function's indentation
+  (`marked_block`).
 
 The code is edited as text, where `ast` places the names and expressions to replace, so that the
-rule's own layout and comments stay as written. Nothing here reads or writes files: `fix` hands in
-what it parsed.
+rule's own layout and comments stay as written. Nothing here reads or writes files: `adaptor`
+hands in the function it parsed, as a `Place` (what this module reads of it, declared here so that
+the knowledge stage names nothing of the adaptor's).
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from __future__ import annotations
 import ast
 import builtins
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
-from unsafe_doctor.adaptor.code import INDENT, AdaptorFunction, Site
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.knowledge.render.template import INDENT
 from unsafe_doctor.knowledge.rules import (
     DEST_RANK,
     GROUP_PARAMETERS,
@@ -37,10 +42,71 @@ from unsafe_doctor.knowledge.rules import (
     role_parameter,
 )
 from unsafe_doctor.source.imports import through_imports
+from unsafe_doctor.source.markers import MARKER_BEGIN, MARKER_END
 from unsafe_doctor.source.syntax import import_bindings
 
 GETTER_NAMES = frozenset({"get_repair_group", "new_group"})  # calls whose result a function keeps as its repair group
 PAIR_LOOP_NAMES = ("dict", "zip")  # builtins the rank loop reads
+
+
+class PlaceFunction(Protocol):
+    """The adaptor function a block goes into (`adaptor.code.AdaptorFunction`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def first_line(self) -> int: ...  # 1-based, the `def` line
+
+    @property
+    def parameters(self) -> frozenset[str]: ...
+
+    @property
+    def indent(self) -> str: ...  # the body's indentation
+
+    @property
+    def unit(self) -> str: ...  # one indentation level of this function
+
+
+class PlaceModule(Protocol):
+    """What the function's file binds at module level (`adaptor.own_names.ModuleNames`)."""
+
+    @property
+    def bound(self) -> frozenset[str]: ...
+
+    @property
+    def imports(self) -> Mapping[str, str]: ...  # name -> what it imports
+
+    def local_for(self, target: str) -> str | None: ...
+
+
+class PlaceNames(Protocol):
+    """What the function binds (`adaptor.own_names.FunctionNames`)."""
+
+    @property
+    def assigned(self) -> frozenset[str]: ...
+
+    @property
+    def locals_before(self) -> Mapping[str, ast.expr]: ...
+
+    @property
+    def kept(self) -> frozenset[str]: ...
+
+
+class Place(Protocol):
+    """Where a block goes: the function, with what it and its file bind."""
+
+    @property
+    def function(self) -> PlaceFunction: ...
+
+    @property
+    def module(self) -> PlaceModule: ...
+
+    @property
+    def names(self) -> PlaceNames: ...
 
 
 @dataclass(frozen=True)
@@ -51,7 +117,7 @@ class Rendered:
 
 
 def render(
-    code: str, imports: tuple[str, ...], scenario: int, site: Site, profile: AdaptorProfile, group: str | None, what: str
+    code: str, imports: tuple[str, ...], scenario: int, site: Place, profile: AdaptorProfile, group: str | None, what: str
 ) -> Rendered:
     """`what` names the block in refusals (its marker key)."""
     notes: list[str] = []
@@ -108,7 +174,7 @@ def _is_group_import(name: str, target: str, profile: AdaptorProfile) -> bool:
 # --- the repair group ------------------------------------------------------------------------------
 
 
-def _group(site: Site, profile: AdaptorProfile, given: str | None) -> tuple[str, str | None, str | None]:
+def _group(site: Place, profile: AdaptorProfile, given: str | None) -> tuple[str, str | None, str | None]:
     """(the expression the block uses, the function's name for it if any, a note saying where it came from)."""
     function = site.function
     if given is not None:
@@ -139,7 +205,7 @@ def _group(site: Site, profile: AdaptorProfile, given: str | None) -> tuple[str,
     )
 
 
-def _group_local(site: Site) -> str | None:
+def _group_local(site: Place) -> str | None:
     """The last local the function binds, before the block, to `get_repair_group(...)` or `new_group(...)`."""
     found = None
     for name, value in site.names.locals_before.items():
@@ -168,7 +234,7 @@ def _replace_expression(code: str, expression: str, replacement: str) -> str:
 # --- roles and ranks -------------------------------------------------------------------------------
 
 
-def _roles(code: str, function: AdaptorFunction, profile: AdaptorProfile, what: str) -> str:
+def _roles(code: str, function: PlaceFunction, profile: AdaptorProfile, what: str) -> str:
     """Each role the code reads (`train_args`) replaced by the function's parameter for it."""
     read = _names_read(code)
     mapping = {}
@@ -178,7 +244,7 @@ def _roles(code: str, function: AdaptorFunction, profile: AdaptorProfile, what: 
     return _rename(code, {role: name for role, name in mapping.items() if name != role})
 
 
-def _parameter(profile: AdaptorProfile, role: str, function: AdaptorFunction, what: str) -> str:
+def _parameter(profile: AdaptorProfile, role: str, function: PlaceFunction, what: str) -> str:
     name = role_parameter(profile, role, function.parameters)  # type: ignore[arg-type]
     if name is None or name.split(".")[0] not in function.parameters:
         has = ", ".join(sorted(function.parameters)) or "no parameters"
@@ -189,7 +255,7 @@ def _parameter(profile: AdaptorProfile, role: str, function: AdaptorFunction, wh
     return name
 
 
-def _rank_loop(body: list[str], site: Site, profile: AdaptorProfile) -> list[str]:
+def _rank_loop(body: list[str], site: Place, profile: AdaptorProfile) -> list[str]:
     """The code inside a loop over the (source, destination) pairs: list-valued rank parameters hold one
     entry per (source, destination, optimizer index), so each pair once, in first-seen order (the
     same on both sides, which receive the same lists); plain rank parameters are the ranks."""
@@ -231,7 +297,7 @@ def _indented(lines: list[str]) -> list[str]:
 # --- names from the file, imports, the block's own locals ------------------------------------------
 
 
-def _from_file(code: str, needed: dict[str, str], site: Site) -> tuple[str, dict[str, str]]:
+def _from_file(code: str, needed: dict[str, str], site: Place) -> tuple[str, dict[str, str]]:
     """Every dotted name the code reads through an import, read from the file's module-level name for
     its longest part the file binds (`torch.distributed.send` -> `dist.send`); the imports still read."""
     module, assigned = site.module, site.names.assigned
@@ -258,7 +324,7 @@ def _from_file(code: str, needed: dict[str, str], site: Site) -> tuple[str, dict
     return code, {name: target for name, target in needed.items() if name in read and bound(target) is None}
 
 
-def _imports(code: str, needed: dict[str, str], from_imported: frozenset[str], site: Site) -> tuple[str, list[str]]:
+def _imports(code: str, needed: dict[str, str], from_imported: frozenset[str], site: Place) -> tuple[str, list[str]]:
     """An import line for each name the file does not bind, in the template's form (`from M import
     NAME` or `import M`); one the function reads or keeps otherwise is imported under another name
     (`as torch_`), since an import in a function binds a local."""
@@ -279,7 +345,7 @@ def _imports(code: str, needed: dict[str, str], from_imported: frozenset[str], s
     return _rename(code, renamed), lines
 
 
-def _own_locals(code: str, site: Site, outside: set[str]) -> str:
+def _own_locals(code: str, site: Place, outside: set[str]) -> str:
     """The names the block assigns, renamed where the function still needs them."""
     nodes = ast.walk(ast.parse(code))
     assigned = {node.id for node in nodes if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)}
@@ -287,12 +353,12 @@ def _own_locals(code: str, site: Site, outside: set[str]) -> str:
     return _rename(code, renamed)
 
 
-def _names_outside(site: Site, profile: AdaptorProfile) -> set[str]:
+def _names_outside(site: Place, profile: AdaptorProfile) -> set[str]:
     """Names the block reads from the function and its file: the block must not assign them."""
     return set(site.function.parameters) | set(site.module.bound) - set(PARAMETER_ROLES)
 
 
-def _free_name(name: str, site: Site, also: set[str] = frozenset()) -> str:  # type: ignore[assignment]
+def _free_name(name: str, site: Place, also: set[str] = frozenset()) -> str:  # type: ignore[assignment]
     taken = site.names.assigned | site.names.kept | site.module.bound | also | set(dir(builtins))
     candidate = name + "_"
     while candidate in taken:
@@ -350,3 +416,21 @@ def _edited(code: str, edits: list[tuple[_Span, str]]) -> str:
     for span, text in sorted(edits, key=lambda edit: (edit[0].lineno, edit[0].col_offset), reverse=True):
         code = code[: offset(span.lineno, span.col_offset)] + text + code[offset(span.end_lineno, span.end_col_offset) :]
     return code
+
+
+# --- the block between its markers ------------------------------------------------------------------
+
+
+def marked_block(key: str, comment: str, body: Sequence[str], function: PlaceFunction) -> list[str]:
+    """`body` (template indentation) between the markers of `key`, after a comment, indented for `function`."""
+    lines = [MARKER_BEGIN + key, f"# {comment}", *body, MARKER_END + key]
+    return [_reindent(line, function) for line in lines]
+
+
+def _reindent(line: str, function: PlaceFunction) -> str:
+    """Template indentation (four spaces a level) -> the function's own (tabs, two spaces, ...)."""
+    if not line:
+        return ""
+    stripped = line.lstrip(" ")
+    levels, rest = divmod(len(line) - len(stripped), len(INDENT))
+    return function.indent + function.unit * levels + " " * rest + stripped
