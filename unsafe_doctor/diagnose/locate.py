@@ -14,7 +14,9 @@ The rules, in the order they apply:
   A `<lambda>` frame reads the bodies of the lambdas on its line.
 * **Position markers** (Python 3.11+): when the frame's `~~~^~~~` / `^^^^` line fits the parsed
   statement (`unsafe_doctor.source.printed`), only the operands that overlap the marked part
-  are candidates, those under its `^` part first; a lambda's parameter or a comprehension's key
+  are candidates, those under its `^` part first (a call's `^` part is the whole call, as 3.11
+  marks it, also where 3.13 marks its callee `~`; a marker to the end of the printed line covers
+  the rest of a statement over several lines); a lambda's parameter or a comprehension's key
   outside it is not what raised. When no operand overlaps, or the markers fit no expression, or
   the log has none, every operand is a candidate.
 * **Statement**: the whole statement around the frame's line when the file is available locally
@@ -204,7 +206,7 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     if found.origin is Origin.INDEX and not workspace.index_agrees(frame):
         source = None  # a file of the framework, but not as the release the other frames fit: patched, or newer
     if found.local is not None and source is None and found.origin is not Origin.INDEX:
-        notes.append(f"{found.local} {why_not_read(found.local)}")
+        notes.append(f"{found.local} {workspace.why_not_parsed(found.local) or why_not_read(found.local)}")
     if source is not None and found.origin is Origin.INDEX:
         return _indexed_view(frame, found.module, source, workspace.release_of(frame.file))
     line = _matching_line(frame, source) if source else None
@@ -269,8 +271,7 @@ def _marked_span(frame: Frame, statement: ast.stmt | None, text: str | None, lin
     lines = text.splitlines()
     if not 1 <= line <= len(lines):
         return None
-    marked = MarkedSpan.place((marker.start, marker.end), marker.primary, printed, lines[line - 1], line)
-    return marked if marked is not None and marked.fits(statement) else None
+    return MarkedSpan.place((marker.start, marker.end), marker.primary, printed, lines[line - 1], line, statement)
 
 
 def _matching_line(frame: Frame, source: SourceFile) -> int | None:

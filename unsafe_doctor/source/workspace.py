@@ -437,6 +437,20 @@ class Workspace:
             self._recent.popitem(last=False)
         return source
 
+    def why_not_parsed(self, path: Path) -> str | None:
+        """Why a file that reads gave no `source`, as a note's phrase ("is nested too deeply to
+        parse"); None when it parses, or cannot be read (`files.why_not_read` says why)."""
+        text = self.text(path)
+        if text is None:
+            return None
+        try:
+            ast.parse(text)
+        except (RecursionError, MemoryError):
+            return "is nested too deeply or too complex to parse (generated code?)"
+        except (SyntaxError, ValueError):
+            return "is not valid Python: not parsed"
+        return None
+
     def parsed(self) -> Parsed:
         return Parsed(dict(self._parsed_as), dict(self._bound_imports), dict(self._outlines), frozenset(self._unparsable))
 
@@ -474,7 +488,7 @@ class Workspace:
                 bodies.append(body)
         try:
             tree = ast.parse("\n".join(kept))
-        except (SyntaxError, ValueError, RecursionError):
+        except _UNPARSABLE:
             tree = None
         if tree is None or [_lines_of(statement) for statement in tree.body] != chosen or any(
             body is not None and [_lines_of(inner) for inner in getattr(statement, "body", ())] != body
@@ -567,10 +581,15 @@ def _fresh_workspace(
     return workspace
 
 
+# What `ast.parse` raises for a file it cannot parse: MemoryError is its stack overflowing (3.13:
+# "too complex to parse"), RecursionError nesting past its limit.
+_UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError)
+
+
 def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError):
+    except _UNPARSABLE:
         return None
     package = package_of(path, module)
     bindings: dict[str, Binding] = {}

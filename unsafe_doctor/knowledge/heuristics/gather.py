@@ -112,6 +112,7 @@ class Study:
         self.scope: _InScope | None = None
         self.truncated = False
         self.unparsed: list[Path] = []  # files in scope nested too deeply to study
+        self.unparsable: tuple[Path, str] | None = None  # the defining module's file, and why it did not parse
         self.referencing: list[Path] = []
         self.defining: SourceFile | None = None
         self.accessors: set[str] = set()
@@ -180,6 +181,8 @@ class Study:
         self.truncated = self.scope.truncated
         defining = self.workspace.module_path(self.module) if self.module else None
         self.defining = self.parse(defining) if defining is not None and defining.is_file() else None
+        why = self.workspace.why_not_parsed(defining) if defining is not None and self.defining is None else None
+        self.unparsable = (defining, why) if defining is not None and why is not None else None
         if self.defining is not None:
             classes = self.workspace.derived(self.defining.path, "classes", _classes_in)
             self.classes_here = classes if isinstance(classes, frozenset) else frozenset()
