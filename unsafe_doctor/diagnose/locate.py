@@ -206,7 +206,7 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     if found.origin is Origin.INDEX and not workspace.index_agrees(frame):
         source = None  # a file of the framework, but not as the release the other frames fit: patched, or newer
     if found.local is not None and source is None and found.origin is not Origin.INDEX:
-        notes.append(f"{found.local} {workspace.why_not_parsed(found.local) or why_not_read(found.local)}")
+        notes.append(f"{found.local} {workspace.sources.why_not_parsed(found.local) or why_not_read(found.local)}")
     if source is not None and found.origin is Origin.INDEX:
         return _indexed_view(frame, found.module, source, workspace.release_of(frame.file))
     line = _matching_line(frame, source) if source else None
