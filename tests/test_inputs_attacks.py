@@ -205,7 +205,10 @@ def test_a_log_truncated_while_it_is_read_ends_the_read_instead_of_killing_the_p
 
 
 NESTED_CALLS = "_STATE" + "()" * 950  # parses, but deeper than Python's recursion limit lets a walker follow
-NESTED_SUM = "+".join(["_STATE"] * 950)
+# Parses on Python 3.10 to 3.13 (3.11's parser stops near 2,750 terms), but is deeper than a study
+# of the file can follow on each (3.13 follows 950 terms).
+NESTED_SUM = "+".join(["_STATE"] * 2500)
+TOO_DEEP_TO_PARSE = "-" * 30_000 + "loss"  # no Python parses it: its parser's stack overflows (a MemoryError)
 
 
 def deep_package(tmp_path: Path, expression: str) -> Path:
@@ -254,6 +257,17 @@ def test_a_file_nested_too_deeply_is_left_out_of_the_heuristics_in_diagnose_and_
     assert audited.returncode == 1, audited.stderr.decode()[-2000:]
     (holder,) = json.loads(audited.stdout)["holders"]
     assert "nested too deeply to read" in json.dumps(holder)
+
+
+def test_a_file_too_deep_to_parse_is_said_so_not_sent_to_a_source_root(tmp_path):
+    package = deep_package(tmp_path, TOO_DEEP_TO_PARSE)
+    log = deep_log(tmp_path, package, 7, "_STATE[name] = torch.zeros(4, device=torch.cuda.current_device())")
+    diagnosed = doctor("diagnose", str(log), "--format", "json")
+    assert diagnosed.returncode == 1, diagnosed.stderr.decode()[-2000:]
+    (finding,) = json.loads(diagnosed.stdout)["findings"]
+    assert f"{package / 'state.py'}, which defines it, is nested too deeply or too complex to parse" in finding["reason"]
+    assert "--source-root" not in finding["reason"]
+    assert f"{package / 'state.py'} is nested too deeply or too complex to parse (generated code?)" in finding["notes"]
 
 
 # --- 3. bounded memory ------------------------------------------------------------------------------

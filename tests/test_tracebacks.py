@@ -11,13 +11,16 @@ import subprocess
 import sys
 import traceback
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unsafe_doctor.diagnose.locate import locate
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.tracebacks import Frame, Marker, Traceback, parse_tracebacks
+from unsafe_doctor.source.workspace import Workspace
 
 PY311 = sys.version_info >= (3, 11)  # caret lines and exception groups
 needs_py311 = pytest.mark.skipif(not PY311, reason="Python 3.11+ output")
@@ -189,51 +192,15 @@ RuntimeError: boom"""
 
 # --- position markers (3.11+): which part of the printed line raised ------------------------
 
-MARKED_SCRIPT = """\
-import sys
+# Real tracebacks of fixtures/tracebacks/marked.py, one per case, as Python 3.11 and 3.13 print them
+# (the script's folder printed as /job/): users' jobs run either, and the two mark a line apiece.
+TRACEBACKS = Path(__file__).parent / "fixtures" / "tracebacks"
+PYTHONS = ("python3.11", "python3.13")
+CASES = sorted(path.stem for path in (TRACEBACKS / PYTHONS[0]).glob("*.log"))
 
 
-class Unsafe:
-    def __add__(self, other):
-        raise RuntimeError("unsafe")
-
-    __mul__ = __radd__ = __rmul__ = __getitem__ = __add__
-
-    def sum(self):
-        raise RuntimeError("unsafe")
-
-
-def helper(*args):
-    return Unsafe().sum()
-
-
-def step(x, table):
-    if sys.argv[1] == "binary":
-        y = _SCALE + x * 2
-    if sys.argv[1] == "subscript":
-        return 1 + table["é"][0]
-    if sys.argv[1] == "lambda":
-        return (lambda t: 1 + t.sum())(x)
-    if sys.argv[1] == "dictcomp":
-        return {_SCALE: v.sum() for k, v in table.items()}
-    if sys.argv[1] == "multi-line":
-        total = helper(
-            x,
-            table)
-    return helper(x) + helper(table)
-
-
-_SCALE = 1
-step(Unsafe(), {"é": Unsafe()})
-"""
-
-
-def run_marked(case: str, tmp_path) -> Traceback:
-    """The traceback a real Python prints for one case of MARKED_SCRIPT (with its own excepthook)."""
-    script = tmp_path / "marked.py"
-    script.write_text(MARKED_SCRIPT)
-    done = subprocess.run([sys.executable, str(script), case], capture_output=True, text=True, check=False)
-    [tb] = parse(done.stderr.rstrip("\n"))
+def stored(python: str, case: str) -> Traceback:
+    [tb] = parse((TRACEBACKS / python / f"{case}.log").read_text().rstrip("\n"))
     return tb
 
 
@@ -245,29 +212,78 @@ def marked(frame: Frame) -> tuple[str, str] | None:
     return frame.source[frame.marker.start : frame.marker.end], frame.source[start:end]
 
 
-@needs_py311
-@pytest.mark.parametrize(
-    ("case", "function", "expected"),
-    [
-        ("binary", "step", ("x * 2", "*")),  # `~~^~~`: the operands are `~`, the operator `^`
-        ("subscript", "step", ('table["é"][0]', "[0]")),  # columns count characters, not UTF-8 bytes
-        ("lambda", "<lambda>", ("t.sum()", "t.sum()")),
-        ("dictcomp", "<dictcomp>", ("v.sum()", "v.sum()")),
-        ("call", "step", ("helper(x)", "helper(x)")),  # the first of two calls on the line
-    ],
-)
-def test_position_markers_are_kept_on_their_frame(tmp_path, case, function, expected):
-    tb = run_marked(case, tmp_path)
-    frame = next(frame for frame in tb.frames if frame.function == function)
-    assert marked(frame) == expected
+@pytest.mark.parametrize("case", CASES)
+def test_the_stored_tracebacks_are_what_this_python_prints(tmp_path, case):
+    python = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    if python not in PYTHONS:
+        pytest.skip(f"tracebacks are stored as {' and '.join(PYTHONS)} print them")
+    script = tmp_path / "marked.py"
+    script.write_text((TRACEBACKS / "marked.py").read_text())
+    done = subprocess.run([sys.executable, str(script), case], capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert done.stderr.replace(f"{tmp_path}/", "/job/") == (TRACEBACKS / python / f"{case}.log").read_text()
 
 
-@needs_py311
-def test_markers_of_a_statement_over_several_lines_run_to_the_end_of_its_printed_line(tmp_path):
-    tb = run_marked("multi-line", tmp_path)
-    frame = next(frame for frame in tb.frames if frame.function == "step")
-    assert frame.source == "total = helper("
-    assert marked(frame) == ("helper(", "helper(")
+# case -> (frame, (marked text, its `^` part) as 3.11 prints it, as 3.13 prints it); None: no markers
+MARKERS = {
+    "binary": ("step", ("_UNSAFE * 2", "*"), ("_UNSAFE * 2", "*")),  # `~~~~~~~~^~~`: the operator is `^`
+    "subscript": ("step", ('_TABLE["é"][0]', "[0]"), ('_TABLE["é"][0]', "[0]")),  # columns count characters, not bytes
+    "method": ("step", None, ("_SAFE.add_(_UNSAFE)", "(_UNSAFE)")),  # the whole line: 3.11 prints no markers
+    "call": ("step", ("helper(_UNSAFE)", "helper(_UNSAFE)"), ("helper(_UNSAFE)", "(_UNSAFE)")),  # 3.13: the callee `~`
+    "lambda": ("<lambda>", ("t.sum()", "t.sum()"), ("t.sum()", "()")),
+    "multi-line": ("step", ("cat(", "cat("), None),  # 3.11: to the end of the printed line; 3.13: no markers
+    "parameter": ("pair", ("a.mul(b)", "a.mul(b)"), ("a.mul(b)", "(b)")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MARKERS))
+def test_position_markers_are_kept_on_their_frame(case):
+    function, *expected = MARKERS[case]
+    for python, markers in zip(PYTHONS, expected, strict=True):
+        frame = next(frame for frame in stored(python, case).frames if frame.function == function)
+        assert marked(frame) == markers, python
+
+
+def test_a_comprehension_runs_in_a_frame_of_its_own_before_python_3_12():
+    """PEP 709: from 3.12 a comprehension runs inline, in its function's frame."""
+    before, after = (stored(python, "dictcomp").frames[-3:-2] for python in PYTHONS)
+    assert [(frame.function, marked(frame)) for frame in before] == [("<dictcomp>", ("v.sum()", "v.sum()"))]
+    assert [(frame.function, marked(frame)) for frame in after] == [("step", ("v.sum()", "()"))]
+
+
+def test_a_statement_over_several_lines_is_its_first_line():
+    """3.11 prints the first line of the statement; 3.13 all of it (the rest is skipped), or with
+    `...<N lines>...` for its middle."""
+    for case in ("multi-line", "long"):
+        for python in PYTHONS:
+            frame = stored(python, case).frames[-3]
+            assert (frame.function, frame.source) == ("step", "total = cat("), (case, python)
+
+
+# What matters of a traceback: the culprit line and the global it read, whichever Python printed it,
+# with the script's source and from the log alone.
+CULPRITS = {  # case -> (frame, its line's text, tensor with source, tensor from the log alone)
+    "binary": ("step", "y = _SAFE + _UNSAFE * 2", "_UNSAFE", "_UNSAFE"),
+    "subscript": ("step", 'return 1 + _TABLE["é"][0]', '_TABLE["é"]', '_TABLE["é"]'),
+    "method": ("step", "_SAFE.add_(_UNSAFE)", "_SAFE", "_SAFE"),
+    "call": ("helper", "return t.sum()", "_UNSAFE", "t"),  # the parameter, followed to the caller's argument
+    "lambda": ("<lambda>", "return (lambda t: 1 + t.sum())(_UNSAFE)", "t", "t"),
+    "dictcomp": ("step", "return {k: v.sum() for k, v in _TABLE.items()}", "_TABLE", "_TABLE"),
+    "multi-line": ("step", "total = cat(", "_SAFE", None),  # the log alone does not print the arguments
+    "long": ("step", "total = cat(", "_SAFE", None),
+    "parameter": ("pair", "return a.mul(b)", "_SAFE", "a"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_both_pythons_tracebacks_give_the_same_culprit(case):
+    function, printed, with_source, log_alone = CULPRITS[case]
+    for python in PYTHONS:
+        for workspace, tensor in ((Workspace([TRACEBACKS]), with_source), (Workspace([], log_only=True), log_alone)):
+            [finding] = locate([stored(python, case)], workspace)
+            assert finding.culprit is not None
+            culprit = (finding.culprit.file, finding.culprit.function, finding.culprit.source)
+            assert culprit == ("/job/marked.py", function, printed), python
+            assert (finding.tensor.expression if finding.tensor else None) == tensor, (python, workspace.log_only)
 
 
 @needs_py311

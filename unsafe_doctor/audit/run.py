@@ -165,7 +165,7 @@ def _scan(
                         lambda done: progress("scanning", done, len(files)))
     index.scanning(None)
     for share in shares:
-        index.workspace.adopt(share.parsed)
+        index.workspace.sources.adopt(share.parsed)
         found.take(share.found, index.adopt(share.added, share.modules), position)
     found.in_order(position)
     unreadable = sorted((path for share in shares for path in share.unreadable), key=position.__getitem__)
@@ -201,7 +201,7 @@ def _scan_share(
                     unscanned.append(current)
             worker.tick()
             current = index.read_ahead()
-    return _Share(found, index.workspace.parsed(), list(added), modules, unreadable, unscanned)
+    return _Share(found, index.workspace.sources.parsed(), list(added), modules, unreadable, unscanned)
 
 
 def _classified(

@@ -14,7 +14,9 @@ The rules, in the order they apply:
   A `<lambda>` frame reads the bodies of the lambdas on its line.
 * **Position markers** (Python 3.11+): when the frame's `~~~^~~~` / `^^^^` line fits the parsed
   statement (`unsafe_doctor.source.printed`), only the operands that overlap the marked part
-  are candidates, those under its `^` part first; a lambda's parameter or a comprehension's key
+  are candidates, those under its `^` part first (a call's `^` part is the whole call, as 3.11
+  marks it, also where 3.13 marks its callee `~`; a marker to the end of the printed line covers
+  the rest of a statement over several lines); a lambda's parameter or a comprehension's key
   outside it is not what raised. When no operand overlaps, or the markers fit no expression, or
   the log has none, every operand is a candidate.
 * **Statement**: the whole statement around the frame's line when the file is available locally
@@ -204,7 +206,7 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     if found.origin is Origin.INDEX and not workspace.index_agrees(frame):
         source = None  # a file of the framework, but not as the release the other frames fit: patched, or newer
     if found.local is not None and source is None and found.origin is not Origin.INDEX:
-        notes.append(f"{found.local} {why_not_read(found.local)}")
+        notes.append(f"{found.local} {workspace.sources.why_not_parsed(found.local) or why_not_read(found.local)}")
     if source is not None and found.origin is Origin.INDEX:
         return _indexed_view(frame, found.module, source, workspace.release_of(frame.file))
     line = _matching_line(frame, source) if source else None
@@ -237,8 +239,8 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     )
     marked = _marked_span(frame, statement, text, marked_line)
     origin = found.origin if source is not None else Origin.LOG
-    return _FrameView(frame, scope, statement, text, source_line, tuple(notes), differs, marked, origin,
-                      partial=partial)
+    return _FrameView(frame=frame, scope=scope, statement=statement, text=text, source_line=source_line,
+                      notes=tuple(notes), differs=differs, marked=marked, origin=origin, partial=partial)
 
 
 def _indexed_view(frame: Frame, module: str | None, skeleton: SourceFile, release: str | None) -> _FrameView:
@@ -252,12 +254,14 @@ def _indexed_view(frame: Frame, module: str | None, skeleton: SourceFile, releas
     scope = Scope(module, skeleton, functions, _class_of_self(stack), frame.line - 1)
     spread = statement is not None and statement.lineno == frame.line and (statement.end_lineno or 0) > frame.line
     if statement is not None and spread:
-        return _FrameView(frame, scope, statement, skeleton.text, None, (), False, None, Origin.INDEX, release)
+        return _FrameView(frame=frame, scope=scope, statement=statement, text=skeleton.text, source_line=None,
+                          notes=(), origin=Origin.INDEX, release=release)
     parsed = parse_printed_line(frame.source or "")
     printed, text = parsed if parsed is not None else (None, None)
     marked = _marked_span(frame, printed, text, 1)
     partial = is_partial(frame.source or "")
-    return _FrameView(frame, scope, printed, text, None, (), False, marked, Origin.INDEX, release, partial)
+    return _FrameView(frame=frame, scope=scope, statement=printed, text=text, source_line=None, notes=(),
+                      marked=marked, origin=Origin.INDEX, release=release, partial=partial)
 
 
 def _marked_span(frame: Frame, statement: ast.stmt | None, text: str | None, line: int | None) -> MarkedSpan | None:
@@ -269,8 +273,7 @@ def _marked_span(frame: Frame, statement: ast.stmt | None, text: str | None, lin
     lines = text.splitlines()
     if not 1 <= line <= len(lines):
         return None
-    marked = MarkedSpan.place((marker.start, marker.end), marker.primary, printed, lines[line - 1], line)
-    return marked if marked is not None and marked.fits(statement) else None
+    return MarkedSpan.place((marker.start, marker.end), marker.primary, printed, lines[line - 1], line, statement)
 
 
 def _matching_line(frame: Frame, source: SourceFile) -> int | None:
@@ -587,7 +590,7 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
         if view.statement is None:
             notes.append("no source for the culprit line: the tensor cannot be named")
         return _Analysis(culprit, None, source_file, _unique(notes), view.differs, view.origin, view.release)
-    option, others = _choose_tensor(frames, index, view, candidates, views)
+    option, others = _choose_tensor(_Site(frames=frames, index=index, view=view, views=views), candidates)
     parts, resolved, caller = option.parts, option.resolved, option.caller
     text = view.text
     if caller is not None:
@@ -624,6 +627,24 @@ def _alternatives(chosen: _Option, others: list[_Option]) -> list[Alternative]:
 
 
 @dataclass(frozen=True)
+class _Site:
+    """Where the culprit line's operands are read: frame `index` of the unsafe link's `frames`, as
+    `view` shows it; `views` shows the frames that called it, where a parameter is followed."""
+
+    frames: Sequence[Frame]
+    index: int
+    view: _FrameView
+    views: _FrameViews
+
+    def caller(self) -> _Site | None:
+        """The frame that called this one's function, when it is framework code (not internal)."""
+        calling = _caller_index(self.frames, self.index)
+        if calling is None or is_internal_file(self.frames[calling].file):
+            return None
+        return replace(self, index=calling, view=self.views.view(self.frames[calling]))
+
+
+@dataclass(frozen=True)
 class _Option:
     """What one operand of the culprit line may be: the chain that names it, in the frame it was
     resolved in (`caller`: a frame up, for a parameter), and the path it was bound on."""
@@ -641,15 +662,13 @@ class _Option:
         return self.resolved.module, self.resolved.variable
 
 
-def _choose_tensor(
-    frames: Sequence[Frame], index: int, view: _FrameView, candidates: list[_Candidate], views: _FrameViews
-) -> tuple[_Option, list[_Option]]:
+def _choose_tensor(site: _Site, candidates: list[_Candidate]) -> tuple[_Option, list[_Option]]:
     """The best-tiered option of every operand, leftmost on ties; parameters count as what the
     caller passed, a local bound on several paths as each value (the dump picks among them).
     Returns the choice and the other options that name a global too."""
     options: list[_Option] = []
     for parts, resolved in candidates:
-        options.extend(_options(frames, index, view, parts, resolved, views))
+        options.extend(_options(site, parts, resolved))
     options = [option for option in options if not _holds_no_tensor(option.resolved)] or options
     best = max(options, key=lambda option: option.resolved.tier)
     others = [option for option in options if option.resolved.tier >= Tier.GUESS and option.resolved.variable
@@ -657,23 +676,21 @@ def _choose_tensor(
     return best, list({option.names(): option for option in others}.values())
 
 
-def _options(
-    frames: Sequence[Frame], index: int, view: _FrameView, parts: list[ast.expr], resolved: Resolved, views: _FrameViews
-) -> list[_Option]:
+def _options(site: _Site, parts: list[ast.expr], resolved: Resolved) -> list[_Option]:
     """One operand's options: as resolved, or, when a path it was bound on reaches a global, each path."""
-    direct = _followed(frames, index, view, parts, resolved, views)
-    paths = _paths(view, parts, resolved)
+    direct = _followed(site, parts, resolved)
+    paths = _paths(site.view, parts, resolved)
     if not paths:
         return [direct]
-    kept, because = decided(paths, views.switches)
+    kept, because = decided(paths, site.views.switches)
     options = []
     for path in kept:
         if path.value is None:
-            option = _followed(frames, index, view, parts, resolved, views) if resolved.parameter else _Option(
+            option = _followed(site, parts, resolved) if resolved.parameter else _Option(
                 parts, replace(resolved, tier=min(resolved.tier, Tier.SELF)), None)
             options.append(replace(option, path=path, because=because))
             continue
-        bound = _bound(frames, index, view, path.value, views) or [_Option(parts, _unresolved_local(resolved), None)]
+        bound = _bound(site, path.value) or [_Option(parts, _unresolved_local(resolved), None)]
         options.extend(replace(option, path=path, because=because) for option in bound)
     named = {option.names(): option for option in options if option.resolved.tier >= Tier.GUESS and option.resolved.variable}
     if not named or (len(named) == 1 and direct.names() in named):
@@ -725,54 +742,50 @@ def _unresolved_local(resolved: Resolved) -> Resolved:
     return replace(resolved, tier=Tier.LOCAL, variable=None, parameter=None, cached=False)
 
 
-def _bound(
-    frames: Sequence[Frame], index: int, view: _FrameView, value: ast.expr, views: _FrameViews, depth: int = 0
-) -> list[_Option]:
+def _bound(site: _Site, value: ast.expr, depth: int = 0) -> list[_Option]:
     """The options a bound value gives: the chain it reads, resolved before its own line; a local
     that names nothing is followed to the values it was bound to before (`total_input =
     ag_inputs`, `ag_inputs = AG_INPUTS.pop(0)`)."""
     value_parts = flatten(comprehension_element(value))
     if value_parts is None:
         return []
-    earlier = replace(view.scope, line=value.lineno - 1)
-    written = resolve_written(value_parts, value, earlier, views.workspace)
+    earlier = replace(site.view.scope, line=value.lineno - 1)
+    written = resolve_written(value_parts, value, earlier, site.views.workspace)
     if written is None:
         return []
     parts, resolved = written
     if resolved.parameter:
-        return [_followed(frames, index, view, parts, resolved, views)]
-    if resolved.tier >= Tier.GUESS or not isinstance(value, ast.Name) or depth >= 2 or not view.scope.functions:
+        return [_followed(site, parts, resolved)]
+    functions = site.view.scope.functions
+    if resolved.tier >= Tier.GUESS or not isinstance(value, ast.Name) or depth >= 2 or not functions:
         return [_Option(parts, resolved, None)]
-    before = earlier_values(view.scope.functions[-1], value.id, value.lineno)
-    deeper = [option for each in before for option in _bound(frames, index, view, each, views, depth + 1)]
+    before = earlier_values(functions[-1], value.id, value.lineno)
+    deeper = [option for each in before for option in _bound(site, each, depth + 1)]
     return deeper or [_Option(parts, resolved, None)]
 
 
-def _followed(
-    frames: Sequence[Frame], index: int, view: _FrameView, parts: list[ast.expr], resolved: Resolved, views: _FrameViews
-) -> _Option:
-    followed = _follow_parameter(frames, index, view, resolved.parameter, views) if resolved.parameter else None
+def _followed(site: _Site, parts: list[ast.expr], resolved: Resolved) -> _Option:
+    followed = _follow_parameter(site, resolved.parameter) if resolved.parameter else None
     return _Option(*followed) if followed else _Option(parts, resolved, None)
 
 
-def _follow_parameter(
-    frames: Sequence[Frame], index: int, view: _FrameView, name: str, views: _FrameViews, depth: int = 0
-) -> tuple[list[ast.expr], Resolved, _FrameView] | None:
+def _follow_parameter(site: _Site, name: str, depth: int = 0) -> tuple[list[ast.expr], Resolved, _FrameView] | None:
     """The argument the caller frame passed for parameter `name`, resolved in the caller (repeatedly
     while it is again a parameter); None unless that names something (a global, `self.x`, ...)."""
-    calling = _caller_index(frames, index)
-    if calling is None or depth > MAX_DEPTH or is_internal_file(frames[calling].file) or not view.scope.functions:
+    functions = site.view.scope.functions
+    caller = site.caller() if depth <= MAX_DEPTH and functions else None
+    if caller is None:
         return None
-    caller = views.view(frames[calling])
-    argument = _argument_for(caller, view.scope.functions[-1], name) if caller.statement else None
+    statement = caller.view.statement
+    argument = _argument_for(caller.view, functions[-1], name) if statement else None
     parts = flatten(argument) if argument is not None else None
-    written = resolve_written(parts, caller.statement, caller.scope, views.workspace) if parts and caller.statement else None
+    written = resolve_written(parts, statement, caller.view.scope, site.views.workspace) if parts and statement else None
     if written is None:
         return None
     parts, resolved = written
     if resolved.parameter:
-        return _follow_parameter(frames, calling, caller, resolved.parameter, views, depth + 1)
-    return (parts, resolved, caller) if resolved.tier > Tier.PARAMETER else None
+        return _follow_parameter(caller, resolved.parameter, depth + 1)
+    return (parts, resolved, caller.view) if resolved.tier > Tier.PARAMETER else None
 
 
 def _path_notes(chosen: _Option, others: list[_Option], skeleton: bool) -> list[str]:

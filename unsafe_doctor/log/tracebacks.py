@@ -33,8 +33,9 @@ builds one traceback block at a time. Rules for text that Python alone does not 
   the same way, so their columns are counted from the source line's own indentation in the log
   (a rank prefix shifts both alike). A marker line that does not fit under its source line (a
   mangled or cut log) is skipped. Python prints markers for the printed line only: for a
-  statement over several lines (3.11, 3.12) they stop at its end; 3.13 prints further lines with
-  their own markers, which are skipped like the lines themselves.
+  statement over several lines (3.11, 3.12) they stop at its end; 3.13 prints further lines
+  (their middle as `...<N lines>...`) with their own markers, or the whole statement without
+  markers; those lines are skipped, so a frame's source is always the statement's first line.
 - A chain separator with no link above it (the excerpt starts there) still sets `chain_kind`
   on the next link; its `caused_by` is then None.
 - Exception groups (3.11+): the group's own traceback (`  | `-prefixed, under
@@ -59,7 +60,8 @@ class Marker:
 
     Columns count characters of `Frame.source` (the line as printed, without indentation); ends
     are exclusive. `primary` is the `^` run: the operator of a binary operation, the index of a
-    subscript, the whole call; the `~` runs around it are the operands."""
+    subscript, the whole call (3.11, 3.12) or its arguments (3.13, which marks the callee `~`); the
+    `~` runs around it are the operands."""
 
     start: int
     end: int

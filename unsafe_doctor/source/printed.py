@@ -11,8 +11,9 @@ printed line is one of its lines, indented) or from the printed line itself (may
 `_(key=self.x,)`); `MarkedSpan.place` moves the marker onto that text, in `ast`'s coordinates
 (line, UTF-8 byte columns). The marker is trusted only when it fits the parse: some expression
 starts where it starts and ends where it ends (or runs past the printed line, which Python's
-markers stop at). Then the operands that overlap the marked span are the ones that can have
-raised; those overlapping the `^` part come first.
+markers stop at: the marker then covers the rest of it). Then the operands that overlap the marked
+expression are the ones that can have raised; those overlapping the `^` part come first, a call's
+`^` part being the whole call whether Python 3.11 or 3.13 printed it.
 """
 
 from __future__ import annotations
@@ -28,22 +29,31 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+Position = tuple[int, int]  # (line, UTF-8 byte column), as `ast` counts them
+
+
 @dataclass(frozen=True)
 class MarkedSpan:
-    """A marker on parsed text: `line` (1-based) and byte columns as `ast` counts them."""
+    """A marker on parsed code: the expression it marks, from `start` to `end`, and its `^` part."""
 
-    line: int
-    start: int
-    end: int
-    primary: tuple[int, int]
-    line_end: int  # where the code of that line ends: a marker that reaches it may run on
+    start: Position
+    end: Position
+    primary: tuple[Position, Position]
 
     @classmethod
     def place(
-        cls, marked: tuple[int, int], primary: tuple[int, int], printed: str, host: str, line: int
+        cls, marked: tuple[int, int], primary: tuple[int, int], printed: str, host: str, line: int, root: ast.AST
     ) -> MarkedSpan | None:
         """A marker's columns (characters of `printed`, the line as the log shows it) on line
-        `line` of the parsed text, whose text is `host`; None when `host` does not hold `printed`."""
+        `line` of the parsed text, whose text is `host`, as the expression under `root` it marks;
+        None when `host` does not hold `printed` or no expression is exactly the marked part.
+
+        Two ways of marking the same expression read alike. A marker that runs to the end of the
+        printed line marks the whole expression when it goes on over more lines (Python 3.11 and
+        3.12 mark only its first line; 3.13 prints it whole with no marker). A call is marked all
+        `^` (3.11, 3.12) or its callee `~` and its arguments `^` (3.13: `~~~~~~^^^^^`); the
+        receiver of a method is as much an input of it as the arguments, so its `^` part is the
+        whole call either way."""
         at = host.find(printed)
         if at < 0 or marked[1] > len(printed):
             return None
@@ -51,26 +61,25 @@ class MarkedSpan:
         def column(offset: int) -> int:
             return len(host[: at + offset].encode())
 
-        return cls(line, column(marked[0]), column(marked[1]), (column(primary[0]), column(primary[1])),
-                   column(len(printed)))
-
-    def fits(self, root: ast.AST) -> bool:
-        """Some expression under `root` is exactly the marked part."""
+        start, end, line_end = column(marked[0]), column(marked[1]), column(len(printed))
         for node in ast.walk(root):
-            if not isinstance(node, ast.expr) or node.lineno != self.line or node.col_offset != self.start:
+            if not isinstance(node, ast.expr) or (node.lineno, node.col_offset) != (line, start):
                 continue
-            if (node.end_lineno, node.end_col_offset) == (self.line, self.end):
-                return True
-            if (node.end_lineno or 0) > self.line and self.end == self.line_end:
-                return True
-        return False
+            whole = (node.end_lineno or line, node.end_col_offset or 0)
+            if whole != (line, end) and not (whole[0] > line and end == line_end):
+                continue
+            first, last = column(primary[0]), column(primary[1])
+            if isinstance(node, ast.Call) and (node.func.end_lineno, node.func.end_col_offset) == (line, first):
+                first = start  # 3.13's `~` callee
+            return cls((line, start), whole, ((line, first), whole if last == line_end else (line, last)))
+        return None
 
-    def overlaps(self, node: ast.AST, span: tuple[int, int] | None = None) -> bool:
-        """`node` shares text with the marked part (or with `span` of its line)."""
+    def overlaps(self, node: ast.AST, span: tuple[Position, Position] | None = None) -> bool:
+        """`node` shares text with the marked part (or with `span`)."""
         start, end = span or (self.start, self.end)
         first = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
         last = (getattr(node, "end_lineno", None) or 0, getattr(node, "end_col_offset", None) or 0)
-        return first < (self.line, end) and (self.line, start) < last
+        return first < end and start < last
 
     def narrow(self, items: Sequence[T], node_of: Callable[[T], ast.AST]) -> list[T]:
         """The items whose node overlaps the marked part, those under the `^` part first (each

@@ -13,6 +13,10 @@ dotted module -> its file; each file read and parsed once, with its module-level
 * **Log only** (`--log-only`): no file a log names is opened and `sys.path` is never searched, so
   the diagnosis rests on the printed lines alone; files given on the command line (an adaptor) are
   still read.
+* **Parts**: `FileFinder` finds files and modules; `SourceCache` reads and parses each file once;
+  a `Workspace` is a finder with its source cache, and keeps what the stages above derive from the
+  files once per run in typed caches (a module-level `Slot` names each kind, `Workspace.cache`
+  gives its `Cache`).
 """
 
 from __future__ import annotations
@@ -23,12 +27,12 @@ import re
 import sys
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
-from typing import NamedTuple, TypeVar, cast
+from typing import Any, Generic, NamedTuple, TypeVar, cast
 
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.files import (
@@ -55,7 +59,8 @@ from unsafe_doctor.source.syntax import (
     word_lines,
 )
 
-T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 RECENT_SOURCES = 64  # parsed files kept for reuse beyond those something else keeps: every tree of a large job is too much
 
@@ -99,7 +104,7 @@ class SourceFile:
     imports: dict[str, ImportedName]  # module-level names bound by an import (a later assignment aside)
     declared_globals: frozenset[str]  # names some function declares `global`
     star_import: bool
-    # what a stage computes from this tree's nodes and keeps in nodes: let go with the tree (`Workspace.derived`
+    # what a stage computes from this tree's nodes and keeps in nodes: let go with the tree (`Workspace.cache`
     # keeps what holds no node)
     of_nodes: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
@@ -157,8 +162,11 @@ def module_from_path(path: str, source_roots: Sequence[Path] = ()) -> str | None
     return Workspace(source_roots).find(path).module
 
 
-class Workspace:
-    """File look-ups and parsed sources for one run of a stage, cached; files are read, never imported."""
+class FileFinder:
+    """Finding files, each looked for once (the module docstring's **Files** and **Module names**): a
+    path printed in a log or a dotted module -> the local file, its module and where it came from.
+    The files of a release the log's frames fingerprint are that release's skeletons in the index
+    (`skeletons`, under paths that name the release)."""
 
     def __init__(
         self,
@@ -180,28 +188,11 @@ class Workspace:
         self.fingerprinted = False  # once per workspace: its files are found as that release's
         # modules read from a framework no frame fingerprinted -> the release that stood in (`_module_unmatched`)
         self.assumed_releases: dict[str, str] = {}
-        self._index_texts: dict[Path, str] = {}  # skeletons, under the paths `_index_path` makes
+        self.skeletons: dict[Path, str] = {}  # the index's files, under the paths `_indexed` makes
         self.found_roots: list[Path] = []  # import roots of files found at their printed path
         self._found: dict[str, FoundFile] = {}
-        self._texts: dict[Path, str | None] = {}
-        self._sizes: dict[Path, int | None] = {}
-        # Parsed files: found again while anything keeps them, the latest few kept here; read again when let go,
-        # as the module named at the first read.
-        self._sources: weakref.WeakValueDictionary[Path, SourceFile] = weakref.WeakValueDictionary()
-        self._recent: OrderedDict[Path, SourceFile] = OrderedDict()
-        self._parsed_as: dict[Path, str | None] = {}
-        self._unparsable: set[Path] = set()
         self._module_paths: dict[str, Path | None] = {}
-        self._derived: dict[tuple[Path, str], object] = {}
-        self._bound_imports: dict[Path, dict[str, ImportedName]] = {}  # of every file parsed, kept without its tree
-        self._outlines: dict[Path, _Outline] = {}  # of every file parsed
         self._listings: dict[Path, tuple[Path, ...]] = {}
-        self._once: dict[Hashable, object] = {}
-
-    def __reduce__(self) -> tuple[Callable[..., Workspace], tuple[object, ...]]:
-        """Pickled as a fresh workspace over the same roots that reads the frameworks as this one
-        does: what it read and parsed may have changed since (an audit's cache keeps its result)."""
-        return _fresh_workspace, (self.source_roots, self.studied, self.log_only, self.releases, self.fingerprinted)
 
     @cached_property
     def env_roots(self) -> tuple[Path, ...]:
@@ -223,13 +214,6 @@ class Workspace:
         self.releases = fingerprint(frames, self.index)
         self.fingerprinted = True
         return self.releases
-
-    def over(self, source_roots: Sequence[Path]) -> Workspace:
-        """A workspace over other roots (an adaptor's tree) that reads the frameworks as this one
-        does: the same index and fingerprinted releases, the same log-only switch."""
-        other = Workspace(() if self.log_only else source_roots, log_only=self.log_only, index=self.index)
-        other.releases, other.fingerprinted = self.releases, self.fingerprinted
-        return other
 
     def importers_by_name(self, module: str, name: str) -> list[str]:
         """Where the fingerprinted release imports `name` from `module` by name at module level
@@ -258,7 +242,7 @@ class Workspace:
             return None
         release = match.framework.releases[match.chosen].name
         shown = Path(f"<{match.framework.name} {release}>", *path.split("/"))
-        self._index_texts[shown] = version.skeleton
+        self.skeletons[shown] = version.skeleton
         return shown
 
     def _find_indexed(self, normal: str, site_module: str | None) -> FoundFile | None:
@@ -357,7 +341,7 @@ class Workspace:
             note_tree(root)  # names now lead here first
             self._module_paths.clear()  # earlier misses may be found under the new root
 
-    # modules
+    # modules and folders
 
     def module_path(self, dotted_name: str) -> Path | None:
         """The file (or namespace folder) of a module, searched on disk under the roots."""
@@ -385,22 +369,55 @@ class Workspace:
                 return Path(folder)
         return None
 
-    # reading
+    def python_files(self, folder: Path) -> tuple[Path, ...]:
+        """`files.python_files` of a folder, listed once per workspace (the heuristics list a package
+        for every global they judge)."""
+        if folder not in self._listings:
+            self._listings[folder] = tuple(python_files(folder))
+        return self._listings[folder]
+
+    def is_indexed(self, path: Path) -> bool:
+        """A skeleton from the index: its lines hold bindings only, at the release's line numbers."""
+        return path in self.skeletons
+
+    def release_of(self, printed: str) -> str | None:
+        """The releases the log's frames fit, for a file of an indexed framework (`ReleaseMatch.describe`)."""
+        located = self.index.framework_of(printed)
+        match = self.releases.get(located[0].name) if located else None
+        return match.describe() if match else None
+
+    def index_agrees(self, frame: Frame) -> bool:
+        """The matched release's file holds the frame's printed line at its line number."""
+        located = self.index.framework_of(frame.file)
+        match = self.releases.get(located[0].name) if located else None
+        return located is not None and match is not None and match.chosen in agreeing_releases(match.framework, located[1], frame)
+
+
+class SourceCache:
+    """Files read and parsed, each once: a tree is found again while anything keeps it, the latest
+    `RECENT_SOURCES` are kept here, and one let go is parsed again when asked for, as the module
+    named at the first read. Of every file parsed its imports and outline are kept without the tree,
+    and the files that do not parse are known. `skeletons`: the index's files (`FileFinder`), read
+    from there, not from disk."""
+
+    def __init__(self, skeletons: Mapping[Path, str]):
+        self._skeletons = skeletons
+        self._texts: dict[Path, str | None] = {}
+        self._sizes: dict[Path, int | None] = {}
+        self._sources: weakref.WeakValueDictionary[Path, SourceFile] = weakref.WeakValueDictionary()
+        self._recent: OrderedDict[Path, SourceFile] = OrderedDict()
+        self._parsed_as: dict[Path, str | None] = {}
+        self._unparsable: set[Path] = set()
+        self._bound_imports: dict[Path, dict[str, ImportedName]] = {}  # of every file parsed, kept without its tree
+        self._outlines: dict[Path, _Outline] = {}  # of every file parsed
 
     def text(self, path: Path) -> str | None:
         """The file's text, read once; None when it cannot be read."""
-        if path in self._index_texts:
-            return self._index_texts[path]
+        if path in self._skeletons:
+            return self._skeletons[path]
         if path not in self._texts:
             self._texts[path] = read_source(path)
         return self._texts[path]
-
-    def once(self, key: Hashable, compute: Callable[[], T]) -> T:
-        """`compute()`, once per workspace and key: what the heuristics derive from the files in
-        scope of a package, the same for every global of it that an audit judges."""
-        if key not in self._once:
-            self._once[key] = compute()
-        return cast(T, self._once[key])
 
     def size(self, path: Path) -> int | None:
         """The file's size in bytes, looked up once; None when it cannot be."""
@@ -436,6 +453,20 @@ class Workspace:
         if len(self._recent) > RECENT_SOURCES:
             self._recent.popitem(last=False)
         return source
+
+    def why_not_parsed(self, path: Path) -> str | None:
+        """Why a file that reads gave no `source`, as a note's phrase ("is nested too deeply to
+        parse"); None when it parses, or cannot be read (`files.why_not_read` says why)."""
+        text = self.text(path)
+        if text is None:
+            return None
+        try:
+            ast.parse(text)
+        except (RecursionError, MemoryError):
+            return "is nested too deeply or too complex to parse (generated code?)"
+        except (SyntaxError, ValueError):
+            return "is not valid Python: not parsed"
+        return None
 
     def parsed(self) -> Parsed:
         return Parsed(dict(self._parsed_as), dict(self._bound_imports), dict(self._outlines), frozenset(self._unparsable))
@@ -474,7 +505,7 @@ class Workspace:
                 bodies.append(body)
         try:
             tree = ast.parse("\n".join(kept))
-        except (SyntaxError, ValueError, RecursionError):
+        except _UNPARSABLE:
             tree = None
         if tree is None or [_lines_of(statement) for statement in tree.body] != chosen or any(
             body is not None and [_lines_of(inner) for inner in getattr(statement, "body", ())] != body
@@ -483,9 +514,62 @@ class Workspace:
             return self.source(path, module)  # statements sharing a line: parsed whole
         return SourceFile(path, text, tree, self._parsed_as.get(path), outline.package, {}, outline.imports, frozenset(), False)
 
+    def bound_imports(self, path: Path, module: str | None) -> dict[str, ImportedName] | None:
+        """The module-level names of a file that `SourceFile.binding` sees bound to an import; the
+        file is parsed only if it was not before. None when it does not parse."""
+        if path not in self._bound_imports and self.source(path, module) is None:
+            return None
+        return self._bound_imports[path]
+
+
+class Workspace(FileFinder):
+    """File look-ups and parsed sources for one run of a stage, cached; files are read, never
+    imported. It finds files as a `FileFinder` and reads them through its `SourceCache`; what the
+    stages above derive from them is kept in its caches (`cache`)."""
+
+    def __init__(
+        self,
+        source_roots: Sequence[Path],
+        *,
+        log_only: bool = False,
+        index: FrameworkIndex | None = None,
+        studied: Sequence[Path] | None = None,
+    ):
+        super().__init__(source_roots, log_only=log_only, index=index, studied=studied)
+        self.sources = SourceCache(self.skeletons)
+        self._caches: dict[Slot[Any, Any], Cache[Any, Any]] = {}
+
+    def __reduce__(self) -> tuple[Callable[..., Workspace], tuple[object, ...]]:
+        """Pickled as a fresh workspace over the same roots that reads the frameworks as this one
+        does: what it read and parsed may have changed since (an audit's cache keeps its result)."""
+        return _fresh_workspace, (self.source_roots, self.studied, self.log_only, self.releases, self.fingerprinted)
+
+    def over(self, source_roots: Sequence[Path]) -> Workspace:
+        """A workspace over other roots (an adaptor's tree) that reads the frameworks as this one
+        does: the same index and fingerprinted releases, the same log-only switch."""
+        other = Workspace(() if self.log_only else source_roots, log_only=self.log_only, index=self.index)
+        other.releases, other.fingerprinted = self.releases, self.fingerprinted
+        return other
+
+    # reading (`SourceCache`)
+
+    def text(self, path: Path) -> str | None:
+        """The file's text, read once; None when it cannot be read."""
+        return self.sources.text(path)
+
+    def source(self, path: Path, module: str | None) -> SourceFile | None:
+        """The file parsed, as the module first named for it; None when it cannot be read or parsed."""
+        return self.sources.source(path, module)
+
+    def selected(self, path: Path, module: str | None, keep: Callable[[TopStatement], bool]) -> SourceFile | None:
+        """The file parsed with only the statements `keep` chooses (`SourceCache.selected`)."""
+        return self.sources.selected(path, module, keep)
+
+    # modules read
+
     def module_source(self, dotted_name: str) -> SourceFile | None:
         path = self.module_path(dotted_name)
-        if path is None or not (path in self._index_texts or path.is_file()):
+        if path is None or not (path in self.skeletons or path.is_file()):
             return None
         return self.source(path, dotted_name)
 
@@ -507,48 +591,10 @@ class Workspace:
         """What a module binds `name` to when an import binds it (`SourceFile.binding`); the module
         is parsed only if it was not before: following re-exports reads many modules' imports."""
         path = self.module_path(dotted_name)
-        if path is None or not (path in self._index_texts or path.is_file()):
+        if path is None or not (path in self.skeletons or path.is_file()):
             return None
-        if path not in self._bound_imports and self.source(path, dotted_name) is None:
-            return None
-        return self._bound_imports[path].get(name)
-
-    def derived(
-        self, path: Path, what: str, compute: Callable[[SourceFile], object], keep: Callable[[TopStatement], bool] | None = None
-    ) -> object:
-        """Something computed from a parsed file (`what` names it), once per workspace: the
-        heuristics judge every holder of an audit over the same files. It must hold no node: the
-        file's tree is let go (what holds nodes lives with the tree, in `SourceFile.of_nodes`).
-        `keep`: the module-level statements it needs, where it needs few (`selected`)."""
-        key = (path, what)
-        if key not in self._derived:
-            module = self.find(str(path)).module
-            source = self.source(path, module) if keep is None else self.selected(path, module, keep)
-            self._derived[key] = compute(source) if source is not None else None
-        return self._derived[key]
-
-    def python_files(self, folder: Path) -> tuple[Path, ...]:
-        """`files.python_files` of a folder, listed once per workspace (the heuristics list a package
-        for every global they judge)."""
-        if folder not in self._listings:
-            self._listings[folder] = tuple(python_files(folder))
-        return self._listings[folder]
-
-    def is_indexed(self, path: Path) -> bool:
-        """A skeleton from the index: its lines hold bindings only, at the release's line numbers."""
-        return path in self._index_texts
-
-    def release_of(self, printed: str) -> str | None:
-        """The releases the log's frames fit, for a file of an indexed framework (`ReleaseMatch.describe`)."""
-        located = self.index.framework_of(printed)
-        match = self.releases.get(located[0].name) if located else None
-        return match.describe() if match else None
-
-    def index_agrees(self, frame: Frame) -> bool:
-        """The matched release's file holds the frame's printed line at its line number."""
-        located = self.index.framework_of(frame.file)
-        match = self.releases.get(located[0].name) if located else None
-        return located is not None and match is not None and match.chosen in agreeing_releases(match.framework, located[1], frame)
+        imports = self.sources.bound_imports(path, dotted_name)
+        return imports.get(name) if imports is not None else None
 
     def local_source(self, path: Path) -> SourceFile | None:
         """A file given on the command line (an adaptor), named as if a log had printed it; read even
@@ -556,6 +602,49 @@ class Workspace:
         resolved = path.resolve()
         module = self._module_of_local(resolved) if self.log_only else self.find(str(resolved)).module
         return self.source(resolved, module)
+
+    # what the stages above derive from the files
+
+    def cache(self, slot: Slot[K, V]) -> Cache[K, V]:
+        """This workspace's cache of the values `slot` stands for: what a stage above derives from
+        the files once per workspace (the heuristics judge every holder of an audit over the same
+        files)."""
+        if slot not in self._caches:
+            self._caches[slot] = Cache()
+        return cast(Cache[K, V], self._caches[slot])  # each slot's cache holds what the slot says
+
+    def derive(
+        self, path: Path, compute: Callable[[SourceFile], V], keep: Callable[[TopStatement], bool] | None = None
+    ) -> V | None:
+        """`compute` of a file parsed; None when it does not parse. `keep`: the module-level
+        statements it needs, where it needs few (`selected`). A value a cache keeps must hold no
+        node: the file's tree is let go (what holds nodes lives with the tree, in `SourceFile.of_nodes`)."""
+        module = self.find(str(path)).module
+        source = self.source(path, module) if keep is None else self.selected(path, module, keep)
+        return compute(source) if source is not None else None
+
+
+class Slot(Generic[K, V]):
+    """A kind of value a stage above derives once per workspace (`Workspace.cache`), declared once
+    at module level: `CLASSES: Slot[Path, frozenset[str] | None] = Slot("classes a file defines")`."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Slot({self.name!r})"
+
+
+class Cache(Generic[K, V]):
+    """Values computed once per key."""
+
+    def __init__(self) -> None:
+        self._values: dict[K, V] = {}
+
+    def get(self, key: K, compute: Callable[[], V]) -> V:
+        if key not in self._values:
+            self._values[key] = compute()
+        return self._values[key]
 
 
 def _fresh_workspace(
@@ -567,10 +656,15 @@ def _fresh_workspace(
     return workspace
 
 
+# What `ast.parse` raises for a file it cannot parse: MemoryError is its stack overflowing (3.13:
+# "too complex to parse"), RecursionError nesting past its limit.
+_UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError)
+
+
 def _parse(path: Path, text: str, module: str | None) -> SourceFile | None:
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError):
+    except _UNPARSABLE:
         return None
     package = package_of(path, module)
     bindings: dict[str, Binding] = {}

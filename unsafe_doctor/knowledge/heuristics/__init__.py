@@ -111,6 +111,10 @@ def judge(subject: Subject, workspace: Workspace) -> Verdict:
 def _weigh(study: Study) -> Verdict:
     """The verdict from a study's events, by the rules of weighing in this module's docstring."""
     variable = study.variable
+    if study.defining is None and not study.referencing and study.unparsable is not None:
+        path, why = study.unparsable
+        return Verdict(None, None, f"Could not read how {variable} is used: {study.shown(path)}, which defines it, "
+                                   f"{why}. Check whether it depends on training iterations.", ())
     if study.defining is None and not study.referencing:
         return Verdict(None, None, f"Could not read the source of {variable}: pass --source-root pointing at the "
                                    "training code.", ())

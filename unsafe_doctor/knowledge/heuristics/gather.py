@@ -24,7 +24,7 @@ from unsafe_doctor.source.syntax import (
     word_starts,
     words,
 )
-from unsafe_doctor.source.workspace import SourceFile, TopStatement, Workspace
+from unsafe_doctor.source.workspace import Slot, SourceFile, TopStatement, Workspace
 
 MAX_FILES = 2000
 MAX_FILE_BYTES = 2_000_000
@@ -64,7 +64,7 @@ class _Folders:
                     break
                 files.append(path)
         self.files = tuple(dict.fromkeys(files))
-        self.words: _Words = workspace.once("heuristics words", partial(_Words, workspace))
+        self.words = workspace.cache(_WORDS).get(None, partial(_Words, workspace))
         self.position = {self.words.id_of(path): at for at, path in enumerate(self.files)}
 
     def spelling(self, name: str) -> list[int]:
@@ -91,9 +91,17 @@ class _InScope:
         return found + [files[at] for at in positions if files[at] not in self._first_resolved]
 
 
+# What a study derives once per workspace, for every global an audit judges over the same files;
+# of a file, None where it does not parse.
+_WORDS: Slot[None, _Words] = Slot("which files spell each word")
+_FOLDERS: Slot[tuple[tuple[Path, ...], int], _Folders] = Slot("the files of the folders in scope, at most so many")
+_CLASSES: Slot[Path, frozenset[str] | None] = Slot("the classes a file defines")
+_CALL_SITES: Slot[tuple[Path, str], list[CallSite] | None] = Slot("the calls of a function in a file")
+
+
 def _readable(workspace: Workspace, path: Path) -> str | None:
     """The file's text; None when it is unreadable or too large to study."""
-    size = workspace.size(path)
+    size = workspace.sources.size(path)
     return workspace.text(path) if size is not None and size <= MAX_FILE_BYTES else None
 
 
@@ -112,6 +120,7 @@ class Study:
         self.scope: _InScope | None = None
         self.truncated = False
         self.unparsed: list[Path] = []  # files in scope nested too deeply to study
+        self.unparsable: tuple[Path, str] | None = None  # the defining module's file, and why it did not parse
         self.referencing: list[Path] = []
         self.defining: SourceFile | None = None
         self.accessors: set[str] = set()
@@ -147,7 +156,7 @@ class Study:
         folders = [self._package_dir(self.module), self._package_dir(culprit_module), *self.workspace.studied]
         resolved = tuple(dict.fromkeys(folder.resolve() for folder in folders if folder is not None))
         room = MAX_FILES - len(first)
-        shared = self.workspace.once(("heuristics folders", resolved, room), partial(_Folders, self.workspace, resolved, room))
+        shared = self.workspace.cache(_FOLDERS).get((resolved, room), partial(_Folders, self.workspace, resolved, room))
         return _InScope(self.workspace, tuple(first), shared)
 
     def parse(self, path: Path) -> SourceFile | None:
@@ -180,9 +189,12 @@ class Study:
         self.truncated = self.scope.truncated
         defining = self.workspace.module_path(self.module) if self.module else None
         self.defining = self.parse(defining) if defining is not None and defining.is_file() else None
+        why = self.workspace.sources.why_not_parsed(defining) if defining is not None and self.defining is None else None
+        self.unparsable = (defining, why) if defining is not None and why is not None else None
         if self.defining is not None:
-            classes = self.workspace.derived(self.defining.path, "classes", _classes_in)
-            self.classes_here = classes if isinstance(classes, frozenset) else frozenset()
+            path = self.defining.path
+            classes = self.workspace.cache(_CLASSES).get(path, partial(self.workspace.derive, path, _classes_in))
+            self.classes_here = classes or frozenset()
             if not self.attribute:
                 self.accessors = self._accessors(self.defining)
                 self._lru_cache(self.defining)
@@ -239,9 +251,9 @@ class Study:
         for path in self.scope.spelling((callee,)):
             lines = _calling_lines(_readable(self.workspace, path) or "", callee)
             if lines:  # files that cannot call it are not parsed for it, and of those that can only what spans the lines
-                sites = self.workspace.derived(path, f"call sites of {callee}", partial(_call_sites_of, path, callee, lines),
-                                               partial(_spans_line, lines))
-                found.extend(sites if isinstance(sites, list) else ())
+                compute = partial(_call_sites_of, path, callee, lines)
+                derive = partial(self.workspace.derive, path, compute, partial(_spans_line, lines))
+                found.extend(self.workspace.cache(_CALL_SITES).get((path, callee), derive) or ())
         return sorted(found, key=lambda site: (str(site.path), site.line))
 
     def every_iteration(self, function: str, depth: int = 0) -> list[CallSite] | None:
@@ -283,7 +295,7 @@ def _classes_in(source: SourceFile) -> frozenset[str]:
 def _call_sites_of(path: Path, callee: str, lines: list[int], source: SourceFile) -> list[CallSite]:
     """The calls of `callee` in a file, in the order of the source's nodes, with their enclosing
     function and whether they sit in a loop there; made once per file, callee and workspace
-    (`Workspace.derived`). Only the statements around the `lines` where the text can call it are walked."""
+    (`_CALL_SITES`). Only the statements around the `lines` where the text can call it are walked."""
     sites: list[CallSite] = []
     pending: list[tuple[ast.AST, str, bool]] = [(source.tree, "<module>", False)]
     while pending:
