@@ -49,7 +49,7 @@ def report(result) -> str:
 
 
 def names(result) -> set[str]:
-    return {item.holder.name for item in result.holders}
+    return {item.holder.name.dotted for item in result.holders}
 
 
 def test_the_same_audit_again_comes_from_the_cache_with_the_same_report(tmp_path):

@@ -15,6 +15,7 @@ from unsafe_doctor.diagnose.locate import locate
 from unsafe_doctor.knowledge.heuristics import Verdict, judge
 from unsafe_doctor.knowledge.heuristics.gather import MAX_FILES
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.tracebacks import Frame, Traceback
 from unsafe_doctor.source.workspace import Workspace
 
@@ -86,7 +87,7 @@ LOG_LINE = 'writer.add_scalar("loss", state._LOSS_SUM[0].item(), iteration)'
 def test_accumulator_zeroed_every_step_is_scenario_1():
     state, train = ACCUMULATOR / "accfw" / "state.py", ACCUMULATOR / "accfw" / "train.py"
     subject = located(state, "add_loss", "_LOSS_SUM[index] += loss.detach()", (ACCUMULATOR,))
-    assert subject.tensor == TensorRef("_LOSS_SUM[index]", "_LOSS_SUM", "accfw.state", None)
+    assert subject.tensor == TensorRef("_LOSS_SUM[index]", GlobalName("accfw.state", None, "_LOSS_SUM"))
     verdict = judge(subject, Workspace((ACCUMULATOR,)))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
     assert shown(verdict) == (
@@ -134,7 +135,7 @@ def test_moving_average_updated_from_itself_and_scaling_the_loss_is_scenario_2()
 def test_persistent_buffer_updated_in_place_is_scenario_2():
     norm = BUFFER / "buffw" / "norm.py"
     subject = located(norm, "forward", "return x - self.running_mean", (BUFFER,))
-    assert subject.tensor == TensorRef("self.running_mean", "running_mean", "buffw.norm", "RunningNorm")
+    assert subject.tensor == TensorRef("self.running_mean", GlobalName("buffw.norm", "RunningNorm", "running_mean"))
     verdict = judge(subject, Workspace((BUFFER,)))
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     update = "self.running_mean.mul_(1 - self.momentum).add_(self.momentum * x.mean(0))"
@@ -171,7 +172,7 @@ def test_nothing_found_says_what_to_check():
 def test_missing_source_asks_for_a_source_root(roots):
     frame = Frame("/job/ghostfw/state.py", 12, "step", "_GHOST_BUFFER.zero_()")
     [finding] = locate([unsafe(frame)], Workspace(roots))
-    assert finding.tensor.variable == "_GHOST_BUFFER"
+    assert finding.tensor.name.variable == "_GHOST_BUFFER"
     verdict = judge(finding.subject, Workspace(roots))
     assert verdict == Verdict(
         None, None, "Could not read the source of _GHOST_BUFFER: pass --source-root pointing at the training code.", ()
@@ -182,7 +183,7 @@ def test_a_tensor_the_log_does_not_name_gets_no_verdict():
     frame = Frame("/job/ModelLink/megatron/core/transformer/moe/gone_utils.py", 907, "clear_aux_losses_tracker",
                   'tracker[name]["values"].zero_()')
     [finding] = locate([unsafe(frame)], Workspace(()))
-    assert finding.tensor.variable is None
+    assert finding.tensor.name.variable is None
     verdict = judge(finding.subject, Workspace(()))
     assert verdict.scenario is None and shown(verdict) == ()
     assert verdict.reason.startswith("The log does not name the global behind tracker[name]")
@@ -200,7 +201,7 @@ NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True)
 )
 def test_judge_never_raises_on_arbitrary_names(tmp_path, variable, module, owner, culprit):
     frame = Frame(culprit, 1, "f", None) if culprit is not None else None
-    subject = Subject(TensorRef(variable, variable, module, owner), frame, None)
+    subject = Subject(TensorRef(variable, GlobalName(module, owner, variable)), frame, None)
     verdict = judge(subject, Workspace((tmp_path,)))
     assert verdict.scenario in (None, 1, 2) and verdict.reason
 
@@ -308,7 +309,7 @@ def test_single_rule(tmp_path, code, scenario, expected):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "mod.py").write_text("import functools\nimport torch\n" + textwrap.dedent(code))
-    subject = Subject(TensorRef("_X", "_X", "pkg.mod", None), None, None)
+    subject = Subject(TensorRef("_X", GlobalName("pkg.mod", None, "_X")), None, None)
     verdict = judge(subject, Workspace((tmp_path,)))
     assert verdict.scenario == scenario
     whats = [what for _, _, what in evidence_at(verdict)]
@@ -323,7 +324,7 @@ def _tree(root: Path, files: dict[str, str]) -> None:
         (root / relative).write_text(textwrap.dedent(text))
 
 
-SCRATCH = Subject(TensorRef("_SCRATCH", "_SCRATCH", "scopefw.state", None), None, None)
+SCRATCH = Subject(TensorRef("_SCRATCH", GlobalName("scopefw.state", None, "_SCRATCH")), None, None)
 RESET_IN_TRAIN_STEP = """
     from scopefw import state
     def train_step():
@@ -402,7 +403,7 @@ def expert_bias_subject() -> Subject:
 
 def test_megatron_moe_logging_tracker_is_scenario_1_cleared_by_clear_aux_losses_tracker():
     subject = tracker_subject()
-    assert subject.tensor.variable == "_MOE_LAYER_WISE_LOGGING_TRACKER"
+    assert subject.tensor.name.variable == "_MOE_LAYER_WISE_LOGGING_TRACKER"
     verdict = judge(subject, Workspace(()))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
     moe_utils = (MOE / "moe_utils.py").resolve()
@@ -422,7 +423,7 @@ def test_megatron_moe_logging_tracker_is_scenario_1_cleared_by_clear_aux_losses_
 
 def test_megatron_router_expert_bias_is_scenario_2_updated_by_update_router_expert_bias():
     subject = expert_bias_subject()
-    assert subject.tensor.owner == "TopKRouter"
+    assert subject.tensor.name.owner == "TopKRouter"
     verdict = judge(subject, Workspace(()))
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     router = (MOE / "router.py").resolve()
@@ -450,8 +451,8 @@ def test_megatron_router_token_counts_are_scenario_1_zeroed_every_step():
 
 
 def test_megatron_faq_tracker_name_is_absent_from_this_version():
-    tensor = TensorRef("parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]", "_MOE_AUX_LOSSES_LOGGING_TRACKER",
-                       "megatron.core.parallel_state", None)
+    name = GlobalName("megatron.core.parallel_state", None, "_MOE_AUX_LOSSES_LOGGING_TRACKER")
+    tensor = TensorRef("parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]", name)
     verdict = judge(Subject(tensor, None, None), Workspace(()))
     assert verdict.scenario is None
     assert verdict.reason == (
@@ -476,12 +477,13 @@ def test_judging_imports_neither_torch_nor_megatron():
         from unsafe_doctor.knowledge.heuristics import judge
         from unsafe_doctor.source.workspace import Workspace
         from unsafe_doctor.knowledge.subject import Subject, TensorRef
+        from unsafe_doctor.log.global_name import GlobalName
         for variable, module, owner in [
             ("_MOE_LAYER_WISE_LOGGING_TRACKER", "megatron.core.transformer.moe.moe_utils", None),
             ("expert_bias", "megatron.core.transformer.moe.router", "TopKRouter"),
             ("_EMA_GRAD_NORM", "toytrain.state", None),
         ]:
-            tensor = TensorRef(variable, variable, module, owner)
+            tensor = TensorRef(variable, GlobalName(module, owner, variable))
             verdict = judge(Subject(tensor, None, None), Workspace((Path({str(TOYTRAIN)!r}),)))
             assert verdict.scenario in (1, 2), verdict
         loaded = [name for name in sys.modules if name.split(".")[0] in ("torch", "megatron", "toytrain")]

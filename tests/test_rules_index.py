@@ -44,6 +44,7 @@ from unsafe_doctor.knowledge.loading import load_knowledge
 from unsafe_doctor.knowledge.rules import Rule, RuleMatch, variable_pattern
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import Environment
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.source.fingerprint import ReleaseMatch, release_version
 from unsafe_doctor.source.index import FrameworkIndex, IndexedFramework
 from unsafe_doctor.source.resolve import Scope, Tier, resolve
@@ -345,7 +346,7 @@ def rendered(rule: Rule, workspace: Workspace, framework: IndexedFramework, at: 
     found = next((hit for block in global_blocks(rule) if (hit := bound(workspace, framework, at, block))), None)
     block = rule.match
     module, variable, owner = found or (block.module or "", block.variable or "", block.owner)
-    subject = Subject.of_global(module, variable, owner, "/" + module.replace(".", "/") + ".py", None)
+    subject = Subject.of_global(GlobalName(module, owner, variable), "/" + module.replace(".", "/") + ".py", None)
     version = release_version(framework.releases[at].name)
     environment = Environment({framework.name: version} if version else {}, {framework.name: "the index"}, (),
                               KNOWLEDGE.profile("mindspeed-llm-26"), None)

@@ -398,7 +398,7 @@ def test_a_name_kept_in_two_modules_of_one_release_is_one_suspect(tmp_path):
     """MindSpeed's AG_SHARED_EXPERTS_INPUTS lives in moe_utils and moe_common; the log cannot tell which the step read."""
     log = write_log(tmp_path, dump({**MOE, "moe_permutation_async_comm": "True"}), IN_TREE_LINES, [CATCH_V26, PTA_ERROR])
     _, shortlist = shortlist_of(log)
-    named = [suspect for suspect in shortlist.suspects if suspect.tensor.variable == "AG_SHARED_EXPERTS_INPUTS"]
+    named = [suspect for suspect in shortlist.suspects if suspect.tensor.name.variable == "AG_SHARED_EXPERTS_INPUTS"]
     assert [(suspect.rule.id, suspect.alternatives) for suspect in named] == [
         ("mindspeed.ag-shared-experts-inputs", ("mindspeed.ag-shared-experts-inputs-moe-common",))]
     assert "mindspeed.ag-shared-experts-inputs-moe-common" not in {item.rule for item in shortlist.excluded}

@@ -82,6 +82,7 @@ from unsafe_doctor.knowledge.rules import (
 )
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import Environment
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.source.files import shown_path, write_over
 from unsafe_doctor.source.markers import MARKER_BEGIN, MARKER_END, SENTINEL_KEY
 
@@ -255,11 +256,11 @@ def _unresolved_module(subject: Subject) -> str | None:
     """Why a fix cannot name the global's module: the log reads it through a name (`state._EMA`) that,
     with no source read, is only a guess at the module (`state` for `toytrain.state`)."""
     tensor = subject.tensor
-    if tensor is None or tensor.module is None or subject.source_file is not None or tensor.runs_as_main:
+    if tensor is None or tensor.name.module is None or subject.source_file is not None or tensor.runs_as_main:
         return None
-    if tensor.expression.split(".")[0] != tensor.module.rpartition(".")[2]:
+    if tensor.expression.split(".")[0] != tensor.name.module.rpartition(".")[2]:
         return None
-    return (f"the log reads {tensor.expression} through the name {tensor.module}, which without the job's source "
+    return (f"the log reads {tensor.expression} through the name {tensor.name.module}, which without the job's source "
             f"is a guess at its module: give --source-root so that the fix imports the module that holds it")
 
 
@@ -281,8 +282,8 @@ def _companions(
         variable = companion.match.variable
         if variable is None:  # a rule for globals by pattern names no one state to repair
             continue
-        tensor = replace(subject.tensor, expression=variable, variable=variable,
-                         module=companion.match.module or subject.tensor.module)
+        name = GlobalName(companion.match.module or subject.tensor.name.module, subject.tensor.name.owner, variable)
+        tensor = replace(subject.tensor, expression=variable, name=name)
         fixed = classify_with_rule(companion, replace(subject, tensor=tensor), context)
         if isinstance(fixed.fix, FixPlan):
             found.append((companion, fixed.fix, replace(subject, tensor=tensor)))
@@ -441,7 +442,7 @@ def _check_log_names(subject: Subject) -> None:
     tensor = subject.tensor
     if tensor is None:
         return
-    for label, name in (("variable", tensor.variable), ("module", tensor.module), ("owner", tensor.owner)):
+    for label, name in (("variable", tensor.name.variable), ("module", tensor.name.module), ("owner", tensor.name.owner)):
         if name is not None and not is_safe_dotted(name):
             shown = name if len(name) <= 60 else name[:57] + "..."
             raise UsageError(f"the log gives {label} {shown!r} where a Python name belongs: refusing to write it into code")
@@ -477,7 +478,7 @@ def marker_key(subject: Subject, classification: Classified, knowledge: Knowledg
 
 
 def _tensor_name(subject: Subject) -> str | None:
-    return subject.tensor.dotted if subject.tensor else None
+    return subject.tensor.name.dotted if subject.tensor else None
 
 
 # --- rendering a block ----------------------------------------------------------------------------

@@ -280,7 +280,7 @@ def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invo
 def _ask_scenario(terminal: prompts.Terminal, item: DiagnosedFinding, context: RunContext) -> DiagnosedFinding:
     """Nothing classified this tensor: the person decides, with the evidence in front of them."""
     tensor = item.finding.tensor
-    name = printable(tensor.variable or tensor.expression) if tensor else "the tensor"
+    name = printable(tensor.name.variable or tensor.expression) if tensor else "the tensor"
     terminal.tell(f"\n{name} is unclassified: {printable(item.classification.reason)}\n")
     for line in item.classification.evidence:
         terminal.tell(f"  {printable(str(line))}\n")

@@ -72,6 +72,7 @@ from itertools import pairwise
 from unsafe_doctor.diagnose.branches import Route, decided, earlier_values, paths_to
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.tracebacks import Frame, Traceback
 from unsafe_doctor.npu.messages import UNSAFE_DATA
 from unsafe_doctor.source.files import is_internal_file, why_not_read
@@ -608,7 +609,8 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
     entry = frames[0]  # the outermost frame: `<module>` of the script the job ran, as `__main__`
     runs_as_main = (entry.function == "<module>" and resolved.module is not None
                     and views.view(entry).scope.module == resolved.module)
-    tensor = TensorRef(expression, resolved.variable, resolved.module, resolved.owner, resolved.cached, runs_as_main)
+    name = GlobalName(resolved.module, resolved.owner, resolved.variable)
+    tensor = TensorRef(expression, name, resolved.cached, runs_as_main)
     read = caller or view
     alternatives = tuple({(each.variable, each.module): each for each in _alternatives(option, others)}.values())
     return _Analysis(culprit, tensor, source_file, _unique(notes), view.differs, read.origin, read.release, alternatives)

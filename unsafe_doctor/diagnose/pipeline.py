@@ -221,8 +221,9 @@ def _classify(finding: Finding, run: RunContext, loss_scaling: LossScaling | Non
     does; an lru cache the sentinel found is one by its nature."""
     subject = finding.subject
     tensor = subject.tensor
-    if finding.traceback is None and tensor is not None and tensor.variable is not None:
-        named = (frame_named(rule, tensor.variable, tensor.module, tensor.owner, None) for rule in run.knowledge.rules)
+    variable = tensor.name.variable if tensor is not None else None
+    if finding.traceback is None and tensor is not None and variable is not None:
+        named = (frame_named(rule, variable, tensor.name.module, tensor.name.owner, None) for rule in run.knowledge.rules)
         subject = replace(subject, frame=next((frame for frame in named if frame is not None), None))
     if finding.sentinel is not None and tensor is not None and tensor.cached:
         return classify_cache(subject, run, loss_scaling)

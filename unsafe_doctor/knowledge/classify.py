@@ -218,15 +218,15 @@ def global_kind(subject: Subject, workspace: Workspace | None) -> GlobalKind:
     tensor = subject.tensor
     if tensor is not None and tensor.cached:
         return "lru-cache"
-    if workspace is None or tensor is None or tensor.owner or not tensor.module or not tensor.variable:
+    if workspace is None or tensor is None or tensor.name.owner or not tensor.name.module or not tensor.name.variable:
         return "value"
-    path = workspace.module_path(tensor.module)
-    source = workspace.source(path, tensor.module) if path is not None and path.is_file() else None
+    path = workspace.module_path(tensor.name.module)
+    source = workspace.source(path, tensor.name.module) if path is not None and path.is_file() else None
     if source is None:
         return "value"
     annotated: list[GlobalKind | None] = []
     given: list[GlobalKind | None] = []
-    for statement in _assignments(source.tree, tensor.variable):
+    for statement in _assignments(source.tree, tensor.name.variable):
         if isinstance(statement, ast.AnnAssign):
             annotated.append(_annotated_kind(statement.annotation))
         if statement.value is not None and not _is_none(statement.value):
@@ -359,9 +359,9 @@ def _best_rule(
     for rule in knowledge.rules:
         block = matching_block(
             rule,
-            tensor.variable if tensor else None,
-            tensor.module if tensor else None,
-            tensor.owner if tensor else None,
+            tensor.name.variable if tensor else None,
+            tensor.name.module if tensor else None,
+            tensor.name.owner if tensor else None,
             frame.file if frame else None,
             frame.function if frame else None,
             loss_scaling,
@@ -407,9 +407,9 @@ def _slots(rule: Rule | Template, subject: Subject, profile: AdaptorProfile, blo
     `block` is the rule's match block that matched: it may name the variable the log does not.
     """
     tensor = subject.tensor
-    variable = (block.variable if block else None) or (tensor.variable if tensor else None)
-    module = tensor.module if tensor else None
-    owner = tensor.owner if tensor else None
+    variable = (block.variable if block else None) or (tensor.name.variable if tensor else None)
+    module = tensor.name.module if tensor else None
+    owner = tensor.name.owner if tensor else None
     slots: dict[str, str] = {}
     if variable is not None and is_safe_dotted(variable):
         slots["variable"] = variable
@@ -475,7 +475,7 @@ def _unnamed(missing: set[str], slots: dict[str, str], subject: Subject, block: 
     then = f"{names} at the next fault: diagnose of that log writes the fix"
     tensor = subject.tensor
     if "alias" not in slots and missing & {"module", "alias", "parent", "holder", "tensor"}:
-        if tensor is not None and tensor.module is not None:
+        if tensor is not None and tensor.name.module is not None:
             known = "the log's name for it is not a plain Python name"
         elif block is not None and block.module is not None:
             known = f"the rule knows it only by the pattern {block.module}"

@@ -245,7 +245,7 @@ class _Run:
         packages = {*FRAMEWORK_PACKAGES, *(target.module.partition(".")[0] for target in self.plan.targets)}
         roots = [item for item in self._train_args() if item is not None]
         report = examine(*roots, packages=packages, backend=self.backend)
-        self.sentinel = tuple(item.dotted for item in report.still_unsafe)
+        self.sentinel = tuple(item.name.dotted for item in report.still_unsafe)
 
     def _check(self) -> None:
         """On the faulty rank: what is still unsafe, and (scenario 2) whether each global holds the

@@ -99,14 +99,14 @@ def plan_replay(
         tensor, classification = item.finding.tensor, item.classification
         if isinstance(classification, Unclassified):
             skipped.append(f"finding {number}: unclassified, so no fix to prove")
-        elif tensor is None or tensor.module is None or tensor.variable is None:
+        elif tensor is None or tensor.name.module is None or tensor.name.variable is None:
             skipped.append(f"finding {number}: the global it read is not resolved to a module and a name")
         else:
             rule = knowledge.rule(classification.rule) if classification.rule else None
-            label = ".".join(part for part in (tensor.module, tensor.owner, tensor.variable) if part)
+            label = tensor.name.dotted
             key = marker_key(item.subject, classification, knowledge)
             targets.append(Target(key, label, classification.scenario, classification.rule,
-                                  tensor.module, tensor.variable, tensor.owner,
+                                  tensor.name.module, tensor.name.variable, tensor.name.owner,
                                   knowledge.switches(rule) if rule else (), rule.probe if rule else None,
                                   str(rule.versions) if rule and rule.versions is not None else None,
                                   tensor.runs_as_main, item.suspect))
@@ -159,9 +159,9 @@ def _check_replayable(suspect: DiagnosedFinding) -> None:
     assert tensor is not None and isinstance(classification, Classified), "a suspect is a rule's global, classified by it"
     if isinstance(classification.fix, NoFix):  # in the words diagnose and fix use for it
         raise UsageError(f"--suspect {suspect.suspect}: {classification.fix.reason}")
-    shown, rule = tensor.dotted or tensor.expression, classification.rule
-    if tensor.variable is None or tensor.module is None:
-        named = "by a pattern, not a name" if tensor.variable is None else "without the one module that holds it"
+    shown, rule = tensor.name.dotted or tensor.expression, classification.rule
+    if tensor.name.variable is None or tensor.name.module is None:
+        named = "by a pattern, not a name" if tensor.name.variable is None else "without the one module that holds it"
         raise UsageError(f"--suspect {suspect.suspect}: the replay cannot build {shown}: rule {rule} names it {named}")
 
 

@@ -87,7 +87,8 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
         "frames": [_frame_json(frame) for frame in unsafe.frames] if unsafe else [],
         "tensor": None
         if tensor is None
-        else {"expression": tensor.expression, "variable": tensor.variable, "module": tensor.module, "owner": tensor.owner},
+        else {"expression": tensor.expression, "variable": tensor.name.variable, "module": tensor.name.module,
+              "owner": tensor.name.owner},
         "source_from": finding.origin.value,
         "source_release": finding.release,
         "source_confidence": finding.origin.confidence,
@@ -151,9 +152,9 @@ def _untraced_json(untraced: Untraced, diagnosis: Diagnosis) -> dict[str, Any]:
 def _suspect_json(suspect: Suspect) -> dict[str, Any]:
     tensor, verdict = suspect.tensor, suspect.classification
     return {
-        "variable": tensor.variable or tensor.expression,
-        "module": tensor.module,
-        "owner": tensor.owner,
+        "variable": tensor.name.variable or tensor.expression,
+        "module": tensor.name.module,
+        "owner": tensor.name.owner,
         "rule": suspect.rule.id,
         "scenario": verdict.scenario,
         "why": list(suspect.why),
@@ -205,7 +206,7 @@ def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
     for item in diagnosis.findings:
         finding = item.finding
         tensor = finding.tensor
-        what = tensor.variable or tensor.expression if tensor else "a tensor"
+        what = tensor.name.variable or tensor.expression if tensor else "a tensor"
         state = "is read while still marked unsafe" if finding.unsafe else "is still marked unsafe after the recovery"
         result: dict[str, Any] = {
             "ruleId": "unsafe-data-after-recovery",

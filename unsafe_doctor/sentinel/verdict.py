@@ -19,8 +19,8 @@ from typing import Literal
 from unsafe_doctor.knowledge.classify import Classified, FixPlan, classify_by_rule
 from unsafe_doctor.knowledge.context import Groundwork, RunContext, groundwork
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.tracebacks import Frame
-from unsafe_doctor.sentinel.walk import Holder
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ NO_RULE = Verdict(None, None, None, None)
 
 
 def verdicts(
-    holders: Mapping[Holder, Sequence[Holder]], caches: Iterable[Holder], rules: Sequence[Path]
-) -> dict[Holder, Verdict]:
+    holders: Mapping[GlobalName[str], Sequence[GlobalName[str]]], caches: Iterable[GlobalName[str]], rules: Sequence[Path]
+) -> dict[GlobalName[str], Verdict]:
     """Each holder's verdict, from the first of it and its aliases (the same object under other names)
     the knowledge names: as written by the step before it reads, else by a rule."""
     cached = set(caches)
@@ -64,7 +64,7 @@ def _groundwork(rules: tuple[Path, ...]) -> Groundwork:
     return groundwork(rules)
 
 
-def _written(holder: Holder, context: RunContext) -> str | None:
+def _written(holder: GlobalName[str], context: RunContext) -> str | None:
     entry = context.knowledge.written_by_the_step(holder.variable, holder.module, holder.owner)
     return entry.id if entry else None
 
@@ -81,16 +81,15 @@ def heal(verdict: Verdict) -> str | None:
     return None
 
 
-def _by_rule(holder: Holder, cached: bool, context: RunContext) -> Classified | None:
+def _by_rule(holder: GlobalName[str], cached: bool, context: RunContext) -> Classified | None:
     if holder.module is None:
         return None
-    expression = f"{holder.owner}.{holder.variable}" if holder.owner else holder.variable
-    tensor = TensorRef(expression, holder.variable, holder.module, holder.owner, cached)
+    tensor = TensorRef(holder.qualname, holder, cached)
     frame = _frame(holder)
     return classify_by_rule(Subject(tensor, frame, frame.file), context, guarded=False)
 
 
-def _frame(holder: Holder) -> Frame:
+def _frame(holder: GlobalName[str]) -> Frame:
     module = sys.modules.get(holder.module or "")
     return Frame(getattr(module, "__file__", None) or "<unknown>", None, "<module>", None)
 

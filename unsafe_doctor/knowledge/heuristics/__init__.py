@@ -88,7 +88,7 @@ def judge(subject: Subject, workspace: Workspace) -> Verdict:
 
     `workspace`: the command's, over the source roots (`context.Groundwork`)."""
     tensor = subject.tensor
-    if tensor is None or not tensor.variable or not tensor.variable.isidentifier():
+    if tensor is None or not tensor.name.variable or not tensor.name.variable.isidentifier():
         shown = tensor.expression if tensor else "the tensor"
         return Verdict(
             None, None,

@@ -102,12 +102,12 @@ class Study:
 
     def __init__(self, subject: Subject, tensor: TensorRef, workspace: Workspace):
         self.subject = subject
-        self.variable: str = tensor.variable or ""
-        self.owner = tensor.owner
-        self.attribute = tensor.owner is not None or tensor.expression.startswith(("self.", "cls."))
+        self.variable: str = tensor.name.variable or ""
+        self.owner = tensor.name.owner
+        self.attribute = tensor.name.owner is not None or tensor.expression.startswith(("self.", "cls."))
         self.roots = workspace.source_roots
         self.workspace = workspace
-        self.module = tensor.module
+        self.module = tensor.name.module
         self.events: dict[tuple[Kind, Path, int], Event] = {}
         self.scope: _InScope | None = None
         self.truncated = False
