@@ -294,11 +294,11 @@ def test_a_global_only_a_checkpoint_converter_uses_is_left_out_and_said(tmp_path
     assert result.conversion_only == ("pkg.convert_hf2mg.OUTPUT_WEIGHTS",)
     assert names(result) == {"pkg.convert_shared.SHARED"}  # read by training: kept, converter or not
     console = Console(width=300, file=io.StringIO(), record=True)
-    console.print(audit_report.to_text(result, 0.0))
+    console.print(audit_report.audit_text(result, 0.0))
     text = console.export_text()
     assert "left out 1 global that only a checkpoint converter writes and reads" in text
     assert "pkg.convert_hf2mg.OUTPUT_WEIGHTS" in text
-    assert audit_report.to_json(result)["conversion_only"] == ["pkg.convert_hf2mg.OUTPUT_WEIGHTS"]
+    assert audit_report.audit_json(result)["conversion_only"] == ["pkg.convert_hf2mg.OUTPUT_WEIGHTS"]
     rules = tmp_path / "converter_rule.yaml"
     rules.write_text(textwrap.dedent("""\
         rules:

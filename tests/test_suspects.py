@@ -26,7 +26,7 @@ from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.log import inputs, reading
 from unsafe_doctor.log.arguments import DUMP_MARKERS, read_arguments
 from unsafe_doctor.log.lines import split_lines
-from unsafe_doctor.report.diagnosis import to_json
+from unsafe_doctor.report.diagnosis import diagnosis_json
 from unsafe_doctor.report.terminal import Hanging
 
 ROOT = Path(__file__).parents[1]
@@ -179,7 +179,7 @@ def test_untraced_release_is_named_and_no_search_for_a_traceback_is_advised(tmp_
 
 def test_json_gives_the_untraced_ranks_one_finding_with_its_suspects(tmp_path):
     log = write_log(tmp_path, dump(MOE), IN_TREE_LINES, [CATCH_V26, PTA_ERROR])
-    report = to_json(diagnose([str(log)], groundwork()))
+    report = diagnosis_json(diagnose([str(log)], groundwork()))
     (finding,) = report["findings"]
     assert finding["found_by"] == ["mindio-catch"] and finding["tensor"] is None and finding["ranks"] == [3]
     first = finding["suspects"][0]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from unsafe_doctor.adaptor.code import adaptor_files, block_spans, read_source
+from unsafe_doctor.adaptor.code import adaptor_files, block_spans, read_adaptor_file
 from unsafe_doctor.knowledge.classify import Classified
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import KnowledgeBase
@@ -56,7 +56,8 @@ def existing_reset(
     environment = context.environment
     if environment.adaptor is None or adaptor_coverage is None:
         return ()
-    if any(span.key == key for path in adaptor_files(environment) if path.is_file() for span in block_spans(read_source(path))):
+    ours = (span for path in adaptor_files(environment) if path.is_file() for span in block_spans(read_adaptor_file(path)))
+    if any(span.key == key for span in ours):
         return ()
     for holder in _globals_of(subject, classification, context.knowledge):
         coverage = adaptor_coverage.of(holder)
@@ -66,7 +67,7 @@ def existing_reset(
                     "the block rebuilds it safely, and that statement should go",)
         if coverage.status != "covered":
             continue
-        importers = context.workspace.importers_by_name(holder.module or "", holder.variable)
+        importers = context.workspace.importers_by_name(holder.module, holder.variable)
         if importers and coverage.how == "reset":
             return (f"the adaptor rebinds {holder.variable} ({coverage.sites[0].file}:{coverage.sites[0].line}), but "
                     f"{importers[0]} imported it by name and keeps the old object: the block resets it in place",)
@@ -74,7 +75,7 @@ def existing_reset(
     return ()
 
 
-def _globals_of(subject: Subject, classification: Classified, knowledge: KnowledgeBase) -> list[GlobalName[str]]:
+def _globals_of(subject: Subject, classification: Classified, knowledge: KnowledgeBase) -> list[GlobalName[str, str]]:
     """The globals a reset of this finding could name: the tensor's own, then those its rule names
     (the memory buffer's read fails in GlobalMemoryBuffer.buffer; the adaptor resets _GLOBAL_MEMORY_BUFFER)."""
     tensor = subject.tensor

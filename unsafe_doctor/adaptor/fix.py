@@ -51,12 +51,12 @@ from unsafe_doctor.adaptor.code import (
     Adaptor,
     AdaptorFunction,
     AdaptorSource,
+    BlockSite,
     Role,
-    Site,
     adaptor_files,
     block_spans,
     detached_site,
-    read_source,
+    read_adaptor_file,
     without_blocks,
 )
 from unsafe_doctor.adaptor.existing_reset import AlreadyReset, existing_reset
@@ -155,14 +155,14 @@ class Skipped:
 # A fix that must not be written (a log's name that is no Python name, an adaptor function missing or
 # ambiguous, an edit that would not compile) is refused with UsageError: it stops the whole command
 # before anything is shown or written.
-Outcome = Planned | Skipped | AlreadyReset
+FixOutcome = Planned | Skipped | AlreadyReset
 
 
 @dataclass(frozen=True)
 class Plan:
     edits: tuple[FileEdit, ...]  # files that change, each with every change for it
     present: tuple[str, ...]  # blocks the adaptor already holds
-    outcomes: tuple[Outcome, ...]  # one per finding given
+    outcomes: tuple[FixOutcome, ...]  # one per finding given
     notes: tuple[str, ...]
     profile: str | None = None  # the adaptor profile the blocks were written for, and why it
     profile_why: str | None = None
@@ -216,7 +216,7 @@ def plan_fix(
     profile = map_parameters(environment.profile, {role: name for role, name in (parameters or {}).items() if role != "group"})
     requests: list[_Request] = []
     coverage: AdaptorCoverage | None = None  # the adaptor read once, when a finding has a fix
-    outcomes: list[Outcome] = []
+    outcomes: list[FixOutcome] = []
     notes: list[str] = []
     for number, item in enumerate(findings, 1):
         classification = item.classification
@@ -344,7 +344,7 @@ class BlockRequest(Protocol):
     @property
     def function(self) -> str: ...  # the adaptor function's name
 
-    def block(self, site: Site, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
+    def block(self, site: BlockSite, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
         """The block's lines (markers included, indented for the site's function) and notes on how it was written."""
         ...
 
@@ -433,7 +433,7 @@ class _Request:
     code: str
     scenario: int
 
-    def block(self, site: Site, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
+    def block(self, site: BlockSite, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
         return _block_lines(self, site, profile, group)
 
 
@@ -485,7 +485,7 @@ def _tensor_name(subject: Subject) -> str | None:
 
 
 def _block_lines(
-    request: _Request, site: Site, profile: AdaptorProfile, group: str | None = None
+    request: _Request, site: BlockSite, profile: AdaptorProfile, group: str | None = None
 ) -> tuple[list[str], tuple[str, ...]]:
     """The block's lines, without line endings, indented for the function's body; notes on how it was written."""
     rendered = render(request.code, request.imports, request.scenario, site, profile, group, request.key)
@@ -584,7 +584,7 @@ def plan_revert(environment: Environment, *, sentinel: bool = False) -> Plan:
     edits = []
     notes = []
     for path in adaptor_files(environment):
-        source = read_source(path)
+        source = read_adaptor_file(path)
         removed = without_blocks(source, lambda key: (key == SENTINEL_KEY) is sentinel)
         if removed is None:
             notes.append(f"{source.shown}: no {'sentinel block' if sentinel else 'unsafe-doctor fix blocks'}")

@@ -26,7 +26,7 @@ import io
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from unsafe_doctor.adaptor.code import INDENT, AdaptorFunction, Site
+from unsafe_doctor.adaptor.code import INDENT, AdaptorFunction, BlockSite
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import (
     DEST_RANK,
@@ -50,7 +50,7 @@ class Rendered:
 
 
 def render(
-    code: str, imports: tuple[str, ...], scenario: int, site: Site, profile: AdaptorProfile, group: str | None, what: str
+    code: str, imports: tuple[str, ...], scenario: int, site: BlockSite, profile: AdaptorProfile, group: str | None, what: str
 ) -> Rendered:
     """`what` names the block in refusals (its marker key)."""
     notes: list[str] = []
@@ -107,7 +107,7 @@ def _is_group_import(name: str, target: str, profile: AdaptorProfile) -> bool:
 # --- the repair group ------------------------------------------------------------------------------
 
 
-def _group(site: Site, profile: AdaptorProfile, given: str | None) -> tuple[str, str | None, str | None]:
+def _group(site: BlockSite, profile: AdaptorProfile, given: str | None) -> tuple[str, str | None, str | None]:
     """(the expression the block uses, the function's name for it if any, a note saying where it came from)."""
     function = site.function
     if given is not None:
@@ -138,7 +138,7 @@ def _group(site: Site, profile: AdaptorProfile, given: str | None) -> tuple[str,
     )
 
 
-def _group_local(site: Site) -> str | None:
+def _group_local(site: BlockSite) -> str | None:
     """The last local the function binds, before the block, to `get_repair_group(...)` or `new_group(...)`."""
     found = None
     for name, value in site.names.locals_before.items():
@@ -188,7 +188,7 @@ def _parameter(profile: AdaptorProfile, role: str, function: AdaptorFunction, wh
     return name
 
 
-def _rank_loop(body: list[str], site: Site, profile: AdaptorProfile) -> list[str]:
+def _rank_loop(body: list[str], site: BlockSite, profile: AdaptorProfile) -> list[str]:
     """The code inside a loop over the (source, destination) pairs: list-valued rank parameters hold one
     entry per (source, destination, optimizer index), so each pair once, in first-seen order (the
     same on both sides, which receive the same lists); plain rank parameters are the ranks."""
@@ -230,7 +230,7 @@ def _indented(lines: list[str]) -> list[str]:
 # --- names from the file, imports, the block's own locals ------------------------------------------
 
 
-def _from_file(code: str, needed: dict[str, str], site: Site) -> tuple[str, dict[str, str]]:
+def _from_file(code: str, needed: dict[str, str], site: BlockSite) -> tuple[str, dict[str, str]]:
     """Every dotted name the code reads through an import, read from the file's module-level name for
     its longest part the file binds (`torch.distributed.send` -> `dist.send`); the imports still read."""
     module, assigned = site.module, site.names.assigned
@@ -259,7 +259,7 @@ def _from_file(code: str, needed: dict[str, str], site: Site) -> tuple[str, dict
     return code, {name: target for name, target in needed.items() if name in read and bound(target) is None}
 
 
-def _imports(code: str, needed: dict[str, str], from_imported: frozenset[str], site: Site) -> tuple[str, list[str]]:
+def _imports(code: str, needed: dict[str, str], from_imported: frozenset[str], site: BlockSite) -> tuple[str, list[str]]:
     """An import line for each name the file does not bind, in the template's form (`from M import
     NAME` or `import M`); one the function reads or keeps otherwise is imported under another name
     (`as torch_`), since an import in a function binds a local."""
@@ -280,7 +280,7 @@ def _imports(code: str, needed: dict[str, str], from_imported: frozenset[str], s
     return _rename(code, renamed), lines
 
 
-def _own_locals(code: str, site: Site, outside: set[str]) -> str:
+def _own_locals(code: str, site: BlockSite, outside: set[str]) -> str:
     """The names the block assigns, renamed where the function still needs them."""
     nodes = ast.walk(ast.parse(code))
     assigned = {node.id for node in nodes if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)}
@@ -288,12 +288,12 @@ def _own_locals(code: str, site: Site, outside: set[str]) -> str:
     return _rename(code, renamed)
 
 
-def _names_outside(site: Site, profile: AdaptorProfile) -> set[str]:
+def _names_outside(site: BlockSite, profile: AdaptorProfile) -> set[str]:
     """Names the block reads from the function and its file: the block must not assign them."""
     return set(site.function.parameters) | set(site.module.bound) - set(PARAMETER_ROLES)
 
 
-def _free_name(name: str, site: Site, also: set[str] = frozenset()) -> str:  # type: ignore[assignment]
+def _free_name(name: str, site: BlockSite, also: set[str] = frozenset()) -> str:  # type: ignore[assignment]
     taken = site.names.assigned | site.names.kept | site.module.bound | also | set(dir(builtins))
     candidate = name + "_"
     while candidate in taken:

@@ -50,7 +50,7 @@ class RecoveryReader(Walker):
         index: Index,
         accessors: Accessors,
         scope: Scope,
-        uses: dict[GlobalName[str], list[Use]],
+        uses: dict[GlobalName[str, str], list[Use]],
         via: tuple[str, ...] = (),
         seen: frozenset[tuple[Path, int, int]] = frozenset(),
     ):
@@ -59,7 +59,7 @@ class RecoveryReader(Walker):
         # the functions on the way here, by place: a module's tree read again has other nodes
         self.seen = seen | ({_place(scope.module, scope.function)} if scope.function is not None else set())
 
-    def record(self, key: GlobalName[str], use: Use) -> None:
+    def record(self, key: GlobalName[str, str], use: Use) -> None:
         self.uses.setdefault(key, []).append(use)
 
     def assigned_local(self, name: str, value: ast.expr) -> None:
@@ -104,7 +104,7 @@ class CoverageJudge:
         self.files = files
         self.shown = {index.display(path) for path in files}  # the adaptor's files, as sites name them
         self.functions: dict[Role, str] = {}
-        self.uses: dict[Role, dict[GlobalName[str], list[Use]]] = {}
+        self.uses: dict[Role, dict[GlobalName[str, str], list[Use]]] = {}
         roles: tuple[tuple[Role, str], ...] = (("rollback", profile.rollback), ("send", profile.send), ("recv", profile.recv))
         for role, name in roles:
             found = [(info, info.functions[name]) for info in map(index.module_of_file, files) if info and name in info.functions]
@@ -112,7 +112,7 @@ class CoverageJudge:
                 notes.append(f"{name}() ({role}) not found in {', '.join(index.display(f) for f in files)}")
                 continue
             info, node = found[0]
-            uses: dict[GlobalName[str], list[Use]] = {}
+            uses: dict[GlobalName[str, str], list[Use]] = {}
             RecoveryReader(index, accessors, Scope.of_function(info, node, None), uses).run(node.body)
             self.functions[role] = name
             self.uses[role] = uses
@@ -247,7 +247,7 @@ class AdaptorCoverage:
         self.adaptor = adaptor
         self.judge = CoverageJudge(index, Accessors(index), adaptor, profile, [])
 
-    def of(self, key: GlobalName[str]) -> Coverage:
+    def of(self, key: GlobalName[str, str]) -> Coverage:
         kind: HolderKind = "module-global" if key.owner is None else "class-attribute"
         definition = Site(str(self.adaptor), 1, None, key.variable)  # not shown: coverage names the adaptor's sites
         return self.judge.judge(Holder(kind, key, "device", definition, (), (), (), ()))

@@ -34,11 +34,11 @@ class ScanFindings:
     """What the scan of every audited module found, by holder."""
 
     def __init__(self) -> None:
-        self.uses: dict[GlobalName[str], list[Use]] = {}
+        self.uses: dict[GlobalName[str, str], list[Use]] = {}
         self.classes: dict[ClassKey, list[Evidence]] = {}  # tensors a class's methods keep in `self`
         self.members: dict[ClassKey, list[tuple[ClassKey, Use]]] = {}  # instances of other classes it keeps there
-        self.returns: dict[GlobalName[str], list[Evidence]] = {}  # tensors cached functions return
-        self.buffers: dict[GlobalName[str], tuple[Place | None, Use]] = {}  # register_buffer calls
+        self.returns: dict[GlobalName[str, str], list[Evidence]] = {}  # tensors cached functions return
+        self.buffers: dict[GlobalName[str, str], tuple[Place | None, Use]] = {}  # register_buffer calls
         self.rule_named: list[tuple[Path, Holder]] = []  # what rules name in each module (`named_by_rules`)
 
     def take(self, other: ScanFindings, modules: dict[Path, ModuleInfo], position: dict[Path, int]) -> None:
@@ -89,7 +89,7 @@ class FrameworkScanner(Walker):
         super().__init__(index, accessors, scope)
         self.found = found
 
-    def record(self, key: GlobalName[str], use: Use) -> None:
+    def record(self, key: GlobalName[str, str], use: Use) -> None:
         self.found.uses.setdefault(key, []).append(use)
 
     def stored_in_self(self, value: ast.expr | None) -> None:
@@ -165,7 +165,7 @@ def holders(found: ScanFindings, index: Index) -> list[Holder]:
     return result
 
 
-def _holder(found: ScanFindings, info: ModuleInfo, key: GlobalName[str], uses: list[Use]) -> Holder | None:
+def _holder(found: ScanFindings, info: ModuleInfo, key: GlobalName[str, str], uses: list[Use]) -> Holder | None:
     if key.owner is None and key.variable in info.imported:
         return None  # a module bound by an import (`te = MagicMock()` only stands in for it when absent)
     definition: Use | None = None
@@ -240,7 +240,7 @@ def _kept_in_instances(found: ScanFindings, cls: ClassKey) -> list[Evidence]:
     return kept
 
 
-def _definition(info: ModuleInfo, key: GlobalName[str], uses: list[Use], evidence: list[Evidence]) -> Site:
+def _definition(info: ModuleInfo, key: GlobalName[str, str], uses: list[Use], evidence: list[Evidence]) -> Site:
     """Where the holder is defined: its module-level or class-body binding, its function, else its
     first write."""
     node: object = None
@@ -278,7 +278,7 @@ def conversion_only(holder: Holder, rules: Sequence[Rule]) -> bool:
     writes and reads, none imports and no rule names: conversion runs at load or offline, never in
     a training step, so recovery never meets what it keeps (MindSpeed-LLM's `convert_hf2mg`, which
     `training/checkpointing.py` calls when it loads Hugging Face weights)."""
-    name = (holder.name.module or "").rpartition(".")[2]
+    name = holder.name.module.rpartition(".")[2]
     if name != "convert" and not name.startswith("convert_"):
         return False
     named = (match for rule in rules for match in rule.matches if match.variable or match.variable_regex)  # not a frame's
@@ -306,8 +306,9 @@ def _named_by_rules_in(info: ModuleInfo, rules: Sequence[Rule]) -> list[Holder]:
     """What the rules name in one module, in the order of the rules and their blocks."""
     blocks = [block for rule in rules for block in rule.matches
               if block.module is not None and fnmatchcase(info.name, block.module) and _may_name(block, info.text)]
-    named: dict[str | None, list[tuple[GlobalName[str], ast.stmt | ast.expr | Span, HolderKind]]] = {}  # by the block's class
-    found: dict[GlobalName[str], Holder] = {}
+    # by the block's class
+    named: dict[str | None, list[tuple[GlobalName[str, str], ast.stmt | ast.expr | Span, HolderKind]]] = {}
+    found: dict[GlobalName[str, str], Holder] = {}
     for block in blocks:
         if block.owner not in named:
             named[block.owner] = _named_in(info, block.owner)
@@ -333,10 +334,10 @@ def _may_name(block: RuleMatch, text: str) -> bool:
     return variable_pattern(pattern).search(text) is not None and variable_pattern(rf"\b(?:{pattern})\b").search(text) is not None
 
 
-def _named_in(info: ModuleInfo, owner: str | None) -> list[tuple[GlobalName[str], ast.stmt | ast.expr | Span, HolderKind]]:
+def _named_in(info: ModuleInfo, owner: str | None) -> list[tuple[GlobalName[str, str], ast.stmt | ast.expr | Span, HolderKind]]:
     """What a rule block could name in a module: its assigned globals (when the block names no
     class), and the attributes of its classes (of `owner` only, when the block names one)."""
-    named: list[tuple[GlobalName[str], ast.stmt | ast.expr | Span, HolderKind]] = []
+    named: list[tuple[GlobalName[str, str], ast.stmt | ast.expr | Span, HolderKind]] = []
     if owner is None:
         for variable in sorted(info.names):
             span = info.spans.get(variable)  # None: an import, or only a function's `global` binds it

@@ -34,7 +34,7 @@ class Site:
 @dataclass(frozen=True)
 class Holder:
     kind: HolderKind
-    name: GlobalName[str]  # its module always known; its owner the class, for class attributes, buffers and cached methods
+    name: GlobalName[str, str]  # its module always known; its owner the class, for class attributes, buffers and cached methods
     placement: Placement
     definition: Site
     evidence: tuple[Site, ...]  # where tensors land in it

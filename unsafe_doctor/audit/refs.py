@@ -59,7 +59,7 @@ class FunctionRef:
 
 @dataclass(frozen=True, slots=True)
 class HolderRef:
-    key: GlobalName[str]  # a place a tensor can outlive a step: `module.variable`, or `module.owner.variable` in a class
+    key: GlobalName[str, str]  # a place a tensor can outlive a step: `module.variable`, or `module.owner.variable` in a class
     element: bool  # an entry, field or value computed from it, not the holder itself
 
 

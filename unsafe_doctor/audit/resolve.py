@@ -20,9 +20,9 @@ class Accessors:
         self.index = index
         # (module, class, line, column) of a function -> holder key it returns: by place, as a tree
         # read again has other nodes
-        self._returned: dict[tuple[str, str | None, int, int], GlobalName[str] | None] = {}
+        self._returned: dict[tuple[str, str | None, int, int], GlobalName[str, str] | None] = {}
 
-    def returned_by(self, function: FunctionRef) -> GlobalName[str] | None:
+    def returned_by(self, function: FunctionRef) -> GlobalName[str, str] | None:
         place = (function.module, function.owner, *function.place)
         if place in self._returned:
             return self._returned[place]

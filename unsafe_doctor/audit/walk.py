@@ -48,7 +48,7 @@ class Walker:
 
     # --- hooks
 
-    def record(self, key: GlobalName[str], use: Use) -> None:
+    def record(self, key: GlobalName[str, str], use: Use) -> None:
         """A use of the holder `key`."""
         raise NotImplementedError
 

@@ -263,7 +263,7 @@ def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invo
     import importlib.util
 
     from unsafe_doctor.replay import verify as verification
-    from unsafe_doctor.report.verification import to_text
+    from unsafe_doctor.report.verification import verification_text
 
     if importlib.util.find_spec("torch") is None:
         say("not verified: verify replays on torch, which is not installed (pip install 'unsafe-doctor[replay]')")
@@ -273,7 +273,7 @@ def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invo
         outcome = verification.verify(plan, skipped)
     if outcome is None:
         return None
-    print_rich(to_text(outcome, write_fix=invocation.command("fix", adaptor, "--yes")))
+    print_rich(verification_text(outcome, write_fix=invocation.command("fix", adaptor, "--yes")))
     return outcome.exit_code == 0
 
 

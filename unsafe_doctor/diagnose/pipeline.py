@@ -130,7 +130,7 @@ def diagnose(
     loss_scaling = recovery.read_loss_scaling(line for excerpt in scan.facts for line in _lines(excerpt))
     tracebacks = _tracebacks(window_lines)
     unsafe = [tb for tb in tracebacks if any(is_unsafe_error(link) for link in tb.chain())]
-    sentinel = sentinel_findings.read(line for excerpt in scan.records for line in _lines(excerpt))
+    sentinel = sentinel_findings.read_sentinel_lines(line for excerpt in scan.records for line in _lines(excerpt))
     arguments = read_arguments(line for excerpt in scan.dumps for line in _lines(excerpt))
     switches = arguments.values if arguments else {}
     findings = sentinel_findings.merge(locate(unsafe, groundwork.workspace, switches), sentinel.findings)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
 from unsafe_doctor.knowledge.rules import is_safe_dotted
 from unsafe_doctor.knowledge.subject import TensorRef
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.lines import RANK_DIGITS, LogLine
 from unsafe_doctor.log.sentinel_lines import SCHEMA, Failure, Record, Summary, UnsafeGlobal, parse_failure, parse_line
 from unsafe_doctor.log.sentinel_modes import MODES
@@ -41,9 +42,9 @@ class SentinelLines:
     failures: tuple[Failure, ...] = ()  # where the adaptor's block could not run it (each once), with the line's rank
 
 
-def read(lines: Iterable[LogLine]) -> SentinelLines:
+def read_sentinel_lines(lines: Iterable[LogLine]) -> SentinelLines:
     """The records of the sentinel's lines (`inputs.Scan.records`, split into lines)."""
-    named: dict[tuple[bool, str | None, str | None, str], list[UnsafeGlobal]] = {}
+    named: dict[tuple[bool, GlobalName[str | None, str]], list[UnsafeGlobal]] = {}
     checks: dict[Summary, None] = {}
     failures: dict[Failure, None] = {}
     ignored = 0
@@ -57,7 +58,7 @@ def read(lines: Iterable[LogLine]) -> SentinelLines:
         elif isinstance(record, Summary):
             checks[record] = None
         elif record.written_by_step is None:  # else harmless by the sentinel's knowledge: the step writes it first
-            named.setdefault((record.cached, record.name.module, record.name.owner, record.name.variable), []).append(record)
+            named.setdefault((record.cached, record.name), []).append(record)
     return SentinelLines(tuple(_finding(records) for records in named.values()), tuple(checks), ignored, tuple(failures))
 
 

@@ -117,9 +117,9 @@ def classify(subject: Subject, context: RunContext, loss_scaling: LossScaling | 
     chosen, notes = _choose_rule(subject, knowledge, environment, loss_scaling)
     if chosen is not None:
         return _by_rule(*chosen, subject, context, notes)
-    from unsafe_doctor.knowledge.heuristics import judge  # only when no rule matched: it costs start-up time
+    from unsafe_doctor.knowledge.heuristics import judge_by_source  # only when no rule matched: it costs start-up time
 
-    verdict = judge(subject, context.workspace)
+    verdict = judge_by_source(subject, context.workspace)
     if verdict.scenario is None:
         return Unclassified(verdict.reason, verdict.evidence, notes)
     template = generic_template(knowledge, verdict.scenario, subject, context.workspace)

@@ -18,7 +18,7 @@ class TensorRef:
     expression: str  # 'parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]'
     # The global, as far as known: its variable None when the line does not name it (a local, a rule's
     # pattern), its module None when unknown, its owner the class when the tensor is an object's attribute.
-    name: GlobalName[str | None]
+    name: GlobalName[str | None, str | None]
     cached: bool = False  # the variable is an lru-cached function (or the owner's method) and the tensor its result
     runs_as_main: bool = False  # the module is the job's entry script, run as `__main__`: its globals live there
 
@@ -33,7 +33,7 @@ class Subject:
     @classmethod
     def of_global(
         cls,
-        name: GlobalName[str],
+        name: GlobalName[str, str],
         file: str,
         line: int | None,
         *,

@@ -10,14 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-# A name as a log line tells it may lack its variable (a rule's pattern, a local of a module):
-# `GlobalName[str | None]`; a holder found in source or in the process always has one: `GlobalName[str]`.
+# What is known of a name is in its type, `GlobalName[Module, Variable]`: a holder the audit finds in
+# source, or a global the replay proves, has both (`GlobalName[str, str]`); one the sentinel walks to
+# may have no module (a model's buffer: `GlobalName[str | None, str]`); one a log line or a rule's
+# pattern gives may lack either (`GlobalName[str | None, str | None]`).
+Module = TypeVar("Module", bound="str | None", covariant=True)
 Variable = TypeVar("Variable", bound="str | None", covariant=True)
 
 
 @dataclass(frozen=True, slots=True)
-class GlobalName(Generic[Variable]):
-    module: str | None  # 'megatron.core.parallel_state'; None when unknown (a model's buffer, a bare log line)
+class GlobalName(Generic[Module, Variable]):
+    module: Module  # 'megatron.core.parallel_state'
     owner: str | None  # the class, for a class attribute, an instance attribute or a cached method
     variable: Variable  # '_GLOBAL_MEMORY_BUFFER'
 

@@ -40,7 +40,7 @@ class UnsafeGlobal:
 
     rank: int | None
     backend: str  # "npu" or "emulated": the one that checked
-    name: GlobalName[str]
+    name: GlobalName[str | None, str]
     tensors: int  # unsafe tensors found behind it
     paths: tuple[str, ...]  # readable paths: every one in a report, the first few in a log line
     scenario: Literal[1, 2] | None  # what the knowledge base's rule says; None: no rule names it

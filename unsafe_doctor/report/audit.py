@@ -38,7 +38,7 @@ _PLACEMENT_TEXT = {"device": "on the device", "unknown": "device unknown"}
 NAME_WIDTH = 48  # the global column's widest: a name longer than this folds
 
 
-def to_json(audit: Audit) -> dict[str, Any]:
+def audit_json(audit: Audit) -> dict[str, Any]:
     environment = audit.context.environment
     return {
         "schema": SCHEMA,
@@ -105,7 +105,7 @@ def _holder_json(item: AuditedHolder) -> dict[str, Any]:
     }
 
 
-def to_sarif(audit: Audit, fixes: Mapping[str, Plan]) -> dict[str, Any]:
+def audit_sarif(audit: Audit, fixes: Mapping[str, Plan]) -> dict[str, Any]:
     """SARIF 2.1.0: each holder not covered is a result at its definition, with its fix (one
     insertion per adaptor function) where one exists; each stale reset a result in the adaptor."""
     results = [_holder_result(item, fixes.get(item.holder.name.dotted)) for item in audit.uncovered]
@@ -161,7 +161,7 @@ def _site_location(site: Site) -> dict[str, Any]:
     return location(file_uri(site.file), site.line)
 
 
-def to_text(audit: Audit, elapsed: float, write_fixes: NextStep | None = None) -> RenderableType:
+def audit_text(audit: Audit, elapsed: float, write_fixes: NextStep | None = None) -> RenderableType:
     """`write_fixes`: the command that writes the fixes, shown last when some global has one."""
     parts: list[RenderableType] = []
     if audit.holders:
@@ -207,7 +207,7 @@ def _kind_text(holder: Holder) -> str:
 def _holder_cells(item: AuditedHolder) -> tuple[Text, Text, Text, Text]:
     holder, coverage, verdict = item.holder, item.coverage, item.classification
     name = Text(printable(holder.name.qualname), style="bold magenta")
-    name.append(f"\nin {printable(holder.name.module or '')}", style="magenta")
+    name.append(f"\nin {printable(holder.name.module)}", style="magenta")
     name.append(f"\n{_kind_text(holder)}", style="dim")
     name.append(f"\ndefined {_site_text(holder.definition)}", style="cyan")
     uses = Text()

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # for types only: a diagnosis with a traceback loads no suspe
 SCHEMA = "unsafe-doctor/diagnosis/v1"
 
 
-def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
+def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "inputs": [{"name": info.name, "bytes": info.bytes} for info in diagnosis.inputs],
@@ -198,7 +198,7 @@ def _last_error_json(diagnosis: Diagnosis) -> dict[str, Any] | None:
     return {"rank": error.rank, "type": error.exception_type, "message": error.message, "input": error.source}
 
 
-def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
+def diagnosis_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
     """SARIF 2.1.0: one result per finding, located at its culprit line: in the job's own file read
     through --source-root (relative to the working folder when under it, so that a CI annotation
     lands on the pull request's line), else at the path the log gives."""

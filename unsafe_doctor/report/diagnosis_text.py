@@ -37,7 +37,7 @@ SHORT_STACK = 6  # frames shown in a panel, innermost last
 SUSPECT_NAMES = 4  # a suspect's pattern is shown as the names it matches up to this many, else as its rule's title
 
 
-def to_text(diagnosis: Diagnosis, elapsed: float, previews: Sequence[tuple[Preview, ...]] = (), *,
+def diagnosis_text(diagnosis: Diagnosis, elapsed: float, previews: Sequence[tuple[Preview, ...]] = (), *,
             verbose: bool = False) -> RenderableType:
     """`previews`: each finding's blocks as `fix` writes them (adaptor.fix.preview), printed under it;
     `verbose`: also the adaptor generation the log's lines show, and those lines."""

@@ -30,12 +30,11 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.sentinel_lines import Record, Summary, UnsafeGlobal, format_line
 from unsafe_doctor.log.sentinel_modes import MODES, Mode
 from unsafe_doctor.npu.backend import UnsafeBackend, active_emulation, npu_unavailable_reason, select_backend
 from unsafe_doctor.sentinel import verdict
-from unsafe_doctor.sentinel.walk import Limits, Walk, walk
+from unsafe_doctor.sentinel.walk import HolderName, Limits, Walk, walk
 
 __all__ = ["FRAMEWORK_PACKAGES", "Limits", "SentinelReport", "UnsafeStateError", "check", "examine"]
 
@@ -156,9 +155,9 @@ def _rank() -> int | None:
 
 def _report(
     found: Walk, backend: UnsafeBackend, rank: int | None, mode: Mode, rules: Sequence[Path], started: float
-) -> tuple[SentinelReport, dict[GlobalName[str], verdict.Verdict]]:
+) -> tuple[SentinelReport, dict[HolderName, verdict.SentinelVerdict]]:
     """The records of one walk, and the knowledge's verdict on each holder (heal runs them)."""
-    unsafe: dict[GlobalName[str], list[str]] = {}
+    unsafe: dict[HolderName, list[str]] = {}
     checked = 0
     for item in found.tensors:
         if backend.is_device_memory(item.tensor):
@@ -182,7 +181,7 @@ def _report(
     return SentinelReport(summary, globals_), judged
 
 
-def _after_heal(before: SentinelReport, after: SentinelReport, errors: dict[GlobalName[str], str | None]) -> SentinelReport:
+def _after_heal(before: SentinelReport, after: SentinelReport, errors: dict[HolderName, str | None]) -> SentinelReport:
     """Before's globals, each marked healed when heal ran for it and the second walk found it safe."""
     still = {item.name for item in after.unsafe}
     unsafe = []

@@ -19,12 +19,12 @@ from typing import Literal
 from unsafe_doctor.knowledge.classify import Classified, FixPlan, classify_by_rule
 from unsafe_doctor.knowledge.context import Groundwork, RunContext, groundwork
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
-from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.tracebacks import Frame
+from unsafe_doctor.sentinel.walk import HolderName
 
 
 @dataclass(frozen=True)
-class Verdict:
+class SentinelVerdict:
     scenario: Literal[1, 2] | None
     rule: str | None
     fix_function: str | None  # where `fix` writes the rule's code: the rollback or the receive function
@@ -32,12 +32,12 @@ class Verdict:
     written_by_step: str | None = None  # the knowledge's `step_written` entry: harmless, the step writes it first
 
 
-NO_RULE = Verdict(None, None, None, None)
+NO_RULE = SentinelVerdict(None, None, None, None)
 
 
 def verdicts(
-    holders: Mapping[GlobalName[str], Sequence[GlobalName[str]]], caches: Iterable[GlobalName[str]], rules: Sequence[Path]
-) -> dict[GlobalName[str], Verdict]:
+    holders: Mapping[HolderName, Sequence[HolderName]], caches: Iterable[HolderName], rules: Sequence[Path]
+) -> dict[HolderName, SentinelVerdict]:
     """Each holder's verdict, from the first of it and its aliases (the same object under other names)
     the knowledge names: as written by the step before it reads, else by a rule."""
     cached = set(caches)
@@ -46,7 +46,7 @@ def verdicts(
     for holder, aliases in holders.items():
         written = next(filter(None, (_written(name, context) for name in (holder, *aliases))), None)
         if written is not None:
-            found[holder] = Verdict(None, None, None, None, written)
+            found[holder] = SentinelVerdict(None, None, None, None, written)
             continue
         for name in (holder, *aliases):
             classified = _by_rule(name, name in cached or holder in cached, context)
@@ -64,12 +64,12 @@ def _groundwork(rules: tuple[Path, ...]) -> Groundwork:
     return groundwork(rules)
 
 
-def _written(holder: GlobalName[str], context: RunContext) -> str | None:
+def _written(holder: HolderName, context: RunContext) -> str | None:
     entry = context.knowledge.written_by_the_step(holder.variable, holder.module, holder.owner)
     return entry.id if entry else None
 
 
-def heal(verdict: Verdict) -> str | None:
+def heal(verdict: SentinelVerdict) -> str | None:
     """Run the rule's fix; None when it ran, else why not (an error the fix raised)."""
     if verdict.heal is None:
         return "no scenario-1 rule fix to run"
@@ -81,7 +81,7 @@ def heal(verdict: Verdict) -> str | None:
     return None
 
 
-def _by_rule(holder: GlobalName[str], cached: bool, context: RunContext) -> Classified | None:
+def _by_rule(holder: HolderName, cached: bool, context: RunContext) -> Classified | None:
     if holder.module is None:
         return None
     tensor = TensorRef(holder.qualname, holder, cached)
@@ -89,16 +89,16 @@ def _by_rule(holder: GlobalName[str], cached: bool, context: RunContext) -> Clas
     return classify_by_rule(Subject(tensor, frame, frame.file), context, guarded=False)
 
 
-def _frame(holder: GlobalName[str]) -> Frame:
+def _frame(holder: HolderName) -> Frame:
     module = sys.modules.get(holder.module or "")
     return Frame(getattr(module, "__file__", None) or "<unknown>", None, "<module>", None)
 
 
-def _verdict(classified: Classified) -> Verdict:
+def _verdict(classified: Classified) -> SentinelVerdict:
     fix = classified.fix
     if not isinstance(fix, FixPlan):
-        return Verdict(classified.scenario, classified.rule, None, None)
+        return SentinelVerdict(classified.scenario, classified.rule, None, None)
     heal_code = None
     if classified.scenario == 1:
         heal_code = "\n".join(fix.imports) + "\n" + textwrap.dedent(fix.code)
-    return Verdict(classified.scenario, classified.rule, fix.function, heal_code)
+    return SentinelVerdict(classified.scenario, classified.rule, fix.function, heal_code)
