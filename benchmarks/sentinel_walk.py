@@ -124,7 +124,7 @@ def measure(shape: gpt.Shape, steps: int, repeat: int, profile: bool) -> Timing:
             if profile:
                 _profile(lambda: examine(*roots, packages=PACKAGES, backend=backend))
         named = tuple(
-            item.dotted + (" (lru cache)" if item.cached else "")
+            item.name.dotted + (" (lru cache)" if item.cached else "")
             + (f" (written by the step first: {item.written_by_step})" if item.written_by_step else "")
             for item in report.unsafe
         )

@@ -67,7 +67,7 @@ def _entry(holder: Holder, root: str) -> dict:
     """One holder: its names, kind, definition, and the functions of its sites (where the audit
     reads it against the rules' frame fields), paths relative to the release's folder."""
     sites = (holder.definition, *holder.writers, *holder.readers)
-    return {"module": holder.module, "class": holder.owner, "name": holder.variable, "kind": holder.kind,
+    return {"module": holder.name.module, "class": holder.name.owner, "name": holder.name.variable, "kind": holder.kind,
             "defined": f"{holder.definition.file.removeprefix(root)}:{holder.definition.line}",
             "sites": sorted({f"{site.file.removeprefix(root)}:{site.function or '<module>'}" for site in sites})}
 

@@ -23,7 +23,7 @@ from test_rules_shipped import release_root
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.argument_releases import ARGUMENTS_FILE, DumpFit, NoDecision, dump_releases
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.report.diagnosis import to_json
+from unsafe_doctor.report.diagnosis import diagnosis_json
 from unsafe_doctor.source.index import index_folder, pinned_releases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,7 +243,7 @@ def test_an_untraced_log_names_the_release_its_dump_fits_in_the_summary_json_and
     diagnosis = diagnose([str(LOGS / "release-0.17.0-v26-layer-wise-tracker.log")], groundwork(log_only=True))
     assert diagnosis.context.environment.job_releases()["megatron-core"] == (
         (Version("0.17.0"),), "the release the arguments dump fits")
-    report = to_json(diagnosis)
+    report = diagnosis_json(diagnosis)
     assert report["summary"]["frameworks"]["megatron-core"] == {
         "version": "0.17.0", "from": "the arguments dump (megatron-core 0.17.0, from the arguments dump)"}
     assert diagnosis.untraced is not None
@@ -279,7 +279,7 @@ def test_a_traced_finding_whose_frames_fit_no_release_takes_its_rule_for_the_dum
                                  for before, line in zip(["", *lines[:-1]], lines, strict=True)) + "\n")
     diagnosis = diagnose([str(patched)], groundwork(log_only=True))
     assert "megatron-core" not in diagnosis.context.workspace.releases  # no frame fits a release
-    (finding,) = to_json(diagnosis)["findings"]
+    (finding,) = diagnosis_json(diagnosis)["findings"]
     assert finding["rule"] == "megatron.moe-aux-losses-tracker"
     assert "rule chosen for megatron-core 0.7.0, from the arguments dump" in finding["notes"]
     assert not any("version unknown" in note for note in finding["notes"])

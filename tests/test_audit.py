@@ -55,11 +55,11 @@ def package(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def names(result: Audit) -> set[str]:
-    return {item.holder.name for item in result.holders}
+    return {item.holder.name.dotted for item in result.holders}
 
 
 def held(result: Audit, name: str) -> AuditedHolder:
-    found = [item for item in result.holders if item.holder.name == name]
+    found = [item for item in result.holders if item.holder.name.dotted == name]
     assert found, f"{name} not among {sorted(names(result))}"
     return found[0]
 
@@ -201,11 +201,12 @@ def test_fix_then_audit_covers_every_fixed_megatron_global(audited, megatron_cor
     shutil.copytree(IN_TREE, tmp_path / "in_tree")
     adaptor = tmp_path / "in_tree" / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
     before = audit([megatron_core("0.12.1")], adaptor=adaptor)
-    fixed = {item.holder.name for item in before.fixable}
+    fixed = {item.holder.name.dotted for item in before.fixable}
     assert {GMB, MTP, f"{ROUTER}.expert_bias", f"{ROUTER}.local_tokens_per_expert"} <= fixed
     apply(plan_fixes(before))
     after = audit([megatron_core("0.12.1")], adaptor=adaptor)
-    assert {item.holder.name: item.coverage.status for item in after.holders if item.holder.name in fixed} == dict.fromkeys(
+    statuses = {item.holder.name.dotted: item.coverage.status for item in after.holders}
+    assert {name: status for name, status in statuses.items() if name in fixed} == dict.fromkeys(
         fixed, "covered"
     )
     assert held(after, f"{ROUTER}.expert_bias").coverage.how == "repaired"
@@ -293,11 +294,11 @@ def test_a_global_only_a_checkpoint_converter_uses_is_left_out_and_said(tmp_path
     assert result.conversion_only == ("pkg.convert_hf2mg.OUTPUT_WEIGHTS",)
     assert names(result) == {"pkg.convert_shared.SHARED"}  # read by training: kept, converter or not
     console = Console(width=300, file=io.StringIO(), record=True)
-    console.print(audit_report.to_text(result, 0.0))
+    console.print(audit_report.audit_text(result, 0.0))
     text = console.export_text()
     assert "left out 1 global that only a checkpoint converter writes and reads" in text
     assert "pkg.convert_hf2mg.OUTPUT_WEIGHTS" in text
-    assert audit_report.to_json(result)["conversion_only"] == ["pkg.convert_hf2mg.OUTPUT_WEIGHTS"]
+    assert audit_report.audit_json(result)["conversion_only"] == ["pkg.convert_hf2mg.OUTPUT_WEIGHTS"]
     rules = tmp_path / "converter_rule.yaml"
     rules.write_text(textwrap.dedent("""\
         rules:
@@ -332,7 +333,7 @@ def test_placement_of_each_way_a_tensor_is_made(tmp_path):
             G[0] = torch.tensor(1.0)
         """})
     result = audit([tree])
-    placements = {item.holder.variable: item.holder.placement for item in result.holders}
+    placements = {item.holder.name.variable: item.holder.placement for item in result.holders}
     assert placements == {"A": "device", "B": "device", "C": "device", "D": "unknown", "E": "unknown"}
 
 
@@ -542,7 +543,7 @@ def test_cached_functions_returning_tensors(tmp_path):
             return torch.ones(n, device="cuda")
         """})
     result = audit([tree])
-    assert {item.holder.name: item.holder.placement for item in result.holders} == {
+    assert {item.holder.name.dotted: item.holder.placement for item in result.holders} == {
         "pkg.masks.causal_mask": "device",
         "pkg.masks.rotary": "unknown",  # by its `-> torch.Tensor` annotation
     }
@@ -576,7 +577,7 @@ def test_buffers_updated_in_place_and_not_those_only_read(tmp_path):
                 self.bias.data = self.bias.data.to(torch.float32)
         """})
     result = audit([tree])
-    assert {item.holder.name: item.holder.placement for item in result.holders} == {
+    assert {item.holder.name.dotted: item.holder.placement for item in result.holders} == {
         "pkg.router.Router.counts": "device",
         "pkg.router.Router.bias": "unknown",  # made on the CPU: the module moves its buffers
     }
@@ -737,7 +738,7 @@ def test_buffer_reached_by_walking_modules_with_isinstance(tmp_path):
 
 def test_toytrain_globals_classified_by_heuristics():
     result = audit([TOYTRAIN], adaptor=TOYTRAIN / "recovery.py")
-    verdicts = {item.holder.variable: (item.classification.scenario, item.classification.rule) for item in result.holders}
+    verdicts = {item.holder.name.variable: (item.classification.scenario, item.classification.rule) for item in result.holders}
     assert verdicts == {"LOSS_LOG": (1, None), "_EMA_GRAD_NORM": (2, None)}
     assert {item.coverage.status for item in result.holders} == {"uncovered"}
 
@@ -772,7 +773,7 @@ def test_fix_every_uncovered_global_at_once_then_audit_clean(tmp_path):
     assert diff.count("# unsafe-doctor: begin ") == 3  # LOSS_LOG in rollback, _EMA_GRAD_NORM in send and recv
     apply(plan)
     after = audit([framework / "toytrain"], adaptor=adaptor)
-    assert {item.holder.variable: (item.coverage.status, item.coverage.how) for item in after.holders} == {
+    assert {item.holder.name.variable: (item.coverage.status, item.coverage.how) for item in after.holders} == {
         "LOSS_LOG": ("covered", "rebuilt"),
         "_EMA_GRAD_NORM": ("covered", "repaired"),
     }

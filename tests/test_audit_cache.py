@@ -45,11 +45,11 @@ def written(path: Path, text: str) -> None:
 
 
 def report(result) -> str:
-    return audit_report.to_json(result)
+    return audit_report.audit_json(result)
 
 
 def names(result) -> set[str]:
-    return {item.holder.name for item in result.holders}
+    return {item.holder.name.dotted for item in result.holders}
 
 
 def test_the_same_audit_again_comes_from_the_cache_with_the_same_report(tmp_path):
@@ -344,5 +344,5 @@ def test_the_real_megatron_core_audit_is_the_same_from_the_cache(tmp_path):
     first = audit([core], adaptor=adaptor, cache=tmp_path / "cache")
     again = audit([core], adaptor=adaptor, cache=tmp_path / "cache")
     assert again.cache.use == "hit" and report(again) == report(first)
-    sarif = audit_report.to_sarif
+    sarif = audit_report.audit_sarif
     assert sarif(again, plan_fixes_per_holder(again)) == sarif(first, plan_fixes_per_holder(first))

@@ -23,7 +23,7 @@ LLM = Path("mindspeed-llm-master", "mindspeed_llm")
 @pytest.fixture(scope="session")  # once per xdist worker; "module" rebuilds it each time other files' tests come between
 def found(real) -> dict[str, object]:
     result = audit([real / MINDSPEED, real / LLM])
-    return {item.holder.name: item for item in result.holders}
+    return {item.holder.name.dotted: item for item in result.holders}
 
 
 @pytest.mark.parametrize(
@@ -114,7 +114,7 @@ def test_every_global_a_shipped_rule_names_in_megatron_core_is_found_with_its_ru
     """On the installed megatron-core 0.16.1 (the test extra's): instance attributes of classes that
     are no singleton (`self.inv_freq`, `self.found_inf`) included."""
     megatron = Path(sysconfig.get_paths()["purelib"]) / "megatron" / "core"
-    audited = {item.holder.name: item for item in audit([megatron]).holders}
+    audited = {item.holder.name.dotted: item for item in audit([megatron]).holders}
     rules = {name: getattr(audited[name].classification, "rule", None) for name in MEGATRON_RULE_GLOBALS if name in audited}
     assert rules == MEGATRON_RULE_GLOBALS
 
@@ -123,6 +123,6 @@ def test_yarn_cos_and_sin_caches_rebuilt_at_run_time_are_found():
     """YarnRotaryEmbedding registers cos_cached / sin_cached again when a longer sequence comes: a
     buffer registered outside __init__ is a cache kept across steps."""
     megatron = Path(sysconfig.get_paths()["purelib"]) / "megatron" / "core" / "models" / "common" / "embeddings"
-    audited = {item.holder.name: item.holder for item in audit([megatron]).holders}
+    audited = {item.holder.name.dotted: item.holder for item in audit([megatron]).holders}
     yarn = "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding.YarnRotaryEmbedding"
     assert {audited[f"{yarn}.cos_cached"].kind, audited[f"{yarn}.sin_cached"].kind} == {"buffer"}

@@ -35,6 +35,7 @@ from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.rules import DEST_RANK, SOURCE_RANK, Rule, RuleMatch, Template
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.knowledge.versions import Environment
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.npu.backend import EmulatedBackend
 from unsafe_doctor.source.workspace import Workspace
@@ -64,9 +65,9 @@ class Case:
 
     @property
     def id(self) -> str:
-        owner = self.subject.tensor.owner if self.subject.tensor else None
+        owner = self.subject.tensor.name.owner if self.subject.tensor else None
         kind = "cached" if self.subject.tensor and self.subject.tensor.cached else ""
-        variable = self.subject.tensor.variable if self.subject.tensor else None
+        variable = self.subject.tensor.name.variable if self.subject.tensor else None
         parts = (self.fixer.id, owner, kind, variable, self.side.replace("_code", ""), self.state)
         return "-".join(part for part in parts if part)
 
@@ -96,7 +97,7 @@ def rule_subject(rule: Rule) -> Subject:
     file = concrete(block.file, f"/src/{module.replace('.', '/')}.py")
     expression = ".".join(part for part in (block.owner, variable) if part)
     frame = Frame(file, 1, concrete(block.function, "step"), None)
-    return Subject(TensorRef(expression, variable, module, block.owner), frame, file)
+    return Subject(TensorRef(expression, GlobalName(module, block.owner, variable)), frame, file)
 
 
 def sides(scenario: int) -> tuple[str, ...]:
@@ -109,7 +110,7 @@ def cases() -> Iterator[Case]:
             typed = kind in ("tensor", "dict", "list")  # module-level assignments: never owned, never absent
             for owner in (None,) if typed else (None, "Holder"):
                 file = str(SOURCE_ROOT / f"{HOLDER}.py")
-                subject = Subject.of_global(HOLDER, KIND_GLOBALS[kind], owner, file, 1, cached=kind == "lru-cache")
+                subject = Subject.of_global(GlobalName(HOLDER, owner, KIND_GLOBALS[kind]), file, 1, cached=kind == "lru-cache")
                 for side in sides(template.scenario):
                     yield from (Case(template, subject, side, state) for state in STATES if not (typed and state == "absent"))
     for rule in KNOWLEDGE.rules:
@@ -196,7 +197,7 @@ def bare_instance(cls: type) -> object:
 def global_names(case: Case, body: str) -> list[str]:
     """The names the fix reads from its holders: the match blocks' and those it reads with getattr."""
     names = [name for block in getattr(case.fixer, "matches", ()) for name in block_names(block)]
-    names += [case.subject.tensor.variable] if case.subject.tensor and case.subject.tensor.variable else []
+    names += [case.subject.tensor.name.variable] if case.subject.tensor and case.subject.tensor.name.variable else []
     names += [
         node.args[1].value
         for node in ast.walk(ast.parse(body))
@@ -235,8 +236,8 @@ def test_block_does_nothing_on_absent_state(case, monkeypatch):
     plan = rendered(case)
     body = getattr(plan, case.side)
     namespace, holders = imported_holders(plan, body, monkeypatch)
-    if isinstance(case.fixer, Template) and case.subject.tensor and case.subject.tensor.owner:
-        holders.append(getattr(sys.modules[case.subject.tensor.module], case.subject.tensor.owner))
+    if isinstance(case.fixer, Template) and case.subject.tensor and case.subject.tensor.name.owner:
+        holders.append(getattr(sys.modules[case.subject.tensor.name.module], case.subject.tensor.name.owner))
     holders += [bare_instance(holder) for holder in holders if isinstance(holder, type)]
     if "train_args" in body and all(isinstance(holder, (type, types.ModuleType, torch.nn.Module)) for holder in holders):
         holders.append(types.SimpleNamespace())  # the optimizer train_args hands a fix that imports no class for it

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.sentinel_lines import UnsafeGlobal, format_line
 
 
@@ -102,7 +103,7 @@ def test_clean_log_exits_zero_and_says_so(tmp_path):
 
 
 SENTINEL_LINE = format_line(
-    UnsafeGlobal(3, "emulated", "megatron.core.parallel_state", None, "_GLOBAL_MEMORY_BUFFER", 2, (), 1, None, None)
+    UnsafeGlobal(3, "emulated", GlobalName("megatron.core.parallel_state", None, "_GLOBAL_MEMORY_BUFFER"), 2, (), 1, None, None)
 )
 
 

@@ -68,7 +68,7 @@ def test_highlighted_code_on_a_colour_terminal_is_whole_too(columns):
     console = Console(width=columns, force_terminal=True, color_system="truecolor", record=False)
     previews = [preview(item, diagnosis.context) for item in diagnosis.findings]
     with console.capture() as capture:
-        console.print(diagnosis_report.to_text(diagnosis, 0.0, previews), crop=False)
+        console.print(diagnosis_report.diagnosis_text(diagnosis, 0.0, previews), crop=False)
     assert "\x1b[" in capture.get()  # highlighted
     shown = ANSI.sub("", capture.get()).splitlines()
     for line in lines:

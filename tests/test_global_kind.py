@@ -9,6 +9,7 @@ import pytest
 
 from unsafe_doctor.knowledge.classify import global_kind
 from unsafe_doctor.knowledge.subject import Subject
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.source.workspace import Workspace
 
 CASES = {
@@ -37,5 +38,5 @@ CASES = {
 def test_the_kind_comes_from_the_annotation_and_the_values(case, tmp_path):
     text, kind = CASES[case]
     (tmp_path / "state.py").write_text(textwrap.dedent(text))
-    subject = Subject.of_global("state", "_EMA", None, str(tmp_path / "state.py"), 1)
+    subject = Subject.of_global(GlobalName("state", None, "_EMA"), str(tmp_path / "state.py"), 1)
     assert global_kind(subject, Workspace([tmp_path])) == kind

@@ -15,9 +15,9 @@ from conftest import ROUTER_MODULE
 
 from unsafe_doctor.audit.halves import Worker, _Claims, _has_ended, shared_out
 from unsafe_doctor.audit.run import _scan_share
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.recovery_code.index import Index, audited_files
 from unsafe_doctor.recovery_code.names import Accessors
-from unsafe_doctor.recovery_code.refs import HolderKey
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 two_cores = pytest.mark.skipif(CORES < 2 or not hasattr(os, "fork"), reason="one core: no copy is forked")
@@ -208,4 +208,4 @@ def test_a_share_that_claims_only_a_file_read_ahead_still_scans_it(tmp_path, cop
     worker = Worker(copy, lambda item: item == router, lambda: None)  # the other process took every other file
     share = _scan_share(files, position, index, Accessors(index), (), worker)
     assert [path.name for path in share.added] == ["router.py"]
-    assert HolderKey("pkg.router", "Router", "counts") in share.found.buffers
+    assert GlobalName("pkg.router", "Router", "counts") in share.found.buffers

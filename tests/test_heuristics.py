@@ -1,4 +1,4 @@
-"""judge(): scenario 1 / 2 evidence read from source, on fixture trees, the toy trainer and megatron-core."""
+"""judge_by_source(): scenario 1 / 2 evidence read from source, on fixture trees, the toy trainer and megatron-core."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unsafe_doctor.diagnose.locate import locate
-from unsafe_doctor.knowledge.heuristics import Verdict, judge
+from unsafe_doctor.knowledge.heuristics import HeuristicVerdict, judge_by_source
 from unsafe_doctor.knowledge.heuristics.gather import MAX_FILES
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.tracebacks import Frame, Traceback
 from unsafe_doctor.source.workspace import Workspace
 
@@ -60,12 +61,12 @@ def located(path: Path, function: str, source: str, roots: tuple[Path, ...] = ()
     return finding.subject
 
 
-def evidence_at(verdict: Verdict) -> list[tuple[Path, int, str]]:
+def evidence_at(verdict: HeuristicVerdict) -> list[tuple[Path, int, str]]:
     """Evidence as (resolved file, line, what): paths outside a source root are shown as found."""
     return [(Path(evidence.file).resolve(), evidence.line, evidence.text) for evidence in verdict.evidence]
 
 
-def shown(verdict: Verdict) -> tuple[str, ...]:
+def shown(verdict: HeuristicVerdict) -> tuple[str, ...]:
     """Evidence as the report prints it: "file:line: what"."""
     return tuple(map(str, verdict.evidence))
 
@@ -86,8 +87,8 @@ LOG_LINE = 'writer.add_scalar("loss", state._LOSS_SUM[0].item(), iteration)'
 def test_accumulator_zeroed_every_step_is_scenario_1():
     state, train = ACCUMULATOR / "accfw" / "state.py", ACCUMULATOR / "accfw" / "train.py"
     subject = located(state, "add_loss", "_LOSS_SUM[index] += loss.detach()", (ACCUMULATOR,))
-    assert subject.tensor == TensorRef("_LOSS_SUM[index]", "_LOSS_SUM", "accfw.state", None)
-    verdict = judge(subject, Workspace((ACCUMULATOR,)))
+    assert subject.tensor == TensorRef("_LOSS_SUM[index]", GlobalName("accfw.state", None, "_LOSS_SUM"))
+    verdict = judge_by_source(subject, Workspace((ACCUMULATOR,)))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
     assert shown(verdict) == (
         f"accfw/state.py:{line_of(state, '_LOSS_SUM.zero_()')}: reset in reset_loss_sum(): `_LOSS_SUM.zero_()`",
@@ -105,7 +106,7 @@ def test_accumulator_zeroed_every_step_is_scenario_1():
 def test_logging_dict_cleared_by_the_logging_step_is_scenario_1():
     metrics = LOGDICT / "logfw" / "metrics.py"
     culprit = "_STEP_METRICS[name] = _STEP_METRICS.get(name, 0) + value.detach()"
-    verdict = judge(located(metrics, "save_metric", culprit, (LOGDICT,)), Workspace((LOGDICT,)))
+    verdict = judge_by_source(located(metrics, "save_metric", culprit, (LOGDICT,)), Workspace((LOGDICT,)))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
     assert shown(verdict) == (
         f"logfw/metrics.py:{line_of(metrics, '_STEP_METRICS.clear()')}: reset every logging step in log_metrics(): "
@@ -119,7 +120,7 @@ def test_logging_dict_cleared_by_the_logging_step_is_scenario_1():
 def test_moving_average_updated_from_itself_and_scaling_the_loss_is_scenario_2():
     scaling = EMA / "emafw" / "scaling.py"
     culprit = "return loss / _GRAD_NORM_EMA.clamp(min=1e-6)"
-    verdict = judge(located(scaling, "scaled_loss", culprit, (EMA,)), Workspace((EMA,)))
+    verdict = judge_by_source(located(scaling, "scaled_loss", culprit, (EMA,)), Workspace((EMA,)))
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     update = "_GRAD_NORM_EMA = _GRAD_NORM_EMA * decay + (1 - decay) * grad_norm.detach()"
     assert shown(verdict) == (
@@ -134,8 +135,8 @@ def test_moving_average_updated_from_itself_and_scaling_the_loss_is_scenario_2()
 def test_persistent_buffer_updated_in_place_is_scenario_2():
     norm = BUFFER / "buffw" / "norm.py"
     subject = located(norm, "forward", "return x - self.running_mean", (BUFFER,))
-    assert subject.tensor == TensorRef("self.running_mean", "running_mean", "buffw.norm", "RunningNorm")
-    verdict = judge(subject, Workspace((BUFFER,)))
+    assert subject.tensor == TensorRef("self.running_mean", GlobalName("buffw.norm", "RunningNorm", "running_mean"))
+    verdict = judge_by_source(subject, Workspace((BUFFER,)))
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     update = "self.running_mean.mul_(1 - self.momentum).add_(self.momentum * x.mean(0))"
     register = 'self.register_buffer("running_mean", torch.zeros(dim))'
@@ -148,7 +149,7 @@ def test_persistent_buffer_updated_in_place_is_scenario_2():
 def test_mixed_evidence_is_low_confidence_and_shows_both_sides():
     balance = MIXED / "mixfw" / "balance.py"
     subject = located(balance, "balance_loss", "share = _EXPERT_COUNTS / _EXPERT_COUNTS.sum()", (MIXED,))
-    verdict = judge(subject, Workspace((MIXED,)))
+    verdict = judge_by_source(subject, Workspace((MIXED,)))
     # Zeroed at the start of every step, so recomputed each step, but also turned into a loss.
     assert (verdict.scenario, verdict.confidence) == (1, "low")
     assert verdict.reason.endswith("; but it is read to compute training values: check by hand.")
@@ -158,8 +159,8 @@ def test_mixed_evidence_is_low_confidence_and_shows_both_sides():
 
 def test_nothing_found_says_what_to_check():
     table = NOTHING / "nothfw" / "table.py"
-    verdict = judge(located(table, "positions", "return _POSITION_TABLE[:length]", (NOTHING,)), Workspace((NOTHING,)))
-    assert verdict == Verdict(
+    verdict = judge_by_source(located(table, "positions", "return _POSITION_TABLE[:length]", (NOTHING,)), Workspace((NOTHING,)))
+    assert verdict == HeuristicVerdict(
         None, None,
         "Found no reset and no carried state for _POSITION_TABLE in nothfw/table.py: check whether it depends on "
         "training iterations.",
@@ -171,9 +172,9 @@ def test_nothing_found_says_what_to_check():
 def test_missing_source_asks_for_a_source_root(roots):
     frame = Frame("/job/ghostfw/state.py", 12, "step", "_GHOST_BUFFER.zero_()")
     [finding] = locate([unsafe(frame)], Workspace(roots))
-    assert finding.tensor.variable == "_GHOST_BUFFER"
-    verdict = judge(finding.subject, Workspace(roots))
-    assert verdict == Verdict(
+    assert finding.tensor.name.variable == "_GHOST_BUFFER"
+    verdict = judge_by_source(finding.subject, Workspace(roots))
+    assert verdict == HeuristicVerdict(
         None, None, "Could not read the source of _GHOST_BUFFER: pass --source-root pointing at the training code.", ()
     )
 
@@ -182,8 +183,8 @@ def test_a_tensor_the_log_does_not_name_gets_no_verdict():
     frame = Frame("/job/ModelLink/megatron/core/transformer/moe/gone_utils.py", 907, "clear_aux_losses_tracker",
                   'tracker[name]["values"].zero_()')
     [finding] = locate([unsafe(frame)], Workspace(()))
-    assert finding.tensor.variable is None
-    verdict = judge(finding.subject, Workspace(()))
+    assert finding.tensor.name.variable is None
+    verdict = judge_by_source(finding.subject, Workspace(()))
     assert verdict.scenario is None and shown(verdict) == ()
     assert verdict.reason.startswith("The log does not name the global behind tracker[name]")
 
@@ -200,8 +201,8 @@ NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True)
 )
 def test_judge_never_raises_on_arbitrary_names(tmp_path, variable, module, owner, culprit):
     frame = Frame(culprit, 1, "f", None) if culprit is not None else None
-    subject = Subject(TensorRef(variable, variable, module, owner), frame, None)
-    verdict = judge(subject, Workspace((tmp_path,)))
+    subject = Subject(TensorRef(variable, GlobalName(module, owner, variable)), frame, None)
+    verdict = judge_by_source(subject, Workspace((tmp_path,)))
     assert verdict.scenario in (None, 1, 2) and verdict.reason
 
 
@@ -308,8 +309,8 @@ def test_single_rule(tmp_path, code, scenario, expected):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "mod.py").write_text("import functools\nimport torch\n" + textwrap.dedent(code))
-    subject = Subject(TensorRef("_X", "_X", "pkg.mod", None), None, None)
-    verdict = judge(subject, Workspace((tmp_path,)))
+    subject = Subject(TensorRef("_X", GlobalName("pkg.mod", None, "_X")), None, None)
+    verdict = judge_by_source(subject, Workspace((tmp_path,)))
     assert verdict.scenario == scenario
     whats = [what for _, _, what in evidence_at(verdict)]
     assert [what.split(":")[0] for what in whats] == expected
@@ -323,7 +324,7 @@ def _tree(root: Path, files: dict[str, str]) -> None:
         (root / relative).write_text(textwrap.dedent(text))
 
 
-SCRATCH = Subject(TensorRef("_SCRATCH", "_SCRATCH", "scopefw.state", None), None, None)
+SCRATCH = Subject(TensorRef("_SCRATCH", GlobalName("scopefw.state", None, "_SCRATCH")), None, None)
 RESET_IN_TRAIN_STEP = """
     from scopefw import state
     def train_step():
@@ -341,10 +342,10 @@ def test_only_the_package_and_source_roots_are_searched_skipping_tests_and_envir
         "venv/train.py": RESET_IN_TRAIN_STEP,
     })
     _tree(elsewhere, {"train.py": RESET_IN_TRAIN_STEP})
-    verdict = judge(SCRATCH, Workspace((root,)))
+    verdict = judge_by_source(SCRATCH, Workspace((root,)))
     assert verdict.scenario is None
     assert verdict.reason.startswith("Found no reset and no carried state for _SCRATCH in scopefw/state.py")
-    verdict = judge(SCRATCH, Workspace((root, elsewhere)))
+    verdict = judge_by_source(SCRATCH, Workspace((root, elsewhere)))
     assert verdict.scenario == 1
     assert shown(verdict) == ("train.py:4: reset every iteration in train_step(): `state._SCRATCH.zero_()`",)
 
@@ -354,7 +355,7 @@ def test_search_stops_after_max_files_and_says_so(tmp_path):
                      "zzz/train.py": RESET_IN_TRAIN_STEP})
     for index in range(MAX_FILES):
         (tmp_path / "aaa" / f"m{index:04}.py").write_text("")
-    verdict = judge(SCRATCH, Workspace((tmp_path,)))
+    verdict = judge_by_source(SCRATCH, Workspace((tmp_path,)))
     assert verdict.scenario is None
     assert verdict.reason.endswith(f"(searched the first {MAX_FILES:,} files only).")
 
@@ -363,7 +364,8 @@ def test_search_stops_after_max_files_and_says_so(tmp_path):
 
 def test_toytrain_loss_log_is_scenario_1():
     state, train = TOYTRAIN / "toytrain" / "state.py", TOYTRAIN / "toytrain" / "train.py"
-    verdict = judge(located(state, "record_loss", "LOSS_LOG[name] += loss.detach()", (TOYTRAIN,)), Workspace((TOYTRAIN,)))
+    subject = located(state, "record_loss", "LOSS_LOG[name] += loss.detach()", (TOYTRAIN,))
+    verdict = judge_by_source(subject, Workspace((TOYTRAIN,)))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
     assert shown(verdict)[:2] == (
         f"toytrain/state.py:{line_of(state, 'value.zero_()')}: reset in reset_loss_log(): `value.zero_()`",
@@ -375,7 +377,7 @@ def test_toytrain_loss_log_is_scenario_1():
 def test_toytrain_gradient_norm_average_is_scenario_2():
     train = TOYTRAIN / "toytrain" / "train.py"
     culprit = "max_norm = CLIP_FACTOR * state._EMA_GRAD_NORM"
-    verdict = judge(located(train, "clip_gradients", culprit, (TOYTRAIN,)), Workspace((TOYTRAIN,)))
+    verdict = judge_by_source(located(train, "clip_gradients", culprit, (TOYTRAIN,)), Workspace((TOYTRAIN,)))
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     update = "state._EMA_GRAD_NORM.mul_(EMA_DECAY).add_(grad_norm, alpha=1 - EMA_DECAY)"
     assert shown(verdict)[0] == (
@@ -402,8 +404,8 @@ def expert_bias_subject() -> Subject:
 
 def test_megatron_moe_logging_tracker_is_scenario_1_cleared_by_clear_aux_losses_tracker():
     subject = tracker_subject()
-    assert subject.tensor.variable == "_MOE_LAYER_WISE_LOGGING_TRACKER"
-    verdict = judge(subject, Workspace(()))
+    assert subject.tensor.name.variable == "_MOE_LAYER_WISE_LOGGING_TRACKER"
+    verdict = judge_by_source(subject, Workspace(()))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
     moe_utils = (MOE / "moe_utils.py").resolve()
     zero = line_of(moe_utils, 'tracker[name]["values"].zero_()')
@@ -422,8 +424,8 @@ def test_megatron_moe_logging_tracker_is_scenario_1_cleared_by_clear_aux_losses_
 
 def test_megatron_router_expert_bias_is_scenario_2_updated_by_update_router_expert_bias():
     subject = expert_bias_subject()
-    assert subject.tensor.owner == "TopKRouter"
-    verdict = judge(subject, Workspace(()))
+    assert subject.tensor.name.owner == "TopKRouter"
+    verdict = judge_by_source(subject, Workspace(()))
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     router = (MOE / "router.py").resolve()
     register = line_of(router, "'expert_bias',") - 1  # self.register_buffer(\n 'expert_bias', ...
@@ -439,7 +441,7 @@ def test_megatron_router_expert_bias_is_scenario_2_updated_by_update_router_expe
 
 def test_megatron_router_token_counts_are_scenario_1_zeroed_every_step():
     source = "self.local_tokens_per_expert += routing_map.sum(dim=0)"
-    verdict = judge(located(MOE / "router.py", "_apply_expert_bias", source), Workspace(()))
+    verdict = judge_by_source(located(MOE / "router.py", "_apply_expert_bias", source), Workspace(()))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
     assert evidence_at(verdict)[:2] == [
         (FINALIZE.resolve(), line_of(FINALIZE, "module.local_tokens_per_expert.zero_()"),
@@ -450,9 +452,9 @@ def test_megatron_router_token_counts_are_scenario_1_zeroed_every_step():
 
 
 def test_megatron_faq_tracker_name_is_absent_from_this_version():
-    tensor = TensorRef("parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]", "_MOE_AUX_LOSSES_LOGGING_TRACKER",
-                       "megatron.core.parallel_state", None)
-    verdict = judge(Subject(tensor, None, None), Workspace(()))
+    name = GlobalName("megatron.core.parallel_state", None, "_MOE_AUX_LOSSES_LOGGING_TRACKER")
+    tensor = TensorRef("parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]", name)
+    verdict = judge_by_source(Subject(tensor, None, None), Workspace(()))
     assert verdict.scenario is None
     assert verdict.reason == (
         f"Found no reset and no carried state for _MOE_AUX_LOSSES_LOGGING_TRACKER in {CORE / 'parallel_state.py'}: "
@@ -464,25 +466,26 @@ def test_megatron_faq_tracker_name_is_absent_from_this_version():
 def test_judging_a_megatron_finding_gives_the_same_evidence_in_the_same_order_every_time(make):
     """Speed is measured by benchmarks/, not asserted here."""
     subject = make()
-    first = judge(subject, Workspace(()))
+    first = judge_by_source(subject, Workspace(()))
     assert first.evidence
-    assert judge(subject, Workspace(())) == first
+    assert judge_by_source(subject, Workspace(())) == first
 
 
 def test_judging_imports_neither_torch_nor_megatron():
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from unsafe_doctor.knowledge.heuristics import judge
+        from unsafe_doctor.knowledge.heuristics import judge_by_source
         from unsafe_doctor.source.workspace import Workspace
         from unsafe_doctor.knowledge.subject import Subject, TensorRef
+        from unsafe_doctor.log.global_name import GlobalName
         for variable, module, owner in [
             ("_MOE_LAYER_WISE_LOGGING_TRACKER", "megatron.core.transformer.moe.moe_utils", None),
             ("expert_bias", "megatron.core.transformer.moe.router", "TopKRouter"),
             ("_EMA_GRAD_NORM", "toytrain.state", None),
         ]:
-            tensor = TensorRef(variable, variable, module, owner)
-            verdict = judge(Subject(tensor, None, None), Workspace((Path({str(TOYTRAIN)!r}),)))
+            tensor = TensorRef(variable, GlobalName(module, owner, variable))
+            verdict = judge_by_source(Subject(tensor, None, None), Workspace((Path({str(TOYTRAIN)!r}),)))
             assert verdict.scenario in (1, 2), verdict
         loaded = [name for name in sys.modules if name.split(".")[0] in ("torch", "megatron", "toytrain")]
         assert not loaded, loaded

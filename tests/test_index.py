@@ -251,7 +251,7 @@ def test_the_index_names_the_same_global_as_the_real_file_for_every_statement(re
     def named(findings):
         return {
             (finding.culprit.line if finding.culprit else None): (
-                (finding.tensor.variable, finding.tensor.module, finding.tensor.owner, finding.tensor.cached)
+                (finding.tensor.name.variable, finding.tensor.name.module, finding.tensor.name.owner, finding.tensor.cached)
                 if finding.tensor else None
             )
             for finding in findings

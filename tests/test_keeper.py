@@ -349,7 +349,7 @@ def test_diagnose_locates_the_raising_frame_in_what_mindio_printed(runs, to, tmp
     finding = diagnosed.finding
     assert finding.culprit is not None and finding.tensor is not None
     assert (finding.culprit.file, finding.culprit.line, finding.culprit.function) == (runs.job_file, 7, "record_loss")
-    assert (finding.tensor.module, finding.tensor.variable) == ("lossjob", "LOSS_LOG")
+    assert (finding.tensor.name.module, finding.tensor.name.variable) == ("lossjob", "LOSS_LOG")
     assert finding.ranks == (RANK,)
     assert diagnosis.untraced_ranks == ()
 

@@ -173,3 +173,81 @@ def test_no_module_imports_a_private_module_of_rich():
             elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rich._"):
                 private.append(f"{name} imports {node.module}")
     assert private == []
+
+
+def _defined_names(tree: ast.Module) -> set[str]:
+    """The public classes and functions a module defines at its top level."""
+    kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {node.name for node in tree.body if isinstance(node, kinds) and not node.name.startswith("_")}
+
+
+def _twins(modules: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each name defined by more than one module, with the modules."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for module, names in sorted(modules.items()):
+        for name in names:
+            where[name].append(module)
+    return {name: found for name, found in sorted(where.items()) if len(found) > 1}
+
+
+def test_each_public_class_and_function_name_is_defined_once():
+    """One name, one definition: a reader (or grep) finding `Verdict` must not have to ask whose."""
+    defined = {name: _defined_names(ast.parse(path.read_text())) for name, path in MODULES.items()}
+    assert _twins(defined) == {}
+
+
+# The parts of a global's name: only GlobalName holds all three, so only it joins them.
+NAME_PARTS = {"module", "owner", "variable"}
+GLOBAL_NAME_MODULE = "unsafe_doctor.log.global_name"
+# Classes that have all three for a reason of their own, each with it.
+NAME_PARTS_KEPT = {
+    "unsafe_doctor.knowledge.rules.RuleMatch": "a rule's match as the knowledge files write it: its module may "
+    "be a glob and its variable a pattern (variable_regex), a matcher rather than a name",
+}
+
+
+def _attributes(cls: ast.ClassDef) -> set[str]:
+    """What a class holds: its annotated and assigned names, its properties, and what its methods set on self."""
+    found = set()
+    for statement in cls.body:
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+            found.add(statement.target.id)
+        elif isinstance(statement, ast.Assign):
+            found |= {target.id for target in statement.targets if isinstance(target, ast.Name)}
+        elif isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+            isinstance(decorator, ast.Name) and decorator.id == "property" for decorator in statement.decorator_list
+        ):
+            found.add(statement.name)
+    for node in ast.walk(cls):
+        if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name) and node.value.id == "self"):
+            found.add(node.attr)
+    return found
+
+
+def _classes_with_name_parts(modules: dict[str, ast.Module]) -> list[str]:
+    return sorted(
+        f"{module}.{node.name}"
+        for module, tree in modules.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and NAME_PARTS <= _attributes(node)
+    )
+
+
+def test_only_global_name_holds_a_globals_module_owner_and_variable():
+    """Every stage names a global with log.global_name.GlobalName: no class keeps its own three parts
+    (and so its own `.dotted`)."""
+    trees = {name: ast.parse(path.read_text()) for name, path in MODULES.items() if name != GLOBAL_NAME_MODULE}
+    assert [name for name in _classes_with_name_parts(trees) if name not in NAME_PARTS_KEPT] == []
+    assert {"GlobalName"} <= _defined_names(ast.parse(MODULES[GLOBAL_NAME_MODULE].read_text()))
+
+
+def test_the_name_checks_see_a_twin_and_a_name_of_its_own():
+    twice = {"unsafe_doctor.a": {"Verdict", "judge"}, "unsafe_doctor.b": {"Verdict"}}
+    assert _twins(twice) == {"Verdict": ["unsafe_doctor.a", "unsafe_doctor.b"]}
+    tree = ast.parse(
+        "class Holder:\n    module: str\n    owner: str | None\n\n    @property\n    def variable(self): ...\n"
+        "class Other:\n    def __init__(self):\n        self.module = self.owner = self.variable = None\n"
+        "class Fine:\n    name: str\n"
+    )
+    assert _classes_with_name_parts({"unsafe_doctor.x": tree}) == ["unsafe_doctor.x.Holder", "unsafe_doctor.x.Other"]

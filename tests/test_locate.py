@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from unsafe_doctor.diagnose.locate import locate
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.subject import TensorRef
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.tracebacks import Frame, Marker, Traceback, parse_tracebacks
 from unsafe_doctor.source.files import is_internal_file
@@ -165,7 +166,7 @@ def test_culprit_skips_torch_stdlib_and_forwarding_wrapper_frames():
     )
     finding = only([tb(*frames)])
     assert finding.culprit == frames[1]
-    assert finding.tensor == TensorRef("_SCALE", "_SCALE", "fw.user", None)
+    assert finding.tensor == TensorRef("_SCALE", GlobalName("fw.user", None, "_SCALE"))
     assert finding.source_file == str(USER)
 
 
@@ -204,7 +205,7 @@ def test_unsafe_link_is_the_chain_link_with_the_error():
     finding = only([other, outer])
     assert finding.traceback is outer
     assert finding.unsafe is cause
-    assert finding.tensor == TensorRef("BUF[name]", "BUF", "fw.state", None)
+    assert finding.tensor == TensorRef("BUF[name]", GlobalName("fw.state", None, "BUF"))
 
 
 # --- resolution in the synthetic tree --------------------------------------------------------------
@@ -213,35 +214,38 @@ def test_unsafe_link_is_the_chain_link_with_the_error():
     ("path", "function", "source", "tensor"),
     [
         # from fw.state import BUF
-        (USER, "add_to_buf", "BUF[name] += x", TensorRef("BUF[name]", "BUF", "fw.state", None)),
+        (USER, "add_to_buf", "BUF[name] += x", TensorRef("BUF[name]", GlobalName("fw.state", None, "BUF"))),
         # `global _BUFFER` in the function
-        (STATE, "accumulate", "_BUFFER += x", TensorRef("_BUFFER", "_BUFFER", "fw.state", None)),
+        (STATE, "accumulate", "_BUFFER += x", TensorRef("_BUFFER", GlobalName("fw.state", None, "_BUFFER"))),
         # module global beside a parameter
-        (STATE, "scaled", "return x * _BUFFER", TensorRef("_BUFFER", "_BUFFER", "fw.state", None)),
+        (STATE, "scaled", "return x * _BUFFER", TensorRef("_BUFFER", GlobalName("fw.state", None, "_BUFFER"))),
         # attribute of an imported module
-        (USER, "add_to_module_attribute", "state._BUFFER.add_(x)", TensorRef("state._BUFFER", "_BUFFER", "fw.state", None)),
+        (USER, "add_to_module_attribute", "state._BUFFER.add_(x)",
+         TensorRef("state._BUFFER", GlobalName("fw.state", None, "_BUFFER"))),
         # class attribute of an imported class
-        (USER, "clear_table", "Holder.table[key].zero_()", TensorRef("Holder.table[key]", "table", "fw.state", "Holder")),
+        (USER, "clear_table", "Holder.table[key].zero_()",
+         TensorRef("Holder.table[key]", GlobalName("fw.state", "Holder", "table"))),
         # singleton held by a class attribute
         (
             USER,
             "clear_prefetch",
             "SwapPrefetch.swap_prefetch.prefetch_list[i].zero_()",
-            TensorRef("SwapPrefetch.swap_prefetch.prefetch_list[i]", "prefetch_list", "fw.singletons", "SwapPrefetch"),
+            TensorRef("SwapPrefetch.swap_prefetch.prefetch_list[i]",
+                      GlobalName("fw.singletons", "SwapPrefetch", "prefetch_list")),
         ),
         # singleton returned by a getter
         (
             USER,
             "clear_slots",
             "get_instance().slots[0].zero_()",
-            TensorRef("get_instance().slots[0]", "slots", "fw.singletons", "Slots"),
+            TensorRef("get_instance().slots[0]", GlobalName("fw.singletons", "Slots", "slots")),
         ),
         # local alias of a global returned by an imported function
-        (USER, "through_local", "return buffer + x", TensorRef("buffer", "_BUFFER", "fw.state", None)),
+        (USER, "through_local", "return buffer + x", TensorRef("buffer", GlobalName("fw.state", None, "_BUFFER"))),
         # self attribute: owner is the class of the method
-        (USER, "update", "self.bias += x", TensorRef("self.bias", "bias", "fw.user", "Router")),
+        (USER, "update", "self.bias += x", TensorRef("self.bias", GlobalName("fw.user", "Router", "bias"))),
         # multi-line call whose first line names no tensor: the whole statement is read from the file
-        (USER, "multi_line", "result = combine(", TensorRef("_SCALE", "_SCALE", "fw.user", None)),
+        (USER, "multi_line", "result = combine(", TensorRef("_SCALE", GlobalName("fw.user", None, "_SCALE"))),
     ],
 )
 def test_resolution_in_a_local_tree(path, function, source, tensor):
@@ -260,27 +264,27 @@ def test_constant_module_flags_are_not_tensors(tmp_path):
     code = "HAVE_FUSED = True\n_TABLE = {}\n\n\ndef f(x):\n    if HAVE_FUSED and _TABLE[x].any():\n        pass\n"
     (tmp_path / "flags.py").write_text(code)
     finding = only([tb(at(tmp_path / "flags.py", "f", "if HAVE_FUSED and _TABLE[x].any():"))])
-    assert finding.tensor == TensorRef("_TABLE[x]", "_TABLE", "flags", None)
+    assert finding.tensor == TensorRef("_TABLE[x]", GlobalName("flags", None, "_TABLE"))
 
 
 def test_parameter_is_followed_to_the_caller_argument():
     frames = (at(USER, "route", "return topk(logits, bias=self.bias)"), at(USER, "topk", "return logits + bias"))
     finding = only([tb(*frames)])
     assert finding.culprit == frames[1]
-    assert finding.tensor == TensorRef("self.bias", "bias", "fw.user", "Router")
+    assert finding.tensor == TensorRef("self.bias", GlobalName("fw.user", "Router", "bias"))
     assert any("got the tensor as a parameter: followed to" in note for note in finding.notes)
 
 
 def test_parameter_without_a_framework_caller_stays_unresolved():
     finding = only([tb(TORCH_FRAME, at(USER, "topk", "return logits + bias"))])
-    assert finding.tensor == TensorRef("logits", None, "fw.user", None)
+    assert finding.tensor == TensorRef("logits", GlobalName("fw.user", None, None))
     assert any("its caller could not be followed" in note for note in finding.notes)
 
 
 def test_explicit_source_root_finds_a_file_printed_with_a_remote_path():
     remote = Frame("/job/remote/fw/user.py", line_of(USER, "BUF[name] += x"), "add_to_buf", "BUF[name] += x")
     finding = only([tb(remote)], (SRC,))
-    assert finding.tensor == TensorRef("BUF[name]", "BUF", "fw.state", None)
+    assert finding.tensor == TensorRef("BUF[name]", GlobalName("fw.state", None, "BUF"))
     assert finding.source_file == str(USER)
     assert finding.origin is Origin.JOB
 
@@ -288,7 +292,7 @@ def test_explicit_source_root_finds_a_file_printed_with_a_remote_path():
 def test_printed_source_found_at_another_line_uses_that_line():
     moved = Frame(str(USER), 3, "update", "self.bias += x")
     finding = only([tb(moved)])
-    assert finding.tensor == TensorRef("self.bias", "bias", "fw.user", "Router")
+    assert finding.tensor == TensorRef("self.bias", GlobalName("fw.user", "Router", "bias"))
     assert finding.source_differs and finding.origin is Origin.JOB
 
 
@@ -296,7 +300,7 @@ def test_source_line_missing_from_the_log_is_read_from_the_file():
     bare = Frame(str(USER), line_of(USER, "BUF[name] += x"), "add_to_buf", None)
     finding = only([tb(bare)])
     assert finding.culprit == Frame(bare.file, bare.line, "add_to_buf", "BUF[name] += x")
-    assert finding.tensor == TensorRef("BUF[name]", "BUF", "fw.state", None)
+    assert finding.tensor == TensorRef("BUF[name]", GlobalName("fw.state", None, "BUF"))
     assert finding.origin is Origin.JOB
 
 
@@ -323,7 +327,7 @@ def test_a_statement_reads_the_binding_made_before_it_not_its_own(tmp_path):
         """})
     path = tmp_path / "pkg" / "step.py"
     finding = only([tb(at(path, "accumulate", "buf = buf + x"))], (tmp_path,))
-    assert finding.tensor == TensorRef("buf", "_BUF", "pkg.step", None)
+    assert finding.tensor == TensorRef("buf", GlobalName("pkg.step", None, "_BUF"))
 
 
 def test_calling_a_callable_a_global_holds_is_not_that_global(tmp_path):
@@ -344,7 +348,7 @@ def test_calling_a_callable_a_global_holds_is_not_that_global(tmp_path):
         """})
     path = tmp_path / "pkg" / "step.py"
     finding = only([tb(at(path, "step", "return out * _SCALE"))], (tmp_path,))
-    assert finding.tensor == TensorRef("_SCALE", "_SCALE", "pkg.step", None)
+    assert finding.tensor == TensorRef("_SCALE", GlobalName("pkg.step", None, "_SCALE"))
 
 
 # --- comprehensions: a loop variable stands for an element of its iterable ------------------------
@@ -369,7 +373,7 @@ def test_a_genexpr_frame_reads_its_element_from_a_module_global(tmp_path):
     frames = frames_in(tmp_path / "pkg" / "step.py", ("total", line), ("<genexpr>", line))
     finding = only([tb(*frames)], (tmp_path,))
     assert finding.culprit == frames[0]  # the function the generator runs in, as a rule names it
-    assert finding.tensor == TensorRef("_LOSSES", "_LOSSES", "pkg.step", None)
+    assert finding.tensor == TensorRef("_LOSSES", GlobalName("pkg.step", None, "_LOSSES"))
     assert "t is an element of _LOSSES" in finding.notes
 
 
@@ -392,7 +396,7 @@ def test_a_listcomp_over_a_parameter_is_followed_past_its_function_to_the_caller
     frames = frames_in(path, ("step", "return scaled(_LOSSES)"), ("scaled", comprehension), ("<listcomp>", comprehension))
     finding = only([tb(*frames)], (tmp_path,))
     assert finding.culprit == frames[1]
-    assert finding.tensor == TensorRef("_LOSSES", "_LOSSES", "pkg.step", None)
+    assert finding.tensor == TensorRef("_LOSSES", GlobalName("pkg.step", None, "_LOSSES"))
     assert any(note.startswith("scaled() got the tensor as a parameter: followed to") and note.endswith(":9 (step)")
                for note in finding.notes)
 
@@ -415,7 +419,7 @@ def test_a_dictcomp_tuple_target_over_a_getters_items_is_the_global_the_getter_r
     line = "return _TOTAL, {k: v.item() for k, v in get_stats().items()}"
     frames = frames_in(tmp_path / "pkg" / "step.py", ("summary", line), ("<dictcomp>", line))
     finding = only([tb(*frames)], (tmp_path,))
-    assert finding.tensor == TensorRef("get_stats()", "_STATS", "pkg.step", None)
+    assert finding.tensor == TensorRef("get_stats()", GlobalName("pkg.step", None, "_STATS"))
 
 
 @pytest.mark.parametrize(
@@ -441,7 +445,7 @@ def test_a_loop_variable_that_shadows_a_global_is_the_iterables_element_not_the_
     line = "return [grad.norm() for grad in grads]"
     calls = [("step", "return norms(_GRADS)"), ("norms", line), *([("<listcomp>", line)] if comprehension_frame else [])]
     finding = only([tb(*frames_in(tmp_path / "pkg" / "step.py", *calls))], (tmp_path,))
-    assert finding.tensor == TensorRef("_GRADS", "_GRADS", "pkg.step", None)
+    assert finding.tensor == TensorRef("_GRADS", GlobalName("pkg.step", None, "_GRADS"))
 
 
 def test_a_local_built_by_a_comprehension_is_followed_through_its_iterable(tmp_path):
@@ -464,7 +468,7 @@ def test_a_local_built_by_a_comprehension_is_followed_through_its_iterable(tmp_p
     line = "total = sum(t[0] for t in for_key)"
     calls = [("repair", "return average(LogArgs.losses_reduced_)"), ("average", line), ("<genexpr>", line)]
     finding = only([tb(*frames_in(tmp_path / "pkg" / "repair.py", *calls))], (tmp_path,))
-    assert finding.tensor == TensorRef("LogArgs.losses_reduced_", "losses_reduced_", "pkg.repair", "LogArgs")
+    assert finding.tensor == TensorRef("LogArgs.losses_reduced_", GlobalName("pkg.repair", "LogArgs", "losses_reduced_"))
 
 
 MASKCACHE = Path(__file__).parent / "corpus" / "frameworks" / "maskcache"
@@ -476,9 +480,12 @@ def test_an_lru_cached_call_passed_inline_is_chosen_over_a_fresh_local():
     frame = at(MASKCACHE / "maskcache" / "train.py", "forward", MASKED_FILL)
     finding = only([tb(frame, TORCH_FRAME)], (MASKCACHE,))
     assert finding.tensor == TensorRef(
-        "causal_mask(scores.shape[-1], scores.device)", "causal_mask", "maskcache.masks", None, cached=True
+        "causal_mask(scores.shape[-1], scores.device)", GlobalName("maskcache.masks", None, "causal_mask"), cached=True
     )
     assert "causal_mask() is an lru_cache: it returns what earlier steps built" in finding.notes
+
+
+MAKE_MASK = GlobalName("pkg.mask", None, "make_mask")
 
 
 @pytest.mark.parametrize(
@@ -486,12 +493,12 @@ def test_an_lru_cached_call_passed_inline_is_chosen_over_a_fresh_local():
     [
         (
             "import functools", "@functools.lru_cache(maxsize=None)",
-            TensorRef("make_mask(n)", "make_mask", "pkg.mask", None, cached=True),
+            TensorRef("make_mask(n)", MAKE_MASK, cached=True),
         ),
-        ("from functools import lru_cache", "@lru_cache", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None, cached=True)),
-        ("import functools", "@functools.cache", TensorRef("make_mask(n)", "make_mask", "pkg.mask", None, cached=True)),
+        ("from functools import lru_cache", "@lru_cache", TensorRef("make_mask(n)", MAKE_MASK, cached=True)),
+        ("import functools", "@functools.cache", TensorRef("make_mask(n)", MAKE_MASK, cached=True)),
         # not cached: a fresh value, not an operand; the tensor is the parameter
-        ("import functools", "", TensorRef("x", None, "pkg.mask", None)),
+        ("import functools", "", TensorRef("x", GlobalName("pkg.mask", None, None))),
     ],
 )
 def test_a_call_result_counts_only_when_the_function_is_an_lru_cache(tmp_path, imports, decorator, tensor):
@@ -583,7 +590,7 @@ def test_parameter_followed_to_a_submodule_whose_forward_is_an_lru_cache(tmp_pat
     )
     finding = only([tb(*frames)], (tmp_path,))
     assert finding.culprit == frames[2]
-    assert finding.tensor == TensorRef(expression, "forward", "pkg.rope", "Rope", cached=True)
+    assert finding.tensor == TensorRef(expression, GlobalName("pkg.rope", "Rope", "forward"), cached=True)
     assert "self.rope is a Rope, whose forward() is an lru_cache: it returns what earlier steps built" in finding.notes
 
 
@@ -595,21 +602,21 @@ REMOTE_TRAIN = "/job/remote/train.py"
 @pytest.mark.parametrize(
     ("source", "tensor"),
     [
-        ("_X[name].zero_()", TensorRef("_X[name]", "_X", None, None)),
-        ("return torch.add(_BUF, x)", TensorRef("_BUF", "_BUF", None, None)),
-        ("if _FLAGS.sum() > 0:", TensorRef("_FLAGS", "_FLAGS", None, None)),
-        ("elif _FLAGS.any():", TensorRef("_FLAGS", "_FLAGS", None, None)),
-        ("for value in _BUFFERS:", TensorRef("_BUFFERS", "_BUFFERS", None, None)),
-        ("with torch.no_grad(), guard(_LOCK):", TensorRef("_LOCK", "_LOCK", None, None)),
-        ("out = fuse(_BUF,  # first part", TensorRef("_BUF", "_BUF", None, None)),
-        ("bias=_EXPERT_BIAS,", TensorRef("_EXPERT_BIAS", "_EXPERT_BIAS", None, None)),
+        ("_X[name].zero_()", TensorRef("_X[name]", GlobalName(None, None, "_X"))),
+        ("return torch.add(_BUF, x)", TensorRef("_BUF", GlobalName(None, None, "_BUF"))),
+        ("if _FLAGS.sum() > 0:", TensorRef("_FLAGS", GlobalName(None, None, "_FLAGS"))),
+        ("elif _FLAGS.any():", TensorRef("_FLAGS", GlobalName(None, None, "_FLAGS"))),
+        ("for value in _BUFFERS:", TensorRef("_BUFFERS", GlobalName(None, None, "_BUFFERS"))),
+        ("with torch.no_grad(), guard(_LOCK):", TensorRef("_LOCK", GlobalName(None, None, "_LOCK"))),
+        ("out = fuse(_BUF,  # first part", TensorRef("_BUF", GlobalName(None, None, "_BUF"))),
+        ("bias=_EXPERT_BIAS,", TensorRef("_EXPERT_BIAS", GlobalName(None, None, "_EXPERT_BIAS"))),
         ("SwapPrefetch.swap_prefetch.swap_tensors[0].zero_()",
-         TensorRef("SwapPrefetch.swap_prefetch.swap_tensors[0]", "swap_tensors", None, "SwapPrefetch")),
-        ('tracker[name]["values"].zero_()', TensorRef("tracker[name]", None, None, None)),
-        ("mod.obj.field.add_(x)", TensorRef("mod.obj.field", None, None, None)),
+         TensorRef("SwapPrefetch.swap_prefetch.swap_tensors[0]", GlobalName(None, "SwapPrefetch", "swap_tensors"))),
+        ('tracker[name]["values"].zero_()', TensorRef("tracker[name]", GlobalName(None, None, None))),
+        ("mod.obj.field.add_(x)", TensorRef("mod.obj.field", GlobalName(None, None, None))),
         (
             "self.expert_bias.data = self.expert_bias.data.to(torch.float32)",
-            TensorRef("self.expert_bias", "expert_bias", None, None),
+            TensorRef("self.expert_bias", GlobalName(None, None, "expert_bias")),
         ),
     ],
 )
@@ -634,14 +641,14 @@ REMOTE_FW_UTILS = "/remote/lib/python3.8/site-packages/fw/core/moe/utils.py"
 def test_missing_file_module_attribute_found_next_to_the_frame_under_a_source_root():
     frame = Frame(REMOTE_FW_UTILS, 9, "save", "parallel_state._TRACKER[name] += loss")
     finding = only([tb(frame)], (FIXTURES / "partial",))
-    assert finding.tensor == TensorRef("parallel_state._TRACKER[name]", "_TRACKER", "fw.core.parallel_state", None)
+    assert finding.tensor == TensorRef("parallel_state._TRACKER[name]", GlobalName("fw.core.parallel_state", None, "_TRACKER"))
     assert any("taken as fw.core.parallel_state" in note for note in finding.notes)
 
 
 def test_missing_file_module_attribute_not_found_anywhere_keeps_the_alias_as_module():
     frame = Frame(REMOTE_FW_UTILS, 9, "save", "parallel_state._TRACKER[name] += loss")
     finding = only([tb(frame)])
-    assert finding.tensor == TensorRef("parallel_state._TRACKER[name]", "_TRACKER", "parallel_state", None)
+    assert finding.tensor == TensorRef("parallel_state._TRACKER[name]", GlobalName("parallel_state", None, "_TRACKER"))
     assert any("was not found near fw.core.moe.utils" in note for note in finding.notes)
 
 
@@ -649,7 +656,7 @@ def test_file_missing_everywhere_is_best_effort():
     frame = Frame("/job/remote/fw/user.py", 15, "add_to_buf", "BUF[name] += x")
     finding = only([tb(frame)])
     assert finding.culprit == frame
-    assert finding.tensor == TensorRef("BUF[name]", "BUF", None, None)
+    assert finding.tensor == TensorRef("BUF[name]", GlobalName(None, None, "BUF"))
     assert finding.origin is Origin.LOG and finding.source_file is None
 
 
@@ -669,7 +676,7 @@ def test_megatron_tracker_alias_resolves_to_the_module_global():
     frame = Frame(REMOTE_SITE + "moe_utils.py", line, "save_to_aux_losses_tracker", TRACKER_LINE)
     finding = only([tb(frame, TORCH_FRAME)])
     assert finding.tensor == TensorRef(
-        "tracker[name]", "_MOE_LAYER_WISE_LOGGING_TRACKER", "megatron.core.transformer.moe.moe_utils", None
+        "tracker[name]", GlobalName("megatron.core.transformer.moe.moe_utils", None, "_MOE_LAYER_WISE_LOGGING_TRACKER")
     )
     assert finding.origin is Origin.INDEX  # the shipped index comes before a local installation
     assert finding.source_file == "<megatron-core 0.16.1>/megatron/core/transformer/moe/moe_utils.py"
@@ -681,7 +688,7 @@ def test_megatron_tracker_clear_without_source_leaves_the_variable_unknown():
     frame = Frame("/job/ModelLink/megatron/core/transformer/moe/gone_utils.py", 907, "clear_aux_losses_tracker",
                   'tracker[name]["values"].zero_()')
     finding = only([tb(frame)])
-    assert finding.tensor == TensorRef("tracker[name]", None, "megatron.core.transformer.moe.gone_utils", None)
+    assert finding.tensor == TensorRef("tracker[name]", GlobalName("megatron.core.transformer.moe.gone_utils", None, None))
 
 
 def test_faq_line_on_an_old_tree_names_the_old_tracker_in_parallel_state():
@@ -695,9 +702,7 @@ def test_faq_line_on_an_old_tree_names_the_old_tracker_in_parallel_state():
     assert finding.culprit == frames[1]
     assert finding.tensor == TensorRef(
         "parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]",
-        "_MOE_AUX_LOSSES_LOGGING_TRACKER",
-        "megatron.core.parallel_state",
-        None,
+        GlobalName("megatron.core.parallel_state", None, "_MOE_AUX_LOSSES_LOGGING_TRACKER"),
     )
     assert finding.origin is Origin.INDEX and finding.release is not None
     assert finding.release.startswith("megatron-core 0.6.0")  # not the 0.16.1 installed here
@@ -709,13 +714,11 @@ def test_faq_line_with_no_local_file_finds_parallel_state_in_the_environment():
     finding = only([tb(frame)])
     assert finding.tensor == TensorRef(
         "parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]",
-        "_MOE_AUX_LOSSES_LOGGING_TRACKER",
-        "megatron.core.parallel_state",
-        None,
+        GlobalName("megatron.core.parallel_state", None, "_MOE_AUX_LOSSES_LOGGING_TRACKER"),
     )
 
 
-EXPERT_BIAS = TensorRef("self.expert_bias", "expert_bias", "megatron.core.transformer.moe.router", "TopKRouter")
+EXPERT_BIAS = TensorRef("self.expert_bias", GlobalName("megatron.core.transformer.moe.router", "TopKRouter", "expert_bias"))
 
 
 def test_megatron_router_expert_bias_is_an_attribute_of_topkrouter():
@@ -756,7 +759,7 @@ def test_locating_megatron_cases_imports_neither_torch_nor_megatron():
         tracebacks = [Traceback(3, "log", i, (frame,), "RuntimeError", {UNSAFE!r}, None, None, None, False, None, None)
                       for i, frame in enumerate(frames)]
         findings = locate(tracebacks, Workspace(()))
-        print(json.dumps({{"variables": [f.tensor.variable for f in findings],
+        print(json.dumps({{"variables": [f.tensor.name.variable for f in findings],
                           "imported": sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "megatron"))}}))
         """
     )
@@ -795,7 +798,7 @@ def test_different_tensors_or_lines_stay_separate_in_first_occurrence_order():
     buf = at(USER, "add_to_buf", "BUF[name] += x")
     bias = at(USER, "update", "self.bias += x")
     findings = locate([tb(bias, rank=2), tb(buf, rank=0), tb(bias, rank=1), tb(buf, rank=4)], Workspace(()))
-    assert [finding.tensor.variable for finding in findings] == ["bias", "BUF"]
+    assert [finding.tensor.name.variable for finding in findings] == ["bias", "BUF"]
     assert [finding.ranks for finding in findings] == [(1, 2), (0, 4)]
 
 
@@ -838,7 +841,7 @@ def test_the_source_of_a_copy_is_the_tensor_read_not_its_destination():
         truncated=False, caused_by=None, chain_kind=None,
     )  # fmt: skip
     [finding] = locate([traceback], Workspace(()))
-    assert finding.tensor.variable == "tensor"
+    assert finding.tensor.name.variable == "tensor"
 
 
 # --- Python 3.11+ position markers: the operand the marked part reads ------------------------------
@@ -966,7 +969,8 @@ def test_position_markers_choose_the_operand_that_raised(tmp_path, case, marked,
     start, end = innermost.marker.primary
     assert (innermost.source[innermost.marker.start : innermost.marker.end], innermost.source[start:end]) == marked
     finding = located(text, (tmp_path,))
-    assert (finding.tensor.expression, finding.tensor.variable, finding.tensor.module) == (expression, variable, "pkg.step")
+    tensor = finding.tensor
+    assert (tensor.expression, tensor.name.variable, tensor.name.module) == (expression, variable, "pkg.step")
 
 
 @needs_py311
@@ -975,7 +979,7 @@ def test_position_markers_are_read_on_the_printed_line_when_the_file_is_not_here
     text = run_marked(tmp_path, "binary").replace(str(tmp_path / "pkg"), "/remote/job/pkg")
     finding = located(text)
     assert finding.culprit.file == "/remote/job/pkg/step.py"
-    assert (finding.tensor.expression, finding.tensor.variable) == ("_EMA", "_EMA")
+    assert (finding.tensor.expression, finding.tensor.name.variable) == ("_EMA", "_EMA")
 
 
 @needs_py311
@@ -984,7 +988,7 @@ def test_a_line_without_markers_falls_back_to_every_operand(tmp_path):
     text = run_marked(tmp_path, "whole_line")
     assert "^" not in text.split("_EMA.mul_(x)")[1].splitlines()[1]
     finding = located(text, (tmp_path,))
-    assert (finding.tensor.expression, finding.tensor.variable) == ("_EMA", "_EMA")
+    assert (finding.tensor.expression, finding.tensor.name.variable) == ("_EMA", "_EMA")
 
 
 @needs_py311
@@ -994,4 +998,4 @@ def test_markers_that_fit_no_expression_are_ignored(tmp_path):
     assert "\n                      ~~^~~~~~\n" in text
     text = text.replace("\n                      ~~^~~~~~\n", "\n                     ~~^~~~~~\n")
     finding = located(text, (tmp_path,))
-    assert finding.tensor.variable == "_OFFSETS"  # the leftmost global, as without markers
+    assert finding.tensor.name.variable == "_OFFSETS"  # the leftmost global, as without markers

@@ -12,7 +12,7 @@ import pytest
 
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.report.diagnosis import to_json
+from unsafe_doctor.report.diagnosis import diagnosis_json
 
 sys.path.insert(0, str(Path(__file__).parent / "corpus"))
 from hidden import run_without_megatron  # noqa: E402  (tests/corpus is no package)
@@ -47,13 +47,13 @@ def essentials(report: dict) -> list[tuple]:
 
 
 def log_only(log: Path) -> dict:
-    return to_json(diagnose([str(log)], groundwork(log_only=True)))
+    return diagnosis_json(diagnose([str(log)], groundwork(log_only=True)))
 
 
 def test_the_installed_megatron_core_is_not_read_when_the_index_holds_the_log_release():
     """The index comes before a local installation: with megatron-core 0.16.1 installed here, a log
     of 0.16.1 is still read from the index (the comparison below then means the same everywhere)."""
-    report = to_json(diagnose([str(SAMPLES / "megatron_moe_tracker.log")], groundwork()))
+    report = diagnosis_json(diagnose([str(SAMPLES / "megatron_moe_tracker.log")], groundwork()))
     assert [item["source_from"] for item in report["findings"]] == ["index"]
 
 
@@ -63,13 +63,13 @@ def report_script(tmp_path: Path, report: str) -> Path:
     script.write_text("import json, sys\n"
                       "from unsafe_doctor.knowledge.context import groundwork\n"
                       "from unsafe_doctor.diagnose.pipeline import diagnose\n"
-                      "from unsafe_doctor.report.diagnosis import to_json\n"
+                      "from unsafe_doctor.report.diagnosis import diagnosis_json\n"
                       f"print(json.dumps({report}))\n")
     return script
 
 
 def test_log_only_gives_what_a_python_without_megatron_gives(tmp_path):
-    script = report_script(tmp_path, "[to_json(diagnose([log], groundwork())) for log in sys.argv[1:]]")
+    script = report_script(tmp_path, "[diagnosis_json(diagnose([log], groundwork())) for log in sys.argv[1:]]")
     result = run_without_megatron(script, *map(str, LOGS), scratch=tmp_path)
     assert result.returncode == 0, result.stderr
     bare = json.loads(result.stdout)
@@ -178,7 +178,7 @@ def test_log_only_names_a_class_held_global_with_its_class(tmp_path, release, pa
     log = tmp_path / "train.log"
     log.write_text(f'[rank0]: Traceback (most recent call last):\n[rank0]:   File "{SITE_312}{path}", line {line}, in '
                    f"{function}\n[rank0]:     {printed}\n[rank0]: {UNSAFE}\n")
-    script = report_script(tmp_path, "to_json(diagnose(sys.argv[1:], groundwork(log_only=True)))")
+    script = report_script(tmp_path, "diagnosis_json(diagnose(sys.argv[1:], groundwork(log_only=True)))")
     result = run_without_megatron(script, str(log), scratch=tmp_path)
     assert result.returncode == 0, result.stderr
     [finding] = json.loads(result.stdout)["findings"]

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.replay.launch import ReplayStopped
 from unsafe_doctor.replay.plan import AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import FixFailure, Milestone, RankResult, RunResult, StepOutcome
-from unsafe_doctor.replay.verify import _stopped, judge
+from unsafe_doctor.replay.verify import _stopped, judge_replay
 
-TARGET = Target("generic.replica-copy:toytrain.state._EMA", "toytrain.state._EMA", 2, "generic.replica-copy",
-                "toytrain.state", "_EMA", None)
+TARGET = Target("generic.replica-copy:toytrain.state._EMA", GlobalName("toytrain.state", None, "_EMA"), 2, "generic.replica-copy")
 FUNCTIONS = {"rollback": "feature_rollback", "send": "send_rank_repair", "recv": "recv_rank_repair"}
 UNSAFE = "There is unsafe data in the input tensor."
 TIMEOUT = FixFailure("recv", "recv_rank_repair", "RuntimeError: [/gloo/pair.cc:534] Timed out waiting 3000ms",
@@ -58,7 +58,7 @@ def test_milestones_survive_json_and_read_as_the_progress_lines_reports_quote():
 
 def test_a_clean_patched_run_is_proven_and_phase_times_are_the_slowest_ranks():
     results = [RankResult(0, "emulated", run(), run(seconds={"build": 2.0})), RankResult(1, "emulated", red(), run())]
-    verification = judge(plan(), (), results, "gloo", 1.0)
+    verification = judge_replay(plan(), (), results, "gloo", 1.0)
     [verdict] = verification.verdicts
     assert (verdict.outcome, verdict.patched) == ("proven", "recovery clean, tensor bit-identical to replica rank 0")
     assert verdict.unpatched == f"reproduced `{UNSAFE}` on rank 1 at /job/train.py:62"
@@ -68,7 +68,7 @@ def test_a_clean_patched_run_is_proven_and_phase_times_are_the_slowest_ranks():
 def test_a_function_whose_own_code_could_not_run_makes_the_verdict_block_proven_with_why():
     alone = {"recv_rank_repair": "AttributeError: 'NoneType' object has no attribute 'to' at /job/recovery.py:38"}
     results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(alone=alone), run(alone=alone))]
-    verification = judge(plan(), (), results, "gloo", 1.0)
+    verification = judge_replay(plan(), (), results, "gloo", 1.0)
     [verdict] = verification.verdicts
     assert (verdict.outcome, verification.exit_code) == ("block-proven", 0)
     assert verification.proved == (
@@ -81,7 +81,7 @@ def test_the_proof_of_an_adaptor_with_no_fix_block_does_not_call_it_patched():
     """Issue 36: NO-FIX's proof line said "the patched adaptor's own" where nothing was patched."""
     unfixed = replace(plan(), blocks=())
     results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(), red())]
-    verification = judge(unfixed, (), results, "gloo", 1.0)
+    verification = judge_replay(unfixed, (), results, "gloo", 1.0)
     assert verification.verdicts[0].outcome == "no-fix"
     assert verification.proved == ("ran the adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback() "
                                    "(it holds no fix block: nothing was patched); no stand-ins; emulated backend (CPU, gloo)")
@@ -91,13 +91,13 @@ def test_transfers_whose_sides_differ_fail_the_fix():
     unmatched = ("rank 0 sends 2 tensor(s) to rank 1, which receives 1: one transfer per (source, destination) pair "
                  "on both sides (dict.fromkeys(zip(src_ranks, dest_ranks)))",)
     results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(), run(unmatched=unmatched))]
-    [verdict] = judge(plan(), (), results, "gloo", 1.0).verdicts
+    [verdict] = judge_replay(plan(), (), results, "gloo", 1.0).verdicts
     assert (verdict.outcome, verdict.problems) == ("failed", unmatched)
 
 
 def test_a_timed_out_transfer_names_the_side_that_waited():
     results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(), run(fix_failures=(TIMEOUT,)))]
-    [verdict] = judge(plan(), (), results, "gloo", 1.0).verdicts
+    [verdict] = judge_replay(plan(), (), results, "gloo", 1.0).verdicts
     assert verdict.outcome == "failed"
     assert verdict.patched.startswith("a repair transfer waited 3 s in vain: recv_rank_repair() on rank 1 waits for a tensor")
 
@@ -105,7 +105,7 @@ def test_a_timed_out_transfer_names_the_side_that_waited():
 def test_a_receive_function_that_sends_to_itself_is_reported_as_swapped():
     swapped = FixFailure("recv", "recv_rank_repair", "ValueError: Invalid destination rank", None, "send-to-self")
     results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(), run(fix_failures=(swapped,)))]
-    [verdict] = judge(plan(), (), results, "gloo", 1.0).verdicts
+    [verdict] = judge_replay(plan(), (), results, "gloo", 1.0).verdicts
     assert "the receive function recv_rank_repair() sends: send and receive are swapped" in verdict.problems
 
 
@@ -113,7 +113,7 @@ def test_an_error_text_alone_is_not_a_timeout():
     """The kind decides, not words in the message: a failure of kind "other" that mentions a timeout."""
     other = FixFailure("recv", "recv_rank_repair", "RuntimeError: the user timed out", None, "other")
     results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(), run(fix_failures=(other,)))]
-    [verdict] = judge(plan(), (), results, "gloo", 1.0).verdicts
+    [verdict] = judge_replay(plan(), (), results, "gloo", 1.0).verdicts
     assert not any("waited" in problem for problem in verdict.problems)
 
 

@@ -45,6 +45,7 @@ from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.rules import Rule, RuleMatch, variable_pattern
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import Environment
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.source.fingerprint import ReleaseMatch, release_version
 from unsafe_doctor.source.index import FrameworkIndex, IndexedFramework
 from unsafe_doctor.source.resolve import Scope, Tier, resolve
@@ -224,8 +225,8 @@ def binds(workspace: Workspace, module: str, block: RuleMatch) -> tuple[str, str
     for name in names_in(source, block):
         if block.owner is None:
             found = resolve(ast.Name(name, ast.Load()), Scope.of(source), workspace)
-            if found is not None and found.tier is Tier.GLOBAL and found.variable == name and found.owner is None:
-                return found.module or module, name, None
+            if found is not None and found.tier is Tier.GLOBAL and found.name.variable == name and found.name.owner is None:
+                return found.name.module or module, name, None
             if name in source.declared_globals:  # bound only by a function's `global` (a lazy getter)
                 return module, name, None
         classes = [cls for cls, bound in source.bindings.items() if isinstance(bound, ast.ClassDef)]
@@ -248,13 +249,13 @@ def _class_binds(workspace: Workspace, source: SourceFile, owner: str, attribute
             return True
         if attribute in _targets(statement):
             found = resolve(ast.parse(f"{owner}.{attribute}", mode="eval").body, Scope.of(holder_source), workspace)
-            return found is not None and found.owner == owner and found.variable == attribute
+            return found is not None and found.name.owner == owner and found.name.variable == attribute
         if isinstance(statement, Function):
             for node in walk_scope(statement):
                 for target in _assigned(node):
                     if isinstance(target, ast.Attribute) and target.attr == attribute and isinstance(target.value, ast.Name):
                         found = resolve(target, Scope.of(holder_source, statement, cls), workspace)
-                        if found is not None and found.owner == owner and found.variable == attribute:
+                        if found is not None and found.name.owner == owner and found.name.variable == attribute:
                             return True
     return False
 
@@ -346,7 +347,7 @@ def rendered(rule: Rule, workspace: Workspace, framework: IndexedFramework, at: 
     found = next((hit for block in global_blocks(rule) if (hit := bound(workspace, framework, at, block))), None)
     block = rule.match
     module, variable, owner = found or (block.module or "", block.variable or "", block.owner)
-    subject = Subject.of_global(module, variable, owner, "/" + module.replace(".", "/") + ".py", None)
+    subject = Subject.of_global(GlobalName(module, owner, variable), "/" + module.replace(".", "/") + ".py", None)
     version = release_version(framework.releases[at].name)
     environment = Environment({framework.name: version} if version else {}, {framework.name: "the index"}, (),
                               KNOWLEDGE.profile("mindspeed-llm-26"), None)

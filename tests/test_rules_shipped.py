@@ -35,6 +35,7 @@ from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.loading import load_knowledge
 from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.versions import Environment
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.lines import by_rank, split_lines
 from unsafe_doctor.log.tracebacks import parse_tracebacks
 from unsafe_doctor.source.workspace import Workspace
@@ -938,7 +939,7 @@ def test_faq_case_names_the_stale_tracker_and_its_version():
     """The FAQ's own traceback (megatron-core 0.7) is the aux-loss tracker in parallel_state."""
     finding, result = diagnose((FIXTURES / "megatron-core-0.7.0-save-aux-loss.log").read_text(), {"megatron-core": "0.7.0"})
     assert finding.ranks == (3,)
-    assert (finding.tensor.variable, finding.tensor.module) == ("_MOE_AUX_LOSSES_LOGGING_TRACKER", "megatron.core.parallel_state")
+    assert finding.tensor.name == GlobalName("megatron.core.parallel_state", None, "_MOE_AUX_LOSSES_LOGGING_TRACKER")
     assert result.fix.code.startswith('if getattr(get_args(), "num_experts", None):')
 
 
@@ -948,11 +949,11 @@ def test_tracker_rule_follows_the_release_the_frames_ran():
     text = (FIXTURES / "megatron-core-0.12.1-save-aux-loss.log").read_text()
     for versions in ({"megatron-core": "0.12.1"}, {"megatron-core": "0.16.1"}, {}):
         finding, verdict = diagnose(text, versions)
-        assert finding.tensor is not None and finding.tensor.module == "megatron.core.parallel_state"
+        assert finding.tensor is not None and finding.tensor.name.module == "megatron.core.parallel_state"
         assert verdict.rule == "megatron.moe-layer-wise-tracker", versions
     newer = (Path(__file__).parents[1] / "samples" / "logs" / "megatron_moe_tracker.log").read_text()
     finding, verdict = diagnose(newer, {})
-    assert finding.tensor is not None and finding.tensor.module == "megatron.core.transformer.moe.moe_utils"
+    assert finding.tensor is not None and finding.tensor.name.module == "megatron.core.transformer.moe.moe_utils"
     assert verdict.rule == "megatron.moe-layer-wise-tracker-moe-utils"
 
 
@@ -1129,9 +1130,9 @@ def unknown_global(tmp_path: Path) -> tuple[Finding, object]:
 def render(template_id: str, finding: Finding) -> dict[str, str]:
     """The generic templates filled as classify fills them for a heuristic verdict."""
     rule = KNOWLEDGE.template(template_id)
-    parent, _, alias = finding.tensor.module.rpartition(".")
-    slots = {"module": finding.tensor.module, "variable": finding.tensor.variable, "owner": "", "alias": alias,
-             "parent": parent, "holder": alias, "tensor": f"{alias}.{finding.tensor.variable}",
+    parent, _, alias = finding.tensor.name.module.rpartition(".")
+    slots = {"module": finding.tensor.name.module, "variable": finding.tensor.name.variable, "owner": "", "alias": alias,
+             "parent": parent, "holder": alias, "tensor": f"{alias}.{finding.tensor.name.variable}",
              "src": "src_rank", "dst": "dest_rank", "group": PROFILE.repair_group}
     parts = {"imports": "\n".join(string.Template(line).substitute(slots) for line in rule.fix.imports)}
     for side in ("code", "send", "recv"):
@@ -1145,7 +1146,7 @@ def test_generic_reinitialise_rebuilds_a_dict_of_tensors(tmp_path):
     import torch
 
     finding, stats = unknown_global(tmp_path)
-    assert (finding.tensor.variable, finding.tensor.module) == ("_STEP_STATS", "trainer.stats")
+    assert (finding.tensor.name.variable, finding.tensor.name.module) == ("_STEP_STATS", "trainer.stats")
     fix = render("generic.reinitialise", finding)
     assert fix["imports"].splitlines() == ["import torch", "from trainer import stats"]
     sys.path.insert(0, str(tmp_path))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
-from unsafe_doctor.report.diagnosis import to_json, to_sarif
+from unsafe_doctor.report.diagnosis import diagnosis_json, diagnosis_sarif
 
 LOGS = Path(__file__).resolve().parent.parent / "samples" / "logs"
 FRAMEWORK = LOGS.parent / "framework"
@@ -208,7 +208,7 @@ EXPECTED = None
 def test_any_interleaving_of_rank_output_gives_the_same_findings(seed, noise):
     global EXPECTED
     if EXPECTED is None:
-        EXPECTED = _essentials(to_json(diagnose([str(LOGS / "megatron_moe_tracker.log")], groundwork())))
+        EXPECTED = _essentials(diagnosis_json(diagnose([str(LOGS / "megatron_moe_tracker.log")], groundwork())))
     streams, others = _per_rank_streams()
     rng = random.Random(seed)
     # Each writer keeps its own order (ranks, the launcher and MindIO's unprefixed lines, noise).
@@ -218,7 +218,7 @@ def test_any_interleaving_of_rank_output_gives_the_same_findings(seed, noise):
         queue = rng.choice([q for q in queues if q])
         merged.append(queue.pop(0))
     data = "".join(merged).encode("utf-8", "surrogateescape")
-    assert _essentials(to_json(diagnose([], groundwork(), stdin=io.BytesIO(data)))) == EXPECTED
+    assert _essentials(diagnosis_json(diagnose([], groundwork(), stdin=io.BytesIO(data)))) == EXPECTED
 
 
 def test_sarif_points_at_each_piece_of_heuristic_evidence():
@@ -226,7 +226,7 @@ def test_sarif_points_at_each_piece_of_heuristic_evidence():
     diagnosis = diagnose([str(LOGS / "toytrain_ema")], groundwork(source_roots=[FRAMEWORK]))
     [item] = diagnosis.findings
     assert item.classification.evidence, "toytrain's _EMA_GRAD_NORM is classified by the heuristics"
-    [result] = to_sarif(diagnosis)["runs"][0]["results"]
+    [result] = diagnosis_sarif(diagnosis)["runs"][0]["results"]
     related = [
         (place["physicalLocation"]["artifactLocation"]["uri"], place["physicalLocation"]["region"]["startLine"],
          place["message"]["text"])

@@ -171,7 +171,7 @@ def _optimizer_tensors(optimizer) -> list[torch.Tensor]:
 
 
 def named(report) -> dict[str, list[str]]:
-    return {item.dotted: list(item.paths) for item in report.unsafe}
+    return {item.name.dotted: list(item.paths) for item in report.unsafe}
 
 
 def test_names_exactly_what_the_recovery_left_unsafe_by_readable_paths(package, trained):
@@ -235,7 +235,7 @@ def test_a_big_container_is_walked_in_part_and_the_report_says_which(package):
         backend.mark_all_unsafe()
         report = examine(packages=["sentinelpkg"], backend=backend, limits=Limits(entries=10))
     assert report.summary.stopped_early == "walked the first 10 entries of sentinelpkg.state.HISTORY (51 entries)"
-    assert next(item for item in report.unsafe if item.variable == "HISTORY").tensors == 10
+    assert next(item for item in report.unsafe if item.name.variable == "HISTORY").tensors == 10
 
 
 def test_the_time_budget_stops_the_walk_and_says_so(package):
@@ -254,7 +254,7 @@ def test_check_logs_one_line_per_record_that_diagnose_can_read_back(package, tra
         report = check(model, optimizer, packages=["sentinelpkg"], rules=[rules], backend=backend)
     records = [parse_line(record.getMessage()) for record in caplog.records]
     assert records == [*report.unsafe, report.summary]
-    by_name = {item.dotted: item for item in report.unsafe}
+    by_name = {item.name.dotted: item for item in report.unsafe}
     loss_log = by_name["sentinelpkg.state.LOSS_LOG"]
     assert (loss_log.scenario, loss_log.rule) == (1, "sentinelpkg.loss-log")
     assert by_name["sentinelpkg.state.EMA"].scenario == 2
@@ -304,7 +304,7 @@ def test_heal_runs_scenario_1_rule_fixes_in_place_and_never_scenario_2(package, 
             check(mode="heal", packages=["sentinelpkg"], rules=[rules], backend=backend)
         report = raised.value.report
         assert package.LOSS_LOG["lm"] is not old_entry and backend.is_safe(package.LOSS_LOG["lm"])
-    by_name = {item.dotted: item for item in report.unsafe}
+    by_name = {item.name.dotted: item for item in report.unsafe}
     assert by_name["sentinelpkg.state.LOSS_LOG"].healed
     assert by_name["sentinelpkg.state.causal_mask"].healed and package.causal_mask.cache_info().currsize == 0
     assert not by_name["sentinelpkg.state.EMA"].healed and by_name["sentinelpkg.state.EMA"].heal_error is None  # scenario 2
@@ -360,7 +360,7 @@ def test_the_report_keeps_every_path_and_the_log_line_the_first_five(package, ca
     with backend.activate(), caplog.at_level(logging.WARNING, logger="unsafe_doctor.sentinel"):
         backend.mark_all_unsafe()
         report = check(packages=["sentinelpkg"], backend=backend)
-    history = next(item for item in report.unsafe if item.variable == "HISTORY")
+    history = next(item for item in report.unsafe if item.name.variable == "HISTORY")
     assert history.paths == tuple(f"sentinelpkg.state.HISTORY[{index}]" for index in range(8)) and history.tensors == 8
     logged = next(parse_line(record.getMessage()) for record in caplog.records if "HISTORY" in record.getMessage())
     assert logged.paths == history.paths[:5] and logged.tensors == 8

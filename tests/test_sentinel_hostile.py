@@ -302,7 +302,7 @@ def test_report_mode_returns_names_every_good_tensor_and_runs_no_hostile_code(ho
         backend.mark_all_unsafe()
         backend.set_check(True)
         report = check(packages=["hostilepkg"], backend=backend)
-    found = {item.dotted: list(item.paths) for item in report.unsafe}
+    found = {item.name.dotted: list(item.paths) for item in report.unsafe}
     assert {name: found.get(name) for name in GOODS} == GOODS
     inside = {f"{MODULE}.{name}": [f"{MODULE}.{path}" for path in paths] for name, paths in INSIDE.items()}
     assert {name: found.get(name) for name in inside} == inside

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unsafe_doctor.log import inputs, reading
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.sentinel_lines import (
     FAILED,
     FAILED_LINE,
@@ -43,15 +44,15 @@ def records(rank: int, *, healed: bool = False) -> list[UnsafeGlobal | Summary]:
     """What the sentinel logs on one rank after toytrain's and megatron-core's unpatched recovery. The
     scenarios and rules are the record's own claims (the expert_bias one deliberately wrong)."""
     return [
-        UnsafeGlobal(rank, "emulated", "megatron.core.parallel_state", None, "_GLOBAL_MEMORY_BUFFER", 2, (BUFFER_PATH,), 1,
-                     "megatron.global-memory-buffer", "feature_rollback"),
-        UnsafeGlobal(rank, "emulated", "megatron.core.transformer.moe.router", "TopKRouter", "expert_bias", 4,
+        UnsafeGlobal(rank, "emulated", GlobalName("megatron.core.parallel_state", None, "_GLOBAL_MEMORY_BUFFER"), 2,
+                     (BUFFER_PATH,), 1, "megatron.global-memory-buffer", "feature_rollback"),
+        UnsafeGlobal(rank, "emulated", GlobalName("megatron.core.transformer.moe.router", "TopKRouter", "expert_bias"), 4,
                      ("model[0].decoder.layers[1].mlp.router.expert_bias",), 1, "made.up-rule", "feature_rollback"),
-        UnsafeGlobal(rank, "emulated", "toytrain.state", None, "LOSS_LOG", 1, ("toytrain.state.LOSS_LOG['lm loss']",),
+        UnsafeGlobal(rank, "emulated", GlobalName("toytrain.state", None, "LOSS_LOG"), 1, ("toytrain.state.LOSS_LOG['lm loss']",),
                      None, None, None, healed=healed),
-        UnsafeGlobal(rank, "emulated", "toytrain.state", None, "_EMA_GRAD_NORM", 1, ("toytrain.state._EMA_GRAD_NORM",),
-                     None, None, None),
-        UnsafeGlobal(rank, "emulated", "megatron.core.transformer.utils", None, "get_default_causal_mask", 1,
+        UnsafeGlobal(rank, "emulated", GlobalName("toytrain.state", None, "_EMA_GRAD_NORM"), 1,
+                     ("toytrain.state._EMA_GRAD_NORM",), None, None, None),
+        UnsafeGlobal(rank, "emulated", GlobalName("megatron.core.transformer.utils", None, "get_default_causal_mask"), 1,
                      ("megatron.core.transformer.utils.get_default_causal_mask(…)[0]",), None, None, None, cached=True),
         Summary(rank, "emulated", "report", 1234, 9, 5, 0.25, None),
     ]
@@ -87,7 +88,7 @@ def by_variable(report: dict) -> dict[str, dict]:
 names = st.one_of(st.none(), st.text(max_size=40))
 ranks = st.one_of(st.none(), st.integers(min_value=0, max_value=1 << 20))
 unsafe_globals = st.builds(
-    UnsafeGlobal, ranks, st.text(max_size=12), names, names, st.text(max_size=40), st.integers(0, 1 << 40),
+    UnsafeGlobal, ranks, st.text(max_size=12), st.builds(GlobalName, names, names, st.text(max_size=40)), st.integers(0, 1 << 40),
     st.lists(st.text(max_size=60), max_size=4).map(tuple), st.sampled_from([1, 2, None]), names, names, st.booleans(),
     names, st.booleans(),
 )
@@ -212,7 +213,8 @@ def test_a_rule_that_knows_a_global_by_the_frame_reading_it_names_the_global_the
 ):
     """Such rules match a traceback's frame; the sentinel knows the global itself, and takes the frame as given."""
     log = tmp_path / "train.log"
-    log.write_text(prefixed(0, [format_line(UnsafeGlobal(0, "emulated", module, owner, variable, 1, (), None, None, None))]))
+    record = UnsafeGlobal(0, "emulated", GlobalName(module, owner, variable), 1, (), None, None, None)
+    log.write_text(prefixed(0, [format_line(record)]))
     report, code = diagnosed(str(log))
     assert code == 1
     [finding] = report["findings"]
@@ -241,7 +243,7 @@ def test_the_sentinel_lines_on_stdin_give_the_same_findings(tmp_path):
 def test_the_text_report_says_which_backend_checked_each_rank_and_whether_its_walk_stopped(tmp_path):
     log = tmp_path / "train.log"
     lines = [
-        format_line(UnsafeGlobal(0, "npu", "toytrain.state", None, "LOSS_LOG", 1, (), None, None, None)),
+        format_line(UnsafeGlobal(0, "npu", GlobalName("toytrain.state", None, "LOSS_LOG"), 1, (), None, None, None)),
         format_line(Summary(0, "npu", "raise", 500, 1, 1, 0.1, None)),
         format_line(Summary(1, "emulated", "report", 400, 0, 0, 1.5, "time budget (1.0 s)")),
         format_line(Summary(2, "emulated", "report", 300, 0, 0, 0.2, None, 3, ("pkg.state.ARGS (its __dict__ is a property)",))),
@@ -268,7 +270,7 @@ def test_a_traceback_and_the_sentinel_naming_one_global_are_one_finding(tmp_path
     """toytrain's log: rank 1 died on _EMA_GRAD_NORM; the sentinel had named it, and LOSS_LOG, on ranks 1 and 3."""
     folder = tmp_path / "toytrain_ema"
     shutil.copytree(TOYTRAIN_LOGS, folder)
-    toytrain = [record for record in records(3) if getattr(record, "module", None) == "toytrain.state"]
+    toytrain = [record for record in records(3) if isinstance(record, UnsafeGlobal) and record.name.module == "toytrain.state"]
     (folder / "sentinel_rank3.log").write_text(prefixed(3, [format_line(record) for record in toytrain]))
     report, code = diagnosed(str(folder), "--source-root", str(FRAMEWORK))
     assert code == 1
@@ -287,7 +289,8 @@ def test_fix_writes_every_finding_of_the_sentinel_in_one_diff(tmp_path):
     adaptor = tmp_path / "recovery.py"
     shutil.copy(TOYTRAIN_ADAPTOR, adaptor)
     original = adaptor.read_bytes()
-    toytrain = [record for rank in (1, 3) for record in records(rank) if getattr(record, "module", None) == "toytrain.state"]
+    toytrain = [record for rank in (1, 3) for record in records(rank)
+                if isinstance(record, UnsafeGlobal) and record.name.module == "toytrain.state"]
     log = tmp_path / "train.log.gz"
     log.write_bytes(gzip.compress("".join(f"[rank{r.rank}]: {format_line(r)}\n" for r in toytrain).encode()))
     result = run("fix", str(log), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--dry-run", "--no-input")
@@ -304,17 +307,17 @@ def test_fix_writes_every_finding_of_the_sentinel_in_one_diff(tmp_path):
 
 
 HOSTILE = [
-    UnsafeGlobal(1, "emulated", "os", None, "system('x')", 1, (), 1, None, None),
-    UnsafeGlobal(1, "emulated", "os.system('x')", None, "X", 1, (), 1, None, None),
-    UnsafeGlobal(1, "emulated", "toytrain.state", "__class__", "X", 1, (), 1, None, None),
-    UnsafeGlobal(1, "emulated", "p\u0430rallel_state", None, "X", 1, (), 1, None, None),  # a Cyrillic a
-    UnsafeGlobal(1, "emulated", "toytrain.state", None, "LOSS_LOG", 10**30, (), 1, None, None),
-    UnsafeGlobal(1, "emulated", "toytrain.state", None, "LOSS_LOG", -1, (), 1, None, None),
-    UnsafeGlobal(1 << 40, "emulated", "toytrain.state", None, "LOSS_LOG", 1, (), 1, None, None),
-    UnsafeGlobal(1, "npu; rm -rf /", "toytrain.state", None, "LOSS_LOG", 1, (), 1, None, None),
-    UnsafeGlobal(1, "emulated", "toytrain.state", None, "LOSS_LOG", 1, (), 1, None, None, healed="yes"),  # type: ignore[arg-type]
-    UnsafeGlobal(1, "emulated", "toytrain.state", None, "LOSS_LOG", "2", (), 1, None, None),  # type: ignore[arg-type]
-    UnsafeGlobal(1, "emulated", "toytrain.state", None, "f", 1, (), 1, None, None, cached="yes"),  # type: ignore[arg-type]
+    UnsafeGlobal(1, "emulated", GlobalName("os", None, "system('x')"), 1, (), 1, None, None),
+    UnsafeGlobal(1, "emulated", GlobalName("os.system('x')", None, "X"), 1, (), 1, None, None),
+    UnsafeGlobal(1, "emulated", GlobalName("toytrain.state", "__class__", "X"), 1, (), 1, None, None),
+    UnsafeGlobal(1, "emulated", GlobalName("p\u0430rallel_state", None, "X"), 1, (), 1, None, None),  # a Cyrillic a
+    UnsafeGlobal(1, "emulated", GlobalName("toytrain.state", None, "LOSS_LOG"), 10**30, (), 1, None, None),
+    UnsafeGlobal(1, "emulated", GlobalName("toytrain.state", None, "LOSS_LOG"), -1, (), 1, None, None),
+    UnsafeGlobal(1 << 40, "emulated", GlobalName("toytrain.state", None, "LOSS_LOG"), 1, (), 1, None, None),
+    UnsafeGlobal(1, "npu; rm -rf /", GlobalName("toytrain.state", None, "LOSS_LOG"), 1, (), 1, None, None),
+    UnsafeGlobal(1, "emulated", GlobalName("toytrain.state", None, "LOSS_LOG"), 1, (), 1, None, None, healed="yes"),  # type: ignore[arg-type]
+    UnsafeGlobal(1, "emulated", GlobalName("toytrain.state", None, "LOSS_LOG"), "2", (), 1, None, None),  # type: ignore[arg-type]
+    UnsafeGlobal(1, "emulated", GlobalName("toytrain.state", None, "f"), 1, (), 1, None, None, cached="yes"),  # type: ignore[arg-type]
     Summary(1, "emulated", "fix-it", 1, 0, 0, 0.1, None),  # type: ignore[arg-type]
     Summary(1, "emulated", "report", 1, 0, 0, float("nan"), None),
     Summary(1, "emulated", "report", 1, 0, 0, 0.1, ["stopped"]),  # type: ignore[arg-type]
@@ -325,7 +328,7 @@ HOSTILE = [
 
 def test_a_hostile_record_is_ignored_without_a_traceback(tmp_path):
     log = tmp_path / "train.log"
-    good = UnsafeGlobal(1, "emulated", "toytrain.state", None, "_EMA_GRAD_NORM", 1, (), None, None, None)
+    good = UnsafeGlobal(1, "emulated", GlobalName("toytrain.state", None, "_EMA_GRAD_NORM"), 1, (), None, None, None)
     damaged = JSON_START + ', "event": ["unsafe"]}'
     log.write_text(prefixed(1, [*map(format_line, HOSTILE), "[unsafe-doctor sentinel] " + damaged, format_line(good)]))
     report, code = diagnosed(str(log), "--source-root", str(FRAMEWORK))
@@ -350,8 +353,8 @@ def test_a_log_of_clean_checks_is_no_finding(tmp_path):
 def test_a_global_the_step_writes_before_reading_is_no_finding(tmp_path):
     """The sentinel logged it as harmless (knowledge_base/step_written.yaml): nothing to fix."""
     log = tmp_path / "train.log"
-    scale = UnsafeGlobal(1, "emulated", "megatron.core.transformer.moe.moe_utils", "MoEAuxLossAutoScaler",
-                         "main_loss_backward_scale", 1, (), None, None, None, written_by_step="megatron.moe-aux-loss-scale")
+    name = GlobalName("megatron.core.transformer.moe.moe_utils", "MoEAuxLossAutoScaler", "main_loss_backward_scale")
+    scale = UnsafeGlobal(1, "emulated", name, 1, (), None, None, None, written_by_step="megatron.moe-aux-loss-scale")
     log.write_text(prefixed(1, [format_line(scale), format_line(records(1)[3])]))
     result = run("diagnose", str(log), "--format", "json", "--no-input")
     report = json.loads(result.stdout)

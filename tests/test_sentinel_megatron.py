@@ -84,15 +84,15 @@ def recovery():
 
 
 def named(report: SentinelReport) -> set[str]:
-    return {item.dotted for item in report.still_unsafe}
+    return {item.name.dotted for item in report.still_unsafe}
 
 
 def test_the_sentinel_names_every_global_the_held_back_fixes_repair_with_its_rule_and_scenario(recovery):
-    found = {item.dotted: (item.rule, item.scenario) for item in recovery.before.unsafe}
+    found = {item.name.dotted: (item.rule, item.scenario) for item in recovery.before.unsafe}
     assert {name: found.get(name) for name in HELD_BACK} == HELD_BACK
     scenarios = {rule.id: rule.scenario for rule in load_knowledge().rules}
     assert all(scenarios[rule] == scenario for rule, scenario in HELD_BACK.values())
-    assert {item.dotted for item in recovery.before.unsafe if item.cached} == {f"{ROTARY}.forward"}
+    assert {item.name.dotted for item in recovery.before.unsafe if item.cached} == {f"{ROTARY}.forward"}
     assert {item.backend for item in recovery.before.unsafe} == {recovery.before.summary.backend} == {"emulated"}
     assert recovery.before.summary.stopped_early is None
 
@@ -103,13 +103,13 @@ def test_the_sentinel_names_exactly_the_held_back_globals_and_none_after_the_fix
 
 
 def test_what_the_step_writes_before_reading_is_named_apart_with_the_knowledge_that_says_so(recovery):
-    written = {item.dotted: item.written_by_step for item in recovery.before.unsafe if item.written_by_step}
+    written = {item.name.dotted: item.written_by_step for item in recovery.before.unsafe if item.written_by_step}
     assert written == WRITTEN_BY_THE_STEP
     assert recovery.before.summary.unsafe_globals == len(HELD_BACK)  # the summary counts what a step would die on
 
 
 def test_no_false_alarm_on_parameters_optimizer_state_or_a_buffer_the_recovery_refreshed_with_copy(recovery):
-    found = {item.dotted for item in recovery.before.unsafe}
+    found = {item.name.dotted for item in recovery.before.unsafe}
     assert not found & recovery.parameter_holders
     assert recovery.optimizer_holder not in found
     assert REFRESHED_BY_THE_RECOVERY not in found
@@ -118,7 +118,7 @@ def test_no_false_alarm_on_parameters_optimizer_state_or_a_buffer_the_recovery_r
 
 
 def test_heal_runs_the_scenario_1_rules_and_their_globals_check_safe_but_never_heals_scenario_2(recovery):
-    outcome = {item.dotted: (item.healed, item.heal_error) for item in recovery.healed.unsafe}
+    outcome = {item.name.dotted: (item.healed, item.heal_error) for item in recovery.healed.unsafe}
     scenario_1 = {name for name, (_, scenario) in HELD_BACK.items() if scenario == 1}
     assert {name: outcome[name] for name in scenario_1} == dict.fromkeys(scenario_1, (True, None))
     assert outcome[f"{MOE}.router.TopKRouter.expert_bias"] == (False, None)

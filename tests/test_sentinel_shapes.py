@@ -132,16 +132,16 @@ def faulted(**options):
 def test_the_tensor_is_found_by_its_path_and_holder(shapes, shape):
     variable, paths = EXPECTED[shape]
     report = faulted()
-    found = {item.dotted: list(item.paths) for item in report.unsafe}
+    found = {item.name.dotted: list(item.paths) for item in report.unsafe}
     assert found[f"{MODULE}.{variable}"] == [f"{MODULE}.{path}" for path in paths]
-    holder = next(item for item in report.unsafe if item.dotted == f"{MODULE}.{variable}")
+    holder = next(item for item in report.unsafe if item.name.dotted == f"{MODULE}.{variable}")
     owner, _, name = variable.rpartition(".")
-    assert (holder.module, holder.owner or "", holder.variable) == (MODULE, owner, name)
+    assert (holder.name.module, holder.name.owner or "", holder.name.variable) == (MODULE, owner, name)
 
 
 def test_every_shape_at_once_is_named_and_nothing_else(shapes):
     report = faulted()
-    assert {item.dotted for item in report.unsafe} == {f"{MODULE}.{variable}" for variable, _ in EXPECTED.values()}
+    assert {item.name.dotted for item in report.unsafe} == {f"{MODULE}.{variable}" for variable, _ in EXPECTED.values()}
     assert (report.summary.stopped_early, report.summary.not_walked) == (None, 0)
 
 
@@ -159,7 +159,7 @@ def test_a_tensor_past_the_depth_limit_is_counted_and_its_first_place_named(shap
     within, beyond = shapes.torch.zeros(1), shapes.torch.zeros(1)
     shapes.SHALLOW, shapes.DEEP = _nested(within, 12), _nested(beyond, 20)
     report = faulted()
-    found = {item.dotted: list(item.paths) for item in report.unsafe}
+    found = {item.name.dotted: list(item.paths) for item in report.unsafe}
     assert found[f"{MODULE}.SHALLOW"] == [f"{MODULE}.SHALLOW" + "[0]" * 12]
     assert f"{MODULE}.DEEP" not in found
     assert report.summary.stopped_early == (

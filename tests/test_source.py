@@ -11,6 +11,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.source.files import package_folder, python_files
 from unsafe_doctor.source.imports import Imports, module_member, module_named
 from unsafe_doctor.source.resolve import Scope, Tier, resolve
@@ -193,7 +194,7 @@ def test_resolver_called_from_an_index_of_modules_names_the_global_a_function_re
     }
     ema = found["state._EMA_GRAD_NORM"]
     assert ema is not None
-    assert (ema.tier, ema.module, ema.owner, ema.variable) == (Tier.GLOBAL, "toytrain.state", None, "_EMA_GRAD_NORM")
+    assert (ema.tier, ema.name) == (Tier.GLOBAL, GlobalName("toytrain.state", None, "_EMA_GRAD_NORM"))
 
 
 def test_module_member_follows_a_package_re_export_and_descends_into_submodules(tmp_path):

@@ -10,6 +10,7 @@ from unsafe_doctor.knowledge.classify import Classification, Classified, Unclass
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.knowledge.render.template import FixPlan, NoFix
 from unsafe_doctor.knowledge.subject import Evidence, Subject, TensorRef
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.tracebacks import Frame
 
 LEGACY_ADAPTOR = Path(__file__).parents[1] / "samples" / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
@@ -25,9 +26,10 @@ class Item:
 
 
 def test_a_subject_from_the_source_names_the_global_as_locate_would():
-    subject = Subject.of_global("pkg.state", "table", "Holder", "/src/pkg/state.py", 3, function="Holder.reset", code="x")
-    assert subject.tensor == TensorRef("Holder.table", "table", "pkg.state", "Holder")
-    assert subject.tensor.dotted == "pkg.state.Holder.table"
+    name = GlobalName("pkg.state", "Holder", "table")
+    subject = Subject.of_global(name, "/src/pkg/state.py", 3, function="Holder.reset", code="x")
+    assert subject.tensor == TensorRef("Holder.table", GlobalName("pkg.state", "Holder", "table"))
+    assert subject.tensor.name.dotted == "pkg.state.Holder.table"
     assert subject.frame == Frame("/src/pkg/state.py", 3, "Holder.reset", "x")
     assert (subject.source_file, subject.source_differs) == ("/src/pkg/state.py", False)
 
@@ -38,7 +40,7 @@ def test_evidence_prints_as_file_line_what():
 
 def test_the_users_answer_plans_the_generic_fix_for_a_subject_with_no_log():
     context = groundwork().detect(adaptor=LEGACY_ADAPTOR)
-    subject = Subject.of_global("toytrain.state", "LOSS_LOG", None, "/src/toytrain/state.py", 22)
+    subject = Subject.of_global(GlobalName("toytrain.state", None, "LOSS_LOG"), "/src/toytrain/state.py", 22)
     classification = classify_as(subject, 1, context, ())
     assert isinstance(classification, Classified) and isinstance(classification.fix, FixPlan)
     plan = plan_fix([Item(subject, classification)], context)
@@ -48,7 +50,7 @@ def test_the_users_answer_plans_the_generic_fix_for_a_subject_with_no_log():
 
 def test_a_fix_the_names_cannot_fill_is_skipped_with_its_own_reason_not_a_parsed_note():
     context = groundwork().detect(adaptor=LEGACY_ADAPTOR)
-    subject = Subject(TensorRef("tracker[name]", "tracker", None, None), None, None)  # no module: no import to write
+    subject = Subject(TensorRef("tracker[name]", GlobalName(None, None, "tracker")), None, None)  # no module: no import to write
     classification = classify_as(subject, 1, context, ())
     assert isinstance(classification.fix, NoFix)
     assert classification.fix.reason.startswith("no fix can be shown: the fix must import the module that holds the "

@@ -26,7 +26,7 @@ from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.log import inputs, reading
 from unsafe_doctor.log.arguments import DUMP_MARKERS, read_arguments
 from unsafe_doctor.log.lines import split_lines
-from unsafe_doctor.report.diagnosis import to_json
+from unsafe_doctor.report.diagnosis import diagnosis_json
 from unsafe_doctor.report.terminal import Hanging
 
 ROOT = Path(__file__).parents[1]
@@ -179,7 +179,7 @@ def test_untraced_release_is_named_and_no_search_for_a_traceback_is_advised(tmp_
 
 def test_json_gives_the_untraced_ranks_one_finding_with_its_suspects(tmp_path):
     log = write_log(tmp_path, dump(MOE), IN_TREE_LINES, [CATCH_V26, PTA_ERROR])
-    report = to_json(diagnose([str(log)], groundwork()))
+    report = diagnosis_json(diagnose([str(log)], groundwork()))
     (finding,) = report["findings"]
     assert finding["found_by"] == ["mindio-catch"] and finding["tensor"] is None and finding["ranks"] == [3]
     first = finding["suspects"][0]
@@ -398,7 +398,7 @@ def test_a_name_kept_in_two_modules_of_one_release_is_one_suspect(tmp_path):
     """MindSpeed's AG_SHARED_EXPERTS_INPUTS lives in moe_utils and moe_common; the log cannot tell which the step read."""
     log = write_log(tmp_path, dump({**MOE, "moe_permutation_async_comm": "True"}), IN_TREE_LINES, [CATCH_V26, PTA_ERROR])
     _, shortlist = shortlist_of(log)
-    named = [suspect for suspect in shortlist.suspects if suspect.tensor.variable == "AG_SHARED_EXPERTS_INPUTS"]
+    named = [suspect for suspect in shortlist.suspects if suspect.tensor.name.variable == "AG_SHARED_EXPERTS_INPUTS"]
     assert [(suspect.rule.id, suspect.alternatives) for suspect in named] == [
         ("mindspeed.ag-shared-experts-inputs", ("mindspeed.ag-shared-experts-inputs-moe-common",))]
     assert "mindspeed.ag-shared-experts-inputs-moe-common" not in {item.rule for item in shortlist.excluded}

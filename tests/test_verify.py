@@ -155,7 +155,7 @@ def test_scenario_1_fix_is_proven_with_nothing_unsafe_left(toytrain, loss_log):
     write_fix(loss_log, adaptor, [toytrain])
     result = replay(loss_log, adaptor, [toytrain])
     [verdict] = result.verdicts
-    assert (verdict.target.label, verdict.target.scenario) == ("toytrain.state.LOSS_LOG", 1)
+    assert (verdict.target.name.dotted, verdict.target.scenario) == ("toytrain.state.LOSS_LOG", 1)
     assert verdict.outcome == "proven", verdict.problems
     assert "no unsafe tensor left in toytrain.state.LOSS_LOG" in verdict.patched
     assert result.sentinel == {"unpatched": ("toytrain.state.LOSS_LOG",), "patched": ()}
@@ -499,7 +499,7 @@ def test_the_sentinel_sample_log_is_fixed_in_one_go_and_both_fixes_are_proven(to
     log = SAMPLES / "logs" / "toytrain_sentinel.log"
     adaptor = toytrain / "toytrain" / "recovery.py"
     red = replay(log, adaptor, [toytrain])
-    assert {verdict.target.label: verdict.outcome for verdict in red.verdicts} == {
+    assert {verdict.target.name.dotted: verdict.outcome for verdict in red.verdicts} == {
         "toytrain.state.LOSS_LOG": "no-fix", "toytrain.state._EMA_GRAD_NORM": "no-fix"}
     write_fix(log, adaptor, [toytrain])
     green = replay(log, adaptor, [toytrain, PROBES], probe=STEP)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.replay.launch import ReplayStopped, rank_crash
 from unsafe_doctor.replay.plan import ReplayPlan, Target
 from unsafe_doctor.replay.results import Blame, Milestone, RankCrash
@@ -177,8 +178,8 @@ def _numpy_missing() -> bool:
 
 
 def _plan() -> ReplayPlan:
-    target = Target("generic.replica-copy:toytrain.state._EMA_GRAD_NORM", "toytrain.state._EMA_GRAD_NORM", 2, None,
-                    "toytrain.state", "_EMA_GRAD_NORM", None)
+    target = Target("generic.replica-copy:toytrain.state._EMA_GRAD_NORM", GlobalName("toytrain.state", None, "_EMA_GRAD_NORM"),
+                    2, None)
     functions = {"send": "send_rank_repair", "recv": "recv_rank_repair", "rollback": "feature_rollback"}
     return ReplayPlan((target,), (), (), functions, {}, (), "block", 2, 1, 0, (), timeout=3.0)
 

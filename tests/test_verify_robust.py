@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.replay.plan import Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import RankResult, RunResult, StepOutcome
-from unsafe_doctor.replay.verify import judge
+from unsafe_doctor.replay.verify import judge_replay
 
 ROOT = Path(__file__).resolve().parent.parent
 EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"
@@ -323,10 +324,10 @@ def test_progress_goes_to_stderr_on_a_terminal_and_nowhere_else(toytrain):
 # --- judging what the ranks found (results as ranks write them, no process group) ----------------------
 
 
-EMA = Target("generic.replica-copy:toytrain.state._EMA_GRAD_NORM", "toytrain.state._EMA_GRAD_NORM", 2,
-             "generic.replica-copy", "toytrain.state", "_EMA_GRAD_NORM", None)
-LOSS = Target("generic.reinitialise:toytrain.state.LOSS_LOG", "toytrain.state.LOSS_LOG", 1,
-              "generic.reinitialise", "toytrain.state", "LOSS_LOG", None)
+EMA = Target("generic.replica-copy:toytrain.state._EMA_GRAD_NORM", GlobalName("toytrain.state", None, "_EMA_GRAD_NORM"), 2,
+             "generic.replica-copy")
+LOSS = Target("generic.reinitialise:toytrain.state.LOSS_LOG", GlobalName("toytrain.state", None, "LOSS_LOG"), 1,
+              "generic.reinitialise")
 FUNCTIONS = {"rollback": "feature_rollback", "send": "send_rank_repair", "recv": "recv_rank_repair"}
 UNSAFE = "There is unsafe data in the input tensor."
 
@@ -337,11 +338,11 @@ def judged(targets: tuple[Target, ...], unpatched: RunResult, patched: RunResult
     plan = ReplayPlan(targets, blocks, (), FUNCTIONS, {}, (), "adaptor", 2, 1, 0, ())
     clean = RunResult(resume={target.key: StepOutcome() for target in targets})
     results = [RankResult(0, "emulated", clean, clean), RankResult(1, "emulated", unpatched, patched)]
-    return list(judge(plan, (), results, "gloo", 1.0).verdicts)
+    return list(judge_replay(plan, (), results, "gloo", 1.0).verdicts)
 
 
 def red(*targets: Target) -> RunResult:
-    return RunResult(resume={target.key: StepOutcome(UNSAFE, "/job/train.py:62", target.label) for target in targets})
+    return RunResult(resume={target.key: StepOutcome(UNSAFE, "/job/train.py:62", target.name.dotted) for target in targets})
 
 
 def test_a_fix_block_that_breaks_the_adaptors_import_fails_rather_than_not_modelled():
@@ -350,7 +351,7 @@ def test_a_fix_block_that_breaks_the_adaptors_import_fails_rather_than_not_model
 
 
 def test_a_step_that_dies_on_another_findings_global_names_it_and_says_the_fix_held():
-    died_on_loss = StepOutcome(UNSAFE, "/job/state.py:28", LOSS.label)
+    died_on_loss = StepOutcome(UNSAFE, "/job/state.py:28", LOSS.name.dotted)
     patched = RunResult(resume={EMA.key: died_on_loss, LOSS.key: died_on_loss}, equal={EMA.key: True})
     ema, loss = judged((EMA, LOSS), red(EMA, LOSS), patched)
     assert ema.outcome == loss.outcome == "failed"

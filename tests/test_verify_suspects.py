@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.replay.plan import AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import RankResult, RunResult, StepOutcome
-from unsafe_doctor.replay.verify import judge
-from unsafe_doctor.report.verification import to_json, unfixed_globals
+from unsafe_doctor.replay.verify import judge_replay
+from unsafe_doctor.report.verification import unfixed_globals, verification_json
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "tests" / "corpus" / "logs"
@@ -131,8 +132,8 @@ def test_a_suspects_fix_goes_red_then_green_and_is_proven_for_that_suspect_only(
 # --- the verdict and the report of a suspect, from results as ranks write them (no process group) -----------
 
 
-SUSPECT = Target("megatron.router-expert-bias", f"{ROUTER}.expert_bias", 2, "megatron.router-expert-bias",
-                 ROUTER, "expert_bias", None, suspect=1)
+SUSPECT = Target("megatron.router-expert-bias", GlobalName(ROUTER, None, "expert_bias"), 2, "megatron.router-expert-bias",
+                 suspect=1)
 HELD = f"{ROUTER}.TopKRouter.expert_bias"  # how the sentinel and a dying step name it: by the class that holds it
 FUNCTIONS = {"rollback": "feature_rollback", "send": "send_rank_repair", "recv": "recv_rank_repair"}
 UNSAFE = "There is unsafe data in the input tensor."
@@ -144,12 +145,12 @@ def judged(patched: RunResult):
     plan = ReplayPlan((SUSPECT,), (block,), (code,), FUNCTIONS, {}, (), "adaptor", 2, 1, 0, ())
     clean = RunResult(resume={SUSPECT.key: StepOutcome()})
     red = RunResult(resume={SUSPECT.key: StepOutcome(UNSAFE, "/mc/moe_utils.py:719", HELD)}, sentinel=(HELD,))
-    return judge(plan, (), [RankResult(0, "emulated", clean, clean), RankResult(1, "emulated", red, patched)], "gloo", 1.0)
+    return judge_replay(plan, (), [RankResult(0, "emulated", clean, clean), RankResult(1, "emulated", red, patched)], "gloo", 1.0)
 
 
 def test_the_json_says_what_a_suspects_proof_shows_and_what_it_does_not():
     verification = judged(RunResult(resume={SUSPECT.key: StepOutcome()}, equal={SUSPECT.key: True}, sentinel=()))
-    [verdict] = to_json(verification)["verdicts"]
+    [verdict] = verification_json(verification)["verdicts"]
     assert verdict["outcome"] == "proven"
     assert verdict["unpatched"] == f"reproduced `{UNSAFE}` on rank 1 at /mc/moe_utils.py:719"  # no "reading" another
     assert verdict["suspect"] == {
@@ -159,7 +160,7 @@ def test_the_json_says_what_a_suspects_proof_shows_and_what_it_does_not():
         "does_not_prove": "that suspect 1 is the global this log's fault left unsafe (the log has no traceback): "
                           "`unsafe-doctor sentinel install` names that one at the next fault",
     }
-    assert json.loads(json.dumps(to_json(verification))) == to_json(verification)
+    assert json.loads(json.dumps(verification_json(verification))) == verification_json(verification)
 
 
 def test_the_global_a_suspects_step_dies_on_is_the_suspect_when_named_by_its_class():

@@ -160,7 +160,7 @@ def run(entry: Entry, *, log_only: bool = False) -> Outcome:
 
 def _fields(diagnosed: DiagnosedFinding, knowledge: KnowledgeBase) -> dict:
     classification, tensor = diagnosed.classification, diagnosed.finding.tensor
-    variable = tensor.variable if tensor else None
+    variable = tensor.name.variable if tensor else None
     if variable is None and classification.rule is not None:
         variable = knowledge.rule(classification.rule).match.variable
     return {"variable": variable, "ranks": list(diagnosed.finding.ranks), "scenario": classification.scenario,

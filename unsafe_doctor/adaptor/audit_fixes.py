@@ -28,7 +28,7 @@ class _Fixable:
 def _fixable(result: Audit) -> dict[str, _Fixable]:
     """The fixable holders, by name."""
     return {
-        item.holder.name: _Fixable(item.subject, item.classification)
+        item.holder.name.dotted: _Fixable(item.subject, item.classification)
         for item in result.fixable
         if isinstance(item.classification, Classified)
     }

@@ -84,7 +84,7 @@ class AdaptorSource:
 
 
 @dataclass(frozen=True)
-class Site:
+class BlockSite:
     """The function a block goes into, with what it and its file bind."""
 
     function: AdaptorFunction
@@ -103,10 +103,10 @@ class Adaptor:
 
     def source(self, path: Path) -> AdaptorSource:
         if path not in self._sources:
-            self._sources[path] = read_source(path)
+            self._sources[path] = read_adaptor_file(path)
         return self._sources[path]
 
-    def site(self, function: AdaptorFunction) -> Site:
+    def site(self, function: AdaptorFunction) -> BlockSite:
         """The function with its file's module-level names and its own, for a block at its insertion point."""
         if function.path not in self._trees:
             source = self.source(function.path)
@@ -116,7 +116,7 @@ class Adaptor:
         tree, names = self._trees[function.path]
         assert function.insert_at is not None, "Adaptor.function refuses a function whose body is on its `def` line"
         node = find_function(tree, function.name, function.first_line)
-        return Site(function, names, function_names(node, function.insert_at + 1))
+        return BlockSite(function, names, function_names(node, function.insert_at + 1))
 
     def function(self, name: str, role: Role) -> AdaptorFunction:
         """The one function of that name in the adaptor's files; refuses zero or several."""
@@ -139,7 +139,7 @@ class Adaptor:
         return function
 
 
-def read_source(path: Path) -> AdaptorSource:
+def read_adaptor_file(path: Path) -> AdaptorSource:
     try:
         data = path.read_bytes()
     except OSError as error:
@@ -147,7 +147,7 @@ def read_source(path: Path) -> AdaptorSource:
     return _parsed_source(path, data)
 
 
-def detached_site(name: str, parameters: Sequence[str]) -> Site:
+def detached_site(name: str, parameters: Sequence[str]) -> BlockSite:
     """A function of that name and those parameters, alone in a file that binds nothing: where a
     block goes that is to be pasted at the end of the user's function, with no adaptor at hand."""
     text = f"def {name}({', '.join(parameters)}):\n    pass\n"
@@ -155,7 +155,7 @@ def detached_site(name: str, parameters: Sequence[str]) -> Site:
     [function] = source.functions
     tree = ast.parse(text)
     assert function.insert_at is not None
-    return Site(function, module_names(tree, None), function_names(find_function(tree, name, 1), function.insert_at + 1))
+    return BlockSite(function, module_names(tree, None), function_names(find_function(tree, name, 1), function.insert_at + 1))
 
 
 def _parsed_source(path: Path, data: bytes) -> AdaptorSource:
@@ -431,7 +431,7 @@ def read_adaptor(environment: Environment) -> tuple[AdaptorFile, ...]:
     sentinel into every rank and, in mode raise, stop the recovery on what the replay leaves)."""
     files = []
     for path in adaptor_files(environment):
-        source = read_source(path)
+        source = read_adaptor_file(path)
         removed = without_blocks(source)
         unpatched = removed[0] if removed is not None else source.data
         sentinel = without_blocks(source, lambda key: key == SENTINEL_KEY)

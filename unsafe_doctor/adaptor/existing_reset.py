@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from unsafe_doctor.adaptor.code import adaptor_files, block_spans, read_source
+from unsafe_doctor.adaptor.code import adaptor_files, block_spans, read_adaptor_file
 from unsafe_doctor.knowledge.classify import Classified
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.rules import KnowledgeBase
 from unsafe_doctor.knowledge.subject import Subject
-from unsafe_doctor.recovery_code.refs import HolderKey
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.source.syntax import callee_name
 
 if TYPE_CHECKING:  # for types only: `fix` reads the adaptor's coverage only where a finding has a fix to place
@@ -56,7 +56,8 @@ def existing_reset(
     environment = context.environment
     if environment.adaptor is None or adaptor_coverage is None:
         return ()
-    if any(span.key == key for path in adaptor_files(environment) if path.is_file() for span in block_spans(read_source(path))):
+    ours = (span for path in adaptor_files(environment) if path.is_file() for span in block_spans(read_adaptor_file(path)))
+    if any(span.key == key for span in ours):
         return ()
     for holder in _globals_of(subject, classification, context.knowledge):
         coverage = adaptor_coverage.of(holder)
@@ -70,22 +71,21 @@ def existing_reset(
         if importers and coverage.how == "reset":
             return (f"the adaptor rebinds {holder.variable} ({coverage.sites[0].file}:{coverage.sites[0].line}), but "
                     f"{importers[0]} imported it by name and keeps the old object: the block resets it in place",)
-        shown = ".".join(part for part in holder if part)
-        return AlreadyReset(0, shown, coverage, _doubts(coverage, environment.adaptor))
+        return AlreadyReset(0, holder.dotted, coverage, _doubts(coverage, environment.adaptor))
     return ()
 
 
-def _globals_of(subject: Subject, classification: Classified, knowledge: KnowledgeBase) -> list[HolderKey]:
+def _globals_of(subject: Subject, classification: Classified, knowledge: KnowledgeBase) -> list[GlobalName[str, str]]:
     """The globals a reset of this finding could name: the tensor's own, then those its rule names
     (the memory buffer's read fails in GlobalMemoryBuffer.buffer; the adaptor resets _GLOBAL_MEMORY_BUFFER)."""
     tensor = subject.tensor
     found = []
-    if tensor is not None and tensor.variable and tensor.module:
-        found.append(HolderKey(tensor.module, tensor.owner, tensor.variable))
+    if tensor is not None and tensor.name.variable and tensor.name.module:
+        found.append(GlobalName(tensor.name.module, tensor.name.owner, tensor.name.variable))
     rule = knowledge.rule(classification.rule) if classification.rule else None
     for block in rule.matches if rule is not None else ():
         if block.variable and block.module and not any(char in block.module for char in "*?["):
-            found.append(HolderKey(block.module, block.owner, block.variable))
+            found.append(GlobalName(block.module, block.owner, block.variable))
     return list(dict.fromkeys(found))
 
 

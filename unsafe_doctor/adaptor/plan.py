@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Protocol
 from unsafe_doctor.adaptor.code import (
     Adaptor,
     AdaptorFunction,
+    BlockSite,
     Role,
-    Site,
     adaptor_files,
     detached_site,
-    read_source,
+    read_adaptor_file,
     without_blocks,
 )
 from unsafe_doctor.adaptor.existing_reset import AlreadyReset, existing_reset
@@ -59,6 +59,7 @@ from unsafe_doctor.knowledge.render.template import FixPlan, NoFix
 from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase, Rule, is_safe_dotted, map_parameters
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import Environment
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.source.markers import SENTINEL_KEY
 
 if TYPE_CHECKING:
@@ -89,14 +90,14 @@ class Skipped:
 # A fix that must not be written (a log's name that is no Python name, an adaptor function missing or
 # ambiguous, an edit that would not compile) is refused with UsageError: it stops the whole command
 # before anything is shown or written.
-Outcome = Planned | Skipped | AlreadyReset
+FixOutcome = Planned | Skipped | AlreadyReset
 
 
 @dataclass(frozen=True)
 class Plan:
     edits: tuple[FileEdit, ...]  # files that change, each with every change for it
     present: tuple[str, ...]  # blocks the adaptor already holds
-    outcomes: tuple[Outcome, ...]  # one per finding given
+    outcomes: tuple[FixOutcome, ...]  # one per finding given
     notes: tuple[str, ...]
     profile: str | None = None  # the adaptor profile the blocks were written for, and why it
     profile_why: str | None = None
@@ -140,7 +141,7 @@ def plan_fix(
     profile = map_parameters(environment.profile, {role: name for role, name in (parameters or {}).items() if role != "group"})
     requests: list[_Request] = []
     coverage: AdaptorCoverage | None = None  # the adaptor read once, when a finding has a fix
-    outcomes: list[Outcome] = []
+    outcomes: list[FixOutcome] = []
     notes: list[str] = []
     for number, item in enumerate(findings, 1):
         classification = item.classification
@@ -180,11 +181,11 @@ def _unresolved_module(subject: Subject) -> str | None:
     """Why a fix cannot name the global's module: the log reads it through a name (`state._EMA`) that,
     with no source read, is only a guess at the module (`state` for `toytrain.state`)."""
     tensor = subject.tensor
-    if tensor is None or tensor.module is None or subject.source_file is not None or tensor.runs_as_main:
+    if tensor is None or tensor.name.module is None or subject.source_file is not None or tensor.runs_as_main:
         return None
-    if tensor.expression.split(".")[0] != tensor.module.rpartition(".")[2]:
+    if tensor.expression.split(".")[0] != tensor.name.module.rpartition(".")[2]:
         return None
-    return (f"the log reads {tensor.expression} through the name {tensor.module}, which without the job's source "
+    return (f"the log reads {tensor.expression} through the name {tensor.name.module}, which without the job's source "
             f"is a guess at its module: give --source-root so that the fix imports the module that holds it")
 
 
@@ -206,8 +207,8 @@ def _companions(
         variable = companion.match.variable
         if variable is None:  # a rule for globals by pattern names no one state to repair
             continue
-        tensor = replace(subject.tensor, expression=variable, variable=variable,
-                         module=companion.match.module or subject.tensor.module)
+        name = GlobalName(companion.match.module or subject.tensor.name.module, subject.tensor.name.owner, variable)
+        tensor = replace(subject.tensor, expression=variable, name=name)
         fixed = classify_with_rule(companion, replace(subject, tensor=tensor), context)
         if isinstance(fixed.fix, FixPlan):
             found.append((companion, fixed.fix, replace(subject, tensor=tensor)))
@@ -268,7 +269,7 @@ class BlockRequest(Protocol):
     @property
     def function(self) -> str: ...  # the adaptor function's name
 
-    def block(self, site: Site, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
+    def block(self, site: BlockSite, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
         """The block's lines (markers included, indented for the site's function) and notes on how it was written."""
         ...
 
@@ -327,7 +328,7 @@ class _Request:
     code: str
     scenario: int
 
-    def block(self, site: Site, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
+    def block(self, site: BlockSite, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
         """The block's lines, without line endings, indented for the function's body; notes on how it was written."""
         rendered = render(self.code, self.imports, self.scenario, site, profile, group, self.key)
         return marked_block(self.key, self.comment, rendered.lines, site.function), rendered.notes
@@ -338,7 +339,7 @@ def _check_log_names(subject: Subject) -> None:
     tensor = subject.tensor
     if tensor is None:
         return
-    for label, name in (("variable", tensor.variable), ("module", tensor.module), ("owner", tensor.owner)):
+    for label, name in (("variable", tensor.name.variable), ("module", tensor.name.module), ("owner", tensor.name.owner)):
         if name is not None and not is_safe_dotted(name):
             shown = name if len(name) <= 60 else name[:57] + "..."
             raise UsageError(f"the log gives {label} {shown!r} where a Python name belongs: refusing to write it into code")
@@ -374,7 +375,7 @@ def marker_key(subject: Subject, classification: Classified, knowledge: Knowledg
 
 
 def _tensor_name(subject: Subject) -> str | None:
-    return subject.tensor.dotted if subject.tensor else None
+    return subject.tensor.name.dotted if subject.tensor else None
 
 
 # --- revert ---------------------------------------------------------------------------------------
@@ -386,7 +387,7 @@ def plan_revert(environment: Environment, *, sentinel: bool = False) -> Plan:
     edits = []
     notes = []
     for path in adaptor_files(environment):
-        source = read_source(path)
+        source = read_adaptor_file(path)
         removed = without_blocks(source, lambda key: (key == SENTINEL_KEY) is sentinel)
         if removed is None:
             notes.append(f"{source.shown}: no {'sentinel block' if sentinel else 'unsafe-doctor fix blocks'}")

@@ -51,7 +51,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from unsafe_doctor.adaptor.code import Role, Site, adaptor_files, block_spans, enclosing_function, read_source
+from unsafe_doctor.adaptor.code import BlockSite, Role, adaptor_files, block_spans, enclosing_function, read_adaptor_file
 from unsafe_doctor.adaptor.plan import Plan, plan_blocks
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.render.block import marked_block
@@ -87,7 +87,7 @@ class SentinelRequest:
     key: str = SENTINEL_KEY
     role: Role = "rollback"
 
-    def block(self, site: Site, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
+    def block(self, site: BlockSite, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
         """The imports, the keeper's call and the sentinel's; a note when the function has no train_args to pass."""
         function = site.function
         train_args = role_parameter(profile, "train_args", function.parameters)
@@ -149,7 +149,7 @@ def _end_of_rollback(environment: Environment, profile: AdaptorProfile, function
     if "rollback" in functions:
         return functions["rollback"]
     callback = profile.rollback_callback
-    names = {function.name for path in adaptor_files(environment) for function in read_source(path).functions}
+    names = {function.name for path in adaptor_files(environment) for function in read_adaptor_file(path).functions}
     return callback if callback in names else profile.rollback
 
 
@@ -157,7 +157,7 @@ def _installed(environment: Environment) -> tuple[str, Mode | None] | None:
     """Where the adaptor's files hold the sentinel's block already, as `fix.Plan.present` says it, and
     its mode where that is report or heal and the block has no guard."""
     for path in adaptor_files(environment):
-        source = read_source(path)
+        source = read_adaptor_file(path)
         for span in block_spans(source):
             if span.key == SENTINEL_KEY:
                 function = enclosing_function(source, span.begin + 1)

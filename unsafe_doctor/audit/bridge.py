@@ -57,13 +57,14 @@ def _named_frame(holder: Holder, specific: list[Rule]) -> Frame | None:
     resolved: dict[str, str] = {}
     sites = (_frame(site, resolved) for site in (holder.definition, *holder.writers, *holder.readers))
     definition = Path(_resolved(holder.definition.file, resolved))
-    named = (frame_named(rule, holder.variable, holder.module, holder.owner, definition) for rule in specific)
+    name = holder.name
+    named = (frame_named(rule, name.variable, name.module, name.owner, definition) for rule in specific)
     return next(
         (
             candidate
             for candidate in chain(sites, (frame for frame in named if frame is not None))
             if any(
-                rule_matches(rule, holder.variable, holder.module, holder.owner, candidate.file, candidate.function)
+                rule_matches(rule, name.variable, name.module, name.owner, candidate.file, candidate.function)
                 for rule in specific
             )
         ),
@@ -74,19 +75,15 @@ def _named_frame(holder: Holder, specific: list[Rule]) -> Frame | None:
 def _subject(holder: Holder, cached: bool = False) -> Subject:
     """The holder read at its definition."""
     frame = _frame(holder.definition)
-    return Subject.of_global(
-        holder.module, holder.variable, holder.owner, frame.file, frame.line,
-        function=frame.function, code=frame.source, cached=cached,
-    )
+    return Subject.of_global(holder.name, frame.file, frame.line, function=frame.function, code=frame.source, cached=cached)
 
 
 def _cache_classification(holder: Holder, context: RunContext) -> Classified:
     """A cache holds values computed from its arguments and computes them again when missing: scenario
     1 by its nature, fixed by emptying it. (The source heuristics would read every file naming the
     function, and names such as `forward` are everywhere.)"""
-    cached = f"{holder.owner}.{holder.variable}" if holder.owner else holder.variable
     reason = (
-        f"{cached} is a cache: what it returns is computed from its arguments and computed again once "
+        f"{holder.name.qualname} is a cache: what it returns is computed from its arguments and computed again once "
         "emptied, so it carries nothing into the next step; empty it with cache_clear() in the rollback"
     )
     evidence = (Evidence(holder.definition.file, holder.definition.line, f"decorated with a cache: `{holder.definition.code}`"),)

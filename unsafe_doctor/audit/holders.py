@@ -15,12 +15,13 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from unsafe_doctor.knowledge.rules import Rule, RuleMatch, variable_pattern
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.recovery_code.flow_scope import FlowScope, Place, functions_of
 from unsafe_doctor.recovery_code.index import Index, ModuleInfo, Span, register_buffer_name
 from unsafe_doctor.recovery_code.model import Holder, HolderKind, InstanceHolderKind, Placement, Site
 from unsafe_doctor.recovery_code.names import Accessors
 from unsafe_doctor.recovery_code.places import combine
-from unsafe_doctor.recovery_code.refs import ClassKey, HolderKey
+from unsafe_doctor.recovery_code.refs import ClassKey
 from unsafe_doctor.recovery_code.uses import Use, shortened, sites
 from unsafe_doctor.recovery_code.vocabulary import COMMUNICATION_INTO, CONTAINER_ADD, CONTAINER_REMOVE, updates_data_in_place
 from unsafe_doctor.recovery_code.walk import Walker
@@ -33,11 +34,11 @@ class ScanFindings:
     """What the scan of every audited module found, by holder."""
 
     def __init__(self) -> None:
-        self.uses: dict[HolderKey, list[Use]] = {}
+        self.uses: dict[GlobalName[str, str], list[Use]] = {}
         self.classes: dict[ClassKey, list[Evidence]] = {}  # tensors a class's methods keep in `self`
         self.members: dict[ClassKey, list[tuple[ClassKey, Use]]] = {}  # instances of other classes it keeps there
-        self.returns: dict[HolderKey, list[Evidence]] = {}  # tensors cached functions return
-        self.buffers: dict[HolderKey, tuple[Place | None, Use]] = {}  # register_buffer calls
+        self.returns: dict[GlobalName[str, str], list[Evidence]] = {}  # tensors cached functions return
+        self.buffers: dict[GlobalName[str, str], tuple[Place | None, Use]] = {}  # register_buffer calls
         self.rule_named: list[tuple[Path, Holder]] = []  # what rules name in each module (`named_by_rules`)
 
     def take(self, other: ScanFindings, modules: dict[Path, ModuleInfo], position: dict[Path, int]) -> None:
@@ -88,7 +89,7 @@ class FrameworkScanner(Walker):
         super().__init__(index, accessors, scope)
         self.found = found
 
-    def record(self, key: HolderKey, use: Use) -> None:
+    def record(self, key: GlobalName[str, str], use: Use) -> None:
         self.found.uses.setdefault(key, []).append(use)
 
     def stored_in_self(self, value: ast.expr | None) -> None:
@@ -113,7 +114,7 @@ class FrameworkScanner(Walker):
         if place is None and _annotated_tensor(function.returns):
             place = "unknown"
         if place is not None:
-            key = HolderKey(self.scope.module.name, self.scope.owner, function.name)
+            key = GlobalName(self.scope.module.name, self.scope.owner, function.name)
             self.found.returns.setdefault(key, []).append((place, self.make("read")))
 
     def registering_buffer(self, call: ast.Call) -> None:
@@ -121,7 +122,7 @@ class FrameworkScanner(Walker):
         value = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "tensor"), None)
         if name is None or self.scope.owner is None:
             return
-        key = HolderKey(self.scope.module.name, self.scope.owner, name)
+        key = GlobalName(self.scope.module.name, self.scope.owner, name)
         self.found.buffers.setdefault(key, (self.places.of(value) if value is not None else None, self.make("store")))
 
 
@@ -164,7 +165,7 @@ def holders(found: ScanFindings, index: Index) -> list[Holder]:
     return result
 
 
-def _holder(found: ScanFindings, info: ModuleInfo, key: HolderKey, uses: list[Use]) -> Holder | None:
+def _holder(found: ScanFindings, info: ModuleInfo, key: GlobalName[str, str], uses: list[Use]) -> Holder | None:
     if key.owner is None and key.variable in info.imported:
         return None  # a module bound by an import (`te = MagicMock()` only stands in for it when absent)
     definition: Use | None = None
@@ -188,9 +189,7 @@ def _holder(found: ScanFindings, info: ModuleInfo, key: HolderKey, uses: list[Us
     writers = [use for use in uses if _writes(use)]
     return Holder(
         kind=kind,
-        module=key.module,
-        owner=key.owner,
-        variable=key.variable,
+        name=key,
         placement=_placement(placement),
         definition=definition.site() if definition is not None else _definition(info, key, uses, evidence),
         evidence=sites([use for place, use in evidence if place != "cpu"]),
@@ -241,7 +240,7 @@ def _kept_in_instances(found: ScanFindings, cls: ClassKey) -> list[Evidence]:
     return kept
 
 
-def _definition(info: ModuleInfo, key: HolderKey, uses: list[Use], evidence: list[Evidence]) -> Site:
+def _definition(info: ModuleInfo, key: GlobalName[str, str], uses: list[Use], evidence: list[Evidence]) -> Site:
     """Where the holder is defined: its module-level or class-body binding, its function, else its
     first write."""
     node: object = None
@@ -279,11 +278,11 @@ def conversion_only(holder: Holder, rules: Sequence[Rule]) -> bool:
     writes and reads, none imports and no rule names: conversion runs at load or offline, never in
     a training step, so recovery never meets what it keeps (MindSpeed-LLM's `convert_hf2mg`, which
     `training/checkpointing.py` calls when it loads Hugging Face weights)."""
-    name = holder.module.rpartition(".")[2]
+    name = holder.name.module.rpartition(".")[2]
     if name != "convert" and not name.startswith("convert_"):
         return False
     named = (match for rule in rules for match in rule.matches if match.variable or match.variable_regex)  # not a frame's
-    if any(match.names(holder.variable, holder.module, holder.owner) for match in named):
+    if any(match.names(holder.name.variable, holder.name.module, holder.name.owner) for match in named):
         return False
     home = holder.definition.file
     return not holder.importers and all(site.file == home for site in (*holder.evidence, *holder.writers, *holder.readers))
@@ -294,11 +293,11 @@ def named_by_rules(found: ScanFindings, holders: Sequence[Holder]) -> list[Holde
     glob; module globals, and attributes of a class, its own or set on `self`) and the scan did not
     find: the knowledge base knows they hold device tensors, even where the code that fills them
     says nothing a scan can read (`CACHED_SEQ = opt_seq`, `self.inv_freq = ...` in a non-singleton)."""
-    known = {holder.key for holder in holders}
+    known = {holder.name for holder in holders}
     added: list[Holder] = []
     for _, holder in found.rule_named:
-        if holder.key not in known:
-            known.add(holder.key)
+        if holder.name not in known:
+            known.add(holder.name)
             added.append(holder)
     return added
 
@@ -307,8 +306,9 @@ def _named_by_rules_in(info: ModuleInfo, rules: Sequence[Rule]) -> list[Holder]:
     """What the rules name in one module, in the order of the rules and their blocks."""
     blocks = [block for rule in rules for block in rule.matches
               if block.module is not None and fnmatchcase(info.name, block.module) and _may_name(block, info.text)]
-    named: dict[str | None, list[tuple[HolderKey, ast.stmt | ast.expr | Span, HolderKind]]] = {}  # by the block's class
-    found: dict[HolderKey, Holder] = {}
+    # by the block's class
+    named: dict[str | None, list[tuple[GlobalName[str, str], ast.stmt | ast.expr | Span, HolderKind]]] = {}
+    found: dict[GlobalName[str, str], Holder] = {}
     for block in blocks:
         if block.owner not in named:
             named[block.owner] = _named_in(info, block.owner)
@@ -317,7 +317,7 @@ def _named_by_rules_in(info: ModuleInfo, rules: Sequence[Rule]) -> list[Holder]:
                 continue
             code = (source_segment(info.text, node) or "").strip().splitlines()
             site = Site(info.shown, node.lineno, key.owner, shortened(code[0]) if code else key.variable)
-            found[key] = Holder(kind, info.name, key.owner, key.variable, "unknown", site, (), (), (), ())
+            found[key] = Holder(kind, key, "unknown", site, (), (), (), ())
     return list(found.values())
 
 
@@ -334,15 +334,15 @@ def _may_name(block: RuleMatch, text: str) -> bool:
     return variable_pattern(pattern).search(text) is not None and variable_pattern(rf"\b(?:{pattern})\b").search(text) is not None
 
 
-def _named_in(info: ModuleInfo, owner: str | None) -> list[tuple[HolderKey, ast.stmt | ast.expr | Span, HolderKind]]:
+def _named_in(info: ModuleInfo, owner: str | None) -> list[tuple[GlobalName[str, str], ast.stmt | ast.expr | Span, HolderKind]]:
     """What a rule block could name in a module: its assigned globals (when the block names no
     class), and the attributes of its classes (of `owner` only, when the block names one)."""
-    named: list[tuple[HolderKey, ast.stmt | ast.expr | Span, HolderKind]] = []
+    named: list[tuple[GlobalName[str, str], ast.stmt | ast.expr | Span, HolderKind]] = []
     if owner is None:
         for variable in sorted(info.names):
             span = info.spans.get(variable)  # None: an import, or only a function's `global` binds it
             if span is not None:
-                named.append((HolderKey(info.name, None, variable), span, "module-global"))
+                named.append((GlobalName(info.name, None, variable), span, "module-global"))
     classes = [name for name in info.outlines if owner in (None, name)]  # the tree is read only for them
     for cls in (info.classes[name] for name in classes):
         attributes: dict[str, ast.stmt | ast.expr | Span] = dict(cls.attributes)
@@ -354,7 +354,7 @@ def _named_in(info: ModuleInfo, owner: str | None) -> list[tuple[HolderKey, ast.
         attributes.update(cls.buffers)
         for variable, node in sorted(attributes.items()):
             kind: HolderKind = "buffer" if variable in cls.buffers else "class-attribute"
-            named.append((HolderKey(info.name, cls.name, variable), node, kind))
+            named.append((GlobalName(info.name, cls.name, variable), node, kind))
     return named
 
 

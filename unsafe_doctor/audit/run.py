@@ -107,8 +107,8 @@ def _audit(
         found = ScanFindings()
         unreadable = _scan(files, index, accessors, knowledge.rules, found, progress)
         scanned = holders(found, index)
-        conversion = tuple(holder.name for holder in scanned if conversion_only(holder, knowledge.rules))
-        framework = [holder for holder in scanned if holder.name not in conversion]
+        conversion = tuple(holder.name.dotted for holder in scanned if conversion_only(holder, knowledge.rules))
+        framework = [holder for holder in scanned if holder.name.dotted not in conversion]
         framework += named_by_rules(found, framework)
         index.let_go()
         collection.scanned()
@@ -132,7 +132,7 @@ def _audit(
             if judge is not None and verdict.status == "uncovered":
                 verdict = _our_block(classified, ours) or verdict
             audited.append(AuditedHolder(holder, verdict, classified, subject))
-    audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name))
+    audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name.dotted))
     stale = (
         stale_resets(environment.adaptor, environment.profile, environment, index.workspace, knowledge.rules)
         if environment.adaptor else []

@@ -28,10 +28,10 @@ app = typer.Typer(
     "unsafe-doctor LOG, or a log piped in, runs diagnose.",
     epilog=examples("unsafe-doctor"),
 )
-app.command("diagnose", epilog=examples("diagnose"))(reporting(diagnose.command))
-app.command("fix", epilog=examples("fix"))(reporting(fix.command))
-app.command("audit", epilog=examples("audit"))(reporting(audit.command))
-app.command("verify", epilog=examples("verify"))(reporting(verify.command))
+app.command("diagnose", epilog=examples("diagnose"))(reporting(diagnose.diagnose_command))
+app.command("fix", epilog=examples("fix"))(reporting(fix.fix_command))
+app.command("audit", epilog=examples("audit"))(reporting(audit.audit_command))
+app.command("verify", epilog=examples("verify"))(reporting(verify.verify_command))
 app.add_typer(rules.app, name="rules")
 app.add_typer(sentinel.app, name="sentinel")
 
@@ -63,7 +63,7 @@ def _completion(value: str | None, install: bool) -> None:
         print(completion.script(shell))
         raise typer.Exit(0)
     try:
-        installed = completion.install(shell)
+        installed = completion.install_completion(shell)
     except OSError as error:  # a read-only home, a full disk
         where = f" ({error.filename})" if error.filename else ""
         raise UsageError(f"cannot install {shell} completion{where}: {os_reason(error)}") from None

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from unsafe_doctor.report.common import NextStep
 
 
-def command(
+def audit_command(
     paths: Annotated[
         list[Path] | None,
         typer.Argument(
@@ -103,11 +103,11 @@ def command(
     elapsed = time.perf_counter() - started
     plan = plan_fixes(result) if fix else None  # refused before any output
     if output_format is LocatedFormat.json:
-        print_json(report.to_json(result))
+        print_json(report.audit_json(result))
     elif output_format is LocatedFormat.sarif:
-        print_json(report.to_sarif(result, plan_fixes_per_holder(result)))
+        print_json(report.audit_sarif(result, plan_fixes_per_holder(result)))
     else:
-        print_rich(report.to_text(result, elapsed, None if fix else _with_fix(paths, adaptor, rules or (), result)))
+        print_rich(report.audit_text(result, elapsed, None if fix else _with_fix(paths, adaptor, rules or (), result)))
     left = len(result.uncovered)
     if plan is not None:
         left -= len(_write_fixes(result, plan, dry_run=dry_run, yes=yes, no_input=no_input))

@@ -35,7 +35,7 @@ def script(shell: str) -> str:
     return get_completion_script(prog_name=PROGRAM, complete_var=COMPLETE_VARIABLE, shell=shell)
 
 
-def install(shell: str) -> Installed:
+def install_completion(shell: str) -> Installed:
     """Install completion for `shell` (bash, zsh, fish, powershell or pwsh) in the user's home.
     OSError where a file cannot be written; UsageError where PowerShell cannot tell its profile."""
     home = Path.home()

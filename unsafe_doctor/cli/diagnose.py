@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from unsafe_doctor.diagnose.pipeline import Diagnosis
 
 
-def command(
+def diagnose_command(
     logs: LogsArgument = None,
     output_format: LocatedFormatOption = LocatedFormat.text,
     no_input: NoInputOption = False,
@@ -58,13 +58,13 @@ def command(
     adaptor_not_output(diagnosis.context.environment)
     elapsed = time.perf_counter() - started
     if output_format is LocatedFormat.json:
-        print_json(report.to_json(diagnosis))
+        print_json(report.diagnosis_json(diagnosis))
     elif output_format is LocatedFormat.sarif:
-        print_json(report.to_sarif(diagnosis))
+        print_json(report.diagnosis_sarif(diagnosis))
     else:
-        from unsafe_doctor.report.diagnosis_text import to_text  # rich loads when a report is rendered
+        from unsafe_doctor.report.diagnosis_text import diagnosis_text  # rich loads when a report is rendered
 
-        print_rich(to_text(diagnosis, elapsed, _previews(diagnosis), verbose=verbose))
+        print_rich(diagnosis_text(diagnosis, elapsed, _previews(diagnosis), verbose=verbose))
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         repair = offer_fixes(diagnosis, invocation, yes=yes, no_input=no_input)
         offer_for_untraced(diagnosis, invocation, yes=yes, no_input=no_input)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from unsafe_doctor.report.common import NextStep
 
 
-def command(
+def fix_command(
     logs: LogsArgument = None,
     adaptor: AdaptorOption = None,
     function: FunctionOption = None,
@@ -110,7 +110,7 @@ def command(
         apply = invocation.command("fix", environment.adaptor, *options, "--yes", log=not revert)
         tell_outcome(plan, written, dry_run=dry_run, interactive=interactive, apply=apply)
     else:
-        print_document(report.to_json(plan, written, dry_run), written)
+        print_document(report.fix_json(plan, written, dry_run), written)
     unapplied = bool(plan.edits) and not written
     return 0 if dry_run or not (unapplied or plan.skipped) else 1
 

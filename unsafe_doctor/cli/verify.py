@@ -36,7 +36,7 @@ class ReplayMode(str, Enum):
     block = "block"
 
 
-def command(
+def verify_command(
     logs: LogsArgument = None,
     adaptor: AdaptorOption = None,
     source_root: SourceRootOption = None,
@@ -99,7 +99,7 @@ def command(
     if outcome is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
     if output_format is Format.json:
-        print_json(report.to_json(outcome))
+        print_json(report.verification_json(outcome))
     else:
         invocation = Invocation(paths, source_root or (), rules or (), log_only)
         adaptor_path = diagnosis.context.environment.adaptor
@@ -109,7 +109,7 @@ def command(
             audit = ["unsafe-doctor", "audit", *map(str, source_root), *named, "--fix"]
             others = NextStep(printable(shlex.join(audit)))
         write_fix = invocation.command("fix", adaptor_path, *suspect_options(chosen), "--yes")
-        print_rich(report.to_text(outcome, write_fix=write_fix, fix_others=others))
+        print_rich(report.verification_text(outcome, write_fix=write_fix, fix_others=others))
     return outcome.exit_code
 
 

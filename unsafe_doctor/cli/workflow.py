@@ -265,7 +265,7 @@ def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invo
     import importlib.util
 
     from unsafe_doctor.replay import verify as verification
-    from unsafe_doctor.report.verification import to_text
+    from unsafe_doctor.report.verification import verification_text
 
     if importlib.util.find_spec("torch") is None:
         say("not verified: verify replays on torch, which is not installed (pip install 'unsafe-doctor[replay]')")
@@ -275,14 +275,14 @@ def _verify_now(diagnosis: Diagnosis, knowledge: KnowledgeBase, invocation: Invo
         outcome = verification.verify(plan, skipped)
     if outcome is None:
         return None
-    print_rich(to_text(outcome, write_fix=invocation.command("fix", adaptor, "--yes")))
+    print_rich(verification_text(outcome, write_fix=invocation.command("fix", adaptor, "--yes")))
     return outcome.exit_code == 0
 
 
 def _ask_scenario(terminal: prompts.Terminal, item: DiagnosedFinding, context: RunContext) -> DiagnosedFinding:
     """Nothing classified this tensor: the person decides, with the evidence in front of them."""
     tensor = item.finding.tensor
-    name = printable(tensor.variable or tensor.expression) if tensor else "the tensor"
+    name = printable(tensor.name.variable or tensor.expression) if tensor else "the tensor"
     terminal.tell(f"\n{name} is unclassified: {printable(item.classification.reason)}\n")
     for line in item.classification.evidence:
         terminal.tell(f"  {printable(str(line))}\n")

@@ -509,7 +509,7 @@ def _parameters(function: Function) -> list[str]:
 def _hands_back_a_global(resolved: Resolved) -> bool:
     """A call's result counts when it is what a global keeps: an lru cache's, or a global the
     function returns (`get_rotation_matrix(x)` returning `_ROTATION_MATRIX`)."""
-    return resolved.cached or (resolved.tier == Tier.GLOBAL and resolved.variable is not None)
+    return resolved.cached or (resolved.tier == Tier.GLOBAL and resolved.name.variable is not None)
 
 
 # Globals of Megatron's and MindSpeed's that hold the run's arguments, tokenizer, timers and writers:
@@ -522,7 +522,7 @@ _NO_TENSOR_GLOBALS = frozenset({
 
 
 def _holds_no_tensor(resolved: Resolved) -> bool:
-    return resolved.tier >= Tier.GUESS and resolved.variable in _NO_TENSOR_GLOBALS
+    return resolved.tier >= Tier.GUESS and resolved.name.variable in _NO_TENSOR_GLOBALS
 
 
 def _guessed_constant(parts: list[ast.expr], resolved: Resolved, arithmetic: set[int]) -> bool:
@@ -530,7 +530,7 @@ def _guessed_constant(parts: list[ast.expr], resolved: Resolved, arithmetic: set
     is a constant by convention (PEP 8), never guessed a tensor. A module-private one (`x * _EMA`)
     and any name subscripted, called or written (`_TRACKER[name]`, `BUF += x`) is still guessed. With
     source, a name bound to a literal is never a tensor (`resolve`'s constant flags)."""
-    variable = resolved.variable or ""
+    variable = resolved.name.variable or ""
     return resolved.tier == Tier.GUESS and id(parts[-1]) in arithmetic and not variable.startswith("_")
 
 
@@ -603,25 +603,25 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
         notes.append(f"{resolved.parameter} is a parameter of {where}: its caller could not be followed")
     notes.extend(resolved.notes)
     notes.extend(_path_notes(option, others, view.origin is Origin.INDEX))
-    assumed = views.workspace.assumed_releases.get(resolved.module or "")
+    assumed = views.workspace.assumed_releases.get(resolved.name.module or "")
     if assumed:
-        notes.append(f"{resolved.module} was read from the index of {assumed}: no frame of the log is of that "
+        notes.append(f"{resolved.name.module} was read from the index of {assumed}: no frame of the log is of that "
                      "framework, so its newest release there stands in")
     expression = _expression_text(parts, resolved.anchor, text)
     entry = frames[0]  # the outermost frame: `<module>` of the script the job ran, as `__main__`
-    runs_as_main = (entry.function == "<module>" and resolved.module is not None
-                    and views.view(entry).scope.module == resolved.module)
-    tensor = TensorRef(expression, resolved.variable, resolved.module, resolved.owner, resolved.cached, runs_as_main)
+    runs_as_main = (entry.function == "<module>" and resolved.name.module is not None
+                    and views.view(entry).scope.module == resolved.name.module)
+    tensor = TensorRef(expression, resolved.name, resolved.cached, runs_as_main)
     read = caller or view
     alternatives = tuple({(each.variable, each.module): each for each in _alternatives(option, others)}.values())
     return _Analysis(culprit, tensor, source_file, _unique(notes), view.differs, read.origin, read.release, alternatives)
 
 
 def _alternatives(chosen: _Option, others: list[_Option]) -> list[Alternative]:
-    found = [Alternative(each.resolved.variable or "", each.resolved.module, each.path.describe().removeprefix("on ")
+    found = [Alternative(each.resolved.name.variable or "", each.resolved.name.module, each.path.describe().removeprefix("on ")
                          if each.path is not None and each.path.test is not None else "on another path")
              for each in chosen.undecided]
-    found += [Alternative(each.resolved.variable or "", each.resolved.module, "another operand of the line")
+    found += [Alternative(each.resolved.name.variable or "", each.resolved.name.module, "another operand of the line")
               for each in others]
     return found
 
@@ -659,7 +659,7 @@ class _Option:
     others: tuple[str, ...] = ()  # the values of the operand's other paths, which reach no global
 
     def names(self) -> tuple[str | None, str | None]:
-        return self.resolved.module, self.resolved.variable
+        return self.resolved.name.module, self.resolved.name.variable
 
 
 def _choose_tensor(site: _Site, candidates: list[_Candidate]) -> tuple[_Option, list[_Option]]:
@@ -671,7 +671,7 @@ def _choose_tensor(site: _Site, candidates: list[_Candidate]) -> tuple[_Option, 
         options.extend(_options(site, parts, resolved))
     options = [option for option in options if not _holds_no_tensor(option.resolved)] or options
     best = max(options, key=lambda option: option.resolved.tier)
-    others = [option for option in options if option.resolved.tier >= Tier.GUESS and option.resolved.variable
+    others = [option for option in options if option.resolved.tier >= Tier.GUESS and option.resolved.name.variable
               and option.names() != best.names()]
     return best, list({option.names(): option for option in others}.values())
 
@@ -692,7 +692,7 @@ def _options(site: _Site, parts: list[ast.expr], resolved: Resolved) -> list[_Op
             continue
         bound = _bound(site, path.value) or [_Option(parts, _unresolved_local(resolved), None)]
         options.extend(replace(option, path=path, because=because) for option in bound)
-    named = {option.names(): option for option in options if option.resolved.tier >= Tier.GUESS and option.resolved.variable}
+    named = {option.names(): option for option in options if option.resolved.tier >= Tier.GUESS and option.resolved.name.variable}
     if not named or (len(named) == 1 and direct.names() in named):
         return [direct]  # the paths name no global, or the one the operand's own reading names
     operand = ast.unparse(parts[-1] if parts[0] is not parts[-1] and _is_self(parts) else parts[0])
@@ -739,7 +739,7 @@ def _paths(view: _FrameView, parts: list[ast.expr], resolved: Resolved) -> list[
 
 
 def _unresolved_local(resolved: Resolved) -> Resolved:
-    return replace(resolved, tier=Tier.LOCAL, variable=None, parameter=None, cached=False)
+    return replace(resolved, tier=Tier.LOCAL, name=replace(resolved.name, variable=None), parameter=None, cached=False)
 
 
 def _bound(site: _Site, value: ast.expr, depth: int = 0) -> list[_Option]:
@@ -793,7 +793,7 @@ def _path_notes(chosen: _Option, others: list[_Option], skeleton: bool) -> list[
     notes = []
     if chosen.undecided:
         notes.append(f"{chosen.operand} is bound on several paths the log does not choose between: "
-                     + "; ".join(f"{each.resolved.variable} of {each.resolved.module}{_when(each.path)}"
+                     + "; ".join(f"{each.resolved.name.variable} of {each.resolved.name.module}{_when(each.path)}"
                                  for each in chosen.undecided))
     elif chosen.path is not None:
         if chosen.because:
@@ -805,7 +805,7 @@ def _path_notes(chosen: _Option, others: list[_Option], skeleton: bool) -> list[
         rest = f"; otherwise {', or '.join(chosen.others)}" if chosen.others else ""
         notes.append(f"{chosen.operand} is bound on several paths: {why}{rest}")
     for other in others:
-        notes.append(f"the line may also have read {other.resolved.variable} of {other.resolved.module}: "
+        notes.append(f"the line may also have read {other.resolved.name.variable} of {other.resolved.name.module}: "
                      "two globals remain, the sentinel names the one that was unsafe")
     return notes
 

@@ -130,7 +130,7 @@ def diagnose(
     loss_scaling = recovery.read_loss_scaling(line for excerpt in scan.facts for line in _lines(excerpt))
     tracebacks = _tracebacks(window_lines)
     unsafe = [tb for tb in tracebacks if any(is_unsafe_error(link) for link in tb.chain())]
-    sentinel = sentinel_findings.read(line for excerpt in scan.records for line in _lines(excerpt))
+    sentinel = sentinel_findings.read_sentinel_lines(line for excerpt in scan.records for line in _lines(excerpt))
     arguments = read_arguments(line for excerpt in scan.dumps for line in _lines(excerpt))
     switches = arguments.values if arguments else {}
     findings = sentinel_findings.merge(locate(unsafe, groundwork.workspace, switches), sentinel.findings)
@@ -221,8 +221,9 @@ def _classify(finding: Finding, run: RunContext, loss_scaling: LossScaling | Non
     does; an lru cache the sentinel found is one by its nature."""
     subject = finding.subject
     tensor = subject.tensor
-    if finding.traceback is None and tensor is not None and tensor.variable is not None:
-        named = (frame_named(rule, tensor.variable, tensor.module, tensor.owner, None) for rule in run.knowledge.rules)
+    variable = tensor.name.variable if tensor is not None else None
+    if finding.traceback is None and tensor is not None and variable is not None:
+        named = (frame_named(rule, variable, tensor.name.module, tensor.name.owner, None) for rule in run.knowledge.rules)
         subject = replace(subject, frame=next((frame for frame in named if frame is not None), None))
     if finding.sentinel is not None and tensor is not None and tensor.cached:
         return classify_cache(subject, run, loss_scaling)

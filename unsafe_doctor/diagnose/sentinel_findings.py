@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
 from unsafe_doctor.knowledge.rules import is_safe_dotted
 from unsafe_doctor.knowledge.subject import TensorRef
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.lines import RANK_DIGITS, LogLine
 from unsafe_doctor.log.sentinel_lines import SCHEMA, Failure, Record, Summary, UnsafeGlobal, parse_failure, parse_line
 from unsafe_doctor.log.sentinel_modes import MODES
@@ -41,9 +42,9 @@ class SentinelLines:
     failures: tuple[Failure, ...] = ()  # where the adaptor's block could not run it (each once), with the line's rank
 
 
-def read(lines: Iterable[LogLine]) -> SentinelLines:
+def read_sentinel_lines(lines: Iterable[LogLine]) -> SentinelLines:
     """The records of the sentinel's lines (`inputs.Scan.records`, split into lines)."""
-    named: dict[tuple[bool, str | None, str | None, str], list[UnsafeGlobal]] = {}
+    named: dict[tuple[bool, GlobalName[str | None, str]], list[UnsafeGlobal]] = {}
     checks: dict[Summary, None] = {}
     failures: dict[Failure, None] = {}
     ignored = 0
@@ -57,7 +58,7 @@ def read(lines: Iterable[LogLine]) -> SentinelLines:
         elif isinstance(record, Summary):
             checks[record] = None
         elif record.written_by_step is None:  # else harmless by the sentinel's knowledge: the step writes it first
-            named.setdefault((record.cached, record.module, record.owner, record.variable), []).append(record)
+            named.setdefault((record.cached, record.name), []).append(record)
     return SentinelLines(tuple(_finding(records) for records in named.values()), tuple(checks), ignored, tuple(failures))
 
 
@@ -87,8 +88,8 @@ def _checked(record: Record | None, line_rank: int | None) -> Record | None:
         return None
     if isinstance(record, Summary):
         return _checked_summary(record)
-    names = (record.module, record.owner)
-    if not is_safe_dotted(record.variable) or not all(name is None or is_safe_dotted(name) for name in names):
+    names = (record.name.module, record.name.owner)
+    if not is_safe_dotted(record.name.variable) or not all(name is None or is_safe_dotted(name) for name in names):
         return None
     flags_ok = isinstance(record.healed, bool) and isinstance(record.cached, bool)
     if not _count(record.tensors) or not flags_ok or not isinstance(record.written_by_step, str | None):
@@ -135,8 +136,7 @@ def _finding(records: Sequence[UnsafeGlobal]) -> Finding:
         healed_ranks=tuple(sorted({record.rank for record in healed if record.rank is not None})),
         healed_everywhere=len(healed) == len(records),
     )
-    expression = f"{first.owner}.{first.variable}" if first.owner else first.variable
-    tensor = TensorRef(expression, first.variable, first.module, first.owner, cached=first.cached)
+    tensor = TensorRef(first.name.qualname, first.name, cached=first.cached)
     return Finding(ranks, None, None, None, tensor, None, (), origin=Origin.SENTINEL, sentinel=seen)
 
 
@@ -146,10 +146,10 @@ def _same_global(located: TensorRef | None, named: TensorRef | None) -> bool:
     if located is None or named is None:
         return False
     return (
-        located.variable == named.variable
+        located.name.variable == named.name.variable
         and located.cached == named.cached
-        and located.module in (None, named.module)
-        and located.owner in (None, named.owner)
+        and located.name.module in (None, named.name.module)
+        and located.name.owner in (None, named.name.owner)
     )
 
 
@@ -158,9 +158,10 @@ def _united(finding: Finding, seen: Finding) -> Finding:
     module or owner the traceback could not tell is the sentinel's."""
     assert finding.tensor is not None and seen.tensor is not None and seen.sentinel is not None
     known, named = finding.tensor, seen.tensor
-    tensor = replace(known, module=known.module or named.module, owner=known.owner or named.owner)
+    name = replace(known.name, module=known.name.module or named.name.module, owner=known.name.owner or named.name.owner)
+    tensor = replace(known, name=name)
     notes = finding.notes
     if tensor != finding.tensor:
-        notes = (*notes, f"{tensor.dotted}: named so by the sentinel's lines, which the traceback alone could not tell")
+        notes = (*notes, f"{tensor.name.dotted}: named so by the sentinel's lines, which the traceback alone could not tell")
     ranks = tuple(sorted({*finding.ranks, *seen.ranks}))
     return replace(finding, ranks=ranks, tensor=tensor, notes=notes, sentinel=seen.sentinel)

@@ -34,6 +34,7 @@ from unsafe_doctor.knowledge.rules import READ_STAGES, AdaptorProfile, Rule, Rul
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.knowledge.writers import load_writers
 from unsafe_doctor.log.arguments import RunArguments
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.recovery import FaultReading, LossScaling
 
 if TYPE_CHECKING:
@@ -301,6 +302,5 @@ def _tensor(rule: Rule) -> TensorRef:
     block naming none gives its pattern as the expression."""
     block = _named_block(rule)
     module = block.module if block.module is not None and "*" not in block.module else None
-    variable = block.variable
-    expression = ".".join(part for part in (block.owner, variable) if part) or block.variable_regex or rule.title
-    return TensorRef(expression, variable, module, block.owner)
+    name = GlobalName(module, block.owner, block.variable)
+    return TensorRef(name.qualname or block.variable_regex or rule.title, name)

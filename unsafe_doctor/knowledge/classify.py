@@ -83,9 +83,9 @@ def classify(subject: Subject, context: RunContext, loss_scaling: LossScaling | 
     chosen, notes = _choose_rule(subject, knowledge, environment, loss_scaling)
     if chosen is not None:
         return _by_rule(*chosen, subject, context, notes)
-    from unsafe_doctor.knowledge.heuristics import judge  # only when no rule matched: it costs start-up time
+    from unsafe_doctor.knowledge.heuristics import judge_by_source  # only when no rule matched: it costs start-up time
 
-    verdict = judge(subject, context.workspace)
+    verdict = judge_by_source(subject, context.workspace)
     if verdict.scenario is None:
         return Unclassified(verdict.reason, verdict.evidence, notes)
     template = generic_template(knowledge, verdict.scenario, subject, context.workspace)
@@ -184,15 +184,15 @@ def global_kind(subject: Subject, workspace: Workspace | None) -> GlobalKind:
     tensor = subject.tensor
     if tensor is not None and tensor.cached:
         return "lru-cache"
-    if workspace is None or tensor is None or tensor.owner or not tensor.module or not tensor.variable:
+    if workspace is None or tensor is None or tensor.name.owner or not tensor.name.module or not tensor.name.variable:
         return "value"
-    path = workspace.module_path(tensor.module)
-    source = workspace.source(path, tensor.module) if path is not None and path.is_file() else None
+    path = workspace.module_path(tensor.name.module)
+    source = workspace.source(path, tensor.name.module) if path is not None and path.is_file() else None
     if source is None:
         return "value"
     annotated: list[GlobalKind | None] = []
     given: list[GlobalKind | None] = []
-    for statement in _assignments(source.tree, tensor.variable):
+    for statement in _assignments(source.tree, tensor.name.variable):
         if isinstance(statement, ast.AnnAssign):
             annotated.append(_annotated_kind(statement.annotation))
         if statement.value is not None and not _is_none(statement.value):
@@ -325,9 +325,9 @@ def _best_rule(
     for rule in knowledge.rules:
         block = matching_block(
             rule,
-            tensor.variable if tensor else None,
-            tensor.module if tensor else None,
-            tensor.owner if tensor else None,
+            tensor.name.variable if tensor else None,
+            tensor.name.module if tensor else None,
+            tensor.name.owner if tensor else None,
             frame.file if frame else None,
             frame.function if frame else None,
             loss_scaling,

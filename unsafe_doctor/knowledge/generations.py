@@ -77,7 +77,7 @@ class AdaptorMessage:
 
 
 @dataclass(frozen=True)
-class Evidence:
+class MessageEvidence:
     line: str  # the log line as written (a CRI writer's: its first piece), or the frame as Python prints it
     source: str  # the input it is in
     offset: int  # its byte offset there
@@ -91,9 +91,9 @@ class GenerationEvidence:
     decision: Decision
     generations: tuple[str, ...]  # the one decided, or those tied; empty for none
     counts: Mapping[str, int]  # per generation, the distinct messages of it the log shows (read-only)
-    evidence: tuple[Evidence, ...]  # each line that matched, by input and offset
+    evidence: tuple[MessageEvidence, ...]  # each line that matched, by input and offset
 
-    def shown(self, possible: Sequence[str]) -> tuple[tuple[Evidence, int], ...]:
+    def shown(self, possible: Sequence[str]) -> tuple[tuple[MessageEvidence, int], ...]:
         """Each message a generation still `possible` logs that the log shows, once, by its first line,
         with how many lines show it."""
         lines = [item for item in self.evidence if set(item.message.generations) & set(possible)]
@@ -142,7 +142,7 @@ def read_generation(messages: Sequence[AdaptorMessage], lines: Iterable[LogLine]
     generations = [profile.id for profile in profiles]
     known = tuple(message for message in messages if set(message.generations) & set(generations))
     matcher, modules = _matcher(known), _module_names(known)
-    evidence: list[Evidence] = []
+    evidence: list[MessageEvidence] = []
     seen: set[tuple[str, int]] = set()
     for line in lines:
         if (line.source, line.offset) in seen:
@@ -153,7 +153,7 @@ def read_generation(messages: Sequence[AdaptorMessage], lines: Iterable[LogLine]
             continue
         written = line.written or line.text
         best = _best(written, [known[index] for index in matched], modules)
-        evidence.extend(Evidence(written, line.source, line.offset, message) for message in best)
+        evidence.extend(MessageEvidence(written, line.source, line.offset, message) for message in best)
     evidence.extend(_frame_evidence(tracebacks, profiles))
     evidence.sort(key=lambda item: (item.source, item.offset))
     counts = {generation: len({item.message for item in evidence if generation in item.message.generations})
@@ -164,7 +164,7 @@ def read_generation(messages: Sequence[AdaptorMessage], lines: Iterable[LogLine]
     return GenerationEvidence(decision, winners, MappingProxyType(counts), tuple(evidence))
 
 
-def _frame_evidence(tracebacks: Iterable[Traceback], profiles: Sequence[AdaptorProfile]) -> Iterable[Evidence]:
+def _frame_evidence(tracebacks: Iterable[Traceback], profiles: Sequence[AdaptorProfile]) -> Iterable[MessageEvidence]:
     """Each frame in a file one of the profiles' `files` globs match, as evidence for the profiles that list the glob."""
     globs: dict[str, list[str]] = {}
     for profile in profiles:
@@ -177,7 +177,7 @@ def _frame_evidence(tracebacks: Iterable[Traceback], profiles: Sequence[AdaptorP
             path = PurePath(frame.file)
             for message, glob in zip(messages, globs, strict=True):
                 if path.match(glob):
-                    yield Evidence(f'File "{frame.file}", line {frame.line}, in {frame.function}', traceback.source,
+                    yield MessageEvidence(f'File "{frame.file}", line {frame.line}, in {frame.function}', traceback.source,
                                    traceback.offset, message)
 
 

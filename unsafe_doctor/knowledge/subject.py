@@ -9,22 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.tracebacks import Frame
 
 
 @dataclass(frozen=True, slots=True)
 class TensorRef:
     expression: str  # 'parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]'
-    variable: str | None  # '_MOE_AUX_LOSSES_LOGGING_TRACKER'; None when the line does not name it
-    module: str | None  # 'megatron.core.parallel_state'; None when unknown
-    owner: str | None  # class name when the tensor is an attribute of an object
-    cached: bool = False  # `variable` is an lru-cached function (or `owner`'s method) and the tensor its result
-    runs_as_main: bool = False  # `module` is the job's entry script, run as `__main__`: its globals live there
-
-    @property
-    def dotted(self) -> str | None:
-        """module.owner.variable, as far as known: how fixes and verdicts name the global."""
-        return ".".join(part for part in (self.module, self.owner, self.variable) if part) or None
+    # The global, as far as known: its variable None when the line does not name it (a local, a rule's
+    # pattern), its module None when unknown, its owner the class when the tensor is an object's attribute.
+    name: GlobalName[str | None, str | None]
+    cached: bool = False  # the variable is an lru-cached function (or the owner's method) and the tensor its result
+    runs_as_main: bool = False  # the module is the job's entry script, run as `__main__`: its globals live there
 
 
 @dataclass(frozen=True)
@@ -37,9 +33,7 @@ class Subject:
     @classmethod
     def of_global(
         cls,
-        module: str,
-        variable: str,
-        owner: str | None,
+        name: GlobalName[str, str],
         file: str,
         line: int | None,
         *,
@@ -48,9 +42,7 @@ class Subject:
         cached: bool = False,
     ) -> Subject:
         """A global known from the source, read at file:line (the source file is that file)."""
-        expression = f"{owner}.{variable}" if owner else variable
-        tensor = TensorRef(expression, variable, module, owner, cached)
-        return cls(tensor, Frame(file, line, function, code), file)
+        return cls(TensorRef(name.qualname, name, cached), Frame(file, line, function, code), file)
 
 
 @dataclass(frozen=True)

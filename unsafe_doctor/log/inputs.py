@@ -128,7 +128,7 @@ def _read_all(sources: Sequence[_Source], markers: Reading, stdin: BinaryIO | No
     if cores > 1 and len(tasks) > 1 and sum(_size(path) for _, path, _ in sources if path) >= PARALLEL_MIN:
         from unsafe_doctor.log import workers  # multiprocessing loads only when it is used
 
-        found = workers.run(_read_task, [(task, markers) for task in tasks], min(cores, len(tasks)), progress)
+        found = workers.run_in_workers(_read_task, [(task, markers) for task in tasks], min(cores, len(tasks)), progress)
     else:
         found = [_read_task(task, markers, stdin, progress) for task in tasks]
     per_source = []

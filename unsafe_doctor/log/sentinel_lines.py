@@ -17,9 +17,10 @@ a rank say ``[unsafe-doctor sentinel] failed, …``. No torch here: the log path
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.lines import RANK_DIGITS
 from unsafe_doctor.log.sentinel_modes import Mode
 
@@ -34,13 +35,12 @@ FAILED_LINE = f"{TAG} rank %s: {FAILED}%r"  # as the block logs it: torchrun's R
 @dataclass(frozen=True)
 class UnsafeGlobal:
     """A global whose tensors are still unsafe after the recovery: the module global, class attribute
-    or instance attribute (``owner`` set) that holds them, as rules name globals."""
+    or instance attribute (``owner`` set) that holds them, as rules name globals. Its line writes the
+    name's parts as ``module``, ``owner`` and ``variable``, in its place."""
 
     rank: int | None
     backend: str  # "npu" or "emulated": the one that checked
-    module: str | None
-    owner: str | None
-    variable: str
+    name: GlobalName[str | None, str]
     tensors: int  # unsafe tensors found behind it
     paths: tuple[str, ...]  # readable paths: every one in a report, the first few in a log line
     scenario: Literal[1, 2] | None  # what the knowledge base's rule says; None: no rule names it
@@ -51,10 +51,6 @@ class UnsafeGlobal:
     cached: bool = False  # `variable` is an lru-cached function: the tensors are its cache's keys and results
     written_by_step: str | None = None  # the knowledge entry saying a step writes it before reading it: harmless
     event: Literal["unsafe"] = "unsafe"
-
-    @property
-    def dotted(self) -> str:
-        return ".".join(part for part in (self.module, self.owner, self.variable) if part)
 
 
 @dataclass(frozen=True)
@@ -84,11 +80,18 @@ class Failure:
 
 Record = UnsafeGlobal | Summary
 _KINDS: dict[str, type[UnsafeGlobal] | type[Summary]] = {"unsafe": UnsafeGlobal, "summary": Summary}
+_NAME_PARTS = ("module", "owner", "variable")  # a GlobalName's fields, as a line's JSON writes them
 
 
 def format_line(record: Record) -> str:
     """The whole line: tag, words, JSON."""
-    payload = {"schema": SCHEMA, **asdict(record)}
+    payload: dict[str, Any] = {"schema": SCHEMA}
+    for field in fields(record):
+        value = getattr(record, field.name)
+        if isinstance(value, GlobalName):
+            payload.update(zip(_NAME_PARTS, (value.module, value.owner, value.variable), strict=True))
+        else:
+            payload[field.name] = value
     return f"{TAG} {_words(record)} {json.dumps(payload, ensure_ascii=True)}"
 
 
@@ -125,6 +128,10 @@ def _record(payload: dict[str, Any]) -> Record | None:
         return None
     names = {field.name for field in fields(kind)}
     values = {key: value for key, value in payload.items() if key in names}
+    if "name" in names:
+        if not all(part in payload for part in _NAME_PARTS):  # a field missing
+            return None
+        values["name"] = GlobalName(*(payload[part] for part in _NAME_PARTS))
     for key in ("paths", "not_walked_first"):
         if key in values:
             values[key] = tuple(values[key]) if isinstance(values[key], list) else ()
@@ -142,7 +149,8 @@ def _well_typed(record: Record) -> bool:
     if isinstance(record, Summary):
         counts = (record.tensors_checked, record.unsafe_globals, record.not_walked)
         return all(isinstance(count, int) for count in counts) and all(isinstance(path, str) for path in record.not_walked_first)
-    names_ok = isinstance(record.variable, str) and all(isinstance(part, str | None) for part in (record.module, record.owner))
+    name = record.name
+    names_ok = isinstance(name.variable, str) and all(isinstance(part, str | None) for part in (name.module, name.owner))
     return names_ok and record.scenario in (1, 2, None) and all(isinstance(path, str) for path in record.paths)
 
 
@@ -168,7 +176,7 @@ def _words(record: Record) -> str:
     if record.written_by_step:
         scenario = f", harmless: the step writes it before reading it ({record.written_by_step})"
     tensors = _counted(record.tensors, "tensor")
-    return f"{where}: {state} {record.dotted} ({tensors}{scenario}, {record.backend} backend)"
+    return f"{where}: {state} {record.name.dotted} ({tensors}{scenario}, {record.backend} backend)"
 
 
 def _counted(count: int, noun: str) -> str:

@@ -21,7 +21,7 @@ Result = TypeVar("Result")
 _read_so_far: Synchronized[int] | None = None  # bytes read by all workers, set before they fork
 
 
-def run(
+def run_in_workers(
     task: Callable[..., Result], arguments: Sequence[tuple[Any, ...]], processes: int, progress: Progress | None
 ) -> list[Result]:
     """`task(*arguments[i], None, add)` for every i, in `processes` workers; results in order."""

@@ -22,11 +22,12 @@ from pathlib import Path
 
 from unsafe_doctor.knowledge.rules import AdaptorProfile
 from unsafe_doctor.knowledge.versions import profile_files
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.recovery_code.flow_scope import FlowScope
 from unsafe_doctor.recovery_code.index import Index, ModuleInfo
 from unsafe_doctor.recovery_code.model import Coverage, Holder, HolderKind, How, Role, Site
 from unsafe_doctor.recovery_code.names import Accessors
-from unsafe_doctor.recovery_code.refs import FunctionRef, HolderKey
+from unsafe_doctor.recovery_code.refs import FunctionRef
 from unsafe_doctor.recovery_code.uses import Use, sites
 from unsafe_doctor.recovery_code.vocabulary import COMMUNICATION_FROM, COMMUNICATION_INTO, RESETS
 from unsafe_doctor.recovery_code.walk import Walker
@@ -49,7 +50,7 @@ class RecoveryReader(Walker):
         index: Index,
         accessors: Accessors,
         scope: FlowScope,
-        uses: dict[HolderKey, list[Use]],
+        uses: dict[GlobalName[str, str], list[Use]],
         via: tuple[str, ...] = (),
         seen: frozenset[tuple[Path, int, int]] = frozenset(),
     ):
@@ -58,7 +59,7 @@ class RecoveryReader(Walker):
         # the functions on the way here, by place: a module's tree read again has other nodes
         self.seen = seen | ({_place(scope.module, scope.function)} if scope.function is not None else set())
 
-    def record(self, key: HolderKey, use: Use) -> None:
+    def record(self, key: GlobalName[str, str], use: Use) -> None:
         self.uses.setdefault(key, []).append(use)
 
     def assigned_local(self, name: str, value: ast.expr) -> None:
@@ -103,7 +104,7 @@ class CoverageJudge:
         self.files = files
         self.shown = {index.display(path) for path in files}  # the adaptor's files, as sites name them
         self.functions: dict[Role, str] = {}
-        self.uses: dict[Role, dict[HolderKey, list[Use]]] = {}
+        self.uses: dict[Role, dict[GlobalName[str, str], list[Use]]] = {}
         roles: tuple[tuple[Role, str], ...] = (("rollback", profile.rollback), ("send", profile.send), ("recv", profile.recv))
         for role, name in roles:
             found = [(info, info.functions[name]) for info in map(index.module_of_file, files) if info and name in info.functions]
@@ -111,18 +112,18 @@ class CoverageJudge:
                 notes.append(f"{name}() ({role}) not found in {', '.join(index.display(f) for f in files)}")
                 continue
             info, node = found[0]
-            uses: dict[HolderKey, list[Use]] = {}
+            uses: dict[GlobalName[str, str], list[Use]] = {}
             RecoveryReader(index, accessors, FlowScope.of_function(info, node, None), uses).run(node.body)
             self.functions[role] = name
             self.uses[role] = uses
 
     def judge(self, holder: Holder) -> Coverage:
         safe: dict[Role, list[tuple[How, Use]]] = {"rollback": [], "recv": [], "send": []}
-        sent = [use for use in self.uses.get("send", {}).get(holder.key, []) if _sends(use)]
+        sent = [use for use in self.uses.get("send", {}).get(holder.name, []) if _sends(use)]
         for role in self.functions:
             if role == "send":
                 continue
-            for use in self.uses[role].get(holder.key, []):
+            for use in self.uses[role].get(holder.name, []):
                 verdict = _effect(use, holder, role)
                 if verdict is None:
                     continue
@@ -176,7 +177,7 @@ def _effect(use: Use, holder: Holder, role: Role) -> Effect | None:
     use neither covers nor harms (metadata, a dict iterated, an isinstance check)."""
     where = f"{use.function}()" if use.function else "the adaptor"
     fresh: How = "repaired" if role == "recv" else "rebuilt"
-    name = holder.variable
+    name = holder.name.variable
     if use.kind == "rebind" and not use.element:
         return _rebound(use, holder, where, fresh)
     if use.kind in ("rebind", "store"):
@@ -195,7 +196,7 @@ def _effect(use: Use, holder: Holder, role: Role) -> Effect | None:
 
 
 def _rebound(use: Use, holder: Holder, where: str, fresh: How) -> Effect:
-    name = holder.variable
+    name = holder.name.variable
     if use.value_reads_holder:
         return None, f"{where} rebuilds {name} from its own unsafe data"
     if holder.importers:
@@ -246,7 +247,7 @@ class AdaptorCoverage:
         self.adaptor = adaptor
         self.judge = CoverageJudge(index, Accessors(index), adaptor, profile, [])
 
-    def of(self, key: HolderKey) -> Coverage:
+    def of(self, key: GlobalName[str, str]) -> Coverage:
         kind: HolderKind = "module-global" if key.owner is None else "class-attribute"
         definition = Site(str(self.adaptor), 1, None, key.variable)  # not shown: coverage names the adaptor's sites
-        return self.judge.judge(Holder(kind, key.module, key.owner, key.variable, "device", definition, (), (), (), ()))
+        return self.judge.judge(Holder(kind, key, "device", definition, (), (), (), ()))

@@ -16,7 +16,8 @@ from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
-from unsafe_doctor.recovery_code.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, ModuleRef, Ref, SelfRef
+from unsafe_doctor.log.global_name import GlobalName
+from unsafe_doctor.recovery_code.refs import ClassKey, ClassRef, FunctionRef, HolderRef, ModuleRef, Ref, SelfRef
 from unsafe_doctor.recovery_code.vocabulary import METADATA
 from unsafe_doctor.source.files import FRAMEWORK_PACKAGES, dotted, is_dir, python_files
 from unsafe_doctor.source.imports import defined_member, module_named
@@ -481,7 +482,7 @@ class Index:
             return None
         buffer = isinstance(base, SelfRef) and name in owner.buffers  # buffers belong to instances
         if buffer or name in owner.attributes or name in owner.cached:
-            return HolderRef(HolderKey(base.module, base.name, name), False)
+            return HolderRef(GlobalName(base.module, base.name, name), False)
         if name in owner.methods:
             span, statements = owner.methods[name]
             found = partial(_method_of, info, base.name, name)
@@ -498,12 +499,12 @@ class Index:
             return ClassRef(module, name)
         if name in info.function_sizes:
             if name in info.cached:
-                return HolderRef(HolderKey(module, None, name), False)
+                return HolderRef(GlobalName(module, None, name), False)
             span = info.spans[name]  # its place and size, without reading the tree again
             return FunctionRef(module, None, (span.lineno, span.col_offset), info.function_sizes[name],
                                partial(self._function_of, info, name))
         if name in info.names:
-            return HolderRef(HolderKey(module, None, name), False)
+            return HolderRef(GlobalName(module, None, name), False)
         if info.path.name != "__init__.py":
             return None  # a plain module has no submodules
         submodule = f"{module}.{name}"

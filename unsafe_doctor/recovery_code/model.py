@@ -11,7 +11,7 @@ from unsafe_doctor.knowledge.classify import Classification, Classified
 from unsafe_doctor.knowledge.context import RunContext
 from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.subject import Subject
-from unsafe_doctor.recovery_code.refs import HolderKey
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.recovery_code.stale import StaleReset
 
 InstanceHolderKind = Literal["singleton", "registry"]
@@ -35,23 +35,13 @@ class Site:
 @dataclass(frozen=True)
 class Holder:
     kind: HolderKind
-    module: str
-    owner: str | None  # the class, for class attributes, buffers and cached methods
-    variable: str
+    name: GlobalName[str, str]  # its module always known; its owner the class, for class attributes, buffers and cached methods
     placement: Placement
     definition: Site
     evidence: tuple[Site, ...]  # where tensors land in it
     writers: tuple[Site, ...]
     readers: tuple[Site, ...]
     importers: tuple[Site, ...]  # `from module import variable` at module level in another module
-
-    @property
-    def name(self) -> str:
-        return ".".join(part for part in (self.module, self.owner, self.variable) if part)
-
-    @property
-    def key(self) -> HolderKey:
-        return HolderKey(self.module, self.owner, self.variable)
 
 
 @dataclass(frozen=True)

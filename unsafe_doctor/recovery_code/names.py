@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import ast
 
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.recovery_code.flow_scope import FlowScope
 from unsafe_doctor.recovery_code.index import ACCESSOR_SIZE, Index
-from unsafe_doctor.recovery_code.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, Ref, SelfRef
+from unsafe_doctor.recovery_code.refs import ClassKey, ClassRef, FunctionRef, HolderRef, Ref, SelfRef
 from unsafe_doctor.recovery_code.vocabulary import METADATA, NOT_DATA_CALLS
 from unsafe_doctor.source.imports import through_imports
 from unsafe_doctor.source.syntax import ImportedName, returned_values, scope_statements
@@ -24,9 +25,9 @@ class Accessors:
         self.index = index
         # (module, class, line, column) of a function -> holder key it returns: by place, as a tree
         # read again has other nodes
-        self._returned: dict[tuple[str, str | None, int, int], HolderKey | None] = {}
+        self._returned: dict[tuple[str, str | None, int, int], GlobalName[str, str] | None] = {}
 
-    def returned_by(self, function: FunctionRef) -> HolderKey | None:
+    def returned_by(self, function: FunctionRef) -> GlobalName[str, str] | None:
         place = (function.module, function.owner, *function.place)
         if place in self._returned:
             return self._returned[place]
@@ -105,7 +106,7 @@ class Names:
         named = [owner for owner in owners if owner.name in self.scope.mentioned()]
         if len(named) != 1:
             return None
-        return HolderRef(HolderKey(named[0].module, named[0].name, attribute), False)
+        return HolderRef(GlobalName(named[0].module, named[0].name, attribute), False)
 
     def holder_in(self, node: ast.AST) -> HolderRef | None:
         """The first holder an expression refers to, anywhere in it."""

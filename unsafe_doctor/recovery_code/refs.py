@@ -7,15 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.source.syntax import Function
-
-
-class HolderKey(NamedTuple):
-    """A place a tensor can outlive a step: `module.variable`, or `module.owner.variable` in a class."""
-
-    module: str
-    owner: str | None  # the class, for class attributes, buffers and cached methods
-    variable: str
 
 
 class ClassKey(NamedTuple):
@@ -66,7 +59,7 @@ class FunctionRef:
 
 @dataclass(frozen=True, slots=True)
 class HolderRef:
-    key: HolderKey
+    key: GlobalName[str, str]  # a place a tensor can outlive a step: `module.variable`, or `module.owner.variable` in a class
     element: bool  # an entry, field or value computed from it, not the holder itself
 
 

@@ -11,11 +11,12 @@ import ast
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.recovery_code.flow_scope import FlowScope
 from unsafe_doctor.recovery_code.index import Index, Span
 from unsafe_doctor.recovery_code.names import Accessors, Names
 from unsafe_doctor.recovery_code.places import Places
-from unsafe_doctor.recovery_code.refs import ClassKey, ClassRef, FunctionRef, HolderKey, HolderRef, SelfRef
+from unsafe_doctor.recovery_code.refs import ClassKey, ClassRef, FunctionRef, HolderRef, SelfRef
 from unsafe_doctor.recovery_code.uses import Use, UseKind
 from unsafe_doctor.recovery_code.vocabulary import CONTAINER_ADD, DATA_METHODS, NOT_DATA_CALLS, updates_data_in_place
 from unsafe_doctor.source.syntax import (
@@ -47,7 +48,7 @@ class Walker:
 
     # --- hooks
 
-    def record(self, key: HolderKey, use: Use) -> None:
+    def record(self, key: GlobalName[str, str], use: Use) -> None:
         """A use of the holder `key`."""
         raise NotImplementedError
 
@@ -103,7 +104,7 @@ class Walker:
                 self.visit(statement.value)
                 for name in names_bound(targets):
                     if attributes.get(name) is statement:
-                        ref = HolderRef(HolderKey(module.name, node.name, name), False)
+                        ref = HolderRef(GlobalName(module.name, node.name, name), False)
                         self.emit("rebind", ref, place=self.places.of(statement.value), value=statement.value)
 
     def _assign(self, statement: ast.Assign) -> None:
@@ -183,7 +184,7 @@ class Walker:
     def _store_name(self, name: str, value: ast.expr | None) -> None:
         scope = self.scope
         if scope.function is None or name in scope.globals:
-            global_ = HolderRef(HolderKey(scope.module.name, None, name), False)
+            global_ = HolderRef(GlobalName(scope.module.name, None, name), False)
             self.emit("rebind", global_, place=self.places.of(value), value=value)
             return
         scope.forget(name)
@@ -221,7 +222,7 @@ class Walker:
             self.visit_inside(target)
         if not isinstance(ref, HolderRef) and isinstance(target, ast.Name):
             if self.scope.function is None or target.id in self.scope.globals:
-                ref = HolderRef(HolderKey(self.scope.module.name, None, target.id), False)
+                ref = HolderRef(GlobalName(self.scope.module.name, None, target.id), False)
         if isinstance(ref, HolderRef):
             self.emit("augment", ref, place=self.places.of(value), value=value, reads_data=True)
         elif self.names.self_rooted(target):

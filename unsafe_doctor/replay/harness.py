@@ -98,7 +98,7 @@ def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: Progress,
         if root not in sys.path:
             sys.path.insert(0, root)
     switches = tuple(sorted({name for target in plan.targets for name in target.switches}))
-    stood_in = standins.install(plan.standins, plan.group_getters, _GROUPS, switches)
+    stood_in = standins.install_standins(plan.standins, plan.group_getters, _GROUPS, switches)
     notes = [f"stand-ins for what the adaptor imports and this machine lacks: {', '.join(stood_in)}"] if stood_in else []
     runs = {}
     backend_name = ""
@@ -161,8 +161,8 @@ class _Run:
     # --- phases ----------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        refresh(target.module for target in self.plan.targets if target.probe is None and not target.as_main)
-        for name in dict.fromkeys(target.module for target in self.plan.targets if target.as_main):
+        refresh(target.name.module for target in self.plan.targets if target.probe is None and not target.as_main)
+        for name in dict.fromkeys(target.name.module for target in self.plan.targets if target.as_main):
             with contextlib.suppress(Exception):  # its probe says why it does not load
                 load_as_main(name)
         for target in self.plan.targets:
@@ -242,10 +242,10 @@ class _Run:
         ``train_args`` as an installed sentinel would."""
         if self.rank != self.plan.faulty:
             return
-        packages = {*FRAMEWORK_PACKAGES, *(target.module.partition(".")[0] for target in self.plan.targets)}
+        packages = {*FRAMEWORK_PACKAGES, *(target.name.module.partition(".")[0] for target in self.plan.targets)}
         roots = [item for item in self._train_args() if item is not None]
         report = examine(*roots, packages=packages, backend=self.backend)
-        self.sentinel = tuple(item.dotted for item in report.still_unsafe)
+        self.sentinel = tuple(item.name.dotted for item in report.still_unsafe)
 
     def _check(self) -> None:
         """On the faulty rank: what is still unsafe, and (scenario 2) whether each global holds the

@@ -174,7 +174,7 @@ def _import_for_the_ranks(plan: ReplayPlan, log: Path) -> bool:
     every rank to inherit. Each import is logged before it starts, so that the parent can name a
     module that blocks or ends the process. False when one raised SystemExit (logged too)."""
     sys.path[:0] = [root for root in plan.source_roots if root not in sys.path]
-    wanted = [target.module for target in plan.targets if not target.as_main]  # the job has no second copy
+    wanted = [target.name.module for target in plan.targets if not target.as_main]  # the job has no second copy
     if plan.probe:  # a user's probe trains: torch's optimizers load dynamo on their first step (seconds)
         wanted += ["torch._dynamo", plan.probe.partition(":")[0]]
     with log.open("a", encoding="utf-8") as stream:

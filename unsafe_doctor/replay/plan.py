@@ -9,6 +9,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from unsafe_doctor.log.global_name import GlobalName
+
 if TYPE_CHECKING:
     from unsafe_doctor.knowledge.rules import ParameterRole
 
@@ -24,12 +26,9 @@ class Target:
     """One finding's global, and how its fix is recognised in the adaptor."""
 
     key: str  # marker key of its fix block
-    label: str  # module.variable as reports show it
+    name: GlobalName[str, str]  # its dotted name is how reports show it
     scenario: int
     rule: str | None
-    module: str
-    variable: str
-    owner: str | None
     switches: tuple[str, ...] = ()  # framework arguments the fix's guards read: switched on in the replay
     probe: str | None = None  # the rule's probe, by name (replay/probes.py); None: the generic probe
     releases: str | None = None  # the framework releases the rule holds for (a specifier, ">=0.8,<0.13"); None: any
@@ -37,13 +36,14 @@ class Target:
     suspect: int | None = None  # the suspect number a person chose it as (verify --suspect); None: the log names the global
 
     def names(self, name: str) -> bool:
-        """`name` (what the sentinel or a dying step calls a global) is this target's global: its label,
+        """`name` (what the sentinel or a dying step calls a global) is this target's global: its dotted name,
         or, where the target has no owner (a suspect's rule names no class), a class of its module
         holding an attribute of its name, as `TopKRouter.expert_bias` is."""
-        if name == self.label:
+        module, owner = self.name.module, self.name.owner
+        if name == self.name.dotted:
             return True
-        owner, _, variable = name.removeprefix(f"{self.module}.").rpartition(".")
-        return self.owner is None and name.startswith(f"{self.module}.") and owner.isidentifier() and variable == self.variable
+        held_by, _, variable = name.removeprefix(f"{module}.").rpartition(".")
+        return owner is None and name.startswith(f"{module}.") and held_by.isidentifier() and variable == self.name.variable
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,8 @@ class ReplayPlan:
     @classmethod
     def from_json(cls, text: str) -> ReplayPlan:
         data = json.loads(text)
-        data["targets"] = tuple(Target(**{**item, "switches": tuple(item["switches"])}) for item in data["targets"])
+        data["targets"] = tuple(Target(**{**item, "name": GlobalName(**item["name"]), "switches": tuple(item["switches"])})
+                                for item in data["targets"])
         data["blocks"] = tuple(Block(**{**item, "parameters": tuple(item["parameters"])}) for item in data["blocks"])
         data["files"] = tuple(AdaptorCode(**{**item, "functions": tuple(item["functions"])}) for item in data["files"])
         data["parameters"] = {role: tuple(names) for role, names in data["parameters"].items()}

@@ -66,10 +66,10 @@ def module_of(target: Target) -> types.ModuleType:
     """The module that holds the target's global in the job: the entry script's is ``__main__``."""
     if target.as_main:
         main = sys.modules["__main__"]
-        if getattr(main, _ENTRY, None) == target.module:
+        if getattr(main, _ENTRY, None) == target.name.module:
             return main
-        return load_as_main(target.module)
-    return importlib.import_module(target.module)
+        return load_as_main(target.name.module)
+    return importlib.import_module(target.name.module)
 
 
 def load_as_main(name: str) -> types.ModuleType:
@@ -95,11 +95,11 @@ def load_as_main(name: str) -> types.ModuleType:
 
 def _holder(target: Target) -> Any:
     module = module_of(target)
-    owner = getattr(module, target.owner) if target.owner else module
+    owner = getattr(module, target.name.owner) if target.name.owner else module
     try:
-        return getattr(owner, target.variable)
+        return getattr(owner, target.name.variable)
     except AttributeError:
-        raise ProbeError(f"{target.label} does not exist after importing {target.module}") from None
+        raise ProbeError(f"{target.name.dotted} does not exist after importing {target.name.module}") from None
 
 
 def _touch(tensors: list[torch.Tensor]) -> None:
@@ -122,8 +122,8 @@ class GenericProbe(Probe):
             self._build_cache(holder)
             return
         called = []
-        if self.target.owner is None:
-            for name in _writers(module, self.target.variable):
+        if self.target.name.owner is None:
+            for name in _writers(module, self.target.name.variable):
                 function: Any = getattr(module, name, None)
                 arguments = _arguments(function, self.device) if callable(function) else None
                 if arguments is not None:
@@ -131,23 +131,23 @@ class GenericProbe(Probe):
                     called.append(f"{name}({', '.join(_shown(value) for value in arguments)})")
         if not self.tensors():
             raise ProbeError(
-                f"no function of {self.target.module} creates a tensor in {self.target.variable} with arguments the "
+                f"no function of {self.target.name.module} creates a tensor in {self.target.name.variable} with arguments the "
                 "replay can make; name one that does with --probe MODULE:FUNCTION"
             )
-        where = f"{self.target.module}." + " then ".join(called) if called else f"importing {self.target.module}"
-        self.how = f"built by {where}; touched by reading every tensor reachable from {self.target.label}"
+        where = f"{self.target.name.module}." + " then ".join(called) if called else f"importing {self.target.name.module}"
+        self.how = f"built by {where}; touched by reading every tensor reachable from {self.target.name.dotted}"
 
     def _build_cache(self, cached: Callable) -> None:
         """An lru cache: one call fills it; asking again gives the cached tensor (or, once the cache
         was cleared, a fresh one), which is what the next step reads."""
         arguments = _arguments(getattr(cached, "__wrapped__", cached), self.device)
         if arguments is None:
-            raise ProbeError(f"cannot make the arguments of {self.target.label}(); "
+            raise ProbeError(f"cannot make the arguments of {self.target.name.dotted}(); "
                              "name a function that calls it with --probe MODULE:FUNCTION")
         self.cache_arguments = arguments
         cached(*arguments)
         shown = ", ".join(_shown(value) for value in arguments)
-        self.how = f"built by calling the lru-cached {self.target.label}({shown}); touched by reading what it returns"
+        self.how = f"built by calling the lru-cached {self.target.name.dotted}({shown}); touched by reading what it returns"
 
     def step(self) -> None:
         _touch(self.tensors())
@@ -291,7 +291,7 @@ class MegatronLossTrackerProbe(Probe):
         self.how = ""
 
     def build(self) -> None:
-        with _megatron_building(f"the MoE loss tracker {self.target.variable}"):
+        with _megatron_building(f"the MoE loss tracker {self.target.name.variable}"):
             _require_claimed_release(self.target)
             from megatron.core.transformer.moe import moe_utils
 
@@ -301,21 +301,21 @@ class MegatronLossTrackerProbe(Probe):
             self._save()
         self.how = (
             f"built by megatron-core {_megatron_release()}'s save_to_aux_losses_tracker() for {self.LAYERS} MoE layers "
-            f"into {self.holder.__name__}.{self.target.variable}; touched by a step's save_to_aux_losses_tracker() "
+            f"into {self.holder.__name__}.{self.target.name.variable}; touched by a step's save_to_aux_losses_tracker() "
             "and clear_aux_losses_tracker()"
         )
 
     def _holder_module(self) -> Any:
-        for name in (self.target.module, *self.HOLDERS):
+        for name in (self.target.name.module, *self.HOLDERS):
             with contextlib.suppress(ImportError):
                 module = importlib.import_module(name)
-                if isinstance(getattr(module, self.target.variable, None), dict):
+                if isinstance(getattr(module, self.target.name.variable, None), dict):
                     return module
-        raise ProbeError(f"megatron-core {_megatron_release()} has no {self.target.variable} in "
-                         f"{' or '.join(dict.fromkeys((self.target.module, *self.HOLDERS)))}")
+        raise ProbeError(f"megatron-core {_megatron_release()} has no {self.target.name.variable} in "
+                         f"{' or '.join(dict.fromkeys((self.target.name.module, *self.HOLDERS)))}")
 
     def _tracker(self) -> dict:
-        return getattr(self.holder, self.target.variable)
+        return getattr(self.holder, self.target.name.variable)
 
     def _save(self) -> None:
         for layer in range(1, self.LAYERS + 1):
@@ -470,5 +470,5 @@ def make_probe(target: Target, device: torch.device, user_probe: str | None) -> 
     except ProbeError:
         raise
     except Exception as error:  # the user's module may fail in any way on import
-        raise ProbeError(f"cannot import {target.module}: {type(error).__name__}: {error}") from None
+        raise ProbeError(f"cannot import {target.name.module}: {type(error).__name__}: {error}") from None
     return GenericProbe(target, device)

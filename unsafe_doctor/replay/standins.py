@@ -75,7 +75,9 @@ class StandInModule(types.ModuleType):
         return self._groups(gloo)
 
 
-def install(modules: Iterable[str], getters: Iterable[str], groups: RepairGroups, switches: tuple[str, ...]) -> list[str]:
+def install_standins(
+    modules: Iterable[str], getters: Iterable[str], groups: RepairGroups, switches: tuple[str, ...]
+) -> list[str]:
     """A stand-in for each module that does not import here (and its missing parents); the names
     stood in, for the report."""
     stood_in = []

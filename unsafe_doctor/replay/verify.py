@@ -1,7 +1,7 @@
 """Prove a fix by replaying the fault and the recovery, unpatched (red) then patched (green).
 
 ``plan_replay`` turns a diagnosis and the adaptor's files into a ReplayPlan (no torch needed);
-``verify`` runs it (forked ranks on this machine, or this rank under torchrun) and ``judge`` reads
+``verify`` runs it (forked ranks on this machine, or this rank under torchrun) and ``judge_replay`` reads
 every rank's results into one verdict per finding. Nothing here prints or exits.
 """
 
@@ -22,6 +22,7 @@ from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.classify import Classified, Unclassified
 from unsafe_doctor.knowledge.render.template import NoFix
 from unsafe_doctor.knowledge.rules import GROUP_PARAMETERS, AdaptorProfile, KnowledgeBase, map_parameters
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.replay.plan import MAX_RANKS, MAX_TIMEOUT, MODES, RUNS, AdaptorCode, Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import Milestone, RankResult, RunResult, StepOutcome
 from unsafe_doctor.source.syntax import import_bindings
@@ -30,15 +31,15 @@ from unsafe_doctor.source.workspace import module_from_path
 if TYPE_CHECKING:
     from unsafe_doctor.replay.launch import ReplayStopped  # imports torch's side of the replay only when it runs
 
-Outcome = Literal["proven", "block-proven", "failed", "no-fix", "not-modelled"]
+ReplayOutcome = Literal["proven", "block-proven", "failed", "no-fix", "not-modelled"]
 """proven: the patched adaptor's own functions recovered the global; block-proven: its fix blocks did,
 run alone in their functions' scope because the functions' own code cannot run here (a weaker proof)."""
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ReplayVerdict:
     target: Target
-    outcome: Outcome
+    outcome: ReplayOutcome
     unpatched: str  # what the unpatched run showed
     patched: str | None  # what the patched run showed; None when it was not judged
     problems: tuple[str, ...]  # why it failed
@@ -46,7 +47,7 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Verification:
-    verdicts: tuple[Verdict, ...]
+    verdicts: tuple[ReplayVerdict, ...]
     skipped: tuple[str, ...]  # findings not replayed, and why
     backend: str  # "emulated" | "npu": the one that ran
     transport: str  # "gloo" | "hccl"
@@ -100,14 +101,13 @@ def plan_replay(
         tensor, classification = item.finding.tensor, item.classification
         if isinstance(classification, Unclassified):
             skipped.append(f"finding {number}: unclassified, so no fix to prove")
-        elif tensor is None or tensor.module is None or tensor.variable is None:
+        elif tensor is None or tensor.name.module is None or tensor.name.variable is None:
             skipped.append(f"finding {number}: the global it read is not resolved to a module and a name")
         else:
             rule = knowledge.rule(classification.rule) if classification.rule else None
-            label = ".".join(part for part in (tensor.module, tensor.owner, tensor.variable) if part)
             key = marker_key(item.subject, classification, knowledge)
-            targets.append(Target(key, label, classification.scenario, classification.rule,
-                                  tensor.module, tensor.variable, tensor.owner,
+            name = GlobalName(tensor.name.module, tensor.name.owner, tensor.name.variable)
+            targets.append(Target(key, name, classification.scenario, classification.rule,
                                   knowledge.switches(rule) if rule else (), rule.probe if rule else None,
                                   str(rule.versions) if rule and rule.versions is not None else None,
                                   tensor.runs_as_main, item.suspect))
@@ -160,9 +160,9 @@ def _check_replayable(suspect: DiagnosedFinding) -> None:
     assert tensor is not None and isinstance(classification, Classified), "a suspect is a rule's global, classified by it"
     if isinstance(classification.fix, NoFix):  # in the words diagnose and fix use for it
         raise UsageError(f"--suspect {suspect.suspect}: {classification.fix.reason}")
-    shown, rule = tensor.dotted or tensor.expression, classification.rule
-    if tensor.variable is None or tensor.module is None:
-        named = "by a pattern, not a name" if tensor.variable is None else "without the one module that holds it"
+    shown, rule = tensor.name.dotted or tensor.expression, classification.rule
+    if tensor.name.variable is None or tensor.name.module is None:
+        named = "by a pattern, not a name" if tensor.name.variable is None else "without the one module that holds it"
         raise UsageError(f"--suspect {suspect.suspect}: the replay cannot build {shown}: rule {rule} names it {named}")
 
 
@@ -310,10 +310,12 @@ def verify(
             results = fork_ranks(plan, progress)
     except ReplayStopped as stopped:
         return _stopped(plan, skipped, stopped, backend, time.perf_counter() - start)
-    return judge(plan, skipped, results, transport, time.perf_counter() - start)
+    return judge_replay(plan, skipped, results, transport, time.perf_counter() - start)
 
 
-def judge(plan: ReplayPlan, skipped: tuple[str, ...], results: list[RankResult], transport: str, seconds: float) -> Verification:
+def judge_replay(
+    plan: ReplayPlan, skipped: tuple[str, ...], results: list[RankResult], transport: str, seconds: float
+) -> Verification:
     faulty = results[plan.faulty]
     verdicts = tuple(_verdict(plan, target, results) for target in plan.targets)
     phase_seconds = {}
@@ -360,19 +362,19 @@ def _proved(plan: ReplayPlan, results: list[RankResult], transport: str) -> str:
     return "; ".join(parts)
 
 
-def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Verdict:
+def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> ReplayVerdict:
     red = results[plan.faulty].unpatched
     if target.key in red.not_modelled:
-        return Verdict(target, "not-modelled", red.not_modelled[target.key], None, ())
+        return ReplayVerdict(target, "not-modelled", red.not_modelled[target.key], None, ())
     if red.adaptor_unavailable:
-        return Verdict(target, "not-modelled", f"the unpatched adaptor does not import here, even with stand-ins for what "
+        return ReplayVerdict(target, "not-modelled", f"the unpatched adaptor does not import here, even with stand-ins for what "
                        f"this machine lacks ({red.adaptor_unavailable})", None, ())
     reproduced = red.resume.get(target.key)
     if reproduced is None or reproduced.error is None:
-        return Verdict(target, "not-modelled",
+        return ReplayVerdict(target, "not-modelled",
                        f"{red.built[target.key]}; without the fix the first step after recovery ran clean on rank {plan.faulty}: "
                        "the replay does not model this failure", None, ())
-    where = f" at {reproduced.where}" if reproduced.where else f" reading {target.label}"
+    where = f" at {reproduced.where}" if reproduced.where else f" reading {target.name.dotted}"
     unpatched = f"reproduced `{reproduced.error}` on rank {plan.faulty}{where}"
     if reproduced.unsafe_global is not None and not target.names(reproduced.unsafe_global):  # the step reached another first
         unpatched += f", reading {reproduced.unsafe_global}"
@@ -381,16 +383,16 @@ def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Ver
         unpatched += f" (the adaptor's own code also failed: {red_errors[0].error})"
     has_fix = any(block.key == target.key for block in plan.blocks)
     if not has_fix:
-        return Verdict(target, "no-fix", unpatched, "reproduced, no fix present", ("no fix present",))
+        return ReplayVerdict(target, "no-fix", unpatched, "reproduced, no fix present", ("no fix present",))
     problems = _patched_problems(plan, target, results)
     if problems:
-        return Verdict(target, "failed", unpatched, problems[0], tuple(problems))
-    outcome: Outcome = "block-proven" if plan.mode == "block" or _alone(results) else "proven"
+        return ReplayVerdict(target, "failed", unpatched, problems[0], tuple(problems))
+    outcome: ReplayOutcome = "block-proven" if plan.mode == "block" or _alone(results) else "proven"
     alone = " with the fix blocks run alone" if outcome == "block-proven" else ""
     if target.scenario == 2:
-        return Verdict(target, outcome, unpatched,
+        return ReplayVerdict(target, outcome, unpatched,
                        f"recovery clean{alone}, tensor bit-identical to replica rank {plan.replica}", ())
-    return Verdict(target, outcome, unpatched, f"recovery clean{alone}, no unsafe tensor left in {target.label}", ())
+    return ReplayVerdict(target, outcome, unpatched, f"recovery clean{alone}, no unsafe tensor left in {target.name.dotted}", ())
 
 
 def _patched_problems(plan: ReplayPlan, target: Target, results: list[RankResult]) -> list[str]:
@@ -416,10 +418,11 @@ def _patched_problems(plan: ReplayPlan, target: Target, results: list[RankResult
             problems.append(f"rank {result.rank}: {_step_death(plan, target, outcome, green)}")
     left = green.unsafe_left.get(target.key, 0)
     if left:
-        problems.append(f"{left} tensor(s) reachable from {target.label} still unsafe on rank {plan.faulty}")
+        problems.append(f"{left} tensor(s) reachable from {target.name.dotted} still unsafe on rank {plan.faulty}")
     equal = green.equal.get(target.key)
     if target.scenario == 2 and equal is False:
-        problems.append(f"{target.label} on rank {plan.faulty} differs from what replica rank {plan.replica} held at the fault")
+        problems.append(f"{target.name.dotted} on rank {plan.faulty} differs from what replica rank {plan.replica} "
+                        "held at the fault")
     return problems
 
 
@@ -429,9 +432,9 @@ def _step_death(plan: ReplayPlan, target: Target, outcome: StepOutcome, green: R
     at = f" at {outcome.where}" if outcome.where else ""
     died_on = outcome.unsafe_global
     if died_on is None or target.names(died_on):
-        return f"the first step after recovery still fails reading {target.label}{at}"
+        return f"the first step after recovery still fails reading {target.name.dotted}{at}"
     held = not green.unsafe_left.get(target.key) and green.equal.get(target.key) is not False
-    fix = f"the fix of {target.label} held, but " if held else ""
+    fix = f"the fix of {target.name.dotted} held, but " if held else ""
     if any(other.names(died_on) for other in plan.targets):
         return f"{fix}the first step after recovery dies on {died_on}{at}, another finding's global (see its verdict)"
     return (f"{fix}the first step after recovery dies on {died_on}{at}, a global the log does not name "
@@ -444,7 +447,7 @@ def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped: ReplayStopped,
     model it (exit 2), never a failed fix; a rank that crashed in the adaptor's code or hung in the
     recovery: the check failed (exit 1)."""
     places = "; ".join(f"rank {rank}: {stopped.place(rank)}" for rank in sorted(stopped.histories))
-    outcome: Outcome = "failed"
+    outcome: ReplayOutcome = "failed"
     if stopped.never_started:
         outcome = "not-modelled"
         problem = (f"no rank started: {stopped.never_started}; the replay imports the globals' modules and the probe's "
@@ -473,9 +476,9 @@ def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped: ReplayStopped,
         tail = stopped.output.strip().splitlines()[-1:] or ["no output"]
         problem = f"a rank crashed ({places}): {tail[0]}"
     if outcome == "not-modelled":
-        verdicts = tuple(Verdict(target, outcome, problem, None, ()) for target in plan.targets)
+        verdicts = tuple(ReplayVerdict(target, outcome, problem, None, ()) for target in plan.targets)
     else:
-        verdicts = tuple(Verdict(target, outcome, "not judged: the replay stopped", problem, (problem,))
+        verdicts = tuple(ReplayVerdict(target, outcome, "not judged: the replay stopped", problem, (problem,))
                          for target in plan.targets)
     return Verification(verdicts, skipped, backend, "gloo", plan.mode, plan.world_size, plan.faulty, plan.replica,
                         seconds, {}, plan.notes)

@@ -38,7 +38,7 @@ _PLACEMENT_TEXT = {"device": "on the device", "unknown": "device unknown"}
 NAME_WIDTH = 48  # the global column's widest: a name longer than this folds
 
 
-def to_json(audit: Audit) -> dict[str, Any]:
+def audit_json(audit: Audit) -> dict[str, Any]:
     environment = audit.context.environment
     return {
         "schema": SCHEMA,
@@ -76,11 +76,11 @@ def _site_json(site: Site) -> dict[str, Any]:
 def _holder_json(item: AuditedHolder) -> dict[str, Any]:
     holder, coverage, verdict = item.holder, item.coverage, item.classification
     return {
-        "name": holder.name,
+        "name": holder.name.dotted,
         "kind": holder.kind,
-        "module": holder.module,
-        "owner": holder.owner,
-        "variable": holder.variable,
+        "module": holder.name.module,
+        "owner": holder.name.owner,
+        "variable": holder.name.variable,
         "placement": holder.placement,
         "definition": _site_json(holder.definition),
         "tensors": [_site_json(site) for site in holder.evidence],
@@ -105,10 +105,10 @@ def _holder_json(item: AuditedHolder) -> dict[str, Any]:
     }
 
 
-def to_sarif(audit: Audit, fixes: Mapping[str, Plan]) -> dict[str, Any]:
+def audit_sarif(audit: Audit, fixes: Mapping[str, Plan]) -> dict[str, Any]:
     """SARIF 2.1.0: each holder not covered is a result at its definition, with its fix (one
     insertion per adaptor function) where one exists; each stale reset a result in the adaptor."""
-    results = [_holder_result(item, fixes.get(item.holder.name)) for item in audit.uncovered]
+    results = [_holder_result(item, fixes.get(item.holder.name.dotted)) for item in audit.uncovered]
     for stale in audit.stale:
         results.append(
             {
@@ -123,7 +123,7 @@ def to_sarif(audit: Audit, fixes: Mapping[str, Plan]) -> dict[str, Any]:
 
 def _holder_result(item: AuditedHolder, plan: Plan | None) -> dict[str, Any]:
     holder, coverage, verdict = item.holder, item.coverage, item.classification
-    what = f"{holder.name} ({holder.kind}, {_PLACEMENT_TEXT[holder.placement]})"
+    what = f"{holder.name.dotted} ({holder.kind}, {_PLACEMENT_TEXT[holder.placement]})"
     rule = verdict.rule if verdict else None
     if coverage.status == "unsafe":
         text = f"{what}: {coverage.why}"
@@ -150,7 +150,7 @@ def _holder_result(item: AuditedHolder, plan: Plan | None) -> dict[str, Any]:
     if plan is not None and plan.edits:
         result["fixes"] = [
             {
-                "description": {"text": f"unsafe-doctor fix for {holder.name} ({rule or 'generic'})"},
+                "description": {"text": f"unsafe-doctor fix for {holder.name.dotted} ({rule or 'generic'})"},
                 "artifactChanges": [artifact_change(edit) for edit in plan.edits],
             }
         ]
@@ -161,14 +161,14 @@ def _site_location(site: Site) -> dict[str, Any]:
     return location(file_uri(site.file), site.line)
 
 
-def to_text(audit: Audit, elapsed: float, write_fixes: NextStep | None = None) -> RenderableType:
+def audit_text(audit: Audit, elapsed: float, write_fixes: NextStep | None = None) -> RenderableType:
     """`write_fixes`: the command that writes the fixes, shown last when some global has one."""
     parts: list[RenderableType] = []
     if audit.holders:
         # A global's own name (Owner.variable) is never cut: its column is as wide as the longest (up
         # to NAME_WIDTH), and a longer one folds; its module, on the line below, folds too. In the
         # other columns a word too long is cut with "…".
-        longest = max(max(len(_own_name(item.holder)), len(_kind_text(item.holder))) for item in audit.holders)
+        longest = max(max(len(item.holder.name.qualname), len(_kind_text(item.holder))) for item in audit.holders)
         table = Table(header_style="bold", show_lines=True)
         table.add_column("global", overflow="fold", ratio=4, min_width=min(longest, NAME_WIDTH))
         table.add_column("written · read", overflow="ellipsis", ratio=2)
@@ -204,14 +204,10 @@ def _kind_text(holder: Holder) -> str:
     return f"{holder.kind}, {_PLACEMENT_TEXT[holder.placement]}"
 
 
-def _own_name(holder: Holder) -> str:
-    return f"{holder.owner}.{holder.variable}" if holder.owner else holder.variable
-
-
 def _holder_cells(item: AuditedHolder) -> tuple[Text, Text, Text, Text]:
     holder, coverage, verdict = item.holder, item.coverage, item.classification
-    name = Text(printable(_own_name(holder)), style="bold magenta")
-    name.append(f"\nin {printable(holder.module)}", style="magenta")
+    name = Text(printable(holder.name.qualname), style="bold magenta")
+    name.append(f"\nin {printable(holder.name.module)}", style="magenta")
     name.append(f"\n{_kind_text(holder)}", style="dim")
     name.append(f"\ndefined {_site_text(holder.definition)}", style="cyan")
     uses = Text()

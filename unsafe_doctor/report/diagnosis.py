@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # for types only: a diagnosis with a traceback loads no suspe
 SCHEMA = "unsafe-doctor/diagnosis/v1"
 
 
-def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
+def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "inputs": [{"name": info.name, "bytes": info.bytes} for info in diagnosis.inputs],
@@ -87,7 +87,8 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
         "frames": [_frame_json(frame) for frame in unsafe.frames] if unsafe else [],
         "tensor": None
         if tensor is None
-        else {"expression": tensor.expression, "variable": tensor.variable, "module": tensor.module, "owner": tensor.owner},
+        else {"expression": tensor.expression, "variable": tensor.name.variable, "module": tensor.name.module,
+              "owner": tensor.name.owner},
         "source_from": finding.origin.value,
         "source_release": finding.release,
         "source_confidence": finding.origin.confidence,
@@ -151,9 +152,9 @@ def _untraced_json(untraced: Untraced, diagnosis: Diagnosis) -> dict[str, Any]:
 def _suspect_json(suspect: Suspect) -> dict[str, Any]:
     tensor, verdict = suspect.tensor, suspect.classification
     return {
-        "variable": tensor.variable or tensor.expression,
-        "module": tensor.module,
-        "owner": tensor.owner,
+        "variable": tensor.name.variable or tensor.expression,
+        "module": tensor.name.module,
+        "owner": tensor.name.owner,
         "rule": suspect.rule.id,
         "scenario": verdict.scenario,
         "why": list(suspect.why),
@@ -197,7 +198,7 @@ def _last_error_json(diagnosis: Diagnosis) -> dict[str, Any] | None:
     return {"rank": error.rank, "type": error.exception_type, "message": error.message, "input": error.source}
 
 
-def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
+def diagnosis_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
     """SARIF 2.1.0: one result per finding, located at its culprit line: in the job's own file read
     through --source-root (relative to the working folder when under it, so that a CI annotation
     lands on the pull request's line), else at the path the log gives."""
@@ -205,7 +206,7 @@ def to_sarif(diagnosis: Diagnosis) -> dict[str, Any]:
     for item in diagnosis.findings:
         finding = item.finding
         tensor = finding.tensor
-        what = tensor.variable or tensor.expression if tensor else "a tensor"
+        what = tensor.name.variable or tensor.expression if tensor else "a tensor"
         state = "is read while still marked unsafe" if finding.unsafe else "is still marked unsafe after the recovery"
         result: dict[str, Any] = {
             "ruleId": "unsafe-data-after-recovery",

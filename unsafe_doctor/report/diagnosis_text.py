@@ -38,7 +38,7 @@ SHORT_STACK = 6  # frames shown in a panel, innermost last
 SUSPECT_NAMES = 4  # a suspect's pattern is shown as the names it matches up to this many, else as its rule's title
 
 
-def to_text(diagnosis: Diagnosis, elapsed: float, previews: Sequence[tuple[Preview, ...]] = (), *,
+def diagnosis_text(diagnosis: Diagnosis, elapsed: float, previews: Sequence[tuple[Preview, ...]] = (), *,
             verbose: bool = False) -> RenderableType:
     """`previews`: each finding's blocks as `fix` writes them (adaptor.plan.preview), printed under it;
     `verbose`: also the adaptor generation the log's lines show, and those lines."""
@@ -101,11 +101,11 @@ def _panel(number: int, item: DiagnosedFinding, diagnosis: Diagnosis) -> Panel:
 def _tensor_text(tensor: TensorRef | None) -> Text:
     if tensor is None:
         return Text("could not be resolved from the traceback", style="yellow")
-    line = Text(printable(tensor.variable or tensor.expression), style="bold magenta")
-    where = ".".join(part for part in (tensor.module, tensor.owner) if part)
+    line = Text(printable(tensor.name.variable or tensor.expression), style="bold magenta")
+    where = ".".join(part for part in (tensor.name.module, tensor.name.owner) if part)
     if where:
         line.append(f"  in {printable(where)}", style="cyan")
-    if tensor.variable and tensor.expression != tensor.variable:
+    if tensor.name.variable and tensor.expression != tensor.name.variable:
         line.append(f"\naccessed as {printable(tensor.expression)}", style="dim")
     return line
 
@@ -254,7 +254,7 @@ def _suspect_name(suspect: Suspect) -> Text:
     names its globals by a pattern shows the names the pattern matches (its title when they are many
     or not a plain list), and a module known only by a pattern is shown as that pattern."""
     block, tensor = suspect.block, suspect.tensor
-    names = sorted(finite_names(block.variable_regex) or ()) if tensor.variable is None else [tensor.variable]
+    names = sorted(finite_names(block.variable_regex) or ()) if tensor.name.variable is None else [tensor.name.variable]
     if not names or len(names) > SUSPECT_NAMES:
         return Text(printable(suspect.rule.title), style="bold cyan")
     line = Text(printable(", ".join(names)), style="bold cyan")

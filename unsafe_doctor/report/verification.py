@@ -13,13 +13,13 @@ from unsafe_doctor.report.common import NextStep, printable
 from unsafe_doctor.report.terminal import CodeToCopy, title
 
 if TYPE_CHECKING:
-    from unsafe_doctor.replay.verify import Verdict, Verification  # for types only: the report loads no replay code
+    from unsafe_doctor.replay.verify import ReplayVerdict, Verification  # for types only: the report loads no replay code
 
 SCHEMA = "unsafe-doctor/verification/v1"
 _OUTCOME_STYLE = {"proven": "green", "block-proven": "yellow", "failed": "red", "no-fix": "red", "not-modelled": "yellow"}
 
 
-def to_json(verification: Verification) -> dict[str, Any]:
+def verification_json(verification: Verification) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "backend": verification.backend,
@@ -34,7 +34,7 @@ def to_json(verification: Verification) -> dict[str, Any]:
         "proved": verification.proved,
         "verdicts": [
             {
-                "global": verdict.target.label,
+                "global": verdict.target.name.dotted,
                 "scenario": verdict.target.scenario,
                 "rule": verdict.target.rule,
                 "fix_key": verdict.target.key,
@@ -52,7 +52,7 @@ def to_json(verification: Verification) -> dict[str, Any]:
     }
 
 
-def to_text(verification: Verification, write_fix: NextStep | None = None,
+def verification_text(verification: Verification, write_fix: NextStep | None = None,
             fix_others: NextStep | None = None) -> RenderableType:
     """The verdicts in boxes; when a fix is missing, the command that writes it (`write_fix`); when
     the sentinel names globals after the patched rollback that no finding is about, the command
@@ -75,7 +75,7 @@ def to_text(verification: Verification, write_fix: NextStep | None = None,
         for problem in verdict.problems[1:]:
             grid.add_row("", Text(printable(problem), style=style))
         chosen = f"suspect {verdict.target.suspect} · " if verdict.target.suspect is not None else ""
-        heading = title(f"{verdict.outcome.upper()} · {chosen}{verdict.target.label} · scenario {verdict.target.scenario}")
+        heading = title(f"{verdict.outcome.upper()} · {chosen}{verdict.target.name.dotted} · scenario {verdict.target.scenario}")
         parts.append(Panel(grid, title=heading, title_align="left", border_style=style))
     for run, names in verification.sentinel.items():
         named = ", ".join(names) if names else "nothing"
@@ -86,7 +86,7 @@ def to_text(verification: Verification, write_fix: NextStep | None = None,
         parts.append(Text(f"note: {printable(line)}", style="dim"))
     parts.append(Text(footer, style="dim"))
     parts.extend(_suspects_scope(verification))
-    missing = [verdict.target.label for verdict in verification.verdicts if verdict.outcome == "no-fix"]
+    missing = [verdict.target.name.dotted for verdict in verification.verdicts if verdict.outcome == "no-fix"]
     if missing:
         parts.extend(_write_the_fix(missing, write_fix))
     others = unfixed_globals(verification)
@@ -119,11 +119,11 @@ def _write_the_fix(missing: list[str], write_fix: NextStep | None) -> list[Rende
     return [text, CodeToCopy(write_fix.command, python=False)]
 
 
-def _proven(verdict: Verdict) -> bool:
+def _proven(verdict: ReplayVerdict) -> bool:
     return verdict.outcome in ("proven", "block-proven")
 
 
-def _suspect_json(verdict: Verdict) -> dict[str, Any] | None:
+def _suspect_json(verdict: ReplayVerdict) -> dict[str, Any] | None:
     """A suspect's verdict: what its proof shows, and what it does not."""
     if verdict.target.suspect is None:
         return None
@@ -142,12 +142,12 @@ def _suspects_scope(verification: Verification) -> list[RenderableType]:
     return lines
 
 
-def _suspect_proves(verdict: Verdict) -> str:
-    label = verdict.target.label
+def _suspect_proves(verdict: ReplayVerdict) -> str:
+    label = verdict.target.name.dotted
     replayed = f"the replay made {label} the global the recovery left unsafe (marked as a UCE on it would be)"
     return f"{replayed}; its fix brings the first step after recovery back clean" if _proven(verdict) else replayed
 
 
-def _suspect_leaves(verdict: Verdict) -> str:
+def _suspect_leaves(verdict: ReplayVerdict) -> str:
     return (f"that suspect {verdict.target.suspect} is the global this log's fault left unsafe (the log has no "
             "traceback): `unsafe-doctor sentinel install` names that one at the next fault")

@@ -34,7 +34,7 @@ from unsafe_doctor.log.sentinel_lines import Record, Summary, UnsafeGlobal, form
 from unsafe_doctor.log.sentinel_modes import MODES, Mode
 from unsafe_doctor.npu.backend import UnsafeBackend, active_emulation, npu_unavailable_reason, select_backend
 from unsafe_doctor.sentinel import verdict
-from unsafe_doctor.sentinel.walk import Holder, Limits, Walk, walk
+from unsafe_doctor.sentinel.walk import HolderName, Limits, Walk, walk
 
 __all__ = ["FRAMEWORK_PACKAGES", "Limits", "SentinelReport", "UnsafeStateError", "check", "examine"]
 
@@ -65,7 +65,7 @@ class UnsafeStateError(RuntimeError):
 
     def __init__(self, report: SentinelReport) -> None:
         self.report = report
-        names = ", ".join(item.dotted for item in report.still_unsafe)
+        names = ", ".join(item.name.dotted for item in report.still_unsafe)
         summary = report.summary
         where = f"rank {summary.rank}" if summary.rank is not None else "this process"
         super().__init__(
@@ -129,7 +129,7 @@ def examine(
     wanted = frozenset(packages)
     report, judged = _report(walk(roots, wanted, limits), chosen, rank, mode, rules, started)
     if mode == "heal" and report.unsafe:
-        errors = {holder: verdict.heal(judged[holder]) for holder in map(_holder, report.unsafe) if judged[holder].scenario == 1}
+        errors = {item.name: verdict.heal(judged[item.name]) for item in report.unsafe if judged[item.name].scenario == 1}
         after, _ = _report(walk(roots, wanted, limits), chosen, rank, mode, rules, started)
         report = _after_heal(report, after, errors)
     return report
@@ -155,9 +155,9 @@ def _rank() -> int | None:
 
 def _report(
     found: Walk, backend: UnsafeBackend, rank: int | None, mode: Mode, rules: Sequence[Path], started: float
-) -> tuple[SentinelReport, dict[Holder, verdict.Verdict]]:
+) -> tuple[SentinelReport, dict[HolderName, verdict.SentinelVerdict]]:
     """The records of one walk, and the knowledge's verdict on each holder (heal runs them)."""
-    unsafe: dict[Holder, list[str]] = {}
+    unsafe: dict[HolderName, list[str]] = {}
     checked = 0
     for item in found.tensors:
         if backend.is_device_memory(item.tensor):
@@ -168,7 +168,7 @@ def _report(
     judged = verdict.verdicts(asked, found.caches, rules) if asked else {}
     globals_ = tuple(
         UnsafeGlobal(
-            rank, backend.name, holder.module, holder.owner, holder.variable, len(paths), tuple(paths),
+            rank, backend.name, holder, len(paths), tuple(paths),
             judged[holder].scenario, judged[holder].rule, judged[holder].fix_function, cached=holder in found.caches,
             written_by_step=judged[holder].written_by_step,
         )
@@ -181,18 +181,14 @@ def _report(
     return SentinelReport(summary, globals_), judged
 
 
-def _after_heal(before: SentinelReport, after: SentinelReport, errors: dict[Holder, str | None]) -> SentinelReport:
+def _after_heal(before: SentinelReport, after: SentinelReport, errors: dict[HolderName, str | None]) -> SentinelReport:
     """Before's globals, each marked healed when heal ran for it and the second walk found it safe."""
-    still = set(map(_holder, after.unsafe))
+    still = {item.name for item in after.unsafe}
     unsafe = []
     for item in before.unsafe:
-        holder = _holder(item)
-        if holder in errors:
-            error = errors[holder] or ("tensors still unsafe after the rule's fix" if holder in still else None)
+        if item.name in errors:
+            error = errors[item.name] or ("tensors still unsafe after the rule's fix" if item.name in still else None)
             item = replace(item, healed=error is None, heal_error=error)
         unsafe.append(item)
     return SentinelReport(after.summary, tuple(unsafe))  # its counts and time are the second walk's
 
-
-def _holder(record: UnsafeGlobal) -> Holder:
-    return Holder(record.module, record.owner, record.variable)

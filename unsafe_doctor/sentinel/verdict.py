@@ -21,11 +21,11 @@ from unsafe_doctor.knowledge.context import Groundwork, RunContext, groundwork
 from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.log.tracebacks import Frame
-from unsafe_doctor.sentinel.walk import Holder
+from unsafe_doctor.sentinel.walk import HolderName
 
 
 @dataclass(frozen=True)
-class Verdict:
+class SentinelVerdict:
     scenario: Literal[1, 2] | None
     rule: str | None
     fix_function: str | None  # where `fix` writes the rule's code: the rollback or the receive function
@@ -33,12 +33,12 @@ class Verdict:
     written_by_step: str | None = None  # the knowledge's `step_written` entry: harmless, the step writes it first
 
 
-NO_RULE = Verdict(None, None, None, None)
+NO_RULE = SentinelVerdict(None, None, None, None)
 
 
 def verdicts(
-    holders: Mapping[Holder, Sequence[Holder]], caches: Iterable[Holder], rules: Sequence[Path]
-) -> dict[Holder, Verdict]:
+    holders: Mapping[HolderName, Sequence[HolderName]], caches: Iterable[HolderName], rules: Sequence[Path]
+) -> dict[HolderName, SentinelVerdict]:
     """Each holder's verdict, from the first of it and its aliases (the same object under other names)
     the knowledge names: as written by the step before it reads, else by a rule."""
     cached = set(caches)
@@ -47,7 +47,7 @@ def verdicts(
     for holder, aliases in holders.items():
         written = next(filter(None, (_written(name, context) for name in (holder, *aliases))), None)
         if written is not None:
-            found[holder] = Verdict(None, None, None, None, written)
+            found[holder] = SentinelVerdict(None, None, None, None, written)
             continue
         for name in (holder, *aliases):
             classified = _by_rule(name, name in cached or holder in cached, context)
@@ -65,12 +65,12 @@ def _groundwork(rules: tuple[Path, ...]) -> Groundwork:
     return groundwork(rules)
 
 
-def _written(holder: Holder, context: RunContext) -> str | None:
+def _written(holder: HolderName, context: RunContext) -> str | None:
     entry = context.knowledge.written_by_the_step(holder.variable, holder.module, holder.owner)
     return entry.id if entry else None
 
 
-def heal(verdict: Verdict) -> str | None:
+def heal(verdict: SentinelVerdict) -> str | None:
     """Run the rule's fix; None when it ran, else why not (an error the fix raised)."""
     if verdict.heal is None:
         return "no scenario-1 rule fix to run"
@@ -82,25 +82,24 @@ def heal(verdict: Verdict) -> str | None:
     return None
 
 
-def _by_rule(holder: Holder, cached: bool, context: RunContext) -> Classified | None:
+def _by_rule(holder: HolderName, cached: bool, context: RunContext) -> Classified | None:
     if holder.module is None:
         return None
-    expression = f"{holder.owner}.{holder.variable}" if holder.owner else holder.variable
-    tensor = TensorRef(expression, holder.variable, holder.module, holder.owner, cached)
+    tensor = TensorRef(holder.qualname, holder, cached)
     frame = _frame(holder)
     return classify_by_rule(Subject(tensor, frame, frame.file), context, guarded=False)
 
 
-def _frame(holder: Holder) -> Frame:
+def _frame(holder: HolderName) -> Frame:
     module = sys.modules.get(holder.module or "")
     return Frame(getattr(module, "__file__", None) or "<unknown>", None, "<module>", None)
 
 
-def _verdict(classified: Classified) -> Verdict:
+def _verdict(classified: Classified) -> SentinelVerdict:
     fix = classified.fix
     if not isinstance(fix, FixPlan):
-        return Verdict(classified.scenario, classified.rule, None, None)
+        return SentinelVerdict(classified.scenario, classified.rule, None, None)
     heal_code = None
     if classified.scenario == 1:
         heal_code = "\n".join(fix.imports) + "\n" + textwrap.dedent(fix.code)
-    return Verdict(classified.scenario, classified.rule, fix.function, heal_code)
+    return SentinelVerdict(classified.scenario, classified.rule, fix.function, heal_code)

@@ -18,8 +18,8 @@ It runs no code of the objects it walks: containers are read through the base ty
 proxy over a mapping that is not a dict, a slot hidden behind a descriptor, an object whose reading
 fails) is counted and named, and the walk goes on.
 
-Each tensor is attributed to a ``Holder``: the global, class attribute or object attribute a rule
-would name (``megatron.core.parallel_state._GLOBAL_MEMORY_BUFFER``; ``TopKRouter.expert_bias`` for a
+Each tensor is attributed to a ``HolderName`` (a ``GlobalName``): the global, class attribute or object
+attribute a rule would name (``megatron.core.parallel_state._GLOBAL_MEMORY_BUFFER``; ``TopKRouter.expert_bias`` for a
 model's buffer). The walk is bounded in time, depth, entries per container and objects in all, and
 says where it stopped early.
 """
@@ -42,7 +42,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.sentinel.reachable import LEAVES
+
+# What a tensor is attributed to, as a rule names a global; no module for a model's buffer.
+HolderName = GlobalName[str | None, str]
 
 _LEAVES = (*LEAVES, torch.dtype, torch.device, torch.Size, weakref.ProxyType, weakref.CallableProxyType)
 # Hold nothing a step reads through them: code and the descriptors that would run it, frames and
@@ -84,22 +88,9 @@ _SEQUENCES: tuple[tuple[type, Callable[[Any], Iterator[Any]], Callable[[Any], in
 
 
 @dataclass(frozen=True, slots=True)
-class Holder:
-    """What a rule names: a module global (``owner`` None), or an attribute of a class or of its instances."""
-
-    module: str | None
-    owner: str | None
-    variable: str
-
-    @property
-    def dotted(self) -> str:
-        return ".".join(part for part in (self.module, self.owner, self.variable) if part)
-
-
-@dataclass(frozen=True, slots=True)
 class Found:
     path: str
-    holder: Holder
+    holder: HolderName
     tensor: torch.Tensor
 
 
@@ -127,8 +118,8 @@ class Tally:
 @dataclass
 class Walk:
     tensors: list[Found] = field(default_factory=list)
-    caches: set[Holder] = field(default_factory=set)  # holders that are lru-cached functions: their results were walked
-    aliases: dict[Holder, list[Holder]] = field(default_factory=dict)  # other globals bound to the same object
+    caches: set[HolderName] = field(default_factory=set)  # holders that are lru-cached functions: their results were walked
+    aliases: dict[HolderName, list[HolderName]] = field(default_factory=dict)  # other globals bound to the same object
     objects: int = 0
     stopped_early: str | None = None  # a budget ran out, a container was walked in part, or the depth limit cut
     cut: Tally = field(default_factory=Tally)  # containers walked in part: "path (N entries)"
@@ -187,7 +178,7 @@ class _ObjectGraph:
         self.seen: set[int] = set()
         self.result = Walk()
         self.parameter_names: dict[int, str] = {}
-        self.global_holders: dict[int, Holder] = {}
+        self.global_holders: dict[int, HolderName] = {}
 
     # --- starts ------------------------------------------------------------------------------
 
@@ -207,7 +198,7 @@ class _ObjectGraph:
                 variable = _attribute_text(key)
                 if variable.startswith("__") and variable.endswith("__"):
                     continue
-                holder = Holder(name, None, variable)
+                holder = GlobalName(name, None, variable)
                 kind = type(value)
                 if issubclass(kind, type):
                     if _class_module(value) == name:
@@ -229,13 +220,13 @@ class _ObjectGraph:
             attribute = _attribute_text(key)
             if attribute.startswith("__") and attribute.endswith("__"):
                 continue
-            holder = Holder(module, owner, attribute)
+            holder = GlobalName(module, owner, attribute)
             if issubclass(type(value), functools._lru_cache_wrapper):
                 self.cache(value, holder)
             else:
                 self.visit(value, f"{module}.{owner}.{attribute}", holder, 0)
 
-    def cache(self, function: Any, holder: Holder) -> None:
+    def cache(self, function: Any, holder: HolderName) -> None:
         """An lru cache's keys and results, which Python does not list: CPython's wrapper hands them
         to the garbage collector (``gc.get_referents``), so they are checked like any other state."""
         self.result.caches.add(holder)
@@ -254,7 +245,7 @@ class _ObjectGraph:
 
     # --- the walk ----------------------------------------------------------------------------
 
-    def visit(self, obj: Any, path: str, holder: Holder | None, depth: int) -> None:
+    def visit(self, obj: Any, path: str, holder: HolderName | None, depth: int) -> None:
         """Depth first, each object once; ``holder`` None: not yet inside anything a rule names."""
         pending = [(obj, path, holder, depth)]
         while pending:
@@ -264,7 +255,7 @@ class _ObjectGraph:
                 continue
             self.count(obj)
             if issubclass(kind, torch.Tensor):
-                self.result.tensors.append(Found(path, holder or Holder(None, None, path), obj))
+                self.result.tensors.append(Found(path, holder or GlobalName(None, None, path), obj))
                 continue
             if issubclass(kind, _HOST_DATA):
                 continue
@@ -291,7 +282,7 @@ class _ObjectGraph:
         if not self.result.objects % 1024 and time.perf_counter() > self.deadline:
             raise _Stop(f"time budget of {self.limits.seconds:g} s spent after {self.result.objects:,} objects")
 
-    def children(self, obj: Any, kind: type, path: str, holder: Holder | None, depth: int) -> Iterator[tuple]:
+    def children(self, obj: Any, kind: type, path: str, holder: HolderName | None, depth: int) -> Iterator[tuple]:
         """What ``obj`` holds, as (object, path, holder, depth); lazily, so that the depth limit can peek."""
         if issubclass(kind, nn.Module):
             yield from self.model(obj, path, holder, depth)
@@ -313,7 +304,7 @@ class _ObjectGraph:
         if issubclass(kind, _NAMESPACES) or not _is_standard_library(kind):
             yield from self.attributes(obj, kind, path, holder, depth)
 
-    def callable(self, obj: Any, kind: type, path: str, holder: Holder | None, depth: int) -> Iterator[tuple]:
+    def callable(self, obj: Any, kind: type, path: str, holder: HolderName | None, depth: int) -> Iterator[tuple]:
         """What a call reads besides its arguments: closure and defaults, a method's object, a partial's arguments."""
         if issubclass(kind, types.FunctionType):
             yield from self.function(obj, path, holder, depth)
@@ -327,7 +318,7 @@ class _ObjectGraph:
             reader = _WRAPPED_FUNCTION[staticmethod if issubclass(kind, staticmethod) else classmethod]
             yield reader.__get__(obj), f"{path}.__func__", holder, depth + 1
 
-    def model(self, model: nn.Module, path: str, holder: Holder | None, depth: int) -> Iterator[tuple]:
+    def model(self, model: nn.Module, path: str, holder: HolderName | None, depth: int) -> Iterator[tuple]:
         """Each submodule's parameters and buffers, held by the submodule's class (a rule's owner)."""
         for name, submodule in _submodules(model):
             self.seen.add(id(submodule))
@@ -340,7 +331,7 @@ class _ObjectGraph:
                     if tensor is not None:
                         attribute = _attribute_text(key)
                         self.parameter_names.setdefault(id(tensor), f"{where}.{attribute}")
-                        yield tensor, f"{where}.{attribute}", holder or Holder(module, owner, attribute), depth
+                        yield tensor, f"{where}.{attribute}", holder or GlobalName(module, owner, attribute), depth
             for key, value in list(dict.items(state)):
                 attribute = _attribute_text(key)
                 kind = type(value)
@@ -348,16 +339,18 @@ class _ObjectGraph:
                     continue
                 held = holder
                 if holder is None and issubclass(kind, _HELD_BY_THE_MODULE):
-                    held = Holder(module, owner, attribute)
+                    held = GlobalName(module, owner, attribute)
                 # an object (a token dispatcher) holds its state under its own class's names: its own holder
                 yield value, f"{where}.{attribute}", held, depth + 1
 
-    def optimizer(self, optimizer: torch.optim.Optimizer, path: str, holder: Holder | None, depth: int) -> Iterator[tuple]:
+    def optimizer(
+        self, optimizer: torch.optim.Optimizer, path: str, holder: HolderName | None, depth: int
+    ) -> Iterator[tuple]:
         cls = type(optimizer)
         module, owner = _class_module(cls), _TYPE_QUALNAME.__get__(cls)
         attributes = _own(optimizer)
         state: Any = attributes.get("state")
-        held = holder or Holder(module, owner, "state")
+        held = holder or GlobalName(module, owner, "state")
         if issubclass(type(state), dict):
             entries = self.bounded(dict.items(state), dict.__len__(state), f"{path}.state")
             for index, (parameter, per_parameter) in enumerate(entries):
@@ -368,16 +361,16 @@ class _ObjectGraph:
         for key, value in list(dict.items(attributes)):
             attribute = _attribute_text(key)
             if attribute not in ("state", "param_groups"):
-                yield value, f"{path}.{attribute}", holder or Holder(module, owner, attribute), depth + 1
+                yield value, f"{path}.{attribute}", holder or GlobalName(module, owner, attribute), depth + 1
 
-    def mapping(self, mapping: dict, path: str, holder: Holder | None, depth: int) -> Iterator[tuple]:
+    def mapping(self, mapping: dict, path: str, holder: HolderName | None, depth: int) -> Iterator[tuple]:
         for key, value in self.bounded(dict.items(mapping), dict.__len__(mapping), path):
             if _holds(value):
                 yield value, f"{path}[{_key_text(key)}]", holder, depth + 1
             if _holds(key):
                 yield key, f"{path}.keys()[{_key_text(key)}]", holder, depth + 1
 
-    def proxy(self, proxy: types.MappingProxyType, path: str, holder: Holder | None, depth: int) -> Iterator[tuple]:
+    def proxy(self, proxy: types.MappingProxyType, path: str, holder: HolderName | None, depth: int) -> Iterator[tuple]:
         """A read-only view: of a dict, walked as that dict; of another mapping, reading it would run its code."""
         [mapping] = gc.get_referents(proxy)
         if issubclass(type(mapping), dict):
@@ -386,13 +379,13 @@ class _ObjectGraph:
             self.result.not_walked.add(f"{path} (a mapping proxy over a {_type_name(type(mapping))})")
 
     def sequence(
-        self, items: Iterator[Any], size: int, ordered: bool, path: str, holder: Holder | None, depth: int
+        self, items: Iterator[Any], size: int, ordered: bool, path: str, holder: HolderName | None, depth: int
     ) -> Iterator[tuple]:
         for index, value in enumerate(self.bounded(items, size, path)):
             if _holds(value):
                 yield value, f"{path}[{index}]" if ordered else f"{path}{{{index}}}", holder, depth + 1
 
-    def function(self, function: types.FunctionType, path: str, holder: Holder | None, depth: int) -> Iterator[tuple]:
+    def function(self, function: types.FunctionType, path: str, holder: HolderName | None, depth: int) -> Iterator[tuple]:
         """What a call reads besides its arguments: closure cells, defaults, and the function's own attributes.
         Functions of torch and the standard library are their internals, not a framework's state."""
         if _is_internal(function.__globals__.get("__name__")):  # where it was written: wraps() copies __module__
@@ -415,14 +408,14 @@ class _ObjectGraph:
         for key, value in _dict_items(function.__dict__):
             yield value, f"{path}.{_attribute_text(key)}", holder, depth + 1
 
-    def partial(self, partial: functools.partial, path: str, holder: Holder | None, depth: int) -> Iterator[tuple]:
+    def partial(self, partial: functools.partial, path: str, holder: HolderName | None, depth: int) -> Iterator[tuple]:
         yield _PARTIAL_FUNC.__get__(partial), f"{path}.func", holder, depth + 1
         arguments = _PARTIAL_ARGS.__get__(partial)
         yield from self.sequence(tuple.__iter__(arguments), tuple.__len__(arguments), True, f"{path}.args", holder, depth)
         for key, value in _dict_items(_PARTIAL_KEYWORDS.__get__(partial)):
             yield value, f"{path}.keywords[{_key_text(key)}]", holder, depth + 1
 
-    def attributes(self, obj: Any, kind: type, path: str, holder: Holder | None, depth: int) -> Iterator[tuple]:
+    def attributes(self, obj: Any, kind: type, path: str, holder: HolderName | None, depth: int) -> Iterator[tuple]:
         """An object's own attributes (a singleton's state): its ``__dict__`` and its slots, read through
         ``type``'s and ``object``'s descriptors, never the object's ``__getattr__`` or a property."""
         module, owner = _class_module(kind), _TYPE_QUALNAME.__get__(kind)
@@ -437,7 +430,7 @@ class _ObjectGraph:
                 if not _holds(value):
                     continue
                 attribute = _attribute_text(key)
-                yield value, f"{path}.{attribute}", holder or Holder(module, owner, attribute), depth + 1
+                yield value, f"{path}.{attribute}", holder or GlobalName(module, owner, attribute), depth + 1
         for cls in _TYPE_MRO.__get__(kind):
             declared = _TYPE_DICT.__get__(cls)
             for name in _slot_names(declared.get("__slots__")):
@@ -451,7 +444,7 @@ class _ObjectGraph:
                     value = reader.__get__(obj, kind)
                 except AttributeError:  # never set
                     continue
-                yield value, f"{path}.{name}", holder or Holder(module, owner, name), depth + 1
+                yield value, f"{path}.{name}", holder or GlobalName(module, owner, name), depth + 1
 
     def bounded(self, items: Iterable[Any], size: int, path: str) -> Iterator[Any]:
         for index, item in enumerate(items):

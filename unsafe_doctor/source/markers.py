@@ -17,19 +17,19 @@ SENTINEL_KEY = "unsafe_doctor.sentinel"
 
 
 @dataclass(frozen=True)
-class Marker:
+class BlockMarker:
     line: int  # 0-based index of its line
     begins: bool  # a begin marker; else an end marker
     key: str
 
 
-def markers(text: str) -> list[Marker]:
+def markers(text: str) -> list[BlockMarker]:
     """The markers in a file's text, top to bottom: comments alone on their line, at statement level.
 
     Read from the token stream, not the lines: the same text in a string (a docstring quoting a
     block) or between brackets is no marker, and neither `sentinel install` nor `--revert` may take
     it for one. Text that does not tokenize to its end gives the markers before the fault."""
-    found: list[Marker] = []
+    found: list[BlockMarker] = []
     depth = 0
     try:
         for token in tokenize.generate_tokens(io.StringIO(text, newline=None).readline):  # \r ends a line too
@@ -41,7 +41,7 @@ def markers(text: str) -> list[Marker]:
                 comment = token.string.rstrip()
                 for prefix, begins in ((MARKER_BEGIN, True), (MARKER_END, False)):
                     if comment.startswith(prefix):
-                        found.append(Marker(token.start[0] - 1, begins, comment[len(prefix):]))
+                        found.append(BlockMarker(token.start[0] - 1, begins, comment[len(prefix):]))
     except (tokenize.TokenError, SyntaxError):
         pass
     return found

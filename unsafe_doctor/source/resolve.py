@@ -36,8 +36,8 @@ From an index of modules rather than a log frame, resolve every name a function 
     for node in ast.walk(function):
         if isinstance(node, (ast.Name, ast.Attribute)):
             found = resolve(node, scope, workspace)
-            # state._EMA_GRAD_NORM -> Resolved(Tier.GLOBAL, variable='_EMA_GRAD_NORM',
-            #                                  module='toytrain.state', owner=None, ...)
+            # state._EMA_GRAD_NORM -> Resolved(Tier.GLOBAL, name=GlobalName(module='toytrain.state',
+            #                                  owner=None, variable='_EMA_GRAD_NORM'), ...)
 
 Resolving may read further modules through the workspace (imports, re-exports, a function's
 `return`), at most `MAX_DEPTH` deep; it never imports them.
@@ -64,6 +64,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
 
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.source.syntax import (
     Function,
     ImportedName,
@@ -129,9 +130,7 @@ class Resolved:
 
     tier: Tier
     anchor: int  # index of the chain part that names the global
-    variable: str | None
-    module: str | None
-    owner: str | None  # the class, for a class attribute, singleton field or `self.attr`
+    name: GlobalName[str | None, str | None]  # its owner the class, for a class attribute, singleton field or `self.attr`
     notes: tuple[str, ...] = ()
     parameter: str | None = None  # the chain starts at this parameter of the scope's function
     cached: bool = False  # the chain's call hands back what an lru_cache keeps across steps
@@ -148,7 +147,7 @@ def _unresolved(scope: Scope, tier: Tier, parts: Sequence[ast.expr], parameter: 
     end = 0
     while _is_field(parts, end + 1):
         end += 1
-    return Resolved(tier, end, None, scope.module, None, parameter=parameter)
+    return Resolved(tier, end, GlobalName(scope.module, None, None), parameter=parameter)
 
 
 def _root(parts: Sequence[ast.expr]) -> str:
@@ -259,7 +258,7 @@ def _self_member(parts: list[ast.expr], scope: Scope, workspace: Workspace) -> R
         return _cached_submodule_call(attribute, scope, workspace) or _unresolved(scope, Tier.UNKNOWN, parts)
     owner = scope.cls.name if scope.cls else None
     notes: tuple[str, ...] = () if owner or scope.source is None else ("the class of `self` was not found in the source",)
-    return Resolved(Tier.SELF, 1, attribute, scope.module, owner, notes)
+    return Resolved(Tier.SELF, 1, GlobalName(scope.module, owner, attribute), notes)
 
 
 # Calling an object runs these: `__call__`, or `forward` for a torch.nn.Module.
@@ -287,7 +286,7 @@ def _cached_submodule_call(attribute: str, scope: Scope, workspace: Workspace) -
             if called is not None:
                 note = (f"self.{attribute} is a {cls.name}, whose {called.name}() is an lru_cache: "
                         "it returns what earlier steps built")
-                return Resolved(Tier.GLOBAL, 2, called.name, module, cls.name, (note,), cached=True)
+                return Resolved(Tier.GLOBAL, 2, GlobalName(module, cls.name, called.name), (note,), cached=True)
     return None
 
 
@@ -333,11 +332,11 @@ def _guess(parts: list[ast.expr], scope: Scope, workspace: Workspace) -> Resolve
     if _CLASS_NAME.fullmatch(root) and _is_attribute(parts, 1):
         return _class_member(parts, 0, root, scope.module, Tier.GUESS)
     if _GLOBAL_NAME.fullmatch(root):
-        return Resolved(Tier.GUESS, 0, root, scope.module, None)
+        return Resolved(Tier.GUESS, 0, GlobalName(scope.module, None, root))
     attribute = _attribute(parts, 1)
     if attribute is not None and _GLOBAL_NAME.fullmatch(attribute):
         module, note = _guess_module(root, scope.module, workspace)
-        return Resolved(Tier.GUESS, 1, attribute, module, None, (note,))
+        return Resolved(Tier.GUESS, 1, GlobalName(module, None, attribute), (note,))
     return _unresolved(scope, Tier.UNKNOWN, parts)
 
 
@@ -359,9 +358,9 @@ def _class_member(parts: list[ast.expr], index: int, owner: str, module: str | N
     if not _is_attribute(parts, index + 1):
         return None  # the class itself
     if _is_call(parts, index + 2):
-        return Resolved(Tier.UNKNOWN, index, None, module, None)  # Cls.method(...)
+        return Resolved(Tier.UNKNOWN, index, GlobalName(module, None, None))  # Cls.method(...)
     anchor = index + 2 if _is_field(parts, index + 2) else index + 1
-    return Resolved(tier, anchor, _attribute(parts, anchor), module, owner)
+    return Resolved(tier, anchor, GlobalName(module, owner, _attribute(parts, anchor)))
 
 
 def _imported(target: str, parts: list[ast.expr], index: int, workspace: Workspace, depth: int) -> Resolved | None:
@@ -383,7 +382,7 @@ def _imported(target: str, parts: list[ast.expr], index: int, workspace: Workspa
     attribute = _attribute(parts, index + 1)
     if attribute is not None and not _CLASS_NAME.fullmatch(name):
         note = f"{target} was not found locally: taken as a module"
-        return Resolved(Tier.GLOBAL, index + 1, attribute, target, None, (note,))
+        return Resolved(Tier.GLOBAL, index + 1, GlobalName(target, None, attribute), (note,))
     return _in_source(None, head or None, name, parts, index, workspace, depth, cross_module=True)
 
 
@@ -423,11 +422,11 @@ def _in_source(
     if _is_call(parts, index + 1):
         # A function whose source is not here, or a callable a global holds (`_fused_op = None`,
         # set at import): what the call returns is not that global.
-        return Resolved(Tier.UNKNOWN, index + 1, None, module, None)
+        return Resolved(Tier.UNKNOWN, index + 1, GlobalName(module, None, None))
     if cross_module and source is not None and _lacks(source, binding, name):
         note = f"{module} here ({source.path}) has no {name}: the log's version differs from the local one"
-        return Resolved(Tier.GLOBAL, index, name, module, None, (note,))
-    return Resolved(Tier.GLOBAL, index, name, module, None)
+        return Resolved(Tier.GLOBAL, index, GlobalName(module, None, name), (note,))
+    return Resolved(Tier.GLOBAL, index, GlobalName(module, None, name))
 
 
 def _lacks(source: SourceFile, binding: Binding | None, name: str) -> bool:
@@ -456,16 +455,16 @@ def _call_result(
     module = source.module if source else None
     if is_cached(function):
         note = f"{function.name}() is an lru_cache: it returns what earlier steps built"
-        return Resolved(Tier.GLOBAL, index + 1, function.name, module, None, (note,), cached=True)
+        return Resolved(Tier.GLOBAL, index + 1, GlobalName(module, None, function.name), (note,), cached=True)
     returned = _returned_global(function, source, workspace, depth)
     if returned is None:
-        return Resolved(Tier.UNKNOWN, index + 1, None, module, None)
-    note = f"{function.name}() returns {returned.variable} of {returned.module}"
+        return Resolved(Tier.UNKNOWN, index + 1, GlobalName(module, None, None))
+    note = f"{function.name}() returns {returned.name.variable} of {returned.name.module}"
     if _is_field(parts, index + 2):
-        holder = workspace.module_source(returned.module) if returned.module else None
-        owner = _instance_class(returned.variable, holder)
+        holder = workspace.module_source(returned.name.module) if returned.name.module else None
+        owner = _instance_class(returned.name.variable, holder)
         field = _attribute(parts, index + 2)
-        return Resolved(Tier.GLOBAL, index + 2, field, returned.module, owner, (*returned.notes, note))
+        return Resolved(Tier.GLOBAL, index + 2, GlobalName(returned.name.module, owner, field), (*returned.notes, note))
     return replace(returned, anchor=index + 1, notes=(*returned.notes, note))
 
 
@@ -478,7 +477,7 @@ def _returned_global(
     for value in reversed(returned_values(function)):  # the last `return` first: the one after the guards
         parts = flatten(value)
         resolved = resolve_chain(parts, scope, workspace, depth + 1) if parts else None
-        if resolved is not None and resolved.tier >= Tier.GUESS and resolved.variable:
+        if resolved is not None and resolved.tier >= Tier.GUESS and resolved.name.variable:
             return resolved
     return None
 
@@ -512,10 +511,10 @@ def _alias(
     resolved = written[1] if written else None
     if resolved is not None and resolved.parameter:
         return _unresolved(scope, Tier.PARAMETER, parts, parameter=resolved.parameter)
-    if resolved is None or resolved.tier < Tier.SELF or resolved.variable is None:
+    if resolved is None or resolved.tier < Tier.SELF or resolved.name.variable is None:
         return local
     text = source_segment(scope.source.text, value) if scope.source else None
-    kind = "the cached result" if resolved.cached else f"a local alias of {resolved.variable}"
+    kind = "the cached result" if resolved.cached else f"a local alias of {resolved.name.variable}"
     note = f"{name} is {kind}: `{name} = {one_line(text or ast.unparse(value))}`"
     return replace(resolved, anchor=0, notes=(*resolved.notes, note))
 

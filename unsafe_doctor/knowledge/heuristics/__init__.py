@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Literal
 
 from unsafe_doctor.knowledge.heuristics.events import Event, Kind
-from unsafe_doctor.knowledge.heuristics.gather import MAX_FILES, Study
+from unsafe_doctor.knowledge.heuristics.gather import MAX_FILES, TensorStudy
 from unsafe_doctor.knowledge.heuristics.lines import from_the_line
 from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.source.workspace import Workspace
@@ -76,47 +76,47 @@ _ORDER = ("reset", "per-step", "self-update", "training-read", "accumulate", "bu
 
 
 @dataclass(frozen=True)
-class Verdict:
+class HeuristicVerdict:
     scenario: Literal[1, 2] | None
     confidence: Literal["medium", "low"] | None
     reason: str  # one or two sentences; with no verdict, what the user should check
     evidence: tuple[Evidence, ...]
 
 
-def judge(subject: Subject, workspace: Workspace) -> Verdict:
+def judge_by_source(subject: Subject, workspace: Workspace) -> HeuristicVerdict:
     """Scenario 1 or 2 from the evidence in the source, with how sure; None with what to check.
 
     `workspace`: the command's, over the source roots (`context.Groundwork`)."""
     tensor = subject.tensor
-    if tensor is None or not tensor.variable or not tensor.variable.isidentifier():
+    if tensor is None or not tensor.name.variable or not tensor.name.variable.isidentifier():
         shown = tensor.expression if tensor else "the tensor"
-        return Verdict(
+        return HeuristicVerdict(
             None, None,
             f"The log does not name the global behind {shown}: read the culprit line and check whether it "
             "depends on training iterations.",
             (),
         )
-    study = Study(subject, tensor, workspace)
+    study = TensorStudy(subject, tensor, workspace)
     study.gather()
     verdict = _weigh(study)
     if verdict.scenario is None and not verdict.evidence:
         seen = from_the_line(subject, tensor, workspace)
         if seen is not None:
-            return Verdict(seen.scenario, "low", seen.reason + ".", (seen.evidence,))
+            return HeuristicVerdict(seen.scenario, "low", seen.reason + ".", (seen.evidence,))
     return verdict
 
 
 # --- weighing -------------------------------------------------------------------------------------
 
-def _weigh(study: Study) -> Verdict:
+def _weigh(study: TensorStudy) -> HeuristicVerdict:
     """The verdict from a study's events, by the rules of weighing in this module's docstring."""
     variable = study.variable
     if study.defining is None and not study.referencing and study.unparsable is not None:
         path, why = study.unparsable
-        return Verdict(None, None, f"Could not read how {variable} is used: {study.shown(path)}, which defines it, "
+        return HeuristicVerdict(None, None, f"Could not read how {variable} is used: {study.shown(path)}, which defines it, "
                                    f"{why}. Check whether it depends on training iterations.", ())
     if study.defining is None and not study.referencing:
-        return Verdict(None, None, f"Could not read the source of {variable}: pass --source-root pointing at the "
+        return HeuristicVerdict(None, None, f"Could not read the source of {variable}: pass --source-root pointing at the "
                                    "training code.", ())
     one, two = _sides(list(study.events.values()))
     suffix = f" (searched the first {MAX_FILES:,} files only)" if study.truncated else ""
@@ -124,7 +124,7 @@ def _weigh(study: Study) -> Verdict:
         suffix += f" (left out, nested too deeply to read: {', '.join(map(study.shown, study.unparsed))})"
     if not one and not two:
         files = study.referencing or ([study.defining.path] if study.defining else [])
-        return Verdict(None, None, f"Found no reset and no carried state for {variable} in {_files(study, files)}: "
+        return HeuristicVerdict(None, None, f"Found no reset and no carried state for {variable} in {_files(study, files)}: "
                                    f"check whether it depends on training iterations{suffix}.", ())
     strong_one = any(_STRONG.get(event.kind) == 1 for event in one)
     strong_two = any(_STRONG.get(event.kind) == 2 for event in two)
@@ -140,7 +140,7 @@ def _weigh(study: Study) -> Verdict:
     else:
         reason = (f"Mixed evidence for {variable}: {_summary(one, 1)}, but {_summary(two, 2)}: check whether it "
                   f"depends on training iterations{suffix}.")
-        return Verdict(None, None, reason, _lines(study, one, two))
+        return HeuristicVerdict(None, None, reason, _lines(study, one, two))
     chosen, other = (one, two) if scenario == 1 else (two, one)
     confidence: Literal["medium", "low"] = "medium" if len(_kinds(chosen)) >= 2 and not other else "low"
     if scenario == 1:
@@ -149,7 +149,7 @@ def _weigh(study: Study) -> Verdict:
         reason = f"{variable} carries state into the next iteration: {_summary(chosen, 2)}"
     if other:
         reason += f"; but {_summary(other, scenario % 2 + 1)}: check by hand"
-    return Verdict(scenario, confidence, reason + suffix + ".", _lines(study, chosen, other))
+    return HeuristicVerdict(scenario, confidence, reason + suffix + ".", _lines(study, chosen, other))
 
 
 def _sides(events: list[Event]) -> tuple[list[Event], list[Event]]:
@@ -177,7 +177,7 @@ def _sides(events: list[Event]) -> tuple[list[Event], list[Event]]:
     return one, two
 
 
-def _lines(study: Study, chosen: list[Event], other: list[Event]) -> tuple[Evidence, ...]:
+def _lines(study: TensorStudy, chosen: list[Event], other: list[Event]) -> tuple[Evidence, ...]:
     """The chosen side's evidence first, strongest kinds first, at most a few lines of each kind."""
     lines: list[Evidence] = []
     for side in (chosen, other):
@@ -189,7 +189,7 @@ def _lines(study: Study, chosen: list[Event], other: list[Event]) -> tuple[Evide
     return tuple(lines[:MAX_EVIDENCE])
 
 
-def _files(study: Study, paths: list[Path]) -> str:
+def _files(study: TensorStudy, paths: list[Path]) -> str:
     shown = [study.shown(path) for path in paths[:3]]
     more = f" and {len(paths) - 3} more files" if len(paths) > 3 else ""
     return ", ".join(shown) + more if shown else "the source"

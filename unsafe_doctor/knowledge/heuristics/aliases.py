@@ -20,6 +20,7 @@ from unsafe_doctor.knowledge.heuristics.vocabulary import (
     METADATA_METHODS,
     tokens,
 )
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.source.imports import Imports
 from unsafe_doctor.source.syntax import Function, callee_name, parameter_names
 from unsafe_doctor.source.workspace import SourceFile
@@ -28,14 +29,12 @@ Relation = Literal["ref", "copy", "computed"]  # the tensor itself, a plain copy
 
 
 class Followed(Protocol):
-    """The tensor whose names are followed, as its study knows it (`gather.Study` is the one)."""
+    """The tensor whose names are followed, as its study knows it (`gather.TensorStudy` is the one)."""
 
     @property
-    def variable(self) -> str: ...
+    def name(self) -> GlobalName[str | None, str | None]: ...  # the tensor's, as its subject names it
     @property
-    def module(self) -> str | None: ...
-    @property
-    def owner(self) -> str | None: ...
+    def variable(self) -> str: ...  # its variable, "" where the subject names none
     @property
     def attribute(self) -> bool: ...  # reached as an attribute (`self.x`, `Cls.x`), not by a bare name
     @property
@@ -61,9 +60,9 @@ class Aliases:
             return
         for local, imported in self.imports.names.items():
             head, _, tail = imported.target.rpartition(".")
-            if head == study.module and tail == study.variable:
+            if head == study.name.module and tail == study.variable:
                 self.x_names.add(local)
-            elif head == study.module and tail in study.accessors:
+            elif head == study.name.module and tail in study.accessors:
                 self.accessors.add(local)
         if defining:
             self.accessors |= study.accessors
@@ -93,8 +92,8 @@ class Aliases:
         if isinstance(receiver, ast.Name) and receiver.id in ("self", "cls"):
             study = self.study
             return (
-                study.owner is None
-                or self.class_name == study.owner
+                study.name.owner is None
+                or self.class_name == study.name.owner
                 or (self.defining and self.class_name in study.classes_here)
             )
         return True
@@ -112,7 +111,7 @@ class Aliases:
                 return False
             if study.attribute:
                 return self._receiver_ok(node.value)
-            return self.imports.dotted(node.value) == study.module
+            return self.imports.dotted(node.value) == study.name.module
         if isinstance(node, ast.Call):
             func = node.func
             if study.attribute:
@@ -124,7 +123,7 @@ class Aliases:
                 return func.id in self.accessors
             return (
                 isinstance(func, ast.Attribute) and func.attr in study.accessors
-                and self.imports.dotted(func.value) == study.module
+                and self.imports.dotted(func.value) == study.name.module
             )
         return False
 

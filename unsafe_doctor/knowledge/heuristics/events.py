@@ -74,7 +74,7 @@ class CallSite:
 
 
 class Study(Followed, Protocol):
-    """What a file's study reads of the tensor's study and records into it (`gather.Study` is the one)."""
+    """What a file's study reads of the tensor's study and records into it (`gather.TensorStudy` is the one)."""
 
     queue_filled: bool  # entries are appended to the tensor (a queue) somewhere
     queue_takes: list[tuple[FunctionStudy, ast.stmt]]  # where entries are taken, judged once all files are read

@@ -105,17 +105,16 @@ def _readable(workspace: Workspace, path: Path) -> str | None:
     return workspace.text(path) if size is not None and size <= MAX_FILE_BYTES else None
 
 
-class Study:
+class TensorStudy:
     """Evidence about one tensor, gathered over the files in scope."""
 
     def __init__(self, subject: Subject, tensor: TensorRef, workspace: Workspace):
         self.subject = subject
-        self.variable: str = tensor.variable or ""
-        self.owner = tensor.owner
-        self.attribute = tensor.owner is not None or tensor.expression.startswith(("self.", "cls."))
+        self.name = tensor.name
+        self.variable: str = tensor.name.variable or ""
+        self.attribute = tensor.name.owner is not None or tensor.expression.startswith(("self.", "cls."))
         self.roots = workspace.source_roots
         self.workspace = workspace
-        self.module = tensor.module
         self.events: dict[tuple[Kind, Path, int], Event] = {}
         self.scope: _InScope | None = None
         self.truncated = False
@@ -147,13 +146,13 @@ class Study:
         """Defining module, culprit file, then the module's package and the studied folders, bounded;
         made once per workspace for every global whose scope it is."""
         first = []
-        defining = self.workspace.module_path(self.module) if self.module else None
+        defining = self.workspace.module_path(self.name.module) if self.name.module else None
         for path in (defining, self._culprit_path()):
             if path is not None and path.is_file() and path not in first:
                 first.append(path)
         culprit = self._culprit_path()
         culprit_module = self.workspace.find(str(culprit)).module if culprit else None
-        folders = [self._package_dir(self.module), self._package_dir(culprit_module), *self.workspace.studied]
+        folders = [self._package_dir(self.name.module), self._package_dir(culprit_module), *self.workspace.studied]
         resolved = tuple(dict.fromkeys(folder.resolve() for folder in folders if folder is not None))
         room = MAX_FILES - len(first)
         shared = self.workspace.cache(_FOLDERS).get((resolved, room), partial(_Folders, self.workspace, resolved, room))
@@ -187,7 +186,7 @@ class Study:
     def gather(self) -> None:
         self.scope = self._scope()
         self.truncated = self.scope.truncated
-        defining = self.workspace.module_path(self.module) if self.module else None
+        defining = self.workspace.module_path(self.name.module) if self.name.module else None
         self.defining = self.parse(defining) if defining is not None and defining.is_file() else None
         why = self.workspace.sources.why_not_parsed(defining) if defining is not None and self.defining is None else None
         self.unparsable = (defining, why) if defining is not None and why is not None else None

@@ -37,7 +37,7 @@ class LineVerdict:
 
 def from_the_line(subject: Subject, tensor: TensorRef, workspace: Workspace) -> LineVerdict | None:
     frame = subject.frame
-    variable = tensor.variable or ""
+    variable = tensor.name.variable or ""
     if frame is not None and frame.source:
         parsed = parse_printed_line(frame.source)
         statement = parsed[0] if parsed else None
@@ -84,8 +84,8 @@ def _ring_read(statement: ast.stmt, variable: str) -> bool:
 
 
 def _lazily_built(tensor: TensorRef, variable: str, workspace: Workspace) -> LineVerdict | None:
-    source = workspace.module_source(tensor.module) if tensor.module and variable else None
-    if source is None or tensor.owner is not None or not workspace.is_indexed(source.path):
+    source = workspace.module_source(tensor.name.module) if tensor.name.module and variable else None
+    if source is None or tensor.name.owner is not None or not workspace.is_indexed(source.path):
         return None  # with the file itself the source heuristics have read the builder: they decide
     initial = source.bindings.get(variable)
     if not isinstance(initial, ast.Assign) or not (isinstance(initial.value, ast.Constant) and initial.value.value is None):

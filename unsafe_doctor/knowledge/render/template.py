@@ -63,9 +63,9 @@ def _slots(rule: Rule | Template, subject: Subject, profile: AdaptorProfile, blo
     `block` is the rule's match block that matched: it may name the variable the log does not.
     """
     tensor = subject.tensor
-    variable = (block.variable if block else None) or (tensor.variable if tensor else None)
-    module = tensor.module if tensor else None
-    owner = tensor.owner if tensor else None
+    variable = (block.variable if block else None) or (tensor.name.variable if tensor else None)
+    module = tensor.name.module if tensor else None
+    owner = tensor.name.owner if tensor else None
     slots: dict[str, str] = {}
     if variable is not None and is_safe_dotted(variable):
         slots["variable"] = variable
@@ -135,7 +135,7 @@ def _unnamed(missing: set[str], slots: dict[str, str], subject: Subject, block: 
     then = f"{names} at the next fault: diagnose of that log writes the fix"
     tensor = subject.tensor
     if "alias" not in slots and missing & {"module", "alias", "parent", "holder", "tensor"}:
-        if tensor is not None and tensor.module is not None:
+        if tensor is not None and tensor.name.module is not None:
             known = "the log's name for it is not a plain Python name"
         elif block is not None and block.module is not None:
             known = f"the rule knows it only by the pattern {block.module}"
