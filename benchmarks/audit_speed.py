@@ -184,7 +184,7 @@ def main() -> None:
     parser.add_argument("--cache", action="store_true", help="instead: the audit again from its cache, on a copy of the trees")
     add_loaded_option(parser)
     args = parser.parse_args()
-    require_quiet(args.loaded)
+    require_quiet(loaded_ok=args.loaded)
     doctor = shutil.which("unsafe-doctor") or str(Path(sys.executable).with_name("unsafe-doctor"))
     if args.scaling:
         scaling([int(size) for size in args.scaling.split(",")], doctor, args.repeat)

@@ -78,7 +78,7 @@ def generate(path: Path, size: int) -> None:
             out.write(error)
 
 
-def timed(command: list[str], stdin_from: Path | None = None, redirect: bool = False) -> tuple[float, int, int]:
+def timed(command: list[str], stdin_from: Path | None = None, *, redirect: bool = False) -> tuple[float, int, int]:
     """(seconds, exit code, peak RSS in KB) of one run of the last process in the pipeline; `redirect`:
     stdin is the file itself (`< FILE`), not a pipe from cat."""
     # Output into a file, not /dev/null: GNU grep stops at its first match when its output is /dev/null.
@@ -107,7 +107,7 @@ def paired(runs: int, commands: list[tuple[list[str], Path | None, bool]]) -> li
     results: list[list[tuple[float, int, int]]] = [[] for _ in commands]
     for _ in range(runs):
         for index, (command, stdin_from, redirect) in enumerate(commands):
-            results[index].append(timed(command, stdin_from, redirect))
+            results[index].append(timed(command, stdin_from, redirect=redirect))
     return [(statistics.median(r[0] for r in rounds), rounds[-1][1], max(r[2] for r in rounds)) for rounds in results]
 
 
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="write the log here and keep it")
     add_loaded_option(parser)
     args = parser.parse_args()
-    require_quiet(args.loaded)
+    require_quiet(loaded_ok=args.loaded)
     doctor = shutil.which("unsafe-doctor") or str(Path(sys.executable).with_name("unsafe-doctor"))
     workdir = Path(tempfile.mkdtemp(prefix="unsafe-doctor-bench-"))
     log = args.keep or workdir / "train.log"

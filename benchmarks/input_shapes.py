@@ -140,7 +140,7 @@ def main() -> None:
     parser.add_argument("--only", choices=["dense", "packed", "folder"], help="one shape only")
     add_loaded_option(parser)
     args = parser.parse_args()
-    require_quiet(args.loaded)
+    require_quiet(loaded_ok=args.loaded)
     doctor = shutil.which("unsafe-doctor") or str(Path(sys.executable).with_name("unsafe-doctor"))
     workdir = Path(tempfile.mkdtemp(prefix="unsafe-doctor-shapes-"))
     try:

@@ -38,7 +38,7 @@ def add_loaded_option(parser: argparse.ArgumentParser) -> None:
                         help=f"measure even above {QUIET_PER_CORE} load per core (the figures are marked as measured under load)")
 
 
-def require_quiet(loaded_ok: bool, load: Load | None = None) -> Load:
+def require_quiet(*, loaded_ok: bool, load: Load | None = None) -> Load:
     """The machine's load, printed; a one-line refusal (exit 2) when it is loaded and that was not asked for."""
     load = load or current_load()
     if load.quiet:

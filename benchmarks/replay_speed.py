@@ -48,7 +48,7 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=8)
     add_loaded_option(parser)
     options = parser.parse_args()
-    require_quiet(options.loaded)
+    require_quiet(loaded_ok=options.loaded)
     total = 0.0
     proven = True
     with tempfile.TemporaryDirectory() as folder:

@@ -59,9 +59,9 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="print where the walk of the large model spends its time")
     add_loaded_option(parser)
     options = parser.parse_args()
-    require_quiet(options.loaded)
+    require_quiet(loaded_ok=options.loaded)
     print(f"{LARGE}: training {LARGE_STEPS} steps on CPU...", flush=True)
-    large = measure(LARGE, LARGE_STEPS, options.repeat, options.profile)
+    large = measure(LARGE, LARGE_STEPS, options.repeat, profile=options.profile)
     print(f"parameters          {large.parameters:,}")
     print(f"tensors checked     {large.tensors:,}")
     print(f"objects visited     {large.objects:,}")
@@ -76,7 +76,7 @@ def main() -> int:
           f"{'us/tensor':>10}")
     points = []
     for shape in GROWTH:
-        timing = measure(shape, 1, options.repeat, False)
+        timing = measure(shape, 1, options.repeat, profile=False)
         points.append((timing.tensors, timing.best))
         per_tensor = timing.best / timing.tensors * 1e6
         print(f"{shape.layers:>6} {shape.experts:>7} {timing.parameters:>12,} {timing.tensors:>8,} {timing.objects:>8,} "
@@ -89,7 +89,7 @@ def main() -> int:
     return 0
 
 
-def measure(shape: gpt.Shape, steps: int, repeat: int, profile: bool) -> Timing:
+def measure(shape: gpt.Shape, steps: int, repeat: int, *, profile: bool) -> Timing:
     """Train, fault, repair the parameters and optimizer state, then time the sentinel's examine."""
     import torch
 
@@ -103,7 +103,7 @@ def measure(shape: gpt.Shape, steps: int, repeat: int, profile: bool) -> Timing:
         with backend.activate():
             backend.mark_host(*gpt.host_tensors(trained))
             backend.mark_all_unsafe()
-            backend.set_check(True)
+            backend.set_check(enabled=True)
             for parameter in trained.model.parameters():  # the repair, as the replica's copy leaves it
                 backend.mark_safe(parameter)
                 for value in trained.optimizer.state[parameter].values():

@@ -89,7 +89,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=9, help="rounds, at least 5; the median counts")
     add_loaded_option(parser)
     options = parser.parse_args()
-    require_quiet(options.loaded)
+    require_quiet(loaded_ok=options.loaded)
     rounds = max(options.repeat, 5)
     with tempfile.TemporaryDirectory() as scratch:
         venv = Path(scratch) / "venv"

@@ -135,7 +135,7 @@ def claimed_by(knowledge: KnowledgeBase, found: dict, version: Version | None) -
     rules = [rule.id for rule in knowledge.rules
              if rule.framework in (None, found["framework"])
              and (rule.versions is None or version is not None and rule.versions.contains(version, prereleases=True))
-             and any(rule_matches(rule, name, module, owner, file, function)
+             and any(rule_matches(rule, name, module, owner, file, function=function)
                      for file, function in [*sites, *_named(rule, name, module, owner, definition)])]
     return rules + [entry.id for entry in knowledge.step_written if entry.names(name, module, owner)]
 

@@ -96,7 +96,7 @@ class Def:
 class Program:
     """One release's files, parsed once: its functions, who calls whom by name, and patch aliases."""
 
-    def __init__(self, files: dict[str, bytes], foreign: bool, inherited: dict[str, dict[str, str]] | None = None) -> None:
+    def __init__(self, files: dict[str, bytes], *, foreign: bool, inherited: dict[str, dict[str, str]] | None = None) -> None:
         self.foreign = foreign  # a framework patched into another's: a function no file calls may be a patch
         self.inherited = inherited or {}  # the patched framework's classes' copied settings (`settings`)
         self.patched: set[str] = set()
@@ -241,14 +241,14 @@ def _constant(node: ast.expr) -> tuple[bool, Constant | tuple[Constant, ...]]:
 _COMPARISONS: dict[type, Test] = {ast.Eq: "==", ast.NotEq: "!=", ast.In: "in", ast.NotIn: "not in"}
 
 
-def guard_of(test: ast.expr, where: Def, copied: Copies, holds: bool = True) -> Guard | None:
+def guard_of(test: ast.expr, where: Def, copied: Copies, *, holds: bool = True) -> Guard | None:
     """The guard on run settings for `test` coming out `holds` (False: an else branch, an early
     return); None when that constrains no setting. Whatever tests no setting is dropped only where
     dropping widens the guard: from an `and` that must hold (an `or` that must fail); in an `or`
     that must hold (an `and` that must fail) it leaves the whole unconstrained."""
     at = f"{where.path}:{test.lineno}"
     if isinstance(test, ast.BoolOp):
-        items = [guard_of(value, where, copied, holds) for value in test.values]
+        items = [guard_of(value, where, copied, holds=holds) for value in test.values]
         if isinstance(test.op, ast.And) == holds:  # every part must come out so
             kept = tuple(item for item in items if item is not None)
             return AllOf(kept) if kept else None
@@ -256,7 +256,7 @@ def guard_of(test: ast.expr, where: Def, copied: Copies, holds: bool = True) -> 
             return None  # one part on no setting may decide it whatever the settings are
         return AnyOf(tuple(item for item in items if item is not None))
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return guard_of(test.operand, where, copied, not holds)
+        return guard_of(test.operand, where, copied, holds=not holds)
     if isinstance(test, ast.Name) and test.id in copied.guards:
         return copied.guards[test.id][0 if holds else 1]
     leaf = _leaf(test, where, copied, at)
@@ -366,17 +366,17 @@ class _Stores:
 
     def writes(self, node: ast.AST) -> bool:
         if isinstance(node, ast.Assign):
-            return not is_empty_value(node.value) and any(self._into(target, True) for target in node.targets)
+            return not is_empty_value(node.value) and any(self._into(target, bare=True) for target in node.targets)
         if isinstance(node, ast.AugAssign | ast.AnnAssign):
-            return node.value is not None and not is_empty_value(node.value) and self._into(node.target, True)
+            return node.value is not None and not is_empty_value(node.value) and self._into(node.target, bare=True)
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             return False
         if node.func.attr in MUTATORS:
-            return self._into(node.func.value, False)
+            return self._into(node.func.value, bare=False)
         return (node.func.attr == "register_buffer" and register_buffer_name(node) == self.target.variable
                 and self.target.owner in (None, self.where.owner))
 
-    def _into(self, expr: ast.expr, bare: bool) -> bool:
+    def _into(self, expr: ast.expr, *, bare: bool) -> bool:
         """Whether a store into `expr` stores into the global (`bare`: the expression itself is the target)."""
         while True:
             if isinstance(expr, ast.Name) and expr.id in self.aliases:

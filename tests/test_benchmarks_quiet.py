@@ -19,19 +19,19 @@ sys.path.remove(str(ROOT / "benchmarks"))
 
 def test_a_loaded_machine_is_refused_in_one_line_with_exit_2(capsys):
     with pytest.raises(SystemExit) as exit_:
-        quiet.require_quiet(False, quiet.Load(1.2, 2))
+        quiet.require_quiet(loaded_ok=False, load=quiet.Load(1.2, 2))
     assert exit_.value.code == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "load average 1.20 on 2 cores (0.60 per core)" in error and "--loaded" in error
 
 
 def test_loaded_figures_say_they_were_measured_under_load(capsys):
-    assert quiet.require_quiet(True, quiet.Load(1.2, 2)).per_core == 0.6
+    assert quiet.require_quiet(loaded_ok=True, load=quiet.Load(1.2, 2)).per_core == 0.6
     assert "MEASURED UNDER LOAD" in capsys.readouterr().out
 
 
 def test_half_a_core_of_load_is_still_quiet(capsys):
-    quiet.require_quiet(False, quiet.Load(1.0, 2))
+    quiet.require_quiet(loaded_ok=False, load=quiet.Load(1.0, 2))
     assert capsys.readouterr().out == "machine: load average 1.00 on 2 cores (0.50 per core): quiet\n"
 
 

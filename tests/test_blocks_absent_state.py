@@ -253,10 +253,10 @@ def test_block_does_nothing_on_absent_state(case, monkeypatch):
 
     backend = EmulatedBackend()
     with backend.activate():
-        backend.set_check(True)
+        backend.set_check(enabled=True)
         backend.mark_all_unsafe()
         exec(compile(body, f"<{case.id}>", "exec"), namespace)
-        backend.set_check(False)
+        backend.set_check(enabled=False)
     for (index, name), state in states.items():
         assert_unchanged(holders[index], name, state)
 

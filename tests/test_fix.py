@@ -666,7 +666,7 @@ def repair(adaptor):
         adaptor.send_rank_repair(*lists, train_args)
         return "replica"
     npu.mark_unsafe(state._EMA_GRAD_NORM)
-    npu.set_check(True)
+    npu.set_check(enabled=True)
     adaptor.recv_rank_repair(*lists, train_args)
     try:
         return str((state._EMA_GRAD_NORM * 2).item())

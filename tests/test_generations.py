@@ -84,7 +84,7 @@ def main():
     backend = EmulatedBackend(1)
     with backend.activate():
         backend.mark_unsafe(_LOSS_EMA)  # what the fault left in the EMA's memory
-        backend.set_check(True)
+        backend.set_check(enabled=True)
         train_step(torch.ones(4))
 
 

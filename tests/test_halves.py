@@ -205,7 +205,7 @@ def test_a_share_that_claims_only_a_file_read_ahead_still_scans_it(tmp_path, cop
         index.expect(path, tmp_path)
     position = {path: number for number, path in enumerate(files)}
     router = position[package / "router.py"]
-    worker = Worker(copy, lambda item: item == router, lambda: None)  # the other process took every other file
-    share = _scan_share(files, position, index, Accessors(index), (), worker)
+    worker = Worker(copy=copy, claim=lambda item: item == router, tick=lambda: None)  # the other process took every other file
+    share = _scan_share(worker, files=files, position=position, index=index, accessors=Accessors(index), rules=())
     assert [path.name for path in share.added] == ["router.py"]
     assert GlobalName("pkg.router", "Router", "counts") in share.found.buffers

@@ -248,7 +248,7 @@ def fail_one_step(mindio: MindIO, job: types.ModuleType) -> BaseException:
         run_on_npu(job.train_step, job.__file__)
 
     with backend.activate():
-        backend.set_check(True)
+        backend.set_check(enabled=True)
         backend.mark_unsafe(job.LOSS_LOG["loss"])
         try:
             train()

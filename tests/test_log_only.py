@@ -172,7 +172,7 @@ CLASS_HELD = [
 
 
 @pytest.mark.parametrize(("release", "path", "line", "function", "printed", "expected"), CLASS_HELD)
-def test_log_only_names_a_class_held_global_with_its_class(tmp_path, release, path, line, function, printed, expected):
+def test_log_only_names_a_class_held_global_with_its_class(tmp_path, release, path, line, *, function, printed, expected):
     """The frame prints neither the class nor its module; the release's skeleton in the index knows
     the class the method is in. Read where megatron-core is not installed."""
     log = tmp_path / "train.log"

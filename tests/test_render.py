@@ -52,7 +52,7 @@ def assert_rendered(before: str, after: str, tmp_path: Path, *, function: str = 
     site = code.site(code.function(function, role))  # type: ignore[arg-type]
     chosen = load_knowledge().profile(profile)
     assert chosen is not None
-    rendered = render(textwrap.dedent(before), imports, scenario, site, chosen, None, "test")
+    rendered = render(textwrap.dedent(before), imports, scenario, site, chosen, group=None, what="test")
     assert "\n".join(rendered.lines) + "\n" == textwrap.dedent(after)
 
 

@@ -173,7 +173,7 @@ def weight_with_main_grad():
     ("fb-overlap WeightGradStore, core_r0.8.0", "mindspeed.core.pipeline_parallel.fb_overlap.modules.weight_grad_store",
      False, "pop"),
 ], ids=["nanopipe", "fb-overlap dualpipev", "fb-overlap core_r0.8.0"])
-def test_weight_grad_store_fix_lets_the_next_step_drain_only_its_own_entries(case_name, module_name, flush, drain, tmp_path,
+def test_weight_grad_store_fix_lets_the_next_step_drain_only_its_own_entries(case_name, module_name, flush, drain, *, tmp_path,
                                                                             standin):
     import torch
 

@@ -103,7 +103,7 @@ def test_mtp_loss_tracker_fix_lets_2_1_0_log_the_next_loss(standin, tmp_path):
     ("FSDP2 GPT-OSS rotary inv_freq", "mindspeed_llm.fsdp2.models.gpt_oss.modeling_gpt_oss", GPT_OSS_ROTARY,
      "GptOssRotaryEmbedding"),
 ], ids=["glm", "gpt-oss"])
-def test_fsdp2_rotary_fix_computes_the_same_frequencies_again(standin, tmp_path, case, module, source, name):
+def test_fsdp2_rotary_fix_computes_the_same_frequencies_again(standin, tmp_path, case, module, *, source, name):
     rotary_class = getattr(standin(module, source), name)
     config = types.SimpleNamespace(head_dim=8, rope_theta=10000.0)
     expected = rotary_class(config).inv_freq.clone()

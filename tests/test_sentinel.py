@@ -161,7 +161,7 @@ def fault_and_recover(backend: EmulatedBackend, model, optimizer, state) -> None
     saved = [tensor.detach().clone() for tensor in [*model.parameters(), *model.buffers(), *_optimizer_tensors(optimizer)]]
     backend.mark_host(*saved)  # what the replica sends: not this device's memory
     backend.mark_all_unsafe()
-    backend.set_check(True)
+    backend.set_check(enabled=True)
     for tensor, copy in zip([*model.parameters(), *model.buffers(), *_optimizer_tensors(optimizer)], saved, strict=True):
         tensor.data.copy_(copy)
 
@@ -298,7 +298,7 @@ def test_heal_runs_scenario_1_rule_fixes_in_place_and_never_scenario_2(package, 
     backend = EmulatedBackend()
     with backend.activate():
         backend.mark_all_unsafe()
-        backend.set_check(True)
+        backend.set_check(enabled=True)
         old_entry = package.LOSS_LOG["lm"]
         with pytest.raises(UnsafeStateError) as raised:
             check(mode="heal", packages=["sentinelpkg"], rules=[rules], backend=backend)
@@ -347,7 +347,7 @@ def test_the_walk_reads_no_tensor_data_even_with_the_check_on(package):
     backend = EmulatedBackend()
     with backend.activate():
         backend.mark_all_unsafe()
-        backend.set_check(True)
+        backend.set_check(enabled=True)
         report = examine(packages=["sentinelpkg"], backend=backend)
     paths = named(report)["sentinelpkg.state.LOSS_LOG"]
     assert "sentinelpkg.state.LOSS_LOG[('lm', <Tensor>)]" in paths

@@ -300,7 +300,7 @@ def test_report_mode_returns_names_every_good_tensor_and_runs_no_hostile_code(ho
     backend = EmulatedBackend()
     with backend.activate(), caplog.at_level(logging.WARNING, logger="unsafe_doctor.sentinel"):
         backend.mark_all_unsafe()
-        backend.set_check(True)
+        backend.set_check(enabled=True)
         report = check(packages=["hostilepkg"], backend=backend)
     found = {item.name.dotted: list(item.paths) for item in report.unsafe}
     assert {name: found.get(name) for name in GOODS} == GOODS

@@ -124,7 +124,7 @@ def faulted(**options):
     backend = EmulatedBackend()
     with backend.activate():
         backend.mark_all_unsafe()
-        backend.set_check(True)
+        backend.set_check(enabled=True)
         return examine(packages=["shapepkg"], backend=backend, **options)
 
 

@@ -50,7 +50,7 @@ def rollback(tmp_path: Path, body: str, imports: str = "") -> Path:
     return write(tmp_path / "adaptor" / "my_adaptor.py", code)
 
 
-def mindspeed_tree(root: Path, importer_at_module_level: bool = True) -> Path:
+def mindspeed_tree(root: Path, *, importer_at_module_level: bool = True) -> Path:
     """MindSpeed's overlap list: defined in moe_utils, imported by name by a producer module."""
     moe = root / "mindspeed" / "core" / "transformer" / "moe"
     for folder in (root / "mindspeed", root / "mindspeed" / "core", root / "mindspeed" / "core" / "transformer", moe):

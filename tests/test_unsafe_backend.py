@@ -50,9 +50,9 @@ def backend(request):
     except UsageError as error:
         pytest.skip(str(error))
     with chosen.activate():
-        chosen.set_check(True)
+        chosen.set_check(enabled=True)
         yield chosen
-        chosen.set_check(False)
+        chosen.set_check(enabled=False)
 
 
 def randn(backend, *shape: int) -> torch.Tensor:
@@ -106,7 +106,7 @@ def test_emulated_error_names_the_device_index_it_was_given():
     backend = select_backend("emulated", device_index=5)
     tensor = torch.ones(2)
     with backend.activate():
-        backend.set_check(True)
+        backend.set_check(enabled=True)
         backend.mark_all_unsafe()
         with pytest.raises(RuntimeError) as raised:
             tensor * 2
@@ -156,14 +156,14 @@ def test_with_the_check_off_nothing_raises_and_the_marks_stay(backend):
     unsafe, one = randn(backend, 2, 3), randn(backend, 1)
     backend.mark_all_unsafe()
     ok = torch.ones(2, 3, device=backend.device)
-    backend.set_check(False)
+    backend.set_check(enabled=False)
 
     assert not backend.check_enabled()
     for read in READS.values():
         read(unsafe, one, ok)
     assert not backend.is_safe(unsafe)
 
-    backend.set_check(True)
+    backend.set_check(enabled=True)
     with pytest.raises(**RAISES_UNSAFE):
         unsafe.sum()
 
@@ -183,13 +183,13 @@ def test_keyword_only_inputs_other_than_out_are_not_checked():
     backend = EmulatedBackend()
     sorter = torch.tensor([1, 2, 0])  # argsort of the sequence below
     with backend.activate():
-        backend.set_check(True)
+        backend.set_check(enabled=True)
         backend.mark_all_unsafe()
         sequence, values = torch.tensor([3.0, 1.0, 2.0]), torch.tensor([2.5])
 
         position = torch.searchsorted(sequence, values, sorter=sorter)
 
-        backend.set_check(False)
+        backend.set_check(enabled=False)
         assert position.tolist() == [2]
 
 
@@ -234,7 +234,7 @@ def test_copy_with_the_check_off_does_not_refresh(backend):
     """torch_npu's copy wrapper checks and refreshes inside the same ``if (flag)``."""
     tensor = randn(backend, 4)
     backend.mark_all_unsafe()
-    backend.set_check(False)
+    backend.set_check(enabled=False)
 
     tensor.copy_(torch.zeros(4, device=backend.device))
 
@@ -273,7 +273,7 @@ def test_a_new_storage_over_freed_unsafe_memory_is_safe():
     unsafe = torch.frombuffer(memory, dtype=torch.float32)
     address = unsafe.data_ptr()
     with backend.activate():
-        backend.set_check(True)
+        backend.set_check(enabled=True)
         backend.mark_all_unsafe()
         del unsafe
 
@@ -450,7 +450,7 @@ def exchange_after_fault(rank: int, backend_name: str, port: int) -> None:
     try:
         tensor = torch.full((4,), float(rank + 1), device=backend.device)
         with backend.activate():
-            backend.set_check(True)
+            backend.set_check(enabled=True)
             backend.mark_all_unsafe()
 
             if rank == 0:
@@ -464,7 +464,7 @@ def exchange_after_fault(rank: int, backend_name: str, port: int) -> None:
                 tensor + 1
             with pytest.raises(**RAISES_UNSAFE):  # functional all_reduce clones its input first
                 funcol.all_reduce(tensor, "sum", dist.group.WORLD)
-            backend.set_check(False)
+            backend.set_check(enabled=False)
             assert tensor.tolist() == [2.0] * 4
     finally:
         dist.destroy_process_group()

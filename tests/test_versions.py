@@ -84,7 +84,7 @@ def test_frame_file_present_here_gives_the_version_of_its_tree(tmp_path):
 def test_source_root_wins_over_frames(tmp_path):
     megatron_tree(tmp_path / "root", minor=12)
     frame = Frame(str(megatron_tree(tmp_path / "ModelLink", minor=7)), 1, "f", None)
-    environment = detect_environment(KNOWLEDGE, Workspace([tmp_path / "root"]), [frame])
+    environment = detect_environment(KNOWLEDGE, Workspace([tmp_path / "root"]), frames=[frame])
     assert environment.versions["megatron-core"] == Version("0.12.0")
 
 

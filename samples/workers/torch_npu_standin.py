@@ -150,7 +150,7 @@ def _install_module(backend: emulation.EmulatedBackend) -> None:
     def check_uce_in_memory(device: int) -> int:
         backend.mark_host(*_step_counters())
         backend.mark_all_unsafe()
-        backend.set_check(True)
+        backend.set_check(enabled=True)
         return UCE_HIGH_LEVEL
 
     torch_npu = types.ModuleType("torch_npu")

@@ -185,7 +185,7 @@ def stop_callback(train_args, ctx):
     torch_npu.npu.stop_device(torch_npu.npu.current_device())
 
 
-def clean_callback(is_uce_error: bool, train_args, ctx) -> int:
+def clean_callback(is_uce_error: bool, train_args, ctx) -> int:  # noqa: FBT001 - MindIO's handler, called positionally
     import torch_npu
     from torch_npu.npu._recovery import update_npu_tensor_to_safe
     started, device, rank = time.time(), torch_npu.npu.current_device(), dist.get_rank()
@@ -220,7 +220,7 @@ def rebuild_model_and_optimizer(train_args) -> None:
     train_args[OPTIM_INDEX] = rebuilt
 
 
-def repair_callback(step: int, need_rebuild: bool, error_ranks: list, repair_info: dict, train_args, ctx):
+def repair_callback(step: int, need_rebuild: bool, error_ranks: list, repair_info: dict, train_args, ctx):  # noqa: FBT001, PLR0917 - MindIO's handler, called positionally
     started, rank = time.time(), dist.get_rank()
     src_ranks, dest_ranks, rank_list = repair_info["src"], repair_info["dst"], repair_info["rank_list"]
     fields = dict(rank=rank, repair_type=repair_info["repair_type"], src=src_ranks, dst=dest_ranks,

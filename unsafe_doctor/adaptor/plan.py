@@ -330,7 +330,7 @@ class _Request:
 
     def block(self, site: BlockSite, profile: AdaptorProfile, group: str | None) -> tuple[list[str], tuple[str, ...]]:
         """The block's lines, without line endings, indented for the function's body; notes on how it was written."""
-        rendered = render(self.code, self.imports, self.scenario, site, profile, group, self.key)
+        rendered = render(self.code, self.imports, self.scenario, site, profile, group=group, what=self.key)
         return marked_block(self.key, self.comment, rendered.lines, site.function), rendered.notes
 
 

@@ -64,7 +64,7 @@ def _named_frame(holder: Holder, specific: list[Rule]) -> Frame | None:
             candidate
             for candidate in chain(sites, (frame for frame in named if frame is not None))
             if any(
-                rule_matches(rule, name.variable, name.module, name.owner, candidate.file, candidate.function)
+                rule_matches(rule, name.variable, name.module, name.owner, candidate.file, function=candidate.function)
                 for rule in specific
             )
         ),
@@ -72,7 +72,7 @@ def _named_frame(holder: Holder, specific: list[Rule]) -> Frame | None:
     )
 
 
-def _subject(holder: Holder, cached: bool = False) -> Subject:
+def _subject(holder: Holder, *, cached: bool = False) -> Subject:
     """The holder read at its definition."""
     frame = _frame(holder.definition)
     return Subject.of_global(holder.name, frame.file, frame.line, function=frame.function, code=frame.source, cached=cached)

@@ -30,7 +30,7 @@ class Worker:
     """One of the two processes, as the work sees it: which one it is (the copy may go through the
     items in another order), and its claims."""
 
-    def __init__(self, copy: bool, claim: Callable[[int], bool], tick: Callable[[], None]):
+    def __init__(self, *, copy: bool, claim: Callable[[int], bool], tick: Callable[[], None]):
         self.copy = copy
         self._claim = claim
         self.tick = tick  # an item done
@@ -60,7 +60,7 @@ def shared_out(count: int, work: Callable[[Worker], Result], progress: Callable[
         os.close(read_end)
         parent = os.getppid()
         claims.other_gone = lambda: os.getppid() != parent
-        _work_as_copy(Worker(True, claims.claim, lambda: _write_all(write_end, _DONE)), work, write_end)
+        _work_as_copy(Worker(copy=True, claim=claims.claim, tick=lambda: _write_all(write_end, _DONE)), work, write_end)
     os.close(write_end)
     claims.other_gone = partial(_has_ended, pid)
     copy = _Copy(pid, read_end)
@@ -72,7 +72,7 @@ def shared_out(count: int, work: Callable[[Worker], Result], progress: Callable[
             done += 1
             progress(done + copy.poll())
 
-        worker = Worker(False, claims.claim, tick)
+        worker = Worker(copy=False, claim=claims.claim, tick=tick)
         mine = work(worker)
         payload = copy.finish(lambda theirs: progress(done + theirs))
     finally:
@@ -108,7 +108,7 @@ class _Alone:
         self.redone = 0
 
     def worker(self) -> Worker:
-        return Worker(False, lambda item: item not in self.excluded, self._tick)
+        return Worker(copy=False, claim=lambda item: item not in self.excluded, tick=self._tick)
 
     def _tick(self) -> None:
         self.redone += 1

@@ -105,7 +105,7 @@ def _audit(
             index.expect(path, root_of[path])
             progress("reading", done, len(files))
         found = ScanFindings()
-        unreadable = _scan(files, index, accessors, knowledge.rules, found, progress)
+        unreadable = _scan(files, index, accessors, knowledge.rules, found, progress=progress)
         scanned = holders(found, index)
         conversion = tuple(holder.name.dotted for holder in scanned if conversion_only(holder, knowledge.rules))
         framework = [holder for holder in scanned if holder.name.dotted not in conversion]
@@ -154,15 +154,15 @@ class _Share:
 
 
 def _scan(
-    files: Sequence[Path], index: Index, accessors: Accessors, rules: Sequence[Rule], found: ScanFindings, progress: Progress
+    files: Sequence[Path], index: Index, accessors: Accessors, rules: Sequence[Rule], found: ScanFindings, *, progress: Progress
 ) -> list[str]:
     """Scan every audited file, shared out between this process, from the first file on, and a copy
     of it on another core, from the last file back (`shared_out`): files given together import each
     other most. What the scan finds is put back in the order of the files; the files that could not
     be read, then those that could not be scanned, are returned."""
     position = {path: number for number, path in enumerate(files)}
-    shares = shared_out(len(files), partial(_scan_share, files, position, index, accessors, rules),
-                        lambda done: progress("scanning", done, len(files)))
+    work = partial(_scan_share, files=files, position=position, index=index, accessors=accessors, rules=rules)
+    shares = shared_out(len(files), work, lambda done: progress("scanning", done, len(files)))
     index.scanning(None)
     for share in shares:
         index.workspace.sources.adopt(share.parsed)
@@ -174,7 +174,7 @@ def _scan(
 
 
 def _scan_share(
-    files: Sequence[Path], position: dict[Path, int], index: Index, accessors: Accessors, rules: Sequence[Rule], worker: Worker
+    worker: Worker, *, files: Sequence[Path], position: dict[Path, int], index: Index, accessors: Accessors, rules: Sequence[Rule]
 ) -> _Share:
     """Scan the files this process claims, each right after it is read, its tree still fresh:
     parsed once for both. A file a scan's names lead to is claimed then, and scanned next, before

@@ -36,7 +36,7 @@ app.add_typer(rules.app, name="rules")
 app.add_typer(sentinel.app, name="sentinel")
 
 
-def _show_version(value: bool) -> None:
+def _show_version(*, value: bool) -> None:
     if value:
         print(f"unsafe-doctor {__version__}")
         raise typer.Exit(0)
@@ -46,7 +46,7 @@ SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
 _DETECTED = "the shell this runs in"
 
 
-def _completion(value: str | None, install: bool) -> None:
+def _completion(value: str | None, *, install: bool) -> None:
     """`--install-completion [SHELL]` and `--show-completion [SHELL]`: the shell named, else the one
     this runs in (typer's own options take no name). The scripts are typer's."""
     if value is None:
@@ -77,11 +77,11 @@ def _completion(value: str | None, install: bool) -> None:
 _SHELL_HELP = "bash, zsh, fish or powershell; the shell this runs in when not named"
 
 
-def _completion_option(name: str, install: bool, help: str) -> click.Option:
+def _completion_option(name: str, *, install: bool, help: str) -> click.Option:
     """A click option, as typer's cannot take a value that may be left out (`--show-completion [SHELL]`)."""
     return click.Option(
         [name], metavar="[SHELL]", is_flag=False, flag_value=_DETECTED, is_eager=True, expose_value=False, help=help,
-        callback=lambda context, parameter, value: _completion(value, install),
+        callback=lambda context, parameter, value: _completion(value, install=install),
     )
 
 
@@ -91,15 +91,16 @@ def _command() -> click.Command:
     completion_init()  # typer's completers, which its scripts call (without it, click's answer a format they do not read)
     command = typer.main.get_command(app)
     command.params += [
-        _completion_option("--install-completion", True, f"Install completion for a shell ({_SHELL_HELP})."),
-        _completion_option("--show-completion", False,
-                           f"Print the completion script for a shell ({_SHELL_HELP}), to install it yourself."),
+        _completion_option("--install-completion", install=True, help=f"Install completion for a shell ({_SHELL_HELP})."),
+        _completion_option("--show-completion", install=False,
+                           help=f"Print the completion script for a shell ({_SHELL_HELP}), to install it yourself."),
     ]
     return command
 
 
 @app.callback()
 def _top(
+    *,
     version: Annotated[
         bool, typer.Option("--version", "-V", help="Show the version and exit.", callback=_show_version, is_eager=True)
     ] = False,
@@ -125,7 +126,7 @@ def _with_default_command(argv: list[str]) -> list[str]:
     return ["diagnose", *argv]
 
 
-def run(args: list[str], leave: bool) -> None:
+def run(args: list[str], *, leave: bool) -> None:
     """Run the command line `args`; `leave`: end the process without freeing its objects (`_leave`)."""
     try:
         settings = config.find(_working_folder())

@@ -43,6 +43,7 @@ def audit_command(
             show_envvar=False,
         ),
     ] = None,
+    *,
     adaptor: Annotated[
         str,
         typer.Option(
@@ -92,7 +93,7 @@ def audit_command(
     started = time.perf_counter()
     # A bar at a terminal only: not in a log of stderr, nor while JSON or SARIF go to a pipe.
     shown = sys.stderr.isatty() and (output_format is LocatedFormat.text or sys.stdout.isatty())
-    bar = stages_bar(shown, _STAGES)
+    bar = stages_bar(shown=shown, labels=_STAGES)
     with bar as progress:
         result = run_audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or (), progress=progress,
                            choose_adaptor=prompts.adaptor_chooser(yes=yes, no_input=no_input, before_asking=bar.stop),

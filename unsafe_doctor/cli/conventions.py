@@ -43,7 +43,7 @@ def reporting(command: Command) -> Command:
             kwargs["output_format"] = options.LocatedFormat.sarif
         if "verbose" in inspect.signature(command).parameters:  # the command says more too (diagnose: the evidence)
             kwargs["verbose"] = verbose
-        with _stdout_to(output, kwargs), _silenced(quiet):
+        with _stdout_to(output, kwargs), _silenced(quiet=quiet):
             code = _annotated(command, **kwargs) if annotate else command(**kwargs)
         return 0 if exit_zero and code == 1 else code
 
@@ -103,7 +103,7 @@ def _settings_in_force() -> list[str]:
 
 
 @contextlib.contextmanager
-def _silenced(quiet: bool) -> Iterator[None]:
+def _silenced(*, quiet: bool) -> Iterator[None]:
     """Notes and progress go to stderr; -q sends them nowhere. Refusals are printed by `main`, after."""
     if not quiet:
         yield

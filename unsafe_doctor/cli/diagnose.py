@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 def diagnose_command(
     logs: LogsArgument = None,
+    *,
     output_format: LocatedFormatOption = LocatedFormat.text,
     no_input: NoInputOption = False,
     yes: YesOption = False,

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 def fix_command(
     logs: LogsArgument = None,
+    *,
     adaptor: AdaptorOption = None,
     function: FunctionOption = None,
     parameter: ParameterOption = None,
@@ -110,7 +111,7 @@ def fix_command(
         apply = invocation.command("fix", environment.adaptor, *options, "--yes", log=not revert)
         tell_outcome(plan, written, dry_run=dry_run, interactive=interactive, apply=apply)
     else:
-        print_document(report.fix_json(plan, written, dry_run), written)
+        print_document(report.fix_json(plan, written, dry_run=dry_run), written)
     unapplied = bool(plan.edits) and not written
     return 0 if dry_run or not (unapplied or plan.skipped) else 1
 

@@ -34,6 +34,7 @@ app = typer.Typer(
 
 
 def install(
+    *,
     adaptor: AdaptorOption = None,
     source_root: SourceRootOption = None,
     rules: RulesOption = None,
@@ -97,7 +98,7 @@ def install(
         for line in fix_report.outcome(plan, written, dry_run=dry_run, interactive=interactive, apply=apply, done=done):
             say(line)
     else:
-        print_document(report.sentinel_json(plan, written, dry_run, None if revert else cast(Mode, mode)), written)
+        print_document(report.sentinel_json(plan, written, dry_run=dry_run, mode=None if revert else cast(Mode, mode)), written)
     return 0 if dry_run or not plan.edits or written else 1
 
 

@@ -154,7 +154,7 @@ _destinations = [_Destination("standard output", file=False)]
 
 
 @contextmanager
-def stdout_names(destination: str, file: bool = True) -> Iterator[None]:
+def stdout_names(destination: str, *, file: bool = True) -> Iterator[None]:
     """While stdout is redirected to `destination` (a `file`, not a descriptor): a report that cannot
     be written names it, and the command refuses to read or write the file (`adaptor_not_output`)."""
     _destinations.append(_Destination(destination, file))
@@ -239,7 +239,7 @@ class stages_bar:
     """A bar on stderr for a long run's stages (an audit's files read, files scanned, holders judged),
     only when `shown`, each stage described by its label; it is gone once the run ends."""
 
-    def __init__(self, shown: bool, labels: Mapping[str, str]) -> None:
+    def __init__(self, *, shown: bool, labels: Mapping[str, str]) -> None:
         self.bar: Any = None  # a rich Progress, imported only when a bar is drawn
         self.labels = labels
         self.stage: str | None = None

@@ -38,6 +38,7 @@ class ReplayMode(str, Enum):
 
 def verify_command(
     logs: LogsArgument = None,
+    *,
     adaptor: AdaptorOption = None,
     source_root: SourceRootOption = None,
     log_only: LogOnlyOption = False,

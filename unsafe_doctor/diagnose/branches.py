@@ -36,7 +36,7 @@ class Route:
         return f"when {test}" if self.holds else f"when not ({test})"
 
 
-def paths_to(function: Function, target: ast.expr, line: int, skeleton: bool) -> list[Route]:
+def paths_to(function: Function, target: ast.expr, line: int, *, skeleton: bool) -> list[Route]:
     """The values `target` (a name, or `self.attr`) can hold when `line` runs; [] when the function
     binds it on one path only (the resolver's own reading then stands)."""
     bindings = [(statement, value) for statement, value in _bindings(function, target) if statement.lineno < line]

@@ -273,7 +273,7 @@ def _marked_span(frame: Frame, statement: ast.stmt | None, text: str | None, lin
     lines = text.splitlines()
     if not 1 <= line <= len(lines):
         return None
-    return MarkedSpan.place((marker.start, marker.end), marker.primary, printed, lines[line - 1], line, statement)
+    return MarkedSpan.place((marker.start, marker.end), marker.primary, printed, lines[line - 1], line, root=statement)
 
 
 def _matching_line(frame: Frame, source: SourceFile) -> int | None:
@@ -602,7 +602,7 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
         where = f"{culprit.function}()"
         notes.append(f"{resolved.parameter} is a parameter of {where}: its caller could not be followed")
     notes.extend(resolved.notes)
-    notes.extend(_path_notes(option, others, view.origin is Origin.INDEX))
+    notes.extend(_path_notes(option, others, skeleton=view.origin is Origin.INDEX))
     assumed = views.workspace.assumed_releases.get(resolved.name.module or "")
     if assumed:
         notes.append(f"{resolved.name.module} was read from the index of {assumed}: no frame of the log is of that "
@@ -735,7 +735,7 @@ def _paths(view: _FrameView, parts: list[ast.expr], resolved: Resolved) -> list[
     else:
         return []
     skeleton = view.origin is Origin.INDEX
-    return paths_to(functions[-1], target, view.statement.lineno if not skeleton else view.scope.line + 1, skeleton)
+    return paths_to(functions[-1], target, view.statement.lineno if not skeleton else view.scope.line + 1, skeleton=skeleton)
 
 
 def _unresolved_local(resolved: Resolved) -> Resolved:
@@ -788,7 +788,7 @@ def _follow_parameter(site: _Site, name: str, depth: int = 0) -> tuple[list[ast.
     return (parts, resolved, caller.view) if resolved.tier > Tier.PARAMETER else None
 
 
-def _path_notes(chosen: _Option, others: list[_Option], skeleton: bool) -> list[str]:
+def _path_notes(chosen: _Option, others: list[_Option], *, skeleton: bool) -> list[str]:
     """Which path the value was bound on, and the other globals the line may have read."""
     notes = []
     if chosen.undecided:

@@ -188,7 +188,7 @@ def diagnose(
         sentinel_failures=sentinel.failures,
         mindio=form,
         arguments=arguments,
-        untraced=_untraced(tuple(sorted(untraced)), form, run, arguments, loss_scaling, recovery.read_fault(context))
+        untraced=_untraced(tuple(sorted(untraced)), form, run, arguments, loss_scaling, fault=recovery.read_fault(context))
         if untraced else None,
         generation=generation,
     )
@@ -200,6 +200,7 @@ def _untraced(
     run: RunContext,
     arguments: RunArguments | None,
     loss_scaling: LossScaling | None,
+    *,
     fault: FaultReading,
 ) -> Untraced:
     """The suspects, with the generations the job may have run and the fault the log shows."""

@@ -102,7 +102,7 @@ def shortlist(
         chosen.append(newest)
     ordered = _with_own_switches(sorted(chosen, key=evidence.order))
     suspects = [_suspect(item, alternatives[item.rule.id], evidence) for item in ordered]
-    ranked = tuple(evidence.ranked(suspect, item.own, position, len(suspects))
+    ranked = tuple(evidence.ranked(suspect, own=item.own, position=position, count=len(suspects))
                    for position, (suspect, item) in enumerate(zip(suspects, ordered, strict=True)))
     return Shortlist(ranked, tuple(excluded), arguments, generation, fault, generations, environment.shown_generations())
 
@@ -180,7 +180,7 @@ class _Evidence:
         """One release of the rule's framework, or a rule that holds for all."""
         return rule.framework is None or rule.versions is None or len(self.releases.get(rule.framework, ((),))[0]) == 1
 
-    def ranked(self, suspect: Suspect, own: bool, position: int, count: int) -> Suspect:
+    def ranked(self, suspect: Suspect, *, own: bool, position: int, count: int) -> Suspect:
         """Step 4. "high": the only survivor, of a fault that marked every device tensor, created by a
         switch of the run's own (not one most runs of the stack turn on: a run whose state is in its own
         code has those too, and a log never rules that state out), with the dump, its release and the

@@ -43,7 +43,7 @@ class DumpFit:
 
     def describe(self) -> str:
         """`megatron-core 0.18.0–0.18.2, from the arguments dump` (`0.12.3, 0.13.1` when not consecutive)."""
-        shown = releases_shown([str(release) for release in self.releases], _consecutive(self.releases))
+        shown = releases_shown([str(release) for release in self.releases], consecutive=_consecutive(self.releases))
         return f"{FRAMEWORK} {shown}, from the arguments dump"
 
 

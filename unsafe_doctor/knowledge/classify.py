@@ -329,8 +329,8 @@ def _best_rule(
             tensor.name.module if tensor else None,
             tensor.name.owner if tensor else None,
             frame.file if frame else None,
-            frame.function if frame else None,
-            loss_scaling,
+            function=frame.function if frame else None,
+            loss_scaling=loss_scaling,
         )
         if block is not None:
             candidates.append((rule, block))

@@ -35,8 +35,8 @@ class Groundwork:
         """The run context, with the environment read from the source roots, the frames' trees and the
         adaptor; `logged`: the generations the log shows, which choose the profile when no adaptor is found;
         `dumped`: the names of the log's arguments dump, which tell the megatron-core release when nothing else does."""
-        environment = detect_environment(self.knowledge, self.workspace, frames, adaptor, logged, self.profile,
-                                         choose_adaptor=self.choose_adaptor, dumped=dumped)
+        environment = detect_environment(self.knowledge, self.workspace, frames=frames, adaptor=adaptor, logged=logged,
+                                         chosen=self.profile, choose_adaptor=self.choose_adaptor, dumped=dumped)
         return RunContext(self.knowledge, self.workspace, environment)
 
 

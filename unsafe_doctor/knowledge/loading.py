@@ -287,10 +287,10 @@ def _build(path: Path, data: dict[str, Any], line_of: LineOf, problems: list[str
     before = len(problems)
     ids: set[str] = set()  # rules, templates and profiles share one id space per file
     loaded = _FileKnowledge(
-        rules=_section(path, line_of, data, "rules", _rule, ids, problems),
-        templates=_section(path, line_of, data, "templates", _template, ids, problems),
-        profiles=_section(path, line_of, data, "profiles", _profile, ids, problems),
-        step_written=_section(path, line_of, data, "step_written", _step_written, ids, problems),
+        rules=_section(path, line_of, data, "rules", _rule, ids=ids, problems=problems),
+        templates=_section(path, line_of, data, "templates", _template, ids=ids, problems=problems),
+        profiles=_section(path, line_of, data, "profiles", _profile, ids=ids, problems=problems),
+        step_written=_section(path, line_of, data, "step_written", _step_written, ids=ids, problems=problems),
     )
     for name, value in data.get("conditions", {}).items():
         loaded.conditions[name] = _condition(value)
@@ -309,6 +309,7 @@ def _section(
     data: dict[str, Any],
     section: str,
     build: Callable[[dict[str, Any], str, list[str]], _Item | None],
+    *,
     ids: set[str],
     problems: list[str],
 ) -> dict[str, _Item]:

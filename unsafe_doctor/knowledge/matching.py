@@ -27,11 +27,12 @@ def rule_matches(
     module: str | None,
     owner: str | None,
     file: str | None,
+    *,
     function: str | None,
     loss_scaling: LossScaling | None = None,
 ) -> bool:
     """Whether one of the rule's match blocks fits the finding (see `matching_block`)."""
-    return matching_block(rule, variable, module, owner, file, function, loss_scaling) is not None
+    return matching_block(rule, variable, module, owner, file, function=function, loss_scaling=loss_scaling) is not None
 
 
 def matching_block(
@@ -40,6 +41,7 @@ def matching_block(
     module: str | None,
     owner: str | None,
     file: str | None,
+    *,
     function: str | None,
     loss_scaling: LossScaling | None = None,
 ) -> RuleMatch | None:
@@ -49,7 +51,11 @@ def matching_block(
     fits a run with that loss scaling, or one whose loss scaling is unknown (None).
     """
     return next(
-        (block for block in rule.matches if _block_fits(block, variable, module, owner, file, function, loss_scaling)),
+        (
+            block
+            for block in rule.matches
+            if _block_fits(block, variable, module, owner, file, function=function, loss_scaling=loss_scaling)
+        ),
         None,
     )
 
@@ -60,6 +66,7 @@ def _block_fits(
     module: str | None,
     owner: str | None,
     file: str | None,
+    *,
     function: str | None,
     loss_scaling: LossScaling | None,
 ) -> bool:

@@ -159,6 +159,7 @@ class Environment:
 def detect_environment(
     knowledge: KnowledgeBase,
     workspace: Workspace,
+    *,
     frames: Sequence[Frame] = (),
     adaptor: Path | None = None,
     logged: Sequence[AdaptorProfile] = (),
@@ -198,7 +199,7 @@ def detect_environment(
     chooser = _ProfileChooser(knowledge, workspace, versions.get(ADAPTOR_FRAMEWORK))
     search_roots = (*roots, *frame_roots, *workspace.env_roots)
     adaptor_file, adaptor_why, choice = _adaptor_and_profile(chooser, adaptor, search_roots, search_under or roots, logged,
-                                                             choose_adaptor)
+                                                             choose_adaptor=choose_adaptor)
     if chosen is not None:
         choice = _Choice(chosen, "option", "named with --profile")
     return Environment(versions, origins, roots, choice.profile, adaptor_file, choice.source, choice.why, choice.tied,
@@ -219,7 +220,7 @@ class _Choice:
 
 def _adaptor_and_profile(
     chooser: _ProfileChooser, adaptor: Path | None, roots: Sequence[Path], own_roots: Sequence[Path],
-    logged: Sequence[AdaptorProfile], choose_adaptor: AdaptorChooser | None,
+    logged: Sequence[AdaptorProfile], *, choose_adaptor: AdaptorChooser | None,
 ) -> tuple[Path | None, str, _Choice]:
     """The adaptor given, else the one found under the roots (of several, the one `choose_adaptor`
     names: given, as if by --adaptor), how, and its profile; with none, the generation the log

@@ -99,7 +99,7 @@ _MINDIO_FILE = re.compile(rf"\]{_PYH_TAG}|\]\[(?:DEBUG|INFO|WARNING|ERROR|CRITIC
 _PREFIX_START = frozenset("[0123456789JFMASOND")  # a bracket, a digit, a month's initial
 
 
-def _match_prefix(text: str, pos: int, numeric_allowed: bool) -> tuple[re.Match[str] | None, int, int | None]:
+def _match_prefix(text: str, pos: int, *, numeric_allowed: bool) -> tuple[re.Match[str] | None, int, int | None]:
     """The prefix at `pos`, with the specificity and rank it tells (0 and None for a header)."""
     first = text[pos]
     if first == "[":
@@ -134,7 +134,7 @@ def _peel(text: str) -> tuple[int, int | None, str]:
     pos = 0
     numeric_allowed = True
     while pos < len(text) and text[pos] in _PREFIX_START:
-        m, found_specificity, found_rank = _match_prefix(text, pos, numeric_allowed)
+        m, found_specificity, found_rank = _match_prefix(text, pos, numeric_allowed=numeric_allowed)
         if m is None:
             break
         if found_specificity > _POD_SPECIFICITY:
@@ -184,7 +184,7 @@ def split_lines(text: str, *, source: str, base_offset: int, rank_hint: int | No
     input and interleaving ranks.
     """
     pieces = _pieces(text)
-    offsets = _offsets(pieces, base_offset, text.isascii())
+    offsets = _offsets(pieces, base_offset, ascii_only=text.isascii())
     written = pieces
     if " stdout P " in text or " stderr P " in text:
         offsets, pieces, written = _join_partial_lines(offsets, pieces)
@@ -202,7 +202,7 @@ def _pieces(text: str) -> list[str]:
     return pieces
 
 
-def _offsets(pieces: list[str], offset: int, ascii_only: bool) -> list[int]:
+def _offsets(pieces: list[str], offset: int, *, ascii_only: bool) -> list[int]:
     """Where each line starts: the offset, then each line's UTF-8 length and its LF added up."""
     if ascii_only:
         return list(accumulate(map((1).__add__, map(len, pieces[:-1])), initial=offset)) if pieces else []

@@ -403,12 +403,12 @@ def _tags_but(spelled: frozenset[bytes]) -> Any:
     slower to build): a chunk whose only new tag is too long for a rank is searched for nothing,
     and counts toward the next build as a chunk searched for tags seen since."""
 
-    def other(node: dict[int, list[Any]], depth: int, spelled_here: bool) -> str:
+    def other(node: dict[int, list[Any]], depth: int, *, spelled_here: bool) -> str:
         branches = [] if spelled_here or not depth else [""]
         free = "".join(chr(digit) for digit in b"0123456789" if digit not in node)
         if free:
             branches.append(f"[{free}]\\d*")
-        branches += [chr(digit) + other(child, depth + 1, ends) for digit, (child, ends) in sorted(node.items())]
+        branches += [chr(digit) + other(child, depth + 1, spelled_here=ends) for digit, (child, ends) in sorted(node.items())]
         return f"(?:{'|'.join(branches)})" if branches else "[^\\d\\D]"  # nothing: every number here is spelled
 
     trie: dict[int, list[Any]] = {}
@@ -421,7 +421,7 @@ def _tags_but(spelled: frozenset[bytes]) -> Any:
             entry[1] = True
     options = re2.Options()
     options.max_mem = 64 << 20  # the pattern of many thousand ranks needs more than the default 8 MB
-    return re2.compile(rb"\[rank(" + other(trie, 0, False).encode() + rb")\]:", options)
+    return re2.compile(rb"\[rank(" + other(trie, 0, spelled_here=False).encode() + rb")\]:", options)
 
 
 # --- the windows pass ---------------------------------------------------------------------------
@@ -555,13 +555,13 @@ class _MarkedLines:
 
     def feed(self, history: _History, *, at_end: bool) -> None:
         if self.waiting is not None:
-            if not self._take(self.waiting, history, at_end):
+            if not self._take(self.waiting, history, at_end=at_end):
                 return
             self.waiting = None
         if self.skipping and not self._skip(history):
             return
         while (hit := self._first_hit(history, max(self.searched, history.start), history.end)) != -1:
-            if not self._take(hit, history, at_end):
+            if not self._take(hit, history, at_end=at_end):
                 self.waiting = hit
                 return
             if self.skipping and not self._skip(history):
@@ -584,7 +584,7 @@ class _MarkedLines:
                 first = hit
         return first
 
-    def _take(self, hit: int, history: _History, at_end: bool) -> bool:
+    def _take(self, hit: int, history: _History, *, at_end: bool) -> bool:
         """Keep (or count) the line around `hit`, and go on past it; False: its end is not read yet."""
         newline = history.find(b"\n", hit, min(history.end, hit + RECORD_LINE_MAX))
         if newline == -1 and not at_end and history.end - hit < RECORD_LINE_MAX:

@@ -37,7 +37,7 @@ What torch_npu does, and what the emulation copies (sources: PTA ``NPURecovery.c
   checked copy.
 - **The flag** starts off. Nothing in the recovery flow resets it. ``mark_all_npu_tensor_unsafe``
   does not set it. ``restart_device(rebuild_all_resources=True)`` marks all blocks unsafe *and*
-  sets the flag, which here is ``mark_all_unsafe()`` followed by ``set_check(True)``.
+  sets the flag, which here is ``mark_all_unsafe()`` followed by ``set_check(enabled=True)``.
 - **The error** is torch_npu's TORCH_CHECK text with PTA_ERROR(ErrCode::VALUE):
   ``There is unsafe data in the input tensor.`` then a newline and
   ``[ERROR] %Y-%m-%d-%H:%M:%S (PID:p, Device:d, RankID:r) ERR00003 PTA invalid value``. ``d`` is
@@ -104,7 +104,7 @@ class UnsafeBackend(ABC):
         """``update_npu_tensor_to_safe``: the tensor's whole block becomes safe."""
 
     @abstractmethod
-    def set_check(self, enabled: bool) -> None:
+    def set_check(self, *, enabled: bool) -> None:
         """Switch the check (torch_npu's unsafe-check flag) on or off."""
 
     @abstractmethod
@@ -128,11 +128,11 @@ class UnsafeBackend(ABC):
         """The check off for reads of our own (a harness looking at tensors must neither trip on
         unsafe ones nor make them safe), then back as it was."""
         was_on = self.check_enabled()
-        self.set_check(False)
+        self.set_check(enabled=False)
         try:
             yield
         finally:
-            self.set_check(was_on)
+            self.set_check(enabled=was_on)
 
 
 def unsafe_data_error(device_index: int) -> RuntimeError:
@@ -161,7 +161,7 @@ class NpuBackend(UnsafeBackend):
     def mark_safe(self, tensor: torch.Tensor) -> None:
         self._recovery.update_npu_tensor_to_safe(tensor)
 
-    def set_check(self, enabled: bool) -> None:
+    def set_check(self, *, enabled: bool) -> None:
         self._recovery.set_npu_tensor_unsafe_check_flag(enabled)
 
     def check_enabled(self) -> bool:
@@ -285,7 +285,7 @@ class EmulatedBackend(UnsafeBackend):
         if storage is not None:
             self._unsafe.discard(storage)
 
-    def set_check(self, enabled: bool) -> None:
+    def set_check(self, *, enabled: bool) -> None:
         self._check = bool(enabled)
 
     def check_enabled(self) -> bool:

@@ -51,6 +51,7 @@ class RecoveryReader(Walker):
         accessors: Accessors,
         scope: FlowScope,
         uses: dict[GlobalName[str, str], list[Use]],
+        *,
         via: tuple[str, ...] = (),
         seen: frozenset[tuple[Path, int, int]] = frozenset(),
     ):
@@ -83,7 +84,7 @@ class RecoveryReader(Walker):
         scope = FlowScope.of_function(module, node, callee.owner, node.name)
         via = self.via if nested else (*self.via, qualname)  # a nested helper (a fix block's) is part of its function
         try:
-            RecoveryReader(self.index, self.accessors, scope, self.uses, via, self.seen).run(node.body)
+            RecoveryReader(self.index, self.accessors, scope, self.uses, via=via, seen=self.seen).run(node.body)
         except RecursionError:
             pass
 

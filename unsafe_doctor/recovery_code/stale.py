@@ -87,7 +87,7 @@ def stale_resets(
     found: list[StaleReset] = []
     for statement in scope_statements(rollback.body):
         for target, rebinds in _reset_targets(statement):
-            stale = checker.check(statement, target, rebinds)
+            stale = checker.check(statement, target, rebinds=rebinds)
             if stale is not None:
                 found.append(stale)
         getter = _method_on_a_call(statement)
@@ -164,7 +164,7 @@ class _Checker:
         self.rules = rules
         self._names: dict[Path, list[tuple[str, str]]] = {}  # package folder -> (module, name) defined there
 
-    def check(self, statement: ast.stmt, target: _Target, rebinds: bool) -> StaleReset | None:
+    def check(self, statement: ast.stmt, target: _Target, *, rebinds: bool) -> StaleReset | None:
         member = self._resolve(target, statement.lineno)
         if member is None:
             return None

@@ -69,7 +69,7 @@ class _RepairGroups:
         self.device: dist.ProcessGroup | None = None
         self.gloo: dist.ProcessGroup | None = None
 
-    def __call__(self, gloo: bool) -> dist.ProcessGroup | None:
+    def __call__(self, *, gloo: bool) -> dist.ProcessGroup | None:
         return self.gloo if gloo else self.device
 
 
@@ -106,13 +106,14 @@ def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: Progress,
     for run in RUNS:
         unsafe = select_backend(backend, device_index)
         backend_name = unsafe.name
-        runs[run] = _Run(plan, run, rank, unsafe, progress, alone).execute()
+        runs[run] = _Run(plan, run, rank, unsafe, progress, alone=alone).execute()
         dist.barrier()
     return RankResult(rank, backend_name, runs["unpatched"], runs["patched"], tuple(notes))
 
 
 class _Run:
     def __init__(self, plan: ReplayPlan, run: str, rank: int, backend: UnsafeBackend, progress: Progress,
+                 *,
                  alone: dict[str, str]) -> None:
         self.plan, self.run, self.rank, self.backend, self.progress = plan, run, rank, backend, progress
         self.alone = alone
@@ -199,7 +200,7 @@ class _Run:
                 self.backend.mark_all_unsafe()
                 if self.plan.mode == "block" or None in self._train_args():  # no adaptor code repairs them here
                     self._stand_for_own_repair()
-            self.backend.set_check(True)  # from here on, as after a real fault
+            self.backend.set_check(enabled=True)  # from here on, as after a real fault
         dist.barrier()
 
     def _stand_for_own_repair(self) -> None:
@@ -210,7 +211,7 @@ class _Run:
             return
         with self.backend.unchecked():
             globals_memory = {_address(tensor) for probe in self.probes.values() for tensor in probe.tensors()}
-            for tensor in _repaired_by_the_adaptor(self._train_args(), self.plan.rebuilds_model):
+            for tensor in _repaired_by_the_adaptor(self._train_args(), rebuilds_model=self.plan.rebuilds_model):
                 if _address(tensor) not in globals_memory:
                     self.backend.mark_safe(tensor)
 
@@ -336,7 +337,7 @@ class _Run:
         code = next(code for code in self.plan.files if code.path == blocks[0].path)
         spans = [(block.line, block.line + len(block.code.splitlines()) - 1) for block in blocks]
         bound = frozenset(block.own_group for block in blocks if block.own_group)
-        function = scoped_function(module, code.patched, code.path, name, spans, bound)
+        function = scoped_function(module, code.patched, code.path, name, spans, bound=bound)
         _call_with(function, {**values, **dict.fromkeys(bound, self.group)})
 
     def _calls(self, role: str) -> list[dict[str, object]]:
@@ -464,7 +465,7 @@ def _call_with(function: Callable[..., object], values: dict[str, object]) -> No
     function(**arguments)
 
 
-def _repaired_by_the_adaptor(train_args: tuple, rebuilds_model: bool) -> list[torch.Tensor]:
+def _repaired_by_the_adaptor(train_args: tuple, *, rebuilds_model: bool) -> list[torch.Tensor]:
     """What recovery gives back safe: everything train_args reach where the model is rebuilt; else
     (MindSpeed-LLM 26.x's clean) the parameters, their gradients and the optimizer's state, not the
     model's registered buffers."""

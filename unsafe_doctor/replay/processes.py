@@ -81,13 +81,13 @@ def adopting_orphans() -> Iterator[None]:
     """While the replay runs, this process adopts what its descendants leave behind; on the way
     out every process adopted (or forked and not yet reaped) is killed and reaped, until none is left."""
     before = set(_children())
-    adopting = _set_subreaper(True)
+    adopting = _set_subreaper(on=True)
     try:
         yield
     finally:
         if adopting:
             _kill_adopted(before)
-            _set_subreaper(False)
+            _set_subreaper(on=False)
 
 
 def _kill_adopted(before: set[int]) -> None:
@@ -102,7 +102,7 @@ def _kill_adopted(before: set[int]) -> None:
                 os.waitpid(pid, 0)
 
 
-def _set_subreaper(on: bool) -> bool:
+def _set_subreaper(*, on: bool) -> bool:
     """Whether this process now adopts orphans (Linux's prctl; elsewhere it cannot)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)

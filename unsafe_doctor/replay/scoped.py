@@ -16,7 +16,7 @@ from typing import cast
 
 
 def scoped_function(module: types.ModuleType, text: str, path: str, name: str,
-                    block_lines: Iterable[tuple[int, int]], bound: frozenset[str]) -> types.FunctionType:
+                    block_lines: Iterable[tuple[int, int]], *, bound: frozenset[str]) -> types.FunctionType:
     """Function ``name`` of ``text`` cut to its fix blocks (first, last line) and the bindings they need;
     the names in ``bound`` (the group the replay gives) become parameters instead."""
     spans = list(block_lines)

@@ -13,9 +13,13 @@ import importlib
 import importlib.util
 import sys
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 
-RepairGroups = Callable[[bool], object]  # gloo? -> the process group of this replay's repair
+
+class RepairGroups(Protocol):
+    def __call__(self, *, gloo: bool) -> object:
+        """The process group of this replay's repair: its gloo one when `gloo`."""
 
 
 class StandIn:
@@ -72,7 +76,7 @@ class StandInModule(types.ModuleType):
 
     def _getter(self, *args: object, **kwargs: object) -> object:
         gloo = any(value is True for value in args) or any(value is True for key, value in kwargs.items() if "gloo" in key)
-        return self._groups(gloo)
+        return self._groups(gloo=gloo)
 
 
 def install_standins(

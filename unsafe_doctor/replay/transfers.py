@@ -34,6 +34,7 @@ class Transfer:
 
 class TransferLog:
     def __init__(self, device_group: object, gloo_group: object, is_device_memory: Callable[[torch.Tensor], bool],
+                 *,
                  check_kinds: bool, timeout: datetime.timedelta) -> None:
         self.device_group, self.gloo_group, self.timeout = device_group, gloo_group, timeout
         self._is_device_memory, self._check_kinds = is_device_memory, check_kinds

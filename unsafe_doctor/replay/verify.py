@@ -127,7 +127,7 @@ def plan_replay(
     replicas = _replicas(faulty, ranks)
     roots = tuple(str(Path(root).resolve()) for root in environment.source_roots)
     codes = _in_import_order(tuple(_code(file, roots) for file in files))
-    standins = _standins(codes, profile.repair_group_imports, any(target.switches for target in targets))
+    standins = _standins(codes, profile.repair_group_imports, switched=any(target.switches for target in targets))
     plan = ReplayPlan(
         targets=tuple(targets),
         blocks=tuple(blocks),
@@ -214,7 +214,7 @@ def _replicas(faulty: int, ranks: int) -> tuple[int, ...]:
     return (first, others[0]) if others else (first,)
 
 
-def _standins(codes: tuple[AdaptorCode, ...], group_imports: tuple[str, ...], switched: bool) -> tuple[str, ...]:
+def _standins(codes: tuple[AdaptorCode, ...], group_imports: tuple[str, ...], *, switched: bool) -> tuple[str, ...]:
     """What may be stood in: the modules the unpatched adaptor imports, the profile's repair-group
     module where the adaptor imports from that module's package (its own generation), and Megatron's
     ``get_args`` module where a fix's guard reads switches (a rule of Megatron's: the job has it)."""
@@ -403,7 +403,7 @@ def _patched_problems(plan: ReplayPlan, target: Target, results: list[RankResult
     problems = []
     waited = {failure.role for result in results for failure in result.patched.fix_failures if failure.kind == "timeout"}
     if waited:
-        mismatch = _likely_mismatch(plan, "recv" in waited, "send" in waited)
+        mismatch = _likely_mismatch(plan, receiver_waited="recv" in waited, sender_waited="send" in waited)
         problems.append(f"a repair transfer waited {plan.timeout:g} s in vain: {mismatch}")
     for result in results:
         for failure in result.patched.fix_failures:
@@ -459,7 +459,7 @@ def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped: ReplayStopped,
         receiver = _waited_in_repair(stopped.histories.get(plan.faulty, ()), plan.functions["recv"])
         sender = _waited_in_repair(stopped.histories.get(plan.replica, ()), plan.functions["send"])
         problem = (f"the replay stopped at the {plan.timeout:g} s timeout ({places}); "
-                   f"likely cause: {_likely_mismatch(plan, receiver, sender)}")
+                   f"likely cause: {_likely_mismatch(plan, receiver_waited=receiver, sender_waited=sender)}")
     elif (cause := stopped.cause()) is not None and cause[1].blame == "replay":
         rank, crash = cause
         outcome = "not-modelled"
@@ -489,7 +489,7 @@ def _stuck_in(stopped: ReplayStopped, phase: str) -> bool:
     return any(history and history[-1].phase == phase and history[-1].failure is None for history in stopped.histories.values())
 
 
-def _likely_mismatch(plan: ReplayPlan, receiver_waited: bool, sender_waited: bool) -> str:
+def _likely_mismatch(plan: ReplayPlan, *, receiver_waited: bool, sender_waited: bool) -> str:
     """Which side of the repair waited: the one with more transfers than its peer."""
     send, recv = plan.functions["send"], plan.functions["recv"]
     if receiver_waited and not sender_waited:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 SCHEMA = "unsafe-doctor/fix/v1"
 
 
-def fix_json(plan: Plan, written: tuple[Written, ...], dry_run: bool) -> dict[str, Any]:
+def fix_json(plan: Plan, written: tuple[Written, ...], *, dry_run: bool) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "files": [{"path": str(edit.path), "changes": list(edit.changes), "diff": edit.diff()} for edit in plan.edits],

@@ -25,9 +25,9 @@ IF_MISSING = {
 }
 
 
-def sentinel_json(plan: Plan, written: tuple[Written, ...], dry_run: bool, mode: Mode | None) -> dict[str, Any]:
+def sentinel_json(plan: Plan, written: tuple[Written, ...], *, dry_run: bool, mode: Mode | None) -> dict[str, Any]:
     """`mode`: the one written; None for --revert. The training image's need where the plan writes a block."""
-    document = fix.fix_json(plan, written, dry_run)
+    document = fix.fix_json(plan, written, dry_run=dry_run)
     del document["skipped"], document["already_reset"]  # a sentinel answers no finding
     training_image = None
     if mode is not None and plan.edits:

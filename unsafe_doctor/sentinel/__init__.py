@@ -127,10 +127,10 @@ def examine(
         seconds = time.perf_counter() - started
         return SentinelReport(Summary(rank, "none", mode, 0, 0, 0, seconds, f"nothing checked: {why_none}"), ())
     wanted = frozenset(packages)
-    report, judged = _report(walk(roots, wanted, limits), chosen, rank, mode, rules, started)
+    report, judged = _report(walk(roots, wanted, limits), chosen, rank, mode, rules, started=started)
     if mode == "heal" and report.unsafe:
         errors = {item.name: verdict.heal(judged[item.name]) for item in report.unsafe if judged[item.name].scenario == 1}
-        after, _ = _report(walk(roots, wanted, limits), chosen, rank, mode, rules, started)
+        after, _ = _report(walk(roots, wanted, limits), chosen, rank, mode, rules, started=started)
         report = _after_heal(report, after, errors)
     return report
 
@@ -154,7 +154,7 @@ def _rank() -> int | None:
 
 
 def _report(
-    found: Walk, backend: UnsafeBackend, rank: int | None, mode: Mode, rules: Sequence[Path], started: float
+    found: Walk, backend: UnsafeBackend, rank: int | None, mode: Mode, rules: Sequence[Path], *, started: float
 ) -> tuple[SentinelReport, dict[HolderName, verdict.SentinelVerdict]]:
     """The records of one walk, and the knowledge's verdict on each holder (heal runs them)."""
     unsafe: dict[HolderName, list[str]] = {}

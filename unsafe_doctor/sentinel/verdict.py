@@ -50,7 +50,7 @@ def verdicts(
             found[holder] = SentinelVerdict(None, None, None, None, written)
             continue
         for name in (holder, *aliases):
-            classified = _by_rule(name, name in cached or holder in cached, context)
+            classified = _by_rule(name, cached=name in cached or holder in cached, context=context)
             if classified is not None:
                 found[holder] = _verdict(classified)
                 break
@@ -82,7 +82,7 @@ def heal(verdict: SentinelVerdict) -> str | None:
     return None
 
 
-def _by_rule(holder: HolderName, cached: bool, context: RunContext) -> Classified | None:
+def _by_rule(holder: HolderName, *, cached: bool, context: RunContext) -> Classified | None:
     if holder.module is None:
         return None
     tensor = TensorRef(holder.qualname, holder, cached)

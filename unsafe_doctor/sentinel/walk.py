@@ -299,7 +299,7 @@ class _ObjectGraph:
         else:
             for base, iterate, size, ordered in _SEQUENCES:
                 if issubclass(kind, base):
-                    yield from self.sequence(iterate(obj), size(obj), ordered, path, holder, depth)
+                    yield from self.sequence(iterate(obj), size(obj), ordered=ordered, path=path, holder=holder, depth=depth)
                     break
         if issubclass(kind, _NAMESPACES) or not _is_standard_library(kind):
             yield from self.attributes(obj, kind, path, holder, depth)
@@ -379,7 +379,7 @@ class _ObjectGraph:
             self.result.not_walked.add(f"{path} (a mapping proxy over a {_type_name(type(mapping))})")
 
     def sequence(
-        self, items: Iterator[Any], size: int, ordered: bool, path: str, holder: HolderName | None, depth: int
+        self, items: Iterator[Any], size: int, *, ordered: bool, path: str, holder: HolderName | None, depth: int
     ) -> Iterator[tuple]:
         for index, value in enumerate(self.bounded(items, size, path)):
             if _holds(value):
@@ -411,7 +411,9 @@ class _ObjectGraph:
     def partial(self, partial: functools.partial, path: str, holder: HolderName | None, depth: int) -> Iterator[tuple]:
         yield _PARTIAL_FUNC.__get__(partial), f"{path}.func", holder, depth + 1
         arguments = _PARTIAL_ARGS.__get__(partial)
-        yield from self.sequence(tuple.__iter__(arguments), tuple.__len__(arguments), True, f"{path}.args", holder, depth)
+        yield from self.sequence(
+            tuple.__iter__(arguments), tuple.__len__(arguments), ordered=True, path=f"{path}.args", holder=holder, depth=depth
+        )
         for key, value in _dict_items(_PARTIAL_KEYWORDS.__get__(partial)):
             yield value, f"{path}.keywords[{_key_text(key)}]", holder, depth + 1
 

@@ -52,7 +52,7 @@ class ReleaseMatch:
     def describe(self) -> str:
         """`megatron-core 0.12.0–0.12.1, from 7 frames` (`0.12.0, 0.13.1` when not consecutive)."""
         consecutive = self.candidates == tuple(range(self.candidates[0], self.candidates[-1] + 1))
-        shown = releases_shown(self.names, consecutive)
+        shown = releases_shown(self.names, consecutive=consecutive)
         counted = f"{self.agreeing} of {self.frames} frames" if self.agreeing < self.frames else _frames(self.frames)
         return f"{self.framework.name} {shown}, from {counted}"
 
@@ -61,7 +61,7 @@ class ReleaseMatch:
         return self.framework.version_in(path, self.chosen)
 
 
-def releases_shown(names: Sequence[str], consecutive: bool) -> str:
+def releases_shown(names: Sequence[str], *, consecutive: bool) -> str:
     """`0.12.0–0.12.1` for releases one after another in the index, else `0.12.0, 0.13.1`."""
     return names[0] if len(names) == 1 else (f"{names[0]}–{names[-1]}" if consecutive else ", ".join(names))
 

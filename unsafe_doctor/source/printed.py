@@ -42,7 +42,7 @@ class MarkedSpan:
 
     @classmethod
     def place(
-        cls, marked: tuple[int, int], primary: tuple[int, int], printed: str, host: str, line: int, root: ast.AST
+        cls, marked: tuple[int, int], primary: tuple[int, int], printed: str, host: str, line: int, *, root: ast.AST
     ) -> MarkedSpan | None:
         """A marker's columns (characters of `printed`, the line as the log shows it) on line
         `line` of the parsed text, whose text is `host`, as the expression under `root` it marks;

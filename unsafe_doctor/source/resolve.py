@@ -191,25 +191,25 @@ def resolve_chain(parts: list[ast.expr], scope: Scope, workspace: Workspace, dep
     function = scope.functions[-1] if scope.functions else None
     if function is not None:
         if root in declared_globals(function):
-            return _in_source(scope.source, scope.module, root, parts, 0, workspace, depth, cross_module=False)
+            return _in_source(scope.source, scope.module, root, parts, 0, workspace=workspace, depth=depth, cross_module=False)
         if root in parameter_names(function):
-            return _rebound_parameter(root, function, parts, scope, workspace, depth)
+            return _rebound_parameter(root, function, parts, scope, workspace, depth=depth)
         binding = scope.local_binding(function, root)
         if isinstance(binding, ImportedName):
             return _imported(binding.target, parts, 0, workspace, depth)
         if binding is not None:
-            return _alias(root, binding, parts, scope, workspace, depth)
+            return _alias(root, binding, parts, scope, workspace, depth=depth)
         if any(root in parameter_names(outer) or scope.local_binding(outer, root) for outer in scope.functions[:-1]):
             return _unresolved(scope, Tier.LOCAL, parts)
     if root in scope.source.bindings:
-        return _in_source(scope.source, scope.module, root, parts, 0, workspace, depth, cross_module=False)
+        return _in_source(scope.source, scope.module, root, parts, 0, workspace=workspace, depth=depth, cross_module=False)
     if root in _BUILTINS:
         return None
     return _unresolved(scope, Tier.UNKNOWN, parts)
 
 
 def _rebound_parameter(
-    name: str, function: Function, parts: list[ast.expr], scope: Scope, workspace: Workspace, depth: int
+    name: str, function: Function, parts: list[ast.expr], scope: Scope, workspace: Workspace, *, depth: int
 ) -> Resolved:
     """A parameter, unless the function rebinds it to a global before the line
     (`if attention_mask is None: attention_mask = get_attention_mask()`): that global, which
@@ -219,7 +219,7 @@ def _rebound_parameter(
     line = getattr(rebound, "lineno", None)  # none on `OPAQUE`: a loop target, `with ... as`
     if not isinstance(rebound, ast.expr) or line is None or scope.line is None or line > scope.line:
         return parameter
-    resolved = _alias(name, rebound, parts, scope, workspace, depth)
+    resolved = _alias(name, rebound, parts, scope, workspace, depth=depth)
     return resolved if resolved.tier >= Tier.GUESS else parameter
 
 
@@ -375,15 +375,15 @@ def _imported(target: str, parts: list[ast.expr], index: int, workspace: Workspa
             attribute = _attribute(parts, at)
         if attribute is None:
             return None  # the module itself
-        return _in_module(module, attribute, parts, at, workspace, depth)
+        return _in_module(module, attribute, parts, at, workspace, depth=depth)
     head, _, name = target.rpartition(".")
     if head and workspace.module_path(head) is not None:
-        return _in_module(head, name, parts, index, workspace, depth)
+        return _in_module(head, name, parts, index, workspace, depth=depth)
     attribute = _attribute(parts, index + 1)
     if attribute is not None and not _CLASS_NAME.fullmatch(name):
         note = f"{target} was not found locally: taken as a module"
         return Resolved(Tier.GLOBAL, index + 1, GlobalName(target, None, attribute), (note,))
-    return _in_source(None, head or None, name, parts, index, workspace, depth, cross_module=True)
+    return _in_source(None, head or None, name, parts, index, workspace=workspace, depth=depth, cross_module=True)
 
 
 def _is_library(dotted: str) -> bool:
@@ -392,9 +392,11 @@ def _is_library(dotted: str) -> bool:
 
 
 def _in_module(
-    module: str, name: str, parts: list[ast.expr], index: int, workspace: Workspace, depth: int
+    module: str, name: str, parts: list[ast.expr], index: int, workspace: Workspace, *, depth: int
 ) -> Resolved | None:
-    return _in_source(workspace.module_source(module), module, name, parts, index, workspace, depth, cross_module=True)
+    return _in_source(
+        workspace.module_source(module), module, name, parts, index, workspace=workspace, depth=depth, cross_module=True
+    )
 
 
 def _in_source(
@@ -403,9 +405,9 @@ def _in_source(
     name: str,
     parts: list[ast.expr],
     index: int,
+    *,
     workspace: Workspace,
     depth: int,
-    *,
     cross_module: bool,
 ) -> Resolved | None:
     """`name` (at parts[index]) as bound at module level in `source` (module `module`)."""
@@ -416,7 +418,7 @@ def _in_source(
     if isinstance(binding, ast.ClassDef) or looks_like_class:
         return _class_member(parts, index, name, module, Tier.GLOBAL)
     if isinstance(binding, Function):
-        return _call_result(binding, source, parts, index, workspace, depth)
+        return _call_result(binding, source, parts, index, workspace, depth=depth)
     if _is_flag(binding, name, source):
         return None
     if _is_call(parts, index + 1):
@@ -447,7 +449,7 @@ def _is_flag(binding: object, name: str, source: SourceFile | None) -> bool:
 
 
 def _call_result(
-    function: Function, source: SourceFile | None, parts: list[ast.expr], index: int, workspace: Workspace, depth: int
+    function: Function, source: SourceFile | None, parts: list[ast.expr], index: int, workspace: Workspace, *, depth: int
 ) -> Resolved | None:
     """`get_x()` returning a module global, and `get_instance().field` (singleton field)."""
     if not _is_call(parts, index + 1):
@@ -498,7 +500,7 @@ def _instance_class(name: str | None, source: SourceFile | None) -> str | None:
 
 
 def _alias(
-    name: str, value: ast.expr, parts: list[ast.expr], scope: Scope, workspace: Workspace, depth: int
+    name: str, value: ast.expr, parts: list[ast.expr], scope: Scope, workspace: Workspace, *, depth: int
 ) -> Resolved:
     """A local assigned from a global (`tracker = get_tracker()`, `buf = mod._BUF`): that global,
     while the expression keeps the local's own name."""

@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar, cast
 
@@ -542,7 +542,8 @@ class Workspace(FileFinder):
     def __reduce__(self) -> tuple[Callable[..., Workspace], tuple[object, ...]]:
         """Pickled as a fresh workspace over the same roots that reads the frameworks as this one
         does: what it read and parsed may have changed since (an audit's cache keeps its result)."""
-        return _fresh_workspace, (self.source_roots, self.studied, self.log_only, self.releases, self.fingerprinted)
+        fresh = partial(_fresh_workspace, log_only=self.log_only, releases=self.releases, fingerprinted=self.fingerprinted)
+        return fresh, (self.source_roots, self.studied)
 
     def over(self, source_roots: Sequence[Path]) -> Workspace:
         """A workspace over other roots (an adaptor's tree) that reads the frameworks as this one
@@ -648,7 +649,7 @@ class Cache(Generic[K, V]):
 
 
 def _fresh_workspace(
-    source_roots: tuple[Path, ...], studied: tuple[Path, ...], log_only: bool, releases: dict[str, ReleaseMatch],
+    source_roots: tuple[Path, ...], studied: tuple[Path, ...], *, log_only: bool, releases: dict[str, ReleaseMatch],
     fingerprinted: bool,
 ) -> Workspace:
     workspace = Workspace(source_roots, log_only=log_only, studied=studied)

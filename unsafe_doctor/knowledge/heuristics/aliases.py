@@ -47,7 +47,7 @@ class Aliases:
     """The tensor's names in one scope. `defining`: the scope is in the module that defines the global,
     where its bare name means it unless the function binds that name itself."""
 
-    def __init__(self, study: Followed, source: SourceFile, defining: bool, function: Function | None,
+    def __init__(self, study: Followed, source: SourceFile, *, defining: bool, function: Function | None,
                  class_name: str | None, nodes: Callable[[], Sequence[ast.AST]]):
         """`nodes`: the function's own scope's nodes, listed when asked."""
         self.study, self.defining, self.function, self.class_name, self.nodes = study, defining, function, class_name, nodes

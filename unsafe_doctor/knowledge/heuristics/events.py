@@ -164,7 +164,9 @@ class FunctionStudy:
         self.file, self.function, self.name, self.body = file, function, name, body
         # the nodes of the function's own scope, listed only when asked (no reference back here: no cycle)
         self.nodes = partial(_scope_nodes, file, function) if function is not None else tuple
-        self.tensor = Aliases(file.study, file.source, file.defining, function, class_name, self.nodes)
+        self.tensor = Aliases(
+            file.study, file.source, defining=file.defining, function=function, class_name=class_name, nodes=self.nodes
+        )
         self.initialising = name == "__init__" or bool(tokens(name) & INIT_TOKENS)
 
     @cached_property
@@ -183,7 +185,7 @@ class FunctionStudy:
         study = self.file.study
         if self.initialising:
             return  # setting up, not resetting
-        if runs_per_step(self.name, context.in_loop):
+        if runs_per_step(self.name, in_loop=context.in_loop):
             when = "every logging step" if self.reporting else "every iteration"
             self.add("reset", node, f"reset {when}", for_logging=self.reporting)
             return

@@ -259,7 +259,7 @@ class TensorStudy:
         """The chain of call sites by which `function` runs every iteration, nearest first."""
         sites = self._call_sites(function)
         for site in sites:
-            if runs_per_step(site.caller, site.in_loop):
+            if runs_per_step(site.caller, in_loop=site.in_loop):
                 return [site]
         if depth + 1 < MAX_CALLER_DEPTH:
             for site in sites:

@@ -105,7 +105,7 @@ def is_reporting(name: str, calls: Sequence[ast.Call] = ()) -> bool:
     return logs and not any(callee_name(call.func) in TRAIN_CALLS for call in calls)
 
 
-def runs_per_step(function: str, in_loop: bool) -> bool:
+def runs_per_step(function: str, *, in_loop: bool) -> bool:
     """Runs every iteration: named like a training or logging step (a helper named for what it resets,
     `reset_loss_log`, is not), or sits in a loop of a train-like function or of the module."""
     words = tokens(function)

@@ -117,7 +117,7 @@ class Rendered:
 
 
 def render(
-    code: str, imports: tuple[str, ...], scenario: int, site: Place, profile: AdaptorProfile, group: str | None, what: str
+    code: str, imports: tuple[str, ...], scenario: int, site: Place, profile: AdaptorProfile, *, group: str | None, what: str
 ) -> Rendered:
     """`what` names the block in refusals (its marker key)."""
     notes: list[str] = []
