@@ -12,7 +12,6 @@ that cannot be had here (no cache, no package index) skips its tests.
 
 from __future__ import annotations
 
-import atexit
 import fnmatch
 import functools
 import json
@@ -23,6 +22,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import warm_python
 from packaging.version import Version
 from test_rules_shipped import CASES, KNOWLEDGE, UNSAFE_DATA, diagnose, release_root, unguarded
 
@@ -95,7 +95,16 @@ def test_the_tracker_rules_split_where_the_releases_moved_the_tracker():
 
 # --- the fixes, run on each release's real code ----------------------------------------------------
 
-# run by fixtures/rules/fork_server.py, which imported torch, aux_loss and emulated_npu before the fork
+# what every step imports first, once per release (tests/helpers.py's warm Python)
+PRELUDE = """
+import sys
+from pathlib import Path
+from release import import_from
+import_from(Path({root!r}))
+import torch
+from generate import aux_loss, emulated_npu
+"""
+# run in a fresh child of that Python, which has imported none of the release's modules
 STEP = """
 with emulated_npu() as mark:
 {setup}
@@ -109,44 +118,13 @@ with emulated_npu() as mark:
 """
 
 
-class ForkServer:
-    """fixtures/rules/fork_server.py on one release: each script in a fresh child forked from a Python
-    that has imported torch and the emulator but none of the release's modules."""
-
-    def __init__(self, root: Path) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(FIXTURES)]), "PYTHONWARNINGS": "ignore"}
-        command = [sys.executable, str(FIXTURES / "fork_server.py"), str(root)]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        atexit.register(self.close)
-
-    def run(self, script: str) -> subprocess.CompletedProcess[str]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps({"script": script}) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        assert line, f"the fork server ended with {self.process.wait()}"
-        answer = json.loads(line)
-        return subprocess.CompletedProcess(["<step>"], answer["returncode"], answer["stdout"], answer["stderr"])
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        self.process.wait(timeout=60)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-
-
-@functools.cache
-def fork_server(root: Path) -> ForkServer:
-    return ForkServer(root)
-
-
 def step(root: Path, setup: str, retry: str, fix: str | None) -> str:
     """The step that failed, in a fresh process of the release: after `setup` marked its tensors
     unsafe, with or without the fix first; 'unsafe', 'passed' or the other error."""
     script = STEP.format(setup=textwrap.indent(setup, "    "), fix=textwrap.indent(fix or "pass", "    "),
                          retry=textwrap.indent(retry, "        "), unsafe=UNSAFE_DATA)
-    result = fork_server(root).run(script)
+    env = (("PYTHONPATH", os.pathsep.join([str(REPO), str(FIXTURES)])), ("PYTHONWARNINGS", "ignore"))
+    result = warm_python(PRELUDE.format(root=str(root)), env).run(script)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.splitlines()[-1]
 

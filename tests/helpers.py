@@ -1,0 +1,72 @@
+"""What several test files share: a module loaded from a file, the one-line refusal, and scripts
+run in fresh children of one warm Python."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+TESTS = Path(__file__).resolve().parent
+
+
+def load_module(name: str, path: Path, *, register: bool = False) -> ModuleType:
+    """The Python file at `path` run as module `name` (a fixture or a script: no package holds it);
+    `register` puts it in sys.modules first, where its dataclasses look their module up."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def refused(result: subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes], fragment: str = "") -> str:
+    """The command was refused: exit 2 and, on stderr, one line and nothing else (no traceback), that
+    starts with `unsafe-doctor: ` and holds `fragment`. The line, without its newline."""
+    stderr = result.stderr.decode() if isinstance(result.stderr, bytes) else result.stderr
+    assert result.returncode == 2, (result.returncode, result.stdout and result.stdout[-500:], stderr[-2000:])
+    assert "Traceback" not in stderr, stderr
+    assert stderr.count("\n") == 1 and stderr.endswith("\n"), stderr
+    assert stderr.startswith("unsafe-doctor: ") and fragment in stderr, stderr
+    return stderr[:-1]
+
+
+class WarmPython:
+    """tests/fork_server.py: each script runs in a fresh child forked from a Python that ran only
+    the prelude (imports that every script starts with), so the prelude is paid once."""
+
+    def __init__(self, prelude: str, env: tuple[tuple[str, str], ...]) -> None:
+        command = [sys.executable, str(TESTS / "fork_server.py"), prelude]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        env={**os.environ, **dict(env)})
+        atexit.register(self.close)
+
+    def run(self, script: str) -> subprocess.CompletedProcess[str]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"script": script}) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        assert line, f"the fork server ended with {self.process.wait()}"
+        answer = json.loads(line)
+        return subprocess.CompletedProcess(["<script>"], answer["returncode"], answer["stdout"], answer["stderr"])
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+@functools.cache
+def warm_python(prelude: str, env: tuple[tuple[str, str], ...] = ()) -> WarmPython:
+    """The one warm Python of this test process for `prelude` (run with `env` added to ours)."""
+    return WarmPython(prelude, env)
