@@ -1,11 +1,13 @@
-"""What several test files share: a module loaded from a file, the one-line refusal, and scripts
-run in fresh children of one warm Python."""
+"""What several test files share: the command line run in this process, the one-line refusal, a
+module loaded from a file, and scripts run in fresh children of one warm Python."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -14,6 +16,45 @@ from pathlib import Path
 from types import ModuleType
 
 TESTS = Path(__file__).resolve().parent
+
+
+def run_cli(*args: str, stdin: bytes = b"", env: dict[str, str] | None = None, cwd: Path | None = None,
+            encoding: str = "utf-8") -> subprocess.CompletedProcess[str]:
+    """`unsafe-doctor ARGS` run in this process, as `python -m unsafe_doctor ARGS` would run it where
+    the process itself is not what a test is about: `stdin` piped in (no terminal), `env` added to
+    the environment, `cwd` the working folder; stdout and stderr read as bytes, then decoded with
+    `encoding`. What the command changes of the process (streams, argv, environment, working folder)
+    is put back after."""
+    from unsafe_doctor.cli import main
+
+    stdout, stderr = io.BytesIO(), io.BytesIO()
+    streams = (io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"),
+               io.TextIOWrapper(stdout, encoding="utf-8", write_through=True),
+               io.TextIOWrapper(stderr, encoding="utf-8", write_through=True))
+    saved = (sys.stdin, sys.stdout, sys.stderr, sys.argv, dict(os.environ), Path.cwd())
+    try:
+        sys.stdin, sys.stdout, sys.stderr = streams
+        sys.argv = ["unsafe-doctor", *args]
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+            if isinstance(exit_.code, str):
+                print(exit_.code, file=sys.stderr)
+        for stream in streams[1:]:
+            with contextlib.suppress(ValueError):  # closed by the command
+                stream.flush()
+    finally:
+        sys.stdin, sys.stdout, sys.stderr, sys.argv = saved[:4]
+        os.environ.clear()
+        os.environ.update(saved[4])
+        os.chdir(saved[5])
+    return subprocess.CompletedProcess(["unsafe-doctor", *args], code, stdout.getvalue().decode(encoding),
+                                       stderr.getvalue().decode(encoding))
 
 
 def load_module(name: str, path: Path, *, register: bool = False) -> ModuleType:
@@ -28,14 +69,15 @@ def load_module(name: str, path: Path, *, register: bool = False) -> ModuleType:
     return module
 
 
-def refused(result: subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes], fragment: str = "") -> str:
+def refused(result: subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes], fragment: str = "",
+            prefix: str = "unsafe-doctor: ") -> str:
     """The command was refused: exit 2 and, on stderr, one line and nothing else (no traceback), that
-    starts with `unsafe-doctor: ` and holds `fragment`. The line, without its newline."""
+    starts with `prefix` and holds `fragment`. The line, without its newline."""
     stderr = result.stderr.decode() if isinstance(result.stderr, bytes) else result.stderr
     assert result.returncode == 2, (result.returncode, result.stdout and result.stdout[-500:], stderr[-2000:])
     assert "Traceback" not in stderr, stderr
     assert stderr.count("\n") == 1 and stderr.endswith("\n"), stderr
-    assert stderr.startswith("unsafe-doctor: ") and fragment in stderr, stderr
+    assert stderr.startswith(prefix) and fragment in stderr, stderr
     return stderr[:-1]
 
 
