@@ -14,21 +14,22 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 TESTS = Path(__file__).resolve().parent
 
 
-def run_cli(*args: str, stdin: bytes = b"", env: dict[str, str] | None = None, cwd: Path | None = None,
-            encoding: str = "utf-8") -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, stdin: bytes | None = b"", env: dict[str, str] | None = None, cwd: Path | None = None,
+            encoding: str | None = "utf-8") -> subprocess.CompletedProcess[Any]:
     """`unsafe-doctor ARGS` run in this process, as `python -m unsafe_doctor ARGS` would run it where
     the process itself is not what a test is about: `stdin` piped in (no terminal), `env` added to
     the environment, `cwd` the working folder; stdout and stderr read as bytes, then decoded with
-    `encoding`. What the command changes of the process (streams, argv, environment, working folder)
+    `encoding` (None: left bytes). What the command changes of the process (streams, argv, environment, working folder)
     is put back after."""
     from unsafe_doctor.cli import main
 
     stdout, stderr = io.BytesIO(), io.BytesIO()
-    streams = (io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"),
+    streams = (io.TextIOWrapper(io.BytesIO(stdin or b""), encoding="utf-8"),
                io.TextIOWrapper(stdout, encoding="utf-8", write_through=True),
                io.TextIOWrapper(stderr, encoding="utf-8", write_through=True))
     saved = (sys.stdin, sys.stdout, sys.stderr, sys.argv, dict(os.environ), Path.cwd())
@@ -53,8 +54,10 @@ def run_cli(*args: str, stdin: bytes = b"", env: dict[str, str] | None = None, c
         os.environ.clear()
         os.environ.update(saved[4])
         os.chdir(saved[5])
-    return subprocess.CompletedProcess(["unsafe-doctor", *args], code, stdout.getvalue().decode(encoding),
-                                       stderr.getvalue().decode(encoding))
+    outputs = [stream.getvalue() for stream in (stdout, stderr)]
+    if encoding is not None:
+        return subprocess.CompletedProcess(["unsafe-doctor", *args], code, *(output.decode(encoding) for output in outputs))
+    return subprocess.CompletedProcess(["unsafe-doctor", *args], code, *outputs)
 
 
 def load_module(name: str, path: Path, *, register: bool = False) -> ModuleType:
