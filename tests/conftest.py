@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from helpers import load_module
+from helpers import close_warm_pythons, load_module
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORK = ROOT / "samples" / "framework"
@@ -32,6 +32,13 @@ class Router(torch.nn.Module):
     def forward(self, routing_map):
         self.counts += routing_map.sum(dim=0)
 """
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_warm_python_left() -> Iterator[None]:
+    """The warm Pythons a module's tests started end with the module (helpers.warm_python)."""
+    yield
+    close_warm_pythons()
 
 
 @pytest.fixture(autouse=True)

@@ -3,9 +3,7 @@ module loaded from a file, and scripts run in fresh children of one warm Python.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import functools
 import importlib.util
 import io
 import json
@@ -92,7 +90,6 @@ class WarmPython:
         command = [sys.executable, str(TESTS / "fork_server.py"), prelude]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                         env={**os.environ, **dict(env)})
-        atexit.register(self.close)
 
     def run(self, script: str) -> subprocess.CompletedProcess[str]:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -111,7 +108,18 @@ class WarmPython:
             self.process.stdout.close()
 
 
-@functools.cache
+def close_warm_pythons() -> None:
+    """End every warm Python this process started: tests that wait on their own children expect none."""
+    for each in _WARM.values():
+        each.close()
+    _WARM.clear()
+
+
+_WARM: dict[tuple[str, tuple[tuple[str, str], ...]], WarmPython] = {}
+
+
 def warm_python(prelude: str, env: tuple[tuple[str, str], ...] = ()) -> WarmPython:
-    """The one warm Python of this test process for `prelude` (run with `env` added to ours)."""
-    return WarmPython(prelude, env)
+    """The one warm Python of this test module for `prelude` (run with `env` added to ours)."""
+    if (prelude, env) not in _WARM:
+        _WARM[prelude, env] = WarmPython(prelude, env)
+    return _WARM[prelude, env]
