@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
+from helpers import close_warm_pythons, load_module
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORK = ROOT / "samples" / "framework"
@@ -31,6 +32,13 @@ class Router(torch.nn.Module):
     def forward(self, routing_map):
         self.counts += routing_map.sum(dim=0)
 """
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_warm_python_left() -> Iterator[None]:
+    """The warm Pythons a module's tests started end with the module (helpers.warm_python)."""
+    yield
+    close_warm_pythons()
 
 
 @pytest.fixture(autouse=True)
@@ -127,10 +135,7 @@ def real(tmp_path_factory) -> Path:
 
 def load_rules_generator():
     """tests/fixtures/rules/generate.py: captures a real traceback and writes it as a rank's log."""
-    spec = importlib.util.spec_from_file_location("rules_generator", ROOT / "tests" / "fixtures" / "rules" / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("rules_generator", ROOT / "tests" / "fixtures" / "rules" / "generate.py")
 
 
 @pytest.fixture(scope="session")
@@ -172,10 +177,7 @@ def _made(folder: Path) -> Path:
 def load_stale_expert_bias():
     """tests/fixtures/replay/stale_expert_bias.py: megatron-core's TopKRouter routes with a stale expert_bias."""
     path = ROOT / "tests" / "fixtures" / "replay" / "stale_expert_bias.py"
-    spec = importlib.util.spec_from_file_location("stale_expert_bias", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("stale_expert_bias", path)
 
 
 def _record_into_stale_loss_log(mark) -> None:

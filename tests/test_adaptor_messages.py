@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import load_module
 
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
@@ -30,12 +30,7 @@ IN_TREE = "mindspeed_llm.core.high_availability"
 @functools.cache
 def _script():
     """scripts/derive_messages.py, loaded as a module (scripts/ is no package)."""
-    spec = importlib.util.spec_from_file_location("derive_messages", ROOT / "scripts" / "derive_messages.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_module("derive_messages", ROOT / "scripts" / "derive_messages.py", register=True)
 
 
 def _in_tree(stem: str, message: str, rank: int = 1) -> str:

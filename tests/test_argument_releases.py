@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import warm_python
 from packaging.version import Version
 from test_rules_shipped import release_root
 
@@ -73,6 +74,11 @@ def test_the_shipped_file_is_what_the_pinned_sources_derive(tmp_path):
     assert (tmp_path / "derived.json").read_bytes() == ARGUMENTS_FILE.read_bytes()
 
 
+# as from_release.py runs a release: what each release's script starts with, in one warm Python
+STANDINS = (f"import sys; sys.path[:0] = [{str(ROOT / 'tests' / 'corpus')!r}, {str(ROOT / 'samples' / 'workers')!r}]\n"
+            "from cases import python_312_standins; python_312_standins()")
+
+
 @pytest.mark.parametrize("release", ["0.17.1", "0.18.2", "0.19.2"])
 def test_the_derived_dests_are_those_the_real_parser_adds(release):
     """The release's own add_megatron_arguments, run: the same dests, but for those it adds only when an
@@ -80,13 +86,11 @@ def test_the_derived_dests_are_those_the_real_parser_adds(release):
     root = release_root(release)
     if root is None:
         pytest.skip(f"megatron-core {release} cannot be had here")
-    script = ("import argparse, json, sys; sys.path[:0] = sys.argv[1:]\n"
-              "from cases import python_312_standins; python_312_standins()\n"  # as from_release.py runs the release
+    script = ("import argparse, json, sys\n"
+              f"sys.path.insert(0, {str(root)!r})\n"
               "from megatron.training.arguments import add_megatron_arguments\n"
               "print(json.dumps(sorted(vars(add_megatron_arguments(argparse.ArgumentParser()).parse_args([])))))")
-    done = subprocess.run([sys.executable, "-c", script, str(root), str(ROOT / "tests" / "corpus"),
-                           str(ROOT / "samples" / "workers")],
-                          capture_output=True, text=True)
+    done = warm_python(STANDINS).run(script)
     assert done.returncode == 0, done.stderr[-2000:]
     real = set(json.loads(done.stdout.splitlines()[-1]))
     derived = json.loads(ARGUMENTS_FILE.read_text())

@@ -17,6 +17,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from helpers import refused
 from terminal import at_terminal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,12 +36,6 @@ def run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, close: 
         [sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, encoding=encoding, cwd=cwd, env=environment,
         stdin=subprocess.DEVNULL, timeout=120, preexec_fn=None if close is None else lambda: os.close(close),
     )
-
-
-def refused(result: subprocess.CompletedProcess[str], fragment: str) -> None:
-    assert result.returncode == 2, (result.returncode, result.stdout[-500:], result.stderr[-2000:])
-    assert "Traceback" not in result.stderr
-    assert result.stderr.count("\n") == 1 and fragment in result.stderr, result.stderr
 
 
 # --- standard streams ------------------------------------------------------------------------------

@@ -8,56 +8,42 @@ import subprocess
 import sys
 
 import pytest
+from helpers import refused, run_cli
 
 from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.sentinel_lines import UnsafeGlobal, format_line
 
 
 def run(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", *args],
-        input=stdin.decode("latin-1"),
-        capture_output=True,
-        text=True,
-        encoding="latin-1",
-        timeout=60,
-    )
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], fragment: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("unsafe-doctor: ") and fragment in lines[0]
+    return run_cli(*args, stdin=stdin, encoding="latin-1")
 
 
 def test_missing_file(tmp_path):
-    assert_one_line_error(run("diagnose", str(tmp_path / "missing.log")), "no such file or directory")
+    refused(run("diagnose", str(tmp_path / "missing.log")), "no such file or directory")
 
 
 def test_folder_without_logs(tmp_path):
     (tmp_path / "readme.md").write_text("no logs here")
-    assert_one_line_error(run("diagnose", str(tmp_path)), "no log files in this folder")
+    refused(run("diagnose", str(tmp_path)), "no log files in this folder")
 
 
 def test_corrupt_gzip(tmp_path):
     data = gzip.compress(b"iteration 1 | lm loss: 2.0\n" * 1000)
     (tmp_path / "rank_0.log.gz").write_bytes(data[:-20])
-    assert_one_line_error(run("diagnose", str(tmp_path / "rank_0.log.gz")), "corrupt gzip data")
+    refused(run("diagnose", str(tmp_path / "rank_0.log.gz")), "corrupt gzip data")
 
 
 def test_binary_junk(tmp_path):
     (tmp_path / "core.log").write_bytes(bytes(range(256)) * 64)
-    assert_one_line_error(run("diagnose", str(tmp_path / "core.log")), "not a text log")
+    refused(run("diagnose", str(tmp_path / "core.log")), "not a text log")
 
 
 def test_empty_stdin():
-    assert_one_line_error(run("diagnose"), "stdin is empty")
+    refused(run("diagnose"), "stdin is empty")
 
 
 def test_empty_stdin_without_command():
-    assert_one_line_error(run(), "stdin is empty")
+    refused(run(), "stdin is empty")
 
 
 def run_unprivileged(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -76,7 +62,7 @@ def test_permission_denied(tmp_path):
     readable = run_unprivileged("diagnose", str(path))
     assert readable.returncode == 0, readable.stderr
     path.chmod(0)
-    assert_one_line_error(run_unprivileged("diagnose", str(path)), "permission denied")
+    refused(run_unprivileged("diagnose", str(path)), "permission denied")
 
 
 def test_a_sys_path_folder_this_user_cannot_enter_is_passed_over(tmp_path):
@@ -144,7 +130,7 @@ def test_diagnose_path_never_imports_torch(tmp_path, text):
     ],
 )
 def test_a_bad_option_is_one_line_not_a_usage_box(args, fragment):
-    assert_one_line_error(run(*args), fragment)
+    refused(run(*args), fragment)
 
 
 @pytest.mark.parametrize(
@@ -158,4 +144,4 @@ def test_a_bad_option_is_one_line_not_a_usage_box(args, fragment):
 )
 def test_a_format_the_command_does_not_write_is_refused_by_the_parser(args):
     """Each command offers only its own formats: sarif is for diagnose and audit."""
-    assert_one_line_error(run(*args), "Invalid value for '--format' / '-f': 'sarif' is not one of 'text', 'json'")
+    refused(run(*args), "Invalid value for '--format' / '-f': 'sarif' is not one of 'text', 'json'")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import refused
 
 from unsafe_doctor.report.github import escape_data, escape_property
 
@@ -46,13 +47,6 @@ def run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, stdin: 
         [sys.executable, "-m", "unsafe_doctor", *args],
         capture_output=True, text=True, cwd=cwd, env=environment, input=stdin, timeout=120,
     )
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], text: str) -> None:
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert result.stderr.splitlines() == [f"unsafe-doctor: {text}"] or (
-        len(result.stderr.splitlines()) == 1 and text in result.stderr
-    ), result.stderr
 
 
 def shared_options_table() -> tuple[list[str], list[tuple[set[str], list[str]]]]:
@@ -104,15 +98,15 @@ def test_every_commands_help_matches_the_shared_options_table():
 )
 def test_a_format_a_command_does_not_write_is_refused_by_the_parser(args):
     result = run(*args)
-    assert_one_line_error(result, "Invalid value for '--format' / '-f'")
+    refused(result, "Invalid value for '--format' / '-f'")
     assert result.stdout == ""
 
 
 def test_a_misspelt_command_is_named_not_taken_for_a_missing_log(tmp_path):
-    assert_one_line_error(run("diagnoze", "x.log", cwd=tmp_path), "unknown command 'diagnoze'; did you mean 'diagnose'?")
+    refused(run("diagnoze", "x.log", cwd=tmp_path), "unknown command 'diagnoze'; did you mean 'diagnose'?")
     (tmp_path / "fixe").write_text("iteration 1 | lm loss: 2.0\n")  # a file of that name is a log after all
     assert run("fixe", cwd=tmp_path).returncode == 0
-    assert_one_line_error(run("fix.log", cwd=tmp_path), "fix.log: no such file or directory")  # a file name, not a command
+    refused(run("fix.log", cwd=tmp_path), "fix.log: no such file or directory")  # a file name, not a command
 
 
 def test_dash_h_is_help_and_dash_upper_v_the_version():
@@ -139,7 +133,7 @@ def test_rules_without_a_subcommand_prints_its_help_and_exits_0():
 
 def test_a_misspelt_subcommand_is_suggested_once():
     result = run("rules", "lis")
-    assert_one_line_error(result, "No such command 'lis'.")
+    refused(result, "No such command 'lis'.")
     assert result.stderr.count("Did you mean 'list'?") == 1
 
 
@@ -166,7 +160,7 @@ def test_output_writes_the_report_to_the_file_and_keeps_it_when_refused(tmp_path
 
 
 def test_output_into_a_missing_folder_is_a_one_line_error(tmp_path):
-    assert_one_line_error(run(str(FAQ_LOG), "-o", str(tmp_path / "no" / "such" / "r.txt")), "cannot write")
+    refused(run(str(FAQ_LOG), "-o", str(tmp_path / "no" / "such" / "r.txt")), "cannot write")
 
 
 def test_quiet_leaves_only_the_report_and_verbose_names_the_settings(tmp_path):
@@ -182,8 +176,8 @@ def test_quiet_leaves_only_the_report_and_verbose_names_the_settings(tmp_path):
         "unsafe-doctor: no [tool.unsafe-doctor] table found",
         "unsafe-doctor: UNSAFE_DOCTOR_FORMAT=text",
     ]
-    assert_one_line_error(run(*args, "-q", "-v"), "--quiet and --verbose contradict each other")
-    assert_one_line_error(run(str(tmp_path / "missing.log"), "-q"), "no such file or directory")  # refusals still speak
+    refused(run(*args, "-q", "-v"), "--quiet and --verbose contradict each other")
+    refused(run(str(tmp_path / "missing.log"), "-q"), "no such file or directory")  # refusals still speak
 
 
 def test_exit_zero_hides_findings_not_usage_errors(tmp_path):
@@ -227,7 +221,7 @@ def test_settings_come_from_the_nearest_pyproject_then_variables_then_the_comman
 def test_format_from_the_environment_and_the_command_line_over_it():
     assert "findings" in json.loads(run(str(FAQ_LOG), env={"UNSAFE_DOCTOR_FORMAT": "json"}).stdout)
     assert run(str(FAQ_LOG), "-f", "text", env={"UNSAFE_DOCTOR_FORMAT": "json"}).stdout.lstrip()[:1] != "{"
-    assert_one_line_error(
+    refused(
         run("fix", "x.log", env={"UNSAFE_DOCTOR_FORMAT": "sarif"}),
         "Invalid value for '--format' / '-f': 'sarif' is not one of 'text', 'json'. (from UNSAFE_DOCTOR_FORMAT) (see --help)",
     )
@@ -245,7 +239,7 @@ def test_format_from_the_environment_and_the_command_line_over_it():
 def test_a_bad_settings_table_is_a_one_line_error(tmp_path, table, fragment):
     (tmp_path / "pyproject.toml").write_text("[tool.unsafe-doctor]\n" + table)
     result = run("rules", "list", cwd=tmp_path)
-    assert_one_line_error(result, fragment)
+    refused(result, fragment)
 
 
 def test_audit_scans_the_configured_source_roots_and_the_pre_commit_hook_runs_it(tmp_path):
@@ -330,4 +324,4 @@ def test_adaptor_and_functions_from_pyproject_reach_fix_and_the_command_line_win
 
 def test_several_source_roots_in_one_variable_are_separated_by_the_path_separator(tmp_path):
     result = run(str(FAQ_LOG), env={"UNSAFE_DOCTOR_SOURCE_ROOT": f"{FRAMEWORK}{os.pathsep}{tmp_path / 'gone'}"})
-    assert_one_line_error(result, f"Directory '{tmp_path / 'gone'}' does not exist. (from UNSAFE_DOCTOR_SOURCE_ROOT)")
+    refused(result, f"Directory '{tmp_path / 'gone'}' does not exist. (from UNSAFE_DOCTOR_SOURCE_ROOT)")

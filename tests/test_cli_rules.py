@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FAQ_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"
@@ -18,7 +19,7 @@ LEGACY_ADAPTOR = ROOT / "tests" / "fixtures" / "adaptors" / "legacy" / "mindio_t
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120)
+    return run_cli(*args)
 
 
 def test_rules_list_names_every_shipped_rule_with_scenario_and_versions():

@@ -9,7 +9,6 @@ every log is labelled and on one side: the lead scores it (benchmarks/release_ac
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from collections import Counter
@@ -17,17 +16,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import load_module
 
 from unsafe_doctor.knowledge.loading import load_knowledge
 
 
 def _load_scoring():
     path = Path(__file__).parent / "corpus" / "scoring.py"
-    spec = importlib.util.spec_from_file_location("corpus_scoring", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_module("corpus_scoring", path, register=True)
 
 
 scoring = _load_scoring()

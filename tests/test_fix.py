@@ -12,7 +12,6 @@ real MoE tracker made unsafe, and the scenario-2 send and receive blocks between
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pty
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from conftest import load_rules_generator
+from helpers import load_module
 from terminal import at_terminal
 
 from unsafe_doctor.adaptor.overrides import function_overrides
@@ -606,8 +606,8 @@ def test_patched_rollback_makes_the_real_megatron_tracker_safe_again(tmp_path, m
     training.get_args = MegatronTrainingArguments
     monkeypatch.setitem(sys.modules, "megatron.training", training)
     monkeypatch.syspath_prepend(str(copy))
-    patched = import_file("patched_modellink_adaptor", adaptor)
-    original = import_file("original_modellink_adaptor", ADAPTORS / "legacy" / LEGACY_FILE)
+    patched = load_module("patched_modellink_adaptor", adaptor)
+    original = load_module("original_modellink_adaptor", ADAPTORS / "legacy" / LEGACY_FILE)
 
     def fault_then_rollback(adaptor_module) -> None:
         moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER.clear()
@@ -625,13 +625,6 @@ def test_patched_rollback_makes_the_real_megatron_tracker_safe_again(tmp_path, m
         assert values.tolist() == [0.25, 0.0, 0.0, 0.0]  # the first step after recovery, counted once
     finally:
         moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER.clear()
-
-
-def import_file(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 REPAIR_WORKER = """\

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import refused
 
 from unsafe_doctor.adaptor.write import BACKUP_SUFFIX
 from unsafe_doctor.knowledge.rules import is_safe_dotted
@@ -50,12 +51,6 @@ def fix_ema(adaptor: Path, *extra: str, cwd: Path = ROOT, **options) -> subproce
 
 def backup(adaptor: Path) -> Path:
     return adaptor.with_name(adaptor.name + BACKUP_SUFFIX)
-
-
-def refused_in_one_line(result: subprocess.CompletedProcess, fragment: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    assert result.stderr.count("\n") == 1 and fragment in result.stderr, result.stderr
 
 
 # --- backups ----------------------------------------------------------------------------------------
@@ -234,7 +229,7 @@ def test_revert_refuses_markers_out_of_place_and_changes_nothing(tmp_path, how):
 
     result = run("--revert", "--adaptor", str(adaptor), "--yes")
 
-    refused_in_one_line(result, f"{adaptor}:{line}: ")
+    refused(result, f"{adaptor}:{line}: ")
     assert "mend the markers by hand" in result.stderr
     assert (sorted(tmp_path.iterdir()), adaptor.read_bytes()) == before
 
@@ -257,7 +252,7 @@ def test_markers_paired_across_a_function_boundary_are_refused_by_every_command_
         sentinel("install", "--adaptor", str(adaptor), "--yes"),
         sentinel("install", "--revert", "--adaptor", str(adaptor), "--yes"),
     ):
-        refused_in_one_line(result, f"{adaptor}:{line}: block generic.replica-copy:toytrain.state._EMA_GRAD_NORM "
+        refused(result, f"{adaptor}:{line}: block generic.replica-copy:toytrain.state._EMA_GRAD_NORM "
                                     f"(lines {line}-{end}) runs across the boundary of recv_rank_repair() (line {recv})")
         assert (sorted(tmp_path.iterdir()), adaptor.read_bytes()) == before
 
@@ -418,7 +413,6 @@ def test_json_to_a_full_stdout_still_reports_the_write(tmp_path):
     assert adaptor.read_bytes() != ORIGINAL and backup(adaptor).read_bytes() == ORIGINAL
     document = json.loads(fix_ema(adaptor, "--format", "json", "--dry-run").stdout)
     assert document["files"] == []  # written: a second run finds every block there
-
 
 
 needs_setpriv = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv")

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
@@ -35,7 +36,7 @@ UNSAFE = "RuntimeError: There is unsafe data in the input tensor."
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120)
+    return run_cli(*args)
 
 
 def essentials(report: dict) -> list[tuple]:

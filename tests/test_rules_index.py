@@ -180,6 +180,21 @@ CASES = [
 
 # --- a release's modules, read through the resolver ------------------------------------------------
 
+class KeepingWorkspace(Workspace):
+    """A workspace that keeps every file it parsed: the tests read each release's modules for many
+    rules, and a workspace alone keeps only its latest few trees (each parsed again after)."""
+
+    def __init__(self) -> None:
+        super().__init__((), log_only=True, index=INDEX)
+        self.kept: dict[Path, SourceFile] = {}
+
+    def source(self, path: Path, module: str | None) -> SourceFile | None:
+        source = super().source(path, module)
+        if source is not None:
+            self.kept[path] = source
+        return source
+
+
 _WORKSPACES: dict[tuple[str, int], Workspace] = {}
 
 
@@ -188,7 +203,7 @@ def release_workspace(framework: IndexedFramework, at: int) -> Workspace:
     fingerprinted it): modules, imports and re-exports all come from that release's skeletons."""
     key = (framework.name, at)
     if key not in _WORKSPACES:
-        workspace = Workspace((), log_only=True, index=INDEX)
+        workspace = KeepingWorkspace()
         workspace.releases = {framework.name: ReleaseMatch(framework, (at,), 1, 1)}
         workspace.fingerprinted = True
         _WORKSPACES[key] = workspace

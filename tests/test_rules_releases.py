@@ -13,6 +13,7 @@ that cannot be had here (no cache, no package index) skips its tests.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import warm_python
 from packaging.version import Version
 from test_rules_shipped import CASES, KNOWLEDGE, UNSAFE_DATA, diagnose, release_root, unguarded
 
@@ -93,14 +95,17 @@ def test_the_tracker_rules_split_where_the_releases_moved_the_tracker():
 
 # --- the fixes, run on each release's real code ----------------------------------------------------
 
-STEP = """
+# what every step imports first, once per release (tests/helpers.py's warm Python)
+PRELUDE = """
 import sys
 from pathlib import Path
 from release import import_from
-import_from(Path(sys.argv[1]))
+import_from(Path({root!r}))
 import torch
 from generate import aux_loss, emulated_npu
-
+"""
+# run in a fresh child of that Python, which has imported none of the release's modules
+STEP = """
 with emulated_npu() as mark:
 {setup}
 {fix}
@@ -118,11 +123,13 @@ def step(root: Path, setup: str, retry: str, fix: str | None) -> str:
     unsafe, with or without the fix first; 'unsafe', 'passed' or the other error."""
     script = STEP.format(setup=textwrap.indent(setup, "    "), fix=textwrap.indent(fix or "pass", "    "),
                          retry=textwrap.indent(retry, "        "), unsafe=UNSAFE_DATA)
-    result = run_in_release(root, script)
+    env = (("PYTHONPATH", os.pathsep.join([str(REPO), str(FIXTURES)])), ("PYTHONWARNINGS", "ignore"))
+    result = warm_python(PRELUDE.format(root=str(root)), env).run(script)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.splitlines()[-1]
 
 
+@functools.cache
 def rendered_fix(case: str) -> str:
     """The fix diagnose renders for the case, without its guards, imports first."""
     _, result = diagnose(CASES[case].log(None), CASES[case].versions, (unpacked("0.19.2"),))

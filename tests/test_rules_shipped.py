@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from helpers import load_module
 from packaging.version import Version
 
 from unsafe_doctor.diagnose.locate import Finding, locate
@@ -46,10 +47,7 @@ PROFILE = KNOWLEDGE.profile("mindspeed-llm-26")
 
 
 def _load_fixture(name: str, file: str):
-    spec = importlib.util.spec_from_file_location(name, FIXTURES / file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(name, FIXTURES / file)
 
 
 GENERATOR = _load_fixture("rules_fixture_generator", "generate.py")
@@ -291,9 +289,7 @@ def run_standin(tmp_path: Path, relative: str, source: str, action: Callable) ->
     path = tmp_path / relative
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(STANDIN_HEADER.format(path=relative) + textwrap.dedent(source))
-    spec = importlib.util.spec_from_file_location(f"standin_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module(f"standin_{path.stem}", path)
     return capture(lambda mark: action(module, mark))
 
 

@@ -8,9 +8,9 @@ import json
 import random
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+from helpers import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,9 +28,7 @@ FINDING_KEYS = {
 
 
 def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", *args], input=stdin, capture_output=True, timeout=120
-    )
+    return run_cli(*args, stdin=stdin, encoding=None)
 
 
 def findings_of(*args: str, stdin: bytes | None = None) -> tuple[int, dict]:

@@ -7,10 +7,10 @@ import gzip
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +37,7 @@ BUFFER_PATH = "megatron.core.parallel_state._GLOBAL_MEMORY_BUFFER.buffer[('mpu',
 
 
 def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], input=stdin, capture_output=True, timeout=120)
+    return run_cli(*args, stdin=stdin, encoding=None)
 
 
 def records(rank: int, *, healed: bool = False) -> list[UnsafeGlobal | Summary]:

@@ -14,7 +14,6 @@ rule, runs from a pip target in a subprocess (tests/fixtures/sentinel/release_ru
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_module
 
 pytest.importorskip("megatron.core")
 
@@ -33,11 +33,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "sentinel"
 
 
 def _load_fixture():
-    path = FIXTURES / "megatron_gpt_moe.py"
-    spec = importlib.util.spec_from_file_location("megatron_gpt_moe", path)
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look themselves up
-    spec.loader.exec_module(module)
-    return module
+    return load_module("megatron_gpt_moe", FIXTURES / "megatron_gpt_moe.py", register=True)
 
 
 gpt = _load_fixture()

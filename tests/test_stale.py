@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import load_module
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.loading import load_knowledge
@@ -294,11 +295,7 @@ def test_unparseable_adaptor_is_a_usage_error(tmp_path):
 
 def release_tree(version: str) -> Path:
     """The unpacked real release (tests/fixtures/rules/release.py), as a source root."""
-    spec = importlib.util.spec_from_file_location(
-        "rules_fixture_release", Path(__file__).parent / "fixtures" / "rules" / "release.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module("rules_fixture_release", Path(__file__).parent / "fixtures" / "rules" / "release.py")
     root = module.release_root(version)
     if root is None:
         pytest.skip(f"megatron-core {version} cannot be had here")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import helpers
 import pytest
 from rich.console import Console
 from rich.text import Text
@@ -217,7 +218,7 @@ def test_suspect_on_a_log_with_no_untraced_error_is_refused(tmp_path):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=300)
+    result = helpers.run_cli(*args)
     if "--format" in args and "json" in args:
         json.loads(result.stdout)
     return result

@@ -9,12 +9,11 @@ three; step 4 says "high" only of a lone survivor of a fault that marked every t
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+import helpers
 import pytest
 from test_suspects import CATCH_V26, DENSE, IN_TREE_LINES, MOE, PTA_ERROR, dump, lines_of, shortlist_of, write_log
 
@@ -241,7 +240,5 @@ def test_a_rule_size_that_is_not_arithmetic_is_refused_in_one_line(tmp_path):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI in a child, lines as wide as the longest sentence (the report wraps at the terminal's width)."""
-    environment = {**os.environ, "COLUMNS": "400"}
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=300,
-                          env=environment)
+    """The CLI, lines as wide as the longest sentence (the report wraps at the terminal's width)."""
+    return helpers.run_cli(*args, env={"COLUMNS": "400"})

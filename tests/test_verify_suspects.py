@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import refused
 
 from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.replay.plan import AdaptorCode, Block, ReplayPlan, Target
@@ -44,15 +45,8 @@ def unsafe_doctor(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=300, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
 
 
-def one_line_refusal(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    return lines[0]
-
-
 def test_plain_verify_of_a_log_without_a_traceback_says_to_choose_a_suspect(adaptor):
-    line = one_line_refusal(unsafe_doctor("verify", str(ROUTER_LOG), "--adaptor", str(adaptor)))
+    line = refused(unsafe_doctor("verify", str(ROUTER_LOG), "--adaptor", str(adaptor)))
     assert "no unsafe-data finding" not in line
     assert line == ("unsafe-doctor: nothing to verify: the log's unsafe-data error has no traceback: choose which of "
                     "its 2 suspects to replay with --suspect N (diagnose lists them)")
@@ -73,16 +67,16 @@ def test_plain_verify_of_a_log_without_a_traceback_says_to_choose_a_suspect(adap
     ],
 )
 def test_a_suspect_out_of_range_unbuildable_or_without_a_shortlist_is_refused_in_one_line(adaptor, log, number, message):
-    line = one_line_refusal(unsafe_doctor("verify", str(log), "--adaptor", str(adaptor), "--suspect", number))
+    line = refused(unsafe_doctor("verify", str(log), "--adaptor", str(adaptor), "--suspect", number))
     assert line == f"unsafe-doctor: {message}"
     if number == "4" or "no shortlist" in message:  # the same option and resolution as fix's: the same refusal
-        assert one_line_refusal(unsafe_doctor("fix", str(log), "--adaptor", str(adaptor), "--suspect", number)) == line
+        assert refused(unsafe_doctor("fix", str(log), "--adaptor", str(adaptor), "--suspect", number)) == line
 
 
 def test_diagnose_fix_and_verify_give_one_reason_why_a_suspect_has_no_fix(adaptor):
     """The reason is made once, where the classification finds the module unnamed: each command shows it."""
-    refused = one_line_refusal(unsafe_doctor("verify", str(FLASH_LOG), "--adaptor", str(adaptor), "--suspect", "1"))
-    reason = refused.removeprefix("unsafe-doctor: --suspect 1: ")
+    line = refused(unsafe_doctor("verify", str(FLASH_LOG), "--adaptor", str(adaptor), "--suspect", "1"))
+    reason = line.removeprefix("unsafe-doctor: --suspect 1: ")
     assert reason.startswith("no fix can be shown: the fix must import the module that holds the global")
     assert "the pattern mindspeed.*" in reason and "the sentinel" in reason
     fixed = unsafe_doctor("fix", str(FLASH_LOG), "--adaptor", str(adaptor), "--suspect", "1")

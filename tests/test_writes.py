@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import refused
 
 from unsafe_doctor.adaptor.write import BACKUP_SUFFIX
 
@@ -30,12 +31,6 @@ def run(*args: str, cwd: Path = ROOT, **options) -> subprocess.CompletedProcess[
     options = {"stdout": subprocess.PIPE, "stdin": subprocess.DEVNULL, **options}
     return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], stderr=subprocess.PIPE, text=True, cwd=cwd,
                           env=environment, timeout=120, **options)
-
-
-def refused(result: subprocess.CompletedProcess[str], fragment: str) -> None:
-    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
-    assert "Traceback" not in result.stderr
-    assert result.stderr.count("\n") == 1 and fragment in result.stderr, result.stderr
 
 
 def fix_ema(adaptor: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,125 @@
+"""What several test files share: the command line run in this process, the one-line refusal, a
+module loaded from a file, and scripts run in fresh children of one warm Python."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+TESTS = Path(__file__).resolve().parent
+
+
+def run_cli(*args: str, stdin: bytes | None = b"", env: dict[str, str] | None = None, cwd: Path | None = None,
+            encoding: str | None = "utf-8") -> subprocess.CompletedProcess[Any]:
+    """`unsafe-doctor ARGS` run in this process, as `python -m unsafe_doctor ARGS` would run it where
+    the process itself is not what a test is about: `stdin` piped in (no terminal), `env` added to
+    the environment, `cwd` the working folder; stdout and stderr read as bytes, then decoded with
+    `encoding` (None: left bytes). What the command changes of the process (streams, argv, environment, working folder)
+    is put back after."""
+    from unsafe_doctor.cli import main
+
+    stdout, stderr = io.BytesIO(), io.BytesIO()
+    streams = (io.TextIOWrapper(io.BytesIO(stdin or b""), encoding="utf-8"),
+               io.TextIOWrapper(stdout, encoding="utf-8", write_through=True),
+               io.TextIOWrapper(stderr, encoding="utf-8", write_through=True))
+    saved = (sys.stdin, sys.stdout, sys.stderr, sys.argv, dict(os.environ), Path.cwd())
+    try:
+        sys.stdin, sys.stdout, sys.stderr = streams
+        sys.argv = ["unsafe-doctor", *args]
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+            if isinstance(exit_.code, str):
+                print(exit_.code, file=sys.stderr)
+        for stream in streams[1:]:
+            with contextlib.suppress(ValueError):  # closed by the command
+                stream.flush()
+    finally:
+        sys.stdin, sys.stdout, sys.stderr, sys.argv = saved[:4]
+        os.environ.clear()
+        os.environ.update(saved[4])
+        os.chdir(saved[5])
+    outputs = [stream.getvalue() for stream in (stdout, stderr)]
+    if encoding is not None:
+        return subprocess.CompletedProcess(["unsafe-doctor", *args], code, *(output.decode(encoding) for output in outputs))
+    return subprocess.CompletedProcess(["unsafe-doctor", *args], code, *outputs)
+
+
+def load_module(name: str, path: Path, *, register: bool = False) -> ModuleType:
+    """The Python file at `path` run as module `name` (a fixture or a script: no package holds it);
+    `register` puts it in sys.modules first, where its dataclasses look their module up."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def refused(result: subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes], fragment: str = "",
+            prefix: str = "unsafe-doctor: ") -> str:
+    """The command was refused: exit 2 and, on stderr, one line and nothing else (no traceback), that
+    starts with `prefix` and holds `fragment`. The line, without its newline."""
+    stderr = result.stderr.decode() if isinstance(result.stderr, bytes) else result.stderr
+    assert result.returncode == 2, (result.returncode, result.stdout and result.stdout[-500:], stderr[-2000:])
+    assert "Traceback" not in stderr, stderr
+    assert stderr.count("\n") == 1 and stderr.endswith("\n"), stderr
+    assert stderr.startswith(prefix) and fragment in stderr, stderr
+    return stderr[:-1]
+
+
+class WarmPython:
+    """tests/fork_server.py: each script runs in a fresh child forked from a Python that ran only
+    the prelude (imports that every script starts with), so the prelude is paid once."""
+
+    def __init__(self, prelude: str, env: tuple[tuple[str, str], ...]) -> None:
+        command = [sys.executable, str(TESTS / "fork_server.py"), prelude]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        env={**os.environ, **dict(env)})
+
+    def run(self, script: str) -> subprocess.CompletedProcess[str]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"script": script}) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        assert line, f"the fork server ended with {self.process.wait()}"
+        answer = json.loads(line)
+        return subprocess.CompletedProcess(["<script>"], answer["returncode"], answer["stdout"], answer["stderr"])
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def close_warm_pythons() -> None:
+    """End every warm Python this process started: tests that wait on their own children expect none."""
+    for each in _WARM.values():
+        each.close()
+    _WARM.clear()
+
+
+_WARM: dict[tuple[str, tuple[tuple[str, str], ...]], WarmPython] = {}
+
+
+def warm_python(prelude: str, env: tuple[tuple[str, str], ...] = ()) -> WarmPython:
+    """The one warm Python of this test module for `prelude` (run with `env` added to ours)."""
+    if (prelude, env) not in _WARM:
+        _WARM[prelude, env] = WarmPython(prelude, env)
+    return _WARM[prelude, env]
