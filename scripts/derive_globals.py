@@ -13,7 +13,7 @@ with the releases it is held in, its kind and where it is defined (both as the n
 releases has them), and the functions it is read and written in (what a rule's frame fields are
 matched against). Each release is recorded with its source and digest. The same sources, audited with
 the same shipped rules (the audit adds the globals a rule names where the scan sees no tensor), give
-the same bytes. tests/test_coverage.py holds every listed global to a shipped rule that claims each of
+the same bytes. tests/knowledge/test_coverage.py holds every listed global to a shipped rule that claims each of
 its releases, or to knowledge_base/reviewed_globals.yaml.
 
 All 54 releases take about 3 minutes on this shared 2-core machine (2 m 33 s and 2 m 57 s in two

@@ -21,7 +21,7 @@ come from the generations' real files, never from strings picked by hand:
   where that is known from), kept apart from the derived ones.
 
 Each message records where it comes from (repo, tag, commit, path, line). Run it again after a new
-release; tests/test_adaptor_messages.py holds the shipped file to what this script derives.
+release; tests/knowledge/test_adaptor_messages.py holds the shipped file to what this script derives.
 """
 
 from __future__ import annotations

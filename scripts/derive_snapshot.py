@@ -7,7 +7,7 @@ module, instead of their YAML (a user's --rules files are still YAML): importing
 its nodes were most of a small log's start-up. It holds each file's data as YAML reads it, the line
 each item starts on (a rule's `file:line`, as `rules list` shows it) and the file's CRC-32 (a YAML
 file edited since is read as YAML). Run it after editing a shipped
-.yaml file; tests/test_knowledge_snapshot.py holds the committed file to what this script writes.
+.yaml file; tests/knowledge/test_knowledge_snapshot.py holds the committed file to what this script writes.
 """
 
 from __future__ import annotations

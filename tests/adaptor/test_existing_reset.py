@@ -22,7 +22,7 @@ from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.workspace import Workspace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "corpus" / "logs"
 LEGACY = ROOT / "tests" / "fixtures" / "adaptors" / "legacy"
 UNSAFE = "RuntimeError: There is unsafe data in the input tensor."

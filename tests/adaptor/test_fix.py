@@ -39,11 +39,11 @@ from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.context import groundwork
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 LOGS = SAMPLES / "logs"
 FRAMEWORK = SAMPLES / "framework"
-GOLDEN = Path(__file__).parent / "fixtures" / "fix"
+GOLDEN = Path(__file__).parents[1] / "fixtures" / "fix"
 CUSTOM_FUNCTIONS = "rollback=reset_step_state,send=send_to_repaired_rank,recv=receive_from_replica"
 
 
@@ -96,7 +96,7 @@ LEGACY_FILE = "mindio_ttp/adaptor/modellink_adaptor.py"
 IN_TREE = "mindspeed_llm/core/high_availability"
 
 CASES = [
-    # The legacy adaptor resets the FAQ's tracker already (tests/test_fix_existing_reset.py); the
+    # The legacy adaptor resets the FAQ's tracker already (tests/adaptor/test_existing_reset.py); the
     # layer-wise tracker of a megatron-core 0.16 log is what it misses.
     Case("legacy-layer-wise-tracker", ADAPTORS / "legacy", LEGACY_FILE, ("megatron_moe_tracker.log",), (LEGACY_FILE,),
          keys=("megatron.moe-layer-wise-tracker-moe-utils",)),
@@ -817,7 +817,7 @@ def read_until(fd: int, wanted: bytes | None, timeout: float = 60) -> bytes:
 
 
 def test_the_question_names_the_file_asks_again_and_ctrl_c_says_nothing_was_written(tmp_path):
-    """Issue 26: `Apply? [y/N]` named no file, took any other answer for a no, and Ctrl-C left the
+    """`Apply? [y/N]` once named no file, took any other answer for a no, and Ctrl-C left the
     shell's prompt on the question's line, saying nothing."""
     adaptor = toytrain_copy(tmp_path)
     args = ["fix", str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]

@@ -14,7 +14,7 @@ from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.loading import load_knowledge
 from unsafe_doctor.knowledge.rules import map_parameters
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "samples" / "logs" / "toytrain_ema"
 FRAMEWORK = ROOT / "samples" / "framework"
 HOOKS = """\
@@ -58,7 +58,7 @@ def test_one_peer_and_a_group_parameter_are_mapped_onto_the_roles(tmp_path):
 
 
 def test_a_hooks_own_group_parameter_is_used_without_being_named(tmp_path):
-    """Issue 23's second failure: `push_state_to_peer(peer, group)` with only --parameter peer=peer got
+    """`push_state_to_peer(peer, group)` with only --parameter peer=peer once got
     MindSpeed-LLM's getter import, in a trainer that has no MindSpeed-LLM. The hook's own group is used."""
     adaptor = tmp_path / "hooks.py"
     adaptor.write_text(HOOKS)

@@ -15,7 +15,7 @@ import pytest
 
 from unsafe_doctor.knowledge.context import groundwork
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ELASTIC = Path("taskd", "python", "adaptor", "elastic_training")
 CORPUS = ROOT / "tests" / "corpus" / "logs"
 EXPERT_BIAS = CORPUS / "megatron-router-expert-bias.log"  # scenario 2

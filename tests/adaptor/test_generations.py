@@ -1,4 +1,4 @@
-"""Fixes written in the adaptor's own generation, proven by running the patched adaptor (issue 23).
+"""Fixes written in the adaptor's own generation, proven by running the patched adaptor.
 
 Each test writes an adaptor in a generation's shape (a legacy ``mindio_ttp`` adaptor that binds its
 repair group from the wheel; a job whose state lives in its entry script), fixes it with the real
@@ -26,7 +26,7 @@ from unsafe_doctor.adaptor.write import apply
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"
 LEGACY = '''\
 """A legacy MindIO adaptor: rollback and repair in one file, the repair group from the wheel."""
@@ -137,9 +137,9 @@ def legacy(tmp_path) -> tuple[Path, list[Path]]:
 
 
 def test_a_legacy_adaptor_is_fixed_with_its_own_group_and_the_patched_adaptor_runs_to_proven(legacy):
-    """Issue 23's first failure: the file imports get_repair_group from mindio_ttp and binds
-    `group = get_repair_group()`; the fix once imported MindSpeed-LLM's getter (ModuleNotFoundError
-    in the job). Now the legacy profile is chosen by that import and the block uses `group`."""
+    """A file that imports get_repair_group from mindio_ttp and binds `group = get_repair_group()`:
+    the fix once imported MindSpeed-LLM's getter there (ModuleNotFoundError in the job). Now the legacy
+    profile is chosen by that import and the block uses `group`."""
     adaptor, roots = legacy
     plan = fixed(EMA_LOG, adaptor, roots)
     assert plan.profile == "mindio-ttp-legacy"
@@ -224,9 +224,9 @@ def entry_job(tmp_path) -> tuple[Path, Path, list[Path]]:
 
 
 def test_a_global_of_the_entry_script_is_fixed_in_main_not_in_a_second_copy(entry_job):
-    """Issue 23's third failure: the log's outermost frame is `pretrain_user_state.py … in <module>`, so
-    the job holds the global in __main__; `import pretrain_user_state` would load a fresh second copy.
-    The fix reaches it through __main__ and is proven; the second-copy mutation fails."""
+    """The log's outermost frame is `pretrain_user_state.py … in <module>`, so the job holds the
+    global in __main__; `import pretrain_user_state` would load a fresh second copy. The fix reaches
+    it through __main__ and is proven; the second-copy mutation fails."""
     log, adaptor, roots = entry_job
     assert "in <module>" in log.read_text().splitlines()[1]
     fixed(log, adaptor, roots, CUSTOM)
@@ -287,7 +287,7 @@ def test_diagnose_shows_exactly_the_blocks_fix_writes_into_the_adaptor_it_knows_
     blocks = [written[start:written.index("# unsafe-doctor: end", start)] for start in
               (index for index in range(len(written)) if written.startswith("    # unsafe-doctor: begin", index))]
     assert len(blocks) == 2
-    for block in blocks:  # line for line, at the function's indentation: once, in the diff (issue 36)
+    for block in blocks:  # line for line, at the function's indentation: once, in the diff
         assert "".join(f"+{line}\n" for line in block.rstrip().splitlines()) in shown
         assert shown.count(block.splitlines()[1].strip()) == 1
 

@@ -6,7 +6,7 @@ adaptors (samples/adaptors/) and toytrain's recovery.py, each copied under tmp_p
 checked for its exact lines, a file that compiles with the call as the function's last statement,
 a second run that changes nothing and a revert that gives the original bytes back; then the order
 with `fix` both ways, the modes, the command line, and `verify` proving a fix beside the sentinel;
-last, the block in training ranks that cannot import unsafe-doctor (issue 36).
+last, the block in training ranks that cannot import unsafe-doctor.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from unsafe_doctor.replay.verify import plan_replay, verify
 from unsafe_doctor.sentinel import UnsafeStateError
 from unsafe_doctor.source.markers import SENTINEL_KEY
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 TOYTRAIN = SAMPLES / "framework" / "toytrain"
 HIGH_AVAILABILITY = "mindspeed_llm/core/high_availability"
@@ -403,7 +403,7 @@ HOW_TO = """What unsafe-doctor writes looks like this:
 
 
 def test_markers_quoted_in_a_string_are_no_block_to_install_over_or_revert(tmp_path, toytrain_loss_log):
-    """Issue 26: a docstring quoting the markers made install say "already installed", and each
+    """A docstring quoting the markers once made install say "already installed", and each
     revert deleted those lines from the user's string."""
     adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
     adaptor.write_text(adaptor.read_text() + QUOTED_BLOCKS)
@@ -468,7 +468,7 @@ def toytrain_without_the_sentinel(tmp_path: Path, mode: str) -> subprocess.Compl
 
 
 def test_in_report_mode_ranks_without_the_package_log_one_line_the_recovery_completes_and_diagnose_says_so(tmp_path):
-    """Issue 36: the block's import failed the rollback on every rank, and MindIO gave up the recovery;
+    """The block's import once failed the rollback on every rank, and MindIO gave up the recovery;
     then the one line each rank logged instead had no JSON, and diagnose said nothing of it."""
     job = toytrain_without_the_sentinel(tmp_path, "report")
     output = job.stdout
@@ -638,7 +638,7 @@ def test_an_unguarded_block_of_an_earlier_install_is_named_with_the_way_to_guard
     guarded = adaptor.read_text()
     start, end = guarded.index("    try:  # unsafe-doctor"), guarded.index("    # unsafe-doctor: end")
     earlier = [line.removeprefix("    ") for line in guarded[start:end].splitlines(keepends=True)[1:5]]
-    adaptor.write_text(guarded[:start] + "".join(earlier) + guarded[end:])  # as installs before issue 36 wrote it
+    adaptor.write_text(guarded[:start] + "".join(earlier) + guarded[end:])  # as older installs wrote it
     compile(adaptor.read_text(), str(adaptor), "exec")
 
     again = sentinel_plan(adaptor)

@@ -26,7 +26,7 @@ from unsafe_doctor.knowledge.render.template import NoFix
 from unsafe_doctor.recovery_code.model import Audit, AuditedHolder
 from unsafe_doctor.report import audit as audit_report
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 TOYTRAIN = SAMPLES / "framework" / "toytrain"
 LEGACY_ADAPTOR = SAMPLES / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"

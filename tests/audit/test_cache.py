@@ -20,7 +20,7 @@ from unsafe_doctor.report import audit as audit_report
 from unsafe_doctor.source import looked_at
 from unsafe_doctor.source.files import source_bytes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OLD = 1_000_000_000 * 1_000_000_000  # 2001-09-09 in ns: a time no file of the test is given by writing it
 
 

@@ -13,7 +13,7 @@ import pytest
 from helpers import refused
 from terminal import at_terminal
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOYTRAIN = ROOT / "samples" / "framework" / "toytrain"
 LEGACY_ADAPTOR = ROOT / "samples" / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
 MARKER = "# unsafe-doctor: begin "
@@ -251,7 +251,7 @@ def test_a_report_with_fixes_ends_with_the_command_that_writes_them(framework):
 
 
 def test_an_audit_with_no_adaptor_found_says_to_name_one_not_to_rerun_with_fix_alone(framework):
-    """Issue 36: it suggested `--fix`, which then exits 2 after a second scan."""
+    """No adaptor, no `--fix` suggested: it once suggested `--fix`, which then exits 2 after a second scan."""
     (framework / "toytrain" / "recovery.py").unlink()
     result = run("toytrain", cwd=framework)
     assert result.returncode == 1, result.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from terminal import at_terminal
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "samples" / "logs" / "toytrain_ema"
 FRAMEWORK = ROOT / "samples" / "framework"
 
@@ -51,7 +51,7 @@ def test_after_a_fix_the_terminal_is_offered_verify_and_it_proves_the_fix(tmp_pa
     assert "PROVEN" in screen and "bit-identical to replica rank 3" in screen
     assert "backend: emulated (CPU, gloo)" in screen
     assert f"done: 1 finding fixed in {adaptor}, proven by the replay above (verify)" in " ".join(screen.split())
-    assert code == 0  # issue 36: every finding fixed and proven (it exited 1, as if nothing had been done)
+    assert code == 0  # every finding fixed and proven (it once exited 1, as if nothing had been done)
 
 
 def test_no_at_the_terminal_leaves_the_adaptor_untouched(tmp_path):
@@ -87,7 +87,7 @@ def test_yes_flag_applies_and_verifies_without_asking(tmp_path):
     compile(adaptor.read_text(), str(adaptor), "exec")
     done = f"unsafe-doctor: done: 1 finding fixed in {adaptor}, proven by the replay above (verify)"
     assert result.stderr.splitlines()[-1] == done
-    assert result.returncode == 0  # issue 36: every finding fixed and proven
+    assert result.returncode == 0  # every finding fixed and proven
 
 
 CORPUS = ROOT / "tests" / "corpus"
@@ -148,7 +148,7 @@ def test_a_scenario_given_for_a_finding_with_no_global_says_why_nothing_follows(
 
 
 def test_a_log_pasted_at_the_terminal_is_asked_for_and_ends_at_one_ctrl_d():
-    """Issue 26: `unsafe-doctor -` at a terminal waited without a word, and took two Ctrl-D."""
+    """`unsafe-doctor -` at a terminal once waited without a word, and took two Ctrl-D."""
     pasted = (ROOT / "samples" / "logs" / "faq_modellink.log").read_bytes().replace(b"\r\n", b"\n")
     code, screen = at_terminal(["-", "--no-input"], answers=[(b"Ctrl-D on an empty line", pasted + b"\x04")])
     assert code == 1, screen
@@ -170,7 +170,7 @@ def test_a_diff_is_coloured_at_a_terminal_and_a_plain_patch_elsewhere():
 
 
 def test_a_question_wider_than_the_terminal_is_wrapped_between_words_never_inside_its_choice(tmp_path):
-    """Issue 36: at 120 columns the terminal cut the question as `[y/` and `N]`."""
+    """At 120 columns the terminal once cut the question as `[y/` and `N]`."""
     adaptor = tmp_path / "recovery.py"  # named twice in the question: wider than 120 columns
     shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
     args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
@@ -182,7 +182,7 @@ def test_a_question_wider_than_the_terminal_is_wrapped_between_words_never_insid
 
 
 def test_a_question_asked_at_dev_tty_is_wrapped_at_that_terminals_width_not_at_stdouts(tmp_path):
-    """Issue 36 review: the width was stdout's as shutil reads it (COLUMNS first, here 200), while the
+    """The width was once stdout's as shutil reads it (COLUMNS first, here 200), while the
     question goes to the controlling terminal (the log on stdin), which is 100 columns wide: the
     terminal cut the question itself, anywhere."""
     adaptor = Path("a_recovery_adaptor_folder_of_forty_letters") / "recovery.py"  # relative: each path fits in 100
@@ -199,7 +199,7 @@ def test_a_question_asked_at_dev_tty_is_wrapped_at_that_terminals_width_not_at_s
 
 
 def test_without_a_terminal_each_fix_block_is_printed_once_as_the_diff(tmp_path):
-    """Issue 36: with a known adaptor, each block came twice: as code under the box, then in the diff."""
+    """With a known adaptor, each block once came twice: as code under the box, then in the diff."""
     adaptor = tmp_path / "recovery.py"
     shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
     args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
@@ -210,7 +210,7 @@ def test_without_a_terminal_each_fix_block_is_printed_once_as_the_diff(tmp_path)
 
 
 def test_the_readme_first_command_ends_with_the_fix_command_for_its_log_not_no_fix_written():
-    """Issue 36: a diagnosis that worked ended with "no fix written", as if something had failed."""
+    """A diagnosis that worked once ended with "no fix written", as if something had failed."""
     result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "samples/logs/megatron_moe_tracker.log"],
                             capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert result.returncode == 1, result.stderr
@@ -221,7 +221,7 @@ def test_the_readme_first_command_ends_with_the_fix_command_for_its_log_not_no_f
 
 
 def test_two_adaptors_at_a_terminal_the_answer_continues_the_run_on_the_log_from_stdin(tmp_path):
-    """Issue 36: the command ran again with the answer, on a stdin already read: "stdin is empty".
+    """The command once ran again with the answer, on a stdin already read: "stdin is empty".
     And the folder names in the list of candidates reach the terminal escaped, not as an OSC title or a clear screen."""
     shutil.copytree(FRAMEWORK / "toytrain", tmp_path / "toytrain", ignore=shutil.ignore_patterns("__pycache__"))
     hostile = tmp_path / "vendor\x1b]0;owned\x07\x1b[2J"

@@ -20,7 +20,7 @@ from helpers import refused
 
 from unsafe_doctor.report.github import escape_data, escape_property
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FAQ_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"
 EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"
 FRAMEWORK = ROOT / "samples" / "framework"
@@ -117,7 +117,7 @@ def test_dash_h_is_help_and_dash_upper_v_the_version():
 
 
 def test_the_top_level_help_says_a_log_alone_or_piped_is_diagnosed_and_ends_with_examples():
-    """Issue 36: `unsafe-doctor --help` had no examples, nor a word of `unsafe-doctor LOG` or a pipe."""
+    """`unsafe-doctor --help` once had no examples, nor a word of `unsafe-doctor LOG` or a pipe."""
     result = run("--help")
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())
@@ -275,8 +275,8 @@ def test_format_github_writes_one_workflow_command_per_finding():
 
 
 def test_a_log_mapped_to_local_source_is_annotated_on_the_local_repo_relative_file():
-    """Issue 26: with --source-root the text report read samples/framework/toytrain/train.py, but
-    github and sarif still gave the cluster's /home/user/job/... path, which no pull request has."""
+    """With --source-root the text report read samples/framework/toytrain/train.py, but
+    github and sarif once still gave the cluster's /home/user/job/... path, which no pull request has."""
     mapped = run(str(EMA_LOG), "--source-root", str(FRAMEWORK), "--format", "github")
     assert mapped.stdout.startswith("::error file=samples/framework/toytrain/train.py,line=62,"), mapped.stdout
     sarif = json.loads(run(str(EMA_LOG), "--source-root", str(FRAMEWORK), "--format", "sarif").stdout)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FAQ_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"
 LEGACY_ADAPTOR = ROOT / "tests" / "fixtures" / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
 
@@ -105,7 +105,7 @@ def test_a_bad_user_rule_file_stops_diagnose_before_reading_the_log(tmp_path):
 
 def test_the_faq_adaptor_reset_is_reported_stale_on_a_log_from_a_newer_megatron():
     """The FAQ's reset names a global megatron-core 0.16 no longer has; the log's frames say 0.16 ran."""
-    log = Path(__file__).parents[1] / "samples" / "logs" / "megatron_moe_tracker.log"
+    log = Path(__file__).parents[2] / "samples" / "logs" / "megatron_moe_tracker.log"
     result = run("diagnose", str(log), "--adaptor", str(LEGACY_ADAPTOR), "--format", "json")
     summary = json.loads(result.stdout)["summary"]
     assert summary["adaptor"]["profile"] == "mindio-ttp-legacy"
@@ -134,7 +134,7 @@ def test_rules_show_gives_every_match_block_of_a_rule():
 
 
 def test_the_json_summary_says_what_loss_scaling_the_log_shows():
-    logs = Path(__file__).parent / "corpus" / "logs"
+    logs = Path(__file__).parents[1] / "corpus" / "logs"
     scaled = json.loads(run("diagnose", str(logs / "megatron-grad-scaler.log"), "--format", "json").stdout)
     plain = json.loads(run("diagnose", str(logs / "megatron-optimizer-scale-one.log"), "--format", "json").stdout)
     assert (scaled["summary"]["loss_scaling"], plain["summary"]["loss_scaling"]) == ("grad-scaler", "none")

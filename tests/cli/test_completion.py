@@ -1,4 +1,4 @@
-"""`--install-completion` leaves a user's files and settings unharmed (issue 36): an rc file in any
+"""`--install-completion` leaves a user's files and settings unharmed: an rc file in any
 encoding is appended to, never rewritten; PowerShell's execution policy is never changed, only named;
 a PowerShell that fails is one line. Run for real, in a subprocess with its own home; PowerShell, not
 installed here, is a script on PATH that records how it was called."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 USERS_RC = b"export GREETING=caf\xe9   \n# the user's own trailing blank lines\n\n\n"  # Latin-1, not UTF-8
 
 

@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # CI runs it: python -m pytest -m slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples" / "logs"
 
 

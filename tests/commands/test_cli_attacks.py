@@ -1,5 +1,5 @@
-"""The attack list of issue 26, at the command line: each case once ended in a traceback, the wrong
-exit code or the wrong shell's script, and now gets what the issue asks. Run for real, in a
+"""Attacks at the command line: each case once ended in a traceback, the wrong
+exit code or the wrong shell's script, and now gets what it should. Run for real, in a
 subprocess: closed standard streams, an ASCII terminal, a deleted working folder, hostile
 pyproject.toml files, a read-only home, names too long for the file system, audits of what is
 not Python.
@@ -20,7 +20,7 @@ import pytest
 from helpers import refused
 from terminal import at_terminal
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FAQ_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"
 FRAMEWORK = ROOT / "samples" / "framework"
 COMMANDS = [["-V"], ["--help"], [str(FAQ_LOG)], ["rules", "list"], ["audit", str(FRAMEWORK)], ["fix", "--help"]]
@@ -251,7 +251,7 @@ def test_an_audited_file_name_cannot_drive_the_terminal(tmp_path):
 # --- one adaptor discovery for every command ---------------------------------------------------------
 
 def test_every_command_finds_the_adaptor_under_the_source_root_and_says_how(tmp_path):
-    """Issue 26: audit found toytrain's recovery.py by its functions, while fix and sentinel install
+    """audit once found toytrain's recovery.py by its functions, while fix and sentinel install
     said "no adaptor file found" under the same --source-root."""
     shutil.copytree(FRAMEWORK, tmp_path / "framework")
     root = tmp_path / "framework"
@@ -276,7 +276,7 @@ def two_adaptors(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_two_adaptors_are_never_chosen_between_silently(tmp_path):
-    """Issue 26: `audit --fix --yes` wrote into the vendored copy, and the next audit said "covered"."""
+    """`audit --fix --yes` once wrote into the vendored copy, and the next audit said "covered"."""
     team, vendored = two_adaptors(tmp_path)
     before = team.read_bytes()
     for args in (["audit", ".", "--fix", "--yes"], ["fix", str(ROOT / "samples" / "logs" / "toytrain_ema"), "--source-root", ".",
@@ -298,7 +298,7 @@ def test_at_a_terminal_the_person_picks_the_adaptor_among_two(tmp_path):
 
 
 def test_sentinel_install_and_audit_at_a_terminal_ask_which_adaptor_once_and_go_on_with_it(tmp_path):
-    """Issue 36: every command settles two adaptors found the one way, in its own run: asked once,
+    """Every command settles two adaptors found the one way, in its own run: asked once,
     the answer used, nothing run again (sentinel install and audit ran twice, on the answer)."""
     team, vendored = two_adaptors(tmp_path)
     before = vendored.read_bytes()

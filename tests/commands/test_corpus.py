@@ -22,7 +22,7 @@ from unsafe_doctor.knowledge.loading import load_knowledge
 
 
 def _load_scoring():
-    path = Path(__file__).parent / "corpus" / "scoring.py"
+    path = Path(__file__).parents[1] / "corpus" / "scoring.py"
     return load_module("corpus_scoring", path, register=True)
 
 
@@ -71,10 +71,10 @@ def test_an_untraced_log_tells_its_mindio_release_its_ranks_and_its_adaptor_gene
         label["mindio"], tuple(label["ranks"]), label["generation"])
 
 
-# The suspects of issue 37's logs (`benchmark`) are its measure, scored by benchmarks/untraced_accuracy.py
+# The suspects of the benchmark's logs (`benchmark`) are its measure, scored by benchmarks/untraced_accuracy.py
 ASSERTED = [entry for entry in UNTRACED if not entry.untraced.get("benchmark")]
 DETERMINED = [entry for entry in ASSERTED if entry.untraced["determined"] and entry.untraced["ranks"] and not entry.release]
-# issue 38's megatron-core 0.17-0.19 logs (the develop half): every culprit, determined or not
+# the megatron-core 0.17-0.19 logs (the develop half): every culprit, determined or not
 RELEASE_UNTRACED = [entry for entry in ASSERTED if entry.release]
 
 

@@ -18,7 +18,7 @@ Marks a page may carry, each an HTML comment on the line before a fence or a tab
   installed (the page says so): where it is not, the block is not compared, and the test says so.
 * `<!-- options: COMMAND -->` before a table: one row per option of `unsafe-doctor COMMAND --help`;
   `<!-- options: shared -->` is the table of the options several commands share, one column per
-  command (tests/test_cli_options.py holds it against every --help).
+  command (tests/cli/test_cli_options.py holds it against every --help).
 * `<!-- test-command -->` before the README's test-command fence.
 
 A count of what ships is written `N rules ship` or `N templates ship` (the noun may be bold), and
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COLUMNS = "100"
 README_LIMIT = 15_000  # bytes: a page a newcomer reads in two minutes

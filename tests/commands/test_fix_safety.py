@@ -1,6 +1,6 @@
 """`unsafe-doctor fix` under attack: what it writes, where, as whom, and what it refuses.
 
-Each test is one attack from issue 13, run for real: the command in a subprocess on files in
+Each test is one attack, run for real: the command in a subprocess on files in
 tmp_path (a planted symlink, a full tmpfs, a file owned by another user, hand-broken markers, a
 patch fed to `git apply` and `patch`, a log whose module shadows a name the block needs, a cp932
 adaptor, stdout on /dev/full).
@@ -25,7 +25,7 @@ from helpers import refused
 from unsafe_doctor.adaptor.write import BACKUP_SUFFIX
 from unsafe_doctor.knowledge.rules import is_safe_dotted
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FRAMEWORK = ROOT / "samples" / "framework"
 EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"
 ORIGINAL = (FRAMEWORK / "toytrain" / "recovery.py").read_bytes()
@@ -72,7 +72,7 @@ def test_a_symlink_planted_at_the_backup_name_is_not_followed(tmp_path):
 
 
 def test_fix_revert_install_revert_leave_one_backup_the_file_before_the_last_write(tmp_path):
-    """Issue 36: four writes left four backups beside the adaptor, untracked in the user's git tree."""
+    """Four writes once left four backups beside the adaptor, untracked in the user's git tree."""
     adaptor = adaptor_in(tmp_path)
     sentinel = [sys.executable, "-m", "unsafe_doctor", "sentinel", "install", "--adaptor", str(adaptor), "--yes"]
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -459,7 +459,7 @@ def test_a_sticky_folder_that_refuses_the_rename_is_one_line_and_changes_nothing
 
 @needs_setpriv
 def test_a_group_members_fix_leaves_the_adaptor_its_owners_and_keeps_the_backup_in_its_group(shared_folder):
-    """Issue 36: alice's 660 alice:team adaptor in a 775 folder became bob:bob, file and backup, when
+    """Alice's 660 alice:team adaptor in a 775 folder once became bob:bob, file and backup, when
     bob (in team) ran `fix --yes`. Written in place, it stays alice's; the backup keeps the group
     and mode, and the output says it is bob's."""
     alice, bob, team = 4242, 4343, 5000
@@ -483,7 +483,7 @@ def test_a_group_members_fix_leaves_the_adaptor_its_owners_and_keeps_the_backup_
 
 
 def test_a_report_lost_on_a_full_disk_says_what_was_written_and_keeps_the_old_report(tmp_path, full_tmpfs):
-    """Issue 26: `fix --yes --format json -o <full disk>` wrote the adaptor, then said nothing was."""
+    """`fix --yes --format json -o <full disk>` once wrote the adaptor, then said nothing was."""
     folder, mounted = full_tmpfs
     if not mounted:
         pytest.skip("needs a tmpfs to fill (root)")

@@ -1,6 +1,6 @@
 """audit and verify in a process that inherited more than 1,024 open descriptors (a CI agent that
 starts its steps with close_fds=False), so that every pipe they open is numbered past what
-`select.select` takes (issue 36). Each runs the CLI for real, exec'd by a process that opens them."""
+`select.select` takes. Each runs the CLI for real, exec'd by a process that opens them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 HOLDING = 1100
 # Raises the soft limit on open files, opens HOLDING inheritable descriptors, then runs the CLI in its place.

@@ -6,7 +6,7 @@ case runs the command in this process, as the CLI would, from the repository's r
 repository's own path and wall times are the only parts replaced before the comparison. A change
 meant to alter a report regenerates the files on purpose:
 
-    UNSAFE_DOCTOR_GOLDEN=write python -m pytest tests/test_outputs_unchanged.py
+    UNSAFE_DOCTOR_GOLDEN=write python -m pytest tests/commands/test_outputs_unchanged.py
 
 and the diff of tests/golden/ is then part of the change, for the reviewer to read.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
 CORPUS = Path("tests") / "corpus"
 sys.path.insert(0, str(ROOT / CORPUS))
@@ -33,7 +33,7 @@ _JSON_SECONDS = re.compile(r'("\w*seconds\w*": )[\d.e-]+')
 def _corpus_cases() -> dict[str, list[str]]:
     cases = {}
     for entry in load_entries():
-        if entry.release:  # the megatron-core 0.17-0.19 measure (issue 38): scored, not pinned
+        if entry.release:  # the megatron-core 0.17-0.19 measure: scored, not pinned
             continue
         argv = [str(CORPUS / entry.log)]
         argv += [f"--source-root={CORPUS / root}" for root in entry.source_roots]

@@ -18,7 +18,7 @@ from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report.diagnosis import diagnosis_json, diagnosis_sarif
 
-LOGS = Path(__file__).resolve().parent.parent / "samples" / "logs"
+LOGS = Path(__file__).resolve().parents[2] / "samples" / "logs"
 FRAMEWORK = LOGS.parent / "framework"
 FINDING_KEYS = {
     "ranks", "message", "error_code", "recovery", "culprit", "frames", "tensor",

@@ -1,4 +1,4 @@
-"""Where the tool writes, attacked (issue 36's data loss): `-o` onto a descriptor, over an input no
+"""Where the tool writes, attacked: `-o` onto a descriptor, over an input no
 option names, over an existing file; two writers to one adaptor. Each case runs the command for real
 in a subprocess, on real files; each once lost or replaced a user's file.
 """
@@ -18,7 +18,7 @@ from helpers import refused
 
 from unsafe_doctor.adaptor.write import BACKUP_SUFFIX
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FAQ_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"
 EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"
 FRAMEWORK = ROOT / "samples" / "framework"
@@ -176,7 +176,7 @@ def test_a_fix_refuses_an_adaptor_another_writer_holds_locked_then_writes_it_onc
     adaptor = tmp_path / "recovery.py"
     adaptor.write_bytes(ADAPTOR)
     other_name = tmp_path / "vendored_recovery.py"
-    os.link(adaptor, other_name)  # written in place, as in the issue
+    os.link(adaptor, other_name)  # written in place, so both names see the write
 
     with open(other_name, "rb") as held:
         fcntl.flock(held, fcntl.LOCK_EX)

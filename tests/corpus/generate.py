@@ -54,7 +54,7 @@ from release import RELEASES, release_root  # noqa: E402
 LOGS = HERE / "logs"
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 MEGATRON_TARGETS = {"0.7.0": Path("/tmp/corpus-mc07"), "0.12.1": Path("/tmp/corpus-mc012")}
-# the releases after the environment's 0.16.1, unpacked where tests/test_rules_releases.py finds them
+# the releases after the environment's 0.16.1, unpacked where tests/knowledge/test_rules_releases.py finds them
 # (tests/fixtures/rules/release.py); they run on this Python with python_312_standins (cases.py)
 NEWER_RELEASES = ("0.17.0", "0.17.1", "0.18.0", "0.18.2", "0.19.0", "0.19.2")
 CLUSTER_HOME = "/home/user"
@@ -184,7 +184,7 @@ RUNS: dict[str, Run] = {
         ("mtp-loss-tracker", Run("mtp-loss-tracker", "121:2:uce:forward", megatron="0.12.1", mindio="first-public",
                                  generation="mindspeed-llm-2.3", expect=(UNSAFE, "catch other exception"))),
     )},
-    # issue 37's measure of the suspects: MindSpeed-LLM 26 buffers, user code under every generation,
+    # the measure of the suspects: MindSpeed-LLM 26 buffers, user code under every generation,
     # an aux-loss coefficient that records nothing, and a caught error that is not unsafe data
     **{f"untraced-{run.mindio}-{run.generation}-{name}": run for name, run in (
         ("rotary-inv-freq", Run("rotary-inv-freq", "121:1:uce:forward", mindio="v26", generation="mindspeed-llm-26",
@@ -236,7 +236,7 @@ RUNS: dict[str, Run] = {
     "untraced-v26-mindspeed-llm-26-mtp-loss-tracker-no-dump": Run(
         "mtp-loss-tracker", "121:0:hbm:forward", style="tee", megatron="0.12.1", mindio="v26",
         generation="mindspeed-llm-26", arguments_dump=False, expect=UNTRACED),
-    # megatron-core 0.17 to 0.19, the real releases (issue 38): with the traceback (the samples' MindIO),
+    # megatron-core 0.17 to 0.19, the real releases: with the traceback (the samples' MindIO),
     # and with MindIO v7.3+'s catch line alone under taskd's adaptor for Megatron-LM jobs (MindSpeed-LLM's
     # runs only on core 0.12.1), which rebuilds the model and optimizer: a module global is the culprit
     **{f"release-{run.megatron}-{run.mindio or 'traced'}-{name}": run for name, run in (

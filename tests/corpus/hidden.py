@@ -3,7 +3,7 @@
 The test extra installs megatron-core, which would hide what a user without it gets. This runs a
 script in a child Python started isolated (`-I -S`: no user site, no `site` module, no
 PYTHONPATH), whose `sys.path` is this checkout plus a copy of site-packages made of links, less
-megatron's folders and metadata. Used by tests/test_log_only.py, tests/test_corpus.py and
+megatron's folders and metadata. Used by tests/diagnose/test_log_only.py, tests/commands/test_corpus.py and
 benchmarks/classification_accuracy.py.
 """
 

@@ -1,6 +1,6 @@
 """The corpus labels (labels.yaml) and how a diagnosis is scored against them.
 
-Shared by tests/test_corpus.py (every label must hold) and benchmarks/classification_accuracy.py
+Shared by tests/commands/test_corpus.py (every label must hold) and benchmarks/classification_accuracy.py
 (the confusion table). A finding is compared on the fields its label gives: `variable` (the global
 the finding names: the resolved tensor's variable, else the one its rule names from the culprit
 frame), `ranks`, `scenario` (1, 2 or null), `rule` (null for a heuristic verdict or none) and,
@@ -89,7 +89,7 @@ def load_entries(*, held_back: bool = False) -> list[Entry]:
 
 
 def release_root(entry: Entry) -> Path | None:
-    """The unpacked megatron-core release of a `release` entry, where tests/test_rules_releases.py
+    """The unpacked megatron-core release of a `release` entry, where tests/knowledge/test_rules_releases.py
     keeps them (tests/fixtures/rules/release.py: downloaded once when missing); None when it cannot
     be had, or the entry names none."""
     if entry.release is None:

@@ -22,7 +22,7 @@ from unsafe_doctor.source.files import is_internal_file
 from unsafe_doctor.source.workspace import Origin, Workspace, module_from_path
 
 UNSAFE = "There is unsafe data in the input tensor."
-FIXTURES = Path(__file__).parent / "fixtures" / "locate"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "locate"
 SRC = FIXTURES / "src"
 USER = SRC / "fw" / "user.py"
 STATE = SRC / "fw" / "state.py"
@@ -471,7 +471,7 @@ def test_a_local_built_by_a_comprehension_is_followed_through_its_iterable(tmp_p
     assert finding.tensor == TensorRef("LogArgs.losses_reduced_", GlobalName("pkg.repair", "LogArgs", "losses_reduced_"))
 
 
-MASKCACHE = Path(__file__).parent / "corpus" / "frameworks" / "maskcache"
+MASKCACHE = Path(__file__).parents[1] / "corpus" / "frameworks" / "maskcache"
 MASKED_FILL = 'scores = scores.masked_fill(causal_mask(scores.shape[-1], scores.device), float("-inf"))'
 
 

@@ -15,10 +15,10 @@ from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report.diagnosis import diagnosis_json
 
-sys.path.insert(0, str(Path(__file__).parent / "corpus"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "corpus"))
 from hidden import run_without_megatron  # noqa: E402  (tests/corpus is no package)
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 SAMPLES = ROOT / "samples" / "logs"
 CORPUS = ROOT / "tests" / "corpus" / "logs"
 LOGS = sorted(SAMPLES.glob("*.log")) + [

@@ -1,4 +1,4 @@
-"""Issue 24: which operand of the culprit line was really the unsafe one. The logs of
+"""Which operand of the culprit line was really the unsafe one. The logs of
 tests/fixtures/operands/ have frames that are real lines of megatron-core 0.12.1 / 0.15.0, MindSpeed
 26.0.0 and MindSpeed-LLM master (cases.yaml names each; make.py rendered them with Python 3.10,
 3.12 and 3.13's own traceback modules): several tensor operands, a parameter a wrapper filled,
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 HERE = ROOT / "tests" / "fixtures" / "operands"
 CASES = {case["name"]: case for case in yaml.safe_load((HERE / "cases.yaml").read_text())["cases"]}
 RENDERINGS = ("py310", "py312", "py313")
@@ -175,7 +175,7 @@ def test_a_negated_or_getattr_switch_is_read_from_the_dump():
 
 
 def test_of_several_operands_the_one_a_cache_one_call_up_filled_is_named(tmp_path):
-    """The issue's own line, `q_embed = (q * cos) + (rotate_half(q) * sin)`: q, cos and sin are
+    """The rotary embedding's line, `q_embed = (q * cos) + (rotate_half(q) * sin)`: q, cos and sin are
     parameters; in the caller cos and sin are unpacked from an lru-cached function's result, q is
     the query just projected. cos (leftmost of the two) is named, and sin beside it is the same cache."""
     package = tmp_path / "model"

@@ -30,7 +30,7 @@ from unsafe_doctor.log.lines import split_lines
 from unsafe_doctor.report.diagnosis import diagnosis_json
 from unsafe_doctor.report.terminal import Hanging
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 IN_TREE = ROOT / "samples" / "adaptors" / "in_tree"
 CATCH_V73 = "rank:3 catch OTHER exception, ex instance:There is unsafe data in the input tensor."
 CATCH_V26 = "rank:3 catch OTHER exception, error_code:， ex instance:There is unsafe data in the input tensor."
@@ -160,7 +160,7 @@ def test_release_unknown_makes_one_suspect_of_a_global_renamed_across_releases(t
 
 
 def test_several_suspects_are_medium_up_to_the_third_and_low_after(tmp_path):
-    """Issue 37: "high" is for a lone survivor (tests/test_suspects_model.py); several are never."""
+    """Confidence "high" is for a lone survivor (tests/diagnose/test_suspects_model.py); several are never."""
     log = write_log(tmp_path, dump({**MOE, "bf16": "True", "position_embedding_type": "rope"}), IN_TREE_LINES, [CATCH_V26])
     _, shortlist = shortlist_of(log)
     confidences = [suspect.confidence for suspect in shortlist.suspects]
@@ -225,7 +225,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_at_a_terminal_the_untraced_report_offers_a_suspects_fix_then_the_sentinel(tmp_path):
-    """Issue 36: the report of an error without a traceback asked nothing at a terminal, where a traced one offers its fix."""
+    """The report of an error without a traceback once asked nothing at a terminal, where a traced one offers its fix."""
     tree = shutil.copytree(IN_TREE, tmp_path / "tree")
     adaptor = tree / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
     rollback = adaptor.parent / "tft_rollback.py"
@@ -258,13 +258,13 @@ def test_without_a_terminal_the_untraced_report_writes_nothing_and_says_the_comm
 def test_a_suspect_with_no_fix_to_write_is_not_offered_a_fix_command():
     """The flash-attention mask's rule names its module only by a pattern: its suspect has no fix, so
     the report's closing lines name the sentinel, not a `fix --suspect 1` that would be refused."""
-    log = Path(__file__).parent / "corpus" / "logs" / "untraced-v26-mindspeed-llm-26-flash-attention-mask.log"
+    log = Path(__file__).parents[1] / "corpus" / "logs" / "untraced-v26-mindspeed-llm-26-flash-attention-mask.log"
     result = run_cli(str(log), "--no-input")
     assert "no fix can be shown" in result.stdout
     assert "--suspect" not in result.stderr and "to name the exact tensor at the next fault" in result.stderr
 
 
-# --- the suspects as the text report shows them (issue 36) ----------------------------------------
+# --- the suspects as the text report shows them ---------------------------------------------------
 
 CORPUS_LOGS = ROOT / "tests" / "corpus" / "logs"
 NO_DUMP = CORPUS_LOGS / "untraced-v26-mindspeed-llm-26-mtp-loss-tracker-no-dump.log"  # 16 suspects, every rule shape
@@ -368,8 +368,8 @@ def test_a_wrapped_line_counts_terminal_cells_and_keeps_a_name_wider_than_the_ro
 
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="the stale check reads an installed megatron-core")
 def test_the_stale_resets_and_the_suspects_reason_with_the_same_release():
-    """Issue 36: with megatron-core 0.16 installed here and a log of the mindspeed-llm-26 generation
-    (which runs on core_r0.12.1), the stale section cited the installed release and the suspects the
+    """With megatron-core 0.16 installed here and a log of the mindspeed-llm-26 generation
+    (which runs on core_r0.12.1), the stale section once cited the installed release and the suspects the
     paired one. Both take `Environment.job_releases`; the stale check reads that release's module."""
     rollback = IN_TREE / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
     result = run_cli("diagnose", str(ONE_SUSPECT), "--adaptor", str(rollback), "--format", "json")

@@ -21,7 +21,7 @@ from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.log.recovery import read_fault, read_recovery
 
-LOGS = Path(__file__).parent / "corpus" / "logs"
+LOGS = Path(__file__).parents[1] / "corpus" / "logs"
 # MindSpeed-LLM's clean callback (its logger, through Python logging) and MindIO's decorator.
 CLEAN = "2026-12-02 16:50:42,269 - mindspeed_llm.core.high_availability.tft_stop_clean - INFO - "
 DECORATOR = "2026-07-30 10:00:00.000001 warn 4242 [12345][PYH ttp_decorator.py:938] "

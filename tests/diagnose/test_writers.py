@@ -20,7 +20,7 @@ from test_suspects import CATCH_V73, MOE, PTA_ERROR, TASKD_LINES, dump, shortlis
 from unsafe_doctor.knowledge.loading import load_knowledge, shipped_knowledge_dir
 from unsafe_doctor.knowledge.writers import WRITERS_FILE, AllOf, Leaf, decide, load_writers
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 TRACKER = "megatron.moe-layer-wise-tracker"  # megatron-core 0.8-0.12's parallel_state tracker
 NO_AUX_LOSS = {**MOE, "moe_router_load_balancing_type": "none", "moe_z_loss_coeff": "None", "seq_aux": "False"}
 

@@ -20,7 +20,7 @@ from unsafe_doctor.knowledge.loading import load_knowledge, shipped_knowledge_di
 from unsafe_doctor.log import inputs, recovery
 from unsafe_doctor.log.lines import mindio_file, split_lines
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MIRRORS = ROOT.parent / ".mirror"  # bare clones of the public repositories, where this machine has them
 REPOS = {"mindspeed_llm": MIRRORS / "Ascend+MindSpeed-LLM" / "repo", "mind_cluster": MIRRORS / "Ascend+mind-cluster" / "repo"}
 CORPUS = ROOT / "tests" / "corpus"
@@ -303,7 +303,7 @@ def test_each_matched_line_says_where_its_message_comes_from(tmp_path):
 
 
 def _develop_untraced() -> list[tuple[str, str]]:
-    """(log, labelled generation) of the develop half's untraced logs that hold the error (issue 37's split)."""
+    """(log, labelled generation) of the develop half's untraced logs that hold the error (untraced_split.yaml)."""
     split = yaml.safe_load((CORPUS / "untraced_split.yaml").read_text())["logs"]
     entries = yaml.safe_load((CORPUS / "labels.yaml").read_text())["logs"]
     return [(Path(entry["log"]).name, entry["untraced"]["generation"]) for entry in entries

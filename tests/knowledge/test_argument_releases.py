@@ -1,4 +1,4 @@
-"""The megatron-core release from the job's arguments dump, when no frame names it (issue 38 item 6).
+"""The megatron-core release from the job's arguments dump, when no frame names it.
 
 knowledge_base/index/megatron-core-arguments.json is derived by scripts/derive_arguments.py from
 each pinned release's own parser; the dumps here were written by the real releases' own parsers
@@ -27,12 +27,12 @@ from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report.diagnosis import diagnosis_json
 from unsafe_doctor.source.index import index_folder, pinned_releases
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARGUMENTS = ROOT / "tests" / "corpus" / "arguments"
 LOGS = ROOT / "tests" / "corpus" / "logs"
 SOURCES = index_folder() / "sources.yaml"
 # Where the pinned wheels are kept, and a Megatron-LM clone's git directory (its core_v tags): set them to
-# check the shipped file against a fresh derivation (tests/test_coverage.py reads the same wheels variable).
+# check the shipped file against a fresh derivation (tests/knowledge/test_coverage.py reads the same wheels variable).
 WHEELS = Path(os.environ.get("UNSAFE_DOCTOR_WHEELS", "/nonexistent"))
 MEGATRON_LM = Path(os.environ.get("UNSAFE_DOCTOR_MEGATRON_LM", "/nonexistent"))
 

@@ -19,8 +19,8 @@ from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.tracebacks import Frame, Traceback
 from unsafe_doctor.source.workspace import Workspace
 
-FIXTURES = Path(__file__).parent / "fixtures" / "heuristics"
-TOYTRAIN = Path(__file__).parents[1] / "samples" / "framework"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "heuristics"
+TOYTRAIN = Path(__file__).parents[2] / "samples" / "framework"
 
 
 def _megatron_core() -> Path:

@@ -22,7 +22,7 @@ from unsafe_doctor.knowledge.rules import is_safe_dotted
 from unsafe_doctor.source.index import FrameworkIndex
 from unsafe_doctor.source.workspace import Origin
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GOOD_RULE = """\
 rules:
   - id: acme.loss-log
@@ -242,7 +242,7 @@ def test_every_shipped_knowledge_file_meets_the_schema():
     assert validate_files([shipped_knowledge_dir()]) == []
 
 
-CORPUS = Path(__file__).parent / "corpus"
+CORPUS = Path(__file__).parents[1] / "corpus"
 
 
 def test_a_log_from_another_release_than_the_installed_one_is_read_as_its_own_release():
@@ -270,7 +270,7 @@ def test_an_installed_release_the_frames_disagree_with_is_not_read(tmp_path):
 
 
 def test_a_log_from_the_installed_release_keeps_high_confidence():
-    [item] = diagnose([str(Path(__file__).parents[1] / "samples" / "logs" / "megatron_moe_tracker.log")], groundwork()).findings
+    [item] = diagnose([str(Path(__file__).parents[2] / "samples" / "logs" / "megatron_moe_tracker.log")], groundwork()).findings
     assert not item.finding.source_differs and item.classification.confidence == "high"
 
 
@@ -474,7 +474,7 @@ def test_rules_that_cannot_match_one_global_need_no_priority(tmp_path):
     assert "ties with rule acme.log" in validate_files([same])[0]
 
 
-# --- issue 26: hostile rule files, bounded ------------------------------------------------------------
+# --- hostile rule files, bounded --------------------------------------------------------------------
 
 def regex_rule(rule_id: str, regex: str, module: str = "acme.state") -> str:
     body = GOOD_RULE.split("rules:\n", 1)[1]

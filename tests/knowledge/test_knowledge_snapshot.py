@@ -14,7 +14,7 @@ from conftest import script_module
 
 from unsafe_doctor.knowledge.loading import SNAPSHOT_FILE, _load_file, shipped_files, shipped_knowledge_dir, snapshot_knowledge
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TRACED_LOG = ROOT / "samples" / "logs" / "megatron_moe_tracker.log"
 
 

@@ -1,4 +1,4 @@
-"""A `$` in a rule's fix template that starts no slot (issue 36): `rules validate` refuses it with the
+"""A `$` in a rule's fix template that starts no slot: `rules validate` refuses it with the
 rule and the text, one line, and `$$`, the escape, renders a dollar sign. Each runs the CLI."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ERROR_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"  # a _MOE_AUX_LOSSES_LOGGING_TRACKER finding
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
 

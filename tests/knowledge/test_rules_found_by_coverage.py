@@ -1,13 +1,13 @@
 """The fixes of the rules added for globals the coverage of every release found
-(tests/test_coverage.py), run under the emulated unsafe-data check: the step that failed fails again
+(tests/knowledge/test_coverage.py), run under the emulated unsafe-data check: the step that failed fails again
 without the fix and passes with it. Megatron's run on megatron-core 0.19.2's real code, unpacked as
-tests/test_rules_releases.py unpacks it (where it cannot be had, the tests skip); MindSpeed's, which
+tests/knowledge/test_rules_releases.py unpacks it (where it cannot be had, the tests skip); MindSpeed's, which
 cannot be installed here, on few-line stand-ins of our own at its real import paths.
 
 qb_beta (scenario 2, a replica's copy), the global aux-loss counts (their step all-reduces over a
 process group this test has not), the activation offload manager (it offloads only tensors on a
 "cuda" device, and this machine has none) and the distillation logits saver (built from Megatron's parsed
-arguments and parallel state) are held by their traceback cases in tests/test_rules_shipped.py only.
+arguments and parallel state) are held by their traceback cases in tests/knowledge/test_rules_shipped.py only.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The fixes of the MindSpeed-LLM rules added for the holes the coverage of every release found
-(tests/test_coverage.py), run under the emulated unsafe-data check: the step that failed fails again
+(tests/knowledge/test_coverage.py), run under the emulated unsafe-data check: the step that failed fails again
 without the fix and passes with it.
 
 MindSpeed-LLM cannot be installed here, so each step runs a few-line stand-in written at the real
 import path (the fix imports it by that name). A stand-in keeps only what the release's code does
 with the global, named in its docstring; the fix is the one diagnose renders for the rule's
-traceback case in tests/test_rules_shipped.py.
+traceback case in tests/knowledge/test_rules_shipped.py.
 """
 
 from __future__ import annotations

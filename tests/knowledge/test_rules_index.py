@@ -330,7 +330,7 @@ def bound(workspace: Workspace, framework: IndexedFramework, at: int, block: Rul
     return audited_buffer(framework, at, block)
 
 
-AUDITED = json.loads((Path(__file__).resolve().parents[1] / "knowledge_base" / "index" / "globals.json").read_text())
+AUDITED = json.loads((Path(__file__).resolve().parents[2] / "knowledge_base" / "index" / "globals.json").read_text())
 
 
 def audited_buffer(framework: IndexedFramework, at: int, block: RuleMatch) -> tuple[str, str, str | None] | None:

@@ -28,7 +28,7 @@ from test_rules_shipped import CASES, KNOWLEDGE, UNSAFE_DATA, diagnose, release_
 
 from unsafe_doctor.knowledge.rules import Rule
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "rules"
 RELEASES = ("0.17.1", "0.18.2", "0.19.2")
 MEGATRON_RULES = [rule for rule in KNOWLEDGE.rules if rule.id.startswith("megatron.")]

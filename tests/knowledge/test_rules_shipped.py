@@ -41,7 +41,7 @@ from unsafe_doctor.log.lines import by_rank, split_lines
 from unsafe_doctor.log.tracebacks import parse_tracebacks
 from unsafe_doctor.source.workspace import Workspace
 
-FIXTURES = Path(__file__).parent / "fixtures" / "rules"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "rules"
 KNOWLEDGE = load_knowledge()
 PROFILE = KNOWLEDGE.profile("mindspeed-llm-26")
 
@@ -281,7 +281,7 @@ def back_off_stale_scale(mark) -> None:
 
 # --- stand-ins for MindSpeed and MindSpeed-LLM modules that only their source names ---------------
 
-STANDIN_HEADER = '"""Stand-in written by tests/test_rules_shipped.py at {path}: not MindSpeed\'s code."""\n'
+STANDIN_HEADER = '"""Stand-in written by tests/knowledge/test_rules_shipped.py at {path}: not MindSpeed\'s code."""\n'
 
 
 def run_standin(tmp_path: Path, relative: str, source: str, action: Callable) -> str:
@@ -464,7 +464,7 @@ def stale_ampipe_slices(tmp_path: Path) -> str:
         mark(stale)
         module.reorder(torch.ones(4))
 
-    corpus_standin = Path(__file__).parent / "corpus" / "standins" / "mindspeed" / "moe" / "utils.py"  # the corpus run's
+    corpus_standin = Path(__file__).parents[1] / "corpus" / "standins" / "mindspeed" / "moe" / "utils.py"  # the corpus run's
     return run_standin(tmp_path, "mindspeed/moe/utils.py", corpus_standin.read_text(), action)
 
 
@@ -557,7 +557,7 @@ def stale_fsdp2_attention_mask(tmp_path: Path) -> str:
 
 
 HOT_EXPERTS_MODULE = "mindspeed/core/transformer/moe/moe_feature/balanced_moe/modules/moe_layer.py"
-HOT_EXPERTS_STANDIN = Path(__file__).parent / "corpus" / "standins" / HOT_EXPERTS_MODULE  # the corpus run's
+HOT_EXPERTS_STANDIN = Path(__file__).parents[1] / "corpus" / "standins" / HOT_EXPERTS_MODULE  # the corpus run's
 
 
 def stale_hot_expert_weights(tmp_path: Path) -> str:
@@ -573,7 +573,7 @@ def stale_hot_expert_weights(tmp_path: Path) -> str:
 
 # ModelLink 1.0.RC3.0: get_attention_mask caches the mask in _MASK_CACHE; a function reads it through a
 # local (what the log can name), and FlashSelfAttention keeps it as self.attention_mask while it has one
-# (model/transformer.py). tests/test_rules_found_by_coverage_mindspeed_llm.py runs the fix on it.
+# (model/transformer.py). tests/knowledge/test_rules_found_by_coverage_mindspeed_llm.py runs the fix on it.
 MODELLINK_MASK_GENERATOR = """
 import torch
 
@@ -765,7 +765,7 @@ CASES = {
         "mindspeed.cp-batch-cache", stale_actual_seq_len,
         fix=('setattr(mindspeed.core.context_parallel.get_batch_utils, "_ACTUAL_SEQ_LEN", None)',), standin=True,
     ),
-    # issue 38: releases after 0.16.1 (hand logs at 0.19.2's real lines) and MindSpeed's newer globals
+    # releases after 0.16.1 (hand logs at 0.19.2's real lines) and MindSpeed's newer globals
     "0.19 router global aux-loss counts": Case(
         "megatron.router-global-aux-loss-counts", committed("hand-megatron-core-0.19.2-global-aux-loss.log"),
         {"megatron-core": "0.19.2"},
@@ -823,7 +823,7 @@ CASES = {
         "mindspeed-llm.mtp-batch-cache", stale_mtp_position_ids,
         fix=('setattr(mindspeed_llm.training.utils, "_MTP_POSITION_ID", None)',), standin=True,
     ),
-    # issue 38: MindSpeed-LLM holes the coverage of every release found (hand logs at the releases' real lines)
+    # MindSpeed-LLM holes the coverage of every release found (hand logs at the releases' real lines)
     "MindSpeed-LLM 2.1.0 MTP loss tracker": Case(
         "mindspeed-llm.mtp-loss-tracker", committed("hand-mindspeed-llm-2.1.0-mtp-loss-tracker.log"),
         {"mindspeed-llm": "2.1.0"},
@@ -844,7 +844,7 @@ CASES = {
         fix=('setattr(modellink.core.transformer.mask_generator, "_MASK_CACHE", None)', "del attention.attention_mask"),
         standin=True,
     ),
-    # issue 38: megatron-core's FSDP buffer, activation offload, paged stash and TileLang DSA scratch
+    # megatron-core's FSDP buffer, activation offload, paged stash and TileLang DSA scratch
     "0.19 Megatron-FSDP global memory buffer": Case(
         "megatron.fsdp-global-memory-buffer", committed("hand-megatron-core-0.19.2-fsdp-global-memory-buffer.log"),
         {"megatron-core": "0.19.2"}, ("megatron_fsdp_utils._GLOBAL_MEMORY_BUFFER = None",),
@@ -947,7 +947,7 @@ def test_tracker_rule_follows_the_release_the_frames_ran():
         finding, verdict = diagnose(text, versions)
         assert finding.tensor is not None and finding.tensor.name.module == "megatron.core.parallel_state"
         assert verdict.rule == "megatron.moe-layer-wise-tracker", versions
-    newer = (Path(__file__).parents[1] / "samples" / "logs" / "megatron_moe_tracker.log").read_text()
+    newer = (Path(__file__).parents[2] / "samples" / "logs" / "megatron_moe_tracker.log").read_text()
     finding, verdict = diagnose(newer, {})
     assert finding.tensor is not None and finding.tensor.name.module == "megatron.core.transformer.moe.moe_utils"
     assert verdict.rule == "megatron.moe-layer-wise-tracker-moe-utils"

@@ -13,7 +13,7 @@ from unsafe_doctor.knowledge.subject import Evidence, Subject, TensorRef
 from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.tracebacks import Frame
 
-LEGACY_ADAPTOR = Path(__file__).parents[1] / "samples" / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
+LEGACY_ADAPTOR = Path(__file__).parents[2] / "samples" / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from unsafe_doctor.knowledge.versions import DEFAULT_PROFILE, detect_environment
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.workspace import Workspace
 
-ADAPTORS = Path(__file__).parent / "fixtures" / "adaptors"
+ADAPTORS = Path(__file__).parents[1] / "fixtures" / "adaptors"
 LEGACY_ROOT = ADAPTORS / "legacy"
 LEGACY = LEGACY_ROOT / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
 LLM26_ROOT = ADAPTORS / "llm26"

@@ -24,7 +24,7 @@ from conftest import SHARED_REAL
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.recovery import CATCH_NAMES, MARKERS, FaultReading, catch_name, read_fault, read_recovery
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REFS = ("492fde0c", "v7.3.0", "v7.3.2", "v26.0.0", "v26.1.0", "22bb3d98")
 MINDIO = SHARED_REAL / "mind-cluster-mindio"
 # A literal name in a format string: "rank:%s catch other exception", "catch HBM exception, but can't repair "

@@ -1,4 +1,4 @@
-"""Input built to hang or crash reading it (issue 36): log lines with runs that make a backtracking
+"""Input built to hang or crash reading it: log lines with runs that make a backtracking
 pattern quadratic, and numbers longer than `int` converts (4,300 digits) in a log, a rules file or
 pyproject.toml. Each runs the CLI on real files."""
 
@@ -15,7 +15,7 @@ from unsafe_doctor.log.arguments import read_arguments
 from unsafe_doctor.log.lines import LogLine, normalise
 from unsafe_doctor.log.recovery import catch_form
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ERROR_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
 RUN = 1 << 20  # a 1 MB run: linear work is milliseconds, quadratic work is an hour

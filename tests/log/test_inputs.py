@@ -522,7 +522,7 @@ def test_a_file_redirected_into_stdin_is_read_as_that_file_in_parts(tmp_path):
 
 @pytest.mark.parametrize("cores", [1, 3])
 def test_every_rank_tag_in_the_input_is_counted_however_little_of_it_is_parsed(tmp_path, monkeypatch, cores):
-    """Issue 36: a large log's ranks were counted in its parsed windows only. Thousands of ranks (the
+    """A large log's ranks were once counted in its parsed windows only. Thousands of ranks (the
     pattern of the ranks not seen yet is built again as they come), one that speaks once far from
     any window, tags across the reader's chunk edges, and a file read in parts."""
     for name, value in dict(BEFORE=300, AFTER=200, CONTEXT_SPAN=2000, CHUNK=512, RECORD_LINE_MAX=400).items():
@@ -546,7 +546,7 @@ def test_every_rank_tag_in_the_input_is_counted_however_little_of_it_is_parsed(t
 
 
 def test_a_rank_tag_is_counted_over_the_whole_input_as_far_as_a_parsed_line_names_its_rank(tmp_path):
-    """Issue 36 review: the count took six digits at most, the lines' parser nine: `[rank1234567]:` named
+    """The count once took six digits at most, the lines' parser nine: `[rank1234567]:` named
     its line's rank where parsed but was not counted. Parsed or not, a tag counts when its line names a rank."""
     tags = ["[rank1234567]:", "[rank123456789]:", "[rank1234567890]:"]  # seven, nine and ten digits
     far = "".join(f"{tag} far from the error\n" for tag in tags)

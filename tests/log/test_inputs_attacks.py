@@ -1,4 +1,4 @@
-"""The hostile-input attacks of issue 13, each kept as a regression test on real files, FIFOs and processes:
+"""Hostile-input attacks, each kept as a regression test on real files, FIFOs and processes:
 a bad file in a log folder, paths that loop or are too long, pipes that cannot seek, closed stdin, a log
 truncated while it is read, nesting past the recursion limit, floods of markers, huge sources, YAML alias
 bombs, an audit that wandered above its package, and a reader that leaves the pipe early."""
@@ -21,7 +21,7 @@ from helpers import refused
 
 from unsafe_doctor.log import inputs, reading
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ERROR_LOG = ROOT / "samples" / "logs" / "megatron_moe_tracker.log"
 CLEAN = " iteration        1/ 100000 | lm loss: 2.0 |\n"
 UNSAFE_LINE = b"[rank3]: RuntimeError: There is unsafe data in the input tensor.\n"
@@ -330,7 +330,7 @@ def generated_module(path: Path, size: int) -> int:
 
 
 def test_a_4mb_generated_module_is_not_parsed_in_diagnose_nor_in_audit(tmp_path):
-    """Issue 26: the 16 MB cap bounded the bytes read, not the tree built from them: a frame naming
+    """The 16 MB cap once bounded the bytes read, not the tree built from them: a frame naming
     this 4 MB module took diagnose to 2.1 GB (its tree alone is 880 MB)."""
     package = tmp_path / "generated"
     package.mkdir()

@@ -47,7 +47,7 @@ EVENT_LINES = [
     ("rank:3 receive device stop message", None, "stop", 3, None),
     ("start notify all device stop...", None, "stop", None, None),
     ("[stop] rank:3 stop consumed:0.012s, ret:0", None, "stop", 3, None),
-    # MindIO's stop handler raises FORCE STOP on a rank that did not fault (tests/test_catch_names.py: every name)
+    # MindIO's stop handler raises FORCE STOP on a rank that did not fault (tests/log/test_catch_names.py: every name)
     ("rank:3 catch FORCE STOP exception, error_code:， ex instance:FORCE STOP", None, "stop", 3, None),
     ("[clean] rank:3, type:retry, cost:0.350s, ret:0", None, "clean", 3, None),
     ("rank:3 start to repair callback, repair_id_:7", None, "repair", 3, None),

@@ -29,7 +29,7 @@ from unsafe_doctor.log.sentinel_lines import (
     parse_line,
 )
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 FRAMEWORK = ROOT / "samples" / "framework"
 TOYTRAIN_LOGS = ROOT / "samples" / "logs" / "toytrain_ema"
 TOYTRAIN_ADAPTOR = FRAMEWORK / "toytrain" / "recovery.py"
@@ -363,7 +363,7 @@ def test_a_global_the_step_writes_before_reading_is_no_finding(tmp_path):
 
 def test_the_real_sentinel_sample_log_gives_both_globals_with_no_traceback():
     """A 4-rank torchrun job (samples/make_logs.py toytrain_sentinel): raise mode stopped the recovery."""
-    log = Path(__file__).resolve().parent.parent / "samples" / "logs" / "toytrain_sentinel.log"
+    log = Path(__file__).resolve().parents[2] / "samples" / "logs" / "toytrain_sentinel.log"
     framework = log.parent.parent / "framework"
     result = run("diagnose", str(log), "--source-root", str(framework), "--format", "json", "--no-input")
     assert result.returncode == 1, result.stderr
@@ -375,13 +375,13 @@ def test_the_real_sentinel_sample_log_gives_both_globals_with_no_traceback():
 
 
 def test_a_check_of_no_tensor_is_never_called_clean_in_its_line_or_the_report(tmp_path):
-    """Issue 36: "clean; 0 tensors checked" claimed a safety nothing was checked for."""
+    """A line once read "clean; 0 tensors checked", claiming a safety nothing was checked for."""
     none = Summary(1, "none", "report", 0, 0, 0, 0.0, "nothing checked: no unsafe backend here (no NPU; no emulation active)")
     empty, clean = Summary(2, "emulated", "report", 0, 0, 0, 0.0, None), Summary(3, "emulated", "report", 14, 0, 0, 0.03, None)
     assert format_line(none).startswith("[unsafe-doctor sentinel] rank 1: no tensors checked in 0.00 s (none backend, ")
     assert format_line(empty).startswith("[unsafe-doctor sentinel] rank 2: no tensors checked in 0.00 s (emulated backend, ")
     assert format_line(clean).startswith("[unsafe-doctor sentinel] rank 3: clean; 14 tensors checked in 0.03 s ")
-    older = format_line(none).replace("no tensors checked", "clean; 0 tensors checked")  # as lines before issue 36 read
+    older = format_line(none).replace("no tensors checked", "clean; 0 tensors checked")  # as older lines read
     assert parse_line(older) == parse_line(format_line(none)) == none  # the JSON is the contract: both read the same
 
     log = tmp_path / "train.log"
@@ -394,8 +394,8 @@ def test_a_check_of_no_tensor_is_never_called_clean_in_its_line_or_the_report(tm
 
 
 def test_the_blocks_line_where_the_sentinel_could_not_run_is_reported_per_rank(tmp_path):
-    """Issue 36: the adaptor's block logs one line, with no JSON, where it cannot run the sentinel;
-    diagnose skipped it, so a rank nothing checked read as a rank with no sentinel line at all. The
+    """The adaptor's block logs one line, with no JSON, where it cannot run the sentinel;
+    diagnose once skipped it, so a rank nothing checked read as a rank with no sentinel line at all. The
     rank is the line's own (the block's `RANK`), else its prefix's, as a block written before the
     rank gave it."""
     missing, older = ModuleNotFoundError("No module named 'unsafe_doctor'"), TypeError("check() got an unexpected keyword")

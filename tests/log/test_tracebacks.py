@@ -194,7 +194,7 @@ RuntimeError: boom"""
 
 # Real tracebacks of fixtures/tracebacks/marked.py, one per case, as Python 3.11 and 3.13 print them
 # (the script's folder printed as /job/): users' jobs run either, and the two mark a line apiece.
-TRACEBACKS = Path(__file__).parent / "fixtures" / "tracebacks"
+TRACEBACKS = Path(__file__).parents[1] / "fixtures" / "tracebacks"
 PYTHONS = ("python3.11", "python3.13")
 CASES = sorted(path.stem for path in (TRACEBACKS / PYTHONS[0]).glob("*.log"))
 
@@ -720,6 +720,6 @@ def test_round_trip_of_python_formatted_tracebacks(specs, module, name, first_li
 
 @pytest.mark.parametrize("marker", ["    ^^^^^^^^", "  ~~^~~", "^"])
 def test_a_marker_line_right_after_the_header_is_no_frame_and_no_crash(marker):
-    """Issue 26: a `^^^^` line with no frame above it raised IndexError from a plain log."""
+    """A `^^^^` line with no frame above it once raised IndexError from a plain log."""
     [tb] = parse(f"Traceback (most recent call last):\n{marker}\nRuntimeError: There is unsafe data in the input tensor.\n")
     assert tb.frames == () and tb.exception_type == "RuntimeError"

@@ -1,4 +1,4 @@
-"""The speed scripts refuse to report on a loaded machine (issue 39: figures measured beside a test
+"""The speed scripts refuse to report on a loaded machine (figures measured beside a test
 suite moved 2-3x), unless --loaded asks for figures that then say so. Nothing here is timed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEED_SCRIPTS = ["audit_speed", "diagnose_speed", "input_shapes", "replay_speed", "sentinel_walk", "small_log_speed"]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import quiet  # noqa: E402  (benchmarks/quiet.py, found as the scripts find it)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 BEGIN, END = "# unsafe-doctor: begin ", "# unsafe-doctor: end "
 # bugbear (B007: an unused loop variable), syntax errors, unused or redefined imports and locals
 RULES = "B,E9,F401,F811,F841"

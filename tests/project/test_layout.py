@@ -1,5 +1,6 @@
 """The package's plan, read from its imports: folders that are stages, imports that only run down
-the stack, and no import circle. The order of the stages is written here once.
+the stack, and no import circle. The order of the stages is written here once, and tests/ keeps a
+folder for each stage.
 
 Every `import` and `from ... import` counts, at any depth and under `if TYPE_CHECKING:` too: a
 circle a type checker needs is still a circle a reader has to follow.
@@ -11,7 +12,7 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "unsafe_doctor"
+PACKAGE = Path(__file__).resolve().parents[2] / "unsafe_doctor"
 
 # Lowest first: a stage imports only the stages before it (and itself).
 STAGES = ("errors", "npu", "log", "source", "knowledge", "recovery_code", "audit", "diagnose", "adaptor", "sentinel", "replay",
@@ -59,6 +60,23 @@ def test_every_folder_is_a_stage_with_a_docstring():
     assert folders == set(STAGES) - {"errors"}
     for folder in folders:
         assert ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text())), folder
+
+
+TESTS = Path(__file__).resolve().parents[1]
+# tests/ mirrors the package: a folder per stage, plus the commands driven end to end over several stages
+# and the checks of the repository itself. Beside them, the tests' own data (corpus, fixtures, golden).
+TEST_FOLDERS = {*STAGES, "commands", "project"} - {"errors"}
+TEST_DATA = {"corpus", "fixtures", "golden"}
+
+
+def test_every_test_file_lives_in_a_folder_named_for_a_stage_commands_or_project():
+    files = [path for path in TESTS.rglob("test_*.py") if path.relative_to(TESTS).parts[0] not in TEST_DATA]
+    misplaced = sorted(str(path.relative_to(TESTS)) for path in files if path.parent.parent != TESTS
+                       or path.parent.name not in TEST_FOLDERS)
+    assert misplaced == []
+    names = [path.name for path in files]
+    assert sorted({name for name in names if names.count(name) > 1}) == []  # pytest imports each by its bare name
+    assert not any((TESTS / folder / "__init__.py").exists() for folder in TEST_FOLDERS)
 
 
 def _upward(graph: dict[str, set[str]]) -> list[str]:

@@ -1,4 +1,4 @@
-"""What a command loads before it answers (issue 39's start-up): `-V` none of the command line's
+"""What a command loads before it answers, so that it starts fast: `-V` none of the command line's
 libraries, `--help` none of the core's stages nor the libraries only they use, a log with a
 traceback none of the suspects' model, its JSON or SARIF report no renderer (rich, pygments) and
 none of the adaptor's code. Read from `python -X importtime`, which names every module a real
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TRACED_LOG = ROOT / "samples" / "logs" / "megatron_moe_tracker.log"
 CORE_STAGES = ("npu", "log", "source", "knowledge", "audit", "diagnose", "adaptor", "sentinel", "replay", "report")
 CORE_LIBRARIES = {"yaml", "jsonschema", "re2", "packaging", "zipfile"}

@@ -16,7 +16,7 @@ from unsafe_doctor.knowledge.versions import detect_environment
 from unsafe_doctor.recovery_code.stale import StaleReset, stale_resets
 from unsafe_doctor.source.workspace import Workspace
 
-ADAPTORS = Path(__file__).parent / "fixtures" / "adaptors"
+ADAPTORS = Path(__file__).parents[1] / "fixtures" / "adaptors"
 LEGACY = ADAPTORS / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
 LLM26_ROLLBACK = ADAPTORS / "llm26" / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
 KNOWLEDGE = load_knowledge()
@@ -91,7 +91,7 @@ def test_faq_legacy_adaptor_resets_a_tracker_megatron_core_0_16_no_longer_has():
 
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="the stale check reads an installed megatron-core")
 def test_a_generation_that_runs_with_other_releases_is_checked_against_those_releases():
-    """Issue 36: megatron-core 0.16.1 is installed here, but the legacy adaptor's generation runs on
+    """megatron-core 0.16.1 is installed here, but the legacy adaptor's generation runs on
     0.6.0, 0.7.0, 0.8.0 or 0.12.1: the job ran one of those, as the suspects assume, so the reset is
     compared with their modules in the shipped index; 0.6.0 and 0.7.0 still had the tracker."""
     [reset] = [reset for reset in resets(LEGACY, paired=True) if reset.symbol == TRACKER]
@@ -115,7 +115,7 @@ def legacy_adaptor_with(tmp_path: Path, imports: str, statements: str) -> Path:
 
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="the stale check reads an installed megatron-core")
 def test_a_rebinding_is_flagged_when_the_job_ran_other_releases_that_define_the_name(tmp_path):
-    """Issue 36: the index holds trtllm_layers in 0.12.1 only, with the list defined; the installed
+    """The index holds trtllm_layers in 0.12.1 only, with the list defined; the installed
     megatron-core imports it by name elsewhere, so rebinding it still splits the two."""
     adaptor = legacy_adaptor_with(
         tmp_path, "from megatron.core.export.trtllm import trtllm_layers\n", "trtllm_layers.NON_TRANSFORMER_LAYERS_NAMES = []\n"
@@ -127,7 +127,7 @@ def test_a_rebinding_is_flagged_when_the_job_ran_other_releases_that_define_the_
 
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="the stale check reads an installed megatron-core")
 def test_releases_whose_module_the_index_lacks_are_named_unchecked_not_counted_as_defining(tmp_path):
-    """Issue 36: num_microbatches_calculator is in megatron-core from 0.8.0 on: the index holds it in
+    """num_microbatches_calculator is in megatron-core from 0.8.0 on: the index holds it in
     0.8.0 and 0.12.1, which both lack the name; 0.6.0 and 0.7.0 were not compared, not 'fine'."""
     adaptor = legacy_adaptor_with(
         tmp_path,
@@ -295,7 +295,7 @@ def test_unparseable_adaptor_is_a_usage_error(tmp_path):
 
 def release_tree(version: str) -> Path:
     """The unpacked real release (tests/fixtures/rules/release.py), as a source root."""
-    module = load_module("rules_fixture_release", Path(__file__).parent / "fixtures" / "rules" / "release.py")
+    module = load_module("rules_fixture_release", Path(__file__).parents[1] / "fixtures" / "rules" / "release.py")
     root = module.release_root(version)
     if root is None:
         pytest.skip(f"megatron-core {version} cannot be had here")

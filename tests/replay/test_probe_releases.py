@@ -26,7 +26,7 @@ from unsafe_doctor.knowledge.rules import PROBE_NAMES
 
 pytestmark = pytest.mark.slow  # CI runs it: python -m pytest -m slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REPLAY = ROOT / "tests" / "fixtures" / "replay"
 TRACKER_0_12_LOG = ROOT / "tests" / "corpus" / "logs" / "megatron-0.12-layer-wise-tracker.log"
 INSTALLED = "0.16.1"  # the test extra's megatron-core: run as installed, no pip target

@@ -1,7 +1,7 @@
 """Replay results cross process boundaries as JSON, and `verify` judges from their typed fields.
 
 No process group here: the results are written by hand the way ranks write them, so each verdict
-rule is checked alone. tests/test_verify.py replays the same situations on real ranks.
+rule is checked alone. tests/replay/test_verify.py replays the same situations on real ranks.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_a_function_whose_own_code_could_not_run_makes_the_verdict_block_proven_
 
 
 def test_the_proof_of_an_adaptor_with_no_fix_block_does_not_call_it_patched():
-    """Issue 36: NO-FIX's proof line said "the patched adaptor's own" where nothing was patched."""
+    """NO-FIX's proof line once said "the patched adaptor's own" where nothing was patched."""
     unfixed = replace(plan(), blocks=())
     results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(), red())]
     verification = judge_replay(unfixed, (), results, "gloo", 1.0)

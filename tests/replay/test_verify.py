@@ -28,11 +28,11 @@ from unsafe_doctor.knowledge.rules import PROBE_NAMES
 from unsafe_doctor.replay.plan import ReplayPlan
 from unsafe_doctor.replay.verify import plan_replay, verify
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 EMA_LOG = SAMPLES / "logs" / "toytrain_ema"
 TRACKER_LOG = SAMPLES / "logs" / "megatron_moe_tracker.log"
-PROBES = Path(__file__).parents[1] / "samples" / "framework"
+PROBES = Path(__file__).parents[2] / "samples" / "framework"
 EMA_KEY = "generic.replica-copy:toytrain.state._EMA_GRAD_NORM"
 STEP = "toytrain_probe:train_one_step"  # the sample's probe: a real toytrain step, its model and optimizer in train_args
 BLOCK = re.compile(r"    # unsafe-doctor: begin (?P<key>\S+)\n.*?    # unsafe-doctor: end (?P=key)\n", re.S)
@@ -61,7 +61,7 @@ _FIXED: dict[tuple[str, str, str], str] = {}  # (log, adaptor file name, its tex
 
 
 def write_fix(log: Path, adaptor: Path, roots: list[Path]) -> str:
-    """The fixer's blocks, written into the adaptor. The fixer is deterministic (tests/test_fix.py
+    """The fixer's blocks, written into the adaptor. The fixer is deterministic (tests/adaptor/test_fix.py
     tests it), so each log and adaptor text is fixed once per session and the result reused."""
     key = (str(log), adaptor.name, adaptor.read_text())
     if key not in _FIXED:
@@ -443,7 +443,7 @@ def test_torchrun_runs_the_same_replay_one_rank_per_process(toytrain):
 def test_an_lru_cache_fix_empties_the_cache_and_is_proven(tmp_path):
     """maskcache's causal_mask() hands every step the mask it built first: the generic template
     empties the cache (rebuilding the returned tensor would leave the cache's own copy unsafe)."""
-    corpus = Path(__file__).parent / "corpus"
+    corpus = Path(__file__).parents[1] / "corpus"
     shutil.copytree(SAMPLES / "adaptors" / "legacy", tmp_path / "legacy")
     adaptor = tmp_path / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py"
     log, roots = corpus / "logs" / "user-maskcache-lru-mask.log", [corpus / "frameworks" / "maskcache"]
@@ -475,9 +475,9 @@ def test_router_expert_bias_fix_is_proven_against_real_megatron_core(in_tree, ro
 
 
 def test_without_its_companion_the_router_fix_fails_on_the_buffer_routing_adds_to_next(in_tree, router_expert_bias_log):
-    """Issue 23's fourth failure: on MindSpeed-LLM 26.x the model is not rebuilt, and routing() adds to
-    local_tokens_per_expert right after the read the log shows. The fix writes its companion; taken
-    out, the first step after recovery dies on that buffer."""
+    """On MindSpeed-LLM 26.x the model is not rebuilt, and routing() adds to local_tokens_per_expert
+    right after the read the log shows. The fix writes its companion; taken out, the first step
+    after recovery dies on that buffer."""
     adaptor = in_tree / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
     rollback = adaptor.with_name("tft_rollback.py")
     diagnosis = diagnose([str(router_expert_bias_log)], groundwork(source_roots=[in_tree]), adaptor=adaptor)
@@ -527,5 +527,5 @@ def test_a_global_still_unsafe_after_the_patched_rollback_is_named_with_the_comm
     again = run_cli(*options)
     assert again.returncode == 0 and "─ PROVEN ·" in again.stdout, again.stdout
     assert "Other globals the recovery leaves unsafe are not checked here: `unsafe-doctor audit SOURCE --adaptor " \
-           "ADAPTOR` finds them" in " ".join(again.stdout.split())  # issue 26: what a PROVEN did not check
+           "ADAPTOR` finds them" in " ".join(again.stdout.split())  # what a PROVEN did not check
     assert "are not checked here" not in first.stdout  # that one names the global left unsafe

@@ -1,4 +1,4 @@
-"""`verify` where the machine lacks what the replay might lean on (issue 21), and whose a crash is.
+"""`verify` where the machine lacks what the replay might lean on, and whose a crash is.
 
 torch's CPU wheel does not require numpy, and `pip install torch==2.13.0 .` installs none: the replay
 must prove a fix without it, on forked ranks and under torchrun. Here numpy is made unimportable in
@@ -24,7 +24,7 @@ from unsafe_doctor.replay.plan import ReplayPlan, Target
 from unsafe_doctor.replay.results import Blame, Milestone, RankCrash
 from unsafe_doctor.replay.verify import _stopped
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 EMA_LOG = SAMPLES / "logs" / "toytrain_ema"
 SENTINEL_LOG = SAMPLES / "logs" / "toytrain_sentinel.log"

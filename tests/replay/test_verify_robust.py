@@ -1,4 +1,4 @@
-"""`unsafe-doctor verify` against hostile or broken user code and hostile options (issue 13).
+"""`unsafe-doctor verify` against hostile or broken user code and hostile options.
 
 `verify` runs the user's code: their globals' modules, their probe, in adaptor mode their adaptor.
 None of it may end, hang or outlive `verify`: each run here is the command as a user types it, in
@@ -24,9 +24,9 @@ from unsafe_doctor.replay.plan import Block, ReplayPlan, Target
 from unsafe_doctor.replay.results import RankResult, RunResult, StepOutcome
 from unsafe_doctor.replay.verify import judge_replay
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"
-PROBES = Path(__file__).parents[1] / "samples" / "framework"
+PROBES = Path(__file__).parents[2] / "samples" / "framework"
 
 ENDINGS = {
     "os._exit": "import os\nos._exit(0)\n",
@@ -177,7 +177,7 @@ def spawning_probe(tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize("session", ["its group", "a session of its own"])
 def test_what_a_rank_starts_does_not_outlive_a_verify_that_ends_normally(toytrain, tmp_path, session):
-    """Issue 26: a `sleep` started with start_new_session=True is out of the ranks' group, and 8 were
+    """A `sleep` started with start_new_session=True is out of the ranks' group, and 8 were once
     left running after verify; now verify adopts and kills what its ranks leave."""
     probes, spawned = spawning_probe(tmp_path)
     result = verify(*on_toytrain(toytrain, "--source-root", str(probes), "--probe", "spawning_probe:step"),
@@ -242,7 +242,7 @@ def verify_peak(toytrain: Path, tmp_path: Path, env: dict[str, str]) -> tuple[su
 
 
 def test_a_rank_that_floods_its_output_costs_verify_no_more_memory(toytrain, tmp_path):
-    """Issue 26: each rank's output went to a file read whole on failure: 300 MB per rank took
+    """Each rank's output once went to a file read whole on failure: 300 MB per rank took
     verify to 839 MB. Now it is read from a pipe, and only its last 8 KB kept."""
     plain, baseline = verify_peak(toytrain, tmp_path, {})
     assert plain.returncode == 1, plain.stdout + plain.stderr

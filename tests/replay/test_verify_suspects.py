@@ -1,4 +1,4 @@
-"""`verify --suspect N`: a suspect's fix proven for that suspect (issue 36).
+"""`verify --suspect N`: a suspect's fix proven for that suspect.
 
 An error MindIO (v7.3 and later) logged without a traceback has no finding to replay, only suspects.
 The log here is the corpus's real-format MindSpeed-LLM 26 log of a MoE job (the arguments dump, the
@@ -25,7 +25,7 @@ from unsafe_doctor.replay.results import RankResult, RunResult, StepOutcome
 from unsafe_doctor.replay.verify import judge_replay
 from unsafe_doctor.report.verification import unfixed_globals, verification_json
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "tests" / "corpus" / "logs"
 ROUTER_LOG = LOGS / "untraced-v26-mindspeed-llm-26-router-expert-bias.log"  # suspects: expert_bias, local tokens
 TRACKER_LOG = LOGS / "untraced-v26-taskd-elastic-layer-wise-tracker.log"  # suspect 1: the tracker, module not named

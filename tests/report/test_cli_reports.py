@@ -22,7 +22,7 @@ from unsafe_doctor.knowledge.context import groundwork
 from unsafe_doctor.report import diagnosis_text as diagnosis_report
 from unsafe_doctor.report.common import counted, printable, printable_lines, rank_ranges
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "samples" / "logs" / "toytrain_ema"
 FRAMEWORK = ROOT / "samples" / "framework"
 TOYTRAIN = FRAMEWORK / "toytrain"
@@ -76,7 +76,7 @@ def test_highlighted_code_on_a_colour_terminal_is_whole_too(columns):
 
 
 def test_audit_at_60_columns_shows_each_global_name_and_module_unsplit():
-    """The global's own name whole on its line, its module on the next (issue 26: names were cut)."""
+    """The global's own name whole on its line, its module on the next: names are never cut."""
     result = run("audit", str(TOYTRAIN), "--adaptor", str(TOYTRAIN / "recovery.py"), columns=60)
     assert result.returncode == 1, result.stderr
     cells = [line.split("│")[1].strip() for line in result.stdout.splitlines() if line.startswith("│")]
@@ -125,8 +125,8 @@ def test_one_rank_one_frame_reads_in_the_singular(tmp_path):
 
 
 def test_the_ranks_seen_in_a_large_log_are_counted_over_all_of_it(tmp_path):
-    """Issue 36: an 8-rank log grown past the span parsed around its error (a long run of rank 0's
-    iterations between the start-up and the fault) reported only the ranks in that span."""
+    """An 8-rank log grown past the span parsed around its error (a long run of rank 0's
+    iterations between the start-up and the fault) once reported only the ranks in that span."""
     log = tmp_path / "train.log"
     iteration = "[rank0]: iteration {:8d}/  200000 | lm loss: 2.500000E+00 | loss scale: 1.0 | grad norm: 1.000 |\n"
     with log.open("w") as out:

@@ -1,4 +1,4 @@
-"""The coloured diff at a terminal (issue 36): a patch copied from the screen applies, so no line is
+"""The coloured diff at a terminal: a patch copied from the screen applies, so no line is
 folded into one without its `+`, `-` or space; and a folder name's escape sequences in the `---` and
 `+++` headers are shown as escapes, not run by the terminal. Run at a real pseudo-terminal, 80 columns."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from terminal import at_terminal
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 HOSTILE = "w\x1b]0;owned\x07\x1b[2J"  # sets the terminal's title, then clears the screen
 SGR = re.compile(r"\x1b\[[0-9;]*m")  # the diff's own colours

@@ -1,4 +1,4 @@
-"""SARIF locations are URI references (issue 36): a relative path is percent-encoded, so that a folder
+"""SARIF locations are URI references: a relative path is percent-encoded, so that a folder
 `w#1 %41` points a URI reader at that folder's file, not at the file `w` with a fragment."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 FOLDER = "w#1 %41"
 

@@ -1,4 +1,4 @@
-"""The sentinel on a real megatron-core GPT/MoE model, under the emulated backend (issue 14's acceptance).
+"""The sentinel on a real megatron-core GPT/MoE model, under the emulated backend.
 
 The model is megatron-core's GPTModel with MoE (aux-loss-free balancing, rotary embeddings), built
 and trained on CPU for two steps (tests/fixtures/sentinel/megatron_gpt_moe.py). Then the fault
@@ -28,7 +28,7 @@ pytest.importorskip("megatron.core")
 from unsafe_doctor.knowledge.loading import load_knowledge  # noqa: E402
 from unsafe_doctor.sentinel import SentinelReport  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "sentinel"
 
 

@@ -32,8 +32,8 @@ from unsafe_doctor.source.workspace import Origin, Workspace
 SITE = Path(sysconfig.get_paths()["purelib"])
 MEGATRON = SITE / "megatron" / "core"
 REMOTE = "/cluster/env/lib/python3.10/site-packages/"
-SAMPLES = Path(__file__).parents[1] / "samples" / "logs"
-CORPUS = Path(__file__).parent / "corpus" / "logs"
+SAMPLES = Path(__file__).parents[2] / "samples" / "logs"
+CORPUS = Path(__file__).parents[1] / "corpus" / "logs"
 
 
 def traceback_of(frame: Frame) -> Traceback:
@@ -199,7 +199,7 @@ def test_frames_of_a_newer_release_name_it_in_the_summary_and_the_finding(tmp_pa
     log = tmp_path / "train.log"
     log.write_text(metrics_tracker_log(MOE_METRICS_FRAMES[series]))
     done = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", str(log), "--log-only", "--format", "json"],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     report = json.loads(done.stdout)
     described = f"megatron-core {named}, from 4 frames"
     assert report["summary"]["frameworks"]["megatron-core"]["from"] == f"the log's frames ({described})"

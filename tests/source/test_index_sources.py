@@ -18,7 +18,7 @@ import pytest
 
 from unsafe_doctor.source.index import FRAMEWORK_FOLDERS, IndexedFramework, index_folder, pinned_releases
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = index_folder() / "sources.yaml"
 
 

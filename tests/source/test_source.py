@@ -18,7 +18,7 @@ from unsafe_doctor.source.resolve import Scope, Tier, resolve
 from unsafe_doctor.source.syntax import Function, is_empty_container, is_empty_value, loop_iterable, walk_scope, words
 from unsafe_doctor.source.workspace import RECENT_SOURCES, Workspace
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FRAMEWORK = ROOT / "samples" / "framework"
 
 

@@ -57,14 +57,14 @@ SLOTS_SCENARIO_1 = frozenset({"module", "variable", "owner", "alias", "parent", 
 SLOTS_SCENARIO_2 = SLOTS_SCENARIO_1 | {"src", "dst", "group"}
 KNOWLEDGE_SUFFIXES = (".yaml", ".yml")
 # The globals of every indexed release that no rule claims, each reviewed (it needs none, or it is a hole
-# still to get one): what tests/test_coverage.py holds the audit's findings to. Validated with the
+# still to get one): what tests/knowledge/test_coverage.py holds the audit's findings to. Validated with the
 # knowledge files; no diagnose or audit reads it, so none parses it.
 REVIEWED_FILE = "reviewed_globals.yaml"
 # The shipped files' data and the lines their items start on, as JSON: what every run reads for the
 # shipped files instead of their YAML (PyYAML's import and its building of Python objects were most
 # of a small log's start-up; a user's --rules files are still YAML). `scripts/derive_snapshot.py`
 # writes it with each YAML file's CRC-32, so that a YAML file edited since is read as YAML;
-# tests/test_knowledge_snapshot.py holds it to the YAML.
+# tests/knowledge/test_knowledge_snapshot.py holds it to the YAML.
 SNAPSHOT_FILE = "snapshot.json"
 LineOf = Callable[[Sequence[str | int]], int]  # the 1-based line of the value at a path in one file
 

@@ -153,7 +153,7 @@ CatchKind = Literal["memory-fault", "link-fault", "precision-retry", "force-stop
 # Every NAME a catch line carries, of every release: the names the handlers of `fault_handles` return (`fault_dict`'s
 # keys in the first public version), the literal names of its format strings, and MindSpeed-LLM's registered
 # `PRECISION ERROR` (`mindspeed_llm/core/high_availability/tft_train_initialize.py`, 26.0.0 on: its handler in
-# `tft_precision_error_handler.py` returns that name). tests/test_catch_names.py holds it to the real files.
+# `tft_precision_error_handler.py` returns that name). tests/log/test_catch_names.py holds it to the real files.
 CATCH_NAMES: dict[str, CatchKind] = {
     "UCE ERROR": "memory-fault",
     "HBM MULTI BIT ECC": "memory-fault",  # first public

@@ -2,7 +2,7 @@
 block's lines. `template` fills the template with what the subject names (`render_fix` -> `FixPlan`,
 or `NoFix` and why); `block` writes that code into one adaptor function, in its own names, between
 the block's markers (`render`, `marked_block`). Nothing else builds a fix's code or a marked block
-(tests/test_layout.py).
+(tests/project/test_layout.py).
 
 It sits in the knowledge stage, below everything that shows or writes a fix, so that the flow stays
 one-way: classification decides from the filled template whether a fix can be written at all (a
