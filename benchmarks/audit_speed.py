@@ -218,18 +218,22 @@ def main() -> None:
     print(f"{'files/s':<24}{files / seconds:>8.0f}")
     print(f"{'peak PSS (MB, summed)':<24}{peak_mb:>8.0f}   (the audit and its forked copy)")
     print(f"{'peak RSS (MB, main)':<24}{main_rss_mb:>8.0f}   (the audit's own process, GNU time)")
-    print(f"globals: {summary['holders']} ({', '.join(f'{count} {kind}' for kind, count in sorted(kinds.items()))}); "
-          f"{summary['uncovered']} uncovered, {summary['unsafe']} unsafe, {summary['covered']} covered, "
-          f"{summary['fixable']} with a fix; {len(audit['stale_resets'])} stale reset(s); "
-          f"{len(audit['conversion_only'])} left out (only a checkpoint converter uses them)")
+    print(
+        f"globals: {summary['holders']} ({', '.join(f'{count} {kind}' for kind, count in sorted(kinds.items()))}); "
+        f"{summary['uncovered']} uncovered, {summary['unsafe']} unsafe, {summary['covered']} covered, "
+        f"{summary['fixable']} with a fix; {len(audit['stale_resets'])} stale reset(s); "
+        f"{len(audit['conversion_only'])} left out (only a checkpoint converter uses them)"
+    )
     if len(paths) > 1:
         print("growth (one run each):")
         for count in range(1, len(paths) + 1):
             part_seconds, part_cpu, _, part = timed(command(paths[:count]))
             part_mb = peak_memory_mb(command(paths[:count]))
             part_files = json.loads(part.stdout)["files"] if part.returncode in (0, 1) else 0
-            print(f"  {count} tree(s): {part_files:>5} files  {part_seconds:6.2f} s ({part_cpu:6.2f} CPU)  {part_mb:5.0f} MB  "
-                  f"{part_seconds * 1000 / max(part_files, 1):5.1f} ms/file")
+            print(
+                f"  {count} tree(s): {part_files:>5} files  {part_seconds:6.2f} s ({part_cpu:6.2f} CPU)  {part_mb:5.0f} MB  "
+                f"{part_seconds * 1000 / max(part_files, 1):5.1f} ms/file"
+            )
     print(f"targets: under {TARGET_SECONDS:.0f} s and {TARGET_MB} MB")
     within = seconds < TARGET_SECONDS and peak_mb < TARGET_MB
     print("result: " + ("within targets" if within else "MISSED a target"))

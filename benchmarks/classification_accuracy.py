@@ -75,8 +75,11 @@ def shortlist(title: str, outcomes: list, *, log_only: bool = False) -> int:
     """Logs with no traceback: where the labelled culprit stands among the suspects (target: first 3 where
     the log's features determine it, and for every issue-38 release log; no suspect for a user's global).
     Returns the misses that no `known_failure` (or, log only, `log_only_failure`) expects."""
-    untraced = [outcome for outcome in outcomes if outcome.entry.untraced and outcome.entry.untraced["ranks"]
-                and not outcome.entry.untraced.get("benchmark")]  # issue 37's measure: benchmarks/untraced_accuracy.py
+    untraced = [
+        outcome
+        for outcome in outcomes
+        if outcome.entry.untraced and outcome.entry.untraced["ranks"] and not outcome.entry.untraced.get("benchmark")
+    ]  # issue 37's measure: benchmarks/untraced_accuracy.py
     print(f"\n=== suspects, {title} ===")
     misses = 0
     for outcome in untraced:
@@ -89,7 +92,7 @@ def shortlist(title: str, outcomes: list, *, log_only: bool = False) -> int:
         expected = outcome.entry.known_failure or (outcome.entry.log_only_failure if log_only else None)
         misses += not ok and not expected
         where = f"{place} of {len(outcome.suspects)}" if label["culprit"] else f"{len(outcome.suspects)} suspects"
-        mark = 'ok' if ok else 'KNOWN' if expected else 'MISS'
+        mark = "ok" if ok else "KNOWN" if expected else "MISS"
         print(f"{mark:5} {Path(outcome.entry.log).name:<62} {label['culprit'] or 'a user global':<44} {where}")
     determined = [o for o in untraced if o.entry.untraced["determined"] and o.entry.untraced["culprit"]]
     top = sum(1 for o in determined if (o.culprit_rank() or 99) <= 3)
@@ -103,8 +106,9 @@ def with_sources(entries: list) -> int:
     table("with sources (--source-root, --rules as labelled; megatron-core installed)", outcomes)
     misses = shortlist("with sources", outcomes)
     # an untraced log's known failure is its culprit's (shortlist), not its findings'
-    unexpected = [outcome for outcome in outcomes
-                  if outcome.holds() == bool(outcome.entry.known_failure and not outcome.entry.untraced)]
+    unexpected = [
+        outcome for outcome in outcomes if outcome.holds() == bool(outcome.entry.known_failure and not outcome.entry.untraced)
+    ]
     for outcome in outcomes:
         if outcome.entry.known_failure:
             print(f"known failure  {outcome.entry.log}: {outcome.entry.known_failure}")
@@ -131,8 +135,10 @@ def log_only(entries: list) -> int:
                 continue
             reason = scoring.needs_source(outcome.entry, label, shipped)
             failures += reason is None
-            print(f"  {'needs the job' + chr(39) + 's code' if reason else 'FAILS'}  {outcome.entry.log}: "
-                  f"{describe(label)} -> {describe(finding)}{f' ({reason})' if reason else ''}")
+            print(
+                f"  {'needs the job' + chr(39) + 's code' if reason else 'FAILS'}  {outcome.entry.log}: "
+                f"{describe(label)} -> {describe(finding)}{f' ({reason})' if reason else ''}"
+            )
     return failures
 
 
@@ -150,16 +156,28 @@ def operands() -> int:
     for case in cases:
         expected = dict(case["expected"], module=None if "user_files" in case else case["expected"]["module"])
         for log in sorted((folder / "logs").glob(f"{case['name']}-py3*.log")):
-            run = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", "--log-only", "--format", "json",
-                                  str(log)], capture_output=True, text=True)
+            run = subprocess.run(
+                [sys.executable, "-m", "unsafe_doctor", "diagnose", "--log-only", "--format", "json", str(log)],
+                capture_output=True,
+                text=True,
+            )
             found = json.loads(run.stdout)["findings"] if run.stdout else []
-            got = [{"variable": f["tensor"]["variable"], "module": f["tensor"]["module"], "scenario": f["scenario"],
-                    "rule": f["rule"]} for f in found]
+            got = [
+                {
+                    "variable": f["tensor"]["variable"],
+                    "module": f["tensor"]["module"],
+                    "scenario": f["scenario"],
+                    "rule": f["rule"],
+                }
+                for f in found
+            ]
             ok = got == [expected]
             misses += not ok
             shown = got[0] if got else {}
-            print(f"{'ok' if ok else 'NO':2}  {log.name:<44} {shown.get('variable')}: scenario {shown.get('scenario')}, "
-                  f"{shown.get('rule') or 'no rule'}")
+            print(
+                f"{'ok' if ok else 'NO':2}  {log.name:<44} {shown.get('variable')}: scenario {shown.get('scenario')}, "
+                f"{shown.get('rule') or 'no rule'}"
+            )
     total = sum(len(list((folder / "logs").glob(f"{case['name']}-py3*.log"))) for case in cases)
     print(f"located and classified: {total - misses}/{total}")
     return misses

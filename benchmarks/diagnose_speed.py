@@ -132,8 +132,12 @@ def main() -> None:
         grep = ["grep", "-c", "-F", "There is unsafe data"]
         rg = shutil.which("rg")
         commands = [
-            (grep + [str(log)], None, False), (grep, log, False), (grep, log, True),
-            ([doctor, "diagnose", str(log)], None, False), ([doctor], log, False), ([doctor], log, True),
+            (grep + [str(log)], None, False),
+            (grep, log, False),
+            (grep, log, True),
+            ([doctor, "diagnose", str(log)], None, False),
+            ([doctor], log, False),
+            ([doctor], log, True),
         ]
         if rg:
             commands.append(([rg, "-c", "-F", "There is unsafe data", str(log)], None, False))
@@ -149,26 +153,43 @@ def main() -> None:
         if rg:
             rg_s = timings[6][0]
             print(f"{'rg -c -F':<34}{rg_s:>9.2f}{rg_s / grep_s:>8.2f}{size / rg_s / 1e9:>7.2f}{'':>11}")
-        print(f"{'cat FILE | grep -c -F':<34}{grep_pipe_s:>9.2f}{grep_pipe_s / grep_s:>8.2f}"
-              f"{size / grep_pipe_s / 1e9:>7.2f}{'':>11}")
-        print(f"{'unsafe-doctor diagnose FILE':<34}{file_s:>9.2f}{file_s / grep_s:>8.2f}"
-              f"{size / file_s / 1e9:>7.2f}{file_rss / 1024:>8.0f} MB")
-        print(f"{'cat FILE | unsafe-doctor':<34}{pipe_s:>9.2f}{pipe_s / grep_s:>8.2f}"
-              f"{size / pipe_s / 1e9:>7.2f}{pipe_rss / 1024:>8.0f} MB")
-        print(f"{'grep -c -F < FILE':<34}{grep_redirect_s:>9.2f}{grep_redirect_s / grep_s:>8.2f}"
-              f"{size / grep_redirect_s / 1e9:>7.2f}{'':>11}")
-        print(f"{'unsafe-doctor < FILE':<34}{redirect_s:>9.2f}{redirect_s / grep_s:>8.2f}"
-              f"{size / redirect_s / 1e9:>7.2f}{redirect_rss / 1024:>8.0f} MB")
+        print(
+            f"{'cat FILE | grep -c -F':<34}{grep_pipe_s:>9.2f}{grep_pipe_s / grep_s:>8.2f}"
+            f"{size / grep_pipe_s / 1e9:>7.2f}{'':>11}"
+        )
+        print(
+            f"{'unsafe-doctor diagnose FILE':<34}{file_s:>9.2f}{file_s / grep_s:>8.2f}"
+            f"{size / file_s / 1e9:>7.2f}{file_rss / 1024:>8.0f} MB"
+        )
+        print(
+            f"{'cat FILE | unsafe-doctor':<34}{pipe_s:>9.2f}{pipe_s / grep_s:>8.2f}"
+            f"{size / pipe_s / 1e9:>7.2f}{pipe_rss / 1024:>8.0f} MB"
+        )
+        print(
+            f"{'grep -c -F < FILE':<34}{grep_redirect_s:>9.2f}{grep_redirect_s / grep_s:>8.2f}"
+            f"{size / grep_redirect_s / 1e9:>7.2f}{'':>11}"
+        )
+        print(
+            f"{'unsafe-doctor < FILE':<34}{redirect_s:>9.2f}{redirect_s / grep_s:>8.2f}"
+            f"{size / redirect_s / 1e9:>7.2f}{redirect_rss / 1024:>8.0f} MB"
+        )
         print(f"findings: {variables} (exit codes {file_rc}, {pipe_rc})")
-        print(f"stdin against the same pipe into grep: {pipe_s / grep_pipe_s:.2f}x; "
-              f"a redirected file against grep's: {redirect_s / grep_redirect_s:.2f}x")
+        print(
+            f"stdin against the same pipe into grep: {pipe_s / grep_pipe_s:.2f}x; "
+            f"a redirected file against grep's: {redirect_s / grep_redirect_s:.2f}x"
+        )
         if rg:
             print(f"file against rg: {file_s / rg_s:.2f}x")
         else:
             print("rg: not installed, no ratio to it")
         print("targets: file <= 1.0x grep, stdin <= 1.1x grep's (pipe and redirect), peak RSS <= 100 MB")
-        ok = (file_s <= grep_s and pipe_s <= 1.1 * grep_pipe_s and redirect_s <= 1.1 * grep_redirect_s
-              and max(file_rss, pipe_rss, redirect_rss) <= 100 * 1024 and variables)
+        ok = (
+            file_s <= grep_s
+            and pipe_s <= 1.1 * grep_pipe_s
+            and redirect_s <= 1.1 * grep_redirect_s
+            and max(file_rss, pipe_rss, redirect_rss) <= 100 * 1024
+            and variables
+        )
         print("result: " + ("within targets" if ok else "MISSED a target"))
     finally:
         shutil.rmtree(workdir)

@@ -78,8 +78,10 @@ def dense(doctor: str, workdir: Path, repeat: int) -> bool:
         (grep_s, _), (doctor_s, rss) = rounds(
             repeat, [["grep", "-c", "-F", "unsafe data", str(log)], [doctor, "diagnose", str(log)]]
         )
-        print(f"  {megabytes} MB: grep {grep_s:.3f} s, unsafe-doctor {doctor_s:.2f} s ({doctor_s / grep_s:.1f}x), "
-              f"peak RSS {rss / 1024:.0f} MB")
+        print(
+            f"  {megabytes} MB: grep {grep_s:.3f} s, unsafe-doctor {doctor_s:.2f} s ({doctor_s / grep_s:.1f}x), "
+            f"peak RSS {rss / 1024:.0f} MB"
+        )
         peaks.append(rss)
         log.unlink()
     ok = max(peaks) <= 200 * 1024
@@ -100,8 +102,10 @@ def packed(doctor: str, workdir: Path, repeat: int) -> bool:
         repeat, [[doctor, "diagnose", str(workdir / "plain.log")], [doctor, "diagnose", str(workdir / "packed.log")]]
     )
     ratio = packed_s / plain_s
-    print(f"  plain {plain_s:.2f} s, packed {packed_s:.2f} s: {ratio:.2f}x (peak RSS {rss / 1024:.0f} MB); "
-          f"target <= 2x: {'met' if ratio <= 2 else 'MISSED'}")
+    print(
+        f"  plain {plain_s:.2f} s, packed {packed_s:.2f} s: {ratio:.2f}x (peak RSS {rss / 1024:.0f} MB); "
+        f"target <= 2x: {'met' if ratio <= 2 else 'MISSED'}"
+    )
     for name in ("plain.log", "packed.log"):
         (workdir / name).unlink()
     return ratio <= 2
@@ -121,14 +125,17 @@ def folder(doctor: str, workdir: Path, repeat: int) -> bool:
     subprocess.run(["cat", *map(str, sorted(logs.iterdir()))], stdout=subprocess.DEVNULL, check=True)
     rg = shutil.which("rg")
     baseline = (
-        [rg, "-c", "-F", "There is unsafe data", str(logs)] if rg
+        [rg, "-c", "-F", "There is unsafe data", str(logs)]
+        if rg
         else ["grep", "-r", "-c", "-F", "There is unsafe data", str(logs)]
     )
     (base_s, _), (doctor_s, rss) = rounds(repeat, [baseline, [doctor, "diagnose", str(logs)]])
     ratio = doctor_s / base_s
     name = "rg -c -F" if rg else "grep -r -c -F (rg is not installed)"
-    print(f"  {name} {base_s:.2f} s, unsafe-doctor {doctor_s:.2f} s: {ratio:.2f}x, peak RSS {rss / 1024:.0f} MB, "
-          f"{os.cpu_count()} cores")
+    print(
+        f"  {name} {base_s:.2f} s, unsafe-doctor {doctor_s:.2f} s: {ratio:.2f}x, peak RSS {rss / 1024:.0f} MB, "
+        f"{os.cpu_count()} cores"
+    )
     print(f"  target <= 3.0x rg: {'met' if rg and ratio <= 3 else 'MISSED' if rg else 'not measurable here'}")
     shutil.rmtree(logs)
     return ratio <= 3

@@ -34,8 +34,11 @@ def current_load() -> Load:
 
 
 def add_loaded_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--loaded", action="store_true",
-                        help=f"measure even above {QUIET_PER_CORE} load per core (the figures are marked as measured under load)")
+    parser.add_argument(
+        "--loaded",
+        action="store_true",
+        help=f"measure even above {QUIET_PER_CORE} load per core (the figures are marked as measured under load)",
+    )
 
 
 def require_quiet(*, loaded_ok: bool, load: Load | None = None) -> Load:
@@ -46,7 +49,10 @@ def require_quiet(*, loaded_ok: bool, load: Load | None = None) -> Load:
     elif loaded_ok:
         print(f"machine: {load}: MEASURED UNDER LOAD (--loaded), the figures include the other work")
     else:
-        print(f"{os.path.basename(sys.argv[0])}: {load}, above {QUIET_PER_CORE} per core: the figures would measure "
-              "the other work; run it on a quiet machine, or pass --loaded to measure anyway", file=sys.stderr)
+        print(
+            f"{os.path.basename(sys.argv[0])}: {load}, above {QUIET_PER_CORE} per core: the figures would measure "
+            "the other work; run it on a quiet machine, or pass --loaded to measure anyway",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     return load

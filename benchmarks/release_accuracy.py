@@ -39,8 +39,10 @@ def judge(entry, report: dict, knowledge) -> tuple[bool, bool, str]:
     """(located, classified, what the diagnosis answered, shortly)."""
     findings = report["findings"]
     suspects = [suspect["rule"] for finding in findings for suspect in finding.get("suspects") or []]
-    shown = "; ".join(f"{named_variable(f, knowledge)}: scenario {f['scenario']}, {f['rule'] or 'no rule'}"
-                      for f in findings) or "no finding"
+    shown = (
+        "; ".join(f"{named_variable(f, knowledge)}: scenario {f['scenario']}, {f['rule'] or 'no rule'}" for f in findings)
+        or "no finding"
+    )
     if entry.untraced:
         located = untraced_score(entry.untraced, report)[0]
         return located, suspects[:1] == [entry.untraced["culprit"]], f"{shown}; suspects {', '.join(suspects[:3]) or '-'}"
@@ -73,16 +75,20 @@ def main(halves: list[str]) -> int:
                     located, classified, shown = judge(entry, report, knowledge)
                     for index, ok in enumerate((located, classified, located and classified)):
                         totals[mode][index] += ok
-                    lines.append(f"      {mode:<11} {'located' if located else 'NOT located':<11} "
-                                 f"{'classified' if classified else 'NOT classified':<14} {shown}")
+                    lines.append(
+                        f"      {mode:<11} {'located' if located else 'NOT located':<11} "
+                        f"{'classified' if classified else 'NOT classified':<14} {shown}"
+                    )
                 if half == "held_back":  # counted, never shown: it is not opened while tuning
                     continue
                 answer = entry.untraced["culprit"] if entry.untraced else entry.findings[0]["rule"]
                 print(f"{name:<52} {answer}\n" + "\n".join(lines))
         for mode in MODES:
             located, classified, both = totals[mode]
-            print(f"{half}, {mode}: fully right {both}/{len(names)}, located {located}/{len(names)}, "
-                  f"classified {classified}/{len(names)}")
+            print(
+                f"{half}, {mode}: fully right {both}/{len(names)}, located {located}/{len(names)}, "
+                f"classified {classified}/{len(names)}"
+            )
     return 0
 
 

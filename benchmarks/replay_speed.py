@@ -32,10 +32,18 @@ def sample_copies(folder: Path) -> list[tuple[str, str, Path, Path]]:
     shutil.copytree(SAMPLES / "adaptors" / "in_tree", folder / "in_tree")
     shutil.copytree(SAMPLES / "framework" / "toytrain", folder / "framework" / "toytrain")
     return [
-        ("scenario 1: Megatron MoE tracker", str(SAMPLES / "logs" / "megatron_moe_tracker.log"),
-         folder / "in_tree" / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py", folder / "in_tree"),
-        ("scenario 2: toytrain _EMA_GRAD_NORM", str(SAMPLES / "logs" / "toytrain_ema"),
-         folder / "framework" / "toytrain" / "recovery.py", folder / "framework"),
+        (
+            "scenario 1: Megatron MoE tracker",
+            str(SAMPLES / "logs" / "megatron_moe_tracker.log"),
+            folder / "in_tree" / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py",
+            folder / "in_tree",
+        ),
+        (
+            "scenario 2: toytrain _EMA_GRAD_NORM",
+            str(SAMPLES / "logs" / "toytrain_ema"),
+            folder / "framework" / "toytrain" / "recovery.py",
+            folder / "framework",
+        ),
     ]
 
 
@@ -65,8 +73,10 @@ def main() -> int:
             document = json.loads(result.stdout)
             outcomes = [verdict["outcome"] for verdict in document["verdicts"]]
             proven &= result.returncode == 0
-            print(f"{name}: {' '.join(outcomes)} · {document['ranks']} ranks · backend {document['backend']} · "
-                  f"{wall:.2f} s wall (replay {document['seconds']:.2f} s)")
+            print(
+                f"{name}: {' '.join(outcomes)} · {document['ranks']} ranks · backend {document['backend']} · "
+                f"{wall:.2f} s wall (replay {document['seconds']:.2f} s)"
+            )
             for phase, seconds in document["phase_seconds"].items():
                 print(f"    {phase:<20} {seconds * 1000:8.1f} ms")
     verdict = "within" if total < TARGET_SECONDS else "OVER"

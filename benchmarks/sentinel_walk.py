@@ -37,8 +37,10 @@ from quiet import add_loaded_option, require_quiet  # noqa: E402
 TARGET_SECONDS = 1.0
 LARGE = gpt.Shape(layers=4, hidden=768, experts=8, expert_hidden=1536)  # 134 M parameters
 LARGE_STEPS = 2
-GROWTH = [gpt.Shape(layers=layers, hidden=128, experts=experts, expert_hidden=256, vocabulary=4096)
-          for layers, experts in ((2, 8), (4, 8), (8, 8), (16, 8), (16, 32), (16, 64))]
+GROWTH = [
+    gpt.Shape(layers=layers, hidden=128, experts=experts, expert_hidden=256, vocabulary=4096)
+    for layers, experts in ((2, 8), (4, 8), (8, 8), (16, 8), (16, 32), (16, 64))
+]
 PACKAGES = ["megatron"]
 
 
@@ -72,18 +74,24 @@ def main() -> int:
     for name in large.named:
         print(f"    {name}")
     print("\ngrowth (hidden 128, vocabulary 4096; 1 step each):")
-    print(f"{'layers':>6} {'experts':>7} {'parameters':>12} {'tensors':>8} {'objects':>8} {'best s':>8} {'median s':>9} "
-          f"{'us/tensor':>10}")
+    print(
+        f"{'layers':>6} {'experts':>7} {'parameters':>12} {'tensors':>8} {'objects':>8} {'best s':>8} {'median s':>9} "
+        f"{'us/tensor':>10}"
+    )
     points = []
     for shape in GROWTH:
         timing = measure(shape, 1, options.repeat, profile=False)
         points.append((timing.tensors, timing.best))
         per_tensor = timing.best / timing.tensors * 1e6
-        print(f"{shape.layers:>6} {shape.experts:>7} {timing.parameters:>12,} {timing.tensors:>8,} {timing.objects:>8,} "
-              f"{timing.best:>8.3f} {timing.median:>9.3f} {per_tensor:>10.1f}")
+        print(
+            f"{shape.layers:>6} {shape.experts:>7} {timing.parameters:>12,} {timing.tensors:>8,} {timing.objects:>8,} "
+            f"{timing.best:>8.3f} {timing.median:>9.3f} {per_tensor:>10.1f}"
+        )
     fixed, slope = _line(points)
-    print(f"least squares on the best times: {fixed * 1e3:.0f} ms fixed + {slope * 1e6:.1f} us per tensor "
-          f"(1 s at about {(TARGET_SECONDS - fixed) / slope:,.0f} tensors)")
+    print(
+        f"least squares on the best times: {fixed * 1e3:.0f} ms fixed + {slope * 1e6:.1f} us per tensor "
+        f"(1 s at about {(TARGET_SECONDS - fixed) / slope:,.0f} tensors)"
+    )
     verdict = "within" if large.best < TARGET_SECONDS else "OVER"
     print(f"\nlarge model: {large.best:.3f} s per rank ({verdict} the {TARGET_SECONDS:g} s target)")
     return 0
@@ -124,12 +132,14 @@ def measure(shape: gpt.Shape, steps: int, repeat: int, *, profile: bool) -> Timi
             if profile:
                 _profile(lambda: examine(*roots, packages=PACKAGES, backend=backend))
         named = tuple(
-            item.name.dotted + (" (lru cache)" if item.cached else "")
+            item.name.dotted
+            + (" (lru cache)" if item.cached else "")
             + (f" (written by the step first: {item.written_by_step})" if item.written_by_step else "")
             for item in report.unsafe
         )
-        timing = Timing(trained.parameters, report.summary.tensors_checked, objects, min(seconds),
-                        statistics.median(seconds), named, added)
+        timing = Timing(
+            trained.parameters, report.summary.tensors_checked, objects, min(seconds), statistics.median(seconds), named, added
+        )
         gpt.forget_rotary_cache()
     del trained, report
     gc.collect()

@@ -97,8 +97,11 @@ def main() -> int:
         subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(ROOT)], check=True)
         python, tool = str(venv / "bin" / "python"), str(venv / "bin" / "unsafe-doctor")
         starts = {f"unsafe-doctor {' '.join(words)}": [tool, *words] for words in (["-V"], ["--help"], ["diagnose", "--help"])}
-        logs = {f"diagnose {form} {log.name}": [tool, "diagnose", *extra, str(log)]
-                for log in LOGS for form, extra in (("", []), ("--format json", ["--format", "json"]))}
+        logs = {
+            f"diagnose {form} {log.name}": [tool, "diagnose", *extra, str(log)]
+            for log in LOGS
+            for form, extra in (("", []), ("--format json", ["--format", "json"]))
+        }
         floor, timed = paired({**starts, **logs}, [python, "-c", "pass"], rounds, Path(scratch))
         print(f"bare install, medians of {rounds} rounds, each command paired with python -c pass ({floor * 1000:.0f} ms)")
         for name, (seconds, ratio) in timed.items():
@@ -110,9 +113,12 @@ def main() -> int:
             costs.append(with_index - without)
             print(f"{log.name:<26} {with_index * 1000:8.1f} ms {without * 1000:6.1f} ms {costs[-1] * 1000:8.1f} ms")
     worst_ratio, help_seconds = max(timed[name][1] for name in logs), timed["unsafe-doctor --help"][0]
-    print(f"\nworst small log {worst_ratio:.1f} x python -c pass (target <= 12); --help {help_seconds * 1000:.0f} ms "
-          f"(target <= 80 ms); worst index cost {max(costs) * 1000:.1f} ms (target <= 50 ms)")
+    print(
+        f"\nworst small log {worst_ratio:.1f} x python -c pass (target <= 12); --help {help_seconds * 1000:.0f} ms "
+        f"(target <= 80 ms); worst index cost {max(costs) * 1000:.1f} ms (target <= 50 ms)"
+    )
     return 0 if worst_ratio <= 12 and help_seconds <= 0.08 and max(costs) <= 0.05 else 1
+
 
 if __name__ == "__main__":
     sys.exit(main())

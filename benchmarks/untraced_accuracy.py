@@ -35,8 +35,9 @@ HALVES = ("develop", "held_back")
 
 def diagnose_bare(log: Path, scratch: Path, options: tuple[str, ...] = ("--log-only",)) -> dict:
     """The JSON report of `unsafe-doctor diagnose OPTIONS --format json LOG` where megatron-core is hidden."""
-    result = hidden.run_without_megatron(ROOT / "unsafe_doctor" / "__main__.py", "diagnose", *options,
-                                         "--format", "json", str(log), scratch=scratch)
+    result = hidden.run_without_megatron(
+        ROOT / "unsafe_doctor" / "__main__.py", "diagnose", *options, "--format", "json", str(log), scratch=scratch
+    )
     if not result.stdout.strip():
         raise SystemExit(f"{log.name}: no report (exit {result.returncode}): {result.stderr.strip()[-500:]}")
     return json.loads(result.stdout)
@@ -82,12 +83,18 @@ def main(halves: list[str]) -> int:
                 if half == "held_back":  # counted, never shown: it is not opened while tuning
                     continue
                 expected = label["culprit"] or kind(label)
-                print(f"{'ok' if ok else 'MISS':4}  {name:<66} {expected:<40} generation {read or '-'}"
-                      f"{'' if read == label['generation'] else ' (label: ' + str(label['generation']) + ')'}"
-                      f"\n      suspects: {shown}")
+                print(
+                    f"{'ok' if ok else 'MISS':4}  {name:<66} {expected:<40} generation {read or '-'}"
+                    f"{'' if read == label['generation'] else ' (label: ' + str(label['generation']) + ')'}"
+                    f"\n      suspects: {shown}"
+                )
         print(f"\n{half}: {right}/{len(names)} ({right / len(names):.0%})", end="")
-        print("".join(f"; {name} {by_kind[(name, True)]}/{by_kind[(name, True)] + by_kind[(name, False)]}"
-                      for name in ("framework culprit", "user global", "no unsafe error")))
+        print(
+            "".join(
+                f"; {name} {by_kind[(name, True)]}/{by_kind[(name, True)] + by_kind[(name, False)]}"
+                for name in ("framework culprit", "user global", "no unsafe error")
+            )
+        )
     return 0
 
 

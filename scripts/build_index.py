@@ -55,10 +55,22 @@ def megatron_releases(
         if not wheel.is_file():
             interpreter = next(iter(parse_wheel_filename(wheel.name)[3])).interpreter  # cp312
             fetched = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                 "--python-version", f"{interpreter[2]}.{interpreter[3:]}", f"megatron-core=={release.name}",
-                 "-d", str(cache)],
-                capture_output=True, text=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--python-version",
+                    f"{interpreter[2]}.{interpreter[3:]}",
+                    f"megatron-core=={release.name}",
+                    "-d",
+                    str(cache),
+                ],
+                capture_output=True,
+                text=True,
             )
             if fetched.returncode != 0:
                 reason = (fetched.stderr.strip().splitlines() or ["no reason given"])[-1]
@@ -75,6 +87,7 @@ def megatron_releases(
 
 def git_releases(repo: Path, framework: str, sources: Path = SOURCES) -> Iterator[tuple[Release, dict[str, bytes]]]:
     """Every pinned release of the framework, read from its commit in the clone's git directory."""
+
     def git(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["git", "--git-dir", str(repo), *args], capture_output=True, text=True)
 
@@ -89,7 +102,9 @@ def git_releases(repo: Path, framework: str, sources: Path = SOURCES) -> Iterato
                 blobs[path] = meta.split()[2]
         contents = subprocess.run(
             ["git", "--git-dir", str(repo), "cat-file", "--batch"],
-            input="\n".join(blobs.values()).encode() + b"\n", capture_output=True, check=True,
+            input="\n".join(blobs.values()).encode() + b"\n",
+            capture_output=True,
+            check=True,
         ).stdout
         yield release, dict(zip(blobs, _batch_blobs(contents), strict=True))
 
@@ -125,8 +140,11 @@ def build(framework: str, releases: Iterator[tuple[Release, dict[str, bytes]]], 
                 continue
             known[digest] = FileVersion([index], digest, line_hashes(text), reduced)
     write_index(out, framework, shipped, {path: list(found.values()) for path, found in versions.items()})
-    print(f"wrote {out} ({out.stat().st_size // 1024} KB, {len(shipped)} releases, "
-          f"{sum(map(len, versions.values()))} file versions, {unparsed} unparsable)", file=sys.stderr)
+    print(
+        f"wrote {out} ({out.stat().st_size // 1024} KB, {len(shipped)} releases, "
+        f"{sum(map(len, versions.values()))} file versions, {unparsed} unparsable)",
+        file=sys.stderr,
+    )
 
 
 def main() -> None:

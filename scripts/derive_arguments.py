@@ -90,8 +90,7 @@ def _is_init_field(statement: ast.AnnAssign) -> bool:
         return False
     value = statement.value
     if isinstance(value, ast.Call) and ast.unparse(value.func).endswith("field"):
-        return not any(k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False
-                       for k in value.keywords)
+        return not any(k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False for k in value.keywords)
     return True
 
 
@@ -145,8 +144,13 @@ def parser_dests(path: str, read: Reader) -> set[str]:
     for function in ast.walk(ast.parse(text)):
         if not isinstance(function, (ast.FunctionDef, ast.Module)):
             continue
-        assigned = {target.id: node.value for node in ast.walk(function) if isinstance(node, ast.Assign)
-                    for target in node.targets if isinstance(target, ast.Name)}
+        assigned = {
+            target.id: node.value
+            for node in ast.walk(function)
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
         for call in ast.walk(function):
             if not isinstance(call, ast.Call):
                 continue
@@ -177,8 +181,9 @@ def _git_reader(repo: Path, commit: str) -> Reader:
 
 def release_parsers(cache: Path, repo: Path, sources: Path) -> Iterator[tuple[str, dict[str, str], set[str]]]:
     """(release, provenance, dests) for each pinned release, oldest first; a release with no source is said on stderr."""
-    wheels = {release.name: files for release, files in
-              megatron_releases(cache, lambda version: version >= WHEEL_PARSER_SINCE, sources)}
+    wheels = {
+        release.name: files for release, files in megatron_releases(cache, lambda version: version >= WHEEL_PARSER_SINCE, sources)
+    }
     for release in pinned_releases("megatron-core", sources):
         if release.name in wheels:
             files = wheels[release.name]
@@ -186,8 +191,11 @@ def release_parsers(cache: Path, repo: Path, sources: Path) -> Iterator[tuple[st
             provenance = {"wheel": release.source.removeprefix("pypi:"), "sha256": release.digest}
         else:
             tag = f"core_v{release.name}"
-            shown = subprocess.run(["git", "--git-dir", str(repo), "rev-parse", "-q", "--verify", f"{tag}^{{commit}}"],
-                                   capture_output=True, text=True)
+            shown = subprocess.run(
+                ["git", "--git-dir", str(repo), "rev-parse", "-q", "--verify", f"{tag}^{{commit}}"],
+                capture_output=True,
+                text=True,
+            )
             if shown.returncode != 0:
                 print(f"megatron-core {release.name}: no tag {tag} in {repo}: left out", file=sys.stderr)
                 continue
@@ -208,11 +216,20 @@ def derived_json(parsers: list[tuple[str, dict[str, str], set[str]]]) -> str:
     names = sorted({dest for _, _, dests in parsers for dest in dests})
     held = {name: [index for index, (_, _, dests) in enumerate(parsers) if name in dests] for name in names}
     rows = [f"  {json.dumps(name)}: {json.dumps(indices, separators=(',', ':'))}" for name, indices in held.items()]
-    return "\n".join([
-        "{", f" \"about\": {json.dumps(__doc__.splitlines()[0])},", " \"releases\": [",
-        ",\n".join(f"  {json.dumps(release)}" for release in releases), " ],", " \"arguments\": {",
-        ",\n".join(rows), " }", "}", "",
-    ])
+    return "\n".join(
+        [
+            "{",
+            f' "about": {json.dumps(__doc__.splitlines()[0])},',
+            ' "releases": [',
+            ",\n".join(f"  {json.dumps(release)}" for release in releases),
+            " ],",
+            ' "arguments": {',
+            ",\n".join(rows),
+            " }",
+            "}",
+            "",
+        ]
+    )
 
 
 def main() -> None:

@@ -67,15 +67,22 @@ def _entry(holder: Holder, root: str) -> dict:
     """One holder: its names, kind, definition, and the functions of its sites (where the audit
     reads it against the rules' frame fields), paths relative to the release's folder."""
     sites = (holder.definition, *holder.writers, *holder.readers)
-    return {"module": holder.name.module, "class": holder.name.owner, "name": holder.name.variable, "kind": holder.kind,
-            "defined": f"{holder.definition.file.removeprefix(root)}:{holder.definition.line}",
-            "sites": sorted({f"{site.file.removeprefix(root)}:{site.function or '<module>'}" for site in sites})}
+    return {
+        "module": holder.name.module,
+        "class": holder.name.owner,
+        "name": holder.name.variable,
+        "kind": holder.kind,
+        "defined": f"{holder.definition.file.removeprefix(root)}:{holder.definition.line}",
+        "sites": sorted({f"{site.file.removeprefix(root)}:{site.function or '<module>'}" for site in sites}),
+    }
 
 
-def releases(cache: Path | None, stacks: dict[str, Path], only: set[tuple[str, str]] | None,
-             sources: Path = SOURCES) -> Iterator[tuple[str, Release, Files]]:
+def releases(
+    cache: Path | None, stacks: dict[str, Path], only: set[tuple[str, str]] | None, sources: Path = SOURCES
+) -> Iterator[tuple[str, Release, Files]]:
     """Every pinned release (of `only`, when given) of megatron-core (with a cache) and of the clones given."""
     if cache is not None:
+
         def wanted(version: Version) -> bool:
             return only is None or ("megatron-core", str(version)) in only
 
@@ -98,14 +105,22 @@ def derive(found: Iterator[tuple[str, Release, Files]]) -> dict:
         provenance.setdefault(framework, []).append({"release": release.name, "source": release.source, "digest": release.digest})
         for holder in holders:
             key = (framework, holder["module"], holder["class"] or "", holder["name"])
-            entry = held.setdefault(key, {"framework": framework, "module": holder["module"], "class": holder["class"],
-                                          "name": holder["name"], "releases": []})
+            entry = held.setdefault(
+                key,
+                {
+                    "framework": framework,
+                    "module": holder["module"],
+                    "class": holder["class"],
+                    "name": holder["name"],
+                    "releases": [],
+                },
+            )
             entry["releases"].append(release.name)
             entry.update(kind=holder["kind"], defined=holder["defined"], sites=holder["sites"])  # the newest release's
     return {
         "format": FORMAT,
         "generated_by": "python scripts/derive_globals.py --cache WHEELS --mindspeed MINDSPEED_GIT_DIR "
-                        "--mindspeed-llm MINDSPEED_LLM_GIT_DIR (see its docstring; do not edit by hand)",
+        "--mindspeed-llm MINDSPEED_LLM_GIT_DIR (see its docstring; do not edit by hand)",
         "releases": provenance,
         "globals": [held[key] for key in sorted(held)],
     }
@@ -129,14 +144,20 @@ def claimed_by(knowledge: KnowledgeBase, found: dict, version: Version | None) -
     names for it (as the audit matches them: `audit.bridge`) and claim the release (its framework
     and `versions`), and of the entries the step writes before it reads."""
     name, module, owner = found["name"], found["module"], found["class"]
-    sites = [(f"/{file}", function.rpartition(".")[2]) for file, _, function in
-             (site.rpartition(":") for site in found["sites"])]  # (file, function) as the audit reads them
+    sites = [
+        (f"/{file}", function.rpartition(".")[2]) for file, _, function in (site.rpartition(":") for site in found["sites"])
+    ]  # (file, function) as the audit reads them
     definition = Path("/" + found["defined"].rpartition(":")[0])
-    rules = [rule.id for rule in knowledge.rules
-             if rule.framework in (None, found["framework"])
-             and (rule.versions is None or version is not None and rule.versions.contains(version, prereleases=True))
-             and any(rule_matches(rule, name, module, owner, file, function=function)
-                     for file, function in [*sites, *_named(rule, name, module, owner, definition)])]
+    rules = [
+        rule.id
+        for rule in knowledge.rules
+        if rule.framework in (None, found["framework"])
+        and (rule.versions is None or version is not None and rule.versions.contains(version, prereleases=True))
+        and any(
+            rule_matches(rule, name, module, owner, file, function=function)
+            for file, function in [*sites, *_named(rule, name, module, owner, definition)]
+        )
+    ]
     return rules + [entry.id for entry in knowledge.step_written if entry.names(name, module, owner)]
 
 
@@ -166,21 +187,30 @@ def problems(document: dict, knowledge: KnowledgeBase, reviews: list[dict]) -> l
             if review is not None:
                 used.add(review)
             if claims and review is not None:
-                found_problems.append(f"{found['framework']} {release}: {name} is reviewed, but {claims[0]} covers it: "
-                                      f"remove the review (stale)")
+                found_problems.append(
+                    f"{found['framework']} {release}: {name} is reviewed, but {claims[0]} covers it: remove the review (stale)"
+                )
             elif not claims and review is None:
-                found_problems.append(f"{found['framework']} {release}: {name} ({found['kind']}, {found['defined']}): "
-                                      f"no rule claims it and no review names it")
-    found_problems += [f"{entry['framework']}: the review of {entry['module']}.{entry.get('class') or ''}"
-                       f"{'.' if entry.get('class') else ''}{entry['name']} names a global no release holds"
-                       for number, entry in enumerate(reviews) if number not in used]
+                found_problems.append(
+                    f"{found['framework']} {release}: {name} ({found['kind']}, {found['defined']}): "
+                    f"no rule claims it and no review names it"
+                )
+    found_problems += [
+        f"{entry['framework']}: the review of {entry['module']}.{entry.get('class') or ''}"
+        f"{'.' if entry.get('class') else ''}{entry['name']} names a global no release holds"
+        for number, entry in enumerate(reviews)
+        if number not in used
+    ]
     return found_problems
 
 
 def _reviews(entry: dict, found: dict, release: str) -> bool:
-    return ((entry["framework"], entry["module"], entry.get("class"), entry["name"])
-            == (found["framework"], found["module"], found["class"], found["name"])
-            and (entry["releases"] == "all" or release in entry["releases"]))
+    return (entry["framework"], entry["module"], entry.get("class"), entry["name"]) == (
+        found["framework"],
+        found["module"],
+        found["class"],
+        found["name"],
+    ) and (entry["releases"] == "all" or release in entry["releases"])
 
 
 def dumped(document: dict) -> str:
@@ -199,11 +229,17 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, help="where downloaded megatron-core wheels are kept")
     parser.add_argument("--mindspeed", type=Path, help="git directory of a MindSpeed clone")
     parser.add_argument("--mindspeed-llm", type=Path, help="git directory of a MindSpeed-LLM clone")
-    parser.add_argument("--only", action="append", default=[], metavar="FRAMEWORK=RELEASE",
-                        help="audit only these releases and print their document (the shipped file is left alone)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="FRAMEWORK=RELEASE",
+        help="audit only these releases and print their document (the shipped file is left alone)",
+    )
     parser.add_argument("--out", type=Path, default=GLOBALS_FILE)
-    parser.add_argument("--check", action="store_true",
-                        help="audit nothing: list the globals of --out that no rule claims and no review names")
+    parser.add_argument(
+        "--check", action="store_true", help="audit nothing: list the globals of --out that no rule claims and no review names"
+    )
     arguments = parser.parse_args()
     if arguments.check:
         try:
@@ -211,8 +247,11 @@ def main() -> None:
         except (OSError, ValueError) as error:
             parser.exit(2, f"derive_globals: {error}\n")
         holes = sum(1 for entry in reviewed() if entry.get("needs_rule"))
-        print("\n".join(found) or f"every global of {arguments.out.name} is claimed by a rule or reviewed "
-                                  f"({holes} of the reviews are holes that need a rule: `needs_rule`)")
+        print(
+            "\n".join(found)
+            or f"every global of {arguments.out.name} is claimed by a rule or reviewed "
+            f"({holes} of the reviews are holes that need a rule: `needs_rule`)"
+        )
         sys.exit(1 if found else 0)
     try:
         only = parse_only(arguments.only)

@@ -56,17 +56,42 @@ class Source:
 ADAPTOR_SOURCES = (
     # MindSpeed-LLM 2.1.0 / 2.2.0 hold only hooks around the mindio_ttp wheel's adaptor (they log nothing);
     # 1.x and 2.0.0 hook in from training/*.py, with no adaptor file of their own
-    Source("Ascend/MindSpeed-LLM", "mindspeed_llm", ("v2.1.0", "v2.2.0"), "mindspeed_llm/features_manager/high_availability/",
-           "", "mindio-ttp-legacy"),
-    Source("Ascend/MindSpeed-LLM", "mindspeed_llm", ("v2.3.0",), "mindspeed_llm/core/high_availability/", "",
-           "mindspeed-llm-2.3"),
-    Source("Ascend/MindSpeed-LLM", "mindspeed_llm", ("v26.0.0", "v26.1.0", "master"), "mindspeed_llm/core/high_availability/",
-           "", "mindspeed-llm-26"),
-    Source("Ascend/mind-cluster", "mind_cluster", ("v7.2.RC1", "v7.2.RC1.SPC1", "v7.2.RC1.SPC2"),
-           "component/taskd/taskd/python/adaptor/elastic_training/", "component/taskd/", "taskd-elastic"),
+    Source(
+        "Ascend/MindSpeed-LLM",
+        "mindspeed_llm",
+        ("v2.1.0", "v2.2.0"),
+        "mindspeed_llm/features_manager/high_availability/",
+        "",
+        "mindio-ttp-legacy",
+    ),
+    Source(
+        "Ascend/MindSpeed-LLM", "mindspeed_llm", ("v2.3.0",), "mindspeed_llm/core/high_availability/", "", "mindspeed-llm-2.3"
+    ),
+    Source(
+        "Ascend/MindSpeed-LLM",
+        "mindspeed_llm",
+        ("v26.0.0", "v26.1.0", "master"),
+        "mindspeed_llm/core/high_availability/",
+        "",
+        "mindspeed-llm-26",
+    ),
+    Source(
+        "Ascend/mind-cluster",
+        "mind_cluster",
+        ("v7.2.RC1", "v7.2.RC1.SPC1", "v7.2.RC1.SPC2"),
+        "component/taskd/taskd/python/adaptor/elastic_training/",
+        "component/taskd/",
+        "taskd-elastic",
+    ),
 )
-MINDIO_SOURCE = Source("Ascend/mind-cluster", "mind_cluster", ("v7.3.0", "v7.3.2", "v26.0.0", "v26.1.0", "master"),
-                       "component/mindio/tft/src/python/", "component/mindio/tft/src/python/", None)
+MINDIO_SOURCE = Source(
+    "Ascend/mind-cluster",
+    "mind_cluster",
+    ("v7.3.0", "v7.3.2", "v26.0.0", "v26.1.0", "master"),
+    "component/mindio/tft/src/python/",
+    "component/mindio/tft/src/python/",
+    None,
+)
 
 # The legacy wheel's lines as far as they are known (its source was never published). The texts are
 # those MindSpeed-LLM's commit 5dd34295 ("move mindio_ttp adaptor to MindSpeed", 2025-11-10) carried
@@ -79,8 +104,10 @@ _FAQ = "the one adaptor file of older wheels the FAQ names"
 RECORDED = (
     ("rank {} check uce memory result: {}", "tft_stop_clean.py"),
     ("[clean] rank:{}, type:{}, cost:{}s, ret:{}", "tft_stop_clean.py"),
-    ("[repair] rank {}, repair type:{}, src ranks:{}, dst ranks:{}, rank list:{}, optim idxs:{}, step:{}",
-     "tft_optimizer_data_repair.py"),
+    (
+        "[repair] rank {}, repair type:{}, src ranks:{}, dst ranks:{}, rank list:{}, optim idxs:{}, step:{}",
+        "tft_optimizer_data_repair.py",
+    ),
     ("rank:{} successfully gather and rollback at iteration {}", "tft_rollback.py"),
     ("[rollback] rank {} rollback total time consumed:{}", "tft_rollback.py"),
 )
@@ -149,8 +176,11 @@ def _loggers(tree: ast.Module, module: str) -> dict[str, str]:
             if getattr(function, "id", getattr(function, "attr", None)) != "getLogger":
                 continue
             argument = node.value.args[0] if node.value.args else None
-            name = module if isinstance(argument, ast.Name) and argument.id == "__name__" else (
-                argument.value if isinstance(argument, ast.Constant) and isinstance(argument.value, str) else "root")
+            name = (
+                module
+                if isinstance(argument, ast.Name) and argument.id == "__name__"
+                else (argument.value if isinstance(argument, ast.Constant) and isinstance(argument.value, str) else "root")
+            )
             loggers.update((target.id, name) for target in node.targets if isinstance(target, ast.Name))
     return loggers
 
@@ -184,13 +214,22 @@ def _parts(node: ast.expr, *, percent_args: bool = False) -> list[str | None]:
         return _percent(node.value) if percent_args else [node.value]
     if isinstance(node, ast.JoinedStr):
         return [value.value if isinstance(value, ast.Constant) else HOLE for value in node.values]
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) \
-            and isinstance(node.left.value, str):
+    if (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Mod)
+        and isinstance(node.left, ast.Constant)
+        and isinstance(node.left.value, str)
+    ):
         return _percent(node.left.value)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         return _parts(node.left) + _parts(node.right)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format" \
-            and isinstance(node.func.value, ast.Constant) and isinstance(node.func.value.value, str):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "format"
+        and isinstance(node.func.value, ast.Constant)
+        and isinstance(node.func.value.value, str)
+    ):
         return _braces(node.func.value.value)
     return [HOLE]
 
@@ -199,7 +238,7 @@ def _percent(text: str) -> list[str | None]:
     parts: list[str | None] = []
     position = 0
     for spec in _PERCENT.finditer(text):
-        parts.append(text[position:spec.start()])
+        parts.append(text[position : spec.start()])
         parts.append("%" if spec.group() == "%%" else HOLE)
         position = spec.end()
     return [*parts, text[position:]]
@@ -250,8 +289,16 @@ def derive(repos: dict[str, Path]) -> dict:
         for tag in source.tags:
             commit = _commit(repo, tag)
             files = list(files_of(repo, tag, source.folder))
-            read.append({"repo": source.repo, "ref": tag, "commit": commit, "folder": source.folder,
-                         "generation": source.generation, "files": len(files)})
+            read.append(
+                {
+                    "repo": source.repo,
+                    "ref": tag,
+                    "commit": commit,
+                    "folder": source.folder,
+                    "generation": source.generation,
+                    "files": len(files),
+                }
+            )
             for path, text in files:
                 for message in messages_in(text, _module(path, source.import_root)):
                     if not is_specific(message.text):
@@ -263,30 +310,58 @@ def derive(repos: dict[str, Path]) -> dict:
                     if message.logger is None:
                         dropped["a print"] += 1
                         continue
-                    entry = messages.setdefault((message.text, message.logger), {
-                        "text": message.text, "logger": message.logger, "file": path.rpartition("/")[2],
-                        "generations": [], "found": []})
+                    entry = messages.setdefault(
+                        (message.text, message.logger),
+                        {
+                            "text": message.text,
+                            "logger": message.logger,
+                            "file": path.rpartition("/")[2],
+                            "generations": [],
+                            "found": [],
+                        },
+                    )
                     if source.generation not in entry["generations"]:
                         entry["generations"].append(source.generation)
-                    where = next((found for found in entry["found"] if found["generation"] == source.generation
-                                  and found["path"] == path), None)
+                    where = next(
+                        (found for found in entry["found"] if found["generation"] == source.generation and found["path"] == path),
+                        None,
+                    )
                     if where is None:
-                        entry["found"].append({"generation": source.generation, "repo": source.repo, "refs": [tag],
-                                               "commit": commit, "path": path, "line": message.line})
+                        entry["found"].append(
+                            {
+                                "generation": source.generation,
+                                "repo": source.repo,
+                                "refs": [tag],
+                                "commit": commit,
+                                "path": path,
+                                "line": message.line,
+                            }
+                        )
                     elif tag not in where["refs"]:
                         where["refs"].append(tag)
     return {
         "generated_by": "python scripts/derive_messages.py --mindspeed-llm GIT_DIR --mind-cluster GIT_DIR "
-                        "(see its docstring: every logging call and print of each generation's adaptor files, read "
-                        "with ast; `{}` is a hole; `found` names the first commit of each path's message, `refs` "
-                        "every release that has it)",
-        "dropped": {"rule": f"fewer than {MIN_WORDS} words of two letters in the literal text; a format MindIO's "
-                            "own Python logs (every generation shares it); a print (Megatron's checkpoint loader's "
-                            "lines, printed in every run)", **dropped},
+        "(see its docstring: every logging call and print of each generation's adaptor files, read "
+        "with ast; `{}` is a hole; `found` names the first commit of each path's message, `refs` "
+        "every release that has it)",
+        "dropped": {
+            "rule": f"fewer than {MIN_WORDS} words of two letters in the literal text; a format MindIO's "
+            "own Python logs (every generation shares it); a print (Megatron's checkpoint loader's "
+            "lines, printed in every run)",
+            **dropped,
+        },
         "read": read,
         "messages": sorted(messages.values(), key=lambda entry: (entry["generations"][0], entry["file"], entry["text"])),
-        "recorded": [{"text": text, "logger": MINDIO_LOGGER, "files": {file: _MOVED, "modellink_adaptor.py": _FAQ},
-                      "generations": ["mindio-ttp-legacy"], "known_from": _KNOWN_FROM} for text, file in RECORDED],
+        "recorded": [
+            {
+                "text": text,
+                "logger": MINDIO_LOGGER,
+                "files": {file: _MOVED, "modellink_adaptor.py": _FAQ},
+                "generations": ["mindio-ttp-legacy"],
+                "known_from": _KNOWN_FROM,
+            }
+            for text, file in RECORDED
+        ],
     }
 
 

@@ -64,8 +64,19 @@ MAX_DEPTH = 5
 MINDSPORE = "mindspeed/mindspore/"  # MindSpeed's patches for the MindSpore backend: a torch_npu job does not run them
 MAX_PATHS = 400  # more paths than this in one release: the rule is recorded as always written there
 STEP = frozenset({"forward", "backward", "step", "forward_step", "backward_step", "train_step"})
-OUTSIDE = frozenset({"__init__", "training_log", "train", "pretrain", "evaluate", "evaluate_and_print_results",
-                     "save_checkpoint", "load_checkpoint", "setup_model_and_optimizer"})
+OUTSIDE = frozenset(
+    {
+        "__init__",
+        "training_log",
+        "train",
+        "pretrain",
+        "evaluate",
+        "evaluate_and_print_results",
+        "save_checkpoint",
+        "load_checkpoint",
+        "setup_model_and_optimizer",
+    }
+)
 MUTATORS = CONTAINER_ADD | {"update", "__setitem__"}  # calls that put a value in (update may, too)
 ALWAYS = WritePath((), ("too many paths to read: always written",))
 
@@ -140,14 +151,25 @@ class Program:
         if found.name == "__init__" and found.owner is not None:
             copied = self.settings.setdefault(found.owner, {})
             for node in ast.walk(found.node):
-                if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
-                        and _is_self(node.targets[0].value) and (setting := _setting(node.value, found, Copies({})))):
+                if (
+                    isinstance(node, ast.Assign)
+                    and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Attribute)
+                    and _is_self(node.targets[0].value)
+                    and (setting := _setting(node.value, found, Copies({})))
+                ):
                     copied[node.targets[0].attr] = setting
 
     def _patch(self, call: ast.Call) -> None:
         """`register_patch("pkg.Class.name", function)`: the function runs as `name`."""
-        dotted = next((arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
-                       and "." in arg.value and " " not in arg.value), None)
+        dotted = next(
+            (
+                arg.value
+                for arg in call.args
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and "." in arg.value and " " not in arg.value
+            ),
+            None,
+        )
         for arg in call.args:
             if dotted and isinstance(arg, ast.Name | ast.Attribute) and (name := callee_name(arg)):
                 self.aliases.setdefault(name, set()).add(dotted.rsplit(".", 1)[1])
@@ -202,16 +224,24 @@ def _settings_object(node: ast.expr, where: Def) -> bool:
 
 
 def _args_from_get_args(where: Def) -> bool:
-    return any(isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and callee_name(node.value.func) == "get_args"
-               and any(isinstance(target, ast.Name) and target.id == "args" for target in node.targets)
-               for node in ast.walk(where.node))
+    return any(
+        isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Call)
+        and callee_name(node.value.func) == "get_args"
+        and any(isinstance(target, ast.Name) and target.id == "args" for target in node.targets)
+        for node in ast.walk(where.node)
+    )
 
 
 def _copies(where: Def, program: Program) -> Copies:
     """Names in the function that stand for a setting or a test: `self.A` copied in `__init__`, locals assigned once from one."""
     owner = where.owner or program.patch_owner.get(where.name, "")
-    copied = Copies({f"self.{attribute}": setting
-                     for attribute, setting in program.settings.get(owner, program.inherited.get(owner, {})).items()})
+    copied = Copies(
+        {
+            f"self.{attribute}": setting
+            for attribute, setting in program.settings.get(owner, program.inherited.get(owner, {})).items()
+        }
+    )
     assigned: dict[str, list[ast.expr]] = {}
     for node in ast.walk(where.node):
         if isinstance(node, ast.Assign):
@@ -348,8 +378,10 @@ def writes(program: Program, target: Target, getters: set[str]) -> Iterator[tupl
     """Each statement or call that stores a value into the global, with its function."""
     names = {target.variable, *getters}
     for found in program.defs:
-        if any(isinstance(node, ast.Name) and node.id in names or isinstance(node, ast.Attribute) and node.attr in names
-               for node in ast.walk(found.node)):
+        if any(
+            isinstance(node, ast.Name) and node.id in names or isinstance(node, ast.Attribute) and node.attr in names
+            for node in ast.walk(found.node)
+        ):
             stores = _Stores(target, found, getters)
             yield from ((found, node) for node in ast.walk(found.node) if stores.writes(node))
 
@@ -360,9 +392,13 @@ class _Stores:
 
     def __init__(self, target: Target, where: Def, getters: set[str]) -> None:
         self.target, self.where, self.getters = target, where, getters
-        self.aliases = {name.id for node in ast.walk(where.node) if isinstance(node, ast.Assign)
-                        and _names_global(node.value, target, where, getters)
-                        for name in node.targets if isinstance(name, ast.Name)}
+        self.aliases = {
+            name.id
+            for node in ast.walk(where.node)
+            if isinstance(node, ast.Assign) and _names_global(node.value, target, where, getters)
+            for name in node.targets
+            if isinstance(name, ast.Name)
+        }
 
     def writes(self, node: ast.AST) -> bool:
         if isinstance(node, ast.Assign):
@@ -373,8 +409,11 @@ class _Stores:
             return False
         if node.func.attr in MUTATORS:
             return self._into(node.func.value, bare=False)
-        return (node.func.attr == "register_buffer" and register_buffer_name(node) == self.target.variable
-                and self.target.owner in (None, self.where.owner))
+        return (
+            node.func.attr == "register_buffer"
+            and register_buffer_name(node) == self.target.variable
+            and self.target.owner in (None, self.where.owner)
+        )
 
     def _into(self, expr: ast.expr, *, bare: bool) -> bool:
         """Whether a store into `expr` stores into the global (`bare`: the expression itself is the target)."""
@@ -505,8 +544,10 @@ def derive(rules: list[Rule], cache: Path, stacks: dict[str, Path]) -> dict[str,
             seeds, ways = inner_seeds(program, targets[rule.id], getters[rule.id])
             for name, found in ways.items():
                 inner[rule.id].setdefault(name, []).extend(found)
-                calls = [(caller, guards_to(call, caller, program), (f"{caller.path}:{call.lineno} {caller.name}",))
-                         for caller, call in program.calls.get(name, ())]
+                calls = [
+                    (caller, guards_to(call, caller, program), (f"{caller.path}:{call.lineno} {caller.name}",))
+                    for caller, call in program.calls.get(name, ())
+                ]
                 outer[rule.id].setdefault(name, []).extend(paths(program, calls) or ())
             entry(out[rule.id], "megatron-core", release.name, release.source, paths(program, seeds))
     for framework, repo in stacks.items():
@@ -514,15 +555,21 @@ def derive(rules: list[Rule], cache: Path, stacks: dict[str, Path]) -> dict[str,
             program = Program(files, foreign=True, inherited=settings)
             for rule in chosen:
                 seeds, _ = inner_seeds(program, targets[rule.id], getters[rule.id])
-                entry(out[rule.id], framework, release.name, release.source,
-                      paths(program, seeds + foreign_seeds(program, inner[rule.id]), outer[rule.id]))
+                entry(
+                    out[rule.id],
+                    framework,
+                    release.name,
+                    release.source,
+                    paths(program, seeds + foreign_seeds(program, inner[rule.id]), outer[rule.id]),
+                )
     return out
 
 
 def entry(entries: list[dict], framework: str, release: str, source: str, found: tuple[WritePath, ...] | None) -> None:
     print(f"{framework} {release}: {'too many' if found is None else len(found)} paths", file=sys.stderr)  # per rule
-    entries.append({"framework": framework, "release": release, "source": source,
-                    "paths": paths_json([ALWAYS] if found is None else found)})
+    entries.append(
+        {"framework": framework, "release": release, "source": source, "paths": paths_json([ALWAYS] if found is None else found)}
+    )
 
 
 def main() -> None:
@@ -539,7 +586,7 @@ def main() -> None:
     document = {
         "format": FORMAT,
         "generated_by": "python scripts/derive_writers.py --cache WHEELS --mindspeed MINDSPEED_GIT_DIR "
-                        "--mindspeed-llm MINDSPEED_LLM_GIT_DIR (see its docstring; do not edit by hand)",
+        "--mindspeed-llm MINDSPEED_LLM_GIT_DIR (see its docstring; do not edit by hand)",
         "rules": rules,
     }
     arguments.out.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")

@@ -122,8 +122,10 @@ def real(tmp_path_factory) -> Path:
     read-only, and fix writes into the copies tests make of them: what is given is a writable copy,
     byte for byte, made once per session (per xdist worker)."""
     if not (SHARED_REAL / "MANIFEST.md").is_file():
-        pytest.skip(f"../shared/real is absent: {SHARED_REAL} (the real MindSpeed-LLM, MindSpeed and mind-cluster "
-                    "files these tests run on) is not beside the repository")
+        pytest.skip(
+            f"../shared/real is absent: {SHARED_REAL} (the real MindSpeed-LLM, MindSpeed and mind-cluster "
+            "files these tests run on) is not beside the repository"
+        )
     copy = tmp_path_factory.mktemp("real")
     for folder, _, files in os.walk(SHARED_REAL):
         target = copy / Path(folder).relative_to(SHARED_REAL)
@@ -152,9 +154,22 @@ def megatron_core_release():
         if not target.is_dir() and version not in failed:
             partial = Path(tempfile.mkdtemp(prefix=f"{version}-", dir=_made(cache)))
             result = subprocess.run(
-                [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(partial),
-                 f"megatron-core=={version}", "setuptools<81"],
-                capture_output=True, text=True, timeout=600, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--no-deps",
+                    "--target",
+                    str(partial),
+                    f"megatron-core=={version}",
+                    "setuptools<81",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
             )
             if result.returncode == 0:
                 with contextlib.suppress(OSError):  # another run may have put it there first

@@ -17,8 +17,13 @@ from typing import Any
 TESTS = Path(__file__).resolve().parent
 
 
-def run_cli(*args: str, stdin: bytes | None = b"", env: dict[str, str] | None = None, cwd: Path | None = None,
-            encoding: str | None = "utf-8") -> subprocess.CompletedProcess[Any]:
+def run_cli(
+    *args: str,
+    stdin: bytes | None = b"",
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    encoding: str | None = "utf-8",
+) -> subprocess.CompletedProcess[Any]:
     """`unsafe-doctor ARGS` run in this process, as `python -m unsafe_doctor ARGS` would run it where
     the process itself is not what a test is about: `stdin` piped in (no terminal), `env` added to
     the environment, `cwd` the working folder; stdout and stderr read as bytes, then decoded with
@@ -27,9 +32,11 @@ def run_cli(*args: str, stdin: bytes | None = b"", env: dict[str, str] | None = 
     from unsafe_doctor.cli import main
 
     stdout, stderr = io.BytesIO(), io.BytesIO()
-    streams = (io.TextIOWrapper(io.BytesIO(stdin or b""), encoding="utf-8"),
-               io.TextIOWrapper(stdout, encoding="utf-8", write_through=True),
-               io.TextIOWrapper(stderr, encoding="utf-8", write_through=True))
+    streams = (
+        io.TextIOWrapper(io.BytesIO(stdin or b""), encoding="utf-8"),
+        io.TextIOWrapper(stdout, encoding="utf-8", write_through=True),
+        io.TextIOWrapper(stderr, encoding="utf-8", write_through=True),
+    )
     saved = (sys.stdin, sys.stdout, sys.stderr, sys.argv, dict(os.environ), Path.cwd())
     try:
         sys.stdin, sys.stdout, sys.stderr = streams
@@ -70,8 +77,11 @@ def load_module(name: str, path: Path, *, register: bool = False) -> ModuleType:
     return module
 
 
-def refused(result: subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes], fragment: str = "",
-            prefix: str = "unsafe-doctor: ") -> str:
+def refused(
+    result: subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes],
+    fragment: str = "",
+    prefix: str = "unsafe-doctor: ",
+) -> str:
     """The command was refused: exit 2 and, on stderr, one line and nothing else (no traceback), that
     starts with `prefix` and holds `fragment`. The line, without its newline."""
     stderr = result.stderr.decode() if isinstance(result.stderr, bytes) else result.stderr
@@ -88,8 +98,9 @@ class WarmPython:
 
     def __init__(self, prelude: str, env: tuple[tuple[str, str], ...]) -> None:
         command = [sys.executable, str(TESTS / "fork_server.py"), prelude]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                        env={**os.environ, **dict(env)})
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **dict(env)}
+        )
 
     def run(self, script: str) -> subprocess.CompletedProcess[str]:
         assert self.process.stdin is not None and self.process.stdout is not None

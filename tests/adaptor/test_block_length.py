@@ -15,12 +15,19 @@ EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"
 SAMPLES = {
     "toytrain": ROOT / "samples" / "framework" / "toytrain" / "recovery.py",
     "legacy": ROOT / "samples" / "adaptors" / "legacy" / "mindio_ttp" / "adaptor" / "modellink_adaptor.py",
-    "in-tree": ROOT / "samples" / "adaptors" / "in_tree" / "mindspeed_llm" / "core" / "high_availability"
+    "in-tree": ROOT
+    / "samples"
+    / "adaptors"
+    / "in_tree"
+    / "mindspeed_llm"
+    / "core"
+    / "high_availability"
     / "tft_optimizer_data_repair.py",
 }
 REAL = {
-    "mindspeed-llm-master": Path("mindspeed-llm-master", "mindspeed_llm", "core", "high_availability",
-                                 "tft_optimizer_data_repair.py"),
+    "mindspeed-llm-master": Path(
+        "mindspeed-llm-master", "mindspeed_llm", "core", "high_availability", "tft_optimizer_data_repair.py"
+    ),
     "taskd": Path("mind-cluster-7.2rc1", "taskd", "python", "adaptor", "elastic_training", "repair_callback.py"),
 }
 MAX_LINES = 8
@@ -29,8 +36,22 @@ MAX_LINES = 8
 def block_lengths(adaptor: Path) -> list[int]:
     """The code lines of each block `fix --dry-run` would write (markers and the leading comment aside)."""
     result = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "fix", str(EMA_LOG), "--source-root", str(ROOT / "samples" / "framework"),
-         "--adaptor", str(adaptor), "--dry-run"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "unsafe_doctor",
+            "fix",
+            str(EMA_LOG),
+            "--source-root",
+            str(ROOT / "samples" / "framework"),
+            "--adaptor",
+            str(adaptor),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
     lengths, current = [], None

@@ -39,7 +39,9 @@ def real_adaptor(tmp_path: Path, real: Path) -> Path:
 def fix_json(log: Path, adaptor: Path) -> tuple[int, dict]:
     result = subprocess.run(
         [sys.executable, "-m", "unsafe_doctor", "fix", str(log), "--adaptor", str(adaptor), "--format", "json", "--yes"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     return result.returncode, json.loads(result.stdout)
 
@@ -120,12 +122,14 @@ def test_rebinding_a_list_that_a_module_imported_by_name_is_established_to_fail(
     module the old list: the fix is written (in place), with the importer named. The traceback is
     made here from MindSpeed master's real lines (layers.py:65)."""
     log = tmp_path / "train.log"
-    log.write_text(textwrap.dedent(f"""\
+    log.write_text(
+        textwrap.dedent(f"""\
         [rank1]: Traceback (most recent call last):
         [rank1]:   File "/job/MindSpeed/mindspeed/core/transformer/moe/layers.py", line 65, in forward
         [rank1]:     {LAYERS_LINE}
         [rank1]: {UNSAFE}
-        """))
+        """)
+    )
     adaptor = real_adaptor
     setup = groundwork()
     diagnosis = diagnose([str(log)], setup, adaptor=adaptor)

@@ -98,23 +98,68 @@ IN_TREE = "mindspeed_llm/core/high_availability"
 CASES = [
     # The legacy adaptor resets the FAQ's tracker already (tests/adaptor/test_existing_reset.py); the
     # layer-wise tracker of a megatron-core 0.16 log is what it misses.
-    Case("legacy-layer-wise-tracker", ADAPTORS / "legacy", LEGACY_FILE, ("megatron_moe_tracker.log",), (LEGACY_FILE,),
-         keys=("megatron.moe-layer-wise-tracker-moe-utils",)),
-    Case("legacy-router-expert-bias", ADAPTORS / "legacy", LEGACY_FILE, ("router_expert_bias",), (LEGACY_FILE,),
-         keys=("megatron.router-expert-bias", "megatron.router-expert-bias")),
-    Case("in-tree-layer-wise-tracker", ADAPTORS / "in_tree", f"{IN_TREE}/tft_rollback.py", ("megatron_moe_tracker.log",),
-         (f"{IN_TREE}/tft_rollback.py",), keys=("megatron.moe-layer-wise-tracker-moe-utils",)),
+    Case(
+        "legacy-layer-wise-tracker",
+        ADAPTORS / "legacy",
+        LEGACY_FILE,
+        ("megatron_moe_tracker.log",),
+        (LEGACY_FILE,),
+        keys=("megatron.moe-layer-wise-tracker-moe-utils",),
+    ),
+    Case(
+        "legacy-router-expert-bias",
+        ADAPTORS / "legacy",
+        LEGACY_FILE,
+        ("router_expert_bias",),
+        (LEGACY_FILE,),
+        keys=("megatron.router-expert-bias", "megatron.router-expert-bias"),
+    ),
+    Case(
+        "in-tree-layer-wise-tracker",
+        ADAPTORS / "in_tree",
+        f"{IN_TREE}/tft_rollback.py",
+        ("megatron_moe_tracker.log",),
+        (f"{IN_TREE}/tft_rollback.py",),
+        keys=("megatron.moe-layer-wise-tracker-moe-utils",),
+    ),
     # MindSpeed-LLM 26.x does not rebuild the model: the router's local_tokens_per_expert is reset with it
-    Case("in-tree-router-expert-bias", ADAPTORS / "in_tree", f"{IN_TREE}/tft_rollback.py", ("router_expert_bias",),
-         (f"{IN_TREE}/tft_optimizer_data_repair.py", f"{IN_TREE}/tft_rollback.py"),
-         keys=("megatron.router-expert-bias", "megatron.router-expert-bias", "megatron.router-local-tokens-per-expert")),
-    Case("custom-ema-grad-norm", ADAPTORS / "custom", "my_recovery.py", ("toytrain_ema",), ("my_recovery.py",),
-         source_roots=(FRAMEWORK,), functions=CUSTOM_FUNCTIONS,
-         keys=("generic.replica-copy:toytrain.state._EMA_GRAD_NORM",) * 2),
-    Case("custom-loss-log", ADAPTORS / "custom", "my_recovery.py", ("toytrain_loss_log",), ("my_recovery.py",),
-         source_roots=(FRAMEWORK,), functions=CUSTOM_FUNCTIONS, keys=("generic.reinitialise:toytrain.state.LOSS_LOG",)),
-    Case("toytrain-ema-grad-norm", FRAMEWORK / "toytrain", "recovery.py", ("toytrain_ema",), ("recovery.py",),
-         source_roots=(FRAMEWORK,), keys=("generic.replica-copy:toytrain.state._EMA_GRAD_NORM",) * 2),
+    Case(
+        "in-tree-router-expert-bias",
+        ADAPTORS / "in_tree",
+        f"{IN_TREE}/tft_rollback.py",
+        ("router_expert_bias",),
+        (f"{IN_TREE}/tft_optimizer_data_repair.py", f"{IN_TREE}/tft_rollback.py"),
+        keys=("megatron.router-expert-bias", "megatron.router-expert-bias", "megatron.router-local-tokens-per-expert"),
+    ),
+    Case(
+        "custom-ema-grad-norm",
+        ADAPTORS / "custom",
+        "my_recovery.py",
+        ("toytrain_ema",),
+        ("my_recovery.py",),
+        source_roots=(FRAMEWORK,),
+        functions=CUSTOM_FUNCTIONS,
+        keys=("generic.replica-copy:toytrain.state._EMA_GRAD_NORM",) * 2,
+    ),
+    Case(
+        "custom-loss-log",
+        ADAPTORS / "custom",
+        "my_recovery.py",
+        ("toytrain_loss_log",),
+        ("my_recovery.py",),
+        source_roots=(FRAMEWORK,),
+        functions=CUSTOM_FUNCTIONS,
+        keys=("generic.reinitialise:toytrain.state.LOSS_LOG",),
+    ),
+    Case(
+        "toytrain-ema-grad-norm",
+        FRAMEWORK / "toytrain",
+        "recovery.py",
+        ("toytrain_ema",),
+        ("recovery.py",),
+        source_roots=(FRAMEWORK,),
+        keys=("generic.replica-copy:toytrain.state._EMA_GRAD_NORM",) * 2,
+    ),
 ]
 
 
@@ -125,8 +170,11 @@ def copy_sample(case: Case, tmp_path: Path) -> Path:
 
 
 def markers(data: bytes) -> list[str]:
-    return [line.strip().removeprefix("# unsafe-doctor: begin ") for line in data.decode().splitlines()
-            if line.strip().startswith("# unsafe-doctor: begin ")]
+    return [
+        line.strip().removeprefix("# unsafe-doctor: begin ")
+        for line in data.decode().splitlines()
+        if line.strip().startswith("# unsafe-doctor: begin ")
+    ]
 
 
 def spliced(edit: FileEdit) -> str:
@@ -181,7 +229,9 @@ LOSS = ("toytrain_loss_log",)
 
 
 def test_docstring_only_decorated_function_gets_the_block_after_its_docstring(tmp_path, produced_logs):
-    adaptor = custom_adaptor(tmp_path, '''\
+    adaptor = custom_adaptor(
+        tmp_path,
+        '''\
         import functools
 
 
@@ -196,7 +246,8 @@ def test_docstring_only_decorated_function_gets_the_block_after_its_docstring(tm
         @functools.lru_cache(maxsize=None)
         def feature_rollback():
             """Nothing to reset yet."""
-        ''')
+        ''',
+    )
     plan = plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
     lines = plan.edits[0].updated.decode().splitlines()
     docstring = lines.index('    """Nothing to reset yet."""')
@@ -205,7 +256,9 @@ def test_docstring_only_decorated_function_gets_the_block_after_its_docstring(tm
 
 
 def test_block_goes_before_a_trailing_return_and_its_comment(tmp_path, produced_logs):
-    adaptor = custom_adaptor(tmp_path, '''\
+    adaptor = custom_adaptor(
+        tmp_path,
+        """\
         def feature_rollback():
             status = 0
 
@@ -215,7 +268,8 @@ def test_block_goes_before_a_trailing_return_and_its_comment(tmp_path, produced_
 
         def after():
             pass
-        ''')
+        """,
+    )
     plan = plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
     text = plan.edits[0].updated.decode()
     assert "    status = 0\n    # unsafe-doctor: begin" in text
@@ -227,7 +281,9 @@ def test_block_goes_before_a_trailing_return_and_its_comment(tmp_path, produced_
 def test_a_comment_closing_the_block_before_the_return_stays_with_that_block(tmp_path, produced_logs):
     """A comment as deep as the `else:` body ends that body; the lines after it, the return's own
     comment among them, still come after the fix."""
-    adaptor = custom_adaptor(tmp_path, '''\
+    adaptor = custom_adaptor(
+        tmp_path,
+        """\
         def feature_rollback(args=None):
             if args:
                 args.reset()
@@ -237,7 +293,8 @@ def test_a_comment_closing_the_block_before_the_return_stays_with_that_block(tmp
 
             # report success
             return args
-        ''')
+        """,
+    )
     plan = plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
     text = plan.edits[0].updated.decode()
     assert "        # nothing to reset without args\n    # unsafe-doctor: begin" in text
@@ -260,7 +317,9 @@ def test_a_second_fix_into_a_function_goes_after_the_first_block(tmp_path, produ
 
 
 def test_early_returns_are_reported(tmp_path, produced_logs):
-    adaptor = custom_adaptor(tmp_path, '''\
+    adaptor = custom_adaptor(
+        tmp_path,
+        """\
         def feature_rollback(args=None):
             if args is None:
                 return
@@ -268,13 +327,14 @@ def test_early_returns_are_reported(tmp_path, produced_logs):
                 def inner():
                     return 1  # not the rollback's own return
             args.reset()
-        ''')
+        """,
+    )
     plan = plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
     assert plan.notes == (
         f"{adaptor}: feature_rollback() returns before its end (line 3): the block runs only on paths that reach the end",
     )
-    assert plan.edits[0].updated.decode().rstrip("\n").endswith(
-        "# unsafe-doctor: end generic.reinitialise:toytrain.state.LOSS_LOG"
+    assert (
+        plan.edits[0].updated.decode().rstrip("\n").endswith("# unsafe-doctor: end generic.reinitialise:toytrain.state.LOSS_LOG")
     )
 
 
@@ -332,12 +392,15 @@ def test_encodings_and_file_ends_round_trip(tmp_path, produced_logs, head, tail)
 
 
 def test_two_space_indented_method(tmp_path, produced_logs):
-    adaptor = custom_adaptor(tmp_path, '''\
+    adaptor = custom_adaptor(
+        tmp_path,
+        """\
         class Recovery:
           def feature_rollback(self):
             if True:
               pass
-        ''')
+        """,
+    )
     plan = plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
     lines = plan.edits[0].updated.decode().splitlines()
     assert "    from toytrain import state" in lines  # at the method body's level
@@ -357,8 +420,8 @@ def test_several_findings_make_one_diff_per_file_and_pair_in_order(tmp_path, pro
     (edit,) = plan.edits
     assert edit.diff().count("\n--- ") + edit.diff().startswith("--- ") == 1
     text = edit.updated.decode()
-    send = text[text.index("def send_rank_repair"): text.index("def recv_rank_repair")]
-    recv = text[text.index("def recv_rank_repair"):]
+    send = text[text.index("def send_rank_repair") : text.index("def recv_rank_repair")]
+    recv = text[text.index("def recv_rank_repair") :]
     scenario_2 = ["megatron.router-expert-bias", "generic.replica-copy:toytrain.state._EMA_GRAD_NORM"]
     assert markers(send.encode()) == scenario_2 and markers(recv.encode()) == scenario_2
     assert markers(text[: text.index("def send_rank_repair")].encode()) == ["megatron.moe-layer-wise-tracker-moe-utils"]
@@ -371,7 +434,8 @@ def test_several_findings_make_one_diff_per_file_and_pair_in_order(tmp_path, pro
 
 def test_profile_with_scalar_ranks_passes_them_in(tmp_path, produced_logs):
     rules = tmp_path / "profile.yaml"
-    rules.write_text(textwrap.dedent("""\
+    rules.write_text(
+        textwrap.dedent("""\
         profiles:
           - id: team-pairwise
             title: A team adaptor called once per (source, destination) pair
@@ -382,15 +446,19 @@ def test_profile_with_scalar_ranks_passes_them_in(tmp_path, produced_logs):
             parameters: {src_ranks: source, dest_ranks: target, train_args: job.train_args}
             ranks_are_lists: false
             repair_group: {expression: job.group}
-        """))
-    adaptor = custom_adaptor(tmp_path, '''\
+        """)
+    )
+    adaptor = custom_adaptor(
+        tmp_path,
+        """\
         def send_state(source, target, job):
             pass
 
 
         def recv_state(source, target, job):
             pass
-        ''')
+        """,
+    )
     plan = plan_for([produced_logs["router_expert_bias"]], adaptor, rules=(rules,))
     text = plan.edits[0].updated.decode()
     assert "        for chunk in job.train_args[1]:\n" in text  # the role's parameter, in the function's names
@@ -421,13 +489,17 @@ def refused(fragment: str):
 
 def test_no_such_function_lists_what_is_there(tmp_path):
     adaptor = custom_adaptor(tmp_path, "def rollback_all():\n    pass\n\n\ndef helper():\n    pass\n")
-    with refused(r"no recv function recv_rank_repair\(\) .* \(functions there: helper, rollback_all\); "
-                 r"name it with --function recv=NAME"):
+    with refused(
+        r"no recv function recv_rank_repair\(\) .* \(functions there: helper, rollback_all\); "
+        r"name it with --function recv=NAME"
+    ):
         plan_for(EMA, adaptor, source_roots=(FRAMEWORK,))
 
 
 def test_several_functions_of_the_name_are_refused(tmp_path, produced_logs):
-    adaptor = custom_adaptor(tmp_path, '''\
+    adaptor = custom_adaptor(
+        tmp_path,
+        """\
         def feature_rollback():
             pass
 
@@ -435,20 +507,24 @@ def test_several_functions_of_the_name_are_refused(tmp_path, produced_logs):
         class Legacy:
             def feature_rollback(self):
                 pass
-        ''')
+        """,
+    )
     with refused(rf"several functions named feature_rollback\(\) \({adaptor}:1, {adaptor}:6\)"):
         plan_for([produced_logs["toytrain_loss_log"]], adaptor, source_roots=(FRAMEWORK,))
 
 
 def test_function_without_the_profile_parameters_is_refused(tmp_path):
-    adaptor = custom_adaptor(tmp_path, '''\
+    adaptor = custom_adaptor(
+        tmp_path,
+        """\
         def send_rank_repair(src_ranks, rank_list, train_args):
             pass
 
 
         def recv_rank_repair(src_ranks, dest_ranks, rank_list, train_args):
             pass
-        ''')
+        """,
+    )
     with refused(r"send_rank_repair\(\) has no parameter for dest_ranks, .* it has rank_list, src_ranks, train_args"):
         plan_for(EMA, adaptor, source_roots=(FRAMEWORK,))
 
@@ -461,7 +537,8 @@ def test_one_line_function_is_refused(tmp_path, produced_logs):
 
 def test_result_that_does_not_compile_is_refused(tmp_path):
     rules = tmp_path / "bad_rule.yaml"
-    rules.write_text(textwrap.dedent("""\
+    rules.write_text(
+        textwrap.dedent("""\
         rules:
           - id: team.ema
             title: A rule whose code is not valid inside a function
@@ -472,10 +549,13 @@ def test_result_that_does_not_compile_is_refused(tmp_path):
               code: |
                 nonlocal never_bound
             reason: Written to fail.
-        """))
+        """)
+    )
     adaptor = custom_adaptor(tmp_path, "def feature_rollback():\n    pass\n")
-    with refused(r"adaptor.py: the edited file would not compile "
-                 r"\(no binding for nonlocal 'never_bound' found, line 5\): nothing written"):
+    with refused(
+        r"adaptor.py: the edited file would not compile "
+        r"\(no binding for nonlocal 'never_bound' found, line 5\): nothing written"
+    ):
         plan_for(EMA, adaptor, source_roots=(FRAMEWORK,), rules=(rules,))
     assert adaptor.read_bytes() == b"def feature_rollback():\n    pass\n"
 
@@ -681,14 +761,24 @@ def test_patched_send_and_receive_repair_the_tensor_between_two_ranks(tmp_path):
     adaptor = toytrain_copy(tmp_path)
     apply(plan_for(EMA, adaptor, source_roots=(FRAMEWORK,)))
     worker = tmp_path / "worker.py"
-    worker.write_text(REPAIR_WORKER.format(
-        workers=str(SAMPLES / "workers"), framework=str(FRAMEWORK), repository=str(ROOT),
-        original=str(FRAMEWORK / "toytrain" / "recovery.py"), patched=str(adaptor),
-    ))
+    worker.write_text(
+        REPAIR_WORKER.format(
+            workers=str(SAMPLES / "workers"),
+            framework=str(FRAMEWORK),
+            repository=str(ROOT),
+            original=str(FRAMEWORK / "toytrain" / "recovery.py"),
+            patched=str(adaptor),
+        )
+    )
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
     ranks = [
-        subprocess.Popen([sys.executable, str(worker)], env=dict(env, RANK=str(rank)), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(worker)],
+            env=dict(env, RANK=str(rank)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in (0, 1)
     ]
     outputs = [rank.communicate(timeout=120) for rank in ranks]
@@ -701,8 +791,14 @@ def test_patched_send_and_receive_repair_the_tensor_between_two_ranks(tmp_path):
 
 
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "fix", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=120, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "fix", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_cli_dry_run_yes_again_and_revert(tmp_path):
@@ -719,8 +815,10 @@ def test_cli_dry_run_yes_again_and_revert(tmp_path):
     unasked = run(*common)
     assert unasked.returncode == 1
     assert unasked.stdout == dry.stdout
-    assert (f"not applied: nothing is asked without a terminal or with --no-input; "
-            f"to apply: unsafe-doctor fix {' '.join(common)} --yes") in unasked.stderr
+    assert (
+        f"not applied: nothing is asked without a terminal or with --no-input; "
+        f"to apply: unsafe-doctor fix {' '.join(common)} --yes"
+    ) in unasked.stderr
     assert adaptor.read_bytes() == before
 
     applied = run(*common, "--yes")
@@ -756,8 +854,10 @@ def test_cli_refusals_are_one_line_and_exit_2(tmp_path):
     for args, fragment in (
         ((str(LOGS / "toytrain_ema"), "--adaptor", str(adaptor), "--function", "send"), "write role=name"),
         (("--revert", str(LOGS / "toytrain_ema"), "--adaptor", str(adaptor)), "--revert takes no logs"),
-        ((str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor),
-          "--function", "recv=absent"), "no recv function absent()"),
+        (
+            (str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--function", "recv=absent"),
+            "no recv function absent()",
+        ),
     ):
         result = run(*args)
         assert result.returncode == 2, result.stderr
@@ -768,12 +868,14 @@ def test_cli_refusals_are_one_line_and_exit_2(tmp_path):
 
 def test_cli_no_fix_for_an_unclassified_finding_exits_1(tmp_path):
     log = tmp_path / "train.log"
-    log.write_text(textwrap.dedent("""\
+    log.write_text(
+        textwrap.dedent("""\
         [rank1]: Traceback (most recent call last):
         [rank1]:   File "/srv/job/train.py", line 62, in clip_gradients
         [rank1]:     max_norm = CLIP_FACTOR * state._EMA_GRAD_NORM
         [rank1]: RuntimeError: There is unsafe data in the input tensor.
-        """))
+        """)
+    )
     adaptor = toytrain_copy(tmp_path)
     result = run(str(log), "--adaptor", str(adaptor), "--no-input")  # no source to read: unclassified
     assert (result.returncode, result.stdout) == (1, "")
@@ -783,8 +885,17 @@ def test_cli_no_fix_for_an_unclassified_finding_exits_1(tmp_path):
 def test_cli_asks_at_a_terminal(tmp_path):
     """The prompt path for real: stdin and stdout are a pseudo-terminal."""
     adaptor = toytrain_copy(tmp_path)
-    command = [sys.executable, "-m", "unsafe_doctor", "fix", str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK),
-               "--adaptor", str(adaptor)]
+    command = [
+        sys.executable,
+        "-m",
+        "unsafe_doctor",
+        "fix",
+        str(LOGS / "toytrain_ema"),
+        "--source-root",
+        str(FRAMEWORK),
+        "--adaptor",
+        str(adaptor),
+    ]
     for answer, code, written in ((b"n\n", 1, False), (b"y\n", 0, True)):
         controller, terminal = pty.openpty()
         process = subprocess.Popen(command, stdin=terminal, stdout=terminal, stderr=terminal, cwd=ROOT)
@@ -831,7 +942,8 @@ def test_the_question_names_the_file_asks_again_and_ctrl_c_says_nothing_was_writ
 
 def test_a_local_the_function_keeps_is_renamed_in_the_block_a_lambdas_parameter_too(tmp_path):
     rules = tmp_path / "lambda_rule.yaml"
-    rules.write_text(textwrap.dedent("""\
+    rules.write_text(
+        textwrap.dedent("""\
         rules:
           - id: team.ema
             title: A rule whose code assigns a name the function reads after it
@@ -843,7 +955,8 @@ def test_a_local_the_function_keeps_is_renamed_in_the_block_a_lambdas_parameter_
                 seed = 1  # a comment kept
                 _EMA_GRAD_NORM.fill_((lambda seed: seed)(seed))
             reason: The block's seed is not the function's.
-        """))
+        """)
+    )
     adaptor = custom_adaptor(tmp_path, "def feature_rollback():\n    seed = 0\n    return seed\n")
     plan = plan_for(EMA, adaptor, source_roots=(FRAMEWORK,), rules=(rules,))
     text = plan.edits[0].updated.decode()
@@ -854,7 +967,8 @@ def test_a_local_the_function_keeps_is_renamed_in_the_block_a_lambdas_parameter_
 def test_a_name_a_closure_made_before_the_block_reads_is_not_clobbered_by_the_block(tmp_path):
     """`report` reads `seed` when called, after the block ran: the block's own `seed` gets another name."""
     rules = tmp_path / "seed_rule.yaml"
-    rules.write_text(textwrap.dedent("""\
+    rules.write_text(
+        textwrap.dedent("""\
         rules:
           - id: team.ema
             title: A rule whose code assigns a name a closure of the function reads
@@ -866,7 +980,8 @@ def test_a_name_a_closure_made_before_the_block_reads_is_not_clobbered_by_the_bl
                 seed = 1
                 _EMA_GRAD_NORM.fill_(seed)
             reason: The block's seed is not the function's.
-        """))
+        """)
+    )
     adaptor = custom_adaptor(tmp_path, "def feature_rollback():\n    seed = 0\n    report = lambda: seed\n    return report\n")
     text = plan_for(EMA, adaptor, source_roots=(FRAMEWORK,), rules=(rules,)).edits[0].updated.decode()
     assert "    seed_ = 1\n    _EMA_GRAD_NORM.fill_(seed_)\n" in text
@@ -875,7 +990,8 @@ def test_a_name_a_closure_made_before_the_block_reads_is_not_clobbered_by_the_bl
 def test_a_line_separator_inside_a_string_of_the_rule_does_not_shift_the_names_after_it(tmp_path):
     """U+2028 in a string literal is no line to Python (nor to `ast`'s positions): the renames after it land."""
     rules = tmp_path / "separator_rule.yaml"
-    rules.write_text(textwrap.dedent("""\
+    rules.write_text(
+        textwrap.dedent("""\
         rules:
           - id: team.ema
             title: A rule whose code holds a line separator in a string
@@ -885,7 +1001,8 @@ def test_a_line_separator_inside_a_string_of_the_rule_does_not_shift_the_names_a
             fix:
               code: "seed = len('a\\Lb')\\n_EMA_GRAD_NORM.fill_(seed)\\n"
             reason: The block's seed is not the function's.
-        """))
+        """)
+    )
     adaptor = custom_adaptor(tmp_path, "def feature_rollback():\n    seed = 0\n    return seed\n")
     text = plan_for(EMA, adaptor, source_roots=(FRAMEWORK,), rules=(rules,)).edits[0].updated.decode()
     assert "    seed_ = len('a\u2028b')\n    _EMA_GRAD_NORM.fill_(seed_)\n" in text
@@ -896,7 +1013,8 @@ def test_a_rules_aliased_from_import_of_a_variable_is_written_as_a_from_import_a
     as `import M.NAME as A`, it raised ModuleNotFoundError in the rollback at the next fault."""
     (tmp_path / "acme_settings.py").write_text("RESET_VALUE = 42\n")
     rules = tmp_path / "aliased_rule.yaml"
-    rules.write_text(textwrap.dedent("""\
+    rules.write_text(
+        textwrap.dedent("""\
         rules:
           - id: team.ema
             title: A rule that imports a module-level variable under another name
@@ -908,7 +1026,8 @@ def test_a_rules_aliased_from_import_of_a_variable_is_written_as_a_from_import_a
               code: |
                 SEEN.append(reset_value)
             reason: The reset value is the team's setting.
-        """))
+        """)
+    )
     adaptor = custom_adaptor(tmp_path, "SEEN = []\n\n\ndef feature_rollback():\n    return SEEN\n")
 
     rollback = _fixed_then_rolled_back(tmp_path, rules, adaptor)
@@ -925,7 +1044,8 @@ def test_a_rules_dotted_import_of_a_name_the_function_binds_is_read_through_its_
     (tmp_path / "pkgx" / "__init__.py").write_text("")
     (tmp_path / "pkgx" / "sub.py").write_text("VALUE = 42\n")
     rules = tmp_path / "dotted_rule.yaml"
-    rules.write_text(textwrap.dedent("""\
+    rules.write_text(
+        textwrap.dedent("""\
         rules:
           - id: team.ema
             title: A rule that reads a submodule's variable through its dotted import
@@ -937,7 +1057,8 @@ def test_a_rules_dotted_import_of_a_name_the_function_binds_is_read_through_its_
               code: |
                 SEEN.append(pkgx.sub.VALUE)
             reason: The reset value is the team's setting.
-        """))
+        """)
+    )
     adaptor = custom_adaptor(tmp_path, "SEEN = []\n\n\ndef feature_rollback():\n    pkgx = 'local'\n    return SEEN, pkgx\n")
 
     rollback = _fixed_then_rolled_back(tmp_path, rules, adaptor)
@@ -948,8 +1069,14 @@ def test_a_rules_dotted_import_of_a_name_the_function_binds_is_read_through_its_
 
 def _fixed_then_rolled_back(tmp_path: Path, rules: Path, adaptor: Path) -> subprocess.CompletedProcess[str]:
     """`fix --yes` with the team's rule into the adaptor, then its feature_rollback() called in a fresh Python."""
-    result = run(str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor),
-                 "--rules", str(rules), "--yes")
+    result = run(
+        str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--rules", str(rules), "--yes"
+    )
     assert result.returncode == 0, result.stderr
-    return subprocess.run([sys.executable, "-c", "import adaptor; print(adaptor.feature_rollback())"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "import adaptor; print(adaptor.feature_rollback())"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )

@@ -33,8 +33,21 @@ FUNCTIONS = "rollback=reset_step_state,send=push_state_to_peer,recv=pull_state_f
 
 
 def fix(adaptor: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "unsafe_doctor", "fix", str(LOG), "--source-root", str(FRAMEWORK),
-               "--adaptor", str(adaptor), "--function", FUNCTIONS, "--yes", *options]
+    command = [
+        sys.executable,
+        "-m",
+        "unsafe_doctor",
+        "fix",
+        str(LOG),
+        "--source-root",
+        str(FRAMEWORK),
+        "--adaptor",
+        str(adaptor),
+        "--function",
+        FUNCTIONS,
+        "--yes",
+        *options,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
@@ -48,8 +61,8 @@ def test_one_peer_and_a_group_parameter_are_mapped_onto_the_roles(tmp_path):
     assert result.returncode == 0, result.stderr
     written = adaptor.read_text()
     compile(written, str(adaptor), "exec")
-    send = written[written.index("def push_state_to_peer"): written.index("def pull_state_from_peer")]
-    recv = written[written.index("def pull_state_from_peer"):]
+    send = written[written.index("def push_state_to_peer") : written.index("def pull_state_from_peer")]
+    recv = written[written.index("def pull_state_from_peer") :]
     for side in (send, recv):
         assert "dict.fromkeys(zip(" not in side  # no lists to walk: the one peer is both
         assert "get_repair_group" not in side
@@ -72,7 +85,8 @@ def test_a_hooks_own_group_parameter_is_used_without_being_named(tmp_path):
     assert proven.returncode == 0, proven.stdout + proven.stderr
     assert "─ PROVEN ·" in proven.stdout  # the hooks' own code (a pass) and their blocks ran whole
     assert "ran the patched adaptor's own pull_state_from_peer(), push_state_to_peer(), reset_step_state()" in " ".join(
-        proven.stdout.split())
+        proven.stdout.split()
+    )
 
 
 def test_a_group_parameter_the_function_lacks_is_refused(tmp_path):
@@ -85,7 +99,8 @@ def test_a_group_parameter_the_function_lacks_is_refused(tmp_path):
 
 def test_a_profile_file_may_name_a_peer_and_a_group(tmp_path):
     rules = tmp_path / "profile.yaml"
-    rules.write_text(textwrap.dedent("""\
+    rules.write_text(
+        textwrap.dedent("""\
         profiles:
           - id: in-house-peer
             title: In-house hooks with one peer
@@ -95,7 +110,8 @@ def test_a_profile_file_may_name_a_peer_and_a_group(tmp_path):
             recv: pull_state_from_peer
             parameters: {peer: peer, group: group}
             repair_group: {expression: get_repair_group()}
-        """))
+        """)
+    )
     [profile] = [item for item in load_knowledge([rules]).profiles if item.id == "in-house-peer"]
     assert profile.parameters == {"src_ranks": ("peer",), "dest_ranks": ("peer",)}
     assert (profile.ranks_are_lists, profile.repair_group, profile.repair_group_imports) == (False, "group", ())
@@ -109,8 +125,22 @@ def test_unknown_roles_and_names_that_are_not_python_are_refused(mapping):
 
 
 def verify(adaptor: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "unsafe_doctor", "verify", str(LOG), "--source-root", str(FRAMEWORK),
-               "--adaptor", str(adaptor), "--function", FUNCTIONS, "--timeout", "20", *options]
+    command = [
+        sys.executable,
+        "-m",
+        "unsafe_doctor",
+        "verify",
+        str(LOG),
+        "--source-root",
+        str(FRAMEWORK),
+        "--adaptor",
+        str(adaptor),
+        "--function",
+        FUNCTIONS,
+        "--timeout",
+        "20",
+        *options,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 

@@ -31,8 +31,9 @@ def callbacks(tmp_path: Path, real: Path) -> Path:
 
 
 def unsafe_doctor(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *map(str, arguments)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *map(str, arguments)], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
 
 
 def test_the_taskd_profile_is_chosen_for_the_callbacks(callbacks):
@@ -47,8 +48,8 @@ def test_scenario_2_reads_each_sides_ranks_from_its_own_named_tuple(callbacks):
     assert result.returncode == 0, result.stderr
     written = repair.read_text()
     compile(written, str(repair), "exec")
-    send = written[written.index("def send_rank_repair("): written.index("def save_and_send_ckpt(")]
-    recv = written[written.index("def recv_rank_repair("): written.index("def build_model_and_optimizer(")]
+    send = written[written.index("def send_rank_repair(") : written.index("def save_and_send_ckpt(")]
+    recv = written[written.index("def recv_rank_repair(") : written.index("def build_model_and_optimizer(")]
     pairs = "for {1} in dict.fromkeys(zip({0}.src_ranks, {0}.dest_ranks)):"  # each side names the rank it does not read _x
     assert pairs.format("send_rank_repair_args", "_src_rank, dest_rank") in send
     assert pairs.format("recv_rank_repair_args", "src_rank, _dest_rank") in recv
@@ -72,7 +73,7 @@ def test_scenario_1_goes_into_the_parameterless_feature_rollback(callbacks):
     assert result.returncode == 0, result.stderr
     written = rollback.read_text()
     compile(written, str(rollback), "exec")
-    feature_rollback = written[written.index("def feature_rollback():"): written.index("def build_data_iterator(")]
+    feature_rollback = written[written.index("def feature_rollback():") : written.index("def build_data_iterator(")]
     assert "# unsafe-doctor: begin megatron.moe-layer-wise-tracker" in feature_rollback
 
 
@@ -85,5 +86,4 @@ def test_verify_block_proves_the_scenario_2_fix_with_the_named_tuples_stood_in(c
     report = json.loads(result.stdout)
     # taskd's own repair pickles the optimizer onto the NPU: its blocks run alone, in their functions
     assert [verdict["outcome"] for verdict in report["verdicts"]] == ["block-proven"]
-    assert ("the fix blocks alone in recv_rank_repair(), send_rank_repair() (their own code cannot run here: "
-            in report["proved"])
+    assert "the fix blocks alone in recv_rank_repair(), send_rank_repair() (their own code cannot run here: " in report["proved"]

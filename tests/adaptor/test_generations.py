@@ -118,8 +118,10 @@ def replay(log: Path, adaptor: Path, roots: list[Path], functions: str | None = 
     arguments += [item for name, value in options.items() for item in (f"--{name}", str(value))]
     result = unsafe_doctor(*arguments)
     document = json.loads(result.stdout)
-    verdicts = [SimpleNamespace(label=item["global"], outcome=item["outcome"], patched=item["patched"],
-                                problems=tuple(item["problems"])) for item in document["verdicts"]]
+    verdicts = [
+        SimpleNamespace(label=item["global"], outcome=item["outcome"], patched=item["patched"], problems=tuple(item["problems"]))
+        for item in document["verdicts"]
+    ]
     return SimpleNamespace(verdicts=verdicts, proved=document["proved"])
 
 
@@ -150,9 +152,11 @@ def test_a_legacy_adaptor_is_fixed_with_its_own_group_and_the_patched_adaptor_ru
     result = replay(EMA_LOG, adaptor, roots)
     [verdict] = result.verdicts
     assert verdict.outcome == "proven", verdict.problems
-    assert result.proved.startswith("ran the patched adaptor's own recv_rank_repair(), send_rank_repair(), "
-                                    "feature_rollback(); stand-ins for what the adaptor imports and this machine lacks: "
-                                    "megatron.training, mindio_ttp.adaptor.tft_replica_group; ")
+    assert result.proved.startswith(
+        "ran the patched adaptor's own recv_rank_repair(), send_rank_repair(), "
+        "feature_rollback(); stand-ins for what the adaptor imports and this machine lacks: "
+        "megatron.training, mindio_ttp.adaptor.tft_replica_group; "
+    )
 
 
 def _in_blocks(old: str, new: str, sides: str = "send recv") -> Callable[[str], str]:
@@ -174,24 +178,39 @@ def _in_blocks(old: str, new: str, sides: str = "send recv") -> Callable[[str], 
 WRONG_IMPORT = "from mindspeed_llm.core.high_availability.tft_replica_group import get_repair_group as getter\n    "
 MUTATIONS = {
     # another generation's getter: MindSpeed-LLM is not in a legacy job
-    "wrong-import": (lambda text: _in_blocks("group=group)", "group=getter())")(
-                         _in_blocks("from toytrain import state\n    ", "from toytrain import state\n    " + WRONG_IMPORT)(text)),
-                     "raised ModuleNotFoundError: No module named 'mindspeed_llm'"),
+    "wrong-import": (
+        lambda text: _in_blocks("group=group)", "group=getter())")(
+            _in_blocks("from toytrain import state\n    ", "from toytrain import state\n    " + WRONG_IMPORT)(text)
+        ),
+        "raised ModuleNotFoundError: No module named 'mindspeed_llm'",
+    ),
     # the gloo group for device tensors: gloo carries host tensors only
-    "gloo-group": (_in_blocks("group=group)", "group=get_repair_group(True))"),
-                   "a device tensor sent on the gloo repair group"),
+    "gloo-group": (_in_blocks("group=group)", "group=get_repair_group(True))"), "a device tensor sent on the gloo repair group"),
     # every (source, destination, optimizer index) triple sends: one receive per pair takes one of them
-    "no-pair-dedupe": (_in_blocks("dict.fromkeys(zip(src_ranks, dest_ranks))", "zip(src_ranks, dest_ranks)", "send"),
-                       "rank 3 sends 2 tensor(s) to rank 1, which receives 1"),
+    "no-pair-dedupe": (
+        _in_blocks("dict.fromkeys(zip(src_ranks, dest_ranks))", "zip(src_ranks, dest_ranks)", "send"),
+        "rank 3 sends 2 tensor(s) to rank 1, which receives 1",
+    ),
     # a broadcast on the repair group: its other ranks never join
-    "broadcast": (lambda text: _in_blocks("torch.distributed.recv(recv_tensor, src=src_rank, group=group)",
-                                          "torch.distributed.broadcast(recv_tensor, src=src_rank, group=group)", "recv")(
-                      _in_blocks("torch.distributed.send(global_tensor, dst=dest_rank, group=group)",
-                                 "torch.distributed.broadcast(global_tensor, src=src_rank, group=group)", "send")(text)),
-                  "raised RuntimeError: broadcast on the repair group"),
+    "broadcast": (
+        lambda text: _in_blocks(
+            "torch.distributed.recv(recv_tensor, src=src_rank, group=group)",
+            "torch.distributed.broadcast(recv_tensor, src=src_rank, group=group)",
+            "recv",
+        )(
+            _in_blocks(
+                "torch.distributed.send(global_tensor, dst=dest_rank, group=group)",
+                "torch.distributed.broadcast(global_tensor, src=src_rank, group=group)",
+                "send",
+            )(text)
+        ),
+        "raised RuntimeError: broadcast on the repair group",
+    ),
     # source and destination swapped in the receive: it waits on itself
-    "swapped-src-dest": (_in_blocks("src=src_rank, group=group)", "src=dest_rank, group=group)", "recv"),
-                         "recv_rank_repair() raised"),
+    "swapped-src-dest": (
+        _in_blocks("src=src_rank, group=group)", "src=dest_rank, group=group)", "recv"),
+        "recv_rank_repair() raised",
+    ),
 }
 
 
@@ -214,8 +233,9 @@ def entry_job(tmp_path) -> tuple[Path, Path, list[Path]]:
     job.mkdir()
     (job / "pretrain_user_state.py").write_text(ENTRY)
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "samples" / "workers")])}
-    run = subprocess.run([sys.executable, "pretrain_user_state.py"], cwd=job, capture_output=True, text=True,
-                         env=environment, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "pretrain_user_state.py"], cwd=job, capture_output=True, text=True, env=environment, timeout=120
+    )
     assert run.returncode == 1 and "There is unsafe data in the input tensor." in run.stderr, run.stderr
     log = tmp_path / "rank1.log"
     log.write_text("".join(f"[rank1]: {line}\n" for line in run.stderr.splitlines()))
@@ -235,16 +255,16 @@ def test_a_global_of_the_entry_script_is_fixed_in_main_not_in_a_second_copy(entr
     [verdict] = replay(log, adaptor, roots, CUSTOM).verdicts
     assert verdict.label == "pretrain_user_state._LOSS_EMA"
     assert verdict.outcome == "proven", verdict.problems
-    second_copy = written.replace("import __main__", "import pretrain_user_state").replace(
-        "__main__", "pretrain_user_state")
+    second_copy = written.replace("import __main__", "import pretrain_user_state").replace("__main__", "pretrain_user_state")
     adaptor.write_text(second_copy)
     [verdict] = replay(log, adaptor, roots, CUSTOM).verdicts
     assert verdict.outcome == "failed"
     assert any("still unsafe" in problem or "still fails" in problem for problem in verdict.problems), verdict.problems
 
 
-def test_the_real_mindspeed_llm_adaptor_gets_the_router_fix_with_its_companion_and_the_blocks_hold(tmp_path, real,
-                                                                                                 router_expert_bias_log):
+def test_the_real_mindspeed_llm_adaptor_gets_the_router_fix_with_its_companion_and_the_blocks_hold(
+    tmp_path, real, router_expert_bias_log
+):
     """MindSpeed-LLM master's own adaptor files (26.x: the model is not rebuilt): the fix writes the
     expert_bias copy into both repair functions and the local_tokens_per_expert reset into the
     rollback. Their own repair serialises the optimizer to the NPU, which cannot run here: the blocks
@@ -262,10 +282,14 @@ def test_the_real_mindspeed_llm_adaptor_gets_the_router_fix_with_its_companion_a
     [verdict] = result.verdicts
     assert verdict.outcome == "block-proven", verdict.problems
     assert "the fix blocks alone in recv_rank_repair(), send_rank_repair() (their own code cannot run here: " in result.proved
-    companion = rollback[rollback.index("    # unsafe-doctor: begin megatron.router-local-tokens-per-expert"):
-                         rollback.index("    # unsafe-doctor: end megatron.router-local-tokens-per-expert\n")]
-    adaptor.with_name("tft_rollback.py").write_text(rollback.replace(companion, "").replace(
-        "    # unsafe-doctor: end megatron.router-local-tokens-per-expert\n", ""))
+    companion = rollback[
+        rollback.index("    # unsafe-doctor: begin megatron.router-local-tokens-per-expert") : rollback.index(
+            "    # unsafe-doctor: end megatron.router-local-tokens-per-expert\n"
+        )
+    ]
+    adaptor.with_name("tft_rollback.py").write_text(
+        rollback.replace(companion, "").replace("    # unsafe-doctor: end megatron.router-local-tokens-per-expert\n", "")
+    )
     [verdict] = replay(router_expert_bias_log, adaptor, [root]).verdicts
     assert verdict.outcome == "failed"
     assert "dies on megatron.core.transformer.moe.router.TopKRouter.local_tokens_per_expert" in verdict.problems[0]
@@ -273,43 +297,69 @@ def test_the_real_mindspeed_llm_adaptor_gets_the_router_fix_with_its_companion_a
 
 def unsafe_doctor(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *map(str, arguments)], capture_output=True, text=True,
-                          env=environment, timeout=300, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+        cwd=ROOT,
+    )
 
 
 def test_diagnose_shows_exactly_the_blocks_fix_writes_into_the_adaptor_it_knows_as_its_diff(legacy):
     adaptor, roots = legacy
-    shown = unsafe_doctor("diagnose", EMA_LOG, "--source-root", roots[0], "--source-root", roots[1],
-                          "--adaptor", adaptor, "--no-input").stdout
-    assert unsafe_doctor("fix", EMA_LOG, "--source-root", roots[0], "--source-root", roots[1],
-                         "--adaptor", adaptor, "--yes").returncode == 0
+    shown = unsafe_doctor(
+        "diagnose", EMA_LOG, "--source-root", roots[0], "--source-root", roots[1], "--adaptor", adaptor, "--no-input"
+    ).stdout
+    assert (
+        unsafe_doctor(
+            "fix", EMA_LOG, "--source-root", roots[0], "--source-root", roots[1], "--adaptor", adaptor, "--yes"
+        ).returncode
+        == 0
+    )
     written = adaptor.read_text()
-    blocks = [written[start:written.index("# unsafe-doctor: end", start)] for start in
-              (index for index in range(len(written)) if written.startswith("    # unsafe-doctor: begin", index))]
+    blocks = [
+        written[start : written.index("# unsafe-doctor: end", start)]
+        for start in (index for index in range(len(written)) if written.startswith("    # unsafe-doctor: begin", index))
+    ]
     assert len(blocks) == 2
     for block in blocks:  # line for line, at the function's indentation: once, in the diff
         assert "".join(f"+{line}\n" for line in block.rstrip().splitlines()) in shown
         assert shown.count(block.splitlines()[1].strip()) == 1
 
 
-def test_without_an_adaptor_the_printed_block_runs_pasted_at_the_end_of_a_function_that_reads_torch(tmp_path,
-                                                                                                  toytrain_loss_log):
+def test_without_an_adaptor_the_printed_block_runs_pasted_at_the_end_of_a_function_that_reads_torch(tmp_path, toytrain_loss_log):
     """The imports go to the top of the file: one inside the function would make `torch` a local of the
     whole function, and the function's own earlier use of it would fail."""
-    shutil.copytree(ROOT / "samples" / "framework" / "toytrain", tmp_path / "toytrain",
-                    ignore=shutil.ignore_patterns("recovery.py"))  # no adaptor under the root to write into
+    shutil.copytree(
+        ROOT / "samples" / "framework" / "toytrain", tmp_path / "toytrain", ignore=shutil.ignore_patterns("recovery.py")
+    )  # no adaptor under the root to write into
     shown = unsafe_doctor("diagnose", toytrain_loss_log, "--source-root", tmp_path, "--no-input").stdout
     lines = shown.splitlines()
     top = lines.index(next(line for line in lines if line.startswith("# at the top of")))
     body = lines.index(next(line for line in lines if line.startswith("# at the end of feature_rollback()")))
-    imports = lines[top + 1: lines.index("", top)]
-    block = lines[body + 1: lines.index("", body)]
-    program = "\n".join(["import sys", f"sys.path.insert(0, {str(tmp_path)!r})", "import torch", *imports, "",
-                         "def feature_rollback():", "    before = torch.zeros(1)",
-                         *("    " + line for line in block),
-                         "", "from toytrain import state", "state.init_state('cpu')",
-                         "state.record_loss('loss', torch.ones(()))", "feature_rollback()",
-                         "assert state.LOSS_LOG['loss'].item() == 0.0", ""])
+    imports = lines[top + 1 : lines.index("", top)]
+    block = lines[body + 1 : lines.index("", body)]
+    program = "\n".join(
+        [
+            "import sys",
+            f"sys.path.insert(0, {str(tmp_path)!r})",
+            "import torch",
+            *imports,
+            "",
+            "def feature_rollback():",
+            "    before = torch.zeros(1)",
+            *("    " + line for line in block),
+            "",
+            "from toytrain import state",
+            "state.init_state('cpu')",
+            "state.record_loss('loss', torch.ones(()))",
+            "feature_rollback()",
+            "assert state.LOSS_LOG['loss'].item() == 0.0",
+            "",
+        ]
+    )
     checked = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert checked.returncode == 0, checked.stderr + program
 
@@ -322,8 +372,9 @@ def test_a_module_the_log_only_names_is_not_imported_by_a_guess(tmp_path):
     adaptor = tmp_path / "toytrain" / "recovery.py"
     original = adaptor.read_bytes()
     guessed = unsafe_doctor("fix", EMA_LOG, "--adaptor", adaptor, "--rules", rules, "--yes")
-    assert "the log reads state._EMA_GRAD_NORM through the name state, which without the job's source is a guess" \
-        in guessed.stderr
+    assert (
+        "the log reads state._EMA_GRAD_NORM through the name state, which without the job's source is a guess" in guessed.stderr
+    )
     assert adaptor.read_bytes() == original
     resolved = unsafe_doctor("fix", EMA_LOG, "--adaptor", adaptor, "--rules", rules, "--source-root", tmp_path, "--yes")
     assert resolved.returncode == 0, resolved.stderr

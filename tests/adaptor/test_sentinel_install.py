@@ -59,13 +59,30 @@ class Case:
 
 
 CASES = [
-    Case("mindspeed-llm-master", Path("mindspeed-llm-master"), f"{HIGH_AVAILABILITY}/tft_rollback.py", "rollback_callback",
-         train_args=True, real=True),
-    Case("taskd-elastic-7.2rc1", Path("mind-cluster-7.2rc1"), "taskd/python/adaptor/elastic_training/rollback_callback.py",
-         "rollback_callback", train_args=True, real=True),
+    Case(
+        "mindspeed-llm-master",
+        Path("mindspeed-llm-master"),
+        f"{HIGH_AVAILABILITY}/tft_rollback.py",
+        "rollback_callback",
+        train_args=True,
+        real=True,
+    ),
+    Case(
+        "taskd-elastic-7.2rc1",
+        Path("mind-cluster-7.2rc1"),
+        "taskd/python/adaptor/elastic_training/rollback_callback.py",
+        "rollback_callback",
+        train_args=True,
+        real=True,
+    ),
     Case("sample-legacy", SAMPLES / "adaptors" / "legacy", "mindio_ttp/adaptor/modellink_adaptor.py", "feature_rollback"),
-    Case("sample-in-tree", SAMPLES / "adaptors" / "in_tree", f"{HIGH_AVAILABILITY}/tft_rollback.py", "rollback_callback",
-         train_args=True),
+    Case(
+        "sample-in-tree",
+        SAMPLES / "adaptors" / "in_tree",
+        f"{HIGH_AVAILABILITY}/tft_rollback.py",
+        "rollback_callback",
+        train_args=True,
+    ),
     Case("sample-custom", SAMPLES / "adaptors" / "custom", "my_recovery.py", "reset_step_state", "rollback=reset_step_state"),
     Case("toytrain", TOYTRAIN, "recovery.py", "rollback_callback", train_args=True),
     Case("toytrain-feature-rollback", TOYTRAIN, "recovery.py", "feature_rollback", "rollback=feature_rollback"),
@@ -80,8 +97,12 @@ def copied(tree: Path, tmp_path: Path) -> Path:
 
 def sentinel_plan(adaptor: Path, mode="report", functions: str | None = None, parameters: str | None = None) -> Plan:
     environment = groundwork().detect(adaptor=adaptor).environment
-    return plan_sentinel(environment, mode, function_overrides([functions] if functions else []),
-                         parameter_roles([parameters] if parameters else []))
+    return plan_sentinel(
+        environment,
+        mode,
+        function_overrides([functions] if functions else []),
+        parameter_roles([parameters] if parameters else []),
+    )
 
 
 def revert(adaptor: Path, *, sentinel: bool) -> None:
@@ -98,8 +119,10 @@ def expected_block(indent: str, arguments: str, what: str = "go on", unit: str =
         f"_ud_sentinel_check({arguments})",
     ]
     if 'mode="raise"' not in arguments:
-        stop = ['if type(_ud_error).__name__ == "UnsafeStateError":',
-                unit + "raise  # tensors heal left unsafe: stop the recovery, as mode heal asks"]
+        stop = [
+            'if type(_ud_error).__name__ == "UnsafeStateError":',
+            unit + "raise  # tensors heal left unsafe: stop the recovery, as mode heal asks",
+        ]
         calls = [
             "try:  # unsafe-doctor missing or broken never fails the rollback: one line says why",
             *(unit + line for line in calls),
@@ -139,8 +162,11 @@ def last_statement(source: bytes, function: str) -> ast.stmt:
 
 
 def markers(data: bytes) -> list[str]:
-    return [line.strip().removeprefix("# unsafe-doctor: begin ") for line in data.decode().splitlines()
-            if line.strip().startswith("# unsafe-doctor: begin ")]
+    return [
+        line.strip().removeprefix("# unsafe-doctor: begin ")
+        for line in data.decode().splitlines()
+        if line.strip().startswith("# unsafe-doctor: begin ")
+    ]
 
 
 # --- real adaptors ----------------------------------------------------------------------------------
@@ -311,8 +337,15 @@ def test_verify_proves_a_fix_in_an_adaptor_that_also_holds_the_sentinel(tmp_path
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     environment = {key: value for key, value in os.environ.items() if not key.startswith("UNSAFE_DOCTOR_")}
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "sentinel", "install", *args], capture_output=True,
-                          text=True, cwd=cwd, env=environment, timeout=120, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "sentinel", "install", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=environment,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_cli_dry_run_unasked_yes_again_json_and_revert(tmp_path):
@@ -325,8 +358,9 @@ def test_cli_dry_run_unasked_yes_again_json_and_revert(tmp_path):
     assert '+    _ud_sentinel_check(train_args, mode="raise")\n' in dry.stdout  # at the end of rollback_callback
     assert NO_TRAIN_ARGS not in dry.stderr
     assert "dry run: nothing written" in dry.stderr
-    assert sorted(path.name for path in adaptor.parent.iterdir()) == sorted(path.name for path in TOYTRAIN.iterdir()
-                                                                             if path.name != "__pycache__")
+    assert sorted(path.name for path in adaptor.parent.iterdir()) == sorted(
+        path.name for path in TOYTRAIN.iterdir() if path.name != "__pycache__"
+    )
     assert adaptor.read_bytes() == before
 
     unasked = run("--adaptor", str(adaptor), "--mode", "raise")
@@ -342,7 +376,11 @@ def test_cli_dry_run_unasked_yes_again_json_and_revert(tmp_path):
     assert again.returncode == 0, again.stderr
     document = json.loads(again.stdout)
     assert (document["schema"], document["mode"], document["files"], document["written"]) == (
-        "unsafe-doctor/sentinel-install/v1", "report", [], [])
+        "unsafe-doctor/sentinel-install/v1",
+        "report",
+        [],
+        [],
+    )
     assert document["present"] == [f"{adaptor}: {SENTINEL_KEY} already in rollback_callback()"]
 
     installed = adaptor.read_bytes()
@@ -457,14 +495,35 @@ def toytrain_without_the_sentinel(tmp_path: Path, mode: str) -> subprocess.Compl
     apply(sentinel_plan(adaptor, mode))
     launcher = tmp_path / "without_the_sentinel.py"
     launcher.write_text(WITHOUT_THE_SENTINEL)
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(WORKERS), str(framework), str(ROOT)]),
-                   "SAMPLE_FAULT": "21:1:hbm:forward", "SAMPLE_TRAIN_ITERS": "23", "OMP_NUM_THREADS": "1",
-                   "PYTHONUNBUFFERED": "1"}
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(WORKERS), str(framework), str(ROOT)]),
+        "SAMPLE_FAULT": "21:1:hbm:forward",
+        "SAMPLE_TRAIN_ITERS": "23",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     torchrun = Path(sys.executable).with_name("torchrun")
-    command = [str(torchrun), "--standalone", "--nproc-per-node", "2", str(launcher), str(WORKERS / "train_toy.py"),
-               "--case", "ema"]
-    return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240, cwd=ROOT,
-                          env=environment, stdin=subprocess.DEVNULL)
+    command = [
+        str(torchrun),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(launcher),
+        str(WORKERS / "train_toy.py"),
+        "--case",
+        "ema",
+    ]
+    return subprocess.run(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_in_report_mode_ranks_without_the_package_log_one_line_the_recovery_completes_and_diagnose_says_so(tmp_path):
@@ -473,7 +532,7 @@ def test_in_report_mode_ranks_without_the_package_log_one_line_the_recovery_comp
     job = toytrain_without_the_sentinel(tmp_path, "report")
     output = job.stdout
     assert job.returncode == 0, output[-3000:]
-    said = sorted(line[line.index("[unsafe-doctor sentinel]"):] for line in output.splitlines() if FAILED_LINE in line)
+    said = sorted(line[line.index("[unsafe-doctor sentinel]") :] for line in output.splitlines() if FAILED_LINE in line)
     error = "ModuleNotFoundError(\"No module named 'unsafe_doctor.sentinel'\")"
     assert said == [f"[unsafe-doctor sentinel] rank {rank}: {FAILED_LINE}{error}" for rank in (0, 1)]  # one line on each rank
     assert "rollback failed" not in output
@@ -492,8 +551,15 @@ def diagnosed(log: Path, fmt: str) -> subprocess.CompletedProcess[str]:
     environment = {key: value for key, value in os.environ.items() if not key.startswith("UNSAFE_DOCTOR_")}
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     environment["COLUMNS"] = "200"
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", str(log), "--format", fmt], capture_output=True,
-                          text=True, cwd=ROOT, env=environment, timeout=120, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "diagnose", str(log), "--format", fmt],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=environment,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_in_raise_mode_ranks_without_the_package_stop_the_recovery(tmp_path):
@@ -511,8 +577,11 @@ OLD_KEEPER = "def keep_tracebacks():\n    return None\n"
 IMAGES = {  # what the training image holds, as files of its site-packages: what the block meets there
     "nothing": {},
     "no keeper": {"unsafe_doctor/__init__.py": "", "unsafe_doctor/sentinel/__init__.py": OLD_SENTINEL},
-    "an older check": {"unsafe_doctor/__init__.py": "", "unsafe_doctor/sentinel/__init__.py": OLD_SENTINEL,
-                       "unsafe_doctor/sentinel/keeper.py": OLD_KEEPER},
+    "an older check": {
+        "unsafe_doctor/__init__.py": "",
+        "unsafe_doctor/sentinel/__init__.py": OLD_SENTINEL,
+        "unsafe_doctor/sentinel/keeper.py": OLD_KEEPER,
+    },
 }
 ERRORS = {
     "nothing": "ModuleNotFoundError(\"No module named 'unsafe_doctor'\")",
@@ -531,10 +600,18 @@ def rollback_in_an_image(tmp_path: Path, mode: str, image: str) -> subprocess.Co
     for name, text in IMAGES[image].items():
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_text(text)
-    driver = (f"import logging, sys; sys.path[:0] = [{str(tmp_path)!r}, {str(site)!r}]; logging.basicConfig(); "
-              "import recovery; recovery.feature_rollback(); print('rolled back', recovery.STATE)")
-    return subprocess.run([sys.executable, "-I", "-S", "-c", driver], capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL, env={**os.environ, "RANK": "3"})
+    driver = (
+        f"import logging, sys; sys.path[:0] = [{str(tmp_path)!r}, {str(site)!r}]; logging.basicConfig(); "
+        "import recovery; recovery.feature_rollback(); print('rolled back', recovery.STATE)"
+    )
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "-c", driver],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "RANK": "3"},
+    )
 
 
 @pytest.mark.parametrize("mode", ["report", "heal"])
@@ -559,7 +636,12 @@ def test_raise_mode_raises_where_the_package_is_missing(tmp_path):
 def test_heal_mode_still_stops_the_recovery_for_what_it_could_not_heal(tmp_path, monkeypatch):
     """The guard lets heal's own verdict through: a global no scenario-1 rule covers is still unsafe
     after heal, so the rollback raises UnsafeStateError, as heal was asked to."""
-    with importable_package(tmp_path, monkeypatch, "healjob", {"recovery.py": """\
+    with importable_package(
+        tmp_path,
+        monkeypatch,
+        "healjob",
+        {
+            "recovery.py": """\
             import torch
 
             EMA = torch.ones(2)
@@ -567,7 +649,9 @@ def test_heal_mode_still_stops_the_recovery_for_what_it_could_not_heal(tmp_path,
 
             def feature_rollback():
                 pass
-            """}) as package:
+            """
+        },
+    ) as package:
         adaptor = package / "recovery.py"
         apply(sentinel_plan(adaptor, "heal", functions="rollback=feature_rollback"))
         from healjob import recovery
@@ -595,8 +679,9 @@ def test_each_modes_block_is_short_one_import_a_line_and_binds_only_its_imports_
         block = ast.parse(textwrap.dedent("\n".join(lines)))
         assert all(len(node.names) == 1 for node in ast.walk(block) if isinstance(node, ast.Import)), mode
         bound = {node.id for node in ast.walk(block) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
-        bound |= {alias.asname for node in ast.walk(block) if isinstance(node, ast.Import | ast.ImportFrom)
-                  for alias in node.names}
+        bound |= {
+            alias.asname for node in ast.walk(block) if isinstance(node, ast.Import | ast.ImportFrom) for alias in node.names
+        }
         bound |= {node.name for node in ast.walk(block) if isinstance(node, ast.ExceptHandler) and node.name}
         logging = {"_ud_error", "_ud_logging", "_ud_os"} if mode != "raise" else set()
         assert bound == {"_ud_sentinel_check", "_ud_keep_tracebacks", *logging}, mode
@@ -618,14 +703,19 @@ def test_install_says_what_the_training_image_needs(tmp_path):
     assert report.returncode == 0, report.stderr
     assert f"{where}the block logs one line and the rollback goes on without the sentinel\n" in report.stderr
     stopping = run("--adaptor", str(adaptor), "--mode", "raise", "--dry-run")
-    assert (f"{where}the rollback raises there and MindIO gives up the online recovery, as it does for an unsafe tensor "
-            "in this mode\n") in stopping.stderr
+    assert (
+        f"{where}the rollback raises there and MindIO gives up the online recovery, as it does for an unsafe tensor "
+        "in this mode\n"
+    ) in stopping.stderr
 
     healing = run("--adaptor", str(adaptor), "--mode", "heal", "--dry-run")
     assert f"{where}the block logs one line and the rollback goes on without the sentinel\n" in healing.stderr
     written = json.loads(run("--adaptor", str(adaptor), "--mode", "heal", "--yes", "--format", "json").stdout)
-    assert written["training_image"] == {"needs": f"unsafe-doctor=={__version__}", "where": "importable in every rank's Python",
-                                         "if_missing": "logged"}
+    assert written["training_image"] == {
+        "needs": f"unsafe-doctor=={__version__}",
+        "where": "importable in every rank's Python",
+        "if_missing": "logged",
+    }
     for args in ((), ("--revert",)):  # nothing written: nothing needed
         document = json.loads(run("--adaptor", str(adaptor), "--yes", "--format", "json", *args).stdout)
         assert document["training_image"] is None
@@ -643,8 +733,10 @@ def test_an_unguarded_block_of_an_earlier_install_is_named_with_the_way_to_guard
 
     again = sentinel_plan(adaptor)
     assert again.edits == ()
-    assert again.notes == (f"it is unguarded in mode {mode} (an earlier unsafe-doctor wrote it): a rank that cannot import "
-                           "unsafe-doctor fails the rollback there; to guard it: sentinel install --revert, then install again",)
+    assert again.notes == (
+        f"it is unguarded in mode {mode} (an earlier unsafe-doctor wrote it): a rank that cannot import "
+        "unsafe-doctor fails the rollback there; to guard it: sentinel install --revert, then install again",
+    )
     revert(adaptor, sentinel=True)
     apply(sentinel_plan(adaptor, mode))
     assert adaptor.read_text() == guarded

@@ -206,9 +206,7 @@ def test_fix_then_audit_covers_every_fixed_megatron_global(audited, megatron_cor
     apply(plan_fixes(before))
     after = audit([megatron_core("0.12.1")], adaptor=adaptor)
     statuses = {item.holder.name.dotted: item.coverage.status for item in after.holders}
-    assert {name: status for name, status in statuses.items() if name in fixed} == dict.fromkeys(
-        fixed, "covered"
-    )
+    assert {name: status for name, status in statuses.items() if name in fixed} == dict.fromkeys(fixed, "covered")
     assert held(after, f"{ROUTER}.expert_bias").coverage.how == "repaired"
     assert "destroy_global_memory_buffer" in " ".join(held(after, GMB).coverage.via)
 
@@ -217,7 +215,10 @@ def test_fix_then_audit_covers_every_fixed_megatron_global(audited, megatron_cor
 
 
 def test_module_global_holding_device_tensors_and_not_cpu_local_or_constant(tmp_path):
-    tree = package(tmp_path, {"state.py": """
+    tree = package(
+        tmp_path,
+        {
+            "state.py": """
         import torch
 
         TRACKER = {}
@@ -232,7 +233,9 @@ def test_module_global_holding_device_tensors_and_not_cpu_local_or_constant(tmp_
             TRACKER[name] += loss.detach()
             scratch = torch.zeros(4, device="cuda")
             return scratch + LIMIT
-        """})
+        """
+        },
+    )
     result = audit([tree])
     assert names(result) == {"pkg.state.TRACKER"}
     tracker = held(result, "pkg.state.TRACKER").holder
@@ -241,7 +244,10 @@ def test_module_global_holding_device_tensors_and_not_cpu_local_or_constant(tmp_
 
 
 def test_global_assigned_in_a_function(tmp_path):
-    tree = package(tmp_path, {"state.py": """
+    tree = package(
+        tmp_path,
+        {
+            "state.py": """
         import torch
 
         _EMA = None
@@ -251,7 +257,9 @@ def test_global_assigned_in_a_function(tmp_path):
             global _EMA, _STEPS
             _EMA = torch.ones((), device=device)
             _STEPS = torch.zeros(())
-        """})
+        """
+        },
+    )
     result = audit([tree])
     assert names(result) == {"pkg.state._EMA"}
     assert held(result, "pkg.state._EMA").holder.placement == "unknown"  # device is a parameter
@@ -260,8 +268,10 @@ def test_global_assigned_in_a_function(tmp_path):
 def test_a_global_only_a_checkpoint_converter_uses_is_left_out_and_said(tmp_path):
     """As MindSpeed-LLM's convert_hf2mg: the converter keeps the embedding between two of its own
     steps; training imports the converter to convert at load, never reads the global in a step."""
-    tree = package(tmp_path, {
-        "convert_hf2mg.py": """
+    tree = package(
+        tmp_path,
+        {
+            "convert_hf2mg.py": """
             import torch
 
             OUTPUT_WEIGHTS = None
@@ -274,12 +284,12 @@ def test_a_global_only_a_checkpoint_converter_uses_is_left_out_and_said(tmp_path
                 def post(self):
                     return OUTPUT_WEIGHTS.clone()
             """,
-        "convert_shared.py": """
+            "convert_shared.py": """
             import torch
 
             SHARED = torch.zeros(4, device="npu")
             """,
-        "checkpointing.py": """
+            "checkpointing.py": """
             from pkg.convert_hf2mg import Hf2Mg
             from pkg.convert_shared import SHARED
 
@@ -289,7 +299,8 @@ def test_a_global_only_a_checkpoint_converter_uses_is_left_out_and_said(tmp_path
             def step(x):
                 return x + SHARED
             """,
-    })
+        },
+    )
     result = audit([tree])
     assert result.conversion_only == ("pkg.convert_hf2mg.OUTPUT_WEIGHTS",)
     assert names(result) == {"pkg.convert_shared.SHARED"}  # read by training: kept, converter or not
@@ -300,7 +311,8 @@ def test_a_global_only_a_checkpoint_converter_uses_is_left_out_and_said(tmp_path
     assert "pkg.convert_hf2mg.OUTPUT_WEIGHTS" in text
     assert audit_report.audit_json(result)["conversion_only"] == ["pkg.convert_hf2mg.OUTPUT_WEIGHTS"]
     rules = tmp_path / "converter_rule.yaml"
-    rules.write_text(textwrap.dedent("""\
+    rules.write_text(
+        textwrap.dedent("""\
         rules:
           - id: team.converter
             title: Our converter's weights do live across steps
@@ -311,14 +323,18 @@ def test_a_global_only_a_checkpoint_converter_uses_is_left_out_and_said(tmp_path
               code: |
                 OUTPUT_WEIGHTS = None
             reason: Named by the team.
-        """))
+        """)
+    )
     named = audit([tree], rule_paths=[rules])
     assert named.conversion_only == ()
     assert names(named) == {"pkg.convert_shared.SHARED", "pkg.convert_hf2mg.OUTPUT_WEIGHTS"}
 
 
 def test_placement_of_each_way_a_tensor_is_made(tmp_path):
-    tree = package(tmp_path, {"state.py": """
+    tree = package(
+        tmp_path,
+        {
+            "state.py": """
         import torch
 
         A, B, C, D, E, F, G = {}, {}, {}, {}, {}, {}, {}
@@ -331,22 +347,26 @@ def test_placement_of_each_way_a_tensor_is_made(tmp_path):
             E[0] = torch.zeros(1, device=x.device)
             F[0] = x.to("cpu")
             G[0] = torch.tensor(1.0)
-        """})
+        """
+        },
+    )
     result = audit([tree])
     placements = {item.holder.name.variable: item.holder.placement for item in result.holders}
     assert placements == {"A": "device", "B": "device", "C": "device", "D": "unknown", "E": "unknown"}
 
 
 def test_writes_across_modules_by_attribute_import_and_accessor(tmp_path):
-    tree = package(tmp_path, {
-        "state.py": """
+    tree = package(
+        tmp_path,
+        {
+            "state.py": """
             QUEUE = []
             TRACKER = {}
 
             def get_tracker():
                 return TRACKER
             """,
-        "producer.py": """
+            "producer.py": """
             import torch
             from pkg import state
             from pkg.state import QUEUE, get_tracker
@@ -357,13 +377,14 @@ def test_writes_across_modules_by_attribute_import_and_accessor(tmp_path):
                 tracker["loss"] = torch.zeros(1, device="npu")
                 state.TRACKER["other"] = torch.zeros(1, device="npu")
             """,
-        "consumer.py": """
+            "consumer.py": """
             from pkg.state import QUEUE
 
             def consume():
                 return QUEUE.pop(0)
             """,
-    })
+        },
+    )
     result = audit([tree])
     assert names(result) == {"pkg.state.QUEUE", "pkg.state.TRACKER"}
     queue, tracker = held(result, "pkg.state.QUEUE").holder, held(result, "pkg.state.TRACKER").holder
@@ -374,7 +395,10 @@ def test_writes_across_modules_by_attribute_import_and_accessor(tmp_path):
 
 
 def test_class_attribute_reached_through_its_class_and_cls(tmp_path):
-    tree = package(tmp_path, {"helpers.py": """
+    tree = package(
+        tmp_path,
+        {
+            "helpers.py": """
         import torch
 
         class LossHelper:
@@ -397,7 +421,9 @@ def test_class_attribute_reached_through_its_class_and_cls(tmp_path):
             @staticmethod
             def cpu_scale():
                 LossHelper.size = torch.tensor(2.0)
-        """})
+        """
+        },
+    )
     result = audit([tree])
     assert names(result) == {"pkg.helpers.LossHelper.tracker", "pkg.helpers.LossHelper.cache"}
     assert {item.holder.kind for item in result.holders} == {"class-attribute"}
@@ -405,7 +431,10 @@ def test_class_attribute_reached_through_its_class_and_cls(tmp_path):
 
 
 def test_singleton_of_a_class_that_keeps_device_tensors(tmp_path):
-    tree = package(tmp_path, {"buffers.py": """
+    tree = package(
+        tmp_path,
+        {
+            "buffers.py": """
         import threading
         import torch
 
@@ -432,7 +461,9 @@ def test_singleton_of_a_class_that_keeps_device_tensors(tmp_path):
         def local_pool():
             pool = Pool()
             return pool.get("x", 4)
-        """})
+        """
+        },
+    )
     result = audit([tree])
     assert names(result) == {"pkg.buffers._POOL"}
     pool = held(result, "pkg.buffers._POOL").holder
@@ -444,7 +475,10 @@ def test_class_registry_of_instances_that_keep_device_tensors_through_a_member(t
     """MindSpeed's DelayedScalingRecipe.ALL_SCALING: each recipe appends itself to a class-level list
     and keeps a ScaleData, whose methods keep the amax history on the device. A registry of objects
     that keep no device tensor, or only CPU ones, is no holder."""
-    tree = package(tmp_path, {"scale_data.py": """
+    tree = package(
+        tmp_path,
+        {
+            "scale_data.py": """
         import torch
 
         class ScaleData:
@@ -454,7 +488,8 @@ def test_class_registry_of_instances_that_keep_device_tensors_through_a_member(t
         class CpuData:
             def __init__(self):
                 self.table = torch.zeros(4)
-        """, "recipes.py": """
+        """,
+            "recipes.py": """
         from pkg.scale_data import CpuData, ScaleData
 
         class DelayedRecipe:
@@ -484,7 +519,9 @@ def test_class_registry_of_instances_that_keep_device_tensors_through_a_member(t
             def __init__(self, name):
                 self.name = name
                 Plain.ALL.append(self)
-        """})
+        """,
+        },
+    )
     result = audit([tree])
     assert names(result) == {"pkg.recipes.DelayedRecipe.ALL_SCALING", "pkg.recipes.NamedRecipes.BY_NAME"}
     registry = held(result, "pkg.recipes.DelayedRecipe.ALL_SCALING").holder
@@ -497,7 +534,10 @@ def test_a_registry_no_rule_knows_gets_no_generic_fix(tmp_path):
     """The generic fixes replace a list's or dict's tensor items: a registry's items are instances,
     whose tensors they would never reach, so the audit offers no fix (found by review: it offered one,
     and the next audit called the registry covered)."""
-    tree = package(tmp_path, {"recipes.py": """
+    tree = package(
+        tmp_path,
+        {
+            "recipes.py": """
         import torch
 
         class Recipe:
@@ -509,7 +549,9 @@ def test_a_registry_no_rule_knows_gets_no_generic_fix(tmp_path):
 
         def clear_recipes():
             Recipe.ALL.clear()
-        """})
+        """
+        },
+    )
     recipes = held(audit([tree]), "pkg.recipes.Recipe.ALL")
     assert (recipes.holder.kind, recipes.classification.scenario) == ("registry", 1)  # reset by clear_recipes()
     assert isinstance(recipes.classification.fix, NoFix)
@@ -517,7 +559,10 @@ def test_a_registry_no_rule_knows_gets_no_generic_fix(tmp_path):
 
 
 def test_cached_functions_returning_tensors(tmp_path):
-    tree = package(tmp_path, {"masks.py": """
+    tree = package(
+        tmp_path,
+        {
+            "masks.py": """
         import functools
         from functools import lru_cache
 
@@ -541,7 +586,9 @@ def test_cached_functions_returning_tensors(tmp_path):
 
         def not_cached(n):
             return torch.ones(n, device="cuda")
-        """})
+        """
+        },
+    )
     result = audit([tree])
     assert {item.holder.name.dotted: item.holder.placement for item in result.holders} == {
         "pkg.masks.causal_mask": "device",
@@ -558,7 +605,10 @@ def test_cached_functions_returning_tensors(tmp_path):
 
 
 def test_buffers_updated_in_place_and_not_those_only_read(tmp_path):
-    tree = package(tmp_path, {"router.py": """
+    tree = package(
+        tmp_path,
+        {
+            "router.py": """
         import torch
 
         class Router(torch.nn.Module):
@@ -575,7 +625,9 @@ def test_buffers_updated_in_place_and_not_those_only_read(tmp_path):
 
             def keep_float32(self):
                 self.bias.data = self.bias.data.to(torch.float32)
-        """})
+        """
+        },
+    )
     result = audit([tree])
     assert {item.holder.name.dotted: item.holder.placement for item in result.holders} == {
         "pkg.router.Router.counts": "device",
@@ -628,12 +680,21 @@ def covered(tmp_path: Path, rollback: str, send: str = "", recv: str = "", extra
     """pkg.state (+ extra modules) audited against an adaptor with these function bodies."""
     tree = package(tmp_path, {"state.py": STATE, **(extra or {})})
     body = lambda code: textwrap.indent(textwrap.dedent(code).strip() or "pass", "    ")  # noqa: E731
-    adaptor = write(tmp_path, {"adaptor/my_adaptor.py": (
-        "import torch\nimport torch.distributed as dist\nfrom pkg import state\n\n\n"
-        f"def feature_rollback():\n{body(rollback)}\n\n\n"
-        f"def send_rank_repair(src_ranks, dest_ranks, optim_idxs, rank_list, train_args):\n{body(send)}\n\n\n"
-        f"def recv_rank_repair(src_ranks, dest_ranks, optim_idxs, rank_list, train_args):\n{body(recv)}\n"
-    )}) / "adaptor" / "my_adaptor.py"
+    adaptor = (
+        write(
+            tmp_path,
+            {
+                "adaptor/my_adaptor.py": (
+                    "import torch\nimport torch.distributed as dist\nfrom pkg import state\n\n\n"
+                    f"def feature_rollback():\n{body(rollback)}\n\n\n"
+                    f"def send_rank_repair(src_ranks, dest_ranks, optim_idxs, rank_list, train_args):\n{body(send)}\n\n\n"
+                    f"def recv_rank_repair(src_ranks, dest_ranks, optim_idxs, rank_list, train_args):\n{body(recv)}\n"
+                )
+            },
+        )
+        / "adaptor"
+        / "my_adaptor.py"
+    )
     return audit([tree], adaptor=adaptor)
 
 
@@ -643,11 +704,14 @@ def status(result: Audit, variable: str) -> tuple[str, str | None]:
 
 
 def test_rebinding_and_clearing_cover(tmp_path):
-    result = covered(tmp_path, """
+    result = covered(
+        tmp_path,
+        """
         state.LOG = {}
         state.QUEUE.clear()
         state.EMA = torch.ones(1, device="npu")
-        """)
+        """,
+    )
     assert status(result, "LOG") == ("covered", "reset")
     assert status(result, "QUEUE") == ("covered", "reset")
     assert status(result, "EMA") == ("covered", "rebuilt")
@@ -666,29 +730,43 @@ def test_helpers_are_followed_two_calls_deep(tmp_path):
     assert lines(coverage.sites) == {("state.py", 20)}
 
 
-@pytest.mark.parametrize("code", ["state.EMA.zero_()", "state.EMA.fill_(1.0)", "state.EMA += 0", "state.EMA.copy_(state.EMA * 0)",
-                                  "state.EMA = torch.zeros_like(state.EMA)"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "state.EMA.zero_()",
+        "state.EMA.fill_(1.0)",
+        "state.EMA += 0",
+        "state.EMA.copy_(state.EMA * 0)",
+        "state.EMA = torch.zeros_like(state.EMA)",
+    ],
+)
 def test_code_that_reads_the_unsafe_tensor_is_unsafe(tmp_path, code):
     result = covered(tmp_path, code)
     assert status(result, "EMA") == ("unsafe", None)
 
 
 def test_zeroing_entries_through_an_alias_is_unsafe(tmp_path):
-    result = covered(tmp_path, """
+    result = covered(
+        tmp_path,
+        """
         for value in state.LOG.values():
             value.zero_()
-        """)
+        """,
+    )
     coverage = held(result, "pkg.state.LOG").coverage
     assert coverage.status == "unsafe" and "zero_()" in coverage.why
 
 
 def test_rebuilding_from_metadata_and_copying_in_fresh_values_is_safe(tmp_path):
-    result = covered(tmp_path, """
+    result = covered(
+        tmp_path,
+        """
         for name, value in state.LOG.items():
             state.LOG[name] = torch.zeros(value.shape, dtype=value.dtype, device=value.device)
         ema = state.EMA
         ema.copy_(torch.zeros(ema.shape, dtype=ema.dtype, device=ema.device))
-        """)
+        """,
+    )
     assert status(result, "LOG") == ("covered", "rebuilt")
     assert status(result, "EMA") == ("covered", "rebuilt")
 
@@ -723,13 +801,17 @@ def test_repair_needs_the_receive_and_the_matching_send(tmp_path):
 
 
 def test_buffer_reached_by_walking_modules_with_isinstance(tmp_path):
-    result = covered(tmp_path, """
+    result = covered(
+        tmp_path,
+        """
         import gc
         from pkg.router import Router
         for module in [obj for obj in gc.get_objects() if isinstance(obj, Router)]:
             counts = module.counts
             counts.copy_(torch.zeros(counts.shape, dtype=counts.dtype, device=counts.device))
-        """, extra={"router.py": ROUTER_MODULE})
+        """,
+        extra={"router.py": ROUTER_MODULE},
+    )
     assert held(result, "pkg.router.Router.counts").coverage.status == "covered"
 
 
@@ -781,7 +863,10 @@ def test_fix_every_uncovered_global_at_once_then_audit_clean(tmp_path):
 
 
 def test_a_user_rule_fixes_a_cache_and_the_next_audit_sees_it_cleared(tmp_path):
-    tree = package(tmp_path, {"masks.py": """
+    tree = package(
+        tmp_path,
+        {
+            "masks.py": """
         from functools import lru_cache
 
         import torch
@@ -789,8 +874,14 @@ def test_a_user_rule_fixes_a_cache_and_the_next_audit_sees_it_cleared(tmp_path):
         @lru_cache(maxsize=8)
         def causal_mask(n):
             return torch.ones(n, n, device="npu").triu(1)
-        """})
-    rules = write(tmp_path, {"rules.yaml": """
+        """
+        },
+    )
+    rules = (
+        write(
+            tmp_path,
+            {
+                "rules.yaml": """
         rules:
           - id: team.causal-mask
             title: Our cached causal mask
@@ -804,7 +895,11 @@ def test_a_user_rule_fixes_a_cache_and_the_next_audit_sees_it_cleared(tmp_path):
               code: |
                 $alias.$variable.cache_clear()
             reason: Computed from the sequence length alone.
-        """}) / "rules.yaml"
+        """
+            },
+        )
+        / "rules.yaml"
+    )
     adaptor = write(tmp_path, {"adaptor/my_adaptor.py": "def feature_rollback():\n    pass\n"}) / "adaptor" / "my_adaptor.py"
     before = audit([tree], adaptor=adaptor, rule_paths=[rules])
     mask = held(before, "pkg.masks.causal_mask")
@@ -815,11 +910,14 @@ def test_a_user_rule_fixes_a_cache_and_the_next_audit_sees_it_cleared(tmp_path):
 
 
 def test_modules_are_named_as_imported_when_auditing_a_folder_above_the_package(tmp_path):
-    package(tmp_path, {
-        "state.py": "LOG = {}\n",
-        "train.py": "import torch\nfrom pkg.state import LOG\n\n\ndef step(loss):\n    LOG['loss'] = loss.npu()\n",
-        "variants/extra.py": "import torch\n\nCACHE = {}\n\n\ndef keep(x):\n    CACHE[0] = x.cuda()\n",  # no __init__.py
-    })
+    package(
+        tmp_path,
+        {
+            "state.py": "LOG = {}\n",
+            "train.py": "import torch\nfrom pkg.state import LOG\n\n\ndef step(loss):\n    LOG['loss'] = loss.npu()\n",
+            "variants/extra.py": "import torch\n\nCACHE = {}\n\n\ndef keep(x):\n    CACHE[0] = x.cuda()\n",  # no __init__.py
+        },
+    )
     write(tmp_path, {"scripts/run.py": "from pkg import state\n\n\ndef show():\n    print(state.LOG)\n"})
     result = audit([tmp_path])  # src/ and scripts/ are import roots below it
     assert names(result) == {"pkg.state.LOG", "pkg.variants.extra.CACHE"}  # a namespace subpackage

@@ -71,16 +71,25 @@ def test_metadata_kept_beside_tensors_is_no_holder(tmp_path):
 
 def defined_names(path: Path) -> set[str]:
     tree = ast.parse(path.read_bytes())
-    return {target.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(target, ast.Name)}
+    return {
+        target.id
+        for node in tree.body
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name)
+    }
 
 
 def test_every_global_a_shipped_rule_names_in_these_files_is_found(found, real):
     """For each rule block naming MindSpeed or MindSpeed-LLM globals (a name or a pattern, in a
     module or module glob), the module-level globals of the real files it fits are all found."""
     roots = (real / MINDSPEED.parent, real / LLM.parent)
-    files = {path: ".".join(path.relative_to(root).with_suffix("").parts)
-             for root in roots for path in root.rglob("*.py") if path.name != "__init__.py"}
+    files = {
+        path: ".".join(path.relative_to(root).with_suffix("").parts)
+        for root in roots
+        for path in root.rglob("*.py")
+        if path.name != "__init__.py"
+    }
     named = []
     for rule in load_knowledge([]).rules:
         for block in rule.matches:

@@ -251,7 +251,11 @@ def test_only_the_latest_entries_are_kept(tmp_path):
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "audit", *args], capture_output=True, text=True, cwd=cwd, timeout=120,
+        [sys.executable, "-m", "unsafe_doctor", "audit", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
         env={"COLUMNS": "120", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
     )
 
@@ -265,8 +269,10 @@ def test_the_command_says_when_the_report_came_from_the_cache(tmp_path):
     assert first.returncode == again.returncode == 1, first.stderr
     assert "from the cache" not in first.stdout
     assert "from the cache" in again.stdout
-    assert cli("pkg", "--cache-dir", cache, "--format", "json", cwd=tmp_path / "src").stdout == \
-        cli("pkg", "--no-cache", "--format", "json", cwd=tmp_path / "src").stdout
+    assert (
+        cli("pkg", "--cache-dir", cache, "--format", "json", cwd=tmp_path / "src").stdout
+        == cli("pkg", "--no-cache", "--format", "json", cwd=tmp_path / "src").stdout
+    )
 
 
 def test_an_adaptor_that_is_a_link_loop_is_one_line_and_exit_2(tmp_path):
@@ -298,8 +304,7 @@ def test_two_audits_at_once_leave_one_whole_entry(tmp_path):
     cache = str(tmp_path / "cache")
     command = [sys.executable, "-m", "unsafe_doctor", "audit", "pkg", "--cache-dir", cache, "--format", "json"]
     environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
-    both = [subprocess.Popen(command, cwd=tmp_path / "src", env=environment, stdout=subprocess.PIPE, text=True)
-            for _ in range(2)]
+    both = [subprocess.Popen(command, cwd=tmp_path / "src", env=environment, stdout=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [process.communicate(timeout=120)[0] for process in both]
     assert outputs[0] == outputs[1]
     assert [path.name[:6] for path in (tmp_path / "cache").iterdir()] == ["audit-"]  # one, no temporary file
@@ -310,8 +315,12 @@ def test_two_audits_at_once_leave_one_whole_entry(tmp_path):
 
 @pytest.mark.parametrize("flag", ["--no-cache", "--cache-dir"])
 def test_the_cache_options_are_in_the_help(flag):
-    help_text = subprocess.run([sys.executable, "-m", "unsafe_doctor", "audit", "--help"], capture_output=True, text=True,
-                               env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "audit", "--help"],
+        capture_output=True,
+        text=True,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    ).stdout
     assert flag in help_text
 
 

@@ -188,7 +188,6 @@ def test_the_audit_of_real_code_is_the_same_on_one_core_and_two(real):
     assert audit_json(paths, None) == one_core
 
 
-
 @pytest.mark.parametrize("copy", [False, True], ids=["this-process", "the-copy"])
 def test_a_share_that_claims_only_a_file_read_ahead_still_scans_it(tmp_path, copy):
     """A file that registers a buffer is read before the scan (`Index.expect`), and the process that

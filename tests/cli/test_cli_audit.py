@@ -22,7 +22,10 @@ MARKER = "# unsafe-doctor: begin "
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "unsafe_doctor", "audit", *args],
-        capture_output=True, text=True, cwd=cwd, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
         env={"COLUMNS": "120", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},  # this tree, not an installed copy
     )
 
@@ -37,8 +40,15 @@ def framework(tmp_path) -> Path:
 def test_uncovered_globals_exit_1_with_a_table():
     result = run(str(TOYTRAIN), "--adaptor", str(TOYTRAIN / "recovery.py"))
     assert result.returncode == 1, result.stderr
-    for text in ("LOSS_LOG", "_EMA_GRAD_NORM", "in toytrain.state", "uncovered", "state.py:11",
-                 "2 globals: 2 uncovered, 0 unsafe, 0 covered", "fix: feature_rollback()"):
+    for text in (
+        "LOSS_LOG",
+        "_EMA_GRAD_NORM",
+        "in toytrain.state",
+        "uncovered",
+        "state.py:11",
+        "2 globals: 2 uncovered, 0 unsafe, 0 covered",
+        "fix: feature_rollback()",
+    ):
         assert text in result.stdout
 
 
@@ -48,16 +58,28 @@ def test_json_shape():
     document = json.loads(result.stdout)
     assert document["schema"] == "unsafe-doctor/audit/v1"
     assert document["adaptor"] == {
-        "file": str(TOYTRAIN / "recovery.py"), "found": "found under the source roots as the module that defines the rollback "
-        "and repair functions", "profile": "mindspeed-llm-26", "profile_from": "adaptor"}
+        "file": str(TOYTRAIN / "recovery.py"),
+        "found": "found under the source roots as the module that defines the rollback and repair functions",
+        "profile": "mindspeed-llm-26",
+        "profile_from": "adaptor",
+    }
     assert document["summary"] == {"holders": 2, "uncovered": 2, "unsafe": 0, "covered": 0, "fixable": 2}
     loss_log = next(holder for holder in document["holders"] if holder["variable"] == "LOSS_LOG")
     assert {key: loss_log[key] for key in ("name", "kind", "module", "owner", "placement", "scenario", "rule", "confidence")} == {
-        "name": "toytrain.state.LOSS_LOG", "kind": "module-global", "module": "toytrain.state", "owner": None,
-        "placement": "unknown", "scenario": 1, "rule": None, "confidence": "medium",
+        "name": "toytrain.state.LOSS_LOG",
+        "kind": "module-global",
+        "module": "toytrain.state",
+        "owner": None,
+        "placement": "unknown",
+        "scenario": 1,
+        "rule": None,
+        "confidence": "medium",
     }
     assert loss_log["definition"] == {
-        "file": str(TOYTRAIN / "state.py"), "line": 11, "function": None, "code": "LOSS_LOG: dict[str, torch.Tensor] = {}",
+        "file": str(TOYTRAIN / "state.py"),
+        "line": 11,
+        "function": None,
+        "code": "LOSS_LOG: dict[str, torch.Tensor] = {}",
     }
     assert {(Path(site["file"]).name, site["line"]) for site in loss_log["tensors"]} == {("state.py", 27), ("state.py", 28)}
     assert loss_log["coverage"]["status"] == "uncovered"
@@ -116,7 +138,7 @@ def test_fix_dry_run_prints_one_diff_and_writes_nothing(framework):
     before = adaptor.read_bytes()
     result = run("toytrain", "--adaptor", "toytrain/recovery.py", "--fix", "--dry-run", cwd=framework)
     assert result.returncode == 1, result.stderr
-    diff = result.stdout[result.stdout.index("--- a/toytrain/recovery.py"):]
+    diff = result.stdout[result.stdout.index("--- a/toytrain/recovery.py") :]
     assert diff.count("--- ") == 1 and diff.count(f"+    {MARKER}") == 3
     assert "dry run: nothing written" in result.stderr
     assert adaptor.read_bytes() == before
@@ -132,7 +154,8 @@ def test_fix_yes_writes_and_the_second_audit_is_clean(framework):
     document = json.loads(again.stdout)
     assert document["summary"] == {"holders": 2, "uncovered": 0, "unsafe": 0, "covered": 2, "fixable": 0}
     assert {holder["variable"]: holder["coverage"]["how"] for holder in document["holders"]} == {
-        "LOSS_LOG": "rebuilt", "_EMA_GRAD_NORM": "repaired",
+        "LOSS_LOG": "rebuilt",
+        "_EMA_GRAD_NORM": "repaired",
     }
 
 
@@ -198,7 +221,8 @@ def test_the_audit_pages_sample_commands_are_true(tmp_path):
         outputs.append(result)
     assert [result.returncode for result in outputs] == [1, 0, 0, 0], [result.stderr for result in outputs]
     audits = [
-        result for command, result in zip(commands, outputs, strict=True)
+        result
+        for command, result in zip(commands, outputs, strict=True)
         if "--fix" not in command and command.startswith("unsafe")
     ]
     assert len(audits) == len(tables) == 2
@@ -234,8 +258,9 @@ def test_no_bar_when_stderr_is_no_terminal():
 
 
 def test_no_bar_while_json_goes_to_a_file_even_at_a_terminal():
-    code, screen = on_a_terminal(str(TOYTRAIN), "--adaptor", str(TOYTRAIN / "recovery.py"), "--format", "json",
-                                 stdout_to_file=True)
+    code, screen = on_a_terminal(
+        str(TOYTRAIN), "--adaptor", str(TOYTRAIN / "recovery.py"), "--format", "json", stdout_to_file=True
+    )
     assert code == 1
     assert screen == ""
 

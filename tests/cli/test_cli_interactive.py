@@ -157,16 +157,29 @@ def test_a_log_pasted_at_the_terminal_is_asked_for_and_ends_at_one_ctrl_d():
 
 
 def test_a_diff_is_coloured_at_a_terminal_and_a_plain_patch_elsewhere():
-    args = ["fix", "samples/logs/toytrain_ema", "--source-root", "samples/framework", "--adaptor",
-            "samples/framework/toytrain/recovery.py", "--dry-run"]
+    args = [
+        "fix",
+        "samples/logs/toytrain_ema",
+        "--source-root",
+        "samples/framework",
+        "--adaptor",
+        "samples/framework/toytrain/recovery.py",
+        "--dry-run",
+    ]
     code, screen = at_terminal(args, cwd=ROOT)
     assert code == 0, screen
     assert "\x1b[32m+    # unsafe-doctor: begin " in screen and "\x1b[1m--- a/" in screen
-    piped = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, cwd=ROOT,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    piped = subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
     assert "\x1b" not in piped.stdout and piped.stdout.startswith("--- a/")
     shown = re.sub(r"\x1b\[[0-9;]*m", "", screen).replace("\r\n", "\n")
-    assert shown[shown.index("--- a/"):].startswith(piped.stdout)
+    assert shown[shown.index("--- a/") :].startswith(piped.stdout)
 
 
 def test_a_question_wider_than_the_terminal_is_wrapped_between_words_never_inside_its_choice(tmp_path):
@@ -175,7 +188,7 @@ def test_a_question_wider_than_the_terminal_is_wrapped_between_words_never_insid
     shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
     args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
     _, screen = at_terminal(args, answers=[(b"[y/N]: ", b"n\n")], columns=120)
-    question = screen[screen.rindex("\r\n", 0, screen.index("Apply scenario-2 fix")):screen.index("[y/N]: ") + 7]
+    question = screen[screen.rindex("\r\n", 0, screen.index("Apply scenario-2 fix")) : screen.index("[y/N]: ") + 7]
     lines = question.lstrip().split("\r\n")
     assert len(lines) > 1 and all(len(line) <= 120 for line in lines), lines
     assert lines[-1].endswith("[y/N]: ")
@@ -190,9 +203,10 @@ def test_a_question_asked_at_dev_tty_is_wrapped_at_that_terminals_width_not_at_s
     shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", tmp_path / adaptor)
     gz = LOG / "none_sample" / "attempt_0" / "1" / "stderr.log.gz"
     args = ["diagnose", "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
-    _, screen = at_terminal(args, stdin_piped=gz.read_bytes(), answers=[(b"[y/N]: ", b"n\n")], columns=200, tty_columns=100,
-                            cwd=tmp_path)
-    question = screen[screen.rindex("\r\n", 0, screen.index("Apply scenario-2 fix")):screen.index("[y/N]: ") + 7]
+    _, screen = at_terminal(
+        args, stdin_piped=gz.read_bytes(), answers=[(b"[y/N]: ", b"n\n")], columns=200, tty_columns=100, cwd=tmp_path
+    )
+    question = screen[screen.rindex("\r\n", 0, screen.index("Apply scenario-2 fix")) : screen.index("[y/N]: ") + 7]
     lines = question.lstrip().split("\r\n")
     assert len(lines) > 1 and all(len(line) <= 100 for line in lines), lines
     assert lines[-1].endswith("[y/N]: ")
@@ -211,8 +225,14 @@ def test_without_a_terminal_each_fix_block_is_printed_once_as_the_diff(tmp_path)
 
 def test_the_readme_first_command_ends_with_the_fix_command_for_its_log_not_no_fix_written():
     """A diagnosis that worked once ended with "no fix written", as if something had failed."""
-    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "samples/logs/megatron_moe_tracker.log"],
-                            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "samples/logs/megatron_moe_tracker.log"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
     assert result.returncode == 1, result.stderr
     assert "no fix written" not in result.stderr
     last = result.stderr.splitlines()[-1]

@@ -38,14 +38,17 @@ COMMANDS = {  # the shared options table's column -> the words after `unsafe-doc
 
 
 def run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    environment = {
-        key: value for key, value in os.environ.items() if not key.startswith(("UNSAFE_DOCTOR_", "_UNSAFE_DOCTOR"))
-    }
+    environment = {key: value for key, value in os.environ.items() if not key.startswith(("UNSAFE_DOCTOR_", "_UNSAFE_DOCTOR"))}
     search_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # this tree's package first
     environment.update({"COLUMNS": "250", "PYTHONPATH": search_path, **(env or {})})
     return subprocess.run(
         [sys.executable, "-m", "unsafe_doctor", *args],
-        capture_output=True, text=True, cwd=cwd, env=environment, input=stdin, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=environment,
+        input=stdin,
+        timeout=120,
     )
 
 
@@ -246,7 +249,10 @@ def test_audit_scans_the_configured_source_roots_and_the_pre_commit_hook_runs_it
     hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     [hook] = hooks
     assert (hook["id"], hook["entry"], hook["language"], hook["pass_filenames"]) == (
-        "unsafe-doctor-audit", "unsafe-doctor audit", "python", False,
+        "unsafe-doctor-audit",
+        "unsafe-doctor audit",
+        "python",
+        False,
     )
     shutil.copytree(FRAMEWORK, tmp_path / "framework")
     (tmp_path / "pyproject.toml").write_text('[tool.unsafe-doctor]\nsource-roots = ["framework/toytrain"]\n')
@@ -258,7 +264,8 @@ def test_audit_scans_the_configured_source_roots_and_the_pre_commit_hook_runs_it
     bare = run(*hook["entry"].split()[1:], "--format", "json", cwd=tmp_path / "framework" / "toytrain")
     assert bare.returncode == 1 and "auditing the current folder" in bare.stderr
     assert [holder["name"] for holder in json.loads(bare.stdout)["holders"]] == [
-        holder["name"] for holder in json.loads(named.stdout)["holders"]]
+        holder["name"] for holder in json.loads(named.stdout)["holders"]
+    ]
 
 
 def test_format_github_writes_one_workflow_command_per_finding():
@@ -296,9 +303,15 @@ def test_shell_completion_completes_commands_and_prints_its_script():
     assert run(env=completing).stdout.split() == ["diagnose"]
     # typer reads the shell from the process's ancestors (an argument after the flag is not read):
     # run from bash, which stays the parent (`; exit`), as a user's terminal is, whoever started pytest.
-    command = f'{shlex.quote(sys.executable)} -m unsafe_doctor --show-completion; exit $?'
-    script = subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    command = f"{shlex.quote(sys.executable)} -m unsafe_doctor --show-completion; exit $?"
+    script = subprocess.run(
+        ["bash", "-c", command],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert script.returncode == 0 and "_UNSAFE_DOCTOR_COMPLETE=complete_bash" in script.stdout, script.stderr
     assert "--install-completion" in run("--help").stdout
 

@@ -50,7 +50,8 @@ def test_rules_validate_accepts_the_shipped_knowledge_base():
 
 def test_rules_validate_reports_file_and_line(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(textwrap.dedent("""\
+    bad.write_text(
+        textwrap.dedent("""\
         rules:
           - id: acme.scratch
             title: scratch
@@ -59,7 +60,8 @@ def test_rules_validate_reports_file_and_line(tmp_path):
             phase: repair
             fix: {code: "pass"}
             reason: a scratch buffer
-        """))
+        """)
+    )
     result = run("rules", "validate", str(bad))
     assert result.returncode == 2
     assert result.stderr.splitlines() == [f"{bad}:6: rules.0.phase: 'rollback' was expected"]
@@ -67,14 +69,17 @@ def test_rules_validate_reports_file_and_line(tmp_path):
 
 def test_a_user_rule_file_classifies_a_global_no_shipped_rule_knows(tmp_path):
     log = tmp_path / "train.log"
-    log.write_text(textwrap.dedent("""\
+    log.write_text(
+        textwrap.dedent("""\
         [rank2]: Traceback (most recent call last):
         [rank2]:   File "/opt/acme/trainer/step.py", line 40, in step
         [rank2]:     acme_state._SCRATCH.add_(delta)
         [rank2]: RuntimeError: There is unsafe data in the input tensor.
-        """))
+        """)
+    )
     rules = tmp_path / "acme.yaml"
-    rules.write_text(textwrap.dedent("""\
+    rules.write_text(
+        textwrap.dedent("""\
         rules:
           - id: acme.scratch
             title: Acme scratch buffer
@@ -87,7 +92,8 @@ def test_a_user_rule_file_classifies_a_global_no_shipped_rule_knows(tmp_path):
                 acme_state._SCRATCH = torch.zeros(acme_state._SCRATCH.shape, dtype=acme_state._SCRATCH.dtype,
                                                   device=acme_state._SCRATCH.device)
             reason: A scratch buffer rewritten before every use.
-        """))
+        """)
+    )
     result = run("diagnose", str(log), "--rules", str(rules), "--format", "json")
     [finding] = json.loads(result.stdout)["findings"]
     assert (finding["rule"], finding["scenario"], finding["confidence"]) == ("acme.scratch", 1, "high")
@@ -161,8 +167,9 @@ def test_rules_show_gives_a_rules_probe():
 
 def at_width(columns: int, *args: str) -> str:
     environment = {**os.environ, "COLUMNS": str(columns)}
-    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120,
-                            env=environment)
+    result = subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120, env=environment
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -199,7 +206,8 @@ def test_rules_list_gives_every_id_whole_its_columns_aligned_and_its_title_acros
 def test_rules_list_folds_an_id_too_long_for_the_terminal_and_keeps_within_it(tmp_path):
     rules = tmp_path / "long.yaml"
     identifier = "acme." + "-".join(["long"] * 16)
-    rules.write_text(textwrap.dedent(f"""\
+    rules.write_text(
+        textwrap.dedent(f"""\
         rules:
           - id: {identifier}
             title: A rule with a long id
@@ -208,7 +216,8 @@ def test_rules_list_folds_an_id_too_long_for_the_terminal_and_keeps_within_it(tm
             phase: rollback
             fix: {{code: "_LOSS_LOG.clear()"}}
             reason: Emptied every step.
-        """))
+        """)
+    )
     lines = at_width(80, "rules", "list", "--rules", str(rules)).splitlines()
     assert all(len(line) <= 80 for line in lines) and "…" not in "".join(lines)
     first = next(index for index, line in enumerate(lines) if line.startswith("acme."))
@@ -218,8 +227,12 @@ def test_rules_list_folds_an_id_too_long_for_the_terminal_and_keeps_within_it(tm
 
 def test_no_shipped_rule_text_holds_a_word_split_at_a_hyphen():
     """A folded YAML line that ends in a hyphen joins the next with a space: "data- parallel"."""
-    split = [(entry["id"], field, match.group()) for entry in shipped_entries() for field in ("title", "reason")
-             for match in re.finditer(r"\w+- \w+", entry[field])]
+    split = [
+        (entry["id"], field, match.group())
+        for entry in shipped_entries()
+        for field in ("title", "reason")
+        for match in re.finditer(r"\w+- \w+", entry[field])
+    ]
     assert split == []
 
 

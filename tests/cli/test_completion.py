@@ -18,8 +18,14 @@ USERS_RC = b"export GREETING=caf\xe9   \n# the user's own trailing blank lines\n
 
 def install(home: Path, shell: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT), "PATH": path or os.environ["PATH"]}
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "--install-completion", shell],
-                          capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "--install-completion", shell],
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("shell, rc", [("bash", ".bashrc"), ("zsh", ".zshrc")])
@@ -64,5 +70,6 @@ def test_a_powershell_that_fails_is_one_line(tmp_path):
     path = fake_powershell(tmp_path / "bin", 'echo "pwsh: broken" >&2\nexit 3')
     result = install(tmp_path, "pwsh", path)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert result.stderr.splitlines() == ["unsafe-doctor: cannot install pwsh completion: pwsh did not name its "
-                                          "profile (exit 3: pwsh: broken)"]
+    assert result.stderr.splitlines() == [
+        "unsafe-doctor: cannot install pwsh completion: pwsh did not name its profile (exit 3: pwsh: broken)"
+    ]

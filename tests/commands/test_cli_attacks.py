@@ -26,19 +26,27 @@ FRAMEWORK = ROOT / "samples" / "framework"
 COMMANDS = [["-V"], ["--help"], [str(FAQ_LOG)], ["rules", "list"], ["audit", str(FRAMEWORK)], ["fix", "--help"]]
 
 
-def run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, close: int | None = None,
-        encoding: str = "utf-8") -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, close: int | None = None, encoding: str = "utf-8"
+) -> subprocess.CompletedProcess[str]:
     """The command in a fresh process; `close`: the standard stream (1 or 2) it starts without;
     `encoding`: the one its output is read in."""
     environment = {key: value for key, value in os.environ.items() if not key.startswith("UNSAFE_DOCTOR_")}
     environment.update({"COLUMNS": "120", "PYTHONPATH": str(ROOT), **(env or {})})
     return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, encoding=encoding, cwd=cwd, env=environment,
-        stdin=subprocess.DEVNULL, timeout=120, preexec_fn=None if close is None else lambda: os.close(close),
+        [sys.executable, "-m", "unsafe_doctor", *args],
+        capture_output=True,
+        encoding=encoding,
+        cwd=cwd,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+        preexec_fn=None if close is None else lambda: os.close(close),
     )
 
 
 # --- standard streams ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("args", COMMANDS, ids=" ".join)
 def test_a_closed_stdout_is_one_line_and_exit_2_for_every_command(args):
@@ -65,26 +73,39 @@ def test_an_output_encoding_that_is_not_utf8_escapes_instead_of_failing(encoding
 
 # --- where it runs ------------------------------------------------------------------------------------
 
+
 def test_a_deleted_working_folder_is_one_line_and_exit_2(tmp_path):
     gone = tmp_path / "gone"
     gone.mkdir()
     # started in the folder, which is then removed under it: as a user's shell is left in a folder deleted by `rm -rf`
-    script = f"import os, sys, runpy; os.rmdir({str(gone)!r}); sys.argv = ['unsafe-doctor', *sys.argv[1:]]; " \
-             "runpy.run_module('unsafe_doctor', run_name='__main__')"
+    script = (
+        f"import os, sys, runpy; os.rmdir({str(gone)!r}); sys.argv = ['unsafe-doctor', *sys.argv[1:]]; "
+        "runpy.run_module('unsafe_doctor', run_name='__main__')"
+    )
     for args in (["--help"], [str(FAQ_LOG)], ["audit", str(FRAMEWORK)], ["rules", "list"]):
-        result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=gone,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-c", script, *args],
+            capture_output=True,
+            text=True,
+            cwd=gone,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=120,
+        )
         refused(result, "the working folder no longer exists")
         gone.mkdir()
 
 
-@pytest.mark.parametrize(("table", "fragment"), [
-    ('[tool.unsafe-doctor]\nrules = ' + "[" * 20000 + "]" * 20000 + "\n", "nested too deep"),
-    ('[tool.unsafe-doctor]\nsource-roots = ["a\\u0000b"]\n', "source-roots holds a NUL byte"),
-    ('[tool.unsafe-doctor]\nadaptor = "recovery\\u0000.py"\n', "adaptor holds a NUL byte"),
-    ('[tool.unsafe-doctor]\nfunctions = {rollback = "a\\u0000b"}\n', "functions.rollback holds a NUL byte"),
-    ('[tool.unsafe-doctor]\nsource-root = "src"\n', "did you mean 'source-roots'?"),
-], ids=["deep", "nul-root", "nul-adaptor", "nul-function", "misspelt-key"])
+@pytest.mark.parametrize(
+    ("table", "fragment"),
+    [
+        ("[tool.unsafe-doctor]\nrules = " + "[" * 20000 + "]" * 20000 + "\n", "nested too deep"),
+        ('[tool.unsafe-doctor]\nsource-roots = ["a\\u0000b"]\n', "source-roots holds a NUL byte"),
+        ('[tool.unsafe-doctor]\nadaptor = "recovery\\u0000.py"\n', "adaptor holds a NUL byte"),
+        ('[tool.unsafe-doctor]\nfunctions = {rollback = "a\\u0000b"}\n', "functions.rollback holds a NUL byte"),
+        ('[tool.unsafe-doctor]\nsource-root = "src"\n', "did you mean 'source-roots'?"),
+    ],
+    ids=["deep", "nul-root", "nul-adaptor", "nul-function", "misspelt-key"],
+)
 def test_a_hostile_pyproject_above_the_working_folder_is_one_line(tmp_path, table, fragment):
     (tmp_path / "pyproject.toml").write_text(table)
     inner = tmp_path / "job"
@@ -100,10 +121,16 @@ def test_a_pyproject_whose_tool_is_no_table_holds_no_settings(tmp_path):
 
 # --- shell completion ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("shell", "marker"), [
-    ("bash", "complete_bash"), ("zsh", "#compdef unsafe-doctor"), ("fish", "complete_fish"),
-    ("powershell", "complete_powershell"),
-])
+
+@pytest.mark.parametrize(
+    ("shell", "marker"),
+    [
+        ("bash", "complete_bash"),
+        ("zsh", "#compdef unsafe-doctor"),
+        ("fish", "complete_fish"),
+        ("powershell", "complete_powershell"),
+    ],
+)
 def test_show_completion_prints_the_named_shells_script(shell, marker):
     for args in (["--show-completion", shell], [f"--show-completion={shell}"]):
         result = run(*args)
@@ -151,6 +178,7 @@ def test_an_audit_with_no_python_file_to_read_is_a_usage_error(tmp_path):
 
 
 # --- -o: where the report goes ------------------------------------------------------------------------
+
 
 def test_output_to_a_device_or_fifo_is_written_through_not_replaced(tmp_path):
     fifo = tmp_path / "report.fifo"
@@ -228,12 +256,22 @@ def test_a_log_name_cannot_start_a_workflow_command_or_a_line_of_its_own(tmp_pat
 
 
 def test_a_sentinel_field_cannot_start_a_line_of_the_text_report(tmp_path):
-    record = {"schema": "unsafe-doctor/sentinel/v1", "rank": 0, "backend": "emulated", "mode": "raise",
-              "tensors_checked": 18, "unsafe_tensors": 0, "unsafe_globals": 0, "seconds": 0.003,
-              "stopped_early": f"budget\x1b[2J{INJECTED}", "event": "summary"}
+    record = {
+        "schema": "unsafe-doctor/sentinel/v1",
+        "rank": 0,
+        "backend": "emulated",
+        "mode": "raise",
+        "tensors_checked": 18,
+        "unsafe_tensors": 0,
+        "unsafe_globals": 0,
+        "seconds": 0.003,
+        "stopped_early": f"budget\x1b[2J{INJECTED}",
+        "event": "summary",
+    }
     log = tmp_path / "train.log"
-    log.write_text(f"WARNING unsafe_doctor.sentinel: [unsafe-doctor sentinel] rank 0: clean {json.dumps(record)}\n"
-                   + FAQ_LOG.read_text())
+    log.write_text(
+        f"WARNING unsafe_doctor.sentinel: [unsafe-doctor sentinel] rank 0: clean {json.dumps(record)}\n" + FAQ_LOG.read_text()
+    )
     result = run(str(log))
     assert "stopped early: budget" in " ".join(result.stdout.split()), result.stdout
     no_injected_line(result.stdout, result.stderr)
@@ -250,6 +288,7 @@ def test_an_audited_file_name_cannot_drive_the_terminal(tmp_path):
 
 # --- one adaptor discovery for every command ---------------------------------------------------------
 
+
 def test_every_command_finds_the_adaptor_under_the_source_root_and_says_how(tmp_path):
     """audit once found toytrain's recovery.py by its functions, while fix and sentinel install
     said "no adaptor file found" under the same --source-root."""
@@ -257,8 +296,10 @@ def test_every_command_finds_the_adaptor_under_the_source_root_and_says_how(tmp_
     root = tmp_path / "framework"
     adaptor = root / "toytrain" / "recovery.py"
     said = f"adaptor {adaptor} (found under the source roots as the module that defines the rollback and repair functions)"
-    for args in (["fix", str(ROOT / "samples" / "logs" / "toytrain_ema"), "--source-root", str(root), "--dry-run"],
-                 ["sentinel", "install", "--source-root", str(root), "--dry-run"]):
+    for args in (
+        ["fix", str(ROOT / "samples" / "logs" / "toytrain_ema"), "--source-root", str(root), "--dry-run"],
+        ["sentinel", "install", "--source-root", str(root), "--dry-run"],
+    ):
         result = run(*args)
         assert result.returncode == 0 and said in result.stderr, result.stderr
         assert f"+++ b{adaptor}" in result.stdout
@@ -279,19 +320,26 @@ def test_two_adaptors_are_never_chosen_between_silently(tmp_path):
     """`audit --fix --yes` once wrote into the vendored copy, and the next audit said "covered"."""
     team, vendored = two_adaptors(tmp_path)
     before = team.read_bytes()
-    for args in (["audit", ".", "--fix", "--yes"], ["fix", str(ROOT / "samples" / "logs" / "toytrain_ema"), "--source-root", ".",
-                                                     "--yes"], ["sentinel", "install", "--source-root", ".", "--no-input"]):
-        refused(run(*args, cwd=tmp_path), "several recovery adaptors under the source roots "
-                                          "(third_party/vendor/recovery.py, toytrain/recovery.py): "
-                                          "name the one to use with --adaptor FILE")
+    for args in (
+        ["audit", ".", "--fix", "--yes"],
+        ["fix", str(ROOT / "samples" / "logs" / "toytrain_ema"), "--source-root", ".", "--yes"],
+        ["sentinel", "install", "--source-root", ".", "--no-input"],
+    ):
+        refused(
+            run(*args, cwd=tmp_path),
+            "several recovery adaptors under the source roots "
+            "(third_party/vendor/recovery.py, toytrain/recovery.py): "
+            "name the one to use with --adaptor FILE",
+        )
     assert team.read_bytes() == vendored.read_bytes() == before
 
 
 def test_at_a_terminal_the_person_picks_the_adaptor_among_two(tmp_path):
     team, vendored = two_adaptors(tmp_path)
     before = vendored.read_bytes()
-    code, screen = at_terminal(["audit", ".", "--fix"], cwd=tmp_path,
-                               answers=[(b"Which is yours? [1-2]: ", b"2\n"), (b"? [y/N]: ", b"y\n")])
+    code, screen = at_terminal(
+        ["audit", ".", "--fix"], cwd=tmp_path, answers=[(b"Which is yours? [1-2]: ", b"2\n"), (b"? [y/N]: ", b"y\n")]
+    )
     assert code == 0, screen
     assert "1 = third_party/vendor/recovery.py" in screen and "2 = toytrain/recovery.py" in screen
     assert "unsafe-doctor: begin " in team.read_text() and vendored.read_bytes() == before
@@ -303,8 +351,9 @@ def test_sentinel_install_and_audit_at_a_terminal_ask_which_adaptor_once_and_go_
     team, vendored = two_adaptors(tmp_path)
     before = vendored.read_bytes()
     which = (b"Which is yours? [1-2]: ", b"2\n")
-    code, screen = at_terminal(["sentinel", "install", "--source-root", "."], cwd=tmp_path,
-                               answers=[which, (b"? [y/N]: ", b"y\n")])
+    code, screen = at_terminal(
+        ["sentinel", "install", "--source-root", "."], cwd=tmp_path, answers=[which, (b"? [y/N]: ", b"y\n")]
+    )
     assert code == 0, screen
     assert screen.count("Which is yours?") == 1 and "adaptor toytrain/recovery.py (given)" in screen
     assert "# unsafe-doctor: begin unsafe_doctor.sentinel" in team.read_text() and vendored.read_bytes() == before

@@ -62,13 +62,17 @@ def test_log_gives_exactly_its_labelled_findings(entry):
 UNTRACED = [entry for entry in ENTRIES if entry.untraced]
 
 
-@pytest.mark.parametrize("entry", [pytest.param(entry, id=entry.log) for entry in UNTRACED
-                                   if not entry.untraced.get("error")])  # another error: only its suspects count
+@pytest.mark.parametrize(
+    "entry", [pytest.param(entry, id=entry.log) for entry in UNTRACED if not entry.untraced.get("error")]
+)  # another error: only its suspects count
 def test_an_untraced_log_tells_its_mindio_release_its_ranks_and_its_adaptor_generation(entry):
     label = entry.untraced
     outcome = _run(entry)
     assert (outcome.mindio, outcome.untraced_ranks, outcome.generation) == (
-        label["mindio"], tuple(label["ranks"]), label["generation"])
+        label["mindio"],
+        tuple(label["ranks"]),
+        label["generation"],
+    )
 
 
 # The suspects of the benchmark's logs (`benchmark`) are its measure, scored by benchmarks/untraced_accuracy.py
@@ -99,7 +103,11 @@ def test_the_untraced_logs_cover_every_mindio_form_and_adaptor_generation():
     labels = [entry.untraced for entry in UNTRACED]
     assert {label["mindio"] for label in labels} == {"first-public", "v7.3", "v26"}
     assert {label["generation"] for label in labels} >= {
-        "mindspeed-llm-26", "mindspeed-llm-2.3", "mindio-ttp-legacy", "taskd-elastic"}
+        "mindspeed-llm-26",
+        "mindspeed-llm-2.3",
+        "mindio-ttp-legacy",
+        "taskd-elastic",
+    }
     assert any(label["culprit"] is None for label in labels)  # a user's global
     assert any(len(label["ranks"]) > 1 for label in labels)
 

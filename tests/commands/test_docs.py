@@ -84,7 +84,7 @@ def read_page(path: Path) -> Page:
         fence = _FENCE.match(line)
         if fence:
             end = next(i for i in range(index + 1, len(lines)) if lines[i].startswith(fence.group(1)))
-            page.blocks.append(Block(line[len(fence.group(1)):].strip(), lines[index + 1 : end], mark, index + 1))
+            page.blocks.append(Block(line[len(fence.group(1)) :].strip(), lines[index + 1 : end], mark, index + 1))
             page.prose.append("")
             index, mark = end + 1, None
             continue
@@ -155,7 +155,11 @@ def test_the_readme_links_every_docs_page():
 def run_cli(words: list[str]) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "unsafe_doctor", *words],
-        capture_output=True, text=True, timeout=60, env={**clean_environment(), "COLUMNS": "250"}, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean_environment(), "COLUMNS": "250"},
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -194,8 +198,12 @@ def option_names(cell: str) -> set[str]:
 
 
 def command_tables() -> list[tuple[str, Path, int]]:
-    return [(argument, path, index) for path in PAGES for index, kind, argument in read_page(path).marks
-            if kind == "options" and argument != "shared"]
+    return [
+        (argument, path, index)
+        for path in PAGES
+        for index, kind, argument in read_page(path).marks
+        if kind == "options" and argument != "shared"
+    ]
 
 
 @pytest.mark.parametrize(("command", "path", "index"), command_tables(), ids=[command for command, _, _ in command_tables()])
@@ -235,12 +243,15 @@ _SHIPPED = re.compile(rf"\b(\d+|{'|'.join(_NUMBER_WORDS)}) (?:\*\*)?(rules|templ
 
 
 def test_a_page_that_counts_the_shipped_rules_and_templates_counts_what_rules_list_lists():
-    """"N rules ship", "N templates ship": N is what `rules list` lists (its templates are the
+    """ "N rules ship", "N templates ship": N is what `rules list` lists (its templates are the
     `generic.*` rows), so a rule added to the knowledge base cannot leave the count behind."""
     listed = json.loads(run_cli(["rules", "list", "--format", "json"]))
     shipped = {"rules": len(listed["rules"]), "templates": len(listed["templates"])}
-    said = [(page_id(path), kind.lower(), int(number) if number.isdigit() else _NUMBER_WORDS.index(number.lower()))
-            for path in PAGES for number, kind in _SHIPPED.findall(" ".join(read_page(path).prose))]
+    said = [
+        (page_id(path), kind.lower(), int(number) if number.isdigit() else _NUMBER_WORDS.index(number.lower()))
+        for path in PAGES
+        for number, kind in _SHIPPED.findall(" ".join(read_page(path).prose))
+    ]
     assert {kind for _, kind, _ in said} == set(shipped), said  # docs/knowledge-base.md says both
     assert [(page, kind, count) for page, kind, count in said if count != shipped[kind]] == [], shipped
 
@@ -306,8 +317,10 @@ def mismatch(runs: list[list[str]], printed: list[str]) -> str | None:
         if index == 0:
             found = 0 if printed[: len(run)] == run else None
         else:
-            found = next((start for start in range(position, len(printed) - len(run) + 1)
-                          if printed[start : start + len(run)] == run), None)
+            found = next(
+                (start for start in range(position, len(printed) - len(run) + 1) if printed[start : start + len(run)] == run),
+                None,
+            )
         if found is None:
             return f"not printed as one run{' after the run before' if index else ' from the first line'}:\n" + "\n".join(run)
         if index and not any(printed[position:found]):
@@ -323,27 +336,35 @@ def mismatch(runs: list[list[str]], printed: list[str]) -> str | None:
 def assert_printed(expected: list[str], stdout: str, stderr: str, where: str) -> None:
     """The block is stdout's lines or stderr's lines, with each line it leaves out marked by a cut."""
     runs = shown_runs(expected, where)
-    why = {name: mismatch(runs, without_blank_edges([normalised(line) for line in text.splitlines()]))
-           for name, text in (("stdout", stdout), ("stderr", stderr))}
+    why = {
+        name: mismatch(runs, without_blank_edges([normalised(line) for line in text.splitlines()]))
+        for name, text in (("stdout", stdout), ("stderr", stderr))
+    }
     if None not in why.values():
-        raise AssertionError(f"{where}: the block is neither stream as printed\n"
-                             + "".join(f"--- {name}: {reason}\n" for name, reason in why.items())
-                             + f"--- stdout\n{stdout}\n--- stderr\n{stderr}")
+        raise AssertionError(
+            f"{where}: the block is neither stream as printed\n"
+            + "".join(f"--- {name}: {reason}\n" for name, reason in why.items())
+            + f"--- stdout\n{stdout}\n--- stderr\n{stderr}"
+        )
 
 
-@pytest.mark.parametrize(("block", "holds"), [
-    (["a", "b", "c", "d"], True),
-    (["[…]", "c", "d"], True),
-    (["a", "[…]", "d"], True),
-    (["a", "b", "[…]"], True),
-    (["[…]", "b", "[…]"], True),
-    (["a", "c", "d"], False),  # b left out with no cut
-    (["b", "c", "d"], False),  # a left out at the top with no cut
-    (["a", "b", "c"], False),  # d left out at the bottom with no cut
-    (["a", "[…]", "b", "c", "d"], False),  # a cut that leaves nothing out
-    (["a", "b", "c", "d", "[…]"], False),
-    (["c", "[…]", "a"], False),  # out of order
-], ids=lambda value: " ".join(value) if isinstance(value, list) else str(value))
+@pytest.mark.parametrize(
+    ("block", "holds"),
+    [
+        (["a", "b", "c", "d"], True),
+        (["[…]", "c", "d"], True),
+        (["a", "[…]", "d"], True),
+        (["a", "b", "[…]"], True),
+        (["[…]", "b", "[…]"], True),
+        (["a", "c", "d"], False),  # b left out with no cut
+        (["b", "c", "d"], False),  # a left out at the top with no cut
+        (["a", "b", "c"], False),  # d left out at the bottom with no cut
+        (["a", "[…]", "b", "c", "d"], False),  # a cut that leaves nothing out
+        (["a", "b", "c", "d", "[…]"], False),
+        (["c", "[…]", "a"], False),  # out of order
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else str(value),
+)
 def test_an_output_block_leaves_printed_lines_out_only_where_a_cut_says_so(block, holds):
     printed = "a\nb\nc\nd\n"
     if holds:
@@ -374,8 +395,14 @@ def reader_folder(folder: Path) -> dict[str, str]:
     executable = Path(sys.executable).parent / "unsafe-doctor"
     assert executable.exists(), f"{executable}: install the project (pip install -e .) to run its pages"
     shutil.copytree(ROOT / "samples", folder / "samples", ignore=shutil.ignore_patterns("__pycache__"))
-    return {**clean_environment(), "COLUMNS": COLUMNS, "PATH": f"{executable.parent}{os.pathsep}/usr/bin{os.pathsep}/bin",
-            "HOME": str(folder), "NO_COLOR": "1", "TERM": "dumb"}
+    return {
+        **clean_environment(),
+        "COLUMNS": COLUMNS,
+        "PATH": f"{executable.parent}{os.pathsep}/usr/bin{os.pathsep}/bin",
+        "HOME": str(folder),
+        "NO_COLOR": "1",
+        "TERM": "dumb",
+    }
 
 
 def run_page(path: Path, folder: Path, environment: dict[str, str]) -> list[str]:
@@ -392,8 +419,15 @@ def run_page(path: Path, folder: Path, environment: dict[str, str]) -> list[str]
             assert len(codes) == len(commands), f"{where}: one exit code per command"
             stdout, stderr = [], []
             for command, code in zip(commands, codes, strict=True):
-                result = subprocess.run(["bash", "-c", command], cwd=folder, env=environment,
-                                        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+                result = subprocess.run(
+                    ["bash", "-c", command],
+                    cwd=folder,
+                    env=environment,
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    stdin=subprocess.DEVNULL,
+                )
                 assert result.returncode == code, f"{where}: {command}\n{result.stdout}\n{result.stderr}"
                 stdout.append(result.stdout)
                 stderr.append(result.stderr)
@@ -429,8 +463,14 @@ def test_the_pages_run_one_after_another_in_one_folder_as_each_says(tmp_path):
 
 def test_pages_replay_at_most_three_times():
     """`verify` is the slow command: the pages' run blocks call it three times at most, together."""
-    calls = [command for path in runnable_pages() for block in read_page(path).blocks
-             if block.mark and block.mark[0] == "run" for command in commands_of(block) if " verify " in f" {command} "]
+    calls = [
+        command
+        for path in runnable_pages()
+        for block in read_page(path).blocks
+        if block.mark and block.mark[0] == "run"
+        for command in commands_of(block)
+        if " verify " in f" {command} "
+    ]
     assert len(calls) <= 3, calls
 
 

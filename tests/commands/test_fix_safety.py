@@ -34,8 +34,17 @@ BEGIN, END = "# unsafe-doctor: begin ", "# unsafe-doctor: end "
 
 def run(*args: str, cwd: Path = ROOT, stdout=subprocess.PIPE, **options) -> subprocess.CompletedProcess:
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "fix", *args], stdout=stdout, stderr=subprocess.PIPE,
-                          text=True, cwd=cwd, env=environment, timeout=120, stdin=subprocess.DEVNULL, **options)
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "fix", *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=environment,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        **options,
+    )
 
 
 def adaptor_in(folder: Path) -> Path:
@@ -163,12 +172,19 @@ def test_a_disk_that_fills_on_the_second_file_leaves_the_first_unwritten_too(ful
     if mounted:
         fill(folder, leave=12 << 10)  # room for the first file's backup and content and the second's backup
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", STAGE_TWO_FILES], capture_output=True, text=True, cwd=folder,
-                            env=environment, timeout=120, preexec_fn=None if mounted else limit_file_size)
+    result = subprocess.run(
+        [sys.executable, "-c", STAGE_TWO_FILES],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        env=environment,
+        timeout=120,
+        preexec_fn=None if mounted else limit_file_size,
+    )
     assert result.returncode == 1 and result.stderr.startswith("cannot write second.py: "), result.stderr
     assert result.stderr.endswith(": nothing written\n")
     assert (folder / "first.py").read_bytes() == (folder / "second.py").read_bytes() == b"x = 1\n"
-    assert sorted(path.name for path in folder.iterdir()) == ["filler", "first.py", "second.py"][not mounted:]
+    assert sorted(path.name for path in folder.iterdir()) == ["filler", "first.py", "second.py"][not mounted :]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
@@ -206,7 +222,7 @@ def broken(adaptor: Path, how: str) -> int:
     elif how == "nested":  # the second block moved inside the first
         block = lines[begins[1] : ends[1] + 1]
         del lines[begins[1] : ends[1] + 1]
-        lines[ends[0]:ends[0]] = block
+        lines[ends[0] : ends[0]] = block
         line = ends[0] + 1
     elif how == "send end and recv begin lost":  # the same key on both sides: the two left pair up across a def
         del lines[begins[1]]
@@ -219,8 +235,9 @@ def broken(adaptor: Path, how: str) -> int:
     return line
 
 
-@pytest.mark.parametrize("how", ["first end lost", "last end lost", "begin lost", "nested", "interleaved",
-                                 "send end and recv begin lost"])
+@pytest.mark.parametrize(
+    "how", ["first end lost", "last end lost", "begin lost", "nested", "interleaved", "send end and recv begin lost"]
+)
 def test_revert_refuses_markers_out_of_place_and_changes_nothing(tmp_path, how):
     adaptor = adaptor_in(tmp_path)
     assert fix_ema(adaptor, "--yes").returncode == 0
@@ -252,15 +269,25 @@ def test_markers_paired_across_a_function_boundary_are_refused_by_every_command_
         sentinel("install", "--adaptor", str(adaptor), "--yes"),
         sentinel("install", "--revert", "--adaptor", str(adaptor), "--yes"),
     ):
-        refused(result, f"{adaptor}:{line}: block generic.replica-copy:toytrain.state._EMA_GRAD_NORM "
-                                    f"(lines {line}-{end}) runs across the boundary of recv_rank_repair() (line {recv})")
+        refused(
+            result,
+            f"{adaptor}:{line}: block generic.replica-copy:toytrain.state._EMA_GRAD_NORM "
+            f"(lines {line}-{end}) runs across the boundary of recv_rank_repair() (line {recv})",
+        )
         assert (sorted(tmp_path.iterdir()), adaptor.read_bytes()) == before
 
 
 def sentinel(*args: str) -> subprocess.CompletedProcess:
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "sentinel", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=environment, timeout=120, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "sentinel", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=environment,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 # --- the dry run's patch -------------------------------------------------------------------------------
@@ -351,9 +378,12 @@ def test_a_module_named_like_a_name_the_block_needs_is_bound_under_another_and_t
     else:
         assert f"    from team import {module} as team_{module}\n" in text  # the rule's form, under a free name
         assert f'getattr(team_{module}, "_TEAM_BUFFER", None)' in text
-    program = (f"import sys, torch\nsys.path.insert(0, {str(tmp_path / 'src')!r})\n" + text +
-               f"import team.{module}\nteam.{module}._TEAM_BUFFER.fill_(7)\nfeature_rollback()\n"
-               f"assert team.{module}._TEAM_BUFFER.tolist() == [0, 0, 0, 0]\n")
+    program = (
+        f"import sys, torch\nsys.path.insert(0, {str(tmp_path / 'src')!r})\n"
+        + text
+        + f"import team.{module}\nteam.{module}._TEAM_BUFFER.fill_(7)\nfeature_rollback()\n"
+        f"assert team.{module}._TEAM_BUFFER.tolist() == [0, 0, 0, 0]\n"
+    )
     checked = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert checked.returncode == 0, checked.stderr
 
@@ -420,11 +450,29 @@ needs_setpriv = pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpr
 
 def as_user(user: int, group: int, groups: tuple[int, ...], *args: str) -> subprocess.CompletedProcess:
     """`unsafe-doctor fix ARGS` run by another user (setpriv), without root's capabilities."""
-    command = ["/usr/bin/setpriv", f"--reuid={user}", f"--regid={group}",
-               f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups",
-               "--bounding-set", "-all", "--inh-caps", "-all", sys.executable, "-m", "unsafe_doctor", "fix", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    command = [
+        "/usr/bin/setpriv",
+        f"--reuid={user}",
+        f"--regid={group}",
+        f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups",
+        "--bounding-set",
+        "-all",
+        "--inh-caps",
+        "-all",
+        sys.executable,
+        "-m",
+        "unsafe_doctor",
+        "fix",
+        *args,
+    ]
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 @pytest.fixture

@@ -31,8 +31,14 @@ os.execv(sys.executable, [sys.executable, "-m", "unsafe_doctor", *sys.argv[1:]])
 
 def holding_many(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
-    result = subprocess.run([sys.executable, "-c", EXEC_HOLDING, *args], capture_output=True, text=True, env=env,
-                            stdin=subprocess.DEVNULL, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", EXEC_HOLDING, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
     if result.returncode == 77:
         pytest.skip(f"the hard limit on open files is below {HOLDING + 200}")
     return result
@@ -48,7 +54,13 @@ def test_verify_with_many_inherited_descriptors(tmp_path):
     pytest.importorskip("torch")
     toy = tmp_path / "toy"
     shutil.copytree(SAMPLES / "framework", toy)
-    result = holding_many("verify", str(SAMPLES / "logs" / "toytrain_ema"), "--source-root", str(toy),
-                          "--adaptor", str(toy / "toytrain" / "recovery.py"))
+    result = holding_many(
+        "verify",
+        str(SAMPLES / "logs" / "toytrain_ema"),
+        "--source-root",
+        str(toy),
+        "--adaptor",
+        str(toy / "toytrain" / "recovery.py"),
+    )
     assert "Traceback" not in result.stderr, result.stderr
     assert "The adaptor holds no fix for toytrain.state._EMA_GRAD_NORM" in result.stdout

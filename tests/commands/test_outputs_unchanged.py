@@ -44,8 +44,9 @@ def _corpus_cases() -> dict[str, list[str]]:
 
 def _sample_cases() -> dict[str, list[str]]:
     logs = Path("samples") / "logs"
-    cases = {f"sample-{path.stem}": ["diagnose", str(path)]
-             for path in sorted((ROOT / logs).iterdir()) if path.name != "README.md"}
+    cases = {
+        f"sample-{path.stem}": ["diagnose", str(path)] for path in sorted((ROOT / logs).iterdir()) if path.name != "README.md"
+    }
     for name in ("toytrain_ema", "toytrain_sentinel.log"):  # the job's own framework, as docs/diagnose.md runs them
         cases[f"sample-{Path(name).stem}-source"] = ["diagnose", str(logs / name), "--source-root=samples/framework"]
     cases["sample-audit-toytrain"] = ["audit", "samples/framework/toytrain"]

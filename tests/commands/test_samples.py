@@ -46,8 +46,13 @@ def test_megatron_tracker_on_two_ranks_folds_into_one_finding():
     assert finding["ranks"] == [1, 3]
     assert finding["message"] == "There is unsafe data in the input tensor."
     assert finding["error_code"] == "ERR00003"
-    assert finding["recovery"] == {"seen": True, "fault_ranks": [1, 3], "step": 120, "phase": "after-recovery",
-                                   "faults": [{"rank": 1, "kind": "memory-fault"}, {"rank": 3, "kind": "memory-fault"}]}
+    assert finding["recovery"] == {
+        "seen": True,
+        "fault_ranks": [1, 3],
+        "step": 120,
+        "phase": "after-recovery",
+        "faults": [{"rank": 1, "kind": "memory-fault"}, {"rank": 3, "kind": "memory-fault"}],
+    }
     culprit = finding["culprit"]
     assert culprit["file"].endswith("megatron/core/transformer/moe/moe_utils.py")
     assert (culprit["line"], culprit["function"]) == (897, "save_to_aux_losses_tracker")
@@ -226,8 +231,11 @@ def test_sarif_points_at_each_piece_of_heuristic_evidence():
     assert item.classification.evidence, "toytrain's _EMA_GRAD_NORM is classified by the heuristics"
     [result] = diagnosis_sarif(diagnosis)["runs"][0]["results"]
     related = [
-        (place["physicalLocation"]["artifactLocation"]["uri"], place["physicalLocation"]["region"]["startLine"],
-         place["message"]["text"])
+        (
+            place["physicalLocation"]["artifactLocation"]["uri"],
+            place["physicalLocation"]["region"]["startLine"],
+            place["message"]["text"],
+        )
         for place in result["relatedLocations"]
     ]
     assert related == [(seen.file, seen.line, seen.text) for seen in item.classification.evidence]

@@ -29,8 +29,15 @@ def run(*args: str, cwd: Path = ROOT, **options) -> subprocess.CompletedProcess[
     environment = {key: value for key, value in os.environ.items() if not key.startswith("UNSAFE_DOCTOR_")}
     environment.update({"COLUMNS": "120", "PYTHONPATH": str(ROOT)})
     options = {"stdout": subprocess.PIPE, "stdin": subprocess.DEVNULL, **options}
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], stderr=subprocess.PIPE, text=True, cwd=cwd,
-                          env=environment, timeout=120, **options)
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=environment,
+        timeout=120,
+        **options,
+    )
 
 
 def fix_ema(adaptor: Path, *extra: str) -> subprocess.CompletedProcess[str]:

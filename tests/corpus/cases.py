@@ -58,7 +58,7 @@ def allreduce_gradients(model: torch.nn.Module) -> None:
     flat /= dist.get_world_size()
     offset = 0
     for grad in grads:
-        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
         offset += grad.numel()
 
 
@@ -178,8 +178,13 @@ class MegatronCase(Case):
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         return TransformerConfig(
-            num_layers=2, hidden_size=HIDDEN_SIZE, num_attention_heads=NUM_HEADS, attention_dropout=0.0,
-            hidden_dropout=0.0, use_cpu_initialization=True, **overrides,
+            num_layers=2,
+            hidden_size=HIDDEN_SIZE,
+            num_attention_heads=NUM_HEADS,
+            attention_dropout=0.0,
+            hidden_dropout=0.0,
+            use_cpu_initialization=True,
+            **overrides,
         )
 
 
@@ -229,8 +234,9 @@ class MegatronSelfAttention(torch.nn.Module):
         from megatron.core.transformer.enums import AttnMaskType
 
         self.qkv = torch.nn.Linear(HIDDEN_SIZE, 3 * HIDDEN_SIZE)
-        self.core_attention = DotProductAttention(config, 1, AttnMaskType.causal, "self",
-                                                  pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+        self.core_attention = DotProductAttention(
+            config, 1, AttnMaskType.causal, "self", pg_collection=ProcessGroupCollection.use_mpu_process_groups()
+        )
         self.proj = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
 
     def forward(self, hidden):
@@ -277,8 +283,9 @@ class RotaryAttention(torch.nn.Module):
         seq, batch, _ = hidden.shape
         query = self.query(hidden).view(seq, batch, NUM_HEADS, HEAD_DIM)
         rotary_pos_emb = self.rotary_pos_emb(seq)
-        query = apply_rotary_pos_emb(query, rotary_pos_emb, config=self.config,
-                                     cp_group=parallel_state.get_context_parallel_group())
+        query = apply_rotary_pos_emb(
+            query, rotary_pos_emb, config=self.config, cp_group=parallel_state.get_context_parallel_group()
+        )
         return hidden + self.proj(query.reshape(seq, batch, HIDDEN_SIZE))
 
 
@@ -286,12 +293,23 @@ class RouterExpertBias(MegatronCase):
     """Aux-loss-free load balancing: the routers' expert_bias steers routing and moves every step."""
 
     def moe_config(self):
-        return self.config(num_moe_experts=4, moe_router_topk=2, moe_router_load_balancing_type="none",
-                           moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True)
+        return self.config(
+            num_moe_experts=4,
+            moe_router_topk=2,
+            moe_router_load_balancing_type="none",
+            moe_router_score_function="sigmoid",
+            moe_router_enable_expert_bias=True,
+        )
 
     def arguments(self):
-        return {**super().arguments(), "num_experts": 4, "moe_router_topk": 2, "moe_router_load_balancing_type": "none",
-                "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True}
+        return {
+            **super().arguments(),
+            "num_experts": 4,
+            "moe_router_topk": 2,
+            "moe_router_load_balancing_type": "none",
+            "moe_router_score_function": "sigmoid",
+            "moe_router_enable_expert_bias": True,
+        }
 
     def block(self):
         return MoeLayer(self.moe_config())
@@ -326,9 +344,14 @@ class RouterExpertBiasAuxCoeff(RouterExpertBias):
     the router records nothing in the MoE tracker: the expert bias is what the step reads."""
 
     def moe_config(self):
-        return self.config(num_moe_experts=4, moe_router_topk=2, moe_router_load_balancing_type="none",
-                           moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
-                           moe_aux_loss_coeff=1e-2)
+        return self.config(
+            num_moe_experts=4,
+            moe_router_topk=2,
+            moe_router_load_balancing_type="none",
+            moe_router_score_function="sigmoid",
+            moe_router_enable_expert_bias=True,
+            moe_aux_loss_coeff=1e-2,
+        )
 
     def arguments(self):
         return {**super().arguments(), "moe_aux_loss_coeff": 1e-2}
@@ -356,7 +379,7 @@ class MoeLayer(torch.nn.Module):
             dense = torch.zeros(probs.shape[0], len(self.experts), dtype=probs.dtype, device=probs.device)
             probs = dense.scatter(1, routing, probs)
         tokens = hidden.reshape(-1, HIDDEN_SIZE)
-        output = sum(probs[:, e:e + 1] * expert(tokens) for e, expert in enumerate(self.experts))
+        output = sum(probs[:, e : e + 1] * expert(tokens) for e, expert in enumerate(self.experts))
         return hidden + output.reshape(hidden.shape)
 
 
@@ -372,8 +395,14 @@ class MegatronOptimizerCase(MegatronCase):
 
     def arguments(self):
         if self.fp16:
-            return {**super().arguments(), "fp16": True, "initial_loss_scale": 2.0**16, "min_loss_scale": 1.0,
-                    "loss_scale_window": 1000, "hysteresis": 2}
+            return {
+                **super().arguments(),
+                "fp16": True,
+                "initial_loss_scale": 2.0**16,
+                "min_loss_scale": 1.0,
+                "loss_scale_window": 1000,
+                "hysteresis": 2,
+            }
         return {**super().arguments(), "bf16": True}
 
     def build_optimizer(self, model):
@@ -384,8 +413,9 @@ class MegatronOptimizerCase(MegatronCase):
         adam = torch.optim.Adam(model.parameters(), lr=1.5e-4)
         scaler = None
         if self.fp16:
-            scaler = DynamicGradScaler(initial_scale=2.0**16, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5,
-                                       growth_interval=1000, hysteresis=2)
+            scaler = DynamicGradScaler(
+                initial_scale=2.0**16, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=1000, hysteresis=2
+            )
         self.megatron_optimizer = Float16OptimizerWithFloat16Params.__new__(Float16OptimizerWithFloat16Params)
         config = OptimizerConfig(bf16=not self.fp16, fp16=self.fp16)
         MixedPrecisionOptimizer.__init__(self.megatron_optimizer, adam, config, scaler, None)
@@ -437,13 +467,24 @@ class LegacyMoeTracker(MegatronCase):
         torch.histc = lambda input, *args, **kwargs: histc(input.float(), *args, **kwargs)
 
     def block(self):
-        config = self.config(num_moe_experts=4, moe_router_topk=2, moe_router_load_balancing_type="none",
-                             moe_z_loss_coeff=1e-3, add_bias_linear=False)
+        config = self.config(
+            num_moe_experts=4,
+            moe_router_topk=2,
+            moe_router_load_balancing_type="none",
+            moe_z_loss_coeff=1e-3,
+            add_bias_linear=False,
+        )
         return MoeLayer(config)
 
     def arguments(self):
-        return {**super().arguments(), "num_experts": 4, "moe_router_topk": 2, "moe_router_load_balancing_type": "none",
-                "moe_z_loss_coeff": 1e-3, "add_bias_linear": False}
+        return {
+            **super().arguments(),
+            "num_experts": 4,
+            "moe_router_topk": 2,
+            "moe_router_load_balancing_type": "none",
+            "moe_z_loss_coeff": 1e-3,
+            "add_bias_linear": False,
+        }
 
     def after_step(self, model, iteration):
         from megatron.core.transformer.moe import moe_utils
@@ -467,8 +508,14 @@ class CausalSoftmaxAttention(torch.nn.Module):
 
         self.qkv = torch.nn.Linear(HIDDEN_SIZE, 3 * HIDDEN_SIZE)
         self.scale_mask_softmax = FusedScaleMaskSoftmax(
-            input_in_fp16=False, input_in_bf16=False, attn_mask_type=AttnMaskType.causal,
-            scaled_masked_softmax_fusion=False, mask_func=attention_mask_func, softmax_in_fp32=True, scale=None)
+            input_in_fp16=False,
+            input_in_bf16=False,
+            attn_mask_type=AttnMaskType.causal,
+            scaled_masked_softmax_fusion=False,
+            mask_func=attention_mask_func,
+            softmax_in_fp32=True,
+            scale=None,
+        )
         self.proj = torch.nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
 
     def forward(self, hidden):
@@ -510,8 +557,7 @@ class MtpMetricsBlock(MtpBlock):
         target = hidden[1:].detach()
         mtp_loss = F.mse_loss(mtp_hidden, target)
         correct = (mtp_hidden.argmax(-1) == target.argmax(-1)).sum().float()
-        MTPLossLoggingHelper.save_metrics_to_tracker(mtp_loss, correct, torch.tensor(float(target[..., 0].numel())),
-                                                     0, 1)
+        MTPLossLoggingHelper.save_metrics_to_tracker(mtp_loss, correct, torch.tensor(float(target[..., 0].numel())), 0, 1)
         return hidden + 0.0 * mtp_loss
 
 

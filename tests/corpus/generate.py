@@ -98,7 +98,8 @@ RUNS: dict[str, Run] = {
     "replay-megatron-main-moe-metrics": Run("replay-moe-metrics-tracker", "121:5:uce:forward", ranks=8, style="tee"),
     "replay-mindspeed-ag-shared-experts": Run("replay-ag-shared-experts-inputs", "121:2:uce:forward"),
     "replay-mindspeed-ag-shared-experts-moe-common": Run(
-        "replay-ag-shared-experts-moe-common", "121:6:hbm:forward", ranks=8, style="tee-default"),
+        "replay-ag-shared-experts-moe-common", "121:6:hbm:forward", ranks=8, style="tee-default"
+    ),
     "replay-mindspeed-llm-kvallgather": Run("replay-kvallgather", "121:1:uce:forward", style="tee"),
     "replay-mindspeed-swap-prefetch": Run("replay-swap-prefetch", "121:0:uce:forward"),
     "replay-megatron-0.19-global-aux-loss": Run("replay-global-aux-loss", "121:2:uce:forward", style="tee"),
@@ -129,8 +130,10 @@ RUNS: dict[str, Run] = {
     "standin-mindspeed-cp-actual-seq-len": Run("standin-cp-actual-seq-len", "121:0:uce:forward", style="tee"),
     "standin-mindspeed-llm-mtp-position-ids": Run("standin-mtp-position-ids", "121:3:uce:forward"),
     "standin-mindspeed-llm-log-args": Run(
-        "standin-log-args", "121:3:uce:after-optimizer",
-        expect=("An error occurred: There is unsafe data in the input tensor.", "rollback failed, ret: 1")),
+        "standin-log-args",
+        "121:3:uce:after-optimizer",
+        expect=("An error occurred: There is unsafe data in the input tensor.", "rollback failed, ret: 1"),
+    ),
     "standin-mindspeed-ampipe-slices": Run("standin-ampipe-slices", "121:2:uce:forward"),
     "standin-mindspeed-alibi": Run("standin-alibi", "121:3:hbm:forward"),
     "standin-mindspeed-qad-teacher": Run("standin-qad-teacher", "121:0:uce:forward", style="tee"),
@@ -141,8 +144,7 @@ RUNS: dict[str, Run] = {
     "user-lossbook-meters": Run("lossbook", "123:1:uce:forward", framework="lossbook"),
     "user-packer-buffer": Run("packer", "121:2:hbm:forward", style="tee", framework="packer"),
     "user-maskcache-lru-mask": Run("maskcache", "121:1:uce:forward", ranks=8, style="tee", framework="maskcache"),
-    "user-tokencount-counter": Run("tokencount", "121:3:hbm:forward", ranks=6, style="tee-default",
-                                   framework="tokencount"),
+    "user-tokencount-counter": Run("tokencount", "121:3:hbm:forward", ranks=6, style="tee-default", framework="tokencount"),
     "user-emashadow-weights": Run("emashadow", "121:3:uce:forward", framework="emashadow"),
     "user-warmupstep-counter": Run("warmupstep", "121:1:uce:forward", style="tee-default", framework="warmupstep"),
     "user-amaxscale-running-max": Run("amaxscale", "121:0:hbm:forward", style="tee", framework="amaxscale"),
@@ -152,124 +154,489 @@ RUNS: dict[str, Run] = {
     "user-runstats-subscript": Run("runstats-subscript", "121:3:uce:forward", style="tee-default", framework="runstats"),
     "user-runstats-lambda": Run("runstats-lambda", "121:0:uce:forward", framework="runstats"),
     "user-runstats-dictcomp": Run("runstats-dictcomp", "121:1:hbm:forward", style="tee", framework="runstats"),
-    "user-warmupstep-counter-8ranks": Run("warmupstep", "124:6:uce:forward", ranks=8, style="tee",
-                                          framework="warmupstep"),
+    "user-warmupstep-counter-8ranks": Run("warmupstep", "124:6:uce:forward", ranks=8, style="tee", framework="warmupstep"),
     # MindIO v7.3+ (no traceback) and its first public release, each adaptor generation, with the
     # arguments dump of the generation's release
-    **{f"untraced-{run.mindio}-{run.generation}-{name}": run for name, run in (
-        ("mtp-loss-tracker", Run("mtp-loss-tracker", "121:1:uce:forward", style="tee", megatron="0.12.1",
-                                 mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("layer-wise-tracker", Run("legacy-moe-tracker", "121:2:uce:forward", megatron="0.12.1", mindio="v7.3",
-                                   generation="mindspeed-llm-2.3", expect=UNTRACED)),
-        ("router-expert-bias", Run("router-expert-bias", "121:1,3:uce:forward", mindio="v26",
-                                   generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("router-local-tokens", Run("router-local-tokens", "121:5:uce:forward", ranks=8, style="tee", mindio="v7.3",
-                                    generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("optimizer-scale-one", Run("optimizer-scale-one", "121:2:hbm:forward", style="tee-default", mindio="v7.3",
-                                    generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("grad-scaler", Run("grad-scaler", "121:3:uce:forward", mindio="v26", generation="mindspeed-llm-26",
-                            expect=UNTRACED)),
-        ("optimizer-found-inf", Run("optimizer-found-inf", "121:0:uce:forward", style="tee", mindio="v26",
-                                    generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("flash-attention-mask", Run("standin-flash-attention-mask", "121:2:uce:forward", ranks=6, mindio="v26",
-                                     generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("layer-wise-tracker", Run("legacy-moe-tracker", "121:1:hbm:forward", style="tee", megatron="0.12.1",
-                                   mindio="v26", generation="mindio-ttp-legacy", expect=UNTRACED)),
-        ("mtp-loss-tracker", Run("mtp-loss-tracker", "121:3:uce:forward", megatron="0.12.1", mindio="v7.3",
-                                 generation="taskd-elastic", expect=UNTRACED)),
-        ("lossbook-meters", Run("lossbook", "123:1:uce:forward", framework="lossbook", mindio="v26",
-                                generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("packer-buffer", Run("packer", "121:2:hbm:forward", style="tee-default", framework="packer", mindio="v7.3",
-                              generation="taskd-elastic", expect=UNTRACED)),
-        ("mtp-loss-tracker", Run("mtp-loss-tracker", "121:2:uce:forward", megatron="0.12.1", mindio="first-public",
-                                 generation="mindspeed-llm-2.3", expect=(UNSAFE, "catch other exception"))),
-    )},
+    **{
+        f"untraced-{run.mindio}-{run.generation}-{name}": run
+        for name, run in (
+            (
+                "mtp-loss-tracker",
+                Run(
+                    "mtp-loss-tracker",
+                    "121:1:uce:forward",
+                    style="tee",
+                    megatron="0.12.1",
+                    mindio="v26",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "layer-wise-tracker",
+                Run(
+                    "legacy-moe-tracker",
+                    "121:2:uce:forward",
+                    megatron="0.12.1",
+                    mindio="v7.3",
+                    generation="mindspeed-llm-2.3",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "router-expert-bias",
+                Run("router-expert-bias", "121:1,3:uce:forward", mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED),
+            ),
+            (
+                "router-local-tokens",
+                Run(
+                    "router-local-tokens",
+                    "121:5:uce:forward",
+                    ranks=8,
+                    style="tee",
+                    mindio="v7.3",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "optimizer-scale-one",
+                Run(
+                    "optimizer-scale-one",
+                    "121:2:hbm:forward",
+                    style="tee-default",
+                    mindio="v7.3",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "grad-scaler",
+                Run("grad-scaler", "121:3:uce:forward", mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED),
+            ),
+            (
+                "optimizer-found-inf",
+                Run(
+                    "optimizer-found-inf",
+                    "121:0:uce:forward",
+                    style="tee",
+                    mindio="v26",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "flash-attention-mask",
+                Run(
+                    "standin-flash-attention-mask",
+                    "121:2:uce:forward",
+                    ranks=6,
+                    mindio="v26",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "layer-wise-tracker",
+                Run(
+                    "legacy-moe-tracker",
+                    "121:1:hbm:forward",
+                    style="tee",
+                    megatron="0.12.1",
+                    mindio="v26",
+                    generation="mindio-ttp-legacy",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "mtp-loss-tracker",
+                Run(
+                    "mtp-loss-tracker",
+                    "121:3:uce:forward",
+                    megatron="0.12.1",
+                    mindio="v7.3",
+                    generation="taskd-elastic",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "lossbook-meters",
+                Run(
+                    "lossbook",
+                    "123:1:uce:forward",
+                    framework="lossbook",
+                    mindio="v26",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "packer-buffer",
+                Run(
+                    "packer",
+                    "121:2:hbm:forward",
+                    style="tee-default",
+                    framework="packer",
+                    mindio="v7.3",
+                    generation="taskd-elastic",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "mtp-loss-tracker",
+                Run(
+                    "mtp-loss-tracker",
+                    "121:2:uce:forward",
+                    megatron="0.12.1",
+                    mindio="first-public",
+                    generation="mindspeed-llm-2.3",
+                    expect=(UNSAFE, "catch other exception"),
+                ),
+            ),
+        )
+    },
     # the measure of the suspects: MindSpeed-LLM 26 buffers, user code under every generation,
     # an aux-loss coefficient that records nothing, and a caught error that is not unsafe data
-    **{f"untraced-{run.mindio}-{run.generation}-{name}": run for name, run in (
-        ("rotary-inv-freq", Run("rotary-inv-freq", "121:1:uce:forward", mindio="v26", generation="mindspeed-llm-26",
-                                expect=UNTRACED)),
-        ("rotary-inv-freq", Run("rotary-inv-freq", "121:3:hbm:forward", ranks=6, style="tee-default", mindio="v7.3",
-                                generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("rotary-emb-cache", Run("rotary-emb-cache", "121:2:uce:forward", style="tee-default", mindio="v26",
-                                 generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("router-expert-bias", Run("router-expert-bias", "121:2:hbm:forward", style="tee", mindio="v7.3",
-                                   generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("router-local-tokens", Run("router-local-tokens", "121:0:uce:forward", mindio="v26",
-                                    generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("router-expert-bias-aux-coeff", Run("router-expert-bias-aux-coeff", "121:3:uce:forward", style="tee",
-                                             mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("maskcache-lru-mask", Run("maskcache", "121:1:uce:forward", style="tee", framework="maskcache", mindio="v26",
-                                   generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("tokencount-counter", Run("tokencount", "121:3:hbm:forward", ranks=6, framework="tokencount", mindio="v7.3",
-                                   generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("emashadow-weights", Run("emashadow", "121:3:uce:forward", style="tee-default", framework="emashadow",
-                                  mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("warmupstep-counter", Run("warmupstep", "121:1:uce:forward", framework="warmupstep", mindio="v7.3",
-                                   generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("amaxscale-running-max", Run("amaxscale", "121:0:hbm:forward", style="tee", framework="amaxscale",
-                                      mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("packer-buffer", Run("packer", "121:1:uce:forward", style="tee", framework="packer", mindio="v26",
-                              generation="mindspeed-llm-2.3", expect=UNTRACED)),
-        ("packer-buffer", Run("packer", "121:0:hbm:forward", framework="packer", mindio="v7.3",
-                              generation="mindio-ttp-legacy", expect=UNTRACED)),
-        ("mtp-loss-tracker", Run("mtp-loss-tracker", "121:2:uce:forward", style="tee-default", megatron="0.12.1",
-                                 mindio="v7.3", generation="mindio-ttp-legacy", expect=UNTRACED)),
-        ("layer-wise-tracker", Run("legacy-moe-tracker", "121:1:hbm:forward", style="tee", megatron="0.12.1",
-                                   mindio="v26", generation="taskd-elastic", expect=UNTRACED)),
-        ("causal-mask", Run("legacy-causal-mask", "121:3:uce:forward", megatron="0.12.1", mindio="v7.3",
-                            generation="mindspeed-llm-2.3", expect=UNTRACED)),
-        ("flash-attention-mask", Run("standin-flash-attention-mask", "121:4:uce:forward", ranks=6, style="tee",
-                                     mindio="v26", generation="mindspeed-llm-2.3", expect=UNTRACED)),
-        ("maskcache-flash-attn", Run("maskcache-flash-attn", "121:2:hbm:forward", framework="maskcache", mindio="v7.3",
-                                     generation="mindspeed-llm-26", expect=UNTRACED)),
-        ("tokencount-flash-attn", Run("tokencount-flash-attn", "121:0:uce:forward", style="tee",
-                                      framework="tokencount", mindio="v26", generation="mindspeed-llm-26",
-                                      expect=UNTRACED)),
-        ("packer-flash-attn", Run("packer-flash-attn", "121:3:uce:forward", style="tee-default", framework="packer",
-                                  mindio="v26", generation="mindspeed-llm-2.3", expect=UNTRACED)),
-        ("out-of-memory", Run("out-of-memory", "121:1:uce:forward", mindio="v26", generation="mindspeed-llm-26",
-                              expect=CAUGHT_OUT_OF_MEMORY)),
-        ("out-of-memory", Run("out-of-memory", "121:3:hbm:forward", style="tee-default", mindio="v7.3",
-                              generation="taskd-elastic", expect=CAUGHT_OUT_OF_MEMORY)),
-    )},
+    **{
+        f"untraced-{run.mindio}-{run.generation}-{name}": run
+        for name, run in (
+            (
+                "rotary-inv-freq",
+                Run("rotary-inv-freq", "121:1:uce:forward", mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED),
+            ),
+            (
+                "rotary-inv-freq",
+                Run(
+                    "rotary-inv-freq",
+                    "121:3:hbm:forward",
+                    ranks=6,
+                    style="tee-default",
+                    mindio="v7.3",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "rotary-emb-cache",
+                Run(
+                    "rotary-emb-cache",
+                    "121:2:uce:forward",
+                    style="tee-default",
+                    mindio="v26",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "router-expert-bias",
+                Run(
+                    "router-expert-bias",
+                    "121:2:hbm:forward",
+                    style="tee",
+                    mindio="v7.3",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "router-local-tokens",
+                Run("router-local-tokens", "121:0:uce:forward", mindio="v26", generation="mindspeed-llm-26", expect=UNTRACED),
+            ),
+            (
+                "router-expert-bias-aux-coeff",
+                Run(
+                    "router-expert-bias-aux-coeff",
+                    "121:3:uce:forward",
+                    style="tee",
+                    mindio="v26",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "maskcache-lru-mask",
+                Run(
+                    "maskcache",
+                    "121:1:uce:forward",
+                    style="tee",
+                    framework="maskcache",
+                    mindio="v26",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "tokencount-counter",
+                Run(
+                    "tokencount",
+                    "121:3:hbm:forward",
+                    ranks=6,
+                    framework="tokencount",
+                    mindio="v7.3",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "emashadow-weights",
+                Run(
+                    "emashadow",
+                    "121:3:uce:forward",
+                    style="tee-default",
+                    framework="emashadow",
+                    mindio="v26",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "warmupstep-counter",
+                Run(
+                    "warmupstep",
+                    "121:1:uce:forward",
+                    framework="warmupstep",
+                    mindio="v7.3",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "amaxscale-running-max",
+                Run(
+                    "amaxscale",
+                    "121:0:hbm:forward",
+                    style="tee",
+                    framework="amaxscale",
+                    mindio="v26",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "packer-buffer",
+                Run(
+                    "packer",
+                    "121:1:uce:forward",
+                    style="tee",
+                    framework="packer",
+                    mindio="v26",
+                    generation="mindspeed-llm-2.3",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "packer-buffer",
+                Run(
+                    "packer",
+                    "121:0:hbm:forward",
+                    framework="packer",
+                    mindio="v7.3",
+                    generation="mindio-ttp-legacy",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "mtp-loss-tracker",
+                Run(
+                    "mtp-loss-tracker",
+                    "121:2:uce:forward",
+                    style="tee-default",
+                    megatron="0.12.1",
+                    mindio="v7.3",
+                    generation="mindio-ttp-legacy",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "layer-wise-tracker",
+                Run(
+                    "legacy-moe-tracker",
+                    "121:1:hbm:forward",
+                    style="tee",
+                    megatron="0.12.1",
+                    mindio="v26",
+                    generation="taskd-elastic",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "causal-mask",
+                Run(
+                    "legacy-causal-mask",
+                    "121:3:uce:forward",
+                    megatron="0.12.1",
+                    mindio="v7.3",
+                    generation="mindspeed-llm-2.3",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "flash-attention-mask",
+                Run(
+                    "standin-flash-attention-mask",
+                    "121:4:uce:forward",
+                    ranks=6,
+                    style="tee",
+                    mindio="v26",
+                    generation="mindspeed-llm-2.3",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "maskcache-flash-attn",
+                Run(
+                    "maskcache-flash-attn",
+                    "121:2:hbm:forward",
+                    framework="maskcache",
+                    mindio="v7.3",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "tokencount-flash-attn",
+                Run(
+                    "tokencount-flash-attn",
+                    "121:0:uce:forward",
+                    style="tee",
+                    framework="tokencount",
+                    mindio="v26",
+                    generation="mindspeed-llm-26",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "packer-flash-attn",
+                Run(
+                    "packer-flash-attn",
+                    "121:3:uce:forward",
+                    style="tee-default",
+                    framework="packer",
+                    mindio="v26",
+                    generation="mindspeed-llm-2.3",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "out-of-memory",
+                Run(
+                    "out-of-memory", "121:1:uce:forward", mindio="v26", generation="mindspeed-llm-26", expect=CAUGHT_OUT_OF_MEMORY
+                ),
+            ),
+            (
+                "out-of-memory",
+                Run(
+                    "out-of-memory",
+                    "121:3:hbm:forward",
+                    style="tee-default",
+                    mindio="v7.3",
+                    generation="taskd-elastic",
+                    expect=CAUGHT_OUT_OF_MEMORY,
+                ),
+            ),
+        )
+    },
     "untraced-v26-mindspeed-llm-26-mtp-loss-tracker-no-dump": Run(
-        "mtp-loss-tracker", "121:0:hbm:forward", style="tee", megatron="0.12.1", mindio="v26",
-        generation="mindspeed-llm-26", arguments_dump=False, expect=UNTRACED),
+        "mtp-loss-tracker",
+        "121:0:hbm:forward",
+        style="tee",
+        megatron="0.12.1",
+        mindio="v26",
+        generation="mindspeed-llm-26",
+        arguments_dump=False,
+        expect=UNTRACED,
+    ),
     # megatron-core 0.17 to 0.19, the real releases: with the traceback (the samples' MindIO),
     # and with MindIO v7.3+'s catch line alone under taskd's adaptor for Megatron-LM jobs (MindSpeed-LLM's
     # runs only on core 0.12.1), which rebuilds the model and optimizer: a module global is the culprit
-    **{f"release-{run.megatron}-{run.mindio or 'traced'}-{name}": run for name, run in (
-        ("layer-wise-tracker", Run("legacy-moe-tracker", "121:2:uce:forward", megatron="0.17.0")),
-        ("moe-metrics-tracker", Run("moe-metrics-tracker", "121:1,3:uce:forward", style="tee", megatron="0.18.0")),
-        ("mtp-metrics-tracker", Run("mtp-metrics-tracker", "121:0:hbm:forward", style="tee-default",
-                                    megatron="0.19.2")),
-        ("seqlen-stats", Run("seqlen-stats", "121:2:uce:forward", megatron="0.18.2")),
-        ("seqlen-stats", Run("seqlen-stats", "121:3:hbm:forward", style="tee", megatron="0.19.2")),
-        ("seqlen-stats", Run("seqlen-stats-inter-document", "121:0:uce:forward", style="tee-default",
-                             megatron="0.19.0")),
-        ("router-expert-bias", Run("router-expert-bias", "121:1:uce:forward", style="tee", megatron="0.17.1")),
-        ("rotary-emb-cache", Run("rotary-emb-cache", "121:3:uce:forward", megatron="0.19.0")),
-        ("optimizer-found-inf", Run("optimizer-found-inf", "121:1:hbm:forward", style="tee-default",
-                                    megatron="0.18.2")),
-        ("mtp-metrics-tracker", Run("mtp-metrics-tracker", "121:2:uce:forward", style="tee", megatron="0.19.2",
-                                    mindio="v26", generation="taskd-elastic", expect=UNTRACED)),
-        ("moe-metrics-tracker", Run("moe-metrics-tracker", "121:0:uce:forward", megatron="0.18.2", mindio="v7.3",
-                                    generation="taskd-elastic", expect=UNTRACED)),
-        ("seqlen-stats", Run("seqlen-stats-inter-document", "121:1:hbm:forward", style="tee-default",
-                             megatron="0.19.0", mindio="v26", generation="taskd-elastic", expect=UNTRACED)),
-        ("layer-wise-tracker", Run("legacy-moe-tracker", "121:3:uce:forward", megatron="0.17.0", mindio="v26",
-                                   generation="taskd-elastic", expect=UNTRACED)),
-        ("mtp-loss-tracker", Run("mtp-loss-tracker", "121:2:uce:forward", style="tee", megatron="0.17.1",
-                                 mindio="v7.3", generation="taskd-elastic", expect=UNTRACED)),
-        ("moe-metrics-tracker", Run("moe-metrics-tracker", "121:1:hbm:forward", megatron="0.19.0", mindio="v7.3",
-                                    generation="taskd-elastic", expect=UNTRACED)),
-    )},
+    **{
+        f"release-{run.megatron}-{run.mindio or 'traced'}-{name}": run
+        for name, run in (
+            ("layer-wise-tracker", Run("legacy-moe-tracker", "121:2:uce:forward", megatron="0.17.0")),
+            ("moe-metrics-tracker", Run("moe-metrics-tracker", "121:1,3:uce:forward", style="tee", megatron="0.18.0")),
+            ("mtp-metrics-tracker", Run("mtp-metrics-tracker", "121:0:hbm:forward", style="tee-default", megatron="0.19.2")),
+            ("seqlen-stats", Run("seqlen-stats", "121:2:uce:forward", megatron="0.18.2")),
+            ("seqlen-stats", Run("seqlen-stats", "121:3:hbm:forward", style="tee", megatron="0.19.2")),
+            ("seqlen-stats", Run("seqlen-stats-inter-document", "121:0:uce:forward", style="tee-default", megatron="0.19.0")),
+            ("router-expert-bias", Run("router-expert-bias", "121:1:uce:forward", style="tee", megatron="0.17.1")),
+            ("rotary-emb-cache", Run("rotary-emb-cache", "121:3:uce:forward", megatron="0.19.0")),
+            ("optimizer-found-inf", Run("optimizer-found-inf", "121:1:hbm:forward", style="tee-default", megatron="0.18.2")),
+            (
+                "mtp-metrics-tracker",
+                Run(
+                    "mtp-metrics-tracker",
+                    "121:2:uce:forward",
+                    style="tee",
+                    megatron="0.19.2",
+                    mindio="v26",
+                    generation="taskd-elastic",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "moe-metrics-tracker",
+                Run(
+                    "moe-metrics-tracker",
+                    "121:0:uce:forward",
+                    megatron="0.18.2",
+                    mindio="v7.3",
+                    generation="taskd-elastic",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "seqlen-stats",
+                Run(
+                    "seqlen-stats-inter-document",
+                    "121:1:hbm:forward",
+                    style="tee-default",
+                    megatron="0.19.0",
+                    mindio="v26",
+                    generation="taskd-elastic",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "layer-wise-tracker",
+                Run(
+                    "legacy-moe-tracker",
+                    "121:3:uce:forward",
+                    megatron="0.17.0",
+                    mindio="v26",
+                    generation="taskd-elastic",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "mtp-loss-tracker",
+                Run(
+                    "mtp-loss-tracker",
+                    "121:2:uce:forward",
+                    style="tee",
+                    megatron="0.17.1",
+                    mindio="v7.3",
+                    generation="taskd-elastic",
+                    expect=UNTRACED,
+                ),
+            ),
+            (
+                "moe-metrics-tracker",
+                Run(
+                    "moe-metrics-tracker",
+                    "121:1:hbm:forward",
+                    megatron="0.19.0",
+                    mindio="v7.3",
+                    generation="taskd-elastic",
+                    expect=UNTRACED,
+                ),
+            ),
+        )
+    },
     # negatives
-    "negative-out-of-memory": Run("out-of-memory", "121:1:uce:forward",
-                                  expect=("torch.OutOfMemoryError: NPU out of memory",)),
-    "negative-clean-recovery": Run("clean-recovery", "121:2:hbm:forward", style="tee",
-                                   expect=("start notify all rank normal...", "[after training is done]")),
+    "negative-out-of-memory": Run("out-of-memory", "121:1:uce:forward", expect=("torch.OutOfMemoryError: NPU out of memory",)),
+    "negative-clean-recovery": Run(
+        "clean-recovery", "121:2:hbm:forward", style="tee", expect=("start notify all rank normal...", "[after training is done]")
+    ),
 }
 
 
@@ -294,8 +661,13 @@ def environment(run: Run) -> dict[str, str]:
             raise SystemExit(f"megatron-core {run.megatron} is not in {target}: see this script's docstring")
         paths.insert(0, str(target))
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(paths), SAMPLE_FAULT=run.fault)
-    for name in ("EMULATED_MINDIO_RELEASE", "EMULATED_ADAPTOR_GENERATION", "CORPUS_ARGUMENTS_DUMP",
-                 "CORPUS_RELEASE_STANDINS", "CORPUS_MEGATRON_ARGUMENTS"):
+    for name in (
+        "EMULATED_MINDIO_RELEASE",
+        "EMULATED_ADAPTOR_GENERATION",
+        "CORPUS_ARGUMENTS_DUMP",
+        "CORPUS_RELEASE_STANDINS",
+        "CORPUS_MEGATRON_ARGUMENTS",
+    ):
         env.pop(name, None)
     if run.megatron in NEWER_RELEASES:
         env["CORPUS_RELEASE_STANDINS"] = "1"
@@ -316,9 +688,15 @@ def launch(run: Run) -> str:
     launcher = ["--nproc-per-node", str(run.ranks), "--master-port", str(free_port())]
     if run.style != "plain":
         launcher += ["--tee", "3"]
-    job = subprocess.run([TORCHRUN, *launcher, "tests/corpus/worker.py", "--case", run.case], cwd=REPO,
-                         env=environment(run), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         timeout=TIMEOUT)
+    job = subprocess.run(
+        [TORCHRUN, *launcher, "tests/corpus/worker.py", "--case", run.case],
+        cwd=REPO,
+        env=environment(run),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=TIMEOUT,
+    )
     return job.stdout
 
 

@@ -25,11 +25,15 @@ import emulated_mindio as ttp
 # event -> (file stem, line, text); the text is formatted with the event's fields
 Texts = dict[str, tuple[str, int, str]]
 
-_REPAIR = ("[repair] rank {rank}, repair type:{repair_type}, src ranks:{src}, dst ranks:{dst}, rank list:{rank_list}, "
-           "optim idxs:{optim_idxs}, step:{step}")
-_ROLLED_BACK = ("[rollback] rank {rank} rollback total time consumed:{total:.3f}s, feature rollback:{feature:.3f}s, "
-                "gather:{gather:.3f}s, build dataset:{dataset:.3f}s, destroy repair group:{group:.3f}s, "
-                "repair log:{log:.3f}s")
+_REPAIR = (
+    "[repair] rank {rank}, repair type:{repair_type}, src ranks:{src}, dst ranks:{dst}, rank list:{rank_list}, "
+    "optim idxs:{optim_idxs}, step:{step}"
+)
+_ROLLED_BACK = (
+    "[rollback] rank {rank} rollback total time consumed:{total:.3f}s, feature rollback:{feature:.3f}s, "
+    "gather:{gather:.3f}s, build dataset:{dataset:.3f}s, destroy repair group:{group:.3f}s, "
+    "repair log:{log:.3f}s"
+)
 _LOADED = "rank:{rank} successfully load checkpoint to memory"
 _GATHERED = "rank:{rank} successfully gather and rollback at iteration {step}"
 _CHECKED = "rank {rank} check uce memory result: {result}"
@@ -42,10 +46,13 @@ LLM_2_3: Texts = {
     "cleaned": ("tft_stop_clean", 58, _CLEANED),
     "repair": ("tft_optimizer_data_repair", 88, _REPAIR),
     "loaded": ("tft_optimizer_data_repair", 385, _LOADED),
-    "received": ("tft_optimizer_data_repair", 198,
-                 "[repair] rank {rank} recv total time consumed:{total:.3f}s, build repair group:{group:.3f}s, "
-                 "rebuild:{rebuild:.3f}s, recv ckpt:{recv:.3f}s, load ckpt:{load:.3f}s, recv optim:{optim:.3f}s, "
-                 "recv log args:{log_args:.3f}s."),
+    "received": (
+        "tft_optimizer_data_repair",
+        198,
+        "[repair] rank {rank} recv total time consumed:{total:.3f}s, build repair group:{group:.3f}s, "
+        "rebuild:{rebuild:.3f}s, recv ckpt:{recv:.3f}s, load ckpt:{load:.3f}s, recv optim:{optim:.3f}s, "
+        "recv log args:{log_args:.3f}s.",
+    ),
     "repaired": ("tft_optimizer_data_repair", 104, _REPAIRED),
     "gathered": ("tft_rollback", 176, _GATHERED),
     "rolled_back": ("tft_rollback", 52, _ROLLED_BACK),
@@ -57,10 +64,13 @@ LLM_26: Texts = {
     "cleaned": ("tft_stop_clean", 56, _CLEANED),
     "repair": ("tft_optimizer_data_repair", 67, _REPAIR),
     "loaded": ("tft_optimizer_data_repair", 335, _LOADED),
-    "received": ("tft_optimizer_data_repair", 170,
-                 "[repair] rank {rank} recv total time consumed:{total:.3f}s, rebuild:{group:.3f}s, "
-                 "recv ckpt:{recv:.3f}s, load ckpt:{load:.3f}s, recv optim:{optim:.3f}s, "
-                 "recv log args:{log_args:.3f}s."),
+    "received": (
+        "tft_optimizer_data_repair",
+        170,
+        "[repair] rank {rank} recv total time consumed:{total:.3f}s, rebuild:{group:.3f}s, "
+        "recv ckpt:{recv:.3f}s, load ckpt:{load:.3f}s, recv optim:{optim:.3f}s, "
+        "recv log args:{log_args:.3f}s.",
+    ),
     "repaired": ("tft_optimizer_data_repair", 83, _REPAIRED),
     "gathered": ("tft_rollback", 224, _GATHERED),
     "rolled_back": ("tft_rollback", 56, _ROLLED_BACK),
@@ -71,12 +81,18 @@ LLM_26: Texts = {
 TASKD: Texts = {
     "checked": ("tft_stop_clean", 37, _CHECKED),
     "cleaned": ("tft_stop_clean", 58, _CLEANED),
-    "repair": ("repair_callback", 43,
-               "repair strategy params: {params}, step: {step}, need_rebuild:{need_rebuild}, "
-               "error_ranks: {error_ranks}, repair_info: {repair_info}"),
-    "repair_ranks": ("repair_callback", 54,
-                     "repair rank {rank}, repair type {repair_type},src ranks {src}, dest ranks {dst}, dest ranks "
-                     "{dst}, rank_list {rank_list} optim idx {optim_idxs}, step {step}"),
+    "repair": (
+        "repair_callback",
+        43,
+        "repair strategy params: {params}, step: {step}, need_rebuild:{need_rebuild}, "
+        "error_ranks: {error_ranks}, repair_info: {repair_info}",
+    ),
+    "repair_ranks": (
+        "repair_callback",
+        54,
+        "repair rank {rank}, repair type {repair_type},src ranks {src}, dest ranks {dst}, dest ranks "
+        "{dst}, rank_list {rank_list} optim idx {optim_idxs}, step {step}",
+    ),
     "loaded": ("repair_callback", 250, "rank:{rank} successfully load checkpoint at iteration {step} to memory"),
     "received": ("repair_callback", 164, "repair rank {rank} recv finish"),
     "repaired": ("repair_callback", 68, "repair rank {rank} repair total time consumed: {total:.3f}s"),
@@ -121,15 +137,24 @@ class Generation:
 
 
 GENERATIONS = {
-    "mindspeed-llm-26": Generation("mindspeed-llm-26", LLM_26, "mindspeed_llm.core.high_availability",
-                                   rebuilds=False, arguments="mindspeed-llm-26.0.0",
-                                   dump_title="MindSpeed-LLM Arguments"),
-    "mindspeed-llm-2.3": Generation("mindspeed-llm-2.3", LLM_2_3, "mindspeed_llm.core.high_availability",
-                                    rebuilds=True, arguments="mindspeed-llm-2.3.0",
-                                    dump_title="MindSpeed-LLM Arguments"),
+    "mindspeed-llm-26": Generation(
+        "mindspeed-llm-26",
+        LLM_26,
+        "mindspeed_llm.core.high_availability",
+        rebuilds=False,
+        arguments="mindspeed-llm-26.0.0",
+        dump_title="MindSpeed-LLM Arguments",
+    ),
+    "mindspeed-llm-2.3": Generation(
+        "mindspeed-llm-2.3",
+        LLM_2_3,
+        "mindspeed_llm.core.high_availability",
+        rebuilds=True,
+        arguments="mindspeed-llm-2.3.0",
+        dump_title="MindSpeed-LLM Arguments",
+    ),
     # not public: texts and behaviour as MindSpeed-LLM moved them in-tree (LLM 5dd34295) and taskd copied them
-    "mindio-ttp-legacy": Generation("mindio-ttp-legacy", LLM_2_3, "mindio", rebuilds=True,
-                                    arguments="megatron-lm-core_v0.12.1"),
+    "mindio-ttp-legacy": Generation("mindio-ttp-legacy", LLM_2_3, "mindio", rebuilds=True, arguments="megatron-lm-core_v0.12.1"),
     "taskd-elastic": Generation("taskd-elastic", TASKD, "mindio", rebuilds=True, arguments="megatron-lm-core_v0.12.1"),
 }
 

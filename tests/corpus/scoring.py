@@ -28,8 +28,18 @@ from unsafe_doctor.knowledge.rules import KnowledgeBase
 HERE = Path(__file__).resolve().parent
 LABELS = HERE / "labels.yaml"
 RELEASES_SPLIT = HERE / "releases_split.yaml"
-ENTRY_KEYS = {"log", "origin", "source_roots", "rules", "findings", "last_error", "known_failure", "untraced",
-              "release", "log_only_failure"}
+ENTRY_KEYS = {
+    "log",
+    "origin",
+    "source_roots",
+    "rules",
+    "findings",
+    "last_error",
+    "known_failure",
+    "untraced",
+    "release",
+    "log_only_failure",
+}
 FINDING_KEYS = {"variable", "ranks", "scenario", "rule", "confidence"}
 REQUIRED_FINDING_KEYS = {"variable", "ranks", "scenario", "rule"}
 UNTRACED_KEYS = {"ranks", "mindio", "generation", "culprit", "determined"}
@@ -74,17 +84,29 @@ def load_entries(*, held_back: bool = False) -> list[Entry]:
             if set(finding) - FINDING_KEYS or REQUIRED_FINDING_KEYS - set(finding):
                 raise ValueError(f"{item['log']}: a finding needs {sorted(REQUIRED_FINDING_KEYS)}, may add confidence")
         untraced = item.get("untraced")
-        if untraced is not None and (not UNTRACED_KEYS <= set(untraced) <= UNTRACED_KEYS | OPTIONAL_UNTRACED_KEYS
-                                     or untraced["mindio"] not in MINDIO_FORMS
-                                     or untraced.get("error", "other") != "other"):
-            raise ValueError(f"{item['log']}: untraced needs {sorted(UNTRACED_KEYS)}, may add "
-                             f"{sorted(OPTIONAL_UNTRACED_KEYS)}; mindio one of {sorted(MINDIO_FORMS)}; error: other")
-        entries.append(Entry(
-            log=item["log"], origin=item["origin"], source_roots=tuple(item.get("source_roots", [])),
-            rules=tuple(item.get("rules", [])), findings=tuple(item.get("findings", [])),
-            last_error=item.get("last_error"), known_failure=item.get("known_failure"), untraced=untraced,
-            release=item.get("release"), log_only_failure=item.get("log_only_failure"),
-        ))
+        if untraced is not None and (
+            not UNTRACED_KEYS <= set(untraced) <= UNTRACED_KEYS | OPTIONAL_UNTRACED_KEYS
+            or untraced["mindio"] not in MINDIO_FORMS
+            or untraced.get("error", "other") != "other"
+        ):
+            raise ValueError(
+                f"{item['log']}: untraced needs {sorted(UNTRACED_KEYS)}, may add "
+                f"{sorted(OPTIONAL_UNTRACED_KEYS)}; mindio one of {sorted(MINDIO_FORMS)}; error: other"
+            )
+        entries.append(
+            Entry(
+                log=item["log"],
+                origin=item["origin"],
+                source_roots=tuple(item.get("source_roots", [])),
+                rules=tuple(item.get("rules", [])),
+                findings=tuple(item.get("findings", [])),
+                last_error=item.get("last_error"),
+                known_failure=item.get("known_failure"),
+                untraced=untraced,
+                release=item.get("release"),
+                log_only_failure=item.get("log_only_failure"),
+            )
+        )
     return entries
 
 
@@ -123,8 +145,13 @@ class Outcome:
         """The reported findings, each on the fields of the label with its variable (all when none)."""
         fields = {label["variable"]: set(label) for label in self.entry.findings}
         kept = [fields.get(finding["variable"], FINDING_KEYS) for finding in self.findings]
-        return sorted(({key: value for key, value in finding.items() if key in keys}
-                       for finding, keys in zip(self.findings, kept, strict=True)), key=_order)
+        return sorted(
+            (
+                {key: value for key, value in finding.items() if key in keys}
+                for finding, keys in zip(self.findings, kept, strict=True)
+            ),
+            key=_order,
+        )
 
     def holds(self) -> bool:
         return self.got() == self.expected() and self.last_error == self.entry.last_error
@@ -163,8 +190,13 @@ def _fields(diagnosed: DiagnosedFinding, knowledge: KnowledgeBase) -> dict:
     variable = tensor.name.variable if tensor else None
     if variable is None and classification.rule is not None:
         variable = knowledge.rule(classification.rule).match.variable
-    return {"variable": variable, "ranks": list(diagnosed.finding.ranks), "scenario": classification.scenario,
-            "rule": classification.rule, "confidence": classification.confidence}
+    return {
+        "variable": variable,
+        "ranks": list(diagnosed.finding.ranks),
+        "scenario": classification.scenario,
+        "rule": classification.rule,
+        "confidence": classification.confidence,
+    }
 
 
 def _last_error(diagnosis: Diagnosis) -> str | None:
@@ -192,12 +224,13 @@ def pairs(outcome: Outcome) -> list[tuple[str, str, dict | None, dict | None]]:
             findings.remove(match)
             paired.append((label, match))
     paired.extend(zip(labels, findings, strict=False))  # the longer one's rest is paired with None below
-    paired.extend((label, None) for label in labels[len(findings):])
-    paired.extend((None, finding) for finding in findings[len(labels):])
+    paired.extend((label, None) for label in labels[len(findings) :])
+    paired.extend((None, finding) for finding in findings[len(labels) :])
     if not paired:
         return [("none", "no finding", None, None)]
-    return [("none" if label is None else _class(label["scenario"]), _predicted(finding), label, finding)
-            for label, finding in paired]
+    return [
+        ("none" if label is None else _class(label["scenario"]), _predicted(finding), label, finding) for label, finding in paired
+    ]
 
 
 def _class(scenario: int | None) -> str:
@@ -260,14 +293,29 @@ def log_only_pairs(outcome: Outcome) -> list[tuple[dict, dict | None, bool]]:
 
 
 def outcome_json(outcome: Outcome) -> dict:
-    return {"log": outcome.entry.log, "findings": list(outcome.findings), "last_error": outcome.last_error,
-            "seconds": outcome.seconds, "untraced_ranks": list(outcome.untraced_ranks), "mindio": outcome.mindio,
-            "generation": outcome.generation, "suspects": list(outcome.suspects)}
+    return {
+        "log": outcome.entry.log,
+        "findings": list(outcome.findings),
+        "last_error": outcome.last_error,
+        "seconds": outcome.seconds,
+        "untraced_ranks": list(outcome.untraced_ranks),
+        "mindio": outcome.mindio,
+        "generation": outcome.generation,
+        "suspects": list(outcome.suspects),
+    }
 
 
 def outcome_from_json(entry: Entry, data: dict) -> Outcome:
-    return Outcome(entry, tuple(data["findings"]), data["last_error"], data["seconds"], tuple(data["untraced_ranks"]),
-                   data["mindio"], data["generation"], tuple(data["suspects"]))
+    return Outcome(
+        entry,
+        tuple(data["findings"]),
+        data["last_error"],
+        data["seconds"],
+        tuple(data["untraced_ranks"]),
+        data["mindio"],
+        data["generation"],
+        tuple(data["suspects"]),
+    )
 
 
 if __name__ == "__main__":  # the log-only scores as JSON: run in a Python without megatron-core (hidden.py)

@@ -136,14 +136,18 @@ def training_log(case: cases.Case, state: TrainState, loss: torch.Tensor, learni
     loss_value = loss.item()
     logging.getLogger("train").info(
         f"[rank {dist.get_rank()}] iteration {state.iteration}: local lm loss {loss_value:.4f}, "
-        f"step time {elapsed:.3f}s, tokens {MICRO_BATCH_SIZE * SEQ_LENGTH}")
+        f"step time {elapsed:.3f}s, tokens {MICRO_BATCH_SIZE * SEQ_LENGTH}"
+    )
     if dist.get_rank() == dist.get_world_size() - 1:
-        print(f" [{datetime.datetime.now():%Y-%m-%d %H:%M:%S}] iteration {state.iteration:8d}/{1000:8d} |"
-              f" consumed samples: {state.consumed_samples:12d} |"
-              f" elapsed time per iteration (ms): {elapsed * 1000:.1f} |"
-              f" learning rate: {learning_rate:.6E} | global batch size: {state.global_batch_size:5d} |"
-              f" lm loss: {loss_value:.6E} | loss scale: {case.loss_scale_value():.1f} |"
-              f" number of skipped iterations:   0 | number of nan iterations:   0 |", flush=True)
+        print(
+            f" [{datetime.datetime.now():%Y-%m-%d %H:%M:%S}] iteration {state.iteration:8d}/{1000:8d} |"
+            f" consumed samples: {state.consumed_samples:12d} |"
+            f" elapsed time per iteration (ms): {elapsed * 1000:.1f} |"
+            f" learning rate: {learning_rate:.6E} | global batch size: {state.global_batch_size:5d} |"
+            f" lm loss: {loss_value:.6E} | loss scale: {case.loss_scale_value():.1f} |"
+            f" number of skipped iterations:   0 | number of nan iterations:   0 |",
+            flush=True,
+        )
 
 
 def train(model, optimizer, data_iterator: DataIterator, state: TrainState, case: cases.Case) -> int:
@@ -182,12 +186,14 @@ def replicated_tensors(train_args) -> list[torch.Tensor]:
 
 def stop_callback(train_args, ctx):
     import torch_npu
+
     torch_npu.npu.stop_device(torch_npu.npu.current_device())
 
 
 def clean_callback(is_uce_error: bool, train_args, ctx) -> int:  # noqa: FBT001 - MindIO's handler, called positionally
     import torch_npu
     from torch_npu.npu._recovery import update_npu_tensor_to_safe
+
     started, device, rank = time.time(), torch_npu.npu.current_device(), dist.get_rank()
     if is_uce_error:
         result = torch_npu.npu.check_uce_in_memory(device)
@@ -215,18 +221,32 @@ def rebuild_model_and_optimizer(train_args) -> None:
             old_module._buffers[name] = new_module._buffers[name]
     rebuilt = case.build_optimizer(model)
     for param in model.parameters():  # the layout the replica sends (values arrive next)
-        rebuilt.state[param] = {key: torch.zeros(value.shape, dtype=value.dtype, device=value.device)
-                                for key, value in optimizer.state[param].items()}
+        rebuilt.state[param] = {
+            key: torch.zeros(value.shape, dtype=value.dtype, device=value.device) for key, value in optimizer.state[param].items()
+        }
     train_args[OPTIM_INDEX] = rebuilt
 
 
 def repair_callback(step: int, need_rebuild: bool, error_ranks: list, repair_info: dict, train_args, ctx):  # noqa: FBT001, PLR0917 - MindIO's handler, called positionally
     started, rank = time.time(), dist.get_rank()
     src_ranks, dest_ranks, rank_list = repair_info["src"], repair_info["dst"], repair_info["rank_list"]
-    fields = dict(rank=rank, repair_type=repair_info["repair_type"], src=src_ranks, dst=dest_ranks,
-                  rank_list=rank_list, optim_idxs=repair_info["type"], step=step)
-    GENERATION.log("repair", **fields, params=json.dumps({"scale-out-strategy": "DP"}), need_rebuild=need_rebuild,
-                   error_ranks=error_ranks, repair_info=repair_info)
+    fields = dict(
+        rank=rank,
+        repair_type=repair_info["repair_type"],
+        src=src_ranks,
+        dst=dest_ranks,
+        rank_list=rank_list,
+        optim_idxs=repair_info["type"],
+        step=step,
+    )
+    GENERATION.log(
+        "repair",
+        **fields,
+        params=json.dumps({"scale-out-strategy": "DP"}),
+        need_rebuild=need_rebuild,
+        error_ranks=error_ranks,
+        repair_info=repair_info,
+    )
     GENERATION.log("repair_ranks", **fields)
     if repair_info["repair_type"] == RT_SEND:
         for dest_rank in dest_ranks:
@@ -244,8 +264,17 @@ def repair_callback(step: int, need_rebuild: bool, error_ranks: list, repair_inf
                 tensor.copy_(received)
         GENERATION.log("loaded", rank=rank, step=step)
         done = time.time()
-        GENERATION.log("received", rank=rank, total=done - started, group=rebuilding - started,
-                       rebuild=receiving - rebuilding, recv=done - receiving, load=0.0, optim=0.0, log_args=0.0)
+        GENERATION.log(
+            "received",
+            rank=rank,
+            total=done - started,
+            group=rebuilding - started,
+            rebuild=receiving - rebuilding,
+            recv=done - receiving,
+            load=0.0,
+            optim=0.0,
+            log_args=0.0,
+        )
     GENERATION.log("repaired", rank=rank, total=time.time() - started)
 
 
@@ -254,8 +283,7 @@ def feature_rollback(case: cases.Case) -> None:
     parallel_state = sys.modules.get("megatron.core.parallel_state")  # the adaptors import it; unused here if absent
     arguments = case.arguments()
     if parallel_state is not None:
-        if hasattr(parallel_state, "destroy_global_memory_buffer") and hasattr(parallel_state,
-                                                                               "_set_global_memory_buffer"):
+        if hasattr(parallel_state, "destroy_global_memory_buffer") and hasattr(parallel_state, "_set_global_memory_buffer"):
             parallel_state.destroy_global_memory_buffer()
             parallel_state._set_global_memory_buffer()
         if arguments.get("num_experts"):
@@ -278,8 +306,16 @@ def rollback_callback(step: int, train_args, ctx):
     case.rollback(step, state.iteration)
     state.iteration = step
     done = time.time()
-    GENERATION.log("rolled_back", rank=rank, total=done - started, feature=gathered - featured, gather=0.0,
-                   dataset=done - gathered, group=0.0, log=0.0)
+    GENERATION.log(
+        "rolled_back",
+        rank=rank,
+        total=done - started,
+        feature=gathered - featured,
+        gather=0.0,
+        dataset=done - gathered,
+        group=0.0,
+        log=0.0,
+    )
 
 
 # --- the arguments dump ----------------------------------------------------------------------------
@@ -296,9 +332,12 @@ def print_arguments(case: cases.Case, world_size: int) -> None:
         raise ValueError(f"{release} has no argument {unknown}")
     job = {name: value for name, value in job_arguments(case, world_size).items() if name in known}
     values = {**known, **job, **case.arguments()}
-    print(f"using world size: {world_size}, data-parallel size: {world_size}, context-parallel size: 1, "
-          f"hierarchical context-parallel sizes: Nonetensor-model-parallel size: 1, encoder-tensor-model-parallel "
-          f"size: 0, pipeline-model-parallel size: 1, encoder-pipeline-model-parallel size: 0", flush=True)
+    print(
+        f"using world size: {world_size}, data-parallel size: {world_size}, context-parallel size: 1, "
+        f"hierarchical context-parallel sizes: Nonetensor-model-parallel size: 1, encoder-tensor-model-parallel "
+        f"size: 0, pipeline-model-parallel size: 1, encoder-pipeline-model-parallel size: 0",
+        flush=True,
+    )
     title = GENERATION.dump_title
     print(f"------------------------ {title} ------------------------", flush=True)
     lines = [f"  {name} {'.' * (48 - len(name))} {value}" for name, value in values.items()]
@@ -320,13 +359,26 @@ def job_arguments(case: cases.Case, world_size: int) -> dict[str, object]:
     precision = case.arguments()
     dtype = "torch.bfloat16" if precision.get("bf16") else "torch.float16" if precision.get("fp16") else "torch.float32"
     return {
-        "num_layers": 2, "hidden_size": cases.HIDDEN_SIZE, "ffn_hidden_size": 4 * cases.HIDDEN_SIZE,
-        "num_attention_heads": cases.NUM_HEADS, "kv_channels": cases.HEAD_DIM, "seq_length": SEQ_LENGTH,
-        "max_position_embeddings": SEQ_LENGTH, "vocab_size": cases.VOCAB_SIZE,
-        "micro_batch_size": MICRO_BATCH_SIZE, "global_batch_size": MICRO_BATCH_SIZE * world_size,
-        "train_iters": 1000, "lr": 1.5e-4, "optimizer": "adam", "seed": 1234, "world_size": world_size,
-        "data_parallel_size": world_size, "params_dtype": dtype, "load": f"/ckpt/{case.checkpoint}",
-        "save": f"/ckpt/{case.checkpoint}", "enable_high_availability": True,
+        "num_layers": 2,
+        "hidden_size": cases.HIDDEN_SIZE,
+        "ffn_hidden_size": 4 * cases.HIDDEN_SIZE,
+        "num_attention_heads": cases.NUM_HEADS,
+        "kv_channels": cases.HEAD_DIM,
+        "seq_length": SEQ_LENGTH,
+        "max_position_embeddings": SEQ_LENGTH,
+        "vocab_size": cases.VOCAB_SIZE,
+        "micro_batch_size": MICRO_BATCH_SIZE,
+        "global_batch_size": MICRO_BATCH_SIZE * world_size,
+        "train_iters": 1000,
+        "lr": 1.5e-4,
+        "optimizer": "adam",
+        "seed": 1234,
+        "world_size": world_size,
+        "data_parallel_size": world_size,
+        "params_dtype": dtype,
+        "load": f"/ckpt/{case.checkpoint}",
+        "save": f"/ckpt/{case.checkpoint}",
+        "enable_high_availability": True,
     }
 
 
@@ -353,8 +405,9 @@ def main() -> None:
     torch.manual_seed(1234)
     model = case.build_model()
     optimizer = case.build_optimizer(model)
-    state = TrainState(START_ITERATION, EXIT_ITERATION, START_ITERATION * MICRO_BATCH_SIZE * world_size,
-                       MICRO_BATCH_SIZE * world_size)
+    state = TrainState(
+        START_ITERATION, EXIT_ITERATION, START_ITERATION * MICRO_BATCH_SIZE * world_size, MICRO_BATCH_SIZE * world_size
+    )
     print_rank_0(f"  successfully loaded checkpoint from /ckpt/{case.checkpoint} at iteration {START_ITERATION}")
 
     ttp.tft_init_processor(rank, world_size)

@@ -27,6 +27,7 @@ SRC = FIXTURES / "src"
 USER = SRC / "fw" / "user.py"
 STATE = SRC / "fw" / "state.py"
 
+
 def _megatron_core() -> Path:
     """megatron-core (a test dependency) found on disk: importing it would import torch."""
     for entry in sys.path:
@@ -90,6 +91,7 @@ def only(tracebacks: list[Traceback], source_roots: tuple[Path, ...] = ()):
 
 
 # --- internal frames and module names --------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "path",
@@ -156,6 +158,7 @@ def test_a_source_root_that_is_not_a_directory_is_a_usage_error(tmp_path):
 
 # --- culprit frame ---------------------------------------------------------------------------------
 
+
 def test_culprit_skips_torch_stdlib_and_forwarding_wrapper_frames():
     frames = (
         at("/usr/lib/python3.10/runpy.py", "_run_module_as_main", "return _run_code(code, main_globals, None,", 196),
@@ -196,8 +199,12 @@ def test_no_culprit_when_every_frame_is_internal_or_there_are_no_frames():
 def test_unsafe_link_is_the_chain_link_with_the_error():
     cause = tb(at(USER, "add_to_buf", "BUF[name] += x"), TORCH_FRAME)
     outer = tb(
-        Frame("/usr/local/python3.8/lib/python3.8/site-packages/mindio_ttp/framework_ttp/ttp_decorator.py", 90,
-              "wrapper", "raise RuntimeError(f'rollback failed: {e}')"),
+        Frame(
+            "/usr/local/python3.8/lib/python3.8/site-packages/mindio_ttp/framework_ttp/ttp_decorator.py",
+            90,
+            "wrapper",
+            "raise RuntimeError(f'rollback failed: {e}')",
+        ),
         message="rollback failed",
         caused_by=cause,
     )
@@ -210,6 +217,7 @@ def test_unsafe_link_is_the_chain_link_with_the_error():
 
 # --- resolution in the synthetic tree --------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("path", "function", "source", "tensor"),
     [
@@ -220,18 +228,27 @@ def test_unsafe_link_is_the_chain_link_with_the_error():
         # module global beside a parameter
         (STATE, "scaled", "return x * _BUFFER", TensorRef("_BUFFER", GlobalName("fw.state", None, "_BUFFER"))),
         # attribute of an imported module
-        (USER, "add_to_module_attribute", "state._BUFFER.add_(x)",
-         TensorRef("state._BUFFER", GlobalName("fw.state", None, "_BUFFER"))),
+        (
+            USER,
+            "add_to_module_attribute",
+            "state._BUFFER.add_(x)",
+            TensorRef("state._BUFFER", GlobalName("fw.state", None, "_BUFFER")),
+        ),
         # class attribute of an imported class
-        (USER, "clear_table", "Holder.table[key].zero_()",
-         TensorRef("Holder.table[key]", GlobalName("fw.state", "Holder", "table"))),
+        (
+            USER,
+            "clear_table",
+            "Holder.table[key].zero_()",
+            TensorRef("Holder.table[key]", GlobalName("fw.state", "Holder", "table")),
+        ),
         # singleton held by a class attribute
         (
             USER,
             "clear_prefetch",
             "SwapPrefetch.swap_prefetch.prefetch_list[i].zero_()",
-            TensorRef("SwapPrefetch.swap_prefetch.prefetch_list[i]",
-                      GlobalName("fw.singletons", "SwapPrefetch", "prefetch_list")),
+            TensorRef(
+                "SwapPrefetch.swap_prefetch.prefetch_list[i]", GlobalName("fw.singletons", "SwapPrefetch", "prefetch_list")
+            ),
         ),
         # singleton returned by a getter
         (
@@ -306,6 +323,7 @@ def test_source_line_missing_from_the_log_is_read_from_the_file():
 
 # --- a statement's own bindings, calls of global callables, lru caches ----------------------------
 
+
 def write_package(root: Path, files: dict[str, str]) -> None:
     """A package `pkg` under `root` from dedented sources."""
     (root / "pkg").mkdir()
@@ -316,7 +334,10 @@ def write_package(root: Path, files: dict[str, str]) -> None:
 
 def test_a_statement_reads_the_binding_made_before_it_not_its_own(tmp_path):
     """`buf = buf + x`: the `buf` read is the one bound earlier (a global's alias), not this line's result."""
-    write_package(tmp_path, {"step.py": """\
+    write_package(
+        tmp_path,
+        {
+            "step.py": """\
         _BUF = None
 
 
@@ -324,7 +345,9 @@ def test_a_statement_reads_the_binding_made_before_it_not_its_own(tmp_path):
             buf = _BUF
             buf = buf + x
             return buf
-        """})
+        """
+        },
+    )
     path = tmp_path / "pkg" / "step.py"
     finding = only([tb(at(path, "accumulate", "buf = buf + x"))], (tmp_path,))
     assert finding.tensor == TensorRef("buf", GlobalName("pkg.step", None, "_BUF"))
@@ -332,7 +355,10 @@ def test_a_statement_reads_the_binding_made_before_it_not_its_own(tmp_path):
 
 def test_calling_a_callable_a_global_holds_is_not_that_global(tmp_path):
     """`return _fused_op(t)` under `global _fused_op` returns the op's result, not `_fused_op`."""
-    write_package(tmp_path, {"step.py": """\
+    write_package(
+        tmp_path,
+        {
+            "step.py": """\
         _fused_op = None
         _SCALE = torch.ones(1)
 
@@ -345,13 +371,16 @@ def test_calling_a_callable_a_global_holds_is_not_that_global(tmp_path):
         def step(x):
             out = apply(x)
             return out * _SCALE
-        """})
+        """
+        },
+    )
     path = tmp_path / "pkg" / "step.py"
     finding = only([tb(at(path, "step", "return out * _SCALE"))], (tmp_path,))
     assert finding.tensor == TensorRef("_SCALE", GlobalName("pkg.step", None, "_SCALE"))
 
 
 # --- comprehensions: a loop variable stands for an element of its iterable ------------------------
+
 
 def frames_in(path: Path, *calls: tuple[str, str]) -> tuple[Frame, ...]:
     """Frames of `path`, outermost first, each a (function, printed source line)."""
@@ -361,14 +390,19 @@ def frames_in(path: Path, *calls: tuple[str, str]) -> tuple[Frame, ...]:
 def test_a_genexpr_frame_reads_its_element_from_a_module_global(tmp_path):
     """In the `<genexpr>` frame only the generator runs: `t[0]` is an element of `_LOSSES`, not
     `_BIAS`, which the enclosing line reads before the generator starts."""
-    write_package(tmp_path, {"step.py": """\
+    write_package(
+        tmp_path,
+        {
+            "step.py": """\
         _BIAS = None
         _LOSSES = []
 
 
         def total():
             return _BIAS + sum(t[0] for t in _LOSSES)
-        """})
+        """
+        },
+    )
     line = "return _BIAS + sum(t[0] for t in _LOSSES)"
     frames = frames_in(tmp_path / "pkg" / "step.py", ("total", line), ("<genexpr>", line))
     finding = only([tb(*frames)], (tmp_path,))
@@ -380,7 +414,10 @@ def test_a_genexpr_frame_reads_its_element_from_a_module_global(tmp_path):
 def test_a_listcomp_over_a_parameter_is_followed_past_its_function_to_the_caller(tmp_path):
     """`<listcomp>` is called by `scaled` at the same line: the parameter `losses` is followed to
     the caller of `scaled`, not looked up in `scaled`'s own line."""
-    write_package(tmp_path, {"step.py": """\
+    write_package(
+        tmp_path,
+        {
+            "step.py": """\
         _LOSSES = []
 
 
@@ -390,21 +427,28 @@ def test_a_listcomp_over_a_parameter_is_followed_past_its_function_to_the_caller
 
         def step():
             return scaled(_LOSSES)
-        """})
+        """
+        },
+    )
     comprehension = "return [t * 2 for t in losses]"
     path = tmp_path / "pkg" / "step.py"
     frames = frames_in(path, ("step", "return scaled(_LOSSES)"), ("scaled", comprehension), ("<listcomp>", comprehension))
     finding = only([tb(*frames)], (tmp_path,))
     assert finding.culprit == frames[1]
     assert finding.tensor == TensorRef("_LOSSES", GlobalName("pkg.step", None, "_LOSSES"))
-    assert any(note.startswith("scaled() got the tensor as a parameter: followed to") and note.endswith(":9 (step)")
-               for note in finding.notes)
+    assert any(
+        note.startswith("scaled() got the tensor as a parameter: followed to") and note.endswith(":9 (step)")
+        for note in finding.notes
+    )
 
 
 def test_a_dictcomp_tuple_target_over_a_getters_items_is_the_global_the_getter_returns(tmp_path):
     """`for k, v in get_stats().items()`: `v` is a value of the dict `get_stats()` returns, `_STATS`;
     `_TOTAL`, read by the enclosing line, is not what the `<dictcomp>` frame reads."""
-    write_package(tmp_path, {"step.py": """\
+    write_package(
+        tmp_path,
+        {
+            "step.py": """\
         _TOTAL = None
         _STATS = {}
 
@@ -415,7 +459,9 @@ def test_a_dictcomp_tuple_target_over_a_getters_items_is_the_global_the_getter_r
 
         def summary():
             return _TOTAL, {k: v.item() for k, v in get_stats().items()}
-        """})
+        """
+        },
+    )
     line = "return _TOTAL, {k: v.item() for k, v in get_stats().items()}"
     frames = frames_in(tmp_path / "pkg" / "step.py", ("summary", line), ("<dictcomp>", line))
     finding = only([tb(*frames)], (tmp_path,))
@@ -430,7 +476,10 @@ def test_a_dictcomp_tuple_target_over_a_getters_items_is_the_global_the_getter_r
     ],
 )
 def test_a_loop_variable_that_shadows_a_global_is_the_iterables_element_not_the_global(tmp_path, comprehension_frame):
-    write_package(tmp_path, {"step.py": """\
+    write_package(
+        tmp_path,
+        {
+            "step.py": """\
         grad = None
         _GRADS = []
 
@@ -441,7 +490,9 @@ def test_a_loop_variable_that_shadows_a_global_is_the_iterables_element_not_the_
 
         def step():
             return norms(_GRADS)
-        """})
+        """
+        },
+    )
     line = "return [grad.norm() for grad in grads]"
     calls = [("step", "return norms(_GRADS)"), ("norms", line), *([("<listcomp>", line)] if comprehension_frame else [])]
     finding = only([tb(*frames_in(tmp_path / "pkg" / "step.py", *calls))], (tmp_path,))
@@ -450,7 +501,10 @@ def test_a_loop_variable_that_shadows_a_global_is_the_iterables_element_not_the_
 
 def test_a_local_built_by_a_comprehension_is_followed_through_its_iterable(tmp_path):
     """MindSpeed-LLM's log repair: `t` is an element of a local list of elements of a parameter."""
-    write_package(tmp_path, {"repair.py": """\
+    write_package(
+        tmp_path,
+        {
+            "repair.py": """\
         class LogArgs:
             losses_reduced_ = None
 
@@ -464,7 +518,9 @@ def test_a_local_built_by_a_comprehension_is_followed_through_its_iterable(tmp_p
 
         def repair():
             return average(LogArgs.losses_reduced_)
-        """})
+        """
+        },
+    )
     line = "total = sum(t[0] for t in for_key)"
     calls = [("repair", "return average(LogArgs.losses_reduced_)"), ("average", line), ("<genexpr>", line)]
     finding = only([tb(*frames_in(tmp_path / "pkg" / "repair.py", *calls))], (tmp_path,))
@@ -492,7 +548,8 @@ MAKE_MASK = GlobalName("pkg.mask", None, "make_mask")
     ("imports", "decorator", "tensor"),
     [
         (
-            "import functools", "@functools.lru_cache(maxsize=None)",
+            "import functools",
+            "@functools.lru_cache(maxsize=None)",
             TensorRef("make_mask(n)", MAKE_MASK, cached=True),
         ),
         ("from functools import lru_cache", "@lru_cache", TensorRef("make_mask(n)", MAKE_MASK, cached=True)),
@@ -502,7 +559,10 @@ MAKE_MASK = GlobalName("pkg.mask", None, "make_mask")
     ],
 )
 def test_a_call_result_counts_only_when_the_function_is_an_lru_cache(tmp_path, imports, decorator, tensor):
-    write_package(tmp_path, {"mask.py": f"""\
+    write_package(
+        tmp_path,
+        {
+            "mask.py": f"""\
         {imports}
         import torch
 
@@ -514,7 +574,9 @@ def test_a_call_result_counts_only_when_the_function_is_an_lru_cache(tmp_path, i
 
         def masked(x, n):
             return x.masked_fill(make_mask(n), 0.0)
-        """})
+        """
+        },
+    )
     path = tmp_path / "pkg" / "mask.py"
     finding = only([tb(at(path, "masked", "return x.masked_fill(make_mask(n), 0.0)"))], (tmp_path,))
     assert finding.tensor == tensor
@@ -553,14 +615,26 @@ APPLY = """\
     ("module_import", "init", "apply", "expression"),
     [
         # the class imported inside __init__, the embedding held in a local first
-        ("", ["from pkg.rope import Rope", "self.rope = Rope(8)"],
-         ["freqs = self.rope(hidden.shape[0])", "query = apply_rope(query, freqs)"], "freqs"),
+        (
+            "",
+            ["from pkg.rope import Rope", "self.rope = Rope(8)"],
+            ["freqs = self.rope(hidden.shape[0])", "query = apply_rope(query, freqs)"],
+            "freqs",
+        ),
         # the class named through its module
-        ("from pkg import rope", ["self.rope = rope.Rope(8)"],
-         ["freqs = self.rope(hidden.shape[0])", "query = apply_rope(query, freqs)"], "freqs"),
+        (
+            "from pkg import rope",
+            ["self.rope = rope.Rope(8)"],
+            ["freqs = self.rope(hidden.shape[0])", "query = apply_rope(query, freqs)"],
+            "freqs",
+        ),
         # the embedding passed inline
-        ("", ["from pkg.rope import Rope", "self.rope = Rope(8)"],
-         ["query = apply_rope(query, self.rope(hidden.shape[0]))"], "self.rope(hidden.shape[0])"),
+        (
+            "",
+            ["from pkg.rope import Rope", "self.rope = Rope(8)"],
+            ["query = apply_rope(query, self.rope(hidden.shape[0]))"],
+            "self.rope(hidden.shape[0])",
+        ),
     ],
 )
 def test_parameter_followed_to_a_submodule_whose_forward_is_an_lru_cache(tmp_path, module_import, init, apply, expression):
@@ -610,8 +684,10 @@ REMOTE_TRAIN = "/job/remote/train.py"
         ("with torch.no_grad(), guard(_LOCK):", TensorRef("_LOCK", GlobalName(None, None, "_LOCK"))),
         ("out = fuse(_BUF,  # first part", TensorRef("_BUF", GlobalName(None, None, "_BUF"))),
         ("bias=_EXPERT_BIAS,", TensorRef("_EXPERT_BIAS", GlobalName(None, None, "_EXPERT_BIAS"))),
-        ("SwapPrefetch.swap_prefetch.swap_tensors[0].zero_()",
-         TensorRef("SwapPrefetch.swap_prefetch.swap_tensors[0]", GlobalName(None, "SwapPrefetch", "swap_tensors"))),
+        (
+            "SwapPrefetch.swap_prefetch.swap_tensors[0].zero_()",
+            TensorRef("SwapPrefetch.swap_prefetch.swap_tensors[0]", GlobalName(None, "SwapPrefetch", "swap_tensors")),
+        ),
         ('tracker[name]["values"].zero_()', TensorRef("tracker[name]", GlobalName(None, None, None))),
         ("mod.obj.field.add_(x)", TensorRef("mod.obj.field", GlobalName(None, None, None))),
         (
@@ -685,16 +761,24 @@ def test_megatron_tracker_alias_resolves_to_the_module_global():
 
 
 def test_megatron_tracker_clear_without_source_leaves_the_variable_unknown():
-    frame = Frame("/job/ModelLink/megatron/core/transformer/moe/gone_utils.py", 907, "clear_aux_losses_tracker",
-                  'tracker[name]["values"].zero_()')
+    frame = Frame(
+        "/job/ModelLink/megatron/core/transformer/moe/gone_utils.py",
+        907,
+        "clear_aux_losses_tracker",
+        'tracker[name]["values"].zero_()',
+    )
     finding = only([tb(frame)])
     assert finding.tensor == TensorRef("tracker[name]", GlobalName("megatron.core.transformer.moe.gone_utils", None, None))
 
 
 def test_faq_line_on_an_old_tree_names_the_old_tracker_in_parallel_state():
     frames = (
-        Frame("/home/ma-user/gitee_0925/ModelLink/modellink/core/transformer/moe/router.py", 93, "apply_z_loss",
-              'save_to_aux_losses_tracker("z_loss", z_loss / moe_z_loss_coeff, self.layer_number, self.config.num_layers)'),
+        Frame(
+            "/home/ma-user/gitee_0925/ModelLink/modellink/core/transformer/moe/router.py",
+            93,
+            "apply_z_loss",
+            'save_to_aux_losses_tracker("z_loss", z_loss / moe_z_loss_coeff, self.layer_number, self.config.num_layers)',
+        ),
         Frame(FAQ_FILE, 172, "save_to_aux_losses_tracker", FAQ_LINE),
         TORCH_FRAME,
     )
@@ -709,8 +793,9 @@ def test_faq_line_on_an_old_tree_names_the_old_tracker_in_parallel_state():
 
 
 def test_faq_line_with_no_local_file_finds_parallel_state_in_the_environment():
-    frame = Frame("/home/ma-user/ModelLink/megatron/core/transformer/moe/old_moe_utils.py", 172,
-                  "save_to_aux_losses_tracker", FAQ_LINE)
+    frame = Frame(
+        "/home/ma-user/ModelLink/megatron/core/transformer/moe/old_moe_utils.py", 172, "save_to_aux_losses_tracker", FAQ_LINE
+    )
     finding = only([tb(frame)])
     assert finding.tensor == TensorRef(
         "parallel_state._MOE_AUX_LOSSES_LOGGING_TRACKER[name]",
@@ -732,8 +817,12 @@ def test_megatron_expert_bias_parameter_is_followed_into_the_router():
     call = "probs, routing_map = topk_routing_with_score_function("
     frames = (
         Frame(REMOTE_SITE + "router.py", line_of(MOE / "router.py", call), "routing", call),
-        Frame(REMOTE_SITE + "moe_utils.py", line_of(MOE / "moe_utils.py", "scores_for_routing = scores + expert_bias"),
-              "topk_routing_with_score_function", "scores_for_routing = scores + expert_bias"),
+        Frame(
+            REMOTE_SITE + "moe_utils.py",
+            line_of(MOE / "moe_utils.py", "scores_for_routing = scores + expert_bias"),
+            "topk_routing_with_score_function",
+            "scores_for_routing = scores + expert_bias",
+        ),
         TORCH_FRAME,
     )
     finding = only([tb(*frames)])
@@ -772,12 +861,15 @@ def test_locating_megatron_cases_imports_neither_torch_nor_megatron():
 def test_importing_locate_does_not_import_torch():
     done = subprocess.run(
         [sys.executable, "-c", "import sys, unsafe_doctor.diagnose.locate; print('torch' in sys.modules)"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert done.stdout.strip() == "False"
 
 
 # --- folding ---------------------------------------------------------------------------------------
+
 
 def test_identical_findings_on_several_ranks_fold_into_one():
     frame = at(USER, "add_to_buf", "BUF[name] += x")
@@ -815,8 +907,10 @@ frames_strategy = st.lists(
         line=st.one_of(st.none(), st.integers(min_value=-5, max_value=2000)),
         function=st.text(max_size=20),
         source=st.one_of(st.none(), st.text(max_size=80), st.sampled_from([FAQ_LINE, TRACKER_LINE, "if x:", "f(a,"])),
-        marker=st.one_of(st.none(), st.builds(Marker, st.integers(-3, 90), st.integers(-3, 90),
-                                              st.tuples(st.integers(-3, 90), st.integers(-3, 90)))),
+        marker=st.one_of(
+            st.none(),
+            st.builds(Marker, st.integers(-3, 90), st.integers(-3, 90), st.tuples(st.integers(-3, 90), st.integers(-3, 90))),
+        ),
     ),
     max_size=4,
 )

@@ -61,11 +61,13 @@ def test_the_installed_megatron_core_is_not_read_when_the_index_holds_the_log_re
 def report_script(tmp_path: Path, report: str) -> Path:
     """A script that prints, as JSON, the `report` expression over its arguments (the logs)."""
     script = tmp_path / "report.py"
-    script.write_text("import json, sys\n"
-                      "from unsafe_doctor.knowledge.context import groundwork\n"
-                      "from unsafe_doctor.diagnose.pipeline import diagnose\n"
-                      "from unsafe_doctor.report.diagnosis import diagnosis_json\n"
-                      f"print(json.dumps({report}))\n")
+    script.write_text(
+        "import json, sys\n"
+        "from unsafe_doctor.knowledge.context import groundwork\n"
+        "from unsafe_doctor.diagnose.pipeline import diagnose\n"
+        "from unsafe_doctor.report.diagnosis import diagnosis_json\n"
+        f"print(json.dumps({report}))\n"
+    )
     return script
 
 
@@ -166,9 +168,19 @@ CLASS_HELD = [
     ("0.18.2", METRICS_FILE, 125, "record", "entry.values[layer_number - 1] += value.detach()", METRICS),
     ("0.18.2", METRICS_FILE, 275, "_sync_metrics", "torch.distributed.all_reduce(v, group=entry.reduce_group)", METRICS),
     ("0.18.2", METRICS_FILE, 326, "_aggregate", "values = self._metrics[name].values.float() * loss_scale", METRICS),
-    pytest.param("0.18.2", METRICS_FILE, 217, "clear", "entry.values.zero_()", METRICS, marks=pytest.mark.xfail(
-        strict=True, reason="`for entry in self._metrics.values()`: a loop target is not followed to its iterable "
-        "(syntax.OPAQUE), and the index's skeleton keeps it as `entry = None`")),
+    pytest.param(
+        "0.18.2",
+        METRICS_FILE,
+        217,
+        "clear",
+        "entry.values.zero_()",
+        METRICS,
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="`for entry in self._metrics.values()`: a loop target is not followed to its iterable "
+            "(syntax.OPAQUE), and the index's skeleton keeps it as `entry = None`",
+        ),
+    ),
 ]
 
 
@@ -177,8 +189,10 @@ def test_log_only_names_a_class_held_global_with_its_class(tmp_path, release, pa
     """The frame prints neither the class nor its module; the release's skeleton in the index knows
     the class the method is in. Read where megatron-core is not installed."""
     log = tmp_path / "train.log"
-    log.write_text(f'[rank0]: Traceback (most recent call last):\n[rank0]:   File "{SITE_312}{path}", line {line}, in '
-                   f"{function}\n[rank0]:     {printed}\n[rank0]: {UNSAFE}\n")
+    log.write_text(
+        f'[rank0]: Traceback (most recent call last):\n[rank0]:   File "{SITE_312}{path}", line {line}, in '
+        f"{function}\n[rank0]:     {printed}\n[rank0]: {UNSAFE}\n"
+    )
     script = report_script(tmp_path, "diagnosis_json(diagnose(sys.argv[1:], groundwork(log_only=True)))")
     result = run_without_megatron(script, str(log), scratch=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -23,16 +23,24 @@ REAL = ROOT.parent / "shared" / "real"
 
 
 def diagnose(log: Path, *options: str) -> dict:
-    run = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", str(log), "--format", "json", *options],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "diagnose", str(log), "--format", "json", *options],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode in (0, 1), run.stderr
     [finding] = json.loads(run.stdout)["findings"]
     return finding
 
 
 def reported(finding: dict) -> dict:
-    return {"variable": finding["tensor"]["variable"], "module": finding["tensor"]["module"],
-            "scenario": finding["scenario"], "rule": finding["rule"]}
+    return {
+        "variable": finding["tensor"]["variable"],
+        "module": finding["tensor"]["module"],
+        "scenario": finding["scenario"],
+        "rule": finding["rule"],
+    }
 
 
 @pytest.mark.parametrize("rendering", RENDERINGS)
@@ -51,15 +59,17 @@ def test_the_branch_the_arguments_dump_chose_is_read_with_the_source(megatron_co
     root = megatron_core_release("0.15.0")
     finding = diagnose(HERE / "logs" / "branch-sequence-parallel-py312.log", "--source-root", str(root))
     assert reported(finding) == CASES["branch-sequence-parallel"]["expected"]
-    assert any("the arguments dump says sequence_parallel = True" in note and "when sequence_parallel" in note
-               for note in finding["notes"]), finding["notes"]
+    assert any(
+        "the arguments dump says sequence_parallel = True" in note and "when sequence_parallel" in note
+        for note in finding["notes"]
+    ), finding["notes"]
 
 
 def test_without_the_dump_both_branches_are_named(megatron_core_release, tmp_path):
     root = megatron_core_release("0.15.0")
     log = tmp_path / "no-dump.log"
     text = (HERE / "logs" / "branch-sequence-parallel-py312.log").read_text()
-    log.write_text(text[text.index("end of arguments"):].split("\n", 1)[1])
+    log.write_text(text[text.index("end of arguments") :].split("\n", 1)[1])
     finding = diagnose(log, "--source-root", str(root))
     assert finding["tensor"]["variable"] == "_GLOBAL_MEMORY_BUFFER"  # the one path that reaches a global
     assert any("when sequence_parallel" in note for note in finding["notes"]), finding["notes"]
@@ -70,8 +80,9 @@ def test_a_small_functions_return_is_followed_in_the_real_file(megatron_core_rel
     if not mindspeed.is_dir():
         pytest.skip(f"{mindspeed} is absent")
     root = megatron_core_release("0.12.1")
-    finding = diagnose(HERE / "logs" / "multi-operand-rotation-matrix-py313.log",
-                       "--source-root", str(mindspeed), "--source-root", str(root))
+    finding = diagnose(
+        HERE / "logs" / "multi-operand-rotation-matrix-py313.log", "--source-root", str(mindspeed), "--source-root", str(root)
+    )
     assert finding["tensor"]["variable"] == "_ROTATION_MATRIX"
     assert finding["tensor"]["module"] == "mindspeed.mindspore.core.models.common.embeddings.rotary_pos_embedding"
     assert finding["source_from"] == "job"
@@ -122,8 +133,11 @@ def real_function(path: Path, name: str, line: int):
     import ast
 
     tree = ast.parse(path.read_text())
-    return next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == name
-                and node.lineno <= line <= (node.end_lineno or 0))
+    return next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == name and node.lineno <= line <= (node.end_lineno or 0)
+    )
 
 
 def test_the_paths_of_a_local_bound_on_two_branches_of_real_code(megatron_core_release):
@@ -135,7 +149,9 @@ def test_the_paths_of_a_local_bound_on_two_branches_of_real_code(megatron_core_r
     forward = real_function(layers, "forward", 480)
     paths = paths_to(forward, ast.Name("total_input", ast.Load()), 480, skeleton=False)
     assert [(ast.unparse(path.value), ast.unparse(path.test), path.holds) for path in paths] == [
-        ("input", "sequence_parallel", False), ("all_gather_buffer", "sequence_parallel", True)]
+        ("input", "sequence_parallel", False),
+        ("all_gather_buffer", "sequence_parallel", True),
+    ]
     for printed, value in (("True", "all_gather_buffer"), ("False", "input"), ("None", "input")):
         kept, because = decided(paths, {"sequence_parallel": printed})
         assert [ast.unparse(path.value) for path in kept] == [value]
@@ -217,10 +233,12 @@ def test_of_several_operands_the_one_a_cache_one_call_up_filled_is_named(tmp_pat
 def test_the_globals_the_log_cannot_rule_out_are_listed_in_json():
     """The attention call also passes get_actual_seq_len_list()'s global: the JSON lists it, typed."""
     finding = diagnose(HERE / "logs" / "multiline-call-args-py310.log", "--log-only")
-    assert finding["alternatives"] == [{"variable": "_ACTUAL_SEQ_LEN_LIST", "module": "mindspeed_llm.training.utils",
-                                        "how": "another operand of the line"}]
-    assert any(note.startswith("mindspeed.model.transformer was read from the index of mindspeed master@")
-               for note in finding["notes"]), finding["notes"]  # no MindSpeed frame: which release stood in is said
+    assert finding["alternatives"] == [
+        {"variable": "_ACTUAL_SEQ_LEN_LIST", "module": "mindspeed_llm.training.utils", "how": "another operand of the line"}
+    ]
+    assert any(
+        note.startswith("mindspeed.model.transformer was read from the index of mindspeed master@") for note in finding["notes"]
+    ), finding["notes"]  # no MindSpeed frame: which release stood in is said
     assert diagnose(HERE / "logs" / "wrapper-generate-mask-py312.log", "--log-only")["alternatives"] == []
 
 
@@ -232,4 +250,6 @@ def test_a_local_whose_paths_reach_two_globals_names_both_and_keeps_the_local():
     finding = diagnose(log, "--log-only")
     assert finding["tensor"]["expression"] == "total_input" and finding["rule"] == "mindspeed.ag-shared-experts-inputs"
     assert {(each["variable"], each["how"]) for each in finding["alternatives"]} == {
-        ("_GLOBAL_MEMORY_BUFFER", "on another path"), ("AG_SHARED_EXPERTS_INPUTS", "on another path")}
+        ("_GLOBAL_MEMORY_BUFFER", "on another path"),
+        ("AG_SHARED_EXPERTS_INPUTS", "on another path"),
+    }

@@ -230,8 +230,7 @@ def test_at_a_terminal_the_untraced_report_offers_a_suspects_fix_then_the_sentin
     adaptor = tree / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
     rollback = adaptor.parent / "tft_rollback.py"
     log = write_log(tmp_path, dump(MOE), IN_TREE_LINES, [CATCH_V26, PTA_ERROR])
-    answers = [(b"Which suspect's fix to write? [1-", b"1\n"), (b"? [y/N]: ", b"y\n"),
-               (b"at the next fault)? [y/N]: ", b"y\n")]
+    answers = [(b"Which suspect's fix to write? [1-", b"1\n"), (b"? [y/N]: ", b"y\n"), (b"at the next fault)? [y/N]: ", b"y\n")]
     code, screen = at_terminal([str(log), "--adaptor", str(adaptor)], answers=answers, columns=400)
     shown = " ".join(screen.split())
     assert f"Apply suspect 1's scenario-2 fix to {adaptor}::recv_rank_repair and {adaptor}::send_rank_repair? [y/N]: y" in shown
@@ -401,7 +400,8 @@ def test_a_name_kept_in_two_modules_of_one_release_is_one_suspect(tmp_path):
     _, shortlist = shortlist_of(log)
     named = [suspect for suspect in shortlist.suspects if suspect.tensor.name.variable == "AG_SHARED_EXPERTS_INPUTS"]
     assert [(suspect.rule.id, suspect.alternatives) for suspect in named] == [
-        ("mindspeed.ag-shared-experts-inputs", ("mindspeed.ag-shared-experts-inputs-moe-common",))]
+        ("mindspeed.ag-shared-experts-inputs", ("mindspeed.ag-shared-experts-inputs-moe-common",))
+    ]
     assert "mindspeed.ag-shared-experts-inputs-moe-common" not in {item.rule for item in shortlist.excluded}
 
 
@@ -427,12 +427,18 @@ def test_an_untraced_job_whose_dump_has_no_packed_sequence_switch_on_does_not_su
     assert "megatron.seqlen-stats" not in [suspect.rule.id for suspect in shortlist.suspects]
     masking = "False" if release == "0.19.0" else "not in the arguments"  # 0.18 has no such argument
     assert {item.rule: item.why for item in shortlist.excluded}["megatron.seqlen-stats"] == (
-        f"sft is False, dataloader_inter_document_masking is {masking}: packed_sequences is off")
+        f"sft is False, dataloader_inter_document_masking is {masking}: packed_sequences is off"
+    )
 
 
-@pytest.mark.parametrize(("release", "switch"), [
-    ("0.18.2", "sft"), ("0.19.0", "sft"), ("0.19.0", "dataloader_inter_document_masking"),
-])
+@pytest.mark.parametrize(
+    ("release", "switch"),
+    [
+        ("0.18.2", "sft"),
+        ("0.19.0", "sft"),
+        ("0.19.0", "dataloader_inter_document_masking"),
+    ],
+)
 def test_an_untraced_job_with_either_packed_sequence_switch_on_suspects_the_seqlen_stats_first(tmp_path, release, switch):
     log = write_log(tmp_path, release_dump(release, **{switch: "True"}), TASKD_LINES, [CATCH_V26, PTA_ERROR])
     _, shortlist = shortlist_of(log)

@@ -27,8 +27,10 @@ CLEAN = "2026-12-02 16:50:42,269 - mindspeed_llm.core.high_availability.tft_stop
 DECORATOR = "2026-07-30 10:00:00.000001 warn 4242 [12345][PYH ttp_decorator.py:938] "
 PERSISTENT_UCE = CLEAN + "rank 3 check uce memory result: 3"
 TEMPORARY_UCE = CLEAN + "rank 3 check uce memory result: 2"
-HBM_ECC = DECORATOR + ("rank:3 catch HBM MULTI BIT ECC can repair exception, error_code:， ex instance:NPU function "
-                       "error: HBM MULTI BIT ECC ERROR.time is 1796230240952318")
+HBM_ECC = DECORATOR + (
+    "rank:3 catch HBM MULTI BIT ECC can repair exception, error_code:， ex instance:NPU function "
+    "error: HBM MULTI BIT ECC ERROR.time is 1796230240952318"
+)
 UCE_ONLY = DECORATOR + "rank:3 catch UCE ERROR exception, ex instance:UCE ERROR, "
 LINK = DECORATOR + "rank:3 catch UB LINK ERROR exception, error_code:， ex instance:UB LINK ERROR"
 RETRY = DECORATOR + "rank:3 catch HCCL OP RETRY FAILED exception, error_code:， ex instance:x"
@@ -36,16 +38,30 @@ REMOTE = DECORATOR + "rank:3 catch SUSPECT REMOTE ERROR exception, error_code:�
 OTHER_RANK_TEMPORARY = CLEAN + "rank 2 check uce memory result: 2"
 PRECISION = DECORATOR + "rank:3 catch PRECISION ERROR exception, error_code:， ex instance:x"
 # torch_npu 26.1's `torch_npu.recovery` logger (its field layout inferred from the API: docs/diagnose.md says so)
-RESTART_ALL = ("2026-07-30 10:00:01,000 - torch_npu.recovery - INFO - restart device start, device_id=3, "
-               "rebuild_all_resources=True, disable_tensor_unsafe_check=False")
+RESTART_ALL = (
+    "2026-07-30 10:00:01,000 - torch_npu.recovery - INFO - restart device start, device_id=3, "
+    "rebuild_all_resources=True, disable_tensor_unsafe_check=False"
+)
 RESTART_UNCHECKED = RESTART_ALL.replace("disable_tensor_unsafe_check=False", "disable_tensor_unsafe_check=True")
 RESTART_KEEP = RESTART_ALL.replace("rebuild_all_resources=True", "rebuild_all_resources=False")
 # MindSpeed-LLM 2.3's receive summary: 26's has no `build repair group:` time (knowledge_base/adaptor_messages.json)
-LLM_23 = ("[repair] rank 3 recv total time consumed:0.120s, build repair group:0.001s, rebuild:0.000s, recv ckpt:0.099s, "
-          "load ckpt:0.010s, recv optim:0.009s, recv log args:0.001s.")
+LLM_23 = (
+    "[repair] rank 3 recv total time consumed:0.120s, build repair group:0.001s, rebuild:0.000s, recv ckpt:0.099s, "
+    "load ckpt:0.010s, recv optim:0.009s, recv log args:0.001s."
+)
 # A MindSpeed-LLM MoE run with flash attention and rotary embeddings, in the sizes of a real model
-BIG_MOE = {**MOE, "use_flash_attn": "True", "position_embedding_type": "rope", "bf16": "True", "seq_length": "4096",
-           "kv_channels": "128", "num_layers": "4", "rotary_percent": "1.0", "micro_batch_size": "1", "hidden_size": "4096"}
+BIG_MOE = {
+    **MOE,
+    "use_flash_attn": "True",
+    "position_embedding_type": "rope",
+    "bf16": "True",
+    "seq_length": "4096",
+    "kv_channels": "128",
+    "num_layers": "4",
+    "rotary_percent": "1.0",
+    "micro_batch_size": "1",
+    "hidden_size": "4096",
+}
 
 
 def fault_of(*lines: str):
@@ -85,10 +101,13 @@ def test_a_reset_rules_a_global_out_only_when_every_generation_the_job_may_have_
     assert len(shortlist.generations) == 4
     excluded = {item.rule: item.why for item in shortlist.excluded}
     assert excluded["megatron.global-memory-buffer"].startswith(
-        "the mindio-ttp-legacy or mindspeed-llm-2.3 or mindspeed-llm-26 or taskd-elastic adaptor's rollback and repair")
+        "the mindio-ttp-legacy or mindspeed-llm-2.3 or mindspeed-llm-26 or taskd-elastic adaptor's rollback and repair"
+    )
     bias = next(suspect for suspect in shortlist.suspects if suspect.rule.id == "megatron.router-expert-bias")
-    assert ("adaptor generation not shown by the log: not reset by the mindspeed-llm-26 adaptor, which the job may have "
-            "run (generations considered: mindio-ttp-legacy, mindspeed-llm-2.3, mindspeed-llm-26, taskd-elastic)") in bias.why
+    assert (
+        "adaptor generation not shown by the log: not reset by the mindspeed-llm-26 adaptor, which the job may have "
+        "run (generations considered: mindio-ttp-legacy, mindspeed-llm-2.3, mindspeed-llm-26, taskd-elastic)"
+    ) in bias.why
 
 
 def test_a_tie_in_the_logs_evidence_weighs_every_tied_generation_and_its_releases(tmp_path):
@@ -97,8 +116,10 @@ def test_a_tie_in_the_logs_evidence_weighs_every_tied_generation_and_its_release
     _, shortlist = shortlist_of(log)
     assert [profile.id for profile in shortlist.generations] == ["mindspeed-llm-2.3", "mindspeed-llm-26"]
     bias = next(suspect for suspect in shortlist.suspects if suspect.rule.id == "megatron.router-expert-bias")
-    assert "not reset by the mindspeed-llm-26 adaptor, which the job may have run (generations considered: " \
-           "mindspeed-llm-2.3, mindspeed-llm-26)" in bias.why
+    assert (
+        "not reset by the mindspeed-llm-26 adaptor, which the job may have run (generations considered: "
+        "mindspeed-llm-2.3, mindspeed-llm-26)" in bias.why
+    )
     tracker = next(suspect for suspect in shortlist.suspects if "layer-wise-tracker" in suspect.rule.id)
     assert "not reset by any generation the job may have run (mindspeed-llm-2.3, mindspeed-llm-26)" in tracker.why
     assert "megatron-core 0.12.1 (the release the mindspeed-llm-26 adaptor runs with)" in bias.why  # 2.3's too
@@ -113,8 +134,9 @@ def test_tied_generations_that_run_with_other_releases_bring_them_all():
 
     profiles = {profile.id: profile for profile in load_knowledge().profiles}
     tied = (profiles["mindio-ttp-legacy"], profiles["mindspeed-llm-2.3"])
-    environment = Environment({"megatron-core": Version("0.16.1")}, {"megatron-core": "installed"}, (), tied[1], None,
-                              "log", possible=tied)
+    environment = Environment(
+        {"megatron-core": Version("0.16.1")}, {"megatron-core": "installed"}, (), tied[1], None, "log", possible=tied
+    )
     releases, origin = environment.job_releases()["megatron-core"]
     assert releases == tuple(map(Version, ("0.6.0", "0.7.0", "0.8.0", "0.12.1")))
     assert origin == "the releases the mindio-ttp-legacy or mindspeed-llm-2.3 adaptors run with"
@@ -148,8 +170,10 @@ def test_a_size_the_dump_does_not_give_is_said_not_guessed(tmp_path):
     log = write_log(tmp_path, dump(values), IN_TREE_LINES, [PERSISTENT_UCE, CATCH_V26, PTA_ERROR])
     _, shortlist = shortlist_of(log)
     cache = next(suspect for suspect in shortlist.suspects if suspect.rule.id == "megatron.rotary-emb-cache")
-    assert ("device memory it holds not known (seq_length * kv_channels * rotary_percent * 4 not in the dump): ranked "
-            "after those whose size is known") in cache.why
+    assert (
+        "device memory it holds not known (seq_length * kv_channels * rotary_percent * 4 not in the dump): ranked "
+        "after those whose size is known"
+    ) in cache.why
     rules = [suspect.rule.id for suspect in shortlist.suspects]
     assert rules.index("megatron.rotary-inv-freq") < rules.index("megatron.rotary-emb-cache")
 
@@ -160,8 +184,10 @@ def test_an_error_after_a_fault_that_marks_nothing_points_elsewhere(tmp_path):
     assert shortlist.fault.marking == "none-marked"
     assert shortlist.suspects and {suspect.confidence for suspect in shortlist.suspects} == {"low"}
     text = run_cli("diagnose", str(log), "--no-input")
-    assert ("The fault before the error marks no memory unsafe (rank 3: UB LINK ERROR): the unsafe data points elsewhere "
-            "(an earlier fault, or not this recovery), so no suspect is what this fault left.") in text.stdout
+    assert (
+        "The fault before the error marks no memory unsafe (rank 3: UB LINK ERROR): the unsafe data points elsewhere "
+        "(an earlier fault, or not this recovery), so no suspect is what this fault left."
+    ) in text.stdout
     report = json.loads(run_cli("diagnose", str(log), "--format", "json").stdout)
     [finding] = report["findings"]
     assert any("points elsewhere" in note for note in finding["notes"])
@@ -173,14 +199,15 @@ def test_a_fault_whose_memory_check_the_log_lacks_is_said_and_ranks_by_first_rea
     assert shortlist.fault.marking == "unknown"
     assert shortlist.suspects[0].rule.id == "megatron.rotary-emb-cache"  # embedding: read first
     result = run_cli("diagnose", str(log), "--no-input")
-    assert ("The log does not show what the fault (rank 3: UCE ERROR) marked unsafe (no memory check result, no restart "
-            "line): the suspects are ranked by where the step first reads them.") in result.stdout
+    assert (
+        "The log does not show what the fault (rank 3: UCE ERROR) marked unsafe (no memory check result, no restart "
+        "line): the suspects are ranked by where the step first reads them."
+    ) in result.stdout
 
 
 def test_only_a_lone_survivor_of_a_fault_that_marked_every_tensor_is_high(tmp_path):
     mtp = {**DENSE, "mtp_num_layers": "1", "sequence_parallel": "False", "create_attention_mask_in_dataloader": "True"}
-    everything = write_log(tmp_path, dump(mtp), [LLM_23, PERSISTENT_UCE, RESTART_ALL, CATCH_V26, PTA_ERROR],
-                           name="restart.log")
+    everything = write_log(tmp_path, dump(mtp), [LLM_23, PERSISTENT_UCE, RESTART_ALL, CATCH_V26, PTA_ERROR], name="restart.log")
     _, shortlist = shortlist_of(everything)
     assert [(suspect.rule.id, suspect.confidence) for suspect in shortlist.suspects] == [("megatron.mtp-loss-tracker", "high")]
     some_blocks = write_log(tmp_path, dump(mtp), [LLM_23, PERSISTENT_UCE, CATCH_V26, PTA_ERROR], name="uce.log")
@@ -196,8 +223,9 @@ def test_a_lone_survivor_that_most_runs_of_the_stack_have_is_never_high(tmp_path
     assert [(suspect.rule.id, suspect.confidence) for suspect in shortlist.suspects] == [("mindspeed.global-attn-mask", "medium")]
 
 
-@pytest.mark.parametrize("name", ["untraced-v26-mindspeed-llm-2.3-packer-flash-attn.log",
-                                  "untraced-v26-mindspeed-llm-2.3-flash-attention-mask.log"])
+@pytest.mark.parametrize(
+    "name", ["untraced-v26-mindspeed-llm-2.3-packer-flash-attn.log", "untraced-v26-mindspeed-llm-2.3-flash-attention-mask.log"]
+)
 def test_the_flash_attention_mask_never_leads_at_high_after_a_partial_uce(name):
     """Every MindSpeed-LLM run builds the mask: a UCE that hit some blocks cannot prove it was the mask's,
     and the first of these runs keeps its state in its own code (tests/corpus/labels.yaml)."""
@@ -211,13 +239,16 @@ def test_the_flash_attention_mask_never_leads_at_high_after_a_partial_uce(name):
 def test_several_suspects_say_what_tells_them_apart(tmp_path):
     log = write_log(tmp_path, dump(MOE), IN_TREE_LINES, [PERSISTENT_UCE, CATCH_V26, PTA_ERROR])
     result = run_cli("diagnose", str(log), "--no-input")
-    assert "suspects survive and the log cannot tell them apart: the sentinel names the one at the next fault " \
-           "(unsafe-doctor sentinel install)." in result.stdout
+    assert (
+        "suspects survive and the log cannot tell them apart: the sentinel names the one at the next fault "
+        "(unsafe-doctor sentinel install)." in result.stdout
+    )
 
 
 def test_a_rule_size_that_is_not_arithmetic_is_refused_in_one_line(tmp_path):
     rules = tmp_path / "acme.yaml"
-    rules.write_text(textwrap.dedent("""\
+    rules.write_text(
+        textwrap.dedent("""\
         rules:
           - id: acme.mask
             title: Acme mask
@@ -230,13 +261,15 @@ def test_a_rule_size_that_is_not_arithmetic_is_refused_in_one_line(tmp_path):
               code: |
                 acme.masks._MASK = None
             reason: Built again on first use.
-        """))
+        """)
+    )
     log = write_log(tmp_path, dump(MOE), [CATCH_V26, PTA_ERROR])
     result = run_cli("diagnose", str(log), "--rules", str(rules))
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         f"unsafe-doctor: {rules}:2: rule acme.mask: device_bytes \"__import__('os').getpid()\": only + - * /, numbers "
-        "and argument names are allowed, not Call"]
+        "and argument names are allowed, not Call"
+    ]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

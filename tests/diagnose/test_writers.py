@@ -47,8 +47,10 @@ def derive_writers():
 
 def _leaves(paths) -> set[tuple[str, str, object]]:
     """Every test on a setting in the paths, as (switch, test, value)."""
+
     def flat(guard):
         return [guard] if isinstance(guard, Leaf) else [leaf for item in getattr(guard, "items", ()) for leaf in flat(item)]
+
     return {(leaf.switch, leaf.test, leaf.value) for path in paths for guard in path.guards for leaf in flat(guard)}
 
 
@@ -71,11 +73,13 @@ def test_the_router_guards_are_derived_from_megatron_core_0_12_1(megatron_0_12_1
 def test_an_early_return_on_a_setting_and_another_test_never_rules_the_write_out(derive_writers):
     """`if self.training and X is None: return` before a write: the write runs whenever training is
     off, so the path must not need `X is not None` (the negation of a weakened `and` is no weakening)."""
-    source = (b"_TRACKER = {}\n"
-              b"def save(x):\n    _TRACKER['values'] = x\n"
-              b"class Router:\n    def forward(self, x):\n"
-              b"        if self.training and self.config.moe_z_loss_coeff is None:\n            return x\n"
-              b"        save(x)\n")
+    source = (
+        b"_TRACKER = {}\n"
+        b"def save(x):\n    _TRACKER['values'] = x\n"
+        b"class Router:\n    def forward(self, x):\n"
+        b"        if self.training and self.config.moe_z_loss_coeff is None:\n            return x\n"
+        b"        save(x)\n"
+    )
     program = derive_writers.Program({"megatron/core/tracker.py": source}, foreign=False)
     seeds, _ = derive_writers.inner_seeds(program, derive_writers.Target("_TRACKER", None, "megatron.core.tracker"), set())
     [path] = derive_writers.paths(program, seeds)

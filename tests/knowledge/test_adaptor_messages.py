@@ -40,8 +40,10 @@ def _in_tree(stem: str, message: str, rank: int = 1) -> str:
 
 def _log(tmp_path: Path, *lines: str) -> Path:
     """A v26 MindIO log of rank 1's untraced unsafe-data error, the adaptor's lines before it."""
-    caught = ("[rank1]:2026-12-06 07:29:40.110641 warn 21118 [71360][PYH ttp_decorator.py:938] rank:1 catch OTHER "
-              "exception, error_code:， ex instance:There is unsafe data in the input tensor.\n")
+    caught = (
+        "[rank1]:2026-12-06 07:29:40.110641 warn 21118 [71360][PYH ttp_decorator.py:938] rank:1 catch OTHER "
+        "exception, error_code:， ex instance:There is unsafe data in the input tensor.\n"
+    )
     path = tmp_path / "train.log"
     path.write_text("".join(lines) + caught)
     return path
@@ -64,8 +66,10 @@ def test_the_script_reads_each_logging_call_of_a_real_in_tree_adaptor_file_with_
     path = real / "mindspeed-llm-master" / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
     found = _script().messages_in(path.read_text(), f"{IN_TREE}.tft_optimizer_data_repair")
     texts = {message.text: message for message in found}
-    received = ("[repair] rank {} recv total time consumed:{}s, rebuild:{}s, recv ckpt:{}s, load ckpt:{}s, "
-                "recv optim:{}s, recv log args:{}s.")
+    received = (
+        "[repair] rank {} recv total time consumed:{}s, rebuild:{}s, recv ckpt:{}s, load ckpt:{}s, "
+        "recv optim:{}s, recv log args:{}s."
+    )
     assert texts[received].logger == f"{IN_TREE}.tft_optimizer_data_repair"  # getLogger(__name__)
     assert texts["[repair] rank {} repair total time consumed:{}s"].line > 0
     assert any(message.logger is None for message in found)  # its print_rank_0 calls, read as prints
@@ -84,8 +88,10 @@ def test_a_message_with_too_little_literal_text_tells_no_generation():
     assert script.is_specific("rank:{} start to build dataset")
 
 
-@pytest.mark.skipif(not all((repo / "HEAD").is_file() for repo in REPOS.values()),
-                    reason=f"the MindSpeed-LLM and mind-cluster git mirrors are not on this machine ({MIRRORS})")
+@pytest.mark.skipif(
+    not all((repo / "HEAD").is_file() for repo in REPOS.values()),
+    reason=f"the MindSpeed-LLM and mind-cluster git mirrors are not on this machine ({MIRRORS})",
+)
 def test_the_shipped_messages_are_what_the_script_derives_from_the_real_releases():
     shipped = json.loads((shipped_knowledge_dir() / MESSAGES_FILE).read_text(encoding="utf-8"))
     assert _script().derive(REPOS) == shipped
@@ -108,8 +114,10 @@ def test_the_recorded_legacy_lines_say_where_each_is_known_from():
 
 def test_a_line_only_26_logs_decides_26_over_2_3(tmp_path):
     """26's receive summary has no `build repair group:` time; 2.3's has (MindSpeed-LLM d67469ec)."""
-    received = ("[repair] rank 1 recv total time consumed:0.049s, rebuild:0.000s, recv ckpt:0.048s, load ckpt:0.000s, "
-                "recv optim:0.000s, recv log args:0.000s.")
+    received = (
+        "[repair] rank 1 recv total time consumed:0.049s, rebuild:0.000s, recv ckpt:0.048s, load ckpt:0.000s, "
+        "recv optim:0.000s, recv log args:0.000s."
+    )
     diagnosis = _diagnosed(_log(tmp_path, *SHARED, _in_tree("tft_optimizer_data_repair", received)))
     assert diagnosis.generation is not None
     assert (diagnosis.generation.decision, diagnosis.generation.generations) == ("decided", ("mindspeed-llm-26",))
@@ -117,8 +125,10 @@ def test_a_line_only_26_logs_decides_26_over_2_3(tmp_path):
 
 
 def test_2_3s_longer_line_is_2_3s_though_26s_shorter_message_fits_it_too(tmp_path):
-    received = ("[repair] rank 1 recv total time consumed:0.049s, build repair group:0.001s, rebuild:0.000s, recv "
-                "ckpt:0.048s, load ckpt:0.000s, recv optim:0.000s, recv log args:0.000s.")
+    received = (
+        "[repair] rank 1 recv total time consumed:0.049s, build repair group:0.001s, rebuild:0.000s, recv "
+        "ckpt:0.048s, load ckpt:0.000s, recv optim:0.000s, recv log args:0.000s."
+    )
     diagnosis = _diagnosed(_log(tmp_path, *SHARED, _in_tree("tft_optimizer_data_repair", received)))
     assert diagnosis.generation is not None and diagnosis.generation.generations == ("mindspeed-llm-2.3",)
 
@@ -144,8 +154,10 @@ def test_a_log_without_an_adaptor_line_shows_no_generation_and_leaves_all_possib
 
 def test_the_in_tree_texts_through_mindios_logger_are_the_legacy_wheels(tmp_path):
     """The legacy wheel logs the texts 2.3 later carried in-tree, but through MindIO's logger: its lines name the file."""
-    lines = ("[rank1]:2026-12-02 16:47:07.504934 info 17864 [34912][PYH tft_stop_clean.py:58] "
-             "[clean] rank:1, type:retry, cost:0.000s, ret:0\n")
+    lines = (
+        "[rank1]:2026-12-02 16:47:07.504934 info 17864 [34912][PYH tft_stop_clean.py:58] "
+        "[clean] rank:1, type:retry, cost:0.000s, ret:0\n"
+    )
     diagnosis = _diagnosed(_log(tmp_path, lines))
     assert diagnosis.generation is not None and diagnosis.generation.generations == ("mindio-ttp-legacy",)
 
@@ -156,14 +168,16 @@ def _in_tree_profiles():
 
 def test_a_line_naming_another_module_is_not_that_modules_message():
     written = f"2026-12-06 07:29:38,114 - {IN_TREE}.tft_rollback - INFO - [clean] rank:1, type:retry, cost:0.000s, ret:0"
-    read = read_generation(shipped_messages(), split_lines(written, source="x.log", base_offset=0, rank_hint=None), (),
-                           _in_tree_profiles())
+    read = read_generation(
+        shipped_messages(), split_lines(written, source="x.log", base_offset=0, rank_hint=None), (), _in_tree_profiles()
+    )
     assert read.decision == "none"
 
 
 def test_the_counts_cannot_be_changed_after_the_reading():
-    read = read_generation(shipped_messages(), split_lines(SHARED[0], source="x.log", base_offset=0, rank_hint=None), (),
-                           _in_tree_profiles())
+    read = read_generation(
+        shipped_messages(), split_lines(SHARED[0], source="x.log", base_offset=0, rank_hint=None), (), _in_tree_profiles()
+    )
     assert dict(read.counts) == {"mindspeed-llm-2.3": 1, "mindspeed-llm-26": 1}
     with pytest.raises(TypeError):
         read.counts["mindspeed-llm-26"] = 5  # type: ignore[index]
@@ -194,8 +208,10 @@ def test_a_legacy_line_in_mindios_older_python_format_is_the_legacy_wheels(tmp_p
 
 def test_a_legacy_line_from_the_faqs_modellink_adaptor_file_is_the_legacy_wheels(tmp_path):
     """The FAQ names mindio_ttp/adaptor/modellink_adaptor.py as the older wheel's adaptor file."""
-    line = ("[rank1]:2024-12-02 16:47:07.504934 info 17864 [34912][PYH modellink_adaptor.py:210] "
-            "[clean] rank:1, type:retry, cost:0.000s, ret:0\n")
+    line = (
+        "[rank1]:2024-12-02 16:47:07.504934 info 17864 [34912][PYH modellink_adaptor.py:210] "
+        "[clean] rank:1, type:retry, cost:0.000s, ret:0\n"
+    )
     diagnosis = _diagnosed(_log(tmp_path, line))
     assert diagnosis.generation is not None and diagnosis.generation.generations == ("mindio-ttp-legacy",)
     [(first, _)] = diagnosis.generation.shown(["mindio-ttp-legacy"])
@@ -227,8 +243,9 @@ def test_a_traced_logs_frame_in_an_adaptors_file_tells_its_generation(tmp_path):
     assert diagnosis.generation is not None
     assert (diagnosis.generation.decision, diagnosis.generation.generations) == ("decided", ("mindio-ttp-legacy",))
     [(first, count)] = diagnosis.generation.shown(["mindio-ttp-legacy"])
-    assert first.line == ('File "/usr/local/lib/python3.8/site-packages/mindio_ttp/adaptor/modellink_adaptor.py", '
-                          "line 120, in feature_rollback")
+    assert first.line == (
+        'File "/usr/local/lib/python3.8/site-packages/mindio_ttp/adaptor/modellink_adaptor.py", line 120, in feature_rollback'
+    )
     assert (first.source, count) == (str(path), 1)
     assert first.message.where == "the profile's files (mindio-ttp-legacy): mindio_ttp/adaptor/*.py"
 
@@ -244,8 +261,9 @@ def test_each_needle_the_scan_keeps_lines_by_has_two_words_and_enough_characters
 
 def test_a_message_whose_needle_is_too_generic_still_matches_in_a_line_other_markers_keep():
     line = _in_tree("elastic_training_repair", "rank:1 repair type retry not supported")
-    read = read_generation(shipped_messages(), split_lines(line, source="x.log", base_offset=0, rank_hint=None), (),
-                           _in_tree_profiles())
+    read = read_generation(
+        shipped_messages(), split_lines(line, source="x.log", base_offset=0, rank_hint=None), (), _in_tree_profiles()
+    )
     assert [item.message.text for item in read.evidence] == ["rank:{} repair type {} not supported"]
 
 
@@ -295,8 +313,10 @@ def test_each_matched_line_says_where_its_message_comes_from(tmp_path):
     diagnosis = _diagnosed(_log(tmp_path, *SHARED))
     assert diagnosis.generation is not None
     shown = diagnosis.generation.shown(["mindspeed-llm-26"])
-    assert [first.message.text for first, _ in shown] == ["[clean] rank:{}, type:{}, cost:{}s, ret:{}",
-                                                          "rank:{} successfully gather and rollback at iteration {}"]
+    assert [first.message.text for first, _ in shown] == [
+        "[clean] rank:{}, type:{}, cost:{}s, ret:{}",
+        "rank:{} successfully gather and rollback at iteration {}",
+    ]
     first, count = shown[0]
     assert (first.source, first.offset, count) == (str(tmp_path / "train.log"), 0, 1)
     assert first.message.where.startswith("Ascend/MindSpeed-LLM v2.3.0 mindspeed_llm/core/high_availability/tft_stop_clean.py:")
@@ -306,8 +326,11 @@ def _develop_untraced() -> list[tuple[str, str]]:
     """(log, labelled generation) of the develop half's untraced logs that hold the error (untraced_split.yaml)."""
     split = yaml.safe_load((CORPUS / "untraced_split.yaml").read_text())["logs"]
     entries = yaml.safe_load((CORPUS / "labels.yaml").read_text())["logs"]
-    return [(Path(entry["log"]).name, entry["untraced"]["generation"]) for entry in entries
-            if split.get(Path(entry["log"]).name) == "develop" and entry["untraced"].get("error") != "other"]
+    return [
+        (Path(entry["log"]).name, entry["untraced"]["generation"])
+        for entry in entries
+        if split.get(Path(entry["log"]).name) == "develop" and entry["untraced"].get("error") != "other"
+    ]
 
 
 @pytest.mark.parametrize(("log", "generation"), _develop_untraced())
@@ -321,8 +344,7 @@ def test_the_develop_corpus_logs_show_their_generation(log, generation):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 def test_diagnose_verbose_shows_the_decision_and_each_matched_message_once(tmp_path):
@@ -344,7 +366,10 @@ def test_the_json_report_holds_the_decision_and_the_evidence(tmp_path):
     result = _cli("diagnose", "--log-only", "--format", "json", str(_log(tmp_path, *SHARED)))
     generation = json.loads(result.stdout)["summary"]["generation"]
     assert (generation["decision"], generation["read"], generation["possible"]) == (
-        "tie", ["mindspeed-llm-2.3", "mindspeed-llm-26"], ["mindspeed-llm-2.3", "mindspeed-llm-26"])
+        "tie",
+        ["mindspeed-llm-2.3", "mindspeed-llm-26"],
+        ["mindspeed-llm-2.3", "mindspeed-llm-26"],
+    )
     first = generation["evidence"][0]
     assert first["message"] == "[clean] rank:{}, type:{}, cost:{}s, ret:{}"
     assert first["generations"] == ["mindspeed-llm-2.3", "mindspeed-llm-26"]

@@ -42,8 +42,12 @@ def names_of(dump: str) -> list[str]:
 
 
 def derive(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "derive_arguments.py"), *map(str, arguments)],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "derive_arguments.py"), *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 # --- the derived file -----------------------------------------------------------------------------
@@ -55,8 +59,11 @@ def test_the_derived_file_holds_every_pinned_release_with_its_source():
     assert [entry["release"] for entry in derived["releases"]] == [release.name for release in pinned]
     for entry, release in zip(derived["releases"], pinned, strict=True):
         if Version(release.name) >= Version("0.17.0"):  # the wheel ships megatron/training/
-            assert (entry["wheel"], entry["sha256"], entry["path"]) == (release.source.removeprefix("pypi:"),
-                                                                         release.digest, "megatron/training/arguments.py")
+            assert (entry["wheel"], entry["sha256"], entry["path"]) == (
+                release.source.removeprefix("pypi:"),
+                release.digest,
+                "megatron/training/arguments.py",
+            )
         else:
             assert entry["tag"] == f"core_v{release.name}" and len(entry["commit"]) == 40
             assert entry["path"] in ("megatron/training/arguments.py", "megatron/arguments.py")
@@ -65,9 +72,14 @@ def test_the_derived_file_holds_every_pinned_release_with_its_source():
 
 
 @pytest.mark.skipif(
-    not (MEGATRON_LM.is_dir() and all((WHEELS / release.source.removeprefix("pypi:")).is_file()
-                                      for release in pinned_releases("megatron-core", SOURCES))),
-    reason="set UNSAFE_DOCTOR_WHEELS (every pinned wheel) and UNSAFE_DOCTOR_MEGATRON_LM (a clone's git directory)")
+    not (
+        MEGATRON_LM.is_dir()
+        and all(
+            (WHEELS / release.source.removeprefix("pypi:")).is_file() for release in pinned_releases("megatron-core", SOURCES)
+        )
+    ),
+    reason="set UNSAFE_DOCTOR_WHEELS (every pinned wheel) and UNSAFE_DOCTOR_MEGATRON_LM (a clone's git directory)",
+)
 def test_the_shipped_file_is_what_the_pinned_sources_derive(tmp_path):
     done = derive("--cache", WHEELS, "--repo", MEGATRON_LM, "--out", tmp_path / "derived.json")
     assert done.returncode == 0, done.stderr
@@ -75,8 +87,10 @@ def test_the_shipped_file_is_what_the_pinned_sources_derive(tmp_path):
 
 
 # as from_release.py runs a release: what each release's script starts with, in one warm Python
-STANDINS = (f"import sys; sys.path[:0] = [{str(ROOT / 'tests' / 'corpus')!r}, {str(ROOT / 'samples' / 'workers')!r}]\n"
-            "from cases import python_312_standins; python_312_standins()")
+STANDINS = (
+    f"import sys; sys.path[:0] = [{str(ROOT / 'tests' / 'corpus')!r}, {str(ROOT / 'samples' / 'workers')!r}]\n"
+    "from cases import python_312_standins; python_312_standins()"
+)
 
 
 @pytest.mark.parametrize("release", ["0.17.1", "0.18.2", "0.19.2"])
@@ -86,10 +100,12 @@ def test_the_derived_dests_are_those_the_real_parser_adds(release):
     root = release_root(release)
     if root is None:
         pytest.skip(f"megatron-core {release} cannot be had here")
-    script = ("import argparse, json, sys\n"
-              f"sys.path.insert(0, {str(root)!r})\n"
-              "from megatron.training.arguments import add_megatron_arguments\n"
-              "print(json.dumps(sorted(vars(add_megatron_arguments(argparse.ArgumentParser()).parse_args([])))))")
+    script = (
+        "import argparse, json, sys\n"
+        f"sys.path.insert(0, {str(root)!r})\n"
+        "from megatron.training.arguments import add_megatron_arguments\n"
+        "print(json.dumps(sorted(vars(add_megatron_arguments(argparse.ArgumentParser()).parse_args([])))))"
+    )
     done = warm_python(STANDINS).run(script)
     assert done.returncode == 0, done.stderr[-2000:]
     real = set(json.loads(done.stdout.splitlines()[-1]))
@@ -100,10 +116,14 @@ def test_the_derived_dests_are_those_the_real_parser_adds(release):
 
 
 def git(repo: Path, *arguments: str) -> str:
-    fixed = {f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER")
-             for what, value in (("DATE", "2026-01-01T00:00:00"), ("NAME", "t"), ("EMAIL", "t@t"))}
-    return subprocess.run(["git", "-C", str(repo), *arguments], capture_output=True, text=True, check=True,
-                          env={**os.environ, **fixed}).stdout.strip()
+    fixed = {
+        f"GIT_{who}_{what}": value
+        for who in ("AUTHOR", "COMMITTER")
+        for what, value in (("DATE", "2026-01-01T00:00:00"), ("NAME", "t"), ("EMAIL", "t@t"))
+    }
+    return subprocess.run(
+        ["git", "-C", str(repo), *arguments], capture_output=True, text=True, check=True, env={**os.environ, **fixed}
+    ).stdout.strip()
 
 
 OLD_PARSER = """
@@ -177,12 +197,19 @@ def test_the_script_reads_each_release_parser_as_argparse_names_its_dests_and_gi
     assert outputs[0] == outputs[1]
     derived = json.loads(outputs[0])
     assert [(entry["release"], entry.get("tag"), entry["path"]) for entry in derived["releases"]] == [
-        ("0.5.0", "core_v0.5.0", "megatron/arguments.py"), ("0.6.0", "core_v0.6.0", "megatron/training/arguments.py"),
-        ("0.17.0", None, "megatron/training/arguments.py")]
+        ("0.5.0", "core_v0.5.0", "megatron/arguments.py"),
+        ("0.6.0", "core_v0.6.0", "megatron/training/arguments.py"),
+        ("0.17.0", None, "megatron/training/arguments.py"),
+    ]
     assert derived["releases"][2]["sha256"] == digest
     assert derived["arguments"] == {
-        "ckpt_fully_parallel_save": [2], "hidden_size": [0, 1, 2], "masked_softmax_fusion": [0, 1],
-        "micro_batch_size": [2], "seed": [2], "verbose_log": [0, 1]}
+        "ckpt_fully_parallel_save": [2],
+        "hidden_size": [0, 1, 2],
+        "masked_softmax_fusion": [0, 1],
+        "micro_batch_size": [2],
+        "seed": [2],
+        "verbose_log": [0, 1],
+    }
     parser = argparse.ArgumentParser()  # the dests are argparse's own
     exec(compile(OLD_PARSER, "old", "exec"), namespace := {})
     assert set(vars(namespace["_add_args"](parser).parse_args([]))) == {"hidden_size", "masked_softmax_fusion", "verbose_log"}
@@ -191,10 +218,16 @@ def test_the_script_reads_each_release_parser_as_argparse_names_its_dests_and_gi
 # --- the matcher ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("release, fits", [
-    ("0.17.0", ["0.17.0"]), ("0.17.1", ["0.17.1"]), ("0.18.2", ["0.18.0", "0.18.2"]),
-    ("0.19.0", ["0.19.0", "0.19.2"]), ("0.19.2", ["0.19.0", "0.19.2"]),
-])
+@pytest.mark.parametrize(
+    "release, fits",
+    [
+        ("0.17.0", ["0.17.0"]),
+        ("0.17.1", ["0.17.1"]),
+        ("0.18.2", ["0.18.0", "0.18.2"]),
+        ("0.19.0", ["0.19.0", "0.19.2"]),
+        ("0.19.2", ["0.19.0", "0.19.2"]),
+    ],
+)
 def test_a_dump_the_release_parser_wrote_fits_that_release(release, fits):
     fit = dump_releases(names_of(f"megatron-lm-core_v{release}.json"))
     assert isinstance(fit, DumpFit)
@@ -211,8 +244,9 @@ def test_the_core_v0_12_1_dump_fits_the_0_12_releases():
 def test_names_no_release_parser_adds_are_no_evidence():
     """MindSpeed-LLM's own names (its 26.0.0 dump's) beside a 0.19.2 dump change nothing."""
     plain = dump_releases(names_of("megatron-lm-core_v0.19.2.json"))
-    mixed = dump_releases([*names_of("megatron-lm-core_v0.19.2.json"), *names_of("mindspeed-llm-26.0.0.json"),
-                           "not_an_argument_of_any_release"])
+    mixed = dump_releases(
+        [*names_of("megatron-lm-core_v0.19.2.json"), *names_of("mindspeed-llm-26.0.0.json"), "not_an_argument_of_any_release"]
+    )
     assert isinstance(mixed, DumpFit) and isinstance(plain, DumpFit) and mixed.releases == plain.releases
 
 
@@ -223,9 +257,16 @@ def test_a_dump_cut_to_a_few_lines_decides_nothing():
 
 def printed_dump(names: list[str]) -> str:
     """A dump as Megatron-LM's `_print_args` prints it: each name padded with dots to column 48, sorted."""
-    return "\n".join(["------------------------ arguments ------------------------",
-                      *(f"  {name} {'.' * (48 - len(name))} None" for name in sorted(names)),
-                      "-------------------- end of arguments ---------------------"]) + "\n"
+    return (
+        "\n".join(
+            [
+                "------------------------ arguments ------------------------",
+                *(f"  {name} {'.' * (48 - len(name))} None" for name in sorted(names)),
+                "-------------------- end of arguments ---------------------",
+            ]
+        )
+        + "\n"
+    )
 
 
 def test_a_printed_dump_fits_as_its_names_do(tmp_path):
@@ -246,10 +287,14 @@ def test_a_printed_dump_fits_as_its_names_do(tmp_path):
 def test_an_untraced_log_names_the_release_its_dump_fits_in_the_summary_json_and_suspects():
     diagnosis = diagnose([str(LOGS / "release-0.17.0-v26-layer-wise-tracker.log")], groundwork(log_only=True))
     assert diagnosis.context.environment.job_releases()["megatron-core"] == (
-        (Version("0.17.0"),), "the release the arguments dump fits")
+        (Version("0.17.0"),),
+        "the release the arguments dump fits",
+    )
     report = diagnosis_json(diagnosis)
     assert report["summary"]["frameworks"]["megatron-core"] == {
-        "version": "0.17.0", "from": "the arguments dump (megatron-core 0.17.0, from the arguments dump)"}
+        "version": "0.17.0",
+        "from": "the arguments dump (megatron-core 0.17.0, from the arguments dump)",
+    }
     assert diagnosis.untraced is not None
     assert diagnosis.untraced.shortlist.suspects[0].rule.id == "megatron.moe-layer-wise-tracker-moe-utils"
 
@@ -279,8 +324,14 @@ def test_a_traced_finding_whose_frames_fit_no_release_takes_its_rule_for_the_dum
     dump = printed_dump([name for name, held in derived["arguments"].items() if index in held])
     lines = (LOGS / "megatron-0.7-aux-losses-tracker.log").read_text().splitlines()
     patched = tmp_path / "patched.log"  # each megatron frame's printed line, changed
-    patched.write_text(dump + "\n".join(line + "  # patch" if 'File "' in before and "/megatron/core/" in before else line
-                                 for before, line in zip(["", *lines[:-1]], lines, strict=True)) + "\n")
+    patched.write_text(
+        dump
+        + "\n".join(
+            line + "  # patch" if 'File "' in before and "/megatron/core/" in before else line
+            for before, line in zip(["", *lines[:-1]], lines, strict=True)
+        )
+        + "\n"
+    )
     diagnosis = diagnose([str(patched)], groundwork(log_only=True))
     assert "megatron-core" not in diagnosis.context.workspace.releases  # no frame fits a release
     (finding,) = diagnosis_json(diagnosis)["findings"]

@@ -50,24 +50,35 @@ def test_no_known_hole_is_left():
 def test_a_new_releases_unreviewed_global_fails():
     document = copy.deepcopy(SHIPPED)
     document["releases"]["megatron-core"].append({"release": "0.20.0", "source": "pypi:test", "digest": "0" * 64})
-    document["globals"].append({
-        "framework": "megatron-core", "module": "megatron.core.transformer.moe.router", "class": "TopKRouter",
-        "name": "new_counts", "releases": ["0.20.0"], "kind": "buffer",
-        "defined": "megatron/core/transformer/moe/router.py:10",
-        "sites": ["megatron/core/transformer/moe/router.py:TopKRouter.routing"],
-    })
+    document["globals"].append(
+        {
+            "framework": "megatron-core",
+            "module": "megatron.core.transformer.moe.router",
+            "class": "TopKRouter",
+            "name": "new_counts",
+            "releases": ["0.20.0"],
+            "kind": "buffer",
+            "defined": "megatron/core/transformer/moe/router.py:10",
+            "sites": ["megatron/core/transformer/moe/router.py:TopKRouter.routing"],
+        }
+    )
     problems = SCRIPT.problems(document, KNOWLEDGE, SCRIPT.reviewed())
-    assert problems == ["megatron-core 0.20.0: megatron.core.transformer.moe.router.TopKRouter.new_counts (buffer, "
-                        "megatron/core/transformer/moe/router.py:10): no rule claims it and no review names it"]
+    assert problems == [
+        "megatron-core 0.20.0: megatron.core.transformer.moe.router.TopKRouter.new_counts (buffer, "
+        "megatron/core/transformer/moe/router.py:10): no rule claims it and no review names it"
+    ]
 
 
 def test_a_new_release_of_a_global_reviewed_for_named_releases_fails():
     reviews = SCRIPT.reviewed()
     named = next(entry for entry in reviews if entry["releases"] != "all")
     document = copy.deepcopy(SHIPPED)
-    held = next(found for found in document["globals"]
-                if (found["framework"], found["module"], found["class"], found["name"])
-                == (named["framework"], named["module"], named.get("class"), named["name"]))
+    held = next(
+        found
+        for found in document["globals"]
+        if (found["framework"], found["module"], found["class"], found["name"])
+        == (named["framework"], named["module"], named.get("class"), named["name"])
+    )
     held["releases"].append("9.9.9")
     document["releases"][named["framework"]].append({"release": "9.9.9", "source": "test", "digest": "0"})
     [problem] = SCRIPT.problems(document, KNOWLEDGE, reviews)
@@ -75,11 +86,21 @@ def test_a_new_release_of_a_global_reviewed_for_named_releases_fails():
 
 
 def test_a_review_of_a_global_a_rule_claims_is_stale():
-    reviews = [*SCRIPT.reviewed(), {"framework": "megatron-core", "module": "megatron.core.transformer.moe.router",
-                                    "class": "TopKRouter", "name": "expert_bias", "releases": "all", "why": "none"}]
+    reviews = [
+        *SCRIPT.reviewed(),
+        {
+            "framework": "megatron-core",
+            "module": "megatron.core.transformer.moe.router",
+            "class": "TopKRouter",
+            "name": "expert_bias",
+            "releases": "all",
+            "why": "none",
+        },
+    ]
     problems = SCRIPT.problems(SHIPPED, KNOWLEDGE, reviews)
-    assert problems and all("TopKRouter.expert_bias is reviewed, but megatron.router-expert-bias covers it" in problem
-                            for problem in problems)
+    assert problems and all(
+        "TopKRouter.expert_bias is reviewed, but megatron.router-expert-bias covers it" in problem for problem in problems
+    )
     assert len(problems) == len(next(found["releases"] for found in SHIPPED["globals"] if found["name"] == "expert_bias"))
 
 
@@ -98,19 +119,32 @@ def test_the_shipped_file_is_current_for_two_real_releases(tmp_path):
     """The audit run again over megatron-core 0.16.1 and 0.19.2 finds what the shipped file lists for
     them: a change to the audit or to the pinned list shows here until the file is derived again."""
     cache = Path(os.environ.get("UNSAFE_DOCTOR_WHEELS", tmp_path))
-    command = [sys.executable, str(ROOT / "scripts" / "derive_globals.py"), "--cache", str(cache),
-               "--only", "megatron-core=0.16.1", "--only", "megatron-core=0.19.2"]
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "derive_globals.py"),
+        "--cache",
+        str(cache),
+        "--only",
+        "megatron-core=0.16.1",
+        "--only",
+        "megatron-core=0.19.2",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
     if done.returncode != 0 and ("pip" in done.stderr or "download" in done.stderr):
         pytest.skip("the megatron-core 0.16.1 and 0.19.2 wheels cannot be had here")
     assert done.returncode == 0, done.stderr
     derived = json.loads(done.stdout)
     releases = {"0.16.1", "0.19.2"}
-    assert derived["releases"]["megatron-core"] == [release for release in SHIPPED["releases"]["megatron-core"]
-                                                    if release["release"] in releases]
-    shipped = [{**found, "releases": [release for release in found["releases"] if release in releases]}
-               for found in SHIPPED["globals"] if found["framework"] == "megatron-core" and releases & {*found["releases"]}]
+    assert derived["releases"]["megatron-core"] == [
+        release for release in SHIPPED["releases"]["megatron-core"] if release["release"] in releases
+    ]
+    shipped = [
+        {**found, "releases": [release for release in found["releases"] if release in releases]}
+        for found in SHIPPED["globals"]
+        if found["framework"] == "megatron-core" and releases & {*found["releases"]}
+    ]
     newest = [found for found in shipped if "0.19.2" in found["releases"]]  # kind, definition and sites are 0.19.2's
-    assert [(found["module"], found["class"], found["name"], found["releases"]) for found in derived["globals"]] \
-        == [(found["module"], found["class"], found["name"], found["releases"]) for found in shipped]
+    assert [(found["module"], found["class"], found["name"], found["releases"]) for found in derived["globals"]] == [
+        (found["module"], found["class"], found["name"], found["releases"]) for found in shipped
+    ]
     assert [found for found in derived["globals"] if "0.19.2" in found["releases"]] == newest

@@ -21,14 +21,15 @@ CASES = {
     "a factory at module level": ("import torch\n_EMA = torch.zeros(4)\n", "tensor"),
     "None, then a factory in a function that declares it global": (
         "import torch\n_EMA = None\n\n\ndef init(device):\n    global _EMA\n    _EMA = torch.ones((), device=device)\n",
-        "tensor"),
+        "tensor",
+    ),
     "a factory in a function that does not declare it global": (
         "import torch\n_EMA = None\n\n\ndef init(device):\n    _EMA = torch.ones((), device=device)\n    return _EMA\n",
-        "value"),
+        "value",
+    ),
     "an annotation and a helper's value": ("import torch\n_EMA: torch.Tensor = make()\n", "tensor"),
     "a helper's value alone": ("_EMA = make()\n", "value"),
-    "a dict, then a tensor": (
-        "import torch\n_EMA = {}\n\n\ndef init():\n    global _EMA\n    _EMA = torch.zeros(4)\n", "value"),
+    "a dict, then a tensor": ("import torch\n_EMA = {}\n\n\ndef init():\n    global _EMA\n    _EMA = torch.zeros(4)\n", "value"),
     "an annotation a template does not use": ("_EMA: int = 0\n", "value"),
     "a union of two kinds": ("import torch\n_EMA: torch.Tensor | dict = None\n", "value"),
 }

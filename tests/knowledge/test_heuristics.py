@@ -48,9 +48,18 @@ def line_of(path: Path, source: str, after: str | None = None) -> int:
 
 def unsafe(*frames: Frame) -> Traceback:
     return Traceback(
-        rank=0, source="train.log", offset=0, frames=frames, exception_type="RuntimeError",
-        message="There is unsafe data in the input tensor.", error_code="ERR00003", npu_rank=None, device=None,
-        truncated=False, caused_by=None, chain_kind=None,
+        rank=0,
+        source="train.log",
+        offset=0,
+        frames=frames,
+        exception_type="RuntimeError",
+        message="There is unsafe data in the input tensor.",
+        error_code="ERR00003",
+        npu_rank=None,
+        device=None,
+        truncated=False,
+        caused_by=None,
+        chain_kind=None,
     )
 
 
@@ -124,8 +133,7 @@ def test_moving_average_updated_from_itself_and_scaling_the_loss_is_scenario_2()
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     update = "_GRAD_NORM_EMA = _GRAD_NORM_EMA * decay + (1 - decay) * grad_norm.detach()"
     assert shown(verdict) == (
-        f"emafw/scaling.py:{line_of(scaling, update)}: updated from its own previous value in update_grad_norm_ema(): "
-        f"`{update}`",
+        f"emafw/scaling.py:{line_of(scaling, update)}: updated from its own previous value in update_grad_norm_ema(): `{update}`",
         f"emafw/scaling.py:{line_of(scaling, culprit)}: read to compute the return value in scaled_loss(): `{culprit}`",
     )
     # The lazy first assignment under `if _GRAD_NORM_EMA is None:` and the progress print are no evidence.
@@ -161,7 +169,8 @@ def test_nothing_found_says_what_to_check():
     table = NOTHING / "nothfw" / "table.py"
     verdict = judge_by_source(located(table, "positions", "return _POSITION_TABLE[:length]", (NOTHING,)), Workspace((NOTHING,)))
     assert verdict == HeuristicVerdict(
-        None, None,
+        None,
+        None,
         "Found no reset and no carried state for _POSITION_TABLE in nothfw/table.py: check whether it depends on "
         "training iterations.",
         (),
@@ -180,8 +189,12 @@ def test_missing_source_asks_for_a_source_root(roots):
 
 
 def test_a_tensor_the_log_does_not_name_gets_no_verdict():
-    frame = Frame("/job/ModelLink/megatron/core/transformer/moe/gone_utils.py", 907, "clear_aux_losses_tracker",
-                  'tracker[name]["values"].zero_()')
+    frame = Frame(
+        "/job/ModelLink/megatron/core/transformer/moe/gone_utils.py",
+        907,
+        "clear_aux_losses_tracker",
+        'tracker[name]["values"].zero_()',
+    )
     [finding] = locate([unsafe(frame)], Workspace(()))
     assert finding.tensor.name.variable is None
     verdict = judge_by_source(finding.subject, Workspace(()))
@@ -215,7 +228,9 @@ RULES = [
         def train_step(batch):
             _X.fill_(0)
         """,
-        1, ["reset every iteration in train_step()"], id="fill_-in-train-step",
+        1,
+        ["reset every iteration in train_step()"],
+        id="fill_-in-train-step",
     ),
     pytest.param(
         """
@@ -223,7 +238,9 @@ RULES = [
         def drop(key):
             del _X[key]
         """,
-        1, ["reset in drop()"], id="del-entry",
+        1,
+        ["reset in drop()"],
+        id="del-entry",
     ),
     pytest.param(
         """
@@ -233,7 +250,9 @@ RULES = [
             capture()
             _X.copy_(saved)
         """,
-        None, [], id="restoring-a-saved-clone-is-no-update",
+        None,
+        [],
+        id="restoring-a-saved-clone-is-no-update",
     ),
     pytest.param(
         """
@@ -245,7 +264,9 @@ RULES = [
             _X = _X.to(torch.float32)
             return _X
         """,
-        None, [], id="lazy-build-and-cast-are-no-evidence",
+        None,
+        [],
+        id="lazy-build-and-cast-are-no-evidence",
     ),
     pytest.param(
         """
@@ -254,7 +275,9 @@ RULES = [
             global _X
             _X += 1
         """,
-        2, ["accumulated in count()"], id="counter-never-reset",
+        2,
+        ["accumulated in count()"],
+        id="counter-never-reset",
     ),
     pytest.param(
         """
@@ -262,7 +285,9 @@ RULES = [
         def _X(seq_len, device):
             return torch.ones(seq_len, seq_len, device=device).triu(1)
         """,
-        1, ["_X() is an lru_cache, rebuilt deterministically"], id="lru-cache",
+        1,
+        ["_X() is an lru_cache, rebuilt deterministically"],
+        id="lru-cache",
     ),
     pytest.param(
         """
@@ -270,7 +295,9 @@ RULES = [
         def mask_for(hidden):
             _X[hidden.shape] = torch.ones(hidden.shape)
         """,
-        1, ["cache keyed by shape in mask_for()"], id="cache-keyed-by-shape",
+        1,
+        ["cache keyed by shape in mask_for()"],
+        id="cache-keyed-by-shape",
     ),
     pytest.param(
         """
@@ -280,7 +307,9 @@ RULES = [
         def consume():
             return _X.pop(0)
         """,
-        1, ["entries appended elsewhere are consumed in consume()"], id="queue",
+        1,
+        ["entries appended elsewhere are consumed in consume()"],
+        id="queue",
     ),
     pytest.param(
         """
@@ -290,7 +319,9 @@ RULES = [
         def step_exchange(t):
             output_grad = send_recv(t, group=get_group())
         """,
-        None, [], id="a-group-handle-carries-no-data",
+        None,
+        [],
+        id="a-group-handle-carries-no-data",
     ),
     pytest.param(
         """
@@ -299,7 +330,9 @@ RULES = [
             for group in optimizer.param_groups:
                 group["lr"] = _X.item()
         """,
-        2, ['read to compute lr in apply_lr()'], id="read-into-the-learning-rate",
+        2,
+        ["read to compute lr in apply_lr()"],
+        id="read-into-the-learning-rate",
     ),
 ]
 
@@ -318,6 +351,7 @@ def test_single_rule(tmp_path, code, scenario, expected):
 
 # --- where evidence is looked for ------------------------------------------------------------------
 
+
 def _tree(root: Path, files: dict[str, str]) -> None:
     for relative, text in files.items():
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -334,13 +368,16 @@ RESET_IN_TRAIN_STEP = """
 
 def test_only_the_package_and_source_roots_are_searched_skipping_tests_and_environments(tmp_path):
     root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
-    _tree(root, {
-        "scopefw/__init__.py": "",
-        "scopefw/state.py": "import torch\n_SCRATCH = torch.zeros(16)\n",
-        "tests/test_state.py": RESET_IN_TRAIN_STEP,
-        ".venv/lib/python3.11/site-packages/other/train.py": RESET_IN_TRAIN_STEP,
-        "venv/train.py": RESET_IN_TRAIN_STEP,
-    })
+    _tree(
+        root,
+        {
+            "scopefw/__init__.py": "",
+            "scopefw/state.py": "import torch\n_SCRATCH = torch.zeros(16)\n",
+            "tests/test_state.py": RESET_IN_TRAIN_STEP,
+            ".venv/lib/python3.11/site-packages/other/train.py": RESET_IN_TRAIN_STEP,
+            "venv/train.py": RESET_IN_TRAIN_STEP,
+        },
+    )
     _tree(elsewhere, {"train.py": RESET_IN_TRAIN_STEP})
     verdict = judge_by_source(SCRATCH, Workspace((root,)))
     assert verdict.scenario is None
@@ -351,8 +388,15 @@ def test_only_the_package_and_source_roots_are_searched_skipping_tests_and_envir
 
 
 def test_search_stops_after_max_files_and_says_so(tmp_path):
-    _tree(tmp_path, {"aaa/__init__.py": "", "scopefw/__init__.py": "", "scopefw/state.py": "_SCRATCH = None\n",
-                     "zzz/train.py": RESET_IN_TRAIN_STEP})
+    _tree(
+        tmp_path,
+        {
+            "aaa/__init__.py": "",
+            "scopefw/__init__.py": "",
+            "scopefw/state.py": "_SCRATCH = None\n",
+            "zzz/train.py": RESET_IN_TRAIN_STEP,
+        },
+    )
     for index in range(MAX_FILES):
         (tmp_path / "aaa" / f"m{index:04}.py").write_text("")
     verdict = judge_by_source(SCRATCH, Workspace((tmp_path,)))
@@ -362,6 +406,7 @@ def test_search_stops_after_max_files_and_says_so(tmp_path):
 
 # --- the toy trainer in samples/framework ------------------------------------------------------------
 
+
 def test_toytrain_loss_log_is_scenario_1():
     state, train = TOYTRAIN / "toytrain" / "state.py", TOYTRAIN / "toytrain" / "train.py"
     subject = located(state, "record_loss", "LOSS_LOG[name] += loss.detach()", (TOYTRAIN,))
@@ -369,8 +414,7 @@ def test_toytrain_loss_log_is_scenario_1():
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
     assert shown(verdict)[:2] == (
         f"toytrain/state.py:{line_of(state, 'value.zero_()')}: reset in reset_loss_log(): `value.zero_()`",
-        f"toytrain/train.py:{line_of(train, 'state.reset_loss_log()')}: "
-        "log() calls reset_loss_log() every logging step",
+        f"toytrain/train.py:{line_of(train, 'state.reset_loss_log()')}: log() calls reset_loss_log() every logging step",
     )
 
 
@@ -381,11 +425,11 @@ def test_toytrain_gradient_norm_average_is_scenario_2():
     assert (verdict.scenario, verdict.confidence) == (2, "medium")
     update = "state._EMA_GRAD_NORM.mul_(EMA_DECAY).add_(grad_norm, alpha=1 - EMA_DECAY)"
     assert shown(verdict)[0] == (
-        f"toytrain/train.py:{line_of(train, update)}: "
-        f"updated from its own previous value in clip_gradients(): `{update}`"
+        f"toytrain/train.py:{line_of(train, update)}: updated from its own previous value in clip_gradients(): `{update}`"
     )
-    assert any(line.startswith(f"toytrain/train.py:{line_of(train, 'grad.mul_(scale)')}: read to update grad")
-               for line in shown(verdict))
+    assert any(
+        line.startswith(f"toytrain/train.py:{line_of(train, 'grad.mul_(scale)')}: read to update grad") for line in shown(verdict)
+    )
 
 
 # --- megatron-core 0.16.1, as installed --------------------------------------------------------------
@@ -413,9 +457,12 @@ def test_megatron_moe_logging_tracker_is_scenario_1_cleared_by_clear_aux_losses_
     assert evidence_at(verdict)[:3] == [
         (moe_utils, zero, 'reset in clear_aux_losses_tracker(): `tracker[name]["values"].zero_()`'),
         (moe_utils, call, "track_moe_metrics() calls clear_aux_losses_tracker() every logging step"),
-        (moe_utils, line_of(moe_utils, TRACKER_LINE),
-         "accumulated from detached values in save_to_aux_losses_tracker(): "
-         '`tracker[name]["values"][layer_number - 1] += loss.detach()  # Aggregate the l...`'),
+        (
+            moe_utils,
+            line_of(moe_utils, TRACKER_LINE),
+            "accumulated from detached values in save_to_aux_losses_tracker(): "
+            '`tracker[name]["values"][layer_number - 1] += loss.detach()  # Aggregate the l...`',
+        ),
     ]
     assert all(what.startswith("read for logging in track_moe_metrics()") for _, _, what in evidence_at(verdict)[3:])
     # cuda_graphs.py saves the tracker with torch.clone and restores it with copy_: no carried state.
@@ -430,12 +477,17 @@ def test_megatron_router_expert_bias_is_scenario_2_updated_by_update_router_expe
     router = (MOE / "router.py").resolve()
     register = line_of(router, "'expert_bias',") - 1  # self.register_buffer(\n 'expert_bias', ...
     assert evidence_at(verdict) == [
-        (FINALIZE.resolve(), line_of(FINALIZE, "expert_bias.copy_(updated_expert_bias)"),
-         "updated from its own previous value in _update_router_expert_bias(): "
-         "`expert_bias.copy_(updated_expert_bias)`"),
-        (router, register,
-         "registered as a persistent buffer in __init__(): `self.register_buffer( 'expert_bias', torch.zeros( "
-         "self.config.num_moe_experts...`"),
+        (
+            FINALIZE.resolve(),
+            line_of(FINALIZE, "expert_bias.copy_(updated_expert_bias)"),
+            "updated from its own previous value in _update_router_expert_bias(): `expert_bias.copy_(updated_expert_bias)`",
+        ),
+        (
+            router,
+            register,
+            "registered as a persistent buffer in __init__(): `self.register_buffer( 'expert_bias', torch.zeros( "
+            "self.config.num_moe_experts...`",
+        ),
     ]
 
 
@@ -444,10 +496,16 @@ def test_megatron_router_token_counts_are_scenario_1_zeroed_every_step():
     verdict = judge_by_source(located(MOE / "router.py", "_apply_expert_bias", source), Workspace(()))
     assert (verdict.scenario, verdict.confidence) == (1, "medium")
     assert evidence_at(verdict)[:2] == [
-        (FINALIZE.resolve(), line_of(FINALIZE, "module.local_tokens_per_expert.zero_()"),
-         "reset in reset_model_temporary_tensors(): `module.local_tokens_per_expert.zero_()`"),
-        (FINALIZE.resolve(), line_of(FINALIZE, "reset_model_temporary_tensors(config, model)"),
-         "finalize_model_grads() calls reset_model_temporary_tensors() every iteration"),
+        (
+            FINALIZE.resolve(),
+            line_of(FINALIZE, "module.local_tokens_per_expert.zero_()"),
+            "reset in reset_model_temporary_tensors(): `module.local_tokens_per_expert.zero_()`",
+        ),
+        (
+            FINALIZE.resolve(),
+            line_of(FINALIZE, "reset_model_temporary_tensors(config, model)"),
+            "finalize_model_grads() calls reset_model_temporary_tensors() every iteration",
+        ),
     ]
 
 

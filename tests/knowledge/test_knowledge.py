@@ -211,8 +211,13 @@ def test_only_scale_loss_stands_for_the_grad_scaler_among_the_optimizers_frames(
     # the scaler's own tensors match whatever the log shows
     grad_scaler_py = "/site/megatron/core/optimizer/grad_scaler.py"
     assert rule_matches(
-        rule, "backoff_factor", "megatron.core.optimizer.grad_scaler", "DynamicGradScaler", grad_scaler_py,
-        function="update", loss_scaling="none",
+        rule,
+        "backoff_factor",
+        "megatron.core.optimizer.grad_scaler",
+        "DynamicGradScaler",
+        grad_scaler_py,
+        function="update",
+        loss_scaling="none",
     )
 
 
@@ -370,7 +375,10 @@ def test_a_condition_with_both_a_switch_and_a_guard_is_reported(tmp_path):
     ]
 
 
-ANY_OF_RULE = GOOD_RULE.replace("rules:\n", """\
+ANY_OF_RULE = (
+    GOOD_RULE.replace(
+        "rules:\n",
+        """\
 conditions:
   acme_packed:
     any_of: [acme_sft, acme_masking]
@@ -379,8 +387,11 @@ conditions:
     switch: acme_log_losses
     description: Acme logs losses.
 rules:
-""").replace("    phase: rollback\n", "    phase: rollback\n    conditions: [acme_packed, acme_logging]\n").replace(
-    "      module: acme.state\n", "")  # the traceback below names no module
+""",
+    )
+    .replace("    phase: rollback\n", "    phase: rollback\n    conditions: [acme_packed, acme_logging]\n")
+    .replace("      module: acme.state\n", "")
+)  # the traceback below names no module
 
 
 def test_an_any_of_condition_renders_an_or_of_its_switches_and_holds_when_any_is_on(tmp_path):
@@ -395,11 +406,16 @@ def test_an_any_of_condition_renders_an_or_of_its_switches_and_holds_when_any_is
     assert condition.on_in({"acme_sft": "False"}) == ()  # a switch the dump lacks reads as off
 
 
-@pytest.mark.parametrize(("sft", "masking", "log_losses", "runs"), [
-    (False, False, True, False), (True, False, True, True), (False, True, True, True), (True, True, False, False),
-])
-def test_an_any_of_guard_beside_another_condition_guards_the_fix_as_an_or_within_an_and(
-        tmp_path, sft, masking, log_losses, runs):
+@pytest.mark.parametrize(
+    ("sft", "masking", "log_losses", "runs"),
+    [
+        (False, False, True, False),
+        (True, False, True, True),
+        (False, True, True, True),
+        (True, True, False, False),
+    ],
+)
+def test_an_any_of_guard_beside_another_condition_guards_the_fix_as_an_or_within_an_and(tmp_path, sft, masking, log_losses, runs):
     """`a or b and c` would run the fix whenever a is on: the any-of guard is one operand of the `and`."""
     path = write(tmp_path, ANY_OF_RULE)
     log = tmp_path / "train.log"
@@ -409,8 +425,10 @@ def test_an_any_of_guard_beside_another_condition_guards_the_fix_as_an_or_within
     )
     [item] = diagnose([str(log)], groundwork(rule_paths=[path])).findings
     fix = item.classification.fix
-    assert fix.code.splitlines()[0] == ('if (getattr(get_args(), "acme_sft", False) or getattr(get_args(), "acme_masking", '
-                                       'False)) and getattr(get_args(), "acme_log_losses", False):')
+    assert fix.code.splitlines()[0] == (
+        'if (getattr(get_args(), "acme_sft", False) or getattr(get_args(), "acme_masking", '
+        'False)) and getattr(get_args(), "acme_log_losses", False):'
+    )
     arguments = argparse.Namespace(acme_sft=sft, acme_masking=masking, acme_log_losses=log_losses)
     ran = []
     state = argparse.Namespace(_LOSS_LOG=argparse.Namespace(clear=lambda: ran.append(1)))
@@ -476,18 +494,23 @@ def test_rules_that_cannot_match_one_global_need_no_priority(tmp_path):
 
 # --- hostile rule files, bounded --------------------------------------------------------------------
 
+
 def regex_rule(rule_id: str, regex: str, module: str = "acme.state") -> str:
     body = GOOD_RULE.split("rules:\n", 1)[1]
-    return body.replace("acme.loss-log", rule_id).replace("variable: _LOSS_LOG", f"variable_regex: '{regex}'").replace(
-        "module: acme.state", f"module: {module}")
+    return (
+        body.replace("acme.loss-log", rule_id)
+        .replace("variable: _LOSS_LOG", f"variable_regex: '{regex}'")
+        .replace("module: acme.state", f"module: {module}")
+    )
 
 
 def validate_in_a_child(path: Path, memory: int = 1 << 30) -> subprocess.CompletedProcess[str]:
     """`rules validate` in a process held to `memory` bytes of address space."""
     limit = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))"
     code = f"{limit}; import sys; from unsafe_doctor.cli import main; main(['rules', 'validate', {str(path)!r}])"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
 
 
 def test_a_tie_between_regexes_of_a_million_names_is_decided_without_listing_them(tmp_path):
@@ -496,9 +519,11 @@ def test_a_tie_between_regexes_of_a_million_names_is_decided_without_listing_the
     result = validate_in_a_child(crossing)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "rule acme.second: ties with rule acme.first" in result.stdout + result.stderr
-    apart = write(tmp_path,
-                  "rules:\n" + regex_rule("acme.first", "(a|b)" * 24) + regex_rule("acme.second", "(b|c)" * 24, "acme.other"),
-                  "apart.yaml")
+    apart = write(
+        tmp_path,
+        "rules:\n" + regex_rule("acme.first", "(a|b)" * 24) + regex_rule("acme.second", "(b|c)" * 24, "acme.other"),
+        "apart.yaml",
+    )
     assert validate_in_a_child(apart).returncode == 0
 
 
@@ -515,10 +540,13 @@ def test_rules_naming_different_variables_are_never_compared(tmp_path, monkeypat
     assert len(compared) == 1
 
 
-@pytest.mark.parametrize(("regex", "problem"), [
-    ("(?=_LOSS)_LOSS_LOG", "no lookaround"),
-    (r"(_LOSS)\1", "no backreference"),
-])
+@pytest.mark.parametrize(
+    ("regex", "problem"),
+    [
+        ("(?=_LOSS)_LOSS_LOG", "no lookaround"),
+        (r"(_LOSS)\1", "no backreference"),
+    ],
+)
 def test_a_regex_that_needs_backtracking_is_refused_with_its_line(tmp_path, regex, problem):
     [line] = validate_files([write(tmp_path, "rules:\n" + regex_rule("acme.look", regex))])
     assert line.startswith(f"{tmp_path / 'rules.yaml'}:2: rule acme.look: variable_regex: ") and problem in line
@@ -537,8 +565,13 @@ def test_a_backtracking_regex_cannot_hang_an_audit(tmp_path):
     package.mkdir()
     name = "KEEP_ME"
     (package / "m.py").write_text(f"import torch\n\n{'x' * 40} = 1\n{name} = torch.zeros(4)\n")
-    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "audit", str(package), "--rules", str(rules)],
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "audit", str(package), "--rules", str(rules)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode in (0, 1) and "Traceback" not in result.stderr, result.stderr
     assert name in result.stdout
 
@@ -548,8 +581,10 @@ def test_a_backtracking_regex_cannot_hang_an_audit(tmp_path):
 
 def schema_patterns(node) -> list[str]:
     if isinstance(node, dict):
-        return [*([node["pattern"]] if isinstance(node.get("pattern"), str) else []),
-                *(pattern for value in node.values() for pattern in schema_patterns(value))]
+        return [
+            *([node["pattern"]] if isinstance(node.get("pattern"), str) else []),
+            *(pattern for value in node.values() for pattern in schema_patterns(value)),
+        ]
     return [pattern for value in node for pattern in schema_patterns(value)] if isinstance(node, list) else []
 
 
@@ -568,24 +603,34 @@ def test_no_schema_pattern_takes_a_value_with_a_line_feed_after_one_it_takes():
         assert re.search(pattern, taken + "\n") is None, pattern
 
 
-@pytest.mark.parametrize(("field", "old", "new"), [
-    ("rules.0.id", "id: acme.loss-log", 'id: "acme.loss-log\\n"'),
-    ("rules.0.match.variable", "variable: _LOSS_LOG", 'variable: "_LOSS_LOG\\n"'),
-    ("rules.0.fix.imports.0", '"from $parent import $alias"', '"from $parent import $alias\\n"'),
-    ("rules.0.framework.package", "    scenario: 1\n", '    framework: {package: "acme\\n", versions: ">=1"}\n    scenario: 1\n'),
-    ("rules.0.repair_with.0", "    scenario: 1\n", '    repair_with: ["acme.other\\n"]\n    scenario: 1\n'),
-])
+@pytest.mark.parametrize(
+    ("field", "old", "new"),
+    [
+        ("rules.0.id", "id: acme.loss-log", 'id: "acme.loss-log\\n"'),
+        ("rules.0.match.variable", "variable: _LOSS_LOG", 'variable: "_LOSS_LOG\\n"'),
+        ("rules.0.fix.imports.0", '"from $parent import $alias"', '"from $parent import $alias\\n"'),
+        (
+            "rules.0.framework.package",
+            "    scenario: 1\n",
+            '    framework: {package: "acme\\n", versions: ">=1"}\n    scenario: 1\n',
+        ),
+        ("rules.0.repair_with.0", "    scenario: 1\n", '    repair_with: ["acme.other\\n"]\n    scenario: 1\n'),
+    ],
+)
 def test_rules_validate_refuses_a_value_that_ends_in_a_line_feed(tmp_path, field, old, new):
     path = write(tmp_path, GOOD_RULE.replace(old, new))
-    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "rules", "validate", str(path)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "rules", "validate", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2, result.stderr
     assert f": {field}: " in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 def test_a_rule_id_ending_in_a_line_feed_is_refused_before_fix_writes_its_block(tmp_path):
     """With the id taken, every `fix --yes` wrote the block again: its marker, read back, never held that id."""
-    rules = write(tmp_path, """\
+    rules = write(
+        tmp_path,
+        """\
         rules:
           - id: "team.ema\\n"
             title: A rule whose id ends in a line feed
@@ -596,11 +641,24 @@ def test_a_rule_id_ending_in_a_line_feed_is_refused_before_fix_writes_its_block(
               code: |
                 _EMA_GRAD_NORM.zero_()
             reason: Reset every step.
-        """)
+        """,
+    )
     adaptor = tmp_path / "adaptor.py"
     adaptor.write_text("def feature_rollback():\n    return None\n")
-    command = [sys.executable, "-m", "unsafe_doctor", "fix", str(ROOT / "samples" / "logs" / "toytrain_ema"),
-               "--source-root", str(ROOT / "samples" / "framework"), "--adaptor", str(adaptor), "--rules", str(rules), "--yes"]
+    command = [
+        sys.executable,
+        "-m",
+        "unsafe_doctor",
+        "fix",
+        str(ROOT / "samples" / "logs" / "toytrain_ema"),
+        "--source-root",
+        str(ROOT / "samples" / "framework"),
+        "--adaptor",
+        str(adaptor),
+        "--rules",
+        str(rules),
+        "--yes",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and f"{rules}:2: rules.0.id: " in result.stderr, result.stderr

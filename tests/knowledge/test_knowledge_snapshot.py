@@ -32,8 +32,14 @@ def test_the_snapshot_builds_the_knowledge_the_yaml_builds_with_every_items_file
 
 
 def _run(cwd: Path, pythonpath: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(pythonpath)})
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(pythonpath)},
+    )
 
 
 @pytest.mark.parametrize("broken", ["missing", "truncated"])

@@ -41,9 +41,17 @@ if isinstance(global_tensor, torch.Tensor):
 """
 
 
-def assert_rendered(before: str, after: str, tmp_path: Path, *, function: str = "recv_rank_repair", scenario: int = 2,
-                    imports: tuple[str, ...] = ("import torch", "from pkg import state"), adaptor: str = LEGACY_ADAPTOR,
-                    profile: str = "mindio-ttp-legacy") -> None:
+def assert_rendered(
+    before: str,
+    after: str,
+    tmp_path: Path,
+    *,
+    function: str = "recv_rank_repair",
+    scenario: int = 2,
+    imports: tuple[str, ...] = ("import torch", "from pkg import state"),
+    adaptor: str = LEGACY_ADAPTOR,
+    profile: str = "mindio-ttp-legacy",
+) -> None:
     """The code `before`, rendered into `function` of `adaptor`, is `after` (both dedented)."""
     path = tmp_path / "adaptor.py"
     path.write_text(adaptor)
@@ -57,7 +65,9 @@ def assert_rendered(before: str, after: str, tmp_path: Path, *, function: str = 
 
 
 def test_a_tensor_block_reads_the_files_names_and_loops_once_per_pair(tmp_path):
-    assert_rendered(RECV_TENSOR.replace("$TENSOR", "state._EMA"), """\
+    assert_rendered(
+        RECV_TENSOR.replace("$TENSOR", "state._EMA"),
+        """\
         from pkg import state
         for src_rank, _dest_rank in dict.fromkeys(zip(src_ranks, dest_ranks)):  # each pair once, not per optimizer
             global_tensor = state._EMA
@@ -65,80 +75,110 @@ def test_a_tensor_block_reads_the_files_names_and_loops_once_per_pair(tmp_path):
                 recv_tensor = torch.empty(global_tensor.shape, dtype=global_tensor.dtype, device=global_tensor.device)
                 dist.recv(recv_tensor, src=src_rank, group=repair_group)
                 global_tensor.copy_(recv_tensor)
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
 
 
 def test_the_send_side_names_the_source_rank_it_does_not_read_as_unused(tmp_path):
-    assert_rendered("""\
+    assert_rendered(
+        """\
         global_tensor = state._EMA
         if isinstance(global_tensor, torch.Tensor):
             torch.distributed.send(global_tensor, dst=dest_rank, group=get_repair_group())
-        """, """\
+        """,
+        """\
         from pkg import state
         for _src_rank, dest_rank in dict.fromkeys(zip(src_ranks, dest_ranks)):  # each pair once, not per optimizer
             global_tensor = state._EMA
             if isinstance(global_tensor, torch.Tensor):
                 dist.send(global_tensor, dst=dest_rank, group=get_repair_group())
-        """, tmp_path, function="send_rank_repair")
+        """,
+        tmp_path,
+        function="send_rank_repair",
+    )
 
 
 def test_a_rules_guard_is_checked_once_outside_the_rank_loop(tmp_path):
-    assert_rendered("""\
+    assert_rendered(
+        """\
         if getattr(train_args, "moe_router_enable_expert_bias", False):
             torch.distributed.send(state.BIAS, dst=dest_rank, group=get_repair_group())
-        """, """\
+        """,
+        """\
         from pkg import state
         if getattr(train_args, "moe_router_enable_expert_bias", False):
             for _src_rank, dest_rank in dict.fromkeys(zip(src_ranks, dest_ranks)):  # each pair once, not per optimizer
                 dist.send(state.BIAS, dst=dest_rank, group=get_repair_group())
-        """, tmp_path, function="send_rank_repair")
+        """,
+        tmp_path,
+        function="send_rank_repair",
+    )
 
 
 def test_a_guard_that_reads_a_rank_stays_inside_the_loop(tmp_path):
-    assert_rendered("""\
+    assert_rendered(
+        """\
         if src_rank != 0:
             torch.distributed.recv(state.BIAS, src=src_rank, group=get_repair_group())
-        """, """\
+        """,
+        """\
         from pkg import state
         for src_rank, _dest_rank in dict.fromkeys(zip(src_ranks, dest_ranks)):  # each pair once, not per optimizer
             if src_rank != 0:
                 dist.recv(state.BIAS, src=src_rank, group=repair_group)
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
 
 
 def test_a_guard_with_an_else_stays_inside_the_loop(tmp_path):
-    assert_rendered("""\
+    assert_rendered(
+        """\
         if state.ON:
             torch.distributed.recv(state.BIAS, src=src_rank, group=get_repair_group())
         else:
             pass
-        """, """\
+        """,
+        """\
         from pkg import state
         for src_rank, _dest_rank in dict.fromkeys(zip(src_ranks, dest_ranks)):  # each pair once, not per optimizer
             if state.ON:
                 dist.recv(state.BIAS, src=src_rank, group=repair_group)
             else:
                 pass
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
 
 
 def test_a_rollback_block_has_no_rank_loop_and_imports_what_the_file_lacks(tmp_path):
-    assert_rendered("""\
+    assert_rendered(
+        """\
         global_tensor = state._STEPS
         if isinstance(global_tensor, torch.Tensor):
             global_tensor.data.copy_(torch.zeros(global_tensor.shape, dtype=global_tensor.dtype, device=global_tensor.device))
-        """, """\
+        """,
+        """\
         from pkg import state
         global_tensor = state._STEPS
         if isinstance(global_tensor, torch.Tensor):
             global_tensor.data.copy_(torch.zeros(global_tensor.shape, dtype=global_tensor.dtype, device=global_tensor.device))
-        """, tmp_path, function="feature_rollback", scenario=1)
+        """,
+        tmp_path,
+        function="feature_rollback",
+        scenario=1,
+    )
 
 
 def test_a_name_the_function_keeps_is_not_taken_by_the_block(tmp_path):
-    adaptor = LEGACY_ADAPTOR.replace("    repair_group = get_repair_group()\n    return True",
-                                     "    repair_group = get_repair_group()\n    global_tensor = 1\n    return global_tensor")
-    assert_rendered(RECV_TENSOR.replace("$TENSOR", "state._EMA"), """\
+    adaptor = LEGACY_ADAPTOR.replace(
+        "    repair_group = get_repair_group()\n    return True",
+        "    repair_group = get_repair_group()\n    global_tensor = 1\n    return global_tensor",
+    )
+    assert_rendered(
+        RECV_TENSOR.replace("$TENSOR", "state._EMA"),
+        """\
         from pkg import state
         for src_rank, _dest_rank in dict.fromkeys(zip(src_ranks, dest_ranks)):  # each pair once, not per optimizer
             global_tensor_ = state._EMA
@@ -146,10 +186,12 @@ def test_a_name_the_function_keeps_is_not_taken_by_the_block(tmp_path):
                 recv_tensor = torch.empty(global_tensor_.shape, dtype=global_tensor_.dtype, device=global_tensor_.device)
                 dist.recv(recv_tensor, src=src_rank, group=repair_group)
                 global_tensor_.copy_(recv_tensor)
-        """, tmp_path, adaptor=adaptor)
+        """,
+        tmp_path,
+        adaptor=adaptor,
+    )
 
 
 def test_a_file_that_binds_zip_refuses_the_rank_loop(tmp_path):
     with pytest.raises(UsageError, match="binds zip"):
-        assert_rendered(RECV_TENSOR.replace("$TENSOR", "state._EMA"), "", tmp_path,
-                        adaptor="zip = None\n" + LEGACY_ADAPTOR)
+        assert_rendered(RECV_TENSOR.replace("$TENSOR", "state._EMA"), "", tmp_path, adaptor="zip = None\n" + LEGACY_ADAPTOR)

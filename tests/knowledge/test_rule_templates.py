@@ -17,13 +17,13 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, env=ENV,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, env=ENV, timeout=120)
 
 
 def rule_with_code(tmp_path: Path, code: str) -> Path:
     rules = tmp_path / "rules.yaml"
-    rules.write_text(textwrap.dedent("""\
+    rules.write_text(
+        textwrap.dedent("""\
         rules:
           - id: acme.cost
             title: a rule whose fix prints a price
@@ -35,15 +35,21 @@ def rule_with_code(tmp_path: Path, code: str) -> Path:
             phase: rollback
             fix:
               code: |
-        """) + textwrap.indent(code, " " * 8) + "    reason: a test\n")
+        """)
+        + textwrap.indent(code, " " * 8)
+        + "    reason: a test\n"
+    )
     return rules
 
 
-@pytest.mark.parametrize("code, shown", [
-    ('print("cost: $5")\n', 'print("cost: $5")'),
-    ("x = 1\ny = $\n", "y = $"),
-    ('print("${variable")\n', 'print("${variable")'),
-])
+@pytest.mark.parametrize(
+    "code, shown",
+    [
+        ('print("cost: $5")\n', 'print("cost: $5")'),
+        ("x = 1\ny = $\n", "y = $"),
+        ('print("${variable")\n', 'print("${variable")'),
+    ],
+)
 def test_a_dollar_that_starts_no_slot_is_refused_with_the_rule_and_its_text(tmp_path, code, shown):
     rules = rule_with_code(tmp_path, code)
     result = doctor("rules", "validate", str(rules))

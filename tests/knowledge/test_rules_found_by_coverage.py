@@ -84,15 +84,22 @@ mark(manager.host_spill)
 """
 
 
-@pytest.mark.parametrize(("case", "setup", "retry"), [
-    ("0.19 router qb_beta_accum", QB_ROUTER, "layer.quantile_balancing(torch.randn(6, 4))"),
-    ("0.19 TileLang DSA scratch", DSA_SCRATCH, "target_chunk()"),
-    ("0.19 Megatron-FSDP global memory buffer", FSDP_BUFFER,
-     'get_global_memory_buffer().get_tensor([8], torch.float32, "fsdp_params_0")'),
-    ("0.19 MoE paged stash", PAGED_STASH, "paged_stash_reset()"),
-    ("0.19 YaRN cos/sin cache", YARN, "cos, sin = rotary.get_cached_cos_sin(4)\n(cos + sin).sum()"),
-    ("0.19 DSA indexer loss tracker", DSA_TRACKER, "DSAIndexerLossLoggingHelper.save_loss_to_tracker(aux_loss(), 1, 2)"),
-], ids=lambda value: value if isinstance(value, str) and "\n" not in value else None)
+@pytest.mark.parametrize(
+    ("case", "setup", "retry"),
+    [
+        ("0.19 router qb_beta_accum", QB_ROUTER, "layer.quantile_balancing(torch.randn(6, 4))"),
+        ("0.19 TileLang DSA scratch", DSA_SCRATCH, "target_chunk()"),
+        (
+            "0.19 Megatron-FSDP global memory buffer",
+            FSDP_BUFFER,
+            'get_global_memory_buffer().get_tensor([8], torch.float32, "fsdp_params_0")',
+        ),
+        ("0.19 MoE paged stash", PAGED_STASH, "paged_stash_reset()"),
+        ("0.19 YaRN cos/sin cache", YARN, "cos, sin = rotary.get_cached_cos_sin(4)\n(cos + sin).sum()"),
+        ("0.19 DSA indexer loss tracker", DSA_TRACKER, "DSAIndexerLossLoggingHelper.save_loss_to_tracker(aux_loss(), 1, 2)"),
+    ],
+    ids=lambda value: value if isinstance(value, str) and "\n" not in value else None,
+)
 def test_fix_lets_the_step_past_the_unsafe_memory_in_0_19(case, setup, retry):
     root = unpacked("0.19.2")
     fix = rendered_fix(case)
@@ -166,15 +173,28 @@ def weight_with_main_grad():
     return weight
 
 
-@pytest.mark.parametrize(("case_name", "module_name", "flush", "drain"), [
-    ("nanopipe WeightGradStore", "mindspeed.core.weight_grad_store", False, "pop"),
-    ("fb-overlap WeightGradStore", "mindspeed.core.transformer.moe.moe_feature.fb_overlap.modules.weight_grad_store",
-     True, "pop_single"),  # dualpipev: the interrupted step's chunk waits in weight_grad_queue
-    ("fb-overlap WeightGradStore, core_r0.8.0", "mindspeed.core.pipeline_parallel.fb_overlap.modules.weight_grad_store",
-     False, "pop"),
-], ids=["nanopipe", "fb-overlap dualpipev", "fb-overlap core_r0.8.0"])
-def test_weight_grad_store_fix_lets_the_next_step_drain_only_its_own_entries(case_name, module_name, flush, drain, *, tmp_path,
-                                                                            standin):
+@pytest.mark.parametrize(
+    ("case_name", "module_name", "flush", "drain"),
+    [
+        ("nanopipe WeightGradStore", "mindspeed.core.weight_grad_store", False, "pop"),
+        (
+            "fb-overlap WeightGradStore",
+            "mindspeed.core.transformer.moe.moe_feature.fb_overlap.modules.weight_grad_store",
+            True,
+            "pop_single",
+        ),  # dualpipev: the interrupted step's chunk waits in weight_grad_queue
+        (
+            "fb-overlap WeightGradStore, core_r0.8.0",
+            "mindspeed.core.pipeline_parallel.fb_overlap.modules.weight_grad_store",
+            False,
+            "pop",
+        ),
+    ],
+    ids=["nanopipe", "fb-overlap dualpipev", "fb-overlap core_r0.8.0"],
+)
+def test_weight_grad_store_fix_lets_the_next_step_drain_only_its_own_entries(
+    case_name, module_name, flush, drain, *, tmp_path, standin
+):
     import torch
 
     def left_by_the_fault(module, mark):
@@ -203,8 +223,9 @@ def test_balanced_moe_fix_gives_the_hot_expert_weights_fresh_memory(tmp_path, st
         mark(module.get_shared_params_for_hot_experts().shared_weight1)  # the broadcast writes it, unsafe still
 
     module = standin(HOT_EXPERTS_MODULE.removesuffix(".py").replace("/", "."), HOT_EXPERTS_STANDIN.read_text())
-    fails_without_and_passes_with_the_fix("balanced MoE hot-expert weights", tmp_path, module, setup,
-                                          lambda module: module.hot_experts_matmul(torch.ones(3, 4)))
+    fails_without_and_passes_with_the_fix(
+        "balanced MoE hot-expert weights", tmp_path, module, setup, lambda module: module.hot_experts_matmul(torch.ones(3, 4))
+    )
 
 
 def rule_fix(case: str):

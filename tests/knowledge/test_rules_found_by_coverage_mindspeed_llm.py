@@ -34,7 +34,7 @@ class MTPLossLoggingHelper:
         tracker["values"][layer_number] += loss.detach()
 '''
 # 26.1.0's FSDP2 rotary embeddings: __init__ builds the buffers with rope_init_fn, forward reads inv_freq[0].item() first
-ROTARY = '''
+ROTARY = """
 import torch
 
 
@@ -56,10 +56,13 @@ class {name}(torch.nn.Module):
         if self.inv_freq[0].item() > 2.0:
             raise AssertionError("garbage frequencies")
         return (self.inv_freq[None, :, None] * position_ids[:, None, :]).cos() * self.attention_scaling
-'''
-GLM_ROTARY = ROTARY.format(name="GlmMoeDsaRotaryEmbedding",
-                           original='self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)')
+"""
+GLM_ROTARY = ROTARY.format(
+    name="GlmMoeDsaRotaryEmbedding", original='self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)'
+)
 GPT_OSS_ROTARY = ROTARY.format(name="GptOssRotaryEmbedding", original="self.original_inv_freq = self.inv_freq")
+
+
 def rendered_fix(case: str, tmp_path: Path) -> str:
     """The fix diagnose renders for the rule's traceback case, without its guards, imports first."""
     traceback_root = tmp_path / "traceback"
@@ -97,12 +100,24 @@ def test_mtp_loss_tracker_fix_lets_2_1_0_log_the_next_loss(standin, tmp_path):
     fails_then_passes(rendered_fix("MindSpeed-LLM 2.1.0 MTP loss tracker", tmp_path), setup, retry)
 
 
-@pytest.mark.parametrize(("case", "module", "source", "name"), [
-    ("FSDP2 GLM-MoE-DSA rotary inv_freq", "mindspeed_llm.fsdp2.models.glm52.modeling_glm_moe_dsa", GLM_ROTARY,
-     "GlmMoeDsaRotaryEmbedding"),
-    ("FSDP2 GPT-OSS rotary inv_freq", "mindspeed_llm.fsdp2.models.gpt_oss.modeling_gpt_oss", GPT_OSS_ROTARY,
-     "GptOssRotaryEmbedding"),
-], ids=["glm", "gpt-oss"])
+@pytest.mark.parametrize(
+    ("case", "module", "source", "name"),
+    [
+        (
+            "FSDP2 GLM-MoE-DSA rotary inv_freq",
+            "mindspeed_llm.fsdp2.models.glm52.modeling_glm_moe_dsa",
+            GLM_ROTARY,
+            "GlmMoeDsaRotaryEmbedding",
+        ),
+        (
+            "FSDP2 GPT-OSS rotary inv_freq",
+            "mindspeed_llm.fsdp2.models.gpt_oss.modeling_gpt_oss",
+            GPT_OSS_ROTARY,
+            "GptOssRotaryEmbedding",
+        ),
+    ],
+    ids=["glm", "gpt-oss"],
+)
 def test_fsdp2_rotary_fix_computes_the_same_frequencies_again(standin, tmp_path, case, module, *, source, name):
     rotary_class = getattr(standin(module, source), name)
     config = types.SimpleNamespace(head_dim=8, rope_theta=10000.0)

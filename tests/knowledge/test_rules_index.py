@@ -77,9 +77,12 @@ def claimed(rule: Rule, framework: IndexedFramework) -> list[int]:
     of another framework or absent; a release named without a version by any range); of a rule
     that knows its global only by the frame reading it, those that hold that frame's file."""
     admitted = [
-        at for at, release in enumerate(framework.releases)
-        if rule.versions is None or rule.framework != framework.name
-        or (version := release_version(release.name)) is None or rule.versions.contains(version, prereleases=True)
+        at
+        for at, release in enumerate(framework.releases)
+        if rule.versions is None
+        or rule.framework != framework.name
+        or (version := release_version(release.name)) is None
+        or rule.versions.contains(version, prereleases=True)
     ]
     if any(block.file is None for block in rule.matches):
         return admitted
@@ -92,29 +95,43 @@ def global_blocks(rule: Rule) -> list[RuleMatch]:
     global is read: it is held only where no other block names the same global by its module."""
     by_module = {(block.variable, block.owner) for block in rule.matches if block.module}
     return [
-        block for block in rule.matches
-        if (block.variable or block.variable_regex) and (block.module or block.owner)
+        block
+        for block in rule.matches
+        if (block.variable or block.variable_regex)
+        and (block.module or block.owner)
         and not (block.module is None and (block.variable, block.owner) in by_module)
     ]
 
 
 # Releases a rule claims that lack its global, each with why no range of the rule can leave it out.
 # The test holds each entry: once the release binds the global, the entry must go.
-_BEFORE = ("before the feature: diagnose reads MindSpeed 1.0.RC2 and 1.0.RC3 as version 1.0, as it reads 1.0.0, "
-           "which has it, so no range tells them apart")
-_OLD_1_1 = ("MindSpeed 1.1.0 (July 2024) predates 1.0.RC2 though its number sorts after 1.0.0: leaving it out "
-            "(!=1.1.*) would still leave 1.0.RC2 and 1.0.RC3 in")
-_SAME_NUMBER_0_6 = ("MindSpeed's core_r0.6.0 line never had ampipe (no mindspeed/moe/utils.py slice map); its release "
-                    "numbers are the core_r0.7.0 line's (1.0.RC3, 1.0.0), which has it, so no range tells them apart")
-_FP8_REUSE = ("FP8 weight reuse (mindspeed/te/pytorch/fp8/reuse.py) came with 26.0.0 and is on the 26.x line only (26.1.0, "
-              "master), not on the core_r0.16.0-core_r0.18.0 branches: MindSpeed's versions are the megatron-core "
-              "releases they pair with (0.12.1 from 2.1.0 to master), so no range leaves the releases before it out")
-_FP8_DELAYED = ("MindSpeed's own FP8 modules (mindspeed/te/pytorch/fp8) came with 26.0.0 and core_r0.16.0; the core_r0.17.0 "
-                "and core_r0.18.0 branches dropped them for Megatron's: versions are the paired megatron-core releases "
-                "and branches name none, so no range leaves these out")
-_QAD = ("quantization-aware distillation is only on master (after 26.1.0): a MindSpeed install reads as the version its "
-        "setup.py declares, the megatron-core release it pairs with (0.12.1 on master as on 26.1.0 and 2.1.0-26.0.0, "
-        "0.16.0 on core_r0.16.0), so no range leaves the releases before it out")
+_BEFORE = (
+    "before the feature: diagnose reads MindSpeed 1.0.RC2 and 1.0.RC3 as version 1.0, as it reads 1.0.0, "
+    "which has it, so no range tells them apart"
+)
+_OLD_1_1 = (
+    "MindSpeed 1.1.0 (July 2024) predates 1.0.RC2 though its number sorts after 1.0.0: leaving it out "
+    "(!=1.1.*) would still leave 1.0.RC2 and 1.0.RC3 in"
+)
+_SAME_NUMBER_0_6 = (
+    "MindSpeed's core_r0.6.0 line never had ampipe (no mindspeed/moe/utils.py slice map); its release "
+    "numbers are the core_r0.7.0 line's (1.0.RC3, 1.0.0), which has it, so no range tells them apart"
+)
+_FP8_REUSE = (
+    "FP8 weight reuse (mindspeed/te/pytorch/fp8/reuse.py) came with 26.0.0 and is on the 26.x line only (26.1.0, "
+    "master), not on the core_r0.16.0-core_r0.18.0 branches: MindSpeed's versions are the megatron-core "
+    "releases they pair with (0.12.1 from 2.1.0 to master), so no range leaves the releases before it out"
+)
+_FP8_DELAYED = (
+    "MindSpeed's own FP8 modules (mindspeed/te/pytorch/fp8) came with 26.0.0 and core_r0.16.0; the core_r0.17.0 "
+    "and core_r0.18.0 branches dropped them for Megatron's: versions are the paired megatron-core releases "
+    "and branches name none, so no range leaves these out"
+)
+_QAD = (
+    "quantization-aware distillation is only on master (after 26.1.0): a MindSpeed install reads as the version its "
+    "setup.py declares, the megatron-core release it pairs with (0.12.1 on master as on 26.1.0 and 2.1.0-26.0.0, "
+    "0.16.0 on core_r0.16.0), so no range leaves the releases before it out"
+)
 NOT_BOUND = {
     ("mindspeed.moe-overlap-saved-tensors", "1.1.0"): _OLD_1_1,
     ("mindspeed.moe-overlap-saved-tensors", "1.0.RC2"): _BEFORE,
@@ -125,7 +142,8 @@ NOT_BOUND = {
     ("mindspeed.adaptive-cp-cached-masks", "1.0.RC3_core_r0.7.0"): _BEFORE,
     ("mindspeed.adaptive-cp-cached-masks", "core_r0.18.0@4213c913"): (
         "the branch retired adaptive CP (validate_args refuses adaptive_cp_algo), so no run of it has the caches; "
-        "a branch names no version a range could leave out"),
+        "a branch names no version a range could leave out"
+    ),
     ("mindspeed.cp-batch-cache", "1.1.0"): _OLD_1_1,
     ("mindspeed.cp-batch-cache", "1.0.RC2"): _BEFORE,
     ("mindspeed.alibi-fusion-attn", "1.1.0"): _OLD_1_1,
@@ -134,38 +152,95 @@ NOT_BOUND = {
     ("mindspeed.ampipe-slices-map", "1.0.RC2"): _BEFORE,
     ("mindspeed.ampipe-slices-map", "1.0.RC3_core_r0.6.0"): _SAME_NUMBER_0_6,
     ("mindspeed.ampipe-slices-map", "1.0.0_core_r0.6.0"): _SAME_NUMBER_0_6,
-    **dict.fromkeys([("mindspeed.ampipe-slices-map", "core_r0.17.0@1f5feb86"),
-                     ("mindspeed.ampipe-slices-map", "core_r0.18.0@4213c913")], (
-        "the branch dropped mindspeed/moe and ampipe's slice map with it (its --ampipe-degree argument and a dangling "
-        "import in core/tensor_parallel/layers.py remain); a branch names no version a range could leave out")),
-    **{("mindspeed.qad-teacher-model", release): _QAD for release in (
-        "1.1.0", "1.0.RC2", "1.0.RC3_core_r0.7.0", "1.0.RC3_core_r0.6.0", "1.0.0_core_r0.6.0", "1.0.0_core_r0.7.0",
-        "2.0.0_core_r0.8.0", "2.1.0_core_r0.8.0", "2.1.0_core_r0.12.1", "2.2.0_core_r0.12.1", "2.3.0_core_r0.12.1",
-        "26.0.0_core_r0.12.1", "core_r0.16.0@e4772499", "core_r0.17.0@1f5feb86", "core_r0.18.0@4213c913",
-        "26.1.0_core_r0.12.1@57a33053")},
-    **{("mindspeed.fp8-weight-reuse-pool", release): _FP8_REUSE for release in (
-        "1.1.0", "1.0.RC2", "1.0.RC3_core_r0.7.0", "1.0.RC3_core_r0.6.0", "1.0.0_core_r0.6.0", "1.0.0_core_r0.7.0",
-        "2.0.0_core_r0.8.0", "2.1.0_core_r0.8.0", "2.1.0_core_r0.12.1", "2.2.0_core_r0.12.1", "2.3.0_core_r0.12.1",
-        "core_r0.16.0@e4772499", "core_r0.17.0@1f5feb86", "core_r0.18.0@4213c913")},
-    **{("mindspeed.fp8-delayed-scaling", release): _FP8_DELAYED for release in (
-        "1.1.0", "1.0.RC2", "1.0.RC3_core_r0.7.0", "1.0.RC3_core_r0.6.0", "1.0.0_core_r0.6.0", "1.0.0_core_r0.7.0",
-        "2.0.0_core_r0.8.0", "2.1.0_core_r0.8.0", "2.1.0_core_r0.12.1", "2.2.0_core_r0.12.1", "2.3.0_core_r0.12.1",
-        "core_r0.17.0@1f5feb86", "core_r0.18.0@4213c913")},
+    **dict.fromkeys(
+        [("mindspeed.ampipe-slices-map", "core_r0.17.0@1f5feb86"), ("mindspeed.ampipe-slices-map", "core_r0.18.0@4213c913")],
+        (
+            "the branch dropped mindspeed/moe and ampipe's slice map with it (its --ampipe-degree argument and a dangling "
+            "import in core/tensor_parallel/layers.py remain); a branch names no version a range could leave out"
+        ),
+    ),
+    **{
+        ("mindspeed.qad-teacher-model", release): _QAD
+        for release in (
+            "1.1.0",
+            "1.0.RC2",
+            "1.0.RC3_core_r0.7.0",
+            "1.0.RC3_core_r0.6.0",
+            "1.0.0_core_r0.6.0",
+            "1.0.0_core_r0.7.0",
+            "2.0.0_core_r0.8.0",
+            "2.1.0_core_r0.8.0",
+            "2.1.0_core_r0.12.1",
+            "2.2.0_core_r0.12.1",
+            "2.3.0_core_r0.12.1",
+            "26.0.0_core_r0.12.1",
+            "core_r0.16.0@e4772499",
+            "core_r0.17.0@1f5feb86",
+            "core_r0.18.0@4213c913",
+            "26.1.0_core_r0.12.1@57a33053",
+        )
+    },
+    **{
+        ("mindspeed.fp8-weight-reuse-pool", release): _FP8_REUSE
+        for release in (
+            "1.1.0",
+            "1.0.RC2",
+            "1.0.RC3_core_r0.7.0",
+            "1.0.RC3_core_r0.6.0",
+            "1.0.0_core_r0.6.0",
+            "1.0.0_core_r0.7.0",
+            "2.0.0_core_r0.8.0",
+            "2.1.0_core_r0.8.0",
+            "2.1.0_core_r0.12.1",
+            "2.2.0_core_r0.12.1",
+            "2.3.0_core_r0.12.1",
+            "core_r0.16.0@e4772499",
+            "core_r0.17.0@1f5feb86",
+            "core_r0.18.0@4213c913",
+        )
+    },
+    **{
+        ("mindspeed.fp8-delayed-scaling", release): _FP8_DELAYED
+        for release in (
+            "1.1.0",
+            "1.0.RC2",
+            "1.0.RC3_core_r0.7.0",
+            "1.0.RC3_core_r0.6.0",
+            "1.0.0_core_r0.6.0",
+            "1.0.0_core_r0.7.0",
+            "2.0.0_core_r0.8.0",
+            "2.1.0_core_r0.8.0",
+            "2.1.0_core_r0.12.1",
+            "2.2.0_core_r0.12.1",
+            "2.3.0_core_r0.12.1",
+            "core_r0.17.0@1f5feb86",
+            "core_r0.18.0@4213c913",
+        )
+    },
     ("mindspeed-llm.dsa-indexer-loss-tracker", "26.0.0"): (
         "the rule's two copies of the tracker came one release apart (the tasks' DSAIndexerLossLoggingHelper with "
         "26.0.0, FSDP2's IndexerLossLoggingHelper with 26.1.0): 26.0.0 holds the first, and a range is the rule's, "
-        "not a block's"),
+        "not a block's"
+    ),
     ("mindspeed-llm.fsdp2-rotary-inv-freq", "26.0.0"): (
         "the FSDP2 models came one release apart (GPT-OSS with 26.0.0, GLM-MoE-DSA with 26.1.0): 26.0.0 holds "
-        "GPT-OSS's inv_freq, and a range is the rule's, not a block's"),
-    **{("megatron.yarn-rotary-cache", release): (
-        "YaRN's forward lru cache came with 0.10, its cos_cached and sin_cached buffers with 0.13: these releases "
-        "hold the first block's global, and a range is the rule's, not a block's (one rule, so one fix block "
-        "resets both)") for release in ("0.10.0", "0.11.0", "0.12.0", "0.12.1", "0.12.2", "0.12.3")},
-    **{("mindspeed-llm.modellink-mask-cache", release): (
-        "only ModelLink 1.0.RC3.0 has mask_generator's _MASK_CACHE, but diagnose reads 1.0.RC1.0, 1.0.RC2.0 and "
-        "1.0.RC3.0 as version 1.0, which 1.0.0 equals, so no range tells them apart; a branch names no version")
-       for release in ("1.0.RC1.0", "1.0.RC2.0", "1.0.0", "master@c77308a1")},
+        "GPT-OSS's inv_freq, and a range is the rule's, not a block's"
+    ),
+    **{
+        ("megatron.yarn-rotary-cache", release): (
+            "YaRN's forward lru cache came with 0.10, its cos_cached and sin_cached buffers with 0.13: these releases "
+            "hold the first block's global, and a range is the rule's, not a block's (one rule, so one fix block "
+            "resets both)"
+        )
+        for release in ("0.10.0", "0.11.0", "0.12.0", "0.12.1", "0.12.2", "0.12.3")
+    },
+    **{
+        ("mindspeed-llm.modellink-mask-cache", release): (
+            "only ModelLink 1.0.RC3.0 has mask_generator's _MASK_CACHE, but diagnose reads 1.0.RC1.0, 1.0.RC2.0 and "
+            "1.0.RC3.0 as version 1.0, which 1.0.0 equals, so no range tells them apart; a branch names no version"
+        )
+        for release in ("1.0.RC1.0", "1.0.RC2.0", "1.0.0", "master@c77308a1")
+    },
 }
 
 CASES = [
@@ -179,6 +254,7 @@ CASES = [
 
 
 # --- a release's modules, read through the resolver ------------------------------------------------
+
 
 class KeepingWorkspace(Workspace):
     """A workspace that keeps every file it parsed: the tests read each release's modules for many
@@ -218,8 +294,10 @@ def modules_selected(framework: IndexedFramework, at: int, block: RuleMatch) -> 
     """The release's modules the block's module (a glob), or else its file's module, names."""
     patterns = [block.module] if block.module else [dotted(block.file or ""), dotted((block.file or "").removeprefix("*/"))]
     return [
-        dotted(path) for path in sorted(framework.paths)
-        if path.endswith(".py") and any(fnmatchcase(dotted(path), pattern) for pattern in patterns)
+        dotted(path)
+        for path in sorted(framework.paths)
+        if path.endswith(".py")
+        and any(fnmatchcase(dotted(path), pattern) for pattern in patterns)
         and framework.version_in(path, at) is not None
     ]
 
@@ -338,9 +416,13 @@ def audited_buffer(framework: IndexedFramework, at: int, block: RuleMatch) -> tu
     found: `self.register_buffer("x", ...)` on one line is no line of the index's skeletons."""
     release = framework.releases[at].name
     for found in AUDITED["globals"]:
-        if (found["framework"] == framework.name and found["kind"] == "buffer" and release in found["releases"]
-                and block.names(found["name"], found["module"], found["class"])
-                and (block.module is not None or found["module"] in modules_selected(framework, at, block))):
+        if (
+            found["framework"] == framework.name
+            and found["kind"] == "buffer"
+            and release in found["releases"]
+            and block.names(found["name"], found["module"], found["class"])
+            and (block.module is not None or found["module"] in modules_selected(framework, at, block))
+        ):
             return found["module"], found["name"], found["class"]
     return None
 
@@ -364,8 +446,13 @@ def rendered(rule: Rule, workspace: Workspace, framework: IndexedFramework, at: 
     module, variable, owner = found or (block.module or "", block.variable or "", block.owner)
     subject = Subject.of_global(GlobalName(module, owner, variable), "/" + module.replace(".", "/") + ".py", None)
     version = release_version(framework.releases[at].name)
-    environment = Environment({framework.name: version} if version else {}, {framework.name: "the index"}, (),
-                              KNOWLEDGE.profile("mindspeed-llm-26"), None)
+    environment = Environment(
+        {framework.name: version} if version else {},
+        {framework.name: "the index"},
+        (),
+        KNOWLEDGE.profile("mindspeed-llm-26"),
+        None,
+    )
     plan = classify_with_rule(rule, subject, RunContext(KNOWLEDGE, workspace, environment)).fix
     assert isinstance(plan, FixPlan), plan
     return plan
@@ -397,8 +484,14 @@ def _read(node: ast.AST) -> str | None:
     """The dotted name `a.b.c` reads, or `getattr(a.b, "c", ...)` (hasattr, setattr) names."""
     if isinstance(node, ast.Attribute):
         return _dotted(node)
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr", "setattr")
-            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr", "setattr")
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    ):
         holder = _dotted(node.args[0])
         return f"{holder}.{node.args[1].value}" if holder else None
     return None

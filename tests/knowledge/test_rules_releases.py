@@ -121,8 +121,12 @@ with emulated_npu() as mark:
 def step(root: Path, setup: str, retry: str, fix: str | None) -> str:
     """The step that failed, in a fresh process of the release: after `setup` marked its tensors
     unsafe, with or without the fix first; 'unsafe', 'passed' or the other error."""
-    script = STEP.format(setup=textwrap.indent(setup, "    "), fix=textwrap.indent(fix or "pass", "    "),
-                         retry=textwrap.indent(retry, "        "), unsafe=UNSAFE_DATA)
+    script = STEP.format(
+        setup=textwrap.indent(setup, "    "),
+        fix=textwrap.indent(fix or "pass", "    "),
+        retry=textwrap.indent(retry, "        "),
+        unsafe=UNSAFE_DATA,
+    )
     env = (("PYTHONPATH", os.pathsep.join([str(REPO), str(FIXTURES)])), ("PYTHONWARNINGS", "ignore"))
     result = warm_python(PRELUDE.format(root=str(root)), env).run(script)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -162,18 +166,38 @@ mark(training._seqlen_stats_in_iteration)
 """
 
 
-@pytest.mark.parametrize(("case", "version", "setup", "retry"), [
-    ("0.19 moe metrics tracker", "0.18.2", RECORD_MOE_METRIC,
-     'get_moe_metrics_tracker().record("load_balancing_loss", aux_loss(), 1, 4)\nget_moe_metrics_tracker().clear()'),
-    ("0.19 moe metrics tracker", "0.19.2", RECORD_MOE_METRIC,
-     'get_moe_metrics_tracker().record("load_balancing_loss", aux_loss(), 1, 4)\nget_moe_metrics_tracker().clear()'),
-    ("0.19 mtp metrics tracker", "0.19.2", SAVE_MTP_METRICS,
-     "MTPLossLoggingHelper.save_metrics_to_tracker(aux_loss(), torch.tensor(3.0), torch.tensor(4.0), 0, 2)\n"
-     "MTPLossLoggingHelper.track_mtp_metrics(1.0, 2, None)\nMTPLossLoggingHelper.clean_metrics_in_tracker()"),
-    ("0.18 seqlen stats", "0.18.2", UPDATE_SEQLEN_STATS,
-     "training.update_seqlen_stats_from_cu_seqlens(torch.tensor([0, 3, 7], dtype=torch.int32))\n"
-     "assert training.consume_seqlen_stats_in_iteration() == (7.0, 25.0)"),
-], ids=lambda value: value if isinstance(value, str) and "\n" not in value else None)
+@pytest.mark.parametrize(
+    ("case", "version", "setup", "retry"),
+    [
+        (
+            "0.19 moe metrics tracker",
+            "0.18.2",
+            RECORD_MOE_METRIC,
+            'get_moe_metrics_tracker().record("load_balancing_loss", aux_loss(), 1, 4)\nget_moe_metrics_tracker().clear()',
+        ),
+        (
+            "0.19 moe metrics tracker",
+            "0.19.2",
+            RECORD_MOE_METRIC,
+            'get_moe_metrics_tracker().record("load_balancing_loss", aux_loss(), 1, 4)\nget_moe_metrics_tracker().clear()',
+        ),
+        (
+            "0.19 mtp metrics tracker",
+            "0.19.2",
+            SAVE_MTP_METRICS,
+            "MTPLossLoggingHelper.save_metrics_to_tracker(aux_loss(), torch.tensor(3.0), torch.tensor(4.0), 0, 2)\n"
+            "MTPLossLoggingHelper.track_mtp_metrics(1.0, 2, None)\nMTPLossLoggingHelper.clean_metrics_in_tracker()",
+        ),
+        (
+            "0.18 seqlen stats",
+            "0.18.2",
+            UPDATE_SEQLEN_STATS,
+            "training.update_seqlen_stats_from_cu_seqlens(torch.tensor([0, 3, 7], dtype=torch.int32))\n"
+            "assert training.consume_seqlen_stats_in_iteration() == (7.0, 25.0)",
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) and "\n" not in value else None,
+)
 def test_fix_lets_the_next_step_past_the_unsafe_memory_in_the_release(case, version, setup, retry):
     root = unpacked(version)
     fix = rendered_fix(case)

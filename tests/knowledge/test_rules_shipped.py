@@ -210,9 +210,15 @@ def router():
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     config = TransformerConfig(
-        num_layers=2, hidden_size=16, num_attention_heads=2, num_moe_experts=4, moe_router_topk=2,
-        moe_router_load_balancing_type="none", moe_router_score_function="sigmoid",
-        moe_router_enable_expert_bias=True, use_cpu_initialization=True,
+        num_layers=2,
+        hidden_size=16,
+        num_attention_heads=2,
+        num_moe_experts=4,
+        moe_router_topk=2,
+        moe_router_load_balancing_type="none",
+        moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True,
+        use_cpu_initialization=True,
     )
     groups = ProcessGroupCollection(tp=None, cp=None, tp_cp=None, tp_dp_cp=None)
     return TopKRouter(config, groups)
@@ -302,7 +308,10 @@ def queued_all2all_output(tmp_path: Path) -> str:
         mark(stale)
         module.combine_grad(torch.ones(2))
 
-    return run_standin(tmp_path, "mindspeed/core/transformer/moe/moe_feature/fb_overlap/modules/attention.py", """
+    return run_standin(
+        tmp_path,
+        "mindspeed/core/transformer/moe/moe_feature/fb_overlap/modules/attention.py",
+        """
         AsyncAll2All_OUTPUT = []
 
 
@@ -313,7 +322,9 @@ def queued_all2all_output(tmp_path: Path) -> str:
         def combine_grad(grad):
             received = get_async_alltoall_outputs()
             return grad + received
-        """, action)
+        """,
+        action,
+    )
 
 
 def saved_gemm_tensors(tmp_path: Path) -> str:
@@ -325,7 +336,10 @@ def saved_gemm_tensors(tmp_path: Path) -> str:
         mark(stale)
         module.expert_backward(torch.ones(2))
 
-    return run_standin(tmp_path, "mindspeed/core/transformer/moe/moe_utils.py", """
+    return run_standin(
+        tmp_path,
+        "mindspeed/core/transformer/moe/moe_utils.py",
+        """
         GEMM_BACKWARD_NEED_TENSORS = None
 
 
@@ -344,7 +358,9 @@ def saved_gemm_tensors(tmp_path: Path) -> str:
         def expert_backward(grad):
             saved = get_gemm_backward_need_tensors()
             return grad * saved
-        """, action)
+        """,
+        action,
+    )
 
 
 def cached_attention_mask(tmp_path: Path) -> str:
@@ -355,7 +371,10 @@ def cached_attention_mask(tmp_path: Path) -> str:
         mark(module.get_attention_mask())
         module.attention(torch.randn(4, 4))
 
-    return run_standin(tmp_path, "mindspeed/core/transformer/flash_attention/generate_mask/generate_mask.py", """
+    return run_standin(
+        tmp_path,
+        "mindspeed/core/transformer/flash_attention/generate_mask/generate_mask.py",
+        """
         import torch
 
         _GLOBAL_ATTN_MASK = None
@@ -371,7 +390,9 @@ def cached_attention_mask(tmp_path: Path) -> str:
         def attention(scores):
             attention_mask = get_attention_mask()
             return scores.masked_fill(attention_mask, -10000.0)
-        """, action)
+        """,
+        action,
+    )
 
 
 def cached_grid_mask(tmp_path: Path) -> str:
@@ -383,7 +404,10 @@ def cached_grid_mask(tmp_path: Path) -> str:
         mark(module.get_grid_mask(mask))
         module.schedule(mask)
 
-    return run_standin(tmp_path, "mindspeed/core/context_parallel/utils.py", """
+    return run_standin(
+        tmp_path,
+        "mindspeed/core/context_parallel/utils.py",
+        """
         CACHED_GRID_MASK = None
 
 
@@ -397,7 +421,9 @@ def cached_grid_mask(tmp_path: Path) -> str:
         def schedule(attn_mask):
             grid_mask = get_grid_mask(attn_mask)
             return grid_mask.sum()
-        """, action)
+        """,
+        action,
+    )
 
 
 def stale_actual_seq_len(tmp_path: Path) -> str:
@@ -409,7 +435,10 @@ def stale_actual_seq_len(tmp_path: Path) -> str:
         mark(stale)
         module.cumulative_lengths()
 
-    return run_standin(tmp_path, "mindspeed/core/context_parallel/get_batch_utils.py", """
+    return run_standin(
+        tmp_path,
+        "mindspeed/core/context_parallel/get_batch_utils.py",
+        """
         _ACTUAL_SEQ_LEN = None
 
 
@@ -425,7 +454,9 @@ def stale_actual_seq_len(tmp_path: Path) -> str:
         def cumulative_lengths():
             actual_seq_len = get_actual_seq_len()
             return actual_seq_len.cumsum(0)
-        """, action)
+        """,
+        action,
+    )
 
 
 def stale_mtp_position_ids(tmp_path: Path) -> str:
@@ -437,7 +468,10 @@ def stale_mtp_position_ids(tmp_path: Path) -> str:
         mark(stale)
         module.shifted_positions(1)
 
-    return run_standin(tmp_path, "mindspeed_llm/training/utils.py", """
+    return run_standin(
+        tmp_path,
+        "mindspeed_llm/training/utils.py",
+        """
         _MTP_POSITION_ID = None
 
 
@@ -453,7 +487,9 @@ def stale_mtp_position_ids(tmp_path: Path) -> str:
         def shifted_positions(shift):
             position_ids = get_mtp_position_ids()
             return position_ids + shift
-        """, action)
+        """,
+        action,
+    )
 
 
 def stale_ampipe_slices(tmp_path: Path) -> str:
@@ -475,7 +511,10 @@ def stale_alibi_bias(tmp_path: Path) -> str:
         mark(module.AlibiForFusionAttnSingleton.get_alibi_tensor_for_fusion_attn(4, 2))  # built by an earlier step
         module.attention_scores(torch.ones(1, 2, 4, 4))
 
-    return run_standin(tmp_path, "mindspeed/model/alibi_mask.py", """
+    return run_standin(
+        tmp_path,
+        "mindspeed/model/alibi_mask.py",
+        """
         import torch
 
 
@@ -494,7 +533,9 @@ def stale_alibi_bias(tmp_path: Path) -> str:
         def attention_scores(scores):
             AlibiForFusionAttnSingleton.get_alibi_tensor_for_fusion_attn(scores.shape[-1], scores.shape[1])
             return scores + AlibiForFusionAttnSingleton._alibi_tensor.sum()
-        """, action)
+        """,
+        action,
+    )
 
 
 def stale_teacher_weights(tmp_path: Path) -> str:
@@ -505,7 +546,10 @@ def stale_teacher_weights(tmp_path: Path) -> str:
         mark(teacher.teacher_model.weight)
         module.kl_loss(torch.ones(2, 2))
 
-    return run_standin(tmp_path, "mindspeed/core/distill/qad_adapter.py", """
+    return run_standin(
+        tmp_path,
+        "mindspeed/core/distill/qad_adapter.py",
+        """
         import torch
 
         _teacher_manager = None
@@ -526,7 +570,9 @@ def stale_teacher_weights(tmp_path: Path) -> str:
         def kl_loss(tokens):
             teacher_logits = get_teacher_manager().teacher_model(tokens)
             return teacher_logits.sum()
-        """, action)
+        """,
+        action,
+    )
 
 
 def stale_fsdp2_attention_mask(tmp_path: Path) -> str:
@@ -536,7 +582,10 @@ def stale_fsdp2_attention_mask(tmp_path: Path) -> str:
         mark(module.get_attention_mask_in_transformers())  # built by an earlier step
         module.masked_scores(torch.ones(4, 4))
 
-    return run_standin(tmp_path, "mindspeed_llm/fsdp2/models/qwen3_next/modeling_qwen3_next.py", """
+    return run_standin(
+        tmp_path,
+        "mindspeed_llm/fsdp2/models/qwen3_next/modeling_qwen3_next.py",
+        """
         import torch
 
         _GLOBAL_ATTN_MASK = None
@@ -553,7 +602,9 @@ def stale_fsdp2_attention_mask(tmp_path: Path) -> str:
         def masked_scores(scores):
             attention_mask = get_attention_mask_in_transformers()
             return scores.masked_fill(attention_mask, float("-inf"))
-        """, action)
+        """,
+        action,
+    )
 
 
 HOT_EXPERTS_MODULE = "mindspeed/core/transformer/moe/moe_feature/balanced_moe/modules/moe_layer.py"
@@ -634,270 +685,407 @@ def committed(name: str) -> Callable[[Path], str]:
 CASES = {
     # megatron-core 0.16.1, real runs
     "moe-utils tracker, save": Case(
-        "megatron.moe-layer-wise-tracker-moe-utils", real(save_aux_loss_twice), MEGATRON_0_16,
+        "megatron.moe-layer-wise-tracker-moe-utils",
+        real(save_aux_loss_twice),
+        MEGATRON_0_16,
         ('getattr(megatron_moe_utils, "_MOE_LAYER_WISE_LOGGING_TRACKER", None)', "torch.zeros(values.shape"),
     ),
     "moe-utils tracker, clear": Case(
-        "megatron.moe-layer-wise-tracker-moe-utils", real(clear_aux_losses), MEGATRON_0_16,
+        "megatron.moe-layer-wise-tracker-moe-utils",
+        real(clear_aux_losses),
+        MEGATRON_0_16,
         ("from megatron.core.transformer.moe import moe_utils as megatron_moe_utils",),
     ),
     "mtp tracker": Case(
-        "megatron.mtp-loss-tracker", real(save_mtp_loss_twice), MEGATRON_0_16,
-        ('tracker[name] = torch.zeros(values.shape',),
+        "megatron.mtp-loss-tracker",
+        real(save_mtp_loss_twice),
+        MEGATRON_0_16,
+        ("tracker[name] = torch.zeros(values.shape",),
     ),
     "global memory buffer": Case(
-        "megatron.global-memory-buffer", real(attend_with_stale_buffer), MEGATRON_0_16,
+        "megatron.global-memory-buffer",
+        real(attend_with_stale_buffer),
+        MEGATRON_0_16,
         ("parallel_state.destroy_global_memory_buffer()", "parallel_state._set_global_memory_buffer()"),
     ),
     "rotary cache": Case(
-        "megatron.rotary-emb-cache", real(apply_cached_rotary), MEGATRON_0_16,
+        "megatron.rotary-emb-cache",
+        real(apply_cached_rotary),
+        MEGATRON_0_16,
         ('getattr(RotaryEmbedding, "forward", None)', "cache.cache_clear()"),
     ),
     "rotary inv_freq": Case(
-        "megatron.rotary-inv-freq", real(rotary_of_new_length), MEGATRON_0_16,
-        ("torch.distributed.recv(recv_tensor, src=src_rank, group=get_repair_group())", "global_tensor.data.copy_(recv_tensor)",
-         "torch.distributed.send(module.inv_freq, dst=dest_rank, group=get_repair_group())"),
+        "megatron.rotary-inv-freq",
+        real(rotary_of_new_length),
+        MEGATRON_0_16,
+        (
+            "torch.distributed.recv(recv_tensor, src=src_rank, group=get_repair_group())",
+            "global_tensor.data.copy_(recv_tensor)",
+            "torch.distributed.send(module.inv_freq, dst=dest_rank, group=get_repair_group())",
+        ),
     ),
     "router expert_bias": Case(
-        "megatron.router-expert-bias", real(route_with_stale_bias), MEGATRON_0_16,
-        ("for chunk in train_args[1]:", "torch.distributed.recv(recv_tensor, src=src_rank",
-         "global_tensor.data.copy_(recv_tensor)", 'getattr(module, "expert_bias", None)',
-         "torch.distributed.send(module.expert_bias, dst=dest_rank"),
+        "megatron.router-expert-bias",
+        real(route_with_stale_bias),
+        MEGATRON_0_16,
+        (
+            "for chunk in train_args[1]:",
+            "torch.distributed.recv(recv_tensor, src=src_rank",
+            "global_tensor.data.copy_(recv_tensor)",
+            'getattr(module, "expert_bias", None)',
+            "torch.distributed.send(module.expert_bias, dst=dest_rank",
+        ),
     ),
     "router local_tokens_per_expert": Case(
-        "megatron.router-local-tokens-per-expert", real(count_tokens_into_stale_buffer), MEGATRON_0_16,
+        "megatron.router-local-tokens-per-expert",
+        real(count_tokens_into_stale_buffer),
+        MEGATRON_0_16,
         ("gc.get_objects()", "counts.copy_(torch.zeros(counts.shape"),
     ),
     "optimizer _scale_one": Case(
-        "megatron.optimizer-scale-one", real(scale_loss_by_stale_one), MEGATRON_0_16,
+        "megatron.optimizer-scale-one",
+        real(scale_loss_by_stale_one),
+        MEGATRON_0_16,
         ("optimizer._scale_one = torch.ones(one.shape",),
     ),
     "optimizer found_inf": Case(
-        "megatron.optimizer-found-inf", real(reset_stale_found_inf), MEGATRON_0_16,
+        "megatron.optimizer-found-inf",
+        real(reset_stale_found_inf),
+        MEGATRON_0_16,
         ("optimizer.found_inf = torch.zeros(flag.shape",),
     ),
     "grad scaler": Case(
-        "megatron.grad-scaler", real(back_off_stale_scale), MEGATRON_0_16,
-        ("train_args[2]", '"chained_optimizers"', "global_tensor.data.copy_(recv_tensor)",
-         "torch.distributed.send(value, dst=dest_rank"),
+        "megatron.grad-scaler",
+        real(back_off_stale_scale),
+        MEGATRON_0_16,
+        (
+            "train_args[2]",
+            '"chained_optimizers"',
+            "global_tensor.data.copy_(recv_tensor)",
+            "torch.distributed.send(value, dst=dest_rank",
+        ),
     ),
     # other megatron-core releases, run by generate.py
     "0.7 aux-loss tracker (the FAQ)": Case(
-        "megatron.moe-aux-losses-tracker", committed("megatron-core-0.7.0-save-aux-loss.log"), {"megatron-core": "0.7.0"},
-        ('tracker = getattr(parallel_state, "_MOE_AUX_LOSSES_LOGGING_TRACKER", None)',
-         "tracker[name] = torch.zeros(values.shape"),
+        "megatron.moe-aux-losses-tracker",
+        committed("megatron-core-0.7.0-save-aux-loss.log"),
+        {"megatron-core": "0.7.0"},
+        (
+            'tracker = getattr(parallel_state, "_MOE_AUX_LOSSES_LOGGING_TRACKER", None)',
+            "tracker[name] = torch.zeros(values.shape",
+        ),
     ),
     "0.7 causal mask": Case(
-        "megatron.default-causal-mask-cache", committed("megatron-core-0.7.0-causal-mask.log"), {"megatron-core": "0.7.0"},
+        "megatron.default-causal-mask-cache",
+        committed("megatron-core-0.7.0-causal-mask.log"),
+        {"megatron-core": "0.7.0"},
         ('getattr(megatron_transformer_utils, "get_default_causal_mask", None)', "cache.cache_clear()"),
     ),
     "0.12 layer-wise tracker, save": Case(
-        "megatron.moe-layer-wise-tracker", committed("megatron-core-0.12.1-save-aux-loss.log"), {"megatron-core": "0.12.1"},
+        "megatron.moe-layer-wise-tracker",
+        committed("megatron-core-0.12.1-save-aux-loss.log"),
+        {"megatron-core": "0.12.1"},
         ('getattr(parallel_state, "_MOE_LAYER_WISE_LOGGING_TRACKER", None)',),
     ),
     "0.12 layer-wise tracker, clear": Case(
-        "megatron.moe-layer-wise-tracker", committed("megatron-core-0.12.1-clear-aux-losses.log"), {"megatron-core": "0.12.1"},
+        "megatron.moe-layer-wise-tracker",
+        committed("megatron-core-0.12.1-clear-aux-losses.log"),
+        {"megatron-core": "0.12.1"},
         ("from megatron.core import parallel_state",),
     ),
     "0.12 causal mask": Case(
-        "megatron.default-causal-mask-cache", committed("megatron-core-0.12.1-causal-mask.log"), {"megatron-core": "0.12.1"},
+        "megatron.default-causal-mask-cache",
+        committed("megatron-core-0.12.1-causal-mask.log"),
+        {"megatron-core": "0.12.1"},
         ("from megatron.core.transformer import utils as megatron_transformer_utils",),
     ),
     "0.19 moe metrics tracker": Case(
-        "megatron.moe-metrics-tracker", committed("megatron-core-0.19.2-record-moe-metric.log"), {"megatron-core": "0.19.2"},
+        "megatron.moe-metrics-tracker",
+        committed("megatron-core-0.19.2-record-moe-metric.log"),
+        {"megatron-core": "0.19.2"},
         ('getattr(moe_logging, "_MOE_METRICS_TRACKER", None)', "entry.values = torch.zeros(values.shape"),
     ),
     # megatron/training, in the wheels from 0.17: read from the index
     "0.18 seqlen stats": Case(
-        "megatron.seqlen-stats", committed("megatron-core-0.18.2-update-seqlen-stats.log"), {"megatron-core": "0.18.2"},
+        "megatron.seqlen-stats",
+        committed("megatron-core-0.18.2-update-seqlen-stats.log"),
+        {"megatron-core": "0.18.2"},
         ('getattr(megatron_training, "_seqlen_stats_in_iteration", None)', "megatron_training._seqlen_stats_active = False"),
     ),
     # the class of `tracker` is read in the release's source
     "0.19 mtp metrics tracker": Case(
-        "megatron.mtp-loss-tracker", committed("megatron-core-0.19.2-save-mtp-metrics.log"), {"megatron-core": "0.19.2"},
-        ("for name, values in list(tracker.items())", "tracker[name] = torch.zeros(values.shape"), release="0.19.2",
+        "megatron.mtp-loss-tracker",
+        committed("megatron-core-0.19.2-save-mtp-metrics.log"),
+        {"megatron-core": "0.19.2"},
+        ("for name, values in list(tracker.items())", "tracker[name] = torch.zeros(values.shape"),
+        release="0.19.2",
     ),
     # written by hand: Megatron-LM main, MindSpeed, MindSpeed-LLM
     "main moe metrics tracker": Case(
-        "megatron.moe-metrics-tracker", committed("hand-megatron-lm-main-moe-metrics-tracker.log"), {"megatron-core": "0.18.0"},
-        ("for entry in getattr(tracker, \"metrics\", {}).values():",),
+        "megatron.moe-metrics-tracker",
+        committed("hand-megatron-lm-main-moe-metrics-tracker.log"),
+        {"megatron-core": "0.18.0"},
+        ('for entry in getattr(tracker, "metrics", {}).values():',),
     ),
     "AG_SHARED_EXPERTS_INPUTS, moe_utils": Case(
-        "mindspeed.ag-shared-experts-inputs", committed("hand-mindspeed-ag-shared-experts-inputs.log"),
+        "mindspeed.ag-shared-experts-inputs",
+        committed("hand-mindspeed-ag-shared-experts-inputs.log"),
         fix=('getattr(mindspeed_moe_utils, "AG_SHARED_EXPERTS_INPUTS", None)', "inputs.clear()"),
     ),
     "AG_SHARED_EXPERTS_INPUTS, moe_common": Case(
-        "mindspeed.ag-shared-experts-inputs-moe-common", committed("hand-mindspeed-ag-shared-experts-inputs-moe-common.log"),
+        "mindspeed.ag-shared-experts-inputs-moe-common",
+        committed("hand-mindspeed-ag-shared-experts-inputs-moe-common.log"),
         fix=('getattr(mindspeed_moe_common, "AG_SHARED_EXPERTS_INPUTS", None)', "inputs.clear()"),
     ),
     "kvallgather chunk ids": Case(
-        "mindspeed.kvallgather-seq-chunk-ids", committed("hand-mindspeed-llm-kvallgather.log"),
-        fix=("import mindspeed_llm.core.context_parallel.kvallgather_context_parallel",
-             "getattr(mindspeed_llm.core.context_parallel.kvallgather_context_parallel, name, None)", "cache.clear()"),
+        "mindspeed.kvallgather-seq-chunk-ids",
+        committed("hand-mindspeed-llm-kvallgather.log"),
+        fix=(
+            "import mindspeed_llm.core.context_parallel.kvallgather_context_parallel",
+            "getattr(mindspeed_llm.core.context_parallel.kvallgather_context_parallel, name, None)",
+            "cache.clear()",
+        ),
     ),
     "swap prefetch": Case(
-        "mindspeed.swap-prefetch", committed("hand-mindspeed-swap-prefetch.log"),
+        "mindspeed.swap-prefetch",
+        committed("hand-mindspeed-swap-prefetch.log"),
         fix=('prefetch = getattr(SwapPrefetch, "swap_prefetch", None)', "prefetch.cur_micro_num, prefetch.remove_num"),
     ),
     "LogArgs": Case(
-        "mindspeed-llm.log-args", committed("hand-mindspeed-llm-log-args.log"), {"mindspeed-llm": "26.0.0"},
+        "mindspeed-llm.log-args",
+        committed("hand-mindspeed-llm-log-args.log"),
+        {"mindspeed-llm": "26.0.0"},
         ("recv_log_args(src_rank)", "send_log_args(dest_rank)"),
     ),
     # stand-ins run at MindSpeed's paths: only the source names these globals
     "AsyncAll2All queues": Case(
-        "mindspeed.async-all2all-fifo", queued_all2all_output,
+        "mindspeed.async-all2all-fifo",
+        queued_all2all_output,
         fix=("getattr(mindspeed.core.transformer.moe.moe_feature.fb_overlap.modules.attention, name, None)", "queue.clear()"),
         standin=True,
     ),
     "saved MoE overlap tensors": Case(
-        "mindspeed.moe-overlap-saved-tensors", saved_gemm_tensors,
-        fix=("setattr(mindspeed.core.transformer.moe.moe_utils, name, None)",), standin=True,
+        "mindspeed.moe-overlap-saved-tensors",
+        saved_gemm_tensors,
+        fix=("setattr(mindspeed.core.transformer.moe.moe_utils, name, None)",),
+        standin=True,
     ),
     "flash-attention mask": Case(
-        "mindspeed.global-attn-mask", cached_attention_mask,
+        "mindspeed.global-attn-mask",
+        cached_attention_mask,
         fix=('setattr(mindspeed.core.transformer.flash_attention.generate_mask.generate_mask, "_GLOBAL_ATTN_MASK", None)',),
         standin=True,
     ),
     "adaptive CP masks": Case(
-        "mindspeed.adaptive-cp-cached-masks", cached_grid_mask, fix=("clear_global_info()",), standin=True,
+        "mindspeed.adaptive-cp-cached-masks",
+        cached_grid_mask,
+        fix=("clear_global_info()",),
+        standin=True,
     ),
     "CP actual sequence lengths": Case(
-        "mindspeed.cp-batch-cache", stale_actual_seq_len,
-        fix=('setattr(mindspeed.core.context_parallel.get_batch_utils, "_ACTUAL_SEQ_LEN", None)',), standin=True,
+        "mindspeed.cp-batch-cache",
+        stale_actual_seq_len,
+        fix=('setattr(mindspeed.core.context_parallel.get_batch_utils, "_ACTUAL_SEQ_LEN", None)',),
+        standin=True,
     ),
     # releases after 0.16.1 (hand logs at 0.19.2's real lines) and MindSpeed's newer globals
     "0.19 router global aux-loss counts": Case(
-        "megatron.router-global-aux-loss-counts", committed("hand-megatron-core-0.19.2-global-aux-loss.log"),
+        "megatron.router-global-aux-loss-counts",
+        committed("hand-megatron-core-0.19.2-global-aux-loss.log"),
         {"megatron-core": "0.19.2"},
         ("gc.get_objects()", '("global_tokens_per_expert", "ga_steps")', "counts.copy_(torch.zeros("),
     ),
     "0.19 router qb_beta_accum": Case(
-        "megatron.router-qb-beta-accum", committed("hand-megatron-core-0.19.2-qb-beta-accum.log"), {"megatron-core": "0.19.2"},
+        "megatron.router-qb-beta-accum",
+        committed("hand-megatron-core-0.19.2-qb-beta-accum.log"),
+        {"megatron-core": "0.19.2"},
         ('("qb_beta_accum", "qb_beta_count")', "sums.copy_(torch.zeros("),
     ),
     "0.19 router qb_beta": Case(
-        "megatron.router-qb-beta", committed("hand-megatron-core-0.19.2-qb-beta.log"), {"megatron-core": "0.19.2"},
-        ('getattr(module, "qb_beta", None)', "global_tensor.data.copy_(recv_tensor)",
-         "torch.distributed.send(module.qb_beta, dst=dest_rank"),
+        "megatron.router-qb-beta",
+        committed("hand-megatron-core-0.19.2-qb-beta.log"),
+        {"megatron-core": "0.19.2"},
+        (
+            'getattr(module, "qb_beta", None)',
+            "global_tensor.data.copy_(recv_tensor)",
+            "torch.distributed.send(module.qb_beta, dst=dest_rank",
+        ),
     ),
     "0.19 DSA indexer loss tracker": Case(
-        "megatron.dsa-indexer-loss-tracker", committed("hand-megatron-core-0.19.2-dsa-indexer-loss.log"),
+        "megatron.dsa-indexer-loss-tracker",
+        committed("hand-megatron-core-0.19.2-dsa-indexer-loss.log"),
         {"megatron-core": "0.19.2"},
         ('getattr(DSAIndexerLossLoggingHelper, "tracker", None)', "tracker[name] = torch.zeros(values.shape"),
     ),
     "0.19 YaRN cos/sin cache": Case(
-        "megatron.yarn-rotary-cache", committed("hand-megatron-core-0.19.2-yarn-cos-cached.log"), {"megatron-core": "0.19.2"},
+        "megatron.yarn-rotary-cache",
+        committed("hand-megatron-core-0.19.2-yarn-cos-cached.log"),
+        {"megatron-core": "0.19.2"},
         ("cache.cache_clear()", "rotary.max_seq_len_cached = -1"),
     ),
     "swap attention prefetch (2.1.0 on)": Case(
-        "mindspeed.swap-attention-prefetch", committed("hand-mindspeed-swap-attention-prefetch.log"),
-        fix=("from mindspeed.core.memory.swap_attention.prefetch import SwapPrefetch",
-             "prefetch.cur_micro_num, prefetch.remove_num"),
+        "mindspeed.swap-attention-prefetch",
+        committed("hand-mindspeed-swap-attention-prefetch.log"),
+        fix=(
+            "from mindspeed.core.memory.swap_attention.prefetch import SwapPrefetch",
+            "prefetch.cur_micro_num, prefetch.remove_num",
+        ),
     ),
     "ampipe slices": Case(
-        "mindspeed.ampipe-slices-map", stale_ampipe_slices,
-        fix=('getattr(mindspeed.moe.utils, "ampipe_slices_map", None)', "slices.clear()"), standin=True,
+        "mindspeed.ampipe-slices-map",
+        stale_ampipe_slices,
+        fix=('getattr(mindspeed.moe.utils, "ampipe_slices_map", None)', "slices.clear()"),
+        standin=True,
     ),
     "ALiBi bias": Case(
-        "mindspeed.alibi-fusion-attn", stale_alibi_bias,
-        fix=('getattr(mindspeed.model.alibi_mask, "AlibiForFusionAttnSingleton", None)', "singleton._alibi_tensor"), standin=True,
+        "mindspeed.alibi-fusion-attn",
+        stale_alibi_bias,
+        fix=('getattr(mindspeed.model.alibi_mask, "AlibiForFusionAttnSingleton", None)', "singleton._alibi_tensor"),
+        standin=True,
     ),
     "QAD teacher": Case(
-        "mindspeed.qad-teacher-model", stale_teacher_weights,
-        fix=("torch.distributed.recv(recv_tensor, src=src_rank", "torch.distributed.send(value, dst=dest_rank"), standin=True,
+        "mindspeed.qad-teacher-model",
+        stale_teacher_weights,
+        fix=("torch.distributed.recv(recv_tensor, src=src_rank", "torch.distributed.send(value, dst=dest_rank"),
+        standin=True,
     ),
     "MindSpeed-LLM DSA indexer loss tracker": Case(
-        "mindspeed-llm.dsa-indexer-loss-tracker", committed("hand-mindspeed-llm-dsa-indexer-loss.log"),
-        fix=('getattr(mindspeed_llm.tasks.models.transformer.dsa_indexer, "DSAIndexerLossLoggingHelper", None)',
-             "tracker[name] = torch.zeros(values.shape"),
+        "mindspeed-llm.dsa-indexer-loss-tracker",
+        committed("hand-mindspeed-llm-dsa-indexer-loss.log"),
+        fix=(
+            'getattr(mindspeed_llm.tasks.models.transformer.dsa_indexer, "DSAIndexerLossLoggingHelper", None)',
+            "tracker[name] = torch.zeros(values.shape",
+        ),
     ),
     "HunYuan rotary buffers": Case(
-        "mindspeed-llm.hunyuan-rotary", committed("hand-mindspeed-llm-hunyuan-rotary.log"),
+        "mindspeed-llm.hunyuan-rotary",
+        committed("hand-mindspeed-llm-hunyuan-rotary.log"),
         fix=('rotary.register_buffer("inv_freq", inv_freq.bfloat16(), persistent=False)', "rotary._set_cos_sin_cache("),
     ),
     "FSDP2 attention mask": Case(
-        "mindspeed-llm.fsdp2-attn-mask", stale_fsdp2_attention_mask,
-        fix=('setattr(mindspeed_llm.fsdp2.models.qwen3_next.modeling_qwen3_next, "_GLOBAL_ATTN_MASK", None)',), standin=True,
+        "mindspeed-llm.fsdp2-attn-mask",
+        stale_fsdp2_attention_mask,
+        fix=('setattr(mindspeed_llm.fsdp2.models.qwen3_next.modeling_qwen3_next, "_GLOBAL_ATTN_MASK", None)',),
+        standin=True,
     ),
     "MTP position ids": Case(
-        "mindspeed-llm.mtp-batch-cache", stale_mtp_position_ids,
-        fix=('setattr(mindspeed_llm.training.utils, "_MTP_POSITION_ID", None)',), standin=True,
+        "mindspeed-llm.mtp-batch-cache",
+        stale_mtp_position_ids,
+        fix=('setattr(mindspeed_llm.training.utils, "_MTP_POSITION_ID", None)',),
+        standin=True,
     ),
     # MindSpeed-LLM holes the coverage of every release found (hand logs at the releases' real lines)
     "MindSpeed-LLM 2.1.0 MTP loss tracker": Case(
-        "mindspeed-llm.mtp-loss-tracker", committed("hand-mindspeed-llm-2.1.0-mtp-loss-tracker.log"),
+        "mindspeed-llm.mtp-loss-tracker",
+        committed("hand-mindspeed-llm-2.1.0-mtp-loss-tracker.log"),
         {"mindspeed-llm": "2.1.0"},
-        ("from mindspeed_llm.core.transformer.multi_token_prediction import MTPLossLoggingHelper",
-         'tracker["values"] = torch.zeros(values.shape'),
+        (
+            "from mindspeed_llm.core.transformer.multi_token_prediction import MTPLossLoggingHelper",
+            'tracker["values"] = torch.zeros(values.shape',
+        ),
     ),
     "FSDP2 GLM-MoE-DSA rotary inv_freq": Case(
-        "mindspeed-llm.fsdp2-rotary-inv-freq", committed("hand-mindspeed-llm-fsdp2-glm-rotary.log"), {"mindspeed-llm": "26.1.0"},
-        ('getattr(mindspeed_llm.fsdp2.models.glm52.modeling_glm_moe_dsa, "GlmMoeDsaRotaryEmbedding", None)',
-         'rotary.rope_init_fn(rotary.config, "cpu")'),
+        "mindspeed-llm.fsdp2-rotary-inv-freq",
+        committed("hand-mindspeed-llm-fsdp2-glm-rotary.log"),
+        {"mindspeed-llm": "26.1.0"},
+        (
+            'getattr(mindspeed_llm.fsdp2.models.glm52.modeling_glm_moe_dsa, "GlmMoeDsaRotaryEmbedding", None)',
+            'rotary.rope_init_fn(rotary.config, "cpu")',
+        ),
     ),
     "FSDP2 GPT-OSS rotary inv_freq": Case(
-        "mindspeed-llm.fsdp2-rotary-inv-freq", committed("hand-mindspeed-llm-fsdp2-gpt-oss-rotary.log"),
+        "mindspeed-llm.fsdp2-rotary-inv-freq",
+        committed("hand-mindspeed-llm-fsdp2-gpt-oss-rotary.log"),
         fix=('getattr(mindspeed_llm.fsdp2.models.gpt_oss.modeling_gpt_oss, "GptOssRotaryEmbedding", None)',),
     ),
     "ModelLink 1.0.RC3 mask cache": Case(
-        "mindspeed-llm.modellink-mask-cache", stale_modellink_mask,
+        "mindspeed-llm.modellink-mask-cache",
+        stale_modellink_mask,
         fix=('setattr(modellink.core.transformer.mask_generator, "_MASK_CACHE", None)', "del attention.attention_mask"),
         standin=True,
     ),
     # megatron-core's FSDP buffer, activation offload, paged stash and TileLang DSA scratch
     "0.19 Megatron-FSDP global memory buffer": Case(
-        "megatron.fsdp-global-memory-buffer", committed("hand-megatron-core-0.19.2-fsdp-global-memory-buffer.log"),
-        {"megatron-core": "0.19.2"}, ("megatron_fsdp_utils._GLOBAL_MEMORY_BUFFER = None",),
+        "megatron.fsdp-global-memory-buffer",
+        committed("hand-megatron-core-0.19.2-fsdp-global-memory-buffer.log"),
+        {"megatron-core": "0.19.2"},
+        ("megatron_fsdp_utils._GLOBAL_MEMORY_BUFFER = None",),
     ),
     "0.19 activation offload manager": Case(
-        "megatron.activation-offload-manager", committed("hand-megatron-core-0.19.2-activation-offload.log"),
-        {"megatron-core": "0.19.2"}, ("PipelineOffloadManager.reset_instance()",),
+        "megatron.activation-offload-manager",
+        committed("hand-megatron-core-0.19.2-activation-offload.log"),
+        {"megatron-core": "0.19.2"},
+        ("PipelineOffloadManager.reset_instance()",),
     ),
     "0.19 MoE paged stash": Case(
-        "megatron.moe-paged-stash", committed("hand-megatron-core-0.19.2-paged-stash.log"), {"megatron-core": "0.19.2"},
+        "megatron.moe-paged-stash",
+        committed("hand-megatron-core-0.19.2-paged-stash.log"),
+        {"megatron-core": "0.19.2"},
         ('getattr(PagedStashManager, "STASH_MGR", None)', "stash_manager.__init__()"),
     ),
     "0.19 TileLang DSA scratch": Case(
-        "megatron.dsa-tilelang-scratch", committed("hand-megatron-core-0.19.2-dsa-tilelang-scratch.log"),
-        {"megatron-core": "0.19.2"}, ("scratch.clear()", "tilelang_dsa._DSA_SCRATCH_CACHE_TOTAL_BYTES = 0"),
+        "megatron.dsa-tilelang-scratch",
+        committed("hand-megatron-core-0.19.2-dsa-tilelang-scratch.log"),
+        {"megatron-core": "0.19.2"},
+        ("scratch.clear()", "tilelang_dsa._DSA_SCRATCH_CACHE_TOTAL_BYTES = 0"),
     ),
     "nanopipe WeightGradStore": Case(
-        "mindspeed.nanopipe-weight-grad-store", committed("hand-mindspeed-nanopipe-weight-grad-store.log"),
+        "mindspeed.nanopipe-weight-grad-store",
+        committed("hand-mindspeed-nanopipe-weight-grad-store.log"),
         fix=("import mindspeed.core.weight_grad_store", "store.cache, store.grad_store, store.ori_storage"),
     ),
     "fb-overlap WeightGradStore": Case(
-        "mindspeed.fb-overlap-weight-grad-store", committed("hand-mindspeed-fb-overlap-weight-grad-store.log"),
-        fix=("import mindspeed.core.transformer.moe.moe_feature.fb_overlap.modules.weight_grad_store",
-             "store.weight_grad_queue.get_nowait()"),
+        "mindspeed.fb-overlap-weight-grad-store",
+        committed("hand-mindspeed-fb-overlap-weight-grad-store.log"),
+        fix=(
+            "import mindspeed.core.transformer.moe.moe_feature.fb_overlap.modules.weight_grad_store",
+            "store.weight_grad_queue.get_nowait()",
+        ),
     ),
     "fb-overlap WeightGradStore, core_r0.8.0": Case(
-        "mindspeed.fb-overlap-weight-grad-store", committed("hand-mindspeed-fb-overlap-weight-grad-store-core-r0.8.log"),
+        "mindspeed.fb-overlap-weight-grad-store",
+        committed("hand-mindspeed-fb-overlap-weight-grad-store-core-r0.8.log"),
         fix=("import mindspeed.core.pipeline_parallel.fb_overlap.modules.weight_grad_store",),
     ),
     "balanced MoE hot-expert weights": Case(
-        "mindspeed.balanced-moe-hot-expert-params", stale_hot_expert_weights,
-        fix=('getattr(mindspeed.core.transformer.moe.moe_feature.balanced_moe.modules.moe_layer, '
-             '"_GLOBAL_SHARED_PARAMS_FOR_HOT_EXPERTS", None)', "tensor.data = torch.empty(tensor.shape"),
+        "mindspeed.balanced-moe-hot-expert-params",
+        stale_hot_expert_weights,
+        fix=(
+            "getattr(mindspeed.core.transformer.moe.moe_feature.balanced_moe.modules.moe_layer, "
+            '"_GLOBAL_SHARED_PARAMS_FOR_HOT_EXPERTS", None)',
+            "tensor.data = torch.empty(tensor.shape",
+        ),
         standin=True,
     ),
     "MindSpeed FP8 weight reuse": Case(
-        "mindspeed.fp8-weight-reuse-pool", committed("hand-mindspeed-fp8-weight-reuse.log"),
-        fix=("from mindspeed.te.pytorch.fp8 import reuse as fp8_reuse",
-             "fp8_reuse.optimizer_step_reuse_cleanup_wrapper(lambda: None)()"),
+        "mindspeed.fp8-weight-reuse-pool",
+        committed("hand-mindspeed-fp8-weight-reuse.log"),
+        fix=(
+            "from mindspeed.te.pytorch.fp8 import reuse as fp8_reuse",
+            "fp8_reuse.optimizer_step_reuse_cleanup_wrapper(lambda: None)()",
+        ),
     ),
     "0.19 distillation logits saver": Case(
-        "megatron.logits-saver-accumulated", committed("hand-megatron-core-0.19.2-logits-saver.log"), {"megatron-core": "0.19.2"},
+        "megatron.logits-saver-accumulated",
+        committed("hand-megatron-core-0.19.2-logits-saver.log"),
+        {"megatron-core": "0.19.2"},
         ('getattr(logits_saver, "_ACTIVE_LOGITS_SAVER", None)', "saver._accumulated_results.clear()"),
     ),
     "MindSpeed FP8 delayed scaling": Case(
-        "mindspeed.fp8-delayed-scaling", committed("hand-mindspeed-fp8-delayed-scaling.log"),
-        fix=('getattr(DelayedScalingRecipe, "ALL_SCALING", None)',
-             "data.amax_history = torch.zeros([data.amax_history_len] + data.scale_shape, device=data.device)"),
+        "mindspeed.fp8-delayed-scaling",
+        committed("hand-mindspeed-fp8-delayed-scaling.log"),
+        fix=(
+            'getattr(DelayedScalingRecipe, "ALL_SCALING", None)',
+            "data.amax_history = torch.zeros([data.amax_history_len] + data.scale_shape, device=data.device)",
+        ),
     ),
     "MindSpeed swap-layer-input stacks": Case(
-        "mindspeed.swap-layer-input-stacks", committed("hand-mindspeed-swap-layer-input.log"),
-        fix=("from mindspeed.core.memory.swap_layer_input.swap_layer_input_manager import SwapLayerInputManager",
-             "manager.batch_stack.clear()"),
+        "mindspeed.swap-layer-input-stacks",
+        committed("hand-mindspeed-swap-layer-input.log"),
+        fix=(
+            "from mindspeed.core.memory.swap_layer_input.swap_layer_input_manager import SwapLayerInputManager",
+            "manager.batch_stack.clear()",
+        ),
     ),
 }
 
@@ -1095,7 +1283,8 @@ def unknown_global(tmp_path: Path) -> tuple[Finding, object]:
     package = tmp_path / "trainer"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "stats.py").write_text(textwrap.dedent("""\
+    (package / "stats.py").write_text(
+        textwrap.dedent("""\
         import torch
 
         _STEP_STATS = {}
@@ -1105,7 +1294,8 @@ def unknown_global(tmp_path: Path) -> tuple[Finding, object]:
             if name not in _STEP_STATS:
                 _STEP_STATS[name] = torch.zeros(2)
             _STEP_STATS[name] += value
-        """))
+        """)
+    )
     sys.path.insert(0, str(tmp_path))
     try:
         stats = importlib.import_module("trainer.stats")
@@ -1127,9 +1317,18 @@ def render(template_id: str, finding: Finding) -> dict[str, str]:
     """The generic templates filled as classify fills them for a heuristic verdict."""
     rule = KNOWLEDGE.template(template_id)
     parent, _, alias = finding.tensor.name.module.rpartition(".")
-    slots = {"module": finding.tensor.name.module, "variable": finding.tensor.name.variable, "owner": "", "alias": alias,
-             "parent": parent, "holder": alias, "tensor": f"{alias}.{finding.tensor.name.variable}",
-             "src": "src_rank", "dst": "dest_rank", "group": PROFILE.repair_group}
+    slots = {
+        "module": finding.tensor.name.module,
+        "variable": finding.tensor.name.variable,
+        "owner": "",
+        "alias": alias,
+        "parent": parent,
+        "holder": alias,
+        "tensor": f"{alias}.{finding.tensor.name.variable}",
+        "src": "src_rank",
+        "dst": "dest_rank",
+        "group": PROFILE.repair_group,
+    }
     parts = {"imports": "\n".join(string.Template(line).substitute(slots) for line in rule.fix.imports)}
     for side in ("code", "send", "recv"):
         template = getattr(rule.fix, side)

@@ -53,9 +53,11 @@ def test_a_fix_the_names_cannot_fill_is_skipped_with_its_own_reason_not_a_parsed
     subject = Subject(TensorRef("tracker[name]", GlobalName(None, None, "tracker")), None, None)  # no module: no import to write
     classification = classify_as(subject, 1, context, ())
     assert isinstance(classification.fix, NoFix)
-    assert classification.fix.reason.startswith("no fix can be shown: the fix must import the module that holds the "
-                                                "global, and the log does not say which module that is (nothing in "
-                                                "the log names it)")
+    assert classification.fix.reason.startswith(
+        "no fix can be shown: the fix must import the module that holds the "
+        "global, and the log does not say which module that is (nothing in "
+        "the log names it)"
+    )
     assert classification.notes == (classification.fix.reason,)
     unclassified = Unclassified("nothing decided", (), ())
     plan = plan_fix([Item(subject, classification), Item(subject, unclassified)], context)

@@ -30,8 +30,14 @@ MINDIO = SHARED_REAL / "mind-cluster-mindio"
 # A literal name in a format string: "rank:%s catch other exception", "catch HBM exception, but can't repair "
 _LITERAL_NAME = re.compile(r"catch ([A-Za-z][A-Za-z ']*?) exception\b")
 # What each kind is as an event: a fault of its rank, or a stop or repair step on a rank that did not fault.
-EVENT_OF_KIND = {"memory-fault": "fault", "link-fault": "fault", "precision-retry": "fault",
-                 "force-stop": "stop", "step-pause": "stop", "rescheduled": "repair"}
+EVENT_OF_KIND = {
+    "memory-fault": "fault",
+    "link-fault": "fault",
+    "precision-retry": "fault",
+    "force-stop": "stop",
+    "step-pause": "stop",
+    "rescheduled": "repair",
+}
 
 
 def _decorator(ref: str) -> ast.Module:
@@ -78,10 +84,12 @@ def printed_names(ref: str) -> dict[str, str | None]:
 
 
 # A format string's fields, as `str.format` fields: MindIO's %-style and f-string placeholders by what precedes them.
-_FIELDS = ((re.compile(r"rank:(?:%s|\{rank_\})"), "rank:{rank}"),
-           (re.compile(r"catch (?:%s|\{exception\}|\{dict_str\}) exception"), "catch {name} exception"),
-           (re.compile(r"error_code:(?:%s|\{error_code\})"), "error_code:{code}"),
-           (re.compile(r"ex instance:(?:%s|\{err_str\}|\{str\(e\)\})"), "ex instance:{message}"))
+_FIELDS = (
+    (re.compile(r"rank:(?:%s|\{rank_\})"), "rank:{rank}"),
+    (re.compile(r"catch (?:%s|\{exception\}|\{dict_str\}) exception"), "catch {name} exception"),
+    (re.compile(r"error_code:(?:%s|\{error_code\})"), "error_code:{code}"),
+    (re.compile(r"ex instance:(?:%s|\{err_str\}|\{str\(e\)\})"), "ex instance:{message}"),
+)
 
 
 def _catch_templates(ref: str) -> set[str]:
@@ -89,8 +97,9 @@ def _catch_templates(ref: str) -> set[str]:
     templates = set()
     for node in ast.walk(_decorator(ref)):
         if isinstance(node, ast.JoinedStr):  # f"rank:{rank_} catch {exception} exception, ex instance:{err_str}"
-            text = "".join(part.value if isinstance(part, ast.Constant) else "{" + ast.unparse(part.value) + "}"
-                           for part in node.values)
+            text = "".join(
+                part.value if isinstance(part, ast.Constant) else "{" + ast.unparse(part.value) + "}" for part in node.values
+            )
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):  # "rank:%s catch %s exception, …"
             text = node.value
         else:
@@ -122,9 +131,14 @@ def _printing(name: str) -> dict[str, str]:
     """The refs whose catch lines can name `name`, each with the error text that makes it (MindSpeed-LLM's
     PRECISION ERROR: where the ref has `tft_register_exception_handler`, its only way in)."""
     if name == "PRECISION ERROR":
-        return {ref: name for ref in REFS
-                if any(isinstance(node, ast.FunctionDef) and node.name == "tft_register_exception_handler"
-                       for node in _decorator(ref).body)}
+        return {
+            ref: name
+            for ref in REFS
+            if any(
+                isinstance(node, ast.FunctionDef) and node.name == "tft_register_exception_handler"
+                for node in _decorator(ref).body
+            )
+        }
     found = {ref: printed_names(ref) for ref in REFS}
     return {ref: names[name] or _LITERAL_MESSAGES.get(name, name) for ref, names in found.items() if name in names}
 
@@ -198,17 +212,20 @@ def test_a_force_stop_alone_marks_nothing_known():
 
 def test_a_name_is_read_whole_not_its_prefix():
     assert catch_name("rank:1 catch HBM MULTI BIT ECC can't repair exception, error_code:， ex instance:x") == (
-        "HBM MULTI BIT ECC can't repair")
+        "HBM MULTI BIT ECC can't repair"
+    )
     assert catch_name("rank:1 catch HBM exception, but can't repair ex instance:x") == "HBM"
     assert catch_name("rank:1 catch UCE ERRORS exception, ex instance:x") is None
 
 
 def test_each_fault_rank_keeps_the_kind_its_lines_name():
     memory, link, precision = (_lines("v26.1.0", name, name)[0] for name in ("UCE ERROR", "UB LINK ERROR", "PRECISION ERROR"))
-    lines = [LogLine(None, memory.replace("rank:5", "rank:3"), "a.log", 0),
-             LogLine(None, link.replace("rank:5", "rank:1"), "a.log", 1),
-             LogLine(None, precision.replace("rank:5", "rank:2"), "a.log", 2),
-             LogLine(None, link.replace("rank:5", "rank:3"), "a.log", 3)]  # rank 3's UCE is not undone by a link line
+    lines = [
+        LogLine(None, memory.replace("rank:5", "rank:3"), "a.log", 0),
+        LogLine(None, link.replace("rank:5", "rank:1"), "a.log", 1),
+        LogLine(None, precision.replace("rank:5", "rank:2"), "a.log", 2),
+        LogLine(None, link.replace("rank:5", "rank:3"), "a.log", 3),
+    ]  # rank 3's UCE is not undone by a link line
     assert read_recovery(lines).fault_kinds() == {1: "link-fault", 2: "precision-retry", 3: "memory-fault"}
 
 
@@ -218,10 +235,16 @@ def test_the_report_names_a_link_fault_as_a_link_fault(tmp_path):
     stopped = "rank:1 catch FORCE STOP exception, error_code:， ex instance:FORCE STOP, "
     assert stopped in log
     linked = tmp_path / "link.log"
-    linked.write_text(log.replace(stopped, "rank:1 catch UB LINK ERROR exception, error_code:， ex instance:UB LINK ERROR"),
-                      encoding="utf-8")
-    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", "--log-only", str(linked)],
-                            capture_output=True, text=True, cwd=REPO, env={**os.environ, "COLUMNS": "200"})
+    linked.write_text(
+        log.replace(stopped, "rank:1 catch UB LINK ERROR exception, error_code:， ex instance:UB LINK ERROR"), encoding="utf-8"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "diagnose", "--log-only", str(linked)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert result.returncode == 1, result.stderr
     assert "(link fault on rank 1, hardware fault on rank 3, recovery at step 120)" in result.stdout
 
@@ -235,8 +258,12 @@ def test_the_json_gives_each_fault_rank_its_kind_from_a_real_v26_1_link_error_li
     assert stopped in log and link.startswith("rank:5 catch UB LINK ERROR exception")
     linked = tmp_path / "link.log"
     linked.write_text(log.replace(stopped, link.replace("rank:5", "rank:1")), encoding="utf-8")
-    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", "--log-only", "--format", "json", str(linked)],
-                            capture_output=True, text=True, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "diagnose", "--log-only", "--format", "json", str(linked)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert result.returncode == 1, result.stderr
     (finding,) = json.loads(result.stdout)["findings"]
     assert finding["recovery"]["fault_ranks"] == [1, 3]

@@ -23,8 +23,9 @@ HUGE = "9" * 5000  # past `int`'s 4,300 digits
 
 
 def doctor(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, env=ENV,
-                          timeout=60, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, env=ENV, timeout=60, cwd=cwd
+    )
 
 
 def diagnose(tmp_path: Path, *lines: str) -> subprocess.CompletedProcess[str]:
@@ -38,30 +39,38 @@ DUMP_TITLE = "-------------------- arguments --------------------"
 DUMP_END = "-------------------- end of arguments --------------------"
 
 
-@pytest.mark.parametrize("lines", [
-    pytest.param((DUMP_TITLE, "  fp16 ........ False" + " " * RUN + "x", DUMP_END), id="value-then-spaces"),
-    pytest.param((DUMP_TITLE, "-" * RUN + " x", DUMP_END), id="a-run-of-dashes"),
-    pytest.param((DUMP_TITLE, "-------- " * (RUN // 9), DUMP_END), id="rule-openings"),
-    pytest.param(("rank:0 catch E exception, error_code:" * (RUN // 37) + " There is unsafe data in the input tensor.",),
-                 id="v26-catch-without-its-end"),
-    pytest.param(("rank:0 catch HBM MULTI BIT ECC " * (RUN // 31) + "ex instance:x",), id="catch-names-without-exception"),
-    pytest.param(("[a" + "0" * RUN + "x]: rank 0 UCE ERROR",), id="role-prefix-digits"),
-])
+@pytest.mark.parametrize(
+    "lines",
+    [
+        pytest.param((DUMP_TITLE, "  fp16 ........ False" + " " * RUN + "x", DUMP_END), id="value-then-spaces"),
+        pytest.param((DUMP_TITLE, "-" * RUN + " x", DUMP_END), id="a-run-of-dashes"),
+        pytest.param((DUMP_TITLE, "-------- " * (RUN // 9), DUMP_END), id="rule-openings"),
+        pytest.param(
+            ("rank:0 catch E exception, error_code:" * (RUN // 37) + " There is unsafe data in the input tensor.",),
+            id="v26-catch-without-its-end",
+        ),
+        pytest.param(("rank:0 catch HBM MULTI BIT ECC " * (RUN // 31) + "ex instance:x",), id="catch-names-without-exception"),
+        pytest.param(("[a" + "0" * RUN + "x]: rank 0 UCE ERROR",), id="role-prefix-digits"),
+    ],
+)
 def test_a_hostile_line_is_read_in_linear_time(tmp_path, lines):
     result = diagnose(tmp_path, *lines)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "1 finding" in result.stdout
 
 
-@pytest.mark.parametrize("line", [
-    pytest.param(f'  File "/job/train.py", line {HUGE}, in step', id="frame-line"),
-    pytest.param(f"[rank{HUGE}]: hello", id="rank-prefix"),
-    pytest.param(f"[worker{HUGE}]: hello", id="role-prefix"),
-    pytest.param(f"[pod/job-{HUGE}/main] hello", id="pod-ordinal"),
-    pytest.param(f"rank:{HUGE} start to rollback callback", id="rank-colon"),
-    pytest.param(f"[repair] rank 3, step:{HUGE}", id="step"),
-    pytest.param(f"rank:3 successfully gather and rollback at iteration {HUGE}", id="iteration"),
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param(f'  File "/job/train.py", line {HUGE}, in step', id="frame-line"),
+        pytest.param(f"[rank{HUGE}]: hello", id="rank-prefix"),
+        pytest.param(f"[worker{HUGE}]: hello", id="role-prefix"),
+        pytest.param(f"[pod/job-{HUGE}/main] hello", id="pod-ordinal"),
+        pytest.param(f"rank:{HUGE} start to rollback callback", id="rank-colon"),
+        pytest.param(f"[repair] rank 3, step:{HUGE}", id="step"),
+        pytest.param(f"rank:3 successfully gather and rollback at iteration {HUGE}", id="iteration"),
+    ],
+)
 def test_a_number_past_ints_limit_is_no_number(tmp_path, line):
     result = diagnose(tmp_path, line)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
@@ -78,8 +87,13 @@ def test_a_number_past_ints_limit_in_the_error_lines_is_no_number(tmp_path):
 
 def test_the_linear_readers_read_what_the_patterns_read():
     """The rewritten readers keep their meaning: a dump's title, values and end; v26's catch line; a role's rank."""
-    texts = ["x ------ no", "------------ MindSpeed-LLM Arguments ------------  ", "  fp16 ........ False   ",
-             "  seq_length ... 4096", "-------- end of MindSpeed-LLM Arguments --------"]
+    texts = [
+        "x ------ no",
+        "------------ MindSpeed-LLM Arguments ------------  ",
+        "  fp16 ........ False   ",
+        "  seq_length ... 4096",
+        "-------- end of MindSpeed-LLM Arguments --------",
+    ]
     lines = [LogLine(0, text, "log", offset) for offset, text in enumerate(texts)]
     arguments = read_arguments(lines)
     assert arguments is not None and arguments.title == "MindSpeed-LLM Arguments"
@@ -119,7 +133,9 @@ def test_a_number_past_ints_limit_in_our_table_is_one_line(tmp_path):
 
 def test_an_expression_holding_a_long_run_of_spaces_is_put_on_one_line_in_linear_time():
     """Not a log line but a framework file's text (a global's value in a report): a string of spaces."""
-    code = ("from unsafe_doctor.source.syntax import one_line\n"
-            f"print(one_line('x = \"' + ' ' * {RUN} + '\"  \\n\\n   + y').endswith('\" + y'))")
+    code = (
+        "from unsafe_doctor.source.syntax import one_line\n"
+        f"print(one_line('x = \"' + ' ' * {RUN} + '\"  \\n\\n   + y').endswith('\" + y'))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
     assert result.stdout == "True\n", result.stderr

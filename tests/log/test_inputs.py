@@ -63,8 +63,14 @@ def test_recovery_lines_before_the_error_are_kept_as_single_lines(tmp_path):
 def test_only_the_last_fact_line_before_the_first_error_is_kept(tmp_path):
     fp16 = "  fp16 ............................................ True\n"
     text = (
-        fp16 + iteration(1, "65536.0") + noise(20_000) + iteration(2, "32768.0") + noise(100)
-        + ERROR_LINE + iteration(3, "16384.0") + ERROR_LINE
+        fp16
+        + iteration(1, "65536.0")
+        + noise(20_000)
+        + iteration(2, "32768.0")
+        + noise(100)
+        + ERROR_LINE
+        + iteration(3, "16384.0")
+        + ERROR_LINE
     )
     scan = inputs.scan([write(tmp_path / "train.log", text)], MARKERS, fact_markers=FACT_MARKERS)
     assert [fact.text for fact in scan.facts] == [fp16, iteration(2, "32768.0")]
@@ -124,8 +130,10 @@ def test_a_file_named_twice_gives_each_tail_its_own_name(tmp_path):
     """`-` with a file redirected into stdin is read as /proc/self/fd/0: named that way too, the same
     path is two inputs, and each tail keeps its own name."""
     log = write(tmp_path / "quiet.log", noise(100) + "RuntimeError: HCCL timeout\n")
-    script = ("from unsafe_doctor.log import inputs; "
-              "print([tail.source for tail in inputs.scan(['-', '/proc/self/fd/0'], (b'x',)).tails])")
+    script = (
+        "from unsafe_doctor.log import inputs; "
+        "print([tail.source for tail in inputs.scan(['-', '/proc/self/fd/0'], (b'x',)).tails])"
+    )
     with open(log, "rb") as stdin:
         shown = subprocess.run([sys.executable, "-c", script], stdin=stdin, capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == "['<stdin>', '/proc/self/fd/0']"
@@ -336,13 +344,17 @@ def test_unreadable_file_is_a_usage_error(open_folder):
 # --- reading in worker processes -----------------------------------------------------------------
 
 
-RECORD = "[unsafe-doctor sentinel] rank 3: unsafe x {\"schema\": \"unsafe-doctor/sentinel/v1\"}\n"
+RECORD = '[unsafe-doctor sentinel] rank 3: unsafe x {"schema": "unsafe-doctor/sentinel/v1"}\n'
 DUMP = "------------------------ arguments ------------------------\n  fp16 ............................................ True\n"
 
 
 def _everything(scan: inputs.Scan) -> tuple[object, ...]:
     return (
-        scan.inputs, scan.hits, scan.hits_not_parsed, scan.skipped, scan.records_not_kept,
+        scan.inputs,
+        scan.hits,
+        scan.hits_not_parsed,
+        scan.skipped,
+        scan.records_not_kept,
         [
             (e.source, e.start, e.text)
             for group in (scan.windows, scan.context, scan.facts, scan.tails, scan.records, scan.dumps)
@@ -352,8 +364,9 @@ def _everything(scan: inputs.Scan) -> tuple[object, ...]:
 
 
 def _scan_all(paths: list[str]) -> inputs.Scan:
-    return inputs.scan(paths, MARKERS, fact_markers=FACT_MARKERS, record_markers=(b"[unsafe-doctor sentinel]",),
-                       dump_markers=DUMP_MARKERS)
+    return inputs.scan(
+        paths, MARKERS, fact_markers=FACT_MARKERS, record_markers=(b"[unsafe-doctor sentinel]",), dump_markers=DUMP_MARKERS
+    )
 
 
 @pytest.mark.parametrize("layout", ["one file", "a folder", "a folder with a broken gzip"])
@@ -397,11 +410,18 @@ def test_a_file_read_in_parts_keeps_what_one_reader_keeps(tmp_path, monkeypatch,
     for name, value in dict(BEFORE=300, AFTER=200, CONTEXT_SPAN=2000, WINDOW_MAX=900, CHUNK=512, RECORD_LINE_MAX=400).items():
         monkeypatch.setattr(reading, name, value)
     two_tags = "[unsafe-doctor sentinel] rank 3 [unsafe-doctor sentinel] {}\n"
-    text = "".join(
-        noise(step % 3) + ("rank 3 check uce memory result: 3\n" if step % 7 == 0 else "") + two_tags
-        + ("Traceback (most recent call last):\n" + ERROR_LINE if step % 2 == 0 and step < 150 else "")
-        for step in range(300)
-    ) + "[unsafe-doctor sentinel] " + "x" * 1000 + "\n"
+    text = (
+        "".join(
+            noise(step % 3)
+            + ("rank 3 check uce memory result: 3\n" if step % 7 == 0 else "")
+            + two_tags
+            + ("Traceback (most recent call last):\n" + ERROR_LINE if step % 2 == 0 and step < 150 else "")
+            for step in range(300)
+        )
+        + "[unsafe-doctor sentinel] "
+        + "x" * 1000
+        + "\n"
+    )
     path = write(tmp_path / "x.log", text)
     alone = _scan_all([path])
     monkeypatch.setattr(inputs, "PARALLEL_MIN", 1)
@@ -413,7 +433,10 @@ def test_a_file_read_in_parts_keeps_what_one_reader_keeps(tmp_path, monkeypatch,
     assert set(in_parts_lines) == set(alone_lines)
     assert all(in_parts_lines[line] <= alone_lines[line] for line in in_parts_lines)
     assert (in_parts.hits, in_parts.hits_not_parsed, in_parts.context, in_parts.facts) == (
-        alone.hits, alone.hits_not_parsed, alone.context, alone.facts
+        alone.hits,
+        alone.hits_not_parsed,
+        alone.context,
+        alone.facts,
     )
     assert (in_parts.records, in_parts.records_not_kept, in_parts.dumps) == (alone.records, alone.records_not_kept, alone.dumps)
     assert alone.hits == 75 and len(alone.records) == 300 and alone.records_not_kept == 1
@@ -531,8 +554,14 @@ def test_every_rank_tag_in_the_input_is_counted_however_little_of_it_is_parsed(t
     random.Random(36).shuffle(ranks)
     head = "".join(f"[rank{rank}]: starting\n" for rank in ranks)
     text = (
-        head + noise(2000) + "[rank4095]: one line, far from the error\n" + noise(2000)
-        + "[rank1234567890]: no rank has ten digits\n" + noise(500) + "[rank3]: " + ERROR_LINE
+        head
+        + noise(2000)
+        + "[rank4095]: one line, far from the error\n"
+        + noise(2000)
+        + "[rank1234567890]: no rank has ten digits\n"
+        + noise(500)
+        + "[rank3]: "
+        + ERROR_LINE
     )
     path = write(tmp_path / "x.log", text)
     monkeypatch.setattr(inputs, "PARALLEL_MIN", 1)

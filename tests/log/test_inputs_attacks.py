@@ -37,9 +37,7 @@ def doctor(*args: str, stdin: bytes = b"", **options) -> subprocess.CompletedPro
 def in_shell(command: str) -> subprocess.CompletedProcess[bytes]:
     """A bash command line with `$DOCTOR` standing for the CLI, for what only a shell can set up."""
     doctor_command = f"{sys.executable} -m unsafe_doctor"
-    return subprocess.run(
-        ["bash", "-c", command], capture_output=True, env={**ENV, "DOCTOR": doctor_command}, timeout=60
-    )
+    return subprocess.run(["bash", "-c", command], capture_output=True, env={**ENV, "DOCTOR": doctor_command}, timeout=60)
 
 
 PEAK_AT_EXIT = """
@@ -59,9 +57,7 @@ def run_measured(script: str, *args: str) -> tuple[int, int, str]:
     with tempfile.TemporaryDirectory() as folder:
         peak_file = Path(folder) / "peak"
         prelude = f"PEAK_FILE = {str(peak_file)!r}\n" + PEAK_AT_EXIT
-        result = subprocess.run(
-            [sys.executable, "-c", prelude + script, *args], stdout=subprocess.PIPE, env=ENV, timeout=120
-        )
+        result = subprocess.run([sys.executable, "-c", prelude + script, *args], stdout=subprocess.PIPE, env=ENV, timeout=120)
         return result.returncode, int(peak_file.read_text()) // 1024, result.stdout.decode()
 
 
@@ -208,7 +204,8 @@ def deep_package(tmp_path: Path, expression: str) -> Path:
     package = tmp_path / "src" / "pkg"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    (package / "state.py").write_text(textwrap.dedent(f"""\
+    (package / "state.py").write_text(
+        textwrap.dedent(f"""\
         import torch
 
         _STATE = {{}}
@@ -217,7 +214,8 @@ def deep_package(tmp_path: Path, expression: str) -> Path:
             if name not in _STATE:
                 _STATE[name] = torch.zeros(4, device=torch.cuda.current_device())
             _STATE[name] = {expression}
-        """))
+        """)
+    )
     return package
 
 
@@ -338,8 +336,10 @@ def test_a_4mb_generated_module_is_not_parsed_in_diagnose_nor_in_audit(tmp_path)
     last = generated_module(module, 4 << 20)
     shutil.copy(ROOT / "samples" / "framework" / "toytrain" / "state.py", package / "state.py")
     log = tmp_path / "train.log"
-    log.write_text(f'Traceback (most recent call last):\n  File "{module}", line {last}, in f\n    return _BUF[0]\n'
-                   "RuntimeError: There is unsafe data in the input tensor.\n")
+    log.write_text(
+        f'Traceback (most recent call last):\n  File "{module}", line {last}, in f\n    return _BUF[0]\n'
+        "RuntimeError: There is unsafe data in the input tensor.\n"
+    )
     script = "import sys\nfrom unsafe_doctor.cli import main\nmain(['diagnose', sys.argv[1], '--format', 'json'])"
     code, peak, output = run_measured(script, str(log))
     assert code == 1 and peak < 400, peak
@@ -441,7 +441,10 @@ def test_a_reader_closing_the_pipe_keeps_the_exit_code_the_result_deserves(tmp_p
         try:
             result = subprocess.run(
                 [sys.executable, "-m", "unsafe_doctor", "diagnose", str(log), "--format", output_format, "--no-input"],
-                stdout=write_end, stderr=subprocess.PIPE, env=ENV, timeout=60,
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                env=ENV,
+                timeout=60,
             )
         finally:
             os.close(write_end)
@@ -465,8 +468,13 @@ def test_a_skipped_file_whose_name_holds_escape_sequences_is_named_escaped(tmp_p
 def test_a_report_that_cannot_be_written_is_one_line_and_exit_2(command):
     target = ROOT / "samples" / ("framework" if command[0] == "audit" else "logs/faq_modellink.log")
     with open("/dev/full", "wb") as full:
-        result = subprocess.run([sys.executable, "-m", "unsafe_doctor", command[0], str(target), *command[1:]],
-                                stdout=full, stderr=subprocess.PIPE, env=ENV, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-m", "unsafe_doctor", command[0], str(target), *command[1:]],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env=ENV,
+            timeout=120,
+        )
     assert result.returncode == 2
     assert result.stderr.decode().splitlines() == [
         "unsafe-doctor: cannot write the report to standard output: no space left on device"

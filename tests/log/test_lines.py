@@ -59,8 +59,11 @@ def test_nul_bytes_are_removed():
 @pytest.mark.parametrize(
     "raw, rank, text",
     [
-        ("[rank3]: RuntimeError: There is unsafe data in the input tensor.", 3,
-         "RuntimeError: There is unsafe data in the input tensor."),
+        (
+            "[rank3]: RuntimeError: There is unsafe data in the input tensor.",
+            3,
+            "RuntimeError: There is unsafe data in the input tensor.",
+        ),
         ("[default3]:iteration 10", 3, "iteration 10"),
         ("[default3]:[rank3]: iteration 10", 3, "iteration 10"),
         ("[default3]:[rank11]: Traceback (most recent call last):", 11, "Traceback (most recent call last):"),
@@ -231,9 +234,7 @@ _LINE = st.tuples(
 @settings(deadline=None)  # hypothesis' 200 ms per example is a speed check; speed is benchmarks/' job
 @given(st.lists(_LINE, max_size=40))
 def test_by_rank_recovers_each_ranks_lines_in_order(entries):
-    raw_lines = [
-        body if rank is None else _PREFIX_STYLES[style](rank, other) + body for rank, style, other, body in entries
-    ]
+    raw_lines = [body if rank is None else _PREFIX_STYLES[style](rank, other) + body for rank, style, other, body in entries]
     text = "".join(line + "\n" for line in raw_lines)
     lines = split_lines(text, source="mixed.log", base_offset=7, rank_hint=None)
 
@@ -256,7 +257,7 @@ CRI_TIME = "2026-12-01T13:00:33.79284Z"
     "raw, rank, text",
     [
         # container runtime (CRI), as containerd and CRI-O write it
-        (f"{CRI_TIME} stderr F [rank3]:   File \"x.py\", line 3, in f", 3, '  File "x.py", line 3, in f'),
+        (f'{CRI_TIME} stderr F [rank3]:   File "x.py", line 3, in f', 3, '  File "x.py", line 3, in f'),
         ("2026-12-01T13:00:33Z stdout F iteration 5", None, "iteration 5"),
         ("2026-12-01T13:00:33.5+08:00 stdout F    indented", None, "   indented"),
         # Python logging
@@ -264,7 +265,7 @@ CRI_TIME = "2026-12-01T13:00:33.79284Z"
         ("2026-01-01 10:00:00,123 INFO iteration 5", None, "iteration 5"),
         ("2026-01-01 10:00:00,123 - launcher - ERROR - [default2]:  Traceback", 2, "  Traceback"),
         # syslog (RFC 3164, rsyslog), with and without a host, day space-padded or not
-        ("Dec  1 13:00:33 node1 torchrun[4242]: [rank5]:   File \"x.py\"", 5, '  File "x.py"'),
+        ('Dec  1 13:00:33 node1 torchrun[4242]: [rank5]:   File "x.py"', 5, '  File "x.py"'),
         ("Dec 01 13:00:33 node1 kernel: iteration 5", None, "iteration 5"),
         ("Jan  1 10:00:00 torchrun[77]: [default1]:x", 1, "x"),
         # kubectl logs --prefix --timestamps
@@ -286,16 +287,16 @@ def test_words_like_a_month_or_a_stream_are_message_text():
     "raw",
     [
         # the runtime outermost, as a container's log file holds it
-        f"{CRI_TIME} stderr F 2026-01-01 10:00:00,123 ERROR [launcher] [default3]:[rank3]:   File \"x.py\"",
+        f'{CRI_TIME} stderr F 2026-01-01 10:00:00,123 ERROR [launcher] [default3]:[rank3]:   File "x.py"',
         # a forwarder's syslog stamp outside the runtime's line
-        f"Dec  1 13:00:33 node1 containerd[1]: {CRI_TIME} stderr F [default3]:[rank3]:   File \"x.py\"",
+        f'Dec  1 13:00:33 node1 containerd[1]: {CRI_TIME} stderr F [default3]:[rank3]:   File "x.py"',
         # kubectl outside a logging formatter, syslog inside it
         f"[pod/job-worker-0/c] {CRI_TIME} 2026-01-01 10:00:00,123 - root - ERROR - "
         'Dec  1 13:00:33 h p[2]: [rank3]:   File "x.py"',
         # colour around and inside every prefix
         f"\x1b[2m{CRI_TIME}\x1b[0m stderr F 2026-01-01 10:00:00,123 \x1b[31mERROR\x1b[0m [launcher] "
         '\x1b[36m[default3]:\x1b[0m[rank3]:   File "x.py"',
-        "Dec  1 13:00:33 node1 torchrun[4242]: \x1b[33m[pod/x-1/c]\x1b[0m [rank3]:   File \x1b[1m\"x.py\"\x1b[0m",
+        'Dec  1 13:00:33 node1 torchrun[4242]: \x1b[33m[pod/x-1/c]\x1b[0m [rank3]:   File \x1b[1m"x.py"\x1b[0m',
     ],
 )
 def test_stacked_prefixes_peel_in_any_order(raw):
@@ -304,9 +305,9 @@ def test_stacked_prefixes_peel_in_any_order(raw):
 
 def test_cri_partial_lines_are_joined_per_stream():
     text = (
-        f"{CRI_TIME} stderr P [rank3]:   File \"/usr/lib/pyth\n"
+        f'{CRI_TIME} stderr P [rank3]:   File "/usr/lib/pyth\n'
         f"{CRI_TIME} stdout F [rank0]: iteration 10\n"
-        f"{CRI_TIME} stderr P on3.11/x.py\", line 3,\n"
+        f'{CRI_TIME} stderr P on3.11/x.py", line 3,\n'
         f"{CRI_TIME} stdout P [rank0]: iter\n"
         f"{CRI_TIME} stderr F  in f\n"
         f"{CRI_TIME} stdout F ation 11\n"
@@ -340,7 +341,7 @@ def test_colour_code_cut_by_the_runtime_is_removed_once_joined():
 
 
 def test_a_partial_line_cut_by_the_excerpt_end_is_kept_as_far_as_it_goes():
-    text = f"{CRI_TIME} stderr P [rank3]:   File \"x.py\", li\n"
+    text = f'{CRI_TIME} stderr P [rank3]:   File "x.py", li\n'
     assert [(line.rank, line.text) for line in split_lines(text, source="c", base_offset=0, rank_hint=None)] == [
         (3, '  File "x.py", li')
     ]

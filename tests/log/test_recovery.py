@@ -26,12 +26,8 @@ CAUGHT_UNSAFE = "rank:3 catch OTHER exception, error_code:， ex instance:There 
 # the catch line of MindIO v7.3.0 to v7.3.2 (`ttp_decorator.py`): no error_code field
 CAUGHT_V73 = "rank:3 catch OTHER exception, ex instance:There is unsafe data in the input tensor."
 NPU_ERROR = "[ERROR] 2024-09-26-19:58:19 (PID:991527, Device:3, RankID:3) ERR00003 PTA invalid value"
-CONTROLLER_STATUS = (
-    "status error, rank:8 step: 3 npu_status: 2 run_status: 0 data_aval: 0 data_status: 0 diff_time : 0"
-)
-REPAIR_LINE = (
-    "[repair] rank 3, repair type:2, src ranks:[11], dst ranks:[3], rank list:[3, 11], optim idxs:[0], step:1200"
-)
+CONTROLLER_STATUS = "status error, rank:8 step: 3 npu_status: 2 run_status: 0 data_aval: 0 data_status: 0 diff_time : 0"
+REPAIR_LINE = "[repair] rank 3, repair type:2, src ranks:[11], dst ranks:[3], rank list:[3, 11], optim idxs:[0], step:1200"
 
 # (line text, rank of the writer from its prefix, expected kind, rank, step)
 EVENT_LINES = [
@@ -134,7 +130,14 @@ def test_context_from_a_real_looking_log():
     assert context.fault_ranks == (3,)
     assert context.step == 1200
     assert [event.kind for event in context.events] == [
-        "fault", "stop", "stop", "fault", "clean", "repair", "rollback", "caught",
+        "fault",
+        "stop",
+        "stop",
+        "fault",
+        "clean",
+        "repair",
+        "rollback",
+        "caught",
     ]
     offsets = [event.offset for event in context.events]
     assert offsets == sorted(offsets)
@@ -202,8 +205,7 @@ def test_error_inside_repair_callback_is_repair_phase():
 
 def test_error_inside_training_log_repair_is_rollback_phase():
     # the name says "repair", but the adaptor runs it from rollback_callback
-    tb = _traceback("execute_rollback", "rollback_callback", "training_log_repair", "training_log",
-                    "track_moe_metrics")
+    tb = _traceback("execute_rollback", "rollback_callback", "training_log_repair", "training_log", "track_moe_metrics")
     assert phase_of(tb, SEEN) == "rollback"
 
 

@@ -44,16 +44,58 @@ def records(rank: int, *, healed: bool = False) -> list[UnsafeGlobal | Summary]:
     """What the sentinel logs on one rank after toytrain's and megatron-core's unpatched recovery. The
     scenarios and rules are the record's own claims (the expert_bias one deliberately wrong)."""
     return [
-        UnsafeGlobal(rank, "emulated", GlobalName("megatron.core.parallel_state", None, "_GLOBAL_MEMORY_BUFFER"), 2,
-                     (BUFFER_PATH,), 1, "megatron.global-memory-buffer", "feature_rollback"),
-        UnsafeGlobal(rank, "emulated", GlobalName("megatron.core.transformer.moe.router", "TopKRouter", "expert_bias"), 4,
-                     ("model[0].decoder.layers[1].mlp.router.expert_bias",), 1, "made.up-rule", "feature_rollback"),
-        UnsafeGlobal(rank, "emulated", GlobalName("toytrain.state", None, "LOSS_LOG"), 1, ("toytrain.state.LOSS_LOG['lm loss']",),
-                     None, None, None, healed=healed),
-        UnsafeGlobal(rank, "emulated", GlobalName("toytrain.state", None, "_EMA_GRAD_NORM"), 1,
-                     ("toytrain.state._EMA_GRAD_NORM",), None, None, None),
-        UnsafeGlobal(rank, "emulated", GlobalName("megatron.core.transformer.utils", None, "get_default_causal_mask"), 1,
-                     ("megatron.core.transformer.utils.get_default_causal_mask(…)[0]",), None, None, None, cached=True),
+        UnsafeGlobal(
+            rank,
+            "emulated",
+            GlobalName("megatron.core.parallel_state", None, "_GLOBAL_MEMORY_BUFFER"),
+            2,
+            (BUFFER_PATH,),
+            1,
+            "megatron.global-memory-buffer",
+            "feature_rollback",
+        ),
+        UnsafeGlobal(
+            rank,
+            "emulated",
+            GlobalName("megatron.core.transformer.moe.router", "TopKRouter", "expert_bias"),
+            4,
+            ("model[0].decoder.layers[1].mlp.router.expert_bias",),
+            1,
+            "made.up-rule",
+            "feature_rollback",
+        ),
+        UnsafeGlobal(
+            rank,
+            "emulated",
+            GlobalName("toytrain.state", None, "LOSS_LOG"),
+            1,
+            ("toytrain.state.LOSS_LOG['lm loss']",),
+            None,
+            None,
+            None,
+            healed=healed,
+        ),
+        UnsafeGlobal(
+            rank,
+            "emulated",
+            GlobalName("toytrain.state", None, "_EMA_GRAD_NORM"),
+            1,
+            ("toytrain.state._EMA_GRAD_NORM",),
+            None,
+            None,
+            None,
+        ),
+        UnsafeGlobal(
+            rank,
+            "emulated",
+            GlobalName("megatron.core.transformer.utils", None, "get_default_causal_mask"),
+            1,
+            ("megatron.core.transformer.utils.get_default_causal_mask(…)[0]",),
+            None,
+            None,
+            None,
+            cached=True,
+        ),
         Summary(rank, "emulated", "report", 1234, 9, 5, 0.25, None),
     ]
 
@@ -65,8 +107,9 @@ def prefixed(rank: int, lines: list[str]) -> str:
 def sentinel_logs(folder: Path) -> Path:
     """Rank 1 as a logger writes it (timestamp, logger name), rank 3 with torchrun's prefix inside a .gz."""
     folder.mkdir(parents=True, exist_ok=True)
-    rank1 = "".join(f"2026-12-01 10:00:0{n},123 INFO unsafe_doctor.sentinel: {format_line(record)}\n"
-                    for n, record in enumerate(records(1)))
+    rank1 = "".join(
+        f"2026-12-01 10:00:0{n},123 INFO unsafe_doctor.sentinel: {format_line(record)}\n" for n, record in enumerate(records(1))
+    )
     (folder / "rank_1.log").write_text(" iteration 19 | lm loss: 1.2E+00 |\n" + rank1 + " iteration 20 |\n")
     rank3 = prefixed(3, [format_line(record) for record in records(3, healed=True)])
     (folder / "rank_3.log.gz").write_bytes(gzip.compress(rank3.encode()))
@@ -88,15 +131,31 @@ def by_variable(report: dict) -> dict[str, dict]:
 names = st.one_of(st.none(), st.text(max_size=40))
 ranks = st.one_of(st.none(), st.integers(min_value=0, max_value=1 << 20))
 unsafe_globals = st.builds(
-    UnsafeGlobal, ranks, st.text(max_size=12), st.builds(GlobalName, names, names, st.text(max_size=40)), st.integers(0, 1 << 40),
-    st.lists(st.text(max_size=60), max_size=4).map(tuple), st.sampled_from([1, 2, None]), names, names, st.booleans(),
-    names, st.booleans(),
+    UnsafeGlobal,
+    ranks,
+    st.text(max_size=12),
+    st.builds(GlobalName, names, names, st.text(max_size=40)),
+    st.integers(0, 1 << 40),
+    st.lists(st.text(max_size=60), max_size=4).map(tuple),
+    st.sampled_from([1, 2, None]),
+    names,
+    names,
+    st.booleans(),
+    names,
+    st.booleans(),
 )
 summaries = st.builds(
-    Summary, ranks, st.text(max_size=12), st.sampled_from(["report", "raise", "heal"]), st.integers(0, 1 << 40),
-    st.integers(0, 1 << 40), st.integers(0, 1 << 20),
-    st.floats(min_value=0, max_value=1e6, allow_nan=False), st.one_of(st.none(), st.text(max_size=40)),
-    st.integers(0, 1 << 20), st.lists(st.text(max_size=60), max_size=4).map(tuple),
+    Summary,
+    ranks,
+    st.text(max_size=12),
+    st.sampled_from(["report", "raise", "heal"]),
+    st.integers(0, 1 << 40),
+    st.integers(0, 1 << 40),
+    st.integers(0, 1 << 20),
+    st.floats(min_value=0, max_value=1e6, allow_nan=False),
+    st.one_of(st.none(), st.text(max_size=40)),
+    st.integers(0, 1 << 20),
+    st.lists(st.text(max_size=60), max_size=4).map(tuple),
 )
 every_record = st.one_of(unsafe_globals, summaries)
 prefixes = st.sampled_from(["", "[rank3]: ", "2026-12-01T10:00:00.123456789Z stderr F ", "pod-7 [default3]: ", "x" * 300])
@@ -153,7 +212,7 @@ def test_every_record_line_is_kept_once_wherever_the_reads_cut_it(tmp_path, monk
     log.write_text(text)
     scan = inputs.scan([str(log)], (), record_markers=(MARKER,))
     assert [excerpt.text.rstrip("\n") for excerpt in scan.records] == [*lines, lines[0]]
-    assert all(text.encode()[excerpt.start:].startswith(excerpt.text.encode()) for excerpt in scan.records)
+    assert all(text.encode()[excerpt.start :].startswith(excerpt.text.encode()) for excerpt in scan.records)
 
 
 def test_record_lines_past_the_budget_or_too_long_are_counted_not_kept(tmp_path, monkeypatch):
@@ -196,7 +255,8 @@ def test_diagnose_reports_every_global_the_sentinel_named_with_the_ranks_and_no_
     assert cache["sentinel"]["paths"] == ["megatron.core.transformer.utils.get_default_causal_mask(…)[0]"]
     assert "cache_clear()" in cache["fix"]["code"]
     assert [(check["rank"], check["backend"], check["stopped_early"]) for check in report["sentinel"]] == [
-        (1, "emulated", None), (3, "emulated", None)
+        (1, "emulated", None),
+        (3, "emulated", None),
     ]
 
 
@@ -254,8 +314,10 @@ def test_the_text_report_says_which_backend_checked_each_rank_and_whether_its_wa
     assert result.returncode == 1
     assert "rank 0: 500 tensors checked (checked by torch_npu on the NPU), mode raise" in out
     assert "rank 1: 400 tensors checked (emulated backend, no NPU check), mode report, clean; stopped early: time budget" in out
-    assert ("rank 2: 300 tensors checked (emulated backend, no NPU check), mode report, clean; could not walk up to 3 "
-            "objects, the first pkg.state.ARGS (its __dict__ is a property)") in out
+    assert (
+        "rank 2: 300 tensors checked (emulated backend, no NPU check), mode report, clean; could not walk up to 3 "
+        "objects, the first pkg.state.ARGS (its __dict__ is a property)"
+    ) in out
 
 
 def test_an_emulated_check_is_never_called_an_npu_check(tmp_path):
@@ -289,8 +351,12 @@ def test_fix_writes_every_finding_of_the_sentinel_in_one_diff(tmp_path):
     adaptor = tmp_path / "recovery.py"
     shutil.copy(TOYTRAIN_ADAPTOR, adaptor)
     original = adaptor.read_bytes()
-    toytrain = [record for rank in (1, 3) for record in records(rank)
-                if isinstance(record, UnsafeGlobal) and record.name.module == "toytrain.state"]
+    toytrain = [
+        record
+        for rank in (1, 3)
+        for record in records(rank)
+        if isinstance(record, UnsafeGlobal) and record.name.module == "toytrain.state"
+    ]
     log = tmp_path / "train.log.gz"
     log.write_bytes(gzip.compress("".join(f"[rank{r.rank}]: {format_line(r)}\n" for r in toytrain).encode()))
     result = run("fix", str(log), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--dry-run", "--no-input")
@@ -370,7 +436,9 @@ def test_the_real_sentinel_sample_log_gives_both_globals_with_no_traceback():
     report = json.loads(result.stdout)
     found = {finding["tensor"]["variable"]: finding for finding in report["findings"]}
     assert {name: (finding["scenario"], finding["ranks"], finding["found_by"]) for name, finding in found.items()} == {
-        "LOSS_LOG": (1, [1], ["sentinel"]), "_EMA_GRAD_NORM": (2, [1], ["sentinel"])}
+        "LOSS_LOG": (1, [1], ["sentinel"]),
+        "_EMA_GRAD_NORM": (2, [1], ["sentinel"]),
+    }
     assert sorted((check["rank"], check["unsafe_globals"]) for check in report["sentinel"]) == [(0, 0), (1, 2), (2, 0), (3, 0)]
 
 
@@ -388,8 +456,10 @@ def test_a_check_of_no_tensor_is_never_called_clean_in_its_line_or_the_report(tm
     log.write_text(prefixed(1, [older]) + prefixed(2, [format_line(empty)]) + prefixed(3, [format_line(clean)]))
     out = " ".join(run("diagnose", str(log), "--no-input").stdout.decode().split())
     assert "rank 1: 0 tensors checked (none backend), mode report, safety unknown; stopped early: nothing checked" in out
-    assert ("ranks 2-3: 0–14 tensors checked (emulated backend, no NPU check), mode report, clean on the ranks that "
-            "checked any; walk complete") in out
+    assert (
+        "ranks 2-3: 0–14 tensors checked (emulated backend, no NPU check), mode report, clean on the ranks that "
+        "checked any; walk complete"
+    ) in out
     assert ", clean;" not in out
 
 
@@ -408,12 +478,21 @@ def test_the_blocks_line_where_the_sentinel_could_not_run_is_reported_per_rank(t
     ]
     missing, older = repr(missing), repr(older)
     assert [parse_failure(line) for line in lines] == [
-        Failure(2, missing), Failure(None, missing), Failure(None, missing), Failure(2, missing), Failure(7, older)]
+        Failure(2, missing),
+        Failure(None, missing),
+        Failure(None, missing),
+        Failure(2, missing),
+        Failure(7, older),
+    ]
     log = tmp_path / "train.log"
     log.write_text("".join(line + "\n" for line in lines))
     report, code = diagnosed(str(log))
     assert code == 0 and report["findings"] == [] and report["summary"]["sentinel_lines_ignored"] == 0
     assert report["sentinel_failures"] == [
-        {"rank": 2, "error": missing}, {"rank": 4, "error": missing}, {"rank": 5, "error": missing}, {"rank": 7, "error": older}]
+        {"rank": 2, "error": missing},
+        {"rank": 4, "error": missing},
+        {"rank": 5, "error": missing},
+        {"rank": 7, "error": older},
+    ]
     out = " ".join(run("diagnose", str(log), "--no-input").stdout.decode().split())
     assert f"Sentinel checks: the sentinel could not run on ranks 2, 4-5: {missing} the sentinel could not run on rank 7: " in out

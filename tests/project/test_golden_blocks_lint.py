@@ -38,8 +38,11 @@ def blocks(text: str) -> list[str]:
 
 
 def recorded_blocks() -> dict[str, str]:
-    return {f"{path.stem}-{number}": block for path in sorted(GOLDEN.glob("*.txt"))
-            for number, block in enumerate(blocks(path.read_text()))}
+    return {
+        f"{path.stem}-{number}": block
+        for path in sorted(GOLDEN.glob("*.txt"))
+        for number, block in enumerate(blocks(path.read_text()))
+    }
 
 
 def test_the_goldens_record_blocks_to_lint():
@@ -51,7 +54,23 @@ def test_ruff_finds_nothing_in_any_recorded_block(tmp_path):
     for name, block in recorded_blocks().items():
         (tmp_path / f"{name.replace('.', '_').replace('-', '_')}.py").write_text(block)
     result = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--select", RULES, "--ignore", IGNORED,
-         "--output-format", "concise", str(tmp_path)], capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            "check",
+            "--isolated",
+            "--no-cache",
+            "--select",
+            RULES,
+            "--ignore",
+            IGNORED,
+            "--output-format",
+            "concise",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr

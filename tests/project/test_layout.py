@@ -15,8 +15,21 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "unsafe_doctor"
 
 # Lowest first: a stage imports only the stages before it (and itself).
-STAGES = ("errors", "npu", "log", "source", "knowledge", "recovery_code", "audit", "diagnose", "adaptor", "sentinel", "replay",
-          "report", "cli")
+STAGES = (
+    "errors",
+    "npu",
+    "log",
+    "source",
+    "knowledge",
+    "recovery_code",
+    "audit",
+    "diagnose",
+    "adaptor",
+    "sentinel",
+    "replay",
+    "report",
+    "cli",
+)
 # Entry points, not stages: `python -m unsafe_doctor` and the replay's `torchrun -m unsafe_doctor.replay` run the CLI.
 ENTRY_POINTS = {"unsafe_doctor.__main__", "unsafe_doctor.replay.__main__"}
 ROOT_MODULES = {"__init__.py", "__main__.py", "errors.py"}
@@ -37,8 +50,9 @@ def _imports(name: str) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name in MODULES}
         elif isinstance(node, ast.ImportFrom) and node.module in MODULES:
-            found |= {f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module
-                      for alias in node.names}
+            found |= {
+                f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module for alias in node.names
+            }
     found.discard(name)
     return found
 
@@ -71,8 +85,9 @@ TEST_DATA = {"corpus", "fixtures", "golden"}
 
 def test_every_test_file_lives_in_a_folder_named_for_a_stage_commands_or_project():
     files = [path for path in TESTS.rglob("test_*.py") if path.relative_to(TESTS).parts[0] not in TEST_DATA]
-    misplaced = sorted(str(path.relative_to(TESTS)) for path in files if path.parent.parent != TESTS
-                       or path.parent.name not in TEST_FOLDERS)
+    misplaced = sorted(
+        str(path.relative_to(TESTS)) for path in files if path.parent.parent != TESTS or path.parent.name not in TEST_FOLDERS
+    )
     assert misplaced == []
     names = [path.name for path in files]
     assert sorted({name for name in names if names.count(name) > 1}) == []  # pytest imports each by its bare name
@@ -104,7 +119,7 @@ def _circles(graph: dict[str, set[str]]) -> list[str]:
         path.append(module)
         for target in sorted(graph[module]):
             if state[target] == "open":
-                circles.append(" -> ".join([*path[path.index(target):], target]))
+                circles.append(" -> ".join([*path[path.index(target) :], target]))
             elif state[target] == "new":
                 visit(target)
         path.pop()
@@ -135,7 +150,6 @@ def test_the_checks_see_an_upward_import_and_a_circle():
     assert _circles(graph) == ["unsafe_doctor.knowledge.a -> unsafe_doctor.knowledge.b -> unsafe_doctor.knowledge.a"]
 
 
-
 # The one home of code generation (knowledge/render/__init__.py says why it sits in the knowledge stage).
 RENDER_HOME = "unsafe_doctor.knowledge.render"
 
@@ -153,16 +167,23 @@ def _generates_code(tree: ast.AST) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module == "string" and any(a.name == "Template" for a in node.names):
             found.append(f"line {node.lineno}: from string import Template")
         elif isinstance(node, (ast.List, ast.Tuple)):
-            marked = {element.left.id for element in node.elts if isinstance(element, ast.BinOp)
-                      and isinstance(element.op, ast.Add) and isinstance(element.left, ast.Name)}
+            marked = {
+                element.left.id
+                for element in node.elts
+                if isinstance(element, ast.BinOp) and isinstance(element.op, ast.Add) and isinstance(element.left, ast.Name)
+            }
             if {"MARKER_BEGIN", "MARKER_END"} <= marked:
                 found.append(f"line {node.lineno}: a marked block")
     return found
 
 
 def _outside_the_render_home(modules: dict[str, ast.AST]) -> list[str]:
-    return sorted(f"{name} {what}" for name, tree in modules.items()
-                  if name != RENDER_HOME and not name.startswith(RENDER_HOME + ".") for what in _generates_code(tree))
+    return sorted(
+        f"{name} {what}"
+        for name, tree in modules.items()
+        if name != RENDER_HOME and not name.startswith(RENDER_HOME + ".")
+        for what in _generates_code(tree)
+    )
 
 
 def test_code_generation_lives_in_its_one_home():
@@ -237,8 +258,12 @@ def _attributes(cls: ast.ClassDef) -> set[str]:
         ):
             found.add(statement.name)
     for node in ast.walk(cls):
-        if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-                and isinstance(node.value, ast.Name) and node.value.id == "self"):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+        ):
             found.add(node.attr)
     return found
 

@@ -22,8 +22,14 @@ MODE_NAMES = {"unsafe_doctor.log", "unsafe_doctor.log.sentinel_modes"}  # the na
 
 def imported(cwd: Path, *args: str) -> set[str]:
     """Every module `unsafe-doctor ARGS` imports, run in `cwd` (no pyproject.toml there)."""
-    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "unsafe_doctor", *args], cwd=cwd,
-                            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "unsafe_doctor", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode in (0, 1), result.stderr[-3000:]
     rows = [line.split("|") for line in result.stderr.splitlines() if line.startswith("import time:")]
     return {row[2].strip() for row in rows if row[1].strip().isdigit()}

@@ -44,19 +44,29 @@ BUILT = {
 # Why a probe cannot build on a release no rule naming it claims.
 NOT_BUILT = {
     ("0.7.0", "megatron-layer-wise-tracker"): "megatron-core 0.7.0 has no _MOE_LAYER_WISE_LOGGING_TRACKER in",
-    **{(version, "megatron-aux-losses-tracker"): f"megatron-core {version} has no _MOE_AUX_LOSSES_LOGGING_TRACKER in"
-       for version in ("0.8.0", "0.11.0", "0.12.1", "0.13.0", "0.16.1")},
-    ("0.7.0", "megatron-router-expert-bias"):
-        "megatron-core 0.7.0's TransformerConfig has no moe_router_enable_expert_bias: its TopKRouter has no expert_bias",
-    ("0.8.0", "megatron-router-expert-bias"):
-        "megatron-core 0.8.0's TransformerConfig has no moe_router_enable_expert_bias: its TopKRouter has no expert_bias",
+    **{
+        (version, "megatron-aux-losses-tracker"): f"megatron-core {version} has no _MOE_AUX_LOSSES_LOGGING_TRACKER in"
+        for version in ("0.8.0", "0.11.0", "0.12.1", "0.13.0", "0.16.1")
+    },
+    (
+        "0.7.0",
+        "megatron-router-expert-bias",
+    ): "megatron-core 0.7.0's TransformerConfig has no moe_router_enable_expert_bias: its TopKRouter has no expert_bias",
+    (
+        "0.8.0",
+        "megatron-router-expert-bias",
+    ): "megatron-core 0.8.0's TransformerConfig has no moe_router_enable_expert_bias: its TopKRouter has no expert_bias",
 }
 RELEASES = ("0.7.0", "0.8.0", "0.11.0", "0.12.1", "0.13.0", INSTALLED)
 
 
 def environment(pythonpath: list[Path]) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(str(path) for path in [*pythonpath, ROOT]),
-            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(str(path) for path in [*pythonpath, ROOT]),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
 
 
 @pytest.fixture
@@ -67,8 +77,9 @@ def release_path(megatron_core_release):
 
 @functools.cache
 def claimed_by_a_rule(probe: str, version: str) -> bool:
-    return any(rule.probe == probe and rule.versions is not None and Version(version) in rule.versions
-               for rule in load_knowledge().rules)
+    return any(
+        rule.probe == probe and rule.versions is not None and Version(version) in rule.versions for rule in load_knowledge().rules
+    )
 
 
 def test_every_probe_is_claimed_by_a_rule_on_a_release_tested_here():
@@ -80,8 +91,14 @@ def test_every_probe_is_claimed_by_a_rule_on_a_release_tested_here():
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_probes_build_on_every_release_their_rules_claim_and_say_why_not_elsewhere(version, release_path):
-    result = subprocess.run([sys.executable, str(REPLAY / "probe_release.py")], capture_output=True, text=True,
-                            timeout=120, env=environment(release_path(version)), cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, str(REPLAY / "probe_release.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(release_path(version)),
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["release"] == version
@@ -107,8 +124,14 @@ def test_probes_build_on_every_release_their_rules_claim_and_say_why_not_elsewhe
 
 
 def unsafe_doctor(*arguments: str, pythonpath: list[Path]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *arguments], capture_output=True, text=True,
-                          timeout=180, env=environment(pythonpath), cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=environment(pythonpath),
+        cwd=ROOT,
+    )
 
 
 @pytest.fixture
@@ -123,11 +146,18 @@ def stale_expert_bias_log(megatron_core_release, tmp_path_factory, request):
     """A release's log of TopKRouter.routing reading a stale expert_bias: 0.16.1's from the shared
     fixture (asked for only then: it imports megatron-core here), another's printed by
     stale_expert_bias.py with that release first on PYTHONPATH."""
+
     def log(version: str) -> Path:
         if version == INSTALLED:
             return request.getfixturevalue("router_expert_bias_log")
-        result = subprocess.run([sys.executable, str(REPLAY / "stale_expert_bias.py")], capture_output=True, text=True,
-                                timeout=120, env=environment([megatron_core_release(version)]), cwd=ROOT)
+        result = subprocess.run(
+            [sys.executable, str(REPLAY / "stale_expert_bias.py")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=environment([megatron_core_release(version)]),
+            cwd=ROOT,
+        )
         assert result.returncode == 0, result.stderr[-2000:]
         path = tmp_path_factory.mktemp("logs") / f"megatron-{version}-expert-bias.log"
         path.write_text(result.stdout)
@@ -138,11 +168,17 @@ def stale_expert_bias_log(megatron_core_release, tmp_path_factory, request):
 
 # (the log, the rule the fix comes from, the adaptor file that gets it) per release and scenario
 CASES = {
-    ("0.7.0", 1): (ROOT / "tests" / "corpus" / "logs" / "megatron-0.7-aux-losses-tracker.log", "megatron.moe-aux-losses-tracker",
-                   "tft_rollback.py"),
+    ("0.7.0", 1): (
+        ROOT / "tests" / "corpus" / "logs" / "megatron-0.7-aux-losses-tracker.log",
+        "megatron.moe-aux-losses-tracker",
+        "tft_rollback.py",
+    ),
     ("0.12.1", 1): (TRACKER_0_12_LOG, "megatron.moe-layer-wise-tracker", "tft_rollback.py"),
-    (INSTALLED, 1): (ROOT / "samples" / "logs" / "megatron_moe_tracker.log", "megatron.moe-layer-wise-tracker-moe-utils",
-                     "tft_rollback.py"),
+    (INSTALLED, 1): (
+        ROOT / "samples" / "logs" / "megatron_moe_tracker.log",
+        "megatron.moe-layer-wise-tracker-moe-utils",
+        "tft_rollback.py",
+    ),
     ("0.12.1", 2): (None, "megatron.router-expert-bias", "tft_optimizer_data_repair.py"),
     # 0.13's TopKRouter adds to local_tokens_per_expert right after reading expert_bias: the companion is fixed too
     ("0.13.0", 2): (None, "megatron.router-expert-bias", "tft_optimizer_data_repair.py"),
@@ -181,10 +217,23 @@ def test_a_release_the_rule_does_not_claim_exits_2_with_the_reason(in_tree):
     """The 0.12.1 corpus log where 0.16.1 is installed: the log's rule (the tracker in parallel_state)
     holds for 0.8-0.12, whose state this machine cannot build. That is exit 2, the reason shown."""
     adaptor = in_tree / "mindspeed_llm" / "core" / "high_availability" / "tft_rollback.py"
-    verified = unsafe_doctor("verify", str(TRACKER_0_12_LOG), "--source-root", str(in_tree), "--adaptor", str(adaptor),
-                             "--ranks", "2", "--format", "json", pythonpath=[])
+    verified = unsafe_doctor(
+        "verify",
+        str(TRACKER_0_12_LOG),
+        "--source-root",
+        str(in_tree),
+        "--adaptor",
+        str(adaptor),
+        "--ranks",
+        "2",
+        "--format",
+        "json",
+        pythonpath=[],
+    )
     assert verified.returncode == 2, verified.stdout[-3000:] + verified.stderr[-2000:]
     [verdict] = json.loads(verified.stdout)["verdicts"]
     assert (verdict["rule"], verdict["outcome"]) == ("megatron.moe-layer-wise-tracker", "not-modelled")
-    assert verdict["unpatched"].startswith(f"megatron-core {INSTALLED} is installed here, but rule "
-                                           "megatron.moe-layer-wise-tracker holds for megatron-core <0.13,>=0.8")
+    assert verdict["unpatched"].startswith(
+        f"megatron-core {INSTALLED} is installed here, but rule "
+        "megatron.moe-layer-wise-tracker holds for megatron-core <0.13,>=0.8"
+    )

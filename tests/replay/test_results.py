@@ -17,8 +17,9 @@ from unsafe_doctor.replay.verify import _stopped, judge_replay
 TARGET = Target("generic.replica-copy:toytrain.state._EMA", GlobalName("toytrain.state", None, "_EMA"), 2, "generic.replica-copy")
 FUNCTIONS = {"rollback": "feature_rollback", "send": "send_rank_repair", "recv": "recv_rank_repair"}
 UNSAFE = "There is unsafe data in the input tensor."
-TIMEOUT = FixFailure("recv", "recv_rank_repair", "RuntimeError: [/gloo/pair.cc:534] Timed out waiting 3000ms",
-                     "/job/recovery.py:40", "timeout")
+TIMEOUT = FixFailure(
+    "recv", "recv_rank_repair", "RuntimeError: [/gloo/pair.cc:534] Timed out waiting 3000ms", "/job/recovery.py:40", "timeout"
+)
 
 
 def plan(ranks: int = 2) -> ReplayPlan:
@@ -28,8 +29,12 @@ def plan(ranks: int = 2) -> ReplayPlan:
 
 
 def run(**fields) -> RunResult:
-    defaults = dict(built={TARGET.key: "built"}, resume={TARGET.key: StepOutcome()}, equal={TARGET.key: True},
-                    seconds={"build": 0.5, "repair": 0.25})
+    defaults = dict(
+        built={TARGET.key: "built"},
+        resume={TARGET.key: StepOutcome()},
+        equal={TARGET.key: True},
+        seconds={"build": 0.5, "repair": 0.25},
+    )
     return RunResult(**{**defaults, **fields})
 
 
@@ -39,8 +44,13 @@ def red(**fields) -> RunResult:
 
 def test_a_rank_result_survives_json_with_every_field_typed():
     failure = FixFailure("rollback", "feature_rollback", f"RuntimeError: {UNSAFE}", None, "unsafe-data")
-    result = RankResult(1, "emulated", red(alone={"recv_rank_repair": "why"}),
-                        run(fix_failures=(failure,), unsafe_left={TARGET.key: 2}, unmatched=("a mismatch",)), ("a note",))
+    result = RankResult(
+        1,
+        "emulated",
+        red(alone={"recv_rank_repair": "why"}),
+        run(fix_failures=(failure,), unsafe_left={TARGET.key: 2}, unmatched=("a mismatch",)),
+        ("a note",),
+    )
     again = RankResult.from_json(result.to_json())
     assert again == result
     assert isinstance(again.patched.fix_failures[0], FixFailure)
@@ -74,7 +84,8 @@ def test_a_function_whose_own_code_could_not_run_makes_the_verdict_block_proven_
     assert verification.proved == (
         "ran the patched adaptor's own send_rank_repair(), feature_rollback() and the fix blocks alone in "
         "recv_rank_repair() (their own code cannot run here: AttributeError: 'NoneType' object has no attribute 'to' "
-        "at /job/recovery.py:38); no stand-ins; emulated backend (CPU, gloo)")
+        "at /job/recovery.py:38); no stand-ins; emulated backend (CPU, gloo)"
+    )
 
 
 def test_the_proof_of_an_adaptor_with_no_fix_block_does_not_call_it_patched():
@@ -83,13 +94,17 @@ def test_the_proof_of_an_adaptor_with_no_fix_block_does_not_call_it_patched():
     results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(), red())]
     verification = judge_replay(unfixed, (), results, "gloo", 1.0)
     assert verification.verdicts[0].outcome == "no-fix"
-    assert verification.proved == ("ran the adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback() "
-                                   "(it holds no fix block: nothing was patched); no stand-ins; emulated backend (CPU, gloo)")
+    assert verification.proved == (
+        "ran the adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback() "
+        "(it holds no fix block: nothing was patched); no stand-ins; emulated backend (CPU, gloo)"
+    )
 
 
 def test_transfers_whose_sides_differ_fail_the_fix():
-    unmatched = ("rank 0 sends 2 tensor(s) to rank 1, which receives 1: one transfer per (source, destination) pair "
-                 "on both sides (dict.fromkeys(zip(src_ranks, dest_ranks)))",)
+    unmatched = (
+        "rank 0 sends 2 tensor(s) to rank 1, which receives 1: one transfer per (source, destination) pair "
+        "on both sides (dict.fromkeys(zip(src_ranks, dest_ranks)))",
+    )
     results = [RankResult(0, "emulated", run(), run()), RankResult(1, "emulated", red(), run(unmatched=unmatched))]
     [verdict] = judge_replay(plan(), (), results, "gloo", 1.0).verdicts
     assert (verdict.outcome, verdict.problems) == ("failed", unmatched)
@@ -119,8 +134,11 @@ def test_an_error_text_alone_is_not_a_timeout():
 
 def test_a_stopped_replay_says_where_each_rank_was_and_which_side_waited():
     histories = {
-        0: (Milestone("patched", "build"), Milestone("patched", "repair", "send_rank_repair"),
-            Milestone("patched", "rollback", "feature_rollback")),
+        0: (
+            Milestone("patched", "build"),
+            Milestone("patched", "repair", "send_rank_repair"),
+            Milestone("patched", "rollback", "feature_rollback"),
+        ),
         1: (Milestone("patched", "build"), Milestone("patched", "repair", "recv_rank_repair")),
     }
     stopped = ReplayStopped("timeout", 9.0, histories, "")

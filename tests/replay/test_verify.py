@@ -102,8 +102,10 @@ def test_before_any_fix_the_replay_reproduces_the_error_and_says_no_fix_is_prese
     assert verdict.outcome == "no-fix"
     assert verdict.unpatched.startswith("reproduced `There is unsafe data in the input tensor.` on rank 1")
     assert verdict.patched == "reproduced, no fix present"
-    assert result.proved.startswith("ran the adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback() "
-                                    "(it holds no fix block: nothing was patched);")  # never "the patched adaptor"
+    assert result.proved.startswith(
+        "ran the adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback() "
+        "(it holds no fix block: nothing was patched);"
+    )  # never "the patched adaptor"
     assert result.exit_code == 1
     assert (result.backend, result.transport, result.mode, result.world_size) == ("emulated", "gloo", "adaptor", 4)
 
@@ -119,8 +121,10 @@ def test_scenario_2_fix_run_in_the_adaptors_own_functions_is_proven_bit_identica
     assert verdict.outcome == "proven", verdict.problems
     assert verdict.patched == "recovery clean, tensor bit-identical to replica rank 3"
     assert result.exit_code == 0
-    assert result.proved == ("ran the patched adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback(); "
-                             "no stand-ins; emulated backend (CPU, gloo)")
+    assert result.proved == (
+        "ran the patched adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback(); "
+        "no stand-ins; emulated backend (CPU, gloo)"
+    )
 
 
 def test_the_adaptors_own_functions_run_with_what_the_replay_did_not_build_stood_in(toytrain):
@@ -131,9 +135,11 @@ def test_the_adaptors_own_functions_run_with_what_the_replay_did_not_build_stood
     result = replay(EMA_LOG, adaptor, [toytrain])
     [verdict] = result.verdicts
     assert verdict.outcome == "proven", verdict.problems
-    assert result.proved == ("ran the patched adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback(); "
-                             "train_args[0], train_args[2], train_args[3] stood in (not built here; the fault model "
-                             "makes them safe); emulated backend (CPU, gloo)")
+    assert result.proved == (
+        "ran the patched adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback(); "
+        "train_args[0], train_args[2], train_args[3] stood in (not built here; the fault model "
+        "makes them safe); emulated backend (CPU, gloo)"
+    )
     # the sentinel, run where the rollback ends, names the global the held-back fix repairs, then nothing
     assert result.sentinel == {"unpatched": ("toytrain.state._EMA_GRAD_NORM",), "patched": ()}
 
@@ -145,9 +151,11 @@ def test_block_mode_runs_the_blocks_alone_in_their_functions_and_says_block_prov
     [verdict] = result.verdicts
     assert (verdict.outcome, result.exit_code) == ("block-proven", 0)
     assert verdict.patched == "recovery clean with the fix blocks run alone, tensor bit-identical to replica rank 3"
-    assert result.proved == ("ran the fix blocks alone in recv_rank_repair(), send_rank_repair(); train_args[0], "
-                             "train_args[2], train_args[3] stood in (not built here; the fault model makes them safe); "
-                             "emulated backend (CPU, gloo)")
+    assert result.proved == (
+        "ran the fix blocks alone in recv_rank_repair(), send_rank_repair(); train_args[0], "
+        "train_args[2], train_args[3] stood in (not built here; the fault model makes them safe); "
+        "emulated backend (CPU, gloo)"
+    )
 
 
 def test_scenario_1_fix_is_proven_with_nothing_unsafe_left(toytrain, loss_log):
@@ -181,7 +189,9 @@ def test_the_plan_carries_the_rules_probe_and_the_switches_its_guards_test(in_tr
     plan, _ = plan_replay(diagnosis, diagnosis.context.knowledge)
     [target] = plan.targets
     assert (target.rule, target.probe, target.switches) == (
-        "megatron.moe-layer-wise-tracker-moe-utils", "megatron-layer-wise-tracker", ("num_experts",)
+        "megatron.moe-layer-wise-tracker-moe-utils",
+        "megatron-layer-wise-tracker",
+        ("num_experts",),
     )
     assert ReplayPlan.from_json(plan.to_json()).targets == plan.targets
 
@@ -277,9 +287,11 @@ def test_a_reset_with_zero_fails_because_zero_reads_the_unsafe_tensor(toytrain, 
     adaptor.write_text(adaptor.read_text().replace(block, zeroed))
     [verdict] = replay(loss_log, adaptor, [toytrain]).verdicts
     assert verdict.outcome == "failed"
-    assert re.search(r"rank 3: feature_rollback\(\) raised RuntimeError: "
-                     r"There is unsafe data in the input tensor\. at \S+recovery\.py:\d+",
-                     verdict.problems[0])
+    assert re.search(
+        r"rank 3: feature_rollback\(\) raised RuntimeError: "
+        r"There is unsafe data in the input tensor\. at \S+recovery\.py:\d+",
+        verdict.problems[0],
+    )
 
 
 def test_a_scenario_2_global_reset_in_rollback_fails_as_the_wrong_phase(toytrain):
@@ -319,15 +331,20 @@ def test_a_receive_with_no_matching_send_ends_at_the_timeout_naming_the_waiting_
     result = replay(EMA_LOG, adaptor, [toytrain], timeout=3)
     [verdict] = result.verdicts
     assert verdict.outcome == "failed" and result.exit_code == 1
-    assert verdict.patched.startswith("a repair transfer waited 3 s in vain: recv_rank_repair() on rank 1 waits for "
-                                      "a tensor that send_rank_repair() on rank 3 never sends")
+    assert verdict.patched.startswith(
+        "a repair transfer waited 3 s in vain: recv_rank_repair() on rank 1 waits for "
+        "a tensor that send_rank_repair() on rank 3 never sends"
+    )
 
 
 def test_a_fix_that_never_returns_is_stopped_and_every_rank_killed(toytrain, loss_log):
     adaptor = toytrain / "toytrain" / "recovery.py"
     [block] = blocks(write_fix(loss_log, adaptor, [toytrain]))
-    adaptor.write_text(adaptor.read_text().replace(block, block.replace("    from toytrain import state\n",
-                                                                          "    import time\n    time.sleep(3600)\n")))
+    adaptor.write_text(
+        adaptor.read_text().replace(
+            block, block.replace("    from toytrain import state\n", "    import time\n    time.sleep(3600)\n")
+        )
+    )
     result = replay(loss_log, adaptor, [toytrain], timeout=2)
     [verdict] = result.verdicts
     assert verdict.outcome == "failed"
@@ -360,8 +377,11 @@ def test_adaptor_mode_calls_the_real_functions_and_finds_the_next_missing_global
     [verdict] = half.verdicts
     assert re.search(r"on rank 1 at \S+/toytrain/train\.py:62$", verdict.unpatched)  # the log's own line
     assert verdict.outcome == "failed"
-    assert re.search(r"^the fix of toytrain\.state\._EMA_GRAD_NORM held, but the first step after recovery dies on "
-                     r"toytrain\.state\.LOSS_LOG at \S+/toytrain/state\.py:28, ", verdict.problems[0].partition(": ")[2])
+    assert re.search(
+        r"^the fix of toytrain\.state\._EMA_GRAD_NORM held, but the first step after recovery dies on "
+        r"toytrain\.state\.LOSS_LOG at \S+/toytrain/state\.py:28, ",
+        verdict.problems[0].partition(": ")[2],
+    )
     write_fix(loss_log, adaptor, [toytrain])
     whole = replay(EMA_LOG, adaptor, [toytrain, PROBES], **options)
     assert whole.verdicts[0].outcome == "proven", whole.verdicts[0].problems
@@ -382,8 +402,9 @@ def test_what_the_unpatched_adaptor_imports_and_this_machine_lacks_is_stood_in(i
 
 
 def run_cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "verify", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "verify", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
 def test_verify_command_exit_codes_red_then_green_with_json(toytrain):
@@ -431,8 +452,18 @@ def test_torchrun_runs_the_same_replay_one_rank_per_process(toytrain):
     adaptor = toytrain / "toytrain" / "recovery.py"
     write_fix(EMA_LOG, adaptor, [toytrain])
     torchrun = Path(sys.executable).with_name("torchrun")
-    command = [str(torchrun), "--nproc-per-node", "2", "-m", "unsafe_doctor.replay", str(EMA_LOG),
-               "--source-root", str(toytrain), "--adaptor", str(adaptor)]
+    command = [
+        str(torchrun),
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "unsafe_doctor.replay",
+        str(EMA_LOG),
+        "--source-root",
+        str(toytrain),
+        "--adaptor",
+        str(adaptor),
+    ]
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT, env=environment)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -469,9 +500,13 @@ def test_router_expert_bias_fix_is_proven_against_real_megatron_core(in_tree, ro
     # MindSpeed-LLM 26.x does not rebuild the model: the router's other buffer stays unsafe too, and the
     # fix repairs it with expert_bias (the rule's repair_with); no false alarm on megatron-core's own
     # globals, the model's parameters or the optimizer's state
-    assert result.sentinel == {"unpatched": ("megatron.core.transformer.moe.router.TopKRouter.local_tokens_per_expert",
-                                             "megatron.core.transformer.moe.router.TopKRouter.expert_bias"),
-                               "patched": ()}
+    assert result.sentinel == {
+        "unpatched": (
+            "megatron.core.transformer.moe.router.TopKRouter.local_tokens_per_expert",
+            "megatron.core.transformer.moe.router.TopKRouter.expert_bias",
+        ),
+        "patched": (),
+    }
 
 
 def test_without_its_companion_the_router_fix_fails_on_the_buffer_routing_adds_to_next(in_tree, router_expert_bias_log):
@@ -487,9 +522,12 @@ def test_without_its_companion_the_router_fix_fails_on_the_buffer_routing_adds_t
     rollback.write_text(rollback.read_text().replace(companion[0], ""))
     [verdict] = replay(router_expert_bias_log, adaptor, [in_tree]).verdicts
     assert verdict.outcome == "failed"
-    assert re.search(r"the fix of megatron\.core\.transformer\.moe\.router\.TopKRouter\.expert_bias held, but the first "
-                     r"step after recovery dies on megatron\.core\.transformer\.moe\.router\.TopKRouter\."
-                     r"local_tokens_per_expert at \S+/router\.py:\d+", verdict.problems[0]), verdict.problems
+    assert re.search(
+        r"the fix of megatron\.core\.transformer\.moe\.router\.TopKRouter\.expert_bias held, but the first "
+        r"step after recovery dies on megatron\.core\.transformer\.moe\.router\.TopKRouter\."
+        r"local_tokens_per_expert at \S+/router\.py:\d+",
+        verdict.problems[0],
+    ), verdict.problems
 
 
 def test_the_sentinel_sample_log_is_fixed_in_one_go_and_both_fixes_are_proven(toytrain):
@@ -500,7 +538,9 @@ def test_the_sentinel_sample_log_is_fixed_in_one_go_and_both_fixes_are_proven(to
     adaptor = toytrain / "toytrain" / "recovery.py"
     red = replay(log, adaptor, [toytrain])
     assert {verdict.target.name.dotted: verdict.outcome for verdict in red.verdicts} == {
-        "toytrain.state.LOSS_LOG": "no-fix", "toytrain.state._EMA_GRAD_NORM": "no-fix"}
+        "toytrain.state.LOSS_LOG": "no-fix",
+        "toytrain.state._EMA_GRAD_NORM": "no-fix",
+    }
     write_fix(log, adaptor, [toytrain])
     green = replay(log, adaptor, [toytrain, PROBES], probe=STEP)
     assert [verdict.outcome for verdict in green.verdicts] == ["proven", "proven"], [v.problems for v in green.verdicts]
@@ -512,20 +552,38 @@ def test_a_global_still_unsafe_after_the_patched_rollback_is_named_with_the_comm
     report ends with the audit command that writes its fix; run as printed, the next verify is PROVEN."""
     adaptor = toytrain / "toytrain" / "recovery.py"
     write_fix(EMA_LOG, adaptor, [toytrain])
-    options = [str(EMA_LOG), "--source-root", str(toytrain), "--source-root", str(PROBES), "--adaptor", str(adaptor),
-               "--probe", STEP]
+    options = [
+        str(EMA_LOG),
+        "--source-root",
+        str(toytrain),
+        "--source-root",
+        str(PROBES),
+        "--adaptor",
+        str(adaptor),
+        "--probe",
+        STEP,
+    ]
     first = run_cli(*options)
     assert first.returncode == 1
     text = " ".join(first.stdout.split())
-    assert ("Still unsafe after the patched rollback, and no finding of the log: toytrain.state.LOSS_LOG; the first "
-            "step after a real recovery reads them too:") in text
+    assert (
+        "Still unsafe after the patched rollback, and no finding of the log: toytrain.state.LOSS_LOG; the first "
+        "step after a real recovery reads them too:"
+    ) in text
     command = first.stdout.strip().splitlines()[-1]
     assert command.startswith("unsafe-doctor audit ") and command.endswith(" --fix")
-    written = subprocess.run([sys.executable, "-m", "unsafe_doctor", *shlex.split(command)[1:], "--yes"],
-                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+    written = subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *shlex.split(command)[1:], "--yes"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert written.returncode == 0, written.stderr
     again = run_cli(*options)
     assert again.returncode == 0 and "─ PROVEN ·" in again.stdout, again.stdout
-    assert "Other globals the recovery leaves unsafe are not checked here: `unsafe-doctor audit SOURCE --adaptor " \
-           "ADAPTOR` finds them" in " ".join(again.stdout.split())  # what a PROVEN did not check
+    assert (
+        "Other globals the recovery leaves unsafe are not checked here: `unsafe-doctor audit SOURCE --adaptor "
+        "ADAPTOR` finds them" in " ".join(again.stdout.split())
+    )  # what a PROVEN did not check
     assert "are not checked here" not in first.stdout  # that one names the global left unsafe

@@ -64,8 +64,9 @@ def toy(tmp_path) -> Path:
 
 
 def command(*args: str, environment: dict[str, str], timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=environment)
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=environment
+    )
 
 
 def sample(log: Path, toy: Path) -> list[str]:
@@ -78,8 +79,9 @@ def one_line(text: str) -> str:
 
 def test_numpy_is_really_unimportable_under_the_shim(no_numpy):
     probe = "import torch\ntry:\n    torch.zeros(1).numpy()\nexcept RuntimeError as error:\n    print(error)\n"
-    result = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], capture_output=True, text=True, env=no_numpy,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", probe], capture_output=True, text=True, env=no_numpy, timeout=120
+    )
     assert result.stdout.strip() == "Numpy is not available", result.stderr
 
 
@@ -101,8 +103,14 @@ def test_torchrun_proves_the_fix_without_numpy(no_numpy, toy):
     fixed = command("fix", *sample(EMA_LOG, toy), "--yes", environment=no_numpy)
     assert fixed.returncode == 0, fixed.stderr
     torchrun = Path(sys.executable).with_name("torchrun")
-    result = subprocess.run([str(torchrun), "--nproc-per-node", "2", "-m", "unsafe_doctor.replay", *sample(EMA_LOG, toy)],
-                            capture_output=True, text=True, timeout=240, cwd=ROOT, env=no_numpy)
+    result = subprocess.run(
+        [str(torchrun), "--nproc-per-node", "2", "-m", "unsafe_doctor.replay", *sample(EMA_LOG, toy)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        env=no_numpy,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert result.stdout.count("PROVEN") == 1  # rank 0 reports for all
 
@@ -178,15 +186,17 @@ def _numpy_missing() -> bool:
 
 
 def _plan() -> ReplayPlan:
-    target = Target("generic.replica-copy:toytrain.state._EMA_GRAD_NORM", GlobalName("toytrain.state", None, "_EMA_GRAD_NORM"),
-                    2, None)
+    target = Target(
+        "generic.replica-copy:toytrain.state._EMA_GRAD_NORM", GlobalName("toytrain.state", None, "_EMA_GRAD_NORM"), 2, None
+    )
     functions = {"send": "send_rank_repair", "recv": "recv_rank_repair", "rollback": "feature_rollback"}
     return ReplayPlan((target,), (), (), functions, {}, (), "block", 2, 1, 0, (), timeout=3.0)
 
 
 def _crash(blame: Blame, time: float, error: str = "RuntimeError: Numpy is not available") -> RankCrash:
-    return RankCrash(error, "/x/unsafe_doctor/replay/harness.py:449", None if blame == "replay" else "/job/adaptor.py:9",
-                     blame, time)
+    return RankCrash(
+        error, "/x/unsafe_doctor/replay/harness.py:449", None if blame == "replay" else "/job/adaptor.py:9", blame, time
+    )
 
 
 def test_a_crash_of_the_replays_own_is_not_modelled_and_the_adaptors_fails():
@@ -194,10 +204,13 @@ def test_a_crash_of_the_replays_own_is_not_modelled_and_the_adaptors_fails():
     ours = ReplayStopped("crash", 1.0, histories, "", {0: 1, 1: 1}, None, {0: _crash("replay", 2.0), 1: _crash("replay", 1.0)})
     [verdict] = _stopped(_plan(), (), ours, "emulated", 1.0).verdicts
     assert (verdict.outcome, verdict.patched) == ("not-modelled", None)
-    assert verdict.unpatched.startswith("the replay could not run here, which says nothing of the fix: rank 1 crashed in "
-                                        "unpatched fault with RuntimeError: Numpy is not available at ")
-    theirs = ReplayStopped("crash", 1.0, histories, "", {0: 1, 1: 1}, None,
-                           {0: _crash("replay", 1.0), 1: _crash("adaptor", 2.0, "SystemExit: 3")})
+    assert verdict.unpatched.startswith(
+        "the replay could not run here, which says nothing of the fix: rank 1 crashed in "
+        "unpatched fault with RuntimeError: Numpy is not available at "
+    )
+    theirs = ReplayStopped(
+        "crash", 1.0, histories, "", {0: 1, 1: 1}, None, {0: _crash("replay", 1.0), 1: _crash("adaptor", 2.0, "SystemExit: 3")}
+    )
     [verdict] = _stopped(_plan(), (), theirs, "emulated", 1.0).verdicts
     assert verdict.outcome == "failed"
     assert verdict.patched.endswith("rank 1: SystemExit: 3 at /job/adaptor.py:9")

@@ -41,6 +41,7 @@ def timeout_for(ending: str) -> str:
     the time a loaded machine needs to import torch: the outcome never depends on timing."""
     return "20" if ending == "endless loop" else "300"
 
+
 PROBE = """
 import os
 import subprocess
@@ -79,8 +80,14 @@ def toytrain(tmp_path) -> Path:
 
 
 def verify(*args: str, env: dict[str, str] | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", "verify", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env={**os.environ, "COLUMNS": "300", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "verify", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "300", **(env or {})},
+    )
 
 
 def on_toytrain(toytrain: Path, *options: str) -> list[str]:
@@ -124,13 +131,19 @@ def test_a_probe_module_that_ends_or_blocks_at_import_is_not_modelled_and_named(
     (tmp_path / "probes").mkdir()
     (tmp_path / "probes" / "ending_probe.py").write_text(ENDINGS[ending] + "\ndef step(device):\n    pass\n")
     start = time.monotonic()
-    result = verify(*on_toytrain(toytrain, "--source-root", str(tmp_path / "probes"), "--probe", "ending_probe:step",
-                                 "--timeout", timeout_for(ending)))
+    result = verify(
+        *on_toytrain(
+            toytrain, "--source-root", str(tmp_path / "probes"), "--probe", "ending_probe:step", "--timeout", timeout_for(ending)
+        )
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     text = one_line(result.stdout)
     assert "NOT-MODELLED" in text and "no rank started: importing ending_probe" in text
-    expected = {"os._exit": "ended the process", "sys.exit": "ends the process (SystemExit: 0)",
-                "endless loop": "did not return within"}[ending]
+    expected = {
+        "os._exit": "ended the process",
+        "sys.exit": "ends the process (SystemExit: 0)",
+        "endless loop": "did not return within",
+    }[ending]
     assert expected in text
     if ending != "endless loop":  # a process that ended is not waited for until the timeout
         assert time.monotonic() - start < float(timeout_for(ending))
@@ -148,8 +161,11 @@ def test_a_globals_module_that_ends_or_blocks_at_import_is_not_modelled_and_name
 @pytest.mark.parametrize(
     ("ending", "code", "expected"),
     [
-        ("sys.exit", 2,
-         "the unpatched adaptor does not import here, even with stand-ins for what this machine lacks (SystemExit: 0)"),
+        (
+            "sys.exit",
+            2,
+            "the unpatched adaptor does not import here, even with stand-ins for what this machine lacks (SystemExit: 0)",
+        ),
         ("os._exit", 1, "then ended with exit status 0 before reporting"),
         ("endless loop", 1, "the replay stopped at the 20 s timeout"),
     ],
@@ -157,9 +173,19 @@ def test_a_globals_module_that_ends_or_blocks_at_import_is_not_modelled_and_name
 def test_an_adaptor_that_ends_or_blocks_at_import_in_adaptor_mode_is_reported(toytrain, ending, code, expected):
     adaptor = toytrain / "toytrain" / "recovery.py"
     adaptor.write_text(adaptor.read_text() + "\n" + ENDINGS[ending])
-    result = verify(*on_toytrain(toytrain, "--source-root", str(PROBES), "--mode", "adaptor",
-                                 "--probe", "toytrain_probe:train_one_step",
-                                 "--timeout", timeout_for(ending)))
+    result = verify(
+        *on_toytrain(
+            toytrain,
+            "--source-root",
+            str(PROBES),
+            "--mode",
+            "adaptor",
+            "--probe",
+            "toytrain_probe:train_one_step",
+            "--timeout",
+            timeout_for(ending),
+        )
+    )
     assert result.returncode == code, result.stdout + result.stderr
     assert expected in one_line(result.stdout)
 
@@ -180,25 +206,38 @@ def test_what_a_rank_starts_does_not_outlive_a_verify_that_ends_normally(toytrai
     """A `sleep` started with start_new_session=True is out of the ranks' group, and 8 were once
     left running after verify; now verify adopts and kills what its ranks leave."""
     probes, spawned = spawning_probe(tmp_path)
-    result = verify(*on_toytrain(toytrain, "--source-root", str(probes), "--probe", "spawning_probe:step"),
-                    env={"SPAWNED": str(spawned), **({"NEW_SESSION": "1"} if session != "its group" else {})})
+    result = verify(
+        *on_toytrain(toytrain, "--source-root", str(probes), "--probe", "spawning_probe:step"),
+        env={"SPAWNED": str(spawned), **({"NEW_SESSION": "1"} if session != "its group" else {})},
+    )
     assert result.returncode == 1, result.stdout + result.stderr  # reproduced, no fix present
     pids = [int(path.name) for path in spawned.iterdir()]
     assert pids  # rank 1 started one in each run
-    assert all(not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-               for pid in pids)
+    assert all(
+        not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        for pid in pids
+    )
 
 
 @pytest.mark.parametrize(("number", "code"), [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])
 def test_a_signal_to_verify_stops_its_ranks_and_what_they_started(toytrain, tmp_path, number, code):
     probes, spawned = spawning_probe(tmp_path)
-    command = [sys.executable, "-m", "unsafe_doctor", "verify",
-               *on_toytrain(toytrain, "--source-root", str(probes), "--probe", "spawning_probe:step",
-                            "--timeout", "300")]  # verify's own timeout does not race the signal on a loaded machine
+    command = [
+        sys.executable,
+        "-m",
+        "unsafe_doctor",
+        "verify",
+        *on_toytrain(toytrain, "--source-root", str(probes), "--probe", "spawning_probe:step", "--timeout", "300"),
+    ]  # verify's own timeout does not race the signal on a loaded machine
     blocked = tmp_path / "blocked"
     blocked.mkdir()
-    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "SPAWNED": str(spawned), "BLOCK": str(blocked)},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "SPAWNED": str(spawned), "BLOCK": str(blocked)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         # ready: rank 1 has started its `sleep` and waits in the step, so verify is watching its ranks
         # (the deadlines are a safety net for a loaded machine, not a timing)
@@ -235,9 +274,20 @@ def verify_peak(toytrain: Path, tmp_path: Path, env: dict[str, str]) -> tuple[su
     run.mkdir()
     probes, spawned = spawning_probe(run)
     peak = run / "peak"
-    result = subprocess.run([sys.executable, "-c", PEAK_AT_EXIT, "verify", *on_toytrain(
-        toytrain, "--source-root", str(probes), "--probe", "spawning_probe:step")], capture_output=True, text=True,
-        timeout=600, cwd=ROOT, env={**os.environ, "COLUMNS": "300", "SPAWNED": str(spawned), "PEAK_FILE": str(peak), **env})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PEAK_AT_EXIT,
+            "verify",
+            *on_toytrain(toytrain, "--source-root", str(probes), "--probe", "spawning_probe:step"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "300", "SPAWNED": str(spawned), "PEAK_FILE": str(peak), **env},
+    )
     return result, int(peak.read_text()) // 1024
 
 
@@ -281,16 +331,25 @@ def test_adaptor_mode_names_the_global_the_next_step_dies_on(toytrain):
     """docs/verify.md's adaptor-mode run: with only _EMA_GRAD_NORM fixed, the step after recovery dies on
     LOSS_LOG, and the verdict says so rather than blaming the fix that held."""
     adaptor = toytrain / "toytrain" / "recovery.py"
-    fixed = subprocess.run([sys.executable, "-m", "unsafe_doctor", "fix", *on_toytrain(toytrain, "--yes")],
-                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    fixed = subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "fix", *on_toytrain(toytrain, "--yes")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert fixed.returncode == 0, fixed.stderr
     assert "_EMA_GRAD_NORM" in adaptor.read_text()
-    result = verify(*on_toytrain(toytrain, "--source-root", str(PROBES), "--mode", "adaptor",
-                                 "--probe", "toytrain_probe:train_one_step"))
+    result = verify(
+        *on_toytrain(toytrain, "--source-root", str(PROBES), "--mode", "adaptor", "--probe", "toytrain_probe:train_one_step")
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     text = one_line(result.stdout)
-    assert re.search(r"the fix of toytrain\.state\._EMA_GRAD_NORM held, but the first step after recovery dies on "
-                     r"toytrain\.state\.LOSS_LOG at \S+/toytrain/state\.py:28, a global the log does not name", text), text
+    assert re.search(
+        r"the fix of toytrain\.state\._EMA_GRAD_NORM held, but the first step after recovery dies on "
+        r"toytrain\.state\.LOSS_LOG at \S+/toytrain/state\.py:28, a global the log does not name",
+        text,
+    ), text
 
 
 # --- progress on a terminal --------------------------------------------------------------------------
@@ -301,8 +360,13 @@ def test_progress_goes_to_stderr_on_a_terminal_and_nowhere_else(toytrain):
     adaptor = toytrain / "toytrain" / "recovery.py"
     assert quiet.returncode == 1 and quiet.stderr == f"unsafe-doctor: adaptor {adaptor} (given)\n"  # no progress
     reader, writer = pty.openpty()
-    process = subprocess.Popen([sys.executable, "-m", "unsafe_doctor", "verify", *on_toytrain(toytrain)], cwd=ROOT,
-                               env={**os.environ, "TERM": "xterm"}, stdout=subprocess.PIPE, stderr=writer)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "unsafe_doctor", "verify", *on_toytrain(toytrain)],
+        cwd=ROOT,
+        env={**os.environ, "TERM": "xterm"},
+        stdout=subprocess.PIPE,
+        stderr=writer,
+    )
     os.close(writer)
     drawn = b""
     while True:
@@ -324,17 +388,23 @@ def test_progress_goes_to_stderr_on_a_terminal_and_nowhere_else(toytrain):
 # --- judging what the ranks found (results as ranks write them, no process group) ----------------------
 
 
-EMA = Target("generic.replica-copy:toytrain.state._EMA_GRAD_NORM", GlobalName("toytrain.state", None, "_EMA_GRAD_NORM"), 2,
-             "generic.replica-copy")
-LOSS = Target("generic.reinitialise:toytrain.state.LOSS_LOG", GlobalName("toytrain.state", None, "LOSS_LOG"), 1,
-              "generic.reinitialise")
+EMA = Target(
+    "generic.replica-copy:toytrain.state._EMA_GRAD_NORM",
+    GlobalName("toytrain.state", None, "_EMA_GRAD_NORM"),
+    2,
+    "generic.replica-copy",
+)
+LOSS = Target(
+    "generic.reinitialise:toytrain.state.LOSS_LOG", GlobalName("toytrain.state", None, "LOSS_LOG"), 1, "generic.reinitialise"
+)
 FUNCTIONS = {"rollback": "feature_rollback", "send": "send_rank_repair", "recv": "recv_rank_repair"}
 UNSAFE = "There is unsafe data in the input tensor."
 
 
 def judged(targets: tuple[Target, ...], unpatched: RunResult, patched: RunResult) -> list:
-    blocks = tuple(Block(target.key, "recv", "recv_rank_repair", "/job/recovery.py", 40, "pass\n", (), None)
-                   for target in targets)
+    blocks = tuple(
+        Block(target.key, "recv", "recv_rank_repair", "/job/recovery.py", 40, "pass\n", (), None) for target in targets
+    )
     plan = ReplayPlan(targets, blocks, (), FUNCTIONS, {}, (), "adaptor", 2, 1, 0, ())
     clean = RunResult(resume={target.key: StepOutcome() for target in targets})
     results = [RankResult(0, "emulated", clean, clean), RankResult(1, "emulated", unpatched, patched)]
@@ -355,6 +425,8 @@ def test_a_step_that_dies_on_another_findings_global_names_it_and_says_the_fix_h
     patched = RunResult(resume={EMA.key: died_on_loss, LOSS.key: died_on_loss}, equal={EMA.key: True})
     ema, loss = judged((EMA, LOSS), red(EMA, LOSS), patched)
     assert ema.outcome == loss.outcome == "failed"
-    assert ema.patched == ("rank 1: the fix of toytrain.state._EMA_GRAD_NORM held, but the first step after recovery dies on "
-                           "toytrain.state.LOSS_LOG at /job/state.py:28, another finding's global (see its verdict)")
+    assert ema.patched == (
+        "rank 1: the fix of toytrain.state._EMA_GRAD_NORM held, but the first step after recovery dies on "
+        "toytrain.state.LOSS_LOG at /job/state.py:28, another finding's global (see its verdict)"
+    )
     assert loss.patched == "rank 1: the first step after recovery still fails reading toytrain.state.LOSS_LOG at /job/state.py:28"

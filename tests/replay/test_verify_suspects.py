@@ -41,29 +41,48 @@ def adaptor(tmp_path) -> Path:
 
 
 def unsafe_doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def test_plain_verify_of_a_log_without_a_traceback_says_to_choose_a_suspect(adaptor):
     line = refused(unsafe_doctor("verify", str(ROUTER_LOG), "--adaptor", str(adaptor)))
     assert "no unsafe-data finding" not in line
-    assert line == ("unsafe-doctor: nothing to verify: the log's unsafe-data error has no traceback: choose which of "
-                    "its 2 suspects to replay with --suspect N (diagnose lists them)")
+    assert line == (
+        "unsafe-doctor: nothing to verify: the log's unsafe-data error has no traceback: choose which of "
+        "its 2 suspects to replay with --suspect N (diagnose lists them)"
+    )
 
 
 @pytest.mark.parametrize(
     ("log", "number", "message"),
     [
         (ROUTER_LOG, "4", "--suspect 4: the log's shortlist has suspects 1 to 2"),  # fix's own words
-        (TRACKER_LOG, "1", "--suspect 1: the replay cannot build _MOE_LAYER_WISE_LOGGING_TRACKER: rule "
-                           "megatron.moe-layer-wise-tracker names it without the one module that holds it"),
-        (FLASH_LOG, "1", "--suspect 1: no fix can be shown: the fix must import the module that holds the global, and "
-                         "the log does not say which module that is (the rule knows it only by the pattern "
-                         "mindspeed.*); a traceback names it, as the sentinel does at the next fault: diagnose of "
-                         "that log writes the fix"),
-        (ROOT / "samples" / "logs" / "megatron_moe_tracker.log", "1", "--suspect: the log has no error without a "
-                                                                      "traceback, so no shortlist of suspects"),
+        (
+            TRACKER_LOG,
+            "1",
+            "--suspect 1: the replay cannot build _MOE_LAYER_WISE_LOGGING_TRACKER: rule "
+            "megatron.moe-layer-wise-tracker names it without the one module that holds it",
+        ),
+        (
+            FLASH_LOG,
+            "1",
+            "--suspect 1: no fix can be shown: the fix must import the module that holds the global, and "
+            "the log does not say which module that is (the rule knows it only by the pattern "
+            "mindspeed.*); a traceback names it, as the sentinel does at the next fault: diagnose of "
+            "that log writes the fix",
+        ),
+        (
+            ROOT / "samples" / "logs" / "megatron_moe_tracker.log",
+            "1",
+            "--suspect: the log has no error without a traceback, so no shortlist of suspects",
+        ),
     ],
 )
 def test_a_suspect_out_of_range_unbuildable_or_without_a_shortlist_is_refused_in_one_line(adaptor, log, number, message):
@@ -100,13 +119,21 @@ def test_a_suspects_fix_goes_red_then_green_and_is_proven_for_that_suspect_only(
     text = " ".join(red.stdout.split())
     assert f"NO-FIX · suspect 1 · {ROUTER}.expert_bias · scenario 2" in text
     assert "reproduced `There is unsafe data in the input tensor.` on rank 1" in text
-    assert "proof: ran the adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback() (it holds no fix " \
-           "block: nothing was patched)" in text and "patched adaptor" not in text
-    assert (f"Suspect 1: the replay made {ROUTER}.expert_bias the global the recovery left unsafe (marked as a UCE on it "
-            "would be). Not shown: that suspect 1 is the global this log's fault left unsafe") in text
+    assert (
+        "proof: ran the adaptor's own recv_rank_repair(), send_rank_repair(), feature_rollback() (it holds no fix "
+        "block: nothing was patched)"
+        in text
+        and "patched adaptor" not in text
+    )
+    assert (
+        f"Suspect 1: the replay made {ROUTER}.expert_bias the global the recovery left unsafe (marked as a UCE on it "
+        "would be). Not shown: that suspect 1 is the global this log's fault left unsafe"
+    ) in text
     # the sentinel names TopKRouter.expert_bias too: the suspect, by its class; the router's other buffer is not
-    assert ("Still unsafe after the patched rollback, and no finding of the log: "
-            f"{ROUTER}.TopKRouter.local_tokens_per_expert; the first step") in text
+    assert (
+        "Still unsafe after the patched rollback, and no finding of the log: "
+        f"{ROUTER}.TopKRouter.local_tokens_per_expert; the first step"
+    ) in text
     [command] = [line for line in red.stdout.splitlines() if line.startswith("unsafe-doctor fix ")]  # to write the fix
     assert command.endswith(" --suspect 1 --yes")
     written = unsafe_doctor(*shlex.split(command)[1:])
@@ -116,18 +143,21 @@ def test_a_suspects_fix_goes_red_then_green_and_is_proven_for_that_suspect_only(
     text = " ".join(green.stdout.split())
     assert f"PROVEN · suspect 1 · {ROUTER}.expert_bias · scenario 2" in text
     assert "recovery clean, tensor bit-identical to replica rank 3" in text
-    assert (f"Proven for suspect 1 only: the replay made {ROUTER}.expert_bias the global the recovery left unsafe "
-            "(marked as a UCE on it would be); its fix brings the first step after recovery back clean. Not shown: that "
-            "suspect 1 is the global this log's fault left unsafe (the log has no traceback): `unsafe-doctor sentinel "
-            "install` names that one at the next fault.") in text
+    assert (
+        f"Proven for suspect 1 only: the replay made {ROUTER}.expert_bias the global the recovery left unsafe "
+        "(marked as a UCE on it would be); its fix brings the first step after recovery back clean. Not shown: that "
+        "suspect 1 is the global this log's fault left unsafe (the log has no traceback): `unsafe-doctor sentinel "
+        "install` names that one at the next fault."
+    ) in text
     assert "Proven: the fixes of this log's globals" not in text  # the log names no global
 
 
 # --- the verdict and the report of a suspect, from results as ranks write them (no process group) -----------
 
 
-SUSPECT = Target("megatron.router-expert-bias", GlobalName(ROUTER, None, "expert_bias"), 2, "megatron.router-expert-bias",
-                 suspect=1)
+SUSPECT = Target(
+    "megatron.router-expert-bias", GlobalName(ROUTER, None, "expert_bias"), 2, "megatron.router-expert-bias", suspect=1
+)
 HELD = f"{ROUTER}.TopKRouter.expert_bias"  # how the sentinel and a dying step name it: by the class that holds it
 FUNCTIONS = {"rollback": "feature_rollback", "send": "send_rank_repair", "recv": "recv_rank_repair"}
 UNSAFE = "There is unsafe data in the input tensor."
@@ -150,9 +180,9 @@ def test_the_json_says_what_a_suspects_proof_shows_and_what_it_does_not():
     assert verdict["suspect"] == {
         "number": 1,
         "proves": f"the replay made {ROUTER}.expert_bias the global the recovery left unsafe (marked as a UCE on it "
-                  "would be); its fix brings the first step after recovery back clean",
+        "would be); its fix brings the first step after recovery back clean",
         "does_not_prove": "that suspect 1 is the global this log's fault left unsafe (the log has no traceback): "
-                          "`unsafe-doctor sentinel install` names that one at the next fault",
+        "`unsafe-doctor sentinel install` names that one at the next fault",
     }
     assert json.loads(json.dumps(verification_json(verification))) == verification_json(verification)
 
@@ -164,8 +194,10 @@ def test_the_global_a_suspects_step_dies_on_is_the_suspect_when_named_by_its_cla
     verification = judged(died)
     [verdict] = verification.verdicts
     assert verdict.outcome == "failed"
-    assert verdict.patched == f"rank 1: the first step after recovery still fails reading {ROUTER}.expert_bias at " \
-                              "/mc/moe_utils.py:719"
+    assert (
+        verdict.patched == f"rank 1: the first step after recovery still fails reading {ROUTER}.expert_bias at "
+        "/mc/moe_utils.py:719"
+    )
     assert unfixed_globals(verification) == ()
     assert SUSPECT.names(HELD) and not SUSPECT.names(f"{ROUTER}.TopKRouter.local_tokens_per_expert")
     assert not SUSPECT.names(f"{ROUTER}.a.TopKRouter.expert_bias")  # one class, not a module below

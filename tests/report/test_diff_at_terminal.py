@@ -21,9 +21,19 @@ def dry_run_at_80_columns(tmp_path: Path, folder: str) -> tuple[str, list[str]]:
     lines without the diff's colours."""
     toy = tmp_path / folder
     shutil.copytree(SAMPLES / "framework", toy)
-    code, screen = at_terminal(["fix", str(SAMPLES / "logs" / "toytrain_ema"), "--source-root", str(toy),
-                                "--adaptor", str(toy / "toytrain" / "recovery.py"), "--dry-run"],
-                               columns=80, cwd=tmp_path)
+    code, screen = at_terminal(
+        [
+            "fix",
+            str(SAMPLES / "logs" / "toytrain_ema"),
+            "--source-root",
+            str(toy),
+            "--adaptor",
+            str(toy / "toytrain" / "recovery.py"),
+            "--dry-run",
+        ],
+        columns=80,
+        cwd=tmp_path,
+    )
     assert code == 0, screen
     return screen, [SGR.sub("", line) for line in screen.replace("\r\n", "\n").split("\n")]
 
@@ -33,8 +43,10 @@ def test_the_diff_at_an_80_column_terminal_is_whole_lines_with_names_escaped(tmp
     start = next(index for index, line in enumerate(lines) if line.startswith("--- "))
     end = next(index for index in range(start, len(lines)) if lines[index].startswith("unsafe-doctor: "))
     diff = lines[start:end]
-    assert diff[:2] == ["--- a/w\\x1b]0;owned\\x07\\x1b[2J/toytrain/recovery.py",
-                        "+++ b/w\\x1b]0;owned\\x07\\x1b[2J/toytrain/recovery.py"]
+    assert diff[:2] == [
+        "--- a/w\\x1b]0;owned\\x07\\x1b[2J/toytrain/recovery.py",
+        "+++ b/w\\x1b]0;owned\\x07\\x1b[2J/toytrain/recovery.py",
+    ]
     assert any(len(line) > 80 for line in diff)  # the block has lines wider than the terminal, left whole
     assert all(line[:1] in (" ", "+", "-", "@") for line in diff), "\n".join(diff)
     assert sum(line.startswith("+") for line in diff) == 1 + 8 + 10  # the +++ header, then each block's lines (tensor template)

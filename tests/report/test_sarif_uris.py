@@ -19,9 +19,23 @@ FOLDER = "w#1 %41"
 def test_a_relative_sarif_uri_is_percent_encoded(tmp_path):
     shutil.copytree(SAMPLES / "framework", tmp_path / FOLDER)
     result = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "diagnose", str(SAMPLES / "logs" / "toytrain_ema"),
-         "--source-root", FOLDER, "--format", "sarif"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        [
+            sys.executable,
+            "-m",
+            "unsafe_doctor",
+            "diagnose",
+            str(SAMPLES / "logs" / "toytrain_ema"),
+            "--source-root",
+            FOLDER,
+            "--format",
+            "sarif",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     [finding] = json.loads(result.stdout)["runs"][0]["results"]
     uri = finding["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
     assert uri == "w%231%20%2541/toytrain/train.py"

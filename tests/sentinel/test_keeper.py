@@ -84,7 +84,7 @@ class _Logger:
 LOGGER = _Logger()
 '''
 
-JOB = '''\
+JOB = """\
 import torch
 
 LOSS_LOG = {"loss": torch.zeros(1)}
@@ -96,7 +96,7 @@ def record_loss(loss):
 
 def train_step():
     record_loss(torch.ones(1))
-'''
+"""
 
 
 class JobEnds(Exception):
@@ -120,8 +120,9 @@ class MindIOOutput:
         stamp = datetime.datetime(2026, 8, 21, 10, 0, 0, 123456)
         tid = threading.get_native_id()
         if to == "stdout":
-            lines = (f"{stamp:%Y-%m-%d %H:%M:%S}.{stamp.microsecond} {STDOUT_LEVELS[level]} {tid} {text}"
-                     for level, text in self.texts)
+            lines = (
+                f"{stamp:%Y-%m-%d %H:%M:%S}.{stamp.microsecond} {STDOUT_LEVELS[level]} {tid} {text}" for level, text in self.texts
+            )
         else:
             lines = (f"{stamp:%Y-%m-%d %H:%M:%S.%f} {tid} {FILE_LEVELS[level]} [{tid}]{text}" for level, text in self.texts)
         return "".join(line + "\n" for line in lines)
@@ -130,11 +131,13 @@ class MindIOOutput:
 def swig_standin(output: MindIOOutput) -> types.ModuleType:
     """`ttp_c2python_api` as the handler's path uses it: enum values (distinct, as SWIG's are), the log, the processor."""
     module = types.ModuleType("ttp_c2python_api")
-    names = ("ReportState_RS_NORMAL ReportState_RS_RETRY ReportState_RS_UCE ReportState_RS_UCE_CORRUPTED "
-             "ReportState_RS_HCCL_FAILED ReportState_RS_UNKNOWN ReportState_RS_INIT_FINISH "
-             "ReportState_RS_PREREPAIR_FINISH ReportState_RS_STEP_FINISH RepairType_RT_SEND RepairType_RT_UCE_HIGHLEVEL "
-             "RepairType_RT_UCE_LOWLEVEL RepairType_RT_ROLLBACK RepairType_RT_RECV_REPAIR RepairType_RT_LOAD_CKPT "
-             "RepairType_RT_LOAD_REBUILD").split()
+    names = (
+        "ReportState_RS_NORMAL ReportState_RS_RETRY ReportState_RS_UCE ReportState_RS_UCE_CORRUPTED "
+        "ReportState_RS_HCCL_FAILED ReportState_RS_UNKNOWN ReportState_RS_INIT_FINISH "
+        "ReportState_RS_PREREPAIR_FINISH ReportState_RS_STEP_FINISH RepairType_RT_SEND RepairType_RT_UCE_HIGHLEVEL "
+        "RepairType_RT_UCE_LOWLEVEL RepairType_RT_ROLLBACK RepairType_RT_RECV_REPAIR RepairType_RT_LOAD_CKPT "
+        "RepairType_RT_LOAD_REBUILD"
+    ).split()
     for value, name in enumerate(names):
         setattr(module, name, value)
     module.RepairContext = type("RepairContext", (), {})
@@ -164,8 +167,13 @@ def helper_modules() -> dict[str, dict[str, object]]:
 
 
 def torch_npu_standin() -> types.ModuleType:
-    npu = types.SimpleNamespace(memory_allocated=lambda: 0, max_memory_allocated=lambda: 0, memory_reserved=lambda: 0,
-                                max_memory_reserved=lambda: 0, empty_cache=lambda: None)
+    npu = types.SimpleNamespace(
+        memory_allocated=lambda: 0,
+        max_memory_allocated=lambda: 0,
+        memory_reserved=lambda: 0,
+        max_memory_reserved=lambda: 0,
+        empty_cache=lambda: None,
+    )
     module = types.ModuleType("torch_npu")
     module.npu = npu
     return module
@@ -208,8 +216,7 @@ def load_mindio(real: Path, ref: str, monkeypatch, tmp_path: Path) -> MindIO:
         logger = tmp_path / "ttp_logger.py"
         logger.write_text(LOGGER_STANDIN)
     load_file("mindio_ttp.controller_ttp.ttp_logger", logger, monkeypatch)
-    decorator = load_file("mindio_ttp.framework_ttp.ttp_decorator", folder / "framework_ttp" / "ttp_decorator.py",
-                          monkeypatch)
+    decorator = load_file("mindio_ttp.framework_ttp.ttp_decorator", folder / "framework_ttp" / "ttp_decorator.py", monkeypatch)
     atexit.unregister(decorator.tft_destroy_processor)  # a stand-in processor has nothing to destroy
     monkeypatch.setattr(decorator, "rank_", RANK)
     monkeypatch.setattr(decorator, "ACTION_TIMEOUT", 0)  # its wait for a last checkpoint: none is coming
@@ -315,7 +322,7 @@ def test_without_the_keeper_only_the_first_public_version_prints_a_traceback(run
 def test_with_the_keeper_every_version_prints_one_full_traceback_in_mindios_output(runs):
     printed = runs.kept.printed()
     assert tracebacks(printed) == 1, printed
-    trace = printed[printed.index(TRACEBACK_HEADER):]
+    trace = printed[printed.index(TRACEBACK_HEADER) :]
     assert f'File "{runs.job_file}", line 7, in record_loss\n    LOSS_LOG["loss"] += loss\n' in trace
     assert f'File "{runs.job_file}", line 11, in train_step\n' in trace
     assert "in wrapper\n    iteration = func(*args, **kwargs)\n" in trace  # from MindIO's own frame down
@@ -448,4 +455,3 @@ def test_a_hostile_error_or_text_never_raises_into_the_job(sink):
         log(2, f"catch OTHER exception, ex instance:{UNSAFE_DATA}")
         log(2, b"bytes, not text")
     assert sink.texts == [(2, f"catch OTHER exception, ex instance:{UNSAFE_DATA}"), (2, b"bytes, not text")]
-

@@ -20,7 +20,7 @@ from unsafe_doctor.sentinel import Limits, UnsafeStateError, check, examine
 
 PACKAGE = {
     "__init__.py": "",
-    "state.py": '''
+    "state.py": """
         import collections
         import functools
         import logging
@@ -65,10 +65,10 @@ PACKAGE = {
             SCRATCH.get("mpu", torch.bfloat16)
             Tracker.totals["aux"] = [torch.zeros(2), torch.zeros(2)]
             causal_mask(4)
-    ''',
+    """,
 }
 
-RULES = '''
+RULES = """
 rules:
   - id: sentinelpkg.loss-log
     title: the loss log
@@ -113,7 +113,7 @@ rules:
       recv: |
         dist.recv(state.EMA, src=$src, group=$group)
     reason: carries from step to step
-'''
+"""
 
 EXPECTED = {
     "sentinelpkg.state.LOSS_LOG": ["sentinelpkg.state.LOSS_LOG['lm']"],
@@ -122,7 +122,8 @@ EXPECTED = {
     "sentinelpkg.state.LIMITS": ["sentinelpkg.state.LIMITS[0]"],
     "sentinelpkg.state.SCRATCH": ["sentinelpkg.state.SCRATCH.buffer[('mpu', torch.bfloat16)]"],
     "sentinelpkg.state.Tracker.totals": [
-        "sentinelpkg.state.Tracker.totals['aux'][0]", "sentinelpkg.state.Tracker.totals['aux'][1]"
+        "sentinelpkg.state.Tracker.totals['aux'][0]",
+        "sentinelpkg.state.Tracker.totals['aux'][1]",
     ],
     "sentinelpkg.state.causal_mask": ["sentinelpkg.state.causal_mask(…)[0]"],
 }

@@ -122,13 +122,21 @@ def test_heal_runs_the_scenario_1_rules_and_their_globals_check_safe_but_never_h
 
 
 @pytest.mark.parametrize("version", TRACKERS)
-def test_on_older_releases_the_sentinel_names_the_held_back_globals_where_the_release_keeps_them(
-    version, megatron_core_release
-):
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(megatron_core_release(version)), str(ROOT)]),
-                   "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    run = subprocess.run([sys.executable, str(FIXTURES / "release_run.py")], capture_output=True, text=True,
-                         env=environment, timeout=300, check=False)
+def test_on_older_releases_the_sentinel_names_the_held_back_globals_where_the_release_keeps_them(version, megatron_core_release):
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(megatron_core_release(version)), str(ROOT)]),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    run = subprocess.run(
+        [sys.executable, str(FIXTURES / "release_run.py")],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     said = json.loads(run.stdout)
     tracker, rule = TRACKERS[version]

@@ -14,7 +14,7 @@ from unsafe_doctor.log.sentinel_lines import parse_line
 from unsafe_doctor.npu.backend import EmulatedBackend
 from unsafe_doctor.sentinel import Limits, check, examine
 
-SHAPES = '''
+SHAPES = """
     import argparse
     import dataclasses
     import functools
@@ -88,7 +88,7 @@ SHAPES = '''
     REGISTRY.extra = torch.zeros(1)
     HISTORY = History([torch.zeros(1)])
     HISTORY.last = torch.zeros(1)
-'''
+"""
 
 MODULE = "shapepkg.shapes"
 # (holder as a rule names it, the path of each tensor behind it)

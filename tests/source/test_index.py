@@ -74,9 +74,34 @@ def test_a_call_over_several_lines_keeps_its_arguments_and_still_spans_lines():
 # --- the shipped data ------------------------------------------------------------------------------
 
 
-MEGATRON_RELEASES = ["0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0", "0.10.0", "0.11.0", "0.12.0", "0.12.1", "0.12.2",
-                     "0.12.3", "0.13.0", "0.13.1", "0.14.0", "0.15.0", "0.15.1", "0.15.2", "0.15.3", "0.16.0", "0.16.1",
-                     "0.17.0", "0.17.1", "0.18.0", "0.18.2", "0.19.0", "0.19.2"]
+MEGATRON_RELEASES = [
+    "0.5.0",
+    "0.6.0",
+    "0.7.0",
+    "0.8.0",
+    "0.9.0",
+    "0.10.0",
+    "0.11.0",
+    "0.12.0",
+    "0.12.1",
+    "0.12.2",
+    "0.12.3",
+    "0.13.0",
+    "0.13.1",
+    "0.14.0",
+    "0.15.0",
+    "0.15.1",
+    "0.15.2",
+    "0.15.3",
+    "0.16.0",
+    "0.16.1",
+    "0.17.0",
+    "0.17.1",
+    "0.18.0",
+    "0.18.2",
+    "0.19.0",
+    "0.19.2",
+]
 
 
 def test_the_index_holds_every_megatron_core_release_with_its_provenance():
@@ -171,23 +196,29 @@ def test_the_faq_log_fingerprints_megatron_core_0_6():
 ROUTING = "probs, routing_map = self.routing(logits, padding_mask=padding_mask)"
 Z_LOSS = "logits = self.apply_z_loss(logits, padding_mask=padding_mask)"
 MOE_METRICS_FRAMES = {
-    "0.19": [("transformer/moe/router.py", 866, "forward", ROUTING),
-             ("transformer/moe/router.py", 763, "routing", Z_LOSS),
-             ("transformer/moe/router.py", 697, "apply_z_loss", "get_moe_metrics_tracker().record("),
-             ("transformer/moe/moe_logging.py", 125, "record", "entry.values[layer_number - 1] += value.detach()")],
-    "0.18": [("transformer/moe/router.py", 706, "forward", ROUTING),
-             ("transformer/moe/router.py", 608, "routing", Z_LOSS),
-             ("transformer/moe/router.py", 546, "apply_z_loss", "get_moe_metrics_tracker().record("),
-             ("transformer/moe/moe_logging.py", 125, "record", "entry.values[layer_number - 1] += value.detach()")],
+    "0.19": [
+        ("transformer/moe/router.py", 866, "forward", ROUTING),
+        ("transformer/moe/router.py", 763, "routing", Z_LOSS),
+        ("transformer/moe/router.py", 697, "apply_z_loss", "get_moe_metrics_tracker().record("),
+        ("transformer/moe/moe_logging.py", 125, "record", "entry.values[layer_number - 1] += value.detach()"),
+    ],
+    "0.18": [
+        ("transformer/moe/router.py", 706, "forward", ROUTING),
+        ("transformer/moe/router.py", 608, "routing", Z_LOSS),
+        ("transformer/moe/router.py", 546, "apply_z_loss", "get_moe_metrics_tracker().record("),
+        ("transformer/moe/moe_logging.py", 125, "record", "entry.values[layer_number - 1] += value.detach()"),
+    ],
 }
 
 
 def metrics_tracker_log(frames: list[tuple[str, int, str, str]]) -> str:
     """A rank's torchrun traceback through those frames, as Python 3.12 prints it."""
     site = "/usr/local/lib/python3.12/site-packages/megatron/core/"
-    lines = ["[rank0]: Traceback (most recent call last):",
-             '[rank0]:   File "/home/user/job/pretrain_gpt.py", line 211, in forward_step',
-             "[rank0]:     output_tensor = model(tokens, position_ids, attention_mask, labels=labels)"]
+    lines = [
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "/home/user/job/pretrain_gpt.py", line 211, in forward_step',
+        "[rank0]:     output_tensor = model(tokens, position_ids, attention_mask, labels=labels)",
+    ]
     for path, line, function, source in frames:
         lines += [f'[rank0]:   File "{site}{path}", line {line}, in {function}', f"[rank0]:     {source}"]
     return "\n".join([*lines, f"[rank0]: RuntimeError: {UNSAFE_DATA}.", ""])
@@ -198,8 +229,12 @@ def test_frames_of_a_newer_release_name_it_in_the_summary_and_the_finding(tmp_pa
     """0.17 to 0.19 are indexed: the log's frames name their release, and the summary says what the finding says."""
     log = tmp_path / "train.log"
     log.write_text(metrics_tracker_log(MOE_METRICS_FRAMES[series]))
-    done = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", str(log), "--log-only", "--format", "json"],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    done = subprocess.run(
+        [sys.executable, "-m", "unsafe_doctor", "diagnose", str(log), "--log-only", "--format", "json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
     report = json.loads(done.stdout)
     described = f"megatron-core {named}, from 4 frames"
     assert report["summary"]["frameworks"]["megatron-core"]["from"] == f"the log's frames ({described})"
@@ -252,7 +287,8 @@ def test_the_index_names_the_same_global_as_the_real_file_for_every_statement(re
         return {
             (finding.culprit.line if finding.culprit else None): (
                 (finding.tensor.name.variable, finding.tensor.name.module, finding.tensor.name.owner, finding.tensor.cached)
-                if finding.tensor else None
+                if finding.tensor
+                else None
             )
             for finding in findings
         }

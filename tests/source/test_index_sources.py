@@ -23,8 +23,12 @@ SOURCES = index_folder() / "sources.yaml"
 
 
 def build_index(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "build_index.py"), *map(str, arguments)],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "build_index.py"), *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 @pytest.mark.parametrize("framework", sorted(FRAMEWORK_FOLDERS))
@@ -48,10 +52,14 @@ def test_the_list_pins_mindspeeds_newer_branches():
 
 
 def git(repo: Path, *arguments: str) -> str:
-    fixed = {f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER")
-             for what, value in (("DATE", "2026-01-01T00:00:00"), ("NAME", "t"), ("EMAIL", "t@t"))}
-    return subprocess.run(["git", "-C", str(repo), *arguments], capture_output=True, text=True, check=True,
-                          env={**os.environ, **fixed}).stdout.strip()
+    fixed = {
+        f"GIT_{who}_{what}": value
+        for who in ("AUTHOR", "COMMITTER")
+        for what, value in (("DATE", "2026-01-01T00:00:00"), ("NAME", "t"), ("EMAIL", "t@t"))
+    }
+    return subprocess.run(
+        ["git", "-C", str(repo), *arguments], capture_output=True, text=True, check=True, env={**os.environ, **fixed}
+    ).stdout.strip()
 
 
 def two_commits(repo: Path) -> list[str]:
@@ -71,8 +79,9 @@ def test_the_same_pinned_commits_build_the_same_bytes(tmp_path):
     repo = tmp_path / "MindSpeed"
     old, new = two_commits(repo)
     sources = tmp_path / "sources.yaml"
-    sources.write_text(f'mindspeed:\n  - {{release: "1.0.0", commit: "{old}"}}\n'
-                       f'  - {{release: "master@{new[:8]}", commit: "{new}"}}\n')
+    sources.write_text(
+        f'mindspeed:\n  - {{release: "1.0.0", commit: "{old}"}}\n  - {{release: "master@{new[:8]}", commit: "{new}"}}\n'
+    )
     for out in ("first", "second"):
         done = build_index("mindspeed", "--repo", repo / ".git", "--sources", sources, "--out", tmp_path / out)
         assert done.returncode == 0, done.stderr

@@ -37,8 +37,17 @@ def function_named(source, name: str) -> Function:
 def test_python_files_skip_environments_caches_tests_and_hidden_folders(tmp_path):
     for kept in ("pkg/__init__.py", "pkg/a.py", "pkg/sub/b.py"):
         write(tmp_path / kept, "")
-    for skipped in (".venv/x.py", "venv/x.py", "myvenv/x.py", "pkg/__pycache__/x.py", "pkg/tests/x.py",
-                    "site-packages/x.py", "pkg.egg-info/x.py", ".git/x.py", "build/x.py"):
+    for skipped in (
+        ".venv/x.py",
+        "venv/x.py",
+        "myvenv/x.py",
+        "pkg/__pycache__/x.py",
+        "pkg/tests/x.py",
+        "site-packages/x.py",
+        "pkg.egg-info/x.py",
+        ".git/x.py",
+        "build/x.py",
+    ):
         write(tmp_path / skipped, "")
     write(tmp_path / "pkg" / "notes.txt", "")
     found = [path.relative_to(tmp_path).as_posix() for path in python_files(tmp_path)]
@@ -57,7 +66,8 @@ def test_package_folder_is_the_top_package_and_none_for_a_top_level_module(tmp_p
 
 
 def test_a_scope_walk_yields_nested_functions_classes_and_lambdas_but_not_what_is_inside_them():
-    function = ast.parse(textwrap.dedent("""\
+    function = ast.parse(
+        textwrap.dedent("""\
         def outer(x):
             def first():
                 return 1
@@ -66,7 +76,8 @@ def test_a_scope_walk_yields_nested_functions_classes_and_lambdas_but_not_what_i
                     y = 2
                 key = lambda item: item.z
             return 3
-        """)).body[0]
+        """)
+    ).body[0]
     nodes = list(walk_scope(function))
     assert sorted(node.lineno for node in nodes if isinstance(node, ast.Return)) == [8]
     assert {type(node).__name__ for node in nodes} >= {"FunctionDef", "ClassDef", "Lambda"}
@@ -84,17 +95,32 @@ def test_empty_values_and_empty_containers():
 
 def test_a_loop_variable_is_drawn_from_the_innermost_comprehension_that_binds_it_where_it_is_written():
     tree = ast.parse("r = [[x * y for y in x.rows] for x in X] + [x for x in [x for x in Z]] + [x]")
-    drawn = [(name.id, ast.unparse(iterable) if (iterable := loop_iterable(tree, name)) else None)
-             for name in ast.walk(tree) if isinstance(name, ast.Name) and name.id in ("x", "y")]
-    assert sorted(drawn, key=str) == sorted([
-        ("x", "X"), ("y", "x.rows"), ("x", "X"), ("y", "x.rows"), ("x", "X"),  # x.rows: x is the outer element
-        ("x", "[x for x in Z]"), ("x", "[x for x in Z]"), ("x", "Z"), ("x", "Z"),
-        ("x", None),  # outside every comprehension
-    ], key=str)
+    drawn = [
+        (name.id, ast.unparse(iterable) if (iterable := loop_iterable(tree, name)) else None)
+        for name in ast.walk(tree)
+        if isinstance(name, ast.Name) and name.id in ("x", "y")
+    ]
+    assert sorted(drawn, key=str) == sorted(
+        [
+            ("x", "X"),
+            ("y", "x.rows"),
+            ("x", "X"),
+            ("y", "x.rows"),
+            ("x", "X"),  # x.rows: x is the outer element
+            ("x", "[x for x in Z]"),
+            ("x", "[x for x in Z]"),
+            ("x", "Z"),
+            ("x", "Z"),
+            ("x", None),  # outside every comprehension
+        ],
+        key=str,
+    )
 
 
 def test_a_workspace_parses_a_file_once_and_types_its_bindings(tmp_path):
-    path = write(tmp_path / "pkg" / "mod.py", """
+    path = write(
+        tmp_path / "pkg" / "mod.py",
+        """
         import os
         from . import state as st
         try:
@@ -106,7 +132,8 @@ def test_a_workspace_parses_a_file_once_and_types_its_bindings(tmp_path):
             global Y
         class C:
             pass
-    """)
+    """,
+    )
     write(tmp_path / "pkg" / "__init__.py", "")
     workspace = Workspace([tmp_path])
     source = workspace.module_source("pkg.mod")
@@ -128,7 +155,9 @@ def parsed_and_let_go(tmp_path, path, module):
 
 
 def test_a_file_parsed_again_in_part_keeps_its_line_numbers_and_its_imports(tmp_path):
-    path = write(tmp_path / "pkg" / "mod.py", """
+    path = write(
+        tmp_path / "pkg" / "mod.py",
+        """
         from pkg.state import BUF
         def unrelated():
             return 1
@@ -139,7 +168,8 @@ def test_a_file_parsed_again_in_part_keeps_its_line_numbers_and_its_imports(tmp_
              2); v = 3
         def other():
             pass
-    """)
+    """,
+    )
     workspace = parsed_and_let_go(tmp_path, path, "pkg.mod")
     part = workspace.selected(path, "pkg.mod", lambda statement: not statement.definition or "BUF" in statement.text)
     assert part is not None and part.imports["BUF"].target == "pkg.state.BUF"
@@ -151,7 +181,9 @@ def test_a_file_parsed_again_in_part_keeps_its_line_numbers_and_its_imports(tmp_
 
 
 def test_a_class_parsed_again_in_part_keeps_only_the_methods_chosen(tmp_path):
-    path = write(tmp_path / "pkg" / "model.py", """
+    path = write(
+        tmp_path / "pkg" / "model.py",
+        """
         from pkg.state import BUF
         class Model:
             \"\"\"Holds a model.\"\"\"
@@ -169,7 +201,8 @@ def test_a_class_parsed_again_in_part_keeps_only_the_methods_chosen(tmp_path):
                 pass
         class Packed:
             a = 1; b = BUF
-    """)
+    """,
+    )
     workspace = parsed_and_let_go(tmp_path, path, "pkg.model")
     part = workspace.selected(path, "pkg.model", lambda statement: not statement.definition or "BUF" in statement.text)
     assert part is not None and not part.bindings  # parsed in part
@@ -187,11 +220,7 @@ def test_resolver_called_from_an_index_of_modules_names_the_global_a_function_re
     assert source is not None
     function = function_named(source, "clip_gradients")
     scope = Scope.of(source, function)
-    found = {
-        ast.unparse(node): resolve(node, scope, workspace)
-        for node in ast.walk(function)
-        if isinstance(node, ast.Attribute)
-    }
+    found = {ast.unparse(node): resolve(node, scope, workspace) for node in ast.walk(function) if isinstance(node, ast.Attribute)}
     ema = found["state._EMA_GRAD_NORM"]
     assert ema is not None
     assert (ema.tier, ema.name) == (Tier.GLOBAL, GlobalName("toytrain.state", None, "_EMA_GRAD_NORM"))
@@ -212,13 +241,16 @@ def test_module_member_follows_a_package_re_export_and_descends_into_submodules(
 
 
 def test_imports_of_a_function_take_its_last_import_before_the_line(tmp_path):
-    path = write(tmp_path / "adaptor.py", """
+    path = write(
+        tmp_path / "adaptor.py",
+        """
         import fw.parallel_state as mpu
         def rollback():
             mpu._X = None
             from fw import other_state as mpu
             mpu._X = None
-    """)
+    """,
+    )
     source = Workspace([tmp_path]).source(path, "adaptor")
     assert source is not None
     function = function_named(source, "rollback")

@@ -228,7 +228,7 @@ def _describe(node: Function, text_lines: list[str], path: Path) -> AdaptorFunct
         return AdaptorFunction(node.name, path, first_line, last_line, parameters, "", INDENT, None, (), None)
     indent = _indent(text_lines[body[0].lineno - 1])
     def_indent = _indent(text_lines[first_line - 1])
-    unit = indent[len(def_indent):] if indent.startswith(def_indent) and len(indent) > len(def_indent) else INDENT
+    unit = indent[len(def_indent) :] if indent.startswith(def_indent) and len(indent) > len(def_indent) else INDENT
     last_row = [statement for statement in body if statement.lineno == body[-1].lineno]
     trailing = [statement for statement in last_row if isinstance(statement, ast.Return)]
     if trailing:
@@ -348,21 +348,26 @@ def block_spans(source: AdaptorSource) -> list[BlockSpan]:
         where = f"{source.shown}:{marker.line + 1}"
         if marker.begins:
             if open_key is not None:
-                raise UsageError(f"{where}: a begin marker inside block {open_key} (line {opened + 1}), whose end is missing: "
-                                 "mend the markers by hand")
+                raise UsageError(
+                    f"{where}: a begin marker inside block {open_key} (line {opened + 1}), whose end is missing: "
+                    "mend the markers by hand"
+                )
             open_key, opened = marker.key, marker.line
         else:
             if open_key is None:
                 raise UsageError(f"{where}: end marker of block {marker.key} without its begin: mend the markers by hand")
             if marker.key != open_key:
-                raise UsageError(f"{where}: end marker of block {marker.key} inside block {open_key} (line {opened + 1}): "
-                                 "mend the markers by hand")
+                raise UsageError(
+                    f"{where}: end marker of block {marker.key} inside block {open_key} (line {opened + 1}): "
+                    "mend the markers by hand"
+                )
             _check_inside_one_function(source, marker.key, opened, marker.line)
             spans.append(BlockSpan(marker.key, opened, marker.line))
             open_key = None
     if open_key is not None:
-        raise UsageError(f"{source.shown}:{opened + 1}: block {open_key} has no end marker ({MARKER_END}{open_key}): "
-                         "mend the markers by hand")
+        raise UsageError(
+            f"{source.shown}:{opened + 1}: block {open_key} has no end marker ({MARKER_END}{open_key}): mend the markers by hand"
+        )
     return spans
 
 
@@ -379,8 +384,10 @@ def _check_inside_one_function(source: AdaptorSource, key: str, begin: int, end:
         # a def or class that starts between, else the one that ends there
         crossed = min(starts, key=lambda scope: scope.first_line, default=holder)
         kind = f"{crossed.name}()" if isinstance(crossed, AdaptorFunction) else f"class {crossed.name}"
-        raise UsageError(f"{where} runs across the boundary of {kind} (line {crossed.first_line}): its markers belong "
-                         "to different blocks; mend the markers by hand")
+        raise UsageError(
+            f"{where} runs across the boundary of {kind} (line {crossed.first_line}): its markers belong "
+            "to different blocks; mend the markers by hand"
+        )
 
 
 def without_blocks(
@@ -471,6 +478,6 @@ def _marked_blocks(source: AdaptorSource) -> Iterable[MarkedBlock]:
             raise UsageError(f"{source.shown}:{span.begin + 1}: block {span.key} is outside any function")
         text = texts[span.begin]
         indent = text[: len(text) - len(text.lstrip())]
-        lines = [line[len(indent):] if line.startswith(indent) else line.lstrip() for line in texts[span.begin : span.end + 1]]
+        lines = [line[len(indent) :] if line.startswith(indent) else line.lstrip() for line in texts[span.begin : span.end + 1]]
         code = "\n".join(lines) + "\n"
         yield MarkedBlock(span.key, source.path, span.begin + 1, function.name, function.parameters, function.own_group, code)

@@ -63,14 +63,18 @@ def existing_reset(
         coverage = adaptor_coverage.of(holder)
         if coverage.status == "unsafe":
             where = ", ".join(f"{site.file}:{site.line}" for site in coverage.sites)
-            return (f"the adaptor's own handling of {holder.variable} is unsafe ({where}): {coverage.why}; "
-                    "the block rebuilds it safely, and that statement should go",)
+            return (
+                f"the adaptor's own handling of {holder.variable} is unsafe ({where}): {coverage.why}; "
+                "the block rebuilds it safely, and that statement should go",
+            )
         if coverage.status != "covered":
             continue
         importers = context.workspace.importers_by_name(holder.module, holder.variable)
         if importers and coverage.how == "reset":
-            return (f"the adaptor rebinds {holder.variable} ({coverage.sites[0].file}:{coverage.sites[0].line}), but "
-                    f"{importers[0]} imported it by name and keeps the old object: the block resets it in place",)
+            return (
+                f"the adaptor rebinds {holder.variable} ({coverage.sites[0].file}:{coverage.sites[0].line}), but "
+                f"{importers[0]} imported it by name and keeps the old object: the block resets it in place",
+            )
         return AlreadyReset(0, holder.dotted, coverage, _doubts(coverage, environment.adaptor))
     return ()
 

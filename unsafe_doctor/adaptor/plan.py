@@ -146,8 +146,9 @@ def plan_fix(
     for number, item in enumerate(findings, 1):
         classification = item.classification
         if isinstance(classification, Unclassified):
-            outcomes.append(Skipped(number, "unclassified: scenario 1 or 2 is not known, so there is no fix to write",
-                                    item.suspect))
+            outcomes.append(
+                Skipped(number, "unclassified: scenario 1 or 2 is not known, so there is no fix to write", item.suspect)
+            )
         elif isinstance(classification.fix, NoFix):
             outcomes.append(Skipped(number, classification.fix.reason, item.suspect))
         elif (unresolved := _unresolved_module(item.subject)) is not None:
@@ -167,14 +168,21 @@ def plan_fix(
             notes.extend(f"finding {number}: {note}" for note in (*classification.notes, *existing))
             for rule, companion, subject in _companions(item.subject, classification, context, findings):
                 requests.extend(_requests(subject, rule.id, companion, dict(functions or {})))
-                notes.append(f"finding {number}: {rule.id} is repaired with it: {_tensor_name(subject)} is the state "
-                             f"the same step reads next, and adaptor profile {environment.profile.id} does not "
-                             "reset it")
+                notes.append(
+                    f"finding {number}: {rule.id} is repaired with it: {_tensor_name(subject)} is the state "
+                    f"the same step reads next, and adaptor profile {environment.profile.id} does not "
+                    "reset it"
+                )
     if not requests:
         return Plan((), (), tuple(outcomes), ())
     blocks = plan_blocks(requests, environment, profile, group)
-    return replace(blocks, outcomes=tuple(outcomes), notes=tuple(dict.fromkeys((*notes, *blocks.notes))),
-                   profile=profile.id, profile_why=environment.profile_why)
+    return replace(
+        blocks,
+        outcomes=tuple(outcomes),
+        notes=tuple(dict.fromkeys((*notes, *blocks.notes))),
+        profile=profile.id,
+        profile_why=environment.profile_why,
+    )
 
 
 def _unresolved_module(subject: Subject) -> str | None:
@@ -185,8 +193,10 @@ def _unresolved_module(subject: Subject) -> str | None:
         return None
     if tensor.expression.split(".")[0] != tensor.name.module.rpartition(".")[2]:
         return None
-    return (f"the log reads {tensor.expression} through the name {tensor.name.module}, which without the job's source "
-            f"is a guess at its module: give --source-root so that the fix imports the module that holds it")
+    return (
+        f"the log reads {tensor.expression} through the name {tensor.name.module}, which without the job's source "
+        f"is a guess at its module: give --source-root so that the fix imports the module that holds it"
+    )
 
 
 def _companions(
@@ -251,9 +261,8 @@ def preview(item: ClassifiedSubject, context: RunContext) -> tuple[Preview, ...]
     for request in requests:
         lines, _ = request.block(detached_site(request.function, parameters), profile, None)
         imports = list(itertools.takewhile(lambda line: line.lstrip().startswith(("import ", "from ")), lines[2:]))
-        body = (*lines[:2], *lines[2 + len(imports):])
-        previews.append(Preview(request.function, sides.get(request.role, ""), body,
-                                tuple(line.strip() for line in imports)))
+        body = (*lines[:2], *lines[2 + len(imports) :])
+        previews.append(Preview(request.function, sides.get(request.role, ""), body, tuple(line.strip() for line in imports)))
     return tuple(previews)
 
 
@@ -312,8 +321,10 @@ def _refuse_a_tie(lines: Sequence[str], environment: Environment, profile: Adapt
     others = [tied for tied in environment.tied if set(tied.repair_group_imports) != set(profile.repair_group_imports)]
     if imported and others:
         choices = ", ".join(item.id for item in (profile, *others))
-        raise UsageError(f"{environment.adaptor} imports no repair-group getter and fits adaptor profiles {choices} equally "
-                         f"well, which get it from different modules: name its generation with --profile ({choices})")
+        raise UsageError(
+            f"{environment.adaptor} imports no repair-group getter and fits adaptor profiles {choices} equally "
+            f"well, which get it from different modules: name its generation with --profile ({choices})"
+        )
 
 
 @dataclass(frozen=True)
@@ -350,14 +361,35 @@ def _requests(subject: Subject, key: str, fix: FixPlan, functions: dict[Role, st
     what = _tensor_name(subject) or key
     if fix.phase == "rollback" or fix.peer_function is None or fix.peer_code is None:
         return [
-            _Request(key, "rollback", functions.get("rollback", fix.function),
-                     f"scenario 1: re-initialise {what} after the rollback", fix.imports, fix.code, 1)
+            _Request(
+                key,
+                "rollback",
+                functions.get("rollback", fix.function),
+                f"scenario 1: re-initialise {what} after the rollback",
+                fix.imports,
+                fix.code,
+                1,
+            )
         ]
     return [
-        _Request(key, "recv", functions.get("recv", fix.function),
-                 f"scenario 2, faulty rank: receive {what} from the replica rank", fix.imports, fix.code, 2),
-        _Request(key, "send", functions.get("send", fix.peer_function),
-                 f"scenario 2, replica rank: send {what} to the faulty rank", fix.imports, fix.peer_code, 2),
+        _Request(
+            key,
+            "recv",
+            functions.get("recv", fix.function),
+            f"scenario 2, faulty rank: receive {what} from the replica rank",
+            fix.imports,
+            fix.code,
+            2,
+        ),
+        _Request(
+            key,
+            "send",
+            functions.get("send", fix.peer_function),
+            f"scenario 2, replica rank: send {what} to the faulty rank",
+            fix.imports,
+            fix.peer_code,
+            2,
+        ),
     ]
 
 

@@ -137,8 +137,10 @@ def plan_sentinel(
         again = "sentinel install --revert, then install again"
         note = f"to write another mode or move it: {again}"
         if unguarded:  # written before the guard: the failure this module's guarded block exists to prevent
-            note = (f"it is unguarded in mode {unguarded} (an earlier unsafe-doctor wrote it): a rank that cannot import "
-                    f"unsafe-doctor fails the rollback there; to guard it: {again}")
+            note = (
+                f"it is unguarded in mode {unguarded} (an earlier unsafe-doctor wrote it): a rank that cannot import "
+                f"unsafe-doctor fails the rollback there; to guard it: {again}"
+            )
         return Plan((), (present,), (), (note,))
     return plan_blocks([SentinelRequest(_end_of_rollback(environment, profile, functions or {}), mode)], environment, profile)
 

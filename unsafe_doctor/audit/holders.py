@@ -304,8 +304,12 @@ def named_by_rules(found: ScanFindings, holders: Sequence[Holder]) -> list[Holde
 
 def _named_by_rules_in(info: ModuleInfo, rules: Sequence[Rule]) -> list[Holder]:
     """What the rules name in one module, in the order of the rules and their blocks."""
-    blocks = [block for rule in rules for block in rule.matches
-              if block.module is not None and fnmatchcase(info.name, block.module) and _may_name(block, info.text)]
+    blocks = [
+        block
+        for rule in rules
+        for block in rule.matches
+        if block.module is not None and fnmatchcase(info.name, block.module) and _may_name(block, info.text)
+    ]
     # by the block's class
     named: dict[str | None, list[tuple[GlobalName[str, str], ast.stmt | ast.expr | Span, HolderKind]]] = {}
     found: dict[GlobalName[str, str], Holder] = {}

@@ -39,8 +39,13 @@ _NO_ADAPTOR = Coverage("uncovered", None, None, (), (), "no adaptor was found")
 
 
 def audit(
-    paths: Sequence[Path], *, adaptor: Path | None = None, rule_paths: Sequence[Path] = (), progress: Progress | None = None,
-    choose_adaptor: AdaptorChooser | None = None, cache: Path | None = None,
+    paths: Sequence[Path],
+    *,
+    adaptor: Path | None = None,
+    rule_paths: Sequence[Path] = (),
+    progress: Progress | None = None,
+    choose_adaptor: AdaptorChooser | None = None,
+    cache: Path | None = None,
 ) -> Audit:
     """Scan the source trees, find the adaptor (given, or under the paths: of several, the one
     `choose_adaptor` names, else refused), judge each holder; `progress` is told how far each stage
@@ -75,8 +80,10 @@ def audit(
     if asked:  # the person's answer is not in the key: asked again next time
         return replace(result, cache=CacheOutcome("not stored", "the adaptor was chosen at the terminal"))
     if not looked.complete:
-        return replace(result, cache=CacheOutcome(
-            "not stored", f"an import root holds more than {looked_at.MAX_TREE_FOLDERS:,} folders to watch"))
+        return replace(
+            result,
+            cache=CacheOutcome("not stored", f"an import root holds more than {looked_at.MAX_TREE_FOLDERS:,} folders to watch"),
+        )
     return replace(result, cache=store.store(key, looked, result))
 
 
@@ -85,7 +92,11 @@ def _unwatched(stage: Stage, done: int, total: int) -> None:
 
 
 def _audit(
-    given: list[Path], adaptor: Path | None, knowledge: KnowledgeBase, progress: Progress, choose_adaptor: AdaptorChooser | None,
+    given: list[Path],
+    adaptor: Path | None,
+    knowledge: KnowledgeBase,
+    progress: Progress,
+    choose_adaptor: AdaptorChooser | None,
 ) -> Audit:
     files = audited_files(given)
     if not files:
@@ -112,8 +123,9 @@ def _audit(
         framework += named_by_rules(found, framework)
         index.let_go()
         collection.scanned()
-        environment = detect_environment(knowledge, index.workspace, adaptor=adaptor, search_under=given,
-                                         choose_adaptor=choose_adaptor)
+        environment = detect_environment(
+            knowledge, index.workspace, adaptor=adaptor, search_under=given, choose_adaptor=choose_adaptor
+        )
         context = RunContext(knowledge, index.workspace, environment)
         notes: list[str] = []
         judge = None
@@ -135,7 +147,8 @@ def _audit(
     audited.sort(key=lambda item: (_STATUS_ORDER[item.coverage.status], item.holder.name.dotted))
     stale = (
         stale_resets(environment.adaptor, environment.profile, environment, index.workspace, knowledge.rules)
-        if environment.adaptor else []
+        if environment.adaptor
+        else []
     )
     return Audit(tuple(given), len(files), tuple(unreadable), tuple(audited), context, tuple(stale), tuple(notes), conversion)
 

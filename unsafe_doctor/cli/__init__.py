@@ -39,8 +39,10 @@ def _usable_streams() -> None:
     if sys.stderr is None:
         sys.stderr = open(_null_at(2), "w", closefd=False)  # noqa: SIM115 - the process's own stderr
     if sys.stdout is None:
-        print("unsafe-doctor: standard output is closed (>&-): there is nowhere to write; "
-              "send it to a file or /dev/null instead", file=sys.stderr)
+        print(
+            "unsafe-doctor: standard output is closed (>&-): there is nowhere to write; send it to a file or /dev/null instead",
+            file=sys.stderr,
+        )
         sys.exit(2)
     for stream in (sys.stdout, sys.stderr):
         encoding = getattr(stream, "encoding", None)

@@ -80,7 +80,13 @@ _SHELL_HELP = "bash, zsh, fish or powershell; the shell this runs in when not na
 def _completion_option(name: str, *, install: bool, help: str) -> click.Option:
     """A click option, as typer's cannot take a value that may be left out (`--show-completion [SHELL]`)."""
     return click.Option(
-        [name], metavar="[SHELL]", is_flag=False, flag_value=_DETECTED, is_eager=True, expose_value=False, help=help,
+        [name],
+        metavar="[SHELL]",
+        is_flag=False,
+        flag_value=_DETECTED,
+        is_eager=True,
+        expose_value=False,
+        help=help,
         callback=lambda context, parameter, value: _completion(value, install=install),
     )
 
@@ -92,8 +98,11 @@ def _command() -> click.Command:
     command = typer.main.get_command(app)
     command.params += [
         _completion_option("--install-completion", install=True, help=f"Install completion for a shell ({_SHELL_HELP})."),
-        _completion_option("--show-completion", install=False,
-                           help=f"Print the completion script for a shell ({_SHELL_HELP}), to install it yourself."),
+        _completion_option(
+            "--show-completion",
+            install=False,
+            help=f"Print the completion script for a shell ({_SHELL_HELP}), to install it yourself.",
+        ),
     ]
     return command
 

@@ -95,9 +95,14 @@ def audit_command(
     shown = sys.stderr.isatty() and (output_format is LocatedFormat.text or sys.stdout.isatty())
     bar = stages_bar(shown=shown, labels=_STAGES)
     with bar as progress:
-        result = run_audit(paths, adaptor=None if adaptor == "auto" else Path(adaptor), rule_paths=rules or (), progress=progress,
-                           choose_adaptor=prompts.adaptor_chooser(yes=yes, no_input=no_input, before_asking=bar.stop),
-                           cache=None if no_cache else cache_dir or _user_cache())
+        result = run_audit(
+            paths,
+            adaptor=None if adaptor == "auto" else Path(adaptor),
+            rule_paths=rules or (),
+            progress=progress,
+            choose_adaptor=prompts.adaptor_chooser(yes=yes, no_input=no_input, before_asking=bar.stop),
+            cache=None if no_cache else cache_dir or _user_cache(),
+        )
     if result.cache.use == "not stored":
         say(f"the audit was not cached: {result.cache.why}")
     adaptor_not_output(result.context.environment)  # read, and with --fix written

@@ -79,8 +79,13 @@ def _append_once(path: Path, text: str) -> Path | None:
 def _powershell_profile(shell: str) -> Path:
     """The profile PowerShell reads, as it names it."""
     try:
-        answer = subprocess.run([shell, "-NoProfile", "-Command", "echo", "$profile"], capture_output=True,
-                                stdin=subprocess.DEVNULL, timeout=60, check=False)
+        answer = subprocess.run(
+            [shell, "-NoProfile", "-Command", "echo", "$profile"],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
         reason = "it did not answer in 60 s" if isinstance(error, subprocess.TimeoutExpired) else os_reason(error)
         raise UsageError(f"cannot install {shell} completion: {shell} cannot be run ({reason})") from None
@@ -88,6 +93,5 @@ def _powershell_profile(shell: str) -> Path:
     if answer.returncode != 0 or not profile or "\n" in profile:
         said = os.fsdecode(answer.stderr).strip().splitlines()
         why = f": {said[-1]}" if said else ""
-        raise UsageError(f"cannot install {shell} completion: {shell} did not name its profile "
-                         f"(exit {answer.returncode}{why})")
+        raise UsageError(f"cannot install {shell} completion: {shell} did not name its profile (exit {answer.returncode}{why})")
     return Path(profile)

@@ -127,15 +127,21 @@ def _stdout_to(output: Path | None, arguments: Mapping[str, Any]) -> Iterator[No
         return
     named = _descriptor_named(output)
     if named is not None:
-        with _written_through(output, lambda: os.dup(named)) as stream, contextlib.redirect_stdout(stream), \
-                stdout_names(str(output), file=False):
+        with (
+            _written_through(output, lambda: os.dup(named)) as stream,
+            contextlib.redirect_stdout(stream),
+            stdout_names(str(output), file=False),
+        ):
             yield
         return
     _refuse_own_input(output, arguments)
     existing = _existing_file(output)
     if existing is None and os.path.exists(output):  # a device, a FIFO
-        with _written_through(output, lambda: os.open(output, os.O_WRONLY | os.O_CLOEXEC)) as stream, \
-                contextlib.redirect_stdout(stream), stdout_names(str(output)):
+        with (
+            _written_through(output, lambda: os.open(output, os.O_WRONLY | os.O_CLOEXEC)) as stream,
+            contextlib.redirect_stdout(stream),
+            stdout_names(str(output)),
+        ):
             yield
         return
     target = Path(os.path.realpath(output))
@@ -239,8 +245,9 @@ def _refuse_own_input(output: Path, arguments: Mapping[str, Any]) -> None:
                 raise UsageError(f"-o {output} would replace the command's own input ({given}): write the report elsewhere")
     logs = arguments.get("logs", None)
     if "logs" in arguments and (not logs or "-" in logs) and _is_stdin(output):
-        raise UsageError(f"-o {output} would replace the command's own input (the log on standard input): "
-                         "write the report elsewhere")
+        raise UsageError(
+            f"-o {output} would replace the command's own input (the log on standard input): write the report elsewhere"
+        )
 
 
 def _is_stdin(output: Path) -> bool:
@@ -260,8 +267,13 @@ def _read_in_folders() -> dict[str, Callable[[str], bool]]:
     def python(name: str) -> bool:
         return name.endswith(".py")
 
-    return {"logs": is_log_name, "paths": python, "source_root": python, "adaptor": python,
-            "rules": lambda name: name.endswith(KNOWLEDGE_SUFFIXES)}
+    return {
+        "logs": is_log_name,
+        "paths": python,
+        "source_root": python,
+        "adaptor": python,
+        "rules": lambda name: name.endswith(KNOWLEDGE_SUFFIXES),
+    }
 
 
 def _new_file_mode() -> int:

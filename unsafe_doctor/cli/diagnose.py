@@ -79,8 +79,10 @@ def _previews(diagnosis: Diagnosis) -> list[tuple[Preview, ...]]:
     from unsafe_doctor.knowledge.classify import Classified
     from unsafe_doctor.knowledge.render.template import FixPlan
 
-    if not any(isinstance(item.classification, Classified) and isinstance(item.classification.fix, FixPlan)
-               for item in diagnosis.findings):
+    if not any(
+        isinstance(item.classification, Classified) and isinstance(item.classification.fix, FixPlan)
+        for item in diagnosis.findings
+    ):
         return []
     from unsafe_doctor.adaptor.plan import preview
 

@@ -69,8 +69,13 @@ def fix_command(
 
     overrides = function_overrides(function or [])
     roles = parameter_roles(parameter or [])
-    setup = groundwork(rules or (), source_root or (), log_only=log_only, profile=profile,
-                       choose_adaptor=prompts.adaptor_chooser(yes=yes, no_input=no_input))
+    setup = groundwork(
+        rules or (),
+        source_root or (),
+        log_only=log_only,
+        profile=profile,
+        choose_adaptor=prompts.adaptor_chooser(yes=yes, no_input=no_input),
+    )
     paths: list[str] = []
     chosen: Sequence[DiagnosedFinding] = ()
     if revert:
@@ -91,8 +96,10 @@ def fix_command(
         findings = len(diagnosis.findings) + len(chosen)
         if diagnosis.untraced and diagnosis.untraced.shortlist.suspects and not chosen and output_format is Format.text:
             suspects = counted(len(diagnosis.untraced.shortlist.suspects), "suspect")
-            say(f"{suspects} for the error logged without a traceback: "
-                "choose whose fix to write with --suspect N (diagnose lists them)")
+            say(
+                f"{suspects} for the error logged without a traceback: "
+                "choose whose fix to write with --suspect N (diagnose lists them)"
+            )
     text = output_format is Format.text
     interactive = text and not no_input and sys.stdout.isatty()  # asked at /dev/tty: stdin may be the log
     say_adaptor(environment)

@@ -157,8 +157,12 @@ OutputOption = Annotated[
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print the report only: no notes or progress on stderr.")]
 VerboseOption = Annotated[
     bool,
-    typer.Option("--verbose", "-v", help="Also say which settings apply: pyproject.toml and UNSAFE_DOCTOR_* variables; "
-                 "diagnose: also the adaptor generation the log shows, with its lines."),
+    typer.Option(
+        "--verbose",
+        "-v",
+        help="Also say which settings apply: pyproject.toml and UNSAFE_DOCTOR_* variables; "
+        "diagnose: also the adaptor generation the log shows, with its lines.",
+    ),
 ]
 ExitZeroOption = Annotated[
     bool,
@@ -167,19 +171,33 @@ ExitZeroOption = Annotated[
 
 
 EXAMPLES = {  # shown under each command's help; "unsafe-doctor": under the top-level help
-    "unsafe-doctor": ["unsafe-doctor train.log", "kubectl logs job/llm | unsafe-doctor",
-                      "unsafe-doctor fix train.log --adaptor ~/job/recovery.py --yes",
-                      "unsafe-doctor verify train.log --adaptor ~/job/recovery.py", "unsafe-doctor audit ~/job/src"],
-    "diagnose": ["unsafe-doctor train.log", "unsafe-doctor logs/ --source-root ~/job --format json -o findings.json",
-                 "kubectl logs job/llm | unsafe-doctor"],
-    "fix": ["unsafe-doctor fix train.log --source-root ~/job --dry-run > fix.patch",
-            "unsafe-doctor fix train.log --adaptor ~/job/recovery.py --yes",
-            "unsafe-doctor fix --revert --adaptor ~/job/recovery.py"],
-    "audit": ["unsafe-doctor audit ~/job/src", "unsafe-doctor audit ~/job/src --fix --yes",
-              "unsafe-doctor audit --format github"],
+    "unsafe-doctor": [
+        "unsafe-doctor train.log",
+        "kubectl logs job/llm | unsafe-doctor",
+        "unsafe-doctor fix train.log --adaptor ~/job/recovery.py --yes",
+        "unsafe-doctor verify train.log --adaptor ~/job/recovery.py",
+        "unsafe-doctor audit ~/job/src",
+    ],
+    "diagnose": [
+        "unsafe-doctor train.log",
+        "unsafe-doctor logs/ --source-root ~/job --format json -o findings.json",
+        "kubectl logs job/llm | unsafe-doctor",
+    ],
+    "fix": [
+        "unsafe-doctor fix train.log --source-root ~/job --dry-run > fix.patch",
+        "unsafe-doctor fix train.log --adaptor ~/job/recovery.py --yes",
+        "unsafe-doctor fix --revert --adaptor ~/job/recovery.py",
+    ],
+    "audit": [
+        "unsafe-doctor audit ~/job/src",
+        "unsafe-doctor audit ~/job/src --fix --yes",
+        "unsafe-doctor audit --format github",
+    ],
     "verify": ["unsafe-doctor verify train.log --source-root ~/job", "unsafe-doctor verify train.log --mode block --ranks 8"],
-    "sentinel install": ["unsafe-doctor sentinel install --source-root ~/job --dry-run",
-                         "unsafe-doctor sentinel install --adaptor ~/job/recovery.py --mode raise --yes"],
+    "sentinel install": [
+        "unsafe-doctor sentinel install --source-root ~/job --dry-run",
+        "unsafe-doctor sentinel install --adaptor ~/job/recovery.py --mode raise --yes",
+    ],
 }
 
 

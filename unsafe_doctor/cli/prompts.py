@@ -73,7 +73,7 @@ def fitted(prompt: str, columns: int) -> str:
     path whole: the terminal itself would cut a long line anywhere, `[y/` on one line, `N]` on the next."""
     width = columns - 1  # the answer's first character fits after the prompt
     words = prompt.rstrip(" ")
-    return textwrap.fill(words, width, break_long_words=False, break_on_hyphens=False) + prompt[len(words):]
+    return textwrap.fill(words, width, break_long_words=False, break_on_hyphens=False) + prompt[len(words) :]
 
 
 @contextlib.contextmanager

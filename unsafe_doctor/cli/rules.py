@@ -25,10 +25,12 @@ def list_rules(rules: RulesOption = None, output_format: FormatOption = Format.t
 
     knowledge = load_knowledge(rules or ())
     if output_format is Format.json:
-        print_json({
-            "rules": [report.rule_json(rule) for rule in knowledge.rules],
-            "templates": [report.template_json(template) for template in knowledge.templates],
-        })
+        print_json(
+            {
+                "rules": [report.rule_json(rule) for rule in knowledge.rules],
+                "templates": [report.template_json(template) for template in knowledge.templates],
+            }
+        )
     else:
         print_rich(report.rules_table(knowledge))
     return 0

@@ -92,8 +92,9 @@ def install(
     if text:
         options = ["--revert"] if revert else ["--mode", mode]
         options += [*repeated("--function", function), *repeated("--parameter", parameter)]
-        apply = Invocation((), source_root or (), rules or ()).command("sentinel install", environment.adaptor, *options, "--yes",
-                                                                       log=False)
+        apply = Invocation((), source_root or (), rules or ()).command(
+            "sentinel install", environment.adaptor, *options, "--yes", log=False
+        )
         done = "nothing to do: the sentinel is installed already"
         for line in fix_report.outcome(plan, written, dry_run=dry_run, interactive=interactive, apply=apply, done=done):
             say(line)

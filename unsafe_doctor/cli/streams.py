@@ -200,8 +200,9 @@ def _transient_bar(*columns: Any) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, Progress
 
-    return Progress("[progress.description]{task.description}", BarColumn(), *columns,
-                    console=Console(stderr=True), transient=True)
+    return Progress(
+        "[progress.description]{task.description}", BarColumn(), *columns, console=Console(stderr=True), transient=True
+    )
 
 
 class progress_bar:

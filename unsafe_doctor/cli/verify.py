@@ -50,8 +50,11 @@ def verify_command(
     ranks: Annotated[int | None, typer.Option("--ranks", help="Ranks to replay on (2-16; default 4, or torchrun's).")] = None,
     mode: Annotated[
         ReplayMode,
-        typer.Option("--mode", help="adaptor: call the patched adaptor's own functions (their fix blocks alone where "
-                     "their own code cannot run here); block: only the fix blocks, in their functions' scope."),
+        typer.Option(
+            "--mode",
+            help="adaptor: call the patched adaptor's own functions (their fix blocks alone where "
+            "their own code cannot run here); block: only the fix blocks, in their functions' scope.",
+        ),
     ] = ReplayMode.adaptor,
     probe: Annotated[
         str | None,
@@ -78,8 +81,10 @@ def verify_command(
     from unsafe_doctor.report.common import NextStep, printable
 
     if importlib.util.find_spec("torch") is None:
-        raise UsageError("verify replays on torch, which is not installed: pip install 'unsafe-doctor[replay]' "
-                         "(or torch==2.13.0 for the CPU build)")
+        raise UsageError(
+            "verify replays on torch, which is not installed: pip install 'unsafe-doctor[replay]' "
+            "(or torch==2.13.0 for the CPU build)"
+        )
     paths = log_paths(logs)
     if under_torchrun():
         ranks = torchrun_world_size()
@@ -90,8 +95,14 @@ def verify_command(
     with framework_warnings_silenced():  # megatron-core's import-time Apex/TE warnings, in the ranks too (forked)
         chosen = diagnosis.chosen_suspects(suspect or ())
         plan, skipped = verification.plan_replay(
-            diagnosis, diagnosis.context.knowledge, suspects=chosen,
-            ranks=4 if ranks is None else ranks, mode=mode.value, probe=probe, timeout=timeout, functions=functions,
+            diagnosis,
+            diagnosis.context.knowledge,
+            suspects=chosen,
+            ranks=4 if ranks is None else ranks,
+            mode=mode.value,
+            probe=probe,
+            timeout=timeout,
+            functions=functions,
             parameters=parameter_roles(parameter or []),
         )
         say_adaptor(diagnosis.context.environment)

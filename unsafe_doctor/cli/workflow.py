@@ -74,12 +74,18 @@ def offer_for_untraced(diagnosis: Diagnosis, invocation: Invocation, *, yes: boo
                 _offer_suspect(diagnosis, untraced, invocation, adaptor, terminal)
             _offer_sentinel(diagnosis, invocation, adaptor, terminal)
         else:
-            fixable = [number for number, suspect in enumerate(untraced.shortlist.suspects, 1)
-                       if isinstance(suspect.classification.fix, FixPlan)]
+            fixable = [
+                number
+                for number, suspect in enumerate(untraced.shortlist.suspects, 1)
+                if isinstance(suspect.classification.fix, FixPlan)
+            ]
             if fixable:  # the first suspect with a fix to write: the report says why the others have none
                 number = str(fixable[0])
-                say(invocation.command("fix", adaptor or Path("ADAPTOR.py"), "--suspect", number)
-                    .line(f"to write suspect {number}'s fix"))
+                say(
+                    invocation.command("fix", adaptor or Path("ADAPTOR.py"), "--suspect", number).line(
+                        f"to write suspect {number}'s fix"
+                    )
+                )
             where = "" if adaptor else " (name your recovery adaptor: no adaptor file is known here)"
             say(_install_sentinel(invocation, adaptor).line(f"to name the exact tensor at the next fault{where}"))
     say(
@@ -178,8 +184,11 @@ class Repair:
         fixed = counted(findings, "finding")
         fixed = fixed if len(self.fixed) == findings else f"{len(self.fixed)} of {fixed}"
         files = ", ".join(printable(str(path)) for path in self.files)
-        proof = {True: "proven by the replay above (verify)", False: "not proven: the replay above says why",
-                 None: "not proven: not replayed (verify, above)"}[self.proven]
+        proof = {
+            True: "proven by the replay above (verify)",
+            False: "not proven: the replay above says why",
+            None: "not proven: not replayed (verify, above)",
+        }[self.proven]
         return f"done: {fixed} fixed in {files}, {proof}"
 
 
@@ -194,8 +203,12 @@ def offer_fixes(diagnosis: Diagnosis, invocation: Invocation, *, yes: bool, no_i
         if any(isinstance(item.classification.fix, FixPlan) for item in diagnosis.findings):
             missing = "no fix written: no recovery adaptor is known; " if yes else ""  # --yes asked for a write
             write = invocation.command("fix", Path("ADAPTOR.py"), "--yes")
-            say(write.line(f"{missing}to write the fix into your recovery adaptor (its file for ADAPTOR.py, or "
-                           "--source-root DIR, the folder that holds it)"))
+            say(
+                write.line(
+                    f"{missing}to write the fix into your recovery adaptor (its file for ADAPTOR.py, or "
+                    "--source-root DIR, the folder that holds it)"
+                )
+            )
         return Repair()
     with prompts.terminal(ask=not (yes or no_input)) as terminal:
         repair = _fix_each(diagnosis, invocation, adaptor, terminal, yes=yes)

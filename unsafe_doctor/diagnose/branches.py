@@ -64,8 +64,9 @@ def paths_to(function: Function, target: ast.expr, line: int, *, skeleton: bool)
 
 def earlier_values(function: Function, name: str, line: int) -> list[ast.expr]:
     """Every value `name` is bound to before `line` (a plain `name = value`), latest first."""
-    found = [(statement, value) for statement, value in _bindings(function, ast.Name(name, ast.Load()))
-             if statement.lineno < line]
+    found = [
+        (statement, value) for statement, value in _bindings(function, ast.Name(name, ast.Load())) if statement.lineno < line
+    ]
     return [value for _, value in sorted(found, key=lambda binding: -binding[0].lineno)]
 
 
@@ -99,9 +100,14 @@ def _bindings(function: Function, target: ast.expr) -> list[tuple[ast.stmt, ast.
 def _same(written: ast.expr, target: ast.expr) -> bool:
     if isinstance(target, ast.Name):
         return isinstance(written, ast.Name) and written.id == target.id
-    return (isinstance(written, ast.Attribute) and isinstance(target, ast.Attribute) and written.attr == target.attr
-            and isinstance(written.value, ast.Name) and isinstance(target.value, ast.Name)
-            and written.value.id == target.value.id)
+    return (
+        isinstance(written, ast.Attribute)
+        and isinstance(target, ast.Attribute)
+        and written.attr == target.attr
+        and isinstance(written.value, ast.Name)
+        and isinstance(target.value, ast.Name)
+        and written.value.id == target.value.id
+    )
 
 
 def _statements(body: list[ast.stmt]) -> list[ast.stmt]:
@@ -169,7 +175,13 @@ def _switch(test: ast.expr) -> tuple[str, bool] | None:
         return test.id, False
     if isinstance(test, ast.Attribute):
         return test.attr, False
-    if (isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "getattr"
-            and len(test.args) >= 2 and isinstance(test.args[1], ast.Constant) and isinstance(test.args[1].value, str)):
+    if (
+        isinstance(test, ast.Call)
+        and isinstance(test.func, ast.Name)
+        and test.func.id == "getattr"
+        and len(test.args) >= 2
+        and isinstance(test.args[1], ast.Constant)
+        and isinstance(test.args[1].value, str)
+    ):
         return test.args[1].value, False
     return None

@@ -170,6 +170,7 @@ def locate(tracebacks: Sequence[Traceback], workspace: Workspace, switches: Mapp
 
 # --- one frame: its source, statement and scope ----------------------------------------------------
 
+
 class _FrameViews:
     """Each frame's view, made once: following a parameter views the caller again."""
 
@@ -239,8 +240,18 @@ def _frame_view(frame: Frame, workspace: Workspace) -> _FrameView:
     )
     marked = _marked_span(frame, statement, text, marked_line)
     origin = found.origin if source is not None else Origin.LOG
-    return _FrameView(frame=frame, scope=scope, statement=statement, text=text, source_line=source_line,
-                      notes=tuple(notes), differs=differs, marked=marked, origin=origin, partial=partial)
+    return _FrameView(
+        frame=frame,
+        scope=scope,
+        statement=statement,
+        text=text,
+        source_line=source_line,
+        notes=tuple(notes),
+        differs=differs,
+        marked=marked,
+        origin=origin,
+        partial=partial,
+    )
 
 
 def _indexed_view(frame: Frame, module: str | None, skeleton: SourceFile, release: str | None) -> _FrameView:
@@ -254,14 +265,32 @@ def _indexed_view(frame: Frame, module: str | None, skeleton: SourceFile, releas
     scope = Scope(module, skeleton, functions, _class_of_self(stack), frame.line - 1)
     spread = statement is not None and statement.lineno == frame.line and (statement.end_lineno or 0) > frame.line
     if statement is not None and spread:
-        return _FrameView(frame=frame, scope=scope, statement=statement, text=skeleton.text, source_line=None,
-                          notes=(), origin=Origin.INDEX, release=release)
+        return _FrameView(
+            frame=frame,
+            scope=scope,
+            statement=statement,
+            text=skeleton.text,
+            source_line=None,
+            notes=(),
+            origin=Origin.INDEX,
+            release=release,
+        )
     parsed = parse_printed_line(frame.source or "")
     printed, text = parsed if parsed is not None else (None, None)
     marked = _marked_span(frame, printed, text, 1)
     partial = is_partial(frame.source or "")
-    return _FrameView(frame=frame, scope=scope, statement=printed, text=text, source_line=None, notes=(),
-                      marked=marked, origin=Origin.INDEX, release=release, partial=partial)
+    return _FrameView(
+        frame=frame,
+        scope=scope,
+        statement=printed,
+        text=text,
+        source_line=None,
+        notes=(),
+        marked=marked,
+        origin=Origin.INDEX,
+        release=release,
+        partial=partial,
+    )
 
 
 def _marked_span(frame: Frame, statement: ast.stmt | None, text: str | None, line: int | None) -> MarkedSpan | None:
@@ -342,6 +371,7 @@ def _class_of_self(stack: Sequence[ast.AST]) -> ast.ClassDef | None:
 
 
 # --- operands of a statement -----------------------------------------------------------------------
+
 
 def _reads(statement: ast.stmt) -> Sequence[ast.AST]:
     """The parts of a statement evaluated when its line runs (a compound statement's header only)."""
@@ -455,6 +485,7 @@ def _call_arguments(call: ast.Call) -> Iterator[_Operand]:
 
 # --- one traceback: culprit and tensor -------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class _Analysis:
     culprit: Frame | None
@@ -514,11 +545,22 @@ def _hands_back_a_global(resolved: Resolved) -> bool:
 
 # Globals of Megatron's and MindSpeed's that hold the run's arguments, tokenizer, timers and writers:
 # `args.shape_order` and `get_args().pre_tockens` read flags and numbers, never the unsafe tensor.
-_NO_TENSOR_GLOBALS = frozenset({
-    "_GLOBAL_ARGS", "_GLOBAL_MINDSPEED_ARGS", "_MINDSPEED_ARGS", "_GLOBAL_TOKENIZER", "_GLOBAL_TIMERS",
-    "_GLOBAL_TENSORBOARD_WRITER", "_GLOBAL_WANDB_WRITER", "_GLOBAL_ONE_LOGGER", "_GLOBAL_ADLR_AUTORESUME",
-    "_GLOBAL_SIGNAL_HANDLER", "_GLOBAL_ENERGY_MONITOR", "_GLOBAL_NUM_MICROBATCHES_CALCULATOR",
-})
+_NO_TENSOR_GLOBALS = frozenset(
+    {
+        "_GLOBAL_ARGS",
+        "_GLOBAL_MINDSPEED_ARGS",
+        "_MINDSPEED_ARGS",
+        "_GLOBAL_TOKENIZER",
+        "_GLOBAL_TIMERS",
+        "_GLOBAL_TENSORBOARD_WRITER",
+        "_GLOBAL_WANDB_WRITER",
+        "_GLOBAL_ONE_LOGGER",
+        "_GLOBAL_ADLR_AUTORESUME",
+        "_GLOBAL_SIGNAL_HANDLER",
+        "_GLOBAL_ENERGY_MONITOR",
+        "_GLOBAL_NUM_MICROBATCHES_CALCULATOR",
+    }
+)
 
 
 def _holds_no_tensor(resolved: Resolved) -> bool:
@@ -547,9 +589,7 @@ def _arithmetic_operands(statement: ast.stmt) -> set[int]:
     return found
 
 
-def _choose_culprit(
-    frames: Sequence[Frame], views: _FrameViews
-) -> tuple[int, _FrameView, list[_Candidate]] | None:
+def _choose_culprit(frames: Sequence[Frame], views: _FrameViews) -> tuple[int, _FrameView, list[_Candidate]] | None:
     """Innermost non-internal frame whose statement touches a tensor-ish operand (or whose source is
     unknown); else the innermost non-internal frame; None when every frame is internal."""
     fallback = None
@@ -605,12 +645,17 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
     notes.extend(_path_notes(option, others, skeleton=view.origin is Origin.INDEX))
     assumed = views.workspace.assumed_releases.get(resolved.name.module or "")
     if assumed:
-        notes.append(f"{resolved.name.module} was read from the index of {assumed}: no frame of the log is of that "
-                     "framework, so its newest release there stands in")
+        notes.append(
+            f"{resolved.name.module} was read from the index of {assumed}: no frame of the log is of that "
+            "framework, so its newest release there stands in"
+        )
     expression = _expression_text(parts, resolved.anchor, text)
     entry = frames[0]  # the outermost frame: `<module>` of the script the job ran, as `__main__`
-    runs_as_main = (entry.function == "<module>" and resolved.name.module is not None
-                    and views.view(entry).scope.module == resolved.name.module)
+    runs_as_main = (
+        entry.function == "<module>"
+        and resolved.name.module is not None
+        and views.view(entry).scope.module == resolved.name.module
+    )
     tensor = TensorRef(expression, resolved.name, resolved.cached, runs_as_main)
     read = caller or view
     alternatives = tuple({(each.variable, each.module): each for each in _alternatives(option, others)}.values())
@@ -618,11 +663,20 @@ def _analyse(frames: tuple[Frame, ...], views: _FrameViews) -> _Analysis:
 
 
 def _alternatives(chosen: _Option, others: list[_Option]) -> list[Alternative]:
-    found = [Alternative(each.resolved.name.variable or "", each.resolved.name.module, each.path.describe().removeprefix("on ")
-                         if each.path is not None and each.path.test is not None else "on another path")
-             for each in chosen.undecided]
-    found += [Alternative(each.resolved.name.variable or "", each.resolved.name.module, "another operand of the line")
-              for each in others]
+    found = [
+        Alternative(
+            each.resolved.name.variable or "",
+            each.resolved.name.module,
+            each.path.describe().removeprefix("on ")
+            if each.path is not None and each.path.test is not None
+            else "on another path",
+        )
+        for each in chosen.undecided
+    ]
+    found += [
+        Alternative(each.resolved.name.variable or "", each.resolved.name.module, "another operand of the line")
+        for each in others
+    ]
     return found
 
 
@@ -671,8 +725,11 @@ def _choose_tensor(site: _Site, candidates: list[_Candidate]) -> tuple[_Option, 
         options.extend(_options(site, parts, resolved))
     options = [option for option in options if not _holds_no_tensor(option.resolved)] or options
     best = max(options, key=lambda option: option.resolved.tier)
-    others = [option for option in options if option.resolved.tier >= Tier.GUESS and option.resolved.name.variable
-              and option.names() != best.names()]
+    others = [
+        option
+        for option in options
+        if option.resolved.tier >= Tier.GUESS and option.resolved.name.variable and option.names() != best.names()
+    ]
     return best, list({option.names(): option for option in others}.values())
 
 
@@ -686,8 +743,11 @@ def _options(site: _Site, parts: list[ast.expr], resolved: Resolved) -> list[_Op
     options = []
     for path in kept:
         if path.value is None:
-            option = _followed(site, parts, resolved) if resolved.parameter else _Option(
-                parts, replace(resolved, tier=min(resolved.tier, Tier.SELF)), None)
+            option = (
+                _followed(site, parts, resolved)
+                if resolved.parameter
+                else _Option(parts, replace(resolved, tier=min(resolved.tier, Tier.SELF)), None)
+            )
             options.append(replace(option, path=path, because=because))
             continue
         bound = _bound(site, path.value) or [_Option(parts, _unresolved_local(resolved), None)]
@@ -792,9 +852,12 @@ def _path_notes(chosen: _Option, others: list[_Option], *, skeleton: bool) -> li
     """Which path the value was bound on, and the other globals the line may have read."""
     notes = []
     if chosen.undecided:
-        notes.append(f"{chosen.operand} is bound on several paths the log does not choose between: "
-                     + "; ".join(f"{each.resolved.name.variable} of {each.resolved.name.module}{_when(each.path)}"
-                                 for each in chosen.undecided))
+        notes.append(
+            f"{chosen.operand} is bound on several paths the log does not choose between: "
+            + "; ".join(
+                f"{each.resolved.name.variable} of {each.resolved.name.module}{_when(each.path)}" for each in chosen.undecided
+            )
+        )
     elif chosen.path is not None:
         if chosen.because:
             why = f"{chosen.because}, so the value read is {_shown(chosen.path)}"
@@ -805,8 +868,10 @@ def _path_notes(chosen: _Option, others: list[_Option], *, skeleton: bool) -> li
         rest = f"; otherwise {', or '.join(chosen.others)}" if chosen.others else ""
         notes.append(f"{chosen.operand} is bound on several paths: {why}{rest}")
     for other in others:
-        notes.append(f"the line may also have read {other.resolved.name.variable} of {other.resolved.name.module}: "
-                     "two globals remain, the sentinel names the one that was unsafe")
+        notes.append(
+            f"the line may also have read {other.resolved.name.variable} of {other.resolved.name.module}: "
+            "two globals remain, the sentinel names the one that was unsafe"
+        )
     return notes
 
 
@@ -865,6 +930,7 @@ def _unique(notes: Sequence[str]) -> tuple[str, ...]:
 
 
 # --- folding ---------------------------------------------------------------------------------------
+
 
 def _rank_of(traceback: Traceback, unsafe: Traceback) -> int | None:
     """The log's rank prefix, else torch_npu's RankID (-1 means RANK was unset)."""

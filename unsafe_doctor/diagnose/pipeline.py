@@ -124,9 +124,7 @@ def diagnose(
     window_lines = [_lines(excerpt) for excerpt in scan.windows]
     context_lines = [line for excerpt in scan.context for line in _lines(excerpt)]
     all_window_lines = [line for lines in window_lines for line in lines]
-    context = recovery.read_recovery(
-        sorted(context_lines + all_window_lines, key=lambda line: (order[line.source], line.offset))
-    )
+    context = recovery.read_recovery(sorted(context_lines + all_window_lines, key=lambda line: (order[line.source], line.offset)))
     loss_scaling = recovery.read_loss_scaling(line for excerpt in scan.facts for line in _lines(excerpt))
     tracebacks = _tracebacks(window_lines)
     unsafe = [tb for tb in tracebacks if any(is_unsafe_error(link) for link in tb.chain())]
@@ -189,7 +187,8 @@ def diagnose(
         mindio=form,
         arguments=arguments,
         untraced=_untraced(tuple(sorted(untraced)), form, run, arguments, loss_scaling, fault=recovery.read_fault(context))
-        if untraced else None,
+        if untraced
+        else None,
         generation=generation,
     )
 

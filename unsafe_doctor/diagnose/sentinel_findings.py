@@ -34,6 +34,7 @@ MAX_PATHS = 8  # readable paths kept per global
 MAX_TEXT = 300  # characters kept of a path, or of why a walk stopped early
 _WORD = re.compile(r"[a-z][a-z0-9_-]{0,31}")  # a backend's name
 
+
 @dataclass(frozen=True)
 class SentinelLines:
     findings: tuple[Finding, ...]  # one per global, in the order the log first names them
@@ -112,8 +113,11 @@ def _checked_summary(summary: Summary) -> Summary | None:
     early = summary.stopped_early
     if summary.mode not in MODES or not all(map(_count, counts)) or not timed or not isinstance(early, str | None):
         return None
-    return replace(summary, stopped_early=early[:MAX_TEXT] if early is not None else None,
-                   not_walked_first=tuple(path[:MAX_TEXT] for path in summary.not_walked_first[:MAX_PATHS]))
+    return replace(
+        summary,
+        stopped_early=early[:MAX_TEXT] if early is not None else None,
+        not_walked_first=tuple(path[:MAX_TEXT] for path in summary.not_walked_first[:MAX_PATHS]),
+    )
 
 
 def _count(value: object) -> bool:

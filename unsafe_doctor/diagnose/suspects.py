@@ -102,8 +102,10 @@ def shortlist(
         chosen.append(newest)
     ordered = _with_own_switches(sorted(chosen, key=evidence.order))
     suspects = [_suspect(item, alternatives[item.rule.id], evidence) for item in ordered]
-    ranked = tuple(evidence.ranked(suspect, own=item.own, position=position, count=len(suspects))
-                   for position, (suspect, item) in enumerate(zip(suspects, ordered, strict=True)))
+    ranked = tuple(
+        evidence.ranked(suspect, own=item.own, position=position, count=len(suspects))
+        for position, (suspect, item) in enumerate(zip(suspects, ordered, strict=True))
+    )
     return Shortlist(ranked, tuple(excluded), arguments, generation, fault, generations, environment.shown_generations())
 
 
@@ -141,8 +143,10 @@ class _Evidence:
             condition = self.context.knowledge.conditions[name]
             if condition.switches and not condition.on_in(arguments):
                 read = (arguments.get(switch) for switch in condition.switches)
-                printed = ", ".join(f"{switch} is {value if value is not None else 'not in the arguments'}"
-                                    for switch, value in zip(condition.switches, read, strict=True))
+                printed = ", ".join(
+                    f"{switch} is {value if value is not None else 'not in the arguments'}"
+                    for switch, value in zip(condition.switches, read, strict=True)
+                )
                 return f"{printed}: {name} is off"
         return self.unwritten(rule)
 

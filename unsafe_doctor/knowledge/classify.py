@@ -172,8 +172,23 @@ def generic_template(
     return knowledge.template_for(scenario, global_kind(subject, workspace))
 
 
-TENSOR_FACTORIES = frozenset({"zeros", "ones", "empty", "full", "tensor", "zeros_like", "ones_like", "empty_like",
-                              "full_like", "arange", "rand", "randn", "as_tensor"})
+TENSOR_FACTORIES = frozenset(
+    {
+        "zeros",
+        "ones",
+        "empty",
+        "full",
+        "tensor",
+        "zeros_like",
+        "ones_like",
+        "empty_like",
+        "full_like",
+        "arange",
+        "rand",
+        "randn",
+        "as_tensor",
+    }
+)
 
 
 def global_kind(subject: Subject, workspace: Workspace | None) -> GlobalKind:
@@ -209,7 +224,9 @@ def _assignments(tree: ast.Module, variable: str) -> Iterator[ast.Assign | ast.A
     functions that declare it `global` (not in a class, whose names are its own)."""
     scopes: list[Sequence[ast.stmt]] = [tree.body]
     scopes += [
-        node.body for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        node.body
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
         and any(isinstance(inner, ast.Global) and variable in inner.names for inner in scope_statements(node.body))
     ]
     for body in scopes:
@@ -229,8 +246,9 @@ def _is_none(node: ast.expr) -> bool:
 
 
 _TENSOR_TYPES = frozenset({"Tensor", "torch.Tensor"})
-_DICT_TYPES = frozenset({"dict", "Dict", "typing.Dict", "OrderedDict", "collections.OrderedDict", "defaultdict",
-                         "collections.defaultdict"})
+_DICT_TYPES = frozenset(
+    {"dict", "Dict", "typing.Dict", "OrderedDict", "collections.OrderedDict", "defaultdict", "collections.defaultdict"}
+)
 _LIST_TYPES = frozenset({"list", "List", "typing.List"})
 
 
@@ -260,8 +278,12 @@ def _annotated_kind(annotation: ast.expr) -> GlobalKind | None:
 def _union_parts(annotation: ast.expr) -> list[ast.expr]:
     if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
         return [*_union_parts(annotation.left), *_union_parts(annotation.right)]
-    if isinstance(annotation, ast.Subscript) and dotted_name(annotation.value) in ("Optional", "typing.Optional",
-                                                                                      "Union", "typing.Union"):
+    if isinstance(annotation, ast.Subscript) and dotted_name(annotation.value) in (
+        "Optional",
+        "typing.Optional",
+        "Union",
+        "typing.Union",
+    ):
         inner = annotation.slice
         return [part for element in (inner.elts if isinstance(inner, ast.Tuple) else [inner]) for part in _union_parts(element)]
     return [annotation]
@@ -342,8 +364,7 @@ def _best_rule(
     dumped = environment.dumped_release(rule.framework) if rule.framework else None
     if dumped is not None:
         if not fitting:
-            return chosen, (f"the log's symbol belongs to {rule.framework} {rule.versions}, but the job ran "
-                            f"{dumped.describe()}",)
+            return chosen, (f"the log's symbol belongs to {rule.framework} {rule.versions}, but the job ran {dumped.describe()}",)
         return chosen, (f"rule chosen for {dumped.describe()}",)
     if not fitting and rule.framework is not None:
         return chosen, (

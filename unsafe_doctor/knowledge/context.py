@@ -29,14 +29,25 @@ class Groundwork:
     choose_adaptor: AdaptorChooser | None = None  # which of several adaptors found is the one; None: the refusal
 
     def detect(
-        self, frames: Sequence[Frame] = (), adaptor: Path | None = None, logged: Sequence[AdaptorProfile] = (),
+        self,
+        frames: Sequence[Frame] = (),
+        adaptor: Path | None = None,
+        logged: Sequence[AdaptorProfile] = (),
         dumped: Collection[str] | None = None,
     ) -> RunContext:
         """The run context, with the environment read from the source roots, the frames' trees and the
         adaptor; `logged`: the generations the log shows, which choose the profile when no adaptor is found;
         `dumped`: the names of the log's arguments dump, which tell the megatron-core release when nothing else does."""
-        environment = detect_environment(self.knowledge, self.workspace, frames=frames, adaptor=adaptor, logged=logged,
-                                         chosen=self.profile, choose_adaptor=self.choose_adaptor, dumped=dumped)
+        environment = detect_environment(
+            self.knowledge,
+            self.workspace,
+            frames=frames,
+            adaptor=adaptor,
+            logged=logged,
+            chosen=self.profile,
+            choose_adaptor=self.choose_adaptor,
+            dumped=dumped,
+        )
         return RunContext(self.knowledge, self.workspace, environment)
 
 
@@ -48,7 +59,11 @@ class RunContext:
 
 
 def groundwork(
-    rule_paths: Sequence[Path] = (), source_roots: Sequence[Path] = (), *, log_only: bool = False, profile: str | None = None,
+    rule_paths: Sequence[Path] = (),
+    source_roots: Sequence[Path] = (),
+    *,
+    log_only: bool = False,
+    profile: str | None = None,
     choose_adaptor: AdaptorChooser | None = None,
 ) -> Groundwork:
     """The knowledge (first: a bad rule file fails before anything else is read) and the workspace.

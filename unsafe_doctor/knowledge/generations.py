@@ -97,8 +97,10 @@ class GenerationEvidence:
         """Each message a generation still `possible` logs that the log shows, once, by its first line,
         with how many lines show it."""
         lines = [item for item in self.evidence if set(item.message.generations) & set(possible)]
-        return tuple((next(item for item in lines if item.message == message), count)
-                     for message, count in Counter(item.message for item in lines).items())
+        return tuple(
+            (next(item for item in lines if item.message == message), count)
+            for message, count in Counter(item.message for item in lines).items()
+        )
 
 
 @functools.cache
@@ -116,16 +118,27 @@ def _derived(item: dict[str, Any]) -> AdaptorMessage:
 
 def _recorded(item: dict[str, Any]) -> AdaptorMessage:
     files = " or ".join(f"{file} ({known_from})" for file, known_from in item["files"].items())
-    return AdaptorMessage(item["text"], item["logger"], tuple(item["files"]), tuple(item["generations"]),
-                          f"recorded: {item['known_from']}; from {files}")
+    return AdaptorMessage(
+        item["text"],
+        item["logger"],
+        tuple(item["files"]),
+        tuple(item["generations"]),
+        f"recorded: {item['known_from']}; from {files}",
+    )
 
 
 def profile_messages(profiles: Sequence[AdaptorProfile]) -> tuple[AdaptorMessage, ...]:
     """Each `log_evidence` text of a (user's) profile, as a message of that profile, whoever logs it."""
     return tuple(
-        AdaptorMessage(text.replace("{", "{{").replace("}", "}}"), ANY_LOGGER, (), (profile.id,),
-                       f"the profile's log_evidence in {profile.origin.rpartition(':')[0]}")
-        for profile in profiles for text in profile.log_evidence
+        AdaptorMessage(
+            text.replace("{", "{{").replace("}", "}}"),
+            ANY_LOGGER,
+            (),
+            (profile.id,),
+            f"the profile's log_evidence in {profile.origin.rpartition(':')[0]}",
+        )
+        for profile in profiles
+        for text in profile.log_evidence
     )
 
 
@@ -134,8 +147,12 @@ def needles(messages: Sequence[AdaptorMessage]) -> tuple[bytes, ...]:
     return tuple(dict.fromkeys(message.needle.encode() for message in messages if message.scanned))
 
 
-def read_generation(messages: Sequence[AdaptorMessage], lines: Iterable[LogLine], tracebacks: Iterable[Traceback],
-                    profiles: Sequence[AdaptorProfile]) -> GenerationEvidence:
+def read_generation(
+    messages: Sequence[AdaptorMessage],
+    lines: Iterable[LogLine],
+    tracebacks: Iterable[Traceback],
+    profiles: Sequence[AdaptorProfile],
+) -> GenerationEvidence:
     """The generation the lines and the tracebacks' frames show, among `profiles` (the knowledge's,
     in its order: ties are listed in it). A message is matched in a line's text, its logger in the
     line as written."""
@@ -156,8 +173,10 @@ def read_generation(messages: Sequence[AdaptorMessage], lines: Iterable[LogLine]
         evidence.extend(MessageEvidence(written, line.source, line.offset, message) for message in best)
     evidence.extend(_frame_evidence(tracebacks, profiles))
     evidence.sort(key=lambda item: (item.source, item.offset))
-    counts = {generation: len({item.message for item in evidence if generation in item.message.generations})
-              for generation in generations}
+    counts = {
+        generation: len({item.message for item in evidence if generation in item.message.generations})
+        for generation in generations
+    }
     most = max(counts.values(), default=0)
     winners = tuple(generation for generation in generations if most and counts[generation] == most)
     decision: Decision = "none" if not winners else "decided" if len(winners) == 1 else "tie"
@@ -170,15 +189,23 @@ def _frame_evidence(tracebacks: Iterable[Traceback], profiles: Sequence[AdaptorP
     for profile in profiles:
         for glob in profile.files:
             globs.setdefault(glob, []).append(profile.id)
-    messages = [AdaptorMessage(f"a traceback frame in {glob}", FRAME_LOGGER, (), tuple(ids),
-                               f"the profile's files ({', '.join(ids)}): {glob}") for glob, ids in globs.items()]
+    messages = [
+        AdaptorMessage(
+            f"a traceback frame in {glob}", FRAME_LOGGER, (), tuple(ids), f"the profile's files ({', '.join(ids)}): {glob}"
+        )
+        for glob, ids in globs.items()
+    ]
     for traceback in tracebacks:
         for frame in traceback.frames:
             path = PurePath(frame.file)
             for message, glob in zip(messages, globs, strict=True):
                 if path.match(glob):
-                    yield MessageEvidence(f'File "{frame.file}", line {frame.line}, in {frame.function}', traceback.source,
-                                   traceback.offset, message)
+                    yield MessageEvidence(
+                        f'File "{frame.file}", line {frame.line}, in {frame.function}',
+                        traceback.source,
+                        traceback.offset,
+                        message,
+                    )
 
 
 def _best(text: str, matched: list[AdaptorMessage], modules: Any) -> list[AdaptorMessage]:
@@ -187,10 +214,14 @@ def _best(text: str, matched: list[AdaptorMessage], modules: Any) -> list[Adapto
     named = modules.search(text) if modules is not None and named_file is None else None
     logger = named.group(1) if named else None
     allowed = [
-        message for message in matched
-        if message.logger == ANY_LOGGER or (
-            named_file in message.files if message.logger == MINDIO_LOGGER else
-            named_file is None and logger in (None, message.logger))
+        message
+        for message in matched
+        if message.logger == ANY_LOGGER
+        or (
+            named_file in message.files
+            if message.logger == MINDIO_LOGGER
+            else named_file is None and logger in (None, message.logger)
+        )
     ]
     if not allowed:
         return []

@@ -93,8 +93,11 @@ def load_knowledge(extra: Sequence[Path] = ()) -> KnowledgeBase:
         )
     rule_ids = set(merged.rules)
     for rule in merged.rules.values():
-        problems.extend(f"{rule.origin}: rule {rule.id}: repair_with names an unknown rule '{rule_id}'"
-                        for rule_id in rule.repair_with if rule_id not in rule_ids)
+        problems.extend(
+            f"{rule.origin}: rule {rule.id}: repair_with names an unknown rule '{rule_id}'"
+            for rule_id in rule.repair_with
+            if rule_id not in rule_ids
+        )
     for profile in merged.profiles.values():
         problems.extend(
             f"{profile.origin}: profile {profile.id}: resets an unknown rule '{rule_id}'"
@@ -138,8 +141,14 @@ def snapshot(files: Sequence[Path]) -> dict[str, Any]:
         if not same:
             raise ValueError(f"{path}: a value JSON does not give back as YAML read it (a date, a non-string key)")
         lines = {"/".join(map(str, parts)): line_of(node, parts) for parts in _line_paths(data)}
-        entries.append({"file": path.relative_to(shipped_knowledge_dir()).as_posix(), "crc32": zlib.crc32(path.read_bytes()),
-                        "lines": lines, "data": data})
+        entries.append(
+            {
+                "file": path.relative_to(shipped_knowledge_dir()).as_posix(),
+                "crc32": zlib.crc32(path.read_bytes()),
+                "lines": lines,
+                "data": data,
+            }
+        )
     return {"generated_by": "python scripts/derive_snapshot.py (from the YAML beside it; do not edit)", "files": entries}
 
 
@@ -163,8 +172,13 @@ def _knowledge_files(paths: Iterable[Path]) -> list[Path]:
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            files.extend(sorted(p for p in path.rglob("*") if p.suffix in KNOWLEDGE_SUFFIXES and p.is_file()
-                                and p.relative_to(path).parts[0] != INDEX_FOLDER.name))
+            files.extend(
+                sorted(
+                    p
+                    for p in path.rglob("*")
+                    if p.suffix in KNOWLEDGE_SUFFIXES and p.is_file() and p.relative_to(path).parts[0] != INDEX_FOLDER.name
+                )
+            )
         elif path.exists():
             files.append(path)
         else:
@@ -252,6 +266,7 @@ def snapshot_knowledge(problems: list[str]) -> list[_FileKnowledge]:
 
 def _recorded(lines: dict[str, int]) -> LineOf:
     """A snapshot's line lookup: the line recorded for the path, or for its nearest recorded parent."""
+
     def line(parts: Sequence[str | int]) -> int:
         keys = ("/".join(map(str, parts[:end])) for end in range(len(parts), 0, -1))
         return next((lines[key] for key in keys if key in lines), 1)
@@ -262,8 +277,10 @@ def _recorded(lines: dict[str, int]) -> LineOf:
 def _line_paths(data: dict[str, Any]) -> list[tuple[str | int, ...]]:
     """Every path `_build` may ask the line of: each item of a section, each condition's guard."""
     sections = ("rules", "templates", "profiles", "step_written")
-    return [*((section, index) for section in sections for index in range(len(data.get(section, [])))),
-            *(("conditions", name, "guard") for name in data.get("conditions", {}))]
+    return [
+        *((section, index) for section in sections for index in range(len(data.get(section, [])))),
+        *(("conditions", name, "guard") for name in data.get("conditions", {})),
+    ]
 
 
 def _load_file(path: Path, problems: list[str], *, trusted: bool = False) -> _FileKnowledge | None:
@@ -494,8 +511,7 @@ def _condition(item: dict[str, Any]) -> Condition:
         elif above is not None:
             read = f"({read} or 0) > {above}"
         reads.append(read)
-    return Condition(" or ".join(reads), SWITCH_IMPORTS, item["description"], switches, values, above,
-                     item.get("common", False))
+    return Condition(" or ".join(reads), SWITCH_IMPORTS, item["description"], switches, values, above, item.get("common", False))
 
 
 def _is_expression(text: str) -> bool:
@@ -504,5 +520,3 @@ def _is_expression(text: str) -> bool:
     except SyntaxError:
         return False
     return True
-
-

@@ -154,8 +154,11 @@ def ties(rules: Sequence[Rule]) -> list[tuple[Rule, Rule]]:
     for index, rule in enumerate(rules):
         for block in rule.matches:
             group = groups.setdefault((rule.priority, specificity(rule, block)), _TieGroup())
-            found.update((index, other) for other, other_block in group.candidates(block)
-                         if other != index and _may_overlap(other_block, block))
+            found.update(
+                (index, other)
+                for other, other_block in group.candidates(block)
+                if other != index and _may_overlap(other_block, block)
+            )
             group.add(index, block)
     return [(rules[index], rules[other]) for index, other in sorted(found)]
 
@@ -170,8 +173,11 @@ class _TieGroup:
     def candidates(self, block: RuleMatch) -> list[tuple[int, RuleMatch]]:
         if block.variable is None:
             return [entry for entries in self.by_variable.values() for entry in entries]
-        return [*self.by_variable.get(block.variable, []), *self.by_variable.get(None, []),
-                *(self.framed if _framed(block) else [])]
+        return [
+            *self.by_variable.get(block.variable, []),
+            *self.by_variable.get(None, []),
+            *(self.framed if _framed(block) else []),
+        ]
 
     def add(self, index: int, block: RuleMatch) -> None:
         self.by_variable.setdefault(block.variable, []).append((index, block))

@@ -269,8 +269,9 @@ class Condition:
 
     def on_in(self, arguments: Mapping[str, str]) -> tuple[str, ...]:
         """The switches an arguments dump shows on; one absent from it reads as off, as the guard reads it."""
-        return tuple(switch for switch in self.switches
-                     if (printed := arguments.get(switch)) is not None and self.holds_for(printed))
+        return tuple(
+            switch for switch in self.switches if (printed := arguments.get(switch)) is not None and self.holds_for(printed)
+        )
 
     def holds_for(self, printed: str) -> bool:
         """Whether a switch's value, as an arguments dump prints it (`str(value)`), turns the feature on."""
@@ -351,11 +352,7 @@ def role_parameter(profile: AdaptorProfile, role: ParameterRole, parameters: Ite
 
 
 def template_slots(template: str) -> set[str]:
-    return {
-        named or braced
-        for _, named, braced, _ in string.Template.pattern.findall(template)
-        if named or braced
-    }
+    return {named or braced for _, named, braced, _ in string.Template.pattern.findall(template) if named or braced}
 
 
 def stray_dollar(template: str) -> str | None:
@@ -378,6 +375,4 @@ def is_safe_dotted(name: str | None) -> bool:
     names are ASCII; a log that offers anything else is refused."""
     if not name or not name.isascii():
         return False
-    return all(
-        part.isidentifier() and not keyword.iskeyword(part) and not part.startswith("__") for part in name.split(".")
-    )
+    return all(part.isidentifier() and not keyword.iskeyword(part) and not part.startswith("__") for part in name.split("."))

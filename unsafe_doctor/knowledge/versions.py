@@ -198,12 +198,24 @@ def detect_environment(
     origins = {name: origin for name, (_, origin) in found.items()}
     chooser = _ProfileChooser(knowledge, workspace, versions.get(ADAPTOR_FRAMEWORK))
     search_roots = (*roots, *frame_roots, *workspace.env_roots)
-    adaptor_file, adaptor_why, choice = _adaptor_and_profile(chooser, adaptor, search_roots, search_under or roots, logged,
-                                                             choose_adaptor=choose_adaptor)
+    adaptor_file, adaptor_why, choice = _adaptor_and_profile(
+        chooser, adaptor, search_roots, search_under or roots, logged, choose_adaptor=choose_adaptor
+    )
     if chosen is not None:
         choice = _Choice(chosen, "option", "named with --profile")
-    return Environment(versions, origins, roots, choice.profile, adaptor_file, choice.source, choice.why, choice.tied,
-                       adaptor_why, chooser.possible(choice, logged), None if dumped is None else frozenset(dumped))
+    return Environment(
+        versions,
+        origins,
+        roots,
+        choice.profile,
+        adaptor_file,
+        choice.source,
+        choice.why,
+        choice.tied,
+        adaptor_why,
+        chooser.possible(choice, logged),
+        None if dumped is None else frozenset(dumped),
+    )
 
 
 def _dump_origin(releases: int) -> str:
@@ -219,8 +231,13 @@ class _Choice:
 
 
 def _adaptor_and_profile(
-    chooser: _ProfileChooser, adaptor: Path | None, roots: Sequence[Path], own_roots: Sequence[Path],
-    logged: Sequence[AdaptorProfile], *, choose_adaptor: AdaptorChooser | None,
+    chooser: _ProfileChooser,
+    adaptor: Path | None,
+    roots: Sequence[Path],
+    own_roots: Sequence[Path],
+    logged: Sequence[AdaptorProfile],
+    *,
+    choose_adaptor: AdaptorChooser | None,
 ) -> tuple[Path | None, str, _Choice]:
     """The adaptor given, else the one found under the roots (of several, the one `choose_adaptor`
     names: given, as if by --adaptor), how, and its profile; with none, the generation the log
@@ -238,8 +255,11 @@ def _adaptor_and_profile(
     if found is not None:
         return found[0], f"found under the source roots {found[1]}", chooser.best_for(found[0])
     profile, source = chooser.fallback(logged)
-    why = {"log": "the log's lines show this generation", "version": "the MindSpeed-LLM version found",
-           "default": "nothing else told: the current in-tree adaptor"}[source]
+    why = {
+        "log": "the log's lines show this generation",
+        "version": "the MindSpeed-LLM version found",
+        "default": "nothing else told: the current in-tree adaptor",
+    }[source]
     return None, "none under the source roots" if own_roots else "no source root to look under", _Choice(profile, source, why)
 
 
@@ -484,8 +504,9 @@ class _ProfileChooser:
         for path in profile_files(profile, adaptor) or [adaptor]:
             source = self._source(path)
             if source is not None:
-                imports.update((name, binding.target) for name, binding in source.bindings.items()
-                               if isinstance(binding, ImportedName))
+                imports.update(
+                    (name, binding.target) for name, binding in source.bindings.items() if isinstance(binding, ImportedName)
+                )
         return imports
 
     def _fit(self, profile: AdaptorProfile, adaptor: Path) -> int:
@@ -553,11 +574,7 @@ class _ProfileChooser:
 
     def _functions(self, path: Path) -> dict[str, Function]:
         source = self._source(path)
-        return {
-            name: binding
-            for name, binding in (source.bindings.items() if source else ())
-            if isinstance(binding, Function)
-        }
+        return {name: binding for name, binding in (source.bindings.items() if source else ()) if isinstance(binding, Function)}
 
 
 def profile_files(profile: AdaptorProfile, adaptor: Path) -> list[Path]:

@@ -32,8 +32,16 @@ from unsafe_doctor.knowledge.rules import is_on
 WRITERS_FILE = "writers.json"
 FORMAT = 1
 Test = Literal["==", "!=", "in", "not in", "is None", "is not None", "true", "false"]
-_NEGATED: dict[Test, Test] = {"==": "!=", "!=": "==", "in": "not in", "not in": "in", "is None": "is not None",
-                              "is not None": "is None", "true": "false", "false": "true"}
+_NEGATED: dict[Test, Test] = {
+    "==": "!=",
+    "!=": "==",
+    "in": "not in",
+    "not in": "in",
+    "is None": "is not None",
+    "is not None": "is None",
+    "true": "false",
+    "false": "true",
+}
 Constant = str | int | float | bool | None
 
 
@@ -174,8 +182,14 @@ class Writers:
 
     rules: Mapping[str, tuple[ReleaseWriters, ...]]
 
-    def unwritten(self, rule_id: str, versions: SpecifierSet | None, framework: str | None,
-                  printed: Mapping[str, str], releases: Mapping[str, tuple[Version, ...]]) -> str | None:
+    def unwritten(
+        self,
+        rule_id: str,
+        versions: SpecifierSet | None,
+        framework: str | None,
+        printed: Mapping[str, str],
+        releases: Mapping[str, tuple[Version, ...]],
+    ) -> str | None:
         """Why the step writes nothing into the rule's global in this run, or None when a path may run.
         `releases`: framework -> the releases the job may have run (absent: every release read). Each
         release the job may have run must have been read, and each of the rule's own framework must
@@ -192,8 +206,11 @@ class Writers:
                 if len({entry.release for entry in entries}) < len(set(wanted)):
                     return None  # a release the job may have run was not read
             elif name == framework and versions is not None:
-                entries = [entry for entry in entries
-                           if (version := _version(entry.release)) and versions.contains(version, prereleases=True)]
+                entries = [
+                    entry
+                    for entry in entries
+                    if (version := _version(entry.release)) and versions.contains(version, prereleases=True)
+                ]
             considered.extend(entries)
         own = [entry for entry in considered if entry.framework == framework]
         if not own or any(not entry.paths for entry in own):
@@ -204,8 +221,11 @@ class Writers:
         leaves = {leaf.switch: leaf for path in paths for guard in path.guards for leaf in deciding(guard, printed)}
         settings = " and ".join(f"{switch} is {printed[switch]}" for switch in sorted(leaves))
         newest = max(own, key=lambda entry: _version(entry.release) or Version("0"))
-        where = ", ".join(dict.fromkeys(leaf.at for path in newest.paths for guard in path.guards
-                                        for leaf in deciding(guard, printed) if leaf.at))
+        where = ", ".join(
+            dict.fromkeys(
+                leaf.at for path in newest.paths for guard in path.guards for leaf in deciding(guard, printed) if leaf.at
+            )
+        )
         others = " or ".join(entry.release for entry in own if entry is not newest)
         where += f"; likewise {others}" if others else ""
         return f"{settings}: nothing the step runs writes it ({framework} {newest.release} {where})"
@@ -235,9 +255,11 @@ class _BuiltOnRead(Mapping[str, tuple[ReleaseWriters, ...]]):
     def __getitem__(self, rule_id: str) -> tuple[ReleaseWriters, ...]:
         if rule_id not in self._built:
             self._built[rule_id] = tuple(
-                ReleaseWriters(entry["framework"], entry["release"], tuple(
-                    WritePath(tuple(map(guard_from_json, path["guards"])), tuple(path["via"])) for path in entry["paths"]
-                ))
+                ReleaseWriters(
+                    entry["framework"],
+                    entry["release"],
+                    tuple(WritePath(tuple(map(guard_from_json, path["guards"])), tuple(path["via"])) for path in entry["paths"]),
+                )
                 for entry in self._json[rule_id]
             )
         return self._built[rule_id]

@@ -37,8 +37,9 @@ MAX_FILE_BYTES = 4 << 20  # the shipped knowledge base is under 50 KB in all
 MAX_EXPANDED_NODES = 200_000  # YAML nodes once aliases are expanded; the shipped files hold a few thousand
 MAX_SCHEMA_PROBLEMS = 50  # schema problems reported per file
 MAX_PROBLEM_CHARS = 400  # jsonschema quotes the whole offending value
-CONDITION_FORMS = ("a condition gives one of a switch, an any_of list of switches (each with its default) "
-                   "or a guard (and its imports)")
+CONDITION_FORMS = (
+    "a condition gives one of a switch, an any_of list of switches (each with its default) or a guard (and its imports)"
+)
 
 _SCHEMA: dict[str, Any] | None = None
 

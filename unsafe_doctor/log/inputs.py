@@ -205,12 +205,20 @@ def _joined(parts: Sequence[_Found], path: str | None, one: Reading) -> _Found:
     first = next((found for found, _ in reads if found.windows), reads[-1][0])
     hits = sum(found.hits for found, _ in reads)
     joined_windows = WindowsRead(
-        windows, first.context, first.facts, reads[-1][0].tail if not hits else None, hits,
-        sum(found.hits_not_parsed for found, _ in reads), size, set().union(*(found.ranks for found, _ in reads)),
+        windows,
+        first.context,
+        first.facts,
+        reads[-1][0].tail if not hits else None,
+        hits,
+        sum(found.hits_not_parsed for found, _ in reads),
+        size,
+        set().union(*(found.ranks for found, _ in reads)),
     )
-    lines = LinesRead(_once([line for _, found in reads for line in found.records]),
-                      sum(found.records_not_kept for _, found in reads),
-                      _once([line for _, found in reads for line in found.dumps]))
+    lines = LinesRead(
+        _once([line for _, found in reads for line in found.records]),
+        sum(found.records_not_kept for _, found in reads),
+        _once([line for _, found in reads for line in found.dumps]),
+    )
     return joined_windows, lines
 
 
@@ -227,8 +235,11 @@ def _stdin_source() -> _Source:
     as that file (in parts, again where a window needs): Linux reopens it through STDIN_FILE."""
     try:
         if (
-            sys.stdin is not None and sys.stdin.fileno() == 0 and stat.S_ISREG(os.fstat(0).st_mode)
-            and os.lseek(0, 0, os.SEEK_CUR) == 0 and os.path.exists(STDIN_FILE)
+            sys.stdin is not None
+            and sys.stdin.fileno() == 0
+            and stat.S_ISREG(os.fstat(0).st_mode)
+            and os.lseek(0, 0, os.SEEK_CUR) == 0
+            and os.path.exists(STDIN_FILE)
         ):
             return ("<stdin>", STDIN_FILE, None)
     except (OSError, ValueError, io.UnsupportedOperation):

@@ -100,9 +100,7 @@ EventKind = Literal[
     "recovered",
 ]
 # Kinds that prove MindIO's recovery flow started.
-RECOVERY_KINDS = frozenset(
-    {"stop", "clean", "repair", "rollback", "repair-failed", "rollback-failed", "recovered"}
-)
+RECOVERY_KINDS = frozenset({"stop", "clean", "repair", "rollback", "repair-failed", "rollback-failed", "recovered"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,9 +189,13 @@ _CATCH_NAME = re.compile(
 )
 # The fault names an OTHER line's message may hold (MindIO answers OTHER for them when retry is off), as MindIO
 # matches them: anywhere in the error's text (not the first public version's bare "HBM", no pattern of MindIO's).
-_FAULT_IN_MESSAGE = re.compile("|".join(
-    re.escape(name) for name in sorted(CATCH_NAMES, key=len, reverse=True) if CATCH_NAMES[name] in _FAULT_KINDS and name != "HBM"
-))
+_FAULT_IN_MESSAGE = re.compile(
+    "|".join(
+        re.escape(name)
+        for name in sorted(CATCH_NAMES, key=len, reverse=True)
+        if CATCH_NAMES[name] in _FAULT_KINDS and name != "HBM"
+    )
+)
 # Substrings per kind, tried in this order (the first kind that matches wins). Failures and the
 # success marker come before the generic repair/rollback texts that they also contain.
 _KIND_TEXTS: tuple[tuple[EventKind, tuple[str, ...]], ...] = (
@@ -203,8 +205,7 @@ _KIND_TEXTS: tuple[tuple[EventKind, tuple[str, ...]], ...] = (
     ("fault", ("UCE ERROR", "MULTI BIT ECC", "device error type")),
     (
         "rollback",
-        ("start to rollback callback", "and rollback at iteration", "[rollback] rank", "start rollback",
-         "reply rollback result"),
+        ("start to rollback callback", "and rollback at iteration", "[rollback] rank", "start rollback", "reply rollback result"),
     ),
     (
         "repair",
@@ -298,9 +299,7 @@ def read_recovery(lines: Iterable[LogLine]) -> RecoveryContext:
         if kind is None or (line.source, line.offset) in done:
             continue
         done.add((line.source, line.offset))
-        events.append(
-            RecoveryEvent(kind, _rank_of(line), _step_of(line.text), line.source, line.offset, line.text)
-        )
+        events.append(RecoveryEvent(kind, _rank_of(line), _step_of(line.text), line.source, line.offset, line.text))
     steps = [event.step for event in events if event.step is not None]
     return RecoveryContext(
         seen=any(event.kind in RECOVERY_KINDS for event in events),
@@ -357,8 +356,7 @@ def read_fault(context: RecoveryContext) -> FaultReading:
         elif name := next((name for name in _UCE_NAMES if name in text), None):
             unchecked.append(FaultReading("unknown", name, event.rank))
     # a UCE on a rank whose check the log lacks may have hit persistent memory: another rank's check does not say
-    if reading := next((each for each in unchecked if each.rank not in checked and (each.rank is not None or not checked)),
-                       None):
+    if reading := next((each for each in unchecked if each.rank not in checked and (each.rank is not None or not checked)), None):
         found.setdefault("unknown", reading)
     return next((found[marking] for marking in _STRONGEST_FIRST if marking in found), FaultReading("unknown"))
 

@@ -140,7 +140,11 @@ class CoverageJudge:
         if sent:
             receiver = self.functions.get("recv", self.profile.recv)
             return Coverage(
-                "unsafe", None, self.functions["send"], sent[0].via, (sent[0].site(),),
+                "unsafe",
+                None,
+                self.functions["send"],
+                sent[0].via,
+                (sent[0].site(),),
                 f"sent by {self.functions['send']}() but never received in {receiver}(): the send has no partner and "
                 "the faulty rank keeps its unsafe copy",
             )
@@ -153,7 +157,11 @@ class CoverageJudge:
         sender = self.functions.get("send", self.profile.send)
         first = received[0][1]
         return Coverage(
-            "unsafe", None, self.functions["recv"], first.via, (first.site(),),
+            "unsafe",
+            None,
+            self.functions["recv"],
+            first.via,
+            (first.site(),),
             f"received in {self.functions['recv']}() but never sent by {sender}(): the receive would wait forever",
         )
 

@@ -76,8 +76,12 @@ class Span(NamedTuple):
 
     @classmethod
     def of(cls, node: ast.AST) -> Span:
-        return cls(getattr(node, "lineno", 0), getattr(node, "col_offset", 0), getattr(node, "end_lineno", None),
-                   getattr(node, "end_col_offset", None))
+        return cls(
+            getattr(node, "lineno", 0),
+            getattr(node, "col_offset", 0),
+            getattr(node, "end_lineno", None),
+            getattr(node, "end_col_offset", None),
+        )
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,12 @@ class ModuleInfo:
     may have."""
 
     def __init__(
-        self, name: str, path: Path, shown: str, contents: ModuleContents, read_again: Callable[[ModuleInfo], ModuleContents],
+        self,
+        name: str,
+        path: Path,
+        shown: str,
+        contents: ModuleContents,
+        read_again: Callable[[ModuleInfo], ModuleContents],
     ):
         source = contents.source
         self.name = name
@@ -134,13 +143,12 @@ class ModuleInfo:
         self.bound_imports = source.bound_imports  # names bound to an import, also through a rename (`binding`)
         self.function_sizes = {key: len(function.body) for key, function in contents.functions.items()}  # statements
         self.no_accessors = frozenset(  # small functions that return nothing a name leads from: told without the tree
-            (function.lineno, function.col_offset) for function in contents.functions.values()
+            (function.lineno, function.col_offset)
+            for function in contents.functions.values()
             if len(function.body) <= ACCESSOR_SIZE and not _returns_reference(function)
         )
         self.spans = {  # where module-level names are bound, imports aside
-            key: Span.of(binding)
-            for key, binding in source.bindings.items()
-            if not isinstance(binding, ImportedName)
+            key: Span.of(binding) for key, binding in source.bindings.items() if not isinstance(binding, ImportedName)
         }
         self._kept: ModuleContents | None = None
         self._read_again = read_again
@@ -501,8 +509,9 @@ class Index:
             if name in info.cached:
                 return HolderRef(GlobalName(module, None, name), False)
             span = info.spans[name]  # its place and size, without reading the tree again
-            return FunctionRef(module, None, (span.lineno, span.col_offset), info.function_sizes[name],
-                               partial(self._function_of, info, name))
+            return FunctionRef(
+                module, None, (span.lineno, span.col_offset), info.function_sizes[name], partial(self._function_of, info, name)
+            )
         if name in info.names:
             return HolderRef(GlobalName(module, None, name), False)
         if info.path.name != "__init__.py":

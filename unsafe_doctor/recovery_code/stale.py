@@ -288,9 +288,7 @@ class _Checker:
         ]
         if not candidates:
             return None
-        return max(
-            candidates, key=lambda item: (item[1] == symbol, SequenceMatcher(None, item[1], symbol).ratio(), item)
-        )
+        return max(candidates, key=lambda item: (item[1] == symbol, SequenceMatcher(None, item[1], symbol).ratio(), item))
 
     def _module_names(self, top: Path, module: str) -> list[tuple[str, str]]:
         """(module, name) for each column-0 assignment in the package: a text scan, fast on big trees."""
@@ -351,10 +349,7 @@ def _returns_new(function: Function) -> bool:
 
 def _defines(source: SourceFile, symbol: str) -> bool:
     return (
-        symbol in source.bindings
-        or symbol in source.declared_globals
-        or source.star_import
-        or "__getattr__" in source.bindings
+        symbol in source.bindings or symbol in source.declared_globals or source.star_import or "__getattr__" in source.bindings
     )
 
 

@@ -321,8 +321,15 @@ class Walker:
         reads = method in DATA_METHODS or (updates_data_in_place(method) and method != "copy_")
         place = self.places.added(method, node)
         added = node.args[-1] if method in CONTAINER_ADD and node.args else None
-        self.emit("method", base, method=method, place=place, reads_data=reads, value_reads_holder=copied_from_holder,
-                  instance_of=self.instance_class(added))
+        self.emit(
+            "method",
+            base,
+            method=method,
+            place=place,
+            reads_data=reads,
+            value_reads_holder=copied_from_holder,
+            instance_of=self.instance_class(added),
+        )
         self.visit_inside(func.value)
         for argument in arguments:
             self.visit(argument)
@@ -374,12 +381,17 @@ class Walker:
 
 
 _Visitor = Callable[[Walker, Any], None]
+
+
 # Statements whose blocks are walked in order after their header (try/except* is Python 3.11+).
 def _or_empty(value: ast.expr) -> ast.expr:
     """`x or []` (or `{}`, `()`, `None`) is `x`, when it holds anything to walk."""
     empty = (ast.List, ast.Tuple, ast.Dict, ast.Constant)
-    if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or) and all(
-            isinstance(item, empty) and not getattr(item, "elts", getattr(item, "keys", ())) for item in value.values[1:]):
+    if (
+        isinstance(value, ast.BoolOp)
+        and isinstance(value.op, ast.Or)
+        and all(isinstance(item, empty) and not getattr(item, "elts", getattr(item, "keys", ())) for item in value.values[1:])
+    ):
         return value.values[0]
     return value
 

@@ -112,9 +112,9 @@ def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: Progress,
 
 
 class _Run:
-    def __init__(self, plan: ReplayPlan, run: str, rank: int, backend: UnsafeBackend, progress: Progress,
-                 *,
-                 alone: dict[str, str]) -> None:
+    def __init__(
+        self, plan: ReplayPlan, run: str, rank: int, backend: UnsafeBackend, progress: Progress, *, alone: dict[str, str]
+    ) -> None:
         self.plan, self.run, self.rank, self.backend, self.progress = plan, run, rank, backend, progress
         self.alone = alone
         self.built: dict[str, str] = {}
@@ -143,9 +143,20 @@ class _Run:
                 self._phase("sentinel", self._sentinel)
                 self._phase("check", self._check)
                 self._phase("resume", self._resume)
-        return RunResult(self.built, self.not_modelled, tuple(self.fix_failures), self.resume, self.unsafe_left,
-                         self.equal, self.seconds, self.adaptor_unavailable, self.sentinel, dict(self.alone),
-                         self.unmatched, self.stood_in)
+        return RunResult(
+            self.built,
+            self.not_modelled,
+            tuple(self.fix_failures),
+            self.resume,
+            self.unsafe_left,
+            self.equal,
+            self.seconds,
+            self.adaptor_unavailable,
+            self.sentinel,
+            dict(self.alone),
+            self.unmatched,
+            self.stood_in,
+        )
 
     def _phase(self, name: str, action: Callable[[], None]) -> None:
         role = self._role(name)
@@ -225,8 +236,9 @@ class _Run:
             self.group = dist.new_group(members, timeout=timeout, use_local_synchronization=True)
             gloo = dist.new_group(members, timeout=timeout, use_local_synchronization=True, backend="gloo")
             _GROUPS.device, _GROUPS.gloo = self.group, gloo
-            log = TransferLog(self.group, gloo, self.backend.is_device_memory,
-                              check_kinds=self.backend.name == "emulated", timeout=timeout)
+            log = TransferLog(
+                self.group, gloo, self.backend.is_device_memory, check_kinds=self.backend.name == "emulated", timeout=timeout
+            )
             try:
                 with log.recording():
                     self._call("send" if self.rank in self.plan.replicas else "recv")
@@ -307,8 +319,9 @@ class _Run:
             try:
                 self._run_function(function, module, values)
             except Exception as error:  # the adaptor's code may fail in any way: that is a finding
-                failure = FixFailure(role, function, f"{type(error).__name__}: {_first_line(error)}", _where(error),
-                                     _failure_kind(error))
+                failure = FixFailure(
+                    role, function, f"{type(error).__name__}: {_first_line(error)}", _where(error), _failure_kind(error)
+                )
                 self.progress(Milestone(self.run, "rollback" if role == "rollback" else "repair", function, failure))
                 self.fix_failures.append(failure)
 
@@ -408,8 +421,7 @@ class _Run:
         arguments = self._train_args()
         missing = tuple(f"train_args[{index}]" for index, item in enumerate(arguments) if item is None)
         self.stood_in = tuple(dict.fromkeys((*self.stood_in, *missing)))
-        return tuple(standins.StandIn(f"train_args[{index}]") if item is None else item
-                     for index, item in enumerate(arguments))
+        return tuple(standins.StandIn(f"train_args[{index}]") if item is None else item for index, item in enumerate(arguments))
 
     def _train_args(self) -> tuple:
         return next(iter(self.probes.values())).train_args() if self.probes else NO_TRAIN_ARGS
@@ -460,7 +472,9 @@ def _call_with(function: Callable[..., object], values: dict[str, object]) -> No
         if parameter.name in values:
             arguments[parameter.name] = values[parameter.name]
         elif parameter.default is inspect.Parameter.empty and parameter.kind not in (
-                inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        ):
             arguments[parameter.name] = None
     function(**arguments)
 
@@ -474,8 +488,13 @@ def _repaired_by_the_adaptor(train_args: tuple, *, rebuilds_model: bool) -> list
         return reachable_tensors(*items)
     chunks = [chunk for item in items for chunk in (item if isinstance(item, (list, tuple)) else [item])]
     modules = [chunk for chunk in chunks if isinstance(chunk, torch.nn.Module)]
-    parameters = [tensor for module in modules for parameter in module.parameters()
-                  for tensor in (parameter, parameter.grad) if tensor is not None]
+    parameters = [
+        tensor
+        for module in modules
+        for parameter in module.parameters()
+        for tensor in (parameter, parameter.grad)
+        if tensor is not None
+    ]
     return parameters + reachable_tensors(*(chunk for chunk in chunks if not isinstance(chunk, torch.nn.Module)))
 
 
@@ -523,7 +542,7 @@ def _bytes(tensor: torch.Tensor) -> bytes:
     """The tensor's bytes, read from a host copy's storage: no numpy (torch's CPU wheel does without it)."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
     start = flat.storage_offset()
-    return bytes(flat.untyped_storage())[start:start + flat.numel()] if flat.numel() else b""
+    return bytes(flat.untyped_storage())[start : start + flat.numel()] if flat.numel() else b""
 
 
 def gather_objects(value: object, device: torch.device | None = None) -> list:
@@ -537,7 +556,7 @@ def gather_objects(value: object, device: torch.device | None = None) -> list:
     dist.all_gather(sizes, size)
     lengths = [int(item.item()) for item in sizes]
     padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
-    padded[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
     gathered = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(gathered, padded)
     return [pickle.loads(_bytes(tensor)[:length]) for tensor, length in zip(gathered, lengths, strict=True)]  # noqa: S301 (our own ranks)

@@ -211,8 +211,9 @@ def _never_started(work: Path, failed: str | None, seconds: float) -> str | None
 def _child(plan: ReplayPlan, rank: int, port: int, work: Path) -> int:
     """One rank, in its forked process. An exception that ends it is written down (``rank_crash``)
     for the parent to say whose it is, then printed into the rank's output."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(plan.world_size), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(plan.world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     progress = None
     try:
         import torch
@@ -222,8 +223,13 @@ def _child(plan: ReplayPlan, rank: int, port: int, work: Path) -> int:
 
         progress = Progress(str(work / f"rank{rank}.progress"))
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=plan.world_size, timeout=datetime.timedelta(seconds=harness_timeout(plan)))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=plan.world_size,
+            timeout=datetime.timedelta(seconds=harness_timeout(plan)),
+        )
         outcome = run_rank(plan, rank, rank, progress, backend="emulated")
         (work / f"rank{rank}.json").write_text(outcome.to_json(), encoding="utf-8")
         dist.destroy_process_group()
@@ -253,8 +259,11 @@ def rank_crash(error: BaseException, last: Milestone | None) -> RankCrash:
     users = [frame for frame in frames if _is_users(frame.filename)]
     where = f"{users[-1].filename}:{users[-1].lineno}" if users else None
     blame: Blame = "replay"
-    if where and last is not None and not isinstance(error, ImportError) and (
-        last.phase in _ADAPTORS_PHASES or (last.run == "patched" and last.phase == "resume")
+    if (
+        where
+        and last is not None
+        and not isinstance(error, ImportError)
+        and (last.phase in _ADAPTORS_PHASES or (last.run == "patched" and last.phase == "resume"))
     ):
         blame = "adaptor"
     message = (str(error).splitlines() or [""])[0]
@@ -333,7 +342,7 @@ class _ProgressReader:
         if self.listener is None:
             return
         lines = _milestones(self.path)
-        for milestone in lines[self.done:]:
+        for milestone in lines[self.done :]:
             self.listener(milestone)
         self.done = len(lines)
 
@@ -356,8 +365,9 @@ def _collect(plan: ReplayPlan, work: Path, failed: str | None, seconds: float, o
                 exits[rank] = int((work / f"rank{rank}.exit").read_text(encoding="utf-8"))
         timed_out = failed == "timeout" or "Timed out" in output or "timed out" in output
         never_started = None if any(histories.values()) else _never_started(work, failed, seconds)
-        raise ReplayStopped("timeout" if timed_out else "crash", seconds, histories, output, exits, never_started,
-                            crashes, frozenset(results))
+        raise ReplayStopped(
+            "timeout" if timed_out else "crash", seconds, histories, output, exits, never_started, crashes, frozenset(results)
+        )
     return [results[rank] for rank in range(plan.world_size)]
 
 
@@ -380,8 +390,9 @@ def join_torchrun(plan: ReplayPlan) -> list[RankResult] | None:
     start = time.monotonic()
     try:
         backend = select_backend(device_index=local_rank)  # on an NPU, also makes it this process's device
-        dist.init_process_group("hccl" if backend.name == "npu" else "gloo",
-                                timeout=datetime.timedelta(seconds=harness_timeout(plan)))
+        dist.init_process_group(
+            "hccl" if backend.name == "npu" else "gloo", timeout=datetime.timedelta(seconds=harness_timeout(plan))
+        )
         rank = dist.get_rank()
         outcome = run_rank(plan, rank, local_rank, progress)
         gathered = gather_objects(outcome, backend.device)
@@ -390,8 +401,15 @@ def join_torchrun(plan: ReplayPlan) -> list[RankResult] | None:
         crash = rank_crash(error, progress.last)
         history = (progress.last,) if progress.last else ()
         timed_out = "timed out" in str(error).lower()
-        raise ReplayStopped("timeout" if timed_out else "crash", time.monotonic() - start, {rank: history},
-                            traceback.format_exc()[-2000:], {}, None, {rank: crash}) from error
+        raise ReplayStopped(
+            "timeout" if timed_out else "crash",
+            time.monotonic() - start,
+            {rank: history},
+            traceback.format_exc()[-2000:],
+            {},
+            None,
+            {rank: crash},
+        ) from error
     dist.destroy_process_group()
     return gathered if rank == 0 else None
 

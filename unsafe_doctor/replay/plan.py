@@ -101,8 +101,10 @@ class ReplayPlan:
     @classmethod
     def from_json(cls, text: str) -> ReplayPlan:
         data = json.loads(text)
-        data["targets"] = tuple(Target(**{**item, "name": GlobalName(**item["name"]), "switches": tuple(item["switches"])})
-                                for item in data["targets"])
+        data["targets"] = tuple(
+            Target(**{**item, "name": GlobalName(**item["name"]), "switches": tuple(item["switches"])})
+            for item in data["targets"]
+        )
         data["blocks"] = tuple(Block(**{**item, "parameters": tuple(item["parameters"])}) for item in data["blocks"])
         data["files"] = tuple(AdaptorCode(**{**item, "functions": tuple(item["functions"])}) for item in data["files"])
         data["parameters"] = {role: tuple(names) for role, names in data["parameters"].items()}

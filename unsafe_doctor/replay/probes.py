@@ -142,8 +142,10 @@ class GenericProbe(Probe):
         was cleared, a fresh one), which is what the next step reads."""
         arguments = _arguments(getattr(cached, "__wrapped__", cached), self.device)
         if arguments is None:
-            raise ProbeError(f"cannot make the arguments of {self.target.name.dotted}(); "
-                             "name a function that calls it with --probe MODULE:FUNCTION")
+            raise ProbeError(
+                f"cannot make the arguments of {self.target.name.dotted}(); "
+                "name a function that calls it with --probe MODULE:FUNCTION"
+            )
         self.cache_arguments = arguments
         cached(*arguments)
         shown = ", ".join(_shown(value) for value in arguments)
@@ -311,8 +313,10 @@ class MegatronLossTrackerProbe(Probe):
                 module = importlib.import_module(name)
                 if isinstance(getattr(module, self.target.name.variable, None), dict):
                     return module
-        raise ProbeError(f"megatron-core {_megatron_release()} has no {self.target.name.variable} in "
-                         f"{' or '.join(dict.fromkeys((self.target.name.module, *self.HOLDERS)))}")
+        raise ProbeError(
+            f"megatron-core {_megatron_release()} has no {self.target.name.variable} in "
+            f"{' or '.join(dict.fromkeys((self.target.name.module, *self.HOLDERS)))}"
+        )
 
     def _tracker(self) -> dict:
         return getattr(self.holder, self.target.name.variable)
@@ -349,20 +353,31 @@ class MegatronRouterExpertBiasProbe(Probe):
             from megatron.core.transformer.transformer_config import TransformerConfig
 
             if "moe_router_enable_expert_bias" not in {field.name for field in dataclasses.fields(TransformerConfig)}:
-                raise ProbeError(f"megatron-core {_megatron_release()}'s TransformerConfig has no "
-                                 "moe_router_enable_expert_bias: its TopKRouter has no expert_bias")
+                raise ProbeError(
+                    f"megatron-core {_megatron_release()}'s TransformerConfig has no "
+                    "moe_router_enable_expert_bias: its TopKRouter has no expert_bias"
+                )
             config = TransformerConfig(
-                num_layers=2, hidden_size=16, num_attention_heads=2, num_moe_experts=4, moe_router_topk=2,
-                moe_router_load_balancing_type="none", moe_router_score_function="sigmoid",
-                moe_router_enable_expert_bias=True, use_cpu_initialization=True, add_bias_linear=False,
+                num_layers=2,
+                hidden_size=16,
+                num_attention_heads=2,
+                num_moe_experts=4,
+                moe_router_topk=2,
+                moe_router_load_balancing_type="none",
+                moe_router_score_function="sigmoid",
+                moe_router_enable_expert_bias=True,
+                use_cpu_initialization=True,
+                add_bias_linear=False,
             )
             groups = _no_process_groups(TopKRouter)
             with _cuda_means(self.device):
                 self.router = TopKRouter(config, *groups).to(self.device)  # get_model() moves the model as .cuda()
         self.chunk = torch.nn.ModuleList([self.router])
         shown = f"{type(groups[0]).__name__} of no groups" if groups else "no process groups"
-        self.how = (f"built as megatron-core {_megatron_release()}'s TopKRouter (4 experts, expert bias on, {shown}); "
-                    "touched by its routing()")
+        self.how = (
+            f"built as megatron-core {_megatron_release()}'s TopKRouter (4 experts, expert bias on, {shown}); "
+            "touched by its routing()"
+        )
 
     def step(self) -> None:
         logits = torch.randn(3, 2, 4, generator=torch.Generator().manual_seed(1)).to(self.device)
@@ -392,9 +407,11 @@ def _require_claimed_release(target: Target) -> None:
     release installed here would replay a different layout, so the replay does not model it."""
     installed = _installed_release()
     if target.releases and installed and not SpecifierSet(target.releases).contains(installed, prereleases=True):
-        raise ProbeError(f"megatron-core {installed} is installed here, but rule {target.rule} holds for megatron-core "
-                         f"{target.releases}: put one of those releases first on PYTHONPATH "
-                         "(pip install --no-deps --target DIR megatron-core==VERSION)")
+        raise ProbeError(
+            f"megatron-core {installed} is installed here, but rule {target.rule} holds for megatron-core "
+            f"{target.releases}: put one of those releases first on PYTHONPATH "
+            "(pip install --no-deps --target DIR megatron-core==VERSION)"
+        )
 
 
 def _installed_release() -> str | None:
@@ -419,8 +436,9 @@ def _megatron_building(what: str) -> Iterator[None]:
         raise
     except Exception as error:  # whatever the installed release raises
         first_line = next(iter(str(error).strip().splitlines()), "")
-        raise ProbeError(f"cannot build {what} with megatron-core {_megatron_release()}: "
-                         f"{type(error).__name__}: {first_line}") from None
+        raise ProbeError(
+            f"cannot build {what} with megatron-core {_megatron_release()}: {type(error).__name__}: {first_line}"
+        ) from None
 
 
 @contextlib.contextmanager

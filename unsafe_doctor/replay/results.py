@@ -95,8 +95,13 @@ class RankResult:
     @classmethod
     def from_json(cls, text: str) -> RankResult:
         data = json.loads(text)
-        return cls(data["rank"], data["backend"], RunResult.from_dict(data["unpatched"]),
-                   RunResult.from_dict(data["patched"]), tuple(data["notes"]))
+        return cls(
+            data["rank"],
+            data["backend"],
+            RunResult.from_dict(data["unpatched"]),
+            RunResult.from_dict(data["patched"]),
+            tuple(data["notes"]),
+        )
 
 
 @dataclass(frozen=True)

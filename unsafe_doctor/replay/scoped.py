@@ -15,15 +15,20 @@ from collections.abc import Callable, Iterable
 from typing import cast
 
 
-def scoped_function(module: types.ModuleType, text: str, path: str, name: str,
-                    block_lines: Iterable[tuple[int, int]], *, bound: frozenset[str]) -> types.FunctionType:
+def scoped_function(
+    module: types.ModuleType, text: str, path: str, name: str, block_lines: Iterable[tuple[int, int]], *, bound: frozenset[str]
+) -> types.FunctionType:
     """Function ``name`` of ``text`` cut to its fix blocks (first, last line) and the bindings they need;
     the names in ``bound`` (the group the replay gives) become parameters instead."""
     spans = list(block_lines)
     tree = ast.parse(text, path)
-    function = next(node for node in ast.walk(tree)
-                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name
-                    and any(node.lineno <= first <= (node.end_lineno or first) for first, _ in spans))
+    function = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.name == name
+        and any(node.lineno <= first <= (node.end_lineno or first) for first, _ in spans)
+    )
 
     def in_block(statement: ast.stmt) -> bool:
         return any(first <= statement.lineno <= last for first, last in spans)
@@ -62,8 +67,12 @@ def _outermost(body: list[ast.stmt], inside: Callable[[ast.stmt], bool]) -> list
 
 
 def _reads(statements: list[ast.stmt]) -> set[str]:
-    return {node.id for statement in statements for node in ast.walk(statement)
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    return {
+        node.id
+        for statement in statements
+        for node in ast.walk(statement)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+    }
 
 
 def _binds(statement: ast.stmt) -> set[str]:

@@ -96,7 +96,7 @@ def install_standins(
             if dotted not in sys.modules:
                 sys.modules[dotted] = StandInModule(dotted, frozenset(getters), groups, switches)
             if end > 1:
-                vars(sys.modules[".".join(parts[:end - 1])]).setdefault(parts[end - 1], sys.modules[dotted])
+                vars(sys.modules[".".join(parts[: end - 1])]).setdefault(parts[end - 1], sys.modules[dotted])
         stood_in.append(name)
     return sorted(stood_in)
 

@@ -33,9 +33,15 @@ class Transfer:
 
 
 class TransferLog:
-    def __init__(self, device_group: object, gloo_group: object, is_device_memory: Callable[[torch.Tensor], bool],
-                 *,
-                 check_kinds: bool, timeout: datetime.timedelta) -> None:
+    def __init__(
+        self,
+        device_group: object,
+        gloo_group: object,
+        is_device_memory: Callable[[torch.Tensor], bool],
+        *,
+        check_kinds: bool,
+        timeout: datetime.timedelta,
+    ) -> None:
         self.device_group, self.gloo_group, self.timeout = device_group, gloo_group, timeout
         self._is_device_memory, self._check_kinds = is_device_memory, check_kinds
         self.transfers: list[Transfer] = []
@@ -79,38 +85,47 @@ class TransferLog:
         def refused(*args: object, **kwargs: object) -> object:
             group = kwargs.get("group")
             if group is not None and group in (self.device_group, self.gloo_group):
-                raise RuntimeError(f"{name} on the repair group: MindIO repairs pair by pair, and the group's other "
-                                   "ranks never join a collective (send and receive point to point)")
+                raise RuntimeError(
+                    f"{name} on the repair group: MindIO repairs pair by pair, and the group's other "
+                    "ranks never join a collective (send and receive point to point)"
+                )
             return original(*args, **kwargs)
 
         return refused
 
     def _check_group(self, tensor: torch.Tensor, group: object) -> None:
         if self._check_kinds and group is self.gloo_group and self._is_device_memory(tensor):
-            raise RuntimeError("a device tensor sent on the gloo repair group: gloo carries host tensors only; "
-                               "device tensors go on the HCCL one (get_repair_group())")
+            raise RuntimeError(
+                "a device tensor sent on the gloo repair group: gloo carries host tensors only; "
+                "device tensors go on the HCCL one (get_repair_group())"
+            )
 
 
 def unmatched(rank_logs: dict[int, list[Transfer]]) -> list[str]:
     """Each pair whose sends and receives differ in number, order or shape, in words."""
     problems = []
-    pairs = {(rank, item.peer) if item.kind == "send" else (item.peer, rank)
-             for rank, log in rank_logs.items() for item in log}
+    pairs = {(rank, item.peer) if item.kind == "send" else (item.peer, rank) for rank, log in rank_logs.items() for item in log}
     for source, destination in sorted(pairs):
-        sent = [(item.shape, item.dtype) for item in rank_logs.get(source, [])
-                if item.kind == "send" and item.peer == destination]
-        taken = [(item.shape, item.dtype) for item in rank_logs.get(destination, [])
-                 if item.kind == "recv" and item.peer == source]
+        sent = [
+            (item.shape, item.dtype) for item in rank_logs.get(source, []) if item.kind == "send" and item.peer == destination
+        ]
+        taken = [
+            (item.shape, item.dtype) for item in rank_logs.get(destination, []) if item.kind == "recv" and item.peer == source
+        ]
         if sent == taken:
             continue
         if not sent or not taken:
-            problems.append(f"rank {source} sends {len(sent)} tensor(s) to rank {destination}, which receives "
-                            f"{len(taken)}: a {'receive' if taken else 'send'} without its "
-                            f"{'send' if taken else 'receive'}")
+            problems.append(
+                f"rank {source} sends {len(sent)} tensor(s) to rank {destination}, which receives "
+                f"{len(taken)}: a {'receive' if taken else 'send'} without its "
+                f"{'send' if taken else 'receive'}"
+            )
         elif len(sent) != len(taken):
-            problems.append(f"rank {source} sends {len(sent)} tensor(s) to rank {destination}, which receives "
-                            f"{len(taken)}: one transfer per (source, destination) pair on both sides "
-                            "(dict.fromkeys(zip(src_ranks, dest_ranks)))")
+            problems.append(
+                f"rank {source} sends {len(sent)} tensor(s) to rank {destination}, which receives "
+                f"{len(taken)}: one transfer per (source, destination) pair on both sides "
+                "(dict.fromkeys(zip(src_ranks, dest_ranks)))"
+            )
         else:
             problems.append(f"rank {source} sends rank {destination} tensors of other shapes or dtypes than it receives")
     return problems

@@ -107,10 +107,19 @@ def plan_replay(
             rule = knowledge.rule(classification.rule) if classification.rule else None
             key = marker_key(item.subject, classification, knowledge)
             name = GlobalName(tensor.name.module, tensor.name.owner, tensor.name.variable)
-            targets.append(Target(key, name, classification.scenario, classification.rule,
-                                  knowledge.switches(rule) if rule else (), rule.probe if rule else None,
-                                  str(rule.versions) if rule and rule.versions is not None else None,
-                                  tensor.runs_as_main, item.suspect))
+            targets.append(
+                Target(
+                    key,
+                    name,
+                    classification.scenario,
+                    classification.rule,
+                    knowledge.switches(rule) if rule else (),
+                    rule.probe if rule else None,
+                    str(rule.versions) if rule and rule.versions is not None else None,
+                    tensor.runs_as_main,
+                    item.suspect,
+                )
+            )
     if not targets:
         raise UsageError("nothing to verify: " + ("; ".join(skipped) if skipped else _no_finding(diagnosis)))
     environment = diagnosis.context.environment
@@ -144,8 +153,9 @@ def plan_replay(
         replica=replicas[0],
         replicas=replicas,
         standins=standins,
-        group_getters=tuple(sorted({name for item in knowledge.profiles for line in item.repair_group_imports
-                                    for name in _imported_names(line)})),
+        group_getters=tuple(
+            sorted({name for item in knowledge.profiles for line in item.repair_group_imports for name in _imported_names(line)})
+        ),
         source_roots=roots,
         probe=probe,
         timeout=timeout,
@@ -173,10 +183,14 @@ def _no_finding(diagnosis: Diagnosis) -> str:
         return "the log has no unsafe-data finding"
     count = len(untraced.shortlist.suspects)
     if not count:
-        return ("the log's unsafe-data error has no traceback and no suspect fits "
-                "(unsafe-doctor sentinel install names the tensor at the next fault)")
-    return (f"the log's unsafe-data error has no traceback: choose which of its {count} suspect{'s' if count != 1 else ''} "
-            "to replay with --suspect N (diagnose lists them)")
+        return (
+            "the log's unsafe-data error has no traceback and no suspect fits "
+            "(unsafe-doctor sentinel install names the tensor at the next fault)"
+        )
+    return (
+        f"the log's unsafe-data error has no traceback: choose which of its {count} suspect{'s' if count != 1 else ''} "
+        "to replay with --suspect N (diagnose lists them)"
+    )
 
 
 def _faulty_rank(diagnosis: Diagnosis, items: list[DiagnosedFinding], ranks: int) -> tuple[int, list[str]]:
@@ -268,8 +282,16 @@ def _imported_names(line: str) -> set[str]:
 def _blocks(files: tuple[AdaptorFile, ...], functions: dict[str, str]) -> list[Block]:
     role_of = {name: role for role, name in functions.items()}
     return [
-        Block(block.key, role_of.get(block.function, "other"), block.function, str(block.path.resolve()), block.line,
-              block.code, tuple(sorted(block.parameters)), block.own_group)
+        Block(
+            block.key,
+            role_of.get(block.function, "other"),
+            block.function,
+            str(block.path.resolve()),
+            block.line,
+            block.code,
+            tuple(sorted(block.parameters)),
+            block.own_group,
+        )
         for file in files
         for block in file.blocks
     ]
@@ -322,10 +344,21 @@ def judge_replay(
     for run in RUNS:
         for phase in faulty.run(run).seconds:
             phase_seconds[f"{run} {phase}"] = max(result.run(run).seconds.get(phase, 0.0) for result in results)
-    return Verification(verdicts, skipped, faulty.backend, transport, plan.mode, plan.world_size, plan.faulty,
-                        plan.replica, seconds, phase_seconds, (*plan.notes, *faulty.notes),
-                        {run: names for run in RUNS if (names := faulty.run(run).sentinel) is not None},
-                        _proved(plan, results, transport))
+    return Verification(
+        verdicts,
+        skipped,
+        faulty.backend,
+        transport,
+        plan.mode,
+        plan.world_size,
+        plan.faulty,
+        plan.replica,
+        seconds,
+        phase_seconds,
+        (*plan.notes, *faulty.notes),
+        {run: names for run in RUNS if (names := faulty.run(run).sentinel) is not None},
+        _proved(plan, results, transport),
+    )
 
 
 def _alone(results: list[RankResult]) -> dict[str, str]:
@@ -344,8 +377,11 @@ def _proved(plan: ReplayPlan, results: list[RankResult], transport: str) -> str:
     ran = []
     if own:
         named = ", ".join(f"{name}()" for name in own)
-        ran.append(f"the patched adaptor's own {named}" if plan.blocks else
-                   f"the adaptor's own {named} (it holds no fix block: nothing was patched)")
+        ran.append(
+            f"the patched adaptor's own {named}"
+            if plan.blocks
+            else f"the adaptor's own {named} (it holds no fix block: nothing was patched)"
+        )
     blocked = [name for name in functions if name not in own and any(block.function == name for block in plan.blocks)]
     if blocked:
         why = "" if plan.mode == "block" else f" (their own code cannot run here: {next(iter(alone.values()))})"
@@ -367,13 +403,24 @@ def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Rep
     if target.key in red.not_modelled:
         return ReplayVerdict(target, "not-modelled", red.not_modelled[target.key], None, ())
     if red.adaptor_unavailable:
-        return ReplayVerdict(target, "not-modelled", f"the unpatched adaptor does not import here, even with stand-ins for what "
-                       f"this machine lacks ({red.adaptor_unavailable})", None, ())
+        return ReplayVerdict(
+            target,
+            "not-modelled",
+            f"the unpatched adaptor does not import here, even with stand-ins for what "
+            f"this machine lacks ({red.adaptor_unavailable})",
+            None,
+            (),
+        )
     reproduced = red.resume.get(target.key)
     if reproduced is None or reproduced.error is None:
-        return ReplayVerdict(target, "not-modelled",
-                       f"{red.built[target.key]}; without the fix the first step after recovery ran clean on rank {plan.faulty}: "
-                       "the replay does not model this failure", None, ())
+        return ReplayVerdict(
+            target,
+            "not-modelled",
+            f"{red.built[target.key]}; without the fix the first step after recovery ran clean on rank {plan.faulty}: "
+            "the replay does not model this failure",
+            None,
+            (),
+        )
     where = f" at {reproduced.where}" if reproduced.where else f" reading {target.name.dotted}"
     unpatched = f"reproduced `{reproduced.error}` on rank {plan.faulty}{where}"
     if reproduced.unsafe_global is not None and not target.names(reproduced.unsafe_global):  # the step reached another first
@@ -390,8 +437,9 @@ def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Rep
     outcome: ReplayOutcome = "block-proven" if plan.mode == "block" or _alone(results) else "proven"
     alone = " with the fix blocks run alone" if outcome == "block-proven" else ""
     if target.scenario == 2:
-        return ReplayVerdict(target, outcome, unpatched,
-                       f"recovery clean{alone}, tensor bit-identical to replica rank {plan.replica}", ())
+        return ReplayVerdict(
+            target, outcome, unpatched, f"recovery clean{alone}, tensor bit-identical to replica rank {plan.replica}", ()
+        )
     return ReplayVerdict(target, outcome, unpatched, f"recovery clean{alone}, no unsafe tensor left in {target.name.dotted}", ())
 
 
@@ -421,8 +469,9 @@ def _patched_problems(plan: ReplayPlan, target: Target, results: list[RankResult
         problems.append(f"{left} tensor(s) reachable from {target.name.dotted} still unsafe on rank {plan.faulty}")
     equal = green.equal.get(target.key)
     if target.scenario == 2 and equal is False:
-        problems.append(f"{target.name.dotted} on rank {plan.faulty} differs from what replica rank {plan.replica} "
-                        "held at the fault")
+        problems.append(
+            f"{target.name.dotted} on rank {plan.faulty} differs from what replica rank {plan.replica} held at the fault"
+        )
     return problems
 
 
@@ -437,8 +486,10 @@ def _step_death(plan: ReplayPlan, target: Target, outcome: StepOutcome, green: R
     fix = f"the fix of {target.name.dotted} held, but " if held else ""
     if any(other.names(died_on) for other in plan.targets):
         return f"{fix}the first step after recovery dies on {died_on}{at}, another finding's global (see its verdict)"
-    return (f"{fix}the first step after recovery dies on {died_on}{at}, a global the log does not name "
-            "and no fix covers: fix it too (the replay stops at the first unsafe read)")
+    return (
+        f"{fix}the first step after recovery dies on {died_on}{at}, a global the log does not name "
+        "and no fix covers: fix it too (the replay stops at the first unsafe read)"
+    )
 
 
 def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped: ReplayStopped, backend: str, seconds: float) -> Verification:
@@ -450,24 +501,30 @@ def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped: ReplayStopped,
     outcome: ReplayOutcome = "failed"
     if stopped.never_started:
         outcome = "not-modelled"
-        problem = (f"no rank started: {stopped.never_started}; the replay imports the globals' modules and the probe's "
-                   "before its ranks start, and each must import without ending the process or blocking")
+        problem = (
+            f"no rank started: {stopped.never_started}; the replay imports the globals' modules and the probe's "
+            "before its ranks start, and each must import without ending the process or blocking"
+        )
     elif stopped.reason == "timeout" and _stuck_in(stopped, "build"):
         outcome = "not-modelled"
         problem = f"building the state did not finish within the {plan.timeout:g} s timeout ({places})"
     elif stopped.reason == "timeout":
         receiver = _waited_in_repair(stopped.histories.get(plan.faulty, ()), plan.functions["recv"])
         sender = _waited_in_repair(stopped.histories.get(plan.replica, ()), plan.functions["send"])
-        problem = (f"the replay stopped at the {plan.timeout:g} s timeout ({places}); "
-                   f"likely cause: {_likely_mismatch(plan, receiver_waited=receiver, sender_waited=sender)}")
+        problem = (
+            f"the replay stopped at the {plan.timeout:g} s timeout ({places}); "
+            f"likely cause: {_likely_mismatch(plan, receiver_waited=receiver, sender_waited=sender)}"
+        )
     elif (cause := stopped.cause()) is not None and cause[1].blame == "replay":
         rank, crash = cause
         outcome = "not-modelled"
         at = f" at {crash.at}" if crash.at else ""
         when = f"in {stopped.place(rank)}" if stopped.histories.get(rank) else "while starting, before its first phase,"
-        problem = (f"the replay could not run here, which says nothing of the fix: rank {rank} crashed {when} "
-                   f"with {crash.error}{at}, an error of the replay or of this machine "
-                   "(a module missing, a process group that does not start), not of the adaptor's code")
+        problem = (
+            f"the replay could not run here, which says nothing of the fix: rank {rank} crashed {when} "
+            f"with {crash.error}{at}, an error of the replay or of this machine "
+            "(a module missing, a process group that does not start), not of the adaptor's code"
+        )
     elif cause is not None:
         rank, crash = cause
         at = f" at {crash.where}" if crash.where else ""
@@ -478,10 +535,12 @@ def _stopped(plan: ReplayPlan, skipped: tuple[str, ...], stopped: ReplayStopped,
     if outcome == "not-modelled":
         verdicts = tuple(ReplayVerdict(target, outcome, problem, None, ()) for target in plan.targets)
     else:
-        verdicts = tuple(ReplayVerdict(target, outcome, "not judged: the replay stopped", problem, (problem,))
-                         for target in plan.targets)
-    return Verification(verdicts, skipped, backend, "gloo", plan.mode, plan.world_size, plan.faulty, plan.replica,
-                        seconds, {}, plan.notes)
+        verdicts = tuple(
+            ReplayVerdict(target, outcome, "not judged: the replay stopped", problem, (problem,)) for target in plan.targets
+        )
+    return Verification(
+        verdicts, skipped, backend, "gloo", plan.mode, plan.world_size, plan.faulty, plan.replica, seconds, {}, plan.notes
+    )
 
 
 def _stuck_in(stopped: ReplayStopped, phase: str) -> bool:
@@ -493,11 +552,15 @@ def _likely_mismatch(plan: ReplayPlan, *, receiver_waited: bool, sender_waited: 
     """Which side of the repair waited: the one with more transfers than its peer."""
     send, recv = plan.functions["send"], plan.functions["recv"]
     if receiver_waited and not sender_waited:
-        return (f"{recv}() on rank {plan.faulty} waits for a tensor that {send}() on rank {plan.replica} never sends "
-                "(a receive without its send, or send and receive swapped)")
+        return (
+            f"{recv}() on rank {plan.faulty} waits for a tensor that {send}() on rank {plan.replica} never sends "
+            "(a receive without its send, or send and receive swapped)"
+        )
     if sender_waited and not receiver_waited:
-        return (f"{send}() on rank {plan.replica} sends a tensor that {recv}() on rank {plan.faulty} never receives "
-                "(a send without its receive, or send and receive swapped)")
+        return (
+            f"{send}() on rank {plan.replica} sends a tensor that {recv}() on rank {plan.faulty} never receives "
+            "(a send without its receive, or send and receive swapped)"
+        )
     if sender_waited and receiver_waited:
         return f"{send}() and {recv}() wait for each other: their transfers differ in order, number or shape"
     return "code that never returned where a rank stopped, or a collective that not every rank reaches"
@@ -506,5 +569,4 @@ def _likely_mismatch(plan: ReplayPlan, *, receiver_waited: bool, sender_waited: 
 def _waited_in_repair(history: tuple[Milestone, ...], function: str) -> bool:
     """The rank stopped inside the repair phase, or its transfer in ``function`` timed out."""
     stuck = bool(history) and history[-1].phase == "repair" and history[-1].failure is None
-    return stuck or any(m.failure is not None and m.failure.function == function and m.failure.kind == "timeout"
-                        for m in history)
+    return stuck or any(m.failure is not None and m.failure.function == function and m.failure.kind == "timeout" for m in history)

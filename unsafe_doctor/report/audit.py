@@ -184,12 +184,22 @@ def audit_text(audit: Audit, elapsed: float, write_fixes: NextStep | None = None
     for note in audit.notes:
         parts.append(Text(f"note: {printable(note)}", style="yellow"))
     if audit.conversion_only:
-        parts.append(Text(f"note: left out {counted(len(audit.conversion_only), 'global')} that only a checkpoint converter "
-                          f"writes and reads (conversion runs at load or offline, not in a training step): "
-                          f"{_first_three(audit.conversion_only)}", style="yellow"))
+        parts.append(
+            Text(
+                f"note: left out {counted(len(audit.conversion_only), 'global')} that only a checkpoint converter "
+                f"writes and reads (conversion runs at load or offline, not in a training step): "
+                f"{_first_three(audit.conversion_only)}",
+                style="yellow",
+            )
+        )
     if audit.unreadable:
-        parts.append(Text(f"note: {counted(len(audit.unreadable), 'file')} not scanned (unreadable, not Python, or more "
-                          f"than {MAX_SOURCE_TOKENS:,} tokens): {_first_three(audit.unreadable)}", style="yellow"))
+        parts.append(
+            Text(
+                f"note: {counted(len(audit.unreadable), 'file')} not scanned (unreadable, not Python, or more "
+                f"than {MAX_SOURCE_TOKENS:,} tokens): {_first_three(audit.unreadable)}",
+                style="yellow",
+            )
+        )
     parts.append(_summary(audit, elapsed))
     if write_fixes is not None and _counts(audit)["fixable"]:
         parts.append(Text(write_fixes.line("to write the fixes")))

@@ -33,7 +33,7 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def counted(count: int, noun: str) -> str:
-    """"1 rank", "2 ranks": the noun in the plural only when the count asks for it."""
+    """ "1 rank", "2 ranks": the noun in the plural only when the count asks for it."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 

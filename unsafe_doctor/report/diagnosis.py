@@ -67,9 +67,15 @@ def _generation_json(diagnosis: Diagnosis) -> dict[str, Any] | None:
         "messages_matched": {generation: count for generation, count in read.counts.items() if count},
         "possible": possible,
         "evidence": [  # each message once: its first line, how many lines show it, the generations that log it
-            {"message": item.message.text, "generations": list(item.message.generations),
-             "from": item.message.where, "line": item.line, "source": item.source, "offset": item.offset,
-             "lines": count}
+            {
+                "message": item.message.text,
+                "generations": list(item.message.generations),
+                "from": item.message.where,
+                "line": item.line,
+                "source": item.source,
+                "offset": item.offset,
+                "lines": count,
+            }
             for item, count in read.shown(possible)
         ],
     }
@@ -87,14 +93,17 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
         "frames": [_frame_json(frame) for frame in unsafe.frames] if unsafe else [],
         "tensor": None
         if tensor is None
-        else {"expression": tensor.expression, "variable": tensor.name.variable, "module": tensor.name.module,
-              "owner": tensor.name.owner},
+        else {
+            "expression": tensor.expression,
+            "variable": tensor.name.variable,
+            "module": tensor.name.module,
+            "owner": tensor.name.owner,
+        },
         "source_from": finding.origin.value,
         "source_release": finding.release,
         "source_confidence": finding.origin.confidence,
         "truncated": unsafe.truncated if unsafe else False,
-        "alternatives": [{"variable": each.variable, "module": each.module, "how": each.how}
-                         for each in finding.alternatives],
+        "alternatives": [{"variable": each.variable, "module": each.module, "how": each.how} for each in finding.alternatives],
         "notes": [*finding.notes, *healed_notes(finding.sentinel), *verdict.notes],
         "scenario": verdict.scenario,
         "rule": verdict.rule,
@@ -268,13 +277,21 @@ def fault_said(fault: FaultReading) -> str:
     where = f"rank {fault.rank}: " if fault.rank is not None else ""
     shown = f" ({where}{fault.evidence})" if fault.evidence else ""
     if fault.marking == "partial":
-        return (f"The fault marked only the device memory it hit, a UCE in persistent memory{shown}: the more memory "
-                "a global holds, the likelier it is the one")
+        return (
+            f"The fault marked only the device memory it hit, a UCE in persistent memory{shown}: the more memory "
+            "a global holds, the likelier it is the one"
+        )
     if fault.marking == "all-marked":
-        return (f"The recovery marked every device tensor unsafe{shown}: every surviving global is unsafe, "
-                "and the first one the step reads raised")
+        return (
+            f"The recovery marked every device tensor unsafe{shown}: every surviving global is unsafe, "
+            "and the first one the step reads raised"
+        )
     if fault.marking == "none-marked":
-        return (f"The fault before the error marks no memory unsafe{shown}: the unsafe data points elsewhere (an "
-                "earlier fault, or not this recovery), so no suspect is what this fault left")
-    return (f"The log does not show what the fault{shown} marked unsafe (no memory check result, no restart "
-            "line): the suspects are ranked by where the step first reads them")
+        return (
+            f"The fault before the error marks no memory unsafe{shown}: the unsafe data points elsewhere (an "
+            "earlier fault, or not this recovery), so no suspect is what this fault left"
+        )
+    return (
+        f"The log does not show what the fault{shown} marked unsafe (no memory check result, no restart "
+        "line): the suspects are ranked by where the step first reads them"
+    )

@@ -38,8 +38,9 @@ SHORT_STACK = 6  # frames shown in a panel, innermost last
 SUSPECT_NAMES = 4  # a suspect's pattern is shown as the names it matches up to this many, else as its rule's title
 
 
-def diagnosis_text(diagnosis: Diagnosis, elapsed: float, previews: Sequence[tuple[Preview, ...]] = (), *,
-            verbose: bool = False) -> RenderableType:
+def diagnosis_text(
+    diagnosis: Diagnosis, elapsed: float, previews: Sequence[tuple[Preview, ...]] = (), *, verbose: bool = False
+) -> RenderableType:
     """`previews`: each finding's blocks as `fix` writes them (adaptor.plan.preview), printed under it;
     `verbose`: also the adaptor generation the log's lines show, and those lines."""
     parts: list[RenderableType] = []
@@ -175,8 +176,9 @@ def _fix_code(previews: tuple[Preview, ...]) -> list[RenderableType]:
     for block in previews:
         side = f"{block.side}, " if block.side else ""
         if block.imports:
-            top = Text(f"# at the top of {block.function}()'s file, what it does not import yet:", style="bold",
-                       overflow="ignore")
+            top = Text(
+                f"# at the top of {block.function}()'s file, what it does not import yet:", style="bold", overflow="ignore"
+            )
             parts.extend([top, CodeToCopy("\n".join(block.imports)), Text("")])
         heading = Text(f"# {side}at the end of {block.function}() (paste it):", style="bold", overflow="ignore")
         parts.extend([heading, CodeToCopy(textwrap.dedent("\n".join(block.lines))), Text("")])
@@ -185,7 +187,9 @@ def _fix_code(previews: tuple[Preview, ...]) -> list[RenderableType]:
 
 # What the phase line calls each kind of fault (`log.recovery.CatchKind`): a UCE or ECC error is the hardware fault.
 _FAULT_WORDS: dict[CatchKind, str] = {
-    "memory-fault": "hardware fault", "link-fault": "link fault", "precision-retry": "precision error",
+    "memory-fault": "hardware fault",
+    "link-fault": "link fault",
+    "precision-retry": "precision error",
 }
 
 
@@ -295,8 +299,12 @@ def _untraced(untraced: Untraced) -> RenderableType:
             parts.append(Hanging(f"{indent}or, by release or module: ", Text(", ".join(suspect.alternatives))))
         parts.append(Hanging(f"{indent}fix: ", Text(printable(_fix_place(suspect, number)))))
     if len(shortlist.suspects) > 1:
-        parts.append(Text(f"{len(shortlist.suspects)} suspects survive and the log cannot tell them apart: the sentinel "
-                          "names the one at the next fault (unsafe-doctor sentinel install)."))
+        parts.append(
+            Text(
+                f"{len(shortlist.suspects)} suspects survive and the log cannot tell them apart: the sentinel "
+                "names the one at the next fault (unsafe-doctor sentinel install)."
+            )
+        )
     return Group(*parts)
 
 
@@ -309,15 +317,18 @@ def _generation_text(read: GenerationEvidence, possible: Sequence[AdaptorProfile
         "none": "the log holds no line an adaptor generation logs",
     }[read.decision]
     parts: list[RenderableType] = [
-        Text(printable(f"Adaptor generation: {decision}" + (f" (messages matched: {matched})" if matched else "")),
-             style="bold")
+        Text(printable(f"Adaptor generation: {decision}" + (f" (messages matched: {matched})" if matched else "")), style="bold")
     ]
     for first, count in read.shown([profile.id for profile in possible]):
         more = f" (and {counted(count - 1, 'more line')})" if count > 1 else ""
         parts.append(Hanging("  ", Text(printable(f"{first.source}:{first.offset}  {first.line.strip()}{more}"))))
         logged_by = ", ".join(first.message.generations)
-        parts.append(Hanging("    message: ", Text(printable(f"{first.message.text}  ({first.message.where}; "
-                                                            f"logged by {logged_by})"), style="dim")))
+        parts.append(
+            Hanging(
+                "    message: ",
+                Text(printable(f"{first.message.text}  ({first.message.where}; logged by {logged_by})"), style="dim"),
+            )
+        )
     return Group(*parts)
 
 

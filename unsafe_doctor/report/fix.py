@@ -90,8 +90,10 @@ def _in_place(item: Written) -> str:
 def _backup_owner(item: Written) -> str:
     if item.backup_owner == item.owner:
         return ""
-    return (f"; warning: the backup belongs to {_owner_name(item.backup_owner)}, not to {_owner_name(item.owner)} as the file "
-            "does (only root may give a file away)")
+    return (
+        f"; warning: the backup belongs to {_owner_name(item.backup_owner)}, not to {_owner_name(item.owner)} as the file "
+        "does (only root may give a file away)"
+    )
 
 
 def _owner_name(owner: tuple[int, int]) -> str:

@@ -52,12 +52,17 @@ def template_json(template: Template) -> dict[str, Any]:
 
 def rules_table(knowledge: KnowledgeBase) -> RulesTable:
     entries: list[Rule | Template] = sorted([*knowledge.rules, *knowledge.templates], key=lambda entry: entry.id)
-    return RulesTable(tuple(
-        (printable(entry.id), str(entry.scenario),
-         printable(f"{entry.framework} {entry.versions}" if isinstance(entry, Rule) and entry.framework else "any"),
-         printable(entry.title))
-        for entry in entries
-    ))
+    return RulesTable(
+        tuple(
+            (
+                printable(entry.id),
+                str(entry.scenario),
+                printable(f"{entry.framework} {entry.versions}" if isinstance(entry, Rule) and entry.framework else "any"),
+                printable(entry.title),
+            )
+            for entry in entries
+        )
+    )
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,9 @@ def verification_json(verification: Verification) -> dict[str, Any]:
     }
 
 
-def verification_text(verification: Verification, write_fix: NextStep | None = None,
-            fix_others: NextStep | None = None) -> RenderableType:
+def verification_text(
+    verification: Verification, write_fix: NextStep | None = None, fix_others: NextStep | None = None
+) -> RenderableType:
     """The verdicts in boxes; when a fix is missing, the command that writes it (`write_fix`); when
     the sentinel names globals after the patched rollback that no finding is about, the command
     that writes their fixes (`fix_others`)."""
@@ -91,16 +92,23 @@ def verification_text(verification: Verification, write_fix: NextStep | None = N
         parts.extend(_write_the_fix(missing, write_fix))
     others = unfixed_globals(verification)
     if others:
-        text = Text(f"Still unsafe after the patched rollback, and no finding of the log: {printable(', '.join(others))}; "
-                    "the first step after a real recovery reads them too", style="bold")
+        text = Text(
+            f"Still unsafe after the patched rollback, and no finding of the log: {printable(', '.join(others))}; "
+            "the first step after a real recovery reads them too",
+            style="bold",
+        )
         hint = " (unsafe-doctor audit SOURCE --adaptor ADAPTOR --fix writes their fixes)."
         parts.append(text.append(":" if fix_others else hint))
         if fix_others:
             parts.append(CodeToCopy(fix_others.command, python=False))
     elif any(_proven(verdict) and verdict.target.suspect is None for verdict in verification.verdicts):
-        parts.append(Text("Proven: the fixes of this log's globals. Other globals the recovery leaves unsafe are not "
-                          "checked here: `unsafe-doctor audit SOURCE --adaptor ADAPTOR` finds them before a fault does.",
-                          style="dim"))
+        parts.append(
+            Text(
+                "Proven: the fixes of this log's globals. Other globals the recovery leaves unsafe are not "
+                "checked here: `unsafe-doctor audit SOURCE --adaptor ADAPTOR` finds them before a fault does.",
+                style="dim",
+            )
+        )
     return Group(*parts)
 
 
@@ -149,5 +157,7 @@ def _suspect_proves(verdict: ReplayVerdict) -> str:
 
 
 def _suspect_leaves(verdict: ReplayVerdict) -> str:
-    return (f"that suspect {verdict.target.suspect} is the global this log's fault left unsafe (the log has no "
-            "traceback): `unsafe-doctor sentinel install` names that one at the next fault")
+    return (
+        f"that suspect {verdict.target.suspect} is the global this log's fault left unsafe (the log has no "
+        "traceback): `unsafe-doctor sentinel install` names that one at the next fault"
+    )

@@ -168,16 +168,33 @@ def _report(
     judged = verdict.verdicts(asked, found.caches, rules) if asked else {}
     globals_ = tuple(
         UnsafeGlobal(
-            rank, backend.name, holder, len(paths), tuple(paths),
-            judged[holder].scenario, judged[holder].rule, judged[holder].fix_function, cached=holder in found.caches,
+            rank,
+            backend.name,
+            holder,
+            len(paths),
+            tuple(paths),
+            judged[holder].scenario,
+            judged[holder].rule,
+            judged[holder].fix_function,
+            cached=holder in found.caches,
             written_by_step=judged[holder].written_by_step,
         )
         for holder, paths in unsafe.items()
     )
     seconds = round(time.perf_counter() - started, 3)
     harmful = [item for item in globals_ if not item.written_by_step]
-    summary = Summary(rank, backend.name, mode, checked, sum(item.tensors for item in harmful), len(harmful), seconds,
-                      found.stopped_early, found.not_walked.count, tuple(found.not_walked.first))
+    summary = Summary(
+        rank,
+        backend.name,
+        mode,
+        checked,
+        sum(item.tensors for item in harmful),
+        len(harmful),
+        seconds,
+        found.stopped_early,
+        found.not_walked.count,
+        tuple(found.not_walked.first),
+    )
     return SentinelReport(summary, globals_), judged
 
 
@@ -191,4 +208,3 @@ def _after_heal(before: SentinelReport, after: SentinelReport, errors: dict[Hold
             item = replace(item, healed=error is None, heal_error=error)
         unsafe.append(item)
     return SentinelReport(after.summary, tuple(unsafe))  # its counts and time are the second walk's
-

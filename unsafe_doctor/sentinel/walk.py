@@ -52,9 +52,20 @@ _LEAVES = (*LEAVES, torch.dtype, torch.device, torch.Size, weakref.ProxyType, we
 # Hold nothing a step reads through them: code and the descriptors that would run it, frames and
 # generators, and the modules and classes met on the way (a package's own are walked from sys.modules).
 _PASSED_OVER = (
-    types.CodeType, property, types.MemberDescriptorType, types.GetSetDescriptorType, types.MethodDescriptorType,
-    types.WrapperDescriptorType, types.MethodWrapperType, types.ClassMethodDescriptorType, types.FrameType,
-    types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, types.ModuleType, type,
+    types.CodeType,
+    property,
+    types.MemberDescriptorType,
+    types.GetSetDescriptorType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.MethodWrapperType,
+    types.ClassMethodDescriptorType,
+    types.FrameType,
+    types.GeneratorType,
+    types.CoroutineType,
+    types.AsyncGeneratorType,
+    types.ModuleType,
+    type,
 )
 _NOTHING_INSIDE = (*_LEAVES, *_PASSED_OVER)
 _SKIPPED_IN_MODULES = (nn.Module, *_NOTHING_INSIDE)  # a module's submodules are walked with it
@@ -164,8 +175,11 @@ def package_modules(packages: frozenset[str]) -> list[tuple[str, types.ModuleTyp
     """The loaded modules of these top-level packages, deepest first: a package re-exporting a
     submodule's global comes after the submodule, which then names it."""
     wanted = packages - _PACKAGES_NEVER_WALKED - set(sys.stdlib_module_names)
-    found = [(name, module) for name, module in list(dict.items(sys.modules))
-             if type(name) is str and issubclass(type(module), types.ModuleType) and name.partition(".")[0] in wanted]
+    found = [
+        (name, module)
+        for name, module in list(dict.items(sys.modules))
+        if type(name) is str and issubclass(type(module), types.ModuleType) and name.partition(".")[0] in wanted
+    ]
     return sorted(found, key=lambda item: (-item[0].count("."), item[0]))
 
 
@@ -259,8 +273,11 @@ class _ObjectGraph:
                 continue
             if issubclass(kind, _HOST_DATA):
                 continue
-            inside = (child for child in self.children(obj, kind, path, holder, depth)
-                      if not issubclass(type(child[0]), _NOTHING_INSIDE))
+            inside = (
+                child
+                for child in self.children(obj, kind, path, holder, depth)
+                if not issubclass(type(child[0]), _NOTHING_INSIDE)
+            )
             try:
                 if depth >= self.limits.depth:
                     if next(inside, None) is not None:
@@ -343,9 +360,7 @@ class _ObjectGraph:
                 # an object (a token dispatcher) holds its state under its own class's names: its own holder
                 yield value, f"{where}.{attribute}", held, depth + 1
 
-    def optimizer(
-        self, optimizer: torch.optim.Optimizer, path: str, holder: HolderName | None, depth: int
-    ) -> Iterator[tuple]:
+    def optimizer(self, optimizer: torch.optim.Optimizer, path: str, holder: HolderName | None, depth: int) -> Iterator[tuple]:
         cls = type(optimizer)
         module, owner = _class_module(cls), _TYPE_QUALNAME.__get__(cls)
         attributes = _own(optimizer)
@@ -471,8 +486,11 @@ def _submodules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             continue
         memo.add(id(module))
         yield prefix, module
-        children = [(f"{prefix}.{_attribute_text(key)}" if prefix else _attribute_text(key), child)
-                    for key, child in _dict_items(_own(module).get("_modules")) if issubclass(type(child), nn.Module)]
+        children = [
+            (f"{prefix}.{_attribute_text(key)}" if prefix else _attribute_text(key), child)
+            for key, child in _dict_items(_own(module).get("_modules"))
+            if issubclass(type(child), nn.Module)
+        ]
         pending.extend(reversed(children))
 
 

@@ -17,7 +17,6 @@ from unsafe_doctor.source.workspace import SourceFile, Workspace
 MAX_HOPS = 6  # re-exports followed at most
 
 
-
 @dataclass(frozen=True)
 class Imports:
     """The names imports bind in a scope: the module's (also under `if` / `try`), then those of the

@@ -36,8 +36,11 @@ class LookedAt:
         """What another process read; a file it read other bytes of than this one did changed while
         the run read it: the record is incomplete."""
         agreed = [
-            _merged(self.files, other.files), _merged(self.wholes, other.wholes), _merged(self.sizes, other.sizes),
-            _merged(self.links, other.links), _merged(self.folders, other.folders),
+            _merged(self.files, other.files),
+            _merged(self.wholes, other.wholes),
+            _merged(self.sizes, other.sizes),
+            _merged(self.links, other.links),
+            _merged(self.folders, other.folders),
         ]
         self.complete = self.complete and other.complete and all(agreed)
 
@@ -161,7 +164,6 @@ def regular_bytes(path: str | os.PathLike[str], limit: int | None = None) -> byt
     except OSError:
         return None
     return data if limit is None or len(data) <= limit else None
-
 
 
 def digest(data: bytes) -> bytes:

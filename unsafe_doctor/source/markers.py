@@ -41,7 +41,7 @@ def markers(text: str) -> list[BlockMarker]:
                 comment = token.string.rstrip()
                 for prefix, begins in ((MARKER_BEGIN, True), (MARKER_END, False)):
                     if comment.startswith(prefix):
-                        found.append(BlockMarker(token.start[0] - 1, begins, comment[len(prefix):]))
+                        found.append(BlockMarker(token.start[0] - 1, begins, comment[len(prefix) :]))
     except (tokenize.TokenError, SyntaxError):
         pass
     return found

@@ -172,11 +172,7 @@ def _is_call(parts: Sequence[ast.expr], index: int) -> bool:
 
 def _is_field(parts: Sequence[ast.expr], index: int) -> bool:
     """An attribute that names an object's field: not a tensor attribute, not a method being called."""
-    return (
-        _is_attribute(parts, index)
-        and _attribute(parts, index) not in _TENSOR_ATTRIBUTES
-        and not _is_call(parts, index + 1)
-    )
+    return _is_attribute(parts, index) and _attribute(parts, index) not in _TENSOR_ATTRIBUTES and not _is_call(parts, index + 1)
 
 
 def resolve_chain(parts: list[ast.expr], scope: Scope, workspace: Workspace, depth: int = 0) -> Resolved | None:
@@ -284,8 +280,10 @@ def _cached_submodule_call(attribute: str, scope: Scope, workspace: Workspace) -
             cls, module = defined
             called = next((f for f in cls.body if is_cached(f) and f.name in _CALL_METHODS), None)
             if called is not None:
-                note = (f"self.{attribute} is a {cls.name}, whose {called.name}() is an lru_cache: "
-                        "it returns what earlier steps built")
+                note = (
+                    f"self.{attribute} is a {cls.name}, whose {called.name}() is an lru_cache: "
+                    "it returns what earlier steps built"
+                )
                 return Resolved(Tier.GLOBAL, 2, GlobalName(module, cls.name, called.name), (note,), cached=True)
     return None
 
@@ -391,9 +389,7 @@ def _is_library(dotted: str) -> bool:
     return top in _LIBRARIES or top in sys.stdlib_module_names
 
 
-def _in_module(
-    module: str, name: str, parts: list[ast.expr], index: int, workspace: Workspace, *, depth: int
-) -> Resolved | None:
+def _in_module(module: str, name: str, parts: list[ast.expr], index: int, workspace: Workspace, *, depth: int) -> Resolved | None:
     return _in_source(
         workspace.module_source(module), module, name, parts, index, workspace=workspace, depth=depth, cross_module=True
     )
@@ -470,9 +466,7 @@ def _call_result(
     return replace(returned, anchor=index + 1, notes=(*returned.notes, note))
 
 
-def _returned_global(
-    function: Function, source: SourceFile | None, workspace: Workspace, depth: int
-) -> Resolved | None:
+def _returned_global(function: Function, source: SourceFile | None, workspace: Workspace, depth: int) -> Resolved | None:
     if source is None:
         return None
     scope = Scope(source.module, source, (function,), None, None)
@@ -499,9 +493,7 @@ def _instance_class(name: str | None, source: SourceFile | None) -> str | None:
     return None
 
 
-def _alias(
-    name: str, value: ast.expr, parts: list[ast.expr], scope: Scope, workspace: Workspace, *, depth: int
-) -> Resolved:
+def _alias(name: str, value: ast.expr, parts: list[ast.expr], scope: Scope, workspace: Workspace, *, depth: int) -> Resolved:
     """A local assigned from a global (`tracker = get_tracker()`, `buf = mod._BUF`): that global,
     while the expression keeps the local's own name."""
     local = _unresolved(scope, Tier.LOCAL, parts)
@@ -519,4 +511,3 @@ def _alias(
     kind = "the cached result" if resolved.cached else f"a local alias of {resolved.name.variable}"
     note = f"{name} is {kind}: `{name} = {one_line(text or ast.unparse(value))}`"
     return replace(resolved, anchor=0, notes=(*resolved.notes, note))
-

@@ -179,8 +179,10 @@ def _kept_target(target: ast.expr) -> bool:
         return any(_kept_target(element) for element in target.elts)
     if isinstance(target, ast.Starred):
         return _kept_target(target.value)
-    return isinstance(target, ast.Attribute) and flatten(target) is not None and all(
-        isinstance(part, (ast.Name, ast.Attribute)) for part in flatten(target) or ()
+    return (
+        isinstance(target, ast.Attribute)
+        and flatten(target) is not None
+        and all(isinstance(part, (ast.Name, ast.Attribute)) for part in flatten(target) or ())
     )
 
 

@@ -25,8 +25,25 @@ class ImportedName:
 # --- statements ------------------------------------------------------------------------------------
 
 # fields that hold no node to walk: contexts, operators, names and flags
-_NO_NODES = frozenset({"ctx", "op", "ops", "id", "attr", "arg", "name", "asname", "module", "level", "type_comment", "kind",
-                       "is_async", "conversion", "simple"})
+_NO_NODES = frozenset(
+    {
+        "ctx",
+        "op",
+        "ops",
+        "id",
+        "attr",
+        "arg",
+        "name",
+        "asname",
+        "module",
+        "level",
+        "type_comment",
+        "kind",
+        "is_async",
+        "conversion",
+        "simple",
+    }
+)
 _NODE_FIELDS: dict[type, tuple[str, ...]] = {}  # by node type, the fields that can hold nodes (filled as types are met)
 
 
@@ -36,8 +53,8 @@ def child_nodes(node: ast.AST) -> list[ast.AST]:
     audit visit millions of nodes."""
     fields = _NODE_FIELDS.get(type(node))
     if fields is None:
-        fields = _NODE_FIELDS[type(node)] = () if isinstance(node, ast.Constant) else tuple(
-            name for name in node._fields if name not in _NO_NODES
+        fields = _NODE_FIELDS[type(node)] = (
+            () if isinstance(node, ast.Constant) else tuple(name for name in node._fields if name not in _NO_NODES)
         )
     children: list[ast.AST] = []
     for name in fields:
@@ -49,7 +66,6 @@ def child_nodes(node: ast.AST) -> list[ast.AST]:
                 if isinstance(item, ast.AST):
                     children.append(item)
     return children
-
 
 
 def child_statements(statement: ast.stmt) -> list[ast.stmt]:
@@ -255,9 +271,11 @@ def local_binding(function: Function, name: str, line: int | None, package: str 
 def _unpacked_from_chain(assignment: ast.Assign, name: str) -> bool:
     """`cos, sin = rope_cache(n)`: the name is an element of what a reference chain holds, which
     stands for it (a tuple of values, `a, b = x, y`, or a starred target does not)."""
-    unpacked = any(isinstance(target, (ast.Tuple, ast.List))
-                   and any(isinstance(element, ast.Name) and element.id == name for element in target.elts)
-                   for target in assignment.targets)
+    unpacked = any(
+        isinstance(target, (ast.Tuple, ast.List))
+        and any(isinstance(element, ast.Name) and element.id == name for element in target.elts)
+        for target in assignment.targets
+    )
     return unpacked and flatten(assignment.value) is not None
 
 
@@ -326,8 +344,7 @@ def is_lambda_parameter(root: ast.AST, name: ast.Name) -> bool:
     """`name` (a node inside `root`) is a parameter of a lambda it is written in: what the lambda
     is called with, which its line does not say."""
     return any(
-        isinstance(node, ast.Lambda) and name.id in parameter_names(node) and _inside(node.body, name)
-        for node in ast.walk(root)
+        isinstance(node, ast.Lambda) and name.id in parameter_names(node) and _inside(node.body, name) for node in ast.walk(root)
     )
 
 

@@ -225,9 +225,7 @@ class FileFinder:
         if match is None:
             return []
         last = module.rpartition(".")[2]
-        pattern = re.compile(
-            rf"^from (?:{re.escape(module)}|\.+{re.escape(last)}) import .*\b{re.escape(name)}\b", re.MULTILINE
-        )
+        pattern = re.compile(rf"^from (?:{re.escape(module)}|\.+{re.escape(last)}) import .*\b{re.escape(name)}\b", re.MULTILINE)
         found = []
         for path in sorted(match.framework.paths):
             version = match.version_of(path)
@@ -353,8 +351,10 @@ class FileFinder:
         parts = dotted_name.split(".")
         if not all(part.isidentifier() for part in parts):
             return None
-        return self._module_under(parts, (*self.source_roots, *self.found_roots)) or self._module_indexed(parts) or (
-            self._module_under(parts, self.env_roots)
+        return (
+            self._module_under(parts, (*self.source_roots, *self.found_roots))
+            or self._module_indexed(parts)
+            or (self._module_under(parts, self.env_roots))
         )
 
     @staticmethod
@@ -507,9 +507,13 @@ class SourceCache:
             tree = ast.parse("\n".join(kept))
         except _UNPARSABLE:
             tree = None
-        if tree is None or [_lines_of(statement) for statement in tree.body] != chosen or any(
-            body is not None and [_lines_of(inner) for inner in getattr(statement, "body", ())] != body
-            for statement, body in zip(tree.body, bodies, strict=True)
+        if (
+            tree is None
+            or [_lines_of(statement) for statement in tree.body] != chosen
+            or any(
+                body is not None and [_lines_of(inner) for inner in getattr(statement, "body", ())] != body
+                for statement, body in zip(tree.body, bodies, strict=True)
+            )
         ):
             return self.source(path, module)  # statements sharing a line: parsed whole
         return SourceFile(path, text, tree, self._parsed_as.get(path), outline.package, {}, outline.imports, frozenset(), False)
@@ -649,7 +653,11 @@ class Cache(Generic[K, V]):
 
 
 def _fresh_workspace(
-    source_roots: tuple[Path, ...], studied: tuple[Path, ...], *, log_only: bool, releases: dict[str, ReleaseMatch],
+    source_roots: tuple[Path, ...],
+    studied: tuple[Path, ...],
+    *,
+    log_only: bool,
+    releases: dict[str, ReleaseMatch],
     fingerprinted: bool,
 ) -> Workspace:
     workspace = Workspace(source_roots, log_only=log_only, studied=studied)
@@ -692,12 +700,16 @@ def _members(node: ast.ClassDef) -> tuple[tuple[int, int, bool], ...]:
     return spans if spans and apart and spans[0][0] > node.lineno else ()
 
 
-def _thinned(members: tuple[tuple[int, int, bool], ...], lines: list[str], kept: list[str],
-             keep: Callable[[TopStatement], bool]) -> list[tuple[int, int]] | None:
+def _thinned(
+    members: tuple[tuple[int, int, bool], ...], lines: list[str], kept: list[str], keep: Callable[[TopStatement], bool]
+) -> list[tuple[int, int]] | None:
     """Leave out (in `kept`) the body statements of a class that `keep` does not choose, with a
     `pass` where it chooses none; the spans the class's body has then, None where nothing is left out."""
-    chosen = [(first, last) for first, last, definition in members
-              if keep(TopStatement(first, last, definition, "\n".join(lines[first - 1 : last])))]
+    chosen = [
+        (first, last)
+        for first, last, definition in members
+        if keep(TopStatement(first, last, definition, "\n".join(lines[first - 1 : last])))
+    ]
     if len(chosen) == len(members):
         return None
     for first, last, _ in members:
@@ -732,8 +744,9 @@ def _declared_global(statements: Sequence[ast.stmt], lines: list[int]) -> Iterat
             yield from _declared_global(child_statements(statement), lines)
 
 
-def _collect(statements: Sequence[ast.stmt], package: str | None, bindings: dict[str, Binding],
-             imports: dict[str, ImportedName]) -> bool:
+def _collect(
+    statements: Sequence[ast.stmt], package: str | None, bindings: dict[str, Binding], imports: dict[str, ImportedName]
+) -> bool:
     """The module-level bindings of the statements, also under `if` / `try`, into `bindings` and
     `imports`; whether one is a star import. (A function, not a closure: a recursive closure is a
     reference cycle, which would keep every tree until the collector runs.)"""

@@ -41,8 +41,10 @@ def write(version: str) -> Path:
     derived = {name: value for name, value in BASE.items() if name not in parsed}
     arguments = {name: _plain(value) for name, value in sorted({**parsed, **derived}.items())}
     path = HERE / f"megatron-lm-core_v{version}.json"
-    source = (f"megatron-core {version} (the package index's wheel) megatron/training/arguments.py: "
-              "add_megatron_arguments' dests and defaults; validate_args' derived fields as in core_v0.12.1's file")
+    source = (
+        f"megatron-core {version} (the package index's wheel) megatron/training/arguments.py: "
+        "add_megatron_arguments' dests and defaults; validate_args' derived fields as in core_v0.12.1's file"
+    )
     path.write_text(json.dumps({"source": source, "arguments": arguments}, indent=0) + "\n")
     return path
 

@@ -71,8 +71,7 @@ MAX_EVIDENCE = 8
 MAX_PER_KIND = 3
 
 _STRONG = {"reset": 1, "self-update": 2, "training-read": 2}
-_ORDER = ("reset", "per-step", "self-update", "training-read", "accumulate", "buffer", "overwrite", "cache", "queue",
-          "log-read")
+_ORDER = ("reset", "per-step", "self-update", "training-read", "accumulate", "buffer", "overwrite", "cache", "queue", "log-read")
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,8 @@ def judge_by_source(subject: Subject, workspace: Workspace) -> HeuristicVerdict:
     if tensor is None or not tensor.name.variable or not tensor.name.variable.isidentifier():
         shown = tensor.expression if tensor else "the tensor"
         return HeuristicVerdict(
-            None, None,
+            None,
+            None,
             f"The log does not name the global behind {shown}: read the culprit line and check whether it "
             "depends on training iterations.",
             (),
@@ -108,24 +108,36 @@ def judge_by_source(subject: Subject, workspace: Workspace) -> HeuristicVerdict:
 
 # --- weighing -------------------------------------------------------------------------------------
 
+
 def _weigh(study: TensorStudy) -> HeuristicVerdict:
     """The verdict from a study's events, by the rules of weighing in this module's docstring."""
     variable = study.variable
     if study.defining is None and not study.referencing and study.unparsable is not None:
         path, why = study.unparsable
-        return HeuristicVerdict(None, None, f"Could not read how {variable} is used: {study.shown(path)}, which defines it, "
-                                   f"{why}. Check whether it depends on training iterations.", ())
+        return HeuristicVerdict(
+            None,
+            None,
+            f"Could not read how {variable} is used: {study.shown(path)}, which defines it, "
+            f"{why}. Check whether it depends on training iterations.",
+            (),
+        )
     if study.defining is None and not study.referencing:
-        return HeuristicVerdict(None, None, f"Could not read the source of {variable}: pass --source-root pointing at the "
-                                   "training code.", ())
+        return HeuristicVerdict(
+            None, None, f"Could not read the source of {variable}: pass --source-root pointing at the training code.", ()
+        )
     one, two = _sides(list(study.events.values()))
     suffix = f" (searched the first {MAX_FILES:,} files only)" if study.truncated else ""
     if study.unparsed:
         suffix += f" (left out, nested too deeply to read: {', '.join(map(study.shown, study.unparsed))})"
     if not one and not two:
         files = study.referencing or ([study.defining.path] if study.defining else [])
-        return HeuristicVerdict(None, None, f"Found no reset and no carried state for {variable} in {_files(study, files)}: "
-                                   f"check whether it depends on training iterations{suffix}.", ())
+        return HeuristicVerdict(
+            None,
+            None,
+            f"Found no reset and no carried state for {variable} in {_files(study, files)}: "
+            f"check whether it depends on training iterations{suffix}.",
+            (),
+        )
     strong_one = any(_STRONG.get(event.kind) == 1 for event in one)
     strong_two = any(_STRONG.get(event.kind) == 2 for event in two)
     scenario: Literal[1, 2]
@@ -138,8 +150,10 @@ def _weigh(study: TensorStudy) -> HeuristicVerdict:
     elif len(_kinds(one)) != len(_kinds(two)):
         scenario = 1 if len(_kinds(one)) > len(_kinds(two)) else 2
     else:
-        reason = (f"Mixed evidence for {variable}: {_summary(one, 1)}, but {_summary(two, 2)}: check whether it "
-                  f"depends on training iterations{suffix}.")
+        reason = (
+            f"Mixed evidence for {variable}: {_summary(one, 1)}, but {_summary(two, 2)}: check whether it "
+            f"depends on training iterations{suffix}."
+        )
         return HeuristicVerdict(None, None, reason, _lines(study, one, two))
     chosen, other = (one, two) if scenario == 1 else (two, one)
     confidence: Literal["medium", "low"] = "medium" if len(_kinds(chosen)) >= 2 and not other else "low"
@@ -213,18 +227,20 @@ def _summary(events: list[Event], scenario: int) -> str:
             logging = all(event.for_logging for event in matching)
             phrases.append("that reset runs every logging step" if logging else "that reset runs every iteration")
         elif kind == "accumulate":
-            phrases.append("it accumulates values within a step" if scenario == 1
-                           else "it accumulates across iterations and is never reset")
+            phrases.append(
+                "it accumulates values within a step" if scenario == 1 else "it accumulates across iterations and is never reset"
+            )
         elif kind == "training-read":
             phrases.append("it is read to compute training values")
         else:
-            phrases.append({
-                "self-update": "it is updated from its own previous value",
-                "buffer": "it is a non-persistent buffer" if scenario == 1
-                else "it is a persistent buffer updated in place",
-                "overwrite": "it is overwritten with fresh values",
-                "cache": "it is a cache rebuilt deterministically",
-                "queue": "it is a queue consumed within the step",
-                "log-read": "it is read for logging",
-            }[kind])
+            phrases.append(
+                {
+                    "self-update": "it is updated from its own previous value",
+                    "buffer": "it is a non-persistent buffer" if scenario == 1 else "it is a persistent buffer updated in place",
+                    "overwrite": "it is overwritten with fresh values",
+                    "cache": "it is a cache rebuilt deterministically",
+                    "queue": "it is a queue consumed within the step",
+                    "log-read": "it is read for logging",
+                }[kind]
+            )
     return ", ".join(phrases)

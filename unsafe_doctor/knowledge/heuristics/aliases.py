@@ -47,8 +47,16 @@ class Aliases:
     """The tensor's names in one scope. `defining`: the scope is in the module that defines the global,
     where its bare name means it unless the function binds that name itself."""
 
-    def __init__(self, study: Followed, source: SourceFile, *, defining: bool, function: Function | None,
-                 class_name: str | None, nodes: Callable[[], Sequence[ast.AST]]):
+    def __init__(
+        self,
+        study: Followed,
+        source: SourceFile,
+        *,
+        defining: bool,
+        function: Function | None,
+        class_name: str | None,
+        nodes: Callable[[], Sequence[ast.AST]],
+    ):
         """`nodes`: the function's own scope's nodes, listed when asked."""
         self.study, self.defining, self.function, self.class_name, self.nodes = study, defining, function, class_name, nodes
         self.imports = Imports.of(source, function)  # the module's imports, with the function's own
@@ -116,13 +124,16 @@ class Aliases:
             func = node.func
             if study.attribute:
                 return (
-                    callee_name(func) == "getattr" and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                    callee_name(func) == "getattr"
+                    and len(node.args) >= 2
+                    and isinstance(node.args[1], ast.Constant)
                     and node.args[1].value == variable
                 )
             if isinstance(func, ast.Name):
                 return func.id in self.accessors
             return (
-                isinstance(func, ast.Attribute) and func.attr in study.accessors
+                isinstance(func, ast.Attribute)
+                and func.attr in study.accessors
                 and self.imports.dotted(func.value) == study.name.module
             )
         return False
@@ -137,7 +148,8 @@ class Aliases:
             if isinstance(node, ast.Subscript):
                 node = node.value
             elif (
-                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
                 and (node.func.attr in ELEMENT_METHODS or node.func.attr.endswith("_"))
             ):
                 node = node.func.value  # X.values(), X.mul_(d) (still X)
@@ -162,7 +174,8 @@ class Aliases:
                 return None
             parts = [self.relation(argument) for argument in node.args]
             parts += [
-                self.relation(keyword.value) for keyword in node.keywords
+                self.relation(keyword.value)
+                for keyword in node.keywords
                 if not (keyword.arg and tokens(keyword.arg) & HANDLE_TOKENS)
             ]
             if isinstance(func, ast.Attribute):

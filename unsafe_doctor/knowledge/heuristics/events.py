@@ -43,7 +43,15 @@ from unsafe_doctor.source.syntax import (
 from unsafe_doctor.source.workspace import SourceFile
 
 Kind = Literal[  # the kinds of evidence, as the rules of evidence name them
-    "reset", "per-step", "accumulate", "log-read", "overwrite", "cache", "queue", "buffer", "self-update",
+    "reset",
+    "per-step",
+    "accumulate",
+    "log-read",
+    "overwrite",
+    "cache",
+    "queue",
+    "buffer",
+    "self-update",
     "training-read",
 ]
 
@@ -81,8 +89,18 @@ class Study(Followed, Protocol):
 
     @property
     def defining(self) -> SourceFile | None: ...
-    def add(self, kind: Kind, path: Path, line: int, what: str, *, function: str = "", detached: bool = False,
-            persistent: bool = False, for_logging: bool = False) -> Event: ...
+    def add(
+        self,
+        kind: Kind,
+        path: Path,
+        line: int,
+        what: str,
+        *,
+        function: str = "",
+        detached: bool = False,
+        persistent: bool = False,
+        for_logging: bool = False,
+    ) -> Event: ...
     def every_iteration(self, function: str) -> list[CallSite] | None: ...
 
 
@@ -159,8 +177,7 @@ def _scope_nodes(file: FileStudy, function: Function) -> tuple[ast.AST, ...]:
 class FunctionStudy:
     """One function's (or the module level's) statements, in order, following the tensor's aliases."""
 
-    def __init__(self, file: FileStudy, function: Function | None, class_name: str | None, name: str,
-                 body: list[ast.stmt]):
+    def __init__(self, file: FileStudy, function: Function | None, class_name: str | None, name: str, body: list[ast.stmt]):
         self.file, self.function, self.name, self.body = file, function, name, body
         # the nodes of the function's own scope, listed only when asked (no reference back here: no cycle)
         self.nodes = partial(_scope_nodes, file, function) if function is not None else tuple
@@ -178,8 +195,9 @@ class FunctionStudy:
     def add(self, kind: Kind, node: ast.stmt, what: str, **flags: bool) -> Event:
         code = self.file.code(node)
         where = "at module level" if self.function is None else f"in {self.name}()"
-        return self.file.study.add(kind, self.file.source.path, node.lineno, f"{what} {where}: `{code}`",
-                                   function=self.name, **flags)
+        return self.file.study.add(
+            kind, self.file.source.path, node.lineno, f"{what} {where}: `{code}`", function=self.name, **flags
+        )
 
     def reset(self, node: ast.stmt, context: _Context) -> None:
         study = self.file.study
@@ -247,16 +265,22 @@ class FunctionStudy:
             self.walk(statement.body, replace(context, in_loop=True))
             self.walk(statement.orelse, context)
         elif isinstance(statement, (ast.With, ast.AsyncWith)):
-            quiet = any(isinstance(item.context_expr, ast.Call) and callee_name(item.context_expr.func) in NO_GRAD
-                        for item in statement.items)
+            quiet = any(
+                isinstance(item.context_expr, ast.Call) and callee_name(item.context_expr.func) in NO_GRAD
+                for item in statement.items
+            )
             self.walk(statement.body, replace(context, no_grad=True) if quiet else context)
         elif isinstance(statement, ast.If):
             lazy = self.is_missing_test(statement.test)
             self.walk(statement.body, replace(context, lazy=True) if lazy else context)
             self.walk(statement.orelse, context)
         elif isinstance(statement, _TRY):
-            for block in (statement.body, *(handler.body for handler in statement.handlers),
-                          statement.orelse, statement.finalbody):
+            for block in (
+                statement.body,
+                *(handler.body for handler in statement.handlers),
+                statement.orelse,
+                statement.finalbody,
+            ):
                 self.walk(block, context)
         elif isinstance(statement, ast.Match):
             for case in statement.cases:
@@ -306,9 +330,7 @@ class FunctionStudy:
                 if not self.reporting:
                     self.add("training-read", statement, f"read to compute {keyword.arg}=")
 
-    def method_on_tensor(
-        self, call: ast.Call, method: str, receiver: ast.expr, statement: ast.stmt, context: _Context
-    ) -> None:
+    def method_on_tensor(self, call: ast.Call, method: str, receiver: ast.expr, statement: ast.stmt, context: _Context) -> None:
         argument = call.args[0] if call.args else None
         if method in RESET_METHODS or (method == "fill_" and isinstance(argument, ast.Constant)):
             self.reset(statement, context)
@@ -361,8 +383,7 @@ class FunctionStudy:
                 self.tensor.bind(target.value, "copy" if relation == "ref" else relation, merge=True)
             self.training_target(target, relation, statement)
 
-    def store(self, target: ast.expr, value: ast.expr, relation: Relation | None, statement: ast.stmt,
-              context: _Context) -> None:
+    def store(self, target: ast.expr, value: ast.expr, relation: Relation | None, statement: ast.stmt, context: _Context) -> None:
         """An assignment to the tensor (`X = v`) or into it (`X[k] = v`)."""
         if self.initialising:
             return
@@ -378,8 +399,10 @@ class FunctionStudy:
             self.reset(statement, context)
         elif whole:
             self.add("overwrite", statement, "rebound to a new value")
-        elif isinstance(target, ast.Subscript) and not isinstance(target.slice, ast.Slice) and (
-            tokens(dotless(target.slice)) & SHAPE_TOKENS
+        elif (
+            isinstance(target, ast.Subscript)
+            and not isinstance(target.slice, ast.Slice)
+            and (tokens(dotless(target.slice)) & SHAPE_TOKENS)
         ):
             self.add("cache", statement, "cache keyed by shape")
 

@@ -228,11 +228,22 @@ class TensorStudy:
                         what = f"{self.variable}() is an lru_cache, rebuilt deterministically: `{code}`"
                         self.add("cache", parsed.path, decorator.lineno, what)
 
-    def add(self, kind: Kind, path: Path, line: int, what: str, *, function: str = "", detached: bool = False,
-            persistent: bool = False, for_logging: bool = False) -> Event:
+    def add(
+        self,
+        kind: Kind,
+        path: Path,
+        line: int,
+        what: str,
+        *,
+        function: str = "",
+        detached: bool = False,
+        persistent: bool = False,
+        for_logging: bool = False,
+    ) -> Event:
         """Record an event; the first of a kind at a line is kept (and returned)."""
-        event = Event(kind, path, line, what, detached=detached, persistent=persistent, for_logging=for_logging,
-                      function=function)
+        event = Event(
+            kind, path, line, what, detached=detached, persistent=persistent, for_logging=for_logging, function=function
+        )
         self.events.setdefault((kind, path, line), event)
         return self.events[(kind, path, line)]
 

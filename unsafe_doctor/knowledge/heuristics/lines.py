@@ -43,17 +43,26 @@ def from_the_line(subject: Subject, tensor: TensorRef, workspace: Workspace) -> 
         statement = parsed[0] if parsed else None
         where = Evidence(frame.file, frame.line or 0, (frame.source.strip().splitlines() or [""])[0])
         if statement is not None and _updates_itself(statement, variable):
-            return LineVerdict(2, f"{variable} is updated from its own previous value on the culprit line: "
-                                  "a value carried into the next iteration", where)
+            return LineVerdict(
+                2,
+                f"{variable} is updated from its own previous value on the culprit line: a value carried into the next iteration",
+                where,
+            )
         if statement is not None and _ring_read(statement, variable):
-            return LineVerdict(2, f"{variable} is read at an index taken modulo its length on the culprit line: "
-                                  "a ring buffer of past iterations' values", where)
+            return LineVerdict(
+                2,
+                f"{variable} is read at an index taken modulo its length on the culprit line: "
+                "a ring buffer of past iterations' values",
+                where,
+            )
     return _lazily_built(tensor, variable, workspace)
 
 
 def _names(node: ast.AST, variable: str) -> bool:
-    return any(isinstance(each, ast.Name) and each.id == variable or isinstance(each, ast.Attribute) and each.attr == variable
-               for each in ast.walk(node))
+    return any(
+        isinstance(each, ast.Name) and each.id == variable or isinstance(each, ast.Attribute) and each.attr == variable
+        for each in ast.walk(node)
+    )
 
 
 def _is(node: ast.expr, variable: str) -> bool:
@@ -77,7 +86,8 @@ def _updates_itself(statement: ast.stmt, variable: str) -> bool:
 
 def _ring_read(statement: ast.stmt, variable: str) -> bool:
     return any(
-        isinstance(node, ast.Subscript) and _is(node.value, variable)
+        isinstance(node, ast.Subscript)
+        and _is(node.value, variable)
         and any(isinstance(part, ast.BinOp) and isinstance(part.op, ast.Mod) for part in ast.walk(node.slice))
         for node in ast.walk(statement)
     )
@@ -90,21 +100,30 @@ def _lazily_built(tensor: TensorRef, variable: str, workspace: Workspace) -> Lin
     initial = source.bindings.get(variable)
     if not isinstance(initial, ast.Assign) or not (isinstance(initial.value, ast.Constant) and initial.value.value is None):
         return None
-    builders = [node for node in ast.walk(source.tree) if isinstance(node, Function) and variable in declared_globals(node)
-                and _binds(node, variable)]
+    builders = [
+        node
+        for node in ast.walk(source.tree)
+        if isinstance(node, Function) and variable in declared_globals(node) and _binds(node, variable)
+    ]
     if len(builders) != 1 or not _returns(builders[0], variable):
         return None
     builder = builders[0]
     evidence = Evidence(str(source.path), builder.lineno, f"def {builder.name}(): builds {variable} on first use")
-    return LineVerdict(1, f"{variable} is built on first use by {builder.name}() and returned as is: a value that "
-                          "does not change with the iterations, rebuilt once set back to None", evidence)
+    return LineVerdict(
+        1,
+        f"{variable} is built on first use by {builder.name}() and returned as is: a value that "
+        "does not change with the iterations, rebuilt once set back to None",
+        evidence,
+    )
 
 
 def _binds(function: Function, variable: str) -> bool:
-    return any(isinstance(node, ast.Assign) and any(_is(target, variable) for target in node.targets)
-               for node in walk_scope(function))
+    return any(
+        isinstance(node, ast.Assign) and any(_is(target, variable) for target in node.targets) for node in walk_scope(function)
+    )
 
 
 def _returns(function: Function, variable: str) -> bool:
-    return any(isinstance(node, ast.Return) and node.value is not None and _is(node.value, variable)
-               for node in walk_scope(function))
+    return any(
+        isinstance(node, ast.Return) and node.value is not None and _is(node.value, variable) for node in walk_scope(function)
+    )

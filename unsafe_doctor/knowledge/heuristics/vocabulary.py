@@ -15,12 +15,25 @@ from unsafe_doctor.source.syntax import callee_name, flatten, is_empty_value
 # --- names of functions and values -----------------------------------------------------------------
 
 TRAIN_TOKENS = frozenset(
-    {"loss", "losses", "grad", "grads", "gradient", "gradients", "param", "params", "parameter", "parameters",
-     "lr", "scale", "scaled", "scaler"}
+    {
+        "loss",
+        "losses",
+        "grad",
+        "grads",
+        "gradient",
+        "gradients",
+        "param",
+        "params",
+        "parameter",
+        "parameters",
+        "lr",
+        "scale",
+        "scaled",
+        "scaler",
+    }
 )
 STEP_TOKENS = frozenset(
-    {"train", "training", "step", "iteration", "forward", "backward", "log", "logging", "metrics", "track",
-     "finalize", "fit"}
+    {"train", "training", "step", "iteration", "forward", "backward", "log", "logging", "metrics", "track", "finalize", "fit"}
 )
 HELPER_TOKENS = frozenset({"reset", "clear", "zero", "destroy", "init", "initialize", "get", "set"})
 INIT_TOKENS = frozenset({"init", "initialize", "initialise", "setup", "build", "create"})
@@ -32,8 +45,19 @@ HANDLE_TOKENS = frozenset({"group", "pg", "stream", "communicator", "comm"})  # 
 # --- calls -----------------------------------------------------------------------------------------
 
 LOG_CALLS = frozenset(
-    {"print", "print_rank_0", "print_rank_last", "log_single_rank", "add_scalar", "add_scalars", "add_histogram",
-     "log", "info", "debug", "warning"}
+    {
+        "print",
+        "print_rank_0",
+        "print_rank_last",
+        "log_single_rank",
+        "add_scalar",
+        "add_scalars",
+        "add_histogram",
+        "log",
+        "info",
+        "debug",
+        "warning",
+    }
 )
 LOG_RECEIVERS = frozenset({"logger", "logging", "wandb", "writer", "wandb_writer", "tb_writer"})
 TRAIN_CALLS = frozenset({"backward", "step", "zero_grad"})
@@ -47,8 +71,31 @@ DECAY_METHODS = frozenset({"mul_", "div_", "lerp_", "addcmul_", "addcdiv_", "pow
 QUEUE_ADD = frozenset({"append", "appendleft", "extend", "insert"})
 QUEUE_TAKE = frozenset({"pop", "popleft"})
 COPY_CALLS = frozenset(
-    {"clone", "detach", "to", "float", "half", "bfloat16", "double", "cpu", "cuda", "npu", "contiguous", "stack",
-     "cat", "view", "reshape", "flatten", "deepcopy", "copy", "item", "tolist", "list", "dict", "tuple"}
+    {
+        "clone",
+        "detach",
+        "to",
+        "float",
+        "half",
+        "bfloat16",
+        "double",
+        "cpu",
+        "cuda",
+        "npu",
+        "contiguous",
+        "stack",
+        "cat",
+        "view",
+        "reshape",
+        "flatten",
+        "deepcopy",
+        "copy",
+        "item",
+        "tolist",
+        "list",
+        "dict",
+        "tuple",
+    }
 )
 FRESH_CALLS = frozenset(
     {"zeros", "empty", "zeros_like", "empty_like", "dict", "list", "set", "deque", "OrderedDict", "defaultdict"}
@@ -59,6 +106,7 @@ ELEMENT_METHODS = frozenset({"items", "values", "get", "setdefault"})
 
 
 # --- tests on names and nodes ----------------------------------------------------------------------
+
 
 def tokens(name: str) -> set[str]:
     """`train_step` -> {train, step}; `forwardBackward` -> {forward, backward}."""

@@ -196,12 +196,14 @@ def _group(site: Place, profile: AdaptorProfile, given: str | None) -> tuple[str
     if bound is None:  # the same getter imported from another generation's module
         bound = next((name for name, target in site.module.imports.items() if target.endswith("." + getter_name)), None)
     if bound is not None and bound not in site.names.assigned:
-        expression = bound + profile.repair_group[len(getter_name):]
+        expression = bound + profile.repair_group[len(getter_name) :]
         source = site.module.imports[bound]
         return expression, None, f"the block gets its repair group from {bound}(), which the file imports from {source}"
     imported = "; ".join(profile.repair_group_imports)
-    return profile.repair_group, None, (
-        f"the file imports no repair-group getter: the block imports it ({imported}), as adaptor profile {profile.id} has it"
+    return (
+        profile.repair_group,
+        None,
+        (f"the file imports no repair-group getter: the block imports it ({imported}), as adaptor profile {profile.id} has it"),
     )
 
 
@@ -265,13 +267,14 @@ def _rank_loop(body: list[str], site: Place, profile: AdaptorProfile) -> list[st
         return _rename("\n".join(body) + "\n", {SOURCE_RANK: source, DEST_RANK: destination}).rstrip("\n").split("\n")
     shadowed = [name for name in PAIR_LOOP_NAMES if name in site.module.bound or name in site.names.assigned]
     if shadowed:
-        raise UsageError(f"{site.function.path}: the file binds {', '.join(shadowed)}, which the block's rank loop reads "
-                         "as the builtin: refusing to write it")
+        raise UsageError(
+            f"{site.function.path}: the file binds {', '.join(shadowed)}, which the block's rank loop reads "
+            "as the builtin: refusing to write it"
+        )
     guard, inner = _outer_guard(body)
     read = _names_read("\n".join(inner) + "\n")
     pair = ", ".join(name if name in read else "_" + name for name in (SOURCE_RANK, DEST_RANK))  # one side reads one
-    loop = [f"for {pair} in dict.fromkeys(zip({source}, {destination})):  # each pair once, not per optimizer",
-            *_indented(inner)]
+    loop = [f"for {pair} in dict.fromkeys(zip({source}, {destination})):  # each pair once, not per optimizer", *_indented(inner)]
     return [guard, *_indented(loop)] if guard is not None else loop
 
 
@@ -287,7 +290,7 @@ def _outer_guard(body: list[str]) -> tuple[str | None, list[str]]:
         return None, body
     if not all(line.startswith(INDENT) or not line.strip() for line in body[1:]):
         return None, body
-    return body[0], [line[len(INDENT):] for line in body[1:]]
+    return body[0], [line[len(INDENT) :] for line in body[1:]]
 
 
 def _indented(lines: list[str]) -> list[str]:
@@ -383,8 +386,9 @@ def _rename(code: str, mapping: dict[str, str]) -> str:
         if isinstance(node, ast.Name) and node.id in mapping:
             edits.append((_span(node), mapping[node.id]))
         elif isinstance(node, ast.arg) and node.arg in mapping:
-            edits.append((_Span(node.lineno, node.col_offset, node.lineno, node.col_offset + len(node.arg.encode())),
-                          mapping[node.arg]))
+            edits.append(
+                (_Span(node.lineno, node.col_offset, node.lineno, node.col_offset + len(node.arg.encode())), mapping[node.arg])
+            )
     return _edited(code, edits)
 
 

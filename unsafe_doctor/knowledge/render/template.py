@@ -104,12 +104,17 @@ def render_fix(
     conditions = [knowledge.conditions[name] for name in (rule.conditions if isinstance(rule, Rule) else ())]
     module_name = slots.get("alias")
     if module_name is not None:
-        taken = [*templates, *profile.repair_group_imports, profile.repair_group,
-                 *(part for condition in conditions for part in (condition.guard, *condition.imports))]
+        taken = [
+            *templates,
+            *profile.repair_group_imports,
+            profile.repair_group,
+            *(part for condition in conditions for part in (condition.guard, *condition.imports)),
+        ]
         slots = _free_alias(slots, taken)
     missing = set().union(*(template_slots(template) for template in templates)) - set(slots)
     if missing:
         return NoFix(_unnamed(missing, slots, subject, block))
+
     def fill(template: str | None) -> string.Template:  # the schema requires the templates of the rule's scenario
         return string.Template(template or "")
 
@@ -141,8 +146,10 @@ def _unnamed(missing: set[str], slots: dict[str, str], subject: Subject, block: 
             known = f"the rule knows it only by the pattern {block.module}"
         else:
             known = "the rule does not name it" if block is not None else "nothing in the log names it"
-        return (f"no fix can be shown: the fix must import the module that holds the global, and the log does not say "
-                f"which module that is ({known}); {then}")
+        return (
+            f"no fix can be shown: the fix must import the module that holds the global, and the log does not say "
+            f"which module that is ({known}); {then}"
+        )
     if "variable" not in slots and missing & {"variable", "tensor"}:
         pattern = block.variable_regex if block is not None else None
         known = f"the rule knows it only by the pattern {pattern}" if pattern else "its name is not a plain Python name"
