@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import select
 import shutil
 import socket
 import stat
 import subprocess
 import sys
 import textwrap
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -883,48 +880,14 @@ def test_cli_no_fix_for_an_unclassified_finding_exits_1(tmp_path):
 
 
 def test_cli_asks_at_a_terminal(tmp_path):
-    """The prompt path for real: stdin and stdout are a pseudo-terminal."""
+    """The prompt path for real: stdin and stdout are a pseudo-terminal; no writes nothing, yes writes."""
     adaptor = toytrain_copy(tmp_path)
-    command = [
-        sys.executable,
-        "-m",
-        "unsafe_doctor",
-        "fix",
-        str(LOGS / "toytrain_ema"),
-        "--source-root",
-        str(FRAMEWORK),
-        "--adaptor",
-        str(adaptor),
-    ]
+    args = ["fix", str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
     for answer, code, written in ((b"n\n", 1, False), (b"y\n", 0, True)):
-        controller, terminal = pty.openpty()
-        process = subprocess.Popen(command, stdin=terminal, stdout=terminal, stderr=terminal, cwd=ROOT)
-        os.close(terminal)
-        seen = read_until(controller, b"? [y/N]: ")
-        os.write(controller, answer)
-        seen += read_until(controller, None)
-        assert process.wait(timeout=60) == code, seen
-        os.close(controller)
-        assert (BACKUP_SUFFIX.encode() in seen) is written
+        exit_code, screen = at_terminal(args, answers=[(b"? [y/N]: ", answer)])
+        assert exit_code == code, screen
+        assert (BACKUP_SUFFIX in screen) is written
         assert bool(markers(adaptor.read_bytes())) is written
-
-
-def read_until(fd: int, wanted: bytes | None, timeout: float = 60) -> bytes:
-    """What the terminal shows until `wanted` appears (or, for None, until the program closes it)."""
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (wanted is None or wanted not in seen):
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if not ready:
-            continue
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:  # the program closed the terminal
-            break
-        if not chunk:
-            break
-        seen += chunk
-    return seen
 
 
 def test_the_question_names_the_file_asks_again_and_ctrl_c_says_nothing_was_written(tmp_path):
