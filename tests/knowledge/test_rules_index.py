@@ -274,6 +274,14 @@ class KeepingWorkspace(Workspace):
 _WORKSPACES: dict[tuple[str, int], Workspace] = {}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_workspaces() -> Iterator[None]:
+    """The kept trees (millions of objects) go with this module's last test: left alive, they make
+    every later garbage collection in the worker take seconds."""
+    yield
+    _WORKSPACES.clear()
+
+
 def release_workspace(framework: IndexedFramework, at: int) -> Workspace:
     """A log-only workspace that reads `framework` as its release `at` (as if the log's frames had
     fingerprinted it): modules, imports and re-exports all come from that release's skeletons."""
