@@ -321,8 +321,10 @@ def test_a_frame_pointing_at_a_2gb_source_file_does_not_read_it(tmp_path):
 def generated_module(path: Path, size: int) -> int:
     """A module of `size` bytes of small functions, as code generators write them; its last line."""
     lines = ["import torch", "_BUF = torch.zeros(4)"]
-    while sum(map(len, lines)) < size:
+    written = sum(map(len, lines))
+    while written < size:
         lines.append(f"def f{len(lines)}(a, b):\n    return a + b * {len(lines)} - _BUF[0]")
+        written += len(lines[-1])
     path.write_text("\n".join(lines) + "\n")
     return path.read_text().count("\n")
 
