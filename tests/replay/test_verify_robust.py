@@ -31,15 +31,16 @@ PROBES = Path(__file__).parents[2] / "samples" / "framework"
 ENDINGS = {
     "os._exit": "import os\nos._exit(0)\n",
     "sys.exit": "import sys\nsys.exit(0)\n",
-    "endless loop": "while True:\n    pass\n",
+    "never returns": "import threading\nthreading.Event().wait()\n",  # as code stuck waiting on a peer
 }
 
 
 def timeout_for(ending: str) -> str:
-    """The replay's --timeout: 20 s where the code never returns (what runs before it, the ranks'
-    start and the state's build, fits in that on a loaded machine); code that ends by itself gets all
-    the time a loaded machine needs to import torch: the outcome never depends on timing."""
-    return "20" if ending == "endless loop" else "300"
+    """The replay's --timeout: 5 s where the code never returns (the replay ends after 2 x 5 + 10 s
+    without progress, and each step before it, a module's import, makes progress well inside that on
+    a loaded machine); code that ends by itself gets all the time a loaded machine needs to import
+    torch: the outcome never depends on timing."""
+    return "5" if ending == "never returns" else "300"
 
 
 PROBE = """
@@ -142,10 +143,10 @@ def test_a_probe_module_that_ends_or_blocks_at_import_is_not_modelled_and_named(
     expected = {
         "os._exit": "ended the process",
         "sys.exit": "ends the process (SystemExit: 0)",
-        "endless loop": "did not return within",
+        "never returns": "did not return within",
     }[ending]
     assert expected in text
-    if ending != "endless loop":  # a process that ended is not waited for until the timeout
+    if ending != "never returns":  # a process that ended is not waited for until the timeout
         assert time.monotonic() - start < float(timeout_for(ending))
 
 
@@ -167,7 +168,7 @@ def test_a_globals_module_that_ends_or_blocks_at_import_is_not_modelled_and_name
             "the unpatched adaptor does not import here, even with stand-ins for what this machine lacks (SystemExit: 0)",
         ),
         ("os._exit", 1, "then ended with exit status 0 before reporting"),
-        ("endless loop", 1, "the replay stopped at the 20 s timeout"),
+        ("never returns", 1, "the replay stopped at the 5 s timeout"),
     ],
 )
 def test_an_adaptor_that_ends_or_blocks_at_import_in_adaptor_mode_is_reported(toytrain, ending, code, expected):
