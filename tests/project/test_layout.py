@@ -9,6 +9,7 @@ circle a type checker needs is still a circle a reader has to follow.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -215,9 +216,16 @@ def test_no_module_imports_a_private_module_of_rich():
 
 
 def _defined_names(tree: ast.Module) -> set[str]:
-    """The public classes and functions a module defines at its top level."""
+    """The public classes, functions and type names (aliases and TypeVars: `Role = Literal[...]`,
+    capitalised, not a CONSTANT) a module defines at its top level."""
     kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    return {node.name for node in tree.body if isinstance(node, kinds) and not node.name.startswith("_")}
+    names = {node.name for node in tree.body if isinstance(node, kinds)}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        names |= {
+            target.id for target in targets if isinstance(target, ast.Name) and re.fullmatch(r"[A-Z]\w*[a-z]\w*", target.id)
+        }
+    return {name for name in names if not name.startswith("_")}
 
 
 def _twins(modules: dict[str, set[str]]) -> dict[str, list[str]]:
@@ -229,8 +237,8 @@ def _twins(modules: dict[str, set[str]]) -> dict[str, list[str]]:
     return {name: found for name, found in sorted(where.items()) if len(found) > 1}
 
 
-def test_each_public_class_and_function_name_is_defined_once():
-    """One name, one definition: a reader (or grep) finding `Verdict` must not have to ask whose."""
+def test_each_public_class_function_and_type_name_is_defined_once():
+    """One name, one definition: a reader (or grep) finding `Verdict` or `Mode` must not have to ask whose."""
     defined = {name: _defined_names(ast.parse(path.read_text())) for name, path in MODULES.items()}
     assert _twins(defined) == {}
 

@@ -15,18 +15,17 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from unsafe_doctor.adaptor.own_names import FunctionNames, ModuleNames, find_function, function_names, module_names
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.render.template import INDENT
 from unsafe_doctor.knowledge.versions import Environment, profile_files
+from unsafe_doctor.recovery_code.model import Role
 from unsafe_doctor.source.files import package_of, shown_path
 from unsafe_doctor.source.markers import MARKER_END, SENTINEL_KEY, markers
 from unsafe_doctor.source.syntax import SCOPES, Function, callee_name
 from unsafe_doctor.source.workspace import module_from_path
 
-Role = Literal["rollback", "send", "recv"]
 ROLES: tuple[Role, ...] = ("rollback", "send", "recv")
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import keyword
 from collections.abc import Iterable
 
-from unsafe_doctor.adaptor.code import ROLES, Role
+from unsafe_doctor.adaptor.code import ROLES
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import EVERY_ROLE
+from unsafe_doctor.recovery_code.model import Role
 
 
 def parameter_roles(specs: Iterable[str]) -> dict[str, list[str]]:

@@ -37,7 +37,6 @@ from unsafe_doctor.adaptor.code import (
     Adaptor,
     AdaptorFunction,
     BlockSite,
-    Role,
     adaptor_files,
     detached_site,
     read_adaptor_file,
@@ -60,6 +59,7 @@ from unsafe_doctor.knowledge.rules import AdaptorProfile, KnowledgeBase, Rule, i
 from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.global_name import GlobalName
+from unsafe_doctor.recovery_code.model import Role
 from unsafe_doctor.source.markers import SENTINEL_KEY
 
 if TYPE_CHECKING:

@@ -51,7 +51,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from unsafe_doctor.adaptor.code import BlockSite, Role, adaptor_files, block_spans, enclosing_function, read_adaptor_file
+from unsafe_doctor.adaptor.code import BlockSite, adaptor_files, block_spans, enclosing_function, read_adaptor_file
 from unsafe_doctor.adaptor.plan import Plan, plan_blocks
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.render.block import marked_block
@@ -59,7 +59,8 @@ from unsafe_doctor.knowledge.render.template import INDENT
 from unsafe_doctor.knowledge.rules import AdaptorProfile, map_parameters, role_parameter
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.sentinel_lines import FAILED_LINE
-from unsafe_doctor.log.sentinel_modes import GUARDED, MODES, Mode
+from unsafe_doctor.log.sentinel_modes import GUARDED, MODES, SentinelMode
+from unsafe_doctor.recovery_code.model import Role
 from unsafe_doctor.source.markers import SENTINEL_KEY
 
 # under names of their own, which nothing else in a function reads
@@ -83,7 +84,7 @@ class SentinelRequest:
     """The sentinel's block for the rollback function (`fix.BlockRequest`)."""
 
     function: str
-    mode: Mode
+    mode: SentinelMode
     key: str = SENTINEL_KEY
     role: Role = "rollback"
 
@@ -121,7 +122,7 @@ class SentinelRequest:
 
 def plan_sentinel(
     environment: Environment,
-    mode: Mode,
+    mode: SentinelMode,
     functions: Mapping[Role, str] | None = None,
     parameters: Mapping[str, Sequence[str]] | None = None,
 ) -> Plan:
@@ -155,7 +156,7 @@ def _end_of_rollback(environment: Environment, profile: AdaptorProfile, function
     return callback if callback in names else profile.rollback
 
 
-def _installed(environment: Environment) -> tuple[str, Mode | None] | None:
+def _installed(environment: Environment) -> tuple[str, SentinelMode | None] | None:
     """Where the adaptor's files hold the sentinel's block already, as `fix.Plan.present` says it, and
     its mode where that is report or heal and the block has no guard."""
     for path in adaptor_files(environment):

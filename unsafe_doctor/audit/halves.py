@@ -20,7 +20,7 @@ from typing import NoReturn, TypeVar
 
 from unsafe_doctor.source import looked_at
 
-Result = TypeVar("Result")
+HalfResult = TypeVar("HalfResult")
 
 _DONE = b"."  # an item done, then
 _RESULT = b"R"  # the pickled result, up to the end of the stream
@@ -46,7 +46,7 @@ class Worker:
         return False
 
 
-def shared_out(count: int, work: Callable[[Worker], Result], progress: Callable[[int], None]) -> list[Result]:
+def shared_out(count: int, work: Callable[[Worker], HalfResult], progress: Callable[[int], None]) -> list[HalfResult]:
     """The results of `work` in each process that did some of the `count` items (this one's first);
     `progress` is told how many items both have done so far, rising."""
     if count < 2 or not _two_cores():  # one item is not shared out
@@ -166,7 +166,7 @@ def _has_ended(pid: int) -> bool:
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
-def _work_as_copy(worker: Worker, work: Callable[[Worker], Result], out: int) -> NoReturn:
+def _work_as_copy(worker: Worker, work: Callable[[Worker], HalfResult], out: int) -> NoReturn:
     """The forked copy: its share, sent back; it leaves without running the exit handlers or
     flushing the buffers of the process it was copied from."""
     status = 1

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from unsafe_doctor.knowledge.rules import Rule, RuleMatch, variable_pattern
 from unsafe_doctor.log.global_name import GlobalName
-from unsafe_doctor.recovery_code.flow_scope import FlowScope, Place, functions_of
+from unsafe_doctor.recovery_code.flow_scope import FlowScope, TensorPlace, functions_of
 from unsafe_doctor.recovery_code.index import Index, ModuleInfo, Span, register_buffer_name
 from unsafe_doctor.recovery_code.model import Holder, HolderKind, InstanceHolderKind, Placement, Site
 from unsafe_doctor.recovery_code.names import Accessors
@@ -27,7 +27,7 @@ from unsafe_doctor.recovery_code.vocabulary import COMMUNICATION_INTO, CONTAINER
 from unsafe_doctor.recovery_code.walk import Walker
 from unsafe_doctor.source.syntax import child_nodes, source_segment
 
-Evidence = tuple[Place, Use]  # a tensor's placement, and the statement that puts it there
+PlacedUse = tuple[TensorPlace, Use]  # a tensor's placement, and the statement that puts it there
 
 
 class ScanFindings:
@@ -35,10 +35,10 @@ class ScanFindings:
 
     def __init__(self) -> None:
         self.uses: dict[GlobalName[str, str], list[Use]] = {}
-        self.classes: dict[ClassKey, list[Evidence]] = {}  # tensors a class's methods keep in `self`
+        self.classes: dict[ClassKey, list[PlacedUse]] = {}  # tensors a class's methods keep in `self`
         self.members: dict[ClassKey, list[tuple[ClassKey, Use]]] = {}  # instances of other classes it keeps there
-        self.returns: dict[GlobalName[str, str], list[Evidence]] = {}  # tensors cached functions return
-        self.buffers: dict[GlobalName[str, str], tuple[Place | None, Use]] = {}  # register_buffer calls
+        self.returns: dict[GlobalName[str, str], list[PlacedUse]] = {}  # tensors cached functions return
+        self.buffers: dict[GlobalName[str, str], tuple[TensorPlace | None, Use]] = {}  # register_buffer calls
         self.rule_named: list[tuple[Path, Holder]] = []  # what rules name in each module (`named_by_rules`)
 
     def take(self, other: ScanFindings, modules: dict[Path, ModuleInfo], position: dict[Path, int]) -> None:
@@ -175,7 +175,7 @@ def _holder(found: ScanFindings, info: ModuleInfo, key: GlobalName[str, str], us
             return None  # no method but __init__ changes it: it carries nothing across steps
         # registered outside __init__: a cache rebuilt at run time (`_set_cos_sin_cache` of a longer sequence)
         kind: HolderKind = "buffer"
-        evidence: list[Evidence] = [("device" if place == "device" else "unknown", registered)]  # a module moves its buffers
+        evidence: list[PlacedUse] = [("device" if place == "device" else "unknown", registered)]  # a module moves its buffers
         definition = registered
     elif info.is_cached(key.owner, key.variable):
         kind = "lru-cache"
@@ -199,15 +199,15 @@ def _holder(found: ScanFindings, info: ModuleInfo, key: GlobalName[str, str], us
     )
 
 
-def _placement(place: Place | None) -> Placement:
+def _placement(place: TensorPlace | None) -> Placement:
     return "device" if place == "device" else "unknown"
 
 
-def _stored_tensors(found: ScanFindings, uses: list[Use]) -> tuple[list[Evidence], InstanceHolderKind | None]:
+def _stored_tensors(found: ScanFindings, uses: list[Use]) -> tuple[list[PlacedUse], InstanceHolderKind | None]:
     """The tensors stored into a global or class attribute, and whether it keeps instances of a class
     whose methods keep tensors in `self`: rebound to one (a singleton), or holding them as items (a
     registry: `X.append(self)`, `X[k] = C(...)`); the generic fixes reach neither's tensors."""
-    evidence: list[Evidence] = []
+    evidence: list[PlacedUse] = []
     keeps: InstanceHolderKind | None = None
     for use in uses:
         if use.kind in ("rebind", "store", "augment", "method") and use.place is not None:
@@ -225,10 +225,10 @@ def _stored_tensors(found: ScanFindings, uses: list[Use]) -> tuple[list[Evidence
     return evidence, keeps
 
 
-def _kept_in_instances(found: ScanFindings, cls: ClassKey) -> list[Evidence]:
+def _kept_in_instances(found: ScanFindings, cls: ClassKey) -> list[PlacedUse]:
     """The tensors a class's instances keep: in `self`, or in instances of other classes they keep
     there (a recipe's `self.scale = ScaleData(...)`, whose methods keep the amax history)."""
-    kept: list[Evidence] = []
+    kept: list[PlacedUse] = []
     pending, seen = [cls], {cls}
     while pending:
         current = pending.pop(0)
@@ -240,7 +240,7 @@ def _kept_in_instances(found: ScanFindings, cls: ClassKey) -> list[Evidence]:
     return kept
 
 
-def _definition(info: ModuleInfo, key: GlobalName[str, str], uses: list[Use], evidence: list[Evidence]) -> Site:
+def _definition(info: ModuleInfo, key: GlobalName[str, str], uses: list[Use], evidence: list[PlacedUse]) -> Site:
     """Where the holder is defined: its module-level or class-body binding, its function, else its
     first write."""
     node: object = None

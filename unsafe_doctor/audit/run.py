@@ -26,7 +26,7 @@ from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import AdaptorChooser, detect_environment
 from unsafe_doctor.recovery_code.coverage import CoverageJudge
 from unsafe_doctor.recovery_code.index import Index, ModuleInfo, audited_files
-from unsafe_doctor.recovery_code.model import Audit, AuditedHolder, CacheOutcome, Coverage, Holder, Progress, Site, Stage
+from unsafe_doctor.recovery_code.model import Audit, AuditedHolder, AuditProgress, CacheOutcome, Coverage, Holder, Site, Stage
 from unsafe_doctor.recovery_code.names import Accessors
 from unsafe_doctor.recovery_code.stale import stale_resets
 from unsafe_doctor.source import looked_at
@@ -43,7 +43,7 @@ def audit(
     *,
     adaptor: Path | None = None,
     rule_paths: Sequence[Path] = (),
-    progress: Progress | None = None,
+    progress: AuditProgress | None = None,
     choose_adaptor: AdaptorChooser | None = None,
     cache: Path | None = None,
 ) -> Audit:
@@ -95,7 +95,7 @@ def _audit(
     given: list[Path],
     adaptor: Path | None,
     knowledge: KnowledgeBase,
-    progress: Progress,
+    progress: AuditProgress,
     choose_adaptor: AdaptorChooser | None,
 ) -> Audit:
     files = audited_files(given)
@@ -167,7 +167,13 @@ class _Share:
 
 
 def _scan(
-    files: Sequence[Path], index: Index, accessors: Accessors, rules: Sequence[Rule], found: ScanFindings, *, progress: Progress
+    files: Sequence[Path],
+    index: Index,
+    accessors: Accessors,
+    rules: Sequence[Rule],
+    found: ScanFindings,
+    *,
+    progress: AuditProgress,
 ) -> list[str]:
     """Scan every audited file, shared out between this process, from the first file on, and a copy
     of it on another core, from the last file back (`shared_out`): files given together import each
@@ -218,7 +224,7 @@ def _scan_share(
 
 
 def _classified(
-    judged: Sequence[tuple[Holder, Coverage]], context: RunContext, progress: Progress
+    judged: Sequence[tuple[Holder, Coverage]], context: RunContext, progress: AuditProgress
 ) -> list[tuple[Subject, Classification | None]]:
     """Each holder classified, shared out between this process and a copy of it on another core
     (`shared_out`): a few take most of the heuristics' time, whichever process is free takes the next."""

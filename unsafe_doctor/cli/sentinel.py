@@ -24,7 +24,7 @@ from unsafe_doctor.cli.options import (
     examples,
 )
 from unsafe_doctor.cli.streams import adaptor_not_output, print_diff, say, say_adaptor
-from unsafe_doctor.log.sentinel_modes import MODES, Mode
+from unsafe_doctor.log.sentinel_modes import MODES, SentinelMode
 
 app = typer.Typer(
     help="Install the sentinel: a check at the end of the rollback that names every tensor the recovery left unsafe.",
@@ -78,7 +78,7 @@ def install(
     if revert:
         plan = plan_revert(environment, sentinel=True)
     else:
-        plan = plan_sentinel(environment, cast(Mode, mode), overrides, roles)
+        plan = plan_sentinel(environment, cast(SentinelMode, mode), overrides, roles)
     text = output_format is Format.text
     interactive = text and not no_input and sys.stdout.isatty()
     say_adaptor(environment)
@@ -87,7 +87,7 @@ def install(
         for line in fix_report.plan_lines(plan):
             say(line)
         if plan.edits and not revert:
-            say(report.needs_line(cast(Mode, mode)))
+            say(report.needs_line(cast(SentinelMode, mode)))
     written = write_if_accepted(plan, dry_run=dry_run, yes=yes, interactive=interactive)
     if text:
         options = ["--revert"] if revert else ["--mode", mode]
@@ -99,7 +99,9 @@ def install(
         for line in fix_report.outcome(plan, written, dry_run=dry_run, interactive=interactive, apply=apply, done=done):
             say(line)
     else:
-        print_document(report.sentinel_json(plan, written, dry_run=dry_run, mode=None if revert else cast(Mode, mode)), written)
+        print_document(
+            report.sentinel_json(plan, written, dry_run=dry_run, mode=None if revert else cast(SentinelMode, mode)), written
+        )
     return 0 if dry_run or not plan.edits or written else 1
 
 

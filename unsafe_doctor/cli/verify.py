@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from unsafe_doctor.replay.results import Milestone
 
 
-class ReplayMode(str, Enum):
+class ReplayModeChoice(str, Enum):
     adaptor = "adaptor"
     block = "block"
 
@@ -49,13 +49,13 @@ def verify_command(
     suspect: SuspectOption = None,
     ranks: Annotated[int | None, typer.Option("--ranks", help="Ranks to replay on (2-16; default 4, or torchrun's).")] = None,
     mode: Annotated[
-        ReplayMode,
+        ReplayModeChoice,
         typer.Option(
             "--mode",
             help="adaptor: call the patched adaptor's own functions (their fix blocks alone where "
             "their own code cannot run here); block: only the fix blocks, in their functions' scope.",
         ),
-    ] = ReplayMode.adaptor,
+    ] = ReplayModeChoice.adaptor,
     probe: Annotated[
         str | None,
         typer.Option("--probe", help="MODULE:FUNCTION of yours that creates and touches the global (called every step)."),

@@ -27,9 +27,9 @@ from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.log import inputs, recovery
 from unsafe_doctor.log import lines as logs
 from unsafe_doctor.log.arguments import DUMP_MARKERS, RunArguments, read_arguments
-from unsafe_doctor.log.inputs import Excerpt, InputInfo, Progress, SkippedInput
+from unsafe_doctor.log.inputs import BytesProgress, Excerpt, InputInfo, SkippedInput
 from unsafe_doctor.log.lines import LogLine
-from unsafe_doctor.log.recovery import FaultReading, LossScaling, MindioForm, Phase, RecoveryContext
+from unsafe_doctor.log.recovery import FaultReading, LossScaling, MindioForm, RecoveryContext, RecoveryPhase
 from unsafe_doctor.log.sentinel_lines import MARKER, Failure, Summary
 from unsafe_doctor.log.tracebacks import Traceback, parse_tracebacks
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # loaded when needed: an adaptor to check, an error without a
 @dataclass(frozen=True)
 class DiagnosedFinding:
     finding: Finding
-    phase: Phase
+    phase: RecoveryPhase
     classification: Classification
     suspect: int | None = None  # the number of the suspect a person chose it as (fix/verify --suspect); None: the log names it
 
@@ -106,7 +106,7 @@ def diagnose(
     *,
     adaptor: Path | None = None,
     stdin: BinaryIO | None = None,
-    progress: Progress | None = None,
+    progress: BytesProgress | None = None,
 ) -> Diagnosis:
     """`groundwork`: the command's knowledge and workspace; the environment is detected here, from the log's frames."""
     profiles = groundwork.knowledge.profiles
@@ -208,7 +208,7 @@ def _untraced(
     return Untraced(ranks, form, shortlist(run, arguments, loss_scaling, fault))
 
 
-def _phase(finding: Finding, context: RecoveryContext) -> Phase:
+def _phase(finding: Finding, context: RecoveryContext) -> RecoveryPhase:
     """Where the error was raised; a global only the sentinel named is read by the first step after the recovery."""
     if finding.traceback is not None:
         return recovery.phase_of(finding.traceback, context)

@@ -38,7 +38,7 @@ from unsafe_doctor.errors import UsageError
 from unsafe_doctor.log.recovery import LossScaling
 
 Scenario = Literal[1, 2]
-Phase = Literal["rollback", "repair"]
+FixPhase = Literal["rollback", "repair"]
 # What a global is, for choosing a template: a tensor, dict or list (as its assignment shows), a value
 # of a kind not shown, or an lru-cached function. Every scenario has a template for the base kinds;
 # the others fall back to value's.
@@ -122,7 +122,7 @@ class Rule:
     framework: str | None  # distribution whose version `versions` constrains, e.g. "megatron-core"
     versions: SpecifierSet | None
     scenario: Scenario
-    phase: Phase
+    phase: FixPhase
     conditions: tuple[str, ...]
     fix: FixTemplate
     reason: str
@@ -170,7 +170,7 @@ class Template:
     id: str
     title: str
     scenario: Scenario
-    phase: Phase
+    phase: FixPhase
     applies_to: tuple[GlobalKind, ...]
     fix: FixTemplate
     reason: str

@@ -26,9 +26,9 @@ from typing import BinaryIO
 
 from unsafe_doctor.errors import UsageError, os_reason
 from unsafe_doctor.log import reading
-from unsafe_doctor.log.reading import Excerpt, LinesRead, Part, Progress, Reading, Unreadable, Window, WindowsRead
+from unsafe_doctor.log.reading import BytesProgress, Excerpt, LinesRead, Part, Reading, Unreadable, Window, WindowsRead
 
-__all__ = ["Excerpt", "InputInfo", "Progress", "Scan", "SkippedInput", "scan"]
+__all__ = ["BytesProgress", "Excerpt", "InputInfo", "Scan", "SkippedInput", "scan"]
 
 PIPE_SIZE = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 PARALLEL_MIN = 64 << 20  # regular files smaller than this together are read in this process: forking costs more
@@ -84,7 +84,7 @@ def scan(
     record_markers: Sequence[bytes] = (),
     dump_markers: tuple[bytes, bytes, bytes] | tuple[()] = (),
     stdin: BinaryIO | None = None,
-    progress: Progress | None = None,
+    progress: BytesProgress | None = None,
 ) -> Scan:
     """Read every input once and keep only what later stages parse. No paths means stdin.
 
@@ -121,7 +121,9 @@ class _Task:
 _Found = tuple[WindowsRead, LinesRead] | Unreadable
 
 
-def _read_all(sources: Sequence[_Source], markers: Reading, stdin: BinaryIO | None, progress: Progress | None) -> list[_Found]:
+def _read_all(
+    sources: Sequence[_Source], markers: Reading, stdin: BinaryIO | None, progress: BytesProgress | None
+) -> list[_Found]:
     """Each source's passes, in order: in worker processes, one per core, when the files are large enough to pay."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     tasks = _tasks(sources, cores)
@@ -164,7 +166,7 @@ def _splittable(path: str) -> bool:
         return False  # read as a whole, which says why it cannot be
 
 
-def _read_task(task: _Task, markers: Reading, stdin: BinaryIO | None = None, progress: Progress | None = None) -> _Found:
+def _read_task(task: _Task, markers: Reading, stdin: BinaryIO | None = None, progress: BytesProgress | None = None) -> _Found:
     """Files, pipes, `<(cmd)`, `/dev/stdin` and stdin alike: read front to back, never rewound."""
     one = replace(markers, name=task.name, rank_hint=task.rank_hint, progress=progress)
     try:

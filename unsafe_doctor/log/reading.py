@@ -55,7 +55,7 @@ CHUNK = 512 << 10  # each read: 14% less CPU per GB than 128 KB; into a few MB, 
 LEAD = 64  # bytes of the previous chunk repeated before each: every marker is shorter
 GZIP_MAGIC = b"\x1f\x8b"
 
-Progress = Callable[[int], None]  # called with the number of bytes just read
+BytesProgress = Callable[[int], None]  # called with the number of bytes just read
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,7 @@ class Reading:
     fact_markers: Sequence[bytes] = ()
     record_markers: Sequence[bytes] = ()
     dump_markers: tuple[bytes, bytes, bytes] | tuple[()] = ()  # a dump's argument lines', frame lines', and end line's words
-    progress: Progress | None = None
+    progress: BytesProgress | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from typing import Literal
 from unsafe_doctor.log.lines import RANK_NUMBER, LogLine
 from unsafe_doctor.log.tracebacks import Frame, Traceback
 
-Phase = Literal["after-recovery", "rollback", "repair", "none"]
+RecoveryPhase = Literal["after-recovery", "rollback", "repair", "none"]
 # The forms of MindIO's catch line for an error it cannot classify (domain notes §4), by the releases
 # that write them: "first-public" (mind-cluster master 2025-11-28 to 2025-12-11) logs the traceback with
 # LOGGER.exception, then "other exception str is : <message>"; "v7.3" (v7.3.0 to v7.3.2) and "v26" (v26.0.0
@@ -361,7 +361,7 @@ def read_fault(context: RecoveryContext) -> FaultReading:
     return next((found[marking] for marking in _STRONGEST_FIRST if marking in found), FaultReading("unknown"))
 
 
-def _frame_phase(frame: Frame) -> Phase | None:
+def _frame_phase(frame: Frame) -> RecoveryPhase | None:
     if frame.function in REPAIR_FUNCTIONS:
         return "repair"
     if frame.function in ROLLBACK_FUNCTIONS:
@@ -372,7 +372,7 @@ def _frame_phase(frame: Frame) -> Phase | None:
     return None
 
 
-def phase_of(traceback: Traceback, context: RecoveryContext) -> Phase:
+def phase_of(traceback: Traceback, context: RecoveryContext) -> RecoveryPhase:
     """Where the error was raised: inside a repair or rollback callback, after recovery, or unknown.
 
     The innermost callback frame decides, looking at the raised exception first, then its causes.

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.lines import RANK_DIGITS
-from unsafe_doctor.log.sentinel_modes import Mode
+from unsafe_doctor.log.sentinel_modes import SentinelMode
 
 TAG = "[unsafe-doctor sentinel]"
 SCHEMA = "unsafe-doctor/sentinel/v1"
@@ -59,7 +59,7 @@ class Summary:
 
     rank: int | None
     backend: str
-    mode: Mode
+    mode: SentinelMode
     tensors_checked: int
     unsafe_tensors: int
     unsafe_globals: int

@@ -6,6 +6,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-Mode = Literal["report", "raise", "heal"]
-MODES: tuple[Mode, ...] = ("report", "raise", "heal")
-GUARDED: tuple[Mode, ...] = ("report", "heal")  # whose block logs a sentinel missing or broken, and goes on
+SentinelMode = Literal["report", "raise", "heal"]
+MODES: tuple[SentinelMode, ...] = ("report", "raise", "heal")
+GUARDED: tuple[SentinelMode, ...] = ("report", "heal")  # whose block logs a sentinel missing or broken, and goes on

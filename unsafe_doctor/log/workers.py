@@ -14,16 +14,16 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.sharedctypes import Synchronized
 from typing import Any, TypeVar
 
-from unsafe_doctor.log.reading import Progress
+from unsafe_doctor.log.reading import BytesProgress
 
-Result = TypeVar("Result")
+TaskResult = TypeVar("TaskResult")
 
 _read_so_far: Synchronized[int] | None = None  # bytes read by all workers, set before they fork
 
 
 def run_in_workers(
-    task: Callable[..., Result], arguments: Sequence[tuple[Any, ...]], processes: int, progress: Progress | None
-) -> list[Result]:
+    task: Callable[..., TaskResult], arguments: Sequence[tuple[Any, ...]], processes: int, progress: BytesProgress | None
+) -> list[TaskResult]:
     """`task(*arguments[i], None, add)` for every i, in `processes` workers; results in order."""
     global _read_so_far
     context = multiprocessing.get_context("fork")  # Linux and macOS; spawn would import everything again
@@ -42,7 +42,9 @@ def run_in_workers(
     return results
 
 
-def _result(future: Future[Result], task: Callable[..., Result], arguments: tuple[Any, ...], progress: Progress | None) -> Result:
+def _result(
+    future: Future[TaskResult], task: Callable[..., TaskResult], arguments: tuple[Any, ...], progress: BytesProgress | None
+) -> TaskResult:
     """The worker's result; the task run here when its worker died before sending one."""
     try:
         return future.result()
@@ -50,7 +52,7 @@ def _result(future: Future[Result], task: Callable[..., Result], arguments: tupl
         return task(*arguments, None, progress)
 
 
-def _counted(task: Callable[..., Result], *arguments: Any) -> Result:
+def _counted(task: Callable[..., TaskResult], *arguments: Any) -> TaskResult:
     return task(*arguments, None, _add)
 
 
@@ -60,7 +62,7 @@ def _add(count: int) -> None:
         _read_so_far.value += count
 
 
-def _report(progress: Progress, reported: int) -> int:
+def _report(progress: BytesProgress, reported: int) -> int:
     assert _read_so_far is not None
     now = _read_so_far.value
     if now > reported:

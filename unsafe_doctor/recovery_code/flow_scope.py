@@ -26,7 +26,7 @@ from unsafe_doctor.source.syntax import (
     scope_statements,
 )
 
-Place = Literal["device", "cpu", "unknown"]  # where a tensor lives, as far as the code says
+TensorPlace = Literal["device", "cpu", "unknown"]  # where a tensor lives, as far as the code says
 
 
 @dataclass
@@ -44,8 +44,8 @@ class FlowScope:
     imports: dict[str, ImportedName]
     nested: dict[str, Function]
     aliases: dict[str, HolderRef] = field(default_factory=dict)
-    places: dict[str, Place] = field(default_factory=dict)  # local name -> placement of the tensor it holds
-    devices: dict[str, Place] = field(default_factory=dict)  # local name -> placement of the device it names
+    places: dict[str, TensorPlace] = field(default_factory=dict)  # local name -> placement of the tensor it holds
+    devices: dict[str, TensorPlace] = field(default_factory=dict)  # local name -> placement of the device it names
     derived: set[str] = field(default_factory=set)  # locals computed from a holder's data
     mentions: set[str] | None = None
 

@@ -21,7 +21,7 @@ Status = Literal["covered", "unsafe", "uncovered"]
 How = Literal["reset", "rebuilt", "repaired"]
 Role = Literal["rollback", "send", "recv"]
 Stage = Literal["reading", "scanning", "judging"]  # files read for their names, files parsed and scanned, holders judged
-Progress = Callable[[Stage, int, int], None]  # (stage, done, total): told after each file or holder
+AuditProgress = Callable[[Stage, int, int], None]  # (stage, done, total): told after each file or holder
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Sequence
 
-from unsafe_doctor.recovery_code.flow_scope import Place
+from unsafe_doctor.recovery_code.flow_scope import TensorPlace
 from unsafe_doctor.recovery_code.names import Names
 from unsafe_doctor.recovery_code.vocabulary import (
     CONTAINER_ADD,
@@ -25,7 +25,7 @@ from unsafe_doctor.recovery_code.vocabulary import (
 from unsafe_doctor.source.syntax import callee_name
 
 
-def combine(places: Sequence[Place | None]) -> Place | None:
+def combine(places: Sequence[TensorPlace | None]) -> TensorPlace | None:
     """The placement of a value made from several: device wins, then unknown."""
     known = [place for place in places if place is not None]
     if not known:
@@ -42,7 +42,7 @@ class Places:
         self.names = names
         self.scope = names.scope
 
-    def of(self, node: ast.AST | None) -> Place | None:
+    def of(self, node: ast.AST | None) -> TensorPlace | None:
         """Where the tensor an expression makes lives; None when it is not known to be a tensor."""
         if isinstance(node, ast.Name):
             return self.scope.places.get(node.id) or self._named(node.id)
@@ -64,7 +64,7 @@ class Places:
             return self._method(func, node)
         return None
 
-    def _named(self, name: str) -> Place | None:
+    def _named(self, name: str) -> TensorPlace | None:
         """A local or parameter whose placement the scope does not know, but whose name says tensor
         (`position_ids`, `shared_experts_input`): unknown placement, so a global that keeps it at
         run time (`_POSITION_IDS = position_ids` in a setter) is a holder."""
@@ -84,13 +84,13 @@ class Places:
         annotation = next((argument.annotation for argument in every if argument.arg == name), None)
         return annotation is not None and "Tensor" not in ast.unparse(annotation)
 
-    def added(self, method: str, node: ast.Call) -> Place | None:
+    def added(self, method: str, node: ast.Call) -> TensorPlace | None:
         """The tensor `X.append(t)` and the like put into a container."""
         if method in CONTAINER_ADD and node.args:
             return self.of(node.args[-1])
         return None
 
-    def _method(self, func: ast.Attribute, node: ast.Call) -> Place | None:
+    def _method(self, func: ast.Attribute, node: ast.Call) -> TensorPlace | None:
         method = func.attr
         if method in ("cuda", "npu"):
             return "device"
@@ -103,7 +103,7 @@ class Places:
             return receiver or "unknown"
         return None
 
-    def _torch_call(self, name: str, node: ast.Call) -> Place | None:
+    def _torch_call(self, name: str, node: ast.Call) -> TensorPlace | None:
         short = name.rpartition(".")[2]
         keywords = {keyword.arg: keyword.value for keyword in node.keywords if keyword.arg}
         if name.count(".") == 1 and short in FACTORIES:
@@ -117,7 +117,7 @@ class Places:
             return combine(inputs) or "unknown"
         return None
 
-    def _moved(self, node: ast.Call, receiver: Place | None) -> Place:
+    def _moved(self, node: ast.Call, receiver: TensorPlace | None) -> TensorPlace:
         target = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "device"), None)
         if target is None:
             return receiver or "unknown"
@@ -126,12 +126,12 @@ class Places:
             return receiver or "unknown"  # .to(torch.float32)
         return self.device_of(target)
 
-    def device_of(self, node: ast.expr) -> Place:
+    def device_of(self, node: ast.expr) -> TensorPlace:
         """The placement a `device=` argument or `.to()` target names."""
         value = self.device_value(node)
         return value if value is not None else "unknown"
 
-    def device_value(self, node: ast.expr | None) -> Place | None:
+    def device_value(self, node: ast.expr | None) -> TensorPlace | None:
         """The placement a device expression names; None when the code does not say."""
         if isinstance(node, ast.Constant):
             return _constant_device(node.value)
@@ -150,7 +150,7 @@ class Places:
         return None
 
 
-def _constant_device(value: object) -> Place | None:
+def _constant_device(value: object) -> TensorPlace | None:
     if value is None:
         return "cpu"
     if isinstance(value, int) and not isinstance(value, bool):

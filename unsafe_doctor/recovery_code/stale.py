@@ -54,7 +54,7 @@ from unsafe_doctor.source.syntax import (
 )
 from unsafe_doctor.source.workspace import SourceFile, Workspace
 
-Kind = Literal["missing", "rebinding", "copy"]
+StaleKind = Literal["missing", "rebinding", "copy"]
 _MODULE_LEVEL_NAME = re.compile(r"^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
 
 
@@ -65,7 +65,7 @@ class StaleReset:
     statement: str  # the statement as written, on one line
     symbol: str  # '_MOE_AUX_LOSSES_LOGGING_TRACKER'
     module: str  # 'megatron.core.parallel_state'
-    kind: Kind
+    kind: StaleKind
     why: str
 
 
@@ -330,7 +330,7 @@ class _Checker:
         head, _, name = target.rpartition(".")
         return target == wanted or (f"{module_named(head, self.workspace)}.{name}" == wanted if head else False)
 
-    def _stale(self, statement: ast.stmt, symbol: str, module: str, kind: Kind, why: str) -> StaleReset:
+    def _stale(self, statement: ast.stmt, symbol: str, module: str, kind: StaleKind, why: str) -> StaleReset:
         text = source_segment(self.adaptor.text, statement) or ast.unparse(statement)
         return StaleReset(self.adaptor.path, statement.lineno, " ".join(text.split()), symbol, module, kind, why)
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from unsafe_doctor.recovery_code.flow_scope import Place
+from unsafe_doctor.recovery_code.flow_scope import TensorPlace
 from unsafe_doctor.recovery_code.index import ModuleInfo, Span
 from unsafe_doctor.recovery_code.model import Site
 from unsafe_doctor.recovery_code.refs import ClassKey
@@ -30,7 +30,7 @@ class Use:
     function: str | None
     in_init: bool
     via: tuple[str, ...]  # helpers called on the way from a recovery function
-    place: Place | None = None  # the tensor it stores, when it stores one
+    place: TensorPlace | None = None  # the tensor it stores, when it stores one
     instance_of: ClassKey | None = None  # rebound to, stored or added an instance of this class
     method: str | None = None
     callee: str | None = None  # the function it is passed to

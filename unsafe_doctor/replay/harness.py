@@ -76,7 +76,7 @@ class _RepairGroups:
 _GROUPS = _RepairGroups()
 
 
-class Progress:
+class RankProgress:
     """Where this rank is, one milestone per line (JSON), so a launcher can say where a stuck rank waits."""
 
     def __init__(self, path: str | None) -> None:
@@ -90,7 +90,7 @@ class Progress:
             self._stream.flush()
 
 
-def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: Progress, backend: str | None = None) -> RankResult:
+def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: RankProgress, backend: str | None = None) -> RankResult:
     """Both runs on this rank of an initialised process group.
     ``device_index`` is this rank's NPU (its local rank), or the ``Device:`` the emulated error names;
     ``backend`` forces one (``select_backend``'s ``prefer``)."""
@@ -113,7 +113,7 @@ def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: Progress,
 
 class _Run:
     def __init__(
-        self, plan: ReplayPlan, run: str, rank: int, backend: UnsafeBackend, progress: Progress, *, alone: dict[str, str]
+        self, plan: ReplayPlan, run: str, rank: int, backend: UnsafeBackend, progress: RankProgress, *, alone: dict[str, str]
     ) -> None:
         self.plan, self.run, self.rank, self.backend, self.progress = plan, run, rank, backend, progress
         self.alone = alone

@@ -219,9 +219,9 @@ def _child(plan: ReplayPlan, rank: int, port: int, work: Path) -> int:
         import torch
         import torch.distributed as dist
 
-        from unsafe_doctor.replay.harness import Progress, run_rank
+        from unsafe_doctor.replay.harness import RankProgress, run_rank
 
-        progress = Progress(str(work / f"rank{rank}.progress"))
+        progress = RankProgress(str(work / f"rank{rank}.progress"))
         torch.set_num_threads(1)
         dist.init_process_group(
             "gloo",
@@ -382,11 +382,11 @@ def join_torchrun(plan: ReplayPlan) -> list[RankResult] | None:
     import torch.distributed as dist
 
     from unsafe_doctor.npu.backend import select_backend
-    from unsafe_doctor.replay.harness import Progress, gather_objects, run_rank
+    from unsafe_doctor.replay.harness import RankProgress, gather_objects, run_rank
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     rank = int(os.environ.get("RANK", local_rank))
-    progress = Progress(None)
+    progress = RankProgress(None)
     start = time.monotonic()
     try:
         backend = select_backend(device_index=local_rank)  # on an NPU, also makes it this process's device

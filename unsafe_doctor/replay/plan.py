@@ -14,8 +14,8 @@ from unsafe_doctor.log.global_name import GlobalName
 if TYPE_CHECKING:
     from unsafe_doctor.knowledge.rules import ParameterRole
 
-Mode = Literal["adaptor", "block"]
-MODES: tuple[Mode, ...] = ("adaptor", "block")
+ReplayMode = Literal["adaptor", "block"]
+MODES: tuple[ReplayMode, ...] = ("adaptor", "block")
 RUNS = ("unpatched", "patched")
 MAX_RANKS = 16
 MAX_TIMEOUT = 86400.0  # a day: more is no timeout, and far more overflows the process groups' timedelta
@@ -79,7 +79,7 @@ class ReplayPlan:
     functions: dict[str, str]  # role -> adaptor function name
     parameters: dict[ParameterRole, tuple[str, ...]]  # role -> what holds it (knowledge.AdaptorProfile.parameters)
     repair_group_imports: tuple[str, ...]  # where the profile's blocks get their repair group from
-    mode: Mode
+    mode: ReplayMode
     world_size: int
     faulty: int
     replica: int  # the replica whose state at the fault the faulty rank must get back

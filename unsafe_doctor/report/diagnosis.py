@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from unsafe_doctor.diagnose.locate import Finding, SentinelSeen
 from unsafe_doctor.diagnose.pipeline import DiagnosedFinding, Diagnosis, Untraced
-from unsafe_doctor.log.recovery import MINDIO_RELEASES, UNTRACED_FORMS, FaultReading, Phase, RecoveryContext
+from unsafe_doctor.log.recovery import MINDIO_RELEASES, UNTRACED_FORMS, FaultReading, RecoveryContext, RecoveryPhase
 from unsafe_doctor.log.sentinel_lines import Summary
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.report.common import adaptor_json, fix_plan_json, frameworks_json, rank_ranges
@@ -117,7 +117,7 @@ def _finding_json(item: DiagnosedFinding, diagnosis: Diagnosis) -> dict[str, Any
     }
 
 
-def _recovery_json(context: RecoveryContext, phase: Phase | None) -> dict[str, Any]:
+def _recovery_json(context: RecoveryContext, phase: RecoveryPhase | None) -> dict[str, Any]:
     """MindIO's recovery as a finding's JSON gives it: `faults` names each fault rank's kind, as the text's
     phase line does (`fault_ranks`, the same ranks, stays for readers of the first contract)."""
     return {

@@ -12,7 +12,7 @@ from unsafe_doctor.report import fix
 if TYPE_CHECKING:
     from unsafe_doctor.adaptor.plan import Plan
     from unsafe_doctor.adaptor.write import Written
-    from unsafe_doctor.log.sentinel_modes import Mode
+    from unsafe_doctor.log.sentinel_modes import SentinelMode
 
 SCHEMA = "unsafe-doctor/sentinel-install/v1"
 
@@ -25,7 +25,7 @@ IF_MISSING = {
 }
 
 
-def sentinel_json(plan: Plan, written: tuple[Written, ...], *, dry_run: bool, mode: Mode | None) -> dict[str, Any]:
+def sentinel_json(plan: Plan, written: tuple[Written, ...], *, dry_run: bool, mode: SentinelMode | None) -> dict[str, Any]:
     """`mode`: the one written; None for --revert. The training image's need where the plan writes a block."""
     document = fix.fix_json(plan, written, dry_run=dry_run)
     del document["skipped"], document["already_reset"]  # a sentinel answers no finding
@@ -35,11 +35,11 @@ def sentinel_json(plan: Plan, written: tuple[Written, ...], *, dry_run: bool, mo
     return {**document, "schema": SCHEMA, "mode": mode, "training_image": training_image}
 
 
-def needs_line(mode: Mode) -> str:
+def needs_line(mode: SentinelMode) -> str:
     """What the training image needs for a block of `mode`, and what the block does where it lacks it."""
     return f"the training image needs unsafe-doctor=={__version__} {WHERE}: {IF_MISSING[_if_missing(mode)]}"
 
 
-def _if_missing(mode: Mode) -> Literal["logged", "raised"]:
+def _if_missing(mode: SentinelMode) -> Literal["logged", "raised"]:
     """One log line and the rollback goes on (the guarded modes), or the rollback raises."""
     return "logged" if mode in GUARDED else "raised"

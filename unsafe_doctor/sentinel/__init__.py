@@ -31,7 +31,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from unsafe_doctor.log.sentinel_lines import Record, Summary, UnsafeGlobal, format_line
-from unsafe_doctor.log.sentinel_modes import MODES, Mode
+from unsafe_doctor.log.sentinel_modes import MODES, SentinelMode
 from unsafe_doctor.npu.backend import UnsafeBackend, active_emulation, npu_unavailable_reason, select_backend
 from unsafe_doctor.sentinel import verdict
 from unsafe_doctor.sentinel.walk import HolderName, Limits, Walk, walk
@@ -77,7 +77,7 @@ class UnsafeStateError(RuntimeError):
 
 def check(
     *roots: object,
-    mode: Mode = "report",
+    mode: SentinelMode = "report",
     packages: Iterable[str] | None = None,
     rules: Sequence[Path] = (),
     limits: Limits = DEFAULT_LIMITS,
@@ -111,7 +111,7 @@ def check(
 
 def examine(
     *roots: object,
-    mode: Mode = "report",
+    mode: SentinelMode = "report",
     packages: Iterable[str] = FRAMEWORK_PACKAGES,
     rules: Sequence[Path] = (),
     limits: Limits = DEFAULT_LIMITS,
@@ -154,7 +154,7 @@ def _rank() -> int | None:
 
 
 def _report(
-    found: Walk, backend: UnsafeBackend, rank: int | None, mode: Mode, rules: Sequence[Path], *, started: float
+    found: Walk, backend: UnsafeBackend, rank: int | None, mode: SentinelMode, rules: Sequence[Path], *, started: float
 ) -> tuple[SentinelReport, dict[HolderName, verdict.SentinelVerdict]]:
     """The records of one walk, and the knowledge's verdict on each holder (heal runs them)."""
     unsafe: dict[HolderName, list[str]] = {}

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from unsafe_doctor.knowledge.heuristics.events import Event, Kind
+from unsafe_doctor.knowledge.heuristics.events import Event, EvidenceKind
 from unsafe_doctor.knowledge.heuristics.gather import MAX_FILES, TensorStudy
 from unsafe_doctor.knowledge.heuristics.lines import from_the_line
 from unsafe_doctor.knowledge.subject import Evidence, Subject
@@ -195,7 +195,7 @@ def _lines(study: TensorStudy, chosen: list[Event], other: list[Event]) -> tuple
     """The chosen side's evidence first, strongest kinds first, at most a few lines of each kind."""
     lines: list[Evidence] = []
     for side in (chosen, other):
-        shown: dict[Kind, int] = {}
+        shown: dict[EvidenceKind, int] = {}
         for event in sorted(side, key=lambda event: (_ORDER.index(event.kind), str(event.path), event.line)):
             shown[event.kind] = shown.get(event.kind, 0) + 1
             if shown[event.kind] <= MAX_PER_KIND:
@@ -209,7 +209,7 @@ def _files(study: TensorStudy, paths: list[Path]) -> str:
     return ", ".join(shown) + more if shown else "the source"
 
 
-def _kinds(events: list[Event]) -> set[Kind]:
+def _kinds(events: list[Event]) -> set[EvidenceKind]:
     return {event.kind for event in events}
 
 

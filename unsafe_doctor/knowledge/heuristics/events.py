@@ -42,7 +42,7 @@ from unsafe_doctor.source.syntax import (
 )
 from unsafe_doctor.source.workspace import SourceFile
 
-Kind = Literal[  # the kinds of evidence, as the rules of evidence name them
+EvidenceKind = Literal[  # the kinds of evidence, as the rules of evidence name them
     "reset",
     "per-step",
     "accumulate",
@@ -60,7 +60,7 @@ Kind = Literal[  # the kinds of evidence, as the rules of evidence name them
 class Event:
     """One piece of evidence: what was seen, where; the flags the weighing reads for some kinds."""
 
-    kind: Kind
+    kind: EvidenceKind
     path: Path
     line: int
     what: str
@@ -91,7 +91,7 @@ class Study(Followed, Protocol):
     def defining(self) -> SourceFile | None: ...
     def add(
         self,
-        kind: Kind,
+        kind: EvidenceKind,
         path: Path,
         line: int,
         what: str,
@@ -192,7 +192,7 @@ class FunctionStudy:
 
     # events
 
-    def add(self, kind: Kind, node: ast.stmt, what: str, **flags: bool) -> Event:
+    def add(self, kind: EvidenceKind, node: ast.stmt, what: str, **flags: bool) -> Event:
         code = self.file.code(node)
         where = "at module level" if self.function is None else f"in {self.name}()"
         return self.file.study.add(

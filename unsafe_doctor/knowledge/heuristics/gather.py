@@ -11,7 +11,7 @@ import re
 from functools import lru_cache, partial
 from pathlib import Path
 
-from unsafe_doctor.knowledge.heuristics.events import CallSite, Event, FileStudy, FunctionStudy, Kind
+from unsafe_doctor.knowledge.heuristics.events import CallSite, Event, EvidenceKind, FileStudy, FunctionStudy
 from unsafe_doctor.knowledge.heuristics.vocabulary import runs_per_step
 from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.source.files import is_file
@@ -115,7 +115,7 @@ class TensorStudy:
         self.attribute = tensor.name.owner is not None or tensor.expression.startswith(("self.", "cls."))
         self.roots = workspace.source_roots
         self.workspace = workspace
-        self.events: dict[tuple[Kind, Path, int], Event] = {}
+        self.events: dict[tuple[EvidenceKind, Path, int], Event] = {}
         self.scope: _InScope | None = None
         self.truncated = False
         self.unparsed: list[Path] = []  # files in scope nested too deeply to study
@@ -230,7 +230,7 @@ class TensorStudy:
 
     def add(
         self,
-        kind: Kind,
+        kind: EvidenceKind,
         path: Path,
         line: int,
         what: str,
