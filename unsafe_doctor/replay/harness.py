@@ -90,6 +90,17 @@ class RankProgress:
             self._stream.flush()
 
 
+def _run_compiled_code_eagerly() -> None:
+    """Functions under `torch.compile` (megatron-core's router, its fusions) run as plain Python: the
+    replay proves where data flows in a recovery, which compiling does not change, and dynamo traced
+    each of them again on every rank, in both runs (4 s a rank for the router's expert bias). Only
+    where dynamo is loaded (`torch.compile` loads it): loading it takes a second. torch before 2.6
+    has no stance to set; there they compile as before."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is not None and "torch._dynamo" in sys.modules:
+        set_stance("force_eager")
+
+
 def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: RankProgress, backend: str | None = None) -> RankResult:
     """Both runs on this rank of an initialised process group.
     ``device_index`` is this rank's NPU (its local rank), or the ``Device:`` the emulated error names;
@@ -97,6 +108,7 @@ def run_rank(plan: ReplayPlan, rank: int, device_index: int, progress: RankProgr
     for root in plan.source_roots:
         if root not in sys.path:
             sys.path.insert(0, root)
+    _run_compiled_code_eagerly()
     switches = tuple(sorted({name for target in plan.targets for name in target.switches}))
     stood_in = standins.install_standins(plan.standins, plan.group_getters, _GROUPS, switches)
     notes = [f"stand-ins for what the adaptor imports and this machine lacks: {', '.join(stood_in)}"] if stood_in else []
