@@ -41,6 +41,7 @@ from unsafe_doctor.audit.run import audit
 from unsafe_doctor.knowledge.loading import REVIEWED_FILE, load_knowledge, shipped_knowledge_dir, validate_files
 from unsafe_doctor.knowledge.matching import frame_named, rule_matches
 from unsafe_doctor.knowledge.rules import KnowledgeBase, Rule
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.recovery_code.model import Holder
 from unsafe_doctor.source.fingerprint import release_version
 from unsafe_doctor.source.index import FRAMEWORK_FOLDERS, INDEX_FOLDER, Release
@@ -143,7 +144,7 @@ def claimed_by(knowledge: KnowledgeBase, found: dict, version: Version | None) -
     """The ids of the shipped rules that name the global at one of its sites or at the frame a rule
     names for it (as the audit matches them: `audit.bridge`) and claim the release (its framework
     and `versions`), and of the entries the step writes before it reads."""
-    name, module, owner = found["name"], found["module"], found["class"]
+    name = GlobalName(found["module"], found["class"], found["name"])
     sites = [
         (f"/{file}", function.rpartition(".")[2]) for file, _, function in (site.rpartition(":") for site in found["sites"])
     ]  # (file, function) as the audit reads them
@@ -153,17 +154,14 @@ def claimed_by(knowledge: KnowledgeBase, found: dict, version: Version | None) -
         for rule in knowledge.rules
         if rule.framework in (None, found["framework"])
         and (rule.versions is None or version is not None and rule.versions.contains(version, prereleases=True))
-        and any(
-            rule_matches(rule, name, module, owner, file, function=function)
-            for file, function in [*sites, *_named(rule, name, module, owner, definition)]
-        )
+        and any(rule_matches(rule, name, file, function=function) for file, function in [*sites, *_named(rule, name, definition)])
     ]
-    return rules + [entry.id for entry in knowledge.step_written if entry.names(name, module, owner)]
+    return rules + [entry.id for entry in knowledge.step_written if entry.names(name)]
 
 
-def _named(rule: Rule, name: str, module: str, owner: str | None, definition: Path) -> list[tuple[str, str]]:
+def _named(rule: Rule, name: GlobalName[str, str], definition: Path) -> list[tuple[str, str]]:
     """The frame the rule names for the global, which the audit takes as given (`audit.bridge`)."""
-    frame = frame_named(rule, name, module, owner, definition)
+    frame = frame_named(rule, name, definition)
     return [(frame.file, frame.function)] if frame is not None else []
 
 

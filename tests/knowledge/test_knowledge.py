@@ -19,6 +19,7 @@ from unsafe_doctor.knowledge.loading import load_knowledge, validate_files
 from unsafe_doctor.knowledge.matching import rule_matches
 from unsafe_doctor.knowledge.render.template import FixPlan
 from unsafe_doctor.knowledge.rules import is_safe_dotted
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.source.index import FrameworkIndex
 from unsafe_doctor.source.workspace import Origin
 
@@ -108,17 +109,17 @@ def test_a_user_rule_replaces_a_shipped_one_with_the_same_id(tmp_path):
 
 def test_rule_matching_by_name_module_and_frame(tmp_path):
     [rule] = load_knowledge([write(tmp_path, GOOD_RULE)]).rules[-1:]
-    assert rule_matches(rule, "_LOSS_LOG", "acme.state", None, "/x/acme/train.py", function="step")
-    assert not rule_matches(rule, "_LOSS_LOG", "other.state", None, None, function=None)
-    assert not rule_matches(rule, "_LOSS", "acme.state", None, None, function=None)
-    assert not rule_matches(rule, None, None, None, "/x/acme/train.py", function="step")  # names no frame
+    assert rule_matches(rule, GlobalName("acme.state", None, "_LOSS_LOG"), "/x/acme/train.py", function="step")
+    assert not rule_matches(rule, GlobalName("other.state", None, "_LOSS_LOG"), None, function=None)
+    assert not rule_matches(rule, GlobalName("acme.state", None, "_LOSS"), None, function=None)
+    assert not rule_matches(rule, GlobalName(None, None, None), "/x/acme/train.py", function="step")  # names no frame
 
 
 def test_a_frame_rule_supplies_the_variable_a_line_does_not_name(tmp_path):
     text = GOOD_RULE.replace("      module: acme.state\n", "      file: '*/acme/log.py'\n      function: record\n")
     [rule] = load_knowledge([write(tmp_path, text)]).rules[-1:]
-    assert rule_matches(rule, None, None, None, "/opt/acme/log.py", function="record")
-    assert not rule_matches(rule, None, None, None, "/opt/acme/log.py", function="other")
+    assert rule_matches(rule, GlobalName(None, None, None), "/opt/acme/log.py", function="record")
+    assert not rule_matches(rule, GlobalName(None, None, None), "/opt/acme/log.py", function="other")
 
 
 LOSS_LOG_BLOCKS = """\
@@ -136,15 +137,20 @@ def test_a_match_list_matches_by_any_block_and_its_first_names_the_variable(tmp_
     [rule] = load_knowledge([write(tmp_path, text)]).rules[-1:]
     assert rule.match.variable == "_LOSS_LOG" and len(rule.matches) == 2
     # the second block
-    assert rule_matches(rule, "_LOSS_SUM", "acme.state", None, "/x/acme/train.py", function="step", loss_scaling="none")
-    assert not rule_matches(rule, "_LOSS_SUM", "other.state", None, "/x/acme/train.py", function="step")
+    assert rule_matches(
+        rule, GlobalName("acme.state", None, "_LOSS_SUM"), "/x/acme/train.py", function="step", loss_scaling="none"
+    )
+    assert not rule_matches(rule, GlobalName("other.state", None, "_LOSS_SUM"), "/x/acme/train.py", function="step")
 
 
 @pytest.mark.parametrize(("loss_scaling", "matches"), [("grad-scaler", True), (None, True), ("none", False)])
 def test_a_block_with_a_loss_scaling_fits_that_run_or_one_that_does_not_tell(tmp_path, loss_scaling, matches):
     text = GOOD_RULE.replace("      variable: _LOSS_LOG\n      module: acme.state\n", LOSS_LOG_BLOCKS)
     [rule] = load_knowledge([write(tmp_path, text)]).rules[-1:]
-    assert rule_matches(rule, None, None, None, "/opt/acme/log.py", function="record", loss_scaling=loss_scaling) is matches
+    assert (
+        rule_matches(rule, GlobalName(None, None, None), "/opt/acme/log.py", function="record", loss_scaling=loss_scaling)
+        is matches
+    )
 
 
 @pytest.mark.parametrize(
@@ -206,15 +212,15 @@ def test_only_scale_loss_stands_for_the_grad_scaler_among_the_optimizers_frames(
     rule = load_knowledge().rule("megatron.grad-scaler")
     optimizer_py = "/site/megatron/core/optimizer/optimizer.py"
     module = "megatron.core.optimizer.optimizer"
-    assert rule_matches(rule, None, module, None, optimizer_py, function="scale_loss", loss_scaling="grad-scaler")
-    assert not rule_matches(rule, None, module, None, optimizer_py, function="step_with_ready_grads", loss_scaling="grad-scaler")
+    assert rule_matches(rule, GlobalName(module, None, None), optimizer_py, function="scale_loss", loss_scaling="grad-scaler")
+    assert not rule_matches(
+        rule, GlobalName(module, None, None), optimizer_py, function="step_with_ready_grads", loss_scaling="grad-scaler"
+    )
     # the scaler's own tensors match whatever the log shows
     grad_scaler_py = "/site/megatron/core/optimizer/grad_scaler.py"
     assert rule_matches(
         rule,
-        "backoff_factor",
-        "megatron.core.optimizer.grad_scaler",
-        "DynamicGradScaler",
+        GlobalName("megatron.core.optimizer.grad_scaler", "DynamicGradScaler", "backoff_factor"),
         grad_scaler_py,
         function="update",
         loss_scaling="none",

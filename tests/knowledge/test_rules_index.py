@@ -428,7 +428,7 @@ def audited_buffer(framework: IndexedFramework, at: int, block: RuleMatch) -> tu
             found["framework"] == framework.name
             and found["kind"] == "buffer"
             and release in found["releases"]
-            and block.names(found["name"], found["module"], found["class"])
+            and block.names(GlobalName(found["module"], found["class"], found["name"]))
             and (block.module is not None or found["module"] in modules_selected(framework, at, block))
         ):
             return found["module"], found["name"], found["class"]

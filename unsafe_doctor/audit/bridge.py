@@ -58,15 +58,12 @@ def _named_frame(holder: Holder, specific: list[Rule]) -> Frame | None:
     sites = (_frame(site, resolved) for site in (holder.definition, *holder.writers, *holder.readers))
     definition = Path(_resolved(holder.definition.file, resolved))
     name = holder.name
-    named = (frame_named(rule, name.variable, name.module, name.owner, definition) for rule in specific)
+    named = (frame_named(rule, name, definition) for rule in specific)
     return next(
         (
             candidate
             for candidate in chain(sites, (frame for frame in named if frame is not None))
-            if any(
-                rule_matches(rule, name.variable, name.module, name.owner, candidate.file, function=candidate.function)
-                for rule in specific
-            )
+            if any(rule_matches(rule, name, candidate.file, function=candidate.function) for rule in specific)
         ),
         None,
     )

@@ -282,7 +282,7 @@ def conversion_only(holder: Holder, rules: Sequence[Rule]) -> bool:
     if name != "convert" and not name.startswith("convert_"):
         return False
     named = (match for rule in rules for match in rule.matches if match.variable or match.variable_regex)  # not a frame's
-    if any(match.names(holder.name.variable, holder.name.module, holder.name.owner) for match in named):
+    if any(match.names(holder.name) for match in named):
         return False
     home = holder.definition.file
     return not holder.importers and all(site.file == home for site in (*holder.evidence, *holder.writers, *holder.readers))
@@ -317,7 +317,7 @@ def _named_by_rules_in(info: ModuleInfo, rules: Sequence[Rule]) -> list[Holder]:
         if block.owner not in named:
             named[block.owner] = _named_in(info, block.owner)
         for key, node, kind in named[block.owner]:
-            if key in found or not block.names(key.variable, info.name, key.owner):
+            if key in found or not block.names(GlobalName(info.name, key.owner, key.variable)):
                 continue
             code = (source_segment(info.text, node) or "").strip().splitlines()
             site = Site(info.shown, node.lineno, key.owner, shortened(code[0]) if code else key.variable)

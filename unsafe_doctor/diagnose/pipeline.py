@@ -27,6 +27,7 @@ from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.log import inputs, recovery
 from unsafe_doctor.log import lines as logs
 from unsafe_doctor.log.arguments import DUMP_MARKERS, RunArguments, read_arguments
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.inputs import BytesProgress, Excerpt, InputInfo, SkippedInput
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.recovery import FaultReading, LossScaling, MindioForm, RecoveryContext, RecoveryPhase
@@ -221,9 +222,9 @@ def _classify(finding: Finding, run: RunContext, loss_scaling: LossScaling | Non
     does; an lru cache the sentinel found is one by its nature."""
     subject = finding.subject
     tensor = subject.tensor
-    variable = tensor.name.variable if tensor is not None else None
-    if finding.traceback is None and tensor is not None and variable is not None:
-        named = (frame_named(rule, variable, tensor.name.module, tensor.name.owner, None) for rule in run.knowledge.rules)
+    if finding.traceback is None and tensor is not None and tensor.name.variable is not None:
+        name = GlobalName(tensor.name.module, tensor.name.owner, tensor.name.variable)  # its variable known
+        named = (frame_named(rule, name, None) for rule in run.knowledge.rules)
         subject = replace(subject, frame=next((frame for frame in named if frame is not None), None))
     if finding.sentinel is not None and tensor is not None and tensor.cached:
         return classify_cache(subject, run, loss_scaling)

@@ -22,6 +22,7 @@ from unsafe_doctor.knowledge.render.template import FixPlan, NoFix, render_fix
 from unsafe_doctor.knowledge.rules import GlobalKind, KnowledgeBase, Rule, RuleMatch, Scenario, Template
 from unsafe_doctor.knowledge.subject import Evidence, Subject
 from unsafe_doctor.knowledge.versions import Environment
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.recovery import LossScaling
 from unsafe_doctor.source.syntax import callee_name, dotted_name, scope_statements
 from unsafe_doctor.source.workspace import Workspace
@@ -347,9 +348,7 @@ def _best_rule(
     for rule in knowledge.rules:
         block = matching_block(
             rule,
-            tensor.name.variable if tensor else None,
-            tensor.name.module if tensor else None,
-            tensor.name.owner if tensor else None,
+            tensor.name if tensor else GlobalName(None, None, None),
             frame.file if frame else None,
             function=frame.function if frame else None,
             loss_scaling=loss_scaling,

@@ -16,6 +16,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from unsafe_doctor.knowledge.rules import Rule, RuleMatch, variable_pattern
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.recovery import LossScaling
 from unsafe_doctor.log.tracebacks import Frame
 from unsafe_doctor.source.files import import_root
@@ -23,23 +24,19 @@ from unsafe_doctor.source.files import import_root
 
 def rule_matches(
     rule: Rule,
-    variable: str | None,
-    module: str | None,
-    owner: str | None,
+    name: GlobalName[str | None, str | None],
     file: str | None,
     *,
     function: str | None,
     loss_scaling: LossScaling | None = None,
 ) -> bool:
     """Whether one of the rule's match blocks fits the finding (see `matching_block`)."""
-    return matching_block(rule, variable, module, owner, file, function=function, loss_scaling=loss_scaling) is not None
+    return matching_block(rule, name, file, function=function, loss_scaling=loss_scaling) is not None
 
 
 def matching_block(
     rule: Rule,
-    variable: str | None,
-    module: str | None,
-    owner: str | None,
+    name: GlobalName[str | None, str | None],
     file: str | None,
     *,
     function: str | None,
@@ -51,20 +48,14 @@ def matching_block(
     fits a run with that loss scaling, or one whose loss scaling is unknown (None).
     """
     return next(
-        (
-            block
-            for block in rule.matches
-            if _block_fits(block, variable, module, owner, file, function=function, loss_scaling=loss_scaling)
-        ),
+        (block for block in rule.matches if _block_fits(block, name, file, function=function, loss_scaling=loss_scaling)),
         None,
     )
 
 
 def _block_fits(
     match: RuleMatch,
-    variable: str | None,
-    module: str | None,
-    owner: str | None,
+    name: GlobalName[str | None, str | None],
     file: str | None,
     *,
     function: str | None,
@@ -78,12 +69,12 @@ def _block_fits(
     )
     if not frame_ok:
         return False
-    if variable is None:
+    if name.variable is None:
         return frame_named
-    return match.names(variable, module, owner)
+    return match.names(name)
 
 
-def frame_named(rule: Rule, variable: str, module: str | None, owner: str | None, definition: Path | None) -> Frame | None:
+def frame_named(rule: Rule, name: GlobalName[str | None, str], definition: Path | None) -> Frame | None:
     """The frame a rule names, for a global whose name, owner and module the rule names exactly.
 
     Some rules recognise a tensor by the frame a log shows reading it (`attention_mask_func` reads
@@ -94,16 +85,15 @@ def frame_named(rule: Rule, variable: str, module: str | None, owner: str | None
         (
             block
             for block in rule.matches
-            if block.variable == variable
-            and (block.file is not None or block.function is not None)
-            and block.names(variable, module, owner)
+            if block.variable == name.variable and (block.file is not None or block.function is not None) and block.names(name)
         ),
         None,
     )
     if match is None:
         return None
+    module = name.module
     root = import_root(definition, module) if definition is not None and module else Path("/")
-    file = str(definition) if definition is not None else "/" + (module or variable).replace(".", "/") + ".py"
+    file = str(definition) if definition is not None else "/" + (module or name.variable).replace(".", "/") + ".py"
     if match.file is not None:
         tail = match.file.removeprefix("*/")
         if _is_glob(tail) or root is None:

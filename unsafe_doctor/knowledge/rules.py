@@ -35,6 +35,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from unsafe_doctor.errors import UsageError
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.recovery import LossScaling
 
 Scenario = Literal[1, 2]
@@ -95,15 +96,17 @@ class RuleMatch:
     function: str | None = None  # glob over the culprit frame's function
     loss_scaling: LossScaling | None = None  # holds only for runs with this loss scaling
 
-    def names(self, variable: str, module: str | None, owner: str | None) -> bool:
-        """Whether the block's variable, module and owner fields fit a global (its frame fields aside)."""
-        if self.variable is not None and variable != self.variable:
+    def names(self, name: GlobalName[str | None, str | None]) -> bool:
+        """Whether the block's variable, module and owner fields fit a global (its frame fields aside);
+        a name without its variable fits none."""
+        variable, module = name.variable, name.module
+        if variable is None or (self.variable is not None and variable != self.variable):
             return False
         if self.variable_regex is not None and not variable_pattern(self.variable_regex).fullmatch(variable):
             return False
         if self.module is not None and (module is None or not fnmatchcase(module, self.module)):
             return False
-        return self.owner is None or owner == self.owner
+        return self.owner is None or name.owner == self.owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +162,8 @@ class StepWritten:
     references: tuple[str, ...]
     origin: str
 
-    def names(self, variable: str, module: str | None, owner: str | None) -> bool:
-        return any(match.names(variable, module, owner) for match in self.matches)
+    def names(self, name: GlobalName[str | None, str | None]) -> bool:
+        return any(match.names(name) for match in self.matches)
 
 
 @dataclass(frozen=True)
@@ -293,8 +296,8 @@ class KnowledgeBase:
     templates: tuple[Template, ...] = ()
     step_written: tuple[StepWritten, ...] = ()
 
-    def written_by_the_step(self, variable: str, module: str | None, owner: str | None) -> StepWritten | None:
-        return next((item for item in self.step_written if item.names(variable, module, owner)), None)
+    def written_by_the_step(self, name: GlobalName[str | None, str]) -> StepWritten | None:
+        return next((item for item in self.step_written if item.names(name)), None)
 
     def rule(self, rule_id: str) -> Rule | None:
         return next((rule for rule in self.rules if rule.id == rule_id), None)

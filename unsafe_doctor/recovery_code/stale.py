@@ -43,6 +43,7 @@ from packaging.version import Version
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.rules import AdaptorProfile, Rule
 from unsafe_doctor.knowledge.versions import Environment
+from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.source.files import FRAMEWORK_DISTRIBUTIONS, package_folder, python_files, read_replacing
 from unsafe_doctor.source.imports import Imports, ModuleMember, module_member, module_named
 from unsafe_doctor.source.syntax import (
@@ -222,7 +223,9 @@ class _Checker:
         version = self.environment.versions.get(distribution) if distribution else None
         for rule in self.rules:
             claims = rule.versions is None or version is None or version in rule.versions
-            if claims and any(match.module is not None and match.names(symbol, module, None) for match in rule.matches):
+            if claims and any(
+                match.module is not None and match.names(GlobalName(module, None, symbol)) for match in rule.matches
+            ):
                 return f"; the right reset is rule {rule.id}'s fix (unsafe-doctor fix writes it)"
         return ""
 

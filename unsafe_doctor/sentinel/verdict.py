@@ -66,7 +66,7 @@ def _groundwork(rules: tuple[Path, ...]) -> Groundwork:
 
 
 def _written(holder: HolderName, context: RunContext) -> str | None:
-    entry = context.knowledge.written_by_the_step(holder.variable, holder.module, holder.owner)
+    entry = context.knowledge.written_by_the_step(holder)
     return entry.id if entry else None
 
 
