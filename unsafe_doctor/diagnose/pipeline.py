@@ -27,7 +27,6 @@ from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.log import inputs, recovery
 from unsafe_doctor.log import lines as logs
 from unsafe_doctor.log.arguments import DUMP_MARKERS, RunArguments, read_arguments
-from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.inputs import BytesProgress, Excerpt, InputInfo, SkippedInput
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.recovery import FaultReading, LossScaling, MindioForm, RecoveryContext, RecoveryPhase
@@ -223,8 +222,7 @@ def _classify(finding: Finding, run: RunContext, loss_scaling: LossScaling | Non
     subject = finding.subject
     tensor = subject.tensor
     if finding.traceback is None and tensor is not None and tensor.name.variable is not None:
-        name = GlobalName(tensor.name.module, tensor.name.owner, tensor.name.variable)  # its variable known
-        named = (frame_named(rule, name, None) for rule in run.knowledge.rules)
+        named = (frame_named(rule, tensor.name, None) for rule in run.knowledge.rules)
         subject = replace(subject, frame=next((frame for frame in named if frame is not None), None))
     if finding.sentinel is not None and tensor is not None and tensor.cached:
         return classify_cache(subject, run, loss_scaling)

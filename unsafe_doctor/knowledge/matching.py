@@ -74,18 +74,21 @@ def _block_fits(
     return match.names(name)
 
 
-def frame_named(rule: Rule, name: GlobalName[str | None, str], definition: Path | None) -> Frame | None:
+def frame_named(rule: Rule, name: GlobalName[str | None, str | None], definition: Path | None) -> Frame | None:
     """The frame a rule names, for a global whose name, owner and module the rule names exactly.
 
     Some rules recognise a tensor by the frame a log shows reading it (`attention_mask_func` reads
     the cached causal mask). Who knows the global itself (the audit from its source, the sentinel
     in the process) takes that frame as given: under the import root of the global's `definition`,
-    or under `/` when no file is known."""
+    or under `/` when no file is known; None for a name without its variable."""
+    variable = name.variable
+    if variable is None:
+        return None
     match = next(
         (
             block
             for block in rule.matches
-            if block.variable == name.variable and (block.file is not None or block.function is not None) and block.names(name)
+            if block.variable == variable and (block.file is not None or block.function is not None) and block.names(name)
         ),
         None,
     )
@@ -93,7 +96,7 @@ def frame_named(rule: Rule, name: GlobalName[str | None, str], definition: Path 
         return None
     module = name.module
     root = import_root(definition, module) if definition is not None and module else Path("/")
-    file = str(definition) if definition is not None else "/" + (module or name.variable).replace(".", "/") + ".py"
+    file = str(definition) if definition is not None else "/" + (module or variable).replace(".", "/") + ".py"
     if match.file is not None:
         tail = match.file.removeprefix("*/")
         if _is_glob(tail) or root is None:
