@@ -31,7 +31,9 @@ def at_terminal(
     /dev/null when asked; COLUMNS=`columns`, and the pty's own window `tty_columns` wide where given, else
     none, as a bare pty's); answer each prompt (bytes awaited, bytes sent) once it is on the screen and
     the program waits at the terminal for the answer, as a person does: a Ctrl-C typed then reaches a
-    program that is reading, however loaded the machine.
+    program that is reading, however loaded the machine. Each awaited text is looked for after the
+    one before it, so a question asked twice is answered twice; and the screen holds all it awaits
+    before the key is typed (a Ctrl-C flushes what the terminal has not shown yet).
     A run silent for `quiet_seconds` (a safety net, not a timing) is killed: exit -9. Exit code and screen."""
     stdin = _pipe_holding(stdin_piped) if stdin_piped is not None else None
     if stdin_file is not None:
@@ -49,7 +51,7 @@ def at_terminal(
         os.execv(sys.executable, [sys.executable, "-m", "unsafe_doctor", *args])
     if stdin is not None:
         os.close(stdin)
-    screen, pending = b"", list(answers)
+    screen, pending, seen = b"", list(answers), 0
     while True:
         if not select.select([fd], [], [], quiet_seconds)[0]:
             os.kill(pid, 9)
@@ -61,9 +63,11 @@ def at_terminal(
         if not chunk:
             break
         screen += chunk
-        if pending and pending[0][0] in screen:
+        if pending and (found := screen.find(pending[0][0], seen)) >= 0:
+            awaited, key = pending.pop(0)
+            seen = found + len(awaited)
             _wait_until_reading(pid, quiet_seconds)
-            os.write(fd, pending.pop(0)[1])
+            os.write(fd, key)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), screen.decode(errors="replace")
 

@@ -895,7 +895,7 @@ def test_the_question_names_the_file_asks_again_and_ctrl_c_says_nothing_was_writ
     shell's prompt on the question's line, saying nothing."""
     adaptor = toytrain_copy(tmp_path)
     args = ["fix", str(LOGS / "toytrain_ema"), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
-    code, screen = at_terminal(args, answers=[(b"? [y/N]: ", b"maybe\n"), (b"(Enter: no)", b"\x03")])
+    code, screen = at_terminal(args, answers=[(b"? [y/N]: ", b"maybe\n"), (b"? [y/N]: ", b"\x03")])
     assert code == 130, screen
     assert f"Write this into {adaptor}? [y/N]: " in screen
     assert screen.count("? [y/N]: ") == 2  # asked again
