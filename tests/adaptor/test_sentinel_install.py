@@ -37,7 +37,7 @@ from unsafe_doctor.log.sentinel_modes import MODES
 from unsafe_doctor.npu.backend import EmulatedBackend
 from unsafe_doctor.replay.verify import plan_replay, verify
 from unsafe_doctor.sentinel import UnsafeStateError
-from unsafe_doctor.source.markers import SENTINEL_KEY
+from unsafe_doctor.source.markers import MARKER_BEGIN, SENTINEL_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
@@ -154,6 +154,16 @@ def added_lines(plan: Plan) -> list[str]:
     return [line[1:] for line in plan.diff().splitlines() if line.startswith("+") and not line.startswith("+++")]
 
 
+def added_blocks(plan: Plan) -> list[list[str]]:
+    """The added lines, one list per block, in the diff's order (mode heal: the repair's two first)."""
+    blocks: list[list[str]] = []
+    for line in added_lines(plan):
+        if line.lstrip().startswith(MARKER_BEGIN):
+            blocks.append([])
+        blocks[-1].append(line)
+    return blocks
+
+
 def last_statement(source: bytes, function: str) -> ast.stmt:
     """The last statement `function` runs: its last, or the one before a trailing return."""
     [node] = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef) and node.name == function]
@@ -226,10 +236,70 @@ def test_the_train_args_parameter_is_passed_and_each_mode_written(tmp_path):
     assert set(whats) == set(MODES)
     for mode, what in whats.items():
         plan = sentinel_plan(adaptor, mode, functions="rollback=rollback_callback")
-        assert added_lines(plan) == expected_block("    ", f'train_args, mode="{mode}"', what)
+        assert added_blocks(plan)[-1] == expected_block("    ", f'train_args, mode="{mode}"', what)
         assert not any(NO_TRAIN_ARGS in note for note in plan.notes)
     with pytest.raises(UsageError, match="sentinel mode 'loud': one of report, raise, heal"):
         sentinel_plan(adaptor, "loud")
+
+
+HEAL_CALLS = {  # each generation's repair functions, with the group the function keeps and its rank lists
+    "mindspeed-llm-master": (
+        ("send_rank_repair", "_ud_send_state(group, src_ranks, dest_ranks, train_args)"),
+        ("recv_rank_repair", "_ud_receive_state(group, src_ranks, dest_ranks, train_args)"),
+    ),
+    "taskd-elastic-7.2rc1": (
+        (
+            "send_rank_repair",
+            "_ud_send_state(group, send_rank_repair_args.src_ranks, send_rank_repair_args.dest_ranks, train_args)",
+        ),
+        (
+            "recv_rank_repair",
+            "_ud_receive_state(group, recv_rank_repair_args.src_ranks, recv_rank_repair_args.dest_ranks, train_args)",
+        ),
+    ),
+    "sample-legacy": (  # no group of its own: the wheel's getter, imported in the block
+        ("send_rank_repair", "_ud_send_state(get_repair_group(), src_ranks, dest_ranks, train_args)"),
+        ("recv_rank_repair", "_ud_receive_state(get_repair_group(), src_ranks, dest_ranks, train_args)"),
+    ),
+    "sample-in-tree": (
+        ("send_rank_repair", "_ud_send_state(group, src_ranks, dest_ranks, train_args)"),
+        ("recv_rank_repair", "_ud_receive_state(group, src_ranks, dest_ranks, train_args)"),
+    ),
+    "sample-custom": (
+        ("send_to_repaired_rank", "_ud_send_state(group, src_ranks, dest_ranks, train_args)"),
+        ("receive_from_replica", "_ud_receive_state(group, src_ranks, dest_ranks, train_args)"),
+    ),
+    "toytrain": (
+        ("send_rank_repair", "_ud_send_state(repair_group, src_ranks, dest_ranks, train_args)"),
+        ("recv_rank_repair", "_ud_receive_state(repair_group, src_ranks, dest_ranks, train_args)"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case.name in HEAL_CALLS], ids=lambda case: case.name)
+def test_heal_writes_both_repair_functions_in_their_own_names_and_revert_takes_every_block_out(case, tmp_path, request):
+    tree = copied(request.getfixturevalue("real") / case.tree if case.real else case.tree, tmp_path)
+    adaptor = tree / case.adaptor
+    before = {path: path.read_bytes() for path in tree.rglob("*.py")}
+    functions = [case.functions] if case.functions else []
+    if case.name == "sample-custom":  # in-house hooks: named, as the command line names them
+        functions += ["recv=receive_from_replica", "send=send_to_repaired_rank"]
+    environment = groundwork().detect(adaptor=adaptor).environment
+    apply(plan_sentinel(environment, "heal", function_overrides(functions), parameter_roles([]), [tmp_path / "rules.yaml"]))
+    changed = {path: path.read_bytes() for path in before if path.read_bytes() != before[path]}
+    for data in changed.values():
+        compile(data, "adaptor", "exec")
+    calls = {}
+    for data in changed.values():
+        for function, _ in HEAL_CALLS[case.name]:
+            if f"def {function}(".encode() in data:
+                calls[function] = sentinel_call(last_statement(data, function))
+    rules = f"rules=[{str(tmp_path / 'rules.yaml')!r}]"
+    expected = {function: call for function, call in HEAL_CALLS[case.name]}
+    expected = {name: call[:-1] + f", {rules})" if "receive" in call else call for name, call in expected.items()}
+    assert calls == expected
+    revert(adaptor, sentinel=True)
+    assert all(path.read_bytes() == data for path, data in before.items())
 
 
 def test_one_sentinel_per_adaptor_whichever_function_is_asked(tmp_path):
@@ -674,17 +744,22 @@ def test_each_modes_block_is_short_one_import_a_line_and_binds_only_its_imports_
     local beyond the names imported and the error caught."""
     adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
     for mode in MODES:
-        lines = added_lines(sentinel_plan(adaptor, mode, functions="rollback=rollback_callback"))
-        assert max(len(line) for line in lines) <= 100, mode
-        block = ast.parse(textwrap.dedent("\n".join(lines)))
-        assert all(len(node.names) == 1 for node in ast.walk(block) if isinstance(node, ast.Import)), mode
-        bound = {node.id for node in ast.walk(block) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
-        bound |= {
-            alias.asname for node in ast.walk(block) if isinstance(node, ast.Import | ast.ImportFrom) for alias in node.names
-        }
-        bound |= {node.name for node in ast.walk(block) if isinstance(node, ast.ExceptHandler) and node.name}
+        blocks = added_blocks(sentinel_plan(adaptor, mode, functions="rollback=rollback_callback"))
         logging = {"_ud_error", "_ud_logging", "_ud_os"} if mode != "raise" else set()
-        assert bound == {"_ud_sentinel_check", "_ud_keep_tracebacks", *logging}, mode
+        imported = [{"_ud_sentinel_check", "_ud_keep_tracebacks"}]
+        if mode == "heal":  # the repair's blocks first: send_rank_repair, then recv_rank_repair
+            imported = [{"_ud_send_state"}, {"_ud_receive_state"}, *imported]
+        assert len(blocks) == len(imported), mode
+        for lines, names in zip(blocks, imported, strict=True):
+            assert max(len(line) for line in lines) <= 100, mode
+            block = ast.parse(textwrap.dedent("\n".join(lines)))
+            assert all(len(node.names) == 1 for node in ast.walk(block) if isinstance(node, ast.Import)), mode
+            bound = {node.id for node in ast.walk(block) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+            bound |= {
+                alias.asname for node in ast.walk(block) if isinstance(node, ast.Import | ast.ImportFrom) for alias in node.names
+            }
+            bound |= {node.name for node in ast.walk(block) if isinstance(node, ast.ExceptHandler) and node.name}
+            assert bound == {*names, *logging}, mode
 
 
 def test_what_the_image_needs_follows_from_the_mode():
@@ -726,7 +801,8 @@ def test_an_unguarded_block_of_an_earlier_install_is_named_with_the_way_to_guard
     adaptor = copied(TOYTRAIN, tmp_path) / "recovery.py"
     apply(sentinel_plan(adaptor, mode))
     guarded = adaptor.read_text()
-    start, end = guarded.index("    try:  # unsafe-doctor"), guarded.index("    # unsafe-doctor: end")
+    rollback = guarded.index(f"{MARKER_BEGIN}{SENTINEL_KEY}\n")  # older installs wrote no repair blocks: only this one changed
+    start, end = guarded.index("    try:  # unsafe-doctor", rollback), guarded.index("    # unsafe-doctor: end", rollback)
     earlier = [line.removeprefix("    ") for line in guarded[start:end].splitlines(keepends=True)[1:5]]
     adaptor.write_text(guarded[:start] + "".join(earlier) + guarded[end:])  # as older installs wrote it
     compile(adaptor.read_text(), str(adaptor), "exec")

@@ -22,7 +22,7 @@ from unsafe_doctor.knowledge.render.template import INDENT
 from unsafe_doctor.knowledge.versions import Environment, profile_files
 from unsafe_doctor.recovery_code.model import Role
 from unsafe_doctor.source.files import package_of, shown_path
-from unsafe_doctor.source.markers import MARKER_END, SENTINEL_KEY, markers
+from unsafe_doctor.source.markers import MARKER_END, SENTINEL_KEYS, markers
 from unsafe_doctor.source.syntax import SCOPES, Function, callee_name
 from unsafe_doctor.source.workspace import module_from_path
 
@@ -440,7 +440,7 @@ def read_adaptor(environment: Environment) -> tuple[AdaptorFile, ...]:
         source = read_adaptor_file(path)
         removed = without_blocks(source)
         unpatched = removed[0] if removed is not None else source.data
-        sentinel = without_blocks(source, lambda key: key == SENTINEL_KEY)
+        sentinel = without_blocks(source, lambda key: key in SENTINEL_KEYS)
         patched = sentinel[0] if sentinel is not None else source.data
         files.append(
             AdaptorFile(
@@ -470,7 +470,7 @@ def _innermost(source: AdaptorSource, line: int) -> AdaptorFunction | AdaptorCla
 def _marked_blocks(source: AdaptorSource) -> Iterable[MarkedBlock]:
     texts = [line.decode(source.encoding).rstrip("\r\n") for line in source.lines]
     for span in block_spans(source):
-        if span.key == SENTINEL_KEY:
+        if span.key in SENTINEL_KEYS:
             continue
         function = enclosing_function(source, span.begin + 1)
         if function is None:

@@ -60,7 +60,7 @@ from unsafe_doctor.knowledge.subject import Subject
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.recovery_code.model import Role
-from unsafe_doctor.source.markers import SENTINEL_KEY
+from unsafe_doctor.source.markers import SENTINEL_KEYS
 
 if TYPE_CHECKING:
     from unsafe_doctor.recovery_code.coverage import AdaptorCoverage
@@ -415,12 +415,13 @@ def _tensor_name(subject: Subject) -> str | None:
 
 def plan_revert(environment: Environment, *, sentinel: bool = False) -> Plan:
     """The edits that remove every fix block from the adaptor's files, or (`sentinel`) the sentinel's
-    block alone: each is installed and taken out by its own command."""
+    blocks alone (its rollback block, and mode heal's in the repair functions): each is installed and
+    taken out by its own command."""
     edits = []
     notes = []
     for path in adaptor_files(environment):
         source = read_adaptor_file(path)
-        removed = without_blocks(source, lambda key: (key == SENTINEL_KEY) is sentinel)
+        removed = without_blocks(source, lambda key: (key in SENTINEL_KEYS) is sentinel)
         if removed is None:
             notes.append(f"{source.shown}: no {'sentinel block' if sentinel else 'unsafe-doctor fix blocks'}")
         else:

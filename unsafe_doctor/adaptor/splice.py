@@ -14,7 +14,7 @@ from pathlib import Path
 
 from unsafe_doctor.adaptor.code import AdaptorFunction, AdaptorSource, block_spans
 from unsafe_doctor.errors import UsageError
-from unsafe_doctor.source.markers import SENTINEL_KEY
+from unsafe_doctor.source.markers import SENTINEL_KEYS
 
 
 @dataclass(frozen=True)
@@ -62,15 +62,15 @@ def has_block(source: AdaptorSource, function: AdaptorFunction, key: str) -> boo
 
 def insertion_point(source: AdaptorSource, function: AdaptorFunction, key: str) -> int:
     """The 0-based line a new block goes before: the end of the function's body (before a trailing
-    `return`), after the blocks already there, and before the sentinel's block, which stays last."""
+    `return`), after the blocks already there, and before the sentinel's block (or heal's), which stays last."""
     at = function.insert_at
     assert at is not None, "Adaptor.function refuses a function whose body is on its `def` line"
     spans = [span for span in block_spans(source) if function.first_line - 1 <= span.begin < function.last_line]
     for span in spans:  # a block's end marker trails the body's last statement: the body ends after it
         if span.begin < at <= span.end:
             at = span.end + 1
-    sentinel = next((span for span in spans if span.key == SENTINEL_KEY), None)
-    if key != SENTINEL_KEY and sentinel is not None and sentinel.begin < at:
+    sentinel = next((span for span in spans if span.key in SENTINEL_KEYS), None)
+    if key not in SENTINEL_KEYS and sentinel is not None and sentinel.begin < at:
         at = sentinel.begin
     return at
 

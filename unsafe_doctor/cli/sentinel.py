@@ -78,7 +78,7 @@ def install(
     if revert:
         plan = plan_revert(environment, sentinel=True)
     else:
-        plan = plan_sentinel(environment, cast(SentinelMode, mode), overrides, roles)
+        plan = plan_sentinel(environment, cast(SentinelMode, mode), overrides, roles, rules or ())
     text = output_format is Format.text
     interactive = text and not no_input and sys.stdout.isatty()
     say_adaptor(environment)

@@ -107,6 +107,7 @@ class SentinelSeen:
     paths: tuple[str, ...]  # readable paths of some of them, as a line gave them (untrusted text)
     healed_ranks: tuple[int, ...]  # ranks whose heal mode ran the rule's fix in process and checked it safe
     healed_everywhere: bool  # every line naming it said healed
+    healed_from: tuple[int, ...] = ()  # the replicas heal mode copied it from in the repair (scenario 2)
 
 
 @dataclass(frozen=True)

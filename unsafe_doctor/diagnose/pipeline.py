@@ -30,7 +30,7 @@ from unsafe_doctor.log.arguments import DUMP_MARKERS, RunArguments, read_argumen
 from unsafe_doctor.log.inputs import BytesProgress, Excerpt, InputInfo, SkippedInput
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.recovery import FaultReading, LossScaling, MindioForm, RecoveryContext, RecoveryPhase
-from unsafe_doctor.log.sentinel_lines import MARKER, Failure, Summary
+from unsafe_doctor.log.sentinel_lines import MARKER, Failure, Served, Summary
 from unsafe_doctor.log.tracebacks import Traceback, parse_tracebacks
 
 if TYPE_CHECKING:  # loaded when needed: an adaptor to check, an error without a traceback
@@ -87,6 +87,7 @@ class Diagnosis:
     sentinel_checks: tuple[Summary, ...] = ()  # the sentinel's summary of each check it logged (rank, backend, mode)
     sentinel_lines_ignored: int = 0  # its lines not read: damaged, unsafe names, or past the reading budget
     sentinel_failures: tuple[Failure, ...] = ()  # where the adaptor's block could not run the sentinel, and why
+    sentinel_served: tuple[Served, ...] = ()  # what replicas sent faulty ranks in the repair (heal mode)
     mindio: MindioForm | None = None  # the form of MindIO's catch lines: tells the release, and whether it logs a traceback
     arguments: RunArguments | None = None  # the arguments dump the job printed at start-up
     untraced: Untraced | None = None  # present when untraced_ranks is not empty
@@ -164,6 +165,7 @@ def diagnose(
     seen += [line.rank for line in context_lines]
     seen += [check.rank for check in sentinel.checks]
     seen += [failure.rank for failure in sentinel.failures]
+    seen += [item.rank for item in sentinel.served]
     seen += scan.ranks_tagged  # counted over the whole of each input, not only what was parsed
     ranks = located | untraced | {rank for rank in seen if rank is not None}
     form = recovery.mindio_form(context)
@@ -184,6 +186,7 @@ def diagnose(
         sentinel_checks=sentinel.checks,
         sentinel_lines_ignored=sentinel.ignored + scan.records_not_kept,
         sentinel_failures=sentinel.failures,
+        sentinel_served=sentinel.served,
         mindio=form,
         arguments=arguments,
         untraced=_untraced(tuple(sorted(untraced)), form, run, arguments, loss_scaling, fault=recovery.read_fault(context))

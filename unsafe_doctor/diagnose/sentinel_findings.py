@@ -6,10 +6,10 @@ still unsafe (`log.sentinel_lines`); a job whose first step has not died yet has
 A log is untrusted: a record that is damaged, names something that is no plain dotted Python name
 (`knowledge.is_safe_dotted`, the fixer's own check), gives a count or rank no job has, or a backend
 that is no plain word, is not read, only counted. Only what the record says happened is taken
-(which global, ranks, backend, counts, healed); the scenario and rule it claims are not: `classify`
+(which global, ranks, backend, counts, healed, and from which replica); the scenario and rule it claims are not: `classify`
 decides those from the knowledge base. Where the adaptor's block could not run the sentinel at all
 (unsafe-doctor missing or broken in a rank), its one line is kept as a failure: no check vouches
-for that rank.
+for that rank. What a replica sent in the repair (mode heal) is kept as it was logged.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from unsafe_doctor.knowledge.rules import is_safe_dotted
 from unsafe_doctor.knowledge.subject import TensorRef
 from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.lines import RANK_DIGITS, LogLine
-from unsafe_doctor.log.sentinel_lines import SCHEMA, Failure, Record, Summary, UnsafeGlobal, parse_failure, parse_line
+from unsafe_doctor.log.sentinel_lines import SCHEMA, Failure, Record, Served, Summary, UnsafeGlobal, parse_failure, parse_line
 from unsafe_doctor.log.sentinel_modes import MODES
 from unsafe_doctor.source.workspace import Origin
 
@@ -41,6 +41,7 @@ class SentinelLines:
     checks: tuple[Summary, ...]  # one per check logged (each once), with the line's rank when the record has none
     ignored: int  # lines with the sentinel's schema whose record is damaged or not safe to use
     failures: tuple[Failure, ...] = ()  # where the adaptor's block could not run it (each once), with the line's rank
+    served: tuple[Served, ...] = ()  # what replicas sent faulty ranks in the repair (each once)
 
 
 def read_sentinel_lines(lines: Iterable[LogLine]) -> SentinelLines:
@@ -48,6 +49,7 @@ def read_sentinel_lines(lines: Iterable[LogLine]) -> SentinelLines:
     named: dict[tuple[bool, GlobalName[str | None, str]], list[UnsafeGlobal]] = {}
     checks: dict[Summary, None] = {}
     failures: dict[Failure, None] = {}
+    served: dict[Served, None] = {}
     ignored = 0
     for line in lines:
         record = _checked(parse_line(line.text), line.rank)
@@ -58,9 +60,12 @@ def read_sentinel_lines(lines: Iterable[LogLine]) -> SentinelLines:
             ignored += int(SCHEMA in line.text)  # a line of the sentinel, not read
         elif isinstance(record, Summary):
             checks[record] = None
+        elif isinstance(record, Served):
+            served[record] = None
         elif record.written_by_step is None:  # else harmless by the sentinel's knowledge: the step writes it first
             named.setdefault((record.cached, record.name), []).append(record)
-    return SentinelLines(tuple(_finding(records) for records in named.values()), tuple(checks), ignored, tuple(failures))
+    findings = tuple(_finding(records) for records in named.values())
+    return SentinelLines(findings, tuple(checks), ignored, tuple(failures), tuple(served))
 
 
 def merge(located: Sequence[Finding], sentinel: Sequence[Finding]) -> list[Finding]:
@@ -89,11 +94,15 @@ def _checked(record: Record | None, line_rank: int | None) -> Record | None:
         return None
     if isinstance(record, Summary):
         return _checked_summary(record)
+    if isinstance(record, Served):
+        return _checked_served(record)
     names = (record.name.module, record.name.owner)
     if not is_safe_dotted(record.name.variable) or not all(name is None or is_safe_dotted(name) for name in names):
         return None
     flags_ok = isinstance(record.healed, bool) and isinstance(record.cached, bool)
     if not _count(record.tensors) or not flags_ok or not isinstance(record.written_by_step, str | None):
+        return None
+    if record.healed_from is not None and not 0 <= record.healed_from < MAX_RANK:
         return None
     return replace(record, paths=tuple(path[:MAX_TEXT] for path in record.paths[:MAX_PATHS]))
 
@@ -120,6 +129,14 @@ def _checked_summary(summary: Summary) -> Summary | None:
     )
 
 
+def _checked_served(served: Served) -> Served | None:
+    if not 0 <= served.peer < MAX_RANK or not _count(served.sent):
+        return None
+    if served.dotted is not None and not is_safe_dotted(served.dotted):
+        return None
+    return replace(served, refused=served.refused[:MAX_TEXT] if served.refused is not None else None)
+
+
 def _count(value: object) -> bool:
     return type(value) is int and 0 <= value < MAX_COUNT
 
@@ -139,6 +156,7 @@ def _finding(records: Sequence[UnsafeGlobal]) -> Finding:
         paths=tuple(dict.fromkeys(path for record in records for path in record.paths))[:MAX_PATHS],
         healed_ranks=tuple(sorted({record.rank for record in healed if record.rank is not None})),
         healed_everywhere=len(healed) == len(records),
+        healed_from=tuple(sorted({record.healed_from for record in healed if record.healed_from is not None})),
     )
     tensor = TensorRef(first.name.qualname, first.name, cached=first.cached)
     return Finding(ranks, None, None, None, tensor, None, (), origin=Origin.SENTINEL, sentinel=seen)

@@ -8,10 +8,15 @@ ends with a JSON object whose ``schema`` is ``unsafe-doctor/sentinel/v1``::
 The words are for people and may change; the JSON is the contract. A reader finds the schema key
 anywhere in a line, so log prefixes (``[rank3]:``, timestamps, kubectl's pod names) do not matter.
 
+Mode heal also logs from the repair (``sentinel.heal``): on the faulty rank one ``UnsafeGlobal``
+per scenario-2 global it asked the replica for (``healed_from`` the replica's rank, or
+``heal_error`` why not), on the replica one ``Served`` per global it was asked for.
+
 One line has no JSON: the one the adaptor's block logs where the sentinel could not run at all
-(unsafe-doctor missing or broken in the rank's Python), ``FAILED_LINE``. The block writes it with
-``logging`` alone, so its words are its contract (``parse_failure``); blocks written before it gave
-a rank say ``[unsafe-doctor sentinel] failed, …``. No torch here: the log path imports this module.
+(unsafe-doctor missing or broken in the rank's Python), ``FAILED_LINE`` in the rollback and
+``REPAIR_FAILED_LINE`` in the repair. The blocks write it with ``logging`` alone, so its words are
+its contract (``parse_failure``); blocks written before it gave a rank say ``[unsafe-doctor
+sentinel] failed, …``. No torch here: the log path imports this module.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ SCHEMA = "unsafe-doctor/sentinel/v1"
 JSON_START = '{"schema": "' + SCHEMA + '"'  # how every record's JSON begins, as `format_line` writes it
 MARKER = TAG.encode()  # what the log scanner looks for
 FAILED = "failed, the rollback goes on: "  # then the error's repr
+REPAIR_FAILED = "failed, the repair goes on: "
 FAILED_LINE = f"{TAG} rank %s: {FAILED}%r"  # as the block logs it: torchrun's RANK ("?" where unset), the error
+REPAIR_FAILED_LINE = f"{TAG} rank %s: {REPAIR_FAILED}%r"  # the same, from the heal's blocks in the repair
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,22 @@ class UnsafeGlobal:
     heal_error: str | None = None  # heal mode ran the rule's fix and it raised this, or left tensors unsafe
     cached: bool = False  # `variable` is an lru-cached function: the tensors are its cache's keys and results
     written_by_step: str | None = None  # the knowledge entry saying a step writes it before reading it: harmless
+    healed_from: int | None = None  # heal mode copied every tensor from this replica rank in the repair
     event: Literal["unsafe"] = "unsafe"
+
+
+@dataclass(frozen=True)
+class Served:
+    """On a replica, in the repair: what it sent a faulty rank of one global the faulty rank asked for
+    (heal mode); `dotted` None when the exchange stopped before a request was read."""
+
+    rank: int | None
+    backend: str
+    peer: int  # the faulty rank
+    dotted: str | None  # the global's dotted name, as the faulty rank asked for it
+    sent: int  # tensors sent
+    refused: str | None  # why a tensor was not sent (the first), or why the exchange stopped
+    event: Literal["served"] = "served"
 
 
 @dataclass(frozen=True)
@@ -78,8 +100,12 @@ class Failure:
     error: str  # the exception's repr, as the block logged it
 
 
-Record = UnsafeGlobal | Summary
-_KINDS: dict[str, type[UnsafeGlobal] | type[Summary]] = {"unsafe": UnsafeGlobal, "summary": Summary}
+Record = UnsafeGlobal | Summary | Served
+_KINDS: dict[str, type[UnsafeGlobal] | type[Summary] | type[Served]] = {
+    "unsafe": UnsafeGlobal,
+    "summary": Summary,
+    "served": Served,
+}
 _NAME_PARTS = ("module", "owner", "variable")  # a GlobalName's fields, as a line's JSON writes them
 
 
@@ -118,7 +144,8 @@ def parse_failure(line: str) -> Failure | None:
     if rest.startswith("rank "):
         said, _, rest = rest[len("rank ") :].partition(": ")
         rank = int(said) if said.isascii() and said.isdigit() and len(said) <= RANK_DIGITS else None
-    return Failure(rank, rest.removeprefix(FAILED)) if rest.startswith(FAILED) else None
+    prefix = next((prefix for prefix in (FAILED, REPAIR_FAILED) if rest.startswith(prefix)), None)
+    return Failure(rank, rest.removeprefix(prefix)) if prefix is not None else None
 
 
 def _record(payload: dict[str, Any]) -> Record | None:
@@ -149,9 +176,13 @@ def _well_typed(record: Record) -> bool:
     if isinstance(record, Summary):
         counts = (record.tensors_checked, record.unsafe_globals, record.not_walked)
         return all(isinstance(count, int) for count in counts) and all(isinstance(path, str) for path in record.not_walked_first)
+    if isinstance(record, Served):
+        texts_ok = isinstance(record.dotted, str | None) and isinstance(record.refused, str | None)
+        return texts_ok and all(type(count) is int for count in (record.peer, record.sent))
     name = record.name
     names_ok = isinstance(name.variable, str) and all(isinstance(part, str | None) for part in (name.module, name.owner))
-    return names_ok and record.scenario in (1, 2, None) and all(isinstance(path, str) for path in record.paths)
+    source_ok = record.healed_from is None or type(record.healed_from) is int
+    return names_ok and source_ok and record.scenario in (1, 2, None) and all(isinstance(path, str) for path in record.paths)
 
 
 def _words(record: Record) -> str:
@@ -171,12 +202,22 @@ def _words(record: Record) -> str:
             first = f", the first {record.not_walked_first[0]}" if record.not_walked_first else ""
             unread = f"; could not walk {_counted(record.not_walked, 'object')}{first}"
         return f"{where}: {checked} in {record.seconds:.2f} s ({record.backend} backend, mode {record.mode}){early}{unread}"
+    if isinstance(record, Served):
+        if record.dotted is None:
+            return f"{where}: heal stopped with rank {record.peer}: {record.refused}"
+        sent = f"sent {_counted(record.sent, 'tensor')} of {record.dotted} to rank {record.peer}"
+        return f"{where}: {sent}" + (f"; not sent: {record.refused}" if record.refused else "")
     state = "healed" if record.healed else "unsafe"
     scenario = f", scenario {record.scenario}" if record.scenario else ", no rule"
     if record.written_by_step:
         scenario = f", harmless: the step writes it before reading it ({record.written_by_step})"
     tensors = _counted(record.tensors, "tensor")
-    return f"{where}: {state} {record.name.dotted} ({tensors}{scenario}, {record.backend} backend)"
+    said = f"{where}: {state} {record.name.dotted} ({tensors}{scenario}, {record.backend} backend)"
+    if record.healed_from is not None:
+        return f"{said}, copied from rank {record.healed_from} in the repair"
+    if record.heal_error and record.scenario == 2:  # the repair's heal, which asked the replica
+        return f"{said}; the repair's heal did not copy it: {record.heal_error}"
+    return said
 
 
 def _counted(count: int, noun: str) -> str:

@@ -33,6 +33,10 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
         ],
         "sentinel": [_check_json(check) for check in diagnosis.sentinel_checks],
         "sentinel_failures": [{"rank": failure.rank, "error": failure.error} for failure in diagnosis.sentinel_failures],
+        "sentinel_served": [
+            {"rank": item.rank, "peer": item.peer, "global": item.dotted, "sent": item.sent, "refused": item.refused}
+            for item in diagnosis.sentinel_served
+        ],
         "summary": {
             "ranks_seen": list(diagnosis.ranks_seen),
             "first_failed_rank": diagnosis.first_failed_rank,
@@ -252,6 +256,12 @@ def healed_notes(seen: SentinelSeen | None) -> tuple[str, ...]:
         return ()
     ranks = f"rank{'s' if len(seen.healed_ranks) != 1 else ''} {rank_ranges(seen.healed_ranks)}"
     where = "" if seen.healed_everywhere else f" on {ranks} only"
+    if seen.healed_from:
+        replicas = f"rank{'s' if len(seen.healed_from) != 1 else ''} {rank_ranges(seen.healed_from)}"
+        return (
+            f"the sentinel healed it in the repair{where}, copied from the replica ({replicas}) by its path: this "
+            "recovery went on, but the adaptor still needs the fix for the next fault",
+        )
     return (
         f"the sentinel healed it in process{where} (heal mode ran the rule's fix and it checked safe after): this "
         "recovery went on, but the adaptor still needs the fix for the next fault",

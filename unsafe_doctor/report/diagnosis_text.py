@@ -53,7 +53,7 @@ def diagnosis_text(
         parts.append(_untraced(diagnosis.untraced))
     if not diagnosis.findings and not diagnosis.untraced_ranks:
         parts.append(_no_finding(diagnosis))
-    if diagnosis.sentinel_checks or diagnosis.sentinel_lines_ignored or diagnosis.sentinel_failures:
+    if diagnosis.sentinel_checks or diagnosis.sentinel_lines_ignored or diagnosis.sentinel_failures or diagnosis.sentinel_served:
         parts.append(_sentinel_checks(diagnosis))
     if verbose and diagnosis.generation is not None:
         parts.append(_generation_text(diagnosis.generation, diagnosis.context.environment.possible))
@@ -377,6 +377,12 @@ def _sentinel_checks(diagnosis: Diagnosis) -> Text:
         failed.setdefault(failure.error, []).append(failure.rank)
     for error, where in failed.items():
         text.append(f"\n  the sentinel could not run on {_who(where)}: {printable(error)}", style="yellow")
+    for item in diagnosis.sentinel_served:  # the replica's side of the repair's heal
+        what = f"sent {counted(item.sent, 'tensor')} of {printable(item.dotted)}" if item.dotted else "heal stopped"
+        refused = f"; not sent: {printable(item.refused)}" if item.refused else ""
+        text.append(
+            f"\n  {_who([item.rank])} {what} to rank {item.peer} in the repair{refused}", style="yellow" if refused else "default"
+        )
     if diagnosis.sentinel_lines_ignored:
         text.append(
             f"\n  {counted(diagnosis.sentinel_lines_ignored, 'sentinel line')} not read: damaged, naming no plain Python "

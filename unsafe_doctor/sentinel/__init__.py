@@ -12,10 +12,12 @@ an NPU, the emulation where one is active), and logs one line per unsafe global 
 and never raises into the training job (the summary line says what went wrong instead);
 ``raise`` also raises ``UnsafeStateError`` naming every unsafe global, so MindIO gives up the
 online recovery instead of dying inside step 1; ``heal`` runs the shipped scenario-1 rules' fixes in
-place, checks again, and raises for what is still unsafe (scenario 2 needs the replica's data).
+place, checks again, and raises for what is still unsafe. Scenario 2 needs the replica's data: in
+mode heal, ``sentinel.heal`` copies it from the replica in the repair, before this check runs.
 
 `walk` finds what a step can reach, `reachable` the tensors behind one global (the replay uses it
-too), `verdict` what the rules say of each unsafe holder. Imports `npu`, `log` and `knowledge`.
+too), `verdict` what the rules say of each unsafe holder, `heal` the repair's copy from the replica.
+Imports `npu`, `log` and `knowledge`.
 """
 
 from __future__ import annotations
@@ -34,9 +36,19 @@ from unsafe_doctor.log.sentinel_lines import Record, Summary, UnsafeGlobal, form
 from unsafe_doctor.log.sentinel_modes import MODES, SentinelMode
 from unsafe_doctor.npu.backend import UnsafeBackend, active_emulation, npu_unavailable_reason, select_backend
 from unsafe_doctor.sentinel import verdict
-from unsafe_doctor.sentinel.walk import HolderName, Limits, Walk, walk
+from unsafe_doctor.sentinel.walk import Found, HolderName, Limits, Walk, walk
 
-__all__ = ["FRAMEWORK_PACKAGES", "Limits", "SentinelReport", "UnsafeStateError", "check", "examine"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "FRAMEWORK_PACKAGES",
+    "Limits",
+    "SentinelReport",
+    "UnsafeStateError",
+    "check",
+    "chosen_backend",
+    "examine",
+    "unsafe_holders",
+]
 
 FRAMEWORK_PACKAGES = ("megatron", "mindspeed", "mindspeed_llm", "modellink")
 DEFAULT_LIMITS = Limits()
@@ -79,7 +91,7 @@ def check(
     *roots: object,
     mode: SentinelMode = "report",
     packages: Iterable[str] | None = None,
-    rules: Sequence[Path] = (),
+    rules: Sequence[str | Path] = (),
     limits: Limits = DEFAULT_LIMITS,
     backend: UnsafeBackend | None = None,
 ) -> SentinelReport:
@@ -113,7 +125,7 @@ def examine(
     *roots: object,
     mode: SentinelMode = "report",
     packages: Iterable[str] = FRAMEWORK_PACKAGES,
-    rules: Sequence[Path] = (),
+    rules: Sequence[str | Path] = (),
     limits: Limits = DEFAULT_LIMITS,
     backend: UnsafeBackend | None = None,
 ) -> SentinelReport:
@@ -122,20 +134,21 @@ def examine(
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     started = time.perf_counter()
     rank = _rank()
-    chosen, why_none = (backend, None) if backend is not None else _backend()
+    chosen, why_none = (backend, None) if backend is not None else chosen_backend()
     if chosen is None:
         seconds = time.perf_counter() - started
         return SentinelReport(Summary(rank, "none", mode, 0, 0, 0, seconds, f"nothing checked: {why_none}"), ())
     wanted = frozenset(packages)
-    report, judged = _report(walk(roots, wanted, limits), chosen, rank, mode, rules, started=started)
+    paths = tuple(Path(rule) for rule in rules)  # the adaptor's block writes them as strings
+    report, judged = _report(walk(roots, wanted, limits), chosen, rank, mode, paths, started=started)
     if mode == "heal" and report.unsafe:
         errors = {item.name: verdict.heal(judged[item.name]) for item in report.unsafe if judged[item.name].scenario == 1}
-        after, _ = _report(walk(roots, wanted, limits), chosen, rank, mode, rules, started=started)
+        after, _ = _report(walk(roots, wanted, limits), chosen, rank, mode, paths, started=started)
         report = _after_heal(report, after, errors)
     return report
 
 
-def _backend() -> tuple[UnsafeBackend | None, str | None]:
+def chosen_backend() -> tuple[UnsafeBackend | None, str | None]:
     """The emulation active in this process, else torch_npu's API when an NPU is here."""
     emulation = active_emulation()
     if emulation is not None:
@@ -153,17 +166,24 @@ def _rank() -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def _report(
-    found: Walk, backend: UnsafeBackend, rank: int | None, mode: SentinelMode, rules: Sequence[Path], *, started: float
-) -> tuple[SentinelReport, dict[HolderName, verdict.SentinelVerdict]]:
-    """The records of one walk, and the knowledge's verdict on each holder (heal runs them)."""
-    unsafe: dict[HolderName, list[str]] = {}
+def unsafe_holders(found: Walk, backend: UnsafeBackend) -> tuple[dict[HolderName, list[Found]], int]:
+    """The walk's unsafe device tensors by holder, and how many device tensors were checked."""
+    unsafe: dict[HolderName, list[Found]] = {}
     checked = 0
     for item in found.tensors:
         if backend.is_device_memory(item.tensor):
             checked += 1
             if not backend.is_safe(item.tensor):
-                unsafe.setdefault(item.holder, []).append(item.path)
+                unsafe.setdefault(item.holder, []).append(item)
+    return unsafe, checked
+
+
+def _report(
+    found: Walk, backend: UnsafeBackend, rank: int | None, mode: SentinelMode, rules: Sequence[Path], *, started: float
+) -> tuple[SentinelReport, dict[HolderName, verdict.SentinelVerdict]]:
+    """The records of one walk, and the knowledge's verdict on each holder (heal runs them)."""
+    unsafe_found, checked = unsafe_holders(found, backend)
+    unsafe = {holder: [item.path for item in items] for holder, items in unsafe_found.items()}
     asked = {holder: found.aliases.get(holder, []) for holder in unsafe}
     judged = verdict.verdicts(asked, found.caches, rules) if asked else {}
     globals_ = tuple(

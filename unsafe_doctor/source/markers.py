@@ -14,6 +14,10 @@ MARKER_END = "# unsafe-doctor: end "
 # The key of the sentinel's block (`unsafe-doctor sentinel install`). A rule id has no `_` and a fix
 # key for a named global has a `:`, so no fix block can take this key.
 SENTINEL_KEY = "unsafe_doctor.sentinel"
+# Mode heal's block at the end of each repair function (send and receive): installed, kept last and
+# reverted with the sentinel's.
+HEAL_KEY = "unsafe_doctor.sentinel.heal"
+SENTINEL_KEYS = frozenset({SENTINEL_KEY, HEAL_KEY})
 
 
 @dataclass(frozen=True)

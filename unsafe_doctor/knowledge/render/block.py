@@ -117,9 +117,18 @@ class Rendered:
 
 
 def render(
-    code: str, imports: tuple[str, ...], scenario: int, site: Place, profile: AdaptorProfile, *, group: str | None, what: str
+    code: str,
+    imports: tuple[str, ...],
+    scenario: int,
+    site: Place,
+    profile: AdaptorProfile,
+    *,
+    group: str | None,
+    what: str,
+    per_pair: bool = True,
 ) -> Rendered:
-    """`what` names the block in refusals (its marker key)."""
+    """`what` names the block in refusals (its marker key); `per_pair` False: scenario-2 code that
+    takes the rank lists whole (heal's block), not once per (source, destination) pair."""
     notes: list[str] = []
     _parse(code, imports, what)
     needed, from_imported = _needed(imports)
@@ -132,7 +141,7 @@ def render(
         if note:
             notes.append(note)
     code = _roles(code, site.function, profile, what)
-    if scenario == 2:
+    if scenario == 2 and per_pair:
         code = "\n".join(_rank_loop(code.rstrip("\n").split("\n"), site, profile)) + "\n"
     code, needed = _from_file(code, needed, site)
     code, import_lines = _imports(code, needed, from_imported, site)
