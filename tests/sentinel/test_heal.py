@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 from unsafe_doctor.log.sentinel_lines import Served, UnsafeGlobal, parse_line
 
@@ -134,7 +135,7 @@ def free_port() -> int:
 def run_ranks(
     tmp_path: Path, world: int, *, faulty: list[int], replica: int, replica_answers: bool = True, step_seconds: float = 30.0
 ):
-    """Every rank's printed result, and every record its log lines hold."""
+    """Every rank's printed result, and every record its log lines hold; the lines in job.log."""
     package = tmp_path / "src" / "healpkg"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
@@ -169,6 +170,8 @@ def run_ranks(
     records = {
         rank: [record for line in err.splitlines() if (record := parse_line(line))] for rank, (_, err) in enumerate(outputs)
     }
+    job = "".join(f"[rank{rank}]: {line}\n" for rank, (_, err) in enumerate(outputs) for line in err.splitlines())
+    (tmp_path / "job.log").write_text(job)  # every rank's lines, as torchrun's --tee prefixes them
     return results, records
 
 
@@ -216,3 +219,18 @@ def test_a_replica_that_never_answers_ends_the_heal_at_its_bound_and_the_rollbac
     assert not ema.healed and "no the hello from rank 0 within 2 s" in ema.heal_error
     assert results[1]["ema"] == [[-7.0] * 3] * 2  # nothing copied
     assert results[1]["rollback"] == "raised: healpkg.state.EMA, healpkg.state.LOCAL"
+
+
+def test_diagnose_reads_both_sides_of_the_heal_and_still_names_the_fix_to_make_permanent(tmp_path):
+    run_ranks(tmp_path, 2, faulty=[1], replica=0)
+    done = run_cli(str(tmp_path / "job.log"), "--rules", str(tmp_path / "rules.yaml"), "--format", "json")
+    report = json.loads(done.stdout)
+    findings = {f"{finding['tensor']['module']}.{finding['tensor']['variable']}": finding for finding in report["findings"]}
+    ema = findings["healpkg.state.EMA"]
+    assert ema["sentinel"]["healed"] and ema["sentinel"]["healed_ranks"] == [1]
+    assert any("copied from the replica (rank 0)" in note and "still needs the fix" in note for note in ema["notes"])
+    assert ema["scenario"] == 2 and ema["rule"] == "healpkg.ema" and ema["fix"]  # the fix to make permanent
+    assert not findings["healpkg.state.LOCAL"]["sentinel"]["healed"]
+    served = {item["global"]: item for item in report["sentinel_served"]}
+    assert served["healpkg.state.EMA"] == {"rank": 0, "peer": 1, "global": "healpkg.state.EMA", "sent": 1, "refused": None}
+    assert "differs in shape or dtype" in served["healpkg.state.LOCAL"]["refused"]

@@ -424,17 +424,19 @@ class MarkedBlock:
 @dataclass(frozen=True)
 class AdaptorFile:
     path: Path
-    patched: str  # as on disk, less the sentinel's block
+    patched: str  # as on disk, less the sentinel's blocks
     unpatched: str  # with every unsafe-doctor block taken out
     blocks: tuple[MarkedBlock, ...]  # the fix blocks (not the sentinel's)
     functions: frozenset[str]
+    as_written: str  # as on disk, the sentinel's blocks too (verify --as-is)
 
 
 def read_adaptor(environment: Environment) -> tuple[AdaptorFile, ...]:
     """The adaptor's files with their fix blocks, and as they were before any fix.
 
-    The sentinel's block is no fix: a replay proves the fixes without it (it would import the
-    sentinel into every rank and, in mode raise, stop the recovery on what the replay leaves)."""
+    The sentinel's blocks are no fix: a replay proves the fixes without them (they would import the
+    sentinel into every rank and, in mode raise, stop the recovery on what the replay leaves); a
+    replay of the adaptor as it stands (`verify --as-is`) runs them."""
     files = []
     for path in adaptor_files(environment):
         source = read_adaptor_file(path)
@@ -449,6 +451,7 @@ def read_adaptor(environment: Environment) -> tuple[AdaptorFile, ...]:
                 unpatched.decode(source.encoding),
                 tuple(_marked_blocks(source)),
                 frozenset(function.name for function in source.functions),
+                source.data.decode(source.encoding),
             )
         )
     return tuple(files)

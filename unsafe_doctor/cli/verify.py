@@ -61,11 +61,20 @@ def verify_command(
         typer.Option("--probe", help="MODULE:FUNCTION of yours that creates and touches the global (called every step)."),
     ] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a stuck replay is stopped.")] = 60.0,
+    as_is: Annotated[
+        bool,
+        typer.Option(
+            "--as-is",
+            help="Replay the adaptor as it stands, the sentinel's blocks (heal) included, and judge whether the "
+            "first step after recovery runs, fix or no fix.",
+        ),
+    ] = False,
     output_format: FormatOption = Format.text,
 ) -> int:
     """Replay the fault and the recovery on a real process group: unpatched must fail, patched must not.
 
-    Exit 0: every fix proven (or block-proven); 1: a check failed (including no fix present); 2: cannot replay.
+    Exit 0: every fix proven (or block-proven), or with --as-is the first step after recovery runs;
+    1: a check failed (including no fix present), or with --as-is the recovery or that step dies; 2: cannot replay.
     """
     import importlib.util
 
@@ -104,6 +113,7 @@ def verify_command(
             timeout=timeout,
             functions=functions,
             parameters=parameter_roles(parameter or []),
+            as_is=as_is,
         )
         say_adaptor(diagnosis.context.environment)
         with _phases_on_terminal(plan.world_size) as progress:

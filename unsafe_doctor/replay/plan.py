@@ -94,6 +94,7 @@ class ReplayPlan:
     steps: int = 2  # training steps before the fault
     timeout: float = 60.0
     notes: tuple[str, ...] = field(default=())
+    as_is: bool = False  # the patched run is the adaptor as it stands, the sentinel's blocks too: does it survive?
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

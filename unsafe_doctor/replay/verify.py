@@ -31,9 +31,11 @@ from unsafe_doctor.source.workspace import module_from_path
 if TYPE_CHECKING:
     from unsafe_doctor.replay.launch import ReplayStopped  # imports torch's side of the replay only when it runs
 
-ReplayOutcome = Literal["proven", "block-proven", "failed", "no-fix", "not-modelled"]
+ReplayOutcome = Literal["proven", "block-proven", "failed", "no-fix", "not-modelled", "survives", "dies"]
 """proven: the patched adaptor's own functions recovered the global; block-proven: its fix blocks did,
-run alone in their functions' scope because the functions' own code cannot run here (a weaker proof)."""
+run alone in their functions' scope because the functions' own code cannot run here (a weaker proof).
+survives / dies (``--as-is``): the adaptor as it stands, with whatever it holds (fixes, the sentinel's
+heal), recovered the global so that the first step ran, or the recovery or that step stopped on it."""
 
 
 @dataclass(frozen=True)
@@ -60,13 +62,14 @@ class Verification:
     notes: tuple[str, ...]
     sentinel: dict[str, tuple[str, ...]] = field(default_factory=dict)  # run -> globals the sentinel named after its rollback
     proved: str = ""  # one line: which functions ran, with which stand-ins, on which backend
+    as_is: bool = False  # the adaptor as it stands was replayed (runs: without unsafe-doctor's blocks, as written)
 
     @property
     def exit_code(self) -> int:
         outcomes = {verdict.outcome for verdict in self.verdicts}
         if not outcomes or "not-modelled" in outcomes:
             return 2
-        return 0 if outcomes <= {"proven", "block-proven"} else 1
+        return 0 if outcomes <= {"proven", "block-proven", "survives"} else 1
 
 
 def plan_replay(
@@ -80,11 +83,12 @@ def plan_replay(
     timeout: float = 60.0,
     functions: dict[str, str] | None = None,
     parameters: Mapping[str, Sequence[str]] | None = None,
+    as_is: bool = False,
 ) -> tuple[ReplayPlan, tuple[str, ...]]:
     """The replay of every classified finding and chosen suspect (`Diagnosis.chosen_suspects`: each
     replayed as the global the recovery left unsafe), and the findings left out with why;
     `parameters` as `fix` took them (`--parameter`), so that the blocks get the values their roles
-    stand for."""
+    stand for; `as_is`: the adaptor as it stands, the sentinel's blocks included, is what runs patched."""
     if not 2 <= ranks <= MAX_RANKS:
         raise UsageError(f"--ranks must be between 2 and {MAX_RANKS} on this machine, not {ranks}")
     if mode not in MODES:
@@ -129,13 +133,17 @@ def plan_replay(
     if len(groups) > 1:
         raise UsageError(f"--parameter group: one parameter, not {', '.join(groups)}")
     profile = map_parameters(environment.profile, mapped)
-    functions = {role: (functions or {}).get(role, getattr(profile, role)) for role in ROLES}
+    given = dict(functions or {})
+    functions = {role: given.get(role, getattr(profile, role)) for role in ROLES}
+    callback = profile.rollback_callback
+    if as_is and "rollback" not in given and callback in {name for file in files for name in file.functions}:
+        functions["rollback"] = callback  # what MindIO calls: the sentinel's block is at its end
     faulty, notes = _faulty_rank(diagnosis, [item for _, item in items], ranks)
     blocks = _blocks(files, functions)
     _check_bound(blocks, profile, groups[0] if groups else None)
     replicas = _replicas(faulty, ranks)
     roots = tuple(str(Path(root).resolve()) for root in environment.source_roots)
-    codes = _in_import_order(tuple(_code(file, roots) for file in files))
+    codes = _in_import_order(tuple(_code(file, roots, as_is=as_is) for file in files))
     standins = _standins(codes, profile.repair_group_imports, switched=any(target.switches for target in targets))
     plan = ReplayPlan(
         targets=tuple(targets),
@@ -160,6 +168,7 @@ def plan_replay(
         probe=probe,
         timeout=timeout,
         notes=tuple(notes),
+        as_is=as_is,
     )
     return plan, tuple(skipped)
 
@@ -300,14 +309,15 @@ def _blocks(files: tuple[AdaptorFile, ...], functions: dict[str, str]) -> list[B
 _UNKNOWN_PACKAGE = "unknown_package"  # the package of an adaptor file outside every source root, for its relative imports
 
 
-def _code(file: AdaptorFile, roots: tuple[str, ...]) -> AdaptorCode:
+def _code(file: AdaptorFile, roots: tuple[str, ...], *, as_is: bool) -> AdaptorCode:
     """The file as its module: its dotted name under a source root, else its stem; in a package of
-    stand-ins where it has no package and imports relatively (a copy of one file of a package)."""
+    stand-ins where it has no package and imports relatively (a copy of one file of a package);
+    patched as written, the sentinel's blocks too, where `as_is`."""
     path = str(file.path.resolve())
     module = module_from_path(path, [Path(root) for root in roots]) or file.path.stem
     if "." not in module and any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(_parsed(file.unpatched))):
         module = f"{_UNKNOWN_PACKAGE}.{module}"
-    return AdaptorCode(path, module, file.unpatched, file.patched, tuple(sorted(file.functions)))
+    return AdaptorCode(path, module, file.unpatched, file.as_written if as_is else file.patched, tuple(sorted(file.functions)))
 
 
 def verify(
@@ -358,6 +368,7 @@ def judge_replay(
         (*plan.notes, *faulty.notes),
         {run: names for run in RUNS if (names := faulty.run(run).sentinel) is not None},
         _proved(plan, results, transport),
+        plan.as_is,
     )
 
 
@@ -377,11 +388,12 @@ def _proved(plan: ReplayPlan, results: list[RankResult], transport: str) -> str:
     ran = []
     if own:
         named = ", ".join(f"{name}()" for name in own)
-        ran.append(
-            f"the patched adaptor's own {named}"
-            if plan.blocks
-            else f"the adaptor's own {named} (it holds no fix block: nothing was patched)"
-        )
+        if plan.as_is:
+            ran.append(f"the adaptor's own {named} as it stands, the sentinel's blocks included")
+        elif plan.blocks:
+            ran.append(f"the patched adaptor's own {named}")
+        else:
+            ran.append(f"the adaptor's own {named} (it holds no fix block: nothing was patched)")
     blocked = [name for name in functions if name not in own and any(block.function == name for block in plan.blocks)]
     if blocked:
         why = "" if plan.mode == "block" else f" (their own code cannot run here: {next(iter(alone.values()))})"
@@ -428,6 +440,8 @@ def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Rep
     red_errors = [failure for failure in red.fix_failures if failure.kind == "unsafe-data"]
     if red_errors:
         unpatched += f" (the adaptor's own code also failed: {red_errors[0].error})"
+    if plan.as_is:
+        return _as_is_verdict(plan, target, results, unpatched)
     has_fix = any(block.key == target.key for block in plan.blocks)
     if not has_fix:
         return ReplayVerdict(target, "no-fix", unpatched, "reproduced, no fix present", ("no fix present",))
@@ -441,6 +455,18 @@ def _verdict(plan: ReplayPlan, target: Target, results: list[RankResult]) -> Rep
             target, outcome, unpatched, f"recovery clean{alone}, tensor bit-identical to replica rank {plan.replica}", ()
         )
     return ReplayVerdict(target, outcome, unpatched, f"recovery clean{alone}, no unsafe tensor left in {target.name.dotted}", ())
+
+
+def _as_is_verdict(plan: ReplayPlan, target: Target, results: list[RankResult], unpatched: str) -> ReplayVerdict:
+    """The adaptor as it stands: the first step after its recovery ran (survives), or the recovery or
+    that step stopped on the global (dies); a fix block present or not."""
+    problems = _patched_problems(plan, target, results)
+    if problems:
+        return ReplayVerdict(target, "dies", unpatched, problems[0], tuple(problems))
+    ran = "the first step after recovery ran"
+    if target.scenario == 2:
+        return ReplayVerdict(target, "survives", unpatched, f"{ran}, tensor bit-identical to replica rank {plan.replica}", ())
+    return ReplayVerdict(target, "survives", unpatched, f"{ran}, no unsafe tensor left in {target.name.dotted}", ())
 
 
 def _patched_problems(plan: ReplayPlan, target: Target, results: list[RankResult]) -> list[str]:

@@ -16,7 +16,15 @@ if TYPE_CHECKING:
     from unsafe_doctor.replay.verify import ReplayVerdict, Verification  # for types only: the report loads no replay code
 
 SCHEMA = "unsafe-doctor/verification/v1"
-_OUTCOME_STYLE = {"proven": "green", "block-proven": "yellow", "failed": "red", "no-fix": "red", "not-modelled": "yellow"}
+_OUTCOME_STYLE = {
+    "proven": "green",
+    "block-proven": "yellow",
+    "failed": "red",
+    "no-fix": "red",
+    "not-modelled": "yellow",
+    "survives": "green",
+    "dies": "red",
+}
 
 
 def verification_json(verification: Verification) -> dict[str, Any]:
@@ -32,6 +40,7 @@ def verification_json(verification: Verification) -> dict[str, Any]:
         "phase_seconds": {phase: round(value, 4) for phase, value in verification.phase_seconds.items()},
         "exit_code": verification.exit_code,
         "proved": verification.proved,
+        "as_is": verification.as_is,
         "verdicts": [
             {
                 "global": verdict.target.name.dotted,
@@ -65,14 +74,16 @@ def verification_text(
         f"{verification.seconds:.1f} s"
     )
     parts: list[RenderableType] = []
+    # --as-is: the adaptor without unsafe-doctor's blocks (fixes and the sentinel's), then as it stands
+    without, written = ("without blocks", "as it stands") if verification.as_is else ("unpatched", "patched")
     for verdict in verification.verdicts:
         style = _OUTCOME_STYLE[verdict.outcome]
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column()
-        grid.add_row("unpatched", Text(printable(verdict.unpatched)))
+        grid.add_row(without, Text(printable(verdict.unpatched)))
         if verdict.patched is not None:
-            grid.add_row("patched", Text(printable(verdict.patched), style=style))
+            grid.add_row(written, Text(printable(verdict.patched), style=style))
         for problem in verdict.problems[1:]:
             grid.add_row("", Text(printable(problem), style=style))
         chosen = f"suspect {verdict.target.suspect} · " if verdict.target.suspect is not None else ""
@@ -80,7 +91,8 @@ def verification_text(
         parts.append(Panel(grid, title=heading, title_align="left", border_style=style))
     for run, names in verification.sentinel.items():
         named = ", ".join(names) if names else "nothing"
-        parts.append(Text(f"sentinel after the {run} rollback (rank {verification.faulty}): {printable(named)}", style="dim"))
+        shown = {"unpatched": without, "patched": written}.get(run, run)
+        parts.append(Text(f"sentinel after the {shown} rollback (rank {verification.faulty}): {printable(named)}", style="dim"))
     if verification.proved:
         parts.append(Text(f"proof: {printable(verification.proved)}", style="dim"))
     for line in (*verification.skipped, *(note for note in verification.notes if not note.startswith("stand-ins"))):
