@@ -46,12 +46,12 @@ def install(
             "--mode",
             click_type=click.Choice(MODES),
             help="report: log every unsafe tensor and go on; raise: stop the recovery, naming them all; "
-            "heal: re-initialise those a scenario-1 rule covers, then check again.",
+            "heal: also copy scenario-2 globals from the replica in the repair, re-initialise scenario-1 ones, then check again.",
         ),
     ] = "report",
     dry_run: DryRunOption = False,
     revert: Annotated[
-        bool, typer.Option("--revert", help="Remove the sentinel's block (fix --revert leaves it; this leaves the fixes).")
+        bool, typer.Option("--revert", help="Remove the sentinel's blocks (fix --revert leaves them; this leaves the fixes).")
     ] = False,
     yes: YesOption = False,
     no_input: NoInputOption = False,
