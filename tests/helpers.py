@@ -8,6 +8,7 @@ import importlib.util
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,24 @@ def warm_python(prelude: str, env: tuple[tuple[str, str], ...] = ()) -> WarmPyth
     if (prelude, env) not in _WARM:
         _WARM[prelude, env] = WarmPython(prelude, env)
     return _WARM[prelude, env]
+
+
+def run_ranks(script: Path, world: int, env: dict[str, str], *, timeout: float = 240) -> list[tuple[int, str, str]]:
+    """`python SCRIPT` once per rank of a gloo world on loopback (MASTER_ADDR, a free MASTER_PORT,
+    WORLD_SIZE and RANK set over `env`): each rank's exit code, stdout and stderr."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    shared = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            env=dict(shared, RANK=str(rank)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    outputs = [rank.communicate(timeout=timeout) for rank in ranks]
+    return [(rank.returncode, out, err) for rank, (out, err) in zip(ranks, outputs, strict=True)]

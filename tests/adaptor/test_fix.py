@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import load_rules_generator
-from helpers import load_module
+from helpers import load_module, run_ranks
 from terminal import at_terminal
 
 from unsafe_doctor.adaptor.overrides import function_overrides
@@ -748,12 +747,6 @@ dist.destroy_process_group()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_patched_send_and_receive_repair_the_tensor_between_two_ranks(tmp_path):
     adaptor = toytrain_copy(tmp_path)
     apply(plan_for(EMA, adaptor, source_roots=(FRAMEWORK,)))
@@ -767,19 +760,9 @@ def test_patched_send_and_receive_repair_the_tensor_between_two_ranks(tmp_path):
             patched=str(adaptor),
         )
     )
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, str(worker)],
-            env=dict(env, RANK=str(rank)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    outputs = [rank.communicate(timeout=120) for rank in ranks]
-    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    ranks = run_ranks(worker, 2, dict(os.environ), timeout=120)
+    assert [code for code, _, _ in ranks] == [0, 0], ranks
+    outputs = [(out, err) for _, out, err in ranks]
     assert outputs[0][0].strip() == "0 replica replica"
     assert outputs[1][0].strip() == "1 There is unsafe data in the input tensor. 1.5"
 

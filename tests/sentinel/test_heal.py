@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import run_cli
+from helpers import run_cli, run_ranks
 
 from unsafe_doctor.log.sentinel_lines import Served, UnsafeGlobal, parse_line
 
@@ -126,13 +123,7 @@ os._exit(0)
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run_ranks(
+def run_heal(
     tmp_path: Path, world: int, *, faulty: list[int], replica: int, replica_answers: bool = True, step_seconds: float = 30.0
 ):
     """Every rank's printed result, and every record its log lines hold; the lines in job.log."""
@@ -147,25 +138,13 @@ def run_ranks(
     plan = {"faulty": faulty, "replica": replica, "replica_answers": replica_answers, "step_seconds": step_seconds}
     env = dict(
         os.environ,
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-        WORLD_SIZE=str(world),
         HEAL_PLAN=json.dumps(plan),
         HEAL_RULES=str(rules),
         PYTHONPATH=os.pathsep.join([str(tmp_path / "src"), str(ROOT)]),
     )
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, str(worker)],
-            env=dict(env, RANK=str(rank)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    outputs = [rank.communicate(timeout=240) for rank in ranks]
-    assert [rank.returncode for rank in ranks] == [0] * world, outputs
+    ranks = run_ranks(worker, world, env)
+    assert [code for code, _, _ in ranks] == [0] * world, ranks
+    outputs = [(out, err) for _, out, err in ranks]
     results = {json.loads(out)["rank"]: json.loads(out) for out, _ in outputs}
     records = {
         rank: [record for line in err.splitlines() if (record := parse_line(line))] for rank, (_, err) in enumerate(outputs)
@@ -186,7 +165,7 @@ def by_name(records, kind):
 
 @pytest.mark.parametrize("world", [4, 8])
 def test_the_faulty_rank_gets_its_replicas_ema_bit_for_bit_and_refuses_the_rank_local_buffer(tmp_path, world):
-    results, records = run_ranks(tmp_path, world, faulty=[1], replica=world // 2 + 1)
+    results, records = run_heal(tmp_path, world, faulty=[1], replica=world // 2 + 1)
     replica = world // 2 + 1
     assert results[1]["ema"] == results[replica]["ema"]  # bit-identical: floats of the same bytes
     assert results[1]["ema_safe"] is True
@@ -204,7 +183,7 @@ def test_the_faulty_rank_gets_its_replicas_ema_bit_for_bit_and_refuses_the_rank_
 
 
 def test_two_faulty_ranks_with_one_replica_are_each_answered_once(tmp_path):
-    results, records = run_ranks(tmp_path, 4, faulty=[1, 2], replica=0)
+    results, records = run_heal(tmp_path, 4, faulty=[1, 2], replica=0)
     for faulty in (1, 2):
         assert results[faulty]["ema"] == results[0]["ema"]
         assert by_name(records[faulty], UnsafeGlobal)["healpkg.state.EMA"].healed_from == 0
@@ -214,7 +193,7 @@ def test_two_faulty_ranks_with_one_replica_are_each_answered_once(tmp_path):
 
 
 def test_a_replica_that_never_answers_ends_the_heal_at_its_bound_and_the_rollback_raises(tmp_path):
-    results, records = run_ranks(tmp_path, 2, faulty=[1], replica=0, replica_answers=False, step_seconds=2)
+    results, records = run_heal(tmp_path, 2, faulty=[1], replica=0, replica_answers=False, step_seconds=2)
     ema = by_name(records[1], UnsafeGlobal)["healpkg.state.EMA"]
     assert not ema.healed and "no the hello from rank 0 within 2 s" in ema.heal_error
     assert results[1]["ema"] == [[-7.0] * 3] * 2  # nothing copied
@@ -222,7 +201,7 @@ def test_a_replica_that_never_answers_ends_the_heal_at_its_bound_and_the_rollbac
 
 
 def test_diagnose_reads_both_sides_of_the_heal_and_still_names_the_fix_to_make_permanent(tmp_path):
-    run_ranks(tmp_path, 2, faulty=[1], replica=0)
+    run_heal(tmp_path, 2, faulty=[1], replica=0)
     done = run_cli(str(tmp_path / "job.log"), "--rules", str(tmp_path / "rules.yaml"), "--format", "json")
     report = json.loads(done.stdout)
     findings = {f"{finding['tensor']['module']}.{finding['tensor']['variable']}": finding for finding in report["findings"]}
