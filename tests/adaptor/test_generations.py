@@ -115,7 +115,7 @@ def replay(log: Path, adaptor: Path, roots: list[Path], functions: str | None = 
     arguments: list[str | Path] = ["verify", log, "--adaptor", adaptor, "--format", "json"]
     arguments += [item for root in roots for item in ("--source-root", root)]
     arguments += ["--function", functions] if functions else []
-    arguments += [item for name, value in options.items() for item in (f"--{name}", str(value))]
+    arguments += [item for name, value in options.items() for item in (f"--{name}", str(value)) if item]  # "": a flag
     result = unsafe_doctor(*arguments)
     document = json.loads(result.stdout)
     verdicts = [
@@ -293,6 +293,31 @@ def test_the_real_mindspeed_llm_adaptor_gets_the_router_fix_with_its_companion_a
     [verdict] = replay(router_expert_bias_log, adaptor, [root]).verdicts
     assert verdict.outcome == "failed"
     assert "dies on megatron.core.transformer.moe.router.TopKRouter.local_tokens_per_expert" in verdict.problems[0]
+
+
+@pytest.mark.parametrize("ranks", [4, 8])
+def test_heal_lets_the_real_mindspeed_llm_26_adaptor_survive_the_router_fault_with_no_fix_written(
+    tmp_path, real, router_expert_bias_log, ranks
+):
+    """MindSpeed-LLM master (26.x, the model not rebuilt) as it stands: it dies on expert_bias as the
+    log did; with `sentinel install --mode heal` and no fix, the repair's heal copies expert_bias
+    from the replica (scenario 2, a shipped rule) and the rollback's check re-initialises
+    local_tokens_per_expert (scenario 1): the first step after recovery runs. Its own repair cannot
+    run here, so unsafe-doctor's blocks run alone in its functions, and the proof says so."""
+    root = tmp_path / "llm"
+    shutil.copytree(real / "mindspeed-llm-master", root)
+    for path in root.rglob("*.py"):
+        path.chmod(0o644)
+    adaptor = root / "mindspeed_llm" / "core" / "high_availability" / "tft_optimizer_data_repair.py"
+    [verdict] = replay(router_expert_bias_log, adaptor, [root], ranks=ranks, **{"as-is": ""}).verdicts
+    assert verdict.outcome == "dies", verdict
+    installed = unsafe_doctor("sentinel", "install", "--adaptor", adaptor, "--source-root", root, "--mode", "heal", "--yes")
+    assert installed.returncode == 0, installed.stderr
+    result = replay(router_expert_bias_log, adaptor, [root], ranks=ranks, **{"as-is": ""})
+    [verdict] = result.verdicts
+    assert verdict.outcome == "survives", verdict
+    assert verdict.patched.endswith(f"tensor bit-identical to replica rank {(3 % ranks + ranks // 2) % ranks}")
+    assert "unsafe-doctor's blocks alone in recv_rank_repair(), send_rank_repair(), rollback_callback()" in result.proved
 
 
 def unsafe_doctor(*arguments: str | Path) -> subprocess.CompletedProcess[str]:

@@ -429,6 +429,7 @@ class AdaptorFile:
     blocks: tuple[MarkedBlock, ...]  # the fix blocks (not the sentinel's)
     functions: frozenset[str]
     as_written: str  # as on disk, the sentinel's blocks too (verify --as-is)
+    sentinel_blocks: tuple[MarkedBlock, ...] = ()  # the sentinel's: its check, and mode heal's in the repair
 
 
 def read_adaptor(environment: Environment) -> tuple[AdaptorFile, ...]:
@@ -449,9 +450,10 @@ def read_adaptor(environment: Environment) -> tuple[AdaptorFile, ...]:
                 path,
                 patched.decode(source.encoding),
                 unpatched.decode(source.encoding),
-                tuple(_marked_blocks(source)),
+                tuple(_marked_blocks(source, lambda key: key not in SENTINEL_KEYS)),
                 frozenset(function.name for function in source.functions),
                 source.data.decode(source.encoding),
+                tuple(_marked_blocks(source, lambda key: key in SENTINEL_KEYS)),
             )
         )
     return tuple(files)
@@ -470,10 +472,11 @@ def _innermost(source: AdaptorSource, line: int) -> AdaptorFunction | AdaptorCla
     return max(holders, key=lambda scope: scope.first_line, default=None)
 
 
-def _marked_blocks(source: AdaptorSource) -> Iterable[MarkedBlock]:
+def _marked_blocks(source: AdaptorSource, wanted: Callable[[str], bool]) -> Iterable[MarkedBlock]:
+    """The blocks whose key is `wanted`, each with the function that holds it."""
     texts = [line.decode(source.encoding).rstrip("\r\n") for line in source.lines]
     for span in block_spans(source):
-        if span.key in SENTINEL_KEYS:
+        if not wanted(span.key):
             continue
         function = enclosing_function(source, span.begin + 1)
         if function is None:

@@ -139,7 +139,7 @@ def plan_replay(
     if as_is and "rollback" not in given and callback in {name for file in files for name in file.functions}:
         functions["rollback"] = callback  # what MindIO calls: the sentinel's block is at its end
     faulty, notes = _faulty_rank(diagnosis, [item for _, item in items], ranks)
-    blocks = _blocks(files, functions)
+    blocks = _blocks(files, functions, as_is=as_is)
     _check_bound(blocks, profile, groups[0] if groups else None)
     replicas = _replicas(faulty, ranks)
     roots = tuple(str(Path(root).resolve()) for root in environment.source_roots)
@@ -288,7 +288,9 @@ def _imported_names(line: str) -> set[str]:
     return {name for node in tree.body if isinstance(node, ast.ImportFrom) for name in import_bindings(node, None)}
 
 
-def _blocks(files: tuple[AdaptorFile, ...], functions: dict[str, str]) -> list[Block]:
+def _blocks(files: tuple[AdaptorFile, ...], functions: dict[str, str], *, as_is: bool) -> list[Block]:
+    """The fix blocks; `as_is`, the sentinel's too: where a function's own code cannot run here, they
+    run alone in its scope as the fix blocks do."""
     role_of = {name: role for role, name in functions.items()}
     return [
         Block(
@@ -302,7 +304,7 @@ def _blocks(files: tuple[AdaptorFile, ...], functions: dict[str, str]) -> list[B
             block.own_group,
         )
         for file in files
-        for block in file.blocks
+        for block in (*file.blocks, *(file.sentinel_blocks if as_is else ()))
     ]
 
 
@@ -397,7 +399,8 @@ def _proved(plan: ReplayPlan, results: list[RankResult], transport: str) -> str:
     blocked = [name for name in functions if name not in own and any(block.function == name for block in plan.blocks)]
     if blocked:
         why = "" if plan.mode == "block" else f" (their own code cannot run here: {next(iter(alone.values()))})"
-        ran.append("the fix blocks alone in " + ", ".join(f"{name}()" for name in blocked) + why)
+        which = "unsafe-doctor's blocks" if plan.as_is else "the fix blocks"
+        ran.append(f"{which} alone in " + ", ".join(f"{name}()" for name in blocked) + why)
     parts = [f"ran {' and '.join(ran) or 'no adaptor function'}"]
     parts += [note for result in results[:1] for note in result.notes if note.startswith("stand-ins")]
     arguments = sorted({name for result in results for name in result.patched.stood_in})
@@ -464,6 +467,8 @@ def _as_is_verdict(plan: ReplayPlan, target: Target, results: list[RankResult], 
     if problems:
         return ReplayVerdict(target, "dies", unpatched, problems[0], tuple(problems))
     ran = "the first step after recovery ran"
+    if plan.mode == "block" or _alone(results):
+        ran += " with unsafe-doctor's blocks run alone where a function's own code cannot run here"
     if target.scenario == 2:
         return ReplayVerdict(target, "survives", unpatched, f"{ran}, tensor bit-identical to replica rank {plan.replica}", ())
     return ReplayVerdict(target, "survives", unpatched, f"{ran}, no unsafe tensor left in {target.name.dotted}", ())
