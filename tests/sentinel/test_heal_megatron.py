@@ -46,7 +46,8 @@ with gpt.megatron_on_cpu():
             backend.set_check(enabled=True)
             records = heal.receive_state(group, [0, 0], [1, 1], model, optimizer, packages=["megatron"])
             result["healed"] = sorted(record.name.dotted for record in records if record.healed_from == 0)
-            result["left"] = [item.name.dotted for item in examine(model, optimizer, mode="heal", packages=["megatron"]).still_unsafe]
+            rollback = examine(model, optimizer, mode="heal", packages=["megatron"])  # the rollback's check
+            result["left"] = [item.name.dotted for item in rollback.still_unsafe]
         else:
             heal.send_state(group, [0, 0], [1, 1], model, optimizer, packages=["megatron"])
         with backend.unchecked():
