@@ -87,3 +87,20 @@ def test_verify_block_proves_the_scenario_2_fix_with_the_named_tuples_stood_in(c
     # taskd's own repair pickles the optimizer onto the NPU: its blocks run alone, in their functions
     assert [verdict["outcome"] for verdict in report["verdicts"]] == ["block-proven"]
     assert "the fix blocks alone in recv_rank_repair(), send_rank_repair() (their own code cannot run here: " in report["proved"]
+
+
+def test_with_heal_and_no_fix_the_callbacks_as_they_stand_survive_the_router_fault(callbacks):
+    """taskd's callbacks as they stand die on expert_bias as the log did; with `sentinel install --mode
+    heal` (no fix written) the repair's heal, run alone in its functions since their own code cannot
+    run here, copies expert_bias from the replica bit for bit, and the first step runs."""
+    pytest.importorskip("megatron.core.transformer.moe.router")
+    repair = callbacks / "repair_callback.py"
+    arguments = ("verify", EXPERT_BIAS, "--adaptor", repair, "--as-is", "--format", "json")
+    before = json.loads(unsafe_doctor(*arguments).stdout)
+    assert [verdict["outcome"] for verdict in before["verdicts"]] == ["dies"]
+    assert unsafe_doctor("sentinel", "install", "--adaptor", repair, "--mode", "heal", "--yes").returncode == 0
+    result = unsafe_doctor(*arguments)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [verdict] = json.loads(result.stdout)["verdicts"]
+    assert verdict["outcome"] == "survives"
+    assert verdict["patched"].endswith(f"tensor bit-identical to replica rank {json.loads(result.stdout)['replica_rank']}")
