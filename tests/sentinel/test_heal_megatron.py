@@ -77,3 +77,64 @@ def test_heal_copies_the_routers_expert_bias_bit_for_bit_and_the_first_step_runs
     assert faulty["bias"] == replica["bias"] and faulty["inv_freq"] == replica["inv_freq"]  # the replica's bytes
     assert faulty["left"] == []
     assert faulty["step"] == "ran"
+
+
+SCALER_WORKER = """
+import json, os, types
+import torch
+import torch.distributed as dist
+from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+from unsafe_doctor.npu.backend import EmulatedBackend
+from unsafe_doctor.sentinel import heal
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", rank=rank, world_size=2)
+made = torch.tensor
+torch.tensor = lambda *args, device=None, **kwargs: made(*args, **kwargs)  # CPU stand-in: the scaler asks for 'cuda'
+try:
+    scaler = DynamicGradScaler(2.0**16, 1.0, 2.0, 0.5, growth_interval=2, hysteresis=2)
+finally:
+    torch.tensor = made
+for overflow in (False, False, True, True, False, False):  # the same steps on every data-parallel copy
+    scaler.update(torch.tensor([float(overflow)]))
+optimizer = types.SimpleNamespace(grad_scaler=scaler)  # what an fp16 MegatronOptimizer holds it as
+group = dist.new_group([0, 1], use_local_synchronization=True)
+backend = EmulatedBackend(rank)
+result = {"rank": rank}
+names = ("_scale", "min_scale", "growth_factor", "backoff_factor")
+with backend.activate():
+    if rank == 1:
+        with backend.unchecked():
+            scaler._scale.fill_(0.0)  # what the fault left
+            backend.mark_all_unsafe()
+        backend.set_check(enabled=True)
+        records = heal.receive_state(group, [0], [1], optimizer, packages=["megatron"])
+        result["healed"] = sorted(record.name.dotted for record in records if record.healed_from == 0)
+        result["safe"] = all(backend.is_safe(getattr(scaler, name)) for name in names)
+        result["loss"] = (torch.ones(1) * scaler.scale).tolist()  # what scale_loss reads first in the step
+    else:
+        heal.send_state(group, [0], [1], optimizer, packages=["megatron"])
+    with backend.unchecked():
+        result["scale"] = scaler._scale.tolist()
+print(json.dumps(result), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_heal_copies_an_fp16_grad_scalers_loss_scale_from_the_replica(tmp_path):
+    """megatron-core's DynamicGradScaler (its tensors made on the CPU here), its scale moved by the same
+    overflows on both copies and held by the optimizer as `grad_scaler`: no rule names that holder, the
+    shipped rule megatron.grad-scaler (scenario 2) names the scaler's own attributes, and heal copies
+    them, so the loss scale the step reads first is the replica's."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(SCALER_WORKER)
+    ranks = run_ranks(worker, 2, dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    assert [code for code, _, _ in ranks] == [0, 0], ranks
+    replica, faulty = (json.loads(out.strip().splitlines()[-1]) for _, out, _ in ranks)
+    assert faulty["scale"] == replica["scale"] != [0.0]
+    assert faulty["loss"] == replica["scale"] and faulty["safe"]
+    assert set(faulty["healed"]) == {
+        f"megatron.core.optimizer.grad_scaler.DynamicGradScaler.{name}"
+        for name in ("_scale", "min_scale", "growth_factor", "backoff_factor")
+    }

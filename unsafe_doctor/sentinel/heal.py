@@ -228,17 +228,28 @@ def send_state(
 def _unsafe_scenario_2(
     roots: Sequence[object], packages: Iterable[str], rules: Sequence[str | Path], backend: UnsafeBackend
 ) -> list[_Asked]:
-    """The unsafe globals a rule puts in scenario 2 (not lru caches, not written by the step first)."""
+    """The unsafe globals a rule puts in scenario 2 (not lru caches, not written by the step first);
+    where no rule names a holder, the class attributes that hold its tensors themselves are asked
+    (an fp16 optimizer's `grad_scaler`: `DynamicGradScaler._scale` is what a rule names)."""
     found = walk(roots, packages, DEFAULT_LIMITS)
     unsafe = {holder: items for holder, items in unsafe_holders(found, backend)[0].items() if holder not in found.caches}
     if not unsafe:
         return []
-    asked = {holder: found.aliases.get(holder, []) for holder in unsafe}
-    judged = verdicts.verdicts(asked, found.caches, [Path(rule) for rule in rules])
+    paths = [Path(rule) for rule in rules]
+    judged = verdicts.verdicts({holder: found.aliases.get(holder, []) for holder in unsafe}, found.caches, paths)
+    inner: dict[HolderName, list[Found]] = {}
+    for holder, items in unsafe.items():
+        if judged[holder] == verdicts.NO_RULE:
+            for item in items:
+                if item.named is not None:
+                    inner.setdefault(item.named, []).append(item)
+    by_name = verdicts.verdicts(dict.fromkeys(inner, ()), found.caches, paths) if inner else {}
+    named = [(holder, judged[holder], items) for holder, items in unsafe.items()]
+    named += [(name, by_name[name], items) for name, items in inner.items()]
     return [
-        _Asked(holder, judged[holder], tuple(items))
-        for holder, items in unsafe.items()
-        if judged[holder].scenario == 2 and judged[holder].written_by_step is None
+        _Asked(holder, judged_one, tuple(items))
+        for holder, judged_one, items in named
+        if judged_one.scenario == 2 and judged_one.written_by_step is None
     ]
 
 

@@ -103,6 +103,9 @@ class Found:
     path: str
     holder: HolderName
     tensor: torch.Tensor
+    # the class attribute that holds the tensor itself, where an outer one is its holder (an fp16
+    # optimizer's `grad_scaler._scale`: held by the optimizer's `grad_scaler`, named `DynamicGradScaler._scale`)
+    named: HolderName | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +196,7 @@ class _ObjectGraph:
         self.result = Walk()
         self.parameter_names: dict[int, str] = {}
         self.global_holders: dict[int, HolderName] = {}
+        self.named: dict[int, HolderName] = {}  # id of a tensor an object's attribute holds -> that attribute
 
     # --- starts ------------------------------------------------------------------------------
 
@@ -269,7 +273,7 @@ class _ObjectGraph:
                 continue
             self.count(obj)
             if issubclass(kind, torch.Tensor):
-                self.result.tensors.append(Found(path, holder or GlobalName(None, None, path), obj))
+                self.result.tensors.append(Found(path, holder or GlobalName(None, None, path), obj, self.named.get(id(obj))))
                 continue
             if issubclass(kind, _HOST_DATA):
                 continue
@@ -447,6 +451,8 @@ class _ObjectGraph:
                 if not _holds(value):
                     continue
                 attribute = _attribute_text(key)
+                if holder is not None and issubclass(type(value), torch.Tensor):
+                    self.named.setdefault(id(value), GlobalName(module, owner, attribute))
                 yield value, f"{path}.{attribute}", holder or GlobalName(module, owner, attribute), depth + 1
         for cls in _TYPE_MRO.__get__(kind):
             declared = _TYPE_DICT.__get__(cls)
