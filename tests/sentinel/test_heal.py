@@ -104,6 +104,7 @@ with backend.activate():
             result["rollback"] = "ran"
         except UnsafeStateError as error:
             result["rollback"] = "raised: " + ", ".join(item.name.dotted for item in error.report.still_unsafe)
+        open(plan["done"], "w").close()  # the unpaired replica may go
         with backend.unchecked():
             result["ema"] = state.EMA.tolist()
     elif rank == replica and plan["replica_answers"]:
@@ -111,9 +112,12 @@ with backend.activate():
         destinations = [dest for dest in faulty for _ in range(2)]
         result["records"] = len(heal.send_state(group, sources, destinations, packages=["healpkg"]))
         result["ema"] = state.EMA.tolist()
-    elif rank == replica:  # alive, in the group, but running no heal: an unpaired peer
-        import time
-        time.sleep(3 * plan["step_seconds"])
+    elif rank == replica:  # alive, in the group, but running no heal: an unpaired peer, until the faulty rank is done
+        import pathlib, time
+        for _ in range(2400):  # a safety net of 240 s, not a timing
+            if pathlib.Path(plan["done"]).exists():
+                break
+            time.sleep(0.1)
 print(json.dumps(result), flush=True)
 if plan["replica_answers"]:
     dist.barrier()
@@ -134,7 +138,13 @@ def run_heal(
     rules.write_text(textwrap.dedent(RULES))
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
-    plan = {"faulty": faulty, "replica": replica, "replica_answers": replica_answers, "step_seconds": step_seconds}
+    plan = {
+        "faulty": faulty,
+        "replica": replica,
+        "replica_answers": replica_answers,
+        "step_seconds": step_seconds,
+        "done": str(tmp_path / "faulty-done"),
+    }
     env = dict(
         os.environ,
         HEAL_PLAN=json.dumps(plan),
@@ -195,7 +205,7 @@ def test_two_faulty_ranks_with_one_replica_are_each_answered_once(tmp_path):
 def test_a_replica_that_never_answers_ends_the_heal_at_its_bound_and_the_rollback_raises(tmp_path):
     results, records = run_heal(tmp_path, 2, faulty=[1], replica=0, replica_answers=False, step_seconds=2)
     ema = by_name(records[1], UnsafeGlobal)["healpkg.state.EMA"]
-    assert not ema.healed and "no the hello from rank 0 within 2 s" in ema.heal_error
+    assert not ema.healed and "the hello with rank 0 did not complete within 2 s" in ema.heal_error
     assert results[1]["ema"] == [[-7.0] * 3] * 2  # nothing copied
     assert results[1]["rollback"] == "raised: healpkg.state.EMA, healpkg.state.LOCAL"
 

@@ -90,10 +90,10 @@ class _Link:
         """The fixed-size header, sent and received at once; the peer's (entries, bytes)."""
         outgoing = torch.tensor([MAGIC, VERSION, count, size], dtype=torch.int64, device=self.device)
         incoming = torch.zeros(4, dtype=torch.int64, device=self.device)
-        sent = self._started(dist.isend, outgoing, "the hello")
-        received = self._started(dist.irecv, incoming, "the hello")
-        self._wait(received, "the hello")
-        self._wait(sent, "the hello")
+        sent = self._started(dist.isend, outgoing, "hello")
+        received = self._started(dist.irecv, incoming, "hello")
+        self._wait(received, "hello")
+        self._wait(sent, "hello")
         magic, version, peer_count, peer_size = incoming.tolist()
         if magic != MAGIC or version != VERSION:
             raise _Silent(f"rank {self.peer} answered with no heal of version {VERSION} (header {magic:#x}, version {version})")
@@ -110,18 +110,17 @@ class _Link:
         try:
             return transfer(tensor, self.peer, group=self.group)
         except Exception as error:  # noqa: BLE001 - gloo raises at once where the peer's process ended
-            raise _Silent(f"{what} could not reach rank {self.peer} ({type(error).__name__}: {_first_line(error)})") from None
+            raise _Silent(f"the {what} could not reach rank {self.peer} ({type(error).__name__}: {_first_line(error)})") from None
 
     def _wait(self, work: object, what: str) -> None:
         left = min(STEP_SECONDS, BUDGET_SECONDS - (time.monotonic() - self.started))
         if left <= 0:
-            raise _Silent(f"the heal's {BUDGET_SECONDS:g} s were spent before {what} with rank {self.peer}")
+            raise _Silent(f"the heal's {BUDGET_SECONDS:g} s were spent before the {what} with rank {self.peer}")
         try:
             work.wait(timeout=datetime.timedelta(seconds=left))  # type: ignore[attr-defined]
         except Exception as error:  # noqa: BLE001 - gloo and HCCL raise on a timeout; a closed pair raises too
-            raise _Silent(
-                f"no {what} from rank {self.peer} within {left:.0f} s ({type(error).__name__}: {_first_line(error)})"
-            ) from None
+            said = f"{type(error).__name__}: {_first_line(error)}"
+            raise _Silent(f"the {what} with rank {self.peer} did not complete within {left:.0f} s ({said})") from None
 
 
 @dataclass
@@ -263,15 +262,15 @@ def _ask(link: _Link, pending: list[tuple[_Asked, Found]]) -> dict[str, ReplicaA
     link.hello(len(request), len(payload))
     if not request:
         return {}
-    link.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(link.device), "the request")
+    link.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(link.device), "request")
     statuses = torch.empty(len(request), dtype=torch.int64, device=link.device)
-    link.receive(statuses, "the answer")
+    link.receive(statuses, "answer")
     said = {}
     for (_, found), code in zip(pending, statuses.tolist(), strict=True):
         status = ReplicaAnswer(code) if code in ReplicaAnswer._value2member_map_ else ReplicaAnswer.NOT_FOUND
         if status is ReplicaAnswer.SENT:
             fresh = torch.empty(found.tensor.shape, dtype=found.tensor.dtype, device=found.tensor.device)
-            link.receive(fresh, f"the tensor at {found.path}")
+            link.receive(fresh, f"tensor at {found.path}")
             found.tensor.copy_(fresh)  # writes the whole block: safe again
         said[found.path] = status
     return said
@@ -314,7 +313,7 @@ def _requested(link: _Link) -> list[dict[str, object]]:
     if not count:
         return []
     payload = torch.empty(size, dtype=torch.uint8, device=link.device)
-    link.receive(payload, "the request")
+    link.receive(payload, "request")
     try:
         request = json.loads(bytes(payload.cpu().tolist()).decode())
     except (ValueError, UnicodeDecodeError):
@@ -337,12 +336,12 @@ def _answer(
     if not request:
         return []
     statuses = [_status(entry, here, link.device, backend) for entry in request]
-    link.send(torch.tensor([int(status) for status in statuses], dtype=torch.int64, device=link.device), "the answer")
+    link.send(torch.tensor([int(status) for status in statuses], dtype=torch.int64, device=link.device), "answer")
     per_global: dict[str, list[ReplicaAnswer]] = {}
     for entry, status in zip(request, statuses, strict=True):
         if status is ReplicaAnswer.SENT:
             tensor = here[str(entry["path"])]
-            link.send(tensor if tensor.is_contiguous() else tensor.contiguous(), "a tensor")
+            link.send(tensor if tensor.is_contiguous() else tensor.contiguous(), "tensor")
         per_global.setdefault(str(entry.get("global", "?"))[:300], []).append(status)
     name = backend.name if backend is not None else "none"
     return [
