@@ -37,7 +37,7 @@ from unsafe_doctor.knowledge.subject import Subject, TensorRef
 from unsafe_doctor.knowledge.versions import Environment
 from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.log.tracebacks import Frame
-from unsafe_doctor.npu.backend import EmulatedBackend
+from unsafe_doctor.npu.backend import EmulatedBackend, frozen_heap
 from unsafe_doctor.source.workspace import Workspace
 
 SHIPPED = load_knowledge()
@@ -229,6 +229,14 @@ def the_holder_module():
     sys.modules[HOLDER] = module
     yield module
     del sys.modules[HOLDER]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def heap_frozen_while_here() -> Iterator[None]:
+    """Each case marks every live tensor unsafe: with the worker's heap so far frozen (its tensors
+    kept by the backend), that mark reads only what is newer, not the whole heap hundreds of times."""
+    with frozen_heap():
+        yield
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])

@@ -9,6 +9,7 @@ or an NPU is missing.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import socket
@@ -27,6 +28,7 @@ from unsafe_doctor.errors import UsageError
 from unsafe_doctor.npu.backend import (
     BACKEND_NAMES,
     EmulatedBackend,
+    frozen_heap,
     npu_unavailable_reason,
     select_backend,
 )
@@ -74,6 +76,21 @@ def test_mark_all_makes_live_tensors_unsafe_and_later_allocations_safe(backend):
     assert backend.is_safe(tensor_a_new)
     tensor_b.copy_(tensor_a_new)
     assert backend.is_safe(tensor_b)
+
+
+def test_mark_all_reaches_the_tensors_a_frozen_heap_hides_from_the_collector():
+    """frozen_heap moves the heap into the permanent generation, which gc.get_objects() skips: the
+    tensors made before it (a module global, a freed one's weak reference aside) and inside it are
+    all marked, and after it the collector lists the old ones again."""
+    backend = EmulatedBackend()
+    before, freed = torch.ones(3), torch.ones(3)
+    with frozen_heap():
+        assert not any(item is before for item in gc.get_objects())
+        del freed
+        inside = torch.ones(3)
+        backend.mark_all_unsafe()
+    assert not backend.is_safe(before) and not backend.is_safe(inside)
+    assert any(item is before for item in gc.get_objects())
 
 
 def test_an_op_on_unsafe_tensors_raises_torch_npus_error_text(backend, monkeypatch):

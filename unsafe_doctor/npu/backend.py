@@ -212,9 +212,36 @@ class _StorageSet:
         return bool(self._refs)
 
 
+_FROZEN_TENSORS: list[weakref.ref[torch.Tensor]] = []  # the tensors frozen_heap hid from gc.get_objects()
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """The heap so far moved into the collector's permanent generation while inside: a collection, or
+    a fault's scan for live tensors, then reads only what is newer. Before forking processes that
+    share the heap, this keeps each child from touching (and so copying) every shared page; in a
+    process that marks all tensors many times over, it keeps each mark from reading the whole heap.
+    ``gc.get_objects()`` does not list frozen objects, so their tensors are kept here, by weak
+    reference, for ``mark_all_unsafe``."""
+    kept = len(_FROZEN_TENSORS)
+    _FROZEN_TENSORS.extend(map(weakref.ref, _young_tensors()))
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        del _FROZEN_TENSORS[kept:]
+
+
 def _live_tensors() -> list[torch.Tensor]:
-    """Every tensor that has a Python object, found in C loops (a Python loop over a few
-    hundred thousand objects takes a good fraction of a second on a small machine)."""
+    """Every tensor that has a Python object: the collector's, and those frozen_heap froze."""
+    frozen = [tensor for tensor in (reference() for reference in _FROZEN_TENSORS) if tensor is not None]
+    return _young_tensors() + frozen
+
+
+def _young_tensors() -> list[torch.Tensor]:
+    """The tensors ``gc.get_objects()`` lists, found in C loops (a Python loop over a few hundred
+    thousand objects takes a good fraction of a second on a small machine)."""
     objects = gc.get_objects()
     tensor_types = {kind for kind in set(map(type, objects)) if issubclass(kind, torch.Tensor)}
     return list(itertools.compress(objects, map(tensor_types.__contains__, map(type, objects))))

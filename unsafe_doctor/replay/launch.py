@@ -81,6 +81,9 @@ def fork_ranks(plan: ReplayPlan, progress: Callable[[Milestone], None] | None = 
     SIGTERM (which is then passed on to this process's own handler)."""
     import torch  # noqa: F401  (imported once here, before the fork, for every rank)
 
+    if plan.probe:  # a user's probe trains: torch's optimizers load dynamo on their first step (seconds),
+        import torch._dynamo  # noqa: F401  (so once per command here, not once per replay in each launcher)
+
     port = _free_port()
     outputs = OutputTails(["launcher", *(f"rank{rank}" for rank in range(plan.world_size))])
     with _sigterm_raises(), tempfile.TemporaryDirectory(prefix="unsafe-doctor-replay-") as folder, adopting_orphans():
@@ -139,12 +142,15 @@ def _launcher(plan: ReplayPlan, port: int, work: Path, outputs: OutputTails) -> 
     parent = os.getppid()
     if not _import_for_the_ranks(plan, work / "launcher.progress"):
         return 1
+    from unsafe_doctor.npu.backend import frozen_heap  # torch's: this module loads without it
+
     children = {}
-    for rank in range(plan.world_size):
-        pid = os.fork()
-        if pid == 0:
-            _forked(outputs, f"rank{rank}", functools.partial(_child, plan, rank, port, work))
-        children[pid] = rank
+    with frozen_heap():  # what the ranks share stays shared
+        for rank in range(plan.world_size):
+            pid = os.fork()
+            if pid == 0:
+                _forked(outputs, f"rank{rank}", functools.partial(_child, plan, rank, port, work))
+            children[pid] = rank
     outputs.close_writers()  # the ranks have theirs
     _reap(children, work, parent)
     return 0
@@ -175,8 +181,8 @@ def _import_for_the_ranks(plan: ReplayPlan, log: Path) -> bool:
     module that blocks or ends the process. False when one raised SystemExit (logged too)."""
     sys.path[:0] = [root for root in plan.source_roots if root not in sys.path]
     wanted = [target.name.module for target in plan.targets if not target.as_main]  # the job has no second copy
-    if plan.probe:  # a user's probe trains: torch's optimizers load dynamo on their first step (seconds)
-        wanted += ["torch._dynamo", plan.probe.partition(":")[0]]
+    if plan.probe:
+        wanted.append(plan.probe.partition(":")[0])
     with log.open("a", encoding="utf-8") as stream:
         for module in wanted:
             stream.write(json.dumps({"importing": module}) + "\n")
