@@ -23,10 +23,8 @@ from pathlib import Path
 import pytest
 from helpers import load_module
 
-pytest.importorskip("megatron.core")
-
-from unsafe_doctor.knowledge.loading import load_knowledge  # noqa: E402
-from unsafe_doctor.sentinel import SentinelReport  # noqa: E402
+from unsafe_doctor.knowledge.loading import load_knowledge
+from unsafe_doctor.sentinel import SentinelReport
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "sentinel"
