@@ -173,7 +173,9 @@ def test_one_core_does_every_item_in_this_process():
 
 
 def audit_json(paths: list[Path], cores: set[int] | None) -> str:
-    command = [sys.executable, "-m", "unsafe_doctor", "audit", *map(str, paths), "--format", "json"]
+    """The audit's JSON, run afresh (--no-cache: the cache's key holds no core count, so the second
+    run would read the first's report and compare it with itself)."""
+    command = [sys.executable, "-m", "unsafe_doctor", "audit", *map(str, paths), "--format", "json", "--no-cache"]
     limited = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     run = subprocess.run(command, capture_output=True, text=True, preexec_fn=limited)
     assert run.returncode in (0, 1), run.stderr
