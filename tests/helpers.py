@@ -8,9 +8,11 @@ import importlib.util
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,7 +31,8 @@ def run_cli(
     the process itself is not what a test is about: `stdin` piped in (no terminal), `env` added to
     the environment, `cwd` the working folder; stdout and stderr read as bytes, then decoded with
     `encoding` (None: left bytes). What the command changes of the process (streams, argv, environment, working folder)
-    is put back after."""
+    is put back after. (`verify` too: its launcher, forked from this process, imports the user's
+    modules; this process never does.)"""
     from unsafe_doctor.cli import main
 
     stdout, stderr = io.BytesIO(), io.BytesIO()
@@ -139,20 +142,26 @@ def warm_python(prelude: str, env: tuple[tuple[str, str], ...] = ()) -> WarmPyth
 
 def run_ranks(script: Path, world: int, env: dict[str, str], *, timeout: float = 240) -> list[tuple[int, str, str]]:
     """`python SCRIPT` once per rank of a gloo world on loopback (MASTER_ADDR, a free MASTER_PORT,
-    WORLD_SIZE and RANK set over `env`): each rank's exit code, stdout and stderr."""
+    WORLD_SIZE and RANK set over `env`): each rank's exit code, stdout and stderr. The ranks are
+    forked from one Python that imported torch (tests/fork_ranks.py), which each would import anyway."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     shared = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, str(script)],
-            env=dict(shared, RANK=str(rank)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+    with tempfile.TemporaryDirectory() as folder:
+        command = [sys.executable, str(TESTS / "fork_ranks.py"), str(script), str(world), folder]
+        launcher = subprocess.Popen(
+            command, env=shared, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
-        for rank in range(world)
-    ]
-    outputs = [rank.communicate(timeout=timeout) for rank in ranks]
-    return [(rank.returncode, out, err) for rank, (out, err) in zip(ranks, outputs, strict=True)]
+        try:
+            out, err = launcher.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)  # the ranks too: they share its session's group
+            launcher.communicate()
+            raise
+        assert launcher.returncode == 0, err
+        codes = json.loads(out)
+        return [
+            (codes[str(rank)], *(Path(folder, f"{rank}.{suffix}").read_text(errors="replace") for suffix in ("out", "err")))
+            for rank in range(world)
+        ]

@@ -4,11 +4,10 @@ samples' adaptors and the real MindSpeed-LLM and taskd ones."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EMA_LOG = ROOT / "samples" / "logs" / "toytrain_ema"
@@ -35,22 +34,14 @@ MAX_LINES = 8
 
 def block_lengths(adaptor: Path) -> list[int]:
     """The code lines of each block `fix --dry-run` would write (markers and the leading comment aside)."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "unsafe_doctor",
-            "fix",
-            str(EMA_LOG),
-            "--source-root",
-            str(ROOT / "samples" / "framework"),
-            "--adaptor",
-            str(adaptor),
-            "--dry-run",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_cli(
+        "fix",
+        str(EMA_LOG),
+        "--source-root",
+        str(ROOT / "samples" / "framework"),
+        "--adaptor",
+        str(adaptor),
+        "--dry-run",
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr

@@ -8,12 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 from unsafe_doctor.adaptor.existing_reset import AlreadyReset
 from unsafe_doctor.adaptor.plan import Planned, plan_fix
@@ -37,12 +36,7 @@ def real_adaptor(tmp_path: Path, real: Path) -> Path:
 
 
 def fix_json(log: Path, adaptor: Path) -> tuple[int, dict]:
-    result = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "fix", str(log), "--adaptor", str(adaptor), "--format", "json", "--yes"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli("fix", str(log), "--adaptor", str(adaptor), "--format", "json", "--yes")
     return result.returncode, json.loads(result.stdout)
 
 

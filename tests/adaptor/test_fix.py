@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import load_rules_generator
-from helpers import load_module, run_ranks
+from helpers import load_module, run_cli, run_ranks
 from terminal import at_terminal
 
 from unsafe_doctor.adaptor.overrides import function_overrides
@@ -771,14 +771,8 @@ def test_patched_send_and_receive_repair_the_tensor_between_two_ranks(tmp_path):
 
 
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "fix", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    """`unsafe-doctor fix ARGS`, in this process: it writes the adaptor, never imports it."""
+    return run_cli("fix", *args, cwd=cwd)
 
 
 def test_cli_dry_run_yes_again_and_revert(tmp_path):

@@ -4,11 +4,11 @@ roles onto them, one peer rank as well as rank lists, and a parameter that holds
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 from unsafe_doctor.errors import UsageError
 from unsafe_doctor.knowledge.loading import load_knowledge
@@ -33,22 +33,9 @@ FUNCTIONS = "rollback=reset_step_state,send=push_state_to_peer,recv=pull_state_f
 
 
 def fix(adaptor: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "unsafe_doctor",
-        "fix",
-        str(LOG),
-        "--source-root",
-        str(FRAMEWORK),
-        "--adaptor",
-        str(adaptor),
-        "--function",
-        FUNCTIONS,
-        "--yes",
-        *options,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+    return run_cli(
+        "fix", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--function", FUNCTIONS, "--yes", *options
+    )
 
 
 def test_one_peer_and_a_group_parameter_are_mapped_onto_the_roles(tmp_path):
@@ -125,23 +112,8 @@ def test_unknown_roles_and_names_that_are_not_python_are_refused(mapping):
 
 
 def verify(adaptor: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "unsafe_doctor",
-        "verify",
-        str(LOG),
-        "--source-root",
-        str(FRAMEWORK),
-        "--adaptor",
-        str(adaptor),
-        "--function",
-        FUNCTIONS,
-        "--timeout",
-        "20",
-        *options,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+    arguments = [str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--function", FUNCTIONS, "--timeout", "20"]
+    return run_cli("verify", *arguments, *options)
 
 
 def test_verify_proves_a_peer_and_group_fix_given_the_same_parameters(tmp_path):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 from unsafe_doctor.knowledge.context import groundwork
 
@@ -31,9 +31,12 @@ def callbacks(tmp_path: Path, real: Path) -> Path:
 
 
 def unsafe_doctor(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", *map(str, arguments)], capture_output=True, text=True, timeout=300, cwd=ROOT
-    )
+    """`unsafe-doctor ARGUMENTS` in this process (fix, sentinel install: neither runs the user's code)."""
+    return run_cli(*map(str, arguments), cwd=ROOT)
+
+
+def verified(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
+    return run_cli("verify", *map(str, arguments), cwd=ROOT)
 
 
 def test_the_taskd_profile_is_chosen_for_the_callbacks(callbacks):
@@ -81,7 +84,7 @@ def test_verify_block_proves_the_scenario_2_fix_with_the_named_tuples_stood_in(c
     pytest.importorskip("megatron.core.transformer.moe.router")
     repair = callbacks / "repair_callback.py"
     assert unsafe_doctor("fix", EXPERT_BIAS, "--adaptor", repair, "--yes").returncode == 0
-    result = unsafe_doctor("verify", EXPERT_BIAS, "--adaptor", repair, "--format", "json")
+    result = verified(EXPERT_BIAS, "--adaptor", repair, "--format", "json")
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     # taskd's own repair pickles the optimizer onto the NPU: its blocks run alone, in their functions
@@ -95,11 +98,11 @@ def test_with_heal_and_no_fix_the_callbacks_as_they_stand_survive_the_router_fau
     run here, copies expert_bias from the replica bit for bit, and the first step runs."""
     pytest.importorskip("megatron.core.transformer.moe.router")
     repair = callbacks / "repair_callback.py"
-    arguments = ("verify", EXPERT_BIAS, "--adaptor", repair, "--as-is", "--format", "json")
-    before = json.loads(unsafe_doctor(*arguments).stdout)
+    arguments = (EXPERT_BIAS, "--adaptor", repair, "--as-is", "--format", "json")
+    before = json.loads(verified(*arguments).stdout)
     assert [verdict["outcome"] for verdict in before["verdicts"]] == ["dies"]
     assert unsafe_doctor("sentinel", "install", "--adaptor", repair, "--mode", "heal", "--yes").returncode == 0
-    result = unsafe_doctor(*arguments)
+    result = verified(*arguments)
     assert result.returncode == 0, result.stdout + result.stderr
     [verdict] = json.loads(result.stdout)["verdicts"]
     assert verdict["outcome"] == "survives"

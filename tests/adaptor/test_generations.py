@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers import run_cli
 
 from unsafe_doctor.adaptor.overrides import function_overrides
 from unsafe_doctor.adaptor.plan import plan_fix
@@ -110,13 +111,13 @@ def fixed(log: Path, adaptor: Path, roots: list[Path], functions: str | None = N
 
 
 def replay(log: Path, adaptor: Path, roots: list[Path], functions: str | None = None, **options) -> SimpleNamespace:
-    """`unsafe-doctor verify --format json`, in a process of its own as a user runs it (ranks forked
-    from a test process would inherit whatever other tests imported)."""
+    """`unsafe-doctor verify --format json`, run as the command line runs it."""
     arguments: list[str | Path] = ["verify", log, "--adaptor", adaptor, "--format", "json"]
     arguments += [item for root in roots for item in ("--source-root", root)]
     arguments += ["--function", functions] if functions else []
     arguments += [item for name, value in options.items() for item in (f"--{name}", str(value)) if item]  # "": a flag
-    result = unsafe_doctor(*arguments)
+    result = run_cli(*map(str, arguments), env={"COLUMNS": "200", "NO_COLOR": "1"}, cwd=ROOT)
+    assert result.stdout, result.stderr
     document = json.loads(result.stdout)
     verdicts = [
         SimpleNamespace(label=item["global"], outcome=item["outcome"], patched=item["patched"], problems=tuple(item["problems"]))
@@ -321,15 +322,8 @@ def test_heal_lets_the_real_mindspeed_llm_26_adaptor_survive_the_router_fault_wi
 
 
 def unsafe_doctor(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", *map(str, arguments)],
-        capture_output=True,
-        text=True,
-        env=environment,
-        timeout=300,
-        cwd=ROOT,
-    )
+    """`unsafe-doctor ARGUMENTS` in this process (diagnose, fix, sentinel install: none runs the user's code)."""
+    return run_cli(*map(str, arguments), env={"COLUMNS": "200", "NO_COLOR": "1"}, cwd=ROOT)
 
 
 def test_diagnose_shows_exactly_the_blocks_fix_writes_into_the_adaptor_it_knows_as_its_diff(legacy):

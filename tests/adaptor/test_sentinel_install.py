@@ -12,17 +12,20 @@ last, the block in training ranks that cannot import unsafe-doctor.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import importable_package
+from helpers import run_cli
 from terminal import at_terminal
 
 from unsafe_doctor import __version__
@@ -404,18 +407,20 @@ def test_verify_proves_a_fix_in_an_adaptor_that_also_holds_the_sentinel(tmp_path
 # --- the command line -------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def without_our_variables() -> Iterator[None]:
+    """This environment's UNSAFE_DOCTOR_* variables put aside while a command runs in this process."""
+    ours = {key: os.environ.pop(key) for key in [key for key in os.environ if key.startswith("UNSAFE_DOCTOR_")]}
+    try:
+        yield
+    finally:
+        os.environ.update(ours)
+
+
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    environment = {key: value for key, value in os.environ.items() if not key.startswith("UNSAFE_DOCTOR_")}
-    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "sentinel", "install", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=environment,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    """`unsafe-doctor sentinel install ARGS`, in this process: it writes the adaptor, never imports it."""
+    with without_our_variables():
+        return run_cli("sentinel", "install", *args, cwd=cwd)
 
 
 def test_cli_dry_run_unasked_yes_again_json_and_revert(tmp_path):
@@ -618,18 +623,8 @@ def test_in_report_mode_ranks_without_the_package_log_one_line_the_recovery_comp
 
 
 def diagnosed(log: Path, fmt: str) -> subprocess.CompletedProcess[str]:
-    environment = {key: value for key, value in os.environ.items() if not key.startswith("UNSAFE_DOCTOR_")}
-    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    environment["COLUMNS"] = "200"
-    return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "diagnose", str(log), "--format", fmt],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=environment,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    with without_our_variables():
+        return run_cli("diagnose", str(log), "--format", fmt, env={"COLUMNS": "200"}, cwd=ROOT)
 
 
 def test_in_raise_mode_ranks_without_the_package_stop_the_recovery(tmp_path):

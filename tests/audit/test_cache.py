@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROUTER_MODULE
+from helpers import run_cli
 
 from unsafe_doctor.adaptor.audit_fixes import plan_fixes_per_holder
 from unsafe_doctor.audit import halves
@@ -250,6 +251,19 @@ def test_only_the_latest_entries_are_kept(tmp_path):
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`unsafe-doctor audit ARGS` in this process, at 120 columns, with no UNSAFE_DOCTOR_* setting from
+    the environment (the tests name the cache folder, or --no-cache)."""
+    left_out = {name: value for name, value in os.environ.items() if name.startswith(("UNSAFE_DOCTOR_", "_UNSAFE_DOCTOR"))}
+    for name in left_out:
+        del os.environ[name]
+    try:
+        return run_cli("audit", *args, cwd=cwd, env={"COLUMNS": "120"})
+    finally:
+        os.environ.update(left_out)
+
+
+def cli_in_a_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The audit as `python -m unsafe_doctor` runs it: `cwd` first on its sys.path, which an entry's key holds."""
     return subprocess.run(
         [sys.executable, "-m", "unsafe_doctor", "audit", *args],
         capture_output=True,
@@ -264,14 +278,14 @@ def test_the_command_says_when_the_report_came_from_the_cache(tmp_path):
     """Run from the tree's import root (`python -m` puts it on sys.path), the cache kept elsewhere."""
     tree(tmp_path)
     cache = str(tmp_path / "cache")
-    first = cli("pkg", "--cache-dir", cache, cwd=tmp_path / "src")
-    again = cli("pkg", "--cache-dir", cache, cwd=tmp_path / "src")
+    first = cli_in_a_process("pkg", "--cache-dir", cache, cwd=tmp_path / "src")
+    again = cli_in_a_process("pkg", "--cache-dir", cache, cwd=tmp_path / "src")
     assert first.returncode == again.returncode == 1, first.stderr
     assert "from the cache" not in first.stdout
     assert "from the cache" in again.stdout
     assert (
-        cli("pkg", "--cache-dir", cache, "--format", "json", cwd=tmp_path / "src").stdout
-        == cli("pkg", "--no-cache", "--format", "json", cwd=tmp_path / "src").stdout
+        cli_in_a_process("pkg", "--cache-dir", cache, "--format", "json", cwd=tmp_path / "src").stdout
+        == cli_in_a_process("pkg", "--no-cache", "--format", "json", cwd=tmp_path / "src").stdout
     )
 
 
@@ -308,19 +322,14 @@ def test_two_audits_at_once_leave_one_whole_entry(tmp_path):
     outputs = [process.communicate(timeout=120)[0] for process in both]
     assert outputs[0] == outputs[1]
     assert [path.name[:6] for path in (tmp_path / "cache").iterdir()] == ["audit-"]  # one, no temporary file
-    again = cli("pkg", "--cache-dir", cache, "--format", "json", cwd=tmp_path / "src")
+    again = cli_in_a_process("pkg", "--cache-dir", cache, "--format", "json", cwd=tmp_path / "src")
     assert again.stdout == outputs[0]
-    assert "from the cache" in cli("pkg", "--cache-dir", cache, cwd=tmp_path / "src").stdout
+    assert "from the cache" in cli_in_a_process("pkg", "--cache-dir", cache, cwd=tmp_path / "src").stdout
 
 
 @pytest.mark.parametrize("flag", ["--no-cache", "--cache-dir"])
 def test_the_cache_options_are_in_the_help(flag):
-    help_text = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "audit", "--help"],
-        capture_output=True,
-        text=True,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
-    ).stdout
+    help_text = run_cli("audit", "--help", env={"COLUMNS": "200"}).stdout
     assert flag in help_text
 
 

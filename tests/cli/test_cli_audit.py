@@ -1,8 +1,9 @@
-"""`unsafe-doctor audit`, end to end in a subprocess: exit codes, text, JSON and SARIF, --fix."""
+"""`unsafe-doctor audit`, end to end: exit codes, text, JSON and SARIF, --fix."""
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -10,8 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import refused
+from helpers import refused, run_cli
 from terminal import at_terminal
+
+from unsafe_doctor.cli.options import CACHE_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[2]
 TOYTRAIN = ROOT / "samples" / "framework" / "toytrain"
@@ -19,15 +22,20 @@ LEGACY_ADAPTOR = ROOT / "samples" / "adaptors" / "legacy" / "mindio_ttp" / "adap
 MARKER = "# unsafe-doctor: begin "
 
 
+# What the command reads of the environment, beyond COLUMNS: its settings, and rich's colour switches.
+READ = ("UNSAFE_DOCTOR_", "_UNSAFE_DOCTOR", "FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "TERM")
+
+
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "audit", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=120,
-        env={"COLUMNS": "120", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},  # this tree, not an installed copy
-    )
+    """`unsafe-doctor audit ARGS` in this process (this tree's package), at 120 columns, with no setting
+    from the environment but the test's own cache folder (conftest), as a child given only COLUMNS would run."""
+    left_out = {name: value for name, value in os.environ.items() if name.startswith(READ) and name != CACHE_VARIABLE}
+    for name in left_out:
+        del os.environ[name]
+    try:
+        return run_cli("audit", *args, cwd=cwd, env={"COLUMNS": "120"})
+    finally:
+        os.environ.update(left_out)
 
 
 @pytest.fixture

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import gzip
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 from terminal import at_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +68,7 @@ def test_without_a_terminal_the_diff_is_shown_with_how_to_apply(tmp_path):
     shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
     before = adaptor.read_bytes()
     args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
-    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120)
+    result = run_cli(*args)
     assert "+    # unsafe-doctor: begin generic.replica-copy" in result.stdout
     assert f"to apply: unsafe-doctor fix {LOG} --source-root {FRAMEWORK} --adaptor {adaptor} --yes" in result.stderr
     assert adaptor.read_bytes() == before
@@ -80,7 +78,7 @@ def test_yes_flag_applies_and_verifies_without_asking(tmp_path):
     adaptor = tmp_path / "recovery.py"
     shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
     args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor), "--yes"]
-    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120)
+    result = run_cli(*args)
     assert "wrote" in result.stderr
     assert "unsafe-doctor: begin generic.replica-copy" in adaptor.read_text()
     assert "PROVEN · toytrain.state._EMA_GRAD_NORM" in result.stdout  # --yes accepts the verify offer too
@@ -169,14 +167,7 @@ def test_a_diff_is_coloured_at_a_terminal_and_a_plain_patch_elsewhere():
     code, screen = at_terminal(args, cwd=ROOT)
     assert code == 0, screen
     assert "\x1b[32m+    # unsafe-doctor: begin " in screen and "\x1b[1m--- a/" in screen
-    piped = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
+    piped = run_cli(*args, cwd=ROOT)
     assert "\x1b" not in piped.stdout and piped.stdout.startswith("--- a/")
     shown = re.sub(r"\x1b\[[0-9;]*m", "", screen).replace("\r\n", "\n")
     assert shown[shown.index("--- a/") :].startswith(piped.stdout)
@@ -217,7 +208,7 @@ def test_without_a_terminal_each_fix_block_is_printed_once_as_the_diff(tmp_path)
     adaptor = tmp_path / "recovery.py"
     shutil.copy(FRAMEWORK / "toytrain" / "recovery.py", adaptor)
     args = ["diagnose", str(LOG), "--source-root", str(FRAMEWORK), "--adaptor", str(adaptor)]
-    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120)
+    result = run_cli(*args)
     assert result.stdout.count("# scenario 2, replica rank: send toytrain.state._EMA_GRAD_NORM") == 1
     assert result.stdout.count("# scenario 2, faulty rank: receive toytrain.state._EMA_GRAD_NORM") == 1
     assert "+    # scenario 2, replica rank: send toytrain.state._EMA_GRAD_NORM" in result.stdout  # in the diff
@@ -225,14 +216,7 @@ def test_without_a_terminal_each_fix_block_is_printed_once_as_the_diff(tmp_path)
 
 def test_the_readme_first_command_ends_with_the_fix_command_for_its_log_not_no_fix_written():
     """A diagnosis that worked once ended with "no fix written", as if something had failed."""
-    result = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "samples/logs/megatron_moe_tracker.log"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
+    result = run_cli("samples/logs/megatron_moe_tracker.log", cwd=ROOT)
     assert result.returncode == 1, result.stderr
     assert "no fix written" not in result.stderr
     last = result.stderr.splitlines()[-1]

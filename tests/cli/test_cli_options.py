@@ -1,4 +1,4 @@
-"""The conventions every command keeps, end to end in a subprocess: the shared options table of
+"""The conventions every command keeps, end to end: the shared options table of
 docs/configuration.md against each command's --help, parsing (-h, -V, misspelt commands), -o/-q/-v/--exit-zero,
 pyproject.toml settings and UNSAFE_DOCTOR_* variables, --format github, shell completion,
 the pre-commit hook and the licence."""
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import refused
+from helpers import refused, run_cli
 
 from unsafe_doctor.report.github import escape_data, escape_property
 
@@ -38,18 +38,15 @@ COMMANDS = {  # the shared options table's column -> the words after `unsafe-doc
 
 
 def run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    environment = {key: value for key, value in os.environ.items() if not key.startswith(("UNSAFE_DOCTOR_", "_UNSAFE_DOCTOR"))}
-    search_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # this tree's package first
-    environment.update({"COLUMNS": "250", "PYTHONPATH": search_path, **(env or {})})
-    return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=environment,
-        input=stdin,
-        timeout=120,
-    )
+    """`unsafe-doctor ARGS` in this process (this tree's package), at 250 columns, with no UNSAFE_DOCTOR_*
+    variable but those of `env` (not even the test's cache folder: -v lists them all)."""
+    left_out = {name: value for name, value in os.environ.items() if name.startswith(("UNSAFE_DOCTOR_", "_UNSAFE_DOCTOR"))}
+    for name in left_out:
+        del os.environ[name]
+    try:
+        return run_cli(*args, stdin=stdin.encode(), cwd=cwd, env={"COLUMNS": "250", **(env or {})})
+    finally:
+        os.environ.update(left_out)
 
 
 def shared_options_table() -> tuple[list[str], list[tuple[set[str], list[str]]]]:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -166,10 +164,7 @@ def test_rules_show_gives_a_rules_probe():
 
 
 def at_width(columns: int, *args: str) -> str:
-    environment = {**os.environ, "COLUMNS": str(columns)}
-    result = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=120, env=environment
-    )
+    result = run_cli(*args, env={"COLUMNS": str(columns)})
     assert result.returncode == 0, result.stderr
     return result.stdout
 

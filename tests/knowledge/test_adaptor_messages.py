@@ -6,12 +6,11 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import load_module
+from helpers import load_module, run_cli
 
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.knowledge.context import groundwork
@@ -344,7 +343,7 @@ def test_the_develop_corpus_logs_show_their_generation(log, generation):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return run_cli(*args, cwd=ROOT)
 
 
 def test_diagnose_verbose_shows_the_decision_and_each_matched_message_once(tmp_path):

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 from unsafe_doctor.diagnose.pipeline import diagnose
 from unsafe_doctor.errors import UsageError
@@ -571,7 +572,7 @@ def test_a_backtracking_regex_cannot_hang_an_audit(tmp_path):
     package.mkdir()
     name = "KEEP_ME"
     (package / "m.py").write_text(f"import torch\n\n{'x' * 40} = 1\n{name} = torch.zeros(4)\n")
-    result = subprocess.run(
+    result = subprocess.run(  # in a process of its own, so that a hang ends at the timeout as a failure
         [sys.executable, "-m", "unsafe_doctor", "audit", str(package), "--rules", str(rules)],
         capture_output=True,
         text=True,
@@ -625,9 +626,7 @@ def test_no_schema_pattern_takes_a_value_with_a_line_feed_after_one_it_takes():
 )
 def test_rules_validate_refuses_a_value_that_ends_in_a_line_feed(tmp_path, field, old, new):
     path = write(tmp_path, GOOD_RULE.replace(old, new))
-    result = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "rules", "validate", str(path)], capture_output=True, text=True, timeout=120
-    )
+    result = run_cli("rules", "validate", str(path))
     assert result.returncode == 2, result.stderr
     assert f": {field}: " in result.stderr and "Traceback" not in result.stderr, result.stderr
 
@@ -651,10 +650,7 @@ def test_a_rule_id_ending_in_a_line_feed_is_refused_before_fix_writes_its_block(
     )
     adaptor = tmp_path / "adaptor.py"
     adaptor.write_text("def feature_rollback():\n    return None\n")
-    command = [
-        sys.executable,
-        "-m",
-        "unsafe_doctor",
+    result = run_cli(
         "fix",
         str(ROOT / "samples" / "logs" / "toytrain_ema"),
         "--source-root",
@@ -664,8 +660,7 @@ def test_a_rule_id_ending_in_a_line_feed_is_refused_before_fix_writes_its_block(
         "--rules",
         str(rules),
         "--yes",
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and f"{rules}:2: rules.0.id: " in result.stderr, result.stderr
     assert adaptor.read_text() == "def feature_rollback():\n    return None\n"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import script_module
+from helpers import run_cli
 
 from unsafe_doctor.knowledge.loading import SNAPSHOT_FILE, _load_file, shipped_files, shipped_knowledge_dir, snapshot_knowledge
 
@@ -32,6 +33,7 @@ def test_the_snapshot_builds_the_knowledge_the_yaml_builds_with_every_items_file
 
 
 def _run(cwd: Path, pythonpath: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`unsafe-doctor ARGS` from the package under `pythonpath`, in a Python of its own."""
     return subprocess.run(
         [sys.executable, "-m", "unsafe_doctor", *args],
         cwd=cwd,
@@ -54,7 +56,7 @@ def test_an_install_with_a_broken_snapshot_lists_the_same_rules_from_the_yaml(tm
     else:
         snapshot.write_text(snapshot.read_text(encoding="utf-8")[:1000], encoding="utf-8")
     result = _run(tmp_path, tree, "rules", "list", "--format", "json")
-    expected = _run(tmp_path, ROOT, "rules", "list", "--format", "json")
+    expected = run_cli("rules", "list", "--format", "json", cwd=tmp_path)  # this checkout's
     assert result.returncode == expected.returncode == 0, result.stderr[-2000:]
     assert result.stdout.replace(str(tree), str(ROOT)) == expected.stdout
 
@@ -77,6 +79,6 @@ def test_a_yaml_file_edited_since_the_snapshot_is_read_as_yaml(tmp_path):
 def test_a_user_rules_file_is_still_schema_checked_with_its_line(tmp_path):
     rules = tmp_path / "mine.yaml"
     rules.write_text("rules:\n  - id: mine.rule\n    title: 3\n", encoding="utf-8")
-    result = _run(tmp_path, ROOT, "diagnose", "--rules", str(rules), str(TRACED_LOG))
+    result = run_cli("diagnose", "--rules", str(rules), str(TRACED_LOG), cwd=tmp_path)
     assert result.returncode == 2
     assert f"{rules}:2: rules.0: 'match' is a required property" in result.stderr  # the schema's, with its line

@@ -3,21 +3,19 @@ rule and the text, one line, and `$$`, the escape, renders a dollar sign. Each r
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 ERROR_LOG = ROOT / "samples" / "logs" / "faq_modellink.log"  # a _MOE_AUX_LOSSES_LOGGING_TRACKER finding
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, text=True, env=ENV, timeout=120)
+    return run_cli(*args, env={"NO_COLOR": "1"})
 
 
 def rule_with_code(tmp_path: Path, code: str) -> Path:

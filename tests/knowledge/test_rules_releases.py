@@ -22,7 +22,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import warm_python
+from helpers import run_cli, warm_python
 from packaging.version import Version
 from test_rules_shipped import CASES, KNOWLEDGE, UNSAFE_DATA, diagnose, release_root, unguarded
 
@@ -209,8 +209,7 @@ def test_log_only_diagnose_names_the_seqlen_stats_from_the_index():
     """A real 0.18.2 traceback through megatron/training/training.py, read with the log alone (the
     index holds megatron/training for 0.17 and newer): the global, its module and the rule."""
     log = FIXTURES / "megatron-core-0.18.2-update-seqlen-stats.log"
-    command = [sys.executable, "-m", "unsafe_doctor", "diagnose", "--log-only", "--format", "json", str(log)]
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    result = run_cli("diagnose", "--log-only", "--format", "json", str(log))
     [finding] = json.loads(result.stdout)["findings"]
     tensor = finding["tensor"]
     assert (tensor["variable"], tensor["module"]) == ("_seqlen_stats_in_iteration", "megatron.training.training")

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import SHARED_REAL
+from helpers import run_cli
 
 from unsafe_doctor.log.lines import LogLine
 from unsafe_doctor.log.recovery import CATCH_NAMES, MARKERS, FaultReading, catch_name, read_fault, read_recovery
@@ -238,13 +236,7 @@ def test_the_report_names_a_link_fault_as_a_link_fault(tmp_path):
     linked.write_text(
         log.replace(stopped, "rank:1 catch UB LINK ERROR exception, error_code:， ex instance:UB LINK ERROR"), encoding="utf-8"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "diagnose", "--log-only", str(linked)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    result = run_cli("diagnose", "--log-only", str(linked), cwd=REPO, env={"COLUMNS": "200"})
     assert result.returncode == 1, result.stderr
     assert "(link fault on rank 1, hardware fault on rank 3, recovery at step 120)" in result.stdout
 
@@ -258,12 +250,7 @@ def test_the_json_gives_each_fault_rank_its_kind_from_a_real_v26_1_link_error_li
     assert stopped in log and link.startswith("rank:5 catch UB LINK ERROR exception")
     linked = tmp_path / "link.log"
     linked.write_text(log.replace(stopped, link.replace("rank:5", "rank:1")), encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "diagnose", "--log-only", "--format", "json", str(linked)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    result = run_cli("diagnose", "--log-only", "--format", "json", str(linked), cwd=REPO)
     assert result.returncode == 1, result.stderr
     (finding,) = json.loads(result.stdout)["findings"]
     assert finding["recovery"]["fault_ranks"] == [1, 3]

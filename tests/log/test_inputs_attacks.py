@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import refused
+from helpers import refused, run_cli
 
 from unsafe_doctor.log import inputs, reading
 
@@ -28,10 +28,17 @@ UNSAFE_LINE = b"[rank3]: RuntimeError: There is unsafe data in the input tensor.
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
 
 
-def doctor(*args: str, stdin: bytes = b"", **options) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", *args], input=stdin, capture_output=True, env=ENV, timeout=60, **options
-    )
+def doctor(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    """The CLI in this process, for what the input holds: its output left bytes."""
+    return run_cli(*args, stdin=stdin, env={"NO_COLOR": "1"}, encoding=None)
+
+
+def doctor_in_a_process(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """The CLI in a process of its own: where a skipped input is said (on the process's own stderr,
+    sys.__stderr__, which no redirection in this process catches), and where a regression would block
+    for ever (opening a FIFO no one writes) or depends on the stack (nesting past the recursion limit,
+    which the test's own frames would deepen): the 60 s timeout ends it."""
+    return subprocess.run([sys.executable, "-m", "unsafe_doctor", *args], capture_output=True, env=ENV, timeout=60)
 
 
 def in_shell(command: str) -> subprocess.CompletedProcess[bytes]:
@@ -78,7 +85,7 @@ def rank_folder(tmp_path: Path) -> Path:
 
 
 def test_a_truncated_gz_and_a_core_dump_are_skipped_with_one_warning_each_and_the_rest_diagnosed(tmp_path):
-    result = doctor("diagnose", str(rank_folder(tmp_path)), "--no-input")
+    result = doctor_in_a_process("diagnose", str(rank_folder(tmp_path)), "--no-input")
     warnings = [line for line in result.stderr.decode().splitlines() if line.startswith("unsafe-doctor: skipped ")]
     assert result.returncode == 1, result.stderr  # the error in rank_3.log was found
     assert "Traceback" not in result.stderr.decode()
@@ -101,7 +108,7 @@ def test_a_folder_with_nothing_readable_exits_2_in_one_line(tmp_path):
     folder.mkdir()
     (folder / "core.out").write_bytes(bytes(range(256)) * 64)
     (folder / "rank_0.log.gz").write_bytes(gzip.compress(CLEAN.encode() * 2000)[:100])
-    refused(doctor("diagnose", str(folder)), "none of the 2 inputs could be read")
+    refused(doctor_in_a_process("diagnose", str(folder)), "none of the 2 inputs could be read")
 
 
 def test_a_fifo_inside_a_log_folder_is_not_opened(tmp_path):
@@ -109,7 +116,7 @@ def test_a_fifo_inside_a_log_folder_is_not_opened(tmp_path):
     folder.mkdir()
     (folder / "rank_0.log").write_text(CLEAN)
     os.mkfifo(folder / "rank_1.log")  # nobody writes it: opening it would wait forever
-    result = doctor("diagnose", str(folder), "--format", "json")
+    result = doctor_in_a_process("diagnose", str(folder), "--format", "json")
     assert result.returncode == 0, result.stderr
     assert [item["name"] for item in json.loads(result.stdout)["inputs"]] == [str(folder / "rank_0.log")]
 
@@ -146,7 +153,7 @@ def test_a_named_fifo_is_read_as_a_stream(tmp_path):
 
     feeder = threading.Thread(target=feed)
     feeder.start()
-    result = doctor("diagnose", str(fifo), "--format", "json")
+    result = doctor_in_a_process("diagnose", str(fifo), "--format", "json")
     feeder.join(timeout=10)
     assert result.returncode == 1, result.stderr
     assert json.loads(result.stdout)["findings"]
@@ -232,7 +239,9 @@ def deep_log(tmp_path: Path, package: Path, line: int, source: str) -> Path:
 
 def test_a_culprit_line_nested_too_deeply_is_a_note_not_a_crash_in_locate(tmp_path):
     package = deep_package(tmp_path, NESTED_CALLS)
-    result = doctor("diagnose", str(deep_log(tmp_path, package, 8, f"_STATE[name] = {NESTED_CALLS}")), "--format", "json")
+    result = doctor_in_a_process(
+        "diagnose", str(deep_log(tmp_path, package, 8, f"_STATE[name] = {NESTED_CALLS}")), "--format", "json"
+    )
     assert result.returncode == 1, result.stderr.decode()[-2000:]
     (finding,) = json.loads(result.stdout)["findings"]
     assert any("nested too deeply to analyse" in note for note in finding["notes"])
@@ -241,10 +250,10 @@ def test_a_culprit_line_nested_too_deeply_is_a_note_not_a_crash_in_locate(tmp_pa
 def test_a_file_nested_too_deeply_is_left_out_of_the_heuristics_in_diagnose_and_audit(tmp_path):
     package = deep_package(tmp_path, NESTED_SUM)
     log = deep_log(tmp_path, package, 7, "_STATE[name] = torch.zeros(4, device=torch.cuda.current_device())")
-    diagnosed = doctor("diagnose", str(log), "--format", "json")
+    diagnosed = doctor_in_a_process("diagnose", str(log), "--format", "json")
     assert diagnosed.returncode == 1, diagnosed.stderr.decode()[-2000:]
     assert "nested too deeply to read" in json.loads(diagnosed.stdout)["findings"][0]["reason"]
-    audited = doctor("audit", str(package), "--format", "json")
+    audited = doctor_in_a_process("audit", str(package), "--format", "json")
     assert audited.returncode == 1, audited.stderr.decode()[-2000:]
     (holder,) = json.loads(audited.stdout)["holders"]
     assert "nested too deeply to read" in json.dumps(holder)
@@ -253,7 +262,7 @@ def test_a_file_nested_too_deeply_is_left_out_of_the_heuristics_in_diagnose_and_
 def test_a_file_too_deep_to_parse_is_said_so_not_sent_to_a_source_root(tmp_path):
     package = deep_package(tmp_path, TOO_DEEP_TO_PARSE)
     log = deep_log(tmp_path, package, 7, "_STATE[name] = torch.zeros(4, device=torch.cuda.current_device())")
-    diagnosed = doctor("diagnose", str(log), "--format", "json")
+    diagnosed = doctor_in_a_process("diagnose", str(log), "--format", "json")
     assert diagnosed.returncode == 1, diagnosed.stderr.decode()[-2000:]
     (finding,) = json.loads(diagnosed.stdout)["findings"]
     assert f"{package / 'state.py'}, which defines it, is nested too deeply or too complex to parse" in finding["reason"]
@@ -383,7 +392,7 @@ def test_a_yaml_alias_that_contains_itself_is_refused(tmp_path):
 def test_a_fifo_given_as_rules_is_refused_without_waiting_for_a_writer(tmp_path):
     fifo = tmp_path / "rules.yaml"
     os.mkfifo(fifo)
-    refused(doctor("rules", "validate", str(fifo)), "not a regular file", prefix="")  # the file first
+    refused(doctor_in_a_process("rules", "validate", str(fifo)), "not a regular file", prefix="")  # the file first
 
 
 def test_a_rules_file_with_thousands_of_problems_prints_a_bounded_number_of_lines(tmp_path):
@@ -460,7 +469,7 @@ def test_a_skipped_file_whose_name_holds_escape_sequences_is_named_escaped(tmp_p
     folder.mkdir()
     shutil.copy(ERROR_LOG, folder / "rank_0.log")
     (folder / "core\x1b]0;owned\x07.out").write_bytes(b"\x00\x01\x02 binary")
-    result = doctor("diagnose", str(folder), "--no-input")
+    result = doctor_in_a_process("diagnose", str(folder), "--no-input")
     assert result.returncode == 1, result.stderr
     assert b"\x1b" not in result.stderr and b"\x07" not in result.stderr
     assert b"core\\x1b]0;owned\\x07.out" in result.stderr

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 from unsafe_doctor.adaptor.overrides import function_overrides
 from unsafe_doctor.adaptor.plan import plan_fix
@@ -401,20 +402,18 @@ def test_what_the_unpatched_adaptor_imports_and_this_machine_lacks_is_stood_in(i
 # --- the command -------------------------------------------------------------------------------------
 
 
-def run_cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "verify", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
-    )
+def run_verify(*args: str) -> subprocess.CompletedProcess:
+    return run_cli("verify", *args, cwd=ROOT)
 
 
 def test_verify_command_exit_codes_red_then_green_with_json(toytrain):
     adaptor = toytrain / "toytrain" / "recovery.py"
     common = [str(EMA_LOG), "--source-root", str(toytrain), "--adaptor", str(adaptor)]
-    red = run_cli(*common)
+    red = run_verify(*common)
     assert red.returncode == 1
     assert "NO-FIX · toytrain.state._EMA_GRAD_NORM" in red.stdout and "backend: emulated (CPU, gloo)" in red.stdout
     write_fix(EMA_LOG, adaptor, [toytrain])
-    green = run_cli(*common, "--format", "json")
+    green = run_verify(*common, "--format", "json")
     assert green.returncode == 0, green.stderr
     document = json.loads(green.stdout)
     assert document["schema"] == "unsafe-doctor/verification/v1"
@@ -436,7 +435,7 @@ def test_verify_command_exit_codes_red_then_green_with_json(toytrain):
 )
 def test_bad_options_are_one_line_and_exit_2(toytrain, options, message):
     adaptor = toytrain / "toytrain" / "recovery.py"
-    result = run_cli(str(EMA_LOG), "--source-root", str(toytrain), "--adaptor", str(adaptor), *options)
+    result = run_verify(str(EMA_LOG), "--source-root", str(toytrain), "--adaptor", str(adaptor), *options)
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.stderr
@@ -563,7 +562,7 @@ def test_a_global_still_unsafe_after_the_patched_rollback_is_named_with_the_comm
         "--probe",
         STEP,
     ]
-    first = run_cli(*options)
+    first = run_verify(*options)
     assert first.returncode == 1
     text = " ".join(first.stdout.split())
     assert (
@@ -572,15 +571,9 @@ def test_a_global_still_unsafe_after_the_patched_rollback_is_named_with_the_comm
     ) in text
     command = first.stdout.strip().splitlines()[-1]
     assert command.startswith("unsafe-doctor audit ") and command.endswith(" --fix")
-    written = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", *shlex.split(command)[1:], "--yes"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    written = run_cli(*shlex.split(command)[1:], "--yes", cwd=ROOT)
     assert written.returncode == 0, written.stderr
-    again = run_cli(*options)
+    again = run_verify(*options)
     assert again.returncode == 0 and "─ PROVEN ·" in again.stdout, again.stdout
     assert (
         "Other globals the recovery leaves unsafe are not checked here: `unsafe-doctor audit SOURCE --adaptor "

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 FRAMEWORK = ROOT / "samples" / "framework"
@@ -21,9 +21,7 @@ LOG = ROOT / "samples" / "logs" / "toytrain_sentinel.log"  # names both globals
 
 
 def unsafe_doctor(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", *map(str, arguments)], capture_output=True, text=True, timeout=600, cwd=ROOT
-    )
+    return run_cli(*map(str, arguments), cwd=ROOT)
 
 
 def toytrain(tmp_path: Path, *, heal: bool) -> Path:

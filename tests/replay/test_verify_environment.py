@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.replay.launch import ReplayStopped, rank_crash
@@ -120,8 +121,8 @@ def test_torchrun_proves_the_fix_without_numpy(no_numpy, toy):
 
 def test_a_process_group_that_cannot_start_is_not_modelled_never_a_failed_fix(toy):
     """gloo told to use a network interface this machine does not have: every rank fails to start."""
-    command("fix", *sample(EMA_LOG, toy), "--yes", environment=dict(os.environ))
-    result = command("verify", *sample(EMA_LOG, toy), environment={**os.environ, "GLOO_SOCKET_IFNAME": "no-such-nic0"})
+    run_cli("fix", *sample(EMA_LOG, toy), "--yes", cwd=ROOT)
+    result = run_cli("verify", *sample(EMA_LOG, toy), env={"GLOO_SOCKET_IFNAME": "no-such-nic0"}, cwd=ROOT)
     assert result.returncode == 2, result.stdout + result.stderr
     text = one_line(result.stdout)
     assert "NOT-MODELLED · toytrain.state._EMA_GRAD_NORM" in text and "FAILED" not in text
@@ -132,12 +133,12 @@ def test_a_process_group_that_cannot_start_is_not_modelled_never_a_failed_fix(to
 def test_a_fix_that_ends_its_rank_is_a_failed_fix(toy):
     """SystemExit from the patched receive block (the harness catches Exception only): the adaptor's."""
     adaptor = toy / "toytrain" / "recovery.py"
-    assert command("fix", *sample(EMA_LOG, toy), "--yes", environment=dict(os.environ)).returncode == 0
+    assert run_cli("fix", *sample(EMA_LOG, toy), "--yes", cwd=ROOT).returncode == 0
     head, recv = adaptor.read_text().split("def recv_rank_repair", 1)
     receive = "            dist.recv(recv_tensor, src=src_rank, group=repair_group)\n"
     assert receive in recv
     adaptor.write_text(head + "def recv_rank_repair" + recv.replace(receive, "            raise SystemExit(3)\n"))
-    result = command("verify", *sample(EMA_LOG, toy), "--timeout", "10", environment=dict(os.environ))
+    result = run_cli("verify", *sample(EMA_LOG, toy), "--timeout", "10", cwd=ROOT)
     assert result.returncode == 1, result.stdout + result.stderr
     text = one_line(result.stdout)
     assert "FAILED · toytrain.state._EMA_GRAD_NORM" in text

@@ -1,8 +1,9 @@
 """`unsafe-doctor verify` against hostile or broken user code and hostile options.
 
 `verify` runs the user's code: their globals' modules, their probe, in adaptor mode their adaptor.
-None of it may end, hang or outlive `verify`: each run here is the command as a user types it, in
-its own process, and what it leaves behind is looked for in /proc.
+None of it may end, hang or outlive `verify`: each run here is the command as a user types it (in
+this process, but in a process of its own where that process is what a test is about: what it
+leaves behind, looked for in /proc, a signal to it, its memory, its terminal).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.replay.plan import Block, ReplayPlan, Target
@@ -80,7 +82,13 @@ def toytrain(tmp_path) -> Path:
     return tmp_path
 
 
-def verify(*args: str, env: dict[str, str] | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+def verify(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`unsafe-doctor verify ARGS`, run in this process: the ranks are forked by the launcher either way."""
+    return run_cli("verify", *args, env={"COLUMNS": "300", **(env or {})}, cwd=ROOT)
+
+
+def verify_process(*args: str, env: dict[str, str] | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    """`unsafe-doctor verify ARGS` in a process of its own, where that process is what a test is about."""
     return subprocess.run(
         [sys.executable, "-m", "unsafe_doctor", "verify", *args],
         capture_output=True,
@@ -207,7 +215,7 @@ def test_what_a_rank_starts_does_not_outlive_a_verify_that_ends_normally(toytrai
     """A `sleep` started with start_new_session=True is out of the ranks' group, and 8 were once
     left running after verify; now verify adopts and kills what its ranks leave."""
     probes, spawned = spawning_probe(tmp_path)
-    result = verify(
+    result = verify_process(
         *on_toytrain(toytrain, "--source-root", str(probes), "--probe", "spawning_probe:step"),
         env={"SPAWNED": str(spawned), **({"NEW_SESSION": "1"} if session != "its group" else {})},
     )
@@ -332,13 +340,7 @@ def test_adaptor_mode_names_the_global_the_next_step_dies_on(toytrain):
     """docs/verify.md's adaptor-mode run: with only _EMA_GRAD_NORM fixed, the step after recovery dies on
     LOSS_LOG, and the verdict says so rather than blaming the fix that held."""
     adaptor = toytrain / "toytrain" / "recovery.py"
-    fixed = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "fix", *on_toytrain(toytrain, "--yes")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    fixed = run_cli("fix", *on_toytrain(toytrain, "--yes"), cwd=ROOT)
     assert fixed.returncode == 0, fixed.stderr
     assert "_EMA_GRAD_NORM" in adaptor.read_text()
     result = verify(
@@ -357,7 +359,7 @@ def test_adaptor_mode_names_the_global_the_next_step_dies_on(toytrain):
 
 
 def test_progress_goes_to_stderr_on_a_terminal_and_nowhere_else(toytrain):
-    quiet = verify(*on_toytrain(toytrain))
+    quiet = verify_process(*on_toytrain(toytrain))  # stderr a pipe, where the terminal's run has a terminal
     adaptor = toytrain / "toytrain" / "recovery.py"
     assert quiet.returncode == 1 and quiet.stderr == f"unsafe-doctor: adaptor {adaptor} (given)\n"  # no progress
     reader, writer = pty.openpty()

@@ -9,15 +9,13 @@ replay real megatron-core on forked gloo ranks, through the CLI as a user types 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import refused
+from helpers import refused, run_cli
 
 from unsafe_doctor.log.global_name import GlobalName
 from unsafe_doctor.replay.plan import AdaptorCode, Block, ReplayPlan, Target
@@ -41,14 +39,7 @@ def adaptor(tmp_path) -> Path:
 
 
 def unsafe_doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    return run_cli(*args, env={"COLUMNS": "200"}, cwd=ROOT)
 
 
 def test_plain_verify_of_a_log_without_a_traceback_says_to_choose_a_suspect(adaptor):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shlex
 import shutil
@@ -14,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 from rich.console import Console
 
 from unsafe_doctor.adaptor.plan import preview
@@ -30,12 +32,29 @@ CORPUS = ROOT / "tests" / "corpus"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def bare_environment(columns: int) -> dict[str, str]:
+    """What the command sees of the environment: the width, and nothing of this shell's (colour, TERM, UNSAFE_DOCTOR_*)."""
+    return {"COLUMNS": str(columns), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+
+
 def run(*args: str, columns: int = 80, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    """`unsafe-doctor ARGS` in this process, with the bare environment (this test's own audit cache kept)."""
+    saved = dict(os.environ)
+    cache = {name: saved[name] for name in ("UNSAFE_DOCTOR_CACHE_DIR",) if name in saved}
+    os.environ.clear()
+    try:
+        return run_cli(*args, stdin=stdin or b"", env={**bare_environment(columns), **cache})
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def run_in_a_process(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
+    """`unsafe-doctor ARGS` in a fresh Python, as a user starts it: what its first imports print is
+    its own, and so are the modules its forked ranks inherit."""
     return subprocess.run(
         [sys.executable, "-m", "unsafe_doctor", *args],
-        capture_output=True, text=True, timeout=180, input=stdin.decode() if stdin is not None else None,
-        env={"COLUMNS": str(columns), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
-        stdin=None if stdin is not None else subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=180, env=bare_environment(columns), stdin=subprocess.DEVNULL,
     )  # fmt: skip
 
 
@@ -168,8 +187,7 @@ def test_control_characters_from_a_log_never_reach_the_terminal_raw(tmp_path):
 
 
 def test_json_from_a_hostile_log_is_valid_utf8_with_the_text_kept(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "unsafe_doctor", "diagnose", str(hostile_log(tmp_path)), "--format", "json"],
-                            capture_output=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+    result = run_cli("diagnose", str(hostile_log(tmp_path)), "--format", "json", encoding=None)
     document = json.loads(result.stdout.decode("utf-8"))
     assert not re.search(rb"[\x00-\x08\x0b-\x1f]", result.stdout)  # json writes C0 as \u0007
     assert document["findings"][0]["culprit"]["file"] == "/srv/job/evil\x9b\x07/train.py"
@@ -222,7 +240,7 @@ def test_verify_no_fix_names_the_fix_command_and_megatron_stays_quiet(tmp_path, 
     elastic = real / "mind-cluster-7.2rc1" / "taskd" / "python" / "adaptor" / "elastic_training"
     shutil.copy(elastic / "repair_callback.py", adaptor)
     log = str(CORPUS / "logs" / "megatron-router-expert-bias.log")
-    result = run("verify", log, "--adaptor", str(adaptor))
+    result = run_in_a_process("verify", log, "--adaptor", str(adaptor))  # megatron-core imported afresh, as a user's run does
     assert result.returncode == 1
     assert "NO-FIX" in result.stdout
     assert "Warning" not in result.stderr, result.stderr  # megatron-core's Apex / Transformer Engine UserWarnings

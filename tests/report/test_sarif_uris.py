@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+from helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
@@ -18,23 +17,8 @@ FOLDER = "w#1 %41"
 
 def test_a_relative_sarif_uri_is_percent_encoded(tmp_path):
     shutil.copytree(SAMPLES / "framework", tmp_path / FOLDER)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "unsafe_doctor",
-            "diagnose",
-            str(SAMPLES / "logs" / "toytrain_ema"),
-            "--source-root",
-            FOLDER,
-            "--format",
-            "sarif",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    result = run_cli(
+        "diagnose", str(SAMPLES / "logs" / "toytrain_ema"), "--source-root", FOLDER, "--format", "sarif", cwd=tmp_path
     )
     [finding] = json.loads(result.stdout)["runs"][0]["results"]
     uri = finding["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]

@@ -10,14 +10,12 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
-import subprocess
-import sys
 import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 from unsafe_doctor.diagnose.locate import locate
 from unsafe_doctor.diagnose.pipeline import diagnose
@@ -229,12 +227,7 @@ def test_frames_of_a_newer_release_name_it_in_the_summary_and_the_finding(tmp_pa
     """0.17 to 0.19 are indexed: the log's frames name their release, and the summary says what the finding says."""
     log = tmp_path / "train.log"
     log.write_text(metrics_tracker_log(MOE_METRICS_FRAMES[series]))
-    done = subprocess.run(
-        [sys.executable, "-m", "unsafe_doctor", "diagnose", str(log), "--log-only", "--format", "json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
-    )
+    done = run_cli("diagnose", str(log), "--log-only", "--format", "json")
     report = json.loads(done.stdout)
     described = f"megatron-core {named}, from 4 frames"
     assert report["summary"]["frameworks"]["megatron-core"]["from"] == f"the log's frames ({described})"
