@@ -42,6 +42,28 @@ def no_warm_python_left() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def no_module_left_from_a_temporary_folder() -> Iterator[None]:
+    """What a test imported from a temporary folder (a copied adaptor, a package written there) is
+    forgotten after it: a later test, and the replay launchers it forks from this process, import
+    their own copy, as a fresh process would, never this one's."""
+    before = set(sys.modules)
+    yield
+    temporary = tempfile.gettempdir() + os.sep
+    for name in set(sys.modules) - before:
+        if (getattr(sys.modules[name], "__file__", None) or "").startswith(temporary):
+            del sys.modules[name]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def megatron_core_loaded() -> None:
+    """megatron-core (the installed 0.16.1) loaded once in each worker: the replays that tests run in
+    this process fork their launchers from it, and each launcher would otherwise import it again
+    (seconds of CPU, most of them torch.compile loading inductor at import). Releases other than the
+    installed one run in processes of their own, never here."""
+    import megatron.core  # noqa: F401
+
+
+@pytest.fixture(autouse=True)
 def own_audit_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test's audits, and the commands it starts that keep this environment, keep their cache
     in a folder of the test's own: never the user's, never another test's."""
