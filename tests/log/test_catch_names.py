@@ -11,6 +11,7 @@ format string, read from the file too. MindSpeed-LLM's `PRECISION ERROR` is regi
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from pathlib import Path
@@ -38,6 +39,7 @@ EVENT_OF_KIND = {
 }
 
 
+@functools.cache  # each ref's file is read by every name's cases: parsed once, read only
 def _decorator(ref: str) -> ast.Module:
     path = MINDIO / ref / "framework_ttp" / "ttp_decorator.py"
     if not path.is_file():
@@ -90,7 +92,8 @@ _FIELDS = (
 )
 
 
-def _catch_templates(ref: str) -> set[str]:
+@functools.cache
+def _catch_templates(ref: str) -> frozenset[str]:
     """The ref's format strings of a catch line with the error's message, as `str.format` templates."""
     templates = set()
     for node in ast.walk(_decorator(ref)):
@@ -106,7 +109,7 @@ def _catch_templates(ref: str) -> set[str]:
             text = field.sub(template, text)
         if " catch " in text and text.endswith("ex instance:{message}"):
             templates.add(text)
-    return templates
+    return frozenset(templates)
 
 
 def _literal_formats(ref: str) -> dict[str, list[str]]:
