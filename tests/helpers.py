@@ -24,12 +24,14 @@ def run_cli(
     *args: str,
     stdin: bytes | None = b"",
     env: dict[str, str] | None = None,
+    unset: tuple[str, ...] = (),
     cwd: Path | None = None,
     encoding: str | None = "utf-8",
 ) -> subprocess.CompletedProcess[Any]:
     """`unsafe-doctor ARGS` run in this process, as `python -m unsafe_doctor ARGS` would run it where
-    the process itself is not what a test is about: `stdin` piped in (no terminal), `env` added to
-    the environment, `cwd` the working folder; stdout and stderr read as bytes, then decoded with
+    the process itself is not what a test is about: `stdin` piped in (no terminal), the variables
+    whose names start with one of `unset` taken out of the environment and `env` added to it, `cwd`
+    the working folder; stdout and stderr read as bytes, then decoded with
     `encoding` (None: left bytes). What the command changes of the process (streams, argv, environment, working folder)
     is put back after. (`verify` too: its launcher, forked from this process, imports the user's
     modules; this process never does.)"""
@@ -45,6 +47,8 @@ def run_cli(
     try:
         sys.stdin, sys.stdout, sys.stderr = streams
         sys.argv = ["unsafe-doctor", *args]
+        for name in [name for name in os.environ if name.startswith(unset)] if unset else []:
+            del os.environ[name]
         os.environ.update(env or {})
         if cwd is not None:
             os.chdir(cwd)

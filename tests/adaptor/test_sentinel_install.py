@@ -12,14 +12,12 @@ last, the block in training ranks that cannot import unsafe-doctor.
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -407,20 +405,9 @@ def test_verify_proves_a_fix_in_an_adaptor_that_also_holds_the_sentinel(tmp_path
 # --- the command line -------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def without_our_variables() -> Iterator[None]:
-    """This environment's UNSAFE_DOCTOR_* variables put aside while a command runs in this process."""
-    ours = {key: os.environ.pop(key) for key in [key for key in os.environ if key.startswith("UNSAFE_DOCTOR_")]}
-    try:
-        yield
-    finally:
-        os.environ.update(ours)
-
-
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     """`unsafe-doctor sentinel install ARGS`, in this process: it writes the adaptor, never imports it."""
-    with without_our_variables():
-        return run_cli("sentinel", "install", *args, cwd=cwd)
+    return run_cli("sentinel", "install", *args, unset=("UNSAFE_DOCTOR_",), cwd=cwd)
 
 
 def test_cli_dry_run_unasked_yes_again_json_and_revert(tmp_path):
@@ -623,8 +610,7 @@ def test_in_report_mode_ranks_without_the_package_log_one_line_the_recovery_comp
 
 
 def diagnosed(log: Path, fmt: str) -> subprocess.CompletedProcess[str]:
-    with without_our_variables():
-        return run_cli("diagnose", str(log), "--format", fmt, env={"COLUMNS": "200"}, cwd=ROOT)
+    return run_cli("diagnose", str(log), "--format", fmt, env={"COLUMNS": "200"}, unset=("UNSAFE_DOCTOR_",), cwd=ROOT)
 
 
 def test_in_raise_mode_ranks_without_the_package_stop_the_recovery(tmp_path):

@@ -253,13 +253,7 @@ def test_only_the_latest_entries_are_kept(tmp_path):
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """`unsafe-doctor audit ARGS` in this process, at 120 columns, with no UNSAFE_DOCTOR_* setting from
     the environment (the tests name the cache folder, or --no-cache)."""
-    left_out = {name: value for name, value in os.environ.items() if name.startswith(("UNSAFE_DOCTOR_", "_UNSAFE_DOCTOR"))}
-    for name in left_out:
-        del os.environ[name]
-    try:
-        return run_cli("audit", *args, cwd=cwd, env={"COLUMNS": "120"})
-    finally:
-        os.environ.update(left_out)
+    return run_cli("audit", *args, cwd=cwd, env={"COLUMNS": "120"}, unset=("UNSAFE_DOCTOR_", "_UNSAFE_DOCTOR"))
 
 
 def cli_in_a_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

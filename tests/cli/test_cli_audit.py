@@ -29,13 +29,7 @@ READ = ("UNSAFE_DOCTOR_", "_UNSAFE_DOCTOR", "FORCE_COLOR", "NO_COLOR", "TTY_COMP
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     """`unsafe-doctor audit ARGS` in this process (this tree's package), at 120 columns, with no setting
     from the environment but the test's own cache folder (conftest), as a child given only COLUMNS would run."""
-    left_out = {name: value for name, value in os.environ.items() if name.startswith(READ) and name != CACHE_VARIABLE}
-    for name in left_out:
-        del os.environ[name]
-    try:
-        return run_cli("audit", *args, cwd=cwd, env={"COLUMNS": "120"})
-    finally:
-        os.environ.update(left_out)
+    return run_cli("audit", *args, cwd=cwd, env={"COLUMNS": "120", CACHE_VARIABLE: os.environ[CACHE_VARIABLE]}, unset=READ)
 
 
 @pytest.fixture

@@ -40,13 +40,8 @@ COMMANDS = {  # the shared options table's column -> the words after `unsafe-doc
 def run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, stdin: str = "") -> subprocess.CompletedProcess[str]:
     """`unsafe-doctor ARGS` in this process (this tree's package), at 250 columns, with no UNSAFE_DOCTOR_*
     variable but those of `env` (not even the test's cache folder: -v lists them all)."""
-    left_out = {name: value for name, value in os.environ.items() if name.startswith(("UNSAFE_DOCTOR_", "_UNSAFE_DOCTOR"))}
-    for name in left_out:
-        del os.environ[name]
-    try:
-        return run_cli(*args, stdin=stdin.encode(), cwd=cwd, env={"COLUMNS": "250", **(env or {})})
-    finally:
-        os.environ.update(left_out)
+    unset = ("UNSAFE_DOCTOR_", "_UNSAFE_DOCTOR")
+    return run_cli(*args, stdin=stdin.encode(), cwd=cwd, env={"COLUMNS": "250", **(env or {})}, unset=unset)
 
 
 def shared_options_table() -> tuple[list[str], list[tuple[set[str], list[str]]]]:
