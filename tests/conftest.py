@@ -54,6 +54,15 @@ def no_module_left_from_a_temporary_folder() -> Iterator[None]:
             del sys.modules[name]
 
 
+@pytest.fixture(scope="session")
+def run_audit_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An audit cache shared by this run's xdist workers (the folder above each worker's own), for the
+    session fixtures that audit the same trees in every worker: the first to finish an audit keeps it
+    for the others (an entry stands only while nothing it read has changed)."""
+    base = tmp_path_factory.getbasetemp()
+    return _made((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "run-audit-cache")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def megatron_core_loaded() -> None:
     """megatron-core (the installed 0.16.1) loaded once in each worker: the replays that tests run in

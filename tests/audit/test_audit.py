@@ -92,13 +92,13 @@ def megatron_core(megatron_core_release):
 
 
 @pytest.fixture(scope="session")
-def audited(megatron_core):
-    """Each version's whole tree audited against the FAQ's legacy adaptor, once."""
+def audited(megatron_core, run_audit_cache):
+    """Each version's whole tree audited against the FAQ's legacy adaptor, once (in the run's cache)."""
     results: dict[str, Audit] = {}
 
     def get(version: str) -> Audit:
         if version not in results:
-            results[version] = audit([megatron_core(version)], adaptor=LEGACY_ADAPTOR)
+            results[version] = audit([megatron_core(version)], adaptor=LEGACY_ADAPTOR, cache=run_audit_cache)
         return results[version]
 
     return get

@@ -12,6 +12,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_REAL
 
 from unsafe_doctor.audit.run import audit
 from unsafe_doctor.knowledge.loading import load_knowledge
@@ -21,8 +22,9 @@ LLM = Path("mindspeed-llm-master", "mindspeed_llm")
 
 
 @pytest.fixture(scope="session")  # once per xdist worker; "module" rebuilds it each time other files' tests come between
-def found(real) -> dict[str, object]:
-    result = audit([real / MINDSPEED, real / LLM])
+def found(real, run_audit_cache) -> dict[str, object]:
+    """The shared files themselves (the audit only reads), so that every worker's audit is the one in the run's cache."""
+    result = audit([SHARED_REAL / MINDSPEED, SHARED_REAL / LLM], cache=run_audit_cache)
     return {item.holder.name.dotted: item for item in result.holders}
 
 
