@@ -70,7 +70,10 @@ def megatron_core_loaded() -> None:
     """megatron-core (the installed 0.16.1) loaded once in each worker: the replays that tests run in
     this process fork their launchers from it, and each launcher would otherwise import it again
     (seconds of CPU, most of them torch.compile loading inductor at import). Releases other than the
-    installed one run in processes of their own, never here."""
+    installed one run in processes of their own, never here. The log path's venvs (.ci/run) have
+    neither it nor torch: nothing is loaded there."""
+    if importlib.util.find_spec("megatron") is None:
+        return
     import megatron.core  # noqa: F401
 
 
