@@ -17,7 +17,6 @@ import functools
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -41,11 +40,25 @@ def unpacked(version: str) -> Path:
     return root
 
 
-def run_in_release(root: Path, script: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    """`script` in a child Python that imports the release (and this tree's unsafe_doctor)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(FIXTURES)]), "PYTHONWARNINGS": "ignore"}
-    command = [sys.executable, "-c", script, str(root)]
-    return subprocess.run(command, input=stdin, capture_output=True, text=True, env=env, timeout=300)
+# What every script run on a release starts with, once per release (tests/helpers.py's warm Python):
+# the release first on sys.path, torch, the emulation, and megatron-core's transformer config, which
+# every module a rule names imports (most of the package's import time), imported under the
+# emulation as a step would import it.
+PRELUDE = """
+from pathlib import Path
+from release import import_from
+import_from(Path({root!r}))
+import torch
+from generate import aux_loss, emulated_npu
+with emulated_npu():
+    import megatron.core.transformer.transformer_config
+"""
+
+
+def in_release(root: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """`script` in a fresh child of the release's warm Python (and this tree's unsafe_doctor)."""
+    env = (("PYTHONPATH", os.pathsep.join([str(REPO), str(FIXTURES)])), ("PYTHONWARNINGS", "ignore"))
+    return warm_python(PRELUDE.format(root=str(root)), env).run(script)
 
 
 # --- each rule's global, in each release it claims -------------------------------------------------
@@ -78,8 +91,8 @@ def test_every_megatron_rule_resolves_its_global_in_each_release_it_claims(versi
     claimed = [rule for rule in MEGATRON_RULES if claims(rule, version)]
     queries = {rule.id: modules_named(root, rule) for rule in claimed}
     flat = [query for rule_queries in queries.values() for query in rule_queries]
-    script = f"import runpy; runpy.run_path({str(FIXTURES / 'resolve.py')!r}, run_name='__main__')"
-    result = run_in_release(root, script, json.dumps(flat))
+    script = f"import json\nfrom resolve import resolves\nprint(json.dumps([resolves(*query) for query in {flat!r}]))"
+    result = in_release(root, script)
     assert result.returncode == 0, result.stderr[-3000:]
     found = dict(zip(map(tuple, flat), json.loads(result.stdout.splitlines()[-1]), strict=True))
     unresolved = [rule_id for rule_id, rule_queries in queries.items() if not any(found[query] for query in rule_queries)]
@@ -95,16 +108,7 @@ def test_the_tracker_rules_split_where_the_releases_moved_the_tracker():
 
 # --- the fixes, run on each release's real code ----------------------------------------------------
 
-# what every step imports first, once per release (tests/helpers.py's warm Python)
-PRELUDE = """
-import sys
-from pathlib import Path
-from release import import_from
-import_from(Path({root!r}))
-import torch
-from generate import aux_loss, emulated_npu
-"""
-# run in a fresh child of that Python, which has imported none of the release's modules
+# run in a fresh child of the release's warm Python: what the step changes is gone with the child
 STEP = """
 with emulated_npu() as mark:
 {setup}
@@ -127,8 +131,7 @@ def step(root: Path, setup: str, retry: str, fix: str | None) -> str:
         retry=textwrap.indent(retry, "        "),
         unsafe=UNSAFE_DATA,
     )
-    env = (("PYTHONPATH", os.pathsep.join([str(REPO), str(FIXTURES)])), ("PYTHONWARNINGS", "ignore"))
-    result = warm_python(PRELUDE.format(root=str(root)), env).run(script)
+    result = in_release(root, script)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.splitlines()[-1]
 
